@@ -1,0 +1,1 @@
+"""Sluice coordinator: worker registry, scheduling, job lifecycle (and, later, checkpoints and failover)."""

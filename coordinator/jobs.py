@@ -1,0 +1,72 @@
+"""Job records and their lifecycle, as a transition table.
+
+    CREATED -> DEPLOYING -> RUNNING -> FINISHED
+                     \\          \\-> FAILED | CANCELLED
+                      \\-> FAILED | CANCELLED
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.graph import Plan
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "CREATED": frozenset({"DEPLOYING", "FAILED", "CANCELLED"}),
+    "DEPLOYING": frozenset({"RUNNING", "FAILED", "CANCELLED"}),
+    "RUNNING": frozenset({"FINISHED", "FAILED", "CANCELLED"}),
+    "FINISHED": frozenset(),
+    "FAILED": frozenset(),
+    "CANCELLED": frozenset(),
+}
+TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    entry: str
+    name: str
+    sys_path: str
+    config: dict[str, Any]
+    state: str = "CREATED"
+    attempt: int = 0
+    plan: Plan | None = None
+    error: str = ""
+    submitted_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    finished_tasks: set[str] = field(default_factory=set)
+    task_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def move(self, state: str, error: str = "") -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"job {self.job_id}: {self.state} -> {state}")
+        self.state = state
+        if error:
+            self.error = error
+        if state in TERMINAL:
+            self.ended_at = time.time()
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def total_tasks(self) -> int:
+        return sum(v.parallelism for v in self.plan.vertices) if self.plan else 0
+
+    def summary(self) -> dict[str, Any]:
+        tasks = sorted(self.task_stats.values(), key=lambda t: t["task"])
+        return {
+            "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
+            "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,
+            "ended_at": self.ended_at, "tasks_total": self.total_tasks(), "tasks_finished": len(self.finished_tasks),
+            "tasks": tasks,
+            "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}
+                         for v in (self.plan.vertices if self.plan else [])],
+        }

@@ -1,0 +1,37 @@
+"""From a submitted job to a deployable plan: pure, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.api import JobDefinitionError
+from runtime.graph import Plan, build_job, chain_graph, place_subtasks
+
+
+@dataclass(frozen=True)
+class WorkerSlots:
+    worker_id: str
+    slots: int
+    host: str
+    data_port: int
+
+
+def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: dict[str, Any],
+              workers: list[WorkerSlots], channel_base: int) -> Plan:
+    """Build the job graph from the entry point and place its subtasks on `workers`.
+
+    Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
+    """
+    job = build_job(entry, name)
+    vertices, edges = chain_graph(job)
+    if not workers:
+        raise JobDefinitionError("no workers are registered")
+    placement = place_subtasks(vertices, [(w.worker_id, w.slots) for w in workers])
+    used = set(placement.values())
+    return Plan(
+        job_id=job_id, attempt=attempt, entry=entry, name=name, sys_path=sys_path, channel_base=channel_base,
+        vertices=vertices, edges=edges, placement=placement,
+        workers={w.worker_id: [w.host, w.data_port] for w in workers if w.worker_id in used},
+        config=config,
+    )

@@ -1,0 +1,280 @@
+"""The coordinator process: RPC server, worker registry with heartbeats, job lifecycle.
+
+Workers and CLI clients dial in over the same framed protocol; a worker's
+link is also how the coordinator calls it (deploy, start, cancel). A job
+module that does not import, a graph that cannot run, or a cluster without
+enough slots fails the submission with a clear error and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from coordinator.jobs import JobRecord
+from coordinator.metrics import CoordinatorCollector
+from coordinator.scheduler import WorkerSlots, make_plan
+from netstack.connection import Connection
+from netstack.errors import CloseReason, NetstackError, RpcError
+from netstack.transport import BaseLinkHandler, Link, serve
+from runtime.api import JobDefinitionError
+from runtime.graph import JobLoadError
+from runtime.metrics import serve_metrics
+
+log = logging.getLogger("sluice.coordinator")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    token: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = 0
+    state_dir: str = "./sluice-state"
+    heartbeat_timeout_s: float = 10.0
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    link: Link
+    slots: int
+    host: str
+    data_port: int
+    metrics_port: int | None
+    pid: int | None
+    registered_at: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.worker_id, "slots": self.slots, "data": f"{self.host}:{self.data_port}",
+                "metrics_port": self.metrics_port, "pid": self.pid,
+                "last_heartbeat_s_ago": round(time.monotonic() - self.last_heartbeat, 2)}
+
+
+class Coordinator(BaseLinkHandler):
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.workers: dict[str, WorkerRecord] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
+        self._stop = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def run(self) -> None:
+        os.makedirs(self.config.state_dir, exist_ok=True)
+        server, self.port = await serve(self.config.host, self.config.port, self._connection, self)
+        if self.config.metrics_port is not None:
+            registry = CollectorRegistry()
+            registry.register(CoordinatorCollector(self))
+            self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
+        metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
+        print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
+              f"state={os.path.abspath(self.config.state_dir)}", flush=True)
+        monitor = self._spawn(self._monitor_heartbeats())
+        await self._stop.wait()
+        monitor.cancel()
+        for job in list(self.jobs.values()):
+            if not job.terminal:
+                await self._cancel(job, "coordinator shutting down")
+        server.close()
+        for w in list(self.workers.values()):
+            w.link.close("coordinator stopping")
+        await server.wait_closed()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _connection(self) -> Connection:
+        return Connection(local_id="coordinator", role="coordinator", token=self.config.token, is_client=False)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _monitor_heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.heartbeat_timeout_s / 4))
+            now = time.monotonic()
+            for w in list(self.workers.values()):
+                if now - w.last_heartbeat > self.config.heartbeat_timeout_s:
+                    log.error("worker %s missed heartbeats for %.1fs; removing it", w.worker_id,
+                              now - w.last_heartbeat)
+                    w.link.abort()
+                    self._worker_lost(w.worker_id, "heartbeat timeout")
+
+    # -- links ----------------------------------------------------------------------
+
+    def on_closed(self, link: Link, reason: CloseReason, message: str) -> None:
+        record = self.workers.get(link.peer_id)
+        if record is not None and record.link is link:
+            self._worker_lost(link.peer_id, f"connection lost: {message}")
+
+    def _worker_lost(self, worker_id: str, why: str) -> None:
+        if self.workers.pop(worker_id, None) is None:
+            return
+        log.warning("worker %s lost (%s)", worker_id, why)
+        for job in list(self.jobs.values()):
+            if not job.terminal and job.plan is not None and worker_id in job.plan.placement.values():
+                self._spawn(self._fail(job, f"worker {worker_id} lost: {why}"))
+
+    # -- RPC ------------------------------------------------------------------------
+
+    async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
+        handler = getattr(self, f"rpc_{method}", None)
+        if handler is None:
+            raise RpcError(f"unknown method {method!r}", "UnknownMethod")
+        return await handler(link, args)
+
+    async def rpc_register(self, link: Link, args: dict[str, Any]) -> Any:
+        if link.connection.peer_role != "worker":
+            raise RpcError("only workers register", "NotAWorker")
+        wid = link.peer_id
+        old = self.workers.get(wid)
+        if old is not None and old.link is not link:
+            old.link.close("replaced by a new registration")
+        self.workers[wid] = WorkerRecord(wid, link, int(args["slots"]), str(args["host"]), int(args["data_port"]),
+                                         args.get("metrics_port"), args.get("pid"))
+        log.info("worker %s registered with %d slots at %s:%s", wid, args["slots"], args["host"], args["data_port"])
+        return {"ok": True}
+
+    async def rpc_heartbeat(self, link: Link, args: dict[str, Any]) -> Any:
+        record = self.workers.get(link.peer_id)
+        if record is None or record.link is not link:
+            raise RpcError("unknown worker: register first", "NotRegistered")
+        record.last_heartbeat = time.monotonic()
+        for st in args.get("tasks", []):
+            job = self.jobs.get(st.get("job"))
+            if job is not None:
+                job.task_stats[st["task"]] = {**st, "worker": link.peer_id}
+        return {"ok": True}
+
+    async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
+        entry = str(args.get("entry", ""))
+        job_id = f"job-{secrets.token_hex(4)}"
+        job = JobRecord(job_id, entry, str(args.get("name") or entry), str(args.get("sys_path") or ""),
+                        dict(args.get("config") or {}))
+        try:
+            plan = make_plan(job_id=job_id, attempt=0, entry=entry, name=job.name, sys_path=job.sys_path,
+                             config=job.config, workers=self._worker_slots(), channel_base=next(self._channel_base))
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+        job.plan = plan
+        self.jobs[job_id] = job
+        log.info("job %s (%s) submitted: %d tasks", job_id, entry, job.total_tasks())
+        self._spawn(self._deploy(job))
+        return {"job_id": job_id, "tasks": job.total_tasks()}
+
+    async def rpc_status(self, link: Link, args: dict[str, Any]) -> Any:
+        job_id = args.get("job_id")
+        if job_id:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise RpcError(f"no job {job_id}", "UnknownJob")
+            return job.summary()
+        return {"workers": [w.describe() for w in self.workers.values()],
+                "jobs": [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error}
+                         for j in self.jobs.values()]}
+
+    async def rpc_cancel(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(str(args.get("job_id")))
+        if job is None:
+            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+        if job.terminal:
+            return {"state": job.state}
+        await self._cancel(job, "cancelled by user")
+        return {"state": job.state}
+
+    async def rpc_task_finished(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(args["job_id"])
+        if job is None or job.attempt != args.get("attempt") or job.state != "RUNNING":
+            return {"ignored": True}
+        job.finished_tasks.add(args["task"])
+        if len(job.finished_tasks) == job.total_tasks():
+            job.move("FINISHED")
+            log.info("job %s finished", job.job_id)
+        return {"ok": True}
+
+    async def rpc_task_failed(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(args["job_id"])
+        if job is not None and job.attempt == args.get("attempt") and not job.terminal:
+            self._spawn(self._fail(job, f"task {args['task']} failed: {args.get('error', '?')}"))
+        return {"ok": True}
+
+    async def rpc_job_error(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(args["job_id"])
+        if job is not None and job.attempt == args.get("attempt") and not job.terminal:
+            self._spawn(self._fail(job, f"on {link.peer_id}: {args.get('error', '?')}"))
+        return {"ok": True}
+
+    # -- job lifecycle ------------------------------------------------------------------
+
+    def _worker_slots(self) -> list[WorkerSlots]:
+        return [WorkerSlots(w.worker_id, w.slots, w.host, w.data_port)
+                for w in sorted(self.workers.values(), key=lambda w: w.registered_at)]
+
+    async def _deploy(self, job: JobRecord) -> None:
+        plan = job.plan
+        assert plan is not None
+        job.move("DEPLOYING")
+        involved = sorted(set(plan.placement.values()))
+        try:
+            links = [self.workers[w].link for w in involved]
+            plan_dict = plan.to_dict()
+            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0) for link in links))
+            if job.state != "DEPLOYING":
+                return
+            job.move("RUNNING")
+            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
+            log.info("job %s running on %s", job.job_id, ", ".join(involved))
+        except (NetstackError, KeyError) as exc:
+            await self._fail(job, f"deployment failed: {exc}")
+
+    async def _fail(self, job: JobRecord, error: str) -> None:
+        if job.terminal:
+            return
+        log.error("job %s failed: %s", job.job_id, error)
+        job.move("FAILED", error)
+        await self._cancel_tasks(job)
+
+    async def _cancel(self, job: JobRecord, why: str) -> None:
+        if job.terminal:
+            return
+        job.move("CANCELLED", why)
+        await self._cancel_tasks(job)
+
+    async def _cancel_tasks(self, job: JobRecord) -> None:
+        if job.plan is None:
+            return
+        calls = []
+        for wid in set(job.plan.placement.values()):
+            record = self.workers.get(wid)
+            if record is not None and not record.link.is_closing():
+                calls.append(record.link.call("cancel", {"job_id": job.job_id}, timeout_s=15.0))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for r in results:
+            if isinstance(r, Exception):
+                log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+
+
+async def run_coordinator(config: CoordinatorConfig) -> None:
+    coordinator = Coordinator(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, coordinator.stop)
+    await coordinator.run()

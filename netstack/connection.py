@@ -1,0 +1,321 @@
+"""Per-connection protocol state machine, without I/O.
+
+Feed it bytes with `receive_data`, get back a list of protocol events; ask it
+for the bytes of frames to send. It runs the handshake (protocol version and
+cluster token), checks that each frame is allowed in the current state (a
+table, not nested ifs), and checks data-plane frames against the channel
+directory: a data buffer must name a channel this process consumes from that
+peer and must be covered by credit.
+
+Any violation raises `RemoteProtocolError` with a `CloseReason`; the caller
+(the transport) logs it with the peer's name and closes only this connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from netstack.credit import Buffer, ChannelSender, CreditLedger, Event, SendData, SendEvent
+from netstack.errors import CloseReason, LocalProtocolError, RemoteProtocolError
+from netstack.frames import (
+    CREDIT_PAYLOAD,
+    DATA_PREFIX,
+    DEFAULT_MAX_FRAME_BYTES,
+    FLAG_PRIORITY,
+    NO_RECORD_START,
+    PROTOCOL_VERSION,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_frame,
+    encode_header,
+)
+
+
+class State(enum.Enum):
+    AWAIT_HELLO = "await hello"  # server side, before the peer introduced itself
+    AWAIT_ACK = "await ack"  # client side, hello sent
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+_OPEN_FRAMES = frozenset(
+    {FrameType.DATA, FrameType.EVENT, FrameType.CREDIT, FrameType.RPC_REQUEST, FrameType.RPC_RESPONSE, FrameType.GOODBYE}
+)
+ALLOWED: dict[State, frozenset[FrameType]] = {
+    State.AWAIT_HELLO: frozenset({FrameType.HELLO}),
+    State.AWAIT_ACK: frozenset({FrameType.HELLO_ACK, FrameType.GOODBYE}),
+    State.OPEN: _OPEN_FRAMES,
+    State.CLOSED: frozenset(),
+}
+
+
+class ChannelDirectory(Protocol):
+    """What this process knows about the logical channels it shares with a peer."""
+
+    def inbound(self, peer_id: str, channel_id: int) -> CreditLedger | None: ...
+
+    def outbound(self, peer_id: str, channel_id: int) -> ChannelSender | None: ...
+
+
+class NoChannels:
+    """Directory of a connection that carries RPC only."""
+
+    def inbound(self, peer_id: str, channel_id: int) -> CreditLedger | None:
+        return None
+
+    def outbound(self, peer_id: str, channel_id: int) -> ChannelSender | None:
+        return None
+
+
+# -- events handed to the transport -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Established:
+    peer_id: str
+    peer_role: str
+    peer_info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DataArrived:
+    channel: int
+    seq: int
+    buffer: Buffer
+    backlog: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventArrived:
+    channel: int
+    seq: int
+    event: Event
+    priority: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CreditArrived:
+    channel: int
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
+class RpcRequest:
+    call_id: int
+    method: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RpcResponse:
+    call_id: int
+    ok: bool
+    result: Any
+    error_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class PeerGoodbye:
+    reason: str
+
+
+ProtocolEvent = Established | DataArrived | EventArrived | CreditArrived | RpcRequest | RpcResponse | PeerGoodbye
+
+
+def _unpack(payload: bytes, what: str) -> Any:
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise RemoteProtocolError(f"{what} payload does not decode: {exc}", CloseReason.BAD_PAYLOAD) from None
+
+
+class Connection:
+    """Sans-IO protocol for one TCP connection, from this process's side."""
+
+    def __init__(
+        self,
+        *,
+        local_id: str,
+        role: str,
+        token: str,
+        is_client: bool,
+        directory: ChannelDirectory | None = None,
+        info: dict[str, Any] | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.local_id = local_id
+        self.role = role
+        self._token = token
+        self.is_client = is_client
+        self.directory: ChannelDirectory = directory or NoChannels()
+        self._info = info or {}
+        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes)
+        self.state = State.AWAIT_ACK if is_client else State.AWAIT_HELLO
+        self.peer_id = "?"
+        self.peer_role = "?"
+
+    # -- sending --------------------------------------------------------------
+
+    def hello(self) -> bytes:
+        if not self.is_client:
+            raise LocalProtocolError("only the dialling side says hello")
+        body = {"version": PROTOCOL_VERSION, "token": self._token, "id": self.local_id, "role": self.role,
+                "info": self._info}
+        return encode_frame(FrameType.HELLO, msgpack.packb(body))
+
+    def _require_open(self) -> None:
+        if self.state is not State.OPEN:
+            raise LocalProtocolError(f"cannot send in state {self.state.value}")
+
+    def encode_outbound(self, channel: int, item: SendData | SendEvent) -> list[bytes]:
+        """Frame bytes for one item popped from a ChannelSender (header and payload kept apart)."""
+        self._require_open()
+        if isinstance(item, SendData):
+            buf = item.buffer
+            offset = NO_RECORD_START if buf.first_record_offset < 0 else buf.first_record_offset
+            prefix = DATA_PREFIX.pack(item.backlog, offset)
+            header = encode_header(FrameType.DATA, 0, channel, item.seq, len(prefix) + len(buf.data))
+            return [header, prefix, buf.data]
+        flags = FLAG_PRIORITY if item.priority else 0
+        return [encode_frame(FrameType.EVENT, msgpack.packb(item.event.body), flags=flags, channel=channel,
+                             seq=item.seq)]
+
+    def credit(self, channel: int, credits: int) -> bytes:
+        self._require_open()
+        return encode_frame(FrameType.CREDIT, CREDIT_PAYLOAD.pack(credits), channel=channel)
+
+    def rpc_request(self, call_id: int, method: str, args: dict[str, Any]) -> bytes:
+        self._require_open()
+        return encode_frame(FrameType.RPC_REQUEST, msgpack.packb([method, args]), seq=call_id)
+
+    def rpc_response(self, call_id: int, ok: bool, result: Any, error_type: str = "") -> bytes:
+        self._require_open()
+        return encode_frame(FrameType.RPC_RESPONSE, msgpack.packb([ok, result, error_type]), seq=call_id)
+
+    def goodbye(self, reason: str) -> bytes:
+        """Last words before closing; allowed in any state so a refused peer learns why."""
+        self.state = State.CLOSED
+        return encode_frame(FrameType.GOODBYE, msgpack.packb({"reason": reason}))
+
+    # -- receiving ------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> tuple[list[ProtocolEvent], list[bytes]]:
+        """Events for the transport, and bytes to send back (the handshake reply)."""
+        self._decoder.receive_data(data)
+        events: list[ProtocolEvent] = []
+        replies: list[bytes] = []
+        while self.state is not State.CLOSED:
+            frame = self._decoder.next_frame()
+            if frame is None:
+                break
+            events.append(self._handle(frame, replies))
+        return events, replies
+
+    def eof(self) -> None:
+        self._decoder.eof()
+        self.state = State.CLOSED
+
+    def _handle(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        if frame.type not in ALLOWED[self.state]:
+            raise RemoteProtocolError(
+                f"{frame.type.name} frame not allowed while {self.state.value}", CloseReason.UNEXPECTED
+            )
+        handler = _HANDLERS[frame.type]
+        return handler(self, frame, replies)
+
+    def _on_hello(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        body = _unpack(frame.payload, "hello")
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str) or "token" not in body:
+            raise RemoteProtocolError("hello without id and token", CloseReason.BAD_HANDSHAKE)
+        self.peer_id = body["id"]
+        self.peer_role = str(body.get("role", "?"))
+        if body.get("version") != PROTOCOL_VERSION:
+            raise RemoteProtocolError(f"hello for protocol version {body.get('version')}", CloseReason.BAD_VERSION)
+        token = body["token"]
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token.encode()):
+            raise RemoteProtocolError("wrong cluster token", CloseReason.BAD_TOKEN)
+        self.state = State.OPEN
+        replies.append(encode_frame(FrameType.HELLO_ACK, msgpack.packb({"id": self.local_id, "role": self.role,
+                                                                         "info": self._info})))
+        info = body.get("info")
+        return Established(self.peer_id, self.peer_role, info if isinstance(info, dict) else {})
+
+    def _on_hello_ack(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        body = _unpack(frame.payload, "hello ack")
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str):
+            raise RemoteProtocolError("hello ack without id", CloseReason.BAD_HANDSHAKE)
+        self.peer_id = body["id"]
+        self.peer_role = str(body.get("role", "?"))
+        self.state = State.OPEN
+        info = body.get("info")
+        return Established(self.peer_id, self.peer_role, info if isinstance(info, dict) else {})
+
+    def _on_data(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        ledger = self.directory.inbound(self.peer_id, frame.channel)
+        if ledger is None:
+            raise RemoteProtocolError(f"data for unknown channel {frame.channel}", CloseReason.UNKNOWN_CHANNEL)
+        if len(frame.payload) < DATA_PREFIX.size:
+            raise RemoteProtocolError("data frame shorter than its prefix", CloseReason.BAD_PAYLOAD)
+        backlog, offset = DATA_PREFIX.unpack_from(frame.payload)
+        ledger.on_data(frame.channel, frame.seq, backlog)
+        data = frame.payload[DATA_PREFIX.size :]
+        if offset != NO_RECORD_START and offset > len(data):
+            raise RemoteProtocolError(f"record offset {offset} beyond buffer of {len(data)}", CloseReason.BAD_PAYLOAD)
+        first = -1 if offset == NO_RECORD_START else offset
+        return DataArrived(frame.channel, frame.seq, Buffer(data, first), backlog)
+
+    def _on_event(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        ledger = self.directory.inbound(self.peer_id, frame.channel)
+        if ledger is None:
+            raise RemoteProtocolError(f"event for unknown channel {frame.channel}", CloseReason.UNKNOWN_CHANNEL)
+        priority = bool(frame.flags & FLAG_PRIORITY)
+        body = _unpack(frame.payload, "event")
+        if not isinstance(body, dict):
+            raise RemoteProtocolError("event body is not a map", CloseReason.BAD_PAYLOAD)
+        ledger.on_event(frame.channel, frame.seq, priority)
+        return EventArrived(frame.channel, frame.seq, Event(body), priority)
+
+    def _on_credit(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        sender = self.directory.outbound(self.peer_id, frame.channel)
+        if sender is None:
+            raise RemoteProtocolError(f"credit for unknown channel {frame.channel}", CloseReason.UNKNOWN_CHANNEL)
+        if len(frame.payload) != CREDIT_PAYLOAD.size:
+            raise RemoteProtocolError("credit frame of wrong size", CloseReason.BAD_PAYLOAD)
+        (credits,) = CREDIT_PAYLOAD.unpack(frame.payload)
+        sender.add_credit(credits)
+        return CreditArrived(frame.channel, credits)
+
+    def _on_rpc_request(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        body = _unpack(frame.payload, "rpc request")
+        if not (isinstance(body, list) and len(body) == 2 and isinstance(body[0], str) and isinstance(body[1], dict)):
+            raise RemoteProtocolError("rpc request is not [method, args]", CloseReason.BAD_PAYLOAD)
+        return RpcRequest(frame.seq, body[0], body[1])
+
+    def _on_rpc_response(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        body = _unpack(frame.payload, "rpc response")
+        if not (isinstance(body, list) and len(body) == 3):
+            raise RemoteProtocolError("rpc response is not [ok, result, error_type]", CloseReason.BAD_PAYLOAD)
+        return RpcResponse(frame.seq, bool(body[0]), body[1], str(body[2]))
+
+    def _on_goodbye(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        body = _unpack(frame.payload, "goodbye")
+        self.state = State.CLOSED
+        return PeerGoodbye(str(body.get("reason", "")) if isinstance(body, dict) else "")
+
+
+_HANDLERS = {
+    FrameType.HELLO: Connection._on_hello,
+    FrameType.HELLO_ACK: Connection._on_hello_ack,
+    FrameType.DATA: Connection._on_data,
+    FrameType.EVENT: Connection._on_event,
+    FrameType.CREDIT: Connection._on_credit,
+    FrameType.RPC_REQUEST: Connection._on_rpc_request,
+    FrameType.RPC_RESPONSE: Connection._on_rpc_response,
+    FrameType.GOODBYE: Connection._on_goodbye,
+}

@@ -1,0 +1,345 @@
+"""The one place where netstack touches sockets: an asyncio binding of `Connection`.
+
+`Link` is an asyncio.Protocol that feeds received bytes to the sans-IO
+`Connection`, hands the resulting events to a `LinkHandler`, and drains
+ready `ChannelSender`s into the socket, one item per sender per round so
+channels share the link fairly. When the kernel buffer is full
+(`pause_writing`) it stops draining; the senders keep their queues, so
+backpressure reaches the producing tasks through their bounded output queues.
+
+A peer that breaks the protocol gets a GOODBYE naming the reason, then the
+connection is closed and the reason is logged with the peer's name and
+address. Nothing else in the process is affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from typing import Any, Awaitable, Callable, Protocol
+
+from netstack.connection import (
+    Connection,
+    CreditArrived,
+    DataArrived,
+    Established,
+    EventArrived,
+    PeerGoodbye,
+    RpcRequest,
+    RpcResponse,
+)
+from netstack.credit import ChannelSender
+from netstack.errors import CloseReason, ConnectionLost, NetstackError, RemoteProtocolError, RpcError
+
+log = logging.getLogger("sluice.net")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+# Connections this process closed because the peer broke the protocol, by reason (for metrics).
+PROTOCOL_FAILURES: collections.Counter[str] = collections.Counter()
+
+
+def install_uvloop() -> bool:
+    """Use uvloop for new event loops when it is importable."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+class LinkHandler(Protocol):
+    """What the application does with a link's traffic."""
+
+    def on_established(self, link: Link) -> None: ...
+
+    def on_data(self, link: Link, event: DataArrived) -> None: ...
+
+    def on_event(self, link: Link, event: EventArrived) -> None: ...
+
+    def on_sent(self, link: Link, sender: ChannelSender) -> None: ...
+
+    async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any: ...
+
+    def on_closed(self, link: Link, reason: CloseReason, message: str) -> None: ...
+
+
+class BaseLinkHandler:
+    """A handler for RPC-only links; subclasses override what they use."""
+
+    def on_established(self, link: Link) -> None:
+        pass
+
+    def on_data(self, link: Link, event: DataArrived) -> None:
+        raise RemoteProtocolError("data on an RPC link", CloseReason.UNKNOWN_CHANNEL)
+
+    def on_event(self, link: Link, event: EventArrived) -> None:
+        raise RemoteProtocolError("event on an RPC link", CloseReason.UNKNOWN_CHANNEL)
+
+    def on_sent(self, link: Link, sender: ChannelSender) -> None:
+        pass
+
+    async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
+        raise RpcError(f"unknown method {method!r}", "UnknownMethod")
+
+    def on_closed(self, link: Link, reason: CloseReason, message: str) -> None:
+        pass
+
+
+class Link(asyncio.Protocol):
+    def __init__(self, connection: Connection, handler: LinkHandler) -> None:
+        self.connection = connection
+        self.handler = handler
+        self.transport: asyncio.Transport | None = None
+        self.peer_address = "?"
+        self.established: asyncio.Future[Established] = asyncio.get_running_loop().create_future()
+        self.closed = asyncio.get_running_loop().create_future()
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._ready: dict[int, ChannelSender] = {}
+        self._flush_scheduled = False
+        self._paused = False
+        self._rpc_tasks: set[asyncio.Task[None]] = set()
+        self._close_reason: tuple[CloseReason, str] | None = None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        # statistics, read by metrics
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.frames_in = 0
+        self.frames_out = 0
+
+    @property
+    def peer_id(self) -> str:
+        return self.connection.peer_id
+
+    def describe(self) -> str:
+        return f"{self.connection.peer_role} {self.connection.peer_id} at {self.peer_address}"
+
+    # -- asyncio.Protocol -----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer_address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=512 * 1024)
+        if self.connection.is_client:
+            self._write([self.connection.hello()])
+        loop = asyncio.get_running_loop()
+        self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+
+    def _handshake_timeout(self) -> None:
+        if not self.established.done():
+            self.fail(RemoteProtocolError("no handshake within the timeout", CloseReason.TIMEOUT))
+
+    def data_received(self, data: bytes) -> None:
+        self.bytes_in += len(data)
+        try:
+            events, replies = self.connection.receive_data(data)
+            if replies:
+                self._write(replies)
+            for event in events:
+                self.frames_in += 1
+                self._dispatch(event)
+        except RemoteProtocolError as exc:
+            self.fail(exc)
+
+    def eof_received(self) -> bool:
+        try:
+            self.connection.eof()
+        except RemoteProtocolError as exc:
+            self.fail(exc)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshake_timer:
+            self._handshake_timer.cancel()
+        reason, message = self._close_reason or (
+            (CloseReason.IO_ERROR, str(exc)) if exc else (CloseReason.PEER_CLOSED, "peer closed the connection")
+        )
+        error = ConnectionLost(f"connection to {self.describe()} lost: {message}", reason)
+        if not self.established.done():
+            self.established.set_exception(error)
+            self.established.exception()  # mark retrieved: nobody may be waiting
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._calls.clear()
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        self.handler.on_closed(self, reason, message)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._schedule_flush()
+
+    # -- dispatch -------------------------------------------------------------
+
+    def _dispatch(self, event: Any) -> None:
+        if isinstance(event, DataArrived):
+            self.handler.on_data(self, event)
+        elif isinstance(event, EventArrived):
+            self.handler.on_event(self, event)
+        elif isinstance(event, CreditArrived):
+            sender = self.connection.directory.outbound(self.peer_id, event.channel)
+            if sender is not None:
+                self.wake(sender)
+        elif isinstance(event, RpcRequest):
+            task = asyncio.create_task(self._serve_rpc(event))
+            self._rpc_tasks.add(task)
+            task.add_done_callback(self._rpc_tasks.discard)
+        elif isinstance(event, RpcResponse):
+            fut = self._calls.pop(event.call_id, None)
+            if fut is not None and not fut.done():
+                if event.ok:
+                    fut.set_result(event.result)
+                else:
+                    fut.set_exception(RpcError(str(event.result), event.error_type))
+        elif isinstance(event, Established):
+            if self._handshake_timer:
+                self._handshake_timer.cancel()
+            log.debug("connection established with %s", self.describe())
+            self.established.set_result(event)
+            self.handler.on_established(self)
+        elif isinstance(event, PeerGoodbye):
+            self._close_reason = (CloseReason.PEER_CLOSED, f"peer said goodbye: {event.reason}")
+            if self.transport:
+                self.transport.close()
+
+    async def _serve_rpc(self, request: RpcRequest) -> None:
+        try:
+            result = await self.handler.on_rpc(self, request.method, request.args)
+            frame = self.connection.rpc_response(request.call_id, True, result)
+        except asyncio.CancelledError:
+            raise
+        except RpcError as exc:
+            frame = self.connection.rpc_response(request.call_id, False, str(exc), exc.remote_type)
+        except Exception as exc:  # the caller gets the error; this process keeps serving
+            log.warning("rpc %s from %s failed: %s: %s", request.method, self.describe(), type(exc).__name__, exc)
+            frame = self.connection.rpc_response(request.call_id, False, str(exc), type(exc).__name__)
+        if not self.is_closing():
+            self._write([frame])
+
+    # -- sending --------------------------------------------------------------
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def _write(self, chunks: list[bytes]) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        for chunk in chunks:
+            self.bytes_out += len(chunk)
+        self.transport.writelines(chunks)
+
+    async def call(self, method: str, args: dict[str, Any] | None = None, *, timeout_s: float = 30.0) -> Any:
+        """Call `method` on the peer and wait for its result."""
+        if self.is_closing():
+            raise ConnectionLost(f"connection to {self.describe()} is closed", CloseReason.PEER_CLOSED)
+        call_id = next(self._call_ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        self.frames_out += 1
+        self._write([self.connection.rpc_request(call_id, method, args or {})])
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise ConnectionLost(f"{method} to {self.describe()} timed out after {timeout_s}s",
+                                 CloseReason.TIMEOUT) from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    def send_credit(self, channel: int, credits: int) -> None:
+        if not self.is_closing():
+            self.frames_out += 1
+            self._write([self.connection.credit(channel, credits)])
+
+    def wake(self, sender: ChannelSender) -> None:
+        """`sender` may have something to send: drain it soon."""
+        self._ready[sender.channel_id] = sender
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and not self._paused and self._ready:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.is_closing():
+            self._ready.clear()
+            return
+        touched: dict[int, ChannelSender] = {}
+        encode = self.connection.encode_outbound
+        while self._ready and not self._paused:
+            for cid, sender in list(self._ready.items()):
+                item = sender.pop_sendable()
+                if item is None:
+                    del self._ready[cid]
+                    continue
+                touched[cid] = sender
+                self.frames_out += 1
+                self._write(encode(cid, item))
+                if self._paused:
+                    break
+        for sender in touched.values():
+            self.handler.on_sent(self, sender)
+
+    def fail(self, exc: NetstackError) -> None:
+        """Close because of `exc`, logging who broke what."""
+        if self._close_reason is not None:
+            return
+        self._close_reason = (exc.reason, str(exc))
+        PROTOCOL_FAILURES[exc.reason.value] += 1
+        log.warning("closing connection with %s: %s (%s)", self.describe(), exc.reason.value, exc)
+        if self.transport and not self.transport.is_closing():
+            self.transport.write(self.connection.goodbye(f"{exc.reason.value}: {exc}"))
+            self.transport.close()
+
+    def close(self, reason: str = "closing") -> None:
+        if self._close_reason is None:
+            self._close_reason = (CloseReason.NORMAL, reason)
+        if self.transport and not self.transport.is_closing():
+            self.transport.write(self.connection.goodbye(reason))
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport:
+            self.transport.abort()
+
+
+ConnectionFactory = Callable[[], Connection]
+
+
+async def serve(
+    host: str, port: int, make_connection: ConnectionFactory, handler: LinkHandler
+) -> tuple[asyncio.Server, int]:
+    """Listen for links; returns the server and the bound port (port 0 picks one)."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: Link(make_connection(), handler), host, port)
+    bound = server.sockets[0].getsockname()[1]
+    return server, bound
+
+
+async def dial(host: str, port: int, connection: Connection, handler: LinkHandler, *,
+               timeout_s: float = 10.0) -> Link:
+    """Connect and complete the handshake, or raise ConnectionLost."""
+    loop = asyncio.get_running_loop()
+    try:
+        _, link = await asyncio.wait_for(loop.create_connection(lambda: Link(connection, handler), host, port),
+                                         timeout_s)
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}", CloseReason.IO_ERROR) from exc
+    try:
+        await asyncio.wait_for(asyncio.shield(link.established), timeout_s)
+    except TimeoutError:
+        link.abort()
+        raise ConnectionLost(f"no handshake from {host}:{port}", CloseReason.TIMEOUT) from None
+    return link
+
+

@@ -1,0 +1,163 @@
+"""The DataStream-style job API.
+
+A job module exposes `build(job)`; every process (coordinator and workers)
+imports it and calls it, so the job graph is rebuilt identically everywhere
+and no user code ever travels over the network. Node ids are assigned in
+creation order, which is what makes the graphs agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
+from runtime.connectors.generator import GeneratorSource
+from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
+from runtime.connectors.source import Source
+from runtime.functions import Context, KeyedContext, KeyedProcessFunction, ProcessFunction, ValueState
+
+__all__ = [
+    "Job", "DataStream", "KeyedStream", "GeneratorSource", "FileSink", "JsonLinesSource", "ParquetSource",
+    "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
+    "KeyedContext", "ValueState", "JobDefinitionError",
+]
+
+DEFAULT_MAX_PARALLELISM = 128
+PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
+
+
+class JobDefinitionError(ValueError):
+    """The job graph the user built cannot run (bad parallelism, bad partitioning...)."""
+
+
+@dataclass
+class Input:
+    node: int
+    partitioner: str | None  # None: forward when parallelism matches, else rebalance
+    key_fn: Callable[[Any], Any] | None = None
+
+
+@dataclass
+class Node:
+    id: int
+    kind: str  # source | map | filter | flat_map | process | keyed_process | reduce | sink
+    name: str
+    parallelism: int
+    payload: Any  # the user function, source or sink
+    inputs: list[Input] = field(default_factory=list)
+    key_fn: Callable[[Any], Any] | None = None  # for keyed operators: the key of the records they receive
+
+
+class Job:
+    """Collects the graph of a job; `build(job)` in a job module fills it."""
+
+    def __init__(self, name: str = "job", *, max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+                 default_parallelism: int = 1) -> None:
+        self.name = name
+        self.max_parallelism = max_parallelism
+        self.default_parallelism = default_parallelism
+        self.nodes: list[Node] = []
+
+    def _add(self, kind: str, payload: Any, parallelism: int | None, name: str | None,
+             inputs: list[Input], key_fn: Callable[[Any], Any] | None = None) -> Node:
+        if parallelism is None:
+            parallelism = self.nodes[inputs[0].node].parallelism if inputs else self.default_parallelism
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise JobDefinitionError(f"parallelism must be a positive integer, got {parallelism!r}")
+        if parallelism > self.max_parallelism:
+            raise JobDefinitionError(f"parallelism {parallelism} exceeds max parallelism {self.max_parallelism}")
+        node = Node(len(self.nodes), kind, name or f"{kind}-{len(self.nodes)}", parallelism, payload, inputs, key_fn)
+        for inp in inputs:
+            up = self.nodes[inp.node]
+            if inp.partitioner == "forward" and up.parallelism != parallelism:
+                raise JobDefinitionError(
+                    f"forward from {up.name} (parallelism {up.parallelism}) to {node.name} "
+                    f"(parallelism {parallelism}) needs equal parallelism; use rebalance()")
+        self.nodes.append(node)
+        return node
+
+    def source(self, source: Source, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        if not isinstance(source, Source):
+            raise JobDefinitionError(f"{source!r} is not a Source")
+        node = self._add("source", source, parallelism, name or type(source).__name__, [])
+        return DataStream(self, node.id)
+
+
+class DataStream:
+    def __init__(self, job: Job, node_id: int, partitioner: str | None = None,
+                 key_fn: Callable[[Any], Any] | None = None) -> None:
+        self.job = job
+        self.node_id = node_id
+        self._partitioner = partitioner
+        self._key_fn = key_fn
+        self._unioned: list[DataStream] = []
+
+    def _inputs(self) -> list[Input]:
+        streams = [self, *self._unioned]
+        return [Input(s.node_id, s._partitioner, s._key_fn) for s in streams]
+
+    def _then(self, kind: str, payload: Any, parallelism: int | None, name: str | None,
+              key_fn: Callable[[Any], Any] | None = None) -> DataStream:
+        node = self.job._add(kind, payload, parallelism, name, self._inputs(), key_fn)
+        return DataStream(self.job, node.id)
+
+    def map(self, fn: Callable[[Any], Any], *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        return self._then("map", fn, parallelism, name)
+
+    def filter(self, fn: Callable[[Any], bool], *, parallelism: int | None = None,
+               name: str | None = None) -> DataStream:
+        return self._then("filter", fn, parallelism, name)
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, parallelism: int | None = None,
+                 name: str | None = None) -> DataStream:
+        return self._then("flat_map", fn, parallelism, name)
+
+    def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        if isinstance(fn, KeyedProcessFunction):
+            raise JobDefinitionError("a KeyedProcessFunction needs a keyed stream: call key_by() first")
+        return self._then("process", fn, parallelism, name or type(fn).__name__)
+
+    def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
+        return KeyedStream(self.job, self.node_id, "hash", key_fn, self._unioned)
+
+    def rebalance(self) -> DataStream:
+        return self._with_partitioner("rebalance")
+
+    def forward(self) -> DataStream:
+        return self._with_partitioner("forward")
+
+    def broadcast(self) -> DataStream:
+        return self._with_partitioner("broadcast")
+
+    def _with_partitioner(self, partitioner: str) -> DataStream:
+        stream = DataStream(self.job, self.node_id, partitioner)
+        stream._unioned = [s._with_partitioner(partitioner) for s in self._unioned]
+        return stream
+
+    def union(self, *others: DataStream) -> DataStream:
+        stream = DataStream(self.job, self.node_id, self._partitioner, self._key_fn)
+        stream._unioned = [*self._unioned, *others]
+        return stream
+
+    def sink(self, sink: Sink, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        if not isinstance(sink, Sink):
+            raise JobDefinitionError(f"{sink!r} is not a Sink")
+        return self._then("sink", sink, parallelism, name or type(sink).__name__)
+
+
+class KeyedStream(DataStream):
+    def __init__(self, job: Job, node_id: int, partitioner: str, key_fn: Callable[[Any], Any],
+                 unioned: list[DataStream]) -> None:
+        super().__init__(job, node_id, partitioner, key_fn)
+        self._unioned = [KeyedStream(job, s.node_id, partitioner, key_fn, []) for s in unioned]
+
+    def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        if not isinstance(fn, ProcessFunction):
+            raise JobDefinitionError(f"{fn!r} is not a ProcessFunction")
+        return self._then("keyed_process", fn, parallelism, name or type(fn).__name__, self._key_fn)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], *, parallelism: int | None = None,
+               name: str | None = None) -> DataStream:
+        """Emits, per record, the running reduction of all records of its key."""
+        return self._then("reduce", fn, parallelism, name or "reduce", self._key_fn)

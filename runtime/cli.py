@@ -1,0 +1,237 @@
+"""The `sluice` command line: coordinator, worker, submit, status, cancel, local, demo.
+
+Configuration is parsed and checked here, once, and passed down as frozen
+dataclasses; a bad argument exits with status 2 and a one-line reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from netstack.errors import NetstackError
+from netstack.transport import install_uvloop
+from runtime.config import load_token, parse_address, parse_duration
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _address(text: str) -> tuple[str, int]:
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"port out of range: {value}")
+    return value
+
+
+def _add_job_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("network buffers")
+    g.add_argument("--buffer-bytes", type=_positive, default=32 * 1024, help="network buffer size (default 32768)")
+    g.add_argument("--buffers-per-channel", type=_positive, default=4,
+                   help="output buffers a channel may queue before its task is backpressured (default 4)")
+    g.add_argument("--exclusive-credits", type=_positive, default=2, help="receiver buffers per channel (default 2)")
+    g.add_argument("--floating-credits", type=int, default=8, help="receiver buffers per gate lent on backlog (8)")
+    g.add_argument("--flush-timeout", type=_duration, default=0.05, help="latency bound of a partial buffer (50ms)")
+    p.add_argument("--name", help="job name (default: the entry point)")
+
+
+def _job_config(args: argparse.Namespace) -> dict[str, Any]:
+    return {"buffer_bytes": args.buffer_bytes, "buffers_per_channel": args.buffers_per_channel,
+            "exclusive_credits": args.exclusive_credits, "floating_credits": args.floating_credits,
+            "flush_timeout_s": args.flush_timeout}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description="Streaming dataflow runtime with fast checkpoints.")
+    parser.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("coordinator", help="run the coordinator process")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=_port, default=6123, help="RPC port (0 picks a free one)")
+    c.add_argument("--metrics-port", type=_port, default=0, help="Prometheus port (0 picks a free one)")
+    c.add_argument("--no-metrics", action="store_true")
+    c.add_argument("--state-dir", default="./sluice-state")
+    c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
+    c.add_argument("--token-file")
+
+    w = sub.add_parser("worker", help="run a worker process")
+    w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    w.add_argument("--slots", type=_positive, default=2)
+    w.add_argument("--host", default="127.0.0.1", help="address to bind and advertise for data")
+    w.add_argument("--data-port", type=_port, default=0)
+    w.add_argument("--metrics-port", type=_port, default=0)
+    w.add_argument("--no-metrics", action="store_true")
+    w.add_argument("--id", default="", help="worker id (default: host, pid and a random suffix)")
+    w.add_argument("--heartbeat-interval", type=_duration, default=1.0)
+    w.add_argument("--token-file")
+
+    s = sub.add_parser("submit", help="submit a job to a running coordinator")
+    s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    s.add_argument("entry", metavar="MODULE:FUNCTION")
+    s.add_argument("--wait", action="store_true", help="wait for the job to end; exit non-zero unless it FINISHED")
+    s.add_argument("--token-file")
+    _add_job_options(s)
+
+    st = sub.add_parser("status", help="show workers and jobs, or one job in detail")
+    st.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    st.add_argument("job_id", nargs="?")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--token-file")
+
+    ca = sub.add_parser("cancel", help="cancel a job")
+    ca.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    ca.add_argument("job_id")
+    ca.add_argument("--token-file")
+
+    lo = sub.add_parser("local", help="run a job on a local multi-process cluster")
+    lo.add_argument("entry", metavar="MODULE:FUNCTION")
+    lo.add_argument("--workers", type=_positive, default=2)
+    lo.add_argument("--slots", type=_positive, default=2)
+    lo.add_argument("--metrics-port-base", type=_port, default=0,
+                    help="coordinator metrics on BASE, worker i on BASE+i (default: free ports, printed)")
+    lo.add_argument("--state-dir")
+    _add_job_options(lo)
+
+    d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
+    d.add_argument("--records", type=_positive, default=300_000)
+    d.add_argument("--dir", default=".demo", help="where the demo writes its output (default .demo)")
+    return parser
+
+
+def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any]) -> Any:
+    from runtime.client import call_coordinator
+
+    host, port = args.coordinator
+    return asyncio.run(call_coordinator(host, port, load_token(args.token_file), method, payload))
+
+
+def _print_job(summary: dict[str, Any]) -> None:
+    print(f"job {summary['job_id']}  {summary['state']}  ({summary['name']})")
+    if summary.get("error"):
+        print(f"  error: {summary['error']}")
+    print(f"  tasks finished {summary['tasks_finished']}/{summary['tasks_total']}")
+    for t in summary["tasks"]:
+        print(f"  {t['task']:<22} {t['state']:<9} in {t['records_in']:>12,} out {t['records_out']:>12,} "
+              f"busy {t['busy_s']:7.1f}s idle {t['idle_s']:7.1f}s backpressured {t['backpressured_s']:7.1f}s "
+              f"on {t.get('worker', '?')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_uvloop()
+    try:
+        return _dispatch(args)
+    except ValueError as exc:  # configuration errors found after parsing (token file...)
+        print(f"sluice {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except NetstackError as exc:
+        print(f"sluice {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "coordinator":
+        from coordinator.server import CoordinatorConfig, run_coordinator
+
+        config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
+                                   metrics_port=None if args.no_metrics else args.metrics_port,
+                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout)
+        asyncio.run(run_coordinator(config))
+        return 0
+    if args.command == "worker":
+        from runtime.worker import WorkerConfig, run_worker
+
+        host, port = args.coordinator
+        wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
+                               slots=args.slots, host=args.host, data_port=args.data_port,
+                               metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
+                               heartbeat_interval_s=args.heartbeat_interval)
+        asyncio.run(run_worker(wconfig))
+        return 0
+    if args.command == "submit":
+        result = _client_call(args, "submit", {"entry": args.entry, "name": args.name, "config": _job_config(args),
+                                               "sys_path": os.getcwd()})
+        print(f"submitted {result['job_id']} ({result['tasks']} tasks)")
+        if not args.wait:
+            return 0
+        return _wait_for(args, result["job_id"])
+    if args.command == "status":
+        result = _client_call(args, "status", {"job_id": args.job_id} if args.job_id else {})
+        if args.json:
+            print(json.dumps(result, indent=2))
+        elif args.job_id:
+            _print_job(result)
+        else:
+            print(f"workers: {len(result['workers'])}")
+            for w in result["workers"]:
+                print(f"  {w['id']:<24} slots {w['slots']}  data {w['data']}  metrics {w['metrics_port']}")
+            print(f"jobs: {len(result['jobs'])}")
+            for j in result["jobs"]:
+                err = f"  ({j['error']})" if j["error"] else ""
+                print(f"  {j['job_id']}  {j['state']:<10} {j['name']}{err}")
+        return 0
+    if args.command == "cancel":
+        result = _client_call(args, "cancel", {"job_id": args.job_id})
+        print(f"job {args.job_id}: {result['state']}")
+        return 0
+    if args.command == "local":
+        from runtime.local_cluster import run_local
+
+        return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
+                         metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name)
+    if args.command == "demo":
+        from runtime.demo import run_demo
+
+        return run_demo(records=args.records, directory=args.dir)
+    raise AssertionError(args.command)
+
+
+def _wait_for(args: argparse.Namespace, job_id: str) -> int:
+    import time
+
+    while True:
+        summary = _client_call(args, "status", {"job_id": job_id})
+        if summary["state"] in ("FINISHED", "FAILED", "CANCELLED"):
+            _print_job(summary)
+            return 0 if summary["state"] == "FINISHED" else 1
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Parsing of command-line values shared by every process: durations, addresses, the cluster token."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+DEV_TOKEN = "sluice-dev-token"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """'500ms', '2s', '1.5', '1m' -> seconds. Raises ValueError with the accepted forms."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 2s, 1m)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not a HOST:PORT address: {text!r}")
+    return host, int(port)
+
+
+def load_token(token_file: str | None) -> str:
+    """The cluster token: from --token-file, else $SLUICE_TOKEN, else the development token (with a warning)."""
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read token file {token_file}: {exc.strerror}") from exc
+        if not token:
+            raise ValueError(f"token file {token_file} is empty")
+        return token
+    token = os.environ.get("SLUICE_TOKEN", "")
+    if token:
+        return token
+    print("sluice: no --token-file or SLUICE_TOKEN; using the development token (not for shared networks)",
+          file=sys.stderr)
+    return DEV_TOKEN

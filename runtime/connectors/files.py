@@ -1,0 +1,235 @@
+"""File sources (JSON lines, Parquet) and the file sink.
+
+Sources split their input across subtasks in fixed units (a file for JSON
+lines, a row group for Parquet), unit u going to subtask u mod p, and keep a
+position (unit, row) that a checkpoint can store.
+
+The sink writes part files. A file being written is hidden (its name starts
+with a dot), so readers such as Spark never see half a file; it becomes
+visible by an atomic rename when it is committed.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from runtime.connectors.sinks import Sink
+from runtime.connectors.source import Source
+
+
+class MissingDependency(RuntimeError):
+    pass
+
+
+def _pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a declared dependency
+        raise MissingDependency("Parquet support needs pyarrow: pip install pyarrow") from exc
+    return pq
+
+
+def list_input_files(path: str, suffixes: tuple[str, ...]) -> list[str]:
+    """Visible files under `path` (a file, a directory, or a glob), sorted for a stable split."""
+    if os.path.isdir(path):
+        found = []
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+            found += [os.path.join(root, f) for f in files if not f.startswith((".", "_")) and f.endswith(suffixes)]
+    elif any(ch in path for ch in "*?["):
+        found = [p for p in glob.glob(path) if not os.path.basename(p).startswith((".", "_"))]
+    elif os.path.exists(path):
+        found = [path]
+    else:
+        raise FileNotFoundError(f"no input at {path}")
+    return sorted(found)
+
+
+class JsonLinesSource(Source):
+    """One JSON value per line; JSON arrays become tuples. Files are split across subtasks."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        files = list_input_files(self.path, (".json", ".jsonl", ".ndjson"))
+        self._files = files[subtask_index::parallelism]
+        self._unit = 0
+        self._line = 0
+        self._lines: list[str] | None = None
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        while True:
+            if self._unit >= len(self._files):
+                return None
+            if self._lines is None:
+                with open(self._files[self._unit], encoding="utf-8") as f:
+                    self._lines = f.read().splitlines()
+            if self._line < len(self._lines):
+                chunk = self._lines[self._line : self._line + max_records]
+                self._line += len(chunk)
+                out = []
+                for text in chunk:
+                    if text.strip():
+                        value = json.loads(text)
+                        out.append(tuple(value) if isinstance(value, list) else value)
+                return out
+            self._unit += 1
+            self._line = 0
+            self._lines = None
+
+    def position(self) -> Any:
+        return [self._unit, self._line]
+
+    def restore(self, position: Any) -> None:
+        self._unit, self._line = int(position[0]), int(position[1])
+        self._lines = None
+
+
+class ParquetSource(Source):
+    """Rows of Parquet files as tuples (columns in file order); row groups are split across subtasks."""
+
+    def __init__(self, path: str, columns: list[str] | None = None) -> None:
+        self.path = path
+        self.columns = columns
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        pq = _pyarrow_parquet()
+        units = []
+        for file in list_input_files(self.path, (".parquet",)):
+            groups = pq.ParquetFile(file).metadata.num_row_groups
+            units += [(file, g) for g in range(groups)]
+        self._units = units[subtask_index::parallelism]
+        self._unit = 0
+        self._row = 0
+        self._rows: list[tuple[Any, ...]] | None = None
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        pq = _pyarrow_parquet()
+        while True:
+            if self._unit >= len(self._units):
+                return None
+            if self._rows is None:
+                file, group = self._units[self._unit]
+                table = pq.ParquetFile(file).read_row_group(group, columns=self.columns)
+                self._rows = list(zip(*(col.to_pylist() for col in table.columns)))
+            if self._row < len(self._rows):
+                out = self._rows[self._row : self._row + max_records]
+                self._row += len(out)
+                return out
+            self._unit += 1
+            self._row = 0
+            self._rows = None
+
+    def position(self) -> Any:
+        return [self._unit, self._row]
+
+    def restore(self, position: Any) -> None:
+        self._unit, self._row = int(position[0]), int(position[1])
+        self._rows = None
+
+
+class FileSink(Sink):
+    """Part files of JSON lines (or Parquet with format='parquet') under `path`.
+
+    Files in progress are named `.part-…inprogress`; `finish` (end of a
+    bounded input) commits them by renaming to `part-<subtask>-<attempt>-<n>.<ext>`.
+    """
+
+    def __init__(self, path: str, *, format: str = "jsonl", rolling_bytes: int = 64 * 1024 * 1024,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if format not in ("jsonl", "parquet"):
+            raise ValueError(f"format must be 'jsonl' or 'parquet', not {format!r}")
+        self.path = path
+        self.format = format
+        self.rolling_bytes = rolling_bytes
+
+    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
+        super().open(subtask_index, parallelism, attempt)
+        os.makedirs(self.path, exist_ok=True)
+        self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        self._part = 0
+        self._lines: list[str] = []
+        self._rows: list[Any] = []
+        self._bytes = 0
+        self._file: Any = None
+        self._in_progress: list[tuple[str, str]] = []  # (hidden path, final path)
+
+    def _names(self) -> tuple[str, str]:
+        ext = "jsonl" if self.format == "jsonl" else "parquet"
+        base = f"part-{self.subtask_index}-{self.attempt}-{self._part}.{ext}"
+        return os.path.join(self.path, f".{base}.inprogress"), os.path.join(self.path, base)
+
+    def write(self, record: Any) -> None:
+        if self.format == "parquet":
+            self._rows.append(record)
+            return
+        line = self._encode(record)
+        self._lines.append(line)
+        self._bytes += len(line) + 1
+        if len(self._lines) >= 4096:
+            self._flush_lines()
+
+    def _flush_lines(self) -> None:
+        if not self._lines:
+            return
+        if self._file is None:
+            hidden, final = self._names()
+            self._file = open(hidden, "w", encoding="utf-8")
+            self._in_progress.append((hidden, final))
+        self._file.write("\n".join(self._lines) + "\n")
+        self._lines = []
+        if self._bytes >= self.rolling_bytes:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            self._part += 1
+            self._bytes = 0
+
+    def _write_parquet(self) -> None:
+        if not self._rows:
+            return
+        import pyarrow as pa
+
+        pq = _pyarrow_parquet()
+        first = self._rows[0]
+        if isinstance(first, dict):
+            table = pa.Table.from_pylist(self._rows)
+        else:
+            width = len(first)
+            table = pa.table({f"f{i}": [r[i] for r in self._rows] for i in range(width)})
+        hidden, final = self._names()
+        pq.write_table(table, hidden)
+        self._in_progress.append((hidden, final))
+        self._rows = []
+        self._part += 1
+
+    def commit_all(self) -> None:
+        """Make every file written so far visible (atomic renames)."""
+        if self.format == "parquet":
+            self._write_parquet()
+        else:
+            self._flush_lines()
+            self._close_file()
+        for hidden, final in self._in_progress:
+            os.replace(hidden, final)
+        self._in_progress = []
+
+    def finish(self) -> None:
+        self.commit_all()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

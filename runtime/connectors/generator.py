@@ -1,0 +1,107 @@
+"""A deterministic generator of (key, seq, event_time_ms) records.
+
+The global sequence 0, 1, 2, ... is cut into blocks of BLOCK records; block b
+is drawn from its own random stream seeded by (seed, b), and subtask i of p
+generates blocks i, i+p, i+2p, ... So the data set depends only on the seed,
+the count and the key distribution, never on the parallelism, and a position
+is just (next block, offset in it).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from itertools import accumulate
+from typing import Any
+
+from runtime.connectors.source import Source
+
+BLOCK = 1024
+EVENT_TIME_START_MS = 1_700_000_000_000
+
+
+def key_names(keys: int) -> list[str]:
+    width = len(str(max(keys - 1, 0)))
+    return [f"k{i:0{width}d}" for i in range(keys)]
+
+
+def zipf_cum_weights(keys: int, exponent: float) -> list[float]:
+    return list(accumulate(1.0 / (rank + 1) ** exponent for rank in range(keys)))
+
+
+def generate_block(block: int, *, seed: int, keys: list[str], cum_weights: list[float] | None,
+                   count: int | None, event_step_ms: int = 1) -> list[tuple[str, int, int]]:
+    """Records of global block `block` (shorter for the last block of a bounded input)."""
+    start = block * BLOCK
+    n = BLOCK if count is None else max(0, min(BLOCK, count - start))
+    rng = random.Random(seed * 1_000_003 + block)
+    drawn = rng.choices(keys, cum_weights=cum_weights, k=n)
+    t0 = EVENT_TIME_START_MS + start * event_step_ms
+    return [(k, start + i, t0 + i * event_step_ms) for i, k in enumerate(drawn)]
+
+
+class GeneratorSource(Source):
+    def __init__(self, count: int | None = 1_000_000, keys: int = 1000, seed: int = 0, *,
+                 distribution: str = "uniform", zipf_exponent: float = 1.1,
+                 records_per_second: float | None = None) -> None:
+        if count is not None and count < 0:
+            raise ValueError("count must be >= 0 or None for an unbounded source")
+        if keys < 1:
+            raise ValueError("keys must be >= 1")
+        if distribution not in ("uniform", "zipf"):
+            raise ValueError(f"distribution must be 'uniform' or 'zipf', not {distribution!r}")
+        self.count = count
+        self.keys = keys
+        self.seed = seed
+        self.distribution = distribution
+        self.zipf_exponent = zipf_exponent
+        self.records_per_second = records_per_second
+        self.bounded = count is not None
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self._keys = key_names(self.keys)
+        self._cum = zipf_cum_weights(self.keys, self.zipf_exponent) if self.distribution == "zipf" else None
+        self._block = subtask_index
+        self._offset = 0
+        self._pending: list[Any] = []
+        self._emitted = 0
+        self._rate = (self.records_per_second / parallelism) if self.records_per_second else None
+        self._started = time.monotonic()
+
+    def _total_blocks(self) -> int | None:
+        return None if self.count is None else -(-self.count // BLOCK)
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        if self._rate is not None:
+            allowed = int((time.monotonic() - self._started) * self._rate) - self._emitted
+            if allowed <= 0:
+                return []
+            max_records = min(max_records, allowed)
+        if not self._pending:
+            total = self._total_blocks()
+            if total is not None and self._block >= total:
+                return None
+            self._pending = generate_block(self._block, seed=self.seed, keys=self._keys, cum_weights=self._cum,
+                                           count=self.count)
+        out = self._pending[self._offset : self._offset + max_records]
+        self._offset += len(out)
+        if self._offset >= len(self._pending):
+            self._pending = []
+            self._offset = 0
+            self._block += self.parallelism
+        self._emitted += len(out)
+        return out
+
+    def idle_wait_s(self) -> float:
+        return 0.005
+
+    def position(self) -> Any:
+        return [self._block, self._offset]
+
+    def restore(self, position: Any) -> None:
+        self._block, self._offset = int(position[0]), int(position[1])
+        self._pending = []
+        if self._offset:
+            self._pending = generate_block(self._block, seed=self.seed, keys=self._keys, cum_weights=self._cum,
+                                           count=self.count)

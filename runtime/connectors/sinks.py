@@ -1,0 +1,66 @@
+"""The sink interface, and the print and discard sinks."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+
+class Sink:
+    """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.
+
+    `delay_per_record_s` makes the sink artificially slow (for demos and
+    backpressure tests): the delay accumulates and is paid in sleeps of about
+    a millisecond, so the average rate is right without a syscall per record.
+    """
+
+    def __init__(self, *, delay_per_record_s: float = 0.0) -> None:
+        self.delay_per_record_s = delay_per_record_s
+        self._debt_s = 0.0
+
+    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
+        self.subtask_index = subtask_index
+        self.parallelism = parallelism
+        self.attempt = attempt
+
+    def write(self, record: Any) -> None:
+        raise NotImplementedError
+
+    def throttle(self) -> None:
+        self._debt_s += self.delay_per_record_s
+        if self._debt_s >= 0.001:
+            time.sleep(self._debt_s)
+            self._debt_s = 0.0
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class DiscardSink(Sink):
+    """Counts records and drops them."""
+
+    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
+        super().open(subtask_index, parallelism, attempt)
+        self.records = 0
+
+    def write(self, record: Any) -> None:
+        self.records += 1
+
+
+class PrintSink(Sink):
+    """Prints each record on stdout, prefixed with the subtask index when parallel."""
+
+    def __init__(self, prefix: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.prefix = prefix
+
+    def write(self, record: Any) -> None:
+        tag = f"{self.subtask_index}> " if self.parallelism > 1 else ""
+        sys.stdout.write(f"{self.prefix}{tag}{record!r}\n")
+
+    def finish(self) -> None:
+        sys.stdout.flush()

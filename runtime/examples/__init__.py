@@ -1,0 +1,1 @@
+"""Example jobs shipped with sluice (the quickstart word count and the demo)."""

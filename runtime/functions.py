@@ -1,0 +1,72 @@
+"""User function base classes and the context they receive."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class ValueState(Generic[T]):
+    """One value per key; reads and writes apply to the key of the current record."""
+
+    __slots__ = ("_table", "_default", "_ctx")
+
+    def __init__(self, table: dict[Any, Any], default: T, ctx: "KeyedContext") -> None:
+        self._table = table
+        self._default = default
+        self._ctx = ctx
+
+    def value(self) -> T:
+        return self._table.get(self._ctx.current_key, self._default)
+
+    def update(self, value: T) -> None:
+        self._table[self._ctx.current_key] = value
+
+    def clear(self) -> None:
+        self._table.pop(self._ctx.current_key, None)
+
+
+class Context:
+    """What a process function sees: where to emit, and which subtask it is."""
+
+    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name")
+
+    def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str) -> None:
+        self.emit = emit
+        self.subtask_index = subtask_index
+        self.parallelism = parallelism
+        self.operator_name = operator_name
+
+
+class KeyedContext(Context):
+    """A context with keyed state, scoped to the key of the record being processed."""
+
+    __slots__ = ("current_key", "_state")
+
+    def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str,
+                 state: dict[str, dict[Any, Any]]) -> None:
+        super().__init__(emit, subtask_index, parallelism, operator_name)
+        self.current_key: Any = None
+        self._state = state
+
+    def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
+        table = self._state.setdefault(name, {})
+        return ValueState(table, default, self)
+
+
+class ProcessFunction:
+    """Per-record logic with a context; override `process`."""
+
+    def open(self, ctx: Context) -> None:
+        pass
+
+    def process(self, record: Any, ctx: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class KeyedProcessFunction(ProcessFunction):
+    """Per-record logic on a keyed stream, with keyed state from `ctx.value_state`."""

@@ -1,0 +1,199 @@
+"""From the user's node graph to tasks: chaining, edges, channels, placement.
+
+Pure functions over plain data. The coordinator computes a `Plan` and sends
+it to workers as a dict; workers rebuild the same node graph from the job
+module and use the plan to know which subtasks they run and which logical
+channels join them to whom.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from runtime.api import Job, JobDefinitionError, Node
+
+
+class JobLoadError(Exception):
+    """The job entry point cannot be imported or called."""
+
+
+def load_entry(entry: str) -> Callable[[Job], None]:
+    """Resolve 'package.module:function'; raises JobLoadError with the cause."""
+    module_name, sep, func_name = entry.partition(":")
+    if not sep or not module_name or not func_name:
+        raise JobLoadError(f"job entry {entry!r} is not of the form 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise JobLoadError(f"cannot import job module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise JobLoadError(f"job module {module_name!r} has no function {func_name!r}")
+    return func
+
+
+def build_job(entry: str, name: str | None = None) -> Job:
+    """Import the entry point and let it fill a Job."""
+    func = load_entry(entry)
+    job = Job(name or entry)
+    try:
+        func(job)
+    except JobDefinitionError:
+        raise
+    except Exception as exc:
+        raise JobLoadError(f"{entry} raised while building the job: {type(exc).__name__}: {exc}") from exc
+    if not job.nodes:
+        raise JobDefinitionError(f"{entry} defined no operators")
+    return job
+
+
+def ensure_on_path(path: str) -> None:
+    if path and path not in sys.path:
+        sys.path.insert(0, path)
+
+
+@dataclass(frozen=True)
+class Vertex:
+    """A task type: a chain of nodes run in one task, `parallelism` subtasks."""
+
+    id: int
+    nodes: list[int]
+    parallelism: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Records flowing from vertex `up` to vertex `down`, routed by `partitioner`."""
+
+    id: int
+    up: int
+    down: int
+    partitioner: str
+    input_index: int  # which input of the down vertex's head node
+    channel_base: int  # first channel id of this edge (relative to the plan's base)
+
+
+def _resolve_partitioner(up: Node, down: Node, explicit: str | None) -> str:
+    if explicit is not None:
+        return explicit
+    return "forward" if up.parallelism == down.parallelism else "rebalance"
+
+
+def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
+    nodes = job.nodes
+    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for inp in n.inputs:
+            consumers[inp.node].append(n.id)
+
+    def chains_to_upstream(n: Node) -> bool:
+        if len(n.inputs) != 1:
+            return False
+        inp = n.inputs[0]
+        up = nodes[inp.node]
+        return (_resolve_partitioner(up, n, inp.partitioner) == "forward"
+                and up.parallelism == n.parallelism and len(consumers[up.id]) == 1)
+
+    head_of: dict[int, int] = {}
+    chains: dict[int, list[int]] = {}
+    for n in nodes:  # creation order is topological
+        if chains_to_upstream(n):
+            head = head_of[n.inputs[0].node]
+            head_of[n.id] = head
+            chains[head].append(n.id)
+        else:
+            head_of[n.id] = n.id
+            chains[n.id] = [n.id]
+    vertex_of_head = {head: i for i, head in enumerate(chains)}
+    vertices = [Vertex(i, ids, nodes[ids[0]].parallelism, " -> ".join(nodes[x].name for x in ids))
+                for i, ids in enumerate(chains.values())]
+    edges: list[Edge] = []
+    channel_base = 0
+    for n in nodes:
+        if head_of[n.id] != n.id:
+            continue
+        for index, inp in enumerate(n.inputs):
+            up_vertex = vertex_of_head[head_of[inp.node]]
+            down_vertex = vertex_of_head[n.id]
+            part = _resolve_partitioner(nodes[inp.node], n, inp.partitioner)
+            edges.append(Edge(len(edges), up_vertex, down_vertex, part, index, channel_base))
+            channel_base += vertices[up_vertex].parallelism * vertices[down_vertex].parallelism
+    return vertices, edges
+
+
+def edge_key_fn(job: Job, vertices: list[Vertex], edge: Edge) -> Callable[[Any], Any] | None:
+    """The key function that routes a hash edge: the one given to key_by() on that input."""
+    if edge.partitioner != "hash":
+        return None
+    head = job.nodes[vertices[edge.down].nodes[0]]
+    return head.inputs[edge.input_index].key_fn
+
+
+def channel_id(plan_base: int, edge: Edge, down_parallelism: int, producer: int, consumer: int) -> int:
+    return plan_base + edge.channel_base + producer * down_parallelism + consumer
+
+
+def channels_of_edge(edge: Edge, up_p: int, down_p: int) -> list[tuple[int, int]]:
+    """(producer subtask, consumer subtask) pairs joined by a logical channel."""
+    if edge.partitioner == "forward":
+        return [(i, i) for i in range(up_p)]
+    return [(i, j) for i in range(up_p) for j in range(down_p)]
+
+
+def place_subtasks(vertices: list[Vertex], workers: list[tuple[str, int]]) -> dict[str, str]:
+    """Slot sharing: subtask i of every vertex goes to slot i; slots are spread over workers.
+
+    `workers` is [(worker_id, slots)]. Returns {"vertex:index": worker_id}.
+    Raises JobDefinitionError when there are not enough slots.
+    """
+    slots: list[str] = []
+    # interleave workers so that slot i and slot i+1 land on different workers
+    remaining = {wid: n for wid, n in workers}
+    while any(remaining.values()):
+        for wid, _ in workers:
+            if remaining[wid]:
+                slots.append(wid)
+                remaining[wid] -= 1
+    needed = max(v.parallelism for v in vertices)
+    if needed > len(slots):
+        raise JobDefinitionError(f"job needs {needed} slots, the cluster has {len(slots)} free")
+    return {f"{v.id}:{i}": slots[i] for v in vertices for i in range(v.parallelism)}
+
+
+@dataclass
+class Plan:
+    """Everything a worker needs to run its part of a job attempt (sent as a dict)."""
+
+    job_id: str
+    attempt: int
+    entry: str
+    name: str
+    sys_path: str
+    channel_base: int
+    vertices: list[Vertex]
+    edges: list[Edge]
+    placement: dict[str, str]
+    workers: dict[str, list[Any]]  # worker id -> [host, data_port]
+    config: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        return cls(
+            job_id=d["job_id"], attempt=d["attempt"], entry=d["entry"], name=d["name"], sys_path=d["sys_path"],
+            channel_base=d["channel_base"],
+            vertices=[Vertex(**v) for v in d["vertices"]],
+            edges=[Edge(**e) for e in d["edges"]],
+            placement=dict(d["placement"]), workers={k: list(v) for k, v in d["workers"].items()},
+            config=dict(d["config"]),
+        )
+
+    def total_channels(self) -> int:
+        return sum(self.vertices[e.up].parallelism * self.vertices[e.down].parallelism for e in self.edges)

@@ -1,0 +1,169 @@
+"""`sluice local`: a coordinator and N workers as separate OS processes on loopback.
+
+Starts them on port 0 (or the given metrics ports), submits the job, shows
+progress until the job ends or Ctrl-C, then stops every process by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from netstack.errors import NetstackError
+from runtime.client import call_coordinator
+from runtime.processes import Managed, child_env, start_process, stop_process
+
+
+@dataclass
+class LocalCluster:
+    workers: int = 2
+    slots: int = 2
+    state_dir: str | None = None
+    metrics_port_base: int | None = None
+    log_dir: str | None = None
+    quiet_logs: bool = True
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    coordinator: Managed | None = None
+    worker_procs: list[Managed] = field(default_factory=list)
+
+    def _metrics_port(self, index: int) -> str:
+        return str(self.metrics_port_base + index) if self.metrics_port_base else "0"
+
+    def start(self) -> None:
+        self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="sluice-logs-")
+        self.state_dir = self.state_dir or os.path.join(self.log_dir, "state")
+        env = child_env(self.token, os.getcwd())
+        try:
+            self.coordinator = start_process(
+                "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir",
+                                self.state_dir], env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
+            rpc = self.coordinator.fields["rpc"]
+            for i in range(self.workers):
+                self.worker_procs.append(start_process(
+                    "worker", ["--coordinator", rpc, "--slots", str(self.slots), "--data-port", "0",
+                               "--metrics-port", self._metrics_port(i + 1), "--id", f"worker-{i + 1}"],
+                    env=env, log_path=os.path.join(self.log_dir, f"worker-{i + 1}.log")))
+        except Exception:
+            self.stop()
+            raise
+
+    @property
+    def rpc(self) -> tuple[str, int]:
+        assert self.coordinator is not None
+        return self.coordinator.address("rpc")
+
+    async def call(self, method: str, args: dict[str, Any] | None = None) -> Any:
+        host, port = self.rpc
+        return await call_coordinator(host, port, self.token, method, args)
+
+    async def wait_workers(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = await self.call("status")
+            if len(status["workers"]) >= self.workers:
+                return
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"{self.workers} workers did not register within {timeout_s}s")
+
+    def describe(self) -> list[str]:
+        lines = []
+        if self.coordinator:
+            lines.append(f"  coordinator pid {self.coordinator.pid:>7}  rpc {self.coordinator.fields['rpc']}"
+                         f"  metrics {self.coordinator.fields['metrics']}")
+        for w in self.worker_procs:
+            lines.append(f"  {w.fields['id']:<11} pid {w.pid:>7}  data {w.fields['data']}"
+                         f"  metrics {w.fields['metrics']}")
+        lines.append(f"  logs in {self.log_dir}")
+        return lines
+
+    def stop(self) -> None:
+        for w in self.worker_procs:
+            stop_process(w)
+        if self.coordinator is not None:
+            stop_process(self.coordinator)
+
+
+def summarise_progress(summary: dict[str, Any], elapsed_s: float) -> str:
+    by_vertex: dict[str, dict[str, float]] = {}
+    for t in summary.get("tasks", []):
+        name = t["name"].rsplit(" (", 1)[0]
+        agg = by_vertex.setdefault(name, {"in": 0, "out": 0, "bp": 0.0, "n": 0})
+        agg["in"] += t["records_in"]
+        agg["out"] += t["records_out"]
+        agg["bp"] += t["backpressured_s"]
+        agg["n"] += 1
+    parts = []
+    for name, agg in by_vertex.items():
+        bp_pct = 100.0 * agg["bp"] / max(elapsed_s * agg["n"], 1e-9)
+        parts.append(f"{name}: in {int(agg['in']):,} out {int(agg['out']):,} bp {min(bp_pct, 100):.0f}%")
+    return " | ".join(parts)
+
+
+async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[str, Any], name: str | None,
+                             progress: Callable[[str], None] | None, timeout_s: float | None = None,
+                             on_tick: Callable[[dict[str, Any], float], None] | None = None) -> dict[str, Any]:
+    await cluster.wait_workers()
+    submitted = await cluster.call("submit", {"entry": entry, "name": name, "config": config,
+                                              "sys_path": os.getcwd()})
+    job_id = submitted["job_id"]
+    if progress:
+        progress(f"submitted {entry} as {job_id} ({submitted['tasks']} tasks)")
+    start = time.monotonic()
+    last_print = 0.0
+    while True:
+        summary = await cluster.call("status", {"job_id": job_id})
+        elapsed = time.monotonic() - start
+        if on_tick:
+            on_tick(summary, elapsed)
+        if summary["state"] in ("FINISHED", "FAILED", "CANCELLED"):
+            summary["elapsed_s"] = elapsed
+            return summary
+        if progress and elapsed - last_print >= 1.0:
+            last_print = elapsed
+            progress(f"[{elapsed:6.1f}s] {summary['state']:<9} {summarise_progress(summary, elapsed)}")
+        if timeout_s is not None and elapsed > timeout_s:
+            await cluster.call("cancel", {"job_id": job_id})
+            raise TimeoutError(f"job {job_id} did not end within {timeout_s}s")
+        await asyncio.sleep(0.25)
+
+
+def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
+              state_dir: str | None, name: str | None = None) -> int:
+    """The body of `sluice local`; returns the exit code."""
+    cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir)
+    print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
+    cluster.start()
+    interrupted = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        for line in cluster.describe():
+            print(line, flush=True)
+        summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name=name,
+                                                 progress=lambda s: print(s, flush=True)))
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\nsluice local: interrupted, stopping the cluster", flush=True)
+        summary = {"state": "CANCELLED", "error": "interrupted"}
+    except (NetstackError, TimeoutError, OSError) as exc:
+        print(f"sluice local: {exc}", file=sys.stderr, flush=True)
+        summary = {"state": "FAILED", "error": str(exc)}
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGTERM, old)
+    if summary["state"] == "FINISHED":
+        print(f"sluice local: job FINISHED in {summary['elapsed_s']:.1f}s; "
+              f"{summarise_progress(summary, summary['elapsed_s'])}", flush=True)
+        return 0
+    print(f"sluice local: job {summary['state']}: {summary.get('error', '')}", file=sys.stderr, flush=True)
+    return 130 if interrupted else 1

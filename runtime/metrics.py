@@ -1,0 +1,100 @@
+"""Prometheus metrics of a worker, read from the live objects at scrape time.
+
+Tasks and links keep plain counters on the hot path; this collector turns
+them into metric families only when Prometheus scrapes, so metrics cost
+nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from netstack.transport import PROTOCOL_FAILURES
+
+if TYPE_CHECKING:
+    from runtime.worker import Worker
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> int:
+    """Serve /metrics in a background thread; returns the bound port (port 0 picks one)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_port)
+
+
+class WorkerCollector(Collector):
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["job", "task", "subtask"]
+        rin = CounterMetricFamily("sluice_task_records_in", "Records a task consumed", labels=labels)
+        rout = CounterMetricFamily("sluice_task_records_out", "Records a task emitted (or wrote, for sinks)",
+                                   labels=labels)
+        busy = CounterMetricFamily("sluice_task_busy_seconds", "Time a task spent processing", labels=labels)
+        idle = CounterMetricFamily("sluice_task_idle_seconds", "Time a task waited for input", labels=labels)
+        bp = CounterMetricFamily("sluice_task_backpressured_seconds",
+                                 "Time a task waited for an output buffer", labels=labels)
+        bin_ = CounterMetricFamily("sluice_task_bytes_in", "Bytes of buffers a task received", labels=labels)
+        bout = CounterMetricFamily("sluice_task_bytes_out", "Bytes of buffers a task produced", labels=labels)
+        inq = GaugeMetricFamily("sluice_task_input_queue_buffers", "Buffers received and not yet processed",
+                                labels=labels)
+        outq = GaugeMetricFamily("sluice_task_output_queue_buffers", "Buffers waiting for credit or the socket",
+                                 labels=labels)
+        pool = GaugeMetricFamily("sluice_task_output_pool_usage_ratio",
+                                 "Queued output buffers over the task's output buffer budget", labels=labels)
+        for job_id, task in self.worker.all_tasks():
+            st = task.statistics()
+            vertex_sub = task.task_id.rsplit("/", 1)[-1]
+            values = [job_id, task.name.rsplit(" (", 1)[0], vertex_sub.split(":")[1]]
+            rin.add_metric(values, st.records_in)
+            rout.add_metric(values, st.records_out)
+            busy.add_metric(values, st.busy_s)
+            idle.add_metric(values, st.idle_s)
+            bp.add_metric(values, st.backpressured_s)
+            bin_.add_metric(values, st.bytes_in)
+            bout.add_metric(values, st.bytes_out)
+            inq.add_metric(values, st.input_queue)
+            outq.add_metric(values, st.output_queue)
+            pool.add_metric(values, st.output_queue / st.output_buffers_limit if st.output_buffers_limit else 0.0)
+        yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool)
+
+        peer = ["peer"]
+        sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
+        recv_b = CounterMetricFamily("sluice_connection_received_bytes", "Bytes received on a data connection",
+                                     labels=peer)
+        sent_f = CounterMetricFamily("sluice_connection_sent_frames", "Frames sent on a data connection",
+                                     labels=peer)
+        recv_f = CounterMetricFamily("sluice_connection_received_frames", "Frames received on a data connection",
+                                     labels=peer)
+        credit = GaugeMetricFamily("sluice_connection_credit",
+                                   "Credits this worker holds to send to the peer (sum over channels)",
+                                   labels=peer)
+        net = self.worker.network
+        credit_by_peer: dict[str, int] = {}
+        for cid, (peer_id, sub) in list(net._out.items()):
+            credit_by_peer[peer_id] = credit_by_peer.get(peer_id, 0) + sub.sender.credit
+        for peer_id, link in list(net.links.items()):
+            sent_b.add_metric([peer_id], link.bytes_out)
+            recv_b.add_metric([peer_id], link.bytes_in)
+            sent_f.add_metric([peer_id], link.frames_out)
+            recv_f.add_metric([peer_id], link.frames_in)
+            credit.add_metric([peer_id], credit_by_peer.get(peer_id, 0))
+        yield from (sent_b, recv_b, sent_f, recv_f, credit)
+
+        slots = GaugeMetricFamily("sluice_worker_slots", "Task slots this worker offers")
+        slots.add_metric([], self.worker.config.slots)
+        running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
+        running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == "running"))
+        yield from (slots, running, protocol_failures())
+
+
+def protocol_failures() -> Metric:
+    family = CounterMetricFamily("sluice_connections_refused", "Connections closed because the peer broke the "
+                                 "protocol (bad frame, wrong token, data without credit...)", labels=["reason"])
+    for reason, n in sorted(PROTOCOL_FAILURES.items()):
+        family.add_metric([reason], n)
+    return family

@@ -1,0 +1,277 @@
+"""A running subtask: its input gate, operator chain, outputs and mailbox.
+
+The hot loop takes one input buffer at a time, decodes it with the input
+channel's msgpack Unpacker (which also joins records that span buffers) and
+calls the chain once per record, with no await per record. Before each
+record it checks two things: is the output blocked (a subpartition queue at
+its limit) and is there mail (priority events, cancellation). Only then
+does it await, so a backpressured task still answers its mailbox within one
+record's time, and never starts a record it has no output buffer for (a
+started record may overdraw its buffer; the queue limit is soft by one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgpack
+
+from netstack.credit import Buffer, Event
+from runtime.channels import InputGate, OutputGate, Subpartition, event
+from runtime.connectors.source import Source
+from runtime.operators import Chain
+
+log = logging.getLogger("sluice.task")
+
+YIELD_EVERY_RECORDS = 256
+YIELD_AFTER_S = 0.002
+SOURCE_BATCH = 512
+
+
+class TaskCancelled(Exception):
+    pass
+
+
+@dataclass
+class TaskStatistics:
+    records_in: int
+    records_out: int
+    busy_s: float
+    idle_s: float
+    backpressured_s: float
+    input_queue: int
+    output_queue: int
+    output_buffers_limit: int
+    bytes_in: int
+    bytes_out: int
+
+
+class Task:
+    def __init__(self, *, task_id: str, name: str, chain: Chain, outputs: list[Subpartition],
+                 source: Source | None, flush_timeout_s: float,
+                 on_priority_event: Callable[[Task, int, int, Event], None] | None = None) -> None:
+        self.task_id = task_id
+        self.name = name
+        self.chain = chain
+        self.subpartitions = outputs
+        self.source = source
+        self.gate: InputGate | None = None
+        self.flush_timeout_s = flush_timeout_s
+        self.output = OutputGate(self.wake)
+        self.mailbox: deque[tuple[str, Any]] = deque()
+        self._wakeup = asyncio.Event()
+        self._unpackers: dict[int, msgpack.Unpacker] = {}
+        self._on_priority_event = on_priority_event
+        self.records_in = 0
+        self.idle_s = 0.0
+        self.backpressured_s = 0.0
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.state = "created"
+        self._cancelled = False
+
+    # -- signals from outside (network callbacks, the worker) -----------------
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def post(self, kind: str, payload: Any = None) -> None:
+        self.mailbox.append((kind, payload))
+        self._wakeup.set()
+
+    def post_priority(self, channel_id: int, seq: int, ev: Event) -> None:
+        # ahead of queued input: the mailbox is served before the next record
+        self.post("priority_event", (channel_id, seq, ev))
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self.post("cancel")
+
+    # -- statistics -------------------------------------------------------------
+
+    def statistics(self) -> TaskStatistics:
+        now = time.monotonic()
+        start = self.started_at or now
+        end = self.finished_at or now
+        busy = max(0.0, (end - start) - self.idle_s - self.backpressured_s)
+        return TaskStatistics(
+            records_in=self.records_in,
+            records_out=self.chain.records_out,
+            busy_s=busy,
+            idle_s=self.idle_s,
+            backpressured_s=self.backpressured_s,
+            input_queue=self.gate.queued_buffers() if self.gate else 0,
+            output_queue=sum(s.sender.queued_buffers for s in self.subpartitions),
+            output_buffers_limit=sum(s.limit for s in self.subpartitions),
+            bytes_in=self.gate.bytes_in if self.gate else 0,
+            bytes_out=sum(s.bytes_out for s in self.subpartitions),
+        )
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.started_at = time.monotonic()
+        self.state = "running"
+        flusher = asyncio.create_task(self._flush_periodically())
+        try:
+            self.chain.open()
+            if self.source is not None:
+                await self._run_source()
+            else:
+                await self._run_inputs()
+            self.chain.finish()
+            for sub in self.subpartitions:
+                sub.add_event(event("end"))
+            await self._wait_drained()
+            self.state = "finished"
+        except (TaskCancelled, asyncio.CancelledError):
+            self.state = "cancelled"
+            raise
+        except BaseException:
+            self.state = "failed"
+            raise
+        finally:
+            self.finished_at = time.monotonic()
+            flusher.cancel()
+            try:
+                self.chain.close()
+            except Exception as exc:  # closing must not hide the task's own outcome
+                log.warning("task %s: error while closing: %s", self.task_id, exc)
+
+    async def _flush_periodically(self) -> None:
+        # bounds latency: a partly filled buffer waits at most flush_timeout_s
+        while True:
+            await asyncio.sleep(self.flush_timeout_s)
+            for sub in self.subpartitions:
+                if sub.buf:
+                    sub.flush()
+
+    async def _wait(self, timeout_s: float | None = None) -> None:
+        self._wakeup.clear()
+        if timeout_s is None:
+            await self._wakeup.wait()
+        else:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout_s)
+            except TimeoutError:
+                pass
+
+    def _serve_mailbox(self) -> None:
+        while self.mailbox:
+            kind, payload = self.mailbox.popleft()
+            if kind == "cancel":
+                raise TaskCancelled(self.task_id)
+            if kind == "priority_event":
+                channel_id, seq, ev = payload
+                if self._on_priority_event is not None:
+                    self._on_priority_event(self, channel_id, seq, ev)
+            elif kind == "call":
+                payload(self)
+
+    async def _between_records(self) -> None:
+        """Serve the mailbox; wait while the output is blocked (counted as backpressure)."""
+        while True:
+            if self.mailbox:
+                self._serve_mailbox()
+            if not self.output.blocked:
+                return
+            t0 = time.monotonic()
+            await self._wait()
+            self.backpressured_s += time.monotonic() - t0
+
+    async def _run_source(self) -> None:
+        source = self.source
+        assert source is not None
+        source.open(self.chain.subtask_index, self.chain.parallelism)
+        emit = self.chain.process
+        output = self.output
+        mailbox = self.mailbox
+        last_yield = time.monotonic()
+        while True:
+            if mailbox or output.blocked:
+                await self._between_records()
+            batch = source.read_batch(SOURCE_BATCH)
+            if batch is None:
+                return
+            if not batch:
+                t0 = time.monotonic()
+                await self._wait(source.idle_wait_s())
+                self.idle_s += time.monotonic() - t0
+                continue
+            for record in batch:
+                if output.blocked or mailbox:
+                    await self._between_records()
+                emit(record)
+            self.records_in += len(batch)
+            now = time.monotonic()
+            if now - last_yield > YIELD_AFTER_S:
+                await asyncio.sleep(0)  # let the network and other tasks on this worker run
+                last_yield = time.monotonic()
+
+    async def _run_inputs(self) -> None:
+        gate = self.gate
+        assert gate is not None
+        gate.announce_credit()
+        queue = gate.queue
+        while gate.open_channels:
+            if self.mailbox:
+                self._serve_mailbox()
+            if not queue:
+                t0 = time.monotonic()
+                await self._wait()
+                self.idle_s += time.monotonic() - t0
+                continue
+            channel_id, item = queue.popleft()
+            if isinstance(item, Buffer):
+                await self._process_buffer(channel_id, item)
+                gate.consumed(channel_id)
+                await asyncio.sleep(0)  # fairness between tasks of this worker
+            else:
+                self._on_inband_event(channel_id, item)
+
+    async def _process_buffer(self, channel_id: int, buffer: Buffer) -> None:
+        unpacker = self._unpackers.get(channel_id)
+        if unpacker is None:
+            unpacker = self._unpackers[channel_id] = msgpack.Unpacker(use_list=False, raw=False,
+                                                                      strict_map_key=False)
+        unpacker.feed(buffer.data)
+        process = self.chain.process
+        output = self.output
+        mailbox = self.mailbox
+        n = 0
+        last_yield = time.monotonic()
+        for record in unpacker:
+            if output.blocked or mailbox:
+                await self._between_records()
+            process(record)
+            n += 1
+            if not n % YIELD_EVERY_RECORDS:
+                now = time.monotonic()
+                if now - last_yield > YIELD_AFTER_S:
+                    self.records_in += n
+                    n = 0
+                    await asyncio.sleep(0)
+                    last_yield = time.monotonic()
+        self.records_in += n
+
+    def _on_inband_event(self, channel_id: int, ev: Event) -> None:
+        kind = ev.body.get("t")
+        if kind == "end":
+            assert self.gate is not None
+            self.gate.end_channel(channel_id)
+        else:
+            log.warning("task %s: unknown in-band event %r on channel %d", self.task_id, kind, channel_id)
+
+    async def _wait_drained(self, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(s.drained() for s in self.subpartitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"task {self.task_id}: outputs not drained within {timeout_s}s")
+            if self.mailbox:
+                self._serve_mailbox()
+            await self._wait(0.05)

@@ -1,0 +1,239 @@
+"""The worker process: hosts task slots, runs subtasks on one event loop, talks to the coordinator.
+
+It registers with the coordinator over an RPC link, heartbeats with its
+task statistics, and serves the coordinator's calls: deploy (build tasks and
+wire channels), start, cancel. Data flows over the `NetworkEnvironment`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry
+
+from netstack.connection import Connection
+from netstack.errors import ConnectionLost, NetstackError, RpcError
+from netstack.transport import BaseLinkHandler, Link, dial
+from runtime.deployment import DeployedJob, connect, deploy, teardown
+from runtime.graph import Plan
+from runtime.metrics import WorkerCollector, serve_metrics
+from runtime.network import NetworkEnvironment
+from runtime.task import Task, TaskCancelled
+
+log = logging.getLogger("sluice.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    coordinator_host: str
+    coordinator_port: int
+    token: str
+    slots: int = 2
+    host: str = "127.0.0.1"
+    data_port: int = 0
+    metrics_port: int | None = 0
+    worker_id: str = ""
+    heartbeat_interval_s: float = 1.0
+
+
+class Worker(BaseLinkHandler):
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.worker_id = config.worker_id or f"w-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.network = NetworkEnvironment(self.worker_id, token=config.token, host=config.host)
+        self.network.on_link_lost = self._on_link_lost
+        self.jobs: dict[str, DeployedJob] = {}
+        self.coordinator: Link | None = None
+        self.metrics_port: int | None = None
+        self._stop = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def all_tasks(self) -> Iterator[tuple[str, Task]]:
+        for job_id, deployed in list(self.jobs.items()):
+            for task in deployed.tasks.values():
+                yield job_id, task
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def run(self) -> None:
+        data_port = await self.network.start(self.config.data_port)
+        if self.config.metrics_port is not None:
+            registry = CollectorRegistry()
+            registry.register(WorkerCollector(self))
+            self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
+        await self._connect_coordinator(data_port)
+        metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
+        print(f"sluice worker ready id={self.worker_id} data={self.config.host}:{data_port} metrics={metrics}",
+              flush=True)
+        heartbeat = self._spawn(self._heartbeat_loop(data_port))
+        await self._stop.wait()
+        heartbeat.cancel()
+        await self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def shutdown(self) -> None:
+        for job_id in list(self.jobs):
+            await self._cancel_job(job_id, report=False)
+        if self.coordinator is not None:
+            self.coordinator.close("worker stopping")
+        await self.network.close()
+        for t in list(self._background):
+            t.cancel()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _connect_coordinator(self, data_port: int) -> None:
+        conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)
+        self.coordinator = await dial(self.config.coordinator_host, self.config.coordinator_port, conn, self)
+        await self.coordinator.call("register", {
+            "id": self.worker_id, "slots": self.config.slots, "host": self.config.host, "data_port": data_port,
+            "metrics_port": self.metrics_port, "pid": os.getpid(),
+        })
+
+    async def _heartbeat_loop(self, data_port: int) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            try:
+                if self.coordinator is None or self.coordinator.is_closing():
+                    await self._connect_coordinator(data_port)
+                    log.info("re-registered with the coordinator")
+                await self.coordinator.call("heartbeat", {"id": self.worker_id, "tasks": self._task_report()},
+                                            timeout_s=10.0)
+            except NetstackError as exc:
+                log.warning("heartbeat to coordinator failed: %s", exc)
+                if self.coordinator is not None:
+                    self.coordinator.abort()
+                    self.coordinator = None
+
+    def _task_report(self) -> list[dict[str, Any]]:
+        out = []
+        for job_id, task in self.all_tasks():
+            st = asdict(task.statistics())
+            st.update({"job": job_id, "task": task.task_id, "name": task.name, "state": task.state})
+            out.append(st)
+        return out
+
+    # -- RPC from the coordinator ------------------------------------------------
+
+    async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
+        if method == "deploy":
+            return await self._deploy(Plan.from_dict(args["plan"]))
+        if method == "start":
+            return self._start(args["job_id"])
+        if method == "cancel":
+            await self._cancel_job(args["job_id"], report=False)
+            return {"cancelled": True}
+        if method == "ping":
+            return {"id": self.worker_id, "time": time.time()}
+        raise RpcError(f"unknown method {method!r}", "UnknownMethod")
+
+    async def _deploy(self, plan: Plan) -> dict[str, Any]:
+        if plan.job_id in self.jobs:
+            await self._cancel_job(plan.job_id, report=False)
+        deployed = await deploy(plan, self.worker_id, self.network)
+        self.jobs[plan.job_id] = deployed
+        try:
+            await connect(deployed, self.network)
+        except Exception:
+            teardown(deployed, self.network)
+            self.jobs.pop(plan.job_id, None)
+            raise
+        log.info("deployed %d tasks of job %s (attempt %d)", len(deployed.tasks), plan.job_id, plan.attempt)
+        return {"tasks": sorted(deployed.tasks)}
+
+    def _start(self, job_id: str) -> dict[str, Any]:
+        deployed = self.jobs.get(job_id)
+        if deployed is None:
+            raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
+        for key, task in deployed.tasks.items():
+            runner = asyncio.create_task(task.run(), name=task.task_id)
+            deployed.running[key] = runner
+            runner.add_done_callback(lambda t, job=job_id, k=key: self._on_task_done(job, k, t))
+        return {"started": len(deployed.tasks)}
+
+    def _on_task_done(self, job_id: str, key: str, runner: asyncio.Task[None]) -> None:
+        deployed = self.jobs.get(job_id)
+        if deployed is None or deployed.running.get(key) is not runner:
+            return
+        if runner.cancelled():
+            return
+        exc = runner.exception()
+        if isinstance(exc, TaskCancelled):
+            return
+        if exc is None:
+            self._spawn(self._report("task_finished", {"job_id": job_id, "task": key, "attempt":
+                                                       deployed.plan.attempt}))
+        else:
+            log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
+            self._spawn(self._report("task_failed", {"job_id": job_id, "task": key, "attempt": deployed.plan.attempt,
+                                                     "error": f"{type(exc).__name__}: {exc}"}))
+        if all(r.done() for r in deployed.running.values()) and len(deployed.running) == len(deployed.tasks):
+            if all(t.state == "finished" for t in deployed.tasks.values()):
+                self._spawn(self._release_when_drained(job_id, deployed))
+
+    async def _release_when_drained(self, job_id: str, deployed: DeployedJob) -> None:
+        # finished tasks keep their stats visible for a while for status and metrics
+        await asyncio.sleep(30.0)
+        if self.jobs.get(job_id) is deployed:
+            teardown(deployed, self.network)
+            del self.jobs[job_id]
+
+    async def _report(self, method: str, args: dict[str, Any]) -> None:
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            try:
+                if self.coordinator is not None and not self.coordinator.is_closing():
+                    await self.coordinator.call(method, args, timeout_s=10.0)
+                    return
+            except NetstackError as exc:
+                log.warning("reporting %s failed: %s", method, exc)
+            await asyncio.sleep(0.5)
+        log.error("gave up reporting %s for %s", method, args)
+
+    async def _cancel_job(self, job_id: str, *, report: bool) -> None:
+        deployed = self.jobs.pop(job_id, None)
+        if deployed is None:
+            return
+        for runner in deployed.running.values():
+            runner.cancel()
+        if deployed.running:
+            await asyncio.wait(list(deployed.running.values()), timeout=10.0)
+        teardown(deployed, self.network)
+
+    def _on_link_lost(self, peer_id: str, why: str) -> None:
+        for job_id, deployed in list(self.jobs.items()):
+            if peer_id in deployed.peers and any(not r.done() for r in deployed.running.values()):
+                log.error("job %s: lost data connection to %s (%s)", job_id, peer_id, why)
+                self._spawn(self._report("job_error", {"job_id": job_id, "attempt": deployed.plan.attempt,
+                                                       "error": f"lost data connection to {peer_id}: {why}"}))
+                self._spawn(self._cancel_job(job_id, report=False))
+
+    def on_closed(self, link: Link, reason: Any, message: str) -> None:
+        if link is self.coordinator:
+            log.warning("connection to coordinator lost: %s", message)
+            self.coordinator = None
+
+
+async def run_worker(config: WorkerConfig) -> None:
+    worker = Worker(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    except ConnectionLost as exc:
+        raise SystemExit(f"sluice worker: {exc}") from None
