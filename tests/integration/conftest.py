@@ -1,0 +1,115 @@
+"""Fixtures that start real coordinator and worker processes on port 0 and always reap them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from runtime.client import call_coordinator
+from runtime.processes import Managed, child_env, start_process, stop_process
+
+
+class Cluster:
+    """A coordinator and workers started as OS processes; logs go to files under tmp_path."""
+
+    def __init__(self, tmp_path: Any) -> None:
+        self.tmp_path = tmp_path
+        self.token = secrets.token_hex(16)
+        self.env = child_env(self.token, str(tmp_path))
+        self.coordinator: Managed | None = None
+        self.workers: list[Managed] = []
+        self.log_dir = tmp_path / "logs"
+        self.log_dir.mkdir(exist_ok=True)
+
+    def start_coordinator(self, *extra: str) -> Managed:
+        self.coordinator = start_process(
+            "coordinator", ["--port", "0", "--metrics-port", "0", "--state-dir", str(self.tmp_path / "state"),
+                            *extra],
+            env=self.env, cwd=str(self.tmp_path), log_path=str(self.log_dir / "coordinator.log"))
+        return self.coordinator
+
+    def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:
+        assert self.coordinator is not None
+        wid = worker_id or f"worker-{len(self.workers) + 1}"
+        w = start_process(
+            "worker", ["--coordinator", self.coordinator.fields["rpc"], "--metrics-port", "0", "--id", wid, *extra],
+            env=self.env, cwd=str(self.tmp_path), log_path=str(self.log_dir / f"{wid}.log"))
+        self.workers.append(w)
+        return w
+
+    @property
+    def rpc(self) -> tuple[str, int]:
+        assert self.coordinator is not None
+        return self.coordinator.address("rpc")
+
+    def call(self, method: str, args: dict[str, Any] | None = None, *, token: str | None = None) -> Any:
+        host, port = self.rpc
+        return asyncio.run(call_coordinator(host, port, token or self.token, method, args))
+
+    def wait_workers(self, n: int, timeout_s: float = 30.0) -> None:
+        poll(lambda: len(self.call("status")["workers"]) >= n, timeout_s, f"{n} workers to register")
+
+    def submit(self, entry: str, config: dict[str, Any] | None = None) -> str:
+        return self.call("submit", {"entry": entry, "config": config or {}, "sys_path": str(self.tmp_path)})["job_id"]
+
+    def wait_job(self, job_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+
+        def ended() -> bool:
+            result.update(self.call("status", {"job_id": job_id}))
+            return result["state"] in ("FINISHED", "FAILED", "CANCELLED")
+
+        poll(ended, timeout_s, f"job {job_id} to end", interval_s=0.25)
+        return result
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        for w in self.workers:
+            stop_process(w)
+        if self.coordinator is not None:
+            stop_process(self.coordinator)
+
+
+def poll(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
+    """Wait until predicate() is true, or fail the test naming what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Any) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+        for proc in [*c.workers, *([c.coordinator] if c.coordinator else [])]:
+            assert proc.proc.poll() is not None, f"process {proc.pid} survived the test"
+
+
+@pytest.fixture
+def running_cluster(cluster: Cluster) -> Cluster:
+    """A coordinator and two workers with two slots each, registered."""
+    cluster.start_coordinator()
+    cluster.start_worker()
+    cluster.start_worker()
+    cluster.wait_workers(2)
+    return cluster
+
+
+def write_module(directory: Any, name: str, source: str) -> None:
+    (directory / f"{name}.py").write_text(source)
+    os.utime(directory / f"{name}.py")
