@@ -205,6 +205,9 @@ class Coordinator(BaseLinkHandler):
         if job is None or job.attempt != args.get("attempt") or job.state != "RUNNING":
             return {"ignored": True}
         job.finished_tasks.add(args["task"])
+        stats = args.get("stats")
+        if isinstance(stats, dict) and "task" in stats:
+            job.task_stats[stats["task"]] = {**stats, "worker": link.peer_id}
         if len(job.finished_tasks) == job.total_tasks():
             job.move("FINISHED")
             log.info("job %s finished", job.job_id)

@@ -39,6 +39,7 @@ class LocalCluster:
     def start(self) -> None:
         self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="sluice-logs-")
         self.state_dir = self.state_dir or os.path.join(self.log_dir, "state")
+        os.makedirs(self.log_dir, exist_ok=True)
         env = child_env(self.token, os.getcwd())
         try:
             self.coordinator = start_process(

@@ -44,6 +44,12 @@ class WorkerConfig:
     heartbeat_interval_s: float = 1.0
 
 
+def task_report(job_id: str, task: Task) -> dict[str, Any]:
+    """A task's statistics as sent to the coordinator (heartbeats, task_finished)."""
+    return {**asdict(task.statistics()), "job": job_id, "task": task.task_id, "name": task.name,
+            "state": task.state}
+
+
 class Worker(BaseLinkHandler):
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
@@ -120,12 +126,7 @@ class Worker(BaseLinkHandler):
                     self.coordinator = None
 
     def _task_report(self) -> list[dict[str, Any]]:
-        out = []
-        for job_id, task in self.all_tasks():
-            st = asdict(task.statistics())
-            st.update({"job": job_id, "task": task.task_id, "name": task.name, "state": task.state})
-            out.append(st)
-        return out
+        return [task_report(job_id, task) for job_id, task in self.all_tasks()]
 
     # -- RPC from the coordinator ------------------------------------------------
 
@@ -174,9 +175,11 @@ class Worker(BaseLinkHandler):
         exc = runner.exception()
         if isinstance(exc, TaskCancelled):
             return
+        task = deployed.tasks[key]
+        stats = task_report(job_id, task)
         if exc is None:
             self._spawn(self._report("task_finished", {"job_id": job_id, "task": key, "attempt":
-                                                       deployed.plan.attempt}))
+                                                       deployed.plan.attempt, "stats": stats}))
         else:
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
             self._spawn(self._report("task_failed", {"job_id": job_id, "task": key, "attempt": deployed.plan.attempt,

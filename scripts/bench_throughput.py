@@ -1,0 +1,232 @@
+#!/usr/bin/env python
+"""Throughput benchmark: the runtime against a plain single-process Python baseline.
+
+Runtime: a local cluster of real processes (a coordinator and 2 workers with
+2 slots each, on loopback) runs `runtime.examples.wordcount:build_bench`:
+generator source (parallelism 2) -> key_by -> keyed Count (parallelism 2) ->
+chained DiscardSink. The record count reaches the child processes through
+SLUICE_BENCH_RECORDS, set before the cluster starts. A fresh cluster is used
+for every repetition (so each worker's peak RSS belongs to one job) and is
+always stopped.
+
+Baseline: one plain Python process doing the same per-record work without the
+runtime: generate the same records with the source's own `generate_block`,
+msgpack-pack each record into ~32 KiB buffers, unpack each buffer with one
+streaming Unpacker, count per key in a dict.
+
+Records/s for the runtime = records / job wall time. The wall time is taken
+from the task statistics (each task reports busy + idle + backpressured time,
+which is its run time from start to finish; the job's is the longest), so it
+does not depend on the 0.25 s status polling of `run_job_on_cluster`. The
+coordinator's submit -> FINISHED time (which includes deployment) and the
+polled time are reported alongside.
+
+    .venv/bin/python scripts/bench_throughput.py --records 4000000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import msgpack  # noqa: E402
+
+from runtime.connectors.generator import BLOCK, generate_block, key_names  # noqa: E402
+from runtime.local_cluster import LocalCluster, run_job_on_cluster  # noqa: E402
+
+ENTRY = "runtime.examples.wordcount:build_bench"
+# the parameters of GeneratorSource in build_bench
+KEYS = 1000
+SEED = 7
+BUFFER_BYTES = 32 * 1024
+TARGET_RATIO = 0.6
+
+
+# -- baseline -------------------------------------------------------------------------------
+
+
+def run_baseline(records: int) -> dict[str, Any]:
+    """generate -> pack into ~32 KiB buffers -> unpack -> count per key, in this one process."""
+    keys = key_names(KEYS)
+    blocks = -(-records // BLOCK)
+    counts: dict[Any, int] = {}
+    unpacker = msgpack.Unpacker(use_list=False, raw=False)
+    pack = msgpack.Packer().pack
+    buf = bytearray()
+    seen = 0
+    t0 = time.perf_counter()
+    for b in range(blocks):
+        for record in generate_block(b, seed=SEED, keys=keys, cum_weights=None, count=records):
+            buf += pack(record)
+            if len(buf) >= BUFFER_BYTES:
+                unpacker.feed(buf)
+                buf = bytearray()
+                for rec in unpacker:
+                    k = rec[0]
+                    counts[k] = counts.get(k, 0) + 1
+                    seen += 1
+    if buf:
+        unpacker.feed(buf)
+        for rec in unpacker:
+            k = rec[0]
+            counts[k] = counts.get(k, 0) + 1
+            seen += 1
+    elapsed = time.perf_counter() - t0
+    if seen != records or sum(counts.values()) != records:
+        raise RuntimeError(f"baseline counted {seen} records, expected {records}")
+    return {"elapsed_s": elapsed, "records_per_s": records / elapsed, "keys": len(counts)}
+
+
+# -- runtime --------------------------------------------------------------------------------
+
+
+def _vm_hwm_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+async def _run_job(cluster: LocalCluster, records: int, timeout_s: float) -> dict[str, Any]:
+    summary = await run_job_on_cluster(cluster, ENTRY, config={}, name="bench-throughput", progress=None,
+                                       timeout_s=timeout_s)
+    if summary["state"] != "FINISHED":
+        raise RuntimeError(f"benchmark job ended {summary['state']}: {summary.get('error', '')}")
+    polled_s = summary["elapsed_s"]
+    coordinator_s = summary["ended_at"] - summary["submitted_at"]
+    # task statistics arrive with the workers' heartbeats (1 s): wait for the final ones
+    deadline = time.monotonic() + 10.0
+    while True:
+        tasks = summary["tasks"]
+        if len(tasks) == summary["tasks_total"] and all(t["state"] == "finished" for t in tasks):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("final task statistics did not arrive within 10 s")
+        await asyncio.sleep(0.2)
+        summary = await cluster.call("status", {"job_id": summary["job_id"]})
+    per_task = {t["task"]: {"name": t["name"], "worker": t.get("worker"), "records_in": t["records_in"],
+                            "records_out": t["records_out"], "busy_s": t["busy_s"], "idle_s": t["idle_s"],
+                            "backpressured_s": t["backpressured_s"],
+                            "run_s": t["busy_s"] + t["idle_s"] + t["backpressured_s"]} for t in tasks}
+    wall_s = max(t["run_s"] for t in per_task.values())
+    # the first vertex is the source (its tasks count what they emit as records_in); every record then enters
+    # a keyed count task exactly once
+    source_name = summary["vertices"][0]["name"]
+    is_source = {k: t["name"].rsplit(" (", 1)[0] == source_name for k, t in per_task.items()}
+    emitted = sum(t["records_in"] for k, t in per_task.items() if is_source[k])
+    consumed = sum(t["records_in"] for k, t in per_task.items() if not is_source[k])
+    if consumed != records or emitted != records:
+        raise RuntimeError(f"runtime: sources emitted {emitted}, keyed tasks consumed {consumed}, expected {records}")
+    return {"elapsed_s": wall_s, "records_per_s": records / wall_s, "polled_s": polled_s,
+            "submit_to_finished_s": coordinator_s, "tasks": per_task}
+
+
+def run_runtime(records: int, timeout_s: float) -> dict[str, Any]:
+    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
+    cluster = LocalCluster(workers=2, slots=2)
+    try:
+        cluster.start()
+        result = asyncio.run(_run_job(cluster, records, timeout_s))
+        hwm = {w.fields.get("id", str(w.pid)): _vm_hwm_kib(w.pid) for w in cluster.worker_procs}
+        result["worker_peak_rss_kib"] = hwm
+        result["coordinator_peak_rss_kib"] = _vm_hwm_kib(cluster.coordinator.pid) if cluster.coordinator else None
+        return result
+    finally:
+        cluster.stop()
+
+
+# -- driver ---------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        import uvloop  # noqa: F401
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "msgpack": msgpack.version, "event_loop": loop, "platform": platform.platform()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=4_000_000, help="records per run (default 4,000,000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement, alternating (default 3)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up on a runtime job after this many s")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    args = parser.parse_args(argv)
+    if args.records < 1 or args.repeat < 1:
+        parser.error("--records and --repeat must be >= 1")
+
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    info = machine()
+    say(f"bench_throughput: {args.records:,} records x {args.repeat} runs; {info['nproc']} cpus "
+        f"({info['cpu_model']}), Python {info['python']}, msgpack {'.'.join(map(str, info['msgpack']))}, "
+        f"{info['event_loop']}")
+    runtime_runs: list[dict[str, Any]] = []
+    baseline_runs: list[dict[str, Any]] = []
+    for i in range(args.repeat):
+        r = run_runtime(args.records, args.timeout)
+        runtime_runs.append(r)
+        rss = ", ".join(f"{w} {kib / 1024:.0f} MiB" for w, kib in r["worker_peak_rss_kib"].items() if kib)
+        say(f"  run {i + 1}: runtime  {r['records_per_s']:>12,.0f} rec/s  ({r['elapsed_s']:.2f} s; "
+            f"submit->FINISHED {r['submit_to_finished_s']:.2f} s; worker peak RSS {rss})")
+        b = run_baseline(args.records)
+        baseline_runs.append(b)
+        say(f"  run {i + 1}: baseline {b['records_per_s']:>12,.0f} rec/s  ({b['elapsed_s']:.2f} s)")
+
+    rt = statistics.median(r["records_per_s"] for r in runtime_runs)
+    bl = statistics.median(b["records_per_s"] for b in baseline_runs)
+    ratio = rt / bl
+    peak_rss = max((kib for r in runtime_runs for kib in r["worker_peak_rss_kib"].values() if kib), default=None)
+    result = {
+        "benchmark": "throughput", "entry": ENTRY, "records": args.records, "repeat": args.repeat,
+        "machine": info,
+        "runtime_records_per_s_median": rt, "baseline_records_per_s_median": bl, "ratio": ratio,
+        "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO,
+        "worker_peak_rss_kib_max": peak_rss,
+        "runtime_runs": runtime_runs, "baseline_runs": baseline_runs,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"median runtime : {rt:>12,.0f} records/s  (2 workers x 2 slots, keyed count, discard sink)")
+        print(f"median baseline: {bl:>12,.0f} records/s  (one process: generate, pack, unpack, dict count)")
+        print(f"ratio runtime/baseline: {ratio:.2f}  (target >= {TARGET_RATIO}: "
+              f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})")
+        if peak_rss:
+            print(f"worker peak RSS (VmHWM, max over workers and runs): {peak_rss / 1024:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
