@@ -61,6 +61,15 @@ class WorkerRecord:
                 "last_heartbeat_s_ago": round(time.monotonic() - self.last_heartbeat, 2)}
 
 
+@dataclass
+class PendingProbe:
+    job_id: str
+    expected: int
+    started: float = field(default_factory=time.monotonic)
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class Coordinator(BaseLinkHandler):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
@@ -68,6 +77,8 @@ class Coordinator(BaseLinkHandler):
         self.jobs: dict[str, JobRecord] = {}
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
         self._stop = asyncio.Event()
+        self._probe_ids = itertools.count(1)
+        self._probes: dict[int, PendingProbe] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.port = 0
         self.metrics_port: int | None = None
@@ -75,7 +86,7 @@ class Coordinator(BaseLinkHandler):
     # -- lifecycle --------------------------------------------------------------
 
     async def run(self) -> None:
-        os.makedirs(self.config.state_dir, exist_ok=True)
+        os.makedirs(self.config.state_dir, exist_ok=True)  # noqa: ASYNC240 - once, at start-up
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
@@ -199,6 +210,41 @@ class Coordinator(BaseLinkHandler):
             return {"state": job.state}
         await self._cancel(job, "cancelled by user")
         return {"state": job.state}
+
+    async def rpc_probe(self, link: Link, args: dict[str, Any]) -> Any:
+        """Send a probe through a running job on the priority lane; return when every task saw it."""
+        job = self.jobs.get(str(args.get("job_id")))
+        if job is None or job.plan is None:
+            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+        if job.state != "RUNNING":
+            raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING", "JobNotRunning")
+        probe_id = next(self._probe_ids)
+        pending = PendingProbe(job.job_id, job.total_tasks())
+        self._probes[probe_id] = pending
+        timeout_s = float(args.get("timeout_s", 30.0))
+        try:
+            workers = [self.workers[w].link for w in set(job.plan.placement.values()) if w in self.workers]
+            await asyncio.gather(*(w.call("probe", {"job_id": job.job_id, "probe_id": probe_id}) for w in workers))
+            try:
+                await asyncio.wait_for(pending.done.wait(), timeout_s)
+            except TimeoutError:
+                pass
+        finally:
+            self._probes.pop(probe_id, None)
+        return {"probe_id": probe_id, "complete": pending.done.is_set(), "tasks_total": pending.expected,
+                "duration_s": max((r["arrival_s"] for r in pending.reports.values()), default=None),
+                "tasks": sorted(pending.reports.values(), key=lambda r: r["arrival_s"])}
+
+    async def rpc_probe_done(self, link: Link, args: dict[str, Any]) -> Any:
+        pending = self._probes.get(int(args["probe_id"]))
+        if pending is not None and pending.job_id == args.get("job_id"):
+            pending.reports[args["task"]] = {
+                "task": args["task"], "arrival_s": time.monotonic() - pending.started,
+                "overtaken_output_buffers": args.get("overtaken_output_buffers", 0),
+                "overtaken_input_buffers": args.get("overtaken_input_buffers", 0)}
+            if len(pending.reports) >= pending.expected:
+                pending.done.set()
+        return {"ok": True}
 
     async def rpc_task_finished(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(args["job_id"])

@@ -44,9 +44,10 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-_OPEN_FRAMES = frozenset(
-    {FrameType.DATA, FrameType.EVENT, FrameType.CREDIT, FrameType.RPC_REQUEST, FrameType.RPC_RESPONSE, FrameType.GOODBYE}
-)
+_OPEN_FRAMES = frozenset({
+    FrameType.DATA, FrameType.EVENT, FrameType.CREDIT, FrameType.RPC_REQUEST, FrameType.RPC_RESPONSE,
+    FrameType.GOODBYE,
+})
 ALLOWED: dict[State, frozenset[FrameType]] = {
     State.AWAIT_HELLO: frozenset({FrameType.HELLO}),
     State.AWAIT_ACK: frozenset({FrameType.HELLO_ACK, FrameType.GOODBYE}),

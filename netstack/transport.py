@@ -18,7 +18,8 @@ import asyncio
 import collections
 import itertools
 import logging
-from typing import Any, Awaitable, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from netstack.connection import (
     Connection,

@@ -8,8 +8,9 @@ creation order, which is what makes the graphs agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource

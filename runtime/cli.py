@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("job_id")
     ca.add_argument("--token-file")
 
+    pr = sub.add_parser("probe", help="send a probe through a running job on the priority lane and time it")
+    pr.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    pr.add_argument("job_id")
+    pr.add_argument("--token-file")
+
     lo = sub.add_parser("local", help="run a job on a local multi-process cluster")
     lo.add_argument("entry", metavar="MODULE:FUNCTION")
     lo.add_argument("--workers", type=_positive, default=2)
@@ -210,6 +215,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = _client_call(args, "cancel", {"job_id": args.job_id})
         print(f"job {args.job_id}: {result['state']}")
         return 0
+    if args.command == "probe":
+        result = _client_call(args, "probe", {"job_id": args.job_id})
+        state = "crossed" if result["complete"] else "did NOT cross"
+        print(f"probe {result['probe_id']} {state} the job: {len(result['tasks'])}/{result['tasks_total']} tasks, "
+              f"{(result['duration_s'] or 0) * 1000:.1f} ms")
+        for r in result["tasks"]:
+            print(f"  {r['task']:<24} at {r['arrival_s'] * 1000:8.1f} ms  overtook {r['overtaken_output_buffers']} "
+                  f"output and {r['overtaken_input_buffers']} input buffers")
+        return 0 if result["complete"] else 1
     if args.command == "local":
         from runtime.local_cluster import run_local
 

@@ -130,9 +130,9 @@ async def connect(deployed: DeployedJob, network: NetworkEnvironment, *, timeout
         links[peer] = await network.link_to(peer, host, int(port), timeout_s=timeout_s)
     for task in deployed.tasks.values():
         for sub in task.subpartitions:
-            entry = network._out.get(sub.sender.channel_id)
-            if entry is not None:
-                sub.link = links[entry[0]]
+            peer = network.outbound_peer(sub.sender.channel_id)
+            if peer is not None:
+                sub.link = links[peer]
         if task.gate is not None:
             for ch in task.gate.channels.values():
                 p_worker = plan.placement[ch.producer]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -12,7 +13,7 @@ class ValueState(Generic[T]):
 
     __slots__ = ("_table", "_default", "_ctx")
 
-    def __init__(self, table: dict[Any, Any], default: T, ctx: "KeyedContext") -> None:
+    def __init__(self, table: dict[Any, Any], default: T, ctx: KeyedContext) -> None:
         self._table = table
         self._default = default
         self._ctx = ctx

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from runtime.api import Job, JobDefinitionError, Node
 

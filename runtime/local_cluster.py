@@ -13,8 +13,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from netstack.errors import NetstackError
 from runtime.client import call_coordinator

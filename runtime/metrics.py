@@ -7,7 +7,8 @@ nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -75,7 +76,7 @@ class WorkerCollector(Collector):
                                    labels=peer)
         net = self.worker.network
         credit_by_peer: dict[str, int] = {}
-        for cid, (peer_id, sub) in list(net._out.items()):
+        for peer_id, sub in net.outbound_channels():
             credit_by_peer[peer_id] = credit_by_peer.get(peer_id, 0) + sub.sender.credit
         for peer_id, link in list(net.links.items()):
             sent_b.add_metric([peer_id], link.bytes_out)

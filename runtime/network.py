@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from netstack.connection import Connection, DataArrived, EventArrived
 from netstack.credit import ChannelSender, CreditLedger
@@ -77,6 +77,14 @@ class NetworkEnvironment(BaseLinkHandler):
         for cid in channel_ids:
             self._out.pop(cid, None)
             self._in.pop(cid, None)
+
+    def outbound_channels(self) -> list[tuple[str, Subpartition]]:
+        """(peer, subpartition) of every channel this worker sends on over TCP."""
+        return list(self._out.values())
+
+    def outbound_peer(self, channel_id: int) -> str | None:
+        entry = self._out.get(channel_id)
+        return entry[0] if entry else None
 
     def peers_in_use(self) -> set[str]:
         return {p for p, _ in self._out.values()} | {p for p, _ in self._in.values()}

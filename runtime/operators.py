@@ -8,7 +8,8 @@ task's output (record writers) or a sink.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 

@@ -16,8 +16,9 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 
@@ -25,10 +26,10 @@ from netstack.credit import Buffer, Event
 from runtime.channels import InputGate, OutputGate, Subpartition, event
 from runtime.connectors.source import Source
 from runtime.operators import Chain
+from runtime.probes import ProbeTracker
 
 log = logging.getLogger("sluice.task")
 
-YIELD_EVERY_RECORDS = 256
 YIELD_AFTER_S = 0.002
 SOURCE_BATCH = 512
 
@@ -53,8 +54,7 @@ class TaskStatistics:
 
 class Task:
     def __init__(self, *, task_id: str, name: str, chain: Chain, outputs: list[Subpartition],
-                 source: Source | None, flush_timeout_s: float,
-                 on_priority_event: Callable[[Task, int, int, Event], None] | None = None) -> None:
+                 source: Source | None, flush_timeout_s: float) -> None:
         self.task_id = task_id
         self.name = name
         self.chain = chain
@@ -66,7 +66,11 @@ class Task:
         self.mailbox: deque[tuple[str, Any]] = deque()
         self._wakeup = asyncio.Event()
         self._unpackers: dict[int, msgpack.Unpacker] = {}
-        self._on_priority_event = on_priority_event
+        self._probes: ProbeTracker | None = None
+        self._overtaken_out = 0
+        self._stride = 64
+        # called with (task, probe_id, overtaken output buffers, overtaken input buffers) when a probe completes
+        self.on_probe_complete: Callable[[Task, int, int, int], None] = lambda *args: None
         self.records_in = 0
         self.idle_s = 0.0
         self.backpressured_s = 0.0
@@ -168,10 +172,32 @@ class Task:
                 raise TaskCancelled(self.task_id)
             if kind == "priority_event":
                 channel_id, seq, ev = payload
-                if self._on_priority_event is not None:
-                    self._on_priority_event(self, channel_id, seq, ev)
-            elif kind == "call":
-                payload(self)
+                self._on_priority_event(channel_id, seq, ev)
+            elif kind == "inject_probe":
+                overtaken = self._forward_priority(event("probe", id=payload))
+                self.on_probe_complete(self, payload, overtaken, 0)
+
+    def _forward_priority(self, ev: Event) -> int:
+        """Send `ev` ahead of all queued data on every output; returns how many buffers it overtook."""
+        return sum(len(sub.add_event(ev, priority=True)) for sub in self.subpartitions)
+
+    def _on_priority_event(self, channel_id: int, seq: int, ev: Event) -> None:
+        kind = ev.body.get("t")
+        if kind != "probe":
+            log.warning("task %s: unknown priority event %r on channel %d", self.task_id, kind, channel_id)
+            return
+        gate = self.gate
+        assert gate is not None
+        if self._probes is None:
+            self._probes = ProbeTracker(list(gate.channels))
+        probe_id = int(ev.body["id"])
+        queued = sum(1 for cid, item in gate.queue if cid == channel_id and isinstance(item, Buffer))
+        step = self._probes.on_probe(probe_id, channel_id, queued)
+        if step.forward:
+            self._overtaken_out = self._forward_priority(ev)
+        if step.complete:
+            progress = self._probes.finish(probe_id)
+            self.on_probe_complete(self, probe_id, self._overtaken_out, progress.overtaken_input_buffers)
 
     async def _between_records(self) -> None:
         """Serve the mailbox; wait while the output is blocked (counted as backpressure)."""
@@ -244,19 +270,31 @@ class Task:
         output = self.output
         mailbox = self.mailbox
         n = 0
+        # Yield to the event loop about every YIELD_AFTER_S of work, so network callbacks (credit, priority
+        # events) get in even while records are slow. The clock is read every `stride` records, and the
+        # stride adapts to the cost of a record so that fast records pay almost nothing for the check.
+        stride = self._stride
+        countdown = stride
         last_yield = time.monotonic()
         for record in unpacker:
             if output.blocked or mailbox:
                 await self._between_records()
             process(record)
             n += 1
-            if not n % YIELD_EVERY_RECORDS:
+            countdown -= 1
+            if not countdown:
                 now = time.monotonic()
-                if now - last_yield > YIELD_AFTER_S:
+                elapsed = now - last_yield
+                if elapsed > YIELD_AFTER_S:
+                    stride = max(1, stride // 2)
                     self.records_in += n
                     n = 0
                     await asyncio.sleep(0)
                     last_yield = time.monotonic()
+                elif elapsed < YIELD_AFTER_S / 4 and stride < 4096:
+                    stride *= 2
+                countdown = stride
+        self._stride = stride
         self.records_in += n
 
     def _on_inband_event(self, channel_id: int, ev: Event) -> None:

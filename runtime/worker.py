@@ -14,8 +14,9 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -138,6 +139,8 @@ class Worker(BaseLinkHandler):
         if method == "cancel":
             await self._cancel_job(args["job_id"], report=False)
             return {"cancelled": True}
+        if method == "probe":
+            return self._inject_probe(args["job_id"], int(args["probe_id"]))
         if method == "ping":
             return {"id": self.worker_id, "time": time.time()}
         raise RpcError(f"unknown method {method!r}", "UnknownMethod")
@@ -156,11 +159,28 @@ class Worker(BaseLinkHandler):
         log.info("deployed %d tasks of job %s (attempt %d)", len(deployed.tasks), plan.job_id, plan.attempt)
         return {"tasks": sorted(deployed.tasks)}
 
+    def _inject_probe(self, job_id: str, probe_id: int) -> dict[str, Any]:
+        deployed = self.jobs.get(job_id)
+        if deployed is None:
+            raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
+        sources = [t for t in deployed.tasks.values() if t.source is not None and t.state == "running"]
+        for task in sources:
+            task.post("inject_probe", probe_id)
+        return {"sources": len(sources)}
+
+    def _probe_complete(self, job_id: str, attempt: int, task: Task, probe_id: int, overtaken_out: int,
+                        overtaken_in: int) -> None:
+        self._spawn(self._report("probe_done", {
+            "job_id": job_id, "attempt": attempt, "probe_id": probe_id, "task": task.task_id,
+            "overtaken_output_buffers": overtaken_out, "overtaken_input_buffers": overtaken_in}))
+
     def _start(self, job_id: str) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
         if deployed is None:
             raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
         for key, task in deployed.tasks.items():
+            task.on_probe_complete = (lambda t, pid, out, inp, job=job_id, att=deployed.plan.attempt:
+                                      self._probe_complete(job, att, t, pid, out, inp))
             runner = asyncio.create_task(task.run(), name=task.task_id)
             deployed.running[key] = runner
             runner.add_done_callback(lambda t, job=job_id, k=key: self._on_task_done(job, k, t))
@@ -184,9 +204,8 @@ class Worker(BaseLinkHandler):
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
             self._spawn(self._report("task_failed", {"job_id": job_id, "task": key, "attempt": deployed.plan.attempt,
                                                      "error": f"{type(exc).__name__}: {exc}"}))
-        if all(r.done() for r in deployed.running.values()) and len(deployed.running) == len(deployed.tasks):
-            if all(t.state == "finished" for t in deployed.tasks.values()):
-                self._spawn(self._release_when_drained(job_id, deployed))
+        if all(t.state == "finished" for t in deployed.tasks.values()):
+            self._spawn(self._release_when_drained(job_id, deployed))
 
     async def _release_when_drained(self, job_id: str, deployed: DeployedJob) -> None:
         # finished tasks keep their stats visible for a while for status and metrics

@@ -117,7 +117,7 @@ class ParquetSource(Source):
             if self._rows is None:
                 file, group = self._units[self._unit]
                 table = pq.ParquetFile(file).read_row_group(group, columns=self.columns)
-                self._rows = list(zip(*(col.to_pylist() for col in table.columns)))
+                self._rows = list(zip(*(col.to_pylist() for col in table.columns), strict=True))
             if self._row < len(self._rows):
                 out = self._rows[self._row : self._row + max_records]
                 self._row += len(out)
@@ -181,7 +181,7 @@ class FileSink(Sink):
             return
         if self._file is None:
             hidden, final = self._names()
-            self._file = open(hidden, "w", encoding="utf-8")
+            self._file = open(hidden, "w", encoding="utf-8")  # noqa: SIM115 - open across writes, closed on roll
             self._in_progress.append((hidden, final))
         self._file.write("\n".join(self._lines) + "\n")
         self._lines = []
