@@ -86,7 +86,8 @@ class Coordinator(BaseLinkHandler):
     # -- lifecycle --------------------------------------------------------------
 
     async def run(self) -> None:
-        os.makedirs(self.config.state_dir, exist_ok=True)  # noqa: ASYNC240 - once, at start-up
+        state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
+        os.makedirs(state_dir, exist_ok=True)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
@@ -94,7 +95,7 @@ class Coordinator(BaseLinkHandler):
             self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
-              f"state={os.path.abspath(self.config.state_dir)}", flush=True)
+              f"state={state_dir}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
         await self._stop.wait()
         monitor.cancel()
