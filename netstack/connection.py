@@ -132,8 +132,9 @@ ProtocolEvent = Established | DataArrived | EventArrived | CreditArrived | RpcRe
 def _unpack(payload: bytes, what: str) -> Any:
     try:
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several types for bad input
-        raise RemoteProtocolError(f"{what} payload does not decode: {exc}", CloseReason.BAD_PAYLOAD) from None
+    except Exception as exc:  # msgpack raises several types for bad input, some with an empty message
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise RemoteProtocolError(f"{what} payload does not decode: {why}", CloseReason.BAD_PAYLOAD) from None
 
 
 class Connection:
