@@ -1,0 +1,447 @@
+"""The checkpoint coordinator of one job, as a pure state machine.
+
+It owns when checkpoints start, which acknowledgements complete them, when
+they are aborted, how many failures the job tolerates and which completed
+checkpoints are retained. It does no I/O and never reads the clock: every
+stimulus method takes `now` and returns a list of instructions that a thin
+shell executes (RPCs to tasks, writing `_metadata` through
+coordinator/storage.py, deleting directories, failing the job), in the manner
+of dask's `WorkerState.handle_stimulus`.
+
+Life of one checkpoint (at most one is in flight at a time):
+
+    PENDING --last ack--> WRITING --metadata_written--> COMPLETED
+       |                     '-----metadata_failed----> FAILED
+       '--decline | timeout | task_failed-------------> FAILED
+
+Scheduling:
+- Periodic checkpoints: `tick` triggers one when `interval_s` has passed
+  since the last trigger (of any kind), `min_pause_s` has passed since the
+  last checkpoint ended, and none is in flight. Periodic triggers that fall
+  due while one is in flight are skipped, not queued: the next one fires at
+  the first tick after the in-flight one has ended and the pause has passed.
+- Manual checkpoints and savepoints (`request`) start at once when none is in
+  flight. Otherwise they are queued, FIFO, and the first queued one starts
+  as soon as the in-flight one ends (`min_pause_s` does not apply to them).
+  The id is assigned at request time; since the queue only exists while a
+  checkpoint is in flight and is drained before any periodic trigger, ids
+  still increase in trigger order.
+- The timeout covers collecting acknowledgements only. Once every task has
+  acknowledged, the tasks' state is durable and the checkpoint waits for the
+  shell to report `metadata_written` or `metadata_failed`; a task failure
+  then no longer aborts it either, so recovery may use it.
+- A task failure aborts a PENDING checkpoint and drops every queued request
+  (a failed execution cannot serve them): each dropped request gets a
+  `NotifyAborted` and nothing else, since nothing was triggered or written.
+
+Failures: every abort of a checkpoint counts one consecutive failure, and a
+completed checkpoint resets the count; when the count exceeds
+`tolerable_failures` the coordinator emits `FailJob`, drops queued requests
+and ignores every later stimulus. Savepoints neither count nor reset: a
+savepoint to a bad directory is reported to the user and must not kill the
+job.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("aligned", "unaligned", "aligned_timeout", "at_least_once")
+HISTORY_SIZE = 50
+
+
+def check_mode(mode: str, aligned_timeout_s: float | None) -> None:
+    """Raise ValueError for an unknown mode or an aligned_timeout mode without its timeout."""
+    if mode not in MODES:
+        raise ValueError(f"unknown checkpoint mode {mode!r}; accepted modes: {', '.join(MODES)}")
+    if mode == "aligned_timeout" and aligned_timeout_s is None:
+        raise ValueError("checkpoint mode 'aligned_timeout' needs aligned_timeout_s")
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    interval_s: float | None  # None = no periodic checkpoints
+    timeout_s: float = 60.0
+    min_pause_s: float = 0.0  # between the end of one checkpoint and the start of the next
+    tolerable_failures: int = 0  # consecutive failed checkpoints tolerated; one more -> FailJob
+    mode: str = "aligned"  # aligned | unaligned | aligned_timeout | at_least_once
+    aligned_timeout_s: float | None = None  # used with mode aligned_timeout
+    retain: int = 3  # completed checkpoints kept
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode, self.aligned_timeout_s)
+        if self.interval_s is not None and self.interval_s <= 0:
+            raise ValueError(f"interval_s must be positive or None, got {self.interval_s}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.min_pause_s < 0:
+            raise ValueError(f"min_pause_s must not be negative, got {self.min_pause_s}")
+        if self.tolerable_failures < 0:
+            raise ValueError(f"tolerable_failures must not be negative, got {self.tolerable_failures}")
+        if self.aligned_timeout_s is not None and self.aligned_timeout_s <= 0:
+            raise ValueError(f"aligned_timeout_s must be positive or None, got {self.aligned_timeout_s}")
+        if self.retain < 1:
+            raise ValueError(f"retain must be at least 1, got {self.retain}")
+
+
+# -- instructions for the shell ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Tell the sources to start checkpoint `checkpoint_id`.
+
+    `directory` is the user's savepoint directory (None for checkpoints, which
+    go to the job's checkpoint storage); `aligned_timeout_s` is set only for
+    mode aligned_timeout.
+    """
+
+    checkpoint_id: int
+    mode: str
+    aligned_timeout_s: float | None
+    savepoint: bool
+    directory: str | None
+    started_at: float
+
+
+@dataclass(frozen=True)
+class WriteMetadata:
+    """Every task acknowledged: write `_metadata`, then call metadata_written or metadata_failed."""
+
+    checkpoint_id: int
+    directory: str | None
+    savepoint: bool
+    mode: str
+    acks: dict[str, dict[str, Any]] = field(hash=False)  # task -> {"state": ..., "figures": ...}
+    started_at: float
+    completed_at: float
+
+
+@dataclass(frozen=True)
+class NotifyComplete:
+    """`_metadata` is durable: tell every task (sinks commit)."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class NotifyAborted:
+    """Tell every task (sinks roll back) and whoever requested the checkpoint."""
+
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DiscardCheckpoint:
+    """Delete the checkpoint's files; for a savepoint, its directory under `directory`."""
+
+    checkpoint_id: int
+    reason: str
+    savepoint: bool = False
+    directory: str | None = None
+
+
+@dataclass(frozen=True)
+class FailJob:
+    reason: str
+
+
+Instruction = Trigger | WriteMetadata | NotifyComplete | NotifyAborted | DiscardCheckpoint | FailJob
+
+
+# -- statistics ---------------------------------------------------------------------
+
+
+class Status(enum.StrEnum):
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """One checkpoint as metrics and the REST view show it; figures sum or max over the acks so far."""
+
+    checkpoint_id: int
+    status: Status
+    mode: str
+    savepoint: bool
+    started_at: float
+    duration_s: float | None  # until every task acked, or until the abort; None while in progress
+    state_bytes: int
+    inflight_bytes: int
+    alignment_s: float  # max over tasks
+    start_delay_s: float  # max over tasks
+    failure_reason: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointStatistics:
+    completed: int
+    failed: int
+    consecutive_failures: int
+    in_flight_id: int | None
+    queued: int
+    last_completed_id: int | None
+    last_completed: CheckpointSummary | None
+
+
+# -- the state machine --------------------------------------------------------------
+
+
+class Phase(enum.Enum):
+    PENDING = "PENDING"  # collecting acknowledgements
+    WRITING = "WRITING"  # every task acked; the shell is writing _metadata
+
+
+# Which stimuli each phase of the in-flight checkpoint accepts. Anything else
+# (a late ack after an abort, a second metadata_written) is stale and ignored.
+ACCEPTS: dict[Phase, frozenset[str]] = {
+    Phase.PENDING: frozenset({"ack", "decline", "timeout", "task_failed"}),
+    Phase.WRITING: frozenset({"metadata_written", "metadata_failed"}),
+}
+
+
+@dataclass(frozen=True)
+class _Request:
+    checkpoint_id: int
+    mode: str
+    savepoint: bool
+    directory: str | None
+
+
+@dataclass
+class _Checkpoint:
+    request: _Request
+    started_at: float
+    phase: Phase = Phase.PENDING
+    status: Status = Status.IN_PROGRESS
+    acks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ended_at: float | None = None  # when the last ack arrived, or when it was aborted
+    failure_reason: str = ""
+
+    def summary(self) -> CheckpointSummary:
+        figures = [ack["figures"] for ack in self.acks.values()]
+        return CheckpointSummary(
+            checkpoint_id=self.request.checkpoint_id,
+            status=self.status,
+            mode=self.request.mode,
+            savepoint=self.request.savepoint,
+            started_at=self.started_at,
+            duration_s=None if self.ended_at is None else self.ended_at - self.started_at,
+            state_bytes=int(sum(f.get("state_bytes", 0) for f in figures)),
+            inflight_bytes=int(sum(f.get("inflight_bytes", 0) for f in figures)),
+            alignment_s=max((f.get("alignment_s", 0.0) for f in figures), default=0.0),
+            start_delay_s=max((f.get("start_delay_s", 0.0) for f in figures), default=0.0),
+            failure_reason=self.failure_reason,
+        )
+
+
+class CheckpointCoordinator:
+    """Checkpoint scheduling, completion and failure accounting for one job; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: CheckpointSettings,
+        tasks: frozenset[str],
+        *,
+        first_id: int = 1,
+        now: float,
+        retained: Iterable[int] = (),
+    ) -> None:
+        """`retained`: ids of completed checkpoints already in storage (oldest first), for retention."""
+        if not tasks:
+            raise ValueError("a checkpoint coordinator needs at least one task")
+        self.settings = settings
+        self.tasks = frozenset(tasks)
+        self._next_id = first_id
+        self._last_trigger_at = now  # the first periodic checkpoint falls due one interval after start
+        self._last_end_at: float | None = None
+        self._in_flight: _Checkpoint | None = None
+        self._queue: deque[_Request] = deque()
+        self._retained: deque[int] = deque(retained)  # completed checkpoints (not savepoints), oldest first
+        self._history: deque[_Checkpoint] = deque(maxlen=HISTORY_SIZE)
+        self._last_completed: _Checkpoint | None = None
+        self._completed = 0
+        self._failed = 0
+        self._consecutive_failures = 0
+        self._job_failed = False
+
+    # -- stimuli ----------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Instruction]:
+        out: list[Instruction] = []
+        cp = self._accepting(None, "timeout")
+        if cp is not None and now - cp.started_at >= self.settings.timeout_s:
+            out += self._abort(now, cp, f"timeout after {self.settings.timeout_s:g} s")
+        if self._periodic_due(now):
+            out += self._trigger(now, self._new_request(self.settings.mode, savepoint=False, directory=None))
+        return out
+
+    def request(
+        self, now: float, *, savepoint: bool = False, directory: str | None = None, mode: str | None = None
+    ) -> tuple[int, list[Instruction]]:
+        """A manual checkpoint or, with `savepoint=True`, a savepoint into `directory`."""
+        if savepoint:
+            if directory is None:
+                raise ValueError("a savepoint needs a directory")
+            if mode not in (None, "aligned"):
+                raise ValueError(f"savepoints are always aligned; cannot take one in mode {mode!r}")
+            mode = "aligned"
+        elif directory is not None:
+            raise ValueError("a directory is only for savepoints; checkpoints go to the job's checkpoint storage")
+        mode = self.settings.mode if mode is None else mode
+        check_mode(mode, self.settings.aligned_timeout_s)
+        req = self._new_request(mode, savepoint=savepoint, directory=directory)
+        if self._job_failed:
+            return req.checkpoint_id, [NotifyAborted(req.checkpoint_id, "job failed")]
+        if self._in_flight is not None:
+            self._queue.append(req)
+            return req.checkpoint_id, []
+        return req.checkpoint_id, self._trigger(now, req)
+
+    def ack(
+        self, now: float, checkpoint_id: int, task: str, state: dict[str, Any], figures: dict[str, Any]
+    ) -> list[Instruction]:
+        cp = self._accepting(checkpoint_id, "ack")
+        if cp is None or task not in self.tasks or task in cp.acks:
+            return []
+        cp.acks[task] = {"state": state, "figures": figures}
+        if len(cp.acks) < len(self.tasks):
+            return []
+        cp.phase = Phase.WRITING
+        cp.ended_at = now
+        req = cp.request
+        return [WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode, dict(cp.acks),
+                              cp.started_at, now)]
+
+    def decline(self, now: float, checkpoint_id: int, task: str, reason: str) -> list[Instruction]:
+        cp = self._accepting(checkpoint_id, "decline")
+        if cp is None or task not in self.tasks:
+            return []
+        return self._abort(now, cp, f"declined by {task}: {reason}")
+
+    def task_failed(self, now: float, reason: str) -> list[Instruction]:
+        if self._job_failed:
+            return []
+        # Take the queue first so the abort below does not start a queued request on a failed execution.
+        dropped, self._queue = list(self._queue), deque()
+        out: list[Instruction] = []
+        cp = self._accepting(None, "task_failed")
+        if cp is not None:
+            out += self._abort(now, cp, f"task failure: {reason}")
+        out += [NotifyAborted(req.checkpoint_id, f"task failure: {reason}") for req in dropped]
+        return out
+
+    def metadata_written(self, now: float, checkpoint_id: int) -> list[Instruction]:
+        cp = self._accepting(checkpoint_id, "metadata_written")
+        if cp is None:
+            return []
+        cp.status = Status.COMPLETED
+        self._in_flight = None
+        self._last_end_at = now
+        self._completed += 1
+        self._last_completed = cp
+        out: list[Instruction] = [NotifyComplete(checkpoint_id)]
+        if not cp.request.savepoint:
+            self._consecutive_failures = 0
+            self._retained.append(checkpoint_id)
+            while len(self._retained) > self.settings.retain:
+                out.append(DiscardCheckpoint(self._retained.popleft(), "retention"))
+        return out + self._start_queued(now)
+
+    def metadata_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
+        cp = self._accepting(checkpoint_id, "metadata_failed")
+        if cp is None:
+            return []
+        return self._abort(now, cp, f"metadata write failed: {reason}")
+
+    # -- read-only views --------------------------------------------------------
+
+    @property
+    def in_flight_id(self) -> int | None:
+        return None if self._in_flight is None else self._in_flight.request.checkpoint_id
+
+    def statistics(self) -> CheckpointStatistics:
+        last = self._last_completed
+        return CheckpointStatistics(
+            completed=self._completed,
+            failed=self._failed,
+            consecutive_failures=self._consecutive_failures,
+            in_flight_id=self.in_flight_id,
+            queued=len(self._queue),
+            last_completed_id=None if last is None else last.request.checkpoint_id,
+            last_completed=None if last is None else last.summary(),
+        )
+
+    def history(self) -> list[CheckpointSummary]:
+        """The last HISTORY_SIZE triggered checkpoints, oldest first."""
+        return [cp.summary() for cp in self._history]
+
+    # -- internals --------------------------------------------------------------
+
+    def _accepting(self, checkpoint_id: int | None, stimulus: str) -> _Checkpoint | None:
+        """The in-flight checkpoint if it is `checkpoint_id` (None = any) and its phase accepts `stimulus`."""
+        cp = self._in_flight
+        if cp is None or self._job_failed or stimulus not in ACCEPTS[cp.phase]:
+            return None
+        if checkpoint_id is not None and cp.request.checkpoint_id != checkpoint_id:
+            return None
+        return cp
+
+    def _periodic_due(self, now: float) -> bool:
+        s = self.settings
+        if self._job_failed or s.interval_s is None or self._in_flight is not None:
+            return False
+        if now - self._last_trigger_at < s.interval_s:
+            return False
+        return self._last_end_at is None or now - self._last_end_at >= s.min_pause_s
+
+    def _new_request(self, mode: str, *, savepoint: bool, directory: str | None) -> _Request:
+        req = _Request(self._next_id, mode, savepoint, directory)
+        self._next_id += 1
+        return req
+
+    def _trigger(self, now: float, req: _Request) -> list[Instruction]:
+        cp = _Checkpoint(req, started_at=now)
+        self._in_flight = cp
+        self._last_trigger_at = now
+        self._history.append(cp)
+        timeout = self.settings.aligned_timeout_s if req.mode == "aligned_timeout" else None
+        return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now)]
+
+    def _start_queued(self, now: float) -> list[Instruction]:
+        return self._trigger(now, self._queue.popleft()) if self._queue else []
+
+    def _abort(self, now: float, cp: _Checkpoint, reason: str) -> list[Instruction]:
+        req = cp.request
+        cp.status = Status.FAILED
+        cp.failure_reason = reason
+        cp.ended_at = now
+        self._in_flight = None
+        self._last_end_at = now
+        self._failed += 1
+        out: list[Instruction] = [
+            NotifyAborted(req.checkpoint_id, reason),
+            DiscardCheckpoint(req.checkpoint_id, reason, req.savepoint, req.directory),
+        ]
+        if not req.savepoint:
+            self._consecutive_failures += 1
+            if self._consecutive_failures > self.settings.tolerable_failures:
+                return out + self._fail_job(req.checkpoint_id, reason)
+        return out + self._start_queued(now)
+
+    def _fail_job(self, checkpoint_id: int, reason: str) -> list[Instruction]:
+        self._job_failed = True
+        dropped, self._queue = list(self._queue), deque()
+        n, limit = self._consecutive_failures, self.settings.tolerable_failures
+        out: list[Instruction] = [FailJob(
+            f"checkpoint {checkpoint_id} failed ({reason}); "
+            f"{n} consecutive checkpoint failures exceed tolerable_failures={limit}"
+        )]
+        return out + [NotifyAborted(req.checkpoint_id, "job failed") for req in dropped]

@@ -1,0 +1,187 @@
+"""Where checkpoints live: directory layout and the atomic `_metadata` file.
+
+`CheckpointStorage` is the interface the coordinator uses; `LocalCheckpointStorage`
+implements it on a local (or locally mounted) filesystem, and a shared
+filesystem or object store can implement it later. Layout:
+
+    <root>/checkpoints/<job-id>/chk-<n>/_metadata     checkpoints
+    <directory>/savepoint-<job-id>-<n>/_metadata      savepoints, in a directory given per request
+
+`_metadata` is written last and atomically, so a directory without it is not
+a completed checkpoint and is ignored (it is what a crash mid-checkpoint
+leaves behind).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from typing import Any, Protocol
+
+METADATA_FILE = "_metadata"
+FORMAT_VERSION = 1
+_CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint or savepoint whose `_metadata` is missing or cannot be used; the message names the path."""
+
+
+class CheckpointStorage(Protocol):
+    def checkpoint_dir(self, job_id: str, n: int) -> str: ...
+
+    def savepoint_dir(self, directory: str, job_id: str, n: int) -> str: ...
+
+    def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str: ...
+
+    def read_metadata(self, path: str) -> dict[str, Any]: ...
+
+    def list_completed(self, job_id: str) -> list[tuple[int, str]]: ...
+
+    def latest(self, job_id: str) -> tuple[int, str] | None: ...
+
+    def discard(self, path: str) -> None: ...
+
+
+def check_shape(metadata: Any) -> str | None:
+    """What is wrong with a metadata document, or None if it is usable."""
+    if not isinstance(metadata, dict):
+        return f"expected a JSON object, got {type(metadata).__name__}"
+    if "format" not in metadata:
+        return "no 'format' version field"
+    version = metadata["format"]
+    if type(version) is not int or version != FORMAT_VERSION:
+        return f"unsupported metadata format {version!r} (this version reads format {FORMAT_VERSION})"
+    checkpoint_id = metadata.get("checkpoint_id")
+    if type(checkpoint_id) is not int:
+        return f"'checkpoint_id' must be an integer, got {checkpoint_id!r}"
+    acks = metadata.get("acks")
+    if not isinstance(acks, dict) or not all(isinstance(a, dict) for a in acks.values()):
+        return "'acks' must be an object of task -> object"
+    return None
+
+
+class LocalCheckpointStorage:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def job_dir(self, job_id: str) -> str:
+        return os.path.join(self.root, "checkpoints", _safe_name(job_id))
+
+    def checkpoint_dir(self, job_id: str, n: int) -> str:
+        """`<root>/checkpoints/<job-id>/chk-<n>/`, created if needed."""
+        path = os.path.join(self.job_dir(job_id), f"chk-{_check_number(n)}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def savepoint_dir(self, directory: str, job_id: str, n: int) -> str:
+        """`<directory>/savepoint-<job-id>-<n>/`, created if needed."""
+        path = os.path.join(os.path.abspath(directory), f"savepoint-{_safe_name(job_id)}-{_check_number(n)}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str:
+        """Write `<directory>/_metadata` atomically and durably; returns its path.
+
+        Temp file in the same directory, fsync, rename over `_metadata`, fsync of
+        the directory: after a crash the file is either absent or complete.
+        """
+        doc = {"format": FORMAT_VERSION, **metadata}
+        problem = check_shape(doc)
+        if problem is not None:
+            raise ValueError(f"refusing to write checkpoint metadata to {directory}: {problem}")
+        # Serialise before touching the disk, so unserialisable state leaves nothing behind.
+        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        final = os.path.join(directory, METADATA_FILE)
+        fd, tmp = tempfile.mkstemp(prefix=f".{METADATA_FILE}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(directory)  # makes the rename itself durable
+        return final
+
+    def read_metadata(self, path: str) -> dict[str, Any]:
+        """Read a checkpoint's metadata, given its directory or its `_metadata` file."""
+        if os.path.isdir(path):
+            path = os.path.join(path, METADATA_FILE)
+            if not os.path.exists(path):
+                raise CorruptCheckpoint(f"{os.path.dirname(path)}: not a completed checkpoint (no {METADATA_FILE})")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CorruptCheckpoint(f"{path}: checkpoint metadata is missing") from None
+        except OSError as e:
+            raise CorruptCheckpoint(f"{path}: cannot read checkpoint metadata: {e}") from e
+        if not data.strip():
+            raise CorruptCheckpoint(f"{path}: checkpoint metadata is empty")
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptCheckpoint(f"{path}: checkpoint metadata is truncated or not JSON ({e})") from e
+        problem = check_shape(doc)
+        if problem is not None:
+            raise CorruptCheckpoint(f"{path}: {problem}")
+        return doc
+
+    def list_completed(self, job_id: str) -> list[tuple[int, str]]:
+        """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""
+        job_dir = self.job_dir(job_id)
+        try:
+            names = os.listdir(job_dir)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            m = _CHECKPOINT_DIR.fullmatch(name)
+            path = os.path.join(job_dir, name)
+            if m and os.path.isfile(os.path.join(path, METADATA_FILE)):
+                found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def latest(self, job_id: str) -> tuple[int, str] | None:
+        completed = self.list_completed(job_id)
+        return completed[-1] if completed else None
+
+    def discard(self, path: str) -> None:
+        """Remove a checkpoint or savepoint directory; a missing one is fine."""
+        name = os.path.basename(os.path.normpath(path))
+        if not (name.startswith("chk-") or name.startswith("savepoint-")):
+            # rmtree on a wrong path would be a disaster; only ever delete what this module names.
+            raise ValueError(f"refusing to discard {path}: not a checkpoint or savepoint directory")
+        # _metadata goes first: if the removal stops half-way, what remains is not a completed checkpoint.
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.unlink(os.path.join(path, METADATA_FILE))
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
+
+def _safe_name(job_id: str) -> str:
+    if not job_id or job_id in (".", "..") or "/" in job_id or os.sep in job_id or "\0" in job_id:
+        raise ValueError(f"job id {job_id!r} cannot name a directory")
+    return job_id
+
+
+def _check_number(n: int) -> int:
+    if type(n) is not int or n < 0:
+        raise ValueError(f"checkpoint number must be a non-negative integer, got {n!r}")
+    return n
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

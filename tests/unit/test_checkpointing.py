@@ -1,0 +1,424 @@
+"""CheckpointCoordinator: exact instruction lists for each sequence, then a hypothesis state machine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from coordinator.checkpointing import (
+    HISTORY_SIZE,
+    CheckpointCoordinator,
+    CheckpointSettings,
+    DiscardCheckpoint,
+    FailJob,
+    NotifyAborted,
+    NotifyComplete,
+    Status,
+    Trigger,
+    WriteMetadata,
+)
+
+TASKS = frozenset({"map-0", "sink-0"})
+
+
+def coordinator(now: float = 0.0, **kw) -> CheckpointCoordinator:
+    kw.setdefault("interval_s", 10.0)
+    return CheckpointCoordinator(CheckpointSettings(**kw), TASKS, now=now)
+
+
+def trig(n: int, at: float, mode: str = "aligned", *, savepoint: bool = False, directory: str | None = None,
+         aligned_timeout_s: float | None = None) -> Trigger:
+    return Trigger(n, mode, aligned_timeout_s, savepoint, directory, at)
+
+
+def fig(state_bytes: int = 0, inflight_bytes: int = 0, alignment_s: float = 0.0, start_delay_s: float = 0.0):
+    return {"state_bytes": state_bytes, "inflight_bytes": inflight_bytes, "alignment_s": alignment_s,
+            "start_delay_s": start_delay_s}
+
+
+def ack_all(c: CheckpointCoordinator, n: int, now: float) -> list:
+    out = c.ack(now, n, "map-0", {"h": "m"}, fig(100))
+    assert out == []
+    return c.ack(now, n, "sink-0", {"h": "s"}, fig(20))
+
+
+def complete(c: CheckpointCoordinator, n: int, now: float) -> list:
+    [write] = ack_all(c, n, now)
+    assert isinstance(write, WriteMetadata) and write.checkpoint_id == n
+    return c.metadata_written(now, n)
+
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def test_unknown_mode_names_the_accepted_ones():
+    with pytest.raises(ValueError, match="aligned, unaligned, aligned_timeout, at_least_once"):
+        CheckpointSettings(interval_s=1.0, mode="exactly_twice")
+    c = coordinator()
+    with pytest.raises(ValueError, match="accepted modes"):
+        c.request(0.0, mode="bogus")
+
+
+def test_aligned_timeout_mode_needs_its_timeout():
+    with pytest.raises(ValueError, match="aligned_timeout_s"):
+        CheckpointSettings(interval_s=1.0, mode="aligned_timeout")
+    with pytest.raises(ValueError, match="aligned_timeout_s"):
+        coordinator().request(0.0, mode="aligned_timeout")
+
+
+@pytest.mark.parametrize("kw", [{"interval_s": 0}, {"timeout_s": 0}, {"min_pause_s": -1},
+                                {"tolerable_failures": -1}, {"retain": 0}])
+def test_bad_settings_rejected(kw):
+    with pytest.raises(ValueError):
+        CheckpointSettings(**{"interval_s": 1.0, **kw})
+
+
+# -- periodic triggers ------------------------------------------------------------------
+
+
+def test_periodic_trigger_after_interval():
+    c = coordinator(now=100.0)
+    assert c.tick(105.0) == []
+    assert c.tick(109.99) == []
+    assert c.tick(110.0) == [trig(1, 110.0)]
+    assert c.in_flight_id == 1
+
+
+def test_no_periodic_checkpoints_without_interval():
+    c = coordinator(interval_s=None)
+    assert c.tick(1e9) == []
+
+
+def test_mode_and_aligned_timeout_are_passed_on():
+    c = coordinator(mode="aligned_timeout", aligned_timeout_s=0.5)
+    assert c.tick(10.0) == [trig(1, 10.0, "aligned_timeout", aligned_timeout_s=0.5)]
+
+
+def test_periodic_due_while_in_flight_is_skipped_then_waits_for_min_pause():
+    c = coordinator(interval_s=10.0, min_pause_s=4.0, timeout_s=100.0)
+    assert c.tick(10.0) == [trig(1, 10.0)]
+    assert c.tick(20.0) == []  # due, but 1 is in flight: skipped
+    assert c.tick(35.0) == []
+    assert ack_all(c, 1, 36.0) != []
+    assert c.metadata_written(37.0, 1) == [NotifyComplete(1)]
+    assert c.tick(40.0) == []  # interval long gone, but only 3 s since 1 ended
+    assert c.tick(41.0) == [trig(2, 41.0)]
+    assert c.tick(50.0) == []  # interval counts from the last trigger (41)
+
+
+def test_interval_counts_from_the_last_trigger_including_manual_ones():
+    c = coordinator(interval_s=10.0)
+    assert c.request(5.0) == (1, [trig(1, 5.0)])
+    complete(c, 1, 6.0)
+    assert c.tick(10.0) == []
+    assert c.tick(15.0) == [trig(2, 15.0)]
+
+
+# -- completion, figures, retention -----------------------------------------------------
+
+
+def test_all_acks_write_metadata_then_complete():
+    c = coordinator()
+    c.tick(10.0)
+    assert c.ack(11.0, 1, "map-0", {"file": "a"}, fig(100, 5, 0.25, 0.5)) == []
+    assert c.ack(12.5, 1, "sink-0", {"file": "b"}, fig(20, 7, 0.75, 0.125)) == [WriteMetadata(
+        checkpoint_id=1, directory=None, savepoint=False, mode="aligned",
+        acks={"map-0": {"state": {"file": "a"}, "figures": fig(100, 5, 0.25, 0.5)},
+              "sink-0": {"state": {"file": "b"}, "figures": fig(20, 7, 0.75, 0.125)}},
+        started_at=10.0, completed_at=12.5)]
+    assert c.statistics().in_flight_id == 1  # still in flight until _metadata is written
+    assert c.metadata_written(13.0, 1) == [NotifyComplete(1)]
+    stats = c.statistics()
+    assert (stats.completed, stats.failed, stats.in_flight_id, stats.last_completed_id) == (1, 0, None, 1)
+    last = stats.last_completed
+    assert last is not None
+    assert (last.status, last.duration_s, last.state_bytes, last.inflight_bytes) == (Status.COMPLETED, 2.5, 120, 12)
+    assert (last.alignment_s, last.start_delay_s) == (0.75, 0.5)
+
+
+def test_retention_discards_oldest_completed_checkpoints():
+    c = coordinator(interval_s=1.0, retain=2)
+    results = {}
+    for n in (1, 2, 3, 4):
+        assert c.tick(10.0 * n) == [trig(n, 10.0 * n)]
+        results[n] = complete(c, n, 10.0 * n + 1)
+    assert results[1] == [NotifyComplete(1)]
+    assert results[2] == [NotifyComplete(2)]
+    assert results[3] == [NotifyComplete(3), DiscardCheckpoint(1, "retention")]
+    assert results[4] == [NotifyComplete(4), DiscardCheckpoint(2, "retention")]
+
+
+def test_retention_covers_checkpoints_from_an_earlier_attempt_and_skips_savepoints():
+    c = CheckpointCoordinator(CheckpointSettings(interval_s=None, retain=2), TASKS, first_id=8, now=0.0,
+                              retained=[5, 7])
+    assert c.request(1.0, savepoint=True, directory="/sp") == (8, [trig(8, 1.0, savepoint=True, directory="/sp")])
+    assert complete(c, 8, 2.0) == [NotifyComplete(8)]  # savepoints are never retention's to delete
+    assert c.request(3.0) == (9, [trig(9, 3.0)])
+    assert complete(c, 9, 4.0) == [NotifyComplete(9), DiscardCheckpoint(5, "retention")]
+
+
+# -- aborts and failure accounting ------------------------------------------------------
+
+
+def test_timeout_aborts():
+    c = coordinator(timeout_s=5.0)
+    c.tick(10.0)
+    assert c.tick(14.9) == []
+    assert c.tick(15.0) == [NotifyAborted(1, "timeout after 5 s"), DiscardCheckpoint(1, "timeout after 5 s"),
+                            FailJob("checkpoint 1 failed (timeout after 5 s); "
+                                    "1 consecutive checkpoint failures exceed tolerable_failures=0")]
+
+
+def test_decline_aborts_and_counts():
+    c = coordinator(tolerable_failures=1)
+    c.tick(10.0)
+    reason = "declined by sink-0: state too large"
+    assert c.decline(11.0, 1, "sink-0", "state too large") == [NotifyAborted(1, reason),
+                                                                DiscardCheckpoint(1, reason)]
+    stats = c.statistics()
+    assert (stats.completed, stats.failed, stats.consecutive_failures, stats.in_flight_id) == (0, 1, 1, None)
+    assert c.history()[-1].failure_reason == reason
+
+
+def test_tolerable_failures_then_fail_job_and_everything_after_is_ignored():
+    c = coordinator(interval_s=10.0, timeout_s=3.0, tolerable_failures=2)
+    for n in (1, 2):
+        c.tick(10.0 * n)
+        assert c.tick(10.0 * n + 3) == [NotifyAborted(n, "timeout after 3 s"),
+                                        DiscardCheckpoint(n, "timeout after 3 s")]
+    assert c.tick(30.0) == [trig(3, 30.0)]
+    assert c.decline(31.0, 3, "map-0", "disk full") == [
+        NotifyAborted(3, "declined by map-0: disk full"),
+        DiscardCheckpoint(3, "declined by map-0: disk full"),
+        FailJob("checkpoint 3 failed (declined by map-0: disk full); "
+                "3 consecutive checkpoint failures exceed tolerable_failures=2"),
+    ]
+    assert c.tick(100.0) == []
+    assert c.request(101.0) == (4, [NotifyAborted(4, "job failed")])
+
+
+def test_completed_checkpoint_resets_consecutive_failures():
+    c = coordinator(interval_s=10.0, timeout_s=3.0, tolerable_failures=1)
+    c.tick(10.0)
+    assert len(c.tick(13.0)) == 2  # abort, tolerated
+    c.tick(20.0)
+    complete(c, 2, 21.0)
+    assert c.statistics().consecutive_failures == 0
+    c.tick(30.0)
+    assert c.tick(33.0) == [NotifyAborted(3, "timeout after 3 s"), DiscardCheckpoint(3, "timeout after 3 s")]
+
+
+def test_task_failure_aborts_pending_and_drops_queued_requests():
+    c = coordinator(tolerable_failures=5)
+    c.tick(10.0)
+    assert c.request(11.0, savepoint=True, directory="/sp") == (2, [])
+    assert c.request(11.5) == (3, [])
+    assert c.task_failed(12.0, "worker lost") == [
+        NotifyAborted(1, "task failure: worker lost"),
+        DiscardCheckpoint(1, "task failure: worker lost"),
+        NotifyAborted(2, "task failure: worker lost"),
+        NotifyAborted(3, "task failure: worker lost"),
+    ]
+    assert c.statistics().failed == 1  # the dropped requests were never triggered
+    assert c.task_failed(13.0, "again") == []
+
+
+def test_task_failure_does_not_abort_once_every_task_acked():
+    c = coordinator()
+    c.tick(10.0)
+    ack_all(c, 1, 11.0)
+    assert c.task_failed(12.0, "worker lost") == []
+    assert c.tick(1000.0) == []  # no timeout while _metadata is being written
+    assert c.metadata_written(1001.0, 1) == [NotifyComplete(1)]
+
+
+def test_metadata_failure_aborts():
+    c = coordinator(tolerable_failures=1)
+    c.tick(10.0)
+    ack_all(c, 1, 11.0)
+    reason = "metadata write failed: No space left on device"
+    assert c.metadata_failed(12.0, 1, "No space left on device") == [NotifyAborted(1, reason),
+                                                                      DiscardCheckpoint(1, reason)]
+
+
+def test_late_duplicate_and_unknown_messages_are_ignored():
+    c = coordinator(timeout_s=5.0, tolerable_failures=5)
+    c.tick(10.0)
+    assert c.ack(11.0, 1, "map-0", {}, {}) == []
+    assert c.ack(11.1, 1, "map-0", {}, {}) == []  # duplicate
+    assert c.ack(11.2, 99, "sink-0", {}, {}) == []  # unknown checkpoint
+    assert c.ack(11.3, 1, "stranger", {}, {}) == []  # unknown task
+    assert c.decline(11.4, 1, "stranger", "?") == []
+    assert c.metadata_written(11.5, 1) == []  # not every task acked yet
+    assert len(c.tick(15.0)) == 2  # timeout abort
+    assert c.ack(16.0, 1, "sink-0", {}, {}) == []  # late ack of an aborted checkpoint
+    assert c.decline(16.0, 1, "sink-0", "late") == []
+    assert c.metadata_failed(16.0, 1, "late") == []
+    assert c.statistics().failed == 1
+
+
+# -- manual checkpoints and savepoints ----------------------------------------------------
+
+
+def test_manual_request_queued_behind_in_flight_then_triggered_when_it_ends():
+    c = coordinator(interval_s=10.0, min_pause_s=60.0)
+    c.tick(10.0)
+    assert c.request(11.0, mode="unaligned") == (2, [])
+    assert c.request(12.0) == (3, [])
+    assert c.statistics().queued == 2
+    ack_all(c, 1, 13.0)
+    # min_pause_s does not hold back a queued request
+    assert c.metadata_written(14.0, 1) == [NotifyComplete(1), trig(2, 14.0, "unaligned")]
+    assert c.decline(15.0, 2, "map-0", "nope") == [NotifyAborted(2, "declined by map-0: nope"),
+                                                   DiscardCheckpoint(2, "declined by map-0: nope"),
+                                                   FailJob("checkpoint 2 failed (declined by map-0: nope); "
+                                                           "1 consecutive checkpoint failures exceed "
+                                                           "tolerable_failures=0"),
+                                                   NotifyAborted(3, "job failed")]
+
+
+def test_queued_request_starts_after_abort():
+    c = coordinator(timeout_s=5.0, tolerable_failures=1)
+    c.tick(10.0)
+    assert c.request(11.0) == (2, [])
+    assert c.tick(15.0) == [NotifyAborted(1, "timeout after 5 s"), DiscardCheckpoint(1, "timeout after 5 s"),
+                            trig(2, 15.0)]
+
+
+def test_savepoint_is_always_aligned_and_goes_to_its_directory():
+    c = coordinator(mode="unaligned")
+    assert c.request(1.0, savepoint=True, directory="/backups") == (
+        1, [trig(1, 1.0, "aligned", savepoint=True, directory="/backups")])
+    [write] = ack_all(c, 1, 2.0)
+    assert (write.savepoint, write.directory, write.mode) == (True, "/backups", "aligned")
+    with pytest.raises(ValueError, match="always aligned"):
+        c.request(3.0, savepoint=True, directory="/backups", mode="unaligned")
+    with pytest.raises(ValueError, match="needs a directory"):
+        c.request(3.0, savepoint=True)
+    with pytest.raises(ValueError, match="only for savepoints"):
+        c.request(3.0, directory="/backups")
+
+
+def test_failed_savepoint_is_discarded_in_its_directory_but_does_not_fail_the_job():
+    c = coordinator(tolerable_failures=0)
+    c.request(1.0, savepoint=True, directory="/backups")
+    reason = "declined by map-0: busy"
+    assert c.decline(2.0, 1, "map-0", "busy") == [NotifyAborted(1, reason),
+                                                  DiscardCheckpoint(1, reason, savepoint=True, directory="/backups")]
+    assert c.statistics().consecutive_failures == 0
+
+
+def test_history_is_capped_and_tracks_status():
+    c = coordinator(interval_s=5.0, timeout_s=1.0, tolerable_failures=10**6)
+    for n in range(1, HISTORY_SIZE + 11):
+        c.tick(10.0 * n)
+        c.tick(10.0 * n + 1)  # timeout
+    c.tick(10.0 * (HISTORY_SIZE + 11))
+    history = c.history()
+    assert len(history) == HISTORY_SIZE
+    assert [h.checkpoint_id for h in history] == list(range(12, HISTORY_SIZE + 12))
+    assert {h.status for h in history[:-1]} == {Status.FAILED}
+    assert (history[-1].status, history[-1].duration_s) == (Status.IN_PROGRESS, None)
+
+
+# -- property test --------------------------------------------------------------------------
+
+
+class CoordinatorMachine(RuleBasedStateMachine):
+    """Random interleavings with increasing `now`, checked against the instructions emitted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.c = CheckpointCoordinator(
+            CheckpointSettings(interval_s=5.0, timeout_s=8.0, min_pause_s=2.0, tolerable_failures=3, retain=2),
+            TASKS, first_id=1, now=self.now)
+        self.triggered: list[int] = []
+        self.ended: list[int] = []
+        self.open: int | None = None  # triggered and not yet ended, as seen in the instructions
+        self.writing: set[int] = set()
+        self.savepoints: set[int] = set()
+        self.kept: list[int] = []  # completed checkpoints not yet discarded by retention
+        self.job_failed = False
+
+    def apply(self, out: list) -> None:
+        for ins in out:
+            if isinstance(ins, Trigger):
+                assert self.open is None, "two checkpoints in flight"
+                assert not self.triggered or ins.checkpoint_id > self.triggered[-1], "ids not increasing"
+                assert not self.job_failed
+                self.triggered.append(ins.checkpoint_id)
+                self.open = ins.checkpoint_id
+                if ins.savepoint:
+                    self.savepoints.add(ins.checkpoint_id)
+            elif isinstance(ins, WriteMetadata):
+                assert ins.checkpoint_id == self.open
+                self.writing.add(ins.checkpoint_id)
+            elif isinstance(ins, NotifyComplete | NotifyAborted) and ins.checkpoint_id in self.triggered:
+                assert ins.checkpoint_id not in self.ended, "checkpoint ended twice"
+                assert ins.checkpoint_id == self.open
+                self.ended.append(ins.checkpoint_id)
+                self.open = None
+                if isinstance(ins, NotifyComplete) and ins.checkpoint_id not in self.savepoints:
+                    self.kept.append(ins.checkpoint_id)
+            elif isinstance(ins, DiscardCheckpoint) and ins.reason == "retention":
+                assert ins.checkpoint_id == self.kept.pop(0), "retention must discard the oldest completed"
+            elif isinstance(ins, FailJob):
+                self.job_failed = True
+
+    @rule(dt=st.floats(0.0, 6.0))
+    def tick(self, dt):
+        self.now += dt
+        self.apply(self.c.tick(self.now))
+
+    @rule(task=st.sampled_from(sorted(TASKS) + ["stranger"]), stale=st.booleans(), size=st.integers(0, 10**6))
+    def ack(self, task, stale, size):
+        target = self.open if self.open is not None and not stale else len(self.triggered)
+        self.apply(self.c.ack(self.now, target, task, {}, {"state_bytes": size}))
+
+    @rule()
+    def ack_every_task(self):
+        for task in sorted(TASKS):
+            if self.open is not None:
+                self.apply(self.c.ack(self.now, self.open, task, {}, {"state_bytes": 1}))
+
+    @rule(task=st.sampled_from(sorted(TASKS)))
+    def decline(self, task):
+        if self.open is not None:
+            self.apply(self.c.decline(self.now, self.open, task, "random"))
+
+    @rule(savepoint=st.booleans())
+    def request(self, savepoint):
+        n, out = self.c.request(self.now, savepoint=savepoint, directory="/sp" if savepoint else None)
+        self.apply(out)
+
+    @rule(stale=st.booleans())
+    def metadata_written(self, stale):
+        target = next(iter(self.writing), 0) if not stale else len(self.triggered) + 1
+        self.writing.discard(target)
+        self.apply(self.c.metadata_written(self.now, target))
+
+    @rule()
+    def metadata_failed(self):
+        if self.writing:
+            self.apply(self.c.metadata_failed(self.now, self.writing.pop(), "disk"))
+
+    @rule()
+    def task_failed(self):
+        self.apply(self.c.task_failed(self.now, "crash"))
+
+    @invariant()
+    def accounting(self):
+        stats = self.c.statistics()
+        in_flight = 0 if stats.in_flight_id is None else 1
+        assert stats.in_flight_id == self.open
+        assert stats.completed + stats.failed + in_flight == len(self.triggered)
+        assert len(self.ended) + in_flight == len(self.triggered)
+        assert len(self.kept) <= self.c.settings.retain
+
+
+TestCoordinatorMachine = CoordinatorMachine.TestCase
+TestCoordinatorMachine.settings = settings(max_examples=200, stateful_step_count=60, deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow])

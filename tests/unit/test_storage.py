@@ -1,0 +1,170 @@
+"""LocalCheckpointStorage on real files in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint, LocalCheckpointStorage
+
+
+def meta(n: int) -> dict:
+    return {"checkpoint_id": n, "savepoint": False, "mode": "aligned", "started_at": 1.0, "completed_at": 2.0,
+            "acks": {"map-0": {"state": {"file": "op-0"}, "figures": {"state_bytes": 10}}}}
+
+
+@pytest.fixture
+def storage(tmp_path) -> LocalCheckpointStorage:
+    return LocalCheckpointStorage(str(tmp_path / "state"))
+
+
+def complete(storage: LocalCheckpointStorage, job_id: str, n: int) -> str:
+    path = storage.checkpoint_dir(job_id, n)
+    storage.write_metadata(path, meta(n))
+    return path
+
+
+def test_is_a_checkpoint_storage(storage):
+    s: CheckpointStorage = storage
+    assert s is storage
+
+
+def test_layout(storage, tmp_path):
+    path = storage.checkpoint_dir("job-a", 7)
+    assert path == str(tmp_path / "state" / "checkpoints" / "job-a" / "chk-7")
+    assert os.path.isdir(path)
+    sp = storage.savepoint_dir(str(tmp_path / "backups"), "job-a", 3)
+    assert sp == str(tmp_path / "backups" / "savepoint-job-a-3")
+    assert os.path.isdir(sp)
+
+
+@pytest.mark.parametrize("job_id", ["", "..", "a/b"])
+def test_job_ids_that_are_not_directory_names_are_rejected(storage, job_id):
+    with pytest.raises(ValueError, match="cannot name a directory"):
+        storage.checkpoint_dir(job_id, 1)
+
+
+def test_round_trip_with_format_version(storage):
+    path = storage.checkpoint_dir("job-a", 1)
+    written = storage.write_metadata(path, meta(1))
+    assert written == os.path.join(path, METADATA_FILE)
+    assert storage.read_metadata(path) == {"format": 1, **meta(1)}
+    assert storage.read_metadata(written) == {"format": 1, **meta(1)}
+
+
+def test_atomic_write_leaves_no_temp_files_and_replaces(storage):
+    path = storage.checkpoint_dir("job-a", 1)
+    storage.write_metadata(path, meta(1))
+    storage.write_metadata(path, {**meta(1), "mode": "unaligned"})
+    assert os.listdir(path) == [METADATA_FILE]
+    assert storage.read_metadata(path)["mode"] == "unaligned"
+
+
+def test_unserialisable_metadata_writes_nothing(storage):
+    path = storage.checkpoint_dir("job-a", 1)
+    with pytest.raises(TypeError):
+        storage.write_metadata(path, {**meta(1), "acks": {"t": {"state": object()}}})
+    assert os.listdir(path) == []
+
+
+def test_wrong_shape_is_refused_on_write(storage):
+    path = storage.checkpoint_dir("job-a", 1)
+    with pytest.raises(ValueError, match="checkpoint_id"):
+        storage.write_metadata(path, {"acks": {}})
+    with pytest.raises(ValueError, match="unsupported metadata format 2"):
+        storage.write_metadata(path, {**meta(1), "format": 2})
+    assert os.listdir(path) == []
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "empty"),
+    (b"  \n", "empty"),
+    (b'{"format": 1, "checkpoint_id": 1, "acks": {"t": {"st', "truncated or not JSON"),
+    (b"\xff\xfe garbage", "truncated or not JSON"),
+    (b"[1, 2]", "expected a JSON object, got list"),
+    (b'{"checkpoint_id": 1, "acks": {}}', "no 'format' version field"),
+    (b'{"format": 2, "checkpoint_id": 1, "acks": {}}', "unsupported metadata format 2"),
+    (b'{"format": 1, "checkpoint_id": "1", "acks": {}}', "'checkpoint_id' must be an integer"),
+    (b'{"format": 1, "checkpoint_id": 1, "acks": []}', "'acks' must be an object"),
+])
+def test_corrupt_metadata_names_the_path(storage, content, message):
+    path = storage.checkpoint_dir("job-a", 1)
+    metadata = os.path.join(path, METADATA_FILE)
+    with open(metadata, "wb") as f:
+        f.write(content)
+    for given in (path, metadata):
+        with pytest.raises(CorruptCheckpoint, match=message) as info:
+            storage.read_metadata(given)
+        assert metadata in str(info.value)
+
+
+def test_truncated_copy_of_a_real_file_is_corrupt(storage):
+    path = complete(storage, "job-a", 1)
+    metadata = os.path.join(path, METADATA_FILE)
+    with open(metadata, "rb") as f:
+        data = f.read()
+    with open(metadata, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(CorruptCheckpoint, match="truncated"):
+        storage.read_metadata(path)
+
+
+def test_missing_metadata(storage, tmp_path):
+    path = storage.checkpoint_dir("job-a", 1)
+    with pytest.raises(CorruptCheckpoint, match="not a completed checkpoint") as info:
+        storage.read_metadata(path)
+    assert path in str(info.value)
+    gone = str(tmp_path / "nowhere" / METADATA_FILE)
+    with pytest.raises(CorruptCheckpoint, match="missing") as info:
+        storage.read_metadata(gone)
+    assert gone in str(info.value)
+    assert issubclass(CorruptCheckpoint, ValueError)
+
+
+def test_list_completed_ignores_incomplete_dirs_and_stray_files(storage):
+    assert storage.list_completed("job-a") == []
+    assert storage.latest("job-a") is None
+    c2 = complete(storage, "job-a", 2)
+    c10 = complete(storage, "job-a", 10)
+    storage.checkpoint_dir("job-a", 11)  # in progress or crashed: no _metadata
+    job_dir = os.path.dirname(c2)
+    os.makedirs(os.path.join(job_dir, "chk-x"))
+    os.makedirs(os.path.join(job_dir, "shared"))
+    with open(os.path.join(job_dir, "chk-12"), "w") as f:  # a file, not a directory
+        f.write("stray")
+    with open(os.path.join(job_dir, "notes.txt"), "w") as f:
+        f.write("stray")
+    complete(storage, "job-b", 99)
+    assert storage.list_completed("job-a") == [(2, c2), (10, c10)]  # numeric, not lexical, order
+    assert storage.latest("job-a") == (10, c10)
+
+
+def test_discard_removes_the_tree_and_tolerates_missing(storage, tmp_path):
+    path = complete(storage, "job-a", 1)
+    os.makedirs(os.path.join(path, "op-0"))
+    with open(os.path.join(path, "op-0", "state.bin"), "wb") as f:
+        f.write(b"x" * 100)
+    storage.discard(path)
+    assert not os.path.exists(path)
+    assert storage.list_completed("job-a") == []
+    storage.discard(path)  # already gone
+    sp = storage.savepoint_dir(str(tmp_path / "backups"), "job-a", 2)
+    storage.write_metadata(sp, meta(2))
+    storage.discard(sp)
+    assert os.listdir(tmp_path / "backups") == []
+
+
+def test_discard_refuses_paths_it_did_not_name(storage, tmp_path):
+    victim = tmp_path / "important"
+    victim.mkdir()
+    with pytest.raises(ValueError, match="refusing to discard"):
+        storage.discard(str(victim))
+    assert victim.exists()
+
+
+def test_metadata_is_readable_json_with_format_first_class(storage):
+    path = complete(storage, "job-a", 1)
+    with open(os.path.join(path, METADATA_FILE)) as f:
+        assert json.load(f)["format"] == 1
