@@ -215,16 +215,21 @@ class Link(asyncio.Protocol):
     async def _serve_rpc(self, request: RpcRequest) -> None:
         try:
             result = await self.handler.on_rpc(self, request.method, request.args)
+            if self.is_closing():
+                return  # the link closed while the call ran: nobody is left to answer
             frame = self.connection.rpc_response(request.call_id, True, result)
         except asyncio.CancelledError:
             raise
-        except RpcError as exc:
-            frame = self.connection.rpc_response(request.call_id, False, str(exc), exc.remote_type)
         except Exception as exc:  # the caller gets the error; this process keeps serving
-            log.warning("rpc %s from %s failed: %s: %s", request.method, self.describe(), type(exc).__name__, exc)
-            frame = self.connection.rpc_response(request.call_id, False, str(exc), type(exc).__name__)
-        if not self.is_closing():
-            self._write([frame])
+            if self.is_closing():
+                return  # as above; encoding would raise LocalProtocolError on the closed connection
+            if isinstance(exc, RpcError):
+                frame = self.connection.rpc_response(request.call_id, False, str(exc), exc.remote_type)
+            else:
+                log.warning("rpc %s from %s failed: %s: %s", request.method, self.describe(), type(exc).__name__,
+                            exc)
+                frame = self.connection.rpc_response(request.call_id, False, str(exc), type(exc).__name__)
+        self._write([frame])
 
     # -- sending --------------------------------------------------------------
 
