@@ -37,6 +37,10 @@ class Buffer:
 
     data: bytes
     first_record_offset: int = 0
+    # Producer side only, never sent: the whole record this buffer begins by
+    # continuing (None when it begins at a record boundary). A checkpoint that
+    # persists overtaken buffers uses it to store whole records.
+    continued_record: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,24 @@ class ChannelSender:
         """Queue `event` ahead of all data; return the data buffers it overtakes, in order."""
         self._priority.append(event)
         return [item for item in self._lane if isinstance(item, Buffer)]
+
+    def convert_to_priority(self, event: Event) -> list[Buffer] | None:
+        """Move a queued in-band `event` to the priority lane (an aligned barrier that waited too long).
+
+        Returns the data buffers it overtakes, or None when the event is no
+        longer queued (already sent).
+        """
+        for index, item in enumerate(self._lane):
+            if item is event:
+                overtaken = [b for b in list(self._lane)[:index] if isinstance(b, Buffer)]
+                del self._lane[index]
+                self._priority.append(event)
+                return overtaken
+        return None
+
+    def holds(self, event: Event) -> bool:
+        """Is `event` still queued in the in-band lane?"""
+        return any(item is event for item in self._lane)
 
     def add_credit(self, credits: int) -> None:
         if credits <= 0:

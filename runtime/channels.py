@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgpack
+
 from netstack.credit import Buffer, ChannelSender, CreditLedger, Event, SendData
 
 if TYPE_CHECKING:
@@ -48,7 +50,8 @@ class OutputGate:
 
 
 class Subpartition:
-    __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out")
+    __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
+                 "continued", "key")
 
     def __init__(self, sender: ChannelSender, gate: OutputGate, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -61,6 +64,8 @@ class Subpartition:
         self.full = False
         self.bytes_out = 0
         self.buffers_out = 0
+        self.continued: bytes | None = None  # the record the buffer being built begins by continuing
+        self.key = ""  # "<edge>:<producer>:<consumer>", stable across attempts (checkpoint files use it)
 
     def append(self, data: bytes) -> None:
         buf = self.buf
@@ -68,21 +73,26 @@ class Subpartition:
             self.first = len(buf)
         buf += data
         if len(buf) >= self.capacity:
-            self._cut()
+            self._cut(data)
 
-    def _cut(self) -> None:
+    def _cut(self, last_record: bytes) -> None:
+        # A record never starts at or past the first cut (the builder held less
+        # than one buffer before it), so every byte left over after a cut
+        # belongs to `last_record`.
         buf = self.buf
         cap = self.capacity
         while len(buf) >= cap:
-            self._enqueue(Buffer(bytes(buf[:cap]), self.first))
+            self._enqueue(Buffer(bytes(buf[:cap]), self.first, self.continued))
             del buf[:cap]
-            self.first = -1  # what is left continues the last record
+            self.first = -1
+            self.continued = last_record if buf else None
 
     def flush(self) -> None:
         if self.buf:
-            self._enqueue(Buffer(bytes(self.buf), self.first))
+            self._enqueue(Buffer(bytes(self.buf), self.first, self.continued))
             self.buf.clear()
             self.first = -1
+            self.continued = None
 
     def _enqueue(self, buffer: Buffer) -> None:
         sender = self.sender
@@ -105,6 +115,21 @@ class Subpartition:
             self.link.wake(self.sender)
         return overtaken
 
+    def promote(self, event: Event) -> list[Buffer] | None:
+        """Let a queued in-band event overtake the data ahead of it; None if it was already sent."""
+        overtaken = self.sender.convert_to_priority(event)
+        if overtaken is not None and self.link is not None:
+            self.link.wake(self.sender)
+        return overtaken
+
+    def append_records(self, stream: bytes) -> int:
+        """Append a stream of whole msgpack records one by one (restored output state); returns the count."""
+        n = 0
+        for record_bytes in split_records(stream):
+            self.append(record_bytes)
+            n += 1
+        return n
+
     def on_sent(self) -> None:
         if self.full and self.sender.queued_buffers < self.limit:
             self.full = False
@@ -120,33 +145,103 @@ class InputChannel:
     index: int  # position among the gate's channels
     input_index: int  # which logical input of the task (for union / two-input operators)
     producer: str  # "vertex:subtask" of the upstream
+    key: str = ""  # "<edge>:<producer>:<consumer>", stable across attempts (checkpoint files use it)
     send_credit: Callable[[int], None] | None = None
     ended: bool = False
 
 
+@dataclass
+class BarrierArrival:
+    checkpoint_id: int
+    seq: int  # in-band: the barrier's own seq; priority: the last in-band seq before it
+    priority: bool
+
+
 class InputGate:
+    """The consumer end of a task's input channels.
+
+    Each channel has its own FIFO of (seq, item); `ready` lists the channels
+    that have something to take, round robin. A blocked channel (aligned
+    checkpoint, barrier already taken) leaves `ready` until unblocked.
+
+    For unaligned checkpoints the gate records, at arrival, the buffers that
+    precede a barrier on channels that have not delivered it yet: a barrier's
+    arrival (priority or in-band) ends the recording of its channel exactly,
+    because every buffer before it arrived before it.
+    """
+
     def __init__(self, task: Task, channels: list[InputChannel], *, exclusive: int, floating: int) -> None:
         self.task = task
         self.channels = {c.channel_id: c for c in channels}
         self.ledger = CreditLedger([c.channel_id for c in channels], exclusive=exclusive, floating=floating)
-        self.queue: deque[tuple[int, Buffer | Event]] = deque()
+        self.queues: dict[int, deque[tuple[int, Buffer | Event]]] = {c.channel_id: deque() for c in channels}
+        self.ready: deque[int] = deque()
+        self.blocked: set[int] = set()
         self.open_channels = len(channels)
         self.bytes_in = 0
         self.buffers_in = 0
+        self.queued = 0
+        self.arrivals: dict[int, BarrierArrival] = {}  # latest barrier to reach the gate, per channel
+        self.recording_id: int | None = None
+        self.recorders: dict[int, list[Buffer]] = {}
 
-    def deliver_data(self, channel_id: int, buffer: Buffer) -> None:
-        """Called after the ledger accepted the buffer (credit and sequence checked)."""
-        self.queue.append((channel_id, buffer))
-        self.bytes_in += len(buffer.data)
-        self.buffers_in += 1
+    # -- arrival (network callbacks) ---------------------------------------------
+
+    def _enqueue(self, channel_id: int, seq: int, item: Buffer | Event) -> None:
+        queue = self.queues[channel_id]
+        if not queue and channel_id not in self.blocked:
+            self.ready.append(channel_id)
+        queue.append((seq, item))
+        self.queued += 1
         self.task.wake()
 
+    def deliver_data(self, channel_id: int, seq: int, buffer: Buffer) -> None:
+        """Called after the ledger accepted the buffer (credit and sequence checked)."""
+        self.bytes_in += len(buffer.data)
+        self.buffers_in += 1
+        recorder = self.recorders.get(channel_id)
+        if recorder is not None:
+            recorder.append(buffer)
+        self._enqueue(channel_id, seq, buffer)
+
     def deliver_event(self, channel_id: int, seq: int, event: Event, priority: bool) -> None:
+        body = event.body
+        if body.get("t") == "barrier":
+            checkpoint_id = int(body["id"])
+            self.arrivals[channel_id] = BarrierArrival(checkpoint_id, seq, priority)
+            if self.recording_id is not None and checkpoint_id >= self.recording_id:
+                self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
         if priority:
             self.task.post_priority(channel_id, seq, event)
         else:
-            self.queue.append((channel_id, event))
-            self.task.wake()
+            self._enqueue(channel_id, seq, event)
+
+    # -- taking input (the task) ---------------------------------------------------
+
+    def poll(self) -> tuple[int, Buffer | Event] | None:
+        while self.ready:
+            channel_id = self.ready.popleft()
+            if channel_id in self.blocked:
+                continue
+            queue = self.queues[channel_id]
+            if not queue:
+                continue
+            _, item = queue.popleft()
+            self.queued -= 1
+            if queue:
+                self.ready.append(channel_id)
+            return channel_id, item
+        return None
+
+    def block(self, channel_id: int) -> None:
+        self.blocked.add(channel_id)
+
+    def unblock_all(self) -> None:
+        for channel_id in self.blocked:
+            if self.queues[channel_id]:
+                self.ready.append(channel_id)
+        self.blocked.clear()
+        self.task.wake()
 
     def consumed(self, channel_id: int) -> None:
         self.ledger.on_consumed(channel_id)
@@ -165,7 +260,85 @@ class InputGate:
             self.open_channels -= 1
 
     def queued_buffers(self) -> int:
-        return len(self.queue)
+        return self.queued
+
+    # -- unaligned checkpoints -------------------------------------------------------
+
+    def start_recording(self, checkpoint_id: int) -> dict[int, list[Buffer]]:
+        """The queued buffers that precede barrier `checkpoint_id`, per channel; keep recording where it is
+        still to come. The returned lists keep growing until each channel's barrier arrives."""
+        self.recording_id = checkpoint_id
+        self.recorders = {}
+        captured: dict[int, list[Buffer]] = {}
+        for channel_id, queue in self.queues.items():
+            arrival = self.arrivals.get(channel_id)
+            if arrival is not None and arrival.checkpoint_id >= checkpoint_id:
+                if arrival.priority:
+                    captured[channel_id] = [b for seq, b in queue if isinstance(b, Buffer) and seq <= arrival.seq]
+                else:
+                    captured[channel_id] = [b for seq, b in queue if isinstance(b, Buffer) and seq < arrival.seq]
+            else:
+                captured[channel_id] = [b for _, b in queue if isinstance(b, Buffer)]
+                if not self.channels[channel_id].ended:
+                    self.recorders[channel_id] = captured[channel_id]
+        return captured
+
+    def stop_recording(self) -> None:
+        self.recording_id = None
+        self.recorders = {}
+
+
+def split_records(stream: bytes) -> list[bytes]:
+    """Cut a byte stream of msgpack records into one bytes object per whole record (a partial tail is dropped)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(stream)
+    out = []
+    start = 0
+    while True:
+        try:
+            unpacker.skip()
+        except msgpack.OutOfData:
+            break
+        end = unpacker.tell()
+        out.append(stream[start:end])
+        start = end
+    return out
+
+
+def whole_records_length(stream: bytes) -> int:
+    """Length of the longest prefix of `stream` made of whole msgpack records."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(stream)
+    end = 0
+    while True:
+        try:
+            unpacker.skip()
+        except msgpack.OutOfData:
+            return end
+        end = unpacker.tell()
+
+
+def overtaken_records(overtaken: list[Buffer]) -> bytes:
+    """The whole records held by buffers a priority event overtook at the producer.
+
+    The first overtaken buffer may begin with the tail of a record whose head
+    was already sent: the consumer drops that partial record from its own
+    state, so the producer stores it whole (see DESIGN.md section 5).
+    """
+    if not overtaken:
+        return b""
+    head = overtaken[0]
+    if head.continued_record is None:
+        return b"".join(b.data for b in overtaken)
+    parts = [head.continued_record]
+    rest = iter(overtaken)
+    for buffer in rest:
+        if buffer.first_record_offset < 0:
+            continue  # still inside the continued record
+        parts.append(buffer.data[buffer.first_record_offset:])
+        break
+    parts.extend(b.data for b in rest)
+    return b"".join(parts)
 
 
 class LocalLink:
@@ -204,7 +377,7 @@ class LocalLink:
             moved = True
             if isinstance(item, SendData):
                 ledger.on_data(cid, item.seq, item.backlog)
-                self.gate.deliver_data(cid, item.buffer)
+                self.gate.deliver_data(cid, item.seq, item.buffer)
             else:
                 ledger.on_event(cid, item.seq, item.priority)
                 self.gate.deliver_event(cid, item.seq, item.event, item.priority)

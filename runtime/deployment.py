@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.credit import ChannelSender
+from runtime.barriers import BarrierHandler
 from runtime.channels import InputChannel, InputGate, LocalLink, Subpartition
+from runtime.checkpoint_writer import CheckpointWriter
 from runtime.graph import Plan, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
 from runtime.network import NetworkEnvironment
 from runtime.operators import Chain, RecordWriter
-from runtime.task import Task
+from runtime.snapshots import channel_key, decode_channel_state, decode_operator_state, read_file
+from runtime.task import RestoredState, Task
+from runtime.task_checkpoint import AckCallback, DeclineCallback, TaskCheckpointer
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,30 @@ class DeployedJob:
     peers: set[str] = field(default_factory=set)
 
 
-async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment) -> DeployedJob:
+@dataclass(frozen=True)
+class CheckpointHooks:
+    writer: CheckpointWriter
+    on_ack: AckCallback
+    on_decline: DeclineCallback
+
+
+def load_restored(restore: dict[str, Any], task_key: str) -> RestoredState | None:
+    """Read one task's files from the checkpoint being restored (blocking: run it in a thread)."""
+    files = restore["tasks"].get(task_key)
+    if files is None:
+        return None
+    directory = restore["path"]
+    state = RestoredState()
+    if files.get("state"):
+        state.operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
+    if files.get("out"):
+        state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
+    if files.get("in"):
+        state.inputs = decode_channel_state(read_file(directory, files["in"]), files["in"])  # type: ignore[assignment]
+    return state
+
+
+async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks: CheckpointHooks) -> DeployedJob:
     ensure_on_path(plan.sys_path)
     cfg = ChannelConfig.from_plan(plan.config)
     deployed = DeployedJob(plan)
@@ -68,6 +95,7 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment) -> Dep
             if p_worker == worker_id:
                 sub = Subpartition(ChannelSender(cid), None, limit=cfg.buffers_per_channel,  # type: ignore[arg-type]
                                    capacity=cfg.buffer_bytes)
+                sub.key = channel_key(edge.id, i, j)
                 subs.setdefault((producer, edge.id), {})[j] = sub
                 if c_worker == worker_id:
                     pending_local.append((cid, consumer, sub))
@@ -75,7 +103,8 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment) -> Dep
                     network.register_outbound(cid, c_worker, sub)
                     deployed.peers.add(c_worker)
             if c_worker == worker_id:
-                inputs[consumer].append(InputChannel(cid, len(inputs[consumer]), edge.input_index, producer))
+                inputs[consumer].append(InputChannel(cid, len(inputs[consumer]), edge.input_index, producer,
+                                                     key=channel_key(edge.id, i, j)))
                 if p_worker != worker_id:
                     deployed.peers.add(p_worker)
             deployed.channel_ids.append(cid)
@@ -107,6 +136,17 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment) -> Dep
                 p_worker = plan.placement[ch.producer]
                 if p_worker != worker_id:
                     network.register_inbound(ch.channel_id, p_worker, task.gate)
+        task.checkpointer = TaskCheckpointer(task, hooks.writer, task_key=key, max_parallelism=job.max_parallelism,
+                                             on_ack=hooks.on_ack, on_decline=hooks.on_decline)
+        if task.gate is not None:
+            task.barriers = BarrierHandler(list(task.gate.channels))
+        restore = plan.config.get("restore")
+        if restore:
+            restored = await asyncio.to_thread(load_restored, restore, key)
+            if restored is not None and restored.inputs and task.gate is not None:
+                by_key = {ch.key: ch.channel_id for ch in task.gate.channels.values()}
+                restored.inputs = {by_key[k]: v for k, v in restored.inputs.items() if k in by_key}
+            task.restore = restored
         tasks[key] = task
 
     for cid, consumer, sub in pending_local:

@@ -130,7 +130,7 @@ class NetworkEnvironment(BaseLinkHandler):
             self._adopt(link)
 
     def on_data(self, link: Link, event: DataArrived) -> None:
-        self._in[event.channel][1].deliver_data(event.channel, event.buffer)
+        self._in[event.channel][1].deliver_data(event.channel, event.seq, event.buffer)
 
     def on_event(self, link: Link, event: EventArrived) -> None:
         self._in[event.channel][1].deliver_event(event.channel, event.seq, event.event, event.priority)

@@ -92,6 +92,7 @@ class Chain:
         self.functions: list[ProcessFunction] = []
         self.keyed_state: dict[int, dict[str, dict[Any, Any]]] = {}  # node id -> state name -> key -> value
         self._contexts: list[tuple[ProcessFunction, Context]] = []
+        self._restored_sinks: list[Any] | None = None
         self.process = self._build()
 
     def _tail(self) -> Emit:
@@ -200,9 +201,33 @@ class Chain:
             return run_sink
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
 
-    def open(self) -> None:
+    # -- checkpoints ------------------------------------------------------------
+
+    def snapshot_sinks(self, checkpoint_id: int) -> list[Any]:
+        """Pre-commit every sink for `checkpoint_id`; returns their states, in chain order."""
+        return [sink.snapshot_state(checkpoint_id) for sink in self.sinks]
+
+    def commit_sinks(self, checkpoint_id: int) -> None:
         for sink in self.sinks:
+            sink.commit(checkpoint_id)
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Load keyed state in place (closures hold the tables) and hand sinks their pre-committed files."""
+        from runtime.snapshots import keyed_tables
+
+        for node, tables in keyed_tables(state).items():
+            for name, restored in tables.items():
+                table = self.keyed_state.setdefault(node, {}).setdefault(name, {})
+                table.clear()
+                table.update(restored)
+        self._restored_sinks = list(state.get("sinks") or [])
+
+    def open(self) -> None:
+        restored = self._restored_sinks
+        for i, sink in enumerate(self.sinks):
             sink.open(self.subtask_index, self.parallelism, self.attempt)
+            if restored is not None and i < len(restored):
+                sink.restore_state(restored[i])
         for fn, ctx in self._contexts:
             fn.open(ctx)
 

@@ -23,7 +23,9 @@ from prometheus_client import CollectorRegistry
 from netstack.connection import Connection
 from netstack.errors import ConnectionLost, NetstackError, RpcError
 from netstack.transport import BaseLinkHandler, Link, dial
-from runtime.deployment import DeployedJob, connect, deploy, teardown
+from runtime.barriers import MODES, BarrierSpec
+from runtime.checkpoint_writer import CheckpointWriter
+from runtime.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
 from runtime.graph import Plan
 from runtime.metrics import WorkerCollector, serve_metrics
 from runtime.network import NetworkEnvironment
@@ -62,6 +64,7 @@ class Worker(BaseLinkHandler):
         self.metrics_port: int | None = None
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
+        self.writer: CheckpointWriter | None = None
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
         for job_id, deployed in list(self.jobs.items()):
@@ -71,6 +74,7 @@ class Worker(BaseLinkHandler):
     # -- lifecycle --------------------------------------------------------------
 
     async def run(self) -> None:
+        self.writer = CheckpointWriter()
         data_port = await self.network.start(self.config.data_port)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
@@ -96,6 +100,8 @@ class Worker(BaseLinkHandler):
         await self.network.close()
         for t in list(self._background):
             t.cancel()
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.close)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -139,6 +145,12 @@ class Worker(BaseLinkHandler):
         if method == "cancel":
             await self._cancel_job(args["job_id"], report=False)
             return {"cancelled": True}
+        if method == "trigger_checkpoint":
+            return self._trigger_checkpoint(args)
+        if method == "checkpoint_complete":
+            return self._notify_tasks(args["job_id"], "checkpoint_complete", int(args["checkpoint_id"]))
+        if method == "checkpoint_aborted":
+            return self._notify_tasks(args["job_id"], "checkpoint_aborted", int(args["checkpoint_id"]))
         if method == "probe":
             return self._inject_probe(args["job_id"], int(args["probe_id"]))
         if method == "ping":
@@ -148,7 +160,7 @@ class Worker(BaseLinkHandler):
     async def _deploy(self, plan: Plan) -> dict[str, Any]:
         if plan.job_id in self.jobs:
             await self._cancel_job(plan.job_id, report=False)
-        deployed = await deploy(plan, self.worker_id, self.network)
+        deployed = await deploy(plan, self.worker_id, self.network, self._checkpoint_hooks(plan))
         self.jobs[plan.job_id] = deployed
         try:
             await connect(deployed, self.network)
@@ -158,6 +170,59 @@ class Worker(BaseLinkHandler):
             raise
         log.info("deployed %d tasks of job %s (attempt %d)", len(deployed.tasks), plan.job_id, plan.attempt)
         return {"tasks": sorted(deployed.tasks)}
+
+    def _running_job(self, job_id: str) -> DeployedJob:
+        deployed = self.jobs.get(job_id)
+        if deployed is None:
+            raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
+        return deployed
+
+    def _trigger_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        deployed = self._running_job(args["job_id"])
+        if args.get("attempt") != deployed.plan.attempt:
+            raise RpcError(f"attempt {args.get('attempt')} is not the one running here", "WrongAttempt")
+        if args["mode"] not in MODES:
+            raise RpcError(f"unknown checkpoint mode {args['mode']!r}", "BadMode")
+        sources = [t for t in deployed.tasks.values() if t.source is not None]
+        finished = [t.task_id for t in sources if t.state != "running"]
+        if finished:
+            raise RpcError(f"source tasks not running: {', '.join(finished)}", "TasksNotRunning")
+        deadline = None
+        if args["mode"] == "aligned_timeout":
+            deadline = float(args["started_at"]) + float(args.get("aligned_timeout_s") or 0.0)
+        spec = BarrierSpec(int(args["checkpoint_id"]), str(args["mode"]), float(args["started_at"]), deadline,
+                           bool(args.get("savepoint")), str(args["directory"]))
+        for task in sources:
+            task.post("trigger", spec)
+        return {"sources": len(sources)}
+
+    def _notify_tasks(self, job_id: str, kind: str, checkpoint_id: int) -> dict[str, Any]:
+        deployed = self.jobs.get(job_id)
+        if deployed is None:
+            return {"tasks": 0}
+        for task in deployed.tasks.values():
+            if task.state == "running":
+                task.post(kind, checkpoint_id)
+            elif kind == "checkpoint_complete" and task.state == "finished":
+                task.chain.commit_sinks(checkpoint_id)
+        return {"tasks": len(deployed.tasks)}
+
+    def _checkpoint_hooks(self, plan: Plan) -> CheckpointHooks:
+        assert self.writer is not None
+        job_id, attempt = plan.job_id, plan.attempt
+
+        def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: dict[str, Any]) -> None:
+            self._spawn(self._report("ack_checkpoint", {
+                "job_id": job_id, "attempt": attempt, "checkpoint_id": spec.checkpoint_id,
+                "task": task.task_id.rsplit("/", 1)[-1], "state": files, "figures": figures}))
+
+        def on_decline(task: Task, checkpoint_id: int, reason: str) -> None:
+            log.warning("task %s declined checkpoint %d: %s", task.task_id, checkpoint_id, reason)
+            self._spawn(self._report("decline_checkpoint", {
+                "job_id": job_id, "attempt": attempt, "checkpoint_id": checkpoint_id,
+                "task": task.task_id.rsplit("/", 1)[-1], "reason": reason}))
+
+        return CheckpointHooks(self.writer, on_ack, on_decline)
 
     def _inject_probe(self, job_id: str, probe_id: int) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)

@@ -135,10 +135,17 @@ class ParquetSource(Source):
 
 
 class FileSink(Sink):
-    """Part files of JSON lines (or Parquet with format='parquet') under `path`.
+    """Part files of JSON lines (or Parquet with format='parquet') under `path`, committed exactly once.
 
-    Files in progress are named `.part-…inprogress`; `finish` (end of a
-    bounded input) commits them by renaming to `part-<subtask>-<attempt>-<n>.<ext>`.
+    Two-phase: records go to hidden in-progress files (`.part-…inprogress`).
+    At a checkpoint's snapshot the current file is closed and becomes pending
+    for that checkpoint; when the checkpoint completes, every file pending up
+    to it is committed by an atomic rename to `part-<subtask>-<attempt>-<n>.<ext>`.
+    A pending file of an aborted checkpoint waits for the next completed one.
+    On restore, commits of the restored checkpoint are redone (a rename that
+    already happened is skipped) and every other in-progress file of this
+    subtask is deleted: its records will be produced again. At the end of a
+    bounded input everything is committed.
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", rolling_bytes: int = 64 * 1024 * 1024,
@@ -159,7 +166,8 @@ class FileSink(Sink):
         self._rows: list[Any] = []
         self._bytes = 0
         self._file: Any = None
-        self._in_progress: list[tuple[str, str]] = []  # (hidden path, final path)
+        self._written: list[list[str]] = []  # [hidden, final] closed or open since the last snapshot
+        self._pending: list[list[Any]] = []  # [checkpoint id, hidden, final], pre-committed
 
     def _names(self) -> tuple[str, str]:
         ext = "jsonl" if self.format == "jsonl" else "parquet"
@@ -182,7 +190,7 @@ class FileSink(Sink):
         if self._file is None:
             hidden, final = self._names()
             self._file = open(hidden, "w", encoding="utf-8")  # noqa: SIM115 - open across writes, closed on roll
-            self._in_progress.append((hidden, final))
+            self._written.append([hidden, final])
         self._file.write("\n".join(self._lines) + "\n")
         self._lines = []
         if self._bytes >= self.rolling_bytes:
@@ -211,23 +219,55 @@ class FileSink(Sink):
             table = pa.table({f"f{i}": [r[i] for r in self._rows] for i in range(width)})
         hidden, final = self._names()
         pq.write_table(table, hidden)
-        self._in_progress.append((hidden, final))
+        self._written.append([hidden, final])
         self._rows = []
         self._part += 1
 
-    def commit_all(self) -> None:
-        """Make every file written so far visible (atomic renames)."""
+    def _close_current(self) -> None:
         if self.format == "parquet":
             self._write_parquet()
         else:
             self._flush_lines()
             self._close_file()
-        for hidden, final in self._in_progress:
+
+    @staticmethod
+    def _publish(hidden: str, final: str) -> None:
+        if os.path.exists(hidden):
             os.replace(hidden, final)
-        self._in_progress = []
+        elif not os.path.exists(final):
+            raise FileNotFoundError(f"pre-committed file {hidden} is gone and {final} was never published")
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        self._close_current()
+        self._pending += [[checkpoint_id, hidden, final] for hidden, final in self._written]
+        self._written = []
+        return {"pending": [list(p) for p in self._pending]}
+
+    def commit(self, checkpoint_id: int) -> None:
+        keep = []
+        for entry in self._pending:
+            if entry[0] <= checkpoint_id:
+                self._publish(entry[1], entry[2])
+            else:
+                keep.append(entry)
+        self._pending = keep
+
+    def restore_state(self, state: Any) -> None:
+        for _, hidden, final in (state or {}).get("pending", []):
+            self._publish(hidden, final)  # that checkpoint completed: its commit is (re)done
+        prefix = f".part-{self.subtask_index}-"
+        for name in os.listdir(self.path):
+            if name.startswith(prefix) and name.endswith(".inprogress"):
+                os.remove(os.path.join(self.path, name))  # written after the restored checkpoint
 
     def finish(self) -> None:
-        self.commit_all()
+        self._close_current()
+        for _, hidden, final in self._pending:
+            self._publish(hidden, final)
+        for hidden, final in self._written:
+            self._publish(hidden, final)
+        self._pending = []
+        self._written = []
 
     def close(self) -> None:
         if self._file is not None:

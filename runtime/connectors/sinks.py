@@ -34,10 +34,22 @@ class Sink:
             self._debt_s = 0.0
 
     def finish(self) -> None:
-        pass
+        """End of a bounded input: make everything written visible."""
 
     def close(self) -> None:
         pass
+
+    # Two-phase commit, driven by checkpoints. Sinks that write nothing durable keep the defaults.
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        """Pre-commit what was written since the last checkpoint, for `checkpoint_id`; return the state to store."""
+        return None
+
+    def commit(self, checkpoint_id: int) -> None:
+        """Checkpoint `checkpoint_id` completed: publish everything pre-committed up to it (idempotent)."""
+
+    def restore_state(self, state: Any) -> None:
+        """Called after open() when restoring: redo commits of the restored checkpoint, drop what came after."""
 
 
 class DiscardSink(Sink):

@@ -1,0 +1,93 @@
+"""The worker's checkpoint writer: serialises and persists checkpoint files off the event loop.
+
+One thread per worker takes requests from a bounded queue: the task hands
+over the immutable pieces (copied state tables, buffers, which are bytes) and
+keeps processing; the thread encodes them, writes a temporary file, fsyncs
+it and renames it into place, then resolves the task's future on the loop.
+The semaphore bounds how many requests (and so how much memory) wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Written:
+    path: str
+    bytes: int
+    seconds: float
+
+
+class CheckpointWriter:
+    def __init__(self, *, max_pending: int = 64) -> None:
+        self._queue: queue.Queue[tuple[str, Callable[[], bytes], asyncio.Future[Written],
+                                       asyncio.AbstractEventLoop] | None] = queue.Queue()
+        self._slots = asyncio.Semaphore(max_pending)
+        self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+        self.bytes_written = 0
+        self.files_written = 0
+
+    async def write(self, path: str, produce: Callable[[], bytes]) -> Written:
+        """Persist `produce()` at `path` durably; waits for a free slot, never blocks the loop."""
+        await self._slots.acquire()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Written] = loop.create_future()
+        self._queue.put((path, produce, fut, loop))
+        try:
+            return await fut
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            path, produce, fut, loop = item
+            t0 = time.monotonic()
+            try:
+                data = produce()
+                _durable_write(path, data)
+                result: Written | BaseException = Written(path, len(data), time.monotonic() - t0)
+                self.bytes_written += len(data)
+                self.files_written += 1
+            except BaseException as exc:  # handed to the waiting task
+                result = exc
+            loop.call_soon_threadsafe(_resolve, fut, result)
+
+
+def _resolve(fut: asyncio.Future[Written], result: Written | BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
+
+
+def _durable_write(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,110 @@
+"""What a task's checkpoint holds, and the file formats it is stored in.
+
+Three files per task and checkpoint, each a msgpack map with a format
+version, written by the checkpoint writer off the event loop:
+
+- `<vertex>-<subtask>.state`: operator state. Keyed state grouped by key
+  group (so it can be split along group boundaries when rescaling), the
+  source position, the sinks' pre-committed files.
+- `<vertex>-<subtask>.in`: input channel state, per channel, as a stream of
+  whole msgpack records: the records that preceded the barrier and that the
+  task had not processed when it took its snapshot.
+- `<vertex>-<subtask>.out`: output channel state, per channel: the whole
+  records of the buffers the barrier overtook.
+
+Channels are named `<edge>:<producer subtask>:<consumer subtask>`, which
+stays the same across attempts (channel ids do not).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgpack
+
+from runtime.partitioning import key_group
+
+FORMAT = 1
+
+
+class CorruptState(ValueError):
+    """A checkpoint file is missing, truncated or not what it claims to be."""
+
+
+def channel_key(edge: int, producer: int, consumer: int) -> str:
+    return f"{edge}:{producer}:{consumer}"
+
+
+def copy_keyed_state(keyed: dict[int, dict[str, dict[Any, Any]]]) -> dict[int, dict[str, dict[Any, Any]]]:
+    """The synchronous part of a snapshot: shallow copies of every state table (values are immutable by contract)."""
+    return {node: {name: table.copy() for name, table in tables.items()} for node, tables in keyed.items()}
+
+
+def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,
+                          source: Any, sinks: list[Any]) -> bytes:
+    grouped: dict[int, dict[str, dict[int, list[list[Any]]]]] = {}
+    for node, tables in keyed.items():
+        for name, table in tables.items():
+            by_group: dict[int, list[list[Any]]] = {}
+            for key, value in table.items():
+                by_group.setdefault(key_group(key, max_parallelism), []).append([key, value])
+            grouped.setdefault(node, {})[name] = by_group
+    return msgpack.packb({"format": FORMAT, "max_parallelism": max_parallelism, "keyed": grouped,
+                          "source": source, "sinks": sinks}, use_bin_type=True)
+
+
+def decode_operator_state(data: bytes, origin: str) -> dict[str, Any]:
+    state = _decode(data, origin)
+    for field in ("keyed", "source", "sinks"):
+        if field not in state:
+            raise CorruptState(f"{origin}: operator state without {field!r}")
+    return state
+
+
+def keyed_tables(state: dict[str, Any], key_groups: range | None = None) -> dict[int, dict[str, dict[Any, Any]]]:
+    """Keyed state as {node: {name: {key: value}}}, keeping only `key_groups` when given."""
+    out: dict[int, dict[str, dict[Any, Any]]] = {}
+    for node, tables in state["keyed"].items():
+        for name, groups in tables.items():
+            table = out.setdefault(int(node), {}).setdefault(name, {})
+            for group, pairs in groups.items():
+                if key_groups is None or int(group) in key_groups:
+                    for key, value in pairs:
+                        table[_hashable(key)] = value
+    return out
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def encode_channel_state(kind: str, channels: dict[str, bytes]) -> bytes:
+    return msgpack.packb({"format": FORMAT, "kind": kind, "channels": channels}, use_bin_type=True)
+
+
+def decode_channel_state(data: bytes, origin: str) -> dict[str, bytes]:
+    state = _decode(data, origin)
+    channels = state.get("channels")
+    if not isinstance(channels, dict) or not all(isinstance(v, bytes) for v in channels.values()):
+        raise CorruptState(f"{origin}: channel state is not a map of channel -> bytes")
+    return channels
+
+
+def _decode(data: bytes, origin: str) -> dict[str, Any]:
+    try:
+        state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:
+        raise CorruptState(f"{origin}: does not decode ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CorruptState(f"{origin}: not a sluice state file of format {FORMAT}")
+    return state
+
+
+def read_file(directory: str, name: str) -> bytes:
+    path = os.path.join(directory, name)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CorruptState(f"{path}: cannot read ({exc.strerror})") from None

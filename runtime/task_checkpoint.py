@@ -1,0 +1,223 @@
+"""One task's side of a checkpoint: snapshot, forward the barrier, persist, acknowledge.
+
+The barrier handler (runtime/barriers.py) decides *when*; this module does
+it. The synchronous part on the event loop is small: copy the state tables,
+let the sinks pre-commit, put the barrier on every output (on the priority
+lane for unaligned checkpoints, which hands back the overtaken buffers) and
+capture the input buffers that precede the barrier. Encoding and writing
+happen in the worker's checkpoint writer thread while processing goes on.
+
+The task acknowledges when its inputs are complete (every barrier arrived),
+its outputs are complete (every barrier left its queue, or was promoted to
+the priority lane at the aligned-timeout deadline), and every file is
+durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from netstack.credit import Buffer, Event
+from runtime.barriers import BarrierSpec
+from runtime.channels import Subpartition, overtaken_records, whole_records_length
+from runtime.checkpoint_writer import CheckpointWriter, Written
+from runtime.snapshots import copy_keyed_state, encode_channel_state, encode_operator_state
+
+if TYPE_CHECKING:
+    from runtime.task import Task
+
+log = logging.getLogger("sluice.checkpoint")
+
+AckCallback = Callable[["Task", BarrierSpec, dict[str, Any], dict[str, Any]], None]
+DeclineCallback = Callable[["Task", int, str], None]
+
+
+@dataclass
+class CheckpointRun:
+    spec: BarrierSpec
+    unaligned: bool
+    barrier: Event
+    started: float  # monotonic, first barrier (or trigger) at this task
+    first_barrier_wall: float
+    sync_s: float = 0.0
+    inputs_done: bool = False
+    outputs_waiting: list[Subpartition] = field(default_factory=list)
+    in_prefix: dict[int, bytes] = field(default_factory=dict)
+    in_buffers: dict[int, list[Buffer]] = field(default_factory=dict)
+    out_state: dict[str, bytes] = field(default_factory=dict)
+    writes: list[asyncio.Task[Written]] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    state_bytes: int = 0
+    inflight_bytes: int = 0
+    alignment_s: float = 0.0
+    out_written: bool = False
+    acked: bool = False
+
+
+class TaskCheckpointer:
+    def __init__(self, task: Task, writer: CheckpointWriter, *, task_key: str, max_parallelism: int,
+                 on_ack: AckCallback, on_decline: DeclineCallback) -> None:
+        self.task = task
+        self.writer = writer
+        self.task_key = task_key
+        self.max_parallelism = max_parallelism
+        self.on_ack = on_ack
+        self.on_decline = on_decline
+        self.run: CheckpointRun | None = None
+        self.last_alignment_s = 0.0
+        self.last_start_delay_s = 0.0
+        self.last_inflight_bytes = 0
+        self.inflight_bytes_total = 0
+
+    # -- snapshot ---------------------------------------------------------------
+
+    def snapshot(self, spec: BarrierSpec, *, unaligned: bool) -> None:
+        task = self.task
+        if self.run is not None and not self.run.acked:
+            self.abandon(self.run.spec.checkpoint_id, "superseded by a newer checkpoint")
+        t0 = time.perf_counter()
+        chain = task.chain
+        keyed = copy_keyed_state(chain.keyed_state)
+        sinks = chain.snapshot_sinks(spec.checkpoint_id)
+        source = task.source_position()
+        barrier = Event(spec.to_body())
+        run = CheckpointRun(spec, unaligned, barrier, started=task.first_barrier_monotonic or time.monotonic(),
+                            first_barrier_wall=task.first_barrier_wall or time.time())
+        task.first_barrier_monotonic = task.first_barrier_wall = None
+        self.run = run
+        for sub in task.subpartitions:
+            if unaligned:
+                stream = overtaken_records(sub.add_event(barrier, priority=True))
+                if stream:
+                    run.out_state[sub.key] = stream
+            else:
+                sub.add_event(barrier)
+                if spec.mode == "aligned_timeout":
+                    run.outputs_waiting.append(sub)
+        if unaligned and task.gate is not None:
+            run.in_buffers = task.gate.start_recording(spec.checkpoint_id)
+            run.in_prefix = task.unprocessed_bytes()
+        run.sync_s = time.perf_counter() - t0
+        path = self._path(spec, "state")
+        run.files["state"] = os.path.basename(path)
+        mp = self.max_parallelism
+        self._write(run, path, lambda: encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks),
+                    "state")
+        if task.gate is None:
+            run.inputs_done = True
+        self.poll_outputs(time.time())
+
+    def inputs_complete(self, spec: BarrierSpec, *, unaligned: bool) -> None:
+        run = self.run
+        if run is None or run.spec.checkpoint_id != spec.checkpoint_id:
+            return
+        run.inputs_done = True
+        run.alignment_s = time.monotonic() - run.started
+        if self.task.gate is not None:
+            self.task.gate.stop_recording()
+        if unaligned and (run.in_prefix or any(run.in_buffers.values())):
+            gate = self.task.gate
+            assert gate is not None
+            keys = {cid: gate.channels[cid].key for cid in run.in_buffers}
+            prefix, buffers = run.in_prefix, run.in_buffers
+
+            def encode_inputs() -> bytes:
+                channels = {}
+                for cid, key in keys.items():
+                    stream = prefix.get(cid, b"") + b"".join(b.data for b in buffers[cid])
+                    stream = stream[:whole_records_length(stream)]  # the sender keeps the partial record whole
+                    if stream:
+                        channels[key] = stream
+                return encode_channel_state("in", channels)
+
+            path = self._path(spec, "in")
+            run.files["in"] = os.path.basename(path)
+            self._write(run, path, encode_inputs, "in")
+        self._maybe_finish(run)
+
+    def poll_outputs(self, now: float) -> None:
+        """Outputs are complete when every barrier has left its queue; at the deadline, promote the rest."""
+        run = self.run
+        if run is None or run.out_written:
+            return
+        still = [sub for sub in run.outputs_waiting if sub.sender.holds(run.barrier)]
+        if still and run.spec.deadline is not None and now >= run.spec.deadline:
+            for sub in still:
+                overtaken = sub.promote(run.barrier)
+                if overtaken:
+                    stream = overtaken_records(overtaken)
+                    if stream:
+                        run.out_state[sub.key] = stream
+            still = []
+        run.outputs_waiting = still
+        if still:
+            return
+        run.out_written = True
+        if run.out_state:
+            out_state = dict(run.out_state)
+            path = self._path(run.spec, "out")
+            run.files["out"] = os.path.basename(path)
+            self._write(run, path, lambda: encode_channel_state("out", out_state), "out")
+        self._maybe_finish(run)
+
+    def waiting_outputs(self) -> bool:
+        return self.run is not None and not self.run.out_written
+
+    # -- completion -------------------------------------------------------------
+
+    def _path(self, spec: BarrierSpec, kind: str) -> str:
+        return os.path.join(spec.directory, f"{self.task_key.replace(':', '-')}.{kind}")
+
+    def _write(self, run: CheckpointRun, path: str, produce: Callable[[], bytes], kind: str) -> None:
+        write = asyncio.ensure_future(self.writer.write(path, produce))
+        run.writes.append(write)
+
+        def done(fut: asyncio.Task[Written]) -> None:
+            if fut.cancelled() or self.run is not run:
+                return
+            exc = fut.exception()
+            if exc is not None:
+                self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
+                return
+            written = fut.result()
+            if kind == "state":
+                run.state_bytes += written.bytes
+            else:
+                run.inflight_bytes += written.bytes
+            self._maybe_finish(run)
+
+        write.add_done_callback(done)
+
+    def _maybe_finish(self, run: CheckpointRun) -> None:
+        if run.acked or not run.inputs_done or not run.out_written or not all(w.done() for w in run.writes):
+            return
+        run.acked = True
+        async_s = max(0.0, time.monotonic() - run.started - run.sync_s)
+        figures = {
+            "sync_s": run.sync_s, "async_s": async_s, "alignment_s": run.alignment_s,
+            "start_delay_s": max(0.0, run.first_barrier_wall - run.spec.started_at),
+            "state_bytes": run.state_bytes, "inflight_bytes": run.inflight_bytes, "unaligned": run.unaligned,
+        }
+        self.last_alignment_s = run.alignment_s
+        self.last_start_delay_s = figures["start_delay_s"]
+        self.last_inflight_bytes = run.inflight_bytes
+        self.inflight_bytes_total += run.inflight_bytes
+        self.on_ack(self.task, run.spec, dict(run.files), figures)
+
+    def abandon(self, checkpoint_id: int, reason: str) -> None:
+        run = self.run
+        if run is None or run.spec.checkpoint_id != checkpoint_id:
+            return
+        self.run = None
+        if self.task.gate is not None:
+            self.task.gate.stop_recording()
+        for write in run.writes:
+            write.cancel()
+        if not run.acked:
+            self.on_decline(self.task, checkpoint_id, reason)
