@@ -43,6 +43,10 @@ class JobRecord:
     ended_at: float | None = None
     finished_tasks: set[str] = field(default_factory=set)
     task_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checkpoint_settings: Any = None  # coordinator.checkpointing.CheckpointSettings
+    checkpoints: Any = None  # coordinator.checkpoint_runner.CheckpointRunner while running
+    last_checkpoint: dict[str, Any] | None = None
+    restored_from: str = ""
 
     def move(self, state: str, error: str = "") -> None:
         if state not in TRANSITIONS[self.state]:
@@ -66,7 +70,9 @@ class JobRecord:
             "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,
             "ended_at": self.ended_at, "tasks_total": self.total_tasks(), "tasks_finished": len(self.finished_tasks),
-            "tasks": tasks,
+            "tasks": tasks, "last_checkpoint": self.last_checkpoint, "restored_from": self.restored_from,
+            "checkpoints_completed": self.checkpoints.coordinator.statistics().completed if self.checkpoints else 0,
+            "checkpoints_failed": self.checkpoints.coordinator.statistics().failed if self.checkpoints else 0,
             "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}
                          for v in (self.plan.vertices if self.plan else [])],
         }

@@ -5,13 +5,41 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from runtime.metrics import protocol_failures
 
 if TYPE_CHECKING:
     from coordinator.server import Coordinator
+
+
+DURATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class DurationHistogram:
+    """Checkpoint durations, bucketed as Prometheus expects (cumulative at scrape time)."""
+
+    def __init__(self, buckets: tuple[float, ...] = DURATION_BUCKETS_S) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        cumulative = []
+        running = 0
+        for bound, count in zip([*map(str, self.buckets), "+Inf"], self.counts, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=self.sum)
 
 
 class CoordinatorCollector(Collector):
@@ -33,3 +61,46 @@ class CoordinatorCollector(Collector):
         for state, n in sorted(counts.items()):
             by_state.add_metric([state], n)
         yield from (workers, slots, running, by_state, protocol_failures())
+        yield from self._checkpoints()
+
+    def _checkpoints(self) -> Iterator[Metric]:
+        c = self.coordinator
+        completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")
+        failed = CounterMetricFamily("sluice_checkpoints_failed", "Checkpoints aborted: timeout, decline, failure")
+        in_progress = GaugeMetricFamily("sluice_checkpoints_in_progress", "Checkpoints currently in flight")
+        job = ["job"]
+        last_duration = GaugeMetricFamily("sluice_checkpoint_last_duration_seconds",
+                                          "Trigger to last acknowledgement of the last completed checkpoint",
+                                          labels=job)
+        last_inflight = GaugeMetricFamily("sluice_checkpoint_last_persisted_inflight_bytes",
+                                          "In-flight data (channel state) persisted by the last completed checkpoint",
+                                          labels=job)
+        last_state = GaugeMetricFamily("sluice_checkpoint_last_state_bytes",
+                                       "Operator state persisted by the last completed checkpoint", labels=job)
+        last_alignment = GaugeMetricFamily("sluice_checkpoint_last_alignment_seconds",
+                                           "Longest alignment of a task in the last completed checkpoint", labels=job)
+        last_delay = GaugeMetricFamily("sluice_checkpoint_last_start_delay_seconds",
+                                       "Longest trigger-to-first-barrier delay in the last completed checkpoint",
+                                       labels=job)
+        n_done = n_failed = n_flight = 0
+        for j in c.jobs.values():
+            if j.checkpoints is None:
+                continue
+            st = j.checkpoints.coordinator.statistics()
+            n_done += st.completed
+            n_failed += st.failed
+            n_flight += st.in_flight_id is not None and not j.terminal
+            last = st.last_completed
+            if last is not None:
+                last_duration.add_metric([j.job_id], last.duration_s or 0.0)
+                last_inflight.add_metric([j.job_id], last.inflight_bytes)
+                last_state.add_metric([j.job_id], last.state_bytes)
+                last_alignment.add_metric([j.job_id], last.alignment_s)
+                last_delay.add_metric([j.job_id], last.start_delay_s)
+        completed.add_metric([], n_done)
+        failed.add_metric([], n_failed)
+        in_progress.add_metric([], n_flight)
+        yield from (completed, failed, in_progress, last_duration, last_inflight, last_state, last_alignment,
+                    last_delay)
+        yield c.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
+                                            "Duration of completed checkpoints, trigger to last acknowledgement")

@@ -15,14 +15,17 @@ import os
 import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.checkpoint_runner import CheckpointRunner
+from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
-from coordinator.metrics import CoordinatorCollector
+from coordinator.metrics import CoordinatorCollector, DurationHistogram
 from coordinator.scheduler import WorkerSlots, make_plan
+from coordinator.storage import CorruptCheckpoint, LocalCheckpointStorage
 from netstack.connection import Connection
 from netstack.errors import CloseReason, NetstackError, RpcError
 from netstack.transport import BaseLinkHandler, Link, serve
@@ -79,6 +82,8 @@ class Coordinator(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
+        self.storage = LocalCheckpointStorage(config.state_dir)
+        self.checkpoint_durations = DurationHistogram()
         self._background: set[asyncio.Task[Any]] = set()
         self.port = 0
         self.metrics_port: int | None = None
@@ -179,18 +184,87 @@ class Coordinator(BaseLinkHandler):
     async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
         entry = str(args.get("entry", ""))
         job_id = f"job-{secrets.token_hex(4)}"
-        job = JobRecord(job_id, entry, str(args.get("name") or entry), str(args.get("sys_path") or ""),
-                        dict(args.get("config") or {}))
+        config = dict(args.get("config") or {})
+        try:
+            settings = checkpoint_settings(config.get("checkpoint") or {})
+        except (ValueError, TypeError) as exc:
+            raise RpcError(f"bad checkpoint settings: {exc}", "BadCheckpointSettings") from None
+        job = JobRecord(job_id, entry, str(args.get("name") or entry), str(args.get("sys_path") or ""), config)
+        job.checkpoint_settings = settings
         try:
             plan = make_plan(job_id=job_id, attempt=0, entry=entry, name=job.name, sys_path=job.sys_path,
                              config=job.config, workers=self._worker_slots(), channel_base=next(self._channel_base))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
+        restore_path = args.get("restore")
+        if restore_path:
+            plan.config["restore"] = await self._restore_spec(str(restore_path), plan)
+            job.restored_from = str(restore_path)
         job.plan = plan
         self.jobs[job_id] = job
         log.info("job %s (%s) submitted: %d tasks", job_id, entry, job.total_tasks())
         self._spawn(self._deploy(job))
         return {"job_id": job_id, "tasks": job.total_tasks()}
+
+    async def _restore_spec(self, path: str, plan: Any) -> dict[str, Any]:
+        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
+        try:
+            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
+        except CorruptCheckpoint as exc:
+            raise RpcError(str(exc), "CorruptCheckpoint") from None
+        saved = [(v["name"], v["parallelism"]) for v in metadata.get("vertices", [])]
+        ours = [(v.name, v.parallelism) for v in plan.vertices]
+        if saved != ours:
+            raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
+                           "IncompatibleCheckpoint")
+        directory = path if os.path.isdir(path) else os.path.dirname(path)  # noqa: ASYNC240 - a stat, once
+        return {"path": os.path.abspath(directory), "checkpoint_id": metadata["checkpoint_id"],  # noqa: ASYNC240
+                "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}}
+
+    def _job_for_checkpoint(self, args: dict[str, Any]) -> JobRecord:
+        job = self.jobs.get(str(args.get("job_id")))
+        if job is None:
+            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+        if job.state != "RUNNING" or job.checkpoints is None:
+            raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING", "JobNotRunning")
+        return job
+
+    async def rpc_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
+        """Take a checkpoint now (or a savepoint with savepoint=True and a directory); wait for its end."""
+        job = self._job_for_checkpoint(args)
+        assert job.checkpoints is not None
+        savepoint = bool(args.get("savepoint"))
+        directory = args.get("directory")
+        if savepoint and directory:
+            directory = os.path.abspath(str(directory))  # noqa: ASYNC240 - no I/O
+        try:
+            _, fut = job.checkpoints.request(savepoint=savepoint, directory=directory, mode=args.get("mode"))
+        except ValueError as exc:
+            raise RpcError(str(exc), "BadCheckpointRequest") from None
+        return await asyncio.wait_for(fut, float(args.get("timeout_s", 600.0)))
+
+    async def rpc_checkpoints(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(str(args.get("job_id")))
+        if job is None:
+            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+        history = [asdict(s) for s in job.checkpoints.coordinator.history()] if job.checkpoints else []
+        completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
+        return {"job_id": job.job_id, "history": history,
+                "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
+                "last_completed": job.last_checkpoint}
+
+    async def rpc_ack_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(args["job_id"])
+        if job is not None and job.checkpoints is not None and job.attempt == args.get("attempt"):
+            job.checkpoints.ack(int(args["checkpoint_id"]), str(args["task"]), dict(args.get("state") or {}),
+                                dict(args.get("figures") or {}))
+        return {"ok": True}
+
+    async def rpc_decline_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(args["job_id"])
+        if job is not None and job.checkpoints is not None and job.attempt == args.get("attempt"):
+            job.checkpoints.decline(int(args["checkpoint_id"]), str(args["task"]), str(args.get("reason", "")))
+        return {"ok": True}
 
     async def rpc_status(self, link: Link, args: dict[str, Any]) -> Any:
         job_id = args.get("job_id")
@@ -252,11 +326,15 @@ class Coordinator(BaseLinkHandler):
         if job is None or job.attempt != args.get("attempt") or job.state != "RUNNING":
             return {"ignored": True}
         job.finished_tasks.add(args["task"])
+        if job.checkpoints is not None:
+            job.checkpoints.ending = True  # finished tasks cannot take part in checkpoints any more
         stats = args.get("stats")
         if isinstance(stats, dict) and "task" in stats:
             job.task_stats[stats["task"]] = {**stats, "worker": link.peer_id}
         if len(job.finished_tasks) == job.total_tasks():
             job.move("FINISHED")
+            if job.checkpoints is not None:
+                job.checkpoints.stop("job finished")
             log.info("job %s finished", job.job_id)
         return {"ok": True}
 
@@ -290,22 +368,51 @@ class Coordinator(BaseLinkHandler):
             if job.state != "DEPLOYING":
                 return
             job.move("RUNNING")
+            self._start_checkpoints(job, involved)
             await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
             log.info("job %s running on %s", job.job_id, ", ".join(involved))
         except (NetstackError, KeyError) as exc:
             await self._fail(job, f"deployment failed: {exc}")
+
+    def _start_checkpoints(self, job: JobRecord, involved: list[str]) -> None:
+        plan = job.plan
+        assert plan is not None
+        tasks = frozenset(f"{v.id}:{i}" for v in plan.vertices for i in range(v.parallelism))
+        job_info = {"entry": job.entry, "name": job.name,
+                    "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism} for v in plan.vertices]}
+
+        def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
+            job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            if summary.get("duration_s") is not None:
+                self.checkpoint_durations.observe(summary["duration_s"])
+
+        def links() -> list[Link]:
+            return [self.workers[w].link for w in involved if w in self.workers]
+
+        job.checkpoints = CheckpointRunner(
+            job_id=job.job_id, attempt=job.attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
+            tasks=tasks, storage=self.storage, links=links, job_info=job_info,
+            fail_job=lambda reason: self._fail(job, reason), on_complete=on_complete)
+        job.checkpoints.start()
+
+    def _stop_checkpoints(self, job: JobRecord, reason: str) -> None:
+        if job.checkpoints is not None:
+            job.checkpoints.task_failed(reason)
+            job.checkpoints.stop(reason)
 
     async def _fail(self, job: JobRecord, error: str) -> None:
         if job.terminal:
             return
         log.error("job %s failed: %s", job.job_id, error)
         job.move("FAILED", error)
+        self._stop_checkpoints(job, error)
         await self._cancel_tasks(job)
 
     async def _cancel(self, job: JobRecord, why: str) -> None:
         if job.terminal:
             return
         job.move("CANCELLED", why)
+        self._stop_checkpoints(job, why)
         await self._cancel_tasks(job)
 
     async def _cancel_tasks(self, job: JobRecord) -> None:
@@ -320,6 +427,15 @@ class Coordinator(BaseLinkHandler):
         for r in results:
             if isinstance(r, Exception):
                 log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+
+
+def checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
+    """Checkpoint settings from a submission's config (durations in seconds)."""
+    known = CheckpointSettings.__dataclass_fields__.keys()
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ValueError(f"unknown checkpoint settings: {', '.join(sorted(unknown))}")
+    return CheckpointSettings(**{"interval_s": None, **raw})
 
 
 async def run_coordinator(config: CoordinatorConfig) -> None:

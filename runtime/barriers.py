@@ -137,14 +137,27 @@ class BarrierHandler:
         p = self.pending
         return self._check_complete(p) if p is not None else []
 
-    def on_time(self, now: float) -> list[Action]:
-        """Switch an aligning checkpoint to unaligned once its deadline has passed."""
+    def on_time(self, now: float, spec: BarrierSpec) -> list[Action]:
+        """Switch checkpoint `spec` to unaligned once its deadline has passed.
+
+        This also applies when none of its barriers has been taken yet: under
+        backpressure they can sit in the input queues behind data, which is
+        exactly when the switch matters.
+        """
+        if spec.mode != "aligned_timeout" or spec.deadline is None or now < spec.deadline:
+            return []
+        if spec.checkpoint_id <= self.last_finished:
+            return []
+        actions: list[Action] = []
         p = self.pending
-        if p is None or p.snapshotted or p.spec.mode != "aligned_timeout" or p.spec.deadline is None:
-            return []
-        if now < p.spec.deadline:
-            return []
-        return self._go_unaligned(p)
+        if p is not None and spec.checkpoint_id > p.spec.checkpoint_id:
+            actions += self._abandon(p)
+            p = None
+        if p is None:
+            p = self.pending = _Pending(spec, now)
+        if p.snapshotted:
+            return actions
+        return actions + self._go_unaligned(p)
 
     def abort(self, checkpoint_id: int) -> list[Action]:
         """The coordinator aborted `checkpoint_id`: stop aligning for it."""

@@ -211,6 +211,8 @@ class InputGate:
             self.arrivals[channel_id] = BarrierArrival(checkpoint_id, seq, priority)
             if self.recording_id is not None and checkpoint_id >= self.recording_id:
                 self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
+            if not priority:
+                self.task.on_inband_barrier_arrival(body)
         if priority:
             self.task.post_priority(channel_id, seq, event)
         else:
@@ -286,6 +288,39 @@ class InputGate:
     def stop_recording(self) -> None:
         self.recording_id = None
         self.recorders = {}
+
+
+class ChannelReader:
+    """Decodes one input channel's buffers into records, joining records that span buffers.
+
+    It also knows which bytes it holds unconsumed (records not yet processed
+    and a partial record), which an unaligned snapshot taken between records
+    must store as the start of that channel's state.
+    """
+
+    __slots__ = ("unpacker", "_fed", "_recent")
+
+    def __init__(self) -> None:
+        self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
+        self._fed = 0
+        self._recent: deque[bytes] = deque()  # trailing buffers covering the unconsumed bytes
+
+    def feed(self, data: bytes) -> None:
+        self.unpacker.feed(data)
+        self._fed += len(data)
+        self._recent.append(data)
+
+    def trim(self) -> None:
+        """After a buffer is processed: keep only the buffers that still hold unconsumed bytes."""
+        pending = self._fed - self.unpacker.tell()
+        recent = self._recent
+        held = sum(len(b) for b in recent)
+        while recent and held - len(recent[0]) >= pending:
+            held -= len(recent.popleft())
+
+    def unconsumed(self) -> bytes:
+        pending = self._fed - self.unpacker.tell()
+        return b"".join(self._recent)[-pending:] if pending else b""
 
 
 def split_records(stream: bytes) -> list[bytes]:

@@ -62,12 +62,34 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--floating-credits", type=int, default=8, help="receiver buffers per gate lent on backlog (8)")
     g.add_argument("--flush-timeout", type=_duration, default=0.05, help="latency bound of a partial buffer (50ms)")
     p.add_argument("--name", help="job name (default: the entry point)")
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-interval", type=_duration, help="take a checkpoint every INTERVAL (e.g. 1s)")
+    c.add_argument("--checkpoint-mode", choices=["aligned", "unaligned", "at-least-once"], default="aligned")
+    c.add_argument("--aligned-timeout", type=_duration,
+                   help="aligned checkpoints switch to unaligned after this long (e.g. 100ms)")
+    c.add_argument("--checkpoint-timeout", type=_duration, default=60.0, help="abort a checkpoint after (60s)")
+    c.add_argument("--min-pause", type=_duration, default=0.0, help="pause between checkpoints (0)")
+    c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
+    c.add_argument("--retain", type=_positive, default=3, help="completed checkpoints kept (3)")
+    c.add_argument("--restore", metavar="PATH", help="start from this checkpoint or savepoint directory")
+
+
+def checkpoint_mode(args: argparse.Namespace) -> str:
+    if args.aligned_timeout is not None:
+        if args.checkpoint_mode != "aligned":
+            raise ValueError("--aligned-timeout applies to --checkpoint-mode aligned only")
+        return "aligned_timeout"
+    return str(args.checkpoint_mode).replace("-", "_")
 
 
 def _job_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"buffer_bytes": args.buffer_bytes, "buffers_per_channel": args.buffers_per_channel,
             "exclusive_credits": args.exclusive_credits, "floating_credits": args.floating_credits,
-            "flush_timeout_s": args.flush_timeout}
+            "flush_timeout_s": args.flush_timeout,
+            "checkpoint": {"interval_s": args.checkpoint_interval, "mode": checkpoint_mode(args),
+                           "aligned_timeout_s": args.aligned_timeout, "timeout_s": args.checkpoint_timeout,
+                           "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
+                           "retain": args.retain}}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
     ca.add_argument("job_id")
     ca.add_argument("--token-file")
+
+    cp = sub.add_parser("checkpoint", help="take a checkpoint of a running job now and wait for it")
+    cp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    cp.add_argument("job_id")
+    cp.add_argument("--mode", choices=["aligned", "unaligned", "at-least-once"], help="override the job's mode")
+    cp.add_argument("--token-file")
+
+    sp = sub.add_parser("savepoint", help="take an aligned, self-contained savepoint of a running job")
+    sp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    sp.add_argument("job_id")
+    sp.add_argument("--dir", default="savepoints", help="directory to write it under (default ./savepoints)")
+    sp.add_argument("--token-file")
+
+    cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
+    cl.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    cl.add_argument("job_id")
+    cl.add_argument("--json", action="store_true")
+    cl.add_argument("--token-file")
 
     pr = sub.add_parser("probe", help="send a probe through a running job on the priority lane and time it")
     pr.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
@@ -191,7 +231,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "submit":
         result = _client_call(args, "submit", {"entry": args.entry, "name": args.name, "config": _job_config(args),
-                                               "sys_path": os.getcwd()})
+                                               "sys_path": os.getcwd(), "restore": _abs(args.restore)})
         print(f"submitted {result['job_id']} ({result['tasks']} tasks)")
         if not args.wait:
             return 0
@@ -215,6 +255,34 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = _client_call(args, "cancel", {"job_id": args.job_id})
         print(f"job {args.job_id}: {result['state']}")
         return 0
+    if args.command in ("checkpoint", "savepoint"):
+        payload: dict[str, Any] = {"job_id": args.job_id}
+        if args.command == "savepoint":
+            payload.update(savepoint=True, directory=os.path.abspath(args.dir))
+        elif args.mode:
+            payload["mode"] = args.mode.replace("-", "_")
+        result = _client_call(args, "checkpoint", payload)
+        if result["status"] == "COMPLETED":
+            print(f"{args.command} {result['checkpoint_id']} completed: {result['path']}")
+            return 0
+        print(f"{args.command} {result['checkpoint_id']} aborted: {result.get('reason', '')}", file=sys.stderr)
+        return 1
+    if args.command == "checkpoints":
+        result = _client_call(args, "checkpoints", {"job_id": args.job_id})
+        if args.json:
+            print(json.dumps(result, indent=2))
+            return 0
+        print(f"{'id':>5} {'status':<11} {'mode':<15} {'duration':>9} {'alignment':>9} {'state':>10} "
+              f"{'in-flight':>10}  note")
+        for h in result["history"]:
+            duration = f"{h['duration_s']:.3f}s" if h["duration_s"] is not None else "-"
+            kind = "savepoint " if h["savepoint"] else ""
+            print(f"{h['checkpoint_id']:>5} {h['status']:<11} {h['mode']:<15} {duration:>9} "
+                  f"{h['alignment_s']:>8.3f}s {h['state_bytes']:>10,} {h['inflight_bytes']:>10,}  "
+                  f"{kind}{h['failure_reason']}")
+        for r in result["retained"]:
+            print(f"retained: chk-{r['checkpoint_id']} {r['path']}")
+        return 0
     if args.command == "probe":
         result = _client_call(args, "probe", {"job_id": args.job_id})
         state = "crossed" if result["complete"] else "did NOT cross"
@@ -228,12 +296,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         from runtime.local_cluster import run_local
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
-                         metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name)
+                         metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
+                         restore=_abs(args.restore))
     if args.command == "demo":
         from runtime.demo import run_demo
 
         return run_demo(records=args.records, directory=args.dir)
     raise AssertionError(args.command)
+
+
+def _abs(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else None
 
 
 def _wait_for(args: argparse.Namespace, job_id: str) -> int:

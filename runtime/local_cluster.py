@@ -105,15 +105,24 @@ def summarise_progress(summary: dict[str, Any], elapsed_s: float) -> str:
     for name, agg in by_vertex.items():
         bp_pct = 100.0 * agg["bp"] / max(elapsed_s * agg["n"], 1e-9)
         parts.append(f"{name}: in {int(agg['in']):,} out {int(agg['out']):,} bp {min(bp_pct, 100):.0f}%")
+    done, failed = summary.get("checkpoints_completed", 0), summary.get("checkpoints_failed", 0)
+    if done or failed:
+        last = summary.get("last_checkpoint") or {}
+        detail = ""
+        if last.get("duration_s") is not None:
+            detail = (f" (last #{last['checkpoint_id']}: {last['duration_s']:.2f}s, "
+                      f"{last.get('inflight_bytes', 0) / 1024:.0f} KiB in flight)")
+        parts.append(f"checkpoints {done} ok {failed} failed{detail}")
     return " | ".join(parts)
 
 
 async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[str, Any], name: str | None,
                              progress: Callable[[str], None] | None, timeout_s: float | None = None,
-                             on_tick: Callable[[dict[str, Any], float], None] | None = None) -> dict[str, Any]:
+                             on_tick: Callable[[dict[str, Any], float], None] | None = None,
+                             restore: str | None = None) -> dict[str, Any]:
     await cluster.wait_workers()
     submitted = await cluster.call("submit", {"entry": entry, "name": name, "config": config,
-                                              "sys_path": os.getcwd()})
+                                              "sys_path": os.getcwd(), "restore": restore})
     job_id = submitted["job_id"]
     if progress:
         progress(f"submitted {entry} as {job_id} ({submitted['tasks']} tasks)")
@@ -137,7 +146,7 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
 
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
-              state_dir: str | None, name: str | None = None) -> int:
+              state_dir: str | None, name: str | None = None, restore: str | None = None) -> int:
     """The body of `sluice local`; returns the exit code."""
     cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
@@ -152,7 +161,7 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
         for line in cluster.describe():
             print(line, flush=True)
         summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name=name,
-                                                 progress=lambda s: print(s, flush=True)))
+                                                 progress=lambda s: print(s, flush=True), restore=restore))
     except KeyboardInterrupt:
         interrupted = True
         print("\nsluice local: interrupted, stopping the cluster", flush=True)

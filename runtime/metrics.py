@@ -47,6 +47,15 @@ class WorkerCollector(Collector):
                                  labels=labels)
         pool = GaugeMetricFamily("sluice_task_output_pool_usage_ratio",
                                  "Queued output buffers over the task's output buffer budget", labels=labels)
+        align = GaugeMetricFamily("sluice_task_checkpoint_alignment_seconds",
+                                  "First barrier to last barrier in the task's last checkpoint", labels=labels)
+        delay = GaugeMetricFamily("sluice_task_checkpoint_start_delay_seconds",
+                                  "Checkpoint trigger to the task's first barrier, last checkpoint", labels=labels)
+        persisted = GaugeMetricFamily("sluice_task_checkpoint_last_persisted_inflight_bytes",
+                                      "In-flight data the task persisted in its last checkpoint", labels=labels)
+        persisted_total = CounterMetricFamily("sluice_task_checkpoint_persisted_inflight_bytes",
+                                              "In-flight data the task persisted over all checkpoints",
+                                              labels=labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             vertex_sub = task.task_id.rsplit("/", 1)[-1]
@@ -61,7 +70,12 @@ class WorkerCollector(Collector):
             inq.add_metric(values, st.input_queue)
             outq.add_metric(values, st.output_queue)
             pool.add_metric(values, st.output_queue / st.output_buffers_limit if st.output_buffers_limit else 0.0)
-        yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool)
+            align.add_metric(values, st.last_alignment_s)
+            delay.add_metric(values, st.last_start_delay_s)
+            persisted.add_metric(values, st.last_inflight_bytes)
+            persisted_total.add_metric(values, st.inflight_bytes_total)
+        yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
+                    persisted_total)
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)

@@ -25,7 +25,7 @@ import msgpack
 
 from netstack.credit import Buffer, Event
 from runtime.barriers import Abandon, Action, BarrierHandler, BarrierSpec, Block, InputsComplete, Snapshot, UnblockAll
-from runtime.channels import InputGate, OutputGate, Subpartition, event
+from runtime.channels import ChannelReader, InputGate, OutputGate, Subpartition, event
 from runtime.connectors.source import Source
 from runtime.operators import Chain
 from runtime.probes import ProbeTracker
@@ -81,9 +81,7 @@ class Task:
         self.output = OutputGate(self.wake)
         self.mailbox: deque[tuple[str, Any]] = deque()
         self._wakeup = asyncio.Event()
-        self._unpackers: dict[int, msgpack.Unpacker] = {}
-        self._fed: dict[int, int] = {}  # bytes fed to each channel's unpacker
-        self._recent: dict[int, list[bytes]] = {}  # trailing buffers that hold its unconsumed bytes
+        self._readers: dict[int, ChannelReader] = {}
         self._probes: ProbeTracker | None = None
         self._overtaken_out = 0
         self._stride = 64
@@ -105,6 +103,7 @@ class Task:
         self.state = "created"
         self._cancelled = False
         self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_spec: BarrierSpec | None = None
 
     # -- signals from outside (network callbacks, the worker) -----------------
 
@@ -264,18 +263,31 @@ class Task:
             elif isinstance(action, Abandon):
                 checkpointer.abandon(action.checkpoint_id, "a newer checkpoint overtook it")
 
+    def on_inband_barrier_arrival(self, body: dict[str, Any]) -> None:
+        """An aligned barrier reached the input gate (it may wait there behind data): start its clock."""
+        if body.get("mode") == "aligned_timeout":
+            spec = BarrierSpec.from_body(body)
+            if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
+                self._arm_deadline(spec)
+
     def _arm_deadline(self, spec: BarrierSpec) -> None:
         if spec.mode != "aligned_timeout" or spec.deadline is None:
             return
+        if self._deadline_spec is not None and self._deadline_spec.checkpoint_id == spec.checkpoint_id:
+            return
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
+        self._deadline_spec = spec
         delay = max(0.0, spec.deadline - time.time())
         self._deadline_timer = asyncio.get_running_loop().call_later(delay, self.post, "deadline", spec.checkpoint_id)
 
     def _on_deadline(self) -> None:
         now = time.time()
-        if self.barriers is not None:
-            self._carry_out(self.barriers.on_time(now))
+        spec = self._deadline_spec
+        if self.barriers is not None and spec is not None:
+            if self.barriers.pending is None:
+                self.first_barrier_monotonic, self.first_barrier_wall = time.monotonic(), time.time()
+            self._carry_out(self.barriers.on_time(now, spec))
         if self.checkpointer is not None:
             self.checkpointer.poll_outputs(now)
 
@@ -294,10 +306,10 @@ class Task:
     def unprocessed_bytes(self) -> dict[int, bytes]:
         """Per input channel, the bytes fed to its unpacker and not yet processed (they start at a record)."""
         out = {}
-        for cid, unpacker in self._unpackers.items():
-            pending = self._fed[cid] - unpacker.tell()
+        for cid, reader in self._readers.items():
+            pending = reader.unconsumed()
             if pending:
-                out[cid] = b"".join(self._recent[cid])[-pending:]
+                out[cid] = pending
         return out
 
     # -- restore ----------------------------------------------------------------------
@@ -412,23 +424,12 @@ class Task:
                 self._on_inband_event(channel_id, item)
 
     async def _process_buffer(self, channel_id: int, buffer: Buffer) -> None:
-        unpacker = self._unpackers.get(channel_id)
-        if unpacker is None:
-            unpacker = self._unpackers[channel_id] = msgpack.Unpacker(use_list=False, raw=False,
-                                                                      strict_map_key=False)
-            self._fed[channel_id] = 0
-            self._recent[channel_id] = []
-        data = buffer.data
-        unpacker.feed(data)
-        self._fed[channel_id] += len(data)
-        recent = self._recent[channel_id]
-        recent.append(data)
-        await self._process_records(unpacker)
-        # keep just enough trailing bytes to cover what the unpacker holds unconsumed (a partial record)
-        pending = self._fed[channel_id] - unpacker.tell()
-        held = sum(len(b) for b in recent)
-        while recent and held - len(recent[0]) >= pending:
-            held -= len(recent.pop(0))
+        reader = self._readers.get(channel_id)
+        if reader is None:
+            reader = self._readers[channel_id] = ChannelReader()
+        reader.feed(buffer.data)
+        await self._process_records(reader.unpacker)
+        reader.trim()
 
     async def _process_records(self, unpacker: msgpack.Unpacker) -> None:
         process = self.chain.process

@@ -150,6 +150,7 @@ class TaskCheckpointer:
         if still and run.spec.deadline is not None and now >= run.spec.deadline:
             for sub in still:
                 overtaken = sub.promote(run.barrier)
+                run.unaligned = True  # this checkpoint now carries in-flight data
                 if overtaken:
                     stream = overtaken_records(overtaken)
                     if stream:

@@ -1,0 +1,179 @@
+"""The I/O shell around one job's pure CheckpointCoordinator.
+
+It turns clock ticks and worker messages into stimuli, and carries out the
+instructions that come back: trigger RPCs to the workers that host sources,
+`_metadata` written atomically through the storage (in a thread), complete /
+abort notifications to every worker, deletion of aborted or retired
+checkpoints, and failing the job when too many checkpoints fail in a row.
+Whoever asked for a checkpoint (`sluice checkpoint`, `sluice savepoint`)
+waits on a future that resolves when it completes or aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from coordinator.checkpointing import (
+    CheckpointCoordinator,
+    CheckpointSettings,
+    DiscardCheckpoint,
+    FailJob,
+    Instruction,
+    NotifyAborted,
+    NotifyComplete,
+    Trigger,
+    WriteMetadata,
+)
+from coordinator.storage import CheckpointStorage
+from netstack.errors import NetstackError
+from netstack.transport import Link
+
+log = logging.getLogger("sluice.checkpoints")
+
+
+class CheckpointRunner:
+    def __init__(self, *, job_id: str, attempt: int, settings: CheckpointSettings, tasks: frozenset[str],
+                 storage: CheckpointStorage, links: Callable[[], list[Link]], job_info: dict[str, Any],
+                 fail_job: Callable[[str], Awaitable[None]], on_complete: Callable[[int, str, dict[str, Any]], None],
+                 first_id: int = 1) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.settings = settings
+        self.storage = storage
+        self._links = links
+        self._job_info = job_info
+        self._fail_job = fail_job
+        self._on_complete = on_complete
+        self.coordinator = CheckpointCoordinator(settings, tasks, first_id=first_id, now=time.monotonic())
+        self.directories: dict[int, str] = {}
+        self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.ending = False  # some task finished: periodic checkpoints stop, failures no longer fail the job
+        self._ticker: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def start(self) -> None:
+        # ticks also run without periodic checkpoints: they time out manual ones
+        self._ticker = asyncio.create_task(self._tick_loop())
+
+    def stop(self, reason: str) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for fut in self.waiters.values():
+            if not fut.done():
+                fut.set_result({"status": "ABORTED", "reason": reason})
+        for t in list(self._background):
+            t.cancel()
+
+    async def _tick_loop(self) -> None:
+        # 20 ticks a second: timeouts and intervals are honoured to within 50 ms
+        while True:
+            await asyncio.sleep(0.05)
+            if not self.ending:
+                self.execute(self.coordinator.tick(time.monotonic()))
+
+    # -- stimuli ----------------------------------------------------------------
+
+    def request(self, *, savepoint: bool = False, directory: str | None = None,
+                mode: str | None = None) -> tuple[int, asyncio.Future[dict[str, Any]]]:
+        checkpoint_id, instructions = self.coordinator.request(time.monotonic(), savepoint=savepoint,
+                                                               directory=directory, mode=mode)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[checkpoint_id] = fut
+        self.execute(instructions)
+        return checkpoint_id, fut
+
+    def ack(self, checkpoint_id: int, task: str, state: dict[str, Any], figures: dict[str, Any]) -> None:
+        self.execute(self.coordinator.ack(time.monotonic(), checkpoint_id, task, state, figures))
+
+    def decline(self, checkpoint_id: int, task: str, reason: str) -> None:
+        self.execute(self.coordinator.decline(time.monotonic(), checkpoint_id, task, reason))
+
+    def task_failed(self, reason: str) -> None:
+        self.execute(self.coordinator.task_failed(time.monotonic(), reason))
+
+    # -- instructions -----------------------------------------------------------------
+
+    def execute(self, instructions: list[Instruction]) -> None:
+        for ins in instructions:
+            if isinstance(ins, Trigger):
+                self._spawn(self._trigger(ins))
+            elif isinstance(ins, WriteMetadata):
+                self._spawn(self._write_metadata(ins))
+            elif isinstance(ins, NotifyComplete):
+                self._notify("checkpoint_complete", ins.checkpoint_id)
+                self._resolve(ins.checkpoint_id, {"status": "COMPLETED",
+                                                  "path": self.directories.get(ins.checkpoint_id, "")})
+            elif isinstance(ins, NotifyAborted):
+                log.warning("job %s: checkpoint %d aborted: %s", self.job_id, ins.checkpoint_id, ins.reason)
+                self._notify("checkpoint_aborted", ins.checkpoint_id)
+                self._resolve(ins.checkpoint_id, {"status": "ABORTED", "reason": ins.reason})
+            elif isinstance(ins, DiscardCheckpoint):
+                path = self.directories.pop(ins.checkpoint_id, None)
+                if path:
+                    self._spawn(asyncio.to_thread(self.storage.discard, path))
+            elif isinstance(ins, FailJob) and not self.ending:
+                self._spawn(self._fail_job(f"checkpoints failing: {ins.reason}"))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _resolve(self, checkpoint_id: int, result: dict[str, Any]) -> None:
+        fut = self.waiters.pop(checkpoint_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result({"checkpoint_id": checkpoint_id, **result})
+
+    async def _trigger(self, ins: Trigger) -> None:
+        if ins.savepoint:
+            assert ins.directory is not None
+            directory = await asyncio.to_thread(self.storage.savepoint_dir, ins.directory, self.job_id,
+                                                ins.checkpoint_id)
+        else:
+            directory = await asyncio.to_thread(self.storage.checkpoint_dir, self.job_id, ins.checkpoint_id)
+        self.directories[ins.checkpoint_id] = directory
+        args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": ins.checkpoint_id,
+                "mode": ins.mode, "aligned_timeout_s": ins.aligned_timeout_s, "savepoint": ins.savepoint,
+                "directory": directory, "started_at": time.time()}
+        try:
+            await asyncio.gather(*(link.call("trigger_checkpoint", args, timeout_s=10.0) for link in self._links()))
+        except NetstackError as exc:
+            self.decline(ins.checkpoint_id, "trigger", str(exc))
+
+    async def _write_metadata(self, ins: WriteMetadata) -> None:
+        directory = self.directories.get(ins.checkpoint_id)
+        if directory is None:
+            self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, "no directory"))
+            return
+        metadata = {
+            "checkpoint_id": ins.checkpoint_id, "job_id": self.job_id, "attempt": self.attempt,
+            "savepoint": ins.savepoint, "mode": ins.mode, "created_at": time.time(),
+            "duration_s": ins.completed_at - ins.started_at, "acks": ins.acks, **self._job_info,
+        }
+        try:
+            await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
+        except (OSError, ValueError) as exc:
+            self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
+            return
+        instructions = self.coordinator.metadata_written(time.monotonic(), ins.checkpoint_id)
+        summary = next((s for s in reversed(self.coordinator.history()) if s.checkpoint_id == ins.checkpoint_id),
+                       None)
+        self._on_complete(ins.checkpoint_id, directory, asdict(summary) if summary else {})
+        self.execute(instructions)
+
+    def _notify(self, method: str, checkpoint_id: int) -> None:
+        args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": checkpoint_id}
+
+        async def notify_all() -> None:
+            results = await asyncio.gather(*(link.call(method, args, timeout_s=10.0) for link in self._links()),
+                                           return_exceptions=True)
+            for r in results:
+                if isinstance(r, Exception):
+                    log.warning("job %s: %s %d not delivered: %s", self.job_id, method, checkpoint_id, r)
+
+        self._spawn(notify_all())
