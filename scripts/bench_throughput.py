@@ -31,9 +31,11 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -66,6 +68,7 @@ def run_baseline(records: int) -> dict[str, Any]:
     pack = msgpack.Packer().pack
     buf = bytearray()
     seen = 0
+    meter = CpuMeter([])
     t0 = time.perf_counter()
     for b in range(blocks):
         for record in generate_block(b, seed=SEED, keys=keys, cum_weights=None, count=records):
@@ -84,12 +87,67 @@ def run_baseline(records: int) -> dict[str, Any]:
             counts[k] = counts.get(k, 0) + 1
             seen += 1
     elapsed = time.perf_counter() - t0
+    cpu = meter.stop()
     if seen != records or sum(counts.values()) != records:
         raise RuntimeError(f"baseline counted {seen} records, expected {records}")
-    return {"elapsed_s": elapsed, "records_per_s": records / elapsed, "keys": len(counts)}
+    return {"elapsed_s": elapsed, "records_per_s": records / elapsed, "keys": len(counts),
+            "cpu_us_per_record": cpu["cpu_s"] * 1e6 / records if cpu["cpu_s"] is not None else None,
+            "other_cores": cpu["other_cores"]}
 
 
 # -- runtime --------------------------------------------------------------------------------
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process, in seconds (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds spent non-idle by the whole machine since boot, summed over cores (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CpuMeter:
+    """CPU used by some processes and by everything else on the machine over an interval.
+
+    `other_cores` (machine busy time not ours / wall) tells whether something else competed for the CPUs
+    during a measurement, which on a shared 2-core machine moves the figures a lot.
+    """
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids  # this process is always counted as ours
+        self.t0 = time.monotonic()
+        self.busy0 = _machine_busy_s()
+        self.cpu0 = self._ours()
+
+    def _ours(self) -> float | None:
+        total = time.process_time()
+        for pid in self.pids:
+            cpu = _proc_cpu_s(pid)
+            if cpu is None:
+                return None
+            total += cpu
+        return total
+
+    def stop(self) -> dict[str, float | None]:
+        wall = time.monotonic() - self.t0
+        busy1, cpu1 = _machine_busy_s(), self._ours()
+        if None in (self.busy0, busy1, self.cpu0, cpu1):
+            return {"cpu_s": None, "other_cores": None}
+        ours = cpu1 - self.cpu0  # type: ignore[operator]
+        other = max(0.0, (busy1 - self.busy0) - ours) / wall  # type: ignore[operator]
+        return {"cpu_s": ours, "other_cores": other}
 
 
 def _vm_hwm_kib(pid: int) -> int | None:
@@ -104,13 +162,17 @@ def _vm_hwm_kib(pid: int) -> int | None:
 
 
 async def _run_job(cluster: LocalCluster, records: int, timeout_s: float) -> dict[str, Any]:
+    await cluster.wait_workers()
+    pids = [w.pid for w in cluster.worker_procs] + ([cluster.coordinator.pid] if cluster.coordinator else [])
+    meter = CpuMeter(pids)
     summary = await run_job_on_cluster(cluster, ENTRY, config={}, name="bench-throughput", progress=None,
                                        timeout_s=timeout_s)
     if summary["state"] != "FINISHED":
         raise RuntimeError(f"benchmark job ended {summary['state']}: {summary.get('error', '')}")
+    cpu = meter.stop()  # from submit to FINISHED as seen by polling
     polled_s = summary["elapsed_s"]
     coordinator_s = summary["ended_at"] - summary["submitted_at"]
-    # task statistics arrive with the workers' heartbeats (1 s): wait for the final ones
+    # task statistics reach the coordinator with heartbeats (1 s) and task reports: wait for the final ones
     deadline = time.monotonic() + 10.0
     while True:
         tasks = summary["tasks"]
@@ -134,21 +196,37 @@ async def _run_job(cluster: LocalCluster, records: int, timeout_s: float) -> dic
     if consumed != records or emitted != records:
         raise RuntimeError(f"runtime: sources emitted {emitted}, keyed tasks consumed {consumed}, expected {records}")
     return {"elapsed_s": wall_s, "records_per_s": records / wall_s, "polled_s": polled_s,
-            "submit_to_finished_s": coordinator_s, "tasks": per_task}
+            "submit_to_finished_s": coordinator_s,
+            "cpu_us_per_record": cpu["cpu_s"] * 1e6 / records if cpu["cpu_s"] is not None else None,
+            "other_cores": cpu["other_cores"], "tasks": per_task}
 
 
 def run_runtime(records: int, timeout_s: float) -> dict[str, Any]:
     os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
-    cluster = LocalCluster(workers=2, slots=2)
+    log_dir = tempfile.mkdtemp(prefix="sluice-bench-")
+    cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
     try:
         cluster.start()
         result = asyncio.run(_run_job(cluster, records, timeout_s))
         hwm = {w.fields.get("id", str(w.pid)): _vm_hwm_kib(w.pid) for w in cluster.worker_procs}
         result["worker_peak_rss_kib"] = hwm
         result["coordinator_peak_rss_kib"] = _vm_hwm_kib(cluster.coordinator.pid) if cluster.coordinator else None
-        return result
+    except BaseException as exc:
+        exc.add_note(f"cluster logs kept in {log_dir}")
+        raise
     finally:
         cluster.stop()
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return result
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "?" if value is None else format(value, spec)
+
+
+def _median_known(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 # -- driver ---------------------------------------------------------------------------------
@@ -169,7 +247,19 @@ def machine() -> dict[str, Any]:
     except ImportError:
         loop = "asyncio"
     return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "msgpack": msgpack.version, "event_loop": loop, "platform": platform.platform()}
+            "msgpack": msgpack.version, "event_loop": loop, "platform": platform.platform(), "revision": revision()}
+
+
+def revision() -> str:
+    """The commit measured, with -dirty when runtime/, netstack/ or coordinator/ had uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "runtime", "netstack", "coordinator"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     say(f"bench_throughput: {args.records:,} records x {args.repeat} runs; {info['nproc']} cpus "
         f"({info['cpu_model']}), Python {info['python']}, msgpack {'.'.join(map(str, info['msgpack']))}, "
-        f"{info['event_loop']}")
+        f"{info['event_loop']}; revision {info['revision']}")
     runtime_runs: list[dict[str, Any]] = []
     baseline_runs: list[dict[str, Any]] = []
     for i in range(args.repeat):
@@ -199,20 +289,27 @@ def main(argv: list[str] | None = None) -> int:
         runtime_runs.append(r)
         rss = ", ".join(f"{w} {kib / 1024:.0f} MiB" for w, kib in r["worker_peak_rss_kib"].items() if kib)
         say(f"  run {i + 1}: runtime  {r['records_per_s']:>12,.0f} rec/s  ({r['elapsed_s']:.2f} s; "
-            f"submit->FINISHED {r['submit_to_finished_s']:.2f} s; worker peak RSS {rss})")
+            f"submit->FINISHED {r['submit_to_finished_s']:.2f} s; {_fmt(r['cpu_us_per_record'], '.2f')} CPU us/rec; "
+            f"other load {_fmt(r['other_cores'], '.2f')} cores; worker peak RSS {rss})")
         b = run_baseline(args.records)
         baseline_runs.append(b)
-        say(f"  run {i + 1}: baseline {b['records_per_s']:>12,.0f} rec/s  ({b['elapsed_s']:.2f} s)")
+        say(f"  run {i + 1}: baseline {b['records_per_s']:>12,.0f} rec/s  ({b['elapsed_s']:.2f} s; "
+            f"{_fmt(b['cpu_us_per_record'], '.2f')} CPU us/rec; other load {_fmt(b['other_cores'], '.2f')} cores)")
 
     rt = statistics.median(r["records_per_s"] for r in runtime_runs)
     bl = statistics.median(b["records_per_s"] for b in baseline_runs)
     ratio = rt / bl
+    rt_cpu = _median_known(r["cpu_us_per_record"] for r in runtime_runs)
+    bl_cpu = _median_known(b["cpu_us_per_record"] for b in baseline_runs)
+    other = max((x["other_cores"] for x in runtime_runs + baseline_runs if x["other_cores"] is not None), default=None)
     peak_rss = max((kib for r in runtime_runs for kib in r["worker_peak_rss_kib"].values() if kib), default=None)
     result = {
         "benchmark": "throughput", "entry": ENTRY, "records": args.records, "repeat": args.repeat,
         "machine": info,
         "runtime_records_per_s_median": rt, "baseline_records_per_s_median": bl, "ratio": ratio,
         "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO,
+        "runtime_cpu_us_per_record_median": rt_cpu, "baseline_cpu_us_per_record_median": bl_cpu,
+        "other_load_cores_max": other,
         "worker_peak_rss_kib_max": peak_rss,
         "runtime_runs": runtime_runs, "baseline_runs": baseline_runs,
     }
@@ -223,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"median baseline: {bl:>12,.0f} records/s  (one process: generate, pack, unpack, dict count)")
         print(f"ratio runtime/baseline: {ratio:.2f}  (target >= {TARGET_RATIO}: "
               f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})")
+        if rt_cpu is not None and bl_cpu is not None:
+            print(f"CPU per record: runtime {rt_cpu:.2f} us (all processes), baseline {bl_cpu:.2f} us")
+        if other is not None and other > 0.1:
+            print(f"note: other processes used up to {other:.2f} cores during a measurement; the machine was not idle")
         if peak_rss:
             print(f"worker peak RSS (VmHWM, max over workers and runs): {peak_rss / 1024:.0f} MiB")
     return 0
