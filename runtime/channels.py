@@ -298,10 +298,13 @@ class ChannelReader:
     must store as the start of that channel's state.
     """
 
-    __slots__ = ("unpacker", "_fed", "_recent")
+    __slots__ = ("unpacker", "consumed", "_fed", "_recent")
 
     def __init__(self) -> None:
         self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
+        # Stream position after the last record the task *processed*. Not unpacker.tell(): that moves into a
+        # partly parsed record at the end of a buffer, and past a record fetched but not yet processed.
+        self.consumed = 0
         self._fed = 0
         self._recent: deque[bytes] = deque()  # trailing buffers covering the unconsumed bytes
 
@@ -312,14 +315,14 @@ class ChannelReader:
 
     def trim(self) -> None:
         """After a buffer is processed: keep only the buffers that still hold unconsumed bytes."""
-        pending = self._fed - self.unpacker.tell()
+        pending = self._fed - self.consumed
         recent = self._recent
         held = sum(len(b) for b in recent)
         while recent and held - len(recent[0]) >= pending:
             held -= len(recent.popleft())
 
     def unconsumed(self) -> bytes:
-        pending = self._fed - self.unpacker.tell()
+        pending = self._fed - self.consumed
         return b"".join(self._recent)[-pending:] if pending else b""
 
 

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
 from netstack.credit import Buffer, Event
 from runtime.barriers import Abandon, Action, BarrierHandler, BarrierSpec, Block, InputsComplete, Snapshot, UnblockAll
 from runtime.channels import ChannelReader, InputGate, OutputGate, Subpartition, event
@@ -339,9 +337,9 @@ class Task:
         if self.restore is None or not self.restore.inputs:
             return
         for stream in self.restore.inputs.values():
-            unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
-            unpacker.feed(stream)
-            await self._process_records(unpacker)
+            reader = ChannelReader()
+            reader.feed(stream)
+            await self._process_records(reader)
         self.restore.inputs = None
 
     # -- sources ----------------------------------------------------------------------
@@ -428,10 +426,13 @@ class Task:
         if reader is None:
             reader = self._readers[channel_id] = ChannelReader()
         reader.feed(buffer.data)
-        await self._process_records(reader.unpacker)
+        await self._process_records(reader)
         reader.trim()
 
-    async def _process_records(self, unpacker: msgpack.Unpacker) -> None:
+    async def _process_records(self, reader: ChannelReader) -> None:
+        unpacker = reader.unpacker
+        tell = unpacker.tell
+        consumed = reader.consumed
         process = self.chain.process
         output = self.output
         mailbox = self.mailbox
@@ -444,8 +445,10 @@ class Task:
         last_yield = time.monotonic()
         for record in unpacker:
             if output.blocked or mailbox:
+                reader.consumed = consumed  # a snapshot taken now must keep `record`: it is not processed yet
                 await self._between_records()
             process(record)
+            consumed = tell()
             n += 1
             countdown -= 1
             if not countdown:
@@ -460,6 +463,7 @@ class Task:
                 elif elapsed < YIELD_AFTER_S / 4 and stride < 4096:
                     stride *= 2
                 countdown = stride
+        reader.consumed = consumed
         self._stride = stride
         self.records_in += n
 

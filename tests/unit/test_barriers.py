@@ -154,6 +154,7 @@ class Scenario:
                 self.current = None
                 return True
             self.processed[c].append(record)
+            self.readers[c].consumed = self.readers[c].unpacker.tell()  # as the task does after each record
             return True
         taken = self.gate.poll()
         if taken is None:
