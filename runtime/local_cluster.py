@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +118,7 @@ def summarise_progress(summary: dict[str, Any], elapsed_s: float) -> str:
 
 async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[str, Any], name: str | None,
                              progress: Callable[[str], None] | None, timeout_s: float | None = None,
-                             on_tick: Callable[[dict[str, Any], float], None] | None = None,
+                             on_tick: Callable[[dict[str, Any], float], Awaitable[None]] | None = None,
                              restore: str | None = None) -> dict[str, Any]:
     await cluster.wait_workers()
     submitted = await cluster.call("submit", {"entry": entry, "name": name, "config": config,
@@ -132,7 +132,7 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
         summary = await cluster.call("status", {"job_id": job_id})
         elapsed = time.monotonic() - start
         if on_tick:
-            on_tick(summary, elapsed)
+            await on_tick(summary, elapsed)
         if summary["state"] in ("FINISHED", "FAILED", "CANCELLED"):
             summary["elapsed_s"] = elapsed
             return summary
