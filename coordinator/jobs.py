@@ -1,8 +1,10 @@
 """Job records and their lifecycle, as a transition table.
 
-    CREATED -> DEPLOYING -> RUNNING -> FINISHED
-                     \\          \\-> FAILED | CANCELLED
-                      \\-> FAILED | CANCELLED
+    CREATED -> DEPLOYING -> RUNNING -> FINISHING -> FINISHED
+                  |  ^         |          |
+                  v  |         v          v
+               RESTARTING <----+----------+        (failure, a restart left)
+    any non-terminal state -> FAILED (no restart left) | CANCELLED (by the user)
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from runtime.graph import Plan
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "CREATED": frozenset({"DEPLOYING", "FAILED", "CANCELLED"}),
-    "DEPLOYING": frozenset({"RUNNING", "FAILED", "CANCELLED"}),
-    "RUNNING": frozenset({"FINISHED", "FAILED", "CANCELLED"}),
+    "DEPLOYING": frozenset({"RUNNING", "RESTARTING", "FAILED", "CANCELLED"}),
+    "RUNNING": frozenset({"FINISHING", "RESTARTING", "FAILED", "CANCELLED"}),
+    "FINISHING": frozenset({"FINISHED", "RESTARTING", "FAILED", "CANCELLED"}),
+    "RESTARTING": frozenset({"DEPLOYING", "FAILED", "CANCELLED"}),
     "FINISHED": frozenset(),
     "FAILED": frozenset(),
     "CANCELLED": frozenset(),
@@ -47,6 +51,12 @@ class JobRecord:
     checkpoints: Any = None  # coordinator.checkpoint_runner.CheckpointRunner while running
     last_checkpoint: dict[str, Any] | None = None
     restored_from: str = ""
+    restart_strategy: Any = None  # coordinator.restarts.RestartStrategy
+    restarts: int = 0
+    failures: list[str] = field(default_factory=list)  # causes of every failure, oldest first
+    last_restart_s: float | None = None  # failure detected -> running again, last restart
+    restored_checkpoint_id: int | None = None
+    next_checkpoint_id: int = 1
 
     def move(self, state: str, error: str = "") -> None:
         if state not in TRANSITIONS[self.state]:
@@ -71,6 +81,8 @@ class JobRecord:
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,
             "ended_at": self.ended_at, "tasks_total": self.total_tasks(), "tasks_finished": len(self.finished_tasks),
             "tasks": tasks, "last_checkpoint": self.last_checkpoint, "restored_from": self.restored_from,
+            "restarts": self.restarts, "failures": self.failures[-10:], "last_restart_s": self.last_restart_s,
+            "restored_checkpoint_id": self.restored_checkpoint_id,
             "checkpoints_completed": self.checkpoints.coordinator.statistics().completed if self.checkpoints else 0,
             "checkpoints_failed": self.checkpoints.coordinator.statistics().failed if self.checkpoints else 0,
             "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}

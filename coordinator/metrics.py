@@ -53,7 +53,7 @@ class CoordinatorCollector(Collector):
         slots = GaugeMetricFamily("sluice_slots_total", "Task slots offered by registered workers")
         slots.add_metric([], sum(w.slots for w in c.workers.values()))
         running = GaugeMetricFamily("sluice_jobs_running", "Jobs in state RUNNING")
-        running.add_metric([], sum(1 for j in c.jobs.values() if j.state == "RUNNING"))
+        running.add_metric([], sum(1 for j in c.jobs.values() if j.state in ("RUNNING", "FINISHING")))
         by_state = GaugeMetricFamily("sluice_jobs", "Jobs known to the coordinator, by state", labels=["state"])
         counts: dict[str, int] = {}
         for j in c.jobs.values():
@@ -102,5 +102,20 @@ class CoordinatorCollector(Collector):
         in_progress.add_metric([], n_flight)
         yield from (completed, failed, in_progress, last_duration, last_inflight, last_state, last_alignment,
                     last_delay)
-        yield c.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
+        restarts = CounterMetricFamily("sluice_job_restarts", "Restarts after a failure", labels=job)
+        restart_time = GaugeMetricFamily("sluice_job_last_restart_seconds",
+                                         "Failure detected to running again, last restart", labels=job)
+        restored = GaugeMetricFamily("sluice_job_last_restored_checkpoint_id",
+                                     "Checkpoint the current attempt restored (absent: started from scratch)",
+                                     labels=job)
+        for j in c.jobs.values():
+            restarts.add_metric([j.job_id], j.restarts)
+            if j.last_restart_s is not None:
+                restart_time.add_metric([j.job_id], j.last_restart_s)
+            if j.restored_checkpoint_id is not None:
+                restored.add_metric([j.job_id], j.restored_checkpoint_id)
+        yield from (restarts, restart_time, restored)
+        yield c.manager.restart_durations.family("sluice_job_restart_duration_seconds",
+                                                 "Failure detected to running again, all restarts")
+        yield c.manager.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
                                             "Duration of completed checkpoints, trigger to last acknowledgement")

@@ -1,9 +1,11 @@
-"""The coordinator process: RPC server, worker registry with heartbeats, job lifecycle.
+"""The coordinator process: RPC server and worker registry with heartbeats.
 
 Workers and CLI clients dial in over the same framed protocol; a worker's
-link is also how the coordinator calls it (deploy, start, cancel). A job
-module that does not import, a graph that cannot run, or a cluster without
-enough slots fails the submission with a clear error and nothing else.
+link is also how the coordinator calls it (deploy, start, cancel, checkpoint
+triggers). Job lifecycle and failover live in coordinator/job_manager.py. A
+job module that does not import, a graph that cannot run, or a cluster
+without enough slots fails the submission with a clear error and nothing
+else.
 """
 
 from __future__ import annotations
@@ -20,17 +22,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
+from coordinator.job_manager import JobManager
 from coordinator.jobs import JobRecord
-from coordinator.metrics import CoordinatorCollector, DurationHistogram
-from coordinator.scheduler import WorkerSlots, make_plan
-from coordinator.storage import CorruptCheckpoint, LocalCheckpointStorage
+from coordinator.metrics import CoordinatorCollector
+from coordinator.restarts import RestartStrategy
+from coordinator.storage import LocalCheckpointStorage
 from netstack.connection import Connection
-from netstack.errors import CloseReason, NetstackError, RpcError
+from netstack.errors import CloseReason, RpcError
 from netstack.transport import BaseLinkHandler, Link, serve
-from runtime.api import JobDefinitionError
-from runtime.graph import JobLoadError
 from runtime.metrics import serve_metrics
 
 log = logging.getLogger("sluice.coordinator")
@@ -77,16 +77,18 @@ class Coordinator(BaseLinkHandler):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.workers: dict[str, WorkerRecord] = {}
-        self.jobs: dict[str, JobRecord] = {}
-        self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
         self.storage = LocalCheckpointStorage(config.state_dir)
-        self.checkpoint_durations = DurationHistogram()
         self._background: set[asyncio.Task[Any]] = set()
         self.port = 0
         self.metrics_port: int | None = None
+        self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn)
+
+    @property
+    def jobs(self) -> dict[str, JobRecord]:
+        return self.manager.jobs
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -106,7 +108,7 @@ class Coordinator(BaseLinkHandler):
         monitor.cancel()
         for job in list(self.jobs.values()):
             if not job.terminal:
-                await self._cancel(job, "coordinator shutting down")
+                await self.manager.cancel(job, "coordinator shutting down")
         server.close()
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
@@ -146,9 +148,7 @@ class Coordinator(BaseLinkHandler):
         if self.workers.pop(worker_id, None) is None:
             return
         log.warning("worker %s lost (%s)", worker_id, why)
-        for job in list(self.jobs.values()):
-            if not job.terminal and job.plan is not None and worker_id in job.plan.placement.values():
-                self._spawn(self._fail(job, f"worker {worker_id} lost: {why}"))
+        self.manager.worker_lost(worker_id, why)
 
     # -- RPC ------------------------------------------------------------------------
 
@@ -186,40 +186,23 @@ class Coordinator(BaseLinkHandler):
         job_id = f"job-{secrets.token_hex(4)}"
         config = dict(args.get("config") or {})
         try:
-            settings = checkpoint_settings(config.get("checkpoint") or {})
+            settings = checkpoint_settings(config.pop("checkpoint", None) or {})
+            strategy = restart_strategy(config.pop("restart", None) or {})
         except (ValueError, TypeError) as exc:
-            raise RpcError(f"bad checkpoint settings: {exc}", "BadCheckpointSettings") from None
+            raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
         job = JobRecord(job_id, entry, str(args.get("name") or entry), str(args.get("sys_path") or ""), config)
         job.checkpoint_settings = settings
-        try:
-            plan = make_plan(job_id=job_id, attempt=0, entry=entry, name=job.name, sys_path=job.sys_path,
-                             config=job.config, workers=self._worker_slots(), channel_base=next(self._channel_base))
-        except (JobLoadError, JobDefinitionError) as exc:
-            raise RpcError(str(exc), type(exc).__name__) from None
+        job.restart_strategy = strategy
+        plan = self.manager.plan(job)
         restore_path = args.get("restore")
         if restore_path:
-            plan.config["restore"] = await self._restore_spec(str(restore_path), plan)
+            plan.config["restore"] = await self.manager.restore_spec(str(restore_path), plan)
             job.restored_from = str(restore_path)
+            job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
         job.plan = plan
-        self.jobs[job_id] = job
         log.info("job %s (%s) submitted: %d tasks", job_id, entry, job.total_tasks())
-        self._spawn(self._deploy(job))
+        self.manager.add(job)
         return {"job_id": job_id, "tasks": job.total_tasks()}
-
-    async def _restore_spec(self, path: str, plan: Any) -> dict[str, Any]:
-        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
-        try:
-            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
-        except CorruptCheckpoint as exc:
-            raise RpcError(str(exc), "CorruptCheckpoint") from None
-        saved = [(v["name"], v["parallelism"]) for v in metadata.get("vertices", [])]
-        ours = [(v.name, v.parallelism) for v in plan.vertices]
-        if saved != ours:
-            raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
-                           "IncompatibleCheckpoint")
-        directory = path if os.path.isdir(path) else os.path.dirname(path)  # noqa: ASYNC240 - a stat, once
-        return {"path": os.path.abspath(directory), "checkpoint_id": metadata["checkpoint_id"],  # noqa: ASYNC240
-                "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}}
 
     def _job_for_checkpoint(self, args: dict[str, Any]) -> JobRecord:
         job = self.jobs.get(str(args.get("job_id")))
@@ -283,7 +266,7 @@ class Coordinator(BaseLinkHandler):
             raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
         if job.terminal:
             return {"state": job.state}
-        await self._cancel(job, "cancelled by user")
+        await self.manager.cancel(job, "cancelled by user")
         return {"state": job.state}
 
     async def rpc_probe(self, link: Link, args: dict[str, Any]) -> Any:
@@ -325,108 +308,31 @@ class Coordinator(BaseLinkHandler):
         job = self.jobs.get(args["job_id"])
         if job is None or job.attempt != args.get("attempt") or job.state != "RUNNING":
             return {"ignored": True}
-        job.finished_tasks.add(args["task"])
-        if job.checkpoints is not None:
-            job.checkpoints.ending = True  # finished tasks cannot take part in checkpoints any more
         stats = args.get("stats")
         if isinstance(stats, dict) and "task" in stats:
             job.task_stats[stats["task"]] = {**stats, "worker": link.peer_id}
-        if len(job.finished_tasks) == job.total_tasks():
-            job.move("FINISHED")
-            if job.checkpoints is not None:
-                job.checkpoints.stop("job finished")
-            log.info("job %s finished", job.job_id)
+        self.manager.task_finished(job, args["task"])
         return {"ok": True}
 
     async def rpc_task_failed(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(args["job_id"])
         if job is not None and job.attempt == args.get("attempt") and not job.terminal:
-            self._spawn(self._fail(job, f"task {args['task']} failed: {args.get('error', '?')}"))
+            self._spawn(self.manager.on_failure(job, f"task {args['task']} failed: {args.get('error', '?')}"))
         return {"ok": True}
 
     async def rpc_job_error(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(args["job_id"])
         if job is not None and job.attempt == args.get("attempt") and not job.terminal:
-            self._spawn(self._fail(job, f"on {link.peer_id}: {args.get('error', '?')}"))
+            self._spawn(self.manager.on_failure(job, f"on {link.peer_id}: {args.get('error', '?')}"))
         return {"ok": True}
 
-    # -- job lifecycle ------------------------------------------------------------------
-
-    def _worker_slots(self) -> list[WorkerSlots]:
-        return [WorkerSlots(w.worker_id, w.slots, w.host, w.data_port)
-                for w in sorted(self.workers.values(), key=lambda w: w.registered_at)]
-
-    async def _deploy(self, job: JobRecord) -> None:
-        plan = job.plan
-        assert plan is not None
-        job.move("DEPLOYING")
-        involved = sorted(set(plan.placement.values()))
-        try:
-            links = [self.workers[w].link for w in involved]
-            plan_dict = plan.to_dict()
-            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0) for link in links))
-            if job.state != "DEPLOYING":
-                return
-            job.move("RUNNING")
-            self._start_checkpoints(job, involved)
-            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
-            log.info("job %s running on %s", job.job_id, ", ".join(involved))
-        except (NetstackError, KeyError) as exc:
-            await self._fail(job, f"deployment failed: {exc}")
-
-    def _start_checkpoints(self, job: JobRecord, involved: list[str]) -> None:
-        plan = job.plan
-        assert plan is not None
-        tasks = frozenset(f"{v.id}:{i}" for v in plan.vertices for i in range(v.parallelism))
-        job_info = {"entry": job.entry, "name": job.name,
-                    "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism} for v in plan.vertices]}
-
-        def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
-            job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
-            if summary.get("duration_s") is not None:
-                self.checkpoint_durations.observe(summary["duration_s"])
-
-        def links() -> list[Link]:
-            return [self.workers[w].link for w in involved if w in self.workers]
-
-        job.checkpoints = CheckpointRunner(
-            job_id=job.job_id, attempt=job.attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
-            tasks=tasks, storage=self.storage, links=links, job_info=job_info,
-            fail_job=lambda reason: self._fail(job, reason), on_complete=on_complete)
-        job.checkpoints.start()
-
-    def _stop_checkpoints(self, job: JobRecord, reason: str) -> None:
-        if job.checkpoints is not None:
-            job.checkpoints.task_failed(reason)
-            job.checkpoints.stop(reason)
-
-    async def _fail(self, job: JobRecord, error: str) -> None:
-        if job.terminal:
-            return
-        log.error("job %s failed: %s", job.job_id, error)
-        job.move("FAILED", error)
-        self._stop_checkpoints(job, error)
-        await self._cancel_tasks(job)
-
-    async def _cancel(self, job: JobRecord, why: str) -> None:
-        if job.terminal:
-            return
-        job.move("CANCELLED", why)
-        self._stop_checkpoints(job, why)
-        await self._cancel_tasks(job)
-
-    async def _cancel_tasks(self, job: JobRecord) -> None:
-        if job.plan is None:
-            return
-        calls = []
-        for wid in set(job.plan.placement.values()):
-            record = self.workers.get(wid)
-            if record is not None and not record.link.is_closing():
-                calls.append(record.link.call("cancel", {"job_id": job.job_id}, timeout_s=15.0))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for r in results:
-            if isinstance(r, Exception):
-                log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+def restart_strategy(raw: dict[str, Any]) -> RestartStrategy:
+    """The restart strategy from a submission's config."""
+    known = RestartStrategy.__dataclass_fields__.keys()
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ValueError(f"unknown restart settings: {', '.join(sorted(unknown))}")
+    return RestartStrategy(**raw)
 
 
 def checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:

@@ -72,6 +72,11 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
     c.add_argument("--retain", type=_positive, default=3, help="completed checkpoints kept (3)")
     c.add_argument("--restore", metavar="PATH", help="start from this checkpoint or savepoint directory")
+    r = p.add_argument_group("restarts after a failure")
+    r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
+    r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
+    r.add_argument("--restart-delay", type=_duration, default=1.0,
+                   help="delay before a restart; the first one for exponential backoff (1s)")
 
 
 def checkpoint_mode(args: argparse.Namespace) -> str:
@@ -89,7 +94,9 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint": {"interval_s": args.checkpoint_interval, "mode": checkpoint_mode(args),
                            "aligned_timeout_s": args.aligned_timeout, "timeout_s": args.checkpoint_timeout,
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
-                           "retain": args.retain}}
+                           "retain": args.retain},
+            "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
+                        "delay_s": args.restart_delay}}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--metrics-port-base", type=_port, default=0,
                     help="coordinator metrics on BASE, worker i on BASE+i (default: free ports, printed)")
     lo.add_argument("--state-dir")
+    lo.add_argument("--no-restart-workers", action="store_true",
+                    help="do not start a worker process again when it dies")
     _add_job_options(lo)
 
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
@@ -297,7 +306,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
-                         restore=_abs(args.restore))
+                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers)
     if args.command == "demo":
         from runtime.demo import run_demo
 

@@ -30,9 +30,11 @@ class LocalCluster:
     metrics_port_base: int | None = None
     log_dir: str | None = None
     quiet_logs: bool = True
+    restart_workers: bool = True  # like a supervisor: a worker process that dies is started again
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     coordinator: Managed | None = None
     worker_procs: list[Managed] = field(default_factory=list)
+    worker_restarts: int = 0
 
     def _metrics_port(self, index: int) -> str:
         return str(self.metrics_port_base + index) if self.metrics_port_base else "0"
@@ -46,15 +48,35 @@ class LocalCluster:
             self.coordinator = start_process(
                 "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir",
                                 self.state_dir], env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
-            rpc = self.coordinator.fields["rpc"]
             for i in range(self.workers):
-                self.worker_procs.append(start_process(
-                    "worker", ["--coordinator", rpc, "--slots", str(self.slots), "--data-port", "0",
-                               "--metrics-port", self._metrics_port(i + 1), "--id", f"worker-{i + 1}"],
-                    env=env, log_path=os.path.join(self.log_dir, f"worker-{i + 1}.log")))
+                self.worker_procs.append(self._start_worker(i))
         except Exception:
             self.stop()
             raise
+
+    def _start_worker(self, index: int) -> Managed:
+        assert self.coordinator is not None and self.log_dir is not None
+        name = f"worker-{index + 1}"
+        return start_process(
+            "worker", ["--coordinator", self.coordinator.fields["rpc"], "--slots", str(self.slots), "--data-port",
+                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", name],
+            env=child_env(self.token, os.getcwd()), log_path=os.path.join(self.log_dir, f"{name}.log"))
+
+    def supervise(self) -> list[str]:
+        """Start again every worker process that died; returns what was done, for the progress display."""
+        events = []
+        if not self.restart_workers:
+            return events
+        for i, w in enumerate(self.worker_procs):
+            code = w.proc.poll()
+            if code is None:
+                continue
+            events.append(f"{w.fields.get('id', f'worker-{i + 1}')} (pid {w.pid}) exited with status {code}; "
+                          "starting it again")
+            self.worker_procs[i] = self._start_worker(i)
+            self.worker_restarts += 1
+            events.append(f"{self.worker_procs[i].fields['id']} is back as pid {self.worker_procs[i].pid}")
+        return events
 
     @property
     def rpc(self) -> tuple[str, int]:
@@ -139,6 +161,9 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
         if progress and elapsed - last_print >= 1.0:
             last_print = elapsed
             progress(f"[{elapsed:6.1f}s] {summary['state']:<9} {summarise_progress(summary, elapsed)}")
+        for line in await asyncio.to_thread(cluster.supervise):
+            if progress:
+                progress(line)
         if timeout_s is not None and elapsed > timeout_s:
             await cluster.call("cancel", {"job_id": job_id})
             raise TimeoutError(f"job {job_id} did not end within {timeout_s}s")
@@ -146,9 +171,11 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
 
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
-              state_dir: str | None, name: str | None = None, restore: str | None = None) -> int:
+              state_dir: str | None, name: str | None = None, restore: str | None = None,
+              restart_workers: bool = True) -> int:
     """The body of `sluice local`; returns the exit code."""
-    cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir)
+    cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir,
+                           restart_workers=restart_workers)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
     cluster.start()
     interrupted = False

@@ -228,6 +228,8 @@ class Chain:
             sink.open(self.subtask_index, self.parallelism, self.attempt)
             if restored is not None and i < len(restored):
                 sink.restore_state(restored[i])
+            elif self.attempt > 0:
+                sink.restore_state(None)  # a restart without a checkpoint: drop earlier attempts' leftovers
         for fn, ctx in self._contexts:
             fn.open(ctx)
 

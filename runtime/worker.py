@@ -25,6 +25,7 @@ from netstack.errors import ConnectionLost, NetstackError, RpcError
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.barriers import MODES, BarrierSpec
 from runtime.checkpoint_writer import CheckpointWriter
+from runtime.connectors.sinks import FINAL_CHECKPOINT
 from runtime.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
 from runtime.graph import Plan
 from runtime.metrics import WorkerCollector, serve_metrics
@@ -151,6 +152,8 @@ class Worker(BaseLinkHandler):
             return self._notify_tasks(args["job_id"], "checkpoint_complete", int(args["checkpoint_id"]))
         if method == "checkpoint_aborted":
             return self._notify_tasks(args["job_id"], "checkpoint_aborted", int(args["checkpoint_id"]))
+        if method == "finalize":
+            return self._finalize(args["job_id"], int(args["attempt"]))
         if method == "probe":
             return self._inject_probe(args["job_id"], int(args["probe_id"]))
         if method == "ping":
@@ -205,6 +208,15 @@ class Worker(BaseLinkHandler):
                 task.post(kind, checkpoint_id)
             elif kind == "checkpoint_complete" and task.state == "finished":
                 task.chain.commit_sinks(checkpoint_id)
+        return {"tasks": len(deployed.tasks)}
+
+    def _finalize(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """Every task of the job finished: publish what the sinks pre-committed at the end of their input."""
+        deployed = self._running_job(job_id)
+        if deployed.plan.attempt != attempt:
+            raise RpcError(f"attempt {attempt} is not the one deployed here", "WrongAttempt")
+        for task in deployed.tasks.values():
+            task.chain.commit_sinks(FINAL_CHECKPOINT)
         return {"tasks": len(deployed.tasks)}
 
     def _checkpoint_hooks(self, plan: Plan) -> CheckpointHooks:

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from runtime.connectors.sinks import Sink
+from runtime.connectors.sinks import FINAL_CHECKPOINT, Sink
 from runtime.connectors.source import Source
 
 
@@ -145,7 +145,8 @@ class FileSink(Sink):
     On restore, commits of the restored checkpoint are redone (a rename that
     already happened is skipped) and every other in-progress file of this
     subtask is deleted: its records will be produced again. At the end of a
-    bounded input everything is committed.
+    bounded input the rest is pre-committed, and committed when the whole job
+    has finished.
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", rolling_bytes: int = 64 * 1024 * 1024,
@@ -261,13 +262,7 @@ class FileSink(Sink):
                 os.remove(os.path.join(self.path, name))  # written after the restored checkpoint
 
     def finish(self) -> None:
-        self._close_current()
-        for _, hidden, final in self._pending:
-            self._publish(hidden, final)
-        for hidden, final in self._written:
-            self._publish(hidden, final)
-        self._pending = []
-        self._written = []
+        self.snapshot_state(FINAL_CHECKPOINT)
 
     def close(self) -> None:
         if self._file is not None:

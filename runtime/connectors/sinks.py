@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any
 
+FINAL_CHECKPOINT = 2**62  # the commit that ends a bounded job, after every task has finished
+
 
 class Sink:
     """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.
@@ -34,7 +36,8 @@ class Sink:
             self._debt_s = 0.0
 
     def finish(self) -> None:
-        """End of a bounded input: make everything written visible."""
+        """End of a bounded input: pre-commit the rest; `commit(FINAL_CHECKPOINT)` publishes it once the whole
+        job has finished (a failure before that restores a checkpoint, and these files are dropped)."""
 
     def close(self) -> None:
         pass

@@ -508,7 +508,7 @@ class _Gate:
         self.delivered: list[bytes] = []
         self.two_delivered = asyncio.Event()
 
-    def deliver_data(self, channel_id: int, buffer: Any) -> None:
+    def deliver_data(self, channel_id: int, seq: int, buffer: Any) -> None:
         self.delivered.append(buffer.data)
         if len(self.delivered) == 2:
             self.two_delivered.set()

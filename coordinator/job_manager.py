@@ -1,0 +1,272 @@
+"""Job lifecycle on the coordinator: submit, deploy, finish, fail over, cancel.
+
+A failure (a task raised, a worker's heartbeats stopped or its link broke, a
+data connection between workers broke, too many checkpoints failed) cancels
+what is left of the attempt and, while the restart strategy allows, starts a
+new attempt from the latest completed checkpoint once enough slots are free:
+the plan is made again for the workers registered now, so a restarted or
+standby worker with a new address is used. Sources rewind to their
+checkpointed positions, restored channel state is replayed before new data,
+and sinks redo the commits of that checkpoint and drop everything after it.
+
+A bounded job whose tasks have all finished is FINISHING until every worker
+has committed its sinks' final files; only then is it FINISHED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from coordinator.checkpoint_runner import CheckpointRunner
+from coordinator.checkpointing import CheckpointSettings
+from coordinator.jobs import JobRecord
+from coordinator.metrics import DurationHistogram
+from coordinator.scheduler import WorkerSlots, make_plan
+from coordinator.storage import CheckpointStorage, CorruptCheckpoint
+from netstack.errors import NetstackError, RpcError
+from netstack.transport import Link
+from runtime.api import JobDefinitionError
+from runtime.graph import JobLoadError, Plan
+
+if TYPE_CHECKING:
+    from coordinator.server import WorkerRecord
+
+log = logging.getLogger("sluice.jobs")
+
+
+class JobManager:
+    def __init__(self, *, workers: dict[str, WorkerRecord], storage: CheckpointStorage,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self.workers = workers
+        self.storage = storage
+        self.jobs: dict[str, JobRecord] = {}
+        self._spawn = spawn
+        self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
+        self.checkpoint_durations = DurationHistogram()
+        self.restart_durations = DurationHistogram()
+
+    # -- planning -----------------------------------------------------------------
+
+    def worker_slots(self) -> list[WorkerSlots]:
+        return [WorkerSlots(w.worker_id, w.slots, w.host, w.data_port)
+                for w in sorted(self.workers.values(), key=lambda w: w.registered_at)]
+
+    def plan(self, job: JobRecord) -> Plan:
+        """Raises RpcError for a job module that does not import or a graph the cluster cannot run."""
+        try:
+            return make_plan(job_id=job.job_id, attempt=job.attempt, entry=job.entry, name=job.name,
+                             sys_path=job.sys_path, config=dict(job.config), workers=self.worker_slots(),
+                             channel_base=next(self._channel_base))
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+
+    async def restore_spec(self, path: str, plan: Plan) -> dict[str, Any]:
+        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
+        try:
+            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
+        except CorruptCheckpoint as exc:
+            raise RpcError(str(exc), "CorruptCheckpoint") from None
+        saved = [(v["name"], v["parallelism"]) for v in metadata.get("vertices", [])]
+        ours = [(v.name, v.parallelism) for v in plan.vertices]
+        if saved != ours:
+            raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
+                           "IncompatibleCheckpoint")
+        directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
+                                                                    else os.path.dirname(path)))
+        return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
+                "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}}
+
+    def add(self, job: JobRecord) -> None:
+        self.jobs[job.job_id] = job
+        self._spawn(self.deploy(job))
+
+    # -- deploying ------------------------------------------------------------------
+
+    async def deploy(self, job: JobRecord, *, failed_at: float | None = None) -> None:
+        plan = job.plan
+        assert plan is not None
+        job.move("DEPLOYING")
+        involved = sorted(set(plan.placement.values()))
+        try:
+            links = [self.workers[w].link for w in involved]
+            plan_dict = plan.to_dict()
+            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0) for link in links))
+            if job.state != "DEPLOYING":
+                return
+            job.move("RUNNING")
+            self._start_checkpoints(job, involved)
+            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
+            if failed_at is not None:
+                job.last_restart_s = time.monotonic() - failed_at
+                self.restart_durations.observe(job.last_restart_s)
+                log.info("job %s running again (attempt %d) %.2fs after the failure", job.job_id, job.attempt,
+                         job.last_restart_s)
+            else:
+                log.info("job %s running on %s", job.job_id, ", ".join(involved))
+        except (NetstackError, KeyError) as exc:
+            await self.on_failure(job, f"deployment failed: {exc}")
+
+    def _start_checkpoints(self, job: JobRecord, involved: list[str]) -> None:
+        plan = job.plan
+        assert plan is not None
+        tasks = frozenset(f"{v.id}:{i}" for v in plan.vertices for i in range(v.parallelism))
+        job_info = {"entry": job.entry, "name": job.name,
+                    "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism} for v in plan.vertices]}
+
+        def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
+            job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            if summary.get("duration_s") is not None:
+                self.checkpoint_durations.observe(summary["duration_s"])
+
+        def links() -> list[Link]:
+            return [self.workers[w].link for w in involved if w in self.workers]
+
+        job.checkpoints = CheckpointRunner(
+            job_id=job.job_id, attempt=job.attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
+            tasks=tasks, storage=self.storage, links=links, job_info=job_info,
+            fail_job=lambda reason: self.on_failure(job, reason), on_complete=on_complete,
+            first_id=job.next_checkpoint_id)
+        job.checkpoints.start()
+
+    def _stop_checkpoints(self, job: JobRecord, reason: str) -> None:
+        runner = job.checkpoints
+        if runner is None:
+            return
+        runner.task_failed(reason)
+        runner.stop(reason)
+        st = runner.coordinator.statistics()
+        last_id = max([st.in_flight_id or 0, st.last_completed_id or 0] + [h.checkpoint_id for h in
+                                                                             runner.coordinator.history()])
+        job.next_checkpoint_id = max(job.next_checkpoint_id, last_id + 1)
+
+    # -- finishing ------------------------------------------------------------------
+
+    def task_finished(self, job: JobRecord, task: str) -> None:
+        job.finished_tasks.add(task)
+        if job.checkpoints is not None:
+            job.checkpoints.ending = True  # finished tasks cannot take part in checkpoints any more
+        if len(job.finished_tasks) == job.total_tasks():
+            job.move("FINISHING")
+            self._spawn(self._finalize(job))
+
+    async def _finalize(self, job: JobRecord) -> None:
+        """Every task finished: have every worker commit its sinks' final files, then the job is FINISHED."""
+        assert job.plan is not None
+        attempt = job.attempt
+        try:
+            links = [self.workers[w].link for w in sorted(set(job.plan.placement.values()))]
+            await asyncio.gather(*(link.call("finalize", {"job_id": job.job_id, "attempt": attempt})
+                                   for link in links))
+        except (NetstackError, KeyError) as exc:
+            if job.attempt == attempt:
+                await self.on_failure(job, f"final commit failed: {exc}")
+            return
+        if job.state == "FINISHING" and job.attempt == attempt:
+            job.move("FINISHED")
+            if job.checkpoints is not None:
+                job.checkpoints.stop("job finished")
+            log.info("job %s finished", job.job_id)
+
+    # -- failures ---------------------------------------------------------------------
+
+    def worker_lost(self, worker_id: str, why: str) -> None:
+        for job in list(self.jobs.values()):
+            if job.state in ("DEPLOYING", "RUNNING", "FINISHING") and job.plan is not None \
+                    and worker_id in job.plan.placement.values():
+                self._spawn(self.on_failure(job, f"worker {worker_id} lost: {why}"))
+
+    async def on_failure(self, job: JobRecord, error: str) -> None:
+        """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job."""
+        if job.terminal or job.state == "RESTARTING":
+            return
+        failed_at = time.monotonic()
+        job.failures.append(error)
+        self._stop_checkpoints(job, error)
+        strategy = job.restart_strategy
+        delay = strategy.delay_before(job.restarts + 1) if strategy is not None else None
+        if delay is None:
+            tried = f" after {job.restarts} restarts" if job.restarts else ""
+            log.error("job %s failed%s: %s", job.job_id, tried, error)
+            job.move("FAILED", f"{error}{' (restart attempts exhausted)' if job.restarts else ''}")
+            await self.cancel_tasks(job)
+            return
+        log.error("job %s: %s; restarting in %.1fs (restart %d of %d)", job.job_id, error, delay,
+                  job.restarts + 1, strategy.max_attempts)
+        job.move("RESTARTING", error)
+        await self.cancel_tasks(job)
+        await asyncio.sleep(delay)
+        await self._restart(job, failed_at)
+
+    async def _restart(self, job: JobRecord, failed_at: float) -> None:
+        strategy = job.restart_strategy
+        while job.state == "RESTARTING":
+            job.restarts += 1
+            job.attempt += 1
+            deadline = time.monotonic() + strategy.slot_wait_s
+            plan: Plan | None = None
+            error = ""
+            while job.state == "RESTARTING" and time.monotonic() < deadline:
+                try:
+                    plan = self.plan(job)
+                    break
+                except RpcError as exc:  # typically: not enough slots until a worker comes back
+                    error = str(exc)
+                    await asyncio.sleep(0.2)
+            if job.state != "RESTARTING":
+                return
+            if plan is not None:
+                try:
+                    await self._attach_latest_checkpoint(job, plan)
+                except RpcError as exc:
+                    plan, error = None, f"cannot restore: {exc}"
+            if plan is not None:
+                job.plan = plan
+                job.finished_tasks = set()
+                job.task_stats = {}
+                job.checkpoints = None
+                await self.deploy(job, failed_at=failed_at)
+                return
+            job.failures.append(error)
+            delay = strategy.delay_before(job.restarts + 1)
+            if delay is None:
+                job.move("FAILED", f"{error} (restart attempts exhausted)")
+                return
+            await asyncio.sleep(delay)
+
+    async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> None:
+        latest = await asyncio.to_thread(self.storage.latest, job.job_id)
+        path = latest[1] if latest is not None else job.restored_from
+        if not path:
+            job.restored_checkpoint_id = None
+            return  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
+        plan.config["restore"] = await self.restore_spec(path, plan)
+        job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
+        log.info("job %s: attempt %d restores checkpoint %s", job.job_id, job.attempt, path)
+
+    # -- cancelling ---------------------------------------------------------------------
+
+    async def cancel(self, job: JobRecord, why: str) -> None:
+        if job.terminal:
+            return
+        job.move("CANCELLED", why)
+        self._stop_checkpoints(job, why)
+        await self.cancel_tasks(job)
+
+    async def cancel_tasks(self, job: JobRecord) -> None:
+        if job.plan is None:
+            return
+        calls = []
+        for wid in set(job.plan.placement.values()):
+            record = self.workers.get(wid)
+            if record is not None and not record.link.is_closing():
+                calls.append(record.link.call("cancel", {"job_id": job.job_id}, timeout_s=15.0))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for r in results:
+            if isinstance(r, Exception):
+                log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)

@@ -1,0 +1,30 @@
+"""Restart strategies: how long to wait before the next attempt, and when to give up. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("fixed", "exponential", "none")
+
+
+@dataclass(frozen=True)
+class RestartStrategy:
+    kind: str = "fixed"
+    max_attempts: int = 3  # restarts allowed over the job's life
+    delay_s: float = 1.0  # fixed delay, or the first delay of the exponential backoff
+    max_delay_s: float = 30.0
+    slot_wait_s: float = 60.0  # how long one restart may wait for enough free slots
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"restart strategy must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.max_attempts < 0 or self.delay_s < 0 or self.max_delay_s < 0 or self.slot_wait_s <= 0:
+            raise ValueError("restart attempts and delays must not be negative")
+
+    def delay_before(self, restart_number: int) -> float | None:
+        """Delay before restart number `restart_number` (1-based), or None when no restart is left."""
+        if self.kind == "none" or restart_number > self.max_attempts:
+            return None
+        if self.kind == "fixed":
+            return self.delay_s
+        return min(self.max_delay_s, self.delay_s * 2 ** (restart_number - 1))
