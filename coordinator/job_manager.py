@@ -198,7 +198,7 @@ class JobManager:
             return
         log.error("job %s: %s; restarting in %.1fs (restart %d of %d)", job.job_id, error, delay,
                   job.restarts + 1, strategy.max_attempts)
-        job.move("RESTARTING", error)
+        job.move("RESTARTING")  # the cause is in job.failures; job.error is kept for a final failure
         await self.cancel_tasks(job)
         await asyncio.sleep(delay)
         await self._restart(job, failed_at)
