@@ -104,6 +104,7 @@ class JobManager:
             await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
             if failed_at is not None:
                 job.last_restart_s = time.monotonic() - failed_at
+                job.restart_s.append(job.last_restart_s)
                 self.restart_durations.observe(job.last_restart_s)
                 log.info("job %s running again (attempt %d) %.2fs after the failure", job.job_id, job.attempt,
                          job.last_restart_s)

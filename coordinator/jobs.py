@@ -55,6 +55,7 @@ class JobRecord:
     restarts: int = 0
     failures: list[str] = field(default_factory=list)  # causes of every failure, oldest first
     last_restart_s: float | None = None  # failure detected -> running again, last restart
+    restart_s: list[float] = field(default_factory=list)  # the same for every restart
     restored_checkpoint_id: int | None = None
     next_checkpoint_id: int = 1
 
@@ -82,9 +83,11 @@ class JobRecord:
             "ended_at": self.ended_at, "tasks_total": self.total_tasks(), "tasks_finished": len(self.finished_tasks),
             "tasks": tasks, "last_checkpoint": self.last_checkpoint, "restored_from": self.restored_from,
             "restarts": self.restarts, "failures": self.failures[-10:], "last_restart_s": self.last_restart_s,
+            "restart_s": self.restart_s[-50:],
             "restored_checkpoint_id": self.restored_checkpoint_id,
             "checkpoints_completed": self.checkpoints.coordinator.statistics().completed if self.checkpoints else 0,
             "checkpoints_failed": self.checkpoints.coordinator.statistics().failed if self.checkpoints else 0,
             "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}
                          for v in (self.plan.vertices if self.plan else [])],
+            "placement": dict(self.plan.placement) if self.plan else {},
         }

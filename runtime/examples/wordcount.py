@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from runtime.api import DiscardSink, FileSink, GeneratorSource, Job, KeyedProcessFunction
+from runtime.api import DiscardSink, FileSink, GeneratorSource, Job, KeyedProcessFunction, ParquetSource
 
 
 class Count(KeyedProcessFunction):
@@ -42,3 +42,18 @@ def build_bench(job: Job) -> None:
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
         .sink(DiscardSink()))
+
+
+def build_parquet(job: Job) -> None:
+    """The word count over a Parquet input (made by `sluice data generate`), for the chaos runs and the demo.
+
+    SLUICE_INPUT and SLUICE_OUTPUT name the directories; SLUICE_SINK_DELAY_S slows the sink so the
+    pipeline is backpressured; SLUICE_PARALLELISM sets every operator's parallelism.
+    """
+    source = ParquetSource(os.environ["SLUICE_INPUT"], columns=["key", "seq", "event_time_ms"])
+    parallelism = int(os.environ.get("SLUICE_PARALLELISM", "2"))
+    delay = float(os.environ.get("SLUICE_SINK_DELAY_S", "0"))
+    (job.source(source, parallelism=parallelism)
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=parallelism)
+        .sink(FileSink(os.environ["SLUICE_OUTPUT"], delay_per_record_s=delay), parallelism=parallelism))

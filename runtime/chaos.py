@@ -1,0 +1,189 @@
+"""Chaos runs: the Parquet word count under backpressure while worker processes are killed with SIGKILL.
+
+Used by tests/chaos (a small run in CI), scripts/chaos.sh (the full run, repeated) and the demo. A run
+generates its input with Spark (`sluice data generate`), starts a local cluster whose supervisor starts
+killed workers again, runs the job with checkpoints every `interval_s`, kills workers on a schedule, and
+finally checks the committed output with Spark (`sluice data verify`). The schedule always includes a
+kill while a checkpoint is in flight and a kill of a worker that hosts the sink; the rest are random.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.local_cluster import LocalCluster
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    workdir: str
+    rows: int = 2_000_000
+    keys: int = 1000
+    partitions: int = 4
+    mode: str = "unaligned"  # or aligned_timeout
+    aligned_timeout_s: float = 0.1
+    interval_s: float = 0.5
+    kills: int = 3
+    workers: int = 3
+    parallelism: int = 2
+    sink_delay_s: float = 0.00002
+    seed: int = 7
+    job_timeout_s: float = 900.0
+
+
+@dataclass
+class ChaosResult:
+    ok: bool
+    verify: dict[str, Any]
+    state: str
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    restarts: int = 0
+    restart_s: list[float] = field(default_factory=list)
+    checkpoint_s: list[float] = field(default_factory=list)
+    checkpoints_completed: int = 0
+    checkpoints_failed: int = 0
+    inflight_bytes: list[int] = field(default_factory=list)
+    job_s: float = 0.0
+    error: str = ""
+
+
+def sluice_cli(*args: str, timeout_s: float = 600.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def generate_input(settings: ChaosSettings, log: Callable[[str], None]) -> str:
+    """Generate the Parquet input once per (rows, keys, seed, partitions): later runs reuse it."""
+    path = os.path.join(settings.workdir, f"input-{settings.rows}-{settings.keys}-{settings.seed}-"
+                                          f"{settings.partitions}")
+    if os.path.exists(os.path.join(path, "_SUCCESS")):
+        return path
+    t0 = time.monotonic()
+    proc = sluice_cli("data", "generate", path, "--rows", str(settings.rows), "--keys", str(settings.keys),
+                      "--partitions", str(settings.partitions), "--seed", str(settings.seed))
+    if proc.returncode != 0:
+        raise RuntimeError(f"sluice data generate failed: {proc.stdout}{proc.stderr}")
+    log(f"generated {settings.rows:,} rows with Spark in {time.monotonic() - t0:.1f}s: {path}")
+    return path
+
+
+def verify_output(input_path: str, output_path: str) -> dict[str, Any]:
+    proc = sluice_cli("data", "verify", "--input", input_path, "--output", output_path, "--query", "wordcount",
+                      "--json")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"ok": False, "summary": f"verify printed no result (status {proc.returncode}): "
+                                        f"{proc.stdout}{proc.stderr}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["summary_line"] = next((line for line in proc.stdout.splitlines() if line.startswith("verify")), "")
+    return result
+
+
+def sink_workers(status: dict[str, Any]) -> list[str]:
+    sink_vertices = {str(v["id"]) for v in status.get("vertices", []) if "FileSink" in v["name"]}
+    return sorted({w for task, w in status.get("placement", {}).items() if task.split(":")[0] in sink_vertices})
+
+
+async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
+                   log: Callable[[str], None]) -> ChaosResult:
+    checkpoint = {"interval_s": settings.interval_s, "mode": settings.mode, "timeout_s": 30.0,
+                  "tolerable_failures": 100}
+    if settings.mode == "aligned_timeout":
+        checkpoint["aligned_timeout_s"] = settings.aligned_timeout_s
+    config = {"checkpoint": checkpoint,
+              "restart": {"kind": "fixed", "max_attempts": settings.kills + 5, "delay_s": 0.2}}
+    await cluster.wait_workers()
+    submitted = await cluster.call("submit", {"entry": "runtime.examples.wordcount:build_parquet",
+                                              "name": "chaos-wordcount", "config": config,
+                                              "sys_path": os.getcwd()})
+    job_id = submitted["job_id"]
+    t0 = time.monotonic()
+    plan = ["in-flight", "sink"] + ["random"] * max(0, settings.kills - 2)
+    rng.shuffle(plan)
+    result = ChaosResult(ok=False, verify={}, state="RUNNING")
+    next_kill_after = t0 + rng.uniform(1.0, 2.5)
+    seen_checkpoints = 0
+    while True:
+        status = await cluster.call("status", {"job_id": job_id})
+        now = time.monotonic()
+        if status["state"] in ("FINISHED", "FAILED", "CANCELLED"):
+            break
+        if now - t0 > settings.job_timeout_s:
+            await cluster.call("cancel", {"job_id": job_id})
+            result.error = f"job did not finish within {settings.job_timeout_s}s"
+            break
+        for line in await asyncio.to_thread(cluster.supervise):
+            log(f"  [{now - t0:5.1f}s] {line}")
+        done = status.get("checkpoints_completed", 0)
+        if plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints:
+            kind = plan[0]
+            victim_id = None
+            if kind == "sink":
+                victim_id = rng.choice(sink_workers(status) or [w.fields["id"] for w in cluster.worker_procs])
+            elif kind == "in-flight":
+                history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
+                if history and history[-1]["status"] == "IN_PROGRESS":
+                    victim_id = rng.choice([w.fields["id"] for w in cluster.worker_procs])
+            else:
+                victim_id = rng.choice([w.fields["id"] for w in cluster.worker_procs])
+            if victim_id is not None:
+                victim = next(w for w in cluster.worker_procs if w.fields["id"] == victim_id)
+                os.kill(victim.pid, signal.SIGKILL)
+                plan.pop(0)
+                result.kills.append({"at_s": round(now - t0, 2), "worker": victim_id, "kind": kind,
+                                     "last_checkpoint": (status.get("last_checkpoint") or {}).get("checkpoint_id")})
+                log(f"  [{now - t0:5.1f}s] kill -9 {victim_id} (pid {victim.pid}; {kind}); "
+                    f"last completed checkpoint #{result.kills[-1]['last_checkpoint']}")
+                next_kill_after = now + rng.uniform(1.5, 3.5)
+                seen_checkpoints = done
+        await asyncio.sleep(0.05)
+    result.job_s = time.monotonic() - t0
+    result.state = status["state"]
+    result.restarts = status.get("restarts", 0)
+    result.restart_s = list(status.get("restart_s", []))
+    if status["state"] != "FINISHED":
+        result.error = result.error or status.get("error", "")
+    history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
+    result.checkpoint_s = [h["duration_s"] for h in history if h["status"] == "COMPLETED"]
+    result.inflight_bytes = [h["inflight_bytes"] for h in history if h["status"] == "COMPLETED"]
+    result.checkpoints_completed = status.get("checkpoints_completed", 0)
+    result.checkpoints_failed = status.get("checkpoints_failed", 0)
+    return result
+
+
+def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, seed: int | None = None) -> ChaosResult:
+    """One chaos run; the result says whether the committed output verified exactly."""
+    rng = random.Random(seed)
+    os.makedirs(settings.workdir, exist_ok=True)
+    input_path = generate_input(settings, log)
+    output_path = os.path.join(settings.workdir, "out")
+    shutil.rmtree(output_path, ignore_errors=True)
+    state_dir = os.path.join(settings.workdir, "state")
+    shutil.rmtree(state_dir, ignore_errors=True)
+    os.environ.update({"SLUICE_INPUT": input_path, "SLUICE_OUTPUT": output_path,
+                       "SLUICE_SINK_DELAY_S": str(settings.sink_delay_s),
+                       "SLUICE_PARALLELISM": str(settings.parallelism)})
+    cluster = LocalCluster(workers=settings.workers, slots=2, log_dir=os.path.join(settings.workdir, "logs"),
+                           state_dir=state_dir)
+    shutil.rmtree(cluster.log_dir or "", ignore_errors=True)
+    cluster.start()
+    try:
+        result = asyncio.run(_run_job(settings, cluster, rng, log))
+    finally:
+        cluster.stop()
+    if result.state != "FINISHED":
+        return result
+    result.verify = verify_output(input_path, output_path)
+    result.ok = bool(result.verify.get("ok"))
+    return result
