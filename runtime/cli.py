@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_options(lo)
 
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
-    d.add_argument("--records", type=_positive, default=300_000)
+    d.add_argument("--records", type=_positive, default=400_000)
     d.add_argument("--dir", default=".demo", help="where the demo writes its output (default .demo)")
     return parser
 

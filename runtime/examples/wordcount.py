@@ -1,4 +1,4 @@
-"""The README's word count, and the demo variant with a slow sink that backpressures the pipeline."""
+"""The README's word count, and the variants the benchmarks, the chaos runs and the demo use."""
 
 from __future__ import annotations
 
@@ -22,17 +22,6 @@ def build(job: Job) -> None:
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
         .sink(FileSink("out/"), parallelism=1))
-
-
-def build_demo(job: Job) -> None:
-    """Settings come from the environment so `sluice demo` can size the run."""
-    count = int(os.environ.get("SLUICE_DEMO_RECORDS", "300000"))
-    out = os.environ.get("SLUICE_DEMO_OUT", ".demo/out")
-    delay = float(os.environ.get("SLUICE_DEMO_SINK_DELAY_S", "0.00003"))
-    (job.source(GeneratorSource(count=count, keys=1000, seed=7), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(FileSink(out, delay_per_record_s=delay), parallelism=1))
 
 
 def build_bench(job: Job) -> None:
