@@ -91,6 +91,7 @@ class _Pending:
     spec: BarrierSpec
     first_barrier_at: float
     seen: set[int] = field(default_factory=set)
+    early: set[int] = field(default_factory=set)  # counted while their in-band barrier still waits in the gate
     snapshotted: bool = False
     unaligned: bool = False
 
@@ -101,6 +102,7 @@ class BarrierHandler:
         self.ended: set[int] = set()
         self.pending: _Pending | None = None
         self.last_finished = 0  # highest checkpoint id completed or abandoned here
+        self.queued: dict[int, int] = {}  # channel -> id of an in-band barrier in the gate, not yet taken
 
     @property
     def blocking(self) -> bool:
@@ -110,10 +112,15 @@ class BarrierHandler:
     def on_barrier(self, channel_id: int, spec: BarrierSpec, *, priority: bool, now: float) -> list[Action]:
         if channel_id not in self.channels:
             raise ValueError(f"barrier {spec.checkpoint_id} on channel {channel_id}, not an input of this task")
+        if not priority:
+            self.queued.pop(channel_id, None)
         if spec.checkpoint_id <= self.last_finished:
             return []  # a late barrier of a checkpoint this task already finished or gave up
         actions: list[Action] = []
         p = self.pending
+        if p is not None and not priority and channel_id in p.early and spec.checkpoint_id == p.spec.checkpoint_id:
+            p.early.discard(channel_id)  # counted when it reached the gate, after the switch to unaligned
+            return []
         if p is not None and spec.checkpoint_id > p.spec.checkpoint_id:
             actions += self._abandon(p)
             p = None
@@ -131,6 +138,23 @@ class BarrierHandler:
         elif not p.snapshotted:
             actions.append(Block(channel_id))
         return actions + self._check_complete(p)
+
+    def on_arrival(self, channel_id: int, spec: BarrierSpec) -> list[Action]:
+        """An in-band barrier reached the gate and waits there behind data.
+
+        Once the checkpoint is unaligned, the data before it is recorded as
+        channel state, so the channel counts as delivered now rather than when
+        the barrier is taken, seconds later under backpressure.
+        """
+        if channel_id not in self.channels or spec.checkpoint_id <= self.last_finished:
+            return []
+        self.queued[channel_id] = spec.checkpoint_id
+        p = self.pending
+        if p is None or not p.unaligned or p.spec.checkpoint_id != spec.checkpoint_id or channel_id in p.seen:
+            return []
+        p.seen.add(channel_id)
+        p.early.add(channel_id)
+        return self._check_complete(p)
 
     def on_channel_ended(self, channel_id: int) -> list[Action]:
         self.ended.add(channel_id)
@@ -157,7 +181,7 @@ class BarrierHandler:
             p = self.pending = _Pending(spec, now)
         if p.snapshotted:
             return actions
-        return actions + self._go_unaligned(p)
+        return actions + self._go_unaligned(p) + self._check_complete(p)
 
     def abort(self, checkpoint_id: int) -> list[Action]:
         """The coordinator aborted `checkpoint_id`: stop aligning for it."""
@@ -170,6 +194,11 @@ class BarrierHandler:
     def _go_unaligned(self, p: _Pending) -> list[Action]:
         p.unaligned = True
         p.snapshotted = True
+        # barriers already in the gate: the snapshot records the data before them, so they count as delivered
+        for channel_id, checkpoint_id in self.queued.items():
+            if checkpoint_id == p.spec.checkpoint_id and channel_id not in p.seen:
+                p.seen.add(channel_id)
+                p.early.add(channel_id)
         return [Snapshot(p.spec, unaligned=True), UnblockAll()]
 
     def _abandon(self, p: _Pending) -> list[Action]:

@@ -212,7 +212,7 @@ class InputGate:
             if self.recording_id is not None and checkpoint_id >= self.recording_id:
                 self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
             if not priority:
-                self.task.on_inband_barrier_arrival(body)
+                self.task.on_inband_barrier_arrival(channel_id, body)
         if priority:
             self.task.post_priority(channel_id, seq, event)
         else:

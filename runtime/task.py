@@ -80,6 +80,8 @@ class Task:
         self.mailbox: deque[tuple[str, Any]] = deque()
         self._wakeup = asyncio.Event()
         self._readers: dict[int, ChannelReader] = {}
+        # restored input channel state not processed yet: it precedes everything on its channel
+        self._restored_readers: dict[int, ChannelReader] = {}
         self._probes: ProbeTracker | None = None
         self._overtaken_out = 0
         self._stride = 64
@@ -213,6 +215,9 @@ class Task:
                 self._trigger(payload)
             elif kind == "deadline":
                 self._on_deadline()
+            elif kind == "barrier_arrived":
+                if self.barriers is not None and self.checkpointer is not None:
+                    self._carry_out(self.barriers.on_arrival(*payload))
             elif kind == "checkpoint_complete":
                 self.chain.commit_sinks(payload)
             elif kind == "checkpoint_aborted":
@@ -261,12 +266,14 @@ class Task:
             elif isinstance(action, Abandon):
                 checkpointer.abandon(action.checkpoint_id, "a newer checkpoint overtook it")
 
-    def on_inband_barrier_arrival(self, body: dict[str, Any]) -> None:
-        """An aligned barrier reached the input gate (it may wait there behind data): start its clock."""
+    def on_inband_barrier_arrival(self, channel_id: int, body: dict[str, Any]) -> None:
+        """An aligned barrier reached the input gate (it may wait there behind data): start its clock, and let
+        the barrier handler know, so that it counts once the checkpoint switches to unaligned."""
         if body.get("mode") == "aligned_timeout":
             spec = BarrierSpec.from_body(body)
             if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
                 self._arm_deadline(spec)
+            self.post("barrier_arrived", (channel_id, spec))
 
     def _arm_deadline(self, spec: BarrierSpec) -> None:
         if spec.mode != "aligned_timeout" or spec.deadline is None:
@@ -302,10 +309,12 @@ class Task:
         return [self._batch_position, self._batch_emitted] if self.source is not None else None
 
     def unprocessed_bytes(self) -> dict[int, bytes]:
-        """Per input channel, the bytes fed to its unpacker and not yet processed (they start at a record)."""
+        """Per input channel, the bytes fed to its unpacker and not yet processed (they start at a record),
+        after what is left of that channel's restored state, which precedes them."""
         out = {}
-        for cid, reader in self._readers.items():
-            pending = reader.unconsumed()
+        for cid in {*self._restored_readers, *self._readers}:
+            restored, live = self._restored_readers.get(cid), self._readers.get(cid)
+            pending = (restored.unconsumed() if restored else b"") + (live.unconsumed() if live else b"")
             if pending:
                 out[cid] = pending
         return out
@@ -333,14 +342,20 @@ class Task:
                 sub.flush()
 
     async def _restore_inputs(self) -> None:
-        """Process restored input channel state before anything new arrives on those channels."""
+        """Process restored input channel state before anything new arrives on those channels.
+
+        An unaligned snapshot taken meanwhile (its barrier is served between records) must store what is
+        left of it as the start of each channel's state, so the readers stay visible to unprocessed_bytes().
+        """
         if self.restore is None or not self.restore.inputs:
             return
-        for stream in self.restore.inputs.values():
-            reader = ChannelReader()
+        for cid, stream in self.restore.inputs.items():
+            reader = self._restored_readers[cid] = ChannelReader()
             reader.feed(stream)
-            await self._process_records(reader)
         self.restore.inputs = None
+        for cid, reader in list(self._restored_readers.items()):
+            await self._process_records(reader)
+            del self._restored_readers[cid]
 
     # -- sources ----------------------------------------------------------------------
 

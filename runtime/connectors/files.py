@@ -162,13 +162,25 @@ class FileSink(Sink):
         super().open(subtask_index, parallelism, attempt)
         os.makedirs(self.path, exist_ok=True)
         self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-        self._part = 0
+        self._part = self._next_free_part()
         self._lines: list[str] = []
         self._rows: list[Any] = []
         self._bytes = 0
         self._file: Any = None
         self._written: list[list[str]] = []  # [hidden, final] closed or open since the last snapshot
         self._pending: list[list[Any]] = []  # [checkpoint id, hidden, final], pre-committed
+
+    def _next_free_part(self) -> int:
+        """Part numbers go on after every file of this subtask and attempt already there: a job submitted with a
+        restore runs attempt 0 again, and a commit must never replace a file committed before."""
+        prefix = f"part-{self.subtask_index}-{self.attempt}-"
+        last = -1
+        for name in os.listdir(self.path):
+            name = name.removeprefix(".")
+            number = name[len(prefix):].split(".", 1)[0] if name.startswith(prefix) else ""
+            if number.isdigit():
+                last = max(last, int(number))
+        return last + 1
 
     def _names(self) -> tuple[str, str]:
         ext = "jsonl" if self.format == "jsonl" else "parquet"

@@ -48,17 +48,20 @@ class ModelTask:
     """Just what InputGate needs from a task."""
 
     def __init__(self) -> None:
-        self.mailbox: list[tuple[int, int, Event]] = []
+        self.mailbox: list[tuple[str, int, Any]] = []
         self.deadline_specs: list[dict[str, Any]] = []
 
     def wake(self) -> None:
         pass
 
     def post_priority(self, channel_id: int, seq: int, ev: Event) -> None:
-        self.mailbox.append((channel_id, seq, ev))
+        self.mailbox.append(("barrier", channel_id, ev))
 
-    def on_inband_barrier_arrival(self, body: dict[str, Any]) -> None:
+    def on_inband_barrier_arrival(self, channel_id: int, body: dict[str, Any]) -> None:
+        # as the task does: start the deadline clock, and tell the handler through the mailbox
         self.deadline_specs.append(body)
+        if body.get("mode") == "aligned_timeout":
+            self.mailbox.append(("arrived", channel_id, BarrierSpec.from_body(body)))
 
 
 class Scenario:
@@ -141,8 +144,12 @@ class Scenario:
     def step(self) -> bool:
         """What the task does next: mail first, then one record, then the next buffer or event."""
         if self.task.mailbox:
-            c, _, ev = self.task.mailbox.pop(0)
-            self.carry_out(self.handler.on_barrier(c, BarrierSpec.from_body(ev.body), priority=True, now=0.0))
+            kind, c, payload = self.task.mailbox.pop(0)
+            if kind == "arrived":
+                self.carry_out(self.handler.on_arrival(c, payload))
+            else:
+                spec = BarrierSpec.from_body(payload.body)
+                self.carry_out(self.handler.on_barrier(c, spec, priority=True, now=0.0))
             return True
         if self.current is not None:
             c = self.current
