@@ -27,4 +27,10 @@ class RestartStrategy:
             return None
         if self.kind == "fixed":
             return self.delay_s
-        return min(self.max_delay_s, self.delay_s * 2 ** (restart_number - 1))
+        # doubling step by step: 2 ** (n - 1) as a float overflows once n passes ~1024 restarts
+        delay = self.delay_s
+        for _ in range(restart_number - 1):
+            if delay == 0 or delay >= self.max_delay_s:
+                break
+            delay *= 2
+        return min(self.max_delay_s, delay)
