@@ -177,7 +177,7 @@ class Coordinator(BaseLinkHandler):
         record.last_heartbeat = time.monotonic()
         for st in args.get("tasks", []):
             job = self.jobs.get(st.get("job"))
-            if job is not None:
+            if job is not None and st.get("attempt") == job.attempt:
                 job.task_stats[st["task"]] = {**st, "worker": link.peer_id}
         return {"ok": True}
 

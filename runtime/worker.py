@@ -51,7 +51,7 @@ class WorkerConfig:
 def task_report(job_id: str, task: Task) -> dict[str, Any]:
     """A task's statistics as sent to the coordinator (heartbeats, task_finished)."""
     return {**asdict(task.statistics()), "job": job_id, "task": task.task_id, "name": task.name,
-            "state": task.state}
+            "state": task.state, "attempt": task.chain.attempt}
 
 
 class Worker(BaseLinkHandler):
@@ -148,10 +148,8 @@ class Worker(BaseLinkHandler):
             return {"cancelled": True}
         if method == "trigger_checkpoint":
             return self._trigger_checkpoint(args)
-        if method == "checkpoint_complete":
-            return self._notify_tasks(args["job_id"], "checkpoint_complete", int(args["checkpoint_id"]))
-        if method == "checkpoint_aborted":
-            return self._notify_tasks(args["job_id"], "checkpoint_aborted", int(args["checkpoint_id"]))
+        if method in ("checkpoint_complete", "checkpoint_aborted"):
+            return self._notify_tasks(args["job_id"], args.get("attempt"), method, int(args["checkpoint_id"]))
         if method == "finalize":
             return self._finalize(args["job_id"], int(args["attempt"]))
         if method == "probe":
@@ -199,10 +197,10 @@ class Worker(BaseLinkHandler):
             task.post("trigger", spec)
         return {"sources": len(sources)}
 
-    def _notify_tasks(self, job_id: str, kind: str, checkpoint_id: int) -> dict[str, Any]:
+    def _notify_tasks(self, job_id: str, attempt: Any, kind: str, checkpoint_id: int) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
-        if deployed is None:
-            return {"tasks": 0}
+        if deployed is None or deployed.plan.attempt != attempt:
+            return {"tasks": 0}  # another attempt's notification: its sinks must not commit ours
         for task in deployed.tasks.values():
             if task.state == "running":
                 task.post(kind, checkpoint_id)
@@ -325,6 +323,11 @@ class Worker(BaseLinkHandler):
         if link is self.coordinator:
             log.warning("connection to coordinator lost: %s", message)
             self.coordinator = None
+            # The coordinator now counts this worker as lost and restarts its jobs elsewhere: running on
+            # would only produce output nobody will commit.
+            for job_id in list(self.jobs):
+                log.warning("cancelling job %s: its coordinator is gone", job_id)
+                self._spawn(self._cancel_job(job_id, report=False))
 
 
 async def run_worker(config: WorkerConfig) -> None:

@@ -277,6 +277,13 @@ class FileSink(Sink):
         self.snapshot_state(FINAL_CHECKPOINT)
 
     def close(self) -> None:
+        """Also after a cancel or failure: files written since the last pre-commit will never be committed."""
         if self._file is not None:
             self._file.close()
             self._file = None
+        for hidden, _ in self._written:
+            try:
+                os.remove(hidden)
+            except FileNotFoundError:
+                pass
+        self._written = []
