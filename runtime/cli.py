@@ -180,6 +180,26 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
     d.add_argument("--records", type=_positive, default=400_000)
     d.add_argument("--dir", default=".demo", help="where the demo writes its output (default .demo)")
+
+    # The batch side on Spark (runtime/data): needs Java 17 and PySpark, checked only when these run.
+    da = sub.add_parser("data", help="Spark jobs: generate input data sets, verify committed outputs")
+    dsub = da.add_subparsers(dest="data_command", required=True)
+    dg = dsub.add_parser("generate", help="write a deterministic Parquet data set of (key, seq, event_time_ms)")
+    dg.add_argument("out", metavar="OUT", help="output directory (replaced if it holds an earlier data set)")
+    dg.add_argument("--rows", type=_positive, required=True)
+    dg.add_argument("--keys", type=_positive, required=True)
+    dg.add_argument("--skew", choices=["uniform", "zipf"], default="uniform")
+    dg.add_argument("--zipf-exponent", type=float, default=1.1)
+    dg.add_argument("--partitions", type=_positive, default=4, help="output files (default 4)")
+    dg.add_argument("--row-group-rows", type=_positive, help="rows per row group (default: about 8 groups a file)")
+    dg.add_argument("--seed", type=int, default=0)
+    dg.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
+    dv.add_argument("--input", required=True, help="the job's Parquet input")
+    dv.add_argument("--output", required=True, help="the job's FileSink directory")
+    dv.add_argument("--query", choices=["wordcount"], default="wordcount")
+    dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dv.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 
 
@@ -311,6 +331,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from runtime.demo import run_demo
 
         return run_demo(records=args.records, directory=args.dir)
+    if args.command == "data":
+        from runtime.data.commands import run as run_data
+
+        return run_data(args)
     raise AssertionError(args.command)
 
 

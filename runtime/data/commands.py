@@ -1,0 +1,61 @@
+"""`sluice data generate|verify`: argument checks, one SparkSession per command, the printed result.
+
+Exit status: 0 on success (verify: output matches), 1 when verify finds a
+difference, 2 on a bad argument, a missing input, or missing Java/PySpark.
+Arguments are checked before Spark starts, so those errors come back in
+well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from runtime.data.generate import check_generate_args, generate
+from runtime.data.spark import DataError, check_environment, start_session, stop_session
+from runtime.data.verify import check_verify_args, verify
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.data_command
+    try:
+        if command == "generate":
+            return _generate(args)
+        if command == "verify":
+            return _verify(args)
+    except DataError as exc:
+        text = str(exc)
+        print(text if text.startswith("sluice ") else f"sluice data {command}: {text}", file=sys.stderr)
+        return 2
+    raise AssertionError(command)
+
+
+def _session(args: argparse.Namespace) -> Any:
+    check_environment()
+    return start_session(args.master, f"sluice-data-{args.data_command}")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    options = dict(rows=args.rows, keys=args.keys, skew=args.skew, zipf_exponent=args.zipf_exponent,
+                   partitions=args.partitions, row_group_rows=args.row_group_rows, seed=args.seed)
+    check_generate_args(args.out, **options)
+    spark = _session(args)
+    try:
+        result = generate(spark, args.out, **options)
+    finally:
+        stop_session(spark)
+    print(result.summary())
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    check_verify_args(args.input, args.output, args.query)
+    spark = _session(args)
+    try:
+        result = verify(spark, args.input, args.output, args.query)
+    finally:
+        stop_session(spark)
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.report())
+    return 0 if result.ok else 1

@@ -1,0 +1,209 @@
+"""The Spark data pipeline (runtime/data): generate input data sets, verify committed word-count outputs.
+
+Spark takes about ten seconds to start, so the module shares one local
+SparkSession, and the CLI runs as a subprocess only for the end-to-end check.
+Without Java or PySpark the Spark tests are skipped; the test of the
+missing-Java message runs anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from runtime.connectors.files import ParquetSource
+from runtime.connectors.generator import EVENT_TIME_START_MS, key_names, zipf_cum_weights
+from runtime.data.generate import generate
+from runtime.data.spark import find_java, start_session, stop_session
+from runtime.data.verify import verify
+from runtime.processes import child_env
+
+pytestmark = pytest.mark.integration
+
+ROWS = 20_000
+KEYS = 50
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    if find_java() is None:
+        pytest.skip("no Java: the Spark data pipeline needs Java 17")
+    session = start_session("local[2]", "sluice-data-tests")
+    yield session
+    stop_session(session)
+
+
+@pytest.fixture(scope="module")
+def uniform(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "uniform"
+    generate(spark, str(out), rows=ROWS, keys=KEYS, skew="uniform", partitions=2, seed=7)
+    return out
+
+
+def read_rows(path: Path) -> list[tuple[str, int, int]]:
+    table = pq.read_table(str(path))
+    return sorted(zip(*(table[c].to_pylist() for c in ("seq", "key", "event_time_ms")), strict=True))
+
+
+def write_wordcount_output(input_dir: Path, out: Path) -> list[str]:
+    """The exact word-count output of `input_dir`, as two sink subtasks' committed FileSink parts would hold it;
+    returns the lines in the order written."""
+    out.mkdir(parents=True)
+    table = pq.read_table(str(input_dir), columns=["seq", "key"]).sort_by("seq")
+    counts: Counter[str] = Counter()
+    parts: list[list[str]] = [[], []]
+    for key in table["key"].to_pylist():
+        counts[key] += 1
+        parts[hash(key) % 2].append(json.dumps([key, counts[key]], separators=(",", ":")))
+    for i, lines in enumerate(parts):
+        (out / f"part-{i}-0-0.jsonl").write_text("\n".join(lines) + "\n")
+    # Files a sink has not committed are hidden; verify must never read them.
+    (out / ".part-0-0-1.jsonl.inprogress").write_text('["k00",1]\nnot json\n')
+    return parts[0] + parts[1]
+
+
+def test_generate_uniform_is_complete_deterministic_and_splits_for_parquet_source(
+        spark: Any, uniform: Path, tmp_path: Path) -> None:
+    rows = read_rows(uniform)
+    assert [r[0] for r in rows] == list(range(ROWS)), "seq must run over 0..rows-1 exactly once"
+    assert all(t == EVENT_TIME_START_MS + s for s, _, t in rows)
+    keys = Counter(k for _, k, _ in rows)
+    assert set(keys) == set(key_names(KEYS))  # all 50 keys, named like the runtime's generator (k00..k49)
+    assert max(keys.values()) < 2 * min(keys.values()), keys
+
+    files = sorted(p for p in uniform.iterdir() if p.name.endswith(".parquet"))
+    assert len(files) == 2
+    for f in files:
+        assert pq.ParquetFile(f).metadata.num_row_groups >= 4, "row groups are ParquetSource's units of work"
+        seqs = pq.read_table(f)["seq"].to_pylist()
+        assert seqs == sorted(seqs), "each file is sorted by seq"
+
+    # The runtime's ParquetSource, split over two subtasks, reads every row exactly once.
+    seen = []
+    for subtask in range(2):
+        source = ParquetSource(str(uniform))
+        source.open(subtask, 2)
+        while (batch := source.read_batch(1000)) is not None:
+            seen += [(s, k, t) for k, s, t in batch]
+    assert sorted(seen) == rows
+
+    # Same arguments, another partitioning: the same rows. Another seed: other keys.
+    again = generate(spark, str(tmp_path / "again"), rows=ROWS, keys=KEYS, partitions=3, seed=7)
+    assert again.files == 3 and again.rows == ROWS
+    assert read_rows(tmp_path / "again") == rows
+    generate(spark, str(tmp_path / "other"), rows=ROWS, keys=KEYS, partitions=2, seed=8)
+    assert read_rows(tmp_path / "other") != rows
+
+
+def test_generate_zipf_follows_the_zipf_weights(spark: Any, tmp_path: Path) -> None:
+    result = generate(spark, str(tmp_path / "zipf"), rows=ROWS, keys=KEYS, skew="zipf", zipf_exponent=1.1,
+                      partitions=2, seed=3)
+    assert "20,000 rows, 50 keys (zipf 1.1, seed 3) in 2 files" in result.summary()
+    rows = read_rows(tmp_path / "zipf")
+    assert [r[0] for r in rows] == list(range(ROWS))
+    counts = Counter(k for _, k, _ in rows)
+    assert set(counts) <= set(key_names(KEYS))
+    cum = zipf_cum_weights(KEYS, 1.1)
+    for rank in (0, 1, 2, 10):
+        expected = ROWS * (cum[rank] - (cum[rank - 1] if rank else 0.0)) / cum[-1]
+        assert abs(counts[f"k{rank:02d}"] - expected) < 5 * expected**0.5 + 5, (rank, counts, expected)
+    # Deterministic too.
+    generate(spark, str(tmp_path / "zipf2"), rows=ROWS, keys=KEYS, skew="zipf", partitions=4, seed=3)
+    assert read_rows(tmp_path / "zipf2") == rows
+
+
+def test_verify_finds_exactly_the_missing_duplicate_and_wrong_rows(
+        spark: Any, uniform: Path, tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    lines = write_wordcount_output(uniform, good)
+    ok = verify(spark, str(uniform), str(good))
+    assert ok.ok, ok.report()
+    assert (ok.expected_rows, ok.output_rows, ok.output_files) == (ROWS, ROWS, 2)
+    assert re.fullmatch(r"verify wordcount: 20,000 expected rows, 20,000 output rows: 0 missing, 0 duplicate, "
+                        r"0 wrong -> OK \(2 part files, [0-9.]+ s\)", ok.summary()), ok.summary()
+
+    def corrupted(name: str, change: Any) -> Any:
+        out = tmp_path / name
+        out.mkdir()
+        changed = change(list(lines))
+        half = len(changed) // 2
+        (out / "part-0-0-0.jsonl").write_text("\n".join(changed[:half]) + "\n")
+        (out / "part-1-0-0.jsonl").write_text("\n".join(changed[half:]) + "\n")
+        return verify(spark, str(uniform), str(out))
+
+    dropped = lines[100]
+    r = corrupted("dropped", lambda ls: ls[:100] + ls[101:])
+    assert (r.missing, r.duplicate, r.wrong, r.output_rows) == (1, 0, 0, ROWS - 1)
+    assert [json.dumps([e["key"], e["n"]], separators=(",", ":")) for e in r.examples["missing"]] == [dropped]
+
+    r = corrupted("duplicated", lambda ls: ls + [ls[7], ls[7], ls[9]])
+    assert (r.missing, r.duplicate, r.wrong, r.output_rows) == (0, 3, 0, ROWS + 3)
+    assert sorted(e["copies"] for e in r.examples["duplicate"]) == [2, 3]
+
+    key, n = json.loads(lines[5])
+    r = corrupted("changed", lambda ls: ls[:5] + [json.dumps([key, n + 100_000])] + ls[6:] + ["not json"])
+    assert (r.missing, r.duplicate, r.wrong, r.output_rows) == (1, 0, 2, ROWS + 1)
+    assert r.examples["missing"][0]["key"] == key and r.examples["missing"][0]["n"] == n
+    assert {e["line"] for e in r.examples["wrong"]} == {json.dumps([key, n + 100_000]), "not json"}
+    report = r.report()
+    assert "-> FAILED" in report.splitlines()[0] and "  wrong     not json" in report
+    assert r.to_json()["ok"] is False and r.to_json()["wrong"] == 2
+
+    # FileSink(format="parquet") output is read too: tuples are columns f0, f1.
+    pq_out = tmp_path / "parquet"
+    pq_out.mkdir()
+    pairs = [json.loads(line) for line in lines]
+    pq.write_table(pa.table({"f0": [p[0] for p in pairs], "f1": [p[1] for p in pairs]}),
+                   str(pq_out / "part-0-0-0.parquet"))
+    assert verify(spark, str(uniform), str(pq_out)).ok
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "data", *args], cwd=cwd,
+                          env=env or child_env("unused", None), capture_output=True, text=True, timeout=180)
+
+
+def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
+    # `spark` only to skip without Java/PySpark; the CLI starts its own Spark.
+    gen = _cli(["generate", "in", "--rows", "5000", "--keys", "20", "--skew", "zipf", "--partitions", "2",
+                "--seed", "1"], tmp_path)
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    assert re.fullmatch(r"generated 5,000 rows, 20 keys \(zipf 1\.1, seed 1\) in 2 files / \d+ row groups at "
+                        rf"{re.escape(str(tmp_path / 'in'))} in [0-9.]+ s\n", gen.stdout), gen.stdout
+    assert "Traceback" not in gen.stderr and " INFO " not in gen.stderr, gen.stderr  # Spark stays quiet
+    write_wordcount_output(tmp_path / "in", tmp_path / "out")
+    ver = _cli(["verify", "--input", "in", "--output", "out", "--query", "wordcount"], tmp_path)
+    assert ver.returncode == 0, ver.stdout + ver.stderr
+    assert ver.stdout.startswith("verify wordcount: 5,000 expected rows, 5,000 output rows: 0 missing, "
+                                 "0 duplicate, 0 wrong -> OK"), ver.stdout
+    assert not any(p.name in ("spark-warehouse", "metastore_db") for p in tmp_path.iterdir())
+
+
+def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
+    no_java = {**child_env("unused", None), "PATH": "/usr/bin/nonexistent", "JAVA_HOME": ""}
+    r = _cli(["generate", "in", "--rows", "10", "--keys", "2"], tmp_path, env=no_java)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "sluice data needs Java 17" in r.stderr and "JAVA_HOME" in r.stderr, r.stderr
+    assert not (tmp_path / "in").exists()
+
+    r = _cli(["verify", "--input", "missing", "--output", "out"], tmp_path)
+    assert r.returncode == 2 and "no input at missing" in r.stderr, r.stderr
+
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    r = _cli(["generate", "precious", "--rows", "10", "--keys", "2"], tmp_path)
+    assert r.returncode == 2 and "refusing to overwrite" in r.stderr, r.stderr
+    assert (tmp_path / "precious" / "notes.txt").exists()
+    assert os.listdir(tmp_path / "precious") == ["notes.txt"]
