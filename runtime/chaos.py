@@ -81,12 +81,14 @@ def generate_input(settings: ChaosSettings, log: Callable[[str], None]) -> str:
 def verify_output(input_path: str, output_path: str) -> dict[str, Any]:
     proc = sluice_cli("data", "verify", "--input", input_path, "--output", output_path, "--query", "wordcount",
                       "--json")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines:
+    start = proc.stdout.find("{")
+    try:
+        result: dict[str, Any] = json.loads(proc.stdout[start:]) if start >= 0 else {}
+    except json.JSONDecodeError:
+        result = {}
+    if not result:
         return {"ok": False, "summary": f"verify printed no result (status {proc.returncode}): "
                                         f"{proc.stdout}{proc.stderr}"}
-    result: dict[str, Any] = json.loads(lines[-1])
-    result["summary_line"] = next((line for line in proc.stdout.splitlines() if line.startswith("verify")), "")
     return result
 
 
@@ -114,6 +116,7 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     result = ChaosResult(ok=False, verify={}, state="RUNNING")
     next_kill_after = t0 + rng.uniform(1.0, 2.5)
     seen_checkpoints = 0
+    attempt = 0
     while True:
         status = await cluster.call("status", {"job_id": job_id})
         now = time.monotonic()
@@ -125,18 +128,23 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
             break
         for line in await asyncio.to_thread(cluster.supervise):
             log(f"  [{now - t0:5.1f}s] {line}")
+        # checkpoints completed by the current attempt (each attempt counts from zero)
         done = status.get("checkpoints_completed", 0)
+        if status.get("attempt", 0) != attempt:
+            attempt, seen_checkpoints = status.get("attempt", 0), 0
         if plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints:
             kind = plan[0]
             victim_id = None
+            # victims host tasks of the job: killing an idle standby would not test recovery
+            hosts = sorted(set(status.get("placement", {}).values())) or [w.fields["id"] for w in cluster.worker_procs]
             if kind == "sink":
-                victim_id = rng.choice(sink_workers(status) or [w.fields["id"] for w in cluster.worker_procs])
+                victim_id = rng.choice(sink_workers(status) or hosts)
             elif kind == "in-flight":
                 history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
                 if history and history[-1]["status"] == "IN_PROGRESS":
-                    victim_id = rng.choice([w.fields["id"] for w in cluster.worker_procs])
+                    victim_id = rng.choice(hosts)
             else:
-                victim_id = rng.choice([w.fields["id"] for w in cluster.worker_procs])
+                victim_id = rng.choice(hosts)
             if victim_id is not None:
                 victim = next(w for w in cluster.worker_procs if w.fields["id"] == victim_id)
                 os.kill(victim.pid, signal.SIGKILL)

@@ -50,7 +50,7 @@ def main() -> int:
               f"{result.checkpoints_completed} checkpoints ok / {result.checkpoints_failed} failed, "
               f"median {median(result.checkpoint_s) * 1000:.0f} ms, "
               f"max {max(result.checkpoint_s or [0]) * 1000:.0f} ms; "
-              f"{result.verify.get('summary_line') or result.error}", flush=True)
+              f"{result.verify.get('summary') or result.error}", flush=True)
     print(f"summary: {args.runs - failures}/{args.runs} runs exact; checkpoint median "
           f"{median(all_checkpoints) * 1000:.0f} ms over {len(all_checkpoints)}; restart median "
           f"{median(all_restarts):.2f}s, max {max(all_restarts or [0]):.2f}s over {len(all_restarts)}")

@@ -37,6 +37,6 @@ def test_kills_leave_committed_output_exact(workdir: Path, mode: str) -> None:
     assert {k["kind"] for k in result.kills} == {"in-flight", "sink", "random"}, report
     assert result.restarts >= 3, (result.restarts, report)
     assert result.checkpoints_completed > 0
-    assert result.ok, f"{result.verify.get('summary_line')}\n{result.verify}\n{report}"
+    assert result.ok, f"{result.verify.get('summary')}\n{result.verify}\n{report}"
     assert result.verify["missing"] == 0 and result.verify["duplicate"] == 0 and result.verify["wrong"] == 0
     assert result.verify["expected_rows"] == 300_000
