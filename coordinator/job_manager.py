@@ -141,6 +141,8 @@ class JobManager:
             return
         runner.task_failed(reason)
         runner.stop(reason)
+        job.earlier_checkpoints = job.checkpoint_history()[-200:]
+        job.checkpoints = None
         st = runner.coordinator.statistics()
         last_id = max([st.in_flight_id or 0, st.last_completed_id or 0] + [h.checkpoint_id for h in
                                                                              runner.coordinator.history()])
@@ -230,7 +232,6 @@ class JobManager:
                 job.plan = plan
                 job.finished_tasks = set()
                 job.task_stats = {}
-                job.checkpoints = None
                 await self.deploy(job, failed_at=failed_at)
                 return
             job.failures.append(error)

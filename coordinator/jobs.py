@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runtime.graph import Plan
@@ -58,6 +58,21 @@ class JobRecord:
     restart_s: list[float] = field(default_factory=list)  # the same for every restart
     restored_checkpoint_id: int | None = None
     next_checkpoint_id: int = 1
+    earlier_checkpoints: list[dict[str, Any]] = field(default_factory=list)  # history of earlier attempts
+
+    def checkpoint_history(self) -> list[dict[str, Any]]:
+        """Every attempt's checkpoints, oldest first."""
+        current = [asdict(s) for s in self.checkpoints.coordinator.history()] if self.checkpoints else []
+        return [*self.earlier_checkpoints, *current]
+
+    def checkpoint_counts(self) -> tuple[int, int]:
+        """(completed, failed) over every attempt."""
+        done = sum(h["status"] == "COMPLETED" for h in self.earlier_checkpoints)
+        failed = sum(h["status"] == "FAILED" for h in self.earlier_checkpoints)
+        if self.checkpoints is not None:
+            st = self.checkpoints.coordinator.statistics()
+            done, failed = done + st.completed, failed + st.failed
+        return done, failed
 
     def move(self, state: str, error: str = "") -> None:
         if state not in TRANSITIONS[self.state]:
@@ -85,8 +100,7 @@ class JobRecord:
             "restarts": self.restarts, "failures": self.failures[-10:], "last_restart_s": self.last_restart_s,
             "restart_s": self.restart_s[-50:],
             "restored_checkpoint_id": self.restored_checkpoint_id,
-            "checkpoints_completed": self.checkpoints.coordinator.statistics().completed if self.checkpoints else 0,
-            "checkpoints_failed": self.checkpoints.coordinator.statistics().failed if self.checkpoints else 0,
+            "checkpoints_completed": self.checkpoint_counts()[0], "checkpoints_failed": self.checkpoint_counts()[1],
             "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}
                          for v in (self.plan.vertices if self.plan else [])],
             "placement": dict(self.plan.placement) if self.plan else {},

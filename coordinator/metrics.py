@@ -84,11 +84,12 @@ class CoordinatorCollector(Collector):
                                        labels=job)
         n_done = n_failed = n_flight = 0
         for j in c.jobs.values():
+            done, failed_here = j.checkpoint_counts()
+            n_done += done
+            n_failed += failed_here
             if j.checkpoints is None:
                 continue
             st = j.checkpoints.coordinator.statistics()
-            n_done += st.completed
-            n_failed += st.failed
             n_flight += st.in_flight_id is not None and not j.terminal
             last = st.last_completed
             if last is not None:

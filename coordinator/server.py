@@ -17,7 +17,7 @@ import os
 import secrets
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -230,7 +230,7 @@ class Coordinator(BaseLinkHandler):
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
             raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
-        history = [asdict(s) for s in job.checkpoints.coordinator.history()] if job.checkpoints else []
+        history = job.checkpoint_history()
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
                 "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],

@@ -128,10 +128,10 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
             break
         for line in await asyncio.to_thread(cluster.supervise):
             log(f"  [{now - t0:5.1f}s] {line}")
-        # checkpoints completed by the current attempt (each attempt counts from zero)
+        # the next kill waits for a checkpoint completed by the current attempt
         done = status.get("checkpoints_completed", 0)
         if status.get("attempt", 0) != attempt:
-            attempt, seen_checkpoints = status.get("attempt", 0), 0
+            attempt, seen_checkpoints = status.get("attempt", 0), done
         if plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints:
             kind = plan[0]
             victim_id = None

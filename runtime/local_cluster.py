@@ -127,6 +127,8 @@ def summarise_progress(summary: dict[str, Any], elapsed_s: float) -> str:
     for name, agg in by_vertex.items():
         bp_pct = 100.0 * agg["bp"] / max(elapsed_s * agg["n"], 1e-9)
         parts.append(f"{name}: in {int(agg['in']):,} out {int(agg['out']):,} bp {min(bp_pct, 100):.0f}%")
+    if not parts and summary.get("state") not in ("FINISHED", "FAILED", "CANCELLED"):
+        parts.append("(tasks starting)")
     done, failed = summary.get("checkpoints_completed", 0), summary.get("checkpoints_failed", 0)
     if done or failed:
         last = summary.get("last_checkpoint") or {}
