@@ -423,9 +423,5 @@ class LocalLink:
             self.subpartition.on_sent()
 
 
-def describe_event(event: Event) -> str:
-    return str(event.body.get("t", "?"))
-
-
 def event(kind: str, **fields: Any) -> Event:
     return Event({"t": kind, **fields})
