@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.api import JobDefinitionError
-from runtime.graph import Plan, build_job, chain_graph, place_subtasks
+from runtime.graph import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str
 
     Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
     """
+    ensure_on_path(sys_path)  # the submitter's directory, as on the workers
     job = build_job(entry, name)
     vertices, edges = chain_graph(job)
     if not workers:

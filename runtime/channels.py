@@ -356,6 +356,24 @@ def whole_records_length(stream: bytes) -> int:
         end = unpacker.tell()
 
 
+def whole_records(prefix: bytes, buffers: list[Buffer]) -> bytes:
+    """`prefix` (starting at a record) then `buffers`, cut after the last whole record.
+
+    The consumer drops the partial record at the end: its producer stores it
+    whole. Only the tail is scanned, from the last record start a buffer
+    declares, so the cost does not grow with the amount of channel state.
+    """
+    stream = prefix + b"".join(b.data for b in buffers)
+    start = 0
+    position = len(stream)
+    for buffer in reversed(buffers):
+        position -= len(buffer.data)
+        if buffer.first_record_offset >= 0:
+            start = position + buffer.first_record_offset
+            break
+    return stream[: start + whole_records_length(stream[start:])]
+
+
 def overtaken_records(overtaken: list[Buffer]) -> bytes:
     """The whole records held by buffers a priority event overtook at the producer.
 

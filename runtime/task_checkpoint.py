@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from netstack.credit import Buffer, Event
 from runtime.barriers import BarrierSpec
-from runtime.channels import Subpartition, overtaken_records, whole_records_length
+from runtime.channels import Subpartition, overtaken_records, whole_records
 from runtime.checkpoint_writer import CheckpointWriter, Written
 from runtime.snapshots import copy_keyed_state, encode_channel_state, encode_operator_state
 
@@ -130,8 +130,7 @@ class TaskCheckpointer:
             def encode_inputs() -> bytes:
                 channels = {}
                 for cid, key in keys.items():
-                    stream = prefix.get(cid, b"") + b"".join(b.data for b in buffers[cid])
-                    stream = stream[:whole_records_length(stream)]  # the sender keeps the partial record whole
+                    stream = whole_records(prefix.get(cid, b""), buffers[cid])
                     if stream:
                         channels[key] = stream
                 return encode_channel_state("in", channels)

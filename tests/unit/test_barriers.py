@@ -34,6 +34,7 @@ from runtime.channels import (
     Subpartition,
     overtaken_records,
     split_records,
+    whole_records,
     whole_records_length,
 )
 
@@ -192,8 +193,7 @@ class Scenario:
                 self.in_state = {c: [] for c in self.records}
                 if action.unaligned:
                     for c in self.records:
-                        stream = self.prefix.get(c, b"") + b"".join(b.data for b in self.captured.get(c, []))
-                        self.in_state[c] = decode(stream[:whole_records_length(stream)])
+                        self.in_state[c] = decode(whole_records(self.prefix.get(c, b""), self.captured.get(c, [])))
                 self.gate.stop_recording()
             elif isinstance(action, Abandon):
                 raise AssertionError("a single checkpoint must not be abandoned")
