@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
+from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +116,17 @@ def running_cluster(cluster: Cluster) -> Cluster:
 def write_module(directory: Any, name: str, source: str) -> None:
     (directory / f"{name}.py").write_text(source)
     os.utime(directory / f"{name}.py")
+
+
+def committed_output(out: Path) -> tuple[dict[str, list[int]], list[str]]:
+    """Per key, the counts in visible part files (file by file, in order); and the hidden files."""
+    counts: dict[str, list[int]] = defaultdict(list)
+    hidden = []
+    for path in sorted(out.iterdir()) if out.exists() else []:
+        if path.name.startswith((".", "_")):
+            hidden.append(path.name)
+            continue
+        for line in path.read_text().splitlines():
+            key, n = json.loads(line)
+            counts[key].append(n)
+    return counts, hidden

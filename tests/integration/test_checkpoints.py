@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.connectors.generator import BLOCK, generate_block, key_names
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.integration.conftest import Cluster, committed_output, poll, write_module
 
 # Count is chained with its sink. The slow sink costs 200 us a record: ~5k records/s per subtask, against a
 # source that makes several hundred thousand a second when unhindered. What sits in front of one Count
@@ -136,20 +136,6 @@ def expected_counts() -> Counter[str]:
         counts.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=WORDS))
     assert sum(counts.values()) == WORDS
     return counts
-
-
-def committed_output(out: Path) -> tuple[dict[str, list[int]], list[str]]:
-    """Per key, the counts in visible part files (file by file, in order); and the hidden files."""
-    counts: dict[str, list[int]] = defaultdict(list)
-    hidden = []
-    for path in sorted(out.iterdir()) if out.exists() else []:
-        if path.name.startswith((".", "_")):
-            hidden.append(path.name)
-            continue
-        for line in path.read_text().splitlines():
-            key, n = json.loads(line)
-            counts[key].append(n)
-    return counts, hidden
 
 
 # -- 1: aligned vs unaligned under backpressure --------------------------------------------------------------

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from runtime.processes import child_env
+from tests.integration.conftest import committed_output
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,19 +22,6 @@ def quickstart_source() -> str:
     matching = [b for b in blocks if b.startswith("# wordcount.py")]
     assert matching, "README has no ```python block starting with '# wordcount.py'"
     return matching[0]
-
-
-def read_counts(out_dir: Path) -> tuple[dict[str, list[int]], list[str]]:
-    counts: dict[str, list[int]] = defaultdict(list)
-    hidden = []
-    for path in sorted(out_dir.iterdir()):
-        if path.name.startswith((".", "_")):
-            hidden.append(path.name)
-            continue
-        for line in path.read_text().splitlines():
-            key, n = json.loads(line)
-            counts[key].append(n)
-    return counts, hidden
 
 
 @pytest.mark.integration
@@ -49,7 +35,7 @@ def test_quickstart_output_is_exact(tmp_path: Path) -> None:
     assert "worker-1" in proc.stdout and "metrics 127.0.0.1:" in proc.stdout  # ports are printed
     assert "job FINISHED" in proc.stdout
 
-    counts, hidden = read_counts(tmp_path / "out")
+    counts, hidden = committed_output(tmp_path / "out")
     assert hidden == [], f"in-progress files left behind: {hidden}"
     assert len(counts) == 1000
     assert sum(len(v) for v in counts.values()) == 1_000_000
