@@ -132,14 +132,7 @@ ENDLESS_JOB = '''
 from runtime.api import DiscardSink, GeneratorSource, KeyedProcessFunction
 
 
-class Count(KeyedProcessFunction):
-    def open(self, ctx):
-        self.count = ctx.value_state("count", default=0)
-
-    def process(self, record, ctx):
-        n = self.count.value() + 1
-        self.count.update(n)
-        ctx.emit((record[0], n))
+from runtime.examples.wordcount import Count  # the README's keyed word count
 
 
 def build(job):
