@@ -27,9 +27,6 @@ from netstack.credit import Buffer, ChannelSender, CreditLedger, Event, SendData
 if TYPE_CHECKING:
     from runtime.task import Task
 
-DEFAULT_BUFFER_BYTES = 32 * 1024
-
-
 class Wakeable(Protocol):
     def wake(self, sender: ChannelSender) -> None: ...
 

@@ -195,6 +195,3 @@ class Plan:
             placement=dict(d["placement"]), workers={k: list(v) for k, v in d["workers"].items()},
             config=dict(d["config"]),
         )
-
-    def total_channels(self) -> int:
-        return sum(self.vertices[e.up].parallelism * self.vertices[e.down].parallelism for e in self.edges)

@@ -30,13 +30,6 @@ def subtask_for_key_group(group: int, max_parallelism: int, parallelism: int) ->
     return group * parallelism // max_parallelism
 
 
-def key_group_range(subtask: int, max_parallelism: int, parallelism: int) -> range:
-    """The key groups subtask `subtask` owns: the inverse of subtask_for_key_group."""
-    start = -(-subtask * max_parallelism // parallelism)
-    end = -(-(subtask + 1) * max_parallelism // parallelism)
-    return range(start, end)
-
-
 class KeyRouter:
     """key -> consumer subtask, with a bounded cache because the hash is the hot part."""
 
