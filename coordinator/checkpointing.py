@@ -50,15 +50,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("aligned", "unaligned", "aligned_timeout", "at_least_once")
+from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode
+
 HISTORY_SIZE = 50
 
 
 def check_mode(mode: str, aligned_timeout_s: float | None) -> None:
     """Raise ValueError for an unknown mode or an aligned_timeout mode without its timeout."""
-    if mode not in MODES:
-        raise ValueError(f"unknown checkpoint mode {mode!r}; accepted modes: {', '.join(MODES)}")
-    if mode == "aligned_timeout" and aligned_timeout_s is None:
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"unknown checkpoint mode {mode!r}; accepted modes: {', '.join(CHECKPOINT_MODES)}")
+    if mode == CheckpointMode.ALIGNED_TIMEOUT and aligned_timeout_s is None:
         raise ValueError("checkpoint mode 'aligned_timeout' needs aligned_timeout_s")
 
 
@@ -68,7 +69,7 @@ class CheckpointSettings:
     timeout_s: float = 60.0
     min_pause_s: float = 0.0  # between the end of one checkpoint and the start of the next
     tolerable_failures: int = 0  # consecutive failed checkpoints tolerated; one more -> FailJob
-    mode: str = "aligned"  # aligned | unaligned | aligned_timeout | at_least_once
+    mode: str = CheckpointMode.ALIGNED  # aligned | unaligned | aligned_timeout | at_least_once
     aligned_timeout_s: float | None = None  # used with mode aligned_timeout
     retain: int = 3  # completed checkpoints kept
 
@@ -290,9 +291,9 @@ class CheckpointCoordinator:
         if savepoint:
             if directory is None:
                 raise ValueError("a savepoint needs a directory")
-            if mode not in (None, "aligned"):
+            if mode not in (None, CheckpointMode.ALIGNED):
                 raise ValueError(f"savepoints are always aligned; cannot take one in mode {mode!r}")
-            mode = "aligned"
+            mode = CheckpointMode.ALIGNED
         elif directory is not None:
             raise ValueError("a directory is only for savepoints; checkpoints go to the job's checkpoint storage")
         mode = self.settings.mode if mode is None else mode
@@ -412,7 +413,7 @@ class CheckpointCoordinator:
         self._in_flight = cp
         self._last_trigger_at = now
         self._history.append(cp)
-        timeout = self.settings.aligned_timeout_s if req.mode == "aligned_timeout" else None
+        timeout = self.settings.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
         return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now)]
 
     def _start_queued(self, now: float) -> list[Instruction]:

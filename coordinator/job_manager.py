@@ -32,7 +32,8 @@ from coordinator.storage import CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
-from runtime.graph import JobLoadError, Plan
+from runtime.graph.enums import JobState
+from runtime.graph.plan import JobLoadError, Plan
 
 if TYPE_CHECKING:
     from coordinator.server import WorkerRecord
@@ -91,15 +92,15 @@ class JobManager:
     async def deploy(self, job: JobRecord, *, failed_at: float | None = None) -> None:
         plan = job.plan
         assert plan is not None
-        job.move("DEPLOYING")
+        job.move(JobState.DEPLOYING)
         involved = sorted(set(plan.placement.values()))
         try:
             links = [self.workers[w].link for w in involved]
             plan_dict = plan.to_dict()
             await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0) for link in links))
-            if job.state != "DEPLOYING":
+            if job.state != JobState.DEPLOYING:
                 return
-            job.move("RUNNING")
+            job.move(JobState.RUNNING)
             self._start_checkpoints(job, involved)
             await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
             if failed_at is not None:
@@ -155,7 +156,7 @@ class JobManager:
         if job.checkpoints is not None:
             job.checkpoints.ending = True  # finished tasks cannot take part in checkpoints any more
         if len(job.finished_tasks) == job.total_tasks():
-            job.move("FINISHING")
+            job.move(JobState.FINISHING)
             self._spawn(self._finalize(job))
 
     async def _finalize(self, job: JobRecord) -> None:
@@ -170,8 +171,8 @@ class JobManager:
             if job.attempt == attempt:
                 await self.on_failure(job, f"final commit failed: {exc}")
             return
-        if job.state == "FINISHING" and job.attempt == attempt:
-            job.move("FINISHED")
+        if job.state == JobState.FINISHING and job.attempt == attempt:
+            job.move(JobState.FINISHED)
             if job.checkpoints is not None:
                 job.checkpoints.stop("job finished")
             log.info("job %s finished", job.job_id)
@@ -180,13 +181,13 @@ class JobManager:
 
     def worker_lost(self, worker_id: str, why: str) -> None:
         for job in list(self.jobs.values()):
-            if job.state in ("DEPLOYING", "RUNNING", "FINISHING") and job.plan is not None \
+            if job.state in (JobState.DEPLOYING, JobState.RUNNING, JobState.FINISHING) and job.plan is not None \
                     and worker_id in job.plan.placement.values():
                 self._spawn(self.on_failure(job, f"worker {worker_id} lost: {why}"))
 
     async def on_failure(self, job: JobRecord, error: str) -> None:
         """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job."""
-        if job.terminal or job.state == "RESTARTING":
+        if job.terminal or job.state == JobState.RESTARTING:
             return
         failed_at = time.monotonic()
         job.failures.append(error)
@@ -196,32 +197,32 @@ class JobManager:
         if delay is None:
             tried = f" after {job.restarts} restarts" if job.restarts else ""
             log.error("job %s failed%s: %s", job.job_id, tried, error)
-            job.move("FAILED", f"{error}{' (restart attempts exhausted)' if job.restarts else ''}")
+            job.move(JobState.FAILED, f"{error}{' (restart attempts exhausted)' if job.restarts else ''}")
             await self.cancel_tasks(job)
             return
         log.error("job %s: %s; restarting in %.1fs (restart %d of %d)", job.job_id, error, delay,
                   job.restarts + 1, strategy.max_attempts)
-        job.move("RESTARTING")  # the cause is in job.failures; job.error is kept for a final failure
+        job.move(JobState.RESTARTING)  # the cause is in job.failures; job.error is kept for a final failure
         await self.cancel_tasks(job)
         await asyncio.sleep(delay)
         await self._restart(job, failed_at)
 
     async def _restart(self, job: JobRecord, failed_at: float) -> None:
         strategy = job.restart_strategy
-        while job.state == "RESTARTING":
+        while job.state == JobState.RESTARTING:
             job.restarts += 1
             job.attempt += 1
             deadline = time.monotonic() + strategy.slot_wait_s
             plan: Plan | None = None
             error = ""
-            while job.state == "RESTARTING" and time.monotonic() < deadline:
+            while job.state == JobState.RESTARTING and time.monotonic() < deadline:
                 try:
                     plan = self.plan(job)
                     break
                 except RpcError as exc:  # typically: not enough slots until a worker comes back
                     error = str(exc)
                     await asyncio.sleep(0.2)
-            if job.state != "RESTARTING":
+            if job.state != JobState.RESTARTING:
                 return
             if plan is not None:
                 try:
@@ -237,7 +238,7 @@ class JobManager:
             job.failures.append(error)
             delay = strategy.delay_before(job.restarts + 1)
             if delay is None:
-                job.move("FAILED", f"{error} (restart attempts exhausted)")
+                job.move(JobState.FAILED, f"{error} (restart attempts exhausted)")
                 return
             await asyncio.sleep(delay)
 
@@ -256,7 +257,7 @@ class JobManager:
     async def cancel(self, job: JobRecord, why: str) -> None:
         if job.terminal:
             return
-        job.move("CANCELLED", why)
+        job.move(JobState.CANCELLED, why)
         self._stop_checkpoints(job, why)
         await self.cancel_tasks(job)
 

@@ -13,17 +13,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runtime.graph import Plan
+from runtime.graph.enums import JobState
+from runtime.graph.plan import Plan
 
 TRANSITIONS: dict[str, frozenset[str]] = {
-    "CREATED": frozenset({"DEPLOYING", "FAILED", "CANCELLED"}),
-    "DEPLOYING": frozenset({"RUNNING", "RESTARTING", "FAILED", "CANCELLED"}),
-    "RUNNING": frozenset({"FINISHING", "RESTARTING", "FAILED", "CANCELLED"}),
-    "FINISHING": frozenset({"FINISHED", "RESTARTING", "FAILED", "CANCELLED"}),
-    "RESTARTING": frozenset({"DEPLOYING", "FAILED", "CANCELLED"}),
-    "FINISHED": frozenset(),
-    "FAILED": frozenset(),
-    "CANCELLED": frozenset(),
+    JobState.CREATED: frozenset({JobState.DEPLOYING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.DEPLOYING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset({JobState.FINISHING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.FINISHING: frozenset({JobState.FINISHED, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RESTARTING: frozenset({JobState.DEPLOYING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.FINISHED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
 }
 TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 
@@ -39,7 +40,7 @@ class JobRecord:
     name: str
     sys_path: str
     config: dict[str, Any]
-    state: str = "CREATED"
+    state: str = JobState.CREATED
     attempt: int = 0
     plan: Plan | None = None
     error: str = ""
@@ -68,7 +69,7 @@ class JobRecord:
     def checkpoint_counts(self) -> tuple[int, int]:
         """(completed, failed) over every attempt."""
         done = sum(h["status"] == "COMPLETED" for h in self.earlier_checkpoints)
-        failed = sum(h["status"] == "FAILED" for h in self.earlier_checkpoints)
+        failed = sum(h["status"] == JobState.FAILED for h in self.earlier_checkpoints)
         if self.checkpoints is not None:
             st = self.checkpoints.coordinator.statistics()
             done, failed = done + st.completed, failed + st.failed

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.metrics import protocol_failures
+from netstack.metrics_http import protocol_failures
+from runtime.graph.enums import JobState
 
 if TYPE_CHECKING:
     from coordinator.server import Coordinator
@@ -53,7 +54,7 @@ class CoordinatorCollector(Collector):
         slots = GaugeMetricFamily("sluice_slots_total", "Task slots offered by registered workers")
         slots.add_metric([], sum(w.slots for w in c.workers.values()))
         running = GaugeMetricFamily("sluice_jobs_running", "Jobs in state RUNNING")
-        running.add_metric([], sum(1 for j in c.jobs.values() if j.state in ("RUNNING", "FINISHING")))
+        running.add_metric([], sum(1 for j in c.jobs.values() if j.state in (JobState.RUNNING, JobState.FINISHING)))
         by_state = GaugeMetricFamily("sluice_jobs", "Jobs known to the coordinator, by state", labels=["state"])
         counts: dict[str, int] = {}
         for j in c.jobs.values():

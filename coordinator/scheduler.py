@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.api import JobDefinitionError
-from runtime.graph import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
+from runtime.graph.plan import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
 
 
 @dataclass(frozen=True)

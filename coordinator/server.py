@@ -30,8 +30,9 @@ from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
+from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, serve
-from runtime.metrics import serve_metrics
+from runtime.graph.enums import JobState
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -208,7 +209,7 @@ class Coordinator(BaseLinkHandler):
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
             raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
-        if job.state != "RUNNING" or job.checkpoints is None:
+        if job.state != JobState.RUNNING or job.checkpoints is None:
             raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING", "JobNotRunning")
         return job
 
@@ -274,7 +275,7 @@ class Coordinator(BaseLinkHandler):
         job = self.jobs.get(str(args.get("job_id")))
         if job is None or job.plan is None:
             raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
-        if job.state != "RUNNING":
+        if job.state != JobState.RUNNING:
             raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING", "JobNotRunning")
         probe_id = next(self._probe_ids)
         pending = PendingProbe(job.job_id, job.total_tasks())
@@ -306,7 +307,7 @@ class Coordinator(BaseLinkHandler):
 
     async def rpc_task_finished(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(args["job_id"])
-        if job is None or job.attempt != args.get("attempt") or job.state != "RUNNING":
+        if job is None or job.attempt != args.get("attempt") or job.state != JobState.RUNNING:
             return {"ignored": True}
         stats = args.get("stats")
         if isinstance(stats, dict) and "task" in stats:

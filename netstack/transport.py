@@ -125,7 +125,7 @@ class Link(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
         peer = transport.get_extra_info("peername")
         self.peer_address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=512 * 1024)
+        transport.set_write_buffer_limits(high=512 * 1024)  # type: ignore[attr-defined]  # a stream transport
         if self.connection.is_client:
             self._write([self.connection.hello()])
         loop = asyncio.get_running_loop()

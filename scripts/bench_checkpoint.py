@@ -274,7 +274,7 @@ def wait_quiet(max_other: float, timeout_s: float) -> float | None:
 
 
 def run_one(mode: str, buffers: int, seconds: float, warmup: float, max_warmup: float) -> dict[str, Any]:
-    from runtime.local_cluster import LocalCluster
+    from runtime.cli.local_cluster import LocalCluster
 
     log_dir = tempfile.mkdtemp(prefix="sluice-bench-cp-")
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir, state_dir=os.path.join(log_dir, "state"))

@@ -68,7 +68,7 @@ for path in (ROOT, SCRIPTS):
 
 from bench_throughput import _machine_busy_s, _proc_cpu_s, machine  # noqa: E402
 
-from runtime.local_cluster import LocalCluster  # noqa: E402
+from runtime.cli.local_cluster import LocalCluster  # noqa: E402
 
 MODULE = "recovery_job"
 ENTRY = f"{MODULE}:build"
@@ -84,7 +84,7 @@ import time
 
 from runtime.api import GeneratorSource, Job, KeyedProcessFunction, Sink
 from runtime.connectors.generator import key_names
-from runtime.partitioning import KeyRouter
+from runtime.graph.partitioning import KeyRouter
 
 KEYS = int(os.environ["SLUICE_RECOVERY_KEYS"])
 PAD = "x" * int(os.environ["SLUICE_RECOVERY_PAD"])

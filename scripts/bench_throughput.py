@@ -45,8 +45,8 @@ if ROOT not in sys.path:
 
 import msgpack  # noqa: E402
 
+from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster  # noqa: E402
 from runtime.connectors.generator import BLOCK, generate_block, key_names  # noqa: E402
-from runtime.local_cluster import LocalCluster, run_job_on_cluster  # noqa: E402
 
 ENTRY = "runtime.examples.wordcount:build_bench"
 # the parameters of GeneratorSource in build_bench

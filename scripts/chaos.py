@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from runtime.chaos import ChaosSettings, run_chaos
+from runtime.cli.chaos import ChaosSettings, run_chaos
 
 
 def median(values: list[float]) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.chaos import ChaosSettings, run_chaos
+from runtime.cli.chaos import ChaosSettings, run_chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

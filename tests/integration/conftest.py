@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from runtime.client import call_coordinator
-from runtime.processes import Managed, child_env, start_process, stop_process
+from runtime.cli.client import call_coordinator
+from runtime.cli.processes import Managed, child_env, start_process, stop_process
 
 
 class Cluster:

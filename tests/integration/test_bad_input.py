@@ -38,7 +38,7 @@ import pytest
 from netstack.credit import CreditLedger
 from netstack.errors import CloseReason
 from netstack.transport import HANDSHAKE_TIMEOUT_S, PROTOCOL_FAILURES
-from runtime.network import NetworkEnvironment
+from runtime.worker.network import NetworkEnvironment
 from tests.integration.conftest import Cluster, poll, write_module
 
 pytestmark = pytest.mark.integration

@@ -22,12 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from runtime.cli.processes import child_env
 from runtime.connectors.files import ParquetSource
 from runtime.connectors.generator import EVENT_TIME_START_MS, key_names, zipf_cum_weights
 from runtime.data.generate import generate
 from runtime.data.spark import find_java, start_session, stop_session
 from runtime.data.verify import verify
-from runtime.processes import child_env
 
 pytestmark = pytest.mark.integration
 

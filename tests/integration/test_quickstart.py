@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.processes import child_env
+from runtime.cli.processes import child_env
 from tests.integration.conftest import committed_output
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netstack.credit import ChannelSender, Event, SendData
-from runtime.barriers import (
+from runtime.checkpointing.barriers import (
     Abandon,
     BarrierHandler,
     BarrierSpec,
@@ -26,11 +26,10 @@ from runtime.barriers import (
     Snapshot,
     UnblockAll,
 )
-from runtime.channels import (
+from runtime.execution.channels import (
     ChannelReader,
     InputChannel,
     InputGate,
-    OutputGate,
     Subpartition,
     overtaken_records,
     split_records,
@@ -46,7 +45,7 @@ def decode(stream: bytes) -> list[Any]:
 
 
 class ModelTask:
-    """Just what InputGate needs from a task."""
+    """Just what InputGate needs from a task (its GateListener)."""
 
     def __init__(self) -> None:
         self.mailbox: list[tuple[str, int, Any]] = []
@@ -55,10 +54,10 @@ class ModelTask:
     def wake(self) -> None:
         pass
 
-    def post_priority(self, channel_id: int, seq: int, ev: Event) -> None:
+    def on_priority_event(self, channel_id: int, seq: int, ev: Event) -> None:
         self.mailbox.append(("barrier", channel_id, ev))
 
-    def on_inband_barrier_arrival(self, channel_id: int, body: dict[str, Any]) -> None:
+    def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None:
         # as the task does: start the deadline clock, and tell the handler through the mailbox
         self.deadline_specs.append(body)
         if body.get("mode") == "aligned_timeout":
@@ -82,7 +81,7 @@ class Scenario:
         for c in channels:
             sender = ChannelSender(c)
             sender.add_credit(10_000)
-            self.subs[c] = Subpartition(sender, OutputGate(lambda: None), limit=10_000, capacity=CAPACITY)
+            self.subs[c] = Subpartition(sender, limit=10_000, capacity=CAPACITY)
         self.produced = dict.fromkeys(channels, 0)
         self.barrier_sent = dict.fromkeys(channels, False)
         self.readers = {c: ChannelReader() for c in channels}
@@ -253,7 +252,7 @@ def test_snapshot_and_channel_state_account_for_every_record_before_the_barrier(
 
 def test_overtaken_records_keep_the_partly_sent_record_whole():
     sender = ChannelSender(1)
-    sub = Subpartition(sender, OutputGate(lambda: None), limit=100, capacity=8)
+    sub = Subpartition(sender, limit=100, capacity=8)
     long_record = msgpack.packb("x" * 20)  # spans three buffers
     sub.append(long_record)
     sub.append(msgpack.packb("tail"))

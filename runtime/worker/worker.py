@@ -8,6 +8,7 @@ wire channels), start, cancel. Data flows over the `NetworkEnvironment`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -23,15 +24,18 @@ from prometheus_client import CollectorRegistry
 
 from netstack.connection import Connection
 from netstack.errors import ConnectionLost, NetstackError, RpcError
+from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, dial
-from runtime.barriers import MODES, BarrierSpec
-from runtime.checkpoint_writer import CheckpointWriter
+from runtime.checkpointing.barriers import BarrierSpec
+from runtime.checkpointing.writer import CheckpointWriter
 from runtime.connectors.sinks import FINAL_CHECKPOINT
-from runtime.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
-from runtime.graph import Plan
-from runtime.metrics import WorkerCollector, serve_metrics
-from runtime.network import NetworkEnvironment
-from runtime.task import Task, TaskCancelled
+from runtime.execution.mailbox import InjectProbe
+from runtime.execution.task import Task, TaskCancelled
+from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode, TaskState
+from runtime.graph.plan import Plan
+from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
+from runtime.worker.metrics import WorkerCollector
+from runtime.worker.network import NetworkEnvironment
 
 log = logging.getLogger("sluice.worker")
 
@@ -126,6 +130,7 @@ class Worker(BaseLinkHandler):
                 if self.coordinator is None or self.coordinator.is_closing():
                     await self._connect_coordinator(data_port)
                     log.info("re-registered with the coordinator")
+                assert self.coordinator is not None
                 await self.coordinator.call("heartbeat", {"id": self.worker_id, "tasks": self._task_report()},
                                             timeout_s=10.0)
             except NetstackError as exc:
@@ -183,30 +188,30 @@ class Worker(BaseLinkHandler):
         deployed = self._running_job(args["job_id"])
         if args.get("attempt") != deployed.plan.attempt:
             raise RpcError(f"attempt {args.get('attempt')} is not the one running here", "WrongAttempt")
-        if args["mode"] not in MODES:
+        if args["mode"] not in CHECKPOINT_MODES:
             raise RpcError(f"unknown checkpoint mode {args['mode']!r}", "BadMode")
-        sources = [t for t in deployed.tasks.values() if t.source is not None]
-        finished = [t.task_id for t in sources if t.state != "running"]
+        sources = [key for key, t in deployed.tasks.items() if t.source is not None]
+        finished = [deployed.tasks[key].task_id for key in sources if deployed.tasks[key].state != TaskState.RUNNING]
         if finished:
             raise RpcError(f"source tasks not running: {', '.join(finished)}", "TasksNotRunning")
         deadline = None
-        if args["mode"] == "aligned_timeout":
+        if args["mode"] == CheckpointMode.ALIGNED_TIMEOUT:
             deadline = float(args["started_at"]) + float(args.get("aligned_timeout_s") or 0.0)
         spec = BarrierSpec(int(args["checkpoint_id"]), str(args["mode"]), float(args["started_at"]), deadline,
                            bool(args.get("savepoint")), str(args["directory"]))
-        for task in sources:
-            task.post("trigger", spec)
+        for key in sources:
+            deployed.checkpoints[key].trigger(spec)
         return {"sources": len(sources)}
 
     def _notify_tasks(self, job_id: str, attempt: Any, kind: str, checkpoint_id: int) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
         if deployed is None or deployed.plan.attempt != attempt:
             return {"tasks": 0}  # another attempt's notification: its sinks must not commit ours
-        for task in deployed.tasks.values():
-            if task.state == "running":
-                task.post(kind, checkpoint_id)
-            elif kind == "checkpoint_complete" and task.state == "finished":
-                task.chain.commit_sinks(checkpoint_id)
+        for checkpoints in deployed.checkpoints.values():
+            if kind == "checkpoint_complete":
+                checkpoints.notify_complete(checkpoint_id)
+            else:
+                checkpoints.notify_aborted(checkpoint_id)
         return {"tasks": len(deployed.tasks)}
 
     def _finalize(self, job_id: str, attempt: int) -> dict[str, Any]:
@@ -225,13 +230,13 @@ class Worker(BaseLinkHandler):
         def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: dict[str, Any]) -> None:
             self._spawn(self._report("ack_checkpoint", {
                 "job_id": job_id, "attempt": attempt, "checkpoint_id": spec.checkpoint_id,
-                "task": task.task_id.rsplit("/", 1)[-1], "state": files, "figures": figures}))
+                "task": task.key.vertex_subtask, "state": files, "figures": figures}))
 
         def on_decline(task: Task, checkpoint_id: int, reason: str) -> None:
             log.warning("task %s declined checkpoint %d: %s", task.task_id, checkpoint_id, reason)
             self._spawn(self._report("decline_checkpoint", {
                 "job_id": job_id, "attempt": attempt, "checkpoint_id": checkpoint_id,
-                "task": task.task_id.rsplit("/", 1)[-1], "reason": reason}))
+                "task": task.key.vertex_subtask, "reason": reason}))
 
         return CheckpointHooks(self.writer, on_ack, on_decline)
 
@@ -239,9 +244,9 @@ class Worker(BaseLinkHandler):
         deployed = self.jobs.get(job_id)
         if deployed is None:
             raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
-        sources = [t for t in deployed.tasks.values() if t.source is not None and t.state == "running"]
+        sources = [t for t in deployed.tasks.values() if t.source is not None and t.state == TaskState.RUNNING]
         for task in sources:
-            task.post("inject_probe", probe_id)
+            task.post(InjectProbe(probe_id))
         return {"sources": len(sources)}
 
     def _probe_complete(self, job_id: str, attempt: int, task: Task, probe_id: int, overtaken_out: int,
@@ -255,11 +260,10 @@ class Worker(BaseLinkHandler):
         if deployed is None:
             raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
         for key, task in deployed.tasks.items():
-            task.on_probe_complete = (lambda t, pid, out, inp, job=job_id, att=deployed.plan.attempt:
-                                      self._probe_complete(job, att, t, pid, out, inp))
+            task.on_probe_complete = functools.partial(self._probe_complete, job_id, deployed.plan.attempt)
             runner = asyncio.create_task(task.run(), name=task.task_id)
             deployed.running[key] = runner
-            runner.add_done_callback(lambda t, job=job_id, k=key: self._on_task_done(job, k, t))
+            runner.add_done_callback(functools.partial(self._on_task_done, job_id, key))
         return {"started": len(deployed.tasks)}
 
     def _on_task_done(self, job_id: str, key: str, runner: asyncio.Task[None]) -> None:
@@ -280,7 +284,7 @@ class Worker(BaseLinkHandler):
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
             self._spawn(self._report("task_failed", {"job_id": job_id, "task": key, "attempt": deployed.plan.attempt,
                                                      "error": f"{type(exc).__name__}: {exc}"}))
-        if all(t.state == "finished" for t in deployed.tasks.values()):
+        if all(t.state == TaskState.FINISHED for t in deployed.tasks.values()):
             self._spawn(self._release_when_drained(job_id, deployed))
 
     async def _release_when_drained(self, job_id: str, deployed: DeployedJob) -> None:

@@ -12,17 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
-from runtime.connectors.generator import GeneratorSource
-from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
+from runtime.api.functions import KeyedProcessFunction, ProcessFunction
+from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
-from runtime.functions import Context, KeyedContext, KeyedProcessFunction, ProcessFunction, ValueState
-
-__all__ = [
-    "Job", "DataStream", "KeyedStream", "GeneratorSource", "FileSink", "JsonLinesSource", "ParquetSource",
-    "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
-    "KeyedContext", "ValueState", "JobDefinitionError",
-]
 
 DEFAULT_MAX_PARALLELISM = 128
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("aligned", "unaligned", "aligned_timeout", "at_least_once")
+from runtime.graph.enums import CheckpointMode
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,9 @@ class BarrierHandler:
             raise ValueError(f"barrier {spec.checkpoint_id} twice on channel {channel_id}")
         p.seen.add(channel_id)
         mode = p.spec.mode
-        if mode == "at_least_once":
+        if mode == CheckpointMode.AT_LEAST_ONCE:
             pass
-        elif mode == "unaligned" or priority or p.unaligned:
+        elif mode == CheckpointMode.UNALIGNED or priority or p.unaligned:
             if not p.snapshotted:
                 actions += self._go_unaligned(p)
         elif not p.snapshotted:
@@ -168,7 +168,7 @@ class BarrierHandler:
         backpressure they can sit in the input queues behind data, which is
         exactly when the switch matters.
         """
-        if spec.mode != "aligned_timeout" or spec.deadline is None or now < spec.deadline:
+        if spec.mode != CheckpointMode.ALIGNED_TIMEOUT or spec.deadline is None or now < spec.deadline:
             return []
         if spec.checkpoint_id <= self.last_finished:
             return []

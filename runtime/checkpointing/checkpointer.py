@@ -21,21 +21,20 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from netstack.credit import Buffer, Event
-from runtime.barriers import BarrierSpec
-from runtime.channels import Subpartition, overtaken_records, whole_records
-from runtime.checkpoint_writer import CheckpointWriter, Written
-from runtime.snapshots import copy_keyed_state, encode_channel_state, encode_operator_state
-
-if TYPE_CHECKING:
-    from runtime.task import Task
+from runtime.checkpointing.barriers import BarrierSpec
+from runtime.checkpointing.snapshots import encode_channel_state, encode_operator_state
+from runtime.checkpointing.writer import CheckpointWriter, Written
+from runtime.execution.channels import Subpartition, overtaken_records, whole_records
+from runtime.execution.task import CheckpointStatistics, Task
+from runtime.graph.enums import CheckpointMode
 
 log = logging.getLogger("sluice.checkpoint")
 
-AckCallback = Callable[["Task", BarrierSpec, dict[str, Any], dict[str, Any]], None]
-DeclineCallback = Callable[["Task", int, str], None]
+AckCallback = Callable[[Task, BarrierSpec, dict[str, Any], dict[str, Any]], None]
+DeclineCallback = Callable[[Task, int, str], None]
 
 
 @dataclass
@@ -70,26 +69,33 @@ class TaskCheckpointer:
         self.on_ack = on_ack
         self.on_decline = on_decline
         self.run: CheckpointRun | None = None
+        self._first_barrier: tuple[float, float] | None = None  # (monotonic, wall) of the pending checkpoint
         self.last_alignment_s = 0.0
         self.last_start_delay_s = 0.0
         self.last_inflight_bytes = 0
         self.inflight_bytes_total = 0
 
+    def statistics(self) -> CheckpointStatistics:
+        return CheckpointStatistics(self.last_alignment_s, self.last_start_delay_s, self.last_inflight_bytes,
+                                    self.inflight_bytes_total)
+
     # -- snapshot ---------------------------------------------------------------
+
+    def mark_first_barrier(self) -> None:
+        """The first barrier (or trigger) of the next checkpoint reached the task: its clocks start now."""
+        self._first_barrier = (time.monotonic(), time.time())
 
     def snapshot(self, spec: BarrierSpec, *, unaligned: bool) -> None:
         task = self.task
         if self.run is not None and not self.run.acked:
             self.abandon(self.run.spec.checkpoint_id, "superseded by a newer checkpoint")
         t0 = time.perf_counter()
-        chain = task.chain
-        keyed = copy_keyed_state(chain.keyed_state)
-        sinks = chain.snapshot_sinks(spec.checkpoint_id)
+        keyed, sinks = task.snapshot_operator_state(spec.checkpoint_id)
         source = task.source_position()
         barrier = Event(spec.to_body())
-        run = CheckpointRun(spec, unaligned, barrier, started=task.first_barrier_monotonic or time.monotonic(),
-                            first_barrier_wall=task.first_barrier_wall or time.time())
-        task.first_barrier_monotonic = task.first_barrier_wall = None
+        started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
+        self._first_barrier = None
+        run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
         self.run = run
         for sub in task.subpartitions:
             if unaligned:
@@ -98,7 +104,7 @@ class TaskCheckpointer:
                     run.out_state[sub.key] = stream
             else:
                 sub.add_event(barrier)
-                if spec.mode == "aligned_timeout":
+                if spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
                     run.outputs_waiting.append(sub)
         if unaligned and task.gate is not None:
             run.in_buffers = task.gate.start_recording(spec.checkpoint_id)

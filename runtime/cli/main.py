@@ -16,7 +16,7 @@ from typing import Any
 
 from netstack.errors import NetstackError
 from netstack.transport import install_uvloop
-from runtime.config import load_token, parse_address, parse_duration
+from runtime.graph.config import load_token, parse_address, parse_duration
 
 
 def _duration(text: str) -> float:
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any]) -> Any:
-    from runtime.client import call_coordinator
+    from runtime.cli.client import call_coordinator
 
     host, port = args.coordinator
     return asyncio.run(call_coordinator(host, port, load_token(args.token_file), method, payload))
@@ -249,7 +249,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         asyncio.run(run_coordinator(config))
         return 0
     if args.command == "worker":
-        from runtime.worker import WorkerConfig, run_worker
+        from runtime.worker.worker import WorkerConfig, run_worker
 
         host, port = args.coordinator
         wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
@@ -322,13 +322,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                   f"output and {r['overtaken_input_buffers']} input buffers")
         return 0 if result["complete"] else 1
     if args.command == "local":
-        from runtime.local_cluster import run_local
+        from runtime.cli.local_cluster import run_local
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
                          restore=_abs(args.restore), restart_workers=not args.no_restart_workers)
     if args.command == "demo":
-        from runtime.demo import run_demo
+        from runtime.cli.demo import run_demo
 
         return run_demo(records=args.records, directory=args.dir)
     if args.command == "data":

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.errors import NetstackError
-from runtime.client import call_coordinator
-from runtime.processes import Managed, child_env, start_process, stop_process
+from runtime.cli.client import call_coordinator
+from runtime.cli.processes import Managed, child_env, start_process, stop_process
 
 
 @dataclass
@@ -64,7 +64,7 @@ class LocalCluster:
 
     def supervise(self) -> list[str]:
         """Start again every worker process that died; returns what was done, for the progress display."""
-        events = []
+        events: list[str] = []
         if not self.restart_workers:
             return events
         for i, w in enumerate(self.worker_procs):

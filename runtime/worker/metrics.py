@@ -10,20 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from netstack.transport import PROTOCOL_FAILURES
+from netstack.metrics_http import protocol_failures
+from runtime.graph.enums import TaskState
 
 if TYPE_CHECKING:
-    from runtime.worker import Worker
-
-
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> int:
-    """Serve /metrics in a background thread; returns the bound port (port 0 picks one)."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return int(server.server_port)
+    from runtime.worker.worker import Worker
 
 
 class WorkerCollector(Collector):
@@ -58,8 +52,7 @@ class WorkerCollector(Collector):
                                               labels=labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
-            vertex_sub = task.task_id.rsplit("/", 1)[-1]
-            values = [job_id, task.name.rsplit(" (", 1)[0], vertex_sub.split(":")[1]]
+            values = [job_id, task.key.operator, str(task.key.subtask)]
             rin.add_metric(values, st.records_in)
             rout.add_metric(values, st.records_out)
             busy.add_metric(values, st.busy_s)
@@ -103,13 +96,5 @@ class WorkerCollector(Collector):
         slots = GaugeMetricFamily("sluice_worker_slots", "Task slots this worker offers")
         slots.add_metric([], self.worker.config.slots)
         running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
-        running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == "running"))
+        running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == TaskState.RUNNING))
         yield from (slots, running, protocol_failures())
-
-
-def protocol_failures() -> Metric:
-    family = CounterMetricFamily("sluice_connections_refused", "Connections closed because the peer broke the "
-                                 "protocol (bad frame, wrong token, data without credit...)", labels=["reason"])
-    for reason, n in sorted(PROTOCOL_FAILURES.items()):
-        family.add_metric([reason], n)
-    return family

@@ -19,15 +19,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from netstack.credit import Buffer, Event
-from runtime.barriers import Abandon, Action, BarrierHandler, BarrierSpec, Block, InputsComplete, Snapshot, UnblockAll
-from runtime.channels import ChannelReader, InputGate, OutputGate, Subpartition, event
 from runtime.connectors.source import Source
-from runtime.operators import Chain
-from runtime.probes import ProbeTracker
-from runtime.task_checkpoint import TaskCheckpointer
+from runtime.execution.channels import ChannelReader, InputChannel, InputGate, OutputGate, Subpartition, event
+from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
+from runtime.execution.operators import Chain
+from runtime.execution.probes import ProbeTracker
+from runtime.graph.enums import TaskState
 
 log = logging.getLogger("sluice.task")
 
@@ -37,6 +37,38 @@ SOURCE_BATCH = 512
 
 class TaskCancelled(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class TaskKey:
+    """Which subtask this is, as structured fields (metrics labels, checkpoint files, logs)."""
+
+    job_id: str
+    vertex: int
+    subtask: int
+    operator: str  # the vertex's display name
+    parallelism: int
+
+    @property
+    def vertex_subtask(self) -> str:
+        """"<vertex>:<subtask>", stable across attempts (checkpoint files and acknowledgements use it)."""
+        return f"{self.vertex}:{self.subtask}"
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.job_id}/{self.vertex}:{self.subtask}"
+
+    @property
+    def display_name(self) -> str:
+        return f"{self.operator} ({self.subtask + 1}/{self.parallelism})"
+
+
+@dataclass(frozen=True)
+class CheckpointStatistics:
+    last_alignment_s: float = 0.0
+    last_start_delay_s: float = 0.0
+    last_inflight_bytes: int = 0
+    inflight_bytes_total: int = 0
 
 
 @dataclass
@@ -61,23 +93,56 @@ class TaskStatistics:
 class RestoredState:
     """What a task restores before it processes anything new."""
 
-    operator: dict[str, Any] | None = None
+    keyed: dict[int, dict[str, dict[Any, Any]]] | None = None  # node id -> state name -> key -> value
+    source: Any = None  # [position before the batch, records of it already emitted]
+    sinks: list[Any] | None = None  # the sinks' pre-committed state, in chain order
     inputs: dict[int, bytes] | None = None  # channel id -> whole records
     outputs: dict[str, bytes] | None = None  # subpartition key -> whole records
 
 
+class CheckpointListener(Protocol):
+    """What a task tells the checkpointing layer. The task calls these on its own turn (between
+    records), except `on_barrier_queued`, which the input gate calls from a network callback."""
+
+    def on_barrier(self, channel_id: int, body: dict[str, Any], *, priority: bool) -> None: ...
+
+    def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None: ...
+
+    def on_channel_ended(self, channel_id: int) -> None: ...
+
+    def poll(self, now: float) -> None: ...
+
+    def close(self) -> None: ...
+
+    def statistics(self) -> CheckpointStatistics: ...
+
+
+@dataclass(frozen=True)
+class Credits:
+    exclusive: int
+    floating: int
+
+
 class Task:
-    def __init__(self, *, task_id: str, name: str, chain: Chain, outputs: list[Subpartition],
-                 source: Source | None, flush_timeout_s: float) -> None:
-        self.task_id = task_id
-        self.name = name
+    """One subtask. Built complete by the worker's task factory; `checkpoints` makes its listener."""
+
+    def __init__(self, *, key: TaskKey, chain: Chain, outputs: list[Subpartition], output_gate: OutputGate,
+                 inputs: list[InputChannel], credits: Credits, source: Source | None, flush_timeout_s: float,
+                 restore: RestoredState | None = None,
+                 checkpoints: Callable[[Task], CheckpointListener] | None = None) -> None:
+        self.key = key
+        self.task_id = key.task_id
+        self.name = key.display_name
         self.chain = chain
         self.subpartitions = outputs
         self.source = source
-        self.gate: InputGate | None = None
         self.flush_timeout_s = flush_timeout_s
-        self.output = OutputGate(self.wake)
-        self.mailbox: deque[tuple[str, Any]] = deque()
+        self.output = output_gate
+        output_gate.bind(self.wake)
+        self.gate: InputGate | None = (InputGate(self, inputs, exclusive=credits.exclusive, floating=credits.floating)
+                                       if inputs else None)
+        self.restore = restore
+        self.mailbox: deque[Message] = deque()
         self._wakeup = asyncio.Event()
         self._readers: dict[int, ChannelReader] = {}
         # restored input channel state not processed yet: it precedes everything on its channel
@@ -87,11 +152,6 @@ class Task:
         self._stride = 64
         # called with (task, probe_id, overtaken output buffers, overtaken input buffers) when a probe completes
         self.on_probe_complete: Callable[[Task, int, int, int], None] = lambda *args: None
-        self.barriers: BarrierHandler | None = None
-        self.checkpointer: TaskCheckpointer | None = None
-        self.first_barrier_monotonic: float | None = None
-        self.first_barrier_wall: float | None = None
-        self.restore: RestoredState | None = None
         self._batch_position: Any = None
         self._batch_emitted = 0
         self._skip_on_restore = 0
@@ -100,27 +160,29 @@ class Task:
         self.backpressured_s = 0.0
         self.started_at: float | None = None
         self.finished_at: float | None = None
-        self.state = "created"
-        self._cancelled = False
-        self._deadline_timer: asyncio.TimerHandle | None = None
-        self._deadline_spec: BarrierSpec | None = None
+        self.state = TaskState.CREATED
+        self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
     # -- signals from outside (network callbacks, the worker) -----------------
 
     def wake(self) -> None:
         self._wakeup.set()
 
-    def post(self, kind: str, payload: Any = None) -> None:
-        self.mailbox.append((kind, payload))
+    def post(self, message: Message) -> None:
+        self.mailbox.append(message)
         self._wakeup.set()
 
-    def post_priority(self, channel_id: int, seq: int, ev: Event) -> None:
-        # ahead of queued input: the mailbox is served before the next record
-        self.post("priority_event", (channel_id, seq, ev))
+    def on_priority_event(self, channel_id: int, seq: int, ev: Event) -> None:
+        """The gate's listener: a priority event goes ahead of queued input (the mailbox is served first)."""
+        self.post(PriorityEvent(channel_id, seq, ev))
+
+    def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None:
+        """The gate's listener: an in-band barrier reached the gate (it may wait there behind data)."""
+        if self.checkpoints is not None:
+            self.checkpoints.on_barrier_queued(channel_id, body)
 
     def cancel(self) -> None:
-        self._cancelled = True
-        self.post("cancel")
+        self.post(Cancel())
 
     # -- statistics -------------------------------------------------------------
 
@@ -129,7 +191,7 @@ class Task:
         start = self.started_at or now
         end = self.finished_at or now
         busy = max(0.0, (end - start) - self.idle_s - self.backpressured_s)
-        cp = self.checkpointer
+        cp = self.checkpoints.statistics() if self.checkpoints is not None else CheckpointStatistics()
         return TaskStatistics(
             records_in=self.records_in,
             records_out=self.chain.records_out,
@@ -141,17 +203,17 @@ class Task:
             output_buffers_limit=sum(s.limit for s in self.subpartitions),
             bytes_in=self.gate.bytes_in if self.gate else 0,
             bytes_out=sum(s.bytes_out for s in self.subpartitions),
-            last_alignment_s=cp.last_alignment_s if cp else 0.0,
-            last_start_delay_s=cp.last_start_delay_s if cp else 0.0,
-            last_inflight_bytes=cp.last_inflight_bytes if cp else 0,
-            inflight_bytes_total=cp.inflight_bytes_total if cp else 0,
+            last_alignment_s=cp.last_alignment_s,
+            last_start_delay_s=cp.last_start_delay_s,
+            last_inflight_bytes=cp.last_inflight_bytes,
+            inflight_bytes_total=cp.inflight_bytes_total,
         )
 
     # -- the loop -----------------------------------------------------------------
 
     async def run(self) -> None:
         self.started_at = time.monotonic()
-        self.state = "running"
+        self.state = TaskState.RUNNING
         flusher = asyncio.create_task(self._flush_periodically())
         try:
             self._restore_operator_state()
@@ -166,18 +228,18 @@ class Task:
             for sub in self.subpartitions:
                 sub.add_event(event("end"))
             await self._wait_drained()
-            self.state = "finished"
+            self.state = TaskState.FINISHED
         except (TaskCancelled, asyncio.CancelledError):
-            self.state = "cancelled"
+            self.state = TaskState.CANCELLED
             raise
         except BaseException:
-            self.state = "failed"
+            self.state = TaskState.FAILED
             raise
         finally:
             self.finished_at = time.monotonic()
             flusher.cancel()
-            if self._deadline_timer is not None:
-                self._deadline_timer.cancel()
+            if self.checkpoints is not None:
+                self.checkpoints.close()
             try:
                 self.chain.close()
             except Exception as exc:  # closing must not hide the task's own outcome
@@ -190,8 +252,8 @@ class Task:
             for sub in self.subpartitions:
                 if sub.buf:
                     sub.flush()
-            if self.checkpointer is not None and self.checkpointer.waiting_outputs():
-                self.checkpointer.poll_outputs(time.time())
+            if self.checkpoints is not None:
+                self.checkpoints.poll(time.time())
 
     async def _wait(self, timeout_s: float | None = None) -> None:
         self._wakeup.clear()
@@ -205,104 +267,29 @@ class Task:
 
     def _serve_mailbox(self) -> None:
         while self.mailbox:
-            kind, payload = self.mailbox.popleft()
-            if kind == "cancel":
+            message = self.mailbox.popleft()
+            if isinstance(message, Mail):
+                message.run()
+            elif isinstance(message, PriorityEvent):
+                self._on_priority_event(message.channel_id, message.seq, message.event)
+            elif isinstance(message, InjectProbe):
+                overtaken = self._forward_priority(event("probe", id=message.probe_id))
+                self.on_probe_complete(self, message.probe_id, overtaken, 0)
+            elif isinstance(message, Cancel):
                 raise TaskCancelled(self.task_id)
-            if kind == "priority_event":
-                channel_id, seq, ev = payload
-                self._on_priority_event(channel_id, seq, ev)
-            elif kind == "trigger":
-                self._trigger(payload)
-            elif kind == "deadline":
-                self._on_deadline()
-            elif kind == "barrier_arrived":
-                if self.barriers is not None and self.checkpointer is not None:
-                    self._carry_out(self.barriers.on_arrival(*payload))
-            elif kind == "checkpoint_complete":
-                self.chain.commit_sinks(payload)
-            elif kind == "checkpoint_aborted":
-                self._on_checkpoint_aborted(payload)
-            elif kind == "inject_probe":
-                overtaken = self._forward_priority(event("probe", id=payload))
-                self.on_probe_complete(self, payload, overtaken, 0)
 
     def _forward_priority(self, ev: Event) -> int:
         """Send `ev` ahead of all queued data on every output; returns how many buffers it overtook."""
         return sum(len(sub.add_event(ev, priority=True)) for sub in self.subpartitions)
 
-    # -- checkpoints ------------------------------------------------------------------
+    # -- what a snapshot reads ------------------------------------------------------------
 
-    def _trigger(self, spec: BarrierSpec) -> None:
-        """A source starts checkpoint `spec` (the coordinator's trigger)."""
-        if self.checkpointer is None:
-            return
-        self.first_barrier_monotonic, self.first_barrier_wall = time.monotonic(), time.time()
-        self.checkpointer.snapshot(spec, unaligned=spec.mode == "unaligned")
-        self._arm_deadline(spec)
-
-    def _on_barrier(self, channel_id: int, spec: BarrierSpec, *, priority: bool) -> None:
-        if self.barriers is None or self.checkpointer is None:
-            return
-        if self.barriers.pending is None:
-            self.first_barrier_monotonic, self.first_barrier_wall = time.monotonic(), time.time()
-        self._carry_out(self.barriers.on_barrier(channel_id, spec, priority=priority, now=time.time()))
-        self._arm_deadline(spec)
-
-    def _carry_out(self, actions: list[Action]) -> None:
-        gate = self.gate
-        checkpointer = self.checkpointer
-        assert checkpointer is not None
-        for action in actions:
-            if isinstance(action, Block):
-                assert gate is not None
-                gate.block(action.channel_id)
-            elif isinstance(action, UnblockAll):
-                if gate is not None:
-                    gate.unblock_all()
-            elif isinstance(action, Snapshot):
-                checkpointer.snapshot(action.spec, unaligned=action.unaligned)
-            elif isinstance(action, InputsComplete):
-                checkpointer.inputs_complete(action.spec, unaligned=action.unaligned)
-            elif isinstance(action, Abandon):
-                checkpointer.abandon(action.checkpoint_id, "a newer checkpoint overtook it")
-
-    def on_inband_barrier_arrival(self, channel_id: int, body: dict[str, Any]) -> None:
-        """An aligned barrier reached the input gate (it may wait there behind data): start its clock, and let
-        the barrier handler know, so that it counts once the checkpoint switches to unaligned."""
-        if body.get("mode") == "aligned_timeout":
-            spec = BarrierSpec.from_body(body)
-            if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
-                self._arm_deadline(spec)
-            self.post("barrier_arrived", (channel_id, spec))
-
-    def _arm_deadline(self, spec: BarrierSpec) -> None:
-        if spec.mode != "aligned_timeout" or spec.deadline is None:
-            return
-        if self._deadline_spec is not None and self._deadline_spec.checkpoint_id == spec.checkpoint_id:
-            return
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-        self._deadline_spec = spec
-        delay = max(0.0, spec.deadline - time.time())
-        self._deadline_timer = asyncio.get_running_loop().call_later(delay, self.post, "deadline", spec.checkpoint_id)
-
-    def _on_deadline(self) -> None:
-        now = time.time()
-        spec = self._deadline_spec
-        if self.barriers is not None and spec is not None:
-            if self.barriers.pending is None:
-                self.first_barrier_monotonic, self.first_barrier_wall = time.monotonic(), time.time()
-            self._carry_out(self.barriers.on_time(now, spec))
-        if self.checkpointer is not None:
-            self.checkpointer.poll_outputs(now)
-
-    def _on_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        if self.barriers is not None:
-            self._carry_out(self.barriers.abort(checkpoint_id))
-        if self.checkpointer is not None:
-            run = self.checkpointer.run
-            if run is not None and run.spec.checkpoint_id == checkpoint_id and not run.acked:
-                self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")
+    def snapshot_operator_state(self, checkpoint_id: int) -> tuple[dict[int, dict[str, dict[Any, Any]]], list[Any]]:
+        """The synchronous part of a snapshot: copies of the keyed state tables (values are immutable by
+        contract), and the sinks' pre-committed state for `checkpoint_id`."""
+        keyed = {node: {name: table.copy() for name, table in tables.items()}
+                 for node, tables in self.chain.keyed_state.items()}
+        return keyed, self.chain.snapshot_sinks(checkpoint_id)
 
     def source_position(self) -> Any:
         """Where a restored source resumes: the position before the current batch, and how much of it was emitted."""
@@ -322,12 +309,12 @@ class Task:
     # -- restore ----------------------------------------------------------------------
 
     def _restore_operator_state(self) -> None:
-        if self.restore is None or self.restore.operator is None:
+        restore = self.restore
+        if restore is None:
             return
-        state = self.restore.operator
-        self.chain.restore_state(state)
-        if self.source is not None and state.get("source"):
-            position, emitted = state["source"]
+        self.chain.restore_state(restore.keyed or {}, restore.sinks)
+        if self.source is not None and restore.source:
+            position, emitted = restore.source
             self._batch_position = position
             self._skip_on_restore = int(emitted)
 
@@ -488,17 +475,19 @@ class Task:
         assert gate is not None
         if kind == "end":
             gate.end_channel(channel_id)
-            if self.barriers is not None and self.checkpointer is not None:
-                self._carry_out(self.barriers.on_channel_ended(channel_id))
+            if self.checkpoints is not None:
+                self.checkpoints.on_channel_ended(channel_id)
         elif kind == "barrier":
-            self._on_barrier(channel_id, BarrierSpec.from_body(ev.body), priority=False)
+            if self.checkpoints is not None:
+                self.checkpoints.on_barrier(channel_id, ev.body, priority=False)
         else:
             log.warning("task %s: unknown in-band event %r on channel %d", self.task_id, kind, channel_id)
 
     def _on_priority_event(self, channel_id: int, seq: int, ev: Event) -> None:
         kind = ev.body.get("t")
         if kind == "barrier":
-            self._on_barrier(channel_id, BarrierSpec.from_body(ev.body), priority=True)
+            if self.checkpoints is not None:
+                self.checkpoints.on_barrier(channel_id, ev.body, priority=True)
             return
         if kind != "probe":
             log.warning("task %s: unknown priority event %r on channel %d", self.task_id, kind, channel_id)

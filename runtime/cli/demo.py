@@ -21,8 +21,8 @@ import statistics
 import time
 from typing import Any
 
-from runtime.chaos import ChaosSettings, generate_input, sink_workers, verify_output
-from runtime.local_cluster import LocalCluster, run_job_on_cluster, summarise_progress
+from runtime.cli.chaos import ChaosSettings, generate_input, sink_workers, verify_output
+from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster, summarise_progress
 
 SINK_DELAY_S = 0.00004
 

@@ -13,11 +13,10 @@ from typing import Any
 
 import msgpack
 
-from runtime.api import Job, Node
-from runtime.channels import Subpartition
+from runtime.api import Context, Job, KeyedContext, Node, ProcessFunction
 from runtime.connectors.sinks import Sink
-from runtime.functions import Context, KeyedContext, ProcessFunction
-from runtime.partitioning import KeyRouter
+from runtime.execution.channels import Subpartition
+from runtime.graph.partitioning import KeyRouter
 
 Emit = Callable[[Any], None]
 _MISSING = object()
@@ -211,16 +210,14 @@ class Chain:
         for sink in self.sinks:
             sink.commit(checkpoint_id)
 
-    def restore_state(self, state: dict[str, Any]) -> None:
+    def restore_state(self, keyed: dict[int, dict[str, dict[Any, Any]]], sinks: list[Any] | None) -> None:
         """Load keyed state in place (closures hold the tables) and hand sinks their pre-committed files."""
-        from runtime.snapshots import keyed_tables
-
-        for node, tables in keyed_tables(state).items():
+        for node, tables in keyed.items():
             for name, restored in tables.items():
                 table = self.keyed_state.setdefault(node, {}).setdefault(name, {})
                 table.clear()
                 table.update(restored)
-        self._restored_sinks = list(state.get("sinks") or [])
+        self._restored_sinks = list(sinks or [])
 
     def open(self) -> None:
         restored = self._restored_sinks

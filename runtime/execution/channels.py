@@ -18,14 +18,22 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgpack
 
 from netstack.credit import Buffer, ChannelSender, CreditLedger, Event, SendData
 
-if TYPE_CHECKING:
-    from runtime.task import Task
+
+class GateListener(Protocol):
+    """What an input gate tells its task; all three are called from network callbacks."""
+
+    def wake(self) -> None: ...
+
+    def on_priority_event(self, channel_id: int, seq: int, event: Event) -> None: ...
+
+    def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None: ...
+
 
 class Wakeable(Protocol):
     def wake(self, sender: ChannelSender) -> None: ...
@@ -36,8 +44,12 @@ class OutputGate:
 
     __slots__ = ("blocked", "_notify")
 
-    def __init__(self, notify: Callable[[], None]) -> None:
+    def __init__(self) -> None:
         self.blocked = 0
+        self._notify: Callable[[], None] = lambda: None
+
+    def bind(self, notify: Callable[[], None]) -> None:
+        """Who to wake when the last blocked subpartition frees up (the task, once it exists)."""
         self._notify = notify
 
     def unblock_one(self) -> None:
@@ -50,14 +62,14 @@ class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
                  "continued", "key")
 
-    def __init__(self, sender: ChannelSender, gate: OutputGate, *, limit: int, capacity: int) -> None:
+    def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
         self.link: Wakeable | None = None
         self.limit = limit
         self.capacity = capacity
         self.buf = bytearray()
         self.first = -1
-        self.gate = gate
+        self.gate = OutputGate()  # the task's own gate replaces it when the task is built
         self.full = False
         self.bytes_out = 0
         self.buffers_out = 0
@@ -167,8 +179,9 @@ class InputGate:
     because every buffer before it arrived before it.
     """
 
-    def __init__(self, task: Task, channels: list[InputChannel], *, exclusive: int, floating: int) -> None:
-        self.task = task
+    def __init__(self, listener: GateListener, channels: list[InputChannel], *, exclusive: int,
+                 floating: int) -> None:
+        self.listener = listener
         self.channels = {c.channel_id: c for c in channels}
         self.ledger = CreditLedger([c.channel_id for c in channels], exclusive=exclusive, floating=floating)
         self.queues: dict[int, deque[tuple[int, Buffer | Event]]] = {c.channel_id: deque() for c in channels}
@@ -190,7 +203,7 @@ class InputGate:
             self.ready.append(channel_id)
         queue.append((seq, item))
         self.queued += 1
-        self.task.wake()
+        self.listener.wake()
 
     def deliver_data(self, channel_id: int, seq: int, buffer: Buffer) -> None:
         """Called after the ledger accepted the buffer (credit and sequence checked)."""
@@ -209,9 +222,9 @@ class InputGate:
             if self.recording_id is not None and checkpoint_id >= self.recording_id:
                 self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
             if not priority:
-                self.task.on_inband_barrier_arrival(channel_id, body)
+                self.listener.on_barrier_queued(channel_id, body)
         if priority:
-            self.task.post_priority(channel_id, seq, event)
+            self.listener.on_priority_event(channel_id, seq, event)
         else:
             self._enqueue(channel_id, seq, event)
 
@@ -240,7 +253,7 @@ class InputGate:
             if self.queues[channel_id]:
                 self.ready.append(channel_id)
         self.blocked.clear()
-        self.task.wake()
+        self.listener.wake()
 
     def consumed(self, channel_id: int) -> None:
         self.ledger.on_consumed(channel_id)

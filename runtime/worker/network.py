@@ -17,7 +17,7 @@ from netstack.credit import ChannelSender, CreditLedger
 from netstack.errors import CloseReason, ConnectionLost
 from netstack.frames import DEFAULT_MAX_FRAME_BYTES
 from netstack.transport import BaseLinkHandler, Link, dial, serve
-from runtime.channels import InputGate, Subpartition
+from runtime.execution.channels import InputGate, Subpartition
 
 log = logging.getLogger("sluice.network")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from runtime.partitioning import key_group
+from runtime.graph.partitioning import key_group
 
 FORMAT = 1
 
@@ -34,11 +34,6 @@ class CorruptState(ValueError):
 
 def channel_key(edge: int, producer: int, consumer: int) -> str:
     return f"{edge}:{producer}:{consumer}"
-
-
-def copy_keyed_state(keyed: dict[int, dict[str, dict[Any, Any]]]) -> dict[int, dict[str, dict[Any, Any]]]:
-    """The synchronous part of a snapshot: shallow copies of every state table (values are immutable by contract)."""
-    return {node: {name: table.copy() for name, table in tables.items()} for node, tables in keyed.items()}
 
 
 def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,

@@ -13,15 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.credit import ChannelSender
-from runtime.barriers import BarrierHandler
-from runtime.channels import InputChannel, InputGate, LocalLink, Subpartition
-from runtime.checkpoint_writer import CheckpointWriter
-from runtime.graph import Plan, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
-from runtime.network import NetworkEnvironment
-from runtime.operators import Chain, RecordWriter
-from runtime.snapshots import channel_key, decode_channel_state, decode_operator_state, read_file
-from runtime.task import RestoredState, Task
-from runtime.task_checkpoint import AckCallback, DeclineCallback, TaskCheckpointer
+from netstack.transport import Link
+from runtime.api import Job
+from runtime.checkpointing.checkpointer import AckCallback, DeclineCallback, TaskCheckpointer
+from runtime.checkpointing.snapshots import (
+    channel_key,
+    decode_channel_state,
+    decode_operator_state,
+    keyed_tables,
+    read_file,
+)
+from runtime.checkpointing.task_checkpoints import TaskCheckpoints
+from runtime.checkpointing.writer import CheckpointWriter
+from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
+from runtime.execution.operators import Chain, RecordWriter
+from runtime.execution.task import Credits, RestoredState, Task, TaskKey
+from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
+from runtime.worker.network import NetworkEnvironment
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class ChannelConfig:
 class DeployedJob:
     plan: Plan
     tasks: dict[str, Task] = field(default_factory=dict)
+    checkpoints: dict[str, TaskCheckpoints] = field(default_factory=dict)
     running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     channel_ids: list[int] = field(default_factory=list)
     local_links: list[LocalLink] = field(default_factory=list)
@@ -55,7 +64,7 @@ class CheckpointHooks:
     on_decline: DeclineCallback
 
 
-def load_restored(restore: dict[str, Any], task_key: str) -> RestoredState | None:
+def load_restored(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]) -> RestoredState | None:
     """Read one task's files from the checkpoint being restored (blocking: run it in a thread)."""
     files = restore["tasks"].get(task_key)
     if files is None:
@@ -63,12 +72,56 @@ def load_restored(restore: dict[str, Any], task_key: str) -> RestoredState | Non
     directory = restore["path"]
     state = RestoredState()
     if files.get("state"):
-        state.operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
+        operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
+        state.keyed = keyed_tables(operator)
+        state.source = operator.get("source")
+        state.sinks = list(operator.get("sinks") or [])
     if files.get("out"):
         state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
     if files.get("in"):
-        state.inputs = decode_channel_state(read_file(directory, files["in"]), files["in"])  # type: ignore[assignment]
+        by_key = {ch.key: ch.channel_id for ch in inputs}
+        stored = decode_channel_state(read_file(directory, files["in"]), files["in"])
+        state.inputs = {by_key[k]: v for k, v in stored.items() if k in by_key}
     return state
+
+
+def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: dict[int, dict[int, Subpartition]],
+               inputs: list[InputChannel], restored: RestoredState | None, hooks: CheckpointHooks,
+               cfg: ChannelConfig) -> tuple[Task, TaskCheckpoints]:
+    """One complete task: chain, outputs, input gate, restored state and checkpoint listener.
+
+    `outputs` maps each output edge to its subpartitions by consumer index.
+    """
+    writers = []
+    subpartitions: list[Subpartition] = []
+    output_gate = OutputGate()
+    for edge in plan.edges:
+        if edge.up != vertex.id:
+            continue
+        ordered = [outputs[edge.id][j] for j in sorted(outputs[edge.id])]
+        for sub in ordered:
+            sub.gate = output_gate
+        subpartitions += ordered
+        writers.append(RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
+                                    job.max_parallelism, subtask))
+    chain = Chain(job, vertex.nodes, subtask_index=subtask, parallelism=vertex.parallelism, attempt=plan.attempt,
+                  outputs=writers)
+    head = job.nodes[vertex.nodes[0]]
+    key = TaskKey(plan.job_id, vertex.id, subtask, vertex.name, vertex.parallelism)
+    checkpoints: list[TaskCheckpoints] = []
+
+    def listener(task: Task) -> TaskCheckpoints:
+        checkpointer = TaskCheckpointer(task, hooks.writer, task_key=key.vertex_subtask,
+                                        max_parallelism=job.max_parallelism, on_ack=hooks.on_ack,
+                                        on_decline=hooks.on_decline)
+        checkpoints.append(TaskCheckpoints(task, checkpointer))
+        return checkpoints[0]
+
+    task = Task(key=key, chain=chain, outputs=subpartitions, output_gate=output_gate, inputs=inputs,
+                credits=Credits(cfg.exclusive_credits, cfg.floating_credits),
+                source=head.payload if head.kind == "source" else None, flush_timeout_s=cfg.flush_timeout_s,
+                restore=restored, checkpoints=listener)
+    return task, checkpoints[0]
 
 
 async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks: CheckpointHooks) -> DeployedJob:
@@ -93,8 +146,7 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
             producer, consumer = f"{up.id}:{i}", f"{down.id}:{j}"
             p_worker, c_worker = plan.placement[producer], plan.placement[consumer]
             if p_worker == worker_id:
-                sub = Subpartition(ChannelSender(cid), None, limit=cfg.buffers_per_channel,  # type: ignore[arg-type]
-                                   capacity=cfg.buffer_bytes)
+                sub = Subpartition(ChannelSender(cid), limit=cfg.buffers_per_channel, capacity=cfg.buffer_bytes)
                 sub.key = channel_key(edge.id, i, j)
                 subs.setdefault((producer, edge.id), {})[j] = sub
                 if c_worker == worker_id:
@@ -109,45 +161,20 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
                     deployed.peers.add(p_worker)
             deployed.channel_ids.append(cid)
 
+    restore = plan.config.get("restore")
     for v, i in mine:
         key = f"{v.id}:{i}"
-        job = jobs[key]
-        writers = []
-        all_subs: list[Subpartition] = []
-        for edge in plan.edges:
-            if edge.up != v.id:
-                continue
-            edge_subs = subs[(key, edge.id)]
-            ordered = [edge_subs[j] for j in sorted(edge_subs)]
-            all_subs += ordered
-            writers.append(RecordWriter(ordered, edge.partitioner, edge_key_fn(job, vertices, edge),
-                                        job.max_parallelism, i))
-        chain = Chain(job, v.nodes, subtask_index=i, parallelism=v.parallelism, attempt=plan.attempt,
-                      outputs=writers)
-        head = job.nodes[v.nodes[0]]
-        source = head.payload if head.kind == "source" else None
-        task = Task(task_id=f"{plan.job_id}/{v.id}:{i}", name=f"{v.name} ({i + 1}/{v.parallelism})", chain=chain,
-                    outputs=all_subs, source=source, flush_timeout_s=cfg.flush_timeout_s)
-        for sub in all_subs:
-            sub.gate = task.output
-        if inputs[key]:
-            task.gate = InputGate(task, inputs[key], exclusive=cfg.exclusive_credits, floating=cfg.floating_credits)
+        restored = await asyncio.to_thread(load_restored, restore, key, inputs[key]) if restore else None
+        task, checkpoints = build_task(plan, v, i, job=jobs[key], inputs=inputs[key], restored=restored, hooks=hooks,
+                                       cfg=cfg, outputs={e: by_consumer for (k, e), by_consumer in subs.items()
+                                                         if k == key})
+        if task.gate is not None:
             for ch in inputs[key]:
                 p_worker = plan.placement[ch.producer]
                 if p_worker != worker_id:
                     network.register_inbound(ch.channel_id, p_worker, task.gate)
-        task.checkpointer = TaskCheckpointer(task, hooks.writer, task_key=key, max_parallelism=job.max_parallelism,
-                                             on_ack=hooks.on_ack, on_decline=hooks.on_decline)
-        if task.gate is not None:
-            task.barriers = BarrierHandler(list(task.gate.channels))
-        restore = plan.config.get("restore")
-        if restore:
-            restored = await asyncio.to_thread(load_restored, restore, key)
-            if restored is not None and restored.inputs and task.gate is not None:
-                by_key = {ch.key: ch.channel_id for ch in task.gate.channels.values()}
-                restored.inputs = {by_key[k]: v for k, v in restored.inputs.items() if k in by_key}
-            task.restore = restored
         tasks[key] = task
+        deployed.checkpoints[key] = checkpoints
 
     for cid, consumer, sub in pending_local:
         gate = tasks[consumer].gate
@@ -164,15 +191,15 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
 async def connect(deployed: DeployedJob, network: NetworkEnvironment, *, timeout_s: float = 30.0) -> None:
     """Open (or reuse) the TCP link to every peer this job exchanges data with, then bind channels to it."""
     plan = deployed.plan
-    links = {}
+    links: dict[str, Link] = {}
     for peer in sorted(deployed.peers):
         host, port = plan.workers[peer]
         links[peer] = await network.link_to(peer, host, int(port), timeout_s=timeout_s)
     for task in deployed.tasks.values():
         for sub in task.subpartitions:
-            peer = network.outbound_peer(sub.sender.channel_id)
-            if peer is not None:
-                sub.link = links[peer]
+            consumer_worker = network.outbound_peer(sub.sender.channel_id)
+            if consumer_worker is not None:
+                sub.link = links[consumer_worker]
         if task.gate is not None:
             for ch in task.gate.channels.values():
                 p_worker = plan.placement[ch.producer]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.local_cluster import LocalCluster
+from runtime.cli.local_cluster import LocalCluster
 
 
 @dataclass(frozen=True)

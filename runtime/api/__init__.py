@@ -1,0 +1,26 @@
+"""The user-facing API: build a job graph from sources, functions and sinks.
+
+`from runtime.api import Job, KeyedProcessFunction, FileSink, ...` is the one
+import a job module needs; the names below are the public interface.
+"""
+
+from runtime.api.functions import Context, KeyedContext, KeyedProcessFunction, ProcessFunction, ValueState
+from runtime.api.stream import (
+    DEFAULT_MAX_PARALLELISM,
+    PARTITIONERS,
+    DataStream,
+    Job,
+    JobDefinitionError,
+    KeyedStream,
+    Node,
+)
+from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
+from runtime.connectors.generator import GeneratorSource
+from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
+from runtime.connectors.source import Source
+
+__all__ = [
+    "Job", "DataStream", "KeyedStream", "Node", "GeneratorSource", "FileSink", "JsonLinesSource", "ParquetSource",
+    "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
+    "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS",
+]

@@ -1,0 +1,121 @@
+"""The packages depend on each other in one direction only (docs/ARCHITECTURE.md draws it).
+
+Every import in the three packages is read from the source (module level,
+inside functions and under TYPE_CHECKING alike) and checked against the
+layer table below. A new import against the direction fails here with the
+module and line that made it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# runtime's layers, lowest first: a module may import its own layer and the ones below it.
+# api and connectors are one layer: connectors are the sources and sinks users pass to the api.
+RUNTIME_LAYERS: list[set[str]] = [
+    {"runtime.api", "runtime.connectors", "runtime.examples"},
+    {"runtime.graph"},
+    {"runtime.state"},
+    {"runtime.execution"},
+    {"runtime.checkpointing"},
+    {"runtime.worker", "runtime.data"},
+    {"runtime.cli"},
+]
+COORDINATOR_MAY_IMPORT = {"runtime.api", "runtime.connectors", "runtime.graph"}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "runtime" and len(parts) > 1:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def rank(package: str) -> int:
+    for i, layer in enumerate(RUNTIME_LAYERS):
+        if package in layer:
+            return i
+    raise AssertionError(f"{package} is in no layer of RUNTIME_LAYERS: add it to the table")
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if name.split(".")[0] in ("runtime", "netstack", "coordinator")]
+
+
+def violation(importer: str, imported: str) -> str | None:
+    src, dst = package_of(importer), package_of(imported)
+    if src == dst:
+        return None
+    if src == "netstack":
+        return "netstack imports nothing of ours"
+    if dst == "coordinator":
+        return None if src == "runtime.cli" else "only runtime.cli may import coordinator"
+    if src == "coordinator":
+        return None if dst in COORDINATOR_MAY_IMPORT or dst == "netstack" else \
+            f"coordinator may import only netstack and {sorted(COORDINATOR_MAY_IMPORT)}"
+    if dst == "netstack":
+        return None
+    src_rank, dst_rank = rank(src), rank(dst)
+    if dst_rank < src_rank:
+        return None
+    if dst_rank == src_rank and src in RUNTIME_LAYERS[0]:
+        return None
+    return f"{src} (layer {src_rank}) must not import {dst} (layer {dst_rank})"
+
+
+def all_modules() -> list[tuple[str, Path]]:
+    out = []
+    for top in ("runtime", "netstack", "coordinator"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out.append((".".join(parts), path))
+    return out
+
+
+def test_every_import_follows_the_layers() -> None:
+    problems = []
+    for module, path in all_modules():
+        for line, imported in imports_of(path):
+            reason = violation(module, imported)
+            if reason:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {imported}: {reason}")
+    assert not problems, "imports against the layer direction:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(("importer", "imported"), [
+    ("netstack.transport", "runtime.api"),
+    ("runtime.api.stream", "runtime.execution.task"),
+    ("runtime.execution.task", "runtime.checkpointing.barriers"),
+    ("runtime.worker.worker", "coordinator.server"),
+    ("runtime.worker.worker", "runtime.cli.main"),
+    ("coordinator.server", "runtime.worker.metrics"),
+    ("runtime.worker.worker", "runtime.data.spark"),
+])
+def test_the_checker_catches_imports_against_the_direction(importer: str, imported: str) -> None:
+    assert violation(importer, imported) is not None
+
+
+@pytest.mark.parametrize(("importer", "imported"), [
+    ("runtime.cli.main", "coordinator.server"),
+    ("coordinator.scheduler", "runtime.graph.plan"),
+    ("runtime.checkpointing.checkpointer", "runtime.execution.channels"),
+    ("runtime.connectors.files", "runtime.api.functions"),
+    ("runtime.worker.network", "netstack.transport"),
+])
+def test_the_checker_allows_imports_along_the_direction(importer: str, imported: str) -> None:
+    assert violation(importer, imported) is None
