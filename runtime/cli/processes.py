@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 READY = re.compile(r"^sluice (coordinator|worker) ready (.*)$")
@@ -110,4 +111,5 @@ def child_env(token: str, extra_path: str | None = None) -> dict[str, str]:
 
 
 def _project_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """The directory holding the runtime/, netstack/ and coordinator/ packages."""
+    return str(Path(__file__).resolve().parents[2])
