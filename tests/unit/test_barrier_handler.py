@@ -1,0 +1,234 @@
+"""BarrierHandler: the exact list of actions for each sequence of barriers, arrivals, timeouts and ends.
+
+The property test in test_barriers.py checks that the records add up; these pin down what the
+handler tells the task to do, step by step, the way test_checkpointing.py does for the coordinator.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.checkpointing.barriers import (
+    Abandon,
+    BarrierHandler,
+    BarrierSpec,
+    Block,
+    InputsComplete,
+    Snapshot,
+    UnblockAll,
+)
+
+CHANNELS = [0, 1, 2]
+
+
+def spec(checkpoint_id: int = 1, mode: str = "aligned", *, deadline: float | None = None) -> BarrierSpec:
+    return BarrierSpec(checkpoint_id, mode, started_at=0.0, deadline=deadline)
+
+
+def handler(channels: list[int] = CHANNELS) -> BarrierHandler:
+    return BarrierHandler(channels)
+
+
+def done(s: BarrierSpec, *, unaligned: bool = False) -> list:
+    """What closes an aligned or at-least-once checkpoint: snapshot, unblock, inputs complete."""
+    return [Snapshot(s, unaligned=unaligned), UnblockAll(), InputsComplete(s, unaligned)]
+
+
+# --- aligned ---------------------------------------------------------------------------------------
+
+
+def test_aligned_blocks_each_channel_until_the_last_barrier_then_snapshots():
+    h, s = handler(), spec()
+    assert h.on_barrier(0, s, priority=False, now=1.0) == [Block(0)]
+    assert h.blocking
+    assert h.on_barrier(1, s, priority=False, now=1.1) == [Block(1)]
+    assert h.on_barrier(2, s, priority=False, now=1.2) == [Block(2), *done(s)]
+    assert not h.blocking
+    assert h.pending is None and h.last_finished == 1
+
+
+def test_aligned_single_channel_snapshots_at_once():
+    h, s = handler([7]), spec()
+    assert h.on_barrier(7, s, priority=False, now=0.0) == [Block(7), *done(s)]
+
+
+def test_aligned_channel_ending_while_aligning_completes_the_checkpoint():
+    h, s = handler(), spec()
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, s, priority=False, now=0.0) == [Block(1)]
+    assert h.on_channel_ended(2) == done(s)
+
+
+def test_aligned_channel_ended_before_the_checkpoint_is_not_waited_for():
+    h, s = handler(), spec()
+    assert h.on_channel_ended(2) == []
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, s, priority=False, now=0.0) == [Block(1), *done(s)]
+
+
+def test_end_of_every_partition_without_a_checkpoint_does_nothing():
+    h = handler()
+    assert [h.on_channel_ended(c) for c in CHANNELS] == [[], [], []]
+    assert h.pending is None
+
+
+def test_newer_barrier_abandons_the_checkpoint_being_aligned():
+    h, s1, s2 = handler(), spec(1), spec(2)
+    assert h.on_barrier(0, s1, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, s2, priority=False, now=0.0) == [Abandon(1), UnblockAll(), Block(1)]
+    assert h.on_barrier(0, s1, priority=False, now=0.0) == []  # a late one of the abandoned checkpoint
+    assert h.on_barrier(0, s2, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(2, s2, priority=False, now=0.0) == [Block(2), *done(s2)]
+
+
+def test_late_barrier_of_a_finished_checkpoint_is_ignored():
+    h, s = handler([0]), spec(3)
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0), *done(s)]
+    assert h.on_barrier(0, spec(2), priority=False, now=0.0) == []
+    assert h.on_barrier(0, s, priority=True, now=0.0) == []
+
+
+def test_cancellation_of_the_pending_checkpoint_unblocks_and_ignores_its_later_barriers():
+    h, s = handler(), spec(1)
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.abort(1) == [Abandon(1), UnblockAll()]
+    assert not h.blocking
+    assert h.on_barrier(1, s, priority=False, now=0.0) == []
+    assert h.on_barrier(2, s, priority=False, now=0.0) == []
+
+
+def test_cancellation_before_any_barrier_arrived_makes_its_barriers_late():
+    h, s = handler(), spec(4)
+    assert h.abort(4) == []
+    assert h.on_barrier(0, s, priority=False, now=0.0) == []
+    assert h.on_barrier(0, spec(5), priority=False, now=0.0) == [Block(0)]
+
+
+def test_cancellation_of_another_checkpoint_leaves_the_pending_one_alone():
+    h, s = handler(), spec(2)
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.abort(1) == []
+    assert h.blocking
+    assert h.on_barrier(1, s, priority=False, now=0.0) == [Block(1)]
+
+
+def test_barrier_twice_on_one_channel_and_barrier_on_an_unknown_channel_are_errors():
+    h, s = handler(), spec()
+    h.on_barrier(0, s, priority=False, now=0.0)
+    with pytest.raises(ValueError, match="twice on channel 0"):
+        h.on_barrier(0, s, priority=False, now=0.0)
+    with pytest.raises(ValueError, match="channel 9, not an input"):
+        h.on_barrier(9, s, priority=False, now=0.0)
+
+
+# --- unaligned -------------------------------------------------------------------------------------
+
+
+def test_unaligned_first_barrier_snapshots_at_once_and_blocks_nothing():
+    h, s = handler(), spec(mode="unaligned")
+    assert h.on_barrier(1, s, priority=True, now=0.0) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert not h.blocking
+    assert h.on_barrier(0, s, priority=True, now=0.0) == []
+    assert h.on_barrier(2, s, priority=True, now=0.0) == [InputsComplete(s, True)]
+    assert h.last_finished == 1
+
+
+def test_unaligned_single_channel_completes_with_the_first_barrier():
+    h, s = handler([0]), spec(mode="unaligned")
+    assert h.on_barrier(0, s, priority=True, now=0.0) == [Snapshot(s, unaligned=True), UnblockAll(),
+                                                          InputsComplete(s, True)]
+
+
+def test_unaligned_channel_ending_after_the_snapshot_completes_the_inputs():
+    h, s = handler(), spec(mode="unaligned")
+    assert h.on_barrier(0, s, priority=True, now=0.0) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_channel_ended(1) == []
+    assert h.on_channel_ended(2) == [InputsComplete(s, True)]
+
+
+def test_unaligned_in_band_barrier_reaching_the_gate_counts_as_delivered_and_is_not_counted_twice():
+    h, s = handler(), spec(mode="unaligned")
+    assert h.on_barrier(0, s, priority=True, now=0.0) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_arrival(1, s) == []  # counted now: the data before it is channel state
+    assert h.on_barrier(1, s, priority=False, now=0.0) == []  # taken later: already counted
+    assert h.on_arrival(2, s) == [InputsComplete(s, True)]
+
+
+# --- aligned with timeout --------------------------------------------------------------------------
+
+
+def test_aligned_timeout_before_the_deadline_aligns():
+    h, s = handler(), spec(mode="aligned_timeout", deadline=5.0)
+    assert h.on_barrier(0, s, priority=False, now=1.0) == [Block(0)]
+    assert h.on_time(4.9, s) == []
+    assert h.on_barrier(1, s, priority=False, now=2.0) == [Block(1)]
+    assert h.on_barrier(2, s, priority=False, now=3.0) == [Block(2), *done(s)]
+    assert h.on_time(6.0, s) == []  # finished: the deadline no longer matters
+
+
+def test_aligned_timeout_switches_to_unaligned_at_the_deadline():
+    h, s = handler(), spec(mode="aligned_timeout", deadline=5.0)
+    assert h.on_barrier(0, s, priority=False, now=1.0) == [Block(0)]
+    assert h.on_time(5.0, s) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_time(5.5, s) == []  # already switched
+    assert h.on_barrier(1, s, priority=False, now=6.0) == []
+    assert h.on_barrier(2, s, priority=False, now=6.1) == [InputsComplete(s, True)]
+
+
+def test_aligned_timeout_switches_even_when_no_barrier_was_taken_yet():
+    h, s = handler(), spec(mode="aligned_timeout", deadline=5.0)
+    assert h.on_time(5.0, s) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert [h.on_barrier(c, s, priority=False, now=6.0) for c in CHANNELS] == [[], [], [InputsComplete(s, True)]]
+
+
+def test_aligned_timeout_barriers_queued_in_the_gate_count_when_it_switches():
+    h, s = handler(), spec(mode="aligned_timeout", deadline=5.0)
+    assert h.on_arrival(1, s) == []  # waits behind data, not taken yet
+    assert h.on_arrival(2, s) == []
+    assert h.on_time(5.0, s) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_barrier(0, s, priority=False, now=5.1) == [InputsComplete(s, True)]
+    assert h.on_barrier(1, s, priority=False, now=5.2) == []  # late: the checkpoint finished here
+
+
+def test_aligned_timeout_priority_barrier_switches_before_the_deadline():
+    h, s = handler(), spec(mode="aligned_timeout", deadline=5.0)
+    assert h.on_barrier(0, s, priority=False, now=1.0) == [Block(0)]
+    assert h.on_barrier(1, s, priority=True, now=1.5) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_barrier(2, s, priority=False, now=2.0) == [InputsComplete(s, True)]
+
+
+def test_deadline_of_a_newer_checkpoint_abandons_the_older_one():
+    h, s1, s2 = handler(), spec(1, "aligned_timeout", deadline=5.0), spec(2, "aligned_timeout", deadline=8.0)
+    assert h.on_barrier(0, s1, priority=False, now=1.0) == [Block(0)]
+    assert h.on_time(8.0, s2) == [Abandon(1), UnblockAll(), Snapshot(s2, unaligned=True), UnblockAll()]
+
+
+def test_on_time_ignores_other_modes_and_specs_without_a_deadline():
+    h = handler()
+    assert h.on_time(100.0, spec(mode="aligned", deadline=1.0)) == []
+    assert h.on_time(100.0, spec(mode="aligned_timeout", deadline=None)) == []
+    assert h.pending is None
+
+
+# --- at least once ---------------------------------------------------------------------------------
+
+
+def test_at_least_once_blocks_nothing_and_snapshots_with_the_last_barrier():
+    h, s = handler(), spec(mode="at_least_once")
+    assert h.on_barrier(0, s, priority=False, now=0.0) == []
+    assert h.on_barrier(1, s, priority=True, now=0.0) == []  # the lane does not matter
+    assert h.on_barrier(2, s, priority=False, now=0.0) == done(s)
+
+
+def test_at_least_once_channel_ending_completes_the_checkpoint():
+    h, s = handler(), spec(mode="at_least_once")
+    assert h.on_barrier(0, s, priority=False, now=0.0) == []
+    assert h.on_channel_ended(1) == []
+    assert h.on_channel_ended(2) == done(s)
+
+
+def test_at_least_once_newer_barrier_abandons_without_blocking():
+    h = handler()
+    s1, s2 = spec(1, "at_least_once"), spec(2, "at_least_once")
+    assert h.on_barrier(0, s1, priority=False, now=0.0) == []
+    assert h.on_barrier(0, s2, priority=False, now=0.0) == [Abandon(1), UnblockAll()]
