@@ -19,8 +19,9 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from typing import Any, Protocol
+
+from runtime.common.files import write_atomically
 
 METADATA_FILE = "_metadata"
 FORMAT_VERSION = 1
@@ -97,18 +98,7 @@ class LocalCheckpointStorage:
         # Serialise before touching the disk, so unserialisable state leaves nothing behind.
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
         final = os.path.join(directory, METADATA_FILE)
-        fd, tmp = tempfile.mkstemp(prefix=f".{METADATA_FILE}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(directory)  # makes the rename itself durable
+        write_atomically(final, data)
         return final
 
     def read_metadata(self, path: str) -> dict[str, Any]:
@@ -177,11 +167,3 @@ def _check_number(n: int) -> int:
     if type(n) is not int or n < 0:
         raise ValueError(f"checkpoint number must be a non-negative integer, got {n!r}")
     return n
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

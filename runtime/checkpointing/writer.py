@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runtime.common.files import write_atomically
+
 
 @dataclass(frozen=True)
 class Written:
@@ -78,16 +80,5 @@ def _resolve(fut: asyncio.Future[Written], result: Written | BaseException) -> N
 
 
 def _durable_write(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomically(path, data)

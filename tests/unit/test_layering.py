@@ -26,7 +26,9 @@ RUNTIME_LAYERS: list[set[str]] = [
     {"runtime.worker", "runtime.data"},
     {"runtime.cli"},
 ]
-COORDINATOR_MAY_IMPORT = {"runtime.api", "runtime.connectors", "runtime.graph"}
+# runtime.common sits below every layer: small shared helpers (atomic writes, task sets, handler tables).
+COMMON = "runtime.common"
+COORDINATOR_MAY_IMPORT = {"runtime.api", "runtime.connectors", "runtime.graph", COMMON}
 
 
 def package_of(module: str) -> str:
@@ -58,8 +60,10 @@ def violation(importer: str, imported: str) -> str | None:
     src, dst = package_of(importer), package_of(imported)
     if src == dst:
         return None
-    if src == "netstack":
-        return "netstack imports nothing of ours"
+    if src in ("netstack", COMMON):
+        return f"{src} imports nothing of ours"
+    if dst == COMMON:
+        return None
     if dst == "coordinator":
         return None if src == "runtime.cli" else "only runtime.cli may import coordinator"
     if src == "coordinator":
@@ -105,6 +109,8 @@ def test_every_import_follows_the_layers() -> None:
     ("runtime.worker.worker", "runtime.cli.main"),
     ("coordinator.server", "runtime.worker.metrics"),
     ("runtime.worker.worker", "runtime.data.spark"),
+    ("runtime.common.files", "runtime.api"),
+    ("runtime.common.tasks", "netstack.frames"),
 ])
 def test_the_checker_catches_imports_against_the_direction(importer: str, imported: str) -> None:
     assert violation(importer, imported) is not None
@@ -116,6 +122,9 @@ def test_the_checker_catches_imports_against_the_direction(importer: str, import
     ("runtime.checkpointing.checkpointer", "runtime.execution.channels"),
     ("runtime.connectors.files", "runtime.api.functions"),
     ("runtime.worker.network", "netstack.transport"),
+    ("runtime.api.stream", "runtime.common.files"),
+    ("coordinator.storage", "runtime.common.files"),
+    ("runtime.cli.main", "runtime.common.tasks"),
 ])
 def test_the_checker_allows_imports_along_the_direction(importer: str, imported: str) -> None:
     assert violation(importer, imported) is None
