@@ -32,6 +32,7 @@ from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
 from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, serve
+from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
 
 log = logging.getLogger("sluice.coordinator")
@@ -82,7 +83,7 @@ class Coordinator(BaseLinkHandler):
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
         self.storage = LocalCheckpointStorage(config.state_dir)
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
         self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn)
@@ -114,6 +115,7 @@ class Coordinator(BaseLinkHandler):
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
         await server.wait_closed()
+        await self._background.cancel_and_wait()  # failovers, deploys, reports: their cleanup runs before exit
 
     def stop(self) -> None:
         self._stop.set()
@@ -121,11 +123,8 @@ class Coordinator(BaseLinkHandler):
     def _connection(self) -> Connection:
         return Connection(local_id="coordinator", role="coordinator", token=self.config.token, is_client=False)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
+        return self._background.spawn(coro)
 
     async def _monitor_heartbeats(self) -> None:
         while True:

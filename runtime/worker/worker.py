@@ -28,6 +28,7 @@ from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
+from runtime.common.tasks import BackgroundTasks
 from runtime.connectors.sinks import FINAL_CHECKPOINT
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
@@ -69,7 +70,7 @@ class Worker(BaseLinkHandler):
         self.coordinator: Link | None = None
         self.metrics_port: int | None = None
         self._stop = asyncio.Event()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -104,16 +105,12 @@ class Worker(BaseLinkHandler):
         if self.coordinator is not None:
             self.coordinator.close("worker stopping")
         await self.network.close()
-        for t in list(self._background):
-            t.cancel()
+        await self._background.cancel_and_wait()  # reports and job cancellations end before the writer closes
         if self.writer is not None:
             await asyncio.to_thread(self.writer.close)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
+        return self._background.spawn(coro)
 
     async def _connect_coordinator(self, data_port: int) -> None:
         conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)

@@ -1,0 +1,41 @@
+"""A table from RPC method names to handlers: the whole of a process's RPC surface in one place."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+C = TypeVar("C")  # what a handler gets besides its arguments: the link the call came on
+
+Handler = Callable[[C, dict[str, Any]], Any | Awaitable[Any]]
+
+
+class UnknownMethod(LookupError):
+    """No handler is registered under the called name; the caller turns it into its protocol's error."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"unknown method {method!r}")
+        self.method = method
+
+
+class HandlerTable(Generic[C]):
+    """`method name -> handler(context, args)`; a handler may return its result or an awaitable of it."""
+
+    def __init__(self, handlers: Mapping[str, Handler[C]]) -> None:
+        self._handlers = dict(handlers)
+
+    def __contains__(self, method: object) -> bool:
+        return method in self._handlers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._handlers))
+
+    async def dispatch(self, context: C, method: str, args: dict[str, Any]) -> Any:
+        handler = self._handlers.get(method)
+        if handler is None:
+            raise UnknownMethod(method)
+        result = handler(context, args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
