@@ -20,13 +20,13 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
-from coordinator.metrics import DurationHistogram
+from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, make_plan
 from coordinator.storage import CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
@@ -36,13 +36,13 @@ from runtime.graph.enums import JobState
 from runtime.graph.plan import JobLoadError, Plan
 
 if TYPE_CHECKING:
-    from coordinator.server import WorkerRecord
+    from coordinator.registry import WorkerRecord
 
 log = logging.getLogger("sluice.jobs")
 
 
 class JobManager:
-    def __init__(self, *, workers: dict[str, WorkerRecord], storage: CheckpointStorage,
+    def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
                  spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         self.workers = workers
         self.storage = storage
@@ -51,6 +51,10 @@ class JobManager:
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
         self.checkpoint_durations = DurationHistogram()
         self.restart_durations = DurationHistogram()
+
+    def statistics(self) -> JobsStatistics:
+        return JobsStatistics(tuple(j.statistics() for j in self.jobs.values()),
+                              self.checkpoint_durations.statistics(), self.restart_durations.statistics())
 
     # -- planning -----------------------------------------------------------------
 

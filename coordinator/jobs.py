@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.graph.enums import JobState
 from runtime.graph.plan import Plan
+
+if TYPE_CHECKING:
+    from coordinator.checkpointing import CheckpointStatistics
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     JobState.CREATED: frozenset({JobState.DEPLOYING, JobState.FAILED, JobState.CANCELLED}),
@@ -31,6 +34,21 @@ TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 
 class IllegalTransition(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class JobStatistics:
+    """One job as metrics see it: a snapshot, safe to read after the record moves on."""
+
+    job_id: str
+    state: str
+    terminal: bool
+    checkpoints_completed: int  # over every attempt
+    checkpoints_failed: int
+    checkpoint: CheckpointStatistics | None  # the current attempt's checkpoint coordinator, while it runs
+    restarts: int
+    last_restart_s: float | None
+    restored_checkpoint_id: int | None
 
 
 @dataclass
@@ -74,6 +92,12 @@ class JobRecord:
             st = self.checkpoints.coordinator.statistics()
             done, failed = done + st.completed, failed + st.failed
         return done, failed
+
+    def statistics(self) -> JobStatistics:
+        done, failed = self.checkpoint_counts()
+        checkpoint = self.checkpoints.coordinator.statistics() if self.checkpoints is not None else None
+        return JobStatistics(self.job_id, self.state, self.terminal, done, failed, checkpoint, self.restarts,
+                             self.last_restart_s, self.restored_checkpoint_id)
 
     def move(self, state: str, error: str = "") -> None:
         if state not in TRANSITIONS[self.state]:

@@ -1,8 +1,15 @@
-"""Prometheus metrics of the coordinator, read at scrape time."""
+"""Prometheus metrics of the coordinator, read at scrape time.
+
+The collector sees only frozen snapshots: the worker registry's and the job
+manager's `statistics()` (each job's carries its checkpoint coordinator's), so
+a scrape never reads a record while the event loop changes it, and the
+collector is tested with plain values.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -12,10 +19,26 @@ from netstack.metrics_http import protocol_failures
 from runtime.graph.enums import JobState
 
 if TYPE_CHECKING:
-    from coordinator.server import Coordinator
+    from coordinator.jobs import JobStatistics
+    from coordinator.registry import RegistryStatistics
 
 
 DURATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class HistogramStatistics:
+    buckets: tuple[float, ...]  # upper bounds; one more count for +Inf
+    counts: tuple[int, ...]  # per bucket, not cumulative
+    sum: float
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        cumulative = []
+        running = 0
+        for bound, count in zip([*map(str, self.buckets), "+Inf"], self.counts, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=self.sum)
 
 
 class DurationHistogram:
@@ -34,38 +57,42 @@ class DurationHistogram:
                 return
         self.counts[-1] += 1
 
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        cumulative = []
-        running = 0
-        for bound, count in zip([*map(str, self.buckets), "+Inf"], self.counts, strict=True):
-            running += count
-            cumulative.append((bound, running))
-        return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=self.sum)
+    def statistics(self) -> HistogramStatistics:
+        return HistogramStatistics(self.buckets, tuple(self.counts), self.sum)
+
+
+@dataclass(frozen=True)
+class JobsStatistics:
+    """Every job the coordinator knows, plus the duration histograms over all of them."""
+
+    jobs: tuple[JobStatistics, ...]
+    checkpoint_durations: HistogramStatistics
+    restart_durations: HistogramStatistics
 
 
 class CoordinatorCollector(Collector):
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, *, workers: Callable[[], RegistryStatistics], jobs: Callable[[], JobsStatistics]) -> None:
+        self._workers = workers
+        self._jobs = jobs
 
     def collect(self) -> Iterator[Metric]:
-        c = self.coordinator
+        ws, js = self._workers(), self._jobs()
         workers = GaugeMetricFamily("sluice_workers_registered", "Workers registered with the coordinator")
-        workers.add_metric([], len(c.workers))
+        workers.add_metric([], ws.registered)
         slots = GaugeMetricFamily("sluice_slots_total", "Task slots offered by registered workers")
-        slots.add_metric([], sum(w.slots for w in c.workers.values()))
+        slots.add_metric([], ws.slots_total)
         running = GaugeMetricFamily("sluice_jobs_running", "Jobs in state RUNNING")
-        running.add_metric([], sum(1 for j in c.jobs.values() if j.state in (JobState.RUNNING, JobState.FINISHING)))
+        running.add_metric([], sum(1 for j in js.jobs if j.state in (JobState.RUNNING, JobState.FINISHING)))
         by_state = GaugeMetricFamily("sluice_jobs", "Jobs known to the coordinator, by state", labels=["state"])
         counts: dict[str, int] = {}
-        for j in c.jobs.values():
+        for j in js.jobs:
             counts[j.state] = counts.get(j.state, 0) + 1
         for state, n in sorted(counts.items()):
             by_state.add_metric([state], n)
         yield from (workers, slots, running, by_state, protocol_failures())
-        yield from self._checkpoints()
+        yield from self._checkpoints(js)
 
-    def _checkpoints(self) -> Iterator[Metric]:
-        c = self.coordinator
+    def _checkpoints(self, js: JobsStatistics) -> Iterator[Metric]:
         completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")
         failed = CounterMetricFamily("sluice_checkpoints_failed", "Checkpoints aborted: timeout, decline, failure")
         in_progress = GaugeMetricFamily("sluice_checkpoints_in_progress", "Checkpoints currently in flight")
@@ -84,13 +111,12 @@ class CoordinatorCollector(Collector):
                                        "Longest trigger-to-first-barrier delay in the last completed checkpoint",
                                        labels=job)
         n_done = n_failed = n_flight = 0
-        for j in c.jobs.values():
-            done, failed_here = j.checkpoint_counts()
-            n_done += done
-            n_failed += failed_here
-            if j.checkpoints is None:
+        for j in js.jobs:
+            n_done += j.checkpoints_completed
+            n_failed += j.checkpoints_failed
+            st = j.checkpoint
+            if st is None:
                 continue
-            st = j.checkpoints.coordinator.statistics()
             n_flight += st.in_flight_id is not None and not j.terminal
             last = st.last_completed
             if last is not None:
@@ -110,14 +136,14 @@ class CoordinatorCollector(Collector):
         restored = GaugeMetricFamily("sluice_job_last_restored_checkpoint_id",
                                      "Checkpoint the current attempt restored (absent: started from scratch)",
                                      labels=job)
-        for j in c.jobs.values():
+        for j in js.jobs:
             restarts.add_metric([j.job_id], j.restarts)
             if j.last_restart_s is not None:
                 restart_time.add_metric([j.job_id], j.last_restart_s)
             if j.restored_checkpoint_id is not None:
                 restored.add_metric([j.job_id], j.restored_checkpoint_id)
         yield from (restarts, restart_time, restored)
-        yield c.manager.restart_durations.family("sluice_job_restart_duration_seconds",
+        yield js.restart_durations.family("sluice_job_restart_duration_seconds",
                                                  "Failure detected to running again, all restarts")
-        yield c.manager.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
-                                            "Duration of completed checkpoints, trigger to last acknowledgement")
+        yield js.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
+                                             "Duration of completed checkpoints, trigger to last acknowledgement")

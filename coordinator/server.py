@@ -26,12 +26,14 @@ from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
 from coordinator.jobs import JobRecord
 from coordinator.metrics import CoordinatorCollector
+from coordinator.registry import WorkerRecord, WorkerRegistry
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
 from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, serve
+from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
 
@@ -49,24 +51,6 @@ class CoordinatorConfig:
 
 
 @dataclass
-class WorkerRecord:
-    worker_id: str
-    link: Link
-    slots: int
-    host: str
-    data_port: int
-    metrics_port: int | None
-    pid: int | None
-    registered_at: float = field(default_factory=time.monotonic)
-    last_heartbeat: float = field(default_factory=time.monotonic)
-
-    def describe(self) -> dict[str, Any]:
-        return {"id": self.worker_id, "slots": self.slots, "data": f"{self.host}:{self.data_port}",
-                "metrics_port": self.metrics_port, "pid": self.pid,
-                "last_heartbeat_s_ago": round(time.monotonic() - self.last_heartbeat, 2)}
-
-
-@dataclass
 class PendingProbe:
     job_id: str
     expected: int
@@ -78,7 +62,7 @@ class PendingProbe:
 class Coordinator(BaseLinkHandler):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
-        self.workers: dict[str, WorkerRecord] = {}
+        self.workers = WorkerRegistry()
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
@@ -87,6 +71,7 @@ class Coordinator(BaseLinkHandler):
         self.port = 0
         self.metrics_port: int | None = None
         self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn)
+        self.rpc = self._handlers()
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -100,7 +85,7 @@ class Coordinator(BaseLinkHandler):
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
-            registry.register(CoordinatorCollector(self))
+            registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
             self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
@@ -130,33 +115,51 @@ class Coordinator(BaseLinkHandler):
         while True:
             await asyncio.sleep(min(1.0, self.config.heartbeat_timeout_s / 4))
             now = time.monotonic()
-            for w in list(self.workers.values()):
-                if now - w.last_heartbeat > self.config.heartbeat_timeout_s:
-                    log.error("worker %s missed heartbeats for %.1fs; removing it", w.worker_id,
-                              now - w.last_heartbeat)
-                    w.link.abort()
-                    self._worker_lost(w.worker_id, "heartbeat timeout")
+            for w in self.workers.overdue(now=now, timeout_s=self.config.heartbeat_timeout_s):
+                log.error("worker %s missed heartbeats for %.1fs; removing it", w.worker_id, now - w.last_heartbeat)
+                w.link.abort()
+                self._worker_lost(w.worker_id, "heartbeat timeout")
 
     # -- links ----------------------------------------------------------------------
 
     def on_closed(self, link: Link, reason: CloseReason, message: str) -> None:
-        record = self.workers.get(link.peer_id)
-        if record is not None and record.link is link:
+        if self.workers.registered_on(link.peer_id, link):
             self._worker_lost(link.peer_id, f"connection lost: {message}")
 
     def _worker_lost(self, worker_id: str, why: str) -> None:
-        if self.workers.pop(worker_id, None) is None:
+        if self.workers.remove(worker_id) is None:
             return
         log.warning("worker %s lost (%s)", worker_id, why)
         self.manager.worker_lost(worker_id, why)
 
     # -- RPC ------------------------------------------------------------------------
 
+    def _handlers(self) -> HandlerTable[Link]:
+        """Every RPC the coordinator serves, to workers and clients alike."""
+        return HandlerTable({
+            # from workers
+            "register": self.rpc_register,
+            "heartbeat": self.rpc_heartbeat,
+            "ack_checkpoint": self.rpc_ack_checkpoint,
+            "decline_checkpoint": self.rpc_decline_checkpoint,
+            "probe_done": self.rpc_probe_done,
+            "task_finished": self.rpc_task_finished,
+            "task_failed": self.rpc_task_failed,
+            "job_error": self.rpc_job_error,
+            # from clients
+            "submit": self.rpc_submit,
+            "status": self.rpc_status,
+            "cancel": self.rpc_cancel,
+            "checkpoint": self.rpc_checkpoint,
+            "checkpoints": self.rpc_checkpoints,
+            "probe": self.rpc_probe,
+        })
+
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
-        handler = getattr(self, f"rpc_{method}", None)
-        if handler is None:
-            raise RpcError(f"unknown method {method!r}", "UnknownMethod")
-        return await handler(link, args)
+        try:
+            return await self.rpc.dispatch(link, method, args)
+        except UnknownMethod as exc:
+            raise RpcError(str(exc), "UnknownMethod") from None
 
     async def rpc_register(self, link: Link, args: dict[str, Any]) -> Any:
         if link.connection.peer_role != "worker":
@@ -165,16 +168,14 @@ class Coordinator(BaseLinkHandler):
         old = self.workers.get(wid)
         if old is not None and old.link is not link:
             old.link.close("replaced by a new registration")
-        self.workers[wid] = WorkerRecord(wid, link, int(args["slots"]), str(args["host"]), int(args["data_port"]),
-                                         args.get("metrics_port"), args.get("pid"))
+        self.workers.register(WorkerRecord(wid, link, int(args["slots"]), str(args["host"]), int(args["data_port"]),
+                                           args.get("metrics_port"), args.get("pid")))
         log.info("worker %s registered with %d slots at %s:%s", wid, args["slots"], args["host"], args["data_port"])
         return {"ok": True}
 
     async def rpc_heartbeat(self, link: Link, args: dict[str, Any]) -> Any:
-        record = self.workers.get(link.peer_id)
-        if record is None or record.link is not link:
+        if not self.workers.heartbeat(link.peer_id, link, now=time.monotonic()):
             raise RpcError("unknown worker: register first", "NotRegistered")
-        record.last_heartbeat = time.monotonic()
         for st in args.get("tasks", []):
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:

@@ -28,6 +28,7 @@ from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
+from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.connectors.sinks import FINAL_CHECKPOINT
 from runtime.execution.mailbox import InjectProbe
@@ -72,6 +73,7 @@ class Worker(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
+        self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
         for job_id, deployed in list(self.jobs.items()):
@@ -141,25 +143,31 @@ class Worker(BaseLinkHandler):
 
     # -- RPC from the coordinator ------------------------------------------------
 
+    def _handlers(self) -> HandlerTable[Link]:
+        """Every call the coordinator makes on this worker."""
+        return HandlerTable({
+            "deploy": lambda link, args: self._deploy(Plan.from_dict(args["plan"])),
+            "start": lambda link, args: self._start(args["job_id"]),
+            "cancel": lambda link, args: self._rpc_cancel(args["job_id"]),
+            "trigger_checkpoint": lambda link, args: self._trigger_checkpoint(args),
+            "checkpoint_complete": lambda link, args: self._notify_tasks(
+                args["job_id"], args.get("attempt"), "checkpoint_complete", int(args["checkpoint_id"])),
+            "checkpoint_aborted": lambda link, args: self._notify_tasks(
+                args["job_id"], args.get("attempt"), "checkpoint_aborted", int(args["checkpoint_id"])),
+            "finalize": lambda link, args: self._finalize(args["job_id"], int(args["attempt"])),
+            "probe": lambda link, args: self._inject_probe(args["job_id"], int(args["probe_id"])),
+            "ping": lambda link, args: {"id": self.worker_id, "time": time.time()},
+        })
+
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
-        if method == "deploy":
-            return await self._deploy(Plan.from_dict(args["plan"]))
-        if method == "start":
-            return self._start(args["job_id"])
-        if method == "cancel":
-            await self._cancel_job(args["job_id"], report=False)
-            return {"cancelled": True}
-        if method == "trigger_checkpoint":
-            return self._trigger_checkpoint(args)
-        if method in ("checkpoint_complete", "checkpoint_aborted"):
-            return self._notify_tasks(args["job_id"], args.get("attempt"), method, int(args["checkpoint_id"]))
-        if method == "finalize":
-            return self._finalize(args["job_id"], int(args["attempt"]))
-        if method == "probe":
-            return self._inject_probe(args["job_id"], int(args["probe_id"]))
-        if method == "ping":
-            return {"id": self.worker_id, "time": time.time()}
-        raise RpcError(f"unknown method {method!r}", "UnknownMethod")
+        try:
+            return await self.rpc.dispatch(link, method, args)
+        except UnknownMethod as exc:
+            raise RpcError(str(exc), "UnknownMethod") from None
+
+    async def _rpc_cancel(self, job_id: str) -> dict[str, Any]:
+        await self._cancel_job(job_id, report=False)
+        return {"cancelled": True}
 
     async def _deploy(self, plan: Plan) -> dict[str, Any]:
         if plan.job_id in self.jobs:
