@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,6 +79,7 @@ class JobRecord:
     restored_checkpoint_id: int | None = None
     next_checkpoint_id: int = 1
     earlier_checkpoints: list[dict[str, Any]] = field(default_factory=list)  # history of earlier attempts
+    ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)  # set on a terminal state
 
     def checkpoint_history(self) -> list[dict[str, Any]]:
         """Every attempt's checkpoints, oldest first."""
@@ -107,6 +109,7 @@ class JobRecord:
             self.error = error
         if state in TERMINAL:
             self.ended_at = time.time()
+            self.ended.set()
 
     @property
     def terminal(self) -> bool:

@@ -11,6 +11,7 @@ else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -38,6 +39,8 @@ from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
 
 log = logging.getLogger("sluice.coordinator")
+
+WAIT_JOB_MAX_S = 300.0  # the longest one wait_job call blocks; clients call again to wait longer
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class Coordinator(BaseLinkHandler):
             "submit": self.rpc_submit,
             "status": self.rpc_status,
             "cancel": self.rpc_cancel,
+            "wait_job": self.rpc_wait_job,
             "checkpoint": self.rpc_checkpoint,
             "checkpoints": self.rpc_checkpoints,
             "probe": self.rpc_probe,
@@ -269,6 +273,20 @@ class Coordinator(BaseLinkHandler):
             return {"state": job.state}
         await self.manager.cancel(job, "cancelled by user")
         return {"state": job.state}
+
+    async def rpc_wait_job(self, link: Link, args: dict[str, Any]) -> Any:
+        """Return the job's summary once it has ended, or when `timeout_s` has passed (then it is still going)."""
+        job = self.jobs.get(str(args.get("job_id")))
+        if job is None:
+            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+        try:
+            timeout_s = float(args.get("timeout_s", WAIT_JOB_MAX_S))
+        except (TypeError, ValueError):
+            raise RpcError(f"timeout_s must be a number of seconds, got {args.get('timeout_s')!r}", "BadArgs") from None
+        # capped: the wait outlives a client that went away, so it must end on its own
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.ended.wait(), max(0.0, min(timeout_s, WAIT_JOB_MAX_S)))
+        return job.summary()
 
     async def rpc_probe(self, link: Link, args: dict[str, Any]) -> Any:
         """Send a probe through a running job on the priority lane; return when every task saw it."""

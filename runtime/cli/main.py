@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
     s.add_argument("entry", metavar="MODULE:FUNCTION")
     s.add_argument("--wait", action="store_true", help="wait for the job to end; exit non-zero unless it FINISHED")
+    s.add_argument("--wait-timeout", type=_duration, default=None, metavar="DURATION",
+                   help="with --wait: give up after this long (exit 1, the job keeps running); default: no limit")
     s.add_argument("--token-file")
     _add_job_options(s)
 
@@ -343,14 +345,15 @@ def _abs(path: str | None) -> str | None:
 
 
 def _wait_for(args: argparse.Namespace, job_id: str) -> int:
-    import time
+    from runtime.cli.client import JOB_ENDED, wait_job
 
-    while True:
-        summary = _client_call(args, "status", {"job_id": job_id})
-        if summary["state"] in ("FINISHED", "FAILED", "CANCELLED"):
-            _print_job(summary)
-            return 0 if summary["state"] == "FINISHED" else 1
-        time.sleep(0.5)
+    host, port = args.coordinator
+    summary = asyncio.run(wait_job(host, port, load_token(args.token_file), job_id, timeout_s=args.wait_timeout))
+    _print_job(summary)
+    if summary["state"] not in JOB_ENDED:
+        print(f"sluice submit: job {job_id} is still {summary['state']} after --wait-timeout "
+              f"{args.wait_timeout:g}s", file=sys.stderr)
+    return 0 if summary["state"] == "FINISHED" else 1
 
 
 if __name__ == "__main__":
