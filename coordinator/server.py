@@ -1,11 +1,11 @@
-"""The coordinator process: RPC server and worker registry with heartbeats.
+"""The coordinator process: its table of RPC handlers and the heartbeat monitor.
 
 Workers and CLI clients dial in over the same framed protocol; a worker's
 link is also how the coordinator calls it (deploy, start, cancel, checkpoint
-triggers). Job lifecycle and failover live in coordinator/job_manager.py. A
-job module that does not import, a graph that cannot run, or a cluster
-without enough slots fails the submission with a clear error and nothing
-else.
+triggers). The worker records live in coordinator/registry.py, job
+lifecycle and failover in coordinator/job_manager.py. A job module that does
+not import, a graph that cannot run, or a cluster without enough slots fails
+the submission with a clear error and nothing else.
 """
 
 from __future__ import annotations
