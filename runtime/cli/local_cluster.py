@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.errors import NetstackError
+from netstack.transport import run
 from runtime.cli.client import call_coordinator
 from runtime.cli.processes import Managed, child_env, start_process, stop_process
 
@@ -189,7 +190,7 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
     try:
         for line in cluster.describe():
             print(line, flush=True)
-        summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name=name,
+        summary = run(run_job_on_cluster(cluster, entry, config=config, name=name,
                                                  progress=lambda s: print(s, flush=True), restore=restore))
     except KeyboardInterrupt:
         interrupted = True

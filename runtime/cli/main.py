@@ -7,7 +7,6 @@ dataclasses; a bad argument exits with status 2 and a one-line reason.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -15,7 +14,7 @@ import sys
 from typing import Any
 
 from netstack.errors import NetstackError
-from netstack.transport import install_uvloop
+from netstack.transport import run
 from runtime.graph.config import load_token, parse_address, parse_duration
 
 
@@ -207,7 +206,7 @@ def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any])
     from runtime.cli.client import call_coordinator
 
     host, port = args.coordinator
-    return asyncio.run(call_coordinator(host, port, load_token(args.token_file), method, payload))
+    return run(call_coordinator(host, port, load_token(args.token_file), method, payload))
 
 
 def _print_job(summary: dict[str, Any]) -> None:
@@ -226,7 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    install_uvloop()
     try:
         return _dispatch(args)
     except ValueError as exc:  # configuration errors found after parsing (token file...)
@@ -246,7 +244,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout)
-        asyncio.run(run_coordinator(config))
+        run(run_coordinator(config))
         return 0
     if args.command == "worker":
         from runtime.worker.worker import WorkerConfig, run_worker
@@ -256,7 +254,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                                heartbeat_interval_s=args.heartbeat_interval)
-        asyncio.run(run_worker(wconfig))
+        run(run_worker(wconfig))
         return 0
     if args.command == "submit":
         result = _client_call(args, "submit", {"entry": args.entry, "name": args.name, "config": _job_config(args),
