@@ -18,8 +18,8 @@ import asyncio
 import collections
 import itertools
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from netstack.connection import (
     Connection,
@@ -38,18 +38,28 @@ log = logging.getLogger("sluice.net")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 
+T = TypeVar("T")
+
 # Connections this process closed because the peer broke the protocol, by reason (for metrics).
 PROTOCOL_FAILURES: collections.Counter[str] = collections.Counter()
 
 
-def install_uvloop() -> bool:
-    """Use uvloop for new event loops when it is importable."""
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` to completion on a new event loop: uvloop when importable, else asyncio's default.
+
+    The one entry every sluice process goes through. It passes uvloop as the
+    runner's loop factory rather than installing uvloop's event-loop policy,
+    which asyncio deprecates (3.12) and which would leak into every later
+    loop of the process.
+    """
     try:
         import uvloop
     except ImportError:
-        return False
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    else:
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 class LinkHandler(Protocol):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install sluice with its test dependencies. Idempotent: does
+# Create .venv and install sluice with its test dependencies and the `spark` extra
+# (PySpark, for `sluice data` and the demo). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +27,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 touch "$stamp"

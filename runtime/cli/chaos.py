@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from netstack.transport import run
 from runtime.cli.local_cluster import LocalCluster
 
 
@@ -187,7 +188,7 @@ def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, se
     shutil.rmtree(cluster.log_dir or "", ignore_errors=True)
     cluster.start()
     try:
-        result = asyncio.run(_run_job(settings, cluster, rng, log))
+        result = run(_run_job(settings, cluster, rng, log))
     finally:
         cluster.stop()
     if result.state != "FINISHED":

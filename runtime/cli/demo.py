@@ -21,6 +21,7 @@ import statistics
 import time
 from typing import Any
 
+from netstack.transport import run
 from runtime.cli.chaos import ChaosSettings, generate_input, sink_workers, verify_output
 from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster, summarise_progress
 
@@ -97,7 +98,7 @@ def run_demo(*, records: int, directory: str) -> int:
                 os.kill(victim.pid, signal.SIGKILL)
                 events["kill"] = elapsed
 
-        summary = asyncio.run(run_job_on_cluster(cluster, "runtime.examples.wordcount:build_parquet", config=config,
+        summary = run(run_job_on_cluster(cluster, "runtime.examples.wordcount:build_parquet", config=config,
                                                  name="demo-wordcount", progress=lambda s: print(f"   {s}"),
                                                  on_tick=on_tick, timeout_s=600))
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -18,12 +19,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.errors import NetstackError
+from netstack.transport import run
 from runtime.cli.client import call_coordinator
-from runtime.cli.processes import Managed, child_env, start_process, stop_process
+from runtime.cli.processes import Managed, ProcessStartError, child_env, start_process, stop_process
+from runtime.graph.plan import JobLoadError, load_entry
 
 
 @dataclass
 class LocalCluster:
+    """A coordinator and worker processes on loopback, all on port 0; `sluice local`, the demo and the tests.
+
+    `start()` starts the coordinator and `workers` workers; the tests call
+    `start_coordinator` and `start_worker` themselves to pass extra flags.
+    `stop()` stops every process by PID and removes the log directory when
+    this object created it, unless `keep_logs`.
+    """
+
     workers: int = 2
     slots: int = 2
     state_dir: str | None = None
@@ -32,35 +43,71 @@ class LocalCluster:
     quiet_logs: bool = True
     restart_workers: bool = True  # like a supervisor: a worker process that dies is started again
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    workdir: str | None = None  # the processes' working directory, put on their sys.path (default: ours)
+    keep_logs: bool = False
     coordinator: Managed | None = None
     worker_procs: list[Managed] = field(default_factory=list)
     worker_restarts: int = 0
+    _worker_args: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    _own_log_dir: bool = False
 
     def _metrics_port(self, index: int) -> str:
         return str(self.metrics_port_base + index) if self.metrics_port_base else "0"
 
-    def start(self) -> None:
-        self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="sluice-logs-")
+    @property
+    def env(self) -> dict[str, str]:
+        return child_env(self.token, self.workdir or os.getcwd())
+
+    @property
+    def token_path(self) -> str:
+        assert self.state_dir is not None
+        return os.path.join(self.state_dir, "token")
+
+    def _prepare(self) -> None:
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="sluice-logs-")
+            self._own_log_dir = True
         self.state_dir = self.state_dir or os.path.join(self.log_dir, "state")
         os.makedirs(self.log_dir, exist_ok=True)
-        env = child_env(self.token, os.getcwd())
+        os.makedirs(self.state_dir, exist_ok=True)
+        # The client commands find the token here (`--state-dir`); only this user may read it.
+        fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(self.token + "\n")
+        os.chmod(self.token_path, 0o600)  # an existing file keeps its mode through O_CREAT
+
+    def start(self) -> None:
         try:
-            self.coordinator = start_process(
-                "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir",
-                                self.state_dir], env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
-            for i in range(self.workers):
-                self.worker_procs.append(self._start_worker(i))
+            self.start_coordinator()
+            for _ in range(self.workers):
+                self.start_worker()
         except Exception:
             self.stop()
             raise
 
-    def _start_worker(self, index: int) -> Managed:
+    def start_coordinator(self, *extra: str) -> Managed:
+        self._prepare()
+        assert self.log_dir is not None and self.state_dir is not None
+        self.coordinator = start_process(
+            "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir", self.state_dir,
+                            *extra], env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir,
+                                                                                            "coordinator.log"))
+        return self.coordinator
+
+    def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:
+        wid = worker_id or f"worker-{len(self.worker_procs) + 1}"
+        self._worker_args.append((wid, extra))
+        w = self._launch_worker(len(self.worker_procs))
+        self.worker_procs.append(w)
+        return w
+
+    def _launch_worker(self, index: int) -> Managed:
         assert self.coordinator is not None and self.log_dir is not None
-        name = f"worker-{index + 1}"
+        wid, extra = self._worker_args[index]
         return start_process(
             "worker", ["--coordinator", self.coordinator.fields["rpc"], "--slots", str(self.slots), "--data-port",
-                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", name],
-            env=child_env(self.token, os.getcwd()), log_path=os.path.join(self.log_dir, f"{name}.log"))
+                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", wid, *extra],
+            env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, f"{wid}.log"))
 
     def supervise(self) -> list[str]:
         """Start again every worker process that died; returns what was done, for the progress display."""
@@ -73,7 +120,7 @@ class LocalCluster:
                 continue
             events.append(f"{w.fields.get('id', f'worker-{i + 1}')} (pid {w.pid}) exited with status {code}; "
                           "starting it again")
-            self.worker_procs[i] = self._start_worker(i)
+            self.worker_procs[i] = self._launch_worker(i)
             self.worker_restarts += 1
             events.append(f"{self.worker_procs[i].fields['id']} is back as pid {self.worker_procs[i].pid}")
         return events
@@ -104,7 +151,10 @@ class LocalCluster:
         for w in self.worker_procs:
             lines.append(f"  {w.fields['id']:<11} pid {w.pid:>7}  data {w.fields['data']}"
                          f"  metrics {w.fields['metrics']}")
-        lines.append(f"  logs in {self.log_dir}")
+        kept = "" if self.keep_logs or not self._own_log_dir else " (removed at exit; --keep-logs keeps them)"
+        lines.append(f"  logs in {self.log_dir}{kept}")
+        lines.append(f"  token in {self.token_path}: pass --state-dir {self.state_dir} to sluice status, "
+                     "checkpoint, probe...")
         return lines
 
     def stop(self) -> None:
@@ -112,6 +162,8 @@ class LocalCluster:
             stop_process(w)
         if self.coordinator is not None:
             stop_process(self.coordinator)
+        if self._own_log_dir and not self.keep_logs and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def summarise_progress(summary: dict[str, Any], elapsed_s: float) -> str:
@@ -172,15 +224,35 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
         await asyncio.sleep(0.25)
 
 
+def check_entry(entry: str) -> str | None:
+    """Import the job's module here first, so a wrong name is one error before any process starts."""
+    if os.getcwd() not in sys.path:  # the coordinator puts our working directory on its path too
+        sys.path.insert(0, os.getcwd())
+    try:
+        load_entry(entry)
+    except JobLoadError as exc:
+        return str(exc)
+    return None
+
+
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
               state_dir: str | None, name: str | None = None, restore: str | None = None,
-              restart_workers: bool = True) -> int:
+              restart_workers: bool = True, keep_logs: bool = False) -> int:
     """The body of `sluice local`; returns the exit code."""
+    problem = check_entry(entry)
+    if problem:
+        print(f"sluice local: {problem}", file=sys.stderr, flush=True)
+        return 2
     cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir,
-                           restart_workers=restart_workers)
+                           restart_workers=restart_workers, keep_logs=keep_logs)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
-    cluster.start()
+    try:
+        cluster.start()
+    except ProcessStartError as exc:
+        print(f"sluice local: {exc}", file=sys.stderr, flush=True)
+        return 1
     interrupted = False
+    summary: dict[str, Any] = {}
 
     def on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -189,8 +261,8 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
     try:
         for line in cluster.describe():
             print(line, flush=True)
-        summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name=name,
-                                                 progress=lambda s: print(s, flush=True), restore=restore))
+        summary = run(run_job_on_cluster(cluster, entry, config=config, name=name,
+                                         progress=lambda s: print(s, flush=True), restore=restore))
     except KeyboardInterrupt:
         interrupted = True
         print("\nsluice local: interrupted, stopping the cluster", flush=True)
@@ -199,6 +271,8 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
         print(f"sluice local: {exc}", file=sys.stderr, flush=True)
         summary = {"state": "FAILED", "error": str(exc)}
     finally:
+        if summary.get("state") not in ("FINISHED", "CANCELLED"):
+            cluster.keep_logs = True  # the logs say why it failed
         cluster.stop()
         signal.signal(signal.SIGTERM, old)
     if summary["state"] == "FINISHED":
@@ -206,4 +280,6 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
               f"{summarise_progress(summary, summary['elapsed_s'])}", flush=True)
         return 0
     print(f"sluice local: job {summary['state']}: {summary.get('error', '')}", file=sys.stderr, flush=True)
+    if cluster.keep_logs:
+        print(f"sluice local: logs kept in {cluster.log_dir}", file=sys.stderr, flush=True)
     return 130 if interrupted else 1

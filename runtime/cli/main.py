@@ -7,23 +7,29 @@ dataclasses; a bad argument exits with status 2 and a one-line reason.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import errno
 import json
 import logging
 import os
+import re
 import sys
 from typing import Any
 
 from netstack.errors import NetstackError
-from netstack.transport import install_uvloop
+from netstack.transport import run
 from runtime.graph.config import load_token, parse_address, parse_duration
 
 
-def _duration(text: str) -> float:
+def _duration(text: str, *, allow_zero: bool = False) -> float:
+    """Every duration flag goes through here: more than zero, except those that say otherwise."""
     try:
-        return parse_duration(text)
+        return parse_duration(text, allow_zero=allow_zero)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration_or_zero(text: str) -> float:
+    return _duration(text, allow_zero=True)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -68,7 +74,7 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c.add_argument("--aligned-timeout", type=_duration,
                    help="aligned checkpoints switch to unaligned after this long (e.g. 100ms)")
     c.add_argument("--checkpoint-timeout", type=_duration, default=60.0, help="abort a checkpoint after (60s)")
-    c.add_argument("--min-pause", type=_duration, default=0.0, help="pause between checkpoints (0)")
+    c.add_argument("--min-pause", type=_duration_or_zero, default=0.0, help="pause between checkpoints (0)")
     c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
     c.add_argument("--retain", type=_positive, default=3, help="completed checkpoints kept (3)")
     c.add_argument("--restore", metavar="PATH", help="start from this checkpoint or savepoint directory")
@@ -174,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--slots", type=_positive, default=2)
     lo.add_argument("--metrics-port-base", type=_port, default=0,
                     help="coordinator metrics on BASE, worker i on BASE+i (default: free ports, printed)")
-    lo.add_argument("--state-dir")
+    lo.add_argument("--state-dir", help="coordinator state and the cluster token (default: in the log directory)")
+    lo.add_argument("--keep-logs", action="store_true", help="keep the log directory at exit (default: removed)")
     lo.add_argument("--no-restart-workers", action="store_true",
                     help="do not start a worker process again when it dies")
     _add_job_options(lo)
@@ -202,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--query", choices=["wordcount"], default="wordcount")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
+    for client in (s, st, ca, cp, sp, cl, pr):
+        client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
+                                                "writes and prints)")
     return parser
 
 
@@ -209,7 +219,13 @@ def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any])
     from runtime.cli.client import call_coordinator
 
     host, port = args.coordinator
-    return asyncio.run(call_coordinator(host, port, load_token(args.token_file), method, payload))
+    return run(call_coordinator(host, port, _client_token(args), method, payload))
+
+
+def _client_token(args: argparse.Namespace) -> str:
+    if args.token_file is None and args.state_dir is not None:
+        return load_token(os.path.join(args.state_dir, "token"))
+    return load_token(args.token_file)
 
 
 def _print_job(summary: dict[str, Any]) -> None:
@@ -228,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    install_uvloop()
     try:
         return _dispatch(args)
     except ValueError as exc:  # configuration errors found after parsing (token file...)
@@ -236,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except NetstackError as exc:
         print(f"sluice {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        reason = _listen_failure(args, exc)
+        if reason is None:
+            raise
+        print(f"sluice {args.command}: {reason}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -248,7 +269,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout)
-        asyncio.run(run_coordinator(config))
+        run(run_coordinator(config))
         return 0
     if args.command == "worker":
         from runtime.worker.worker import WorkerConfig, run_worker
@@ -258,7 +279,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                                heartbeat_interval_s=args.heartbeat_interval)
-        asyncio.run(run_worker(wconfig))
+        run(run_worker(wconfig))
         return 0
     if args.command == "submit":
         result = _client_call(args, "submit", {"entry": args.entry, "name": args.name, "config": _job_config(args),
@@ -328,7 +349,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
-                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers)
+                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers,
+                         keep_logs=args.keep_logs)
     if args.command == "demo":
         from runtime.cli.demo import run_demo
 
@@ -338,6 +360,24 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_data(args)
     raise AssertionError(args.command)
+
+
+def _listen_failure(args: argparse.Namespace, exc: OSError) -> str | None:
+    """One line naming the port a coordinator or worker could not listen on, or None for other errors.
+
+    Each process binds its own port first (RPC or data, through asyncio, whose error names the address),
+    then the metrics port (whose error names none), so the message tells the two apart.
+    """
+    if args.command not in ("coordinator", "worker") or exc.errno not in (errno.EADDRINUSE, errno.EACCES,
+                                                                           errno.EADDRNOTAVAIL):
+        return None
+    own_flag, own_port = ("--port", args.port) if args.command == "coordinator" else ("--data-port", args.data_port)
+    if re.search(rf"\(\'[^']*\', {own_port}\)", str(exc)) or args.no_metrics:
+        flag, port = own_flag, own_port
+    else:
+        flag, port = "--metrics-port", args.metrics_port
+    what = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used: {os.strerror(exc.errno)}"
+    return f"cannot listen on {args.host}:{port} ({flag}): the port {what}"
 
 
 def _abs(path: str | None) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 JAVA_HINT = ("sluice data needs Java 17: install a JDK 17 (apt-get install openjdk-17-jre-headless) "
              "and make sure `java` is on PATH or JAVA_HOME is set")
-PYSPARK_HINT = "sluice data needs PySpark: pip install 'pyspark>=4.0'"
+PYSPARK_HINT = "sluice data needs PySpark, the `spark` extra: pip install 'sluice[spark]' (scripts/bootstrap.sh does)"
 MIN_JAVA = 17  # Spark 4 is built for Java 17
 
 # Spark's own logging goes to stderr at WARN. Two warnings printed on every start, both harmless here, are
@@ -76,6 +76,9 @@ def java_major_version(java: str) -> int | None:
 
 def check_environment() -> None:
     """Raise DataError naming what to install if Java (17 or later) or PySpark is missing."""
+    # PySpark first: it is the cheap check, and a plain `pip install sluice` leaves it out.
+    if importlib.util.find_spec("pyspark") is None:
+        raise DataError(PYSPARK_HINT)
     java = find_java()
     if java is None:
         home = os.environ.get("JAVA_HOME")
@@ -84,8 +87,6 @@ def check_environment() -> None:
     major = java_major_version(java)
     if major is not None and major < MIN_JAVA:
         raise DataError(f"{JAVA_HINT} ({java} is Java {major})")
-    if importlib.util.find_spec("pyspark") is None:
-        raise DataError(PYSPARK_HINT)
 
 
 def start_session(master: str = "local[2]", app_name: str = "sluice-data", *,

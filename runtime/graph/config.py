@@ -11,12 +11,18 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
-def parse_duration(text: str) -> float:
-    """'500ms', '2s', '1.5', '1m' -> seconds. Raises ValueError with the accepted forms."""
+def parse_duration(text: str, *, allow_zero: bool = False) -> float:
+    """'500ms', '2s', '1.5', '1m' -> seconds, more than zero unless `allow_zero`.
+
+    Raises ValueError with the accepted forms. Negative values never parse.
+    """
     match = _DURATION.match(str(text))
     if not match:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 2s, 1m)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if value == 0 and not allow_zero:
+        raise ValueError(f"must be more than zero, got {text!r} (use e.g. 500ms, 2s, 1m)")
+    return value
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,36 +14,35 @@ from typing import Any
 import pytest
 
 from runtime.cli.client import call_coordinator
-from runtime.cli.processes import Managed, child_env, start_process, stop_process
+from runtime.cli.local_cluster import LocalCluster
+from runtime.cli.processes import Managed
 
 
 class Cluster:
-    """A coordinator and workers started as OS processes; logs go to files under tmp_path."""
+    """The tests' view of a `LocalCluster` (the harness `sluice local` uses): processes started one by one
+    with extra flags, in `tmp_path` (their working directory and the job modules' place), logs kept there."""
 
     def __init__(self, tmp_path: Any) -> None:
         self.tmp_path = tmp_path
-        self.token = secrets.token_hex(16)
-        self.env = child_env(self.token, str(tmp_path))
-        self.coordinator: Managed | None = None
-        self.workers: list[Managed] = []
         self.log_dir = tmp_path / "logs"
-        self.log_dir.mkdir(exist_ok=True)
+        self.local = LocalCluster(workers=0, state_dir=str(tmp_path / "state"), log_dir=str(self.log_dir),
+                                  workdir=str(tmp_path), restart_workers=False)
+        self.token = self.local.token
+        self.env = self.local.env
+
+    @property
+    def coordinator(self) -> Managed | None:
+        return self.local.coordinator
+
+    @property
+    def workers(self) -> list[Managed]:
+        return self.local.worker_procs
 
     def start_coordinator(self, *extra: str) -> Managed:
-        self.coordinator = start_process(
-            "coordinator", ["--port", "0", "--metrics-port", "0", "--state-dir", str(self.tmp_path / "state"),
-                            *extra],
-            env=self.env, cwd=str(self.tmp_path), log_path=str(self.log_dir / "coordinator.log"))
-        return self.coordinator
+        return self.local.start_coordinator(*extra)
 
     def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:
-        assert self.coordinator is not None
-        wid = worker_id or f"worker-{len(self.workers) + 1}"
-        w = start_process(
-            "worker", ["--coordinator", self.coordinator.fields["rpc"], "--metrics-port", "0", "--id", wid, *extra],
-            env=self.env, cwd=str(self.tmp_path), log_path=str(self.log_dir / f"{wid}.log"))
-        self.workers.append(w)
-        return w
+        return self.local.start_worker(*extra, worker_id=worker_id)
 
     @property
     def rpc(self) -> tuple[str, int]:
@@ -76,10 +74,7 @@ class Cluster:
         return path.read_text() if path.exists() else ""
 
     def stop(self) -> None:
-        for w in self.workers:
-            stop_process(w)
-        if self.coordinator is not None:
-            stop_process(self.coordinator)
+        self.local.stop()
 
 
 def poll(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> None:

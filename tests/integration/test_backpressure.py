@@ -69,7 +69,9 @@ def test_slow_sink_backpressures_with_bounded_memory(running_cluster: Cluster) -
     poll(lambda: cluster.call("status", {"job_id": job_id})["state"] == "RUNNING", 60, "job to run")
     poll(lambda: len(cluster.call("status", {"job_id": job_id})["tasks"]) == 4, 30, "task statistics")
 
-    time.sleep(4.0)  # let queues fill and memory settle
+    # until the queues are full: the source has been blocked for a while (memory has settled by then)
+    poll(lambda: stage_totals(cluster.call("status", {"job_id": job_id}))["GeneratorSource"]["bp"] >= 2.0, 60,
+         "the source to be backpressured")
     early = cluster.call("status", {"job_id": job_id})
     rss_early = {w.pid: rss_mib(w.pid) for w in cluster.workers}
     t_early = time.monotonic()

@@ -82,12 +82,20 @@ def submit(cluster: Cluster, entry: str, config: dict[str, Any], restore: str | 
     return str(cluster.call("submit", args)["job_id"])
 
 
-def start_backpressured(cluster: Cluster, entry: str, config: dict[str, Any], *, settle_s: float = 2.0) -> str:
-    """Submit, wait until every task reports, then let the queues fill up."""
+def start_backpressured(cluster: Cluster, entry: str, config: dict[str, Any], *, blocked_s: float = 1.0) -> str:
+    """Submit, wait until every task reports, then until the queues are full: the job's tasks have spent
+    `blocked_s` backpressured between them."""
     job_id = submit(cluster, entry, config)
     wait_running(cluster, job_id)
-    time.sleep(settle_s)
+    poll(lambda: sum(t["backpressured_s"] for t in cluster.call("status", {"job_id": job_id})["tasks"]) >= blocked_s,
+         60, f"job {job_id} to be backpressured for {blocked_s}s")
     return job_id
+
+
+def wait_flowing(cluster: Cluster, job_id: str) -> None:
+    """Until every task of the job has taken in or emitted records."""
+    poll(lambda: all(t["records_in"] + t["records_out"] > 0
+                     for t in cluster.call("status", {"job_id": job_id})["tasks"]), 60, f"job {job_id} to flow")
 
 
 def wait_running(cluster: Cluster, job_id: str) -> None:
@@ -199,7 +207,7 @@ def test_aligned_timeout_switches_to_unaligned_only_when_it_has_to(running_clust
 
     fast = submit(cluster, "cpjobs:fast", checkpoint_config("aligned_timeout", timeout_s=10.0))
     wait_running(cluster, fast)
-    time.sleep(0.5)
+    wait_flowing(cluster, fast)
     for _ in range(3):
         result = cluster.call("checkpoint", {"job_id": fast})
         assert result["status"] == "COMPLETED", (result, logs(cluster))
@@ -224,7 +232,7 @@ def test_restore_from_checkpoint_with_inflight_data_gives_exact_output(running_c
     expected = expected_counts()
     config = checkpoint_config(mode, timeout_s=30.0)
 
-    first = start_backpressured(cluster, "cpjobs:wordcount", config, settle_s=1.5)
+    first = start_backpressured(cluster, "cpjobs:wordcount", config, blocked_s=0.5)
     result = cluster.call("checkpoint", {"job_id": first})
     assert result["status"] == "COMPLETED", (result, logs(cluster))
     entry = history_entry(cluster, first, result["checkpoint_id"])
@@ -306,7 +314,7 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     install_jobs(cluster)
     job_id = submit(cluster, "cpjobs:fast", checkpoint_config("unaligned"))
     wait_running(cluster, job_id)
-    time.sleep(0.5)
+    wait_flowing(cluster, job_id)
 
     sp_root = cluster.tmp_path / "sp"
     result = cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": str(sp_root)})
@@ -333,7 +341,7 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     shutil.move(str(path), str(moved))
     restored = submit(cluster, "cpjobs:fast", checkpoint_config("unaligned"), restore=str(moved))
     wait_running(cluster, restored)
-    time.sleep(1.0)
+    wait_flowing(cluster, restored)  # it restored and processes records
     status = cluster.call("status", {"job_id": restored})
     assert status["state"] == "RUNNING", (status, logs(cluster))
     cancel(cluster, restored)

@@ -1,0 +1,163 @@
+"""Bad command lines and busy ports get one clear line from a real `sluice` process, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.cli.processes import Managed, child_env, stop_process
+from tests.integration.conftest import write_module
+
+pytestmark = pytest.mark.integration
+
+EXIT_TIMEOUT_S = 30.0  # a process that should refuse at once; the old code kept running instead
+
+ENDLESS_JOB = '''
+from runtime.api import DiscardSink, GeneratorSource
+
+
+def build(job):
+    job.source(GeneratorSource(count=None, keys=10, records_per_second=200)).sink(DiscardSink())
+'''
+
+
+def sluice(*args: str, cwd: Path, env: dict[str, str] | None = None,
+           python_prelude: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `sluice ARGS` to its end (killed after EXIT_TIMEOUT_S: a process that should have refused)."""
+    if python_prelude is None:
+        command = [sys.executable, "-m", "runtime.cli", *args]
+    else:  # the same entry point after a line of setup in the same interpreter
+        command = [sys.executable, "-c", f"{python_prelude}\nimport sys\nfrom runtime.cli.main import main\n"
+                   "sys.exit(main(sys.argv[1:]))", *args]
+    proc = subprocess.Popen(command, cwd=cwd, env=env or child_env("cli-errors-token", str(cwd)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        stop_process(Managed("sluice", proc))
+        out, err = proc.communicate()
+        raise AssertionError(f"sluice {' '.join(args)} was still running after {EXIT_TIMEOUT_S}s; "
+                             f"stdout {out!r} stderr {err!r}") from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def assert_one_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    error = lines[-1] if lines else ""
+    for needle in needles:
+        assert needle in error, (needle, proc.stderr)
+    return error
+
+
+# -- durations ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["coordinator", "--port", "0", "--heartbeat-timeout", "0s"],
+    ["worker", "--coordinator", "127.0.0.1:1", "--heartbeat-interval", "0ms"],
+    ["local", "nomodule:build", "--checkpoint-interval", "0"],
+    ["local", "nomodule:build", "--restart-delay", "0m"],
+])
+def test_zero_duration_is_refused(tmp_path: Path, args: list[str]) -> None:
+    proc = sluice(*args, "--state-dir" if args[0] == "coordinator" else "--slots",
+                  str(tmp_path / "state") if args[0] == "coordinator" else "1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line(proc, args[-2], "more than zero")
+
+
+# -- busy ports -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port some other program listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("role", "flag"), [
+    ("coordinator", "--port"), ("coordinator", "--metrics-port"),
+    ("worker", "--data-port"), ("worker", "--metrics-port"),
+])
+def test_port_in_use_is_one_line_naming_it(tmp_path: Path, busy_port: int, role: str, flag: str) -> None:
+    # the worker binds both ports before it looks for its coordinator, so none is needed here
+    base = (["coordinator", "--port", "0", "--metrics-port", "0", "--state-dir", str(tmp_path / "state")]
+            if role == "coordinator" else ["worker", "--coordinator", "127.0.0.1:1", "--data-port", "0",
+                                           "--metrics-port", "0"])
+    proc = sluice(*base, flag, str(busy_port), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert_one_line(proc, f"127.0.0.1:{busy_port}", flag, "already in use")
+
+
+# -- sluice local ---------------------------------------------------------------------------------------------
+
+
+def test_wrong_job_module_is_one_error_before_anything_starts(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = sluice("local", "no_such_job_module:build", "--workers", "1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = assert_one_line(proc, "no_such_job_module")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # once, not once per process
+    assert "starting" not in proc.stdout and "pid" not in proc.stdout, proc.stdout
+    assert error.startswith("sluice local:"), error
+    assert time.monotonic() - started < 10, "a wrong name must not wait for a cluster"
+
+
+def test_local_writes_its_token_for_client_commands_and_removes_its_logs(tmp_path: Path) -> None:
+    write_module(tmp_path, "endless", ENDLESS_JOB)
+    env = child_env("unused", str(tmp_path))
+    env.pop("SLUICE_TOKEN")  # the client must find the local cluster's own random token
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "local", "endless:build", "--workers", "1"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while not any("token in " in line for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, f"no token line in {seen}"
+            seen.append(proc.stdout.readline())
+        text = "".join(seen)
+        rpc = re.search(r"rpc (\S+)", text)
+        where = re.search(r"token in (\S+): pass --state-dir (\S+) ", text)
+        logs = re.search(r"logs in (\S+)", text)
+        assert rpc and where and logs, text
+        token_path, state_dir, log_dir = Path(where.group(1)), where.group(2), Path(logs.group(1))
+        assert token_path == Path(state_dir) / "token"
+        assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+        # a client command finds the token through --state-dir alone
+        status = sluice("status", "--coordinator", rpc.group(1), "--state-dir", state_dir, cwd=tmp_path, env=env)
+        assert status.returncode == 0, status.stderr
+        assert "workers: 1" in status.stdout, status.stdout
+        assert "development token" not in status.stderr, status.stderr
+        assert log_dir.is_dir()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not log_dir.exists(), f"{log_dir} was left behind: {sorted(os.listdir(log_dir))}"
+
+
+# -- sluice data without PySpark ------------------------------------------------------------------------------
+
+
+def test_data_without_pyspark_says_how_to_install_it(tmp_path: Path) -> None:
+    # sys.modules[name] = None makes the import system report the package as absent, as in a plain install
+    proc = sluice("data", "generate", str(tmp_path / "out"), "--rows", "10", "--keys", "2", cwd=tmp_path,
+                  python_prelude="import sys; sys.modules['pyspark'] = None")
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line(proc, "sluice[spark]")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,0 +1,67 @@
+"""The `sluice` argument parser: every duration flag goes through one parser that refuses zero."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from runtime.cli.main import _client_token, build_parser
+from runtime.graph.config import parse_duration
+
+# every flag that takes a duration, with the rest of a command line that parses
+DURATION_FLAGS = [
+    (["coordinator"], "--heartbeat-timeout"),
+    (["worker", "--coordinator", "h:1"], "--heartbeat-interval"),
+    *[(["submit", "--coordinator", "h:1", "m:f"], flag) for flag in (
+        "--flush-timeout", "--checkpoint-interval", "--aligned-timeout", "--checkpoint-timeout", "--restart-delay")],
+    *[(["local", "m:f"], flag) for flag in ("--flush-timeout", "--checkpoint-interval", "--restart-delay")],
+]
+
+
+@pytest.mark.parametrize(("prefix", "flag"), DURATION_FLAGS)
+@pytest.mark.parametrize("value", ["0", "0s", "0ms", "0.0m", "-1s", "soon"])
+def test_zero_negative_and_garbage_durations_are_refused(prefix: list[str], flag: str, value: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args([*prefix, f"{flag}={value}"])
+    assert info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert flag in error and ("more than zero" in error or "not a duration" in error), error
+
+
+@pytest.mark.parametrize(("prefix", "flag"), DURATION_FLAGS)
+def test_positive_durations_parse_to_seconds(prefix: list[str], flag: str) -> None:
+    args = build_parser().parse_args([*prefix, flag, "250ms"])
+    assert getattr(args, flag.lstrip("-").replace("-", "_")) == pytest.approx(0.25)
+
+
+def test_min_pause_may_be_zero() -> None:
+    assert build_parser().parse_args(["local", "m:f", "--min-pause", "0s"]).min_pause == 0.0
+
+
+def test_parse_duration_units() -> None:
+    assert parse_duration("1.5") == 1.5 and parse_duration("2m") == 120.0 and parse_duration("500ms") == 0.5
+    assert parse_duration("0", allow_zero=True) == 0.0
+    with pytest.raises(ValueError, match="more than zero"):
+        parse_duration("0h")
+
+
+@pytest.mark.parametrize("command", [["status"], ["cancel", "j"], ["checkpoint", "j"], ["savepoint", "j"],
+                                     ["checkpoints", "j"], ["probe", "j"], ["submit", "m:f"]])
+def test_client_commands_read_the_token_from_the_state_dir(command: list[str], tmp_path: Path) -> None:
+    state = tmp_path
+    (state / "token").write_text("local-cluster-token\n")
+    args = build_parser().parse_args([command[0], "--coordinator", "h:1", *command[1:], "--state-dir", str(state)])
+    assert _client_token(args) == "local-cluster-token"
+    # an explicit --token-file still wins
+    (state / "other").write_text("other-token")
+    args.token_file = str(state / "other")
+    assert _client_token(args) == "other-token"
+
+
+def test_missing_token_in_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+    args = argparse.Namespace(token_file=None, state_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="cannot read token file"):
+        _client_token(args)
