@@ -28,6 +28,7 @@ from coordinator.jobs import JobRecord
 from coordinator.metrics import CoordinatorCollector
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
+from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
 from netstack.metrics_http import serve_metrics
@@ -45,6 +46,14 @@ class CoordinatorConfig:
     metrics_port: int | None = 0
     state_dir: str = "./sluice-state"
     heartbeat_timeout_s: float = 10.0
+    allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
+    savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
+
+    def trust_policy(self) -> TrustPolicy:
+        """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
+        jobs = self.allowed_job_paths or (os.getcwd(),)
+        savepoints = self.savepoint_roots or (os.path.join(self.state_dir, "savepoints"),)
+        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs), tuple(os.path.realpath(p) for p in savepoints))
 
 
 @dataclass
@@ -77,6 +86,7 @@ class PendingProbe:
 class Coordinator(BaseLinkHandler):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
+        self.trust = config.trust_policy()
         self.workers: dict[str, WorkerRecord] = {}
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
@@ -191,7 +201,12 @@ class Coordinator(BaseLinkHandler):
             strategy = restart_strategy(config.pop("restart", None) or {})
         except (ValueError, TypeError) as exc:
             raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
-        job = JobRecord(job_id, entry, str(args.get("name") or entry), str(args.get("sys_path") or ""), config)
+        sys_path = str(args.get("sys_path") or "")
+        try:
+            sys_path = self.trust.check_job_path(os.path.realpath(sys_path) if sys_path else "")  # noqa: ASYNC240
+        except TrustError as exc:
+            raise RpcError(str(exc), "PathNotAllowed") from None
+        job = JobRecord(job_id, entry, str(args.get("name") or entry), sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
@@ -219,8 +234,12 @@ class Coordinator(BaseLinkHandler):
         assert job.checkpoints is not None
         savepoint = bool(args.get("savepoint"))
         directory = args.get("directory")
-        if savepoint and directory:
-            directory = os.path.abspath(str(directory))  # noqa: ASYNC240 - no I/O
+        if savepoint:
+            try:  # realpath reads links, once per request
+                directory = self.trust.check_savepoint_dir(
+                    os.path.realpath(str(directory)) if directory else None)  # noqa: ASYNC240
+            except TrustError as exc:
+                raise RpcError(str(exc), "PathNotAllowed") from None
         try:
             _, fut = job.checkpoints.request(savepoint=savepoint, directory=directory, mode=args.get("mode"))
         except ValueError as exc:

@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", default="./sluice-state")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
+    t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
+    t.add_argument("--allowed-job-path", action="append", default=[], metavar="DIR",
+                   help="a directory job modules may be imported from (repeatable; default: the working directory)")
+    t.add_argument("--savepoint-root", action="append", default=[], metavar="DIR",
+                   help="a directory savepoints may be written under (repeatable; default: STATE_DIR/savepoints)")
 
     w = sub.add_parser("worker", help="run a worker process")
     w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
@@ -152,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("savepoint", help="take an aligned, self-contained savepoint of a running job")
     sp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
     sp.add_argument("job_id")
-    sp.add_argument("--dir", default="savepoints", help="directory to write it under (default ./savepoints)")
+    sp.add_argument("--dir", help="directory to write it under, inside one of the coordinator's --savepoint-root "
+                    "(default: the first root)")
     sp.add_argument("--token-file")
 
     cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
@@ -245,7 +251,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
-                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout)
+                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
+                                   allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
+                                   savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root))
         asyncio.run(run_coordinator(config))
         return 0
     if args.command == "worker":
@@ -287,7 +295,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("checkpoint", "savepoint"):
         payload: dict[str, Any] = {"job_id": args.job_id}
         if args.command == "savepoint":
-            payload.update(savepoint=True, directory=os.path.abspath(args.dir))
+            payload.update(savepoint=True, directory=_abs(args.dir))
         elif args.mode:
             payload["mode"] = args.mode.replace("-", "_")
         result = _client_call(args, "checkpoint", payload)
