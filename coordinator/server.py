@@ -31,6 +31,7 @@ from coordinator.storage import LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
+from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.graph.enums import JobState
@@ -48,6 +49,7 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 10.0
     allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
     savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
+    limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
@@ -106,11 +108,12 @@ class Coordinator(BaseLinkHandler):
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
         os.makedirs(state_dir, exist_ok=True)
-        server, self.port = await serve(self.config.host, self.config.port, self._connection, self)
+        server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
+                                        limits=self.config.limits)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(self))
-            self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
+            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
               f"state={state_dir}", flush=True)

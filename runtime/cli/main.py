@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from netstack.errors import NetstackError
+from netstack.limits import ListenerLimits, raise_nofile_limit
 from netstack.transport import install_uvloop
 from runtime.graph.config import load_token, parse_address, parse_duration
 
@@ -79,6 +80,22 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                    help="delay before a restart; the first one for exponential backoff (1s)")
 
 
+def _add_listener_options(p: argparse.ArgumentParser, port: str) -> None:
+    g = p.add_argument_group(f"connections to the {port} port (the metrics port has its own small limits)")
+    g.add_argument("--max-connections", type=_positive, default=1024,
+                   help="connections held at once; beyond, the oldest one still in its handshake is dropped, "
+                        "else the new one is refused (default 1024)")
+    g.add_argument("--max-pending", type=_positive, default=128,
+                   help="connections still in their handshake; a new one drops the oldest (default 128)")
+    g.add_argument("--handshake-timeout", type=_duration, default=10.0,
+                   help="close a connection that has not completed its handshake by then (10s)")
+
+
+def _listener_limits(args: argparse.Namespace) -> ListenerLimits:
+    return ListenerLimits(max_connections=args.max_connections, max_pending=args.max_pending,
+                          handshake_timeout_s=args.handshake_timeout)
+
+
 def checkpoint_mode(args: argparse.Namespace) -> str:
     if args.aligned_timeout is not None:
         if args.checkpoint_mode != "aligned":
@@ -113,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", default="./sluice-state")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
+    _add_listener_options(c, "RPC")
     t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
     t.add_argument("--allowed-job-path", action="append", default=[], metavar="DIR",
                    help="a directory job modules may be imported from (repeatable; default: the working directory)")
@@ -129,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--id", default="", help="worker id (default: host, pid and a random suffix)")
     w.add_argument("--heartbeat-interval", type=_duration, default=1.0)
     w.add_argument("--token-file")
+    _add_listener_options(w, "data")
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
     s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
@@ -233,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_uvloop()
+    raise_nofile_limit()  # every socket counts against it; the usual soft 1024 is too few for a busy port
     try:
         return _dispatch(args)
     except ValueError as exc:  # configuration errors found after parsing (token file...)
@@ -253,7 +273,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                                    metrics_port=None if args.no_metrics else args.metrics_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
-                                   savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root))
+                                   savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
+                                   limits=_listener_limits(args))
         asyncio.run(run_coordinator(config))
         return 0
     if args.command == "worker":
@@ -263,7 +284,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
-                               heartbeat_interval_s=args.heartbeat_interval)
+                               heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args))
         asyncio.run(run_worker(wconfig))
         return 0
     if args.command == "submit":

@@ -16,6 +16,7 @@ from netstack.connection import Connection, DataArrived, EventArrived
 from netstack.credit import ChannelSender, CreditLedger
 from netstack.errors import CloseReason, ConnectionLost
 from netstack.frames import DEFAULT_MAX_FRAME_BYTES
+from netstack.limits import ListenerLimits
 from netstack.transport import BaseLinkHandler, Link, dial, serve
 from runtime.execution.channels import InputGate, Subpartition
 
@@ -24,8 +25,9 @@ log = logging.getLogger("sluice.network")
 
 class NetworkEnvironment(BaseLinkHandler):
     def __init__(self, worker_id: str, *, token: str, host: str,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, limits: ListenerLimits | None = None) -> None:
         self.worker_id = worker_id
+        self.limits = limits
         self.token = token
         self.host = host
         self.max_frame_bytes = max_frame_bytes
@@ -43,7 +45,8 @@ class NetworkEnvironment(BaseLinkHandler):
                           directory=self, max_frame_bytes=self.max_frame_bytes)
 
     async def start(self, port: int) -> int:
-        self.server, self.port = await serve(self.host, port, lambda: self._connection(False), self)
+        self.server, self.port = await serve(self.host, port, lambda: self._connection(False), self,
+                                             limits=self.limits, name="data")
         return self.port
 
     async def close(self) -> None:
