@@ -33,6 +33,7 @@ from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
+from netstack.tls import TlsFiles, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.graph.enums import JobState
 
@@ -50,6 +51,7 @@ class CoordinatorConfig:
     allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
     savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
+    tls: TlsFiles | None = None  # None: plain TCP
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
@@ -109,7 +111,8 @@ class Coordinator(BaseLinkHandler):
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
         os.makedirs(state_dir, exist_ok=True)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
-                                        limits=self.config.limits)
+                                        limits=self.config.limits,
+                                        ssl_context=server_context(self.config.tls) if self.config.tls else None)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(self))

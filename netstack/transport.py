@@ -412,6 +412,14 @@ async def dial(host: str, port: int, connection: Connection, handler: LinkHandle
     except TimeoutError:
         link.abort()
         raise ConnectionLost(f"no handshake from {host}:{port}", CloseReason.TIMEOUT) from None
+    except ConnectionLost as exc:
+        if ssl_context is None or link.bytes_in:
+            raise
+        # With TLS 1.3 a listener checks our certificate after our side of the TLS handshake is done; a
+        # refusal then arrives as a closed connection before the listener said a word.
+        raise ConnectionLost(f"TLS: {host}:{port} closed the connection after the TLS handshake without a "
+                             f"word: it refused this process's certificate (none, or not signed by the CA it "
+                             f"trusts, its --tls-ca) ({exc})", CloseReason.BAD_HANDSHAKE) from exc
     return link
 
 

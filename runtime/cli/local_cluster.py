@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.errors import NetstackError
+from netstack.tls import TlsFiles
 from runtime.cli.client import call_coordinator
 from runtime.cli.processes import Managed, child_env, start_process, stop_process
 
@@ -32,6 +33,7 @@ class LocalCluster:
     quiet_logs: bool = True
     restart_workers: bool = True  # like a supervisor: a worker process that dies is started again
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    tls: TlsFiles | None = None  # passed to every process and used by our own calls
     coordinator: Managed | None = None
     worker_procs: list[Managed] = field(default_factory=list)
     worker_restarts: int = 0
@@ -47,7 +49,8 @@ class LocalCluster:
         try:
             self.coordinator = start_process(
                 "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir",
-                                self.state_dir], env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
+                                self.state_dir, *self._tls_args()],
+                env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
             for i in range(self.workers):
                 self.worker_procs.append(self._start_worker(i))
         except Exception:
@@ -59,8 +62,11 @@ class LocalCluster:
         name = f"worker-{index + 1}"
         return start_process(
             "worker", ["--coordinator", self.coordinator.fields["rpc"], "--slots", str(self.slots), "--data-port",
-                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", name],
+                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", name, *self._tls_args()],
             env=child_env(self.token, os.getcwd()), log_path=os.path.join(self.log_dir, f"{name}.log"))
+
+    def _tls_args(self) -> list[str]:
+        return self.tls.as_args() if self.tls else []
 
     def supervise(self) -> list[str]:
         """Start again every worker process that died; returns what was done, for the progress display."""
@@ -85,7 +91,7 @@ class LocalCluster:
 
     async def call(self, method: str, args: dict[str, Any] | None = None) -> Any:
         host, port = self.rpc
-        return await call_coordinator(host, port, self.token, method, args)
+        return await call_coordinator(host, port, self.token, method, args, tls=self.tls)
 
     async def wait_workers(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -174,10 +180,10 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
               state_dir: str | None, name: str | None = None, restore: str | None = None,
-              restart_workers: bool = True) -> int:
+              restart_workers: bool = True, tls: TlsFiles | None = None) -> int:
     """The body of `sluice local`; returns the exit code."""
     cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir,
-                           restart_workers=restart_workers)
+                           restart_workers=restart_workers, tls=tls)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
     cluster.start()
     interrupted = False

@@ -16,6 +16,7 @@ from typing import Any
 
 from netstack.errors import NetstackError
 from netstack.limits import ListenerLimits, raise_nofile_limit
+from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import install_uvloop
 from runtime.graph.config import load_token, parse_address, parse_duration
 
@@ -91,6 +92,20 @@ def _add_listener_options(p: argparse.ArgumentParser, port: str) -> None:
                    help="close a connection that has not completed its handshake by then (10s)")
 
 
+def _add_tls_options(p: argparse.ArgumentParser, listens: bool) -> None:
+    g = p.add_argument_group("TLS (off unless given; docs/ARCHITECTURE.md, Trust model)")
+    g.add_argument("--tls-cert", metavar="PEM", help="this process's certificate" + (
+        " (needed to serve TLS)" if listens else " (for a listener that requires client certificates)"))
+    g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    g.add_argument("--tls-ca", metavar="PEM",
+                   help="the cluster's CA: peers must present a certificate it signed (mutual TLS); without it, "
+                        "a listener is checked against the system CAs and its host name")
+
+
+def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    return TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
+
+
 def _listener_limits(args: argparse.Namespace) -> ListenerLimits:
     return ListenerLimits(max_connections=args.max_connections, max_pending=args.max_pending,
                           handshake_timeout_s=args.handshake_timeout)
@@ -131,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
     _add_listener_options(c, "RPC")
+    _add_tls_options(c, listens=True)
     t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
     t.add_argument("--allowed-job-path", action="append", default=[], metavar="DIR",
                    help="a directory job modules may be imported from (repeatable; default: the working directory)")
@@ -148,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--heartbeat-interval", type=_duration, default=1.0)
     w.add_argument("--token-file")
     _add_listener_options(w, "data")
+    _add_tls_options(w, listens=True)
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
     s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
@@ -201,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--no-restart-workers", action="store_true",
                     help="do not start a worker process again when it dies")
     _add_job_options(lo)
+    _add_tls_options(lo, listens=True)
 
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
     d.add_argument("--records", type=_positive, default=400_000)
@@ -225,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--query", choices=["wordcount"], default="wordcount")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
+    for command in (s, st, ca, cp, sp, cl, pr):
+        _add_tls_options(command, listens=False)
     return parser
 
 
@@ -232,7 +252,7 @@ def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any])
     from runtime.cli.client import call_coordinator
 
     host, port = args.coordinator
-    return asyncio.run(call_coordinator(host, port, load_token(args.token_file), method, payload))
+    return asyncio.run(call_coordinator(host, port, load_token(args.token_file), method, payload, tls=_tls(args)))
 
 
 def _print_job(summary: dict[str, Any]) -> None:
@@ -274,7 +294,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
                                    savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
-                                   limits=_listener_limits(args))
+                                   limits=_listener_limits(args), tls=_tls(args))
         asyncio.run(run_coordinator(config))
         return 0
     if args.command == "worker":
@@ -284,7 +304,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
-                               heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args))
+                               heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args),
+                               tls=_tls(args))
         asyncio.run(run_worker(wconfig))
         return 0
     if args.command == "submit":
@@ -355,7 +376,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
-                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers)
+                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers,
+                         tls=_tls_absolute(args))
     if args.command == "demo":
         from runtime.cli.demo import run_demo
 
@@ -365,6 +387,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_data(args)
     raise AssertionError(args.command)
+
+
+def _tls_absolute(args: argparse.Namespace) -> TlsFiles | None:
+    """For child processes, which may start elsewhere; checked here so a bad file is one line, not a child's."""
+    tls = TlsFiles.from_options(_abs(args.tls_cert), _abs(args.tls_key), _abs(args.tls_ca))
+    if tls is not None:
+        server_context(tls)
+        client_context(tls)
+    return tls
 
 
 def _abs(path: str | None) -> str | None:
