@@ -30,9 +30,12 @@ from coordinator.metrics import CoordinatorCollector
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
+from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
+from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
+from netstack.tls import TlsFiles, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
@@ -51,6 +54,16 @@ class CoordinatorConfig:
     metrics_port: int | None = 0
     state_dir: str = "./sluice-state"
     heartbeat_timeout_s: float = 10.0
+    allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
+    savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
+    limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
+    tls: TlsFiles | None = None  # None: plain TCP
+
+    def trust_policy(self) -> TrustPolicy:
+        """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
+        jobs = self.allowed_job_paths or (os.getcwd(),)
+        savepoints = self.savepoint_roots or (os.path.join(self.state_dir, "savepoints"),)
+        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs), tuple(os.path.realpath(p) for p in savepoints))
 
 
 @dataclass
@@ -65,6 +78,7 @@ class PendingProbe:
 class Coordinator(BaseLinkHandler):
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
+        self.trust = config.trust_policy()
         self.workers = WorkerRegistry()
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
@@ -85,11 +99,13 @@ class Coordinator(BaseLinkHandler):
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
         os.makedirs(state_dir, exist_ok=True)
-        server, self.port = await serve(self.config.host, self.config.port, self._connection, self)
+        server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
+                                        limits=self.config.limits,
+                                        ssl_context=server_context(self.config.tls) if self.config.tls else None)
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
-            self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
+            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
               f"state={state_dir}", flush=True)
@@ -195,7 +211,12 @@ class Coordinator(BaseLinkHandler):
             strategy = restart_strategy(config.pop("restart", None) or {})
         except (ValueError, TypeError) as exc:
             raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
-        job = JobRecord(job_id, entry, str(args.get("name") or entry), str(args.get("sys_path") or ""), config)
+        sys_path = str(args.get("sys_path") or "")
+        try:
+            sys_path = self.trust.check_job_path(os.path.realpath(sys_path) if sys_path else "")  # noqa: ASYNC240
+        except TrustError as exc:
+            raise RpcError(str(exc), "PathNotAllowed") from None
+        job = JobRecord(job_id, entry, str(args.get("name") or entry), sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
@@ -223,8 +244,12 @@ class Coordinator(BaseLinkHandler):
         assert job.checkpoints is not None
         savepoint = bool(args.get("savepoint"))
         directory = args.get("directory")
-        if savepoint and directory:
-            directory = os.path.abspath(str(directory))  # noqa: ASYNC240 - no I/O
+        if savepoint:
+            try:  # realpath reads links, once per request
+                directory = self.trust.check_savepoint_dir(
+                    os.path.realpath(str(directory)) if directory else None)  # noqa: ASYNC240
+            except TrustError as exc:
+                raise RpcError(str(exc), "PathNotAllowed") from None
         try:
             _, fut = job.checkpoints.request(savepoint=savepoint, directory=directory, mode=args.get("mode"))
         except ValueError as exc:

@@ -18,6 +18,8 @@ import asyncio
 import collections
 import itertools
 import logging
+import ssl
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
@@ -33,6 +35,7 @@ from netstack.connection import (
 )
 from netstack.credit import ChannelSender
 from netstack.errors import CloseReason, ConnectionLost, NetstackError, RemoteProtocolError, RpcError
+from netstack.limits import SHED, Admission, ListenerLimits
 
 log = logging.getLogger("sluice.net")
 
@@ -101,6 +104,8 @@ class BaseLinkHandler:
 
 
 class Link(asyncio.Protocol):
+    handshake_timeout_s: float | None = None  # None: HANDSHAKE_TIMEOUT_S, read when the connection opens
+
     def __init__(self, connection: Connection, handler: LinkHandler) -> None:
         self.connection = connection
         self.handler = handler
@@ -139,7 +144,8 @@ class Link(asyncio.Protocol):
         if self.connection.is_client:
             self._write([self.connection.hello()])
         loop = asyncio.get_running_loop()
-        self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+        self._handshake_timer = loop.call_later(self.handshake_timeout_s or HANDSHAKE_TIMEOUT_S,
+                                                self._handshake_timeout)
 
     def _handshake_timeout(self) -> None:
         if not self.established.done():
@@ -332,23 +338,83 @@ class Link(asyncio.Protocol):
 ConnectionFactory = Callable[[], Connection]
 
 
+class _AdmittedLink(Link):
+    """A link accepted by a listener: it takes a place in the listener's `Admission` until it closes."""
+
+    def __init__(self, connection: Connection, handler: LinkHandler, listener: _Listener) -> None:
+        super().__init__(connection, handler)
+        self._listener = listener
+        self.handshake_timeout_s = listener.limits.handshake_timeout_s
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._listener.admit(self, transport):
+            self.transport = transport  # type: ignore[assignment]
+            self._close_reason = (CloseReason.NORMAL, "listener at its connection limit")
+            return
+        super().connection_made(transport)
+        self.established.add_done_callback(lambda _: self._listener.admission.activate(self))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._listener.admission.release(self)
+        super().connection_lost(exc)
+
+
+class _Listener:
+    """One listening socket's admission, and the warning that says it is shedding connections."""
+
+    def __init__(self, name: str, limits: ListenerLimits) -> None:
+        self.name = name
+        self.limits = limits
+        self.admission: Admission[Link] = Admission(limits.max_connections, limits.max_pending)
+        self._warned_at = -1e9
+
+    def admit(self, link: Link, transport: asyncio.BaseTransport) -> bool:
+        admitted, evicted = self.admission.admit(link)
+        for old in evicted:
+            SHED["evicted"] += 1
+            old._close_reason = old._close_reason or (CloseReason.TIMEOUT, "evicted while awaiting its handshake")
+            old.abort()
+        if not admitted:
+            SHED["refused"] += 1
+            transport.abort()  # type: ignore[attr-defined]  # a stream transport
+        if (evicted or not admitted) and time.monotonic() - self._warned_at > 10.0:
+            self._warned_at = time.monotonic()  # once in a while: a flood must not flood the log too
+            stats = self.admission.statistics()
+            log.warning("%s listener shedding connections: %d pending, %d active (limits %d pending, %d in all); "
+                        "%d evicted, %d refused so far", self.name, stats.pending, stats.active,
+                        self.admission.max_pending, self.admission.max_connections, stats.evicted, stats.refused)
+        return admitted
+
+
 async def serve(
-    host: str, port: int, make_connection: ConnectionFactory, handler: LinkHandler
+    host: str, port: int, make_connection: ConnectionFactory, handler: LinkHandler, *,
+    limits: ListenerLimits | None = None, ssl_context: ssl.SSLContext | None = None, name: str = "rpc",
 ) -> tuple[asyncio.Server, int]:
-    """Listen for links; returns the server and the bound port (port 0 picks one)."""
+    """Listen for links; returns the server and the bound port (port 0 picks one).
+
+    `limits` bounds the connections held (see netstack/limits.py); `ssl_context` makes every link TLS.
+    """
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Link(make_connection(), handler), host, port)
+    listener = _Listener(name, limits or ListenerLimits())
+    server = await loop.create_server(
+        lambda: _AdmittedLink(make_connection(), handler, listener), host, port, ssl=ssl_context,
+        ssl_handshake_timeout=(listener.limits.handshake_timeout_s or HANDSHAKE_TIMEOUT_S) if ssl_context else None,
+        backlog=1024)
     bound = server.sockets[0].getsockname()[1]
     return server, bound
 
 
 async def dial(host: str, port: int, connection: Connection, handler: LinkHandler, *,
-               timeout_s: float = 10.0) -> Link:
+               timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None) -> Link:
     """Connect and complete the handshake, or raise ConnectionLost."""
     loop = asyncio.get_running_loop()
     try:
-        _, link = await asyncio.wait_for(loop.create_connection(lambda: Link(connection, handler), host, port),
-                                         timeout_s)
+        _, link = await asyncio.wait_for(
+            loop.create_connection(lambda: Link(connection, handler), host, port, ssl=ssl_context,
+                                   server_hostname=host if ssl_context else None,
+                                   ssl_handshake_timeout=timeout_s if ssl_context else None), timeout_s)
+    except ssl.SSLError as exc:
+        raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {exc}", CloseReason.BAD_HANDSHAKE) from exc
     except (OSError, TimeoutError) as exc:
         raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}", CloseReason.IO_ERROR) from exc
     try:
@@ -356,6 +422,14 @@ async def dial(host: str, port: int, connection: Connection, handler: LinkHandle
     except TimeoutError:
         link.abort()
         raise ConnectionLost(f"no handshake from {host}:{port}", CloseReason.TIMEOUT) from None
+    except ConnectionLost as exc:
+        if ssl_context is None or link.bytes_in:
+            raise
+        # With TLS 1.3 a listener checks our certificate after our side of the TLS handshake is done; a
+        # refusal then arrives as a closed connection before the listener said a word.
+        raise ConnectionLost(f"TLS: {host}:{port} closed the connection after the TLS handshake without a "
+                             f"word: it refused this process's certificate (none, or not signed by the CA it "
+                             f"trusts, its --tls-ca) ({exc})", CloseReason.BAD_HANDSHAKE) from exc
     return link
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netstack.errors import NetstackError
+from netstack.tls import TlsFiles
 from netstack.transport import run
 from runtime.cli.client import call_coordinator
 from runtime.cli.processes import Managed, ProcessStartError, child_env, start_process, stop_process
@@ -45,6 +46,7 @@ class LocalCluster:
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     workdir: str | None = None  # the processes' working directory, put on their sys.path (default: ours)
     keep_logs: bool = False
+    tls: TlsFiles | None = None  # passed to every process and used by our own calls
     coordinator: Managed | None = None
     worker_procs: list[Managed] = field(default_factory=list)
     worker_restarts: int = 0
@@ -90,8 +92,8 @@ class LocalCluster:
         assert self.log_dir is not None and self.state_dir is not None
         self.coordinator = start_process(
             "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir", self.state_dir,
-                            *extra], env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir,
-                                                                                            "coordinator.log"))
+                            *self._tls_args(), *extra],
+            env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, "coordinator.log"))
         return self.coordinator
 
     def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:
@@ -106,8 +108,11 @@ class LocalCluster:
         wid, extra = self._worker_args[index]
         return start_process(
             "worker", ["--coordinator", self.coordinator.fields["rpc"], "--slots", str(self.slots), "--data-port",
-                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", wid, *extra],
+                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", wid, *self._tls_args(), *extra],
             env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, f"{wid}.log"))
+
+    def _tls_args(self) -> list[str]:
+        return self.tls.as_args() if self.tls else []
 
     def supervise(self) -> list[str]:
         """Start again every worker process that died; returns what was done, for the progress display."""
@@ -132,7 +137,7 @@ class LocalCluster:
 
     async def call(self, method: str, args: dict[str, Any] | None = None) -> Any:
         host, port = self.rpc
-        return await call_coordinator(host, port, self.token, method, args)
+        return await call_coordinator(host, port, self.token, method, args, tls=self.tls)
 
     async def wait_workers(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -237,14 +242,14 @@ def check_entry(entry: str) -> str | None:
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
               state_dir: str | None, name: str | None = None, restore: str | None = None,
-              restart_workers: bool = True, keep_logs: bool = False) -> int:
+              restart_workers: bool = True, keep_logs: bool = False, tls: TlsFiles | None = None) -> int:
     """The body of `sluice local`; returns the exit code."""
     problem = check_entry(entry)
     if problem:
         print(f"sluice local: {problem}", file=sys.stderr, flush=True)
         return 2
     cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir,
-                           restart_workers=restart_workers, keep_logs=keep_logs)
+                           restart_workers=restart_workers, keep_logs=keep_logs, tls=tls)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
     try:
         cluster.start()

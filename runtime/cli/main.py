@@ -16,6 +16,8 @@ import sys
 from typing import Any
 
 from netstack.errors import NetstackError
+from netstack.limits import ListenerLimits, raise_nofile_limit
+from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import run
 from runtime.graph.config import load_token, parse_address, parse_duration
 
@@ -85,6 +87,36 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                    help="delay before a restart; the first one for exponential backoff (1s)")
 
 
+def _add_listener_options(p: argparse.ArgumentParser, port: str) -> None:
+    g = p.add_argument_group(f"connections to the {port} port (the metrics port has its own small limits)")
+    g.add_argument("--max-connections", type=_positive, default=1024,
+                   help="connections held at once; beyond, the oldest one still in its handshake is dropped, "
+                        "else the new one is refused (default 1024)")
+    g.add_argument("--max-pending", type=_positive, default=128,
+                   help="connections still in their handshake; a new one drops the oldest (default 128)")
+    g.add_argument("--handshake-timeout", type=_duration, default=10.0,
+                   help="close a connection that has not completed its handshake by then (10s)")
+
+
+def _add_tls_options(p: argparse.ArgumentParser, listens: bool) -> None:
+    g = p.add_argument_group("TLS (off unless given; docs/ARCHITECTURE.md, Trust model)")
+    g.add_argument("--tls-cert", metavar="PEM", help="this process's certificate" + (
+        " (needed to serve TLS)" if listens else " (for a listener that requires client certificates)"))
+    g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    g.add_argument("--tls-ca", metavar="PEM",
+                   help="the cluster's CA: peers must present a certificate it signed (mutual TLS); without it, "
+                        "a listener is checked against the system CAs and its host name")
+
+
+def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    return TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
+
+
+def _listener_limits(args: argparse.Namespace) -> ListenerLimits:
+    return ListenerLimits(max_connections=args.max_connections, max_pending=args.max_pending,
+                          handshake_timeout_s=args.handshake_timeout)
+
+
 def checkpoint_mode(args: argparse.Namespace) -> str:
     if args.aligned_timeout is not None:
         if args.checkpoint_mode != "aligned":
@@ -119,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", default="./sluice-state")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
+    _add_listener_options(c, "RPC")
+    _add_tls_options(c, listens=True)
+    t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
+    t.add_argument("--allowed-job-path", action="append", default=[], metavar="DIR",
+                   help="a directory job modules may be imported from (repeatable; default: the working directory)")
+    t.add_argument("--savepoint-root", action="append", default=[], metavar="DIR",
+                   help="a directory savepoints may be written under (repeatable; default: STATE_DIR/savepoints)")
 
     w = sub.add_parser("worker", help="run a worker process")
     w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
@@ -130,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--id", default="", help="worker id (default: host, pid and a random suffix)")
     w.add_argument("--heartbeat-interval", type=_duration, default=1.0)
     w.add_argument("--token-file")
+    _add_listener_options(w, "data")
+    _add_tls_options(w, listens=True)
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
     s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
@@ -160,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("savepoint", help="take an aligned, self-contained savepoint of a running job")
     sp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
     sp.add_argument("job_id")
-    sp.add_argument("--dir", default="savepoints", help="directory to write it under (default ./savepoints)")
+    sp.add_argument("--dir", help="directory to write it under, inside one of the coordinator's --savepoint-root "
+                    "(default: the first root)")
     sp.add_argument("--token-file")
 
     cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
@@ -185,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--no-restart-workers", action="store_true",
                     help="do not start a worker process again when it dies")
     _add_job_options(lo)
+    _add_tls_options(lo, listens=True)
 
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
     d.add_argument("--records", type=_positive, default=400_000)
@@ -212,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     for client in (s, st, ca, cp, sp, cl, pr):
         client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
                                                 "writes and prints)")
+        _add_tls_options(client, listens=False)
     return parser
 
 
@@ -219,7 +263,7 @@ def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any])
     from runtime.cli.client import call_coordinator
 
     host, port = args.coordinator
-    return run(call_coordinator(host, port, _client_token(args), method, payload))
+    return run(call_coordinator(host, port, _client_token(args), method, payload, tls=_tls(args)))
 
 
 def _client_token(args: argparse.Namespace) -> str:
@@ -244,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_nofile_limit()  # every socket counts against it; the usual soft 1024 is too few for a busy port
     try:
         return _dispatch(args)
     except ValueError as exc:  # configuration errors found after parsing (token file...)
@@ -268,7 +313,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
-                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout)
+                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
+                                   allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
+                                   savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
+                                   limits=_listener_limits(args), tls=_tls(args))
         run(run_coordinator(config))
         return 0
     if args.command == "worker":
@@ -278,7 +326,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
-                               heartbeat_interval_s=args.heartbeat_interval)
+                               heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args),
+                               tls=_tls(args))
         run(run_worker(wconfig))
         return 0
     if args.command == "submit":
@@ -310,7 +359,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("checkpoint", "savepoint"):
         payload: dict[str, Any] = {"job_id": args.job_id}
         if args.command == "savepoint":
-            payload.update(savepoint=True, directory=os.path.abspath(args.dir))
+            payload.update(savepoint=True, directory=_abs(args.dir))
         elif args.mode:
             payload["mode"] = args.mode.replace("-", "_")
         result = _client_call(args, "checkpoint", payload)
@@ -350,7 +399,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
                          restore=_abs(args.restore), restart_workers=not args.no_restart_workers,
-                         keep_logs=args.keep_logs)
+                         keep_logs=args.keep_logs, tls=_tls_absolute(args))
     if args.command == "demo":
         from runtime.cli.demo import run_demo
 
@@ -380,6 +429,15 @@ def _listen_failure(args: argparse.Namespace, exc: OSError) -> str | None:
     return f"cannot listen on {args.host}:{port} ({flag}): the port {what}"
 
 
+def _tls_absolute(args: argparse.Namespace) -> TlsFiles | None:
+    """For child processes, which may start elsewhere; checked here so a bad file is one line, not a child's."""
+    tls = TlsFiles.from_options(_abs(args.tls_cert), _abs(args.tls_key), _abs(args.tls_ca))
+    if tls is not None:
+        server_context(tls)
+        client_context(tls)
+    return tls
+
+
 def _abs(path: str | None) -> str | None:
     return os.path.abspath(path) if path else None
 
@@ -388,7 +446,7 @@ def _wait_for(args: argparse.Namespace, job_id: str) -> int:
     from runtime.cli.client import JOB_ENDED, wait_job
 
     host, port = args.coordinator
-    summary = asyncio.run(wait_job(host, port, load_token(args.token_file), job_id, timeout_s=args.wait_timeout))
+    summary = run(wait_job(host, port, _client_token(args), job_id, timeout_s=args.wait_timeout, tls=_tls(args)))
     _print_job(summary)
     if summary["state"] not in JOB_ENDED:
         print(f"sluice submit: job {job_id} is still {summary['state']} after --wait-timeout "

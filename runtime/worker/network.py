@@ -16,6 +16,8 @@ from netstack.connection import Connection, DataArrived, EventArrived
 from netstack.credit import ChannelSender, CreditLedger
 from netstack.errors import CloseReason, ConnectionLost
 from netstack.frames import DEFAULT_MAX_FRAME_BYTES
+from netstack.limits import ListenerLimits
+from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import BaseLinkHandler, Link, dial, serve
 from runtime.execution.channels import InputGate, Subpartition
 
@@ -24,8 +26,12 @@ log = logging.getLogger("sluice.network")
 
 class NetworkEnvironment(BaseLinkHandler):
     def __init__(self, worker_id: str, *, token: str, host: str,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, limits: ListenerLimits | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.worker_id = worker_id
+        self.limits = limits
+        self.server_ssl = server_context(tls) if tls else None  # built once: a bad file fails at start-up
+        self.client_ssl = client_context(tls) if tls else None
         self.token = token
         self.host = host
         self.max_frame_bytes = max_frame_bytes
@@ -43,7 +49,8 @@ class NetworkEnvironment(BaseLinkHandler):
                           directory=self, max_frame_bytes=self.max_frame_bytes)
 
     async def start(self, port: int) -> int:
-        self.server, self.port = await serve(self.host, port, lambda: self._connection(False), self)
+        self.server, self.port = await serve(self.host, port, lambda: self._connection(False), self,
+                                             limits=self.limits, ssl_context=self.server_ssl, name="data")
         return self.port
 
     async def close(self) -> None:
@@ -96,7 +103,8 @@ class NetworkEnvironment(BaseLinkHandler):
         if link is not None and not link.is_closing():
             return link
         if self.worker_id < peer_id:
-            link = await dial(host, port, self._connection(True), self, timeout_s=timeout_s)
+            link = await dial(host, port, self._connection(True), self, timeout_s=timeout_s,
+                              ssl_context=self.client_ssl)
             self._adopt(link)
             return link
         waiter = self._link_waiters.get(peer_id)

@@ -17,14 +17,16 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from netstack.connection import Connection
 from netstack.errors import ConnectionLost, NetstackError, RpcError
+from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
+from netstack.tls import TlsFiles
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
@@ -53,6 +55,8 @@ class WorkerConfig:
     metrics_port: int | None = 0
     worker_id: str = ""
     heartbeat_interval_s: float = 1.0
+    limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the data listener
+    tls: TlsFiles | None = None  # data links and the link to the coordinator; None: plain TCP
 
 
 def task_report(job_id: str, task: Task) -> dict[str, Any]:
@@ -65,7 +69,8 @@ class Worker(BaseLinkHandler):
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.worker_id = config.worker_id or f"w-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
-        self.network = NetworkEnvironment(self.worker_id, token=config.token, host=config.host)
+        self.network = NetworkEnvironment(self.worker_id, token=config.token, host=config.host, limits=config.limits,
+                                          tls=config.tls)
         self.network.on_link_lost = self._on_link_lost
         self.jobs: dict[str, DeployedJob] = {}
         self.coordinator: Link | None = None
@@ -88,7 +93,7 @@ class Worker(BaseLinkHandler):
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
-            self.metrics_port = serve_metrics(registry, self.config.host, self.config.metrics_port)
+            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
         await self._connect_coordinator(data_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         print(f"sluice worker ready id={self.worker_id} data={self.config.host}:{data_port} metrics={metrics}",
@@ -116,7 +121,8 @@ class Worker(BaseLinkHandler):
 
     async def _connect_coordinator(self, data_port: int) -> None:
         conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)
-        self.coordinator = await dial(self.config.coordinator_host, self.config.coordinator_port, conn, self)
+        self.coordinator = await dial(self.config.coordinator_host, self.config.coordinator_port, conn, self,
+                                      ssl_context=self.network.client_ssl)
         await self.coordinator.call("register", {
             "id": self.worker_id, "slots": self.config.slots, "host": self.config.host, "data_port": data_port,
             "metrics_port": self.metrics_port, "pid": os.getpid(),

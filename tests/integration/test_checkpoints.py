@@ -316,7 +316,7 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     wait_running(cluster, job_id)
     wait_flowing(cluster, job_id)
 
-    sp_root = cluster.tmp_path / "sp"
+    sp_root = cluster.tmp_path / "state" / "savepoints"  # the default --savepoint-root
     result = cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": str(sp_root)})
     assert result["status"] == "COMPLETED", (result, logs(cluster))
     path = Path(result["path"])
