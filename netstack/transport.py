@@ -27,6 +27,8 @@ from netstack.connection import (
     DataArrived,
     Established,
     EventArrived,
+    Liveness,
+    LivenessVerdict,
     PeerGoodbye,
     RpcRequest,
     RpcResponse,
@@ -40,6 +42,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 
 # Connections this process closed because the peer broke the protocol, by reason (for metrics).
 PROTOCOL_FAILURES: collections.Counter[str] = collections.Counter()
+# Links this process closed because the peer fell silent for the link timeout (a cut path), for metrics.
+LINK_TIMEOUTS: collections.Counter[str] = collections.Counter()
 
 
 def install_uvloop() -> bool:
@@ -106,6 +110,8 @@ class Link(asyncio.Protocol):
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._close_reason: tuple[CloseReason, str] | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._liveness: Liveness | None = None
+        self._liveness_timer: asyncio.TimerHandle | None = None
         # statistics, read by metrics
         self.bytes_in = 0
         self.bytes_out = 0
@@ -137,6 +143,8 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
+        if self._liveness is not None:
+            self._liveness.heard(asyncio.get_running_loop().time())
         try:
             events, replies = self.connection.receive_data(data)
             if replies:
@@ -157,6 +165,8 @@ class Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._handshake_timer:
             self._handshake_timer.cancel()
+        if self._liveness_timer:
+            self._liveness_timer.cancel()
         reason, message = self._close_reason or (
             (CloseReason.IO_ERROR, str(exc)) if exc else (CloseReason.PEER_CLOSED, "peer closed the connection")
         )
@@ -178,6 +188,43 @@ class Link(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         self._schedule_flush()
+
+    # -- liveness -------------------------------------------------------------
+
+    def watch_liveness(self, timeout_s: float) -> None:
+        """Ping the peer when it is silent and close the link when it stays silent for `timeout_s`.
+
+        The decisions are the sans-IO `Liveness`; this only keeps its timer.
+        """
+        if self.is_closing() or self._liveness is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._liveness = Liveness(timeout_s, loop.time())
+        self._liveness_timer = loop.call_later(self._liveness.next_poll_in(loop.time()), self._liveness_tick)
+
+    def _liveness_tick(self) -> None:
+        live = self._liveness
+        if live is None or self.is_closing():
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        verdict = live.poll(now)
+        if verdict is LivenessVerdict.DEAD:
+            self._link_timed_out(live.silent_s(now), live.pings_sent)
+            return
+        if verdict is LivenessVerdict.PING:
+            self.frames_out += 1
+            self._write([self.connection.ping(live.ping_sent(now))])
+        self._liveness_timer = loop.call_later(max(0.01, live.next_poll_in(now)), self._liveness_tick)
+
+    def _link_timed_out(self, silent_s: float, pings: int) -> None:
+        message = f"nothing heard for {silent_s:.1f}s ({pings} pings unanswered or late)"
+        self._close_reason = (CloseReason.LINK_TIMEOUT, message)
+        LINK_TIMEOUTS[self.connection.peer_role] += 1
+        log.warning("closing connection with %s: %s", self.describe(), message)
+        # abort, not close: close() would wait for the unsent buffer to drain over the cut path, so the
+        # application would hear of the loss only when the path came back.
+        self.abort()
 
     # -- dispatch -------------------------------------------------------------
 

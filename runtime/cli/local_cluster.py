@@ -22,6 +22,15 @@ from runtime.cli.client import call_coordinator
 from runtime.cli.processes import Managed, child_env, start_process, stop_process
 
 
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where worker i runs: a launcher prefix, the address it serves data on, the coordinator address it dials."""
+
+    prefix: list[str]
+    host: str
+    coordinator_host: str
+
+
 @dataclass
 class LocalCluster:
     workers: int = 2
@@ -35,6 +44,9 @@ class LocalCluster:
     coordinator: Managed | None = None
     worker_procs: list[Managed] = field(default_factory=list)
     worker_restarts: int = 0
+    link_timeout_s: float = 10.0
+    coordinator_host: str = "127.0.0.1"  # 0.0.0.0 when workers run in other network namespaces
+    place_worker: Callable[[int], WorkerPlace] | None = None  # default: this namespace, loopback
 
     def _metrics_port(self, index: int) -> str:
         return str(self.metrics_port_base + index) if self.metrics_port_base else "0"
@@ -46,8 +58,9 @@ class LocalCluster:
         env = child_env(self.token, os.getcwd())
         try:
             self.coordinator = start_process(
-                "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir",
-                                self.state_dir], env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
+                "coordinator", ["--host", self.coordinator_host, "--port", "0", "--metrics-port",
+                                self._metrics_port(0), "--state-dir", self.state_dir],
+                env=env, log_path=os.path.join(self.log_dir, "coordinator.log"))
             for i in range(self.workers):
                 self.worker_procs.append(self._start_worker(i))
         except Exception:
@@ -57,10 +70,18 @@ class LocalCluster:
     def _start_worker(self, index: int) -> Managed:
         assert self.coordinator is not None and self.log_dir is not None
         name = f"worker-{index + 1}"
+        coordinator = self.coordinator.fields["rpc"]
+        place = self.place_worker(index) if self.place_worker else None
+        where: list[str] = []
+        if place is not None:
+            coordinator = f"{place.coordinator_host}:{self.rpc[1]}"
+            where = ["--host", place.host]
         return start_process(
-            "worker", ["--coordinator", self.coordinator.fields["rpc"], "--slots", str(self.slots), "--data-port",
-                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", name],
-            env=child_env(self.token, os.getcwd()), log_path=os.path.join(self.log_dir, f"{name}.log"))
+            "worker", ["--coordinator", coordinator, "--slots", str(self.slots), "--data-port",
+                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", name,
+                       "--link-timeout", str(self.link_timeout_s), *where],
+            env=child_env(self.token, os.getcwd()), log_path=os.path.join(self.log_dir, f"{name}.log"),
+            prefix=place.prefix if place else None)
 
     def supervise(self) -> list[str]:
         """Start again every worker process that died; returns what was done, for the progress display."""
@@ -174,10 +195,10 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
               state_dir: str | None, name: str | None = None, restore: str | None = None,
-              restart_workers: bool = True) -> int:
+              restart_workers: bool = True, link_timeout_s: float = 10.0) -> int:
     """The body of `sluice local`; returns the exit code."""
     cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir,
-                           restart_workers=restart_workers)
+                           restart_workers=restart_workers, link_timeout_s=link_timeout_s)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
     cluster.start()
     interrupted = False

@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-metrics", action="store_true")
     w.add_argument("--id", default="", help="worker id (default: host, pid and a random suffix)")
     w.add_argument("--heartbeat-interval", type=_duration, default=1.0)
+    w.add_argument("--link-timeout", type=_duration, default=10.0,
+                   help="close a data link silent this long and fail its tasks (default 10s; 0 disables)")
     w.add_argument("--token-file")
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
@@ -175,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--state-dir")
     lo.add_argument("--no-restart-workers", action="store_true",
                     help="do not start a worker process again when it dies")
+    lo.add_argument("--link-timeout", type=_duration, default=10.0,
+                    help="workers close a data link silent this long and fail its tasks (default 10s; 0 disables)")
     _add_job_options(lo)
 
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
@@ -255,7 +259,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
-                               heartbeat_interval_s=args.heartbeat_interval)
+                               heartbeat_interval_s=args.heartbeat_interval, link_timeout_s=args.link_timeout)
         asyncio.run(run_worker(wconfig))
         return 0
     if args.command == "submit":
@@ -326,7 +330,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
-                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers)
+                         restore=_abs(args.restore), restart_workers=not args.no_restart_workers,
+                         link_timeout_s=args.link_timeout)
     if args.command == "demo":
         from runtime.cli.demo import run_demo
 

@@ -51,6 +51,7 @@ class WorkerConfig:
     metrics_port: int | None = 0
     worker_id: str = ""
     heartbeat_interval_s: float = 1.0
+    link_timeout_s: float = 10.0  # a data link silent this long is closed and its tasks fail (0: never)
 
 
 def task_report(job_id: str, task: Task) -> dict[str, Any]:
@@ -63,7 +64,8 @@ class Worker(BaseLinkHandler):
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.worker_id = config.worker_id or f"w-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
-        self.network = NetworkEnvironment(self.worker_id, token=config.token, host=config.host)
+        self.network = NetworkEnvironment(self.worker_id, token=config.token, host=config.host,
+                                          link_timeout_s=config.link_timeout_s)
         self.network.on_link_lost = self._on_link_lost
         self.jobs: dict[str, DeployedJob] = {}
         self.coordinator: Link | None = None
