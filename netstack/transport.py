@@ -2,10 +2,15 @@
 
 `Link` is an asyncio.Protocol that feeds received bytes to the sans-IO
 `Connection`, hands the resulting events to a `LinkHandler`, and drains
-ready `ChannelSender`s into the socket, one item per sender per round so
-channels share the link fairly. When the kernel buffer is full
-(`pause_writing`) it stops draining; the senders keep their queues, so
-backpressure reaches the producing tasks through their bounded output queues.
+ready `ChannelSender`s into the socket: first every queued priority event of
+every channel (the link's priority queue), then data, one item per sender per
+round so channels share the link fairly. So a barrier of one channel never
+waits behind the data of another channel sharing the TCP connection. When
+the kernel buffer is full (`pause_writing`) it stops draining data; the
+senders keep their queues, so backpressure reaches the producing tasks
+through their bounded output queues. Priority events still go out while
+paused: they are few and small, and they exist to overtake that backlog.
+Data links also watch their peer's liveness (`watch_liveness`).
 
 A peer that breaks the protocol gets a GOODBYE naming the reason, then the
 connection is closed and the reason is logged with the peer's name and
@@ -105,6 +110,7 @@ class Link(asyncio.Protocol):
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
         self._ready: dict[int, ChannelSender] = {}
+        self._urgent: dict[int, ChannelSender] = {}  # senders holding priority events: drained before any data
         self._flush_scheduled = False
         self._paused = False
         self._rpc_tasks: set[asyncio.Task[None]] = set()
@@ -313,12 +319,14 @@ class Link(asyncio.Protocol):
             self._write([self.connection.credit(channel, credits)])
 
     def wake(self, sender: ChannelSender) -> None:
-        """`sender` may have something to send: drain it soon."""
+        """`sender` may have something to send: drain it soon (its priority events before any channel's data)."""
         self._ready[sender.channel_id] = sender
+        if sender.has_priority():
+            self._urgent[sender.channel_id] = sender
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and not self._paused and self._ready:
+        if not self._flush_scheduled and (self._urgent or (self._ready and not self._paused)):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
@@ -326,9 +334,21 @@ class Link(asyncio.Protocol):
         self._flush_scheduled = False
         if self.is_closing():
             self._ready.clear()
+            self._urgent.clear()
             return
         touched: dict[int, ChannelSender] = {}
         encode = self.connection.encode_outbound
+        # The link's priority queue first, paused or not: every priority event of every channel leaves
+        # before the next data frame of any channel.
+        while self._urgent:
+            cid = next(iter(self._urgent))
+            sender = self._urgent.pop(cid)
+            while sender.has_priority():
+                item = sender.pop_sendable()  # the priority lane comes first
+                assert item is not None
+                touched[cid] = sender
+                self.frames_out += 1
+                self._write(encode(cid, item))
         while self._ready and not self._paused:
             for cid, sender in list(self._ready.items()):
                 item = sender.pop_sendable()

@@ -14,15 +14,19 @@ import pytest
 from netstack import transport
 from netstack.connection import (
     Connection,
+    DataArrived,
+    EventArrived,
     Liveness,
     LivenessVerdict,
     PingArrived,
     PongArrived,
     State,
 )
+from netstack.credit import Buffer, ChannelSender, CreditLedger, Event
 from netstack.errors import CloseReason, LocalProtocolError, RemoteProtocolError
 from netstack.frames import FrameDecoder, FrameType, encode_frame
-from tests.netstack.test_transport import DEADLINE_S, Net, Recorder, wait_until
+from netstack.transport import Link
+from tests.netstack.test_transport import DEADLINE_S, Directory, Net, Recorder, payload, wait_until
 
 
 @pytest.fixture
@@ -158,3 +162,77 @@ async def test_a_silent_peer_is_closed_after_the_link_timeout(net: Net) -> None:
     assert 0.4 <= took < 0.4 + 1.0, took
     assert transport.LINK_TIMEOUTS["coordinator"] == before + 1
     server_transport.resume_reading()
+
+
+# -- priority across the channels of one link -------------------------------------------------------------------
+
+A, B = 2, 1  # channel A carries the priority event, channel B the data queued before it
+
+
+class TwoChannels(Recorder):
+    """Receives channels A and B from peer "cli" over one link, consuming at once; records arrival order."""
+
+    def __init__(self, *, exclusive: int) -> None:
+        super().__init__()
+        self.directory = Directory()
+        self.ledger = CreditLedger([B, A], exclusive=exclusive, floating=0)
+        self.directory.ledgers[("cli", B)] = self.ledger
+        self.directory.ledgers[("cli", A)] = self.ledger
+        self.order: list[str] = []  # "B<seq>" per data buffer, "A!" per priority event of A
+
+    def on_established(self, link: Link) -> None:
+        super().on_established(link)
+        for ch, credits in self.ledger.take_announcements().items():
+            link.send_credit(ch, credits)
+
+    def on_data(self, link: Link, event: DataArrived) -> None:
+        self.order.append(f"{'B' if event.channel == B else 'A'}{event.seq}")
+        self.ledger.on_consumed(event.channel)
+
+    def on_event(self, link: Link, event: EventArrived) -> None:
+        self.order.append("A!" if event.channel == A and event.priority else f"e{event.channel}")
+
+
+async def two_channel_link(net: Net, exclusive: int) -> tuple[TwoChannels, Link, ChannelSender, ChannelSender]:
+    consumer = TwoChannels(exclusive=exclusive)
+    port = await net.serve(consumer, directory=consumer.directory)
+    directory = Directory()
+    sender_a, sender_b = ChannelSender(A), ChannelSender(B)
+    directory.senders[("srv", A)] = sender_a
+    directory.senders[("srv", B)] = sender_b
+    link = await net.dial(port, directory=directory)
+    await wait_until(lambda: sender_b.credit == exclusive and len(consumer.links) == 1, what="initial credit")
+    return consumer, link, sender_a, sender_b
+
+
+async def test_priority_event_of_one_channel_leaves_before_data_of_another_queued_earlier(net: Net) -> None:
+    consumer, link, sender_a, sender_b = await two_channel_link(net, exclusive=4)
+    # One turn of the event loop, so the interleaving is fixed: B's data is queued and woken first.
+    for i in range(3):
+        sender_b.add_buffer(Buffer(payload(i), 0))
+    link.wake(sender_b)
+    sender_a.add_priority_event(Event({"barrier": 1}))
+    link.wake(sender_a)
+    await wait_until(lambda: len(consumer.order) == 4, what="everything")
+    assert consumer.order == ["A!", "B1", "B2", "B3"]
+
+
+async def test_priority_event_leaves_while_the_writer_is_paused_ahead_of_queued_data(net: Net) -> None:
+    n, size = 300, 32 * 1024  # far more than socket buffers plus the write limit
+    consumer, link, sender_a, sender_b = await two_channel_link(net, exclusive=n)
+    consumer_transport = consumer.links[0].transport
+    assert consumer_transport is not None
+    consumer_transport.pause_reading()
+    for i in range(n):
+        sender_b.add_buffer(Buffer(i.to_bytes(4, "big") * (size // 4), 0))
+    link.wake(sender_b)
+    await wait_until(lambda: link._paused, what="pause_writing")
+    written_before = sender_b.sent_buffers  # in the socket already: these cannot be overtaken
+    assert sender_b.statistics().queued_buffers > 0
+    sender_a.add_priority_event(Event({"barrier": 1}))
+    link.wake(sender_a)
+    consumer_transport.resume_reading()
+    await wait_until(lambda: len(consumer.order) == n + 1, what="everything after resume")
+    # The event went out at once, paused or not: it follows only what the socket held, not B's queue.
+    assert consumer.order.index("A!") == written_before
+    assert [x for x in consumer.order if x != "A!"] == [f"B{i}" for i in range(1, n + 1)]
