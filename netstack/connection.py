@@ -46,7 +46,7 @@ class State(enum.Enum):
 
 _OPEN_FRAMES = frozenset({
     FrameType.DATA, FrameType.EVENT, FrameType.CREDIT, FrameType.RPC_REQUEST, FrameType.RPC_RESPONSE,
-    FrameType.GOODBYE,
+    FrameType.GOODBYE, FrameType.PING, FrameType.PONG,
 })
 ALLOWED: dict[State, frozenset[FrameType]] = {
     State.AWAIT_HELLO: frozenset({FrameType.HELLO}),
@@ -126,7 +126,73 @@ class PeerGoodbye:
     reason: str
 
 
-ProtocolEvent = Established | DataArrived | EventArrived | CreditArrived | RpcRequest | RpcResponse | PeerGoodbye
+@dataclass(frozen=True, slots=True)
+class PingArrived:
+    nonce: int  # answered already: the PONG is among the replies of `receive_data`
+
+
+@dataclass(frozen=True, slots=True)
+class PongArrived:
+    nonce: int
+
+
+ProtocolEvent = (Established | DataArrived | EventArrived | CreditArrived | RpcRequest | RpcResponse | PeerGoodbye
+                 | PingArrived | PongArrived)
+
+
+class LivenessVerdict(enum.Enum):
+    QUIET = "quiet"  # heard from recently: nothing to do
+    PING = "ping"  # silent for a while: send a PING so a healthy peer answers
+    DEAD = "dead"  # silent for the whole timeout: the link is broken
+
+
+class Liveness:
+    """When to ping a silent peer and when to give up on it; time is passed in, never read.
+
+    A TCP connection whose path is cut (a pulled cable, a dropped veth, a
+    partition) raises nothing for many minutes: the kernel keeps retransmitting.
+    So every byte received counts as a sign of life, a peer silent for
+    `ping_every_s` is sent a PING (which any healthy peer answers at once with
+    a PONG, however idle its channels), and a peer silent for `timeout_s` is
+    declared dead. Both ends run this, so each detects the cut on its own.
+    """
+
+    def __init__(self, timeout_s: float, now: float, *, ping_every_s: float | None = None) -> None:
+        if timeout_s <= 0:
+            raise LocalProtocolError(f"link timeout must be positive, not {timeout_s}")
+        self.timeout_s = timeout_s
+        self.ping_every_s = ping_every_s if ping_every_s is not None else timeout_s / 3
+        self.last_heard = now
+        self._last_ping = float("-inf")
+        self._nonce = 0
+        self.pings_sent = 0
+
+    def heard(self, now: float) -> None:
+        self.last_heard = max(self.last_heard, now)
+
+    def silent_s(self, now: float) -> float:
+        return now - self.last_heard
+
+    def poll(self, now: float) -> LivenessVerdict:
+        silent = now - self.last_heard
+        if silent >= self.timeout_s:
+            return LivenessVerdict.DEAD
+        if silent >= self.ping_every_s and now - self._last_ping >= self.ping_every_s:
+            return LivenessVerdict.PING
+        return LivenessVerdict.QUIET
+
+    def ping_sent(self, now: float) -> int:
+        """Record a PING sent at `now`; returns its nonce."""
+        self._last_ping = now
+        self._nonce += 1
+        self.pings_sent += 1
+        return self._nonce
+
+    def next_poll_in(self, now: float) -> float:
+        """Seconds until `poll` can give a different verdict (the transport sleeps that long)."""
+        deadline = self.last_heard + self.timeout_s
+        ping_at = max(self.last_heard + self.ping_every_s, self._last_ping + self.ping_every_s)
+        return max(0.0, min(deadline, ping_at) - now)
 
 
 def _unpack(payload: bytes, what: str) -> Any:
@@ -199,6 +265,10 @@ class Connection:
     def rpc_response(self, call_id: int, ok: bool, result: Any, error_type: str = "") -> bytes:
         self._require_open()
         return encode_frame(FrameType.RPC_RESPONSE, msgpack.packb([ok, result, error_type]), seq=call_id)
+
+    def ping(self, nonce: int) -> bytes:
+        self._require_open()
+        return encode_frame(FrameType.PING, seq=nonce)
 
     def goodbye(self, reason: str) -> bytes:
         """Last words before closing; allowed in any state so a refused peer learns why."""
@@ -310,6 +380,14 @@ class Connection:
         self.state = State.CLOSED
         return PeerGoodbye(str(body.get("reason", "")) if isinstance(body, dict) else "")
 
+    def _on_ping(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        # Answered here, not by the application: liveness must not depend on any task being responsive.
+        replies.append(encode_frame(FrameType.PONG, seq=frame.seq))
+        return PingArrived(frame.seq)
+
+    def _on_pong(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
+        return PongArrived(frame.seq)
+
 
 _HANDLERS = {
     FrameType.HELLO: Connection._on_hello,
@@ -320,4 +398,6 @@ _HANDLERS = {
     FrameType.RPC_REQUEST: Connection._on_rpc_request,
     FrameType.RPC_RESPONSE: Connection._on_rpc_response,
     FrameType.GOODBYE: Connection._on_goodbye,
+    FrameType.PING: Connection._on_ping,
+    FrameType.PONG: Connection._on_pong,
 }

@@ -129,6 +129,10 @@ class ChannelSender:
             raise RemoteProtocolError(f"non-positive credit {credits}", CloseReason.BAD_PAYLOAD)
         self.credit += credits
 
+    def has_priority(self) -> bool:
+        """Is a priority event queued? `pop_sendable` returns those before anything else."""
+        return bool(self._priority)
+
     def has_sendable(self) -> bool:
         if self._priority:
             return True

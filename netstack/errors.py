@@ -29,6 +29,7 @@ class CloseReason(enum.Enum):
     PEER_CLOSED = "peer closed the connection"
     IO_ERROR = "socket error"
     TIMEOUT = "timed out"
+    LINK_TIMEOUT = "nothing heard from the peer within the link timeout"
 
 
 class NetstackError(Exception):

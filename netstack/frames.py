@@ -7,7 +7,7 @@
     channel I  logical channel id (0 for connection-level frames)
     seq     Q  per-channel sequence number; for a priority event, the
                sequence number of the last in-band frame sent before it;
-               for RPC frames, the correlation id
+               for RPC frames, the correlation id; for PING/PONG, a nonce
     length  I  payload length in bytes
 
 `FrameDecoder` is a sans-IO decoder: feed it bytes in any split, pull whole
@@ -48,6 +48,8 @@ class FrameType(enum.IntEnum):
     RPC_REQUEST = 6
     RPC_RESPONSE = 7
     GOODBYE = 8
+    PING = 9  # liveness probe; seq carries a nonce the PONG echoes
+    PONG = 10
 
 
 _KNOWN_TYPES = frozenset(int(t) for t in FrameType)

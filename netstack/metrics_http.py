@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from netstack.limits import SHED, Admission
-from netstack.transport import PROTOCOL_FAILURES
+from netstack.transport import LINK_TIMEOUTS, PROTOCOL_FAILURES
 
 log = logging.getLogger("sluice.metrics")
 
@@ -157,4 +157,12 @@ def protocol_failures() -> Metric:
                                  "protocol (bad frame, wrong token, data without credit...)", labels=["reason"])
     for reason, n in sorted(PROTOCOL_FAILURES.items()):
         family.add_metric([reason], n)
+    return family
+
+
+def link_timeouts() -> Metric:
+    family = CounterMetricFamily("sluice_link_timeouts", "Links closed because the peer stayed silent for the "
+                                 "link timeout (a cut network path), by the peer's role", labels=["peer_role"])
+    for role, n in sorted(LINK_TIMEOUTS.items()):
+        family.add_metric([role], n)
     return family

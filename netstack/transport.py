@@ -2,10 +2,15 @@
 
 `Link` is an asyncio.Protocol that feeds received bytes to the sans-IO
 `Connection`, hands the resulting events to a `LinkHandler`, and drains
-ready `ChannelSender`s into the socket, one item per sender per round so
-channels share the link fairly. When the kernel buffer is full
-(`pause_writing`) it stops draining; the senders keep their queues, so
-backpressure reaches the producing tasks through their bounded output queues.
+ready `ChannelSender`s into the socket: first every queued priority event of
+every channel (the link's priority queue), then data, one item per sender per
+round so channels share the link fairly. So a barrier of one channel never
+waits behind the data of another channel sharing the TCP connection. When
+the kernel buffer is full (`pause_writing`) it stops draining data; the
+senders keep their queues, so backpressure reaches the producing tasks
+through their bounded output queues. Priority events still go out while
+paused: they are few and small, and they exist to overtake that backlog.
+Data links also watch their peer's liveness (`watch_liveness`).
 
 A peer that breaks the protocol gets a GOODBYE naming the reason, then the
 connection is closed and the reason is logged with the peer's name and
@@ -29,6 +34,8 @@ from netstack.connection import (
     DataArrived,
     Established,
     EventArrived,
+    Liveness,
+    LivenessVerdict,
     PeerGoodbye,
     RpcRequest,
     RpcResponse,
@@ -45,6 +52,8 @@ T = TypeVar("T")
 
 # Connections this process closed because the peer broke the protocol, by reason (for metrics).
 PROTOCOL_FAILURES: collections.Counter[str] = collections.Counter()
+# Links this process closed because the peer fell silent for the link timeout (a cut path), for metrics.
+LINK_TIMEOUTS: collections.Counter[str] = collections.Counter()
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
@@ -116,11 +125,14 @@ class Link(asyncio.Protocol):
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
         self._ready: dict[int, ChannelSender] = {}
+        self._urgent: dict[int, ChannelSender] = {}  # senders holding priority events: drained before any data
         self._flush_scheduled = False
         self._paused = False
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._close_reason: tuple[CloseReason, str] | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._liveness: Liveness | None = None
+        self._liveness_timer: asyncio.TimerHandle | None = None
         # statistics, read by metrics
         self.bytes_in = 0
         self.bytes_out = 0
@@ -153,6 +165,8 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
+        if self._liveness is not None:
+            self._liveness.heard(asyncio.get_running_loop().time())
         try:
             events, replies = self.connection.receive_data(data)
             if replies:
@@ -173,6 +187,8 @@ class Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._handshake_timer:
             self._handshake_timer.cancel()
+        if self._liveness_timer:
+            self._liveness_timer.cancel()
         reason, message = self._close_reason or (
             (CloseReason.IO_ERROR, str(exc)) if exc else (CloseReason.PEER_CLOSED, "peer closed the connection")
         )
@@ -194,6 +210,43 @@ class Link(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         self._schedule_flush()
+
+    # -- liveness -------------------------------------------------------------
+
+    def watch_liveness(self, timeout_s: float) -> None:
+        """Ping the peer when it is silent and close the link when it stays silent for `timeout_s`.
+
+        The decisions are the sans-IO `Liveness`; this only keeps its timer.
+        """
+        if self.is_closing() or self._liveness is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._liveness = Liveness(timeout_s, loop.time())
+        self._liveness_timer = loop.call_later(self._liveness.next_poll_in(loop.time()), self._liveness_tick)
+
+    def _liveness_tick(self) -> None:
+        live = self._liveness
+        if live is None or self.is_closing():
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        verdict = live.poll(now)
+        if verdict is LivenessVerdict.DEAD:
+            self._link_timed_out(live.silent_s(now), live.pings_sent)
+            return
+        if verdict is LivenessVerdict.PING:
+            self.frames_out += 1
+            self._write([self.connection.ping(live.ping_sent(now))])
+        self._liveness_timer = loop.call_later(max(0.01, live.next_poll_in(now)), self._liveness_tick)
+
+    def _link_timed_out(self, silent_s: float, pings: int) -> None:
+        message = f"nothing heard for {silent_s:.1f}s ({pings} pings unanswered or late)"
+        self._close_reason = (CloseReason.LINK_TIMEOUT, message)
+        LINK_TIMEOUTS[self.connection.peer_role] += 1
+        log.warning("closing connection with %s: %s", self.describe(), message)
+        # abort, not close: close() would wait for the unsent buffer to drain over the cut path, so the
+        # application would hear of the loss only when the path came back.
+        self.abort()
 
     # -- dispatch -------------------------------------------------------------
 
@@ -282,12 +335,14 @@ class Link(asyncio.Protocol):
             self._write([self.connection.credit(channel, credits)])
 
     def wake(self, sender: ChannelSender) -> None:
-        """`sender` may have something to send: drain it soon."""
+        """`sender` may have something to send: drain it soon (its priority events before any channel's data)."""
         self._ready[sender.channel_id] = sender
+        if sender.has_priority():
+            self._urgent[sender.channel_id] = sender
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and not self._paused and self._ready:
+        if not self._flush_scheduled and (self._urgent or (self._ready and not self._paused)):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
@@ -295,9 +350,21 @@ class Link(asyncio.Protocol):
         self._flush_scheduled = False
         if self.is_closing():
             self._ready.clear()
+            self._urgent.clear()
             return
         touched: dict[int, ChannelSender] = {}
         encode = self.connection.encode_outbound
+        # The link's priority queue first, paused or not: every priority event of every channel leaves
+        # before the next data frame of any channel.
+        while self._urgent:
+            cid = next(iter(self._urgent))
+            sender = self._urgent.pop(cid)
+            while sender.has_priority():
+                item = sender.pop_sendable()  # the priority lane comes first
+                assert item is not None
+                touched[cid] = sender
+                self.frames_out += 1
+                self._write(encode(cid, item))
         while self._ready and not self._paused:
             for cid, sender in list(self._ready.items()):
                 item = sender.pop_sendable()

@@ -1,6 +1,7 @@
 """The full chaos run: 2 M rows, 3 workers, kill -9 three times, Spark verifies; repeated.
 
     .venv/bin/python scripts/chaos.py [--runs 5] [--rows 2000000] [--mode unaligned|aligned_timeout]
+    .venv/bin/python scripts/chaos.py --kills 0 --link-cuts 2 [--link-timeout 2]   # as root: cut links
 
 Prints each run's figures and a summary (medians of checkpoint and restart times); exits 1 if any run's
 output was not exact.
@@ -13,12 +14,23 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 from runtime.cli.chaos import ChaosSettings, run_chaos
 
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def print_link_cuts(cuts: list[dict[str, Any]], detections: list[float]) -> None:
+    for cut in cuts:
+        detected = cut.get("detected_s")
+        if detected is not None:
+            detections.append(detected)
+        print(f"    link cut {'<->'.join(cut['workers'])} at {cut['at_s']:.1f}s: "
+              + (f"detected after {detected:.2f}s" if detected is not None else "NOT detected")
+              + f", healed after {cut['cut_for_s']:.2f}s", flush=True)
 
 
 def main() -> int:
@@ -30,15 +42,21 @@ def main() -> int:
     parser.add_argument("--mode", choices=["unaligned", "aligned_timeout"], default="unaligned")
     parser.add_argument("--sink-delay", type=float, default=0.00002, help="seconds per record in the sink")
     parser.add_argument("--workdir", default=None, help="keeps the generated input between invocations")
+    parser.add_argument("--link-cuts", type=int, default=0,
+                        help="cut this many worker-to-worker links per run (workers in network namespaces; root)")
+    parser.add_argument("--link-timeout", type=float, default=2.0, help="the workers' --link-timeout in seconds")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-chaos-")
     failures = 0
     all_checkpoints: list[float] = []
     all_restarts: list[float] = []
+    all_detections: list[float] = []
     for run in range(1, args.runs + 1):
         settings = ChaosSettings(workdir=workdir, rows=args.rows, keys=args.keys, mode=args.mode, kills=args.kills,
-                                 sink_delay_s=args.sink_delay)
-        print(f"run {run}/{args.runs}: {args.rows:,} rows, {args.mode}, {args.kills} kills", flush=True)
+                                 sink_delay_s=args.sink_delay, link_cuts=args.link_cuts,
+                                 link_timeout_s=args.link_timeout)
+        print(f"run {run}/{args.runs}: {args.rows:,} rows, {args.mode}, {args.kills} kills, "
+              f"{args.link_cuts} link cuts", flush=True)
         t0 = time.monotonic()
         result = run_chaos(settings, log=lambda line: print(line, flush=True), seed=run)
         all_checkpoints += result.checkpoint_s
@@ -51,9 +69,13 @@ def main() -> int:
               f"median {median(result.checkpoint_s) * 1000:.0f} ms, "
               f"max {max(result.checkpoint_s or [0]) * 1000:.0f} ms; "
               f"{result.verify.get('summary') or result.error}", flush=True)
+        print_link_cuts(result.link_cuts, all_detections)
     print(f"summary: {args.runs - failures}/{args.runs} runs exact; checkpoint median "
           f"{median(all_checkpoints) * 1000:.0f} ms over {len(all_checkpoints)}; restart median "
           f"{median(all_restarts):.2f}s, max {max(all_restarts or [0]):.2f}s over {len(all_restarts)}")
+    if args.link_cuts:
+        print(f"link cuts: {len(all_detections)} detected, detection median {median(all_detections):.2f}s, "
+              f"max {max(all_detections or [0]):.2f}s (link timeout {args.link_timeout}s)")
     return 1 if failures else 0
 
 

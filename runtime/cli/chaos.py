@@ -1,10 +1,15 @@
-"""Chaos runs: the Parquet word count under backpressure while worker processes are killed with SIGKILL.
+"""Chaos runs: the Parquet word count under backpressure while worker processes are killed with SIGKILL,
+and (with `link_cuts`) while worker-to-worker links are cut in network namespaces.
 
 Used by tests/chaos (a small run in CI), scripts/chaos.sh (the full run, repeated) and the demo. A run
 generates its input with Spark (`sluice data generate`), starts a local cluster whose supervisor starts
 killed workers again, runs the job with checkpoints every `interval_s`, kills workers on a schedule, and
 finally checks the committed output with Spark (`sluice data verify`). The schedule always includes a
 kill while a checkpoint is in flight and a kill of a worker that hosts the sink; the rest are random.
+
+A link cut (`LinkCutFault`) runs each worker in its own namespace (runtime/cli/netns.py), silences the veth
+pair between two workers that host tasks, and heals it once the job has noticed (the link timeout fired
+and the job left RUNNING); it records how long detection and the restart took.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from netstack.transport import run
 from runtime.cli.local_cluster import LocalCluster
+from runtime.cli.netns import NetnsLab
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class ChaosSettings:
     sink_delay_s: float = 0.00002
     seed: int = 7
     job_timeout_s: float = 900.0
+    link_cuts: int = 0  # > 0: workers run in network namespaces and this many worker-to-worker links are cut
+    link_timeout_s: float = 2.0
 
 
 @dataclass
@@ -49,6 +57,7 @@ class ChaosResult:
     verify: dict[str, Any]
     state: str
     kills: list[dict[str, Any]] = field(default_factory=list)
+    link_cuts: list[dict[str, Any]] = field(default_factory=list)
     restarts: int = 0
     restart_s: list[float] = field(default_factory=list)
     checkpoint_s: list[float] = field(default_factory=list)
@@ -98,8 +107,66 @@ def sink_workers(status: dict[str, Any]) -> list[str]:
     return sorted({w for task, w in status.get("placement", {}).items() if task.split(":")[0] in sink_vertices})
 
 
+@dataclass
+class LinkCutFault:
+    """Cuts worker-to-worker links one at a time: after a checkpoint, heal once the job noticed the cut."""
+
+    lab: NetnsLab
+    remaining: int
+    link_timeout_s: float
+    rng: random.Random
+    next_at: float
+    cuts: list[dict[str, Any]] = field(default_factory=list)
+    _open: dict[str, Any] | None = None  # the cut in progress
+    _seen: int = 0  # checkpoints completed when the last cut healed: the next cut waits for a newer one
+
+    @property
+    def busy(self) -> bool:
+        return self._open is not None
+
+    def _pick_pair(self, status: dict[str, Any]) -> tuple[int, int] | None:
+        """Two workers joined by a data channel of the job: one hosts vertex v, the other vertex v + 1 (the
+        word count's edges are all-to-all), so the cut link really carries its data."""
+        vertices: dict[int, set[int]] = {}
+        for task, worker in status.get("placement", {}).items():
+            vertices.setdefault(int(worker.rsplit("-", 1)[1]) - 1, set()).add(int(task.split(":")[0]))
+        pairs = [(i, j) for i in vertices for j in vertices
+                 if i < j and any(v + 1 in vertices[j] or v - 1 in vertices[j] for v in vertices[i])]
+        return self.rng.choice(sorted(pairs)) if pairs else None
+
+    def tick(self, status: dict[str, Any], now: float, t0: float, log: Callable[[str], None]) -> None:
+        cut = self._open
+        if cut is not None:
+            noticed = status["state"] != "RUNNING" or status.get("restarts", 0) > cut["restarts_before"]
+            # heal when the job noticed, or give up waiting after three timeouts (recorded as undetected)
+            if noticed or now - cut["t"] > 3 * self.link_timeout_s + 5:
+                cut["detected_s"] = round(now - cut["t"], 2) if noticed else None
+                cut["cut_for_s"] = round(self.lab.heal(*cut["pair"]), 2)
+                log(f"  [{now - t0:5.1f}s] link {cut['workers'][0]}<->{cut['workers'][1]} healed after "
+                    f"{cut['cut_for_s']:.2f}s; " + (f"job noticed after {cut['detected_s']:.2f}s" if noticed
+                                                     else "the job never noticed"))
+                self.cuts.append({k: v for k, v in cut.items() if k != "t"})
+                self._open = None
+                self._seen = status.get("checkpoints_completed", 0)
+                self.next_at = now + self.rng.uniform(1.5, 3.0)
+            return
+        done = status.get("checkpoints_completed", 0)
+        if not self.remaining or status["state"] != "RUNNING" or now < self.next_at or done <= self._seen:
+            return
+        pair = self._pick_pair(status)
+        if pair is None:
+            return
+        self.lab.cut(pair[0], pair[1])
+        self.remaining -= 1
+        self._open = {"at_s": round(now - t0, 2), "pair": pair, "workers": [f"worker-{i + 1}" for i in pair],
+                      "t": now, "restarts_before": status.get("restarts", 0),
+                      "last_checkpoint": (status.get("last_checkpoint") or {}).get("checkpoint_id")}
+        log(f"  [{now - t0:5.1f}s] cut link worker-{pair[0] + 1}<->worker-{pair[1] + 1} (link timeout "
+            f"{self.link_timeout_s}s); last completed checkpoint #{self._open['last_checkpoint']}")
+
+
 async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
-                   log: Callable[[str], None]) -> ChaosResult:
+                   log: Callable[[str], None], lab: NetnsLab | None = None) -> ChaosResult:
     checkpoint = {"interval_s": settings.interval_s, "mode": settings.mode, "timeout_s": 30.0,
                   "tolerable_failures": 100}
     if settings.mode == "aligned_timeout":
@@ -112,10 +179,12 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                                               "sys_path": os.getcwd()})
     job_id = submitted["job_id"]
     t0 = time.monotonic()
-    plan = ["in-flight", "sink"] + ["random"] * max(0, settings.kills - 2)
+    plan = (["in-flight", "sink"] + ["random"] * max(0, settings.kills - 2))[: settings.kills]
     rng.shuffle(plan)
     result = ChaosResult(ok=False, verify={}, state="RUNNING")
     next_kill_after = t0 + rng.uniform(1.0, 2.5)
+    link_cut = (LinkCutFault(lab, settings.link_cuts, settings.link_timeout_s, rng, t0 + rng.uniform(1.0, 2.5))
+                if lab is not None and settings.link_cuts else None)
     seen_checkpoints = 0
     attempt = 0
     while True:
@@ -133,7 +202,10 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
         done = status.get("checkpoints_completed", 0)
         if status.get("attempt", 0) != attempt:
             attempt, seen_checkpoints = status.get("attempt", 0), done
-        if plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints:
+        if link_cut is not None:
+            link_cut.tick(status, now, t0, log)
+        if (plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints
+                and not (link_cut and link_cut.busy)):
             kind = plan[0]
             victim_id = None
             # victims host tasks of the job: killing an idle standby would not test recovery
@@ -158,6 +230,8 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                 seen_checkpoints = done
         await asyncio.sleep(0.05)
     result.job_s = time.monotonic() - t0
+    if link_cut is not None:
+        result.link_cuts = link_cut.cuts
     result.state = status["state"]
     result.restarts = status.get("restarts", 0)
     result.restart_s = list(status.get("restart_s", []))
@@ -169,6 +243,16 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     result.checkpoints_completed = status.get("checkpoints_completed", 0)
     result.checkpoints_failed = status.get("checkpoints_failed", 0)
     return result
+
+
+def _netns_for_link_cuts(settings: ChaosSettings, cluster: LocalCluster) -> NetnsLab | None:
+    """For link cuts: one namespace per worker (raises NetnsUnavailable when this machine cannot)."""
+    if not settings.link_cuts:
+        return None
+    lab = NetnsLab(workers=settings.workers).create()
+    cluster.coordinator_host = "0.0.0.0"  # reachable from every namespace over its uplink
+    cluster.place_worker = lab.place
+    return lab
 
 
 def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, seed: int | None = None) -> ChaosResult:
@@ -184,13 +268,16 @@ def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, se
                        "SLUICE_SINK_DELAY_S": str(settings.sink_delay_s),
                        "SLUICE_PARALLELISM": str(settings.parallelism)})
     cluster = LocalCluster(workers=settings.workers, slots=2, log_dir=os.path.join(settings.workdir, "logs"),
-                           state_dir=state_dir)
+                           state_dir=state_dir, link_timeout_s=settings.link_timeout_s)
     shutil.rmtree(cluster.log_dir or "", ignore_errors=True)
-    cluster.start()
+    lab = _netns_for_link_cuts(settings, cluster)
     try:
-        result = run(_run_job(settings, cluster, rng, log))
+        cluster.start()
+        result = run(_run_job(settings, cluster, rng, log, lab))
     finally:
         cluster.stop()
+        if lab is not None:
+            lab.teardown()
     if result.state != "FINISHED":
         return result
     result.verify = verify_output(input_path, output_path)

@@ -26,6 +26,15 @@ from runtime.cli.processes import Managed, ProcessStartError, child_env, start_p
 from runtime.graph.plan import JobLoadError, load_entry
 
 
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where worker i runs: a launcher prefix, the address it serves data on, the coordinator address it dials."""
+
+    prefix: list[str]
+    host: str
+    coordinator_host: str
+
+
 @dataclass
 class LocalCluster:
     """A coordinator and worker processes on loopback, all on port 0; `sluice local`, the demo and the tests.
@@ -50,6 +59,9 @@ class LocalCluster:
     coordinator: Managed | None = None
     worker_procs: list[Managed] = field(default_factory=list)
     worker_restarts: int = 0
+    link_timeout_s: float = 10.0
+    coordinator_host: str = "127.0.0.1"  # 0.0.0.0 when workers run in other network namespaces
+    place_worker: Callable[[int], WorkerPlace] | None = None  # default: this namespace, loopback
     _worker_args: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     _own_log_dir: bool = False
 
@@ -91,8 +103,8 @@ class LocalCluster:
         self._prepare()
         assert self.log_dir is not None and self.state_dir is not None
         self.coordinator = start_process(
-            "coordinator", ["--port", "0", "--metrics-port", self._metrics_port(0), "--state-dir", self.state_dir,
-                            *self._tls_args(), *extra],
+            "coordinator", ["--host", self.coordinator_host, "--port", "0", "--metrics-port", self._metrics_port(0),
+                            "--state-dir", self.state_dir, *self._tls_args(), *extra],
             env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, "coordinator.log"))
         return self.coordinator
 
@@ -106,10 +118,18 @@ class LocalCluster:
     def _launch_worker(self, index: int) -> Managed:
         assert self.coordinator is not None and self.log_dir is not None
         wid, extra = self._worker_args[index]
+        coordinator = self.coordinator.fields["rpc"]
+        place = self.place_worker(index) if self.place_worker else None
+        where: list[str] = []
+        if place is not None:
+            coordinator = f"{place.coordinator_host}:{self.rpc[1]}"
+            where = ["--host", place.host]
         return start_process(
-            "worker", ["--coordinator", self.coordinator.fields["rpc"], "--slots", str(self.slots), "--data-port",
-                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", wid, *self._tls_args(), *extra],
-            env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, f"{wid}.log"))
+            "worker", ["--coordinator", coordinator, "--slots", str(self.slots), "--data-port",
+                       "0", "--metrics-port", self._metrics_port(index + 1), "--id", wid,
+                       "--link-timeout", str(self.link_timeout_s), *where, *self._tls_args(), *extra],
+            env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, f"{wid}.log"),
+            prefix=place.prefix if place else None)
 
     def _tls_args(self) -> list[str]:
         return self.tls.as_args() if self.tls else []
@@ -242,14 +262,16 @@ def check_entry(entry: str) -> str | None:
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
               state_dir: str | None, name: str | None = None, restore: str | None = None,
-              restart_workers: bool = True, keep_logs: bool = False, tls: TlsFiles | None = None) -> int:
+              restart_workers: bool = True, keep_logs: bool = False, tls: TlsFiles | None = None,
+              link_timeout_s: float = 10.0) -> int:
     """The body of `sluice local`; returns the exit code."""
     problem = check_entry(entry)
     if problem:
         print(f"sluice local: {problem}", file=sys.stderr, flush=True)
         return 2
     cluster = LocalCluster(workers=workers, slots=slots, metrics_port_base=metrics_port_base, state_dir=state_dir,
-                           restart_workers=restart_workers, keep_logs=keep_logs, tls=tls)
+                           restart_workers=restart_workers, keep_logs=keep_logs, tls=tls,
+                           link_timeout_s=link_timeout_s)
     print(f"sluice local: starting a coordinator and {workers} workers", flush=True)
     try:
         cluster.start()

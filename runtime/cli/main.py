@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-metrics", action="store_true")
     w.add_argument("--id", default="", help="worker id (default: host, pid and a random suffix)")
     w.add_argument("--heartbeat-interval", type=_duration, default=1.0)
+    w.add_argument("--link-timeout", type=_duration_or_zero, default=10.0,
+                   help="close a data link silent this long and fail its tasks (default 10s; 0 disables)")
     w.add_argument("--token-file")
     _add_listener_options(w, "data")
     _add_tls_options(w, listens=True)
@@ -226,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--keep-logs", action="store_true", help="keep the log directory at exit (default: removed)")
     lo.add_argument("--no-restart-workers", action="store_true",
                     help="do not start a worker process again when it dies")
+    lo.add_argument("--link-timeout", type=_duration_or_zero, default=10.0,
+                    help="workers close a data link silent this long and fail its tasks (default 10s; 0 disables)")
     _add_job_options(lo)
     _add_tls_options(lo, listens=True)
 
@@ -327,7 +331,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                                heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args),
-                               tls=_tls(args))
+                               tls=_tls(args), link_timeout_s=args.link_timeout)
         run(run_worker(wconfig))
         return 0
     if args.command == "submit":
@@ -399,7 +403,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
                          restore=_abs(args.restore), restart_workers=not args.no_restart_workers,
-                         keep_logs=args.keep_logs, tls=_tls_absolute(args))
+                         keep_logs=args.keep_logs, tls=_tls_absolute(args), link_timeout_s=args.link_timeout)
     if args.command == "demo":
         from runtime.cli.demo import run_demo
 

@@ -52,11 +52,14 @@ def _pump(stream: IO[str], sink: IO[str] | None) -> None:
 
 
 def start_process(role: str, args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
-                  log_path: str | None = None, timeout_s: float = 60.0) -> Managed:
-    """Start `sluice <role> ...` and wait for its readiness line; stderr goes to `log_path` (or ours)."""
+                  log_path: str | None = None, timeout_s: float = 60.0, prefix: list[str] | None = None) -> Managed:
+    """Start `sluice <role> ...` and wait for its readiness line; stderr goes to `log_path` (or ours).
+
+    `prefix` runs the command under a launcher, e.g. `ip netns exec NS` for a worker in a network namespace.
+    """
     stderr_sink = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 - closed by reader
-    proc = subprocess.Popen(sluice_command(role, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd, bufsize=1)
+    proc = subprocess.Popen([*(prefix or []), *sluice_command(role, *args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, bufsize=1)
     assert proc.stdout is not None and proc.stderr is not None
     threading.Thread(target=_pump, args=(proc.stderr, stderr_sink or sys.stderr), daemon=True).start()
     deadline = time.monotonic() + timeout_s

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from netstack.metrics_http import protocol_failures
+from netstack.metrics_http import link_timeouts, protocol_failures
 from runtime.graph.enums import TaskState
 
 if TYPE_CHECKING:
@@ -97,4 +97,4 @@ class WorkerCollector(Collector):
         slots.add_metric([], self.worker.config.slots)
         running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
         running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == TaskState.RUNNING))
-        yield from (slots, running, protocol_failures())
+        yield from (slots, running, protocol_failures(), link_timeouts())

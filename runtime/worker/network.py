@@ -1,9 +1,12 @@
 """A worker's data plane: one TCP link per peer worker, multiplexing every channel between the two.
 
 The worker with the smaller id dials; the other waits for the incoming
-link. This object is also the `ChannelDirectory` the sans-IO connection
-consults, so a frame for a channel that this worker does not share with
-that peer is refused at the protocol layer.
+link. Both ends watch the link's liveness (`link_timeout_s`): a cut path
+closes the link within the timeout instead of stalling the job silently,
+and `on_link_lost` lets the worker fail the tasks that used it. This
+object is also the `ChannelDirectory` the sans-IO connection consults, so
+a frame for a channel that this worker does not share with that peer is
+refused at the protocol layer.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ log = logging.getLogger("sluice.network")
 class NetworkEnvironment(BaseLinkHandler):
     def __init__(self, worker_id: str, *, token: str, host: str,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, limits: ListenerLimits | None = None,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, link_timeout_s: float | None = 10.0) -> None:
         self.worker_id = worker_id
         self.limits = limits
         self.server_ssl = server_context(tls) if tls else None  # built once: a bad file fails at start-up
@@ -35,6 +38,7 @@ class NetworkEnvironment(BaseLinkHandler):
         self.token = token
         self.host = host
         self.max_frame_bytes = max_frame_bytes
+        self.link_timeout_s = link_timeout_s  # None or 0: never time a silent link out
         self.links: dict[str, Link] = {}
         self._link_waiters: dict[str, asyncio.Future[Link]] = {}
         self._out: dict[int, tuple[str, Subpartition]] = {}
@@ -129,6 +133,8 @@ class NetworkEnvironment(BaseLinkHandler):
     # -- LinkHandler --------------------------------------------------------------
 
     def on_established(self, link: Link) -> None:
+        if self.link_timeout_s:
+            link.watch_liveness(self.link_timeout_s)
         if not link.connection.is_client:
             if link.connection.peer_role != "worker":
                 from netstack.errors import RemoteProtocolError

@@ -57,6 +57,7 @@ class WorkerConfig:
     heartbeat_interval_s: float = 1.0
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the data listener
     tls: TlsFiles | None = None  # data links and the link to the coordinator; None: plain TCP
+    link_timeout_s: float = 10.0  # a data link silent this long is closed and its tasks fail (0: never)
 
 
 def task_report(job_id: str, task: Task) -> dict[str, Any]:
@@ -70,7 +71,7 @@ class Worker(BaseLinkHandler):
         self.config = config
         self.worker_id = config.worker_id or f"w-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
         self.network = NetworkEnvironment(self.worker_id, token=config.token, host=config.host, limits=config.limits,
-                                          tls=config.tls)
+                                          tls=config.tls, link_timeout_s=config.link_timeout_s)
         self.network.on_link_lost = self._on_link_lost
         self.jobs: dict[str, DeployedJob] = {}
         self.coordinator: Link | None = None
