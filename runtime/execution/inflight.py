@@ -18,14 +18,15 @@ time), never inside the record write path.
 from __future__ import annotations
 
 import asyncio
+import statistics
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from runtime.execution.channels import Subpartition
 
 MIN_BUFFER_BYTES = 1024  # below this the per-buffer cost (frame, credit, wake-up) dominates
 ADJUST_PERIOD_S = 0.2
-SMOOTHING = 0.3  # weight of the newest throughput sample in the moving average
+RATE_WINDOW_S = 3.0  # the throughput estimate is the median over this long
 
 
 def buffer_size_for(rate_bytes_s: float | None, target_s: float, buffers_in_path: int, *, max_bytes: int,
@@ -43,19 +44,27 @@ def buffer_size_for(rate_bytes_s: float | None, target_s: float, buffers_in_path
     return max(min(min_bytes, max_bytes), min(max_bytes, size))
 
 
-@dataclass(slots=True)
 class RateEstimate:
-    """Moving average of one channel's throughput, from its byte counter.
+    """A channel's throughput: the median of its recent per-period rates, from its byte counter.
 
-    A period in which nothing moved keeps the estimate: an idle channel or
-    one blocked by an aligned checkpoint tells nothing about what it drains
-    when it flows, and shrinking it to the minimum would starve it afterwards.
+    Periods in which nothing moved are left out: an idle channel, or one
+    blocked by an aligned checkpoint, tells nothing about what it drains when
+    it flows. The median (not an average) also keeps a partial stall or the
+    burst after one from moving the estimate: a lower estimate would shrink
+    the buffers, starve the consumer further and lower the estimate again.
     """
 
-    smoothing: float = SMOOTHING
-    rate: float | None = None
-    _last_bytes: int | None = None
-    _last_at: float = 0.0
+    __slots__ = ("window_s", "_samples", "_last_bytes", "_last_at")
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()  # (end of period, bytes/s)
+        self._last_bytes: int | None = None
+        self._last_at = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        return statistics.median(r for _, r in self._samples) if self._samples else None
 
     def sample(self, total_bytes: int, now: float) -> float | None:
         if self._last_bytes is None:
@@ -65,10 +74,11 @@ class RateEstimate:
         if elapsed <= 0:
             return self.rate
         self._last_bytes, self._last_at = total_bytes, now
-        if moved <= 0:
-            return self.rate
-        current = moved / elapsed
-        self.rate = current if self.rate is None else self.rate + self.smoothing * (current - self.rate)
+        if moved > 0:
+            self._samples.append((now, moved / elapsed))
+        # the newest sample always stays: a channel that moved once long ago keeps that estimate
+        while len(self._samples) > 1 and self._samples[0][0] < now - self.window_s:
+            self._samples.popleft()
         return self.rate
 
 

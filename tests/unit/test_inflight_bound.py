@@ -31,21 +31,37 @@ def test_no_estimate_or_no_target_keeps_the_configured_size() -> None:
         buffer_size_for(1000.0, 1.0, 0, max_bytes=32768)
 
 
-def test_rate_is_a_moving_average_of_the_byte_counter() -> None:
-    est = RateEstimate(smoothing=0.5)
+def test_rate_is_the_median_of_recent_periods() -> None:
+    est = RateEstimate(window_s=3.0)
     assert est.sample(0, now=0.0) is None  # the first sample only sets the origin
     assert est.sample(1000, now=1.0) == 1000.0
-    assert est.sample(4000, now=2.0) == 2000.0  # 1000 + 0.5 * (3000 - 1000)
+    assert est.sample(4000, now=2.0) == 2000.0  # median of 1000 and 3000
+    est.sample(5000, now=3.0)  # 1000 again
+    est.sample(5500, now=4.0)  # 500: the 1000 of t=1 left the window
+    assert est.rate == 1000.0  # median of 3000, 1000, 500
 
 
 def test_a_period_without_progress_keeps_the_estimate() -> None:
     # A channel blocked by an aligned checkpoint (or idle) drains nothing for a while: that says nothing about
     # its throughput, and shrinking its buffers to the minimum would starve it once it flows again.
-    est = RateEstimate(smoothing=0.5)
+    est = RateEstimate(window_s=3.0)
     est.sample(0, now=0.0)
     est.sample(1000, now=1.0)
-    assert est.sample(1000, now=5.0) == 1000.0
+    assert est.sample(1000, now=5.0) == 1000.0  # the newest sample stays even when it is old
     assert est.sample(2000, now=6.0) == 1000.0  # measured from the stall's end, not over it
+
+
+def test_partial_stalls_do_not_drag_the_estimate_down() -> None:
+    # A channel blocked for part of every second (back-to-back aligned checkpoints) still reports what it
+    # drains when it flows: a mean would spiral down (smaller buffers, less in flight, lower rate, ...).
+    est = RateEstimate(window_s=3.0)
+    total, now = 0, 0.0
+    est.sample(total, now)
+    for step in range(30):
+        now += 0.2
+        total += 60 if step % 5 == 4 else 200  # one period in five is mostly stalled
+        est.sample(total, now)
+    assert est.rate == pytest.approx(1000.0)
 
 
 def _records(n: int, start: int = 0) -> list[bytes]:
