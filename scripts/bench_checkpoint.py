@@ -458,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                         "interleaved, so slow drifts of the machine's load hit every configuration alike (default 1)")
     parser.add_argument("--inflight-target", type=float, default=None, metavar="SECONDS",
                         help="inflight_target_s of the job (default: the runtime's, 1 s; 0 = fixed-size buffers)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the run without checkpoints (the throughput columns then compare with nothing)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -492,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {info['python']}, {info['event_loop']}; revision {info['revision']}")
     runs: list[dict[str, Any]] = []
     started = time.monotonic()
-    matrix = [(rnd, b, mode) for rnd in range(args.rounds) for b in buffers for mode in ["none"] + modes]
+    matrix = [(rnd, b, mode) for rnd in range(args.rounds) for b in buffers
+              for mode in ([] if args.no_baseline else ["none"]) + modes]
     for rnd, b, mode in matrix:
         attempts: list[dict[str, Any]] = []
         while True:
