@@ -15,6 +15,11 @@ sender reports a backlog. The invariant, checked by the tests, is
     sum(floating_held) + floating_free == floating
 
 so the memory a receiver commits is fixed, whatever the interleaving.
+
+A channel blocked by an aligned checkpoint (its barrier taken, the others
+awaited) borrows no floating buffer however large its backlog: the task will
+not read it before the alignment ends, and a floating buffer it held would be
+one less for the channels the alignment is waiting on.
 """
 
 from __future__ import annotations
@@ -198,6 +203,7 @@ class CreditLedger:
     floating: int = 8
     _channels: dict[int, _ChannelCredit] = field(init=False)
     floating_free: int = field(init=False)
+    blocked: set[int] = field(init=False, default_factory=set)  # channels that lend no floating buffer now
 
     def __post_init__(self) -> None:
         if self.exclusive < 1:
@@ -259,10 +265,34 @@ class CreditLedger:
             ch.granted += 1
             ch.unannounced += 1
 
+    def block(self, channel_id: int) -> None:
+        """An aligned checkpoint stopped reading `channel_id`: lend it no floating buffer until unblocked.
+
+        Floating credit it holds but has not announced yet goes back to the pool (announced credit is the
+        sender's and cannot be recalled).
+        """
+        ch = self._get(channel_id)
+        self.blocked.add(channel_id)
+        reclaim = min(ch.floating_held, ch.unannounced)
+        if reclaim:
+            ch.floating_held -= reclaim
+            ch.granted -= reclaim
+            ch.unannounced -= reclaim
+            self.floating_free += reclaim
+            self._lend_floating()
+
+    def unblock_all(self) -> None:
+        """The alignment ended: blocked channels may borrow again (announce what `take_announcements` returns)."""
+        self.blocked.clear()
+        self._lend_floating()
+
     def _lend_floating(self) -> None:
         if not self.floating_free:
             return
-        for ch in self._channels.values():
+        blocked = self.blocked
+        for cid, ch in self._channels.items():
+            if cid in blocked:
+                continue
             while self.floating_free and ch.backlog > ch.granted:
                 self.floating_free -= 1
                 ch.floating_held += 1

@@ -208,6 +208,10 @@ class TaskCheckpointer:
         figures = {
             "sync_s": run.sync_s, "async_s": async_s, "alignment_s": run.alignment_s,
             "start_delay_s": max(0.0, run.first_barrier_wall - run.spec.started_at),
+            # barrier timeline, seconds after the trigger: the first barrier (or the trigger, at a source) and
+            # the last one (alignment done), so _metadata shows where an aligned checkpoint spent its time
+            "first_barrier_s": max(0.0, run.first_barrier_wall - run.spec.started_at),
+            "last_barrier_s": max(0.0, run.first_barrier_wall - run.spec.started_at) + run.alignment_s,
             "state_bytes": run.state_bytes, "inflight_bytes": run.inflight_bytes, "unaligned": run.unaligned,
         }
         self.last_alignment_s = run.alignment_s

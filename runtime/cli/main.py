@@ -19,7 +19,7 @@ from netstack.errors import NetstackError
 from netstack.limits import ListenerLimits, raise_nofile_limit
 from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import run
-from runtime.graph.config import load_token, parse_address, parse_duration
+from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
 
 
 def _duration(text: str, *, allow_zero: bool = False) -> float:
@@ -69,6 +69,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exclusive-credits", type=_positive, default=2, help="receiver buffers per channel (default 2)")
     g.add_argument("--floating-credits", type=int, default=8, help="receiver buffers per gate lent on backlog (8)")
     g.add_argument("--flush-timeout", type=_duration, default=0.05, help="latency bound of a partial buffer (50ms)")
+    g.add_argument("--inflight-target", type=_duration_or_zero, default=DEFAULT_INFLIGHT_TARGET_S,
+                   help="in-flight data per channel in seconds of its throughput; buffers shrink to fit, which "
+                        "bounds how long an aligned barrier waits (1s; 0 = fixed --buffer-bytes)")
     p.add_argument("--name", help="job name (default: the entry point)")
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-interval", type=_duration, help="take a checkpoint every INTERVAL (e.g. 1s)")
@@ -128,7 +131,7 @@ def checkpoint_mode(args: argparse.Namespace) -> str:
 def _job_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"buffer_bytes": args.buffer_bytes, "buffers_per_channel": args.buffers_per_channel,
             "exclusive_credits": args.exclusive_credits, "floating_credits": args.floating_credits,
-            "flush_timeout_s": args.flush_timeout,
+            "flush_timeout_s": args.flush_timeout, "inflight_target_s": args.inflight_target,
             "checkpoint": {"interval_s": args.checkpoint_interval, "mode": checkpoint_mode(args),
                            "aligned_timeout_s": args.aligned_timeout, "timeout_s": args.checkpoint_timeout,
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,

@@ -247,12 +247,15 @@ class InputGate:
 
     def block(self, channel_id: int) -> None:
         self.blocked.add(channel_id)
+        self.ledger.block(channel_id)  # a blocked channel borrows no floating credit
 
     def unblock_all(self) -> None:
         for channel_id in self.blocked:
             if self.queues[channel_id]:
                 self.ready.append(channel_id)
         self.blocked.clear()
+        self.ledger.unblock_all()
+        self.announce_credit()
         self.listener.wake()
 
     def consumed(self, channel_id: int) -> None:

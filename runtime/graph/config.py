@@ -25,6 +25,18 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
     return value
 
 
+DEFAULT_INFLIGHT_TARGET_S = 1.0
+
+
+def parse_inflight_target(value: object) -> float:
+    """A channel's in-flight target: a duration ('1s', '500ms', 0.5) of at least 0; 0 keeps fixed-size buffers."""
+    seconds = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else \
+        parse_duration(str(value), allow_zero=True)
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"inflight target must be a duration of at least 0, got {value!r}")
+    return seconds
+
+
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

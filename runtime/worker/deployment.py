@@ -26,8 +26,10 @@ from runtime.checkpointing.snapshots import (
 from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
+from runtime.execution.inflight import InflightBound
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
+from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
 from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
 from runtime.worker.network import NetworkEnvironment
 
@@ -39,11 +41,23 @@ class ChannelConfig:
     exclusive_credits: int = 2
     floating_credits: int = 8
     flush_timeout_s: float = 0.05
+    # in-flight data per channel, in seconds of its throughput: buffers shrink to fit (0 = fixed buffer_bytes)
+    inflight_target_s: float = DEFAULT_INFLIGHT_TARGET_S
 
     @classmethod
     def from_plan(cls, config: dict[str, Any]) -> ChannelConfig:
         keys = cls.__dataclass_fields__.keys()
-        return cls(**{k: config[k] for k in keys if k in config})
+        values = {k: config[k] for k in keys if k in config}
+        if values.get("inflight_target_s") is not None:
+            values["inflight_target_s"] = parse_inflight_target(values["inflight_target_s"])
+        else:
+            values.pop("inflight_target_s", None)
+        return cls(**values)
+
+    @property
+    def buffers_in_path(self) -> int:
+        """Buffers one channel can hold at most: the producer's queue and all the receiver may grant it."""
+        return self.buffers_per_channel + self.exclusive_credits + self.floating_credits
 
 
 @dataclass
@@ -55,6 +69,7 @@ class DeployedJob:
     channel_ids: list[int] = field(default_factory=list)
     local_links: list[LocalLink] = field(default_factory=list)
     peers: set[str] = field(default_factory=set)
+    sizing: asyncio.Task[None] | None = None  # the in-flight bound's timer, cancelled by teardown
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,11 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
         deployed.local_links.append(link)
 
     deployed.tasks = tasks
+    if cfg.inflight_target_s > 0:
+        bound = InflightBound([sub for by_consumer in subs.values() for sub in by_consumer.values()],
+                              target_s=cfg.inflight_target_s, buffers_in_path=cfg.buffers_in_path,
+                              max_bytes=cfg.buffer_bytes)
+        deployed.sizing = asyncio.create_task(bound.run())
     return deployed
 
 
@@ -209,6 +229,8 @@ async def connect(deployed: DeployedJob, network: NetworkEnvironment, *, timeout
 
 
 def teardown(deployed: DeployedJob, network: NetworkEnvironment) -> None:
+    if deployed.sizing is not None:
+        deployed.sizing.cancel()
     for link in deployed.local_links:
         link.closed = True
     network.unregister(deployed.channel_ids)

@@ -55,7 +55,9 @@ def wordcount(job: Job) -> None:
         .sink(FileSink(OUT, delay_per_record_s=0.0002)))
 '''
 
-CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4}
+# Fixed-size buffers (no in-flight bound): these tests need an aligned barrier to wait seconds behind the
+# queued data; test_aligned_inflight.py checks the bound that shortens that wait.
+CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
 WORDS, KEYS, SEED = 100_000, 200, 7
 
 

@@ -271,6 +271,49 @@ def test_floating_buffer_stays_with_a_channel_whose_backlog_exceeds_its_credit()
     ledger.check_invariant()
 
 
+def test_blocked_channel_borrows_no_floating_buffer() -> None:
+    # An aligned checkpoint blocked channel 1 (its barrier taken): however large its backlog, the floating
+    # buffers go to channel 2, whose barrier the alignment waits for.
+    ledger = CreditLedger([1, 2], exclusive=1, floating=2)
+    ledger.take_announcements()
+    ledger.block(1)
+    ledger.on_data(1, 1, backlog=9)
+    assert ledger.take_announcements() == {}
+    assert ledger.statistics().floating_free == 2
+    ledger.on_data(2, 1, backlog=9)
+    assert ledger.take_announcements() == {2: 2}
+    ledger.check_invariant()
+
+
+def test_blocking_returns_unannounced_floating_credit_and_unblocking_lends_again() -> None:
+    ledger = CreditLedger([1, 2], exclusive=1, floating=2)
+    ledger.take_announcements()
+    ledger.on_data(1, 1, backlog=9)  # channel 1 borrows both floating buffers, not yet announced
+    ledger.block(1)  # ... and gives them back: the sender never learned of them
+    ledger.check_invariant()
+    assert ledger.statistics().floating_free == 2
+    assert ledger.take_announcements() == {}
+    ledger.on_data(2, 1, backlog=9)
+    assert ledger.take_announcements() == {2: 2}
+    for seq in (2, 3):
+        ledger.on_data(2, seq, backlog=0)
+    for _ in range(3):
+        ledger.on_consumed(2)  # channel 2's backlog is gone: its floating buffers return to the pool
+    ledger.unblock_all()  # the alignment ended: channel 1's backlog borrows them again
+    assert ledger.take_announcements() == {1: 2, 2: 1}
+    ledger.check_invariant()
+
+
+def test_announced_floating_credit_stays_with_a_blocked_channel() -> None:
+    ledger = CreditLedger([1], exclusive=1, floating=1)
+    ledger.take_announcements()
+    ledger.on_data(1, 1, backlog=4)
+    assert ledger.take_announcements() == {1: 1}  # the sender holds this credit now
+    ledger.block(1)
+    ledger.check_invariant()
+    assert ledger.statistics().floating_lent == 1
+
+
 def test_check_invariant_detects_a_broken_budget() -> None:
     ledger = CreditLedger([1], exclusive=2, floating=2)
     ledger.check_invariant()

@@ -1,0 +1,85 @@
+"""Aligned checkpoints under full backpressure finish within the in-flight bound, and the output stays exact.
+
+The job is the checkpoint tests' word count with a sink of 200 us a record (~5k records/s per subtask, far
+below the sources). With fixed 32 KiB buffers an aligned barrier waits behind two sender queues of 4
+buffers and the receiver's credits, ~20 buffers of ~1600 records: over 3 s (see test_checkpoints.py, which
+keeps fixed buffers for that reason). With the default 1 s in-flight target the buffers shrink to the
+measured throughput, so once the excess queued at the start has drained every aligned checkpoint completes
+in about a second, and the restarted-free run still writes every count exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from runtime.connectors.generator import BLOCK, generate_block, key_names
+from tests.integration.conftest import Cluster, committed_output, poll, write_module
+
+JOBS = '''
+from runtime.api import FileSink, GeneratorSource, Job
+from runtime.examples.wordcount import Count
+
+
+def wordcount(job: Job) -> None:
+    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=2)
+        .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
+'''
+
+WORDS, KEYS, SEED = 160_000, 200, 7
+WARMUP_S = 8.0  # the queues the sources filled with full-size buffers before any throughput was measured
+BOUND_S = 2.5  # 1 s target, plus the barrier's trip and the acknowledgements, on a shared 2-core machine
+
+
+def expected_counts() -> Counter[str]:
+    keys = key_names(KEYS)
+    counts: Counter[str] = Counter()
+    for block in range(-(-WORDS // BLOCK)):
+        counts.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=WORDS))
+    return counts
+
+
+@pytest.mark.integration
+def test_aligned_checkpoint_under_backpressure_completes_within_the_inflight_bound(running_cluster: Cluster) -> None:
+    cluster = running_cluster
+    out = cluster.tmp_path / "out"
+    write_module(cluster.tmp_path, "inflightjobs", JOBS.format(words=WORDS, keys=KEYS, seed=SEED, out=str(out)))
+    config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 1.0,
+              "checkpoint": {"interval_s": 1.0, "mode": "aligned", "timeout_s": 20.0, "min_pause_s": 0,
+                             "tolerable_failures": 100, "retain": 100}}
+    job_id = str(cluster.call("submit", {"entry": "inflightjobs:wordcount", "config": config,
+                                         "sys_path": str(cluster.tmp_path)})["job_id"])
+    final = cluster.wait_job(job_id, timeout_s=180)
+    assert final["state"] == "FINISHED", final
+
+    history = cluster.call("checkpoints", {"job_id": job_id})["history"]
+    first = min(h["started_at"] for h in history)
+    late = [h for h in history if h["started_at"] - first >= WARMUP_S and h["status"] == "COMPLETED"]
+    assert len(late) >= 3, history  # the job was still backpressured then: the sources make far more
+    slow = [(h["checkpoint_id"], round(h["duration_s"], 3)) for h in late if h["duration_s"] > BOUND_S]
+    assert not slow, f"aligned checkpoints over {BOUND_S} s after the warm-up: {slow}"
+    assert all(h["inflight_bytes"] == 0 for h in late), late  # aligned: nothing persisted in flight
+
+    # the barrier timeline is in each acknowledgement: trigger -> first and last barrier at every task
+    newest = max(late, key=lambda h: h["checkpoint_id"])
+    directory = cluster.tmp_path / "state" / "checkpoints" / job_id / f"chk-{newest['checkpoint_id']}"
+    if (directory / "_metadata").is_file():  # retention may have removed it
+        acks = json.loads((directory / "_metadata").read_text())["acks"]
+        for task, ack in acks.items():
+            fig = ack["figures"]
+            assert 0 <= fig["first_barrier_s"] <= fig["last_barrier_s"] <= newest["duration_s"] + 0.5, (task, fig)
+
+    # exactly once: every key's running count 1..n, once each
+    poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
+    counts, _ = committed_output(out)
+    expected = expected_counts()
+    assert set(counts) == set(expected), set(counts) ^ set(expected)
+    for key, ns in counts.items():
+        assert sorted(ns) == list(range(1, expected[key] + 1)), key
+    assert sum(len(v) for v in counts.values()) == WORDS
+    assert Path(out).is_dir()
