@@ -132,7 +132,7 @@ class JobManager:
         job.checkpoints = CheckpointRunner(
             job_id=job.job_id, attempt=job.attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
             tasks=tasks, storage=self.storage, links=links, job_info=job_info,
-            fail_job=lambda reason: self.on_failure(job, reason), on_complete=on_complete,
+            fail_job=lambda reason: self.fail(job, reason), on_complete=on_complete,
             first_id=job.next_checkpoint_id)
         job.checkpoints.start()
 
@@ -179,14 +179,32 @@ class JobManager:
 
     # -- failures ---------------------------------------------------------------------
 
+    def fail(self, job: JobRecord, cause: str) -> None:
+        """The one entry point for a failure of a running attempt: failover runs as a task of the manager's own,
+        never inside a checkpoint runner or an attempt that the failover is about to stop (which would cancel
+        the failover itself and leave the job RESTARTING forever)."""
+        self._spawn(self.on_failure(job, cause))
+
     def worker_lost(self, worker_id: str, why: str) -> None:
         for job in list(self.jobs.values()):
             if job.state in (JobState.DEPLOYING, JobState.RUNNING, JobState.FINISHING) and job.plan is not None \
                     and worker_id in job.plan.placement.values():
-                self._spawn(self.on_failure(job, f"worker {worker_id} lost: {why}"))
+                self.fail(job, f"worker {worker_id} lost: {why}")
 
     async def on_failure(self, job: JobRecord, error: str) -> None:
-        """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job."""
+        """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job.
+
+        Whatever goes wrong on the way (other than a cancel of the coordinator itself), the job ends RESTARTING
+        -> running again, or FAILED with its cause: never stuck in RESTARTING."""
+        try:
+            await self._failover(job, error)
+        except Exception as exc:
+            log.exception("job %s: failover failed", job.job_id)
+            if not job.terminal:
+                job.move(JobState.FAILED, f"{error} (failover failed: {type(exc).__name__}: {exc})")
+                await self.cancel_tasks(job)
+
+    async def _failover(self, job: JobRecord, error: str) -> None:
         if job.terminal or job.state == JobState.RESTARTING:
             return
         failed_at = time.monotonic()
