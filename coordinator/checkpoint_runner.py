@@ -57,7 +57,6 @@ class CheckpointRunner:
         self.coordinator = CheckpointCoordinator(settings, tasks, first_id=first_id, now=time.monotonic())
         self.directories: dict[int, str] = {}
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.ending = False  # some task finished: periodic checkpoints stop, failures no longer fail the job
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -78,8 +77,7 @@ class CheckpointRunner:
         # 20 ticks a second: timeouts and intervals are honoured to within 50 ms
         while True:
             await asyncio.sleep(0.05)
-            if not self.ending:
-                self.execute(self.coordinator.tick(time.monotonic()))
+            self.execute(self.coordinator.tick(time.monotonic()))
 
     # -- stimuli ----------------------------------------------------------------
 
@@ -97,6 +95,9 @@ class CheckpointRunner:
 
     def decline(self, checkpoint_id: int, task: str, reason: str) -> None:
         self.execute(self.coordinator.decline(time.monotonic(), checkpoint_id, task, reason))
+
+    def task_finished(self, task: str) -> None:
+        self.execute(self.coordinator.task_finished(time.monotonic(), task))
 
     def task_failed(self, reason: str) -> None:
         self.execute(self.coordinator.task_failed(time.monotonic(), reason))
@@ -121,7 +122,7 @@ class CheckpointRunner:
                 path = self.directories.pop(ins.checkpoint_id, None)
                 if path:
                     self._spawn(asyncio.to_thread(self.storage.discard, path))
-            elif isinstance(ins, FailJob) and not self.ending:
+            elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
 
     def _spawn(self, coro: Any) -> None:

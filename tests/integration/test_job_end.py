@@ -5,14 +5,18 @@ committed exactly once even when a worker dies while the sinks publish it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster
-from tests.integration.test_failover import WORKER_ARGS, assert_exact_output, install
+from tests.integration.conftest import Cluster, poll
+from tests.integration.test_failover import CHANNELS, KEYS, SEED, WORKER_ARGS, assert_exact_output, install
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +71,66 @@ def test_failed_checkpoints_after_the_last_restart_fail_the_job_and_submit_wait_
     assert len(st["failures"]) == 2, st
     # nothing of the job runs on the workers any more, and they are alive
     assert all(p.proc.poll() is None for p in [*cluster.workers, cluster.coordinator])
+
+
+# -- 3: checkpoints after tasks finished -------------------------------------------------------------------------
+
+# Two pipelines in one job: a short one, whose three tasks finish early, and a long one.
+TWO_PIPELINES = """
+from runtime.api import FileSink, GeneratorSource, Job
+from runtime.examples.wordcount import Count
+
+KEYS, SEED = {keys}, {seed}
+
+
+def short_and_long(job: Job) -> None:
+    (job.source(GeneratorSource(count={short}, keys=KEYS, seed=SEED), parallelism=1, name="short")
+        .key_by(lambda r: r[0]).process(Count(), parallelism=2).sink(FileSink({short_out!r})))
+    (job.source(GeneratorSource(count={long}, keys=KEYS, seed=SEED), parallelism=2, name="long")
+        .key_by(lambda r: r[0]).process(Count(), parallelism=2)
+        .sink(FileSink({long_out!r}, delay_per_record_s=0.00005)))
+"""
+
+
+def test_checkpoints_go_on_after_tasks_finished_and_restore_treats_them_as_finished(cluster: Cluster) -> None:
+    short_out, long_out = cluster.tmp_path / "short", cluster.tmp_path / "long"
+    short, long = 5_000, 300_000
+    (cluster.tmp_path / "twojobs.py").write_text(TWO_PIPELINES.format(
+        keys=KEYS, seed=SEED, short=short, long=long, short_out=str(short_out), long_out=str(long_out)))
+    start_with_env(cluster, 2, {})
+    config = {**CHANNELS, "checkpoint": {"interval_s": 0.3, "mode": "aligned", "timeout_s": 20},
+              "restart": {"kind": "fixed", "max_attempts": 2, "delay_s": 0.2, "slot_wait_s": 60}}
+    job_id = cluster.submit("twojobs:short_and_long", config)
+
+    def status() -> dict[str, Any]:
+        return dict(cluster.call("status", {"job_id": job_id}))
+
+    def short_finished() -> bool:
+        st = status()
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
+        return st["tasks_finished"] >= 3
+
+    poll(short_finished, 90, "the short pipeline's three tasks to finish")
+    st = status()
+    finished = {t["task"] for t in st["tasks"] if t["state"] == "finished"}
+    assert any("short" in t["name"] for t in st["tasks"] if t["state"] == "finished"), st
+    done_then = st["checkpoints_completed"]
+    # periodic checkpoints keep completing, and so does a manual one
+    poll(lambda: status()["checkpoints_completed"] >= done_then + 2, 60, "two more periodic checkpoints")
+    manual = cluster.call("checkpoint", {"job_id": job_id})
+    assert manual["status"] == "COMPLETED", manual
+    assert status()["state"] == "RUNNING", "the long pipeline must still run for this test"
+
+    # a worker dies: the restored job must not run the short pipeline again (its source would re-emit)
+    victim = cluster.workers[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    cluster.start_worker(*WORKER_ARGS, worker_id=str(victim.fields["id"]))
+    st = cluster.wait_job(job_id, 180)
+    assert st["state"] == "FINISHED", st
+    assert st["restarts"] == 1, st
+    assert st["restored_checkpoint_id"] >= manual["checkpoint_id"], st
+    assert st["final_checkpoint_id"] is not None and st["final_checkpoint_id"] > manual["checkpoint_id"], st
+    assert finished, st
+    assert_exact_output(SimpleNamespace(out=short_out, words=short))
+    assert_exact_output(SimpleNamespace(out=long_out, words=long))
