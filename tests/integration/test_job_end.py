@@ -5,6 +5,7 @@ committed exactly once even when a worker dies while the sinks publish it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,3 +135,76 @@ def test_checkpoints_go_on_after_tasks_finished_and_restore_treats_them_as_finis
     assert finished, st
     assert_exact_output(SimpleNamespace(out=short_out, words=short))
     assert_exact_output(SimpleNamespace(out=long_out, words=long))
+
+
+# -- 2: a worker dies while the sinks publish the end of a bounded job ---------------------------------------------
+
+HOLDING_JOB = """
+import json
+import json
+import os
+import time
+
+from runtime.api import FileSink, GeneratorSource, Job
+from runtime.examples.wordcount import Count
+
+MARKERS = {markers!r}
+
+
+class HoldingSink(FileSink):
+    \"\"\"Subtask 0, once: its first commit after the end of input (the job's last commit) holds before publishing
+    anything, until the test creates MARKERS/release: a slow final commit, without a clock.\"\"\"
+
+    def open(self, subtask_index, parallelism, attempt):
+        super().open(subtask_index, parallelism, attempt)
+        self._ended = False
+
+    def finish(self):
+        super().finish()
+        self._ended = True
+
+    def commit(self, checkpoint_id):
+        due = [p for p in self._pending if p[0] <= checkpoint_id]
+        if self._ended and self.subtask_index == 0 and due:
+            try:
+                fd = os.open(os.path.join(MARKERS, "holding"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                fd = None
+            if fd is not None:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps({{"pid": os.getpid(), "checkpoint_id": checkpoint_id}}))
+                deadline = time.monotonic() + 60
+                while not os.path.exists(os.path.join(MARKERS, "release")) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        super().commit(checkpoint_id)
+
+
+def holding(job: Job) -> None:
+    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
+        .key_by(lambda r: r[0]).process(Count(), parallelism=2).sink(HoldingSink({out!r})))
+"""
+
+
+def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster) -> None:
+    words = 60_000
+    out, markers = cluster.tmp_path / "out", cluster.tmp_path / "markers"
+    markers.mkdir()
+    (cluster.tmp_path / "holdjobs.py").write_text(HOLDING_JOB.format(
+        markers=str(markers), words=words, keys=KEYS, seed=SEED, out=str(out)))
+    start_with_env(cluster, 2, {})
+    config = {**CHANNELS, "checkpoint": {"interval_s": 0.5, "mode": "aligned", "timeout_s": 20},
+              "restart": {"kind": "fixed", "max_attempts": 2, "delay_s": 0.2, "slot_wait_s": 60}}
+    job_id = cluster.submit("holdjobs:holding", config)
+    holding = markers / "holding"
+    poll(holding.exists, 120, "sink subtask 0 to hold in its final commit")
+    holder_pid = json.loads(holding.read_text())["pid"]
+    victim = next(w for w in cluster.workers if w.pid != holder_pid)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    (markers / "release").write_text("")
+    cluster.start_worker(*WORKER_ARGS, worker_id=str(victim.fields["id"]))
+    st = cluster.wait_job(job_id, 180)
+    assert st["state"] == "FINISHED", st
+    assert st["restarts"] == 1, st
+    assert st["final_checkpoint_id"] is not None, st
+    assert_exact_output(SimpleNamespace(out=out, words=words))
