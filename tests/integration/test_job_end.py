@@ -206,5 +206,5 @@ def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster)
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", st
     assert st["restarts"] == 1, st
-    assert st["final_checkpoint_id"] is not None, st
     assert_exact_output(SimpleNamespace(out=out, words=words))
+    assert st["final_checkpoint_id"] is not None, st
