@@ -4,7 +4,10 @@ It turns clock ticks and worker messages into stimuli, and carries out the
 instructions that come back: trigger RPCs to the workers that host sources,
 `_metadata` written atomically through the storage (in a thread), complete /
 abort notifications to every worker, deletion of aborted or retired
-checkpoints, and failing the job when too many checkpoints fail in a row.
+checkpoints, and reporting to the job manager when too many checkpoints fail
+in a row. That report is a plain call (`fail_job`), never a task of this
+runner: the failover it starts stops this runner, which cancels every task
+the runner owns, and a failover running as one of them would cancel itself.
 Whoever asked for a checkpoint (`sluice checkpoint`, `sluice savepoint`)
 waits on a future that resolves when it completes or aborts.
 """
@@ -12,9 +15,11 @@ waits on a future that resolves when it completes or aborts.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -39,7 +44,7 @@ log = logging.getLogger("sluice.checkpoints")
 class CheckpointRunner:
     def __init__(self, *, job_id: str, attempt: int, settings: CheckpointSettings, tasks: frozenset[str],
                  storage: CheckpointStorage, links: Callable[[], list[Link]], job_info: dict[str, Any],
-                 fail_job: Callable[[str], Awaitable[None]], on_complete: Callable[[int, str, dict[str, Any]], None],
+                 fail_job: Callable[[str], None], on_complete: Callable[[int, str, dict[str, Any]], None],
                  first_id: int = 1) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -52,7 +57,6 @@ class CheckpointRunner:
         self.coordinator = CheckpointCoordinator(settings, tasks, first_id=first_id, now=time.monotonic())
         self.directories: dict[int, str] = {}
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.ending = False  # some task finished: periodic checkpoints stop, failures no longer fail the job
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -73,8 +77,7 @@ class CheckpointRunner:
         # 20 ticks a second: timeouts and intervals are honoured to within 50 ms
         while True:
             await asyncio.sleep(0.05)
-            if not self.ending:
-                self.execute(self.coordinator.tick(time.monotonic()))
+            self.execute(self.coordinator.tick(time.monotonic()))
 
     # -- stimuli ----------------------------------------------------------------
 
@@ -92,6 +95,9 @@ class CheckpointRunner:
 
     def decline(self, checkpoint_id: int, task: str, reason: str) -> None:
         self.execute(self.coordinator.decline(time.monotonic(), checkpoint_id, task, reason))
+
+    def task_finished(self, task: str) -> None:
+        self.execute(self.coordinator.task_finished(time.monotonic(), task))
 
     def task_failed(self, reason: str) -> None:
         self.execute(self.coordinator.task_failed(time.monotonic(), reason))
@@ -116,8 +122,8 @@ class CheckpointRunner:
                 path = self.directories.pop(ins.checkpoint_id, None)
                 if path:
                     self._spawn(asyncio.to_thread(self.storage.discard, path))
-            elif isinstance(ins, FailJob) and not self.ending:
-                self._spawn(self._fail_job(f"checkpoints failing: {ins.reason}"))
+            elif isinstance(ins, FailJob):
+                self._fail_job(f"checkpoints failing: {ins.reason}")
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -156,6 +162,7 @@ class CheckpointRunner:
             "duration_s": ins.completed_at - ins.started_at, "acks": ins.acks, **self._job_info,
         }
         try:
+            _metadata_fault()
             await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
         except (OSError, ValueError) as exc:
             self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
@@ -177,3 +184,16 @@ class CheckpointRunner:
                     log.warning("job %s: %s %d not delivered: %s", self.job_id, method, checkpoint_id, r)
 
         self._spawn(notify_all())
+
+
+_metadata_faults = 0
+
+
+def _metadata_fault() -> None:
+    """Test hook: SLUICE_FAULT_METADATA_FAILS=n makes the first n `_metadata` writes of this coordinator process
+    fail as on a full disk (-1: every one), at the exact point where a real write would fail."""
+    global _metadata_faults
+    limit = int(os.environ.get("SLUICE_FAULT_METADATA_FAILS", "0") or 0)
+    if limit < 0 or _metadata_faults < limit:
+        _metadata_faults += 1
+        raise OSError(errno.ENOSPC, "No space left on device (SLUICE_FAULT_METADATA_FAILS)")

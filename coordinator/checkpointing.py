@@ -34,6 +34,13 @@ Scheduling:
   (a failed execution cannot serve them): each dropped request gets a
   `NotifyAborted` and nothing else, since nothing was triggered or written.
 
+Finished tasks (FLIP-147): `task_finished` records a task that has finished
+(its last state is in a completed checkpoint and its sinks published it).
+It counts as acknowledged, with the state `{"finished": True}`, in the
+in-flight checkpoint (if it had not acknowledged yet) and every later one, so
+checkpoints go on while the rest of the job runs, and restoring one of them
+treats the task as finished.
+
 Failures: every abort of a checkpoint counts one consecutive failure, and a
 completed checkpoint resets the count; when the count exceeds
 `tolerable_failures` the coordinator emits `FailJob`, drops queued requests
@@ -53,6 +60,7 @@ from typing import Any
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode
 
 HISTORY_SIZE = 50
+FINISHED_STATE = {"finished": True}  # what a finished task "acknowledges" (workers restore it as finished)
 
 
 def check_mode(mode: str, aligned_timeout_s: float | None) -> None:
@@ -272,6 +280,7 @@ class CheckpointCoordinator:
         self._failed = 0
         self._consecutive_failures = 0
         self._job_failed = False
+        self._finished: set[str] = set()
 
     # -- stimuli ----------------------------------------------------------------
 
@@ -338,6 +347,15 @@ class CheckpointCoordinator:
             out += self._abort(now, cp, f"task failure: {reason}")
         out += [NotifyAborted(req.checkpoint_id, f"task failure: {reason}") for req in dropped]
         return out
+
+    def task_finished(self, now: float, task: str) -> list[Instruction]:
+        if task not in self.tasks or task in self._finished:
+            return []
+        self._finished.add(task)
+        cp = self._accepting(None, "ack")
+        if cp is None or task in cp.acks:
+            return []
+        return self.ack(now, cp.request.checkpoint_id, task, dict(FINISHED_STATE), {})
 
     def metadata_written(self, now: float, checkpoint_id: int) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "metadata_written")
@@ -410,6 +428,7 @@ class CheckpointCoordinator:
 
     def _trigger(self, now: float, req: _Request) -> list[Instruction]:
         cp = _Checkpoint(req, started_at=now)
+        cp.acks = {task: {"state": dict(FINISHED_STATE), "figures": {}} for task in self._finished}
         self._in_flight = cp
         self._last_trigger_at = now
         self._history.append(cp)

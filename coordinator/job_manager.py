@@ -9,8 +9,13 @@ standby worker with a new address is used. Sources rewind to their
 checkpointed positions, restored channel state is replayed before new data,
 and sinks redo the commits of that checkpoint and drop everything after it.
 
-A bounded job whose tasks have all finished is FINISHING until every worker
-has committed its sinks' final files; only then is it FINISHED.
+The end of a bounded job is a checkpoint like any other: a task that reached
+the end of its input waits until a checkpoint taken after that has completed
+and its sinks published it, then finishes. Once every task has ended, the
+manager asks for that final checkpoint (again after an abort) if periodic
+checkpoints do not bring one; when every task has finished the job is
+FINISHED and reports the final checkpoint's id. A failure before that
+restores the latest checkpoint, whose commit is redone, never doubled.
 """
 
 from __future__ import annotations
@@ -131,20 +136,23 @@ class JobManager:
                 self.checkpoint_durations.observe(summary["duration_s"])
 
         def links() -> list[Link]:
-            return [self.workers[w].link for w in involved if w in self.workers]
+            # a worker whose tasks have all finished may have released the job: it takes no part any more
+            busy = {w for t, w in plan.placement.items() if t not in job.finished_tasks}
+            return [self.workers[w].link for w in involved if w in self.workers and w in busy]
 
         job.checkpoints = CheckpointRunner(
             job_id=job.job_id, attempt=job.attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
             tasks=tasks, storage=self.storage, links=links, job_info=job_info,
-            fail_job=lambda reason: self.on_failure(job, reason), on_complete=on_complete,
+            fail_job=lambda reason: self.fail(job, reason), on_complete=on_complete,
             first_id=job.next_checkpoint_id)
         job.checkpoints.start()
 
-    def _stop_checkpoints(self, job: JobRecord, reason: str) -> None:
+    def _stop_checkpoints(self, job: JobRecord, reason: str, *, failed: bool = True) -> None:
         runner = job.checkpoints
         if runner is None:
             return
-        runner.task_failed(reason)
+        if failed:
+            runner.task_failed(reason)
         runner.stop(reason)
         job.earlier_checkpoints = job.checkpoint_history()[-200:]
         job.checkpoints = None
@@ -155,42 +163,63 @@ class JobManager:
 
     # -- finishing ------------------------------------------------------------------
 
+    def task_ended(self, job: JobRecord, task: str) -> None:
+        job.ended_tasks.add(task)
+        if len(job.ended_tasks | job.finished_tasks) == job.total_tasks() and not job.final_requested:
+            job.final_requested = True
+            self._spawn(self._final_checkpoint(job))
+
+    async def _final_checkpoint(self, job: JobRecord) -> None:
+        """Every task ended: take checkpoints until one completes (its commit finishes the tasks), unless the
+        attempt ends first. Aborts count against tolerable_failures like any other."""
+        attempt = job.attempt
+        while job.state == JobState.RUNNING and job.attempt == attempt and job.checkpoints is not None:
+            checkpoint_id, fut = job.checkpoints.request()
+            result = await fut
+            if result.get("status") == "COMPLETED":
+                log.info("job %s: final checkpoint %d completed", job.job_id, checkpoint_id)
+                return
+
     def task_finished(self, job: JobRecord, task: str) -> None:
         job.finished_tasks.add(task)
         if job.checkpoints is not None:
-            job.checkpoints.ending = True  # finished tasks cannot take part in checkpoints any more
+            job.checkpoints.task_finished(task)  # later checkpoints record it as finished
         if len(job.finished_tasks) == job.total_tasks():
             job.move(JobState.FINISHING)
-            self._spawn(self._finalize(job))
-
-    async def _finalize(self, job: JobRecord) -> None:
-        """Every task finished: have every worker commit its sinks' final files, then the job is FINISHED."""
-        assert job.plan is not None
-        attempt = job.attempt
-        try:
-            links = [self.workers[w].link for w in sorted(set(job.plan.placement.values()))]
-            await asyncio.gather(*(link.call("finalize", {"job_id": job.job_id, "attempt": attempt})
-                                   for link in links))
-        except (NetstackError, KeyError) as exc:
-            if job.attempt == attempt:
-                await self.on_failure(job, f"final commit failed: {exc}")
-            return
-        if job.state == JobState.FINISHING and job.attempt == attempt:
-            job.move(JobState.FINISHED)
             if job.checkpoints is not None:
-                job.checkpoints.stop("job finished")
-            log.info("job %s finished", job.job_id)
+                job.final_checkpoint_id = job.checkpoints.coordinator.statistics().last_completed_id
+            self._stop_checkpoints(job, "job finished", failed=False)
+            job.move(JobState.FINISHED)
+            log.info("job %s finished (final checkpoint %s)", job.job_id, job.final_checkpoint_id)
 
     # -- failures ---------------------------------------------------------------------
+
+    def fail(self, job: JobRecord, cause: str) -> None:
+        """The one entry point for a failure of a running attempt: failover runs as a task of the manager's own,
+        never inside a checkpoint runner or an attempt that the failover is about to stop (which would cancel
+        the failover itself and leave the job RESTARTING forever)."""
+        self._spawn(self.on_failure(job, cause))
 
     def worker_lost(self, worker_id: str, why: str) -> None:
         for job in list(self.jobs.values()):
             if job.state in (JobState.DEPLOYING, JobState.RUNNING, JobState.FINISHING) and job.plan is not None \
                     and worker_id in job.plan.placement.values():
-                self._spawn(self.on_failure(job, f"worker {worker_id} lost: {why}"))
+                self.fail(job, f"worker {worker_id} lost: {why}")
 
     async def on_failure(self, job: JobRecord, error: str) -> None:
-        """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job."""
+        """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job.
+
+        Whatever goes wrong on the way (other than a cancel of the coordinator itself), the job ends RESTARTING
+        -> running again, or FAILED with its cause: never stuck in RESTARTING."""
+        try:
+            await self._failover(job, error)
+        except Exception as exc:
+            log.exception("job %s: failover failed", job.job_id)
+            if not job.terminal:
+                job.move(JobState.FAILED, f"{error} (failover failed: {type(exc).__name__}: {exc})")
+                await self.cancel_tasks(job)
+
+    async def _failover(self, job: JobRecord, error: str) -> None:
         if job.terminal or job.state == JobState.RESTARTING:
             return
         failed_at = time.monotonic()
@@ -236,6 +265,8 @@ class JobManager:
             if plan is not None:
                 job.plan = plan
                 job.finished_tasks = set()
+                job.ended_tasks = set()
+                job.final_requested = False
                 job.task_stats = {}
                 await self.deploy(job, failed_at=failed_at)
                 return

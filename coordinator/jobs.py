@@ -1,6 +1,7 @@
 """Job records and their lifecycle, as a transition table.
 
-    CREATED -> DEPLOYING -> RUNNING -> FINISHING -> FINISHED
+    CREATED -> DEPLOYING -> RUNNING -> FINISHING -> FINISHED   (FINISHING: every task finished, the last
+                                                                 checkpoint's commit is recorded)
                   |  ^         |          |
                   v  |         v          v
                RESTARTING <----+----------+        (failure, a restart left)
@@ -66,6 +67,9 @@ class JobRecord:
     submitted_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     finished_tasks: set[str] = field(default_factory=set)
+    ended_tasks: set[str] = field(default_factory=set)  # reached the end of input (waiting for the final checkpoint)
+    final_requested: bool = False  # the manager asked for the final checkpoint of this attempt
+    final_checkpoint_id: int | None = None  # the checkpoint whose commit ended a bounded job
     task_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoint_settings: Any = None  # coordinator.checkpointing.CheckpointSettings
     checkpoints: Any = None  # coordinator.checkpoint_runner.CheckpointRunner while running
@@ -127,7 +131,7 @@ class JobRecord:
             "tasks": tasks, "last_checkpoint": self.last_checkpoint, "restored_from": self.restored_from,
             "restarts": self.restarts, "failures": self.failures[-10:], "last_restart_s": self.last_restart_s,
             "restart_s": self.restart_s[-50:],
-            "restored_checkpoint_id": self.restored_checkpoint_id,
+            "restored_checkpoint_id": self.restored_checkpoint_id, "final_checkpoint_id": self.final_checkpoint_id,
             "checkpoints_completed": self.checkpoint_counts()[0], "checkpoints_failed": self.checkpoint_counts()[1],
             "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}
                          for v in (self.plan.vertices if self.plan else [])],

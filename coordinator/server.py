@@ -358,6 +358,12 @@ class Coordinator(BaseLinkHandler):
         self.manager.task_finished(job, args["task"])
         return {"ok": True}
 
+    async def rpc_task_ended(self, link: Link, args: dict[str, Any]) -> Any:
+        job = self.jobs.get(args["job_id"])
+        if job is not None and job.attempt == args.get("attempt") and job.state == JobState.RUNNING:
+            self.manager.task_ended(job, args["task"])
+        return {"ok": True}
+
     async def rpc_task_failed(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(args["job_id"])
         if job is not None and job.attempt == args.get("attempt") and not job.terminal:

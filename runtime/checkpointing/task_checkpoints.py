@@ -6,6 +6,16 @@ barrier that reaches its gate; the worker hands it triggers and the
 coordinator's notifications. Decisions are the pure `BarrierHandler`'s; the
 `TaskCheckpointer` snapshots, persists and acknowledges. Work that must run
 on the task's turn (between records) is posted to the task's mailbox as Mail.
+
+Checkpoints after tasks finished (the idea of Flink's FLIP-147): a task that
+has reached the end of its input and sent "end" downstream can no longer get
+barriers through its channels, so the worker triggers it directly, like a
+source; it snapshots its state (sinks pre-commit their last files) without
+putting a barrier after its "end", and acknowledges. It finishes only when
+such a checkpoint has completed and its sinks have published it, so the end
+of a bounded job is a checkpoint like any other: no separate final commit,
+and restoring that checkpoint re-publishes exactly the same files. Once the
+coordinator hears the task finished, later checkpoints record it as finished.
 """
 
 from __future__ import annotations
@@ -37,6 +47,10 @@ class TaskCheckpoints:
         self.barriers = BarrierHandler(list(task.gate.channels)) if task.gate is not None else None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_spec: BarrierSpec | None = None
+        self.latest_spec: BarrierSpec | None = None  # the job's latest trigger on this worker (set by the worker)
+        self._last_snapshot_id = 0
+        self._final_id: int | None = None  # the first checkpoint snapshotted after the end of input
+        self._final_committed = False
 
     # -- from the worker (any time) ----------------------------------------------------
 
@@ -47,8 +61,7 @@ class TaskCheckpoints:
     def notify_complete(self, checkpoint_id: int) -> None:
         """The checkpoint completed everywhere: sinks publish what they pre-committed for it."""
         if self.task.state == TaskState.RUNNING:
-            self.task.post(Mail(lambda: self.task.chain.commit_sinks(checkpoint_id),
-                                f"commit checkpoint {checkpoint_id}"))
+            self.task.post(Mail(lambda: self._on_complete(checkpoint_id), f"commit checkpoint {checkpoint_id}"))
         elif self.task.state == TaskState.FINISHED:
             self.task.chain.commit_sinks(checkpoint_id)
 
@@ -81,6 +94,16 @@ class TaskCheckpoints:
         if self.barriers is not None:
             self._carry_out(self.barriers.on_channel_ended(channel_id))
 
+    def on_end_of_input(self) -> None:
+        """The task sent "end" downstream. A checkpoint triggered while its last input was still open may never
+        bring it a barrier (its upstream ended too): take that checkpoint now."""
+        spec = self.latest_spec
+        if spec is not None and spec.checkpoint_id > self._last_snapshot_id:
+            self._snapshot_ended(spec)
+
+    def final_committed(self) -> bool:
+        return self._final_committed
+
     def poll(self, now: float) -> None:
         if self.checkpointer.waiting_outputs():
             self.checkpointer.poll_outputs(now)
@@ -95,9 +118,33 @@ class TaskCheckpoints:
     # -- on the task's turn ---------------------------------------------------------------
 
     def _trigger(self, spec: BarrierSpec) -> None:
+        if self.task.end_of_input:  # it may have ended since the trigger was posted
+            self._snapshot_ended(spec)
+            return
+        if spec.checkpoint_id <= self._last_snapshot_id:
+            return
+        self._last_snapshot_id = spec.checkpoint_id
         self.checkpointer.mark_first_barrier()
         self.checkpointer.snapshot(spec, unaligned=spec.mode == CheckpointMode.UNALIGNED)
         self._arm_deadline(spec)
+
+    def _snapshot_ended(self, spec: BarrierSpec) -> None:
+        """A checkpoint of a task past its end of input: state only. Its inputs have all ended and were
+        processed, and its output got no barrier (it carries "end"); downstream counts the ended channel."""
+        if spec.checkpoint_id <= self._last_snapshot_id:
+            return
+        self._last_snapshot_id = spec.checkpoint_id
+        if self._final_id is None:
+            self._final_id = spec.checkpoint_id
+        self.checkpointer.mark_first_barrier()
+        self.checkpointer.snapshot(spec, unaligned=False)
+        self.checkpointer.inputs_complete(spec, unaligned=False)
+
+    def _on_complete(self, checkpoint_id: int) -> None:
+        self.task.chain.commit_sinks(checkpoint_id)
+        if self._final_id is not None and checkpoint_id >= self._final_id:
+            self._final_committed = True
+            self.task.wake()
 
     def _on_arrival(self, channel_id: int, spec: BarrierSpec) -> None:
         if self.barriers is not None:
@@ -114,6 +161,7 @@ class TaskCheckpoints:
                 if gate is not None:
                     gate.unblock_all()
             elif isinstance(action, Snapshot):
+                self._last_snapshot_id = max(self._last_snapshot_id, action.spec.checkpoint_id)
                 checkpointer.snapshot(action.spec, unaligned=action.unaligned)
             elif isinstance(action, InputsComplete):
                 checkpointer.inputs_complete(action.spec, unaligned=action.unaligned)

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from runtime.connectors.sinks import FINAL_CHECKPOINT, Sink
+from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
 
@@ -145,8 +145,8 @@ class FileSink(Sink):
     On restore, commits of the restored checkpoint are redone (a rename that
     already happened is skipped) and every other in-progress file of this
     subtask is deleted: its records will be produced again. At the end of a
-    bounded input the rest is pre-committed, and committed when the whole job
-    has finished.
+    bounded input the current file is closed; the checkpoint the task takes
+    after its end of input pre-commits and then commits it.
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", rolling_bytes: int = 64 * 1024 * 1024,
@@ -274,7 +274,7 @@ class FileSink(Sink):
                 os.remove(os.path.join(self.path, name))  # written after the restored checkpoint
 
     def finish(self) -> None:
-        self.snapshot_state(FINAL_CHECKPOINT)
+        self._close_current()
 
     def close(self) -> None:
         """Also after a cancel or failure: files written since the last pre-commit will never be committed."""

@@ -6,7 +6,9 @@ import sys
 import time
 from typing import Any
 
-FINAL_CHECKPOINT = 2**62  # the commit that ends a bounded job, after every task has finished
+# Formerly the id of a separate commit at the end of a bounded job. That end is now an ordinary checkpoint (the
+# task waits for one after its end of input), so no commit uses this id; kept for job modules that compare with it.
+FINAL_CHECKPOINT = 2**62
 
 
 class Sink:
@@ -36,8 +38,8 @@ class Sink:
             self._debt_s = 0.0
 
     def finish(self) -> None:
-        """End of a bounded input: pre-commit the rest; `commit(FINAL_CHECKPOINT)` publishes it once the whole
-        job has finished (a failure before that restores a checkpoint, and these files are dropped)."""
+        """End of a bounded input: flush what is buffered. The task then waits for a checkpoint: its
+        `snapshot_state` pre-commits the rest and its `commit` publishes it, exactly like any other checkpoint."""
 
     def close(self) -> None:
         pass

@@ -98,6 +98,7 @@ class RestoredState:
     sinks: list[Any] | None = None  # the sinks' pre-committed state, in chain order
     inputs: dict[int, bytes] | None = None  # channel id -> whole records
     outputs: dict[str, bytes] | None = None  # subpartition key -> whole records
+    finished: bool = False  # the task had finished when the checkpoint was taken: it has nothing left to do
 
 
 class CheckpointListener(Protocol):
@@ -111,6 +112,10 @@ class CheckpointListener(Protocol):
     def on_channel_ended(self, channel_id: int) -> None: ...
 
     def poll(self, now: float) -> None: ...
+
+    def on_end_of_input(self) -> None: ...
+
+    def final_committed(self) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -152,6 +157,9 @@ class Task:
         self._stride = 64
         # called with (task, probe_id, overtaken output buffers, overtaken input buffers) when a probe completes
         self.on_probe_complete: Callable[[Task, int, int, int], None] = lambda *args: None
+        # called once the task has processed all its input and sent "end" downstream
+        self.on_end_of_input: Callable[[Task], None] = lambda task: None
+        self.end_of_input = False
         self._batch_position: Any = None
         self._batch_emitted = 0
         self._skip_on_restore = 0
@@ -219,15 +227,25 @@ class Task:
             self._restore_operator_state()
             self.chain.open()
             self._restore_outputs()
+            finished_before = self.restore is not None and self.restore.finished
             if self.source is not None:
-                await self._run_source()
+                if not finished_before:  # a finished source must not emit again
+                    await self._run_source()
             else:
                 await self._restore_inputs()
-                await self._run_inputs()
-            self.chain.finish()
+                await self._run_inputs()  # upstream finished too: only "end" arrives
+            if not finished_before:
+                self.chain.finish()
             for sub in self.subpartitions:
                 sub.add_event(event("end"))
+            # From here on a checkpoint records this task as at its end: no barrier follows "end" downstream.
+            self.end_of_input = True
+            if self.checkpoints is not None:
+                self.checkpoints.on_end_of_input()
+            self.on_end_of_input(self)
             await self._wait_drained()
+            if self.checkpoints is not None and not finished_before:
+                await self._wait_final_checkpoint()
             self.state = TaskState.FINISHED
         except (TaskCancelled, asyncio.CancelledError):
             self.state = TaskState.CANCELLED
@@ -504,6 +522,19 @@ class Task:
         if step.complete:
             progress = self._probes.finish(probe_id)
             self.on_probe_complete(self, probe_id, self._overtaken_out, progress.overtaken_input_buffers)
+
+    async def _wait_final_checkpoint(self) -> None:
+        """Stay (serving the mailbox) until a checkpoint taken after the end of input has completed and the
+        sinks have published it: what the task did last is then in a completed checkpoint, so a failure from
+        now on restores it as finished instead of running it again (exactly once at the end of a bounded job)."""
+        assert self.checkpoints is not None
+        while not self.checkpoints.final_committed():
+            if self.mailbox:
+                self._serve_mailbox()
+                continue
+            t0 = time.monotonic()
+            await self._wait()
+            self.idle_s += time.monotonic() - t0
 
     async def _wait_drained(self, timeout_s: float = 600.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -84,6 +84,8 @@ def load_restored(restore: dict[str, Any], task_key: str, inputs: list[InputChan
     files = restore["tasks"].get(task_key)
     if files is None:
         return None
+    if files.get("finished"):
+        return RestoredState(finished=True)  # finished before that checkpoint: nothing to restore or redo
     directory = restore["path"]
     state = RestoredState()
     if files.get("state"):

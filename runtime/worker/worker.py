@@ -32,7 +32,6 @@ from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
-from runtime.connectors.sinks import FINAL_CHECKPOINT
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode, TaskState
@@ -161,7 +160,6 @@ class Worker(BaseLinkHandler):
                 args["job_id"], args.get("attempt"), "checkpoint_complete", int(args["checkpoint_id"])),
             "checkpoint_aborted": lambda link, args: self._notify_tasks(
                 args["job_id"], args.get("attempt"), "checkpoint_aborted", int(args["checkpoint_id"])),
-            "finalize": lambda link, args: self._finalize(args["job_id"], int(args["attempt"])),
             "probe": lambda link, args: self._inject_probe(args["job_id"], int(args["probe_id"])),
             "ping": lambda link, args: {"id": self.worker_id, "time": time.time()},
         })
@@ -202,18 +200,22 @@ class Worker(BaseLinkHandler):
             raise RpcError(f"attempt {args.get('attempt')} is not the one running here", "WrongAttempt")
         if args["mode"] not in CHECKPOINT_MODES:
             raise RpcError(f"unknown checkpoint mode {args['mode']!r}", "BadMode")
-        sources = [key for key, t in deployed.tasks.items() if t.source is not None]
-        finished = [deployed.tasks[key].task_id for key in sources if deployed.tasks[key].state != TaskState.RUNNING]
-        if finished:
-            raise RpcError(f"source tasks not running: {', '.join(finished)}", "TasksNotRunning")
         deadline = None
         if args["mode"] == CheckpointMode.ALIGNED_TIMEOUT:
             deadline = float(args["started_at"]) + float(args.get("aligned_timeout_s") or 0.0)
         spec = BarrierSpec(int(args["checkpoint_id"]), str(args["mode"]), float(args["started_at"]), deadline,
                            bool(args.get("savepoint")), str(args["directory"]))
-        for key in sources:
-            deployed.checkpoints[key].trigger(spec)
-        return {"sources": len(sources)}
+        # Running sources start the checkpoint; tasks past their end of input get no barrier any more, so they are
+        # triggered directly; finished tasks are recorded as finished by the coordinator.
+        triggered = 0
+        for key, task in deployed.tasks.items():
+            listener = deployed.checkpoints[key]
+            if listener.latest_spec is None or spec.checkpoint_id > listener.latest_spec.checkpoint_id:
+                listener.latest_spec = spec
+            if task.state in (TaskState.CREATED, TaskState.RUNNING) and (task.source is not None or task.end_of_input):
+                listener.trigger(spec)
+                triggered += 1
+        return {"sources": triggered}
 
     def _notify_tasks(self, job_id: str, attempt: Any, kind: str, checkpoint_id: int) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
@@ -224,15 +226,6 @@ class Worker(BaseLinkHandler):
                 checkpoints.notify_complete(checkpoint_id)
             else:
                 checkpoints.notify_aborted(checkpoint_id)
-        return {"tasks": len(deployed.tasks)}
-
-    def _finalize(self, job_id: str, attempt: int) -> dict[str, Any]:
-        """Every task of the job finished: publish what the sinks pre-committed at the end of their input."""
-        deployed = self._running_job(job_id)
-        if deployed.plan.attempt != attempt:
-            raise RpcError(f"attempt {attempt} is not the one deployed here", "WrongAttempt")
-        for task in deployed.tasks.values():
-            task.chain.commit_sinks(FINAL_CHECKPOINT)
         return {"tasks": len(deployed.tasks)}
 
     def _checkpoint_hooks(self, plan: Plan) -> CheckpointHooks:
@@ -273,10 +266,15 @@ class Worker(BaseLinkHandler):
             raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
         for key, task in deployed.tasks.items():
             task.on_probe_complete = functools.partial(self._probe_complete, job_id, deployed.plan.attempt)
+            task.on_end_of_input = functools.partial(self._task_ended, job_id, key, deployed.plan.attempt)
             runner = asyncio.create_task(task.run(), name=task.task_id)
             deployed.running[key] = runner
             runner.add_done_callback(functools.partial(self._on_task_done, job_id, key))
         return {"started": len(deployed.tasks)}
+
+    def _task_ended(self, job_id: str, key: str, attempt: int, task: Task) -> None:
+        """The coordinator takes the job's final checkpoint once every task has ended."""
+        self._spawn(self._report("task_ended", {"job_id": job_id, "task": key, "attempt": attempt}))
 
     def _on_task_done(self, job_id: str, key: str, runner: asyncio.Task[None]) -> None:
         deployed = self.jobs.get(job_id)
