@@ -7,4 +7,4 @@ test:
 bench:
 	./scripts/bootstrap.sh && .venv/bin/python scripts/bench_throughput.py
 lint:
-	./scripts/bootstrap.sh && .venv/bin/ruff check .
+	./scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/mypy

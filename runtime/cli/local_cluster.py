@@ -96,6 +96,7 @@ class LocalCluster:
             for _ in range(self.workers):
                 self.start_worker()
         except Exception:
+            self.keep_logs = True  # the error names a log file
             self.stop()
             raise
 

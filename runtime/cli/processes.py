@@ -83,12 +83,25 @@ def start_process(role: str, args: list[str], *, env: dict[str, str] | None = No
         code = stop_process(Managed(role, proc))
         where = f" (log: {log_path})" if log_path else ""
         how = f"exited with status {code}" if time.monotonic() < deadline else f"was not ready within {timeout_s}s"
-        raise ProcessStartError(f"sluice {role} {how}{where}; output: {''.join(lines)!r}")
+        reason = _last_line(log_path)  # the child's own one-line error, e.g. a port in use
+        raise ProcessStartError(f"sluice {role} {how}{': ' + reason if reason else ''}{where}"
+                                + (f"; output: {''.join(lines)!r}" if lines else ""))
     for part in result["line"].split():
         key, _, value = part.partition("=")
         fields[key] = value
     threading.Thread(target=_pump, args=(proc.stdout, None), daemon=True).start()
     return Managed(role, proc, fields, log_path)
+
+
+def _last_line(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f.read()[-4096:].splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
 
 
 def stop_process(managed: Managed, *, timeout_s: float = 10.0) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -100,6 +101,16 @@ def test_port_in_use_is_one_line_naming_it(tmp_path: Path, busy_port: int, role:
     proc = sluice(*base, flag, str(busy_port), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert_one_line(proc, f"127.0.0.1:{busy_port}", flag, "already in use")
+
+
+def test_local_with_a_busy_metrics_port_is_one_line_naming_it(tmp_path: Path, busy_port: int) -> None:
+    write_module(tmp_path, "endless", ENDLESS_JOB)
+    proc = sluice("local", "endless:build", "--workers", "1", "--metrics-port-base", str(busy_port), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    error = assert_one_line(proc, f"127.0.0.1:{busy_port}", "--metrics-port", "already in use")
+    log = re.search(r"\(log: (\S+)\)", error)
+    assert log and Path(log.group(1)).is_file(), error  # the log it names is kept
+    shutil.rmtree(Path(log.group(1)).parent)
 
 
 # -- sluice local ---------------------------------------------------------------------------------------------

@@ -399,7 +399,10 @@ def test_worker_killed_during_aligned_checkpoint_output_is_exact(cluster: Cluste
          60, "the job to run")
     first = cluster.call("checkpoint", {"job_id": job_id, "timeout_s": 60})
     assert first["status"] == "COMPLETED", first
-    time.sleep(1.0)  # queues refill: the next aligned barrier waits behind them
+    # queues refill (the tasks are blocked again for a while): the next aligned barrier waits behind them
+    blocked = sum(t["backpressured_s"] for t in setup.status(job_id)["tasks"])
+    poll(lambda: sum(t["backpressured_s"] for t in setup.status(job_id)["tasks"]) >= blocked + 1.0, 30,
+         "the queues to fill again")
 
     results: list[Any] = []
     thread = threading.Thread(target=lambda: results.append(_call(cluster, job_id)), daemon=True)
