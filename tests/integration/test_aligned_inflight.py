@@ -72,6 +72,8 @@ def test_aligned_checkpoint_under_backpressure_completes_within_the_inflight_bou
         acks = json.loads((directory / "_metadata").read_text())["acks"]
         for task, ack in acks.items():
             fig = ack["figures"]
+            if ack["state"].get("finished"):  # a task that had finished acknowledges without figures (FLIP-147)
+                continue
             assert 0 <= fig["first_barrier_s"] <= fig["last_barrier_s"] <= newest["duration_s"] + 0.5, (task, fig)
 
     # exactly once: every key's running count 1..n, once each
