@@ -25,6 +25,7 @@ from netstack.connection import (
 from netstack.credit import Buffer, ChannelSender, CreditLedger, Event
 from netstack.errors import CloseReason, LocalProtocolError, RemoteProtocolError
 from netstack.frames import FrameDecoder, FrameType, encode_frame
+from netstack.metrics_http import link_timeouts
 from netstack.transport import Link
 from tests.netstack.test_transport import DEADLINE_S, Directory, Net, Recorder, payload, wait_until
 
@@ -161,6 +162,10 @@ async def test_a_silent_peer_is_closed_after_the_link_timeout(net: Net) -> None:
     assert "nothing heard" in client.closed[0][2]
     assert 0.4 <= took < 0.4 + 1.0, took
     assert transport.LINK_TIMEOUTS["coordinator"] == before + 1
+    family = link_timeouts()  # what /metrics shows as sluice_link_timeouts_total{peer_role="coordinator"}
+    assert family.name == "sluice_link_timeouts"
+    assert ("coordinator", before + 1) in {(x.labels["peer_role"], x.value) for x in family.samples
+                                           if x.name == "sluice_link_timeouts_total"}
     server_transport.resume_reading()
 
 
