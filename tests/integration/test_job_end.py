@@ -24,11 +24,9 @@ pytestmark = pytest.mark.integration
 
 def start_with_env(cluster: Cluster, workers: int, coordinator_env: dict[str, str]) -> None:
     """A coordinator that sees `coordinator_env` (fault hooks), and workers that do not."""
-    plain = dict(cluster.env)
-    cluster.env.update(coordinator_env)
+    cluster.local.env_overrides.update(coordinator_env)
     cluster.start_coordinator()
-    cluster.env.clear()
-    cluster.env.update(plain)
+    cluster.local.env_overrides.clear()
     for i in range(workers):
         cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
     cluster.wait_workers(workers)
