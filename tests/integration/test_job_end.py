@@ -197,7 +197,8 @@ def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster)
     job_id = cluster.submit("holdjobs:holding", config)
     holding = markers / "holding"
     poll(holding.exists, 120, "sink subtask 0 to hold in its final commit")
-    holder_pid = json.loads(holding.read_text())["pid"]
+    held = json.loads(holding.read_text())
+    holder_pid = held["pid"]
     victim = next(w for w in cluster.workers if w.pid != holder_pid)
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait(10)
@@ -207,4 +208,6 @@ def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster)
     assert st["state"] == "FINISHED", st
     assert st["restarts"] == 1, st
     assert_exact_output(SimpleNamespace(out=out, words=words))
-    assert st["final_checkpoint_id"] is not None, st
+    # the restart restored the checkpoint being committed: its commit was redone, not its records
+    assert st["restored_checkpoint_id"] == held["checkpoint_id"], (st, held)
+    assert st["final_checkpoint_id"] is not None and st["final_checkpoint_id"] > held["checkpoint_id"], st
