@@ -14,6 +14,7 @@ call) or a sink.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import compress
 from typing import Any
 
 import msgpack
@@ -113,11 +114,37 @@ class RecordWriter:
             key_fn = self.key_fn
             assert key_fn is not None
             route = self.router.route
+            # key -> target, looked up from C (map over dict.__getitem__); the router fills it on a miss
+            cache: dict[Any, int] = {}
+            lookup = cache.__getitem__
+            few = len(subs) <= 8
+            pairs = [(sub, target.__eq__) for target, sub in enumerate(subs)]
+
+            def targets_of(keys: list[Any]) -> list[int]:
+                try:
+                    return list(map(lookup, keys))
+                except (KeyError, TypeError):  # a new key, or an unhashable one (routed without caching)
+                    targets = list(map(route, keys))
+                    if len(cache) > KeyRouter.CACHE_LIMIT:
+                        cache.clear()
+                    for key, target in zip(keys, targets, strict=True):
+                        try:
+                            cache[key] = target
+                        except TypeError:
+                            pass
+                    return targets
 
             def emit_hash(records: list[Any]) -> None:
+                targets = targets_of(list(map(key_fn, records)))
+                if few:  # one C pass over the targets per subpartition beats a Python loop over the records
+                    for sub, is_target in pairs:
+                        bucket = list(compress(records, map(is_target, targets)))
+                        if bucket:
+                            append_records(sub, bucket)
+                    return
                 buckets: list[list[Any]] = [[] for _ in subs]
                 adds = [b.append for b in buckets]
-                for record, target in zip(records, map(route, map(key_fn, records)), strict=True):
+                for record, target in zip(records, targets, strict=True):
                     adds[target](record)
                 for sub, bucket in zip(subs, buckets, strict=True):
                     if bucket:
