@@ -186,7 +186,8 @@ class Chain:
         self.sinks: list[Sink] = []
         self.functions: list[ProcessFunction] = []
         self.keyed_state: dict[int, dict[str, dict[Any, Any]]] = {}  # node id -> state name -> key -> value
-        self._contexts: list[tuple[ProcessFunction, Context]] = []
+        # (function, its context, a flush of what it emitted outside a batch: in open())
+        self._contexts: list[tuple[ProcessFunction, Context, Callable[[], None]]] = []
         self._restored_sinks: list[Any] | None = None
         self.process_batch = self._build()
 
@@ -262,7 +263,7 @@ class Chain:
         if kind == "process":
             pending: list[Any] = []
             ctx = Context(pending.append, self.subtask_index, node.parallelism, node.name)
-            self._contexts.append((fn, ctx))
+            self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
             def run_process(records: list[Any]) -> None:
@@ -275,7 +276,7 @@ class Chain:
             state = self.keyed_state.setdefault(node.id, {})
             keyed_pending: list[Any] = []
             kctx = KeyedContext(keyed_pending.append, self.subtask_index, node.parallelism, node.name, state)
-            self._contexts.append((fn, kctx))
+            self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
             kprocess = fn.process
             key_fn = node.key_fn
             assert key_fn is not None
@@ -355,8 +356,9 @@ class Chain:
                 sink.restore_state(restored[i])
             elif self.attempt > 0:
                 sink.restore_state(None)  # a restart without a checkpoint: drop earlier attempts' leftovers
-        for fn, ctx in self._contexts:
+        for fn, ctx, flush in self._contexts:
             fn.open(ctx)
+            flush()  # records emitted in open() go out now, as they did before batching
 
     def finish(self) -> None:
         """End of all input: sinks commit, writers flush."""
@@ -366,7 +368,7 @@ class Chain:
             w.flush()
 
     def close(self) -> None:
-        for fn, _ in self._contexts:
+        for fn, _, _ in self._contexts:
             fn.close()
         for sink in self.sinks:
             sink.close()

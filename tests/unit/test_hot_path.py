@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netstack.credit import Buffer, ChannelSender, SendData
-from runtime.api import Job, KeyedProcessFunction
+from runtime.api import Job, KeyedProcessFunction, ProcessFunction
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 from runtime.execution.channels import ChannelReader, Subpartition, split_records
@@ -196,3 +196,22 @@ def test_a_list_too_long_for_the_buffer_is_cut_where_its_records_start():
     for b in buffers[1:]:
         if b.continued_record is not None:  # the record the buffer continues, whole
             assert msgpack.unpackb(b.continued_record, use_list=False) in records
+
+
+class Greeter(ProcessFunction):
+    def open(self, ctx):
+        ctx.emit("hello from open")
+
+    def process(self, record, ctx):
+        ctx.emit(record)
+
+
+def test_records_emitted_in_open_reach_the_sink_at_once():
+    job = Job("t")
+    sink = ListSink()
+    job.source(Source(), parallelism=1).process(Greeter(), parallelism=1).sink(sink, parallelism=1)
+    chain = Chain(job, [n.id for n in job.nodes], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    chain.open()
+    assert sink.out == ["hello from open"]
+    chain.process_batch([1, 2])
+    assert sink.out == ["hello from open", 1, 2]
