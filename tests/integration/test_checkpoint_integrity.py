@@ -1,0 +1,64 @@
+"""Checkpoint integrity on a real cluster: a flipped bit in a state file, a channel-state file or `_metadata`
+makes `--restore` refuse with the file named, and failover skips a corrupt latest checkpoint for the one
+before it, with exact output."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from netstack.errors import RpcError
+from tests.integration.conftest import Cluster
+from tests.integration.test_checkpoints import (
+    cancel,
+    checkpoint_config,
+    install_jobs,
+    read_metadata,
+    start_backpressured,
+    submit,
+    wait_running,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_anywhere_in_a_checkpoint_refuses_the_restore_naming_the_file(
+        running_cluster: Cluster) -> None:
+    cluster = running_cluster
+    install_jobs(cluster)
+    config = checkpoint_config("unaligned", timeout_s=30.0)
+    job_id = start_backpressured(cluster, "cpjobs:slow", config, blocked_s=0.5)
+    result = cluster.call("checkpoint", {"job_id": job_id})
+    assert result["status"] == "COMPLETED", result
+    cancel(cluster, job_id)
+    good = Path(result["path"])
+    files = sorted(p.name for p in good.iterdir())
+    state = next(n for n in files if n.endswith(".state"))
+    channel = next((n for n in files if n.endswith((".in", ".out"))), None)
+    assert channel is not None, f"the checkpoint under backpressure carries no channel state: {files}"
+
+    metadata_text = (good / "_metadata").read_text()
+    duration = metadata_text.index('"duration_s": ') + len('"duration_s": ')
+    # a digit of duration_s: flipping its low bit keeps valid JSON, so only a checksum can tell
+    corruptions = {state: len((good / state).read_bytes()) // 2, channel: len((good / channel).read_bytes()) - 3,
+                   "_metadata": duration}
+    for name, offset in corruptions.items():
+        copy = cluster.tmp_path / f"corrupt-{name.replace('.', '_')}" / good.name
+        shutil.copytree(good, copy)
+        flip_bit(copy / name, offset)
+        with pytest.raises(RpcError) as err:
+            submit(cluster, "cpjobs:slow", config, restore=str(copy))
+        assert str(copy / name) in str(err.value) and "corrupt" in str(err.value), (name, err.value)
+
+    assert read_metadata(good)["format"] == 2
+    restored = submit(cluster, "cpjobs:slow", config, restore=str(good))  # the intact one still restores
+    wait_running(cluster, restored)
+    cancel(cluster, restored)
