@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.integration.test_checkpoints import (
     submit,
     wait_running,
 )
+from tests.integration.test_failover import CHANNELS, Setup, assert_exact_output, install, start
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +64,41 @@ def test_a_flipped_bit_anywhere_in_a_checkpoint_refuses_the_restore_naming_the_f
     restored = submit(cluster, "cpjobs:slow", config, restore=str(good))  # the intact one still restores
     wait_running(cluster, restored)
     cancel(cluster, restored)
+
+
+# -- a restore deletes what was committed after its checkpoint -------------------------------------------------
+
+
+def resubmit(setup: Setup, restore: str) -> str:
+    config: dict[str, Any] = {**CHANNELS, "checkpoint": {"interval_s": None, "mode": "unaligned", "timeout_s": 10}}
+    return str(setup.cluster.call("submit", {"entry": "failjobs:wordcount", "config": config,
+                                              "sys_path": str(setup.cluster.tmp_path), "restore": restore})["job_id"])
+
+
+def committed_by(setup: Setup) -> list[int]:
+    """The checkpoint ids in the committed part files' names (part-<subtask>-<checkpoint>-<attempt>-<n>)."""
+    return sorted(int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-"))
+
+
+def test_restoring_the_last_or_an_older_retained_checkpoint_of_a_finished_job_is_exact(cluster: Cluster) -> None:
+    setup = install(cluster, words=120_000, sink_delay=0.0001)
+    start(cluster, 2)
+    job_id = setup.submit("wordcount", checkpoint={"interval_s": 0.3, "retain": 3})
+    setup.wait_finished(job_id, 120)
+    assert_exact_output(setup)
+    retained = cluster.call("checkpoints", {"job_id": job_id})["retained"]
+    assert len(retained) == 3, retained
+    oldest, last = retained[0], retained[-1]
+    assert any(c > oldest["checkpoint_id"] for c in committed_by(setup)), (
+        f"nothing was committed after the oldest retained checkpoint {oldest}: {committed_by(setup)}")
+
+    # the last checkpoint of the finished job: nothing to redo, nothing doubled
+    again = resubmit(setup, last["path"])
+    setup.wait_finished(again, 120)
+    assert_exact_output(setup)
+
+    # the oldest: what the later checkpoints committed is deleted and produced once more
+    older = resubmit(setup, oldest["path"])
+    st = setup.wait_finished(older, 120)
+    assert st["restored_checkpoint_id"] == oldest["checkpoint_id"], st
+    assert_exact_output(setup)
