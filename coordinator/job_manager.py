@@ -180,6 +180,10 @@ class JobManager:
             if result.get("status") == "COMPLETED":
                 log.info("job %s: final checkpoint %d completed", job.job_id, checkpoint_id)
                 return
+            if result.get("reason") == "job failed":
+                return  # too many failed checkpoints: the failover (already scheduled) takes over
+            # an abort answered at once resolves without suspending: let the failover and the workers run first
+            await asyncio.sleep(0)
 
     def task_finished(self, job: JobRecord, task: str) -> None:
         job.finished_tasks.add(task)

@@ -163,6 +163,7 @@ class Coordinator(BaseLinkHandler):
             "decline_checkpoint": self.rpc_decline_checkpoint,
             "probe_done": self.rpc_probe_done,
             "task_finished": self.rpc_task_finished,
+            "task_ended": self.rpc_task_ended,
             "task_failed": self.rpc_task_failed,
             "job_error": self.rpc_job_error,
             # from clients

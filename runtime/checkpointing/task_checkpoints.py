@@ -138,6 +138,11 @@ class TaskCheckpoints:
             self._final_id = spec.checkpoint_id
         self.checkpointer.mark_first_barrier()
         self.checkpointer.snapshot(spec, unaligned=False)
+        run = self.checkpointer.run
+        if run is not None:
+            run.files["ended"] = "true"  # a marker among its files: restored, the task must not finish() again
+            if self.task.restore is not None and self.task.restore.finished:
+                run.files["finished"] = "true"  # it has no position to store: keep it finished on the next restore
         self.checkpointer.inputs_complete(spec, unaligned=False)
 
     def _on_complete(self, checkpoint_id: int) -> None:

@@ -62,6 +62,7 @@ class LocalCluster:
     link_timeout_s: float = 10.0
     coordinator_host: str = "127.0.0.1"  # 0.0.0.0 when workers run in other network namespaces
     place_worker: Callable[[int], WorkerPlace] | None = None  # default: this namespace, loopback
+    env_overrides: dict[str, str] = field(default_factory=dict)  # e.g. a test's fault hooks, for the next starts
     _worker_args: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     _own_log_dir: bool = False
 
@@ -70,7 +71,7 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        return child_env(self.token, self.workdir or os.getcwd())
+        return child_env(self.token, self.workdir or os.getcwd()) | self.env_overrides
 
     @property
     def token_path(self) -> str:

@@ -99,6 +99,7 @@ class RestoredState:
     inputs: dict[int, bytes] | None = None  # channel id -> whole records
     outputs: dict[str, bytes] | None = None  # subpartition key -> whole records
     finished: bool = False  # the task had finished when the checkpoint was taken: it has nothing left to do
+    ended: bool = False  # it was past its end of input (operators finished): only its last commit is left
 
 
 class CheckpointListener(Protocol):
@@ -228,13 +229,14 @@ class Task:
             self.chain.open()
             self._restore_outputs()
             finished_before = self.restore is not None and self.restore.finished
+            ended_before = finished_before or (self.restore is not None and self.restore.ended)
             if self.source is not None:
-                if not finished_before:  # a finished source must not emit again
+                if not ended_before:  # a source at its end must not emit again
                     await self._run_source()
             else:
                 await self._restore_inputs()
-                await self._run_inputs()  # upstream finished too: only "end" arrives
-            if not finished_before:
+                await self._run_inputs()  # when it had ended, so had its upstream: only "end" arrives
+            if not ended_before:  # operators that emit at the end (aggregates) must not emit twice
                 self.chain.finish()
             for sub in self.subpartitions:
                 sub.add_event(event("end"))

@@ -87,7 +87,7 @@ def load_restored(restore: dict[str, Any], task_key: str, inputs: list[InputChan
     if files.get("finished"):
         return RestoredState(finished=True)  # finished before that checkpoint: nothing to restore or redo
     directory = restore["path"]
-    state = RestoredState()
+    state = RestoredState(ended=bool(files.get("ended")))
     if files.get("state"):
         operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
         state.keyed = keyed_tables(operator)

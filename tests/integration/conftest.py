@@ -28,7 +28,11 @@ class Cluster:
         self.local = LocalCluster(workers=0, state_dir=str(tmp_path / "state"), log_dir=str(self.log_dir),
                                   workdir=str(tmp_path), restart_workers=False)
         self.token = self.local.token
-        self.env = self.local.env
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the processes get (a copy: set `local.env_overrides` to change later starts)."""
+        return self.local.env
 
     @property
     def coordinator(self) -> Managed | None:

@@ -422,3 +422,40 @@ class CoordinatorMachine(RuleBasedStateMachine):
 TestCoordinatorMachine = CoordinatorMachine.TestCase
 TestCoordinatorMachine.settings = settings(max_examples=200, stateful_step_count=60, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- finished tasks (FLIP-147) ------------------------------------------------------------
+
+
+def test_a_task_finishing_while_a_checkpoint_is_pending_counts_as_acknowledged_finished():
+    c = coordinator()
+    c.tick(10.0)
+    assert c.ack(10.1, 1, "sink-0", {"h": "s"}, fig()) == []
+    [write] = c.task_finished(10.2, "map-0")
+    assert isinstance(write, WriteMetadata) and write.checkpoint_id == 1
+    assert write.acks["map-0"]["state"] == {"finished": True}
+    assert write.acks["sink-0"]["state"] == {"h": "s"}
+
+
+def test_checkpoints_after_a_task_finished_need_only_the_running_tasks():
+    c = coordinator()
+    assert c.task_finished(1.0, "map-0") == []
+    assert c.task_finished(1.5, "map-0") == []  # reported twice: no effect
+    assert c.tick(10.0) == [trig(1, 10.0)]
+    [write] = c.ack(10.1, 1, "sink-0", {"h": "s"}, fig())
+    assert write.acks["map-0"]["state"] == {"finished": True}
+    assert NotifyComplete(1) in c.metadata_written(10.2, 1)
+    _, out = c.request(11.0)
+    assert out == [trig(2, 11.0)]
+    [write] = c.ack(11.1, 2, "sink-0", {"h": "s2"}, fig())
+    assert write.checkpoint_id == 2
+
+
+def test_a_finished_task_that_had_acknowledged_keeps_its_real_state():
+    c = coordinator()
+    c.tick(10.0)
+    assert c.ack(10.1, 1, "map-0", {"h": "m"}, fig()) == []
+    assert c.task_finished(10.2, "map-0") == []
+    [write] = c.ack(10.3, 1, "sink-0", {"h": "s"}, fig())
+    assert write.acks["map-0"]["state"] == {"h": "m"}
+    assert c.task_finished(10.4, "nobody") == []

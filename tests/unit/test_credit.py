@@ -574,6 +574,7 @@ class CreditMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.pair: ChannelPair
+        self.blocked_floating: dict[int, int] = {}  # floating buffers a channel held when it was blocked
 
     @initialize(n_channels=st.integers(1, 3), exclusive=st.integers(1, 3), floating=st.integers(0, 4))
     def setup(self, n_channels: int, exclusive: int, floating: int) -> None:
@@ -623,12 +624,28 @@ class CreditMachine(RuleBasedStateMachine):
         if self.pair.held[ch]:
             self.pair.consume(ch)
 
+    @rule(i=st.integers(0, 2))
+    def block(self, i: int) -> None:
+        # an aligned checkpoint took this channel's barrier (the task stops reading it; consuming a buffer
+        # already taken stays allowed)
+        ch = self._ch(i)
+        self.pair.ledger.block(ch)
+        self.blocked_floating.setdefault(ch, self.pair.ledger._channels[ch].floating_held)
+
+    @rule()
+    def unblock_all(self) -> None:
+        self.pair.ledger.unblock_all()
+        self.blocked_floating.clear()
+
     @invariant()
     def invariants_hold(self) -> None:
         self.pair.check()
+        for ch, held_when_blocked in self.blocked_floating.items():
+            assert self.pair.ledger._channels[ch].floating_held <= held_when_blocked, "a blocked channel borrowed"
 
     def teardown(self) -> None:
         if hasattr(self, "pair"):
+            self.pair.ledger.unblock_all()  # every alignment ends
             self.pair.settle()
             self.pair.check_drained()
 
