@@ -4,14 +4,16 @@ before it, with exact output."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from netstack.errors import RpcError
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, poll
 from tests.integration.test_checkpoints import (
     cancel,
     checkpoint_config,
@@ -21,7 +23,15 @@ from tests.integration.test_checkpoints import (
     submit,
     wait_running,
 )
-from tests.integration.test_failover import CHANNELS, Setup, assert_exact_output, install, start
+from tests.integration.test_failover import (
+    CHANNELS,
+    Setup,
+    assert_exact_output,
+    install,
+    sink_placement,
+    start,
+    worker_id_of,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -101,4 +111,42 @@ def test_restoring_the_last_or_an_older_retained_checkpoint_of_a_finished_job_is
     older = resubmit(setup, oldest["path"])
     st = setup.wait_finished(older, 120)
     assert st["restored_checkpoint_id"] == oldest["checkpoint_id"], st
+    assert_exact_output(setup)
+
+
+def test_failover_skips_a_corrupt_latest_checkpoint_for_the_one_before_and_output_is_exact(
+        cluster: Cluster) -> None:
+    setup = install(cluster, words=200_000, sink_delay=0.0003)  # ~30 s, sink-bound
+    start(cluster, 3)
+    job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
+    wait_first = {"records": 0}
+
+    def flowing(at_least: int) -> bool:
+        st = setup.status(job_id)
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
+        wait_first["records"] = sum(t["records_in"] for t in st["tasks"])
+        return len(st["tasks"]) == 4 and wait_first["records"] >= at_least
+
+    poll(lambda: flowing(10_000), 60, "records to flow")
+    first = cluster.call("checkpoint", {"job_id": job_id})
+    assert first["status"] == "COMPLETED", first
+    poll(lambda: flowing(wait_first["records"] + 10_000), 60, "more records after the first checkpoint")
+    second = cluster.call("checkpoint", {"job_id": job_id})
+    assert second["status"] == "COMPLETED", second
+    poll(lambda: second["checkpoint_id"] in committed_by(setup), 30, "the second checkpoint's commit")
+    assert setup.status(job_id)["state"] == "RUNNING", "the job must still run for this test"
+
+    state = sorted(Path(second["path"]).glob("*.state"))[-1]
+    flip_bit(state, len(state.read_bytes()) // 2)
+    victim_id = sink_placement(setup.status(job_id))[0]
+    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    setup.replace_dead_workers()
+
+    st = setup.wait_finished(job_id, 180)
+    assert st["restarts"] == 1, st
+    assert st["restored_checkpoint_id"] == first["checkpoint_id"], st
+    log = cluster.log("coordinator")
+    assert f"skipping checkpoint {second['path']}" in log and state.name in log, log[-3000:]
     assert_exact_output(setup)
