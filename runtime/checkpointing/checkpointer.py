@@ -186,9 +186,11 @@ class TaskCheckpointer:
         run.writes.append(write)
 
         def done(fut: asyncio.Task[Written]) -> None:
-            if fut.cancelled() or self.run is not run:
+            if fut.cancelled():
                 return
-            exc = fut.exception()
+            exc = fut.exception()  # retrieved even for an abandoned run: asyncio would log it as never retrieved
+            if self.run is not run:
+                return
             if exc is not None:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
                 return

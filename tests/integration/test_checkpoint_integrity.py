@@ -150,3 +150,33 @@ def test_failover_skips_a_corrupt_latest_checkpoint_for_the_one_before_and_outpu
     log = cluster.log("coordinator")
     assert f"skipping checkpoint {second['path']}" in log and state.name in log, log[-3000:]
     assert_exact_output(setup)
+
+
+# -- an unwritable checkpoint directory --------------------------------------------------------------------------
+
+
+def test_an_unwritable_checkpoint_directory_declines_checkpoints_in_one_line_and_the_job_goes_on(
+        cluster: Cluster) -> None:
+    setup = install(cluster, words=10_000_000)  # runs for longer than the test
+    state_dir = cluster.tmp_path / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "checkpoints").write_text("a file where the checkpoint directory should be\n")  # root-proof
+    start(cluster, 2)
+    job_id = setup.submit("wordcount", checkpoint={"interval_s": 0.3, "tolerable_failures": 1_000_000})
+
+    def records() -> int:
+        st = setup.status(job_id)
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
+        return sum(t["records_in"] for t in st["tasks"])
+
+    # each declined at once (the checkpoint timeout, 10 s, is not what ends them)
+    poll(lambda: setup.status(job_id)["checkpoints_failed"] >= 5, 20, "five declined checkpoints")
+    before = records()
+    poll(lambda: records() > before + 10_000, 30, "the job to go on processing")
+    st = setup.status(job_id)
+    assert st["checkpoints_completed"] == 0 and st["restarts"] == 0 and st["state"] == "RUNNING", st
+    assert cluster.call("cancel", {"job_id": job_id})["state"] == "CANCELLED"
+    log = cluster.log("coordinator")
+    assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
+    declined = [line for line in log.splitlines() if "cannot create its directory" in line]
+    assert declined and str(state_dir / "checkpoints") in declined[0], log[-3000:]
