@@ -284,6 +284,8 @@ def _print_job(summary: dict[str, Any]) -> None:
     if summary.get("error"):
         print(f"  error: {summary['error']}")
     print(f"  tasks finished {summary['tasks_finished']}/{summary['tasks_total']}")
+    if summary.get("final_checkpoint_id") is not None:
+        print(f"  final checkpoint {summary['final_checkpoint_id']}")
     for t in summary["tasks"]:
         print(f"  {t['task']:<22} {t['state']:<9} in {t['records_in']:>12,} out {t['records_out']:>12,} "
               f"busy {t['busy_s']:7.1f}s idle {t['idle_s']:7.1f}s backpressured {t['backpressured_s']:7.1f}s "

@@ -18,6 +18,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Protocol
 
 import msgpack
@@ -83,6 +84,20 @@ class Subpartition:
         buf += data
         if len(buf) >= self.capacity:
             self._cut(data)
+
+    def append_run(self, data: bytes) -> bool:
+        """Append whole records packed back to back, if they all fit before the next cut.
+
+        Returns False, having appended nothing, when they would reach the capacity: a cut must know where the
+        record it splits starts, so the caller then appends them one by one.
+        """
+        buf = self.buf
+        if len(buf) + len(data) >= self.capacity:
+            return False
+        if self.first < 0:
+            self.first = len(buf)
+        buf += data
+        return True
 
     def _cut(self, last_record: bytes) -> None:
         # A record never starts at or past the first cut (the builder held less
@@ -311,13 +326,14 @@ class ChannelReader:
     must store as the start of that channel's state.
     """
 
-    __slots__ = ("unpacker", "consumed", "_fed", "_recent")
+    __slots__ = ("unpacker", "consumed", "fetched", "_fed", "_recent")
 
     def __init__(self) -> None:
         self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
         # Stream position after the last record the task *processed*. Not unpacker.tell(): that moves into a
         # partly parsed record at the end of a buffer, and past a record fetched but not yet processed.
         self.consumed = 0
+        self.fetched = 0  # stream position after the last record `take` returned
         self._fed = 0
         self._recent: deque[bytes] = deque()  # trailing buffers covering the unconsumed bytes
 
@@ -325,6 +341,23 @@ class ChannelReader:
         self.unpacker.feed(data)
         self._fed += len(data)
         self._recent.append(data)
+
+    def take(self, n: int) -> list[Any]:
+        """Up to `n` whole records, decoded in one call; `fetched` becomes the position after them."""
+        records = list(islice(self.unpacker, n))
+        if len(records) == n:
+            self.fetched = self.unpacker.tell()  # islice stopped without trying a record more: exact
+        elif records:
+            # The unpacker ran out of data: its tell() moved into the partial record it began (if any). Find
+            # the exact end by skipping the same records again in the bytes held since `fetched` (at most
+            # one chunk and a partial record; this happens about once per buffer).
+            pending = self._fed - self.fetched
+            scan = msgpack.Unpacker(raw=False, strict_map_key=False)
+            scan.feed(b"".join(self._recent)[-pending:])
+            for _ in records:
+                scan.skip()
+            self.fetched += scan.tell()
+        return records
 
     def trim(self) -> None:
         """After a buffer is processed: keep only the buffers that still hold unconsumed bytes."""

@@ -1,14 +1,20 @@
-"""Operator chains: the nodes of one task composed into a single per-record function.
+"""Operator chains: the nodes of one task composed into a single function over a list of records.
 
-The chain is built back to front: each operator becomes a small closure
-that calls the next one directly, so a record crosses a whole chain with
-plain function calls and no per-operator queue. The tail of the chain is the
-task's output (record writers) or a sink.
+The chain is built back to front: each operator becomes a small closure that
+runs over a list of records and hands the list of its outputs to the next one,
+so the per-record work is the user's function and little else (a map is one
+`map` call, a process function emits with `list.append`). Every operator sees
+the same records in the same order as with one record at a time; only the
+interleaving of operators inside one list differs, and the task serves
+checkpoints and mail between lists, never inside one. The tail of the chain is
+the task's output (record writers, which pack a list per subpartition in one
+call) or a sink.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import compress
 from typing import Any
 
 import msgpack
@@ -19,7 +25,14 @@ from runtime.execution.channels import Subpartition
 from runtime.graph.partitioning import KeyRouter
 
 Emit = Callable[[Any], None]
+EmitBatch = Callable[[list[Any]], None]
 _MISSING = object()
+
+
+def _array_header_len(n: int) -> int:
+    """Bytes of the msgpack array header for `n` items: packing a list of records is that header followed by
+    each record packed on its own."""
+    return 1 if n < 16 else 3 if n < 0x10000 else 5
 
 
 class RecordWriter:
@@ -33,6 +46,7 @@ class RecordWriter:
         self.router = KeyRouter(max_parallelism, len(subpartitions))
         self._next = subtask_index % len(subpartitions)  # rebalance: start at our own index, spread the load
         self.emit = self._make_emit()
+        self.emit_batch = self._make_emit_batch()
 
     def _make_emit(self) -> Emit:
         pack = msgpack.Packer().pack
@@ -71,6 +85,88 @@ class RecordWriter:
 
         return emit_rebalance
 
+    def _make_emit_batch(self) -> EmitBatch:
+        pack = msgpack.Packer().pack
+        subs = self.subpartitions
+
+        def append_records(sub: Subpartition, records: list[Any]) -> None:
+            # one msgpack call for the whole list, minus its array header
+            if sub.append_run(pack(records)[_array_header_len(len(records)):]):
+                return
+            append = sub.append  # the list crosses a cut: record by record until the cut, then the rest as a run
+            for i, record in enumerate(records):
+                cuts = sub.buffers_out
+                append(pack(record))
+                if sub.buffers_out != cuts:
+                    rest = records[i + 1:]
+                    if rest:
+                        append_records(sub, rest)
+                    return
+
+        if self.partitioner == "forward" or len(subs) == 1:
+            only = subs[0]
+
+            def emit_one(records: list[Any]) -> None:
+                append_records(only, records)
+
+            return emit_one
+        if self.partitioner == "hash":
+            key_fn = self.key_fn
+            assert key_fn is not None
+            route = self.router.route
+            # key -> target, looked up from C (map over dict.__getitem__); the router fills it on a miss
+            cache: dict[Any, int] = {}
+            lookup = cache.__getitem__
+            few = len(subs) <= 8
+            pairs = [(sub, target.__eq__) for target, sub in enumerate(subs)]
+
+            def targets_of(keys: list[Any]) -> list[int]:
+                try:
+                    return list(map(lookup, keys))
+                except (KeyError, TypeError):  # a new key, or an unhashable one (routed without caching)
+                    targets = list(map(route, keys))
+                    if len(cache) > KeyRouter.CACHE_LIMIT:
+                        cache.clear()
+                    for key, target in zip(keys, targets, strict=True):
+                        try:
+                            cache[key] = target
+                        except TypeError:
+                            pass
+                    return targets
+
+            def emit_hash(records: list[Any]) -> None:
+                targets = targets_of(list(map(key_fn, records)))
+                if few:  # one C pass over the targets per subpartition beats a Python loop over the records
+                    for sub, is_target in pairs:
+                        bucket = list(compress(records, map(is_target, targets)))
+                        if bucket:
+                            append_records(sub, bucket)
+                    return
+                buckets: list[list[Any]] = [[] for _ in subs]
+                adds = [b.append for b in buckets]
+                for record, target in zip(records, targets, strict=True):
+                    adds[target](record)
+                for sub, bucket in zip(subs, buckets, strict=True):
+                    if bucket:
+                        append_records(sub, bucket)
+
+            return emit_hash
+        if self.partitioner == "broadcast":
+            def emit_all(records: list[Any]) -> None:
+                for sub in subs:
+                    append_records(sub, records)
+
+            return emit_all
+        n = len(subs)
+
+        def emit_rebalance(records: list[Any]) -> None:
+            start = self._next
+            for j in range(min(n, len(records))):  # record j goes to subpartition (start + j) % n, as one by one
+                append_records(subs[(start + j) % n], records[j::n])
+            self._next = (start + len(records)) % n
+
+        return emit_rebalance
+
     def flush(self) -> None:
         for s in self.subpartitions:
             s.flush()
@@ -90,93 +186,124 @@ class Chain:
         self.sinks: list[Sink] = []
         self.functions: list[ProcessFunction] = []
         self.keyed_state: dict[int, dict[str, dict[Any, Any]]] = {}  # node id -> state name -> key -> value
-        self._contexts: list[tuple[ProcessFunction, Context]] = []
+        # (function, its context, a flush of what it emitted outside a batch: in open())
+        self._contexts: list[tuple[ProcessFunction, Context, Callable[[], None]]] = []
         self._restored_sinks: list[Any] | None = None
-        self.process = self._build()
+        self.process_batch = self._build()
 
-    def _tail(self) -> Emit:
-        emits = [w.emit for w in self.outputs]
+    def process(self, record: Any) -> None:
+        """One record through the chain (restored state, tests); the task uses `process_batch`."""
+        self.process_batch([record])
+
+    def _tail(self) -> EmitBatch:
+        emits = [w.emit_batch for w in self.outputs]
         if not emits:
-            def drop(record: Any) -> None:
+            def drop(records: list[Any]) -> None:
                 pass
 
             return drop
         if len(emits) == 1:
             only = emits[0]
 
-            def emit_counted(record: Any) -> None:
-                self.records_out += 1
-                only(record)
+            def emit_counted(records: list[Any]) -> None:
+                self.records_out += len(records)
+                only(records)
 
             return emit_counted
 
-        def emit_each(record: Any) -> None:
-            self.records_out += 1
+        def emit_each(records: list[Any]) -> None:
+            self.records_out += len(records)
             for e in emits:
-                e(record)
+                e(records)
 
         return emit_each
 
-    def _build(self) -> Emit:
+    def _build(self) -> EmitBatch:
         nxt = self._tail()
         start = 1 if self.nodes[0].kind == "source" else 0
         for node in reversed(self.nodes[start:]):
             nxt = self._wrap(node, nxt)
         return nxt
 
-    def _wrap(self, node: Node, nxt: Emit) -> Emit:
+    @staticmethod
+    def _emit_pending(pending: list[Any], nxt: EmitBatch) -> None:
+        # the next operator consumes the list before returning; keep the same list for the next batch
+        if pending:
+            try:
+                nxt(pending)
+            finally:
+                pending.clear()
+
+    def _wrap(self, node: Node, nxt: EmitBatch) -> EmitBatch:
         kind = node.kind
         fn = node.payload
         if kind == "map":
-            def run_map(record: Any) -> None:
-                nxt(fn(record))
+            def run_map(records: list[Any]) -> None:
+                nxt(list(map(fn, records)))
 
             return run_map
         if kind == "filter":
-            def run_filter(record: Any) -> None:
-                if fn(record):
-                    nxt(record)
+            def run_filter(records: list[Any]) -> None:
+                kept = list(filter(fn, records))
+                if kept:
+                    nxt(kept)
 
             return run_filter
         if kind == "flat_map":
-            def run_flat_map(record: Any) -> None:
-                for out in fn(record):
+            def run_flat_map(records: list[Any]) -> None:
+                out: list[Any] = []
+                extend = out.extend
+                for record in records:
+                    extend(fn(record))
+                if out:
                     nxt(out)
 
             return run_flat_map
+        emit_pending = self._emit_pending
         if kind == "process":
-            ctx = Context(nxt, self.subtask_index, node.parallelism, node.name)
-            self._contexts.append((fn, ctx))
+            pending: list[Any] = []
+            ctx = Context(pending.append, self.subtask_index, node.parallelism, node.name)
+            self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
-            def run_process(record: Any) -> None:
-                process(record, ctx)
+            def run_process(records: list[Any]) -> None:
+                for record in records:
+                    process(record, ctx)
+                emit_pending(pending, nxt)
 
             return run_process
         if kind == "keyed_process":
             state = self.keyed_state.setdefault(node.id, {})
-            kctx = KeyedContext(nxt, self.subtask_index, node.parallelism, node.name, state)
-            self._contexts.append((fn, kctx))
+            keyed_pending: list[Any] = []
+            kctx = KeyedContext(keyed_pending.append, self.subtask_index, node.parallelism, node.name, state)
+            self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
             kprocess = fn.process
             key_fn = node.key_fn
             assert key_fn is not None
 
-            def run_keyed(record: Any) -> None:
-                kctx.current_key = key_fn(record)
-                kprocess(record, kctx)
+            def run_keyed(records: list[Any]) -> None:
+                for record in records:
+                    kctx.current_key = key_fn(record)
+                    kprocess(record, kctx)
+                emit_pending(keyed_pending, nxt)
 
             return run_keyed
         if kind == "reduce":
             table = self.keyed_state.setdefault(node.id, {}).setdefault("reduce", {})
             rkey = node.key_fn
             assert rkey is not None
+            get = table.get
 
-            def run_reduce(record: Any) -> None:
-                key = rkey(record)
-                acc = table.get(key, _MISSING)
-                acc = record if acc is _MISSING else fn(acc, record)
-                table[key] = acc
-                nxt(acc)
+            def run_reduce(records: list[Any]) -> None:
+                out: list[Any] = []
+                add = out.append
+                for record in records:
+                    key = rkey(record)
+                    acc = get(key, _MISSING)
+                    acc = record if acc is _MISSING else fn(acc, record)
+                    table[key] = acc
+                    add(acc)
+                nxt(out)
 
             return run_reduce
         if kind == "sink":
@@ -186,16 +313,18 @@ class Chain:
             if sink.delay_per_record_s > 0:
                 throttle = sink.throttle
 
-                def run_slow_sink(record: Any) -> None:
-                    self.records_out += 1
-                    write(record)
-                    throttle()
+                def run_slow_sink(records: list[Any]) -> None:
+                    for record in records:
+                        self.records_out += 1
+                        write(record)
+                        throttle()
 
                 return run_slow_sink
 
-            def run_sink(record: Any) -> None:
-                self.records_out += 1
-                write(record)
+            def run_sink(records: list[Any]) -> None:
+                self.records_out += len(records)
+                for record in records:
+                    write(record)
 
             return run_sink
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
@@ -227,8 +356,9 @@ class Chain:
                 sink.restore_state(restored[i])
             elif self.attempt > 0:
                 sink.restore_state(None)  # a restart without a checkpoint: drop earlier attempts' leftovers
-        for fn, ctx in self._contexts:
+        for fn, ctx, flush in self._contexts:
             fn.open(ctx)
+            flush()  # records emitted in open() go out now, as they did before batching
 
     def finish(self) -> None:
         """End of all input: sinks commit, writers flush."""
@@ -238,7 +368,7 @@ class Chain:
             w.flush()
 
     def close(self) -> None:
-        for fn, _ in self._contexts:
+        for fn, _, _ in self._contexts:
             fn.close()
         for sink in self.sinks:
             sink.close()

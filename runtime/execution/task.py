@@ -1,14 +1,19 @@
 """A running subtask: its input gate, operator chain, outputs and mailbox.
 
-The hot loop takes one input buffer at a time, decodes it with the input
-channel's msgpack Unpacker (which also joins records that span buffers) and
-calls the chain once per record, with no await per record. Before each
-record it checks two things: is the output blocked (a subpartition queue at
-its limit) and is there mail (barriers, checkpoint triggers and
-notifications, probes, cancellation). Only then does it await, so a
-backpressured task still answers its mailbox within one record's time, and
-never starts a record it has no output buffer for (a started record may
-overdraw its buffer; the queue limit is soft by one).
+The hot loop takes one input buffer at a time, decodes its records with the
+input channel's msgpack Unpacker (which also joins records that span buffers)
+a chunk at a time, and runs the chain once per chunk, with no await per
+record. Before each chunk it checks two things: is the output blocked (a
+subpartition queue at its limit) and is there mail (barriers, checkpoint
+triggers and notifications, probes, cancellation). Only then does it await,
+so a backpressured task still answers its mailbox within one chunk's time, and
+never starts a chunk it has no output buffer for (a started chunk may overdraw
+its buffer; the queue limit is soft by one chunk).
+
+The chunk size adapts to the cost of a record: it doubles while a chunk takes
+less than CHUNK_S / 4 and halves when one takes more than CHUNK_S, up to
+MAX_CHUNK. Cheap records go a few hundred per call; slow ones (a throttled
+sink) one at a time, exactly as before, so mail is never kept waiting.
 """
 
 from __future__ import annotations
@@ -33,6 +38,17 @@ log = logging.getLogger("sluice.task")
 
 YIELD_AFTER_S = 0.002
 SOURCE_BATCH = 512
+CHUNK_S = 0.0005  # the longest a chunk of records should keep mail waiting
+MAX_CHUNK = 256  # keeps a chunk's output (and so the overdraft of a blocked output) well under one buffer
+
+
+def _next_chunk(chunk: int, took_s: float) -> int:
+    """The next chunk size, from how long the last chunk took (see the module docstring)."""
+    if took_s > CHUNK_S:
+        return chunk // 2 or 1
+    if took_s < CHUNK_S / 4 and chunk < MAX_CHUNK:
+        return chunk * 2
+    return chunk
 
 
 class TaskCancelled(Exception):
@@ -155,7 +171,7 @@ class Task:
         self._restored_readers: dict[int, ChannelReader] = {}
         self._probes: ProbeTracker | None = None
         self._overtaken_out = 0
-        self._stride = 64
+        self._chunk = 1  # records per chain call; adapts, see the module docstring
         # called with (task, probe_id, overtaken output buffers, overtaken input buffers) when a probe completes
         self.on_probe_complete: Callable[[Task, int, int, int], None] = lambda *args: None
         # called once the task has processed all its input and sent "end" downstream
@@ -389,10 +405,12 @@ class Task:
                 if not skipped:
                     break
                 skip -= len(skipped)
-        emit = self.chain.process
+        emit = self.chain.process_batch
         output = self.output
         mailbox = self.mailbox
-        last_yield = time.monotonic()
+        monotonic = time.monotonic
+        chunk = self._chunk
+        last_yield = monotonic()
         while True:
             self._batch_position = source.position()
             self._batch_emitted = 0
@@ -403,22 +421,28 @@ class Task:
             if batch is None:
                 return
             if not batch:
-                t0 = time.monotonic()
+                t0 = monotonic()
                 await self._wait(source.idle_wait_s())
-                self.idle_s += time.monotonic() - t0
+                self.idle_s += monotonic() - t0
                 continue
-            for i, record in enumerate(batch):
+            i, n = 0, len(batch)
+            while i < n:
                 if output.blocked or mailbox:
                     self._batch_emitted = i  # a checkpoint taken now resumes at record i of this batch
                     await self._between_records()
-                emit(record)
-            self.records_in += len(batch)
-            now = time.monotonic()
+                j = i + chunk
+                t0 = monotonic()
+                emit(batch[i:j] if i or j < n else batch)
+                chunk = _next_chunk(chunk, monotonic() - t0)
+                i = j
+            self.records_in += n
+            now = monotonic()
             if now - last_yield > YIELD_AFTER_S:
                 self._batch_position = source.position()
                 self._batch_emitted = 0
+                self._chunk = chunk
                 await asyncio.sleep(0)  # let the network and other tasks on this worker run
-                last_yield = time.monotonic()
+                last_yield = monotonic()
 
     # -- tasks with inputs --------------------------------------------------------------
 
@@ -452,41 +476,37 @@ class Task:
         reader.trim()
 
     async def _process_records(self, reader: ChannelReader) -> None:
-        unpacker = reader.unpacker
-        tell = unpacker.tell
-        consumed = reader.consumed
-        process = self.chain.process
+        take = reader.take
+        process = self.chain.process_batch
         output = self.output
         mailbox = self.mailbox
+        monotonic = time.monotonic
+        chunk = self._chunk
         n = 0
         # Yield to the event loop about every YIELD_AFTER_S of work, so network callbacks (credit, priority
-        # events) get in even while records are slow. The clock is read every `stride` records, and the
-        # stride adapts to the cost of a record so that fast records pay almost nothing for the check.
-        stride = self._stride
-        countdown = stride
-        last_yield = time.monotonic()
-        for record in unpacker:
+        # events) get in even while records are slow.
+        last_yield = monotonic()
+        while True:
+            records = take(chunk)
+            if not records:
+                break
             if output.blocked or mailbox:
-                reader.consumed = consumed  # a snapshot taken now must keep `record`: it is not processed yet
+                # reader.consumed is still the position before `records`: a snapshot taken now keeps them
+                self._chunk = chunk
                 await self._between_records()
-            process(record)
-            consumed = tell()
-            n += 1
-            countdown -= 1
-            if not countdown:
-                now = time.monotonic()
-                elapsed = now - last_yield
-                if elapsed > YIELD_AFTER_S:
-                    stride = max(1, stride // 2)
-                    self.records_in += n
-                    n = 0
-                    await asyncio.sleep(0)
-                    last_yield = time.monotonic()
-                elif elapsed < YIELD_AFTER_S / 4 and stride < 4096:
-                    stride *= 2
-                countdown = stride
-        reader.consumed = consumed
-        self._stride = stride
+            t0 = monotonic()
+            process(records)
+            now = monotonic()
+            reader.consumed = reader.fetched
+            n += len(records)
+            chunk = _next_chunk(chunk, now - t0)
+            if now - last_yield > YIELD_AFTER_S:
+                self.records_in += n
+                n = 0
+                self._chunk = chunk
+                await asyncio.sleep(0)
+                last_yield = monotonic()
+        self._chunk = chunk
         self.records_in += n
 
     def _on_inband_event(self, channel_id: int, ev: Event) -> None:

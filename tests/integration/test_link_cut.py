@@ -72,7 +72,9 @@ def test_cut_link_times_out_job_restarts_and_output_is_exact(cluster: Cluster, l
     finally:
         healed_after = lab.heal(0, 1)
     detection_s = time.monotonic() - cut_at
-    assert healed_after >= LINK_TIMEOUT_S - 0.2 and detection_s < LINK_TIMEOUT_S + 3, detection_s
+    # silence is counted from the last byte heard, and a ping goes out after a third of the timeout of
+    # silence: the link may already have been quiet that long when it was cut
+    assert healed_after >= LINK_TIMEOUT_S * 2 / 3 - 0.2 and detection_s < LINK_TIMEOUT_S + 3, detection_s
 
     st = setup.wait_finished(job_id, timeout_s=180)
     assert st["restarts"] >= 1, st
