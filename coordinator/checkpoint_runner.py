@@ -136,12 +136,20 @@ class CheckpointRunner:
             fut.set_result({"checkpoint_id": checkpoint_id, **result})
 
     async def _trigger(self, ins: Trigger) -> None:
-        if ins.savepoint:
-            assert ins.directory is not None
-            directory = await asyncio.to_thread(self.storage.savepoint_dir, ins.directory, self.job_id,
-                                                ins.checkpoint_id)
-        else:
-            directory = await asyncio.to_thread(self.storage.checkpoint_dir, self.job_id, ins.checkpoint_id)
+        try:
+            if ins.savepoint:
+                assert ins.directory is not None
+                directory = await asyncio.to_thread(self.storage.savepoint_dir, ins.directory, self.job_id,
+                                                    ins.checkpoint_id)
+            else:
+                directory = await asyncio.to_thread(self.storage.checkpoint_dir, self.job_id, ins.checkpoint_id)
+        except (OSError, ValueError) as exc:
+            # an unwritable state directory declines this checkpoint (NotifyAborted logs one line with the
+            # reason); the job goes on, and tolerable_failures decides when it has had enough
+            why = (f"cannot create its directory under {exc.filename}: {exc.strerror}"
+                   if isinstance(exc, OSError) and exc.strerror else str(exc))
+            self.execute(self.coordinator.storage_failed(time.monotonic(), ins.checkpoint_id, why))
+            return
         self.directories[ins.checkpoint_id] = directory
         args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": ins.checkpoint_id,
                 "mode": ins.mode, "aligned_timeout_s": ins.aligned_timeout_s, "savepoint": ins.savepoint,

@@ -336,6 +336,14 @@ class CheckpointCoordinator:
             return []
         return self._abort(now, cp, f"declined by {task}: {reason}")
 
+    def storage_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
+        """The coordinator could not prepare the checkpoint's storage (its directory cannot be created): it is
+        declined before any task took part, and counts as failed like any abort."""
+        cp = self._accepting(checkpoint_id, "decline")
+        if cp is None:
+            return []
+        return self._abort(now, cp, f"checkpoint storage failed: {reason}")
+
     def task_failed(self, now: float, reason: str) -> list[Instruction]:
         if self._job_failed:
             return []

@@ -80,6 +80,7 @@ class JobManager:
         """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
         try:
             metadata = await asyncio.to_thread(self.storage.read_metadata, path)
+            await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
         saved = [(v["name"], v["parallelism"]) for v in metadata.get("vertices", [])]
@@ -282,12 +283,24 @@ class JobManager:
             await asyncio.sleep(delay)
 
     async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> None:
-        latest = await asyncio.to_thread(self.storage.latest, job.job_id)
-        path = latest[1] if latest is not None else job.restored_from
-        if not path:
+        """The newest retained checkpoint that is intact; a corrupt one is skipped (and logged) for the one
+        before it, down to the checkpoint the job was submitted with."""
+        completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
+        candidates = [p for _, p in reversed(completed)] + ([job.restored_from] if job.restored_from else [])
+        if not candidates:
             job.restored_checkpoint_id = None
             return  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
-        plan.config["restore"] = await self.restore_spec(path, plan)
+        for path in candidates[:-1]:
+            try:
+                plan.config["restore"] = await self.restore_spec(path, plan)
+                break
+            except RpcError as exc:
+                if exc.remote_type != "CorruptCheckpoint":
+                    raise
+                log.error("job %s: skipping checkpoint %s for an older one: %s", job.job_id, path, exc)
+        else:
+            path = candidates[-1]
+            plan.config["restore"] = await self.restore_spec(path, plan)
         job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
         log.info("job %s: attempt %d restores checkpoint %s", job.job_id, job.attempt, path)
 

@@ -226,6 +226,9 @@ class Coordinator(BaseLinkHandler):
             plan.config["restore"] = await self.manager.restore_spec(str(restore_path), plan)
             job.restored_from = str(restore_path)
             job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
+            # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore
+            # deletes those of ids after it, so an id must never be reused along one line of restores
+            job.next_checkpoint_id = job.restored_checkpoint_id + 1
         job.plan = plan
         log.info("job %s (%s) submitted: %d tasks", job_id, entry, job.total_tasks())
         self.manager.add(job)

@@ -9,7 +9,10 @@ filesystem or object store can implement it later. Layout:
 
 `_metadata` is written last and atomically, so a directory without it is not
 a completed checkpoint and is ignored (it is what a crash mid-checkpoint
-leaves behind).
+leaves behind). Format 2 carries a CRC-32 and size of every task file (in
+each ack's `state.checksums`) and a `checksum` of its own body (the document
+without that field, serialised as written), so `verify` finds a flipped bit
+anywhere in a checkpoint before it is restored.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import re
 import shutil
 from typing import Any, Protocol
 
+from runtime.common.checksums import checksum, mismatch
 from runtime.common.files import write_atomically
 
 METADATA_FILE = "_metadata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+TASK_FILES = ("state", "in", "out")  # the keys of an ack's state that name a file in the checkpoint
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
 
 
@@ -40,6 +45,8 @@ class CheckpointStorage(Protocol):
     def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str: ...
 
     def read_metadata(self, path: str) -> dict[str, Any]: ...
+
+    def verify(self, path: str, metadata: dict[str, Any]) -> None: ...
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]: ...
 
@@ -96,6 +103,7 @@ class LocalCheckpointStorage:
         if problem is not None:
             raise ValueError(f"refusing to write checkpoint metadata to {directory}: {problem}")
         # Serialise before touching the disk, so unserialisable state leaves nothing behind.
+        doc["checksum"] = checksum(_body(doc))
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
         final = os.path.join(directory, METADATA_FILE)
         write_atomically(final, data)
@@ -123,7 +131,33 @@ class LocalCheckpointStorage:
         problem = check_shape(doc)
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: {problem}")
+        recorded = doc.pop("checksum", None)
+        problem = mismatch(_body(doc), recorded)
+        if problem is not None:
+            raise CorruptCheckpoint(f"{path}: checkpoint metadata is corrupt: {problem}")
         return doc
+
+    def verify(self, path: str, metadata: dict[str, Any]) -> None:
+        """Check every task file the metadata names against its recorded checksum; raises CorruptCheckpoint
+        naming the first file that is missing or differs."""
+        directory = path if os.path.isdir(path) else os.path.dirname(path)
+        for task, ack in sorted(metadata["acks"].items()):
+            state = ack.get("state") or {}
+            sums = state.get("checksums") or {}
+            for kind in TASK_FILES:
+                name = state.get(kind)
+                if not name:
+                    continue
+                file = os.path.join(directory, str(name))
+                try:
+                    with open(file, "rb") as f:
+                        data = f.read()
+                except OSError as e:
+                    raise CorruptCheckpoint(f"{file}: cannot read checkpoint file of task {task}: "
+                                            f"{e.strerror}") from None
+                problem = mismatch(data, sums.get(name))
+                if problem is not None:
+                    raise CorruptCheckpoint(f"{file}: checkpoint file of task {task} is corrupt: {problem}")
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]:
         """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""
@@ -155,6 +189,12 @@ class LocalCheckpointStorage:
             os.unlink(os.path.join(path, METADATA_FILE))
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(path)
+
+
+def _body(doc: dict[str, Any]) -> bytes:
+    """What the metadata's own checksum covers: the document without its `checksum` field, serialised the one
+    way `write_metadata` does (sorted keys), so a reader recomputes exactly the bytes that were summed."""
+    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
 
 
 def _safe_name(job_id: str) -> str:

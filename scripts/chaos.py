@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/chaos.py [--runs 5] [--rows 2000000] [--mode unaligned|aligned_timeout]
     .venv/bin/python scripts/chaos.py --kills 0 --link-cuts 2 [--link-timeout 2]   # as root: cut links
+    .venv/bin/python scripts/chaos.py --kills 0 --coordinator-kills 2   # kill the coordinator, resubmit, restore
 
 Prints each run's figures and a summary (medians of checkpoint and restart times); exits 1 if any run's
 output was not exact.
@@ -45,6 +46,8 @@ def main() -> int:
     parser.add_argument("--link-cuts", type=int, default=0,
                         help="cut this many worker-to-worker links per run (workers in network namespaces; root)")
     parser.add_argument("--link-timeout", type=float, default=2.0, help="the workers' --link-timeout in seconds")
+    parser.add_argument("--coordinator-kills", type=int, default=0,
+                        help="SIGKILL the coordinator this many times per run; a new one restores the job")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-chaos-")
     failures = 0
@@ -54,9 +57,9 @@ def main() -> int:
     for run in range(1, args.runs + 1):
         settings = ChaosSettings(workdir=workdir, rows=args.rows, keys=args.keys, mode=args.mode, kills=args.kills,
                                  sink_delay_s=args.sink_delay, link_cuts=args.link_cuts,
-                                 link_timeout_s=args.link_timeout)
+                                 link_timeout_s=args.link_timeout, coordinator_kills=args.coordinator_kills)
         print(f"run {run}/{args.runs}: {args.rows:,} rows, {args.mode}, {args.kills} kills, "
-              f"{args.link_cuts} link cuts", flush=True)
+              f"{args.link_cuts} link cuts, {args.coordinator_kills} coordinator kills", flush=True)
         t0 = time.monotonic()
         result = run_chaos(settings, log=lambda line: print(line, flush=True), seed=run)
         all_checkpoints += result.checkpoint_s

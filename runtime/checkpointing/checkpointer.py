@@ -186,9 +186,11 @@ class TaskCheckpointer:
         run.writes.append(write)
 
         def done(fut: asyncio.Task[Written]) -> None:
-            if fut.cancelled() or self.run is not run:
+            if fut.cancelled():
                 return
-            exc = fut.exception()
+            exc = fut.exception()  # retrieved even for an abandoned run: asyncio would log it as never retrieved
+            if self.run is not run:
+                return
             if exc is not None:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
                 return
@@ -219,7 +221,13 @@ class TaskCheckpointer:
         self.last_start_delay_s = figures["start_delay_s"]
         self.last_inflight_bytes = run.inflight_bytes
         self.inflight_bytes_total += run.inflight_bytes
-        self.on_ack(self.task, run.spec, dict(run.files), figures)
+        files: dict[str, Any] = dict(run.files)
+        # from the writes themselves: another write's done callback may ack before this one's has run
+        checksums = {os.path.basename(w.result().path): w.result().checksum for w in run.writes
+                     if not w.cancelled() and w.exception() is None}
+        if checksums:
+            files["checksums"] = checksums
+        self.on_ack(self.task, run.spec, files, figures)
 
     def abandon(self, checkpoint_id: int, reason: str) -> None:
         run = self.run

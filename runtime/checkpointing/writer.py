@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runtime.common.checksums import checksum
 from runtime.common.files import write_atomically
 
 
@@ -25,6 +26,7 @@ class Written:
     path: str
     bytes: int
     seconds: float
+    checksum: dict[str, int]  # CRC-32 and size, recorded in `_metadata` so a restore can verify the file
 
 
 class CheckpointWriter:
@@ -62,7 +64,8 @@ class CheckpointWriter:
             try:
                 data = produce()
                 _durable_write(path, data)
-                result: Written | BaseException = Written(path, len(data), time.monotonic() - t0)
+                result: Written | BaseException = Written(path, len(data), time.monotonic() - t0,
+                                                               checksum(data))
                 self.bytes_written += len(data)
                 self.files_written += 1
             except BaseException as exc:  # handed to the waiting task

@@ -7,6 +7,10 @@ killed workers again, runs the job with checkpoints every `interval_s`, kills wo
 finally checks the committed output with Spark (`sluice data verify`). The schedule always includes a
 kill while a checkpoint is in flight and a kill of a worker that hosts the sink; the rest are random.
 
+A coordinator kill (`kill_coordinator`) SIGKILLs the coordinator mid-job, starts a new one on the same
+state directory and port (the workers re-register by themselves), and resubmits the job with `--restore` from
+the latest complete checkpoint on disk; the output must still verify exactly.
+
 A link cut (`LinkCutFault`) runs each worker in its own namespace (runtime/cli/netns.py), silences the veth
 pair between two workers that host tasks, and heals it once the job has noticed (the link timeout fired
 and the job left RUNNING); it records how long detection and the restart took.
@@ -49,6 +53,7 @@ class ChaosSettings:
     job_timeout_s: float = 900.0
     link_cuts: int = 0  # > 0: workers run in network namespaces and this many worker-to-worker links are cut
     link_timeout_s: float = 2.0
+    coordinator_kills: int = 0  # SIGKILL the coordinator this many times; the job is resubmitted with a restore
 
 
 @dataclass
@@ -165,6 +170,47 @@ class LinkCutFault:
             f"{self.link_timeout_s}s); last completed checkpoint #{self._open['last_checkpoint']}")
 
 
+def latest_complete_checkpoint(state_dir: str, job_id: str) -> tuple[int, str] | None:
+    """The newest `chk-<n>` of the job with a `_metadata` (written last: without it, not a checkpoint)."""
+    job_dir = os.path.join(state_dir, "checkpoints", job_id)
+    found = []
+    for name in os.listdir(job_dir) if os.path.isdir(job_dir) else []:
+        number = name.removeprefix("chk-")
+        if name.startswith("chk-") and number.isdigit() and os.path.isfile(os.path.join(job_dir, name, "_metadata")):
+            found.append((int(number), os.path.join(job_dir, name)))
+    return max(found) if found else None
+
+
+async def kill_coordinator(cluster: LocalCluster, job_id: str, config: dict[str, Any],
+                           log: Callable[[str], None], t0: float) -> tuple[str, dict[str, Any]]:
+    """SIGKILL the coordinator, start a new one on the same state directory and port, and resubmit the job
+    restoring its latest complete checkpoint; returns the new job's id and what happened."""
+    assert cluster.coordinator is not None and cluster.state_dir is not None
+    killed_at = time.monotonic()
+    old = cluster.coordinator
+    port = cluster.rpc[1]
+    os.kill(old.pid, signal.SIGKILL)
+    await asyncio.to_thread(old.proc.wait, 10)
+    latest = latest_complete_checkpoint(cluster.state_dir, job_id)
+    log(f"  [{killed_at - t0:5.1f}s] kill -9 coordinator (pid {old.pid}); latest complete checkpoint "
+        f"{f'#{latest[0]}' if latest else 'none'}")
+    # the same port: the workers' heartbeat loops dial it again and re-register
+    await asyncio.to_thread(cluster.start_coordinator, "--port", str(port))
+    await cluster.wait_workers(60.0)
+    args: dict[str, Any] = {"entry": "runtime.examples.wordcount:build_parquet", "name": "chaos-wordcount",
+                            "config": config, "sys_path": os.getcwd()}
+    if latest is not None:
+        args["restore"] = latest[1]
+    submitted = await cluster.call("submit", args)
+    record = {"at_s": round(killed_at - t0, 2), "kind": "coordinator", "old_job": job_id,
+              "new_job": submitted["job_id"], "restored_checkpoint": latest[0] if latest else None,
+              "resubmitted_after_s": round(time.monotonic() - killed_at, 2)}
+    log(f"  [{time.monotonic() - t0:5.1f}s] new coordinator pid {cluster.coordinator.pid}; job resubmitted as "
+        f"{submitted['job_id']} restoring checkpoint #{record['restored_checkpoint']} "
+        f"{record['resubmitted_after_s']:.2f}s after the kill")
+    return str(submitted["job_id"]), record
+
+
 async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
                    log: Callable[[str], None], lab: NetnsLab | None = None) -> ChaosResult:
     checkpoint = {"interval_s": settings.interval_s, "mode": settings.mode, "timeout_s": 30.0,
@@ -180,6 +226,7 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     job_id = submitted["job_id"]
     t0 = time.monotonic()
     plan = (["in-flight", "sink"] + ["random"] * max(0, settings.kills - 2))[: settings.kills]
+    plan += ["coordinator"] * settings.coordinator_kills
     rng.shuffle(plan)
     result = ChaosResult(ok=False, verify={}, state="RUNNING")
     next_kill_after = t0 + rng.uniform(1.0, 2.5)
@@ -208,6 +255,14 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                 and not (link_cut and link_cut.busy)):
             kind = plan[0]
             victim_id = None
+            if kind == "coordinator":
+                job_id, record = await kill_coordinator(cluster, job_id, config, log, t0)
+                result.kills.append(record)
+                plan.pop(0)
+                attempt, seen_checkpoints = 0, 0  # a new job: its own attempts and checkpoint counts
+                next_kill_after = time.monotonic() + rng.uniform(1.5, 3.5)
+                await asyncio.sleep(0.05)
+                continue
             # victims host tasks of the job: killing an idle standby would not test recovery
             hosts = sorted(set(status.get("placement", {}).values())) or [w.fields["id"] for w in cluster.worker_procs]
             if kind == "sink":

@@ -137,16 +137,24 @@ class ParquetSource(Source):
 class FileSink(Sink):
     """Part files of JSON lines (or Parquet with format='parquet') under `path`, committed exactly once.
 
-    Two-phase: records go to hidden in-progress files (`.part-…inprogress`).
-    At a checkpoint's snapshot the current file is closed and becomes pending
-    for that checkpoint; when the checkpoint completes, every file pending up
-    to it is committed by an atomic rename to `part-<subtask>-<attempt>-<n>.<ext>`.
-    A pending file of an aborted checkpoint waits for the next completed one.
-    On restore, commits of the restored checkpoint are redone (a rename that
-    already happened is skipped) and every other in-progress file of this
-    subtask is deleted: its records will be produced again. At the end of a
-    bounded input the current file is closed; the checkpoint the task takes
-    after its end of input pre-commits and then commits it.
+    Two-phase: records go to hidden in-progress files
+    (`.part-<subtask>-<attempt>-<n>.<ext>.inprogress`). At a checkpoint's
+    snapshot the current file is closed and becomes pending for that
+    checkpoint, which also names it: when a checkpoint completes, every file
+    pending up to it is committed by an atomic rename to
+    `part-<subtask>-<checkpoint:06d>-<attempt>-<n>.<ext>`. A pending file of an
+    aborted checkpoint keeps its name and waits for the next completed one
+    (whose snapshot lists it as pending too). `n` counts on over every file of
+    the subtask, so names stay unique across attempts and resubmissions.
+
+    On restore from checkpoint K, commits of K are redone (a rename that
+    already happened is skipped), and everything this subtask wrote after K
+    is deleted: committed files named by a checkpoint after K (an older
+    retained checkpoint, or the last one of a finished job, is restored
+    without duplicates) and every other in-progress file, whose records will
+    be produced again. At the end of a bounded input the current file is
+    closed; the checkpoint the task takes after its end of input pre-commits
+    and then commits it.
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", rolling_bytes: int = 64 * 1024 * 1024,
@@ -167,25 +175,29 @@ class FileSink(Sink):
         self._rows: list[Any] = []
         self._bytes = 0
         self._file: Any = None
-        self._written: list[list[str]] = []  # [hidden, final] closed or open since the last snapshot
+        self._written: list[list[str]] = []  # [hidden, committed name's tail], since the last snapshot
         self._pending: list[list[Any]] = []  # [checkpoint id, hidden, final], pre-committed
 
     def _next_free_part(self) -> int:
-        """Part numbers go on after every file of this subtask and attempt already there: a job submitted with a
-        restore runs attempt 0 again, and a commit must never replace a file committed before."""
-        prefix = f"part-{self.subtask_index}-{self.attempt}-"
+        """Part numbers go on after every file of this subtask already there, of any attempt: a job submitted
+        with a restore runs attempt 0 again, and a commit must never replace a file committed before."""
         last = -1
         for name in os.listdir(self.path):
-            name = name.removeprefix(".")
-            number = name[len(prefix):].split(".", 1)[0] if name.startswith(prefix) else ""
-            if number.isdigit():
-                last = max(last, int(number))
+            parsed = _parse_part(name, self.subtask_index)
+            if parsed is not None:
+                last = max(last, parsed[1])
         return last + 1
 
+    def _ext(self) -> str:
+        return "jsonl" if self.format == "jsonl" else "parquet"
+
     def _names(self) -> tuple[str, str]:
-        ext = "jsonl" if self.format == "jsonl" else "parquet"
-        base = f"part-{self.subtask_index}-{self.attempt}-{self._part}.{ext}"
-        return os.path.join(self.path, f".{base}.inprogress"), os.path.join(self.path, base)
+        """The in-progress file and its committed name without the checkpoint (filled in at the snapshot)."""
+        hidden = f".part-{self.subtask_index}-{self.attempt}-{self._part}.{self._ext()}.inprogress"
+        return os.path.join(self.path, hidden), f"{self.attempt}-{self._part}.{self._ext()}"
+
+    def _final(self, checkpoint_id: int, tail: str) -> str:
+        return os.path.join(self.path, f"part-{self.subtask_index}-{checkpoint_id:06d}-{tail}")
 
     def write(self, record: Any) -> None:
         if self.format == "parquet":
@@ -201,9 +213,9 @@ class FileSink(Sink):
         if not self._lines:
             return
         if self._file is None:
-            hidden, final = self._names()
+            hidden, tail = self._names()
             self._file = open(hidden, "w", encoding="utf-8")  # noqa: SIM115 - open across writes, closed on roll
-            self._written.append([hidden, final])
+            self._written.append([hidden, tail])
         self._file.write("\n".join(self._lines) + "\n")
         self._lines = []
         if self._bytes >= self.rolling_bytes:
@@ -230,9 +242,9 @@ class FileSink(Sink):
         else:
             width = len(first)
             table = pa.table({f"f{i}": [r[i] for r in self._rows] for i in range(width)})
-        hidden, final = self._names()
+        hidden, tail = self._names()
         pq.write_table(table, hidden)
-        self._written.append([hidden, final])
+        self._written.append([hidden, tail])
         self._rows = []
         self._part += 1
 
@@ -252,9 +264,9 @@ class FileSink(Sink):
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
         self._close_current()
-        self._pending += [[checkpoint_id, hidden, final] for hidden, final in self._written]
+        self._pending += [[checkpoint_id, hidden, self._final(checkpoint_id, tail)] for hidden, tail in self._written]
         self._written = []
-        return {"pending": [list(p) for p in self._pending]}
+        return {"pending": [list(p) for p in self._pending], "checkpoint": checkpoint_id}
 
     def commit(self, checkpoint_id: int) -> None:
         keep = []
@@ -266,12 +278,19 @@ class FileSink(Sink):
         self._pending = keep
 
     def restore_state(self, state: Any) -> None:
-        for _, hidden, final in (state or {}).get("pending", []):
+        state = state or {}
+        for _, hidden, final in state.get("pending", []):
             self._publish(hidden, final)  # that checkpoint completed: its commit is (re)done
-        prefix = f".part-{self.subtask_index}-"
+        restored = state.get("checkpoint")
         for name in os.listdir(self.path):
-            if name.startswith(prefix) and name.endswith(".inprogress"):
-                os.remove(os.path.join(self.path, name))  # written after the restored checkpoint
+            parsed = _parse_part(name, self.subtask_index)
+            if parsed is None:
+                continue
+            checkpoint, _ = parsed
+            # in-progress (never committed), or committed by a checkpoint after the restored one: either way
+            # its records come after the restored checkpoint and will be produced again
+            if checkpoint is None or (restored is not None and checkpoint > restored):
+                os.remove(os.path.join(self.path, name))
 
     def finish(self) -> None:
         self._close_current()
@@ -281,9 +300,24 @@ class FileSink(Sink):
         if self._file is not None:
             self._file.close()
             self._file = None
-        for hidden, _ in self._written:
+        for hidden, _tail in self._written:
             try:
                 os.remove(hidden)
             except FileNotFoundError:
                 pass
         self._written = []
+
+
+def _parse_part(name: str, subtask: int) -> tuple[int | None, int] | None:
+    """(checkpoint, n) of a part file of `subtask`: checkpoint None for an in-progress file; None for a file
+    that is not one of the subtask's (another subtask's, or anything else in the directory)."""
+    hidden = name.startswith(".") and name.endswith(".inprogress")
+    stem = name.removeprefix(".").split(".", 1)[0]
+    fields = stem.split("-")
+    if fields[0] != "part" or not all(f.isdigit() for f in fields[1:]) or fields[1:2] != [str(subtask)]:
+        return None
+    if hidden and len(fields) == 4:  # .part-<subtask>-<attempt>-<n>.<ext>.inprogress
+        return None, int(fields[3])
+    if not hidden and not name.startswith(".") and len(fields) == 5:  # part-<subtask>-<checkpoint>-<attempt>-<n>
+        return int(fields[2]), int(fields[4])
+    return None

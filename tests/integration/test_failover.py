@@ -202,10 +202,10 @@ def expected_counts(words: int) -> Counter[str]:
     return counts
 
 
-def part_order(path: Path) -> tuple[int, int, int]:
-    # part-<subtask>-<attempt>-<n>.jsonl
-    _, subtask, attempt, n = path.name.split(".")[0].split("-")
-    return int(subtask), int(attempt), int(n)
+def part_order(path: Path) -> tuple[int, int]:
+    # part-<subtask>-<checkpoint>-<attempt>-<n>.jsonl: n counts on over the subtask's files, in write order
+    _, subtask, _checkpoint, _attempt, n = path.name.split(".")[0].split("-")
+    return int(subtask), int(n)
 
 
 def assert_exact_output(setup: Setup) -> None:

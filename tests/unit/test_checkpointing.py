@@ -243,6 +243,16 @@ def test_metadata_failure_aborts():
                                                                       DiscardCheckpoint(1, reason)]
 
 
+def test_storage_failure_before_any_ack_aborts_and_counts_as_failed():
+    c = coordinator(timeout_s=5.0, tolerable_failures=5)
+    c.tick(10.0)
+    reason = "checkpoint storage failed: cannot create its directory under /x: Not a directory"
+    assert c.storage_failed(10.1, 1, "cannot create its directory under /x: Not a directory") == [
+        NotifyAborted(1, reason), DiscardCheckpoint(1, reason)]
+    assert c.statistics().failed == 1
+    assert c.storage_failed(10.2, 1, "again") == []  # no longer in flight
+
+
 def test_late_duplicate_and_unknown_messages_are_ignored():
     c = coordinator(timeout_s=5.0, tolerable_failures=5)
     c.tick(10.0)

@@ -50,8 +50,8 @@ def test_round_trip_with_format_version(storage):
     path = storage.checkpoint_dir("job-a", 1)
     written = storage.write_metadata(path, meta(1))
     assert written == os.path.join(path, METADATA_FILE)
-    assert storage.read_metadata(path) == {"format": 1, **meta(1)}
-    assert storage.read_metadata(written) == {"format": 1, **meta(1)}
+    assert storage.read_metadata(path) == {"format": 2, **meta(1)}
+    assert storage.read_metadata(written) == {"format": 2, **meta(1)}
 
 
 def test_atomic_write_leaves_no_temp_files_and_replaces(storage):
@@ -73,8 +73,8 @@ def test_wrong_shape_is_refused_on_write(storage):
     path = storage.checkpoint_dir("job-a", 1)
     with pytest.raises(ValueError, match="checkpoint_id"):
         storage.write_metadata(path, {"acks": {}})
-    with pytest.raises(ValueError, match="unsupported metadata format 2"):
-        storage.write_metadata(path, {**meta(1), "format": 2})
+    with pytest.raises(ValueError, match="unsupported metadata format 1"):
+        storage.write_metadata(path, {**meta(1), "format": 1})
     assert os.listdir(path) == []
 
 
@@ -85,9 +85,10 @@ def test_wrong_shape_is_refused_on_write(storage):
     (b"\xff\xfe garbage", "truncated or not JSON"),
     (b"[1, 2]", "expected a JSON object, got list"),
     (b'{"checkpoint_id": 1, "acks": {}}', "no 'format' version field"),
-    (b'{"format": 2, "checkpoint_id": 1, "acks": {}}', "unsupported metadata format 2"),
-    (b'{"format": 1, "checkpoint_id": "1", "acks": {}}', "'checkpoint_id' must be an integer"),
-    (b'{"format": 1, "checkpoint_id": 1, "acks": []}', "'acks' must be an object"),
+    (b'{"format": 1, "checkpoint_id": 1, "acks": {}}', "unsupported metadata format 1"),
+    (b'{"format": 2, "checkpoint_id": 1, "acks": {}}', "no usable checksum"),
+    (b'{"format": 2, "checkpoint_id": "1", "acks": {}}', "'checkpoint_id' must be an integer"),
+    (b'{"format": 2, "checkpoint_id": 1, "acks": []}', "'acks' must be an object"),
 ])
 def test_corrupt_metadata_names_the_path(storage, content, message):
     path = storage.checkpoint_dir("job-a", 1)
@@ -167,4 +168,31 @@ def test_discard_refuses_paths_it_did_not_name(storage, tmp_path):
 def test_metadata_is_readable_json_with_format_first_class(storage):
     path = complete(storage, "job-a", 1)
     with open(os.path.join(path, METADATA_FILE)) as f:
-        assert json.load(f)["format"] == 1
+        assert json.load(f)["format"] == 2
+
+
+def test_a_flipped_bit_in_metadata_or_a_task_file_is_found_and_named(storage):
+    """Every byte of a checkpoint is covered: the metadata by its own checksum, task files by theirs."""
+    from runtime.common.checksums import checksum
+
+    path = storage.checkpoint_dir("job-a", 1)
+    state = b"\x81\xa6format\x01" * 10
+    with open(os.path.join(path, "1-0.state"), "wb") as f:
+        f.write(state)
+    acks = {"1:0": {"state": {"state": "1-0.state", "checksums": {"1-0.state": checksum(state)}}, "figures": {}}}
+    storage.write_metadata(path, {"checkpoint_id": 1, "acks": acks})
+    storage.verify(path, storage.read_metadata(path))  # intact
+    flipped = bytearray(state)
+    flipped[7] ^= 0x10
+    with open(os.path.join(path, "1-0.state"), "wb") as f:
+        f.write(bytes(flipped))
+    with pytest.raises(CorruptCheckpoint, match=r"1-0\.state.*CRC-32"):
+        storage.verify(path, storage.read_metadata(path))
+    metadata = os.path.join(path, METADATA_FILE)
+    with open(metadata, "rb") as f:
+        data = bytearray(f.read())
+    data[data.index(b'"checkpoint_id": 1') + len('"checkpoint_id": ')] ^= 0x02  # 1 -> 3: still valid JSON
+    with open(metadata, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="metadata is corrupt"):
+        storage.read_metadata(path)
