@@ -174,6 +174,7 @@ class JobManager:
         """Every task ended: take checkpoints until one completes (its commit finishes the tasks), unless the
         attempt ends first. Aborts count against tolerable_failures like any other."""
         attempt = job.attempt
+        pause_s = 0.05  # doubles up to 2 s: a checkpoint that fails at once (full disk) must not spin the loop
         while job.state == JobState.RUNNING and job.attempt == attempt and job.checkpoints is not None:
             checkpoint_id, fut = job.checkpoints.request()
             result = await fut
@@ -183,7 +184,8 @@ class JobManager:
             if result.get("reason") == "job failed":
                 return  # too many failed checkpoints: the failover (already scheduled) takes over
             # an abort answered at once resolves without suspending: let the failover and the workers run first
-            await asyncio.sleep(0)
+            await asyncio.sleep(pause_s)
+            pause_s = min(2.0, pause_s * 2)
 
     def task_finished(self, job: JobRecord, task: str) -> None:
         job.finished_tasks.add(task)
