@@ -157,7 +157,7 @@ class CheckpointRunner:
         try:
             await asyncio.gather(*(link.call("trigger_checkpoint", args, timeout_s=10.0) for link in self._links()))
         except NetstackError as exc:
-            self.decline(ins.checkpoint_id, "trigger", str(exc))
+            self.execute(self.coordinator.trigger_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
 
     async def _write_metadata(self, ins: WriteMetadata) -> None:
         directory = self.directories.get(ins.checkpoint_id)

@@ -344,6 +344,14 @@ class CheckpointCoordinator:
             return []
         return self._abort(now, cp, f"checkpoint storage failed: {reason}")
 
+    def trigger_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
+        """A worker could not be told to take the checkpoint (its RPC failed): the checkpoint cannot complete,
+        so it is aborted now rather than at its timeout, and counts as failed like any abort."""
+        cp = self._accepting(checkpoint_id, "decline")
+        if cp is None:
+            return []
+        return self._abort(now, cp, f"trigger failed: {reason}")
+
     def task_failed(self, now: float, reason: str) -> list[Instruction]:
         if self._job_failed:
             return []

@@ -253,6 +253,16 @@ def test_storage_failure_before_any_ack_aborts_and_counts_as_failed():
     assert c.storage_failed(10.2, 1, "again") == []  # no longer in flight
 
 
+def test_a_failed_trigger_aborts_the_checkpoint_at_once():
+    c = coordinator(timeout_s=5.0, tolerable_failures=5)
+    c.tick(10.0)
+    reason = "trigger failed: connection to worker-2 lost"
+    assert c.trigger_failed(10.1, 1, "connection to worker-2 lost") == [NotifyAborted(1, reason),
+                                                                        DiscardCheckpoint(1, reason)]
+    assert c.statistics().failed == 1
+    assert c.trigger_failed(10.2, 1, "again") == []  # no longer in flight
+
+
 def test_late_duplicate_and_unknown_messages_are_ignored():
     c = coordinator(timeout_s=5.0, tolerable_failures=5)
     c.tick(10.0)
