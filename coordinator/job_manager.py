@@ -83,15 +83,24 @@ class JobManager:
             await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        saved = [(v["name"], v["parallelism"]) for v in metadata.get("vertices", [])]
-        ours = [(v.name, v.parallelism) for v in plan.vertices]
+        saved = [v["name"] for v in metadata.get("vertices", [])]
+        ours = [v.name for v in plan.vertices]
         if saved != ours:
             raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
                            "IncompatibleCheckpoint")
+        # same tasks, maybe at other parallelisms: the workers redistribute the state (checkpointing/rescaling.py)
+        old = {int(v["id"]): int(v["parallelism"]) for v in metadata["vertices"]}
+        for edge in plan.edges:
+            up, down = plan.vertices[edge.up], plan.vertices[edge.down]
+            if edge.partitioner == "broadcast" and (old[up.id] != up.parallelism or old[down.id] != down.parallelism):
+                raise RpcError(f"checkpoint {path}: the broadcast edge {up.name} -> {down.name} cannot be restored "
+                               "at another parallelism yet; keep both sides at their checkpointed parallelism",
+                               "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
                                                                     else os.path.dirname(path)))
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
-                "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}}
+                "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
+                "parallelism": {str(vid): p for vid, p in old.items()}}
 
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job
