@@ -15,7 +15,7 @@ forward edge everything of old pair (j, j) goes to new pair (j mod q, j mod q). 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -100,11 +100,13 @@ def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *
 # -- sources and sinks -----------------------------------------------------------------------------------------
 
 
-def rescale_source(states: list[Any], new_parallelism: int) -> list[Any]:
+def rescale_source(states: list[Any], new_parallelism: int,
+                   lanes_of: Callable[[Any, int, int, int], list[list[int]]] = position_lanes) -> list[Any]:
     """Old subtasks' source states ([position, emitted] each, None for one that had finished) -> new ones
-    ([{"lanes": ...}, 0]): every unit left is read by exactly one new subtask (connectors/source.py)."""
+    ([{"lanes": ...}, 0]): every unit left is read by exactly one new subtask (connectors/source.py).
+    `lanes_of` is the source's `lanes` (its positions' own format -> lanes)."""
     old_parallelism = len(states)
-    lanes = [position_lanes(s[0], int(s[1]), j, old_parallelism) if s else [] for j, s in enumerate(states)]
+    lanes = [lanes_of(s[0], int(s[1]), j, old_parallelism) if s else [] for j, s in enumerate(states)]
     return [[{"lanes": mine}, 0] for mine in rescale_lanes(lanes, new_parallelism)]
 
 

@@ -104,6 +104,11 @@ class _UnitSource(Source):
             return [(lanes[0][0] - self.subtask_index) // self.parallelism, lanes[0][1]]
         return self._lanes.snapshot()
 
+    def lanes(self, position: Any, emitted: int, subtask_index: int, parallelism: int) -> list[list[int]]:
+        if isinstance(position, list):  # [index in the subtask's own units, item] -> global unit
+            position = [subtask_index + int(position[0]) * parallelism, position[1]]
+        return position_lanes(position, emitted, subtask_index, parallelism)
+
     def restore(self, position: Any) -> None:
         if isinstance(position, dict):
             lanes = position_lanes(position, 0, self.subtask_index, self.parallelism)

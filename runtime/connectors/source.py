@@ -39,6 +39,11 @@ class Source:
     def close(self) -> None:
         pass
 
+    def lanes(self, position: Any, emitted: int, subtask_index: int, parallelism: int) -> list[list[int]]:
+        """What old subtask `subtask_index` of `parallelism` had left, as lanes (below), from its checkpointed
+        position and the records of the batch after it already emitted. Only for `rescalable` sources."""
+        return position_lanes(position, emitted, subtask_index, parallelism)
+
 
 # -- lanes: how a split-based source's remaining input is redistributed when its parallelism changes --------
 #

@@ -133,7 +133,8 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
         if head.kind == "source":
             if not getattr(head.payload, "rescalable", False):
                 raise RescaleError(f"source {type(head.payload).__name__} cannot be split at another parallelism")
-            state.source = rescale_source([o.get("source") if o else None for o in operators], q)[subtask]
+            state.source = rescale_source([o.get("source") if o else None for o in operators], q,
+                                          head.payload.lanes)[subtask]
         state.sinks = rescale_sinks([o.get("sinks") if o else None for o in operators], q, subtask,
                                     int(restore["checkpoint_id"]))
     by_key = {ch.key: ch.channel_id for ch in inputs}

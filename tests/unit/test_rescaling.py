@@ -4,11 +4,13 @@ key's state on the subtask the runtime routes that key to."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
 import msgpack
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.checkpointing.rescaling import (
@@ -21,6 +23,7 @@ from runtime.checkpointing.rescaling import (
     rescale_source,
 )
 from runtime.checkpointing.snapshots import decode_operator_state, encode_operator_state, keyed_tables
+from runtime.connectors.files import JsonLinesSource
 from runtime.connectors.generator import BLOCK, GeneratorSource
 from runtime.graph.partitioning import KeyRouter
 
@@ -167,7 +170,7 @@ def test_broadcast_channel_state_is_refused() -> None:
 # -- sources: every record read exactly once across any number of rescales ------------------------------------
 
 
-def read_some(source: GeneratorSource, batches: int, batch: int) -> tuple[list[Any], Any]:
+def read_some(source: Any, batches: int, batch: int) -> tuple[list[Any], Any]:
     """Read `batches` batches; stop in the middle of the last like a checkpoint between records would:
     returns what was emitted and the state the task stores ([position before the batch, emitted of it])."""
     out: list[Any] = []
@@ -231,3 +234,49 @@ def test_sink_pending_files_are_each_committed_by_one_new_subtask() -> None:
             cleaned = [j for states in new for j in states[0]["subtasks"]]
             assert sorted(cleaned) == list(range(old_p))
             assert all(states[1] is None and states[0]["checkpoint"] == 5 for states in new)
+
+
+@pytest.fixture(scope="module")
+def json_input(tmp_path_factory: Any) -> tuple[str, list[Any]]:
+    """Seven JSON lines files of different lengths, with blank lines (not records, but lines) in them."""
+    directory = tmp_path_factory.mktemp("jsonl")
+    records = []
+    for f in range(7):
+        lines = []
+        for n in range(f * 13 % 40):
+            records.append([f, n])
+            lines.append(json.dumps([f, n]))
+            if n % 5 == 0:
+                lines.append("")
+        (directory / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(directory), [tuple(r) for r in records]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(parallelisms, min_size=2, max_size=4), st.data())
+def test_json_lines_files_are_read_once_across_rescales(json_input: Any, ps: list[int], data: Any) -> None:
+    path, records = json_input
+    emitted: list[Any] = []
+    states: list[Any] = [[None, 0]] * ps[0]
+    for step, p in enumerate(ps):
+        if step:
+            states = rescale_source(states, p, JsonLinesSource(path).lanes)
+        last = step == len(ps) - 1
+        new_states = []
+        for i in range(p):
+            source = JsonLinesSource(path)
+            source.open(i, p)
+            position, skip = states[i]
+            if position is not None:
+                source.restore(position)
+                while skip > 0:
+                    skipped = source.read_batch(skip)
+                    if not skipped:
+                        break
+                    skip -= len(skipped)
+            batches = 10**6 if last else data.draw(st.integers(min_value=0, max_value=4))
+            got, state = read_some(source, batches, data.draw(st.integers(min_value=1, max_value=30)))
+            emitted += got
+            new_states.append(state)
+        states = new_states
+    assert Counter(emitted) == Counter(records)
