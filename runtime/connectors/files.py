@@ -100,7 +100,8 @@ class _UnitSource(Source):
 
     def position(self) -> Any:
         lanes = self._lanes.lanes
-        if len(lanes) == 1 and lanes[0][3] == self.parallelism and lanes[0][2] == 0:
+        if (len(lanes) == 1 and lanes[0][3] == self.parallelism and lanes[0][2] == 0
+                and (lanes[0][0] - self.subtask_index) % self.parallelism == 0):  # the subtask's own units
             return [(lanes[0][0] - self.subtask_index) // self.parallelism, lanes[0][1]]
         return self._lanes.snapshot()
 

@@ -252,7 +252,7 @@ def json_input(tmp_path_factory: Any) -> tuple[str, list[Any]]:
     return str(directory), [tuple(r) for r in records]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(parallelisms, min_size=2, max_size=4), st.data())
 def test_json_lines_files_are_read_once_across_rescales(json_input: Any, ps: list[int], data: Any) -> None:
     path, records = json_input
