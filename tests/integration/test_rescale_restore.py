@@ -55,10 +55,10 @@ def expected_counts() -> Counter[str]:
 
 
 def submit(cluster: Cluster, config: dict[str, Any], restore: str | None = None,
-           parallelism: int | None = None, entry: str = "rescalejobs:wordcount") -> str:
+           parallelism: int | dict[str, int] | None = None, entry: str = "rescalejobs:wordcount") -> str:
     config = dict(config)
     if parallelism is not None:
-        config["parallelism"] = {"*": parallelism}
+        config["parallelism"] = {"*": parallelism} if isinstance(parallelism, int) else parallelism
     args: dict[str, Any] = {"entry": entry, "name": "wordcount", "config": config, "sys_path": str(cluster.tmp_path)}
     if restore is not None:
         args["restore"] = restore
@@ -90,7 +90,6 @@ def checkpoint_with_inflight_data(cluster: Cluster, job_id: str) -> str:
 def test_unaligned_checkpoint_restored_at_3_then_at_1_gives_exact_output(running_cluster: Cluster) -> None:
     cluster = running_cluster
     out = install_jobs(cluster)
-    expected = expected_counts()
     config = checkpoint_config("unaligned", timeout_s=30.0)
 
     first = submit(cluster, config)
@@ -112,6 +111,11 @@ def test_unaligned_checkpoint_restored_at_3_then_at_1_gives_exact_output(running
     assert final["state"] == "FINISHED", (final, logs(cluster))
     assert final["restored_from"] == at_3, final
 
+    check_exact(out)
+
+
+def check_exact(out: Path) -> None:
+    expected = expected_counts()
     poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
     counts, _ = committed_output(out)
     assert set(counts) == set(expected), set(counts) ^ set(expected)
@@ -121,6 +125,34 @@ def test_unaligned_checkpoint_restored_at_3_then_at_1_gives_exact_output(running
             f"{sorted(n for n, c in Counter(ns).items() if c > 1)[:10]}, missing "
             f"{sorted(set(range(1, expected[key] + 1)) - set(ns))[:10]}")
     assert sum(len(v) for v in counts.values()) == WORDS
+
+
+@pytest.mark.integration
+def test_only_the_consumers_rescaled_then_a_savepoint_restored_at_1(running_cluster: Cluster) -> None:
+    """The keyed count and its sink go 2 -> 3 while the source stays at 2 (its queued output moves to the
+    new consumers, its position stays its own); then a savepoint of that run is restored at parallelism 1."""
+    cluster = running_cluster
+    out = install_jobs(cluster)
+    config = checkpoint_config("unaligned", timeout_s=30.0)
+
+    first = submit(cluster, config)
+    wait_backpressured(cluster, first, 4)
+    at_2 = checkpoint_with_inflight_data(cluster, first)
+    cancel(cluster, first)
+
+    second = submit(cluster, config, restore=at_2, parallelism={"Count": 3, "FileSink": 3})
+    wait_backpressured(cluster, second, 5)
+    sp_root = cluster.tmp_path / "state" / "savepoints"
+    result = cluster.call("checkpoint", {"job_id": second, "savepoint": True, "directory": str(sp_root)})
+    assert result["status"] == "COMPLETED", (result, logs(cluster))
+    assert read_metadata(result["path"])["savepoint"] is True
+    assert [v["parallelism"] for v in read_metadata(result["path"])["vertices"]] == [2, 3]
+    cancel(cluster, second)
+
+    third = submit(cluster, config, restore=result["path"], parallelism=1, entry="rescalejobs:wordcount_fast")
+    final = cluster.wait_job(third, timeout_s=180)
+    assert final["state"] == "FINISHED", (final, logs(cluster))
+    check_exact(out)
 
 
 @pytest.mark.integration
