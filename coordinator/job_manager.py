@@ -38,7 +38,7 @@ from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.graph.enums import JobState
-from runtime.graph.plan import JobLoadError, Plan
+from runtime.graph.plan import JobLoadError, Plan, build_job
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -90,6 +90,19 @@ class JobManager:
                            "IncompatibleCheckpoint")
         # same tasks, maybe at other parallelisms: the workers redistribute the state (checkpointing/rescaling.py)
         old = {int(v["id"]): int(v["parallelism"]) for v in metadata["vertices"]}
+        changed = [v for v in plan.vertices if old[v.id] != v.parallelism]
+        if changed:
+            try:
+                job = build_job(plan.entry, plan.name, plan.config.get("parallelism"))  # imported already: cheap
+            except (JobLoadError, JobDefinitionError) as exc:
+                raise RpcError(str(exc), type(exc).__name__) from None
+            for vertex in changed:
+                head = job.nodes[vertex.nodes[0]]
+                if head.kind == "source" and not getattr(head.payload, "rescalable", False):
+                    raise RpcError(f"checkpoint {path}: source {head.name} ({type(head.payload).__name__}) cannot "
+                                   f"be restored at parallelism {vertex.parallelism} (checkpointed at "
+                                   f"{old[vertex.id]}): it does not split its input into lanes",
+                                   "IncompatibleCheckpoint")
         for edge in plan.edges:
             up, down = plan.vertices[edge.up], plan.vertices[edge.down]
             if edge.partitioner == "broadcast" and (old[up.id] != up.parallelism or old[down.id] != down.parallelism):

@@ -21,7 +21,8 @@ from tests.integration.test_checkpoints import cancel, checkpoint_config, histor
 # than the channels hold (so a checkpoint there has data in flight); the last run, at parallelism 1, uses the
 # same graph (same task names) with a sink that does not wait, so the test does not.
 JOBS = """
-from runtime.api import FileSink, GeneratorSource, Job
+from runtime.api import DiscardSink, FileSink, GeneratorSource, Job
+from runtime.connectors.source import Source
 from runtime.examples.wordcount import Count
 
 OUT = {out!r}
@@ -36,6 +37,38 @@ def wordcount(job: Job, delay: float = 0.0002) -> None:
 
 def wordcount_fast(job: Job) -> None:
     wordcount(job, 0.0)
+
+
+class Ticks(Source):
+    # a position that is just a number: it cannot say what another parallelism should read
+
+    bounded = False
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self.n = 0
+
+    def read_batch(self, max_records: int) -> list:
+        self.n += 1
+        return [("k", self.n)]
+
+    def idle_wait_s(self) -> float:
+        return 0.01
+
+    def position(self) -> int:
+        return self.n
+
+    def restore(self, position: int) -> None:
+        self.n = int(position)
+
+
+def ticks(job: Job) -> None:
+    job.source(Ticks(), parallelism=2).key_by(lambda r: r[0]).process(Count(), parallelism=2).sink(DiscardSink())
+
+
+def fanout(job: Job) -> None:
+    (job.source(GeneratorSource(count=None, keys=10, seed=1, records_per_second=500), parallelism=2)
+        .broadcast().map(lambda r: r, parallelism=2).sink(DiscardSink()))
 """
 WORDS, KEYS, SEED = 300_000, 200, 11
 
@@ -163,3 +196,25 @@ def test_unknown_operator_in_parallelism_is_one_clear_error(running_cluster: Clu
         cluster.call("submit", {"entry": "rescalejobs:wordcount", "config": {"parallelism": {"Nope": 2}},
                                 "sys_path": str(cluster.tmp_path)})
     assert "Nope" in str(err.value) and "Count" in str(err.value), err.value
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("entry,expected", [("rescalejobs:ticks", "source Ticks"),
+                                            ("rescalejobs:fanout", "broadcast edge GeneratorSource -> map")])
+def test_what_cannot_be_rescaled_yet_is_refused_naming_it(running_cluster: Cluster, entry: str,
+                                                          expected: str) -> None:
+    cluster = running_cluster
+    install_jobs(cluster)
+    config = checkpoint_config("unaligned", timeout_s=30.0)
+    job_id = submit(cluster, config, entry=entry)
+    poll(lambda: cluster.call("status", {"job_id": job_id})["state"] == "RUNNING", 60, f"job {job_id} to run")
+    result = cluster.call("checkpoint", {"job_id": job_id})
+    assert result["status"] == "COMPLETED", (result, logs(cluster))
+    cancel(cluster, job_id)
+    with pytest.raises(RpcError) as err:
+        submit(cluster, config, restore=result["path"], parallelism=3, entry=entry)
+    assert expected in str(err.value) and "\n" not in str(err.value), err.value
+    # the same checkpoint at its own parallelism still restores
+    again = submit(cluster, config, restore=result["path"], entry=entry)
+    poll(lambda: cluster.call("status", {"job_id": again})["state"] == "RUNNING", 60, f"job {again} to run")
+    cancel(cluster, again)
