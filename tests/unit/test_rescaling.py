@@ -25,6 +25,8 @@ from runtime.checkpointing.rescaling import (
 from runtime.checkpointing.snapshots import decode_operator_state, encode_operator_state, keyed_tables
 from runtime.connectors.files import JsonLinesSource
 from runtime.connectors.generator import BLOCK, GeneratorSource
+from runtime.connectors.sinks import DiscardSink
+from runtime.examples.wordcount import Count
 from runtime.graph.partitioning import KeyRouter
 
 parallelisms = st.integers(min_value=1, max_value=9)
@@ -280,3 +282,45 @@ def test_json_lines_files_are_read_once_across_rescales(json_input: Any, ps: lis
             new_states.append(state)
         states = new_states
     assert Counter(emitted) == Counter(records)
+
+
+# -- --parallelism -------------------------------------------------------------------------------------------
+
+
+def small_job(job: Any) -> None:
+    (job.source(GeneratorSource(count=10), parallelism=2).key_by(lambda r: r[0]).process(Count(), parallelism=2)
+        .sink(DiscardSink()))
+
+
+def test_parallelism_overrides_every_operator_or_one_by_name() -> None:
+    from runtime.api import Job
+    from runtime.graph.plan import apply_parallelism, chain_graph
+
+    job = Job("t")
+    small_job(job)
+    apply_parallelism(job, {"*": 3, "GeneratorSource": 1})
+    vertices, edges = chain_graph(job)
+    assert [(v.name, v.parallelism) for v in vertices] == [("GeneratorSource", 1), ("Count -> DiscardSink", 3)]
+    assert edges[0].partitioner == "hash"
+
+
+def test_parallelism_override_errors_are_one_line() -> None:
+    from runtime.api import Job, JobDefinitionError
+    from runtime.cli.main import _parallelism
+    from runtime.graph.plan import apply_parallelism
+
+    for overrides, words in (({"Nope": 2}, ["Nope", "Count"]), ({"*": 0}, ["1..128"]),
+                             ({"Count": 3}, [])):
+        job = Job("t")
+        small_job(job)
+        if not words:  # Count at 3, its chained sink still at 2: a rebalance between them, not an error
+            apply_parallelism(job, overrides)
+            continue
+        with pytest.raises(JobDefinitionError) as err:
+            apply_parallelism(job, overrides)
+        assert all(w in str(err.value) for w in words) and "\n" not in str(err.value), err.value
+    assert _parallelism("4") == ("*", 4) and _parallelism("Count=2") == ("Count", 2)
+    for bad in ("0", "x", "=3", "Count=", "Count=-1"):
+        with pytest.raises(Exception) as caught:
+            _parallelism(bad)
+        assert bad in str(caught.value)
