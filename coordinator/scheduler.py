@@ -24,7 +24,7 @@ def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str
     Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
     """
     ensure_on_path(sys_path)  # the submitter's directory, as on the workers
-    job = build_job(entry, name)
+    job = build_job(entry, name, config.get("parallelism"))
     vertices, edges = chain_graph(job)
     if not workers:
         raise JobDefinitionError("no workers are registered")

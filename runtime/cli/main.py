@@ -83,6 +83,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
     c.add_argument("--retain", type=_positive, default=3, help="completed checkpoints kept (3)")
     c.add_argument("--restore", metavar="PATH", help="start from this checkpoint or savepoint directory")
+    p.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", default=[],
+                   help="run every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism; "
+                        "with --restore the checkpoint is redistributed to it")
     r = p.add_argument_group("restarts after a failure")
     r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
     r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
@@ -137,7 +140,19 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
                            "retain": args.retain},
             "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
-                        "delay_s": args.restart_delay}}
+                        "delay_s": args.restart_delay},
+            **({"parallelism": dict(args.parallelism)} if args.parallelism else {})}
+
+
+def _parallelism(text: str) -> tuple[str, int]:
+    name, sep, value = text.rpartition("=")
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1 or (sep and not name):
+        raise argparse.ArgumentTypeError(f"expected N or NAME=N with N a positive integer, got {text!r}")
+    return (name if sep else "*"), n
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 Sources split their input across subtasks in fixed units (a file for JSON
 lines, a row group for Parquet), unit u going to subtask u mod p, and keep a
-position (unit, row) that a checkpoint can store.
+position (unit, row) that a checkpoint can store; restored at another
+parallelism they read the lanes handed to them (source.py).
 
 The sink writes part files. A file being written is hidden (its name starts
 with a dot), so readers such as Spark never see half a file; it becomes
@@ -17,7 +18,7 @@ import os
 from typing import Any
 
 from runtime.connectors.sinks import Sink
-from runtime.connectors.source import Source
+from runtime.connectors.source import LaneReader, Source, position_lanes
 
 
 class MissingDependency(RuntimeError):
@@ -48,90 +49,121 @@ def list_input_files(path: str, suffixes: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
-class JsonLinesSource(Source):
+class _UnitSource(Source):
+    """Reads units (files, row groups) by lanes (source.py): unit u of the sorted list belongs to subtask
+    u mod p unless a rescaled restore handed out other lanes. Positions are [unit, item] in the subtask's
+    own sequence, or {"lanes": ...} after a rescale."""
+
+    rescalable = True
+
+    def _list_units(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _load(self, unit: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _is_record(self, item: Any) -> bool:
+        return True
+
+    def _records(self, items: list[Any]) -> list[Any]:
+        return list(items)
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self._units = self._list_units()
+        self._lanes = LaneReader([[subtask_index, 0, 0, parallelism]])
+        self._items: list[Any] = []
+        self._items_unit: int | None = None
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        while True:
+            lane = self._lanes.current()
+            if lane is None:
+                return None
+            if lane[0] >= len(self._units):
+                self._lanes.drop(lane)
+                continue
+            if self._items_unit != lane[0]:
+                self._items = self._load(self._units[lane[0]])
+                self._items_unit = lane[0]
+            while lane[2] > 0 and lane[1] < len(self._items):  # records already emitted before a rescale
+                lane[2] -= self._is_record(self._items[lane[1]])
+                lane[1] += 1
+            lane[2] = 0
+            chunk = self._items[lane[1] : lane[1] + max_records]
+            lane[1] += len(chunk)
+            if lane[1] >= len(self._items):
+                self._lanes.advance(lane)
+            out = self._records(chunk)
+            if out:
+                return out
+
+    def position(self) -> Any:
+        lanes = self._lanes.lanes
+        if (len(lanes) == 1 and lanes[0][3] == self.parallelism and lanes[0][2] == 0
+                and (lanes[0][0] - self.subtask_index) % self.parallelism == 0):  # the subtask's own units
+            return [(lanes[0][0] - self.subtask_index) // self.parallelism, lanes[0][1]]
+        return self._lanes.snapshot()
+
+    def lanes(self, position: Any, emitted: int, subtask_index: int, parallelism: int) -> list[list[int]]:
+        if isinstance(position, list):  # [index in the subtask's own units, item] -> global unit
+            position = [subtask_index + int(position[0]) * parallelism, position[1]]
+        return position_lanes(position, emitted, subtask_index, parallelism)
+
+    def restore(self, position: Any) -> None:
+        if isinstance(position, dict):
+            lanes = position_lanes(position, 0, self.subtask_index, self.parallelism)
+        else:  # [index in this subtask's own units, item]
+            lanes = [[self.subtask_index + int(position[0]) * self.parallelism, int(position[1]), 0,
+                      self.parallelism]]
+        self._lanes = LaneReader(lanes)
+        self._items_unit = None
+
+
+class JsonLinesSource(_UnitSource):
     """One JSON value per line; JSON arrays become tuples. Files are split across subtasks."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def open(self, subtask_index: int, parallelism: int) -> None:
-        super().open(subtask_index, parallelism)
-        files = list_input_files(self.path, (".json", ".jsonl", ".ndjson"))
-        self._files = files[subtask_index::parallelism]
-        self._unit = 0
-        self._line = 0
-        self._lines: list[str] | None = None
+    def _list_units(self) -> list[Any]:
+        return list_input_files(self.path, (".json", ".jsonl", ".ndjson"))
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
-        while True:
-            if self._unit >= len(self._files):
-                return None
-            if self._lines is None:
-                with open(self._files[self._unit], encoding="utf-8") as f:
-                    self._lines = f.read().splitlines()
-            if self._line < len(self._lines):
-                chunk = self._lines[self._line : self._line + max_records]
-                self._line += len(chunk)
-                out = []
-                for text in chunk:
-                    if text.strip():
-                        value = json.loads(text)
-                        out.append(tuple(value) if isinstance(value, list) else value)
-                return out
-            self._unit += 1
-            self._line = 0
-            self._lines = None
+    def _load(self, unit: Any) -> list[Any]:
+        with open(unit, encoding="utf-8") as f:
+            return f.read().splitlines()
 
-    def position(self) -> Any:
-        return [self._unit, self._line]
+    def _is_record(self, item: Any) -> bool:
+        return bool(item.strip())
 
-    def restore(self, position: Any) -> None:
-        self._unit, self._line = int(position[0]), int(position[1])
-        self._lines = None
+    def _records(self, items: list[Any]) -> list[Any]:
+        out = []
+        for text in items:
+            if text.strip():
+                value = json.loads(text)
+                out.append(tuple(value) if isinstance(value, list) else value)
+        return out
 
 
-class ParquetSource(Source):
+class ParquetSource(_UnitSource):
     """Rows of Parquet files as tuples (columns in file order); row groups are split across subtasks."""
 
     def __init__(self, path: str, columns: list[str] | None = None) -> None:
         self.path = path
         self.columns = columns
 
-    def open(self, subtask_index: int, parallelism: int) -> None:
-        super().open(subtask_index, parallelism)
+    def _list_units(self) -> list[Any]:
         pq = _pyarrow_parquet()
         units = []
         for file in list_input_files(self.path, (".parquet",)):
             groups = pq.ParquetFile(file).metadata.num_row_groups
             units += [(file, g) for g in range(groups)]
-        self._units = units[subtask_index::parallelism]
-        self._unit = 0
-        self._row = 0
-        self._rows: list[tuple[Any, ...]] | None = None
+        return units
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
-        pq = _pyarrow_parquet()
-        while True:
-            if self._unit >= len(self._units):
-                return None
-            if self._rows is None:
-                file, group = self._units[self._unit]
-                table = pq.ParquetFile(file).read_row_group(group, columns=self.columns)
-                self._rows = list(zip(*(col.to_pylist() for col in table.columns), strict=True))
-            if self._row < len(self._rows):
-                out = self._rows[self._row : self._row + max_records]
-                self._row += len(out)
-                return out
-            self._unit += 1
-            self._row = 0
-            self._rows = None
-
-    def position(self) -> Any:
-        return [self._unit, self._row]
-
-    def restore(self, position: Any) -> None:
-        self._unit, self._row = int(position[0]), int(position[1])
-        self._rows = None
+    def _load(self, unit: Any) -> list[Any]:
+        file, group = unit
+        table = _pyarrow_parquet().ParquetFile(file).read_row_group(group, columns=self.columns)
+        return list(zip(*(col.to_pylist() for col in table.columns), strict=True))
 
 
 class FileSink(Sink):
@@ -282,8 +314,10 @@ class FileSink(Sink):
         for _, hidden, final in state.get("pending", []):
             self._publish(hidden, final)  # that checkpoint completed: its commit is (re)done
         restored = state.get("checkpoint")
+        # after a rescale this subtask also cleans up for the old subtasks whose pending files it took over
+        owners = {self.subtask_index, *(int(s) for s in state.get("subtasks", []))}
         for name in os.listdir(self.path):
-            parsed = _parse_part(name, self.subtask_index)
+            parsed = next((p for p in (_parse_part(name, o) for o in owners) if p is not None), None)
             if parsed is None:
                 continue
             checkpoint, _ = parsed

@@ -14,7 +14,7 @@ import time
 from itertools import accumulate
 from typing import Any
 
-from runtime.connectors.source import Source
+from runtime.connectors.source import LaneReader, Source, position_lanes
 
 BLOCK = 1024
 EVENT_TIME_START_MS = 1_700_000_000_000
@@ -58,13 +58,16 @@ class GeneratorSource(Source):
         self.records_per_second = records_per_second
         self.bounded = count is not None
 
+    rescalable = True
+
     def open(self, subtask_index: int, parallelism: int) -> None:
         super().open(subtask_index, parallelism)
         self._keys = key_names(self.keys)
         self._cum = zipf_cum_weights(self.keys, self.zipf_exponent) if self.distribution == "zipf" else None
-        self._block = subtask_index
-        self._offset = 0
+        # blocks are units of lanes (source.py): one lane i, i+p, ... unless restored after a rescale
+        self._lanes = LaneReader([[subtask_index, 0, 0, parallelism]])
         self._pending: list[Any] = []
+        self._pending_block: int | None = None
         self._emitted = 0
         self._rate = (self.records_per_second / parallelism) if self.records_per_second else None
         self._started = time.monotonic()
@@ -78,30 +81,37 @@ class GeneratorSource(Source):
             if allowed <= 0:
                 return []
             max_records = min(max_records, allowed)
-        if not self._pending:
-            total = self._total_blocks()
-            if total is not None and self._block >= total:
+        total = self._total_blocks()
+        while True:
+            lane = self._lanes.current()
+            if lane is None:
                 return None
-            self._pending = generate_block(self._block, seed=self.seed, keys=self._keys, cum_weights=self._cum,
-                                           count=self.count)
-        out = self._pending[self._offset : self._offset + max_records]
-        self._offset += len(out)
-        if self._offset >= len(self._pending):
-            self._pending = []
-            self._offset = 0
-            self._block += self.parallelism
-        self._emitted += len(out)
-        return out
+            if total is not None and lane[0] >= total:
+                self._lanes.drop(lane)
+                continue
+            if self._pending_block != lane[0]:
+                self._pending = generate_block(lane[0], seed=self.seed, keys=self._keys, cum_weights=self._cum,
+                                               count=self.count)
+                self._pending_block = lane[0]
+            lane[1] += lane[2]  # records to skip (restored after a rescale): the generator can jump over them
+            lane[2] = 0
+            out = self._pending[lane[1] : lane[1] + max_records]
+            lane[1] += len(out)
+            if lane[1] >= len(self._pending):
+                self._lanes.advance(lane)
+            if out:
+                self._emitted += len(out)
+                return out
 
     def idle_wait_s(self) -> float:
         return 0.005
 
     def position(self) -> Any:
-        return [self._block, self._offset]
+        lanes = self._lanes.lanes
+        if len(lanes) == 1 and lanes[0][3] == self.parallelism and lanes[0][2] == 0:
+            return [lanes[0][0], lanes[0][1]]  # the format from before rescaling existed
+        return self._lanes.snapshot()
 
     def restore(self, position: Any) -> None:
-        self._block, self._offset = int(position[0]), int(position[1])
-        self._pending = []
-        if self._offset:
-            self._pending = generate_block(self._block, seed=self.seed, keys=self._keys, cum_weights=self._cum,
-                                           count=self.count)
+        self._lanes = LaneReader(position_lanes(position, 0, self.subtask_index, self.parallelism))
+        self._pending_block = None

@@ -36,8 +36,9 @@ def load_entry(entry: str) -> Callable[[Job], None]:
     return func
 
 
-def build_job(entry: str, name: str | None = None) -> Job:
-    """Import the entry point and let it fill a Job."""
+def build_job(entry: str, name: str | None = None, parallelism: dict[str, int] | None = None) -> Job:
+    """Import the entry point and let it fill a Job; `parallelism` overrides what it set (see
+    apply_parallelism), the same on the coordinator and on every worker."""
     func = load_entry(entry)
     job = Job(name or entry)
     try:
@@ -48,7 +49,33 @@ def build_job(entry: str, name: str | None = None) -> Job:
         raise JobLoadError(f"{entry} raised while building the job: {type(exc).__name__}: {exc}") from exc
     if not job.nodes:
         raise JobDefinitionError(f"{entry} defined no operators")
+    if parallelism:
+        apply_parallelism(job, parallelism)
     return job
+
+
+def apply_parallelism(job: Job, overrides: dict[str, int]) -> None:
+    """`--parallelism N` ("*": N) sets every operator's parallelism, `--parallelism NAME=N` one operator's
+    (by name, winning over "*"). Raises JobDefinitionError for an unknown name or a graph that no longer fits
+    (a forward edge between operators of different parallelism)."""
+    names = {n.name for n in job.nodes}
+    unknown = sorted(set(overrides) - names - {"*"})
+    if unknown:
+        raise JobDefinitionError(f"--parallelism names no operator {', '.join(unknown)}; the job has "
+                                 f"{', '.join(sorted(names))}")
+    for node in job.nodes:
+        p = overrides.get(node.name, overrides.get("*"))
+        if p is None:
+            continue
+        if not isinstance(p, int) or p < 1 or p > job.max_parallelism:
+            raise JobDefinitionError(f"parallelism of {node.name} must be 1..{job.max_parallelism}, got {p!r}")
+        node.parallelism = p
+    for node in job.nodes:
+        for inp in node.inputs:
+            up = job.nodes[inp.node]
+            if inp.partitioner == "forward" and up.parallelism != node.parallelism:
+                raise JobDefinitionError(f"forward from {up.name} (parallelism {up.parallelism}) to {node.name} "
+                                         f"(parallelism {node.parallelism}) needs equal parallelism")
 
 
 def ensure_on_path(path: str) -> None:

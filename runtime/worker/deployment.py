@@ -16,13 +16,7 @@ from netstack.credit import ChannelSender
 from netstack.transport import Link
 from runtime.api import Job
 from runtime.checkpointing.checkpointer import AckCallback, DeclineCallback, TaskCheckpointer
-from runtime.checkpointing.snapshots import (
-    channel_key,
-    decode_channel_state,
-    decode_operator_state,
-    keyed_tables,
-    read_file,
-)
+from runtime.checkpointing.snapshots import channel_key
 from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
@@ -32,6 +26,7 @@ from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
 from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
 from runtime.worker.network import NetworkEnvironment
+from runtime.worker.restoring import load_restored
 
 
 @dataclass(frozen=True)
@@ -77,29 +72,6 @@ class CheckpointHooks:
     writer: CheckpointWriter
     on_ack: AckCallback
     on_decline: DeclineCallback
-
-
-def load_restored(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]) -> RestoredState | None:
-    """Read one task's files from the checkpoint being restored (blocking: run it in a thread)."""
-    files = restore["tasks"].get(task_key)
-    if files is None:
-        return None
-    if files.get("finished"):
-        return RestoredState(finished=True)  # finished before that checkpoint: nothing to restore or redo
-    directory = restore["path"]
-    state = RestoredState(ended=bool(files.get("ended")))
-    if files.get("state"):
-        operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
-        state.keyed = keyed_tables(operator)
-        state.source = operator.get("source")
-        state.sinks = list(operator.get("sinks") or [])
-    if files.get("out"):
-        state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
-    if files.get("in"):
-        by_key = {ch.key: ch.channel_id for ch in inputs}
-        stored = decode_channel_state(read_file(directory, files["in"]), files["in"])
-        state.inputs = {by_key[k]: v for k, v in stored.items() if k in by_key}
-    return state
 
 
 def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: dict[int, dict[int, Subpartition]],
@@ -149,7 +121,7 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
     mine = [(v, i) for v in vertices for i in range(v.parallelism) if plan.placement[f"{v.id}:{i}"] == worker_id]
 
     # one job graph per task: user functions keep per-subtask state in `self`
-    jobs = {f"{v.id}:{i}": build_job(plan.entry, plan.name) for v, i in mine}
+    jobs = {f"{v.id}:{i}": build_job(plan.entry, plan.name, plan.config.get("parallelism")) for v, i in mine}
     subs: dict[tuple[str, int], dict[int, Subpartition]] = {}  # (task, edge) -> consumer index -> subpartition
     tasks: dict[str, Task] = {}
     inputs: dict[str, list[InputChannel]] = {key: [] for key in jobs}
@@ -181,7 +153,8 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
     restore = plan.config.get("restore")
     for v, i in mine:
         key = f"{v.id}:{i}"
-        restored = await asyncio.to_thread(load_restored, restore, key, inputs[key]) if restore else None
+        restored = (await asyncio.to_thread(load_restored, restore, plan, v, i, inputs[key], jobs[key])
+                    if restore else None)
         task, checkpoints = build_task(plan, v, i, job=jobs[key], inputs=inputs[key], restored=restored, hooks=hooks,
                                        cfg=cfg, outputs={e: by_consumer for (k, e), by_consumer in subs.items()
                                                          if k == key})

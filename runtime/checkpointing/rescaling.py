@@ -1,0 +1,131 @@
+"""Restoring a checkpoint at another parallelism: which old state each new subtask takes. Pure, no I/O.
+
+Keyed state is stored by key group; a subtask owns a contiguous range of groups (graph/partitioning.py), so
+new subtask i takes, from every old subtask whose range overlaps its own, the groups in its range.
+
+Channel state of an edge whose producer or consumer side changed parallelism is moved to the consumers:
+the old channel (j, k) holds, in order, the records old consumer k had received and not processed (its input
+channel state) and then those still queued at old producer j (its output channel state), all whole records.
+Old producer j's records are replayed to a new consumer as if they came on the new channel from producer
+j mod q_up (Flink's "virtual channels"): on a hash edge each record goes to the new subtask that owns its
+key group, on a rebalance edge record n of old producer j goes to new consumer (j + n) mod q_down, on a
+forward edge everything of old pair (j, j) goes to new pair (j mod q, j mod q). See docs/ARCHITECTURE.md,
+"Rescaling", for why this keeps every record exactly once and the order per (upstream subtask, key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+
+from runtime.connectors.source import position_lanes, rescale_lanes
+from runtime.execution.channels import split_records
+from runtime.graph.partitioning import key_group, subtask_for_key_group
+
+
+class RescaleError(ValueError):
+    """The checkpoint cannot be restored at the new parallelism (one line, for the user)."""
+
+
+def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> range:
+    """The key groups `subtask` of `parallelism` owns: exactly those g with subtask_for_key_group(g) == subtask."""
+    start = -(-subtask * max_parallelism // parallelism)
+    end = -(-(subtask + 1) * max_parallelism // parallelism)
+    return range(start, end)
+
+
+def overlapping_subtasks(max_parallelism: int, old_parallelism: int, groups: range) -> list[int]:
+    """The old subtasks whose key-group ranges overlap `groups` (in subtask order)."""
+    if not groups:
+        return []
+    first = subtask_for_key_group(groups.start, max_parallelism, old_parallelism)
+    last = subtask_for_key_group(groups.stop - 1, max_parallelism, old_parallelism)
+    return list(range(first, last + 1))
+
+
+def merge_keyed(parts: list[dict[int, dict[str, dict[Any, Any]]]]) -> dict[int, dict[str, dict[Any, Any]]]:
+    """Keyed tables of several old subtasks, already cut to one key-group range: disjoint keys, so a union."""
+    out: dict[int, dict[str, dict[Any, Any]]] = {}
+    for part in parts:
+        for node, tables in part.items():
+            for name, table in tables.items():
+                out.setdefault(node, {}).setdefault(name, {}).update(table)
+    return out
+
+
+# -- channel state ---------------------------------------------------------------------------------------------
+
+
+def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *, consumer: int,
+                      new_up: int, new_down: int, max_parallelism: int,
+                      key_fn: Any = None) -> dict[int, bytes]:
+    """New consumer `consumer`'s share of one edge's old channel state, by new producer index.
+
+    `streams` maps old channel (producer j, consumer k) to its records: input then output channel state.
+    The result keeps, for each old producer, its records in their old order (j ascending, then k), so the
+    order per (old producer, key) is the old one; what reaches one new channel is processed before anything
+    new on it.
+    """
+    if partitioner == "broadcast":
+        raise RescaleError("a broadcast edge with in-flight data cannot be rescaled yet")
+    out: dict[int, list[bytes]] = {}
+    by_producer: dict[int, list[bytes]] = {}
+    for (j, _k), stream in sorted(streams.items()):
+        if stream:
+            by_producer.setdefault(j, []).append(stream)
+    for j, parts in sorted(by_producer.items()):
+        mine: list[bytes] = []
+        n = 0
+        for stream in parts:
+            for record in split_records(stream):
+                if partitioner == "hash":
+                    value = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
+                    group = key_group(key_fn(value), max_parallelism)
+                    target = subtask_for_key_group(group, max_parallelism, new_down)
+                elif partitioner == "rebalance":
+                    target = (j + n) % new_down
+                    n += 1
+                else:  # forward: producer and consumer share their index, at both parallelisms
+                    target = j % new_down
+                if target == consumer:
+                    mine.append(record)
+        if mine:
+            channel = consumer if partitioner == "forward" else j % new_up
+            out.setdefault(channel, []).extend(mine)
+    return {channel: b"".join(records) for channel, records in out.items()}
+
+
+# -- sources and sinks -----------------------------------------------------------------------------------------
+
+
+def rescale_source(states: list[Any], new_parallelism: int,
+                   lanes_of: Callable[[Any, int, int, int], list[list[int]]] = position_lanes) -> list[Any]:
+    """Old subtasks' source states ([position, emitted] each, None for one that had finished) -> new ones
+    ([{"lanes": ...}, 0]): every unit left is read by exactly one new subtask (connectors/source.py).
+    `lanes_of` is the source's `lanes` (its positions' own format -> lanes)."""
+    old_parallelism = len(states)
+    lanes = [lanes_of(s[0], int(s[1]), j, old_parallelism) if s else [] for j, s in enumerate(states)]
+    return [[{"lanes": mine}, 0] for mine in rescale_lanes(lanes, new_parallelism)]
+
+
+def rescale_sinks(states: Sequence[Sequence[Any] | None], new_parallelism: int, subtask: int,
+                  checkpoint_id: int) -> list[Any]:
+    """New subtask `subtask`'s sink states, in chain order: all pending files of old subtasks j with
+    j mod q == subtask (so each is committed by exactly one new subtask), and the old subtasks it cleans up
+    after (their in-progress files and those committed by later checkpoints)."""
+    mine = [j for j in range(len(states)) if j % new_parallelism == subtask]
+    width = max((len(s) for s in states if s), default=0)
+    out: list[Any] = []
+    for index in range(width):
+        parts = [s[index] for s in (states[j] for j in mine) if s and index < len(s)]
+        every = [s[index] for s in states if s and index < len(s)]
+        if all(p is None for p in every):
+            out.append(None)
+            continue
+        if not all(isinstance(p, dict) and "pending" in p for p in every):
+            raise RescaleError(f"sink {index} of the chain keeps state that cannot be redistributed")
+        out.append({"pending": [entry for p in parts for entry in p["pending"]], "checkpoint": checkpoint_id,
+                    "subtasks": mine})
+    return out

@@ -1,0 +1,326 @@
+"""Restoring at another parallelism (runtime/checkpointing/rescaling.py): any old parallelism to any new one,
+every record, key and split accounted for exactly once, order per (upstream subtask, key) kept, and every
+key's state on the subtask the runtime routes that key to."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.checkpointing.rescaling import (
+    RescaleError,
+    key_group_range,
+    merge_keyed,
+    overlapping_subtasks,
+    redistribute_edge,
+    rescale_sinks,
+    rescale_source,
+)
+from runtime.checkpointing.snapshots import decode_operator_state, encode_operator_state, keyed_tables
+from runtime.connectors.files import JsonLinesSource
+from runtime.connectors.generator import BLOCK, GeneratorSource
+from runtime.connectors.sinks import DiscardSink
+from runtime.examples.wordcount import Count
+from runtime.graph.partitioning import KeyRouter
+
+parallelisms = st.integers(min_value=1, max_value=9)
+max_parallelisms = st.sampled_from([9, 16, 128])
+
+
+def pack(record: Any) -> bytes:
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def unpack_all(stream: bytes) -> list[Any]:
+    unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
+    unpacker.feed(stream)
+    return list(unpacker)
+
+
+@given(max_parallelisms, parallelisms)
+def test_key_group_ranges_are_what_the_router_uses(max_p: int, p: int) -> None:
+    p = min(p, max_p)
+    seen = []
+    for i in range(p):
+        for g in key_group_range(max_p, p, i):
+            assert g * p // max_p == i
+            seen.append(g)
+    assert seen == list(range(max_p))
+
+
+@settings(max_examples=60, deadline=None)
+@given(max_parallelisms, parallelisms, parallelisms,
+       st.dictionaries(st.one_of(st.text(max_size=6), st.integers(-(2**40), 2**40),
+                                 st.tuples(st.text(max_size=3), st.integers(0, 99))),
+                       st.integers(-(2**40), 2**40), max_size=60))
+def test_keyed_state_lands_where_the_router_sends_its_key(max_p: int, old_p: int, new_p: int,
+                                                          table: dict[Any, int]) -> None:
+    old_p, new_p = min(old_p, max_p), min(new_p, max_p)
+    old_router, new_router = KeyRouter(max_p, old_p), KeyRouter(max_p, new_p)
+    old_tables: list[dict[Any, int]] = [{} for _ in range(old_p)]
+    for key, value in table.items():
+        old_tables[old_router.route(key)][key] = value
+    files = [decode_operator_state(encode_operator_state({3: {"count": t}}, max_parallelism=max_p, source=None,
+                                                         sinks=[]), "test") for t in old_tables]
+    landed: dict[Any, list[int]] = {}
+    for i in range(new_p):
+        groups = key_group_range(max_p, new_p, i)
+        merged = merge_keyed([keyed_tables(files[j], key_groups=groups)
+                              for j in overlapping_subtasks(max_p, old_p, groups)])
+        for key, value in merged.get(3, {}).get("count", {}).items():
+            assert value == table[key]
+            landed.setdefault(key, []).append(i)
+    assert set(landed) == set(table)
+    for key, subtasks in landed.items():
+        assert subtasks == [new_router.route(key)], (key, subtasks)
+
+
+@st.composite
+def channel_states(draw: Any, partitioner: str) -> tuple[int, int, dict[tuple[int, int], bytes], list[Any]]:
+    """Old producers emit (key, producer, seq) in order; each old channel's records are cut at a random point
+    into what the consumer had received (input channel state) and what was still queued (output state);
+    a prefix of each channel was processed before the checkpoint and is not in the state at all."""
+    max_p = draw(max_parallelisms)
+    old_up, old_down = draw(parallelisms), draw(parallelisms)
+    if partitioner == "forward":
+        old_down = old_up
+    keys = draw(st.lists(st.text(max_size=4), min_size=1, max_size=8, unique=True))
+    router = KeyRouter(max_p, old_down)
+    streams: dict[tuple[int, int], bytes] = {}
+    records: list[Any] = []
+    for j in range(old_up):
+        sent: dict[int, list[Any]] = {}
+        n = draw(st.integers(min_value=0, max_value=30))
+        for seq in range(n):
+            key = draw(st.sampled_from(keys))
+            k = router.route(key) if partitioner == "hash" else j if partitioner == "forward" else (j + seq) % old_down
+            sent.setdefault(k, []).append((key, j, seq, k))
+        for k, chan in sent.items():
+            processed = draw(st.integers(min_value=0, max_value=len(chan)))
+            cut = draw(st.integers(min_value=processed, max_value=len(chan)))
+            inputs = b"".join(pack(r) for r in chan[processed:cut])
+            outputs = b"".join(pack(r) for r in chan[cut:])
+            streams[(j, k)] = inputs + outputs  # the two files of one old channel, in order
+            records += chan[processed:]
+    return max_p, old_up, streams, records
+
+
+def check_redistribution(partitioner: str, max_p: int, streams: dict[tuple[int, int], bytes], records: list[Any],
+                         new_up: int, new_down: int) -> dict[int, dict[int, list[Any]]]:
+    got: dict[int, dict[int, list[Any]]] = {}
+    for i in range(new_down):
+        share = redistribute_edge(partitioner, streams, consumer=i, new_up=new_up, new_down=new_down,
+                                  max_parallelism=max_p, key_fn=lambda r: r[0])
+        for channel, stream in share.items():
+            assert 0 <= channel < new_up
+            got.setdefault(i, {})[channel] = unpack_all(stream)
+    every = [r for by_channel in got.values() for recs in by_channel.values() for r in recs]
+    assert Counter(every) == Counter(records)  # every record exactly once
+    for by_channel in got.values():
+        for channel, recs in by_channel.items():
+            assert all(r[1] % new_up == channel for r in recs)  # old producer j -> new channel j mod q_up
+            # order per old channel; on hash and forward edges one key of one upstream subtask has only one
+            # channel, so this is the order per (upstream, key); on rebalance there was none beyond a channel
+            per_channel: dict[tuple[Any, ...], list[int]] = {}
+            for key, j, seq, k in recs:
+                per_channel.setdefault((j, k) if partitioner == "rebalance" else (key, j), []).append(seq)
+            assert all(seqs == sorted(seqs) for seqs in per_channel.values())
+    return got
+
+
+@settings(max_examples=150, deadline=None)
+@given(channel_states("hash"), parallelisms, parallelisms)
+def test_hash_channel_state_goes_to_the_owner_of_each_key_in_order(state: Any, new_up: int, new_down: int) -> None:
+    max_p, _, streams, records = state
+    new_down = min(new_down, max_p)
+    got = check_redistribution("hash", max_p, streams, records, new_up, new_down)
+    router = KeyRouter(max_p, new_down)
+    for i, by_channel in got.items():
+        assert all(router.route(r[0]) == i for recs in by_channel.values() for r in recs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(channel_states("rebalance"), parallelisms, parallelisms)
+def test_rebalance_channel_state_is_spread_exactly_once(state: Any, new_up: int, new_down: int) -> None:
+    max_p, _, streams, records = state
+    check_redistribution("rebalance", max_p, streams, records, new_up, new_down)
+
+
+@settings(max_examples=100, deadline=None)
+@given(channel_states("forward"), parallelisms)
+def test_forward_channel_state_stays_on_pairs(state: Any, new_p: int) -> None:
+    max_p, _, streams, records = state
+    got = check_redistribution("forward", max_p, streams, records, new_p, new_p)
+    assert all(set(by_channel) == {i} for i, by_channel in got.items())
+
+
+def test_broadcast_channel_state_is_refused() -> None:
+    try:
+        redistribute_edge("broadcast", {(0, 0): pack(1)}, consumer=0, new_up=2, new_down=2, max_parallelism=128)
+    except RescaleError as exc:
+        assert "broadcast" in str(exc)
+    else:
+        raise AssertionError("broadcast channel state was redistributed")
+
+
+# -- sources: every record read exactly once across any number of rescales ------------------------------------
+
+
+def read_some(source: Any, batches: int, batch: int) -> tuple[list[Any], Any]:
+    """Read `batches` batches; stop in the middle of the last like a checkpoint between records would:
+    returns what was emitted and the state the task stores ([position before the batch, emitted of it])."""
+    out: list[Any] = []
+    state: Any = [source.position(), 0]
+    for _ in range(batches):
+        position = source.position()
+        got = source.read_batch(batch)
+        if got is None:
+            return out, [position, 0]
+        half = len(got) // 2
+        out += got[:half]
+        state = [position, half]
+        out += got[half:]
+        state = [source.position(), 0]
+    return out, state
+
+
+def restored(state: Any, subtask: int, parallelism: int, count: int) -> GeneratorSource:
+    source = GeneratorSource(count=count, keys=50, seed=1)
+    source.open(subtask, parallelism)
+    position, emitted = state
+    if position is not None:
+        source.restore(position)
+        skip = emitted
+        while skip > 0:
+            skipped = source.read_batch(skip)
+            if not skipped:
+                break
+            skip -= len(skipped)
+    return source
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(parallelisms, min_size=2, max_size=4), st.integers(min_value=0, max_value=6 * BLOCK),
+       st.data())
+def test_generator_reads_every_record_once_across_rescales(ps: list[int], count: int, data: Any) -> None:
+    emitted: list[Any] = []
+    states: list[Any] = [[None, 0]] * ps[0]
+    for step, p in enumerate(ps):
+        if step:
+            states = rescale_source(states, p)
+        sources = [restored(states[i], i, p, count) for i in range(p)]
+        last = step == len(ps) - 1
+        states = []
+        for source in sources:
+            batches = 10**6 if last else data.draw(st.integers(min_value=0, max_value=4))
+            got, state = read_some(source, batches, data.draw(st.integers(min_value=1, max_value=700)))
+            emitted += got
+            states.append(state)
+    assert sorted(r[1] for r in emitted) == list(range(count))
+
+
+def test_sink_pending_files_are_each_committed_by_one_new_subtask() -> None:
+    for old_p in range(1, 6):
+        for new_p in range(1, 6):
+            old = [[{"pending": [[5, f"h{j}-{n}", f"f{j}-{n}"] for n in range(2)], "checkpoint": 5}, None]
+                   for j in range(old_p)]
+            new = [rescale_sinks(old, new_p, i, 5) for i in range(new_p)]
+            finals = [e[2] for states in new for e in states[0]["pending"]]
+            assert sorted(finals) == sorted(f"f{j}-{n}" for j in range(old_p) for n in range(2))
+            cleaned = [j for states in new for j in states[0]["subtasks"]]
+            assert sorted(cleaned) == list(range(old_p))
+            assert all(states[1] is None and states[0]["checkpoint"] == 5 for states in new)
+
+
+@pytest.fixture(scope="module")
+def json_input(tmp_path_factory: Any) -> tuple[str, list[Any]]:
+    """Seven JSON lines files of different lengths, with blank lines (not records, but lines) in them."""
+    directory = tmp_path_factory.mktemp("jsonl")
+    records = []
+    for f in range(7):
+        lines = []
+        for n in range(f * 13 % 40):
+            records.append([f, n])
+            lines.append(json.dumps([f, n]))
+            if n % 5 == 0:
+                lines.append("")
+        (directory / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(directory), [tuple(r) for r in records]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(parallelisms, min_size=2, max_size=4), st.data())
+def test_json_lines_files_are_read_once_across_rescales(json_input: Any, ps: list[int], data: Any) -> None:
+    path, records = json_input
+    emitted: list[Any] = []
+    states: list[Any] = [[None, 0]] * ps[0]
+    for step, p in enumerate(ps):
+        if step:
+            states = rescale_source(states, p, JsonLinesSource(path).lanes)
+        last = step == len(ps) - 1
+        new_states = []
+        for i in range(p):
+            source = JsonLinesSource(path)
+            source.open(i, p)
+            position, skip = states[i]
+            if position is not None:
+                source.restore(position)
+                while skip > 0:
+                    skipped = source.read_batch(skip)
+                    if not skipped:
+                        break
+                    skip -= len(skipped)
+            batches = 10**6 if last else data.draw(st.integers(min_value=0, max_value=4))
+            got, state = read_some(source, batches, data.draw(st.integers(min_value=1, max_value=30)))
+            emitted += got
+            new_states.append(state)
+        states = new_states
+    assert Counter(emitted) == Counter(records)
+
+
+# -- --parallelism -------------------------------------------------------------------------------------------
+
+
+def small_job(job: Any) -> None:
+    (job.source(GeneratorSource(count=10), parallelism=2).key_by(lambda r: r[0]).process(Count(), parallelism=2)
+        .sink(DiscardSink()))
+
+
+def test_parallelism_overrides_every_operator_or_one_by_name() -> None:
+    from runtime.api import Job
+    from runtime.graph.plan import apply_parallelism, chain_graph
+
+    job = Job("t")
+    small_job(job)
+    apply_parallelism(job, {"*": 3, "GeneratorSource": 1})
+    vertices, edges = chain_graph(job)
+    assert [(v.name, v.parallelism) for v in vertices] == [("GeneratorSource", 1), ("Count -> DiscardSink", 3)]
+    assert edges[0].partitioner == "hash"
+
+
+def test_parallelism_override_errors_are_one_line() -> None:
+    from runtime.api import Job, JobDefinitionError
+    from runtime.cli.main import _parallelism
+    from runtime.graph.plan import apply_parallelism
+
+    for overrides, words in (({"Nope": 2}, ["Nope", "Count"]), ({"*": 0}, ["1..128"]),
+                             ({"Count": 3}, [])):
+        job = Job("t")
+        small_job(job)
+        if not words:  # Count at 3, its chained sink still at 2: a rebalance between them, not an error
+            apply_parallelism(job, overrides)
+            continue
+        with pytest.raises(JobDefinitionError) as err:
+            apply_parallelism(job, overrides)
+        assert all(w in str(err.value) for w in words) and "\n" not in str(err.value), err.value
+    assert _parallelism("4") == ("*", 4) and _parallelism("Count=2") == ("Count", 2)
+    for bad in ("0", "x", "=3", "Count=", "Count=-1"):
+        with pytest.raises(Exception) as caught:
+            _parallelism(bad)
+        assert bad in str(caught.value)
