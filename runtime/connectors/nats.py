@@ -127,6 +127,8 @@ class _LoopThread:
         self.thread.start()
         self.nc: Any = None
         self.js: Any = None
+        self.last_error: Exception | None = None
+        self._logged: tuple[str, float] = ("", 0.0)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -147,16 +149,25 @@ class _LoopThread:
         nats = _nats()
 
         async def connect() -> None:
+            # reconnects go on forever (a broker restart is waited out); the first connect has a deadline
             self.nc = await nats.connect(servers=[url], name=name, connect_timeout=timeout_s,
-                                         max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+                                         max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                         error_cb=self._on_error)
             self.js = self.nc.jetstream()
 
         try:
-            self.call(connect(), timeout_s + 1)
-        except NatsError:
-            raise
+            self.call(connect(), timeout_s)
         except Exception as exc:
-            raise NatsError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from exc
+            cause = self.last_error or exc
+            raise NatsError(f"cannot connect to NATS at {url}: {str(cause) or type(cause).__name__}") from None
+
+    async def _on_error(self, exc: Exception) -> None:
+        """One line per distinct error every few seconds, instead of nats-py's traceback per attempt."""
+        self.last_error = exc
+        now = time.monotonic()
+        if str(exc) != self._logged[0] or now - self._logged[1] > 5.0:
+            self._logged = (str(exc), now)
+            log.warning("nats: %s", str(exc) or type(exc).__name__)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         async def shutdown() -> None:
@@ -229,7 +240,7 @@ class NatsSource(Source):
         try:
             info = await self._thread.js.stream_info(self.stream)
         except Exception as exc:
-            raise NatsError(f"cannot read stream {self.stream!r}: {exc or type(exc).__name__}") from exc
+            raise NatsError(f"cannot read stream {self.stream!r}: {str(exc) or type(exc).__name__}") from exc
         return int(info.state.last_seq)
 
     def position(self) -> Any:
@@ -292,9 +303,9 @@ class NatsSource(Source):
                 if self._stopping:
                     return
                 if time.monotonic() - last_progress > self.retry_s:
-                    raise NatsError(f"no progress for {self.retry_s:g}s: {exc or type(exc).__name__}") from exc
+                    raise NatsError(f"no progress for {self.retry_s:g}s: {str(exc) or type(exc).__name__}") from exc
                 log.warning("nats source %s/%s: %s; resubscribing at %d", self.stream, self.subtask_index,
-                            exc or type(exc).__name__, self._fetched + 1)
+                            str(exc) or type(exc).__name__, self._fetched + 1)
                 await asyncio.sleep(0.2)
             finally:
                 if sub is not None:
@@ -329,7 +340,7 @@ class NatsSource(Source):
             return False
         try:
             msgs = await sub.fetch(self.fetch_batch, timeout=0.5)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):  # nothing new within the fetch's wait
             if self._end is None:
                 return False
             info = await sub.consumer_info()
@@ -487,7 +498,7 @@ class NatsSink(Sink):
                 future.result(max(0.0, deadline - time.monotonic()))
             except Exception as exc:
                 log.warning("nats sink %d: committed batch not published before close: %s", self.subtask_index,
-                            exc or type(exc).__name__)
+                            str(exc) or type(exc).__name__)
                 break
         self._publishing = []
         self._thread.stop()
