@@ -282,28 +282,30 @@ class NatsSource(Source):
 
     async def _fetch_loop(self) -> None:
         """Fill the buffer from a consumer starting after the last fetched sequence; on a broken consumer or
-        connection, start a new one there, for up to `retry_s` without progress."""
+        connection, start a new one there, until `retry_s` of failures in a row (a fetch that finds nothing,
+        or a pause while the task is backpressured, is no failure; the consumer may have been dropped as idle
+        during such a pause, and a new one continues where the old one stopped)."""
         nats = _nats()
         self._fetch_task = asyncio.current_task()
-        last_progress = time.monotonic()
+        failing_since: float | None = None
         while not self._stopping:
             sub = None
             try:
                 sub = await self._subscribe(self._fetched + 1)
                 while not self._stopping:
-                    before = self._fetched
                     if await self._fetch_once(sub, nats):
                         self._done = True
                         return
-                    if self._fetched != before:
-                        last_progress = time.monotonic()
+                    failing_since = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self._stopping:
                     return
-                if time.monotonic() - last_progress > self.retry_s:
-                    raise NatsError(f"no progress for {self.retry_s:g}s: {str(exc) or type(exc).__name__}") from exc
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since > self.retry_s:
+                    raise NatsError(f"failing for {self.retry_s:g}s: {str(exc) or type(exc).__name__}") from exc
                 log.warning("nats source %s/%s: %s; resubscribing at %d", self.stream, self.subtask_index,
                             str(exc) or type(exc).__name__, self._fetched + 1)
                 await asyncio.sleep(0.2)

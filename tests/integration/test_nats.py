@@ -81,9 +81,11 @@ async def stream_messages(url: str, stream: str) -> int:
 
 
 def read_source(source: NatsSource, subtask: int, parallelism: int, *, position: Any = None,
-                limit: int | None = None, timeout_s: float = 60.0) -> tuple[list[Any], Any]:
+                limit: int | None = None, timeout_s: float = 60.0, keep_open: bool = False,
+                reopen: bool = True) -> tuple[list[Any], Any]:
     """Read like the task does (never waiting inside read_batch), up to the end or `limit` records."""
-    source.open(subtask, parallelism)
+    if reopen:
+        source.open(subtask, parallelism)
     try:
         if position is not None:
             source.restore(position)
@@ -99,7 +101,8 @@ def read_source(source: NatsSource, subtask: int, parallelism: int, *, position:
             out += batch
         return out, source.position()
     finally:
-        source.close()
+        if not keep_open:
+            source.close()
 
 
 # -- the connector on its own ----------------------------------------------------------------------------------
@@ -132,6 +135,30 @@ def test_source_splits_partitions_and_replays_exactly_from_a_position(nats_serve
     unbounded, _ = read_source(NatsSource(url, "IN", subject="in", partitions=PARTITIONS, bounded=False), 0, 3,
                                limit=len(parts[0]) + 1)
     assert unbounded == [*parts[0], ("late", 1)]
+
+
+def test_source_continues_exactly_when_its_consumer_is_deleted(nats_server: NatsServer) -> None:
+    """The broker drops an idle consumer (a long backpressure pause) or loses it: the source starts a new one
+    after the last sequence it fetched, and reads on without a gap or a repeat."""
+    url = nats_server.url
+    run(make_streams(url))
+    records = input_records(3000)
+    run(publish_input(url, records))
+    source = NatsSource(url, "IN", subject="in", partitions=PARTITIONS, fetch_batch=50, max_buffered=100)
+    first, position = read_source(source, 0, 1, limit=500, keep_open=True)
+
+    async def delete_consumers() -> int:
+        nc = await nats.connect(url)
+        jsm = nc.jsm()
+        names = [c.name for c in await jsm.consumers_info("IN")]
+        for name in names:
+            await jsm.delete_consumer("IN", name)
+        await nc.close()
+        return len(names)
+
+    assert run(delete_consumers()) == 1
+    rest, _ = read_source(source, 0, 1, reopen=False)
+    assert first + rest == records
 
 
 def test_sink_publishes_on_commit_and_a_redone_commit_is_deduplicated(nats_server: NatsServer) -> None:
