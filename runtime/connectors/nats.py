@@ -115,6 +115,10 @@ def decode_json(data: bytes) -> Any:
     return tuple(value) if isinstance(value, list) else value  # as JsonLinesSource: arrays become tuples
 
 
+def _acknowledged(future: concurrent.futures.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
 # -- the connection thread -----------------------------------------------------------------------------------
 
 
@@ -399,8 +403,8 @@ class NatsSink(Sink):
 
     def __init__(self, url: str, subject: str | Callable[[Any], str], *,
                  serializer: Callable[[Any], bytes] = encode_json, id_prefix: str = "sluice",
-                 connect_timeout_s: float = 10.0, close_timeout_s: float = 60.0, publish_retries: int = 20,
-                 **kwargs: Any) -> None:
+                 connect_timeout_s: float = 10.0, close_timeout_s: float = 60.0, cancel_wait_s: float = 2.0,
+                 publish_retries: int = 20, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.url = url
         self.subject = subject
@@ -408,6 +412,7 @@ class NatsSink(Sink):
         self.id_prefix = id_prefix
         self.connect_timeout_s = connect_timeout_s
         self.close_timeout_s = close_timeout_s
+        self.cancel_wait_s = cancel_wait_s
         self.publish_retries = publish_retries
 
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
@@ -417,7 +422,10 @@ class NatsSink(Sink):
         self._token = f"{self.id_prefix}-{secrets.token_hex(6)}"
         self._buffer: list[list[Any]] = []  # [subject, payload] since the last snapshot
         self._pending: list[list[Any]] = []  # [checkpoint id, token, items], pre-committed
-        self._publishing: list[concurrent.futures.Future[Any]] = []
+        # committed batches handed to the thread, until the stream acknowledged all of their messages: until
+        # then they stay in every snapshot, so a restore from a later checkpoint still publishes them
+        self._publishing: list[tuple[concurrent.futures.Future[Any], list[Any]]] = []
+        self._finished = False
         self._error: BaseException | None = None
         self._thread = _LoopThread(f"nats-sink-{subtask_index}")
         self._thread.connect(self.url, name=f"sluice-sink-{subtask_index}", timeout_s=self.connect_timeout_s)
@@ -442,7 +450,8 @@ class NatsSink(Sink):
         if self._buffer:
             self._pending = [*self._pending, [checkpoint_id, self._token, self._buffer]]
             self._buffer = []
-        return {"pending": list(self._pending), "checkpoint": checkpoint_id}
+        self._publishing = [(f, e) for f, e in self._publishing if not _acknowledged(f)]
+        return {"pending": [e for _, e in self._publishing] + self._pending, "checkpoint": checkpoint_id}
 
     def commit(self, checkpoint_id: int) -> None:
         self._check()
@@ -457,10 +466,13 @@ class NatsSink(Sink):
             self._publish_later(entry)
 
     def _publish_later(self, entry: list[Any]) -> None:
-        self._publishing = [f for f in self._publishing if not f.done()]
+        self._publishing = [(f, e) for f, e in self._publishing if not _acknowledged(f)]
         future = self._thread.submit(self._publish(entry))
         future.add_done_callback(self._published)
-        self._publishing.append(future)
+        self._publishing.append((future, entry))
+
+    def finish(self) -> None:
+        self._finished = True
 
     def _published(self, future: concurrent.futures.Future[Any]) -> None:
         if not future.cancelled() and future.exception() is not None and self._error is None:
@@ -490,17 +502,25 @@ class NatsSink(Sink):
             raise NatsError(f"{len(todo)} messages of checkpoint {checkpoint_id} not acknowledged: {failed[0][1]}")
 
     def close(self) -> None:
-        """Waits (up to close_timeout_s) for committed batches to be published; uncommitted ones are dropped:
-        a restore produces them again."""
+        """At the end of a bounded input, waits (up to close_timeout_s) until the stream has acknowledged every
+        committed batch, so a FINISHED job's output is all there. After a cancel or failure it waits at most
+        cancel_wait_s, never holding the worker's loop for long: what is not acknowledged yet is in the
+        checkpoint the restore starts from, and is published again then. Uncommitted records are dropped:
+        the restore produces them again."""
         if not hasattr(self, "_thread"):
             return  # never opened
-        deadline = time.monotonic() + self.close_timeout_s
-        for future in self._publishing:
+        self.wait_published(self.close_timeout_s if self._finished else self.cancel_wait_s)
+        self._publishing = []
+        self._thread.stop()
+
+    def wait_published(self, timeout_s: float) -> bool:
+        """Wait until the stream has acknowledged every committed batch; false (and one log line) if not."""
+        deadline = time.monotonic() + timeout_s
+        for future, _ in self._publishing:
             try:
                 future.result(max(0.0, deadline - time.monotonic()))
             except Exception as exc:
-                log.warning("nats sink %d: committed batch not published before close: %s", self.subtask_index,
-                            str(exc) or type(exc).__name__)
-                break
-        self._publishing = []
-        self._thread.stop()
+                log.warning("nats sink %d: committed batch not acknowledged within %gs: %s", self.subtask_index,
+                            timeout_s, str(exc) or type(exc).__name__)
+                return False
+        return True

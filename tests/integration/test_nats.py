@@ -174,6 +174,7 @@ def test_sink_publishes_on_commit_and_a_redone_commit_is_deduplicated(nats_serve
         sink.write(("a", i))
     later = sink.snapshot_state(2)
     sink.commit(1)
+    sink.finish()  # so close waits for the acknowledgements
     sink.close()
     assert sink.published == 300
     assert run(stream_messages(url, "OUT")) == 300
@@ -182,6 +183,7 @@ def test_sink_publishes_on_commit_and_a_redone_commit_is_deduplicated(nats_serve
     redo = NatsSink(url, "out")
     redo.open(0, 1, 1)
     redo.restore_state(state)
+    redo.finish()
     redo.close()
     assert redo.duplicates == 300
     assert run(stream_messages(url, "OUT")) == 300
@@ -189,10 +191,45 @@ def test_sink_publishes_on_commit_and_a_redone_commit_is_deduplicated(nats_serve
     redo = NatsSink(url, "out")
     redo.open(0, 1, 2)
     redo.restore_state(later)
+    redo.finish()
     redo.close()
     assert redo.duplicates == 300
     out, _ = read_source(NatsSource(url, "OUT"), 0, 1)
     assert out == [("a", i) for i in range(500)]
+
+
+def test_a_committed_batch_stays_in_the_checkpoints_until_the_stream_acknowledges_it(nats_server: NatsServer) -> None:
+    """Checkpoint 1 completes, but its batch cannot be stored yet (no stream holds the subject): checkpoint 2's
+    state must still carry it, or a crash now and a restore from checkpoint 2 would lose it."""
+    url = nats_server.url
+    run(make_streams(url))
+    sink = NatsSink(url, "late.out")
+    sink.open(0, 1, 0)
+    for i in range(10):
+        sink.write(("b", i))
+    sink.snapshot_state(1)
+    sink.commit(1)
+    state = sink.snapshot_state(2)
+    assert [(cp, len(items)) for cp, _, items in state["pending"]] == [(1, 10)]
+
+    async def add_stream() -> None:
+        nc = await nats.connect(url)
+        await nc.jetstream().add_stream(StreamConfig(name="LATE", subjects=["late.out"], duplicate_window=300))
+        await nc.close()
+
+    run(add_stream())
+    poll(lambda: sink.published == 10, 30, "the retried batch to be acknowledged")
+    assert sink.snapshot_state(3)["pending"] == []
+    sink.finish()
+    sink.close()
+
+    redo = NatsSink(url, "late.out")  # a restore from checkpoint 2 publishes it again: all duplicates
+    redo.open(0, 1, 1)
+    redo.restore_state(state)
+    redo.finish()
+    redo.close()
+    assert (redo.published, redo.duplicates) == (10, 10)
+    assert run(stream_messages(url, "LATE")) == 10
 
 
 def test_unreachable_broker_is_one_clear_error() -> None:
@@ -226,8 +263,7 @@ class KillAfterPublish(NatsSink):
         if self.attempt == 0 and self.subtask_index == 0 and due:
             self.commits = getattr(self, "commits", 0) + 1
             if self.commits == 2:
-                for future in self._publishing:
-                    future.result(30)
+                assert self.wait_published(30)
                 with open(os.path.join(MARKERS, "killed"), "w") as f:
                     f.write(str(checkpoint_id))
                 os.kill(os.getpid(), signal.SIGKILL)
