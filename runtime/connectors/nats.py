@@ -248,9 +248,14 @@ class NatsSource(Source):
         return int(info.state.last_seq)
 
     def position(self) -> Any:
-        return [self._position, self._end]
+        return [self._position, self._end, self._subjects]
 
     def restore(self, position: Any) -> None:
+        if len(position) > 2 and list(position[2]) != self._subjects:
+            # one sequence covers all of a subtask's partitions: it cannot be split over another parallelism
+            raise NatsError(f"restored position of stream {self.stream!r} is for subjects {position[2]}, but "
+                            f"this subtask reads {self._subjects}: restore a NatsSource with the parallelism "
+                            f"and partitions it was checkpointed with")
         self._stop_fetcher()
         self._position = self._fetched = int(position[0])
         self._end = None if position[1] is None else int(position[1])
