@@ -6,10 +6,6 @@ import sys
 import time
 from typing import Any
 
-# Formerly the id of a separate commit at the end of a bounded job. That end is now an ordinary checkpoint (the
-# task waits for one after its end of input), so no commit uses this id; kept for job modules that compare with it.
-FINAL_CHECKPOINT = 2**62
-
 
 class Sink:
     """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.

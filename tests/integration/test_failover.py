@@ -31,7 +31,6 @@ import os
 import signal
 
 from runtime.api import FileSink, GeneratorSource, Job, KeyedProcessFunction
-from runtime.connectors.sinks import FINAL_CHECKPOINT
 
 OUT = {out!r}
 MARKERS = {markers!r}
@@ -84,7 +83,7 @@ class CrashingSink(FileSink):
 
     def snapshot_state(self, checkpoint_id):
         state = super().snapshot_state(checkpoint_id)
-        if (self.attempt == 0 and self.subtask_index == 1 and self._committed and checkpoint_id < FINAL_CHECKPOINT
+        if (self.attempt == 0 and self.subtask_index == 1 and self._committed
                 and any(p[0] == checkpoint_id for p in self._pending)
                 and once("crash-in-flight", json.dumps({{"checkpoint_id": checkpoint_id, "pid": os.getpid()}}))):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -92,7 +91,7 @@ class CrashingSink(FileSink):
 
     def commit(self, checkpoint_id):
         due = [p for p in self._pending if p[0] <= checkpoint_id]
-        if (self.attempt == 1 and self.subtask_index == 0 and due and checkpoint_id < FINAL_CHECKPOINT
+        if (self.attempt == 1 and self.subtask_index == 0 and due
                 and once("crash-before-commit", json.dumps({{"checkpoint_id": checkpoint_id, "pid": os.getpid(),
                                                             "files": [p[2] for p in due]}}))):
             os.kill(os.getpid(), signal.SIGKILL)
