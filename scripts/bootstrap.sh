@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install sluice with its test dependencies and the `spark` extra
-# (PySpark, for `sluice data` and the demo). Idempotent: does
+# Create .venv and install sluice with its test dependencies, the `spark` extra
+# (PySpark, for `sluice data` and the demo) and the `nats` extra (nats-py, for the
+# NATS connector). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,5 +28,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats]'
 touch "$stamp"

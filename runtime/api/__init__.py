@@ -16,11 +16,13 @@ from runtime.api.stream import (
 )
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
+from runtime.connectors.nats import NatsSink, NatsSource
 from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
 from runtime.connectors.source import Source
 
 __all__ = [
     "Job", "DataStream", "KeyedStream", "Node", "GeneratorSource", "FileSink", "JsonLinesSource", "ParquetSource",
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
-    "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS",
+    "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
+    "NatsSink",
 ]

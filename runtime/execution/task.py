@@ -280,6 +280,11 @@ class Task:
                 self.chain.close()
             except Exception as exc:  # closing must not hide the task's own outcome
                 log.warning("task %s: error while closing: %s", self.task_id, exc)
+            if self.source is not None:
+                try:
+                    self.source.close()  # a source may hold a connection and a thread
+                except Exception as exc:
+                    log.warning("task %s: error while closing its source: %s", self.task_id, exc)
 
     async def _flush_periodically(self) -> None:
         # bounds latency: a partly filled buffer waits at most flush_timeout_s
@@ -402,8 +407,11 @@ class Task:
             skip = self._skip_on_restore
             while skip > 0:
                 skipped = source.read_batch(skip)
-                if not skipped:
+                if skipped is None:
                     break
+                if not skipped:  # not ready yet (a source that prefetches): these records must still be skipped
+                    await self._wait(source.idle_wait_s())
+                    continue
                 skip -= len(skipped)
         emit = self.chain.process_batch
         output = self.output
