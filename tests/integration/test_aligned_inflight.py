@@ -34,7 +34,10 @@ def wordcount(job: Job) -> None:
 
 WORDS, KEYS, SEED = 240_000, 200, 7  # long enough for several checkpoints after the warm-up, even on a loaded machine
 WARMUP_S = 8.0  # the queues the sources filled with full-size buffers before any throughput was measured
-BOUND_S = 3.0  # 1 s target, plus the barrier's trip and the acknowledgements, on a shared 2-core machine
+# Fixed 32 KiB buffers put about 9 s of this job's sink-bound rate in each channel, so aligned checkpoints take
+# 9 s and more; the 1 s target gives 1-2 s on a quiet machine and up to about 5.5 s when other processes take
+# most of the two cores (seen with parallel test runs): the bound sits between the two.
+BOUND_S = 6.0
 
 
 def expected_counts() -> Counter[str]:
