@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--query", choices=["wordcount"], default="wordcount")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
-    for client in (s, st, ca, cp, sp, cl, pr):
+    for client in (s, st, ca, cp, sp, rs, cl, pr):
         client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
                                                 "writes and prints)")
         _add_tls_options(client, listens=False)
