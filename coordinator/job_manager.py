@@ -363,6 +363,8 @@ class JobManager:
                                "not rescaled", "JobNotRunning")
             stopped_at = time.monotonic()
             attempt = job.attempt
+            log.info("job %s: stopping attempt %d to rescale it to %s from checkpoint %d", job.job_id, attempt,
+                     describe_parallelism(trial), checkpoint_id)
             job.config = config
             job.move(JobState.RESTARTING)
             self._stop_checkpoints(job, f"rescale to {describe_parallelism(trial)}", failed=False)

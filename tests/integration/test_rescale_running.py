@@ -121,6 +121,8 @@ def test_running_job_rescaled_2_3_1_2_with_the_cli_gives_exact_output(running_cl
         wait_backpressured(cluster, job_id, 2 * before)
         downtimes.append(rescale(cluster, job_id, after))
     print(f"rescale downtimes (stop -> running): {', '.join(f'{d:.3f}s' for d in downtimes)}")
+    # a cancelled task that waited for its outputs to drain used to run on for the worker's 10 s cancel limit
+    assert max(downtimes) < 5.0, (downtimes, logs(cluster))
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED, (final, logs(cluster))
     assert final["attempt"] == 3 and final["restarts"] == 0 and len(final["rescale_s"]) == 3, final
