@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,10 +39,10 @@ CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30
 CLI_TIMEOUT_S = 120.0
 
 
-def submit(cluster: Cluster) -> tuple[str, Path]:
+def submit(cluster: Cluster, config: dict[str, Any] = CONFIG) -> tuple[str, Path]:
     out = cluster.tmp_path / "out"
     write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
-    result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": CONFIG,
+    result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": config,
                                      "sys_path": str(cluster.tmp_path)})
     return str(result["job_id"]), out
 
@@ -150,3 +151,30 @@ def test_rescale_needing_more_slots_is_refused_and_the_job_goes_on(running_clust
     # a job that is no longer running is refused in one line too
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "1")
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and "not RUNNING" in proc.stderr, proc
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: Cluster) -> None:
+    """The coordinator's first `_metadata` write fails as on a full disk (its fault hook): the rescale's
+    checkpoint does not complete, so nothing is stopped; the next rescale works and the output is exact."""
+    cluster.local.env_overrides = {"SLUICE_FAULT_METADATA_FAILS": "1"}
+    cluster.start_coordinator()
+    cluster.local.env_overrides = {}
+    cluster.start_worker()
+    cluster.start_worker()
+    cluster.wait_workers(2)
+    manual_only = {**CONFIG, "checkpoint": {**CONFIG["checkpoint"], "interval_s": None}}  # the fault hits ours
+    job_id, out = submit(cluster, manual_only)
+    wait_backpressured(cluster, job_id, 4)
+    proc = sluice(cluster, "rescale", job_id, "--parallelism", "3")
+    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "checkpoint 1 did not complete" in lines[0] and "unchanged" in lines[0], lines
+    st = cluster.call("status", {"job_id": job_id})
+    assert st["state"] == JobState.RUNNING and st["attempt"] == 0, st
+    assert [v["parallelism"] for v in st["vertices"]] == [2, 2], st
+    rescale(cluster, job_id, 3)
+    final = cluster.wait_job(job_id, timeout_s=240)
+    assert final["state"] == JobState.FINISHED and final["attempt"] == 1, (final, logs(cluster))
+    check_exact(out)
