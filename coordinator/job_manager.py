@@ -32,7 +32,7 @@ from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
-from coordinator.scheduler import WorkerSlots, make_plan
+from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
 from coordinator.storage import CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
@@ -56,6 +56,7 @@ class JobManager:
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
         self.checkpoint_durations = DurationHistogram()
         self.restart_durations = DurationHistogram()
+        self._rescaling: set[str] = set()  # job ids with a rescale under way: one at a time
 
     def statistics(self) -> JobsStatistics:
         return JobsStatistics(tuple(j.statistics() for j in self.jobs.values()),
@@ -67,12 +68,13 @@ class JobManager:
         return [WorkerSlots(w.worker_id, w.slots, w.host, w.data_port)
                 for w in sorted(self.workers.values(), key=lambda w: w.registered_at)]
 
-    def plan(self, job: JobRecord) -> Plan:
-        """Raises RpcError for a job module that does not import or a graph the cluster cannot run."""
+    def plan(self, job: JobRecord, config: dict[str, Any] | None = None) -> Plan:
+        """Raises RpcError for a job module that does not import or a graph the cluster cannot run.
+        `config` (default: the job's) lets a rescale try its new parallelism before it stops anything."""
         try:
             return make_plan(job_id=job.job_id, attempt=job.attempt, entry=job.entry, name=job.name,
-                             sys_path=job.sys_path, config=dict(job.config), workers=self.worker_slots(),
-                             channel_base=next(self._channel_base))
+                             sys_path=job.sys_path, config=dict(job.config if config is None else config),
+                             workers=self.worker_slots(), channel_base=next(self._channel_base))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
@@ -269,10 +271,14 @@ class JobManager:
         await asyncio.sleep(delay)
         await self._restart(job, failed_at)
 
-    async def _restart(self, job: JobRecord, failed_at: float) -> None:
+    async def _restart(self, job: JobRecord, failed_at: float | None, *, counted: bool = True) -> None:
+        """Plan the next attempt, attach the latest checkpoint and deploy; `failed_at` None and `counted` False
+        for a rescale, which is no failure (its downtime is the rescale's own figure, not a restart's)."""
         strategy = job.restart_strategy
         while job.state == JobState.RESTARTING:
-            job.restarts += 1
+            if counted:
+                job.restarts += 1
+            counted = True  # a redeploy that failed and is tried again is a restart like any other
             job.attempt += 1
             deadline = time.monotonic() + strategy.slot_wait_s
             plan: Plan | None = None
@@ -327,6 +333,59 @@ class JobManager:
             plan.config["restore"] = await self.restore_spec(path, plan)
         job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
         log.info("job %s: attempt %d restores checkpoint %s", job.job_id, job.attempt, path)
+
+    # -- rescaling a running job -------------------------------------------------------
+
+    async def rescale(self, job: JobRecord, requested: dict[str, int], *, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Checkpoint the running job in its own mode (unaligned stays unaligned: no savepoint, no draining), stop
+        the attempt and redeploy the same job at the new parallelism from that checkpoint, through the failover's
+        own restart path. Every refusal (not running, too few slots, a failed checkpoint, a plan that cannot be
+        rescaled) is one RpcError line raised before anything is stopped: the job keeps running unchanged."""
+        if job.job_id in self._rescaling:
+            raise RpcError(f"job {job.job_id} is being rescaled already", "JobNotRunning")
+        if job.state != JobState.RUNNING or job.checkpoints is None or job.ended_tasks or job.finished_tasks:
+            why = "finishing" if job.state == JobState.RUNNING else job.state
+            raise RpcError(f"job {job.job_id} is {why}, not RUNNING: nothing to rescale", "JobNotRunning")
+        config = {**job.config, "parallelism": merge_parallelism(job.config.get("parallelism") or {}, requested)}
+        trial = self.plan(job, config)  # too many slots, an unknown operator, a forward edge torn apart
+        self._rescaling.add(job.job_id)
+        try:
+            runner = job.checkpoints
+            checkpoint_id, fut = runner.request()
+            result = await asyncio.wait_for(fut, timeout_s)
+            if result.get("status") != "COMPLETED":
+                raise RpcError(f"job {job.job_id} not rescaled: checkpoint {checkpoint_id} did not complete "
+                               f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
+                               "RescaleCheckpointFailed")
+            await self.restore_spec(str(result["path"]), trial)  # the restore refusals (sources, broadcast edges)
+            if job.state != JobState.RUNNING or job.checkpoints is not runner:
+                raise RpcError(f"job {job.job_id} is {job.state} (attempt {job.attempt}) after the checkpoint: "
+                               "not rescaled", "JobNotRunning")
+            stopped_at = time.monotonic()
+            attempt = job.attempt
+            log.info("job %s: stopping attempt %d to rescale it to %s from checkpoint %d", job.job_id, attempt,
+                     describe_parallelism(trial), checkpoint_id)
+            job.config = config
+            job.move(JobState.RESTARTING)
+            self._stop_checkpoints(job, f"rescale to {describe_parallelism(trial)}", failed=False)
+            await self.cancel_tasks(job)
+            await self._restart(job, None, counted=False)
+        finally:
+            self._rescaling.discard(job.job_id)
+        if job.state != JobState.RUNNING or job.attempt <= attempt:
+            raise RpcError(f"job {job.job_id} stopped for the rescale but is {job.state} now: {job.error or ''}"
+                           .rstrip(": "), "RescaleFailed")
+        downtime_s = time.monotonic() - stopped_at
+        job.rescale_s.append(downtime_s)
+        log.info("job %s rescaled to %s from checkpoint %s: down %.3fs", job.job_id,
+                 describe_parallelism(job.plan), job.restored_checkpoint_id, downtime_s)
+        used: dict[str, Any] = next((h for h in reversed(job.checkpoint_history())
+                     if h.get("checkpoint_id") == job.restored_checkpoint_id), {})
+        return {"job_id": job.job_id, "attempt": job.attempt, "downtime_s": downtime_s,
+                "checkpoint_id": job.restored_checkpoint_id, "requested_checkpoint_id": checkpoint_id,
+                "inflight_bytes": used.get("inflight_bytes"), "mode": used.get("mode"),
+                "vertices": [{"name": v.name, "parallelism": v.parallelism}
+                             for v in (job.plan.vertices if job.plan else [])]}
 
     # -- cancelling ---------------------------------------------------------------------
 

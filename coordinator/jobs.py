@@ -80,6 +80,7 @@ class JobRecord:
     failures: list[str] = field(default_factory=list)  # causes of every failure, oldest first
     last_restart_s: float | None = None  # failure detected -> running again, last restart
     restart_s: list[float] = field(default_factory=list)  # the same for every restart
+    rescale_s: list[float] = field(default_factory=list)  # downtime of every `sluice rescale`: stop -> running
     restored_checkpoint_id: int | None = None
     next_checkpoint_id: int = 1
     earlier_checkpoints: list[dict[str, Any]] = field(default_factory=list)  # history of earlier attempts
@@ -130,7 +131,7 @@ class JobRecord:
             "ended_at": self.ended_at, "tasks_total": self.total_tasks(), "tasks_finished": len(self.finished_tasks),
             "tasks": tasks, "last_checkpoint": self.last_checkpoint, "restored_from": self.restored_from,
             "restarts": self.restarts, "failures": self.failures[-10:], "last_restart_s": self.last_restart_s,
-            "restart_s": self.restart_s[-50:],
+            "restart_s": self.restart_s[-50:], "rescale_s": self.rescale_s[-50:],
             "restored_checkpoint_id": self.restored_checkpoint_id, "final_checkpoint_id": self.final_checkpoint_id,
             "checkpoints_completed": self.checkpoint_counts()[0], "checkpoints_failed": self.checkpoint_counts()[1],
             "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}

@@ -36,3 +36,16 @@ def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str
         workers={w.worker_id: [w.host, w.data_port] for w in workers if w.worker_id in used},
         config=config,
     )
+
+
+def merge_parallelism(current: dict[str, int], requested: dict[str, int]) -> dict[str, int]:
+    """The parallelism overrides after a rescale: a request for every operator ("*") replaces the old overrides
+    (per-operator ones given with it win, as on submit); per-operator requests update the old ones."""
+    if "*" in requested:
+        return dict(requested)
+    return {**current, **requested}
+
+
+def describe_parallelism(plan: Plan | None) -> str:
+    """One line for logs and answers: each task type with its parallelism."""
+    return ", ".join(f"{v.name}={v.parallelism}" for v in plan.vertices) if plan is not None else "-"

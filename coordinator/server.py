@@ -173,6 +173,7 @@ class Coordinator(BaseLinkHandler):
             "wait_job": self.rpc_wait_job,
             "checkpoint": self.rpc_checkpoint,
             "checkpoints": self.rpc_checkpoints,
+            "rescale": self.rpc_rescale,
             "probe": self.rpc_probe,
         })
 
@@ -259,6 +260,18 @@ class Coordinator(BaseLinkHandler):
         except ValueError as exc:
             raise RpcError(str(exc), "BadCheckpointRequest") from None
         return await asyncio.wait_for(fut, float(args.get("timeout_s", 600.0)))
+
+    async def rpc_rescale(self, link: Link, args: dict[str, Any]) -> Any:
+        """Rescale a running job through a checkpoint of its own mode; answer once it runs again (downtime)."""
+        job = self.jobs.get(str(args.get("job_id")))
+        if job is None:
+            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+        requested = args.get("parallelism")
+        if not isinstance(requested, dict) or not requested or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                for k, v in requested.items()):
+            raise RpcError("rescale needs parallelism {NAME or '*': N >= 1, ...}", "BadRescaleRequest")
+        return await self.manager.rescale(job, dict(requested), timeout_s=float(args.get("timeout_s", 600.0)))
 
     async def rpc_checkpoints(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(str(args.get("job_id")))

@@ -225,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the first root)")
     sp.add_argument("--token-file")
 
+    rs = sub.add_parser("rescale", help="rescale a running job through a checkpoint of its mode; print the downtime")
+    rs.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    rs.add_argument("job_id")
+    rs.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", required=True,
+                    help="every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism")
+    rs.add_argument("--timeout", type=_duration, default=600.0, help="give up waiting after (600s)")
+    rs.add_argument("--token-file")
+
     cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
     cl.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
     cl.add_argument("job_id")
@@ -274,18 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--query", choices=["wordcount"], default="wordcount")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
-    for client in (s, st, ca, cp, sp, cl, pr):
+    for client in (s, st, ca, cp, sp, rs, cl, pr):
         client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
                                                 "writes and prints)")
         _add_tls_options(client, listens=False)
     return parser
 
 
-def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any]) -> Any:
+def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any], timeout_s: float = 30.0) -> Any:
     from runtime.cli.client import call_coordinator
 
     host, port = args.coordinator
-    return run(call_coordinator(host, port, _client_token(args), method, payload, tls=_tls(args)))
+    return run(call_coordinator(host, port, _client_token(args), method, payload, tls=_tls(args),
+                                timeout_s=timeout_s))
 
 
 def _client_token(args: argparse.Namespace) -> str:
@@ -301,6 +310,8 @@ def _print_job(summary: dict[str, Any]) -> None:
     print(f"  tasks finished {summary['tasks_finished']}/{summary['tasks_total']}")
     if summary.get("final_checkpoint_id") is not None:
         print(f"  final checkpoint {summary['final_checkpoint_id']}")
+    for v in summary.get("vertices", []):
+        print(f"  {v['name']:<40} parallelism {v['parallelism']}")
     for t in summary["tasks"]:
         print(f"  {t['task']:<22} {t['state']:<9} in {t['records_in']:>12,} out {t['records_out']:>12,} "
               f"busy {t['busy_s']:7.1f}s idle {t['idle_s']:7.1f}s backpressured {t['backpressured_s']:7.1f}s "
@@ -392,6 +403,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 0
         print(f"{args.command} {result['checkpoint_id']} aborted: {result.get('reason', '')}", file=sys.stderr)
         return 1
+    if args.command == "rescale":
+        result = _client_call(args, "rescale", {"job_id": args.job_id, "parallelism": dict(args.parallelism),
+                                                "timeout_s": args.timeout}, timeout_s=args.timeout + 60.0)
+        inflight = f", {result['inflight_bytes']:,} bytes in flight" if result.get("inflight_bytes") else ""
+        shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result["vertices"])
+        print(f"job {result['job_id']} rescaled to {shape} (attempt {result['attempt']}) from checkpoint "
+              f"{result['checkpoint_id']}{inflight}: downtime {result['downtime_s']:.3f}s")
+        return 0
     if args.command == "checkpoints":
         result = _client_call(args, "checkpoints", {"job_id": args.job_id})
         if args.json:

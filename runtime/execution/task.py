@@ -301,8 +301,11 @@ class Task:
         if timeout_s is None:
             await self._wakeup.wait()
         else:
+            # not asyncio.wait_for: before Python 3.12 it swallows a cancel that comes in the same turn as the
+            # wake-up, and a cancelled task waiting for its outputs to drain then ran on (every stop took 10 s)
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._wakeup.wait()
             except TimeoutError:
                 pass
 

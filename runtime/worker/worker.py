@@ -323,7 +323,10 @@ class Worker(BaseLinkHandler):
         for runner in deployed.running.values():
             runner.cancel()
         if deployed.running:
-            await asyncio.wait(list(deployed.running.values()), timeout=10.0)
+            _, pending = await asyncio.wait(list(deployed.running.values()), timeout=10.0)
+            if pending:  # a task that does not serve its mailbox: name it, it delays every restart
+                log.warning("job %s: tasks %s did not stop within 10 s of the cancel", job_id,
+                            ", ".join(sorted(t.get_name() for t in pending)))
         teardown(deployed, self.network)
 
     def _on_link_lost(self, peer_id: str, why: str) -> None:
