@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 from runtime.cli.client import call_coordinator
 from runtime.cli.local_cluster import LocalCluster
 from runtime.cli.processes import Managed
+from runtime.connectors.generator import BLOCK, generate_block, key_names
 
 
 class Cluster:
@@ -115,6 +116,28 @@ def running_cluster(cluster: Cluster) -> Cluster:
 def write_module(directory: Any, name: str, source: str) -> None:
     (directory / f"{name}.py").write_text(source)
     os.utime(directory / f"{name}.py")
+
+
+def generator_counts(words: int, keys: int, seed: int) -> Counter[str]:
+    """How often each key occurs in `GeneratorSource(count=words, keys=keys, seed=seed)`."""
+    names = key_names(keys)
+    counts: Counter[str] = Counter()
+    for block in range(-(-words // BLOCK)):
+        counts.update(k for k, _, _ in generate_block(block, seed=seed, keys=names, cum_weights=None, count=words))
+    return counts
+
+
+def assert_running_counts(out: Path, expected: Counter[str]) -> None:
+    """The committed output of the keyed running count: every key's counts 1..n, each exactly once."""
+    poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
+    counts, _ = committed_output(out)
+    assert set(counts) == set(expected), set(counts) ^ set(expected)
+    for key, ns in counts.items():
+        assert sorted(ns) == list(range(1, expected[key] + 1)), (
+            f"{key}: expected 1..{expected[key]}, got {len(ns)} values, duplicates "
+            f"{sorted(n for n, c in Counter(ns).items() if c > 1)[:10]}, missing "
+            f"{sorted(set(range(1, expected[key] + 1)) - set(ns))[:10]}")
+    assert sum(len(v) for v in counts.values()) == sum(expected.values())
 
 
 def committed_output(out: Path) -> tuple[dict[str, list[int]], list[str]]:

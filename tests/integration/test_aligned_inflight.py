@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter
 
 import pytest
 
-from runtime.connectors.generator import BLOCK, generate_block, key_names
-from tests.integration.conftest import Cluster, committed_output, poll, write_module
+from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, write_module
 
 JOBS = '''
 from runtime.api import FileSink, GeneratorSource, Job
@@ -38,14 +36,6 @@ WARMUP_S = 8.0  # the queues the sources filled with full-size buffers before an
 # take 6-13 s on a quiet machine. The 1 s target gives 0.3-1.5 s there, and up to about 5.5 s when other
 # processes take most of the two cores (parallel test runs): the bound sits between the two.
 BOUND_S = 6.0
-
-
-def expected_counts() -> Counter[str]:
-    keys = key_names(KEYS)
-    counts: Counter[str] = Counter()
-    for block in range(-(-WORDS // BLOCK)):
-        counts.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=WORDS))
-    return counts
 
 
 @pytest.mark.integration
@@ -84,10 +74,4 @@ def test_aligned_checkpoint_under_backpressure_completes_within_the_inflight_bou
             assert 0 <= fig["first_barrier_s"] <= fig["last_barrier_s"] <= newest["duration_s"] + 0.5, (task, fig)
 
     # exactly once: every key's running count 1..n, once each
-    poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
-    counts, _ = committed_output(out)
-    expected = expected_counts()
-    assert set(counts) == set(expected), set(counts) ^ set(expected)
-    for key, ns in counts.items():
-        assert sorted(ns) == list(range(1, expected[key] + 1)), key
-    assert sum(len(v) for v in counts.values()) == WORDS
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))

@@ -15,8 +15,14 @@ from typing import Any
 import pytest
 
 from netstack.errors import RpcError
-from runtime.connectors.generator import BLOCK, generate_block, key_names
-from tests.integration.conftest import Cluster, committed_output, poll, write_module
+from tests.integration.conftest import (
+    Cluster,
+    assert_running_counts,
+    committed_output,
+    generator_counts,
+    poll,
+    write_module,
+)
 
 # Count is chained with its sink. The slow sink costs 200 us a record: ~5k records/s per subtask, against a
 # source that makes several hundred thousand a second when unhindered. What sits in front of one Count
@@ -133,12 +139,7 @@ def logs(cluster: Cluster) -> str:
 
 
 def expected_counts() -> Counter[str]:
-    keys = key_names(KEYS)
-    counts: Counter[str] = Counter()
-    for block in range(-(-WORDS // BLOCK)):
-        counts.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=WORDS))
-    assert sum(counts.values()) == WORDS
-    return counts
+    return generator_counts(WORDS, KEYS, SEED)
 
 
 # -- 1: aligned vs unaligned under backpressure --------------------------------------------------------------
@@ -254,15 +255,7 @@ def test_restore_from_checkpoint_with_inflight_data_gives_exact_output(running_c
     assert final["state"] == "FINISHED", (final, logs(cluster))
     assert final["restored_from"] == result["path"], final
 
-    poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
-    counts, _ = committed_output(out)
-    assert set(counts) == set(expected), set(counts) ^ set(expected)
-    for key, ns in counts.items():
-        assert sorted(ns) == list(range(1, expected[key] + 1)), (
-            f"{key}: expected 1..{expected[key]}, got {len(ns)} values, duplicates "
-            f"{sorted(n for n, c in Counter(ns).items() if c > 1)[:10]}, missing "
-            f"{sorted(set(range(1, expected[key] + 1)) - set(ns))[:10]}")
-    assert sum(len(v) for v in counts.values()) == WORDS
+    assert_running_counts(out, expected)
 
 
 # -- 4: aborted and incomplete checkpoints leave nothing usable ---------------------------------------------------

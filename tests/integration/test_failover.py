@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from runtime.connectors.generator import BLOCK, generate_block, key_names
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.integration.conftest import Cluster, generator_counts, poll, write_module
 
 pytestmark = pytest.mark.integration
 
@@ -193,10 +192,7 @@ def start(cluster: Cluster, workers: int = 3, *coordinator_args: str) -> None:
 
 
 def expected_counts(words: int) -> Counter[str]:
-    keys = key_names(KEYS)
-    counts: Counter[str] = Counter()
-    for block in range(-(-words // BLOCK)):
-        counts.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=words))
+    counts = generator_counts(words, KEYS, SEED)
     assert sum(counts.values()) == words
     return counts
 

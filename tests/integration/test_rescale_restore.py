@@ -6,15 +6,20 @@ The committed output is exact: every key's counts 1..N, each once."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from netstack.errors import RpcError
-from runtime.connectors.generator import BLOCK, generate_block, key_names
-from tests.integration.conftest import Cluster, committed_output, poll, write_module
+from tests.integration.conftest import (
+    Cluster,
+    assert_running_counts,
+    committed_output,
+    generator_counts,
+    poll,
+    write_module,
+)
 from tests.integration.test_checkpoints import cancel, checkpoint_config, history_entry, logs, read_metadata
 
 # The slow sink (200 us a record) keeps the job backpressured at parallelism 2 and 3, with more input left
@@ -79,14 +84,6 @@ def install_jobs(cluster: Cluster) -> Path:
     return out
 
 
-def expected_counts() -> Counter[str]:
-    keys = key_names(KEYS)
-    counts: Counter[str] = Counter()
-    for block in range(-(-WORDS // BLOCK)):
-        counts.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=WORDS))
-    return counts
-
-
 def submit(cluster: Cluster, config: dict[str, Any], restore: str | None = None,
            parallelism: int | dict[str, int] | None = None, entry: str = "rescalejobs:wordcount") -> str:
     config = dict(config)
@@ -144,20 +141,7 @@ def test_unaligned_checkpoint_restored_at_3_then_at_1_gives_exact_output(running
     assert final["state"] == "FINISHED", (final, logs(cluster))
     assert final["restored_from"] == at_3, final
 
-    check_exact(out)
-
-
-def check_exact(out: Path) -> None:
-    expected = expected_counts()
-    poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
-    counts, _ = committed_output(out)
-    assert set(counts) == set(expected), set(counts) ^ set(expected)
-    for key, ns in counts.items():
-        assert sorted(ns) == list(range(1, expected[key] + 1)), (
-            f"{key}: expected 1..{expected[key]}, got {len(ns)} values, duplicates "
-            f"{sorted(n for n, c in Counter(ns).items() if c > 1)[:10]}, missing "
-            f"{sorted(set(range(1, expected[key] + 1)) - set(ns))[:10]}")
-    assert sum(len(v) for v in counts.values()) == WORDS
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
 
 
 @pytest.mark.integration
@@ -185,7 +169,7 @@ def test_only_the_consumers_rescaled_then_a_savepoint_restored_at_1(running_clus
     third = submit(cluster, config, restore=result["path"], parallelism=1, entry="rescalejobs:wordcount_fast")
     final = cluster.wait_job(third, timeout_s=180)
     assert final["state"] == "FINISHED", (final, logs(cluster))
-    check_exact(out)
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
 
 
 @pytest.mark.integration

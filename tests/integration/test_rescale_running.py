@@ -10,15 +10,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.graph.enums import JobState
-from tests.integration.conftest import Cluster, committed_output, poll, write_module
+from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, poll, write_module
 from tests.integration.test_checkpoints import history_entry, logs
 
 JOBS = """
@@ -97,21 +95,6 @@ def rescale(cluster: Cluster, job_id: str, parallelism: int) -> float:
     return float(m.group(4))
 
 
-def check_exact(out: Path) -> None:
-    keys = key_names(KEYS)
-    expected: Counter[str] = Counter()
-    for block in range(-(-WORDS // BLOCK)):
-        expected.update(k for k, _, _ in generate_block(block, seed=SEED, keys=keys, cum_weights=None, count=WORDS))
-    poll(lambda: not committed_output(out)[1], 15, "the final commit (no in-progress files left)")
-    counts, _ = committed_output(out)
-    assert set(counts) == set(expected), set(counts) ^ set(expected)
-    for key, ns in counts.items():
-        assert sorted(ns) == list(range(1, expected[key] + 1)), (
-            f"{key}: expected 1..{expected[key]}, got {len(ns)} values, duplicates "
-            f"{sorted(n for n, c in Counter(ns).items() if c > 1)[:10]}, missing "
-            f"{sorted(set(range(1, expected[key] + 1)) - set(ns))[:10]}")
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_running_job_rescaled_2_3_1_2_with_the_cli_gives_exact_output(running_cluster: Cluster) -> None:
@@ -127,7 +110,7 @@ def test_running_job_rescaled_2_3_1_2_with_the_cli_gives_exact_output(running_cl
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED, (final, logs(cluster))
     assert final["attempt"] == 3 and final["restarts"] == 0 and len(final["rescale_s"]) == 3, final
-    check_exact(out)
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
 
 
 @pytest.mark.integration
@@ -147,7 +130,7 @@ def test_rescale_needing_more_slots_is_refused_and_the_job_goes_on(running_clust
     assert [v["parallelism"] for v in st["vertices"]] == [2, 2], st
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED and final["attempt"] == 0, (final, logs(cluster))
-    check_exact(out)
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
     # a job that is no longer running is refused in one line too
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "1")
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and "not RUNNING" in proc.stderr, proc
@@ -177,4 +160,4 @@ def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: 
     rescale(cluster, job_id, 3)
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED and final["attempt"] == 1, (final, logs(cluster))
-    check_exact(out)
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
