@@ -339,18 +339,16 @@ class CheckpointCoordinator:
     def storage_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
         """The coordinator could not prepare the checkpoint's storage (its directory cannot be created): it is
         declined before any task took part, and counts as failed like any abort."""
-        cp = self._accepting(checkpoint_id, "decline")
-        if cp is None:
-            return []
-        return self._abort(now, cp, f"checkpoint storage failed: {reason}")
+        return self._abort_in_flight(now, checkpoint_id, f"checkpoint storage failed: {reason}")
 
     def trigger_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
         """A worker could not be told to take the checkpoint (its RPC failed): the checkpoint cannot complete,
         so it is aborted now rather than at its timeout, and counts as failed like any abort."""
+        return self._abort_in_flight(now, checkpoint_id, f"trigger failed: {reason}")
+
+    def _abort_in_flight(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "decline")
-        if cp is None:
-            return []
-        return self._abort(now, cp, f"trigger failed: {reason}")
+        return [] if cp is None else self._abort(now, cp, reason)
 
     def task_failed(self, now: float, reason: str) -> list[Instruction]:
         if self._job_failed:

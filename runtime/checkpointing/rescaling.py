@@ -29,13 +29,6 @@ class RescaleError(ValueError):
     """The checkpoint cannot be restored at the new parallelism (one line, for the user)."""
 
 
-def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> range:
-    """The key groups `subtask` of `parallelism` owns: exactly those g with subtask_for_key_group(g) == subtask."""
-    start = -(-subtask * max_parallelism // parallelism)
-    end = -(-(subtask + 1) * max_parallelism // parallelism)
-    return range(start, end)
-
-
 def overlapping_subtasks(max_parallelism: int, old_parallelism: int, groups: range) -> list[int]:
     """The old subtasks whose key-group ranges overlap `groups` (in subtask order)."""
     if not groups:

@@ -30,6 +30,13 @@ def subtask_for_key_group(group: int, max_parallelism: int, parallelism: int) ->
     return group * parallelism // max_parallelism
 
 
+def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> range:
+    """The key groups `subtask` of `parallelism` owns: exactly those g with subtask_for_key_group(g) == subtask."""
+    start = -(-subtask * max_parallelism // parallelism)
+    end = -(-(subtask + 1) * max_parallelism // parallelism)
+    return range(start, end)
+
+
 class KeyRouter:
     """key -> consumer subtask, with a bounded cache because the hash is the hot part."""
 

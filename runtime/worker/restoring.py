@@ -13,7 +13,6 @@ from typing import Any
 from runtime.api import Job
 from runtime.checkpointing.rescaling import (
     RescaleError,
-    key_group_range,
     merge_keyed,
     overlapping_subtasks,
     redistribute_edge,
@@ -23,6 +22,7 @@ from runtime.checkpointing.rescaling import (
 from runtime.checkpointing.snapshots import decode_channel_state, decode_operator_state, keyed_tables, read_file
 from runtime.execution.channels import InputChannel
 from runtime.execution.task import RestoredState
+from runtime.graph.partitioning import key_group_range
 from runtime.graph.plan import Plan, Vertex, edge_key_fn
 
 

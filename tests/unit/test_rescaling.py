@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from runtime.checkpointing.rescaling import (
     RescaleError,
-    key_group_range,
     merge_keyed,
     overlapping_subtasks,
     redistribute_edge,
@@ -27,7 +26,7 @@ from runtime.connectors.files import JsonLinesSource
 from runtime.connectors.generator import BLOCK, GeneratorSource
 from runtime.connectors.sinks import DiscardSink
 from runtime.examples.wordcount import Count
-from runtime.graph.partitioning import KeyRouter
+from runtime.graph.partitioning import KeyRouter, key_group_range
 
 parallelisms = st.integers(min_value=1, max_value=9)
 max_parallelisms = st.sampled_from([9, 16, 128])
