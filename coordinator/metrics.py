@@ -19,6 +19,7 @@ from netstack.metrics_http import protocol_failures
 from runtime.graph.enums import JobState
 
 if TYPE_CHECKING:
+    from coordinator.autoscale import ScalingStatistics
     from coordinator.jobs import JobStatistics
     from coordinator.registry import RegistryStatistics
 
@@ -68,6 +69,7 @@ class JobsStatistics:
     jobs: tuple[JobStatistics, ...]
     checkpoint_durations: HistogramStatistics
     restart_durations: HistogramStatistics
+    scaling: tuple[ScalingStatistics, ...] = ()  # jobs that were ever restarted or rescaled
 
 
 class CoordinatorCollector(Collector):
@@ -91,6 +93,21 @@ class CoordinatorCollector(Collector):
             by_state.add_metric([state], n)
         yield from (workers, slots, running, by_state, protocol_failures())
         yield from self._checkpoints(js)
+        yield from self._scaling(js)
+
+    def _scaling(self, js: JobsStatistics) -> Iterator[Metric]:
+        job = ["job"]
+        downs = CounterMetricFamily("sluice_job_scale_downs", "Restarts at a lower parallelism than the one "
+                                    "asked for, because too few slots were free", labels=job)
+        ups = CounterMetricFamily("sluice_job_scale_ups", "Rescales of a scaled-down job back up, because workers "
+                                  "registered again", labels=job)
+        below = GaugeMetricFamily("sluice_job_scaled_down", "1 while the job runs below the parallelism asked for",
+                                  labels=job)
+        for s in js.scaling:
+            downs.add_metric([s.job_id], s.scale_downs)
+            ups.add_metric([s.job_id], s.scale_ups)
+            below.add_metric([s.job_id], int(s.scaled_down))
+        yield from (downs, ups, below)
 
     def _checkpoints(self, js: JobsStatistics) -> Iterator[Metric]:
         completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")
