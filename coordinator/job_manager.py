@@ -429,15 +429,17 @@ class JobManager:
 
     def _plan_attempt(self, job: JobRecord, *, waited_s: float, run_at: dict[str, int] | None) -> Plan:
         """The plan of a restart: at `run_at` if given (a scale-up), else at the ask; once the restart has
-        waited `scale_down_after` for the slots the ask needs, at the largest parallelism the slots allow.
-        Raises RpcError while no plan fits."""
+        waited `scale_down_after` for the slots the ask needs (at once if the job ran scaled down already: the
+        cluster was known to be too small), at the largest parallelism the slots allow. Raises RpcError while
+        no plan fits."""
         if run_at is not None:
             return self.plan(job, {**job.config, "parallelism": run_at})
         try:
             return self.plan(job)
         except RpcError:
             after = self.autoscale.scale_down_after(job.config)
-            if after is None or waited_s < after:
+            scaling = self.scaling.get(job.job_id)
+            if after is None or (waited_s < after and not (scaling is not None and scaling.reason)):
                 raise
             slots, shape = self.slots(), self._shape(job)
             fitted = policy.fit_parallelism(shape, slots)
