@@ -210,3 +210,22 @@ def test_scale_counters_are_exported() -> None:
     assert got[("sluice_job_scale_ups_total", (("job", "a"),))] == 1
     assert got[("sluice_job_scaled_down", (("job", "a"),))] == 1
     assert got[("sluice_job_scaled_down", (("job", "b"),))] == 0
+
+
+def test_a_worker_counts_for_scaling_up_only_once_it_has_stayed(tmp_path: object) -> None:
+    """A flapping worker re-registers with a new `registered_at` every time, so it never counts."""
+    import time
+
+    from coordinator.job_manager import JobManager
+    from coordinator.registry import WorkerRecord, WorkerRegistry
+    from coordinator.storage import LocalCheckpointStorage
+
+    registry = WorkerRegistry()
+    now = time.monotonic()
+    for wid, slots, age in (("old", 2, 30.0), ("new", 3, 1.0)):
+        registry.register(WorkerRecord(wid, None, slots, "127.0.0.1", 1, None, None,  # type: ignore[arg-type]
+                                       registered_at=now - age))
+    manager = JobManager(workers=registry, storage=LocalCheckpointStorage(str(tmp_path)), spawn=lambda c: c.close(),
+                         autoscale=AutoscaleSettings(scale_up_after_s=5.0))
+    assert manager.slots() == 5
+    assert manager.slots(settled_for_s=manager.autoscale.scale_up_after_s) == 2
