@@ -1,0 +1,242 @@
+"""One conformance suite for every state backend, on real files; then RocksDB's incremental checkpoints."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.graph.partitioning import key_group, key_group_range
+from runtime.state.backend import MISSING, SnapshotHandle, StateBackend, StateBackendError
+from runtime.state.codec import StateCodecError, decode_key, encode_key
+from runtime.state.files import SharedFileRegistry, SnapshotStore
+from runtime.state.memory import MemoryBackend
+from runtime.state.rocksdb import RocksDBBackend, available
+
+MAX_PAR = 128
+ALL = range(0, MAX_PAR)
+
+needs_rocksdb = pytest.mark.skipif(not available(), reason="the rocksdb extra is not installed")
+
+Factory = Callable[[range], StateBackend]
+
+
+@pytest.fixture(params=["memory", pytest.param("rocksdb", marks=needs_rocksdb)])
+def make(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[Factory]:
+    made: list[StateBackend] = []
+    counter = iter(range(1000))
+
+    def factory(groups: range) -> StateBackend:
+        if request.param == "memory":
+            backend: StateBackend = MemoryBackend(groups)
+        else:
+            backend = RocksDBBackend(groups, directory=os.path.join(str(tmp_path), f"local-{next(counter)}"))
+        made.append(backend)
+        return backend
+
+    yield factory
+    for backend in made:
+        backend.close()
+
+
+def entry(name: str, key: object, value: object) -> tuple[str, int, object, object]:
+    return name, key_group(key, MAX_PAR), key, value
+
+
+def test_get_put_delete_in_batches(make: Factory) -> None:
+    b = make(ALL)
+    b.put_many([entry("count", "a", 1), entry("count", "b", None), entry("sum", "a", [1, 2]),
+                entry("count", ("t", 1), {"x": 1})])
+    got = b.get_many([("count", key_group("a", MAX_PAR), "a"), ("count", key_group("b", MAX_PAR), "b"),
+                      ("sum", key_group("a", MAX_PAR), "a"), ("count", key_group("zz", MAX_PAR), "zz"),
+                      ("count", key_group(("t", 1), MAX_PAR), ("t", 1))])
+    assert got == [1, None, [1, 2], MISSING, {"x": 1}]
+    b.delete_many([("count", key_group("a", MAX_PAR), "a"), ("count", key_group("nope", MAX_PAR), "nope")])
+    assert b.get_many([("count", key_group("a", MAX_PAR), "a"), ("sum", key_group("a", MAX_PAR), "a")]) == [
+        MISSING, [1, 2]]
+    b.write_many([entry("count", "a", 7)], [("sum", key_group("a", MAX_PAR), "a")])
+    assert b.get_many([("count", key_group("a", MAX_PAR), "a"), ("sum", key_group("a", MAX_PAR), "a")]) == [
+        7, MISSING]
+
+
+def test_an_entry_outside_the_key_groups_is_refused(make: Factory) -> None:
+    b = make(range(0, 10))
+    with pytest.raises(StateBackendError, match="key group 50"):
+        b.put_many([("count", 50, "k", 1)])
+
+
+def test_scan_reads_exactly_a_key_group_range_in_group_order(make: Factory) -> None:
+    b = make(ALL)
+    keys = [f"k{i}" for i in range(300)]
+    b.put_many([entry("count", k, i) for i, k in enumerate(keys)])
+    part = range(20, 70)
+    scanned = list(b.scan(part))
+    assert [g for _, g, _, _ in scanned] == sorted(g for _, g, _, _ in scanned)
+    assert {(k, v) for _, _, k, v in scanned} == {(k, i) for i, k in enumerate(keys)
+                                                 if key_group(k, MAX_PAR) in part}
+
+
+def test_snapshot_round_trip_with_later_writes_excluded(make: Factory, tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    b = make(ALL)
+    b.put_many([entry("count", f"k{i}", i) for i in range(500)])
+    pending = b.begin_snapshot(1)
+    b.put_many([entry("count", "k1", -1), entry("count", "late", 1)])  # after the synchronous part
+    handle = pending.upload(store)
+    assert SnapshotHandle.from_dict(handle.to_dict()) == handle
+    restored = make(ALL)
+    restored.restore(store, [handle])
+    assert sorted((k, v) for _, _, k, v in restored.scan(ALL)) == sorted((f"k{i}", i) for i in range(500))
+
+
+def test_restore_splits_and_merges_along_key_groups(make: Factory, tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    data = {f"k{i}": i for i in range(400)}
+    # two subtasks take a checkpoint ...
+    handles = []
+    for subtask in range(2):
+        groups = key_group_range(MAX_PAR, 2, subtask)
+        b = make(groups)
+        b.put_many([entry("count", k, v) for k, v in data.items() if key_group(k, MAX_PAR) in groups])
+        handles.append(b.snapshot(3, store))
+    # ... restored at parallelism 3: each new subtask reads the handles that overlap its groups
+    seen: dict[str, int] = {}
+    for subtask in range(3):
+        groups = key_group_range(MAX_PAR, 3, subtask)
+        b = make(groups)
+        b.restore(store, [h for h in handles if range(max(h.key_groups.start, groups.start),
+                                                     min(h.key_groups.stop, groups.stop))])
+        for _, group, key, value in b.scan(ALL):
+            assert group in groups
+            assert key not in seen
+            seen[key] = value
+    assert seen == data
+    # and back to one subtask: a merge of all the handles
+    one = make(ALL)
+    one.restore(store, handles)
+    assert {k: v for _, _, k, v in one.scan(ALL)} == data
+
+
+def test_a_missing_snapshot_file_is_a_clear_error(make: Factory, tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    b = make(ALL)
+    b.put_many([entry("count", "a", 1)])
+    handle = b.snapshot(1, store)
+    os.unlink(store.path(handle.private_files[0]))
+    with pytest.raises(StateBackendError, match="missing"):
+        make(ALL).restore(store, [handle])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.one_of(st.text(max_size=5), st.integers(-2**63, 2**63 - 1),
+                                                                     st.tuples(st.integers(0, 1000), st.text(max_size=3)))),
+                max_size=20),
+       st.integers(min_value=0, max_value=65535))
+@settings(max_examples=200, deadline=None)
+def test_encoded_keys_round_trip_and_sort_by_key_group(pairs: list[tuple[str, object]], group: int) -> None:
+    for name, key in pairs:
+        assert decode_key(encode_key(name, group, key)) == (name, group, key)
+    if group < 65535:
+        assert encode_key("z" * 200, group, "\uffff" * 5) < encode_key("", group + 1, 0)
+
+
+def test_a_key_that_cannot_be_encoded_is_a_clear_error() -> None:
+    with pytest.raises(StateCodecError, match="cannot be stored"):
+        encode_key("count", 0, 2**70)
+    with pytest.raises(StateCodecError, match="longer than 255"):
+        encode_key("n" * 300, 0, "k")
+
+
+# -- RocksDB: incremental checkpoints -----------------------------------------------------------------
+
+@pytest.fixture
+def rocks(tmp_path: object) -> Iterator[RocksDBBackend]:
+    if not available():
+        pytest.skip("the rocksdb extra is not installed")
+    b = RocksDBBackend(ALL, directory=os.path.join(str(tmp_path), "local"), write_buffer_bytes=1 << 20)
+    yield b
+    b.close()
+
+
+def fill(b: StateBackend, start: int, count: int) -> None:
+    for chunk in range(start, start + count, 5000):
+        b.put_many([entry("count", f"key-{i}", "v" * 40) for i in range(chunk, min(chunk + 5000, start + count))])
+
+
+def test_an_incremental_checkpoint_uploads_only_new_sst_files(rocks: RocksDBBackend, tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    fill(rocks, 0, 20_000)
+    first = rocks.snapshot(1, store)
+    assert first.shared_files
+    assert first.uploaded_bytes == first.total_bytes  # nothing was there before
+    fill(rocks, 20_000, 2_000)
+    second = rocks.snapshot(2, store)
+    old = {f.name for f in first.shared_files}
+    new = [f for f in second.shared_files if f.name not in old]
+    reused = [f for f in second.shared_files if f.name in old]
+    assert reused, "the second checkpoint references the first one's SST files"
+    assert new, "the second checkpoint has the flushed new writes"
+    private = sum(os.path.getsize(store.path(p)) for p in second.private_files)
+    assert second.uploaded_bytes == sum(f.size for f in new) + private
+    assert second.uploaded_bytes < first.uploaded_bytes / 2
+    # nothing changed: only the private files (MANIFEST, CURRENT, OPTIONS, ...) and the memtable flush
+    third = rocks.snapshot(3, store)
+    assert {f.name for f in second.shared_files} <= {f.name for f in third.shared_files}
+    restored = RocksDBBackend(ALL, directory=os.path.join(str(tmp_path), "restored"))
+    try:
+        restored.restore(store, [second])
+        assert sum(1 for _ in restored.scan(ALL)) == 22_000
+        # a restored instance goes on incrementally: its files are the shared ones
+        fill(restored, 22_000, 10)
+        after = restored.snapshot(4, store)
+        assert {f.name for f in second.shared_files} <= {f.name for f in after.shared_files}
+        assert after.uploaded_bytes < second.uploaded_bytes
+    finally:
+        restored.close()
+
+
+def test_shared_files_are_deleted_when_the_last_checkpoint_referencing_them_is(
+        rocks: RocksDBBackend, tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    registry = SharedFileRegistry()
+    fill(rocks, 0, 10_000)
+    first = rocks.snapshot(1, store)
+    registry.register(first)
+    fill(rocks, 10_000, 10_000)
+    rocks._db.compact_range(None, None)  # merges the SSTs: the first checkpoint's files are no longer live
+    second = rocks.snapshot(2, store)
+    registry.register(second)
+    only_first = {f.name for f in first.shared_files} - {f.name for f in second.shared_files}
+    assert only_first
+    for f in first.shared_files:
+        assert registry.count(f.name) == (1 if f.name in only_first else 2)
+    deleted = store.discard(first, registry)
+    assert sorted(deleted) == sorted(f"shared/{n}" for n in only_first)
+    for f in first.shared_files:
+        assert os.path.exists(store.shared_path(f.name)) == (f.name not in only_first)
+    assert not any(os.path.exists(store.path(p)) for p in first.private_files)
+    restored = RocksDBBackend(ALL, directory=os.path.join(str(tmp_path), "restored"))
+    try:
+        restored.restore(store, [second])  # what the second still references is all there
+        assert sum(1 for _ in restored.scan(ALL)) == 20_000
+    finally:
+        restored.close()
+    store.discard(second, registry)
+    assert registry.referenced() == set()
+    assert os.listdir(store.path("shared")) == []
+    with pytest.raises(ValueError, match="no handle holds"):
+        registry.release(second)
+
+
+def test_the_synchronous_part_stays_short_whatever_the_state_size(rocks: RocksDBBackend, tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    timings = []
+    for round_ in range(4):
+        fill(rocks, round_ * 30_000, 30_000)
+        pending = rocks.begin_snapshot(round_)
+        timings.append(pending.sync_seconds)
+        pending.upload(store)
+    # bounded by the memtable (1 MiB here), not by the state (4x larger at the end): generous for a loaded box
+    assert max(timings) < 0.5, timings
