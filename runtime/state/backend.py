@@ -100,8 +100,9 @@ class PendingSnapshot(abc.ABC):
     @abc.abstractmethod
     def upload(self, store: SnapshotStore) -> SnapshotHandle: ...
 
-    def abort(self) -> None:
+    def abort(self) -> None:  # noqa: B027 - a snapshot with no local files has nothing to drop
         """Drop the snapshot without uploading (the checkpoint was declined)."""
+        return None
 
 
 @dataclass
@@ -163,8 +164,8 @@ class StateBackend(abc.ABC):
         groups than this backend owns when a subtask splits.
         """
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
+        return None
 
     def __enter__(self) -> StateBackend:
         return self

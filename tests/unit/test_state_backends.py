@@ -130,9 +130,11 @@ def test_a_missing_snapshot_file_is_a_clear_error(make: Factory, tmp_path: objec
         make(ALL).restore(store, [handle])
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.one_of(st.text(max_size=5), st.integers(-2**63, 2**63 - 1),
-                                                                     st.tuples(st.integers(0, 1000), st.text(max_size=3)))),
-                max_size=20),
+KEYS = st.one_of(st.text(max_size=5), st.integers(-2**63, 2**63 - 1),
+                 st.tuples(st.integers(0, 1000), st.text(max_size=3)))
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), KEYS), max_size=20),
        st.integers(min_value=0, max_value=65535))
 @settings(max_examples=200, deadline=None)
 def test_encoded_keys_round_trip_and_sort_by_key_group(pairs: list[tuple[str, object]], group: int) -> None:
