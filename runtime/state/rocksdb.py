@@ -49,7 +49,7 @@ from runtime.state.files import SnapshotStore
 try:
     import rocksdict
 except ImportError:  # pragma: no cover - depends on the install
-    rocksdict = None
+    rocksdict = None  # type: ignore[assignment]
 
 DEFAULT_WRITE_BUFFER_BYTES = 8 << 20
 
