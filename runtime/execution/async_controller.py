@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.graph.partitioning import key_group
+from runtime.state.backend import MISSING
+
+__all__ = ["MISSING", "AsyncExecutionController", "ControllerConfig"]  # and the event and instruction types
 
 
 class KeyOrder(enum.Enum):
@@ -94,16 +97,6 @@ class _Deleted:
 
 DELETED: Any = _Deleted()
 
-
-class _Missing:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
-"""What the controller answers for a read of state that was deleted (the backend says its own MISSING)."""
 
 Address = tuple[str, int, Any]  # (state name, key group, key)
 

@@ -56,6 +56,11 @@ class MemoryBackend(StateBackend):
         for name, group, key, value in entries:
             self._groups.setdefault(group, {})[(name, key)] = value
 
+    def write_many(self, puts: Sequence[tuple[str, int, Any, Any]], deletes: Sequence[StateAddress]) -> None:
+        self.put_many(puts)
+        self.delete_many(deletes)
+        self._stats.round_trips -= 1  # one round trip for both
+
     def delete_many(self, addresses: Sequence[StateAddress]) -> None:
         self._stats.deletes += len(addresses)
         self._stats.round_trips += 1
