@@ -97,6 +97,7 @@ class CapturedCheckpoint:
 
     instruction: TakeSnapshot
     pending: PendingSnapshot
+    taken_at: float  # loop time of the synchronous part (the barrier's arrival is the caller's to note)
 
 
 class AsyncStateRunner:
@@ -169,8 +170,8 @@ class AsyncStateRunner:
                 self._on_watermark(i.timestamp)
             elif isinstance(i, TakeSnapshot):
                 # the synchronous part, now: no batch after this instruction reaches the backend before it
-                self.checkpoints[i.checkpoint_id] = CapturedCheckpoint(i, self._backend.begin_snapshot(
-                    i.checkpoint_id))
+                pending = self._backend.begin_snapshot(i.checkpoint_id)
+                self.checkpoints[i.checkpoint_id] = CapturedCheckpoint(i, pending, self._loop.time())
             elif isinstance(i, Drained):
                 self._drained.set()
         self._arm_timer()

@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""State benchmark: synchronous vs asynchronous state access, epochs, capture vs drain, RocksDB checkpoints.
+
+Standalone (no cluster, no task loop: the async runner is not wired into tasks yet). Remote state is
+simulated by runtime/state/latency.py: an in-memory backend behind a fixed sleep per round trip
+(--latency-ms, default 1). It is a stand-in until the remote Redis-protocol backend of issue 11 exists,
+so the figures show what batching and overlapping buy against a round-trip cost, not a real server.
+
+1. Throughput of a keyed count (read the key's count, write count + 1, emit) over --keys keys:
+   - sync: each record does its read and its write as two round trips, one after the other (what a
+     synchronous ValueState on a remote store would do);
+   - async: AsyncKeyedProcessFunction through AsyncStateRunner, for each --in-flight bound;
+   - both again without latency, to show the async framework's own cost.
+2. Epochs: a watermark every --watermark-every records, strict vs out-of-order, at the largest bound.
+3. Checkpoints while state I/O is slow: time from the barrier to the synchronous snapshot, drain vs
+   capture, with --slow-latency-ms per round trip and the largest in-flight bound.
+4. RocksDB checkpoints vs state size: synchronous part (ms), bytes uploaded by a full first checkpoint and
+   by an incremental second one after updating 1 % of the keys; the memory backend's full snapshot beside.
+
+    .venv/bin/python scripts/bench_state.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime.execution.async_controller import CheckpointMode, ControllerConfig, EpochMode  # noqa: E402
+from runtime.execution.async_state import (  # noqa: E402
+    AsyncKeyedContext,
+    AsyncKeyedProcessFunction,
+    AsyncStateRunner,
+)
+from runtime.graph.partitioning import key_group  # noqa: E402
+from runtime.state.backend import MISSING, StateBackend  # noqa: E402
+from runtime.state.files import SnapshotStore  # noqa: E402
+from runtime.state.latency import LatencyBackend  # noqa: E402
+from runtime.state.memory import MemoryBackend  # noqa: E402
+from runtime.state.rocksdb import RocksDBBackend, available  # noqa: E402
+
+MAX_PAR = 128
+ALL = range(MAX_PAR)
+
+
+class Count(AsyncKeyedProcessFunction):
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        state = ctx.value_state("count", 0)
+        n = await state.value() + 1
+        await state.update(n)
+        ctx.emit(n)
+
+
+def backend(latency_s: float) -> StateBackend:
+    inner = MemoryBackend(ALL)
+    return LatencyBackend(inner, round_trip_s=latency_s) if latency_s else inner
+
+
+def sync_run(latency_s: float, n: int, keys: int) -> float:
+    b = backend(latency_s)
+    out = []
+    started = time.perf_counter()
+    for i in range(n):
+        key = f"k{i % keys}"
+        address = ("count", key_group(key, MAX_PAR), key)
+        value = b.get_many([address])[0]
+        count = (0 if value is MISSING else value) + 1
+        b.put_many([(*address, count)])
+        out.append(count)
+    return n / (time.perf_counter() - started)
+
+
+async def async_run(latency_s: float, n: int, keys: int, config: ControllerConfig,
+                    watermark_every: int = 0) -> float:
+    b = backend(latency_s)
+    out: list[Any] = []
+    runner = AsyncStateRunner(Count(), b, config, key_of=lambda r: r, emit=out.append)
+    started = time.perf_counter()
+    for i in range(n):
+        await runner.process(f"k{i % keys}")
+        if watermark_every and i % watermark_every == watermark_every - 1:
+            runner.watermark(i)
+    await runner.finish()
+    elapsed = time.perf_counter() - started
+    await runner.aclose()
+    assert len(out) == n
+    return n / elapsed
+
+
+async def barrier_to_snapshot(latency_s: float, keys: int, config: ControllerConfig) -> float:
+    """Seconds from the barrier to the synchronous snapshot, with the runner full of records in flight."""
+    b = backend(latency_s)
+    runner = AsyncStateRunner(Count(), b, config, key_of=lambda r: r, emit=lambda v: None)
+    n = config.max_in_flight * 2
+    for i in range(n):
+        await runner.process(f"k{i % keys}")
+    loop = asyncio.get_running_loop()
+    barrier_at = loop.time()
+    runner.barrier(1)
+    await runner.finish()
+    taken = runner.checkpoints[1].taken_at - barrier_at
+    await runner.aclose()
+    return taken
+
+
+def rocksdb_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict[str, Any]]:
+    rows = []
+    for size in sizes:
+        work = tempfile.mkdtemp(dir=root)
+        store = SnapshotStore(os.path.join(work, "checkpoints"))
+        row: dict[str, Any] = {"entries": size}
+        with RocksDBBackend(ALL, directory=os.path.join(work, "local")) as rocks:
+            memory = MemoryBackend(ALL)
+            for start in range(0, size, 10_000):
+                batch = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", "v" * value_bytes)
+                         for i in range(start, min(start + 10_000, size))]
+                rocks.put_many(batch)
+                memory.put_many(batch)
+            first = rocks.begin_snapshot(1)
+            h1 = first.upload(store)
+            updated = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", "w" * value_bytes)
+                       for i in range(0, size, 100)]
+            rocks.put_many(updated)
+            second = rocks.begin_snapshot(2)
+            h2 = second.upload(store)
+            mem = memory.begin_snapshot(1)
+            hm = mem.upload(SnapshotStore(os.path.join(work, "memory")))
+            row.update(rocks_sync_ms_first=first.sync_seconds * 1000, rocks_sync_ms_second=second.sync_seconds * 1000,
+                       rocks_uploaded_first=h1.uploaded_bytes, rocks_uploaded_second=h2.uploaded_bytes,
+                       rocks_total_second=h2.total_bytes, memory_sync_ms=mem.sync_seconds * 1000,
+                       memory_bytes=hm.uploaded_bytes)
+        shutil.rmtree(work, ignore_errors=True)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency-ms", type=float, default=1.0)
+    parser.add_argument("--slow-latency-ms", type=float, default=20.0)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--sync-records", type=int, default=1_000)
+    parser.add_argument("--async-records", type=int, default=40_000)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--watermark-every", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    latency = args.latency_ms / 1000
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                               "args": vars(args)}
+
+    def median(f: Any) -> float:
+        return statistics.median(f() for _ in range(args.repeats))
+
+    throughput: list[dict[str, Any]] = []
+    for lat in (latency, 0.0):
+        sync = median(lambda lat=lat: sync_run(lat, args.sync_records if lat else args.async_records, args.keys))
+        throughput.append({"latency_ms": lat * 1000, "mode": "sync", "records_per_s": sync})
+        for bound in args.in_flight:
+            config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, max_parallelism=MAX_PAR)
+            rate = median(lambda lat=lat, config=config: asyncio.run(
+                async_run(lat, args.async_records, args.keys, config)))
+            throughput.append({"latency_ms": lat * 1000, "mode": f"async, {bound} in flight",
+                               "records_per_s": rate, "vs_sync": rate / sync})
+        print(json.dumps(throughput[-1 - len(args.in_flight):]), file=sys.stderr)
+    results["throughput"] = throughput
+
+    epochs = []
+    bound = max(args.in_flight)
+    for mode in EpochMode:
+        config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, epoch_mode=mode,
+                                  max_parallelism=MAX_PAR)
+        rate = median(lambda config=config: asyncio.run(
+            async_run(latency, args.async_records, args.keys, config, args.watermark_every)))
+        epochs.append({"epoch_mode": mode.value, "records_per_s": rate})
+    results["epochs"] = epochs
+    print(json.dumps(epochs), file=sys.stderr)
+
+    checkpoints = []
+    for mode in CheckpointMode:
+        config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, checkpoint_mode=mode,
+                                  max_parallelism=MAX_PAR)
+        seconds = median(lambda config=config: asyncio.run(
+            barrier_to_snapshot(args.slow_latency_ms / 1000, args.keys, config)))
+        checkpoints.append({"checkpoint_mode": mode.value, "barrier_to_snapshot_ms": seconds * 1000})
+    results["checkpoints"] = checkpoints
+    print(json.dumps(checkpoints), file=sys.stderr)
+
+    if available():
+        root = tempfile.mkdtemp(prefix="bench-state-")
+        try:
+            results["rocksdb"] = rocksdb_checkpoints(args.sizes, args.value_bytes, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{'latency':>8} {'mode':<24} {'records/s':>10} {'vs sync':>8}")
+    for row in throughput:
+        vs = f"{row['vs_sync']:.1f}x" if "vs_sync" in row else "-"
+        print(f"{row['latency_ms']:>6.1f}ms {row['mode']:<24} {row['records_per_s']:>10,.0f} {vs:>8}")
+    for row in epochs:
+        print(f"epochs {row['epoch_mode']:<14} {row['records_per_s']:>10,.0f} records/s")
+    for row in checkpoints:
+        print(f"checkpoint {row['checkpoint_mode']:<8} barrier -> snapshot {row['barrier_to_snapshot_ms']:.1f} ms")
+    for row in results.get("rocksdb", []):
+        print(f"rocksdb {row['entries']:>9,} entries: sync {row['rocks_sync_ms_first']:.1f} / "
+              f"{row['rocks_sync_ms_second']:.1f} ms, uploaded {row['rocks_uploaded_first'] / 2**20:.1f} MiB then "
+              f"{row['rocks_uploaded_second'] / 2**20:.2f} MiB of {row['rocks_total_second'] / 2**20:.1f} MiB; "
+              f"memory sync {row['memory_sync_ms']:.1f} ms, {row['memory_bytes'] / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
