@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -113,6 +114,12 @@ async def barrier_to_snapshot(latency_s: float, keys: int, config: ControllerCon
     return taken
 
 
+def value(i: int, size: int) -> str:
+    """A value that compresses about as well as hex text: pseudo-random, different for every key."""
+    digest = hashlib.blake2b(i.to_bytes(8, "big"), digest_size=32).hexdigest()
+    return (digest * (size // len(digest) + 1))[:size]
+
+
 def rocksdb_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
@@ -122,13 +129,13 @@ def rocksdb_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[d
         with RocksDBBackend(ALL, directory=os.path.join(work, "local")) as rocks:
             memory = MemoryBackend(ALL)
             for start in range(0, size, 10_000):
-                batch = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", "v" * value_bytes)
+                batch = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i, value_bytes))
                          for i in range(start, min(start + 10_000, size))]
                 rocks.put_many(batch)
                 memory.put_many(batch)
             first = rocks.begin_snapshot(1)
             h1 = first.upload(store)
-            updated = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", "w" * value_bytes)
+            updated = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i + 1, value_bytes))
                        for i in range(0, size, 100)]
             rocks.put_many(updated)
             second = rocks.begin_snapshot(2)
@@ -157,6 +164,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--parts", nargs="+", default=["throughput", "epochs", "checkpoints", "rocksdb"],
+                        choices=["throughput", "epochs", "checkpoints", "rocksdb"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     latency = args.latency_ms / 1000
@@ -167,7 +176,7 @@ def main() -> None:
         return statistics.median(f() for _ in range(args.repeats))
 
     throughput: list[dict[str, Any]] = []
-    for lat in (latency, 0.0):
+    for lat in (latency, 0.0) if "throughput" in args.parts else ():
         sync = median(lambda lat=lat: sync_run(lat, args.sync_records if lat else args.async_records, args.keys))
         throughput.append({"latency_ms": lat * 1000, "mode": "sync", "records_per_s": sync})
         for bound in args.in_flight:
@@ -181,7 +190,7 @@ def main() -> None:
 
     epochs = []
     bound = max(args.in_flight)
-    for mode in EpochMode:
+    for mode in EpochMode if "epochs" in args.parts else ():
         config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, epoch_mode=mode,
                                   max_parallelism=MAX_PAR)
         rate = median(lambda config=config: asyncio.run(
@@ -191,7 +200,7 @@ def main() -> None:
     print(json.dumps(epochs), file=sys.stderr)
 
     checkpoints = []
-    for mode in CheckpointMode:
+    for mode in CheckpointMode if "checkpoints" in args.parts else ():
         config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, checkpoint_mode=mode,
                                   max_parallelism=MAX_PAR)
         seconds = median(lambda config=config: asyncio.run(
@@ -200,7 +209,7 @@ def main() -> None:
     results["checkpoints"] = checkpoints
     print(json.dumps(checkpoints), file=sys.stderr)
 
-    if available():
+    if available() and "rocksdb" in args.parts:
         root = tempfile.mkdtemp(prefix="bench-state-")
         try:
             results["rocksdb"] = rocksdb_checkpoints(args.sizes, args.value_bytes, root)
