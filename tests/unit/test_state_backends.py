@@ -242,3 +242,17 @@ def test_the_synchronous_part_stays_short_whatever_the_state_size(rocks: RocksDB
         pending.upload(store)
     # bounded by the memtable (1 MiB here), not by the state (4x larger at the end): generous for a loaded box
     assert max(timings) < 0.5, timings
+
+
+def test_a_snapshot_of_another_backend_or_a_malformed_handle_is_refused(rocks: RocksDBBackend,
+                                                                         tmp_path: object) -> None:
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    memory = MemoryBackend(ALL)
+    memory.put_many([entry("count", "a", 1)])
+    handle = memory.snapshot(1, store)
+    with pytest.raises(StateBackendError, match="taken by the memory backend"):
+        rocks.restore(store, [handle])
+    with pytest.raises(StateBackendError, match="taken by the rocksdb backend"):
+        MemoryBackend(ALL).restore(store, [rocks.snapshot(2, store)])
+    with pytest.raises(StateBackendError, match="malformed"):
+        SnapshotHandle.from_dict({"backend": "rocksdb"})
