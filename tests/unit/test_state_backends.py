@@ -256,3 +256,41 @@ def test_a_snapshot_of_another_backend_or_a_malformed_handle_is_refused(rocks: R
         MemoryBackend(ALL).restore(store, [rocks.snapshot(2, store)])
     with pytest.raises(StateBackendError, match="malformed"):
         SnapshotHandle.from_dict({"backend": "rocksdb"})
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["put", "delete"]), st.sampled_from(["a", "b"]),
+                         st.integers(0, 40), st.integers(0, 5)), max_size=60)
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("rocksdb", marks=needs_rocksdb)])
+@given(ops=OPS, split=st.integers(1, MAX_PAR - 1))
+@settings(max_examples=40, deadline=None)
+def test_any_sequence_of_writes_reads_scans_and_restores_like_a_dict(
+        kind: str, ops: list[tuple[str, str, int, int]], split: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = str(tmp_path_factory.mktemp("model"))
+
+    def new(groups: range) -> StateBackend:
+        if kind == "memory":
+            return MemoryBackend(groups)
+        return RocksDBBackend(groups, directory=os.path.join(root, "local"))
+
+    model: dict[tuple[str, int, object], int] = {}
+    store = SnapshotStore(os.path.join(root, "checkpoints"))
+    with new(ALL) as b:
+        for op, name, k, v in ops:
+            address = (name, key_group(k, MAX_PAR), k)
+            if op == "put":
+                b.put_many([(*address, v)])
+                model[address] = v
+            else:
+                b.delete_many([address])
+                model.pop(address, None)
+        addresses = [(n, key_group(k, MAX_PAR), k) for n in ("a", "b") for k in range(41)]
+        assert b.get_many(addresses) == [model.get(a, MISSING) for a in addresses]
+        assert {(n, g_, k): v for n, g_, k, v in b.scan(ALL)} == model
+        handle = b.snapshot(1, store)
+    for part in (range(0, split), range(split, MAX_PAR)):
+        with new(part) as restored:
+            restored.restore(store, [handle])
+            assert {(n, g_, k): v for n, g_, k, v in restored.scan(ALL)} == {
+                a: v for a, v in model.items() if a[1] in part}
