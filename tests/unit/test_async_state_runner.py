@@ -131,3 +131,42 @@ async def test_a_restore_from_a_checkpoint_and_its_replay_loses_and_repeats_noth
         restored.write_many(taken.instruction.puts, taken.instruction.deletes)
         again, _ = await run(restored, config, [e.value for e in replay if isinstance(e, Record)] + inputs[250:])
         assert by_key(before + again) == by_key(sequential(inputs))
+
+
+@pytest.mark.skipif(not available(), reason="the rocksdb extra is not installed")
+async def test_a_capture_checkpoint_as_bytes_restores_at_another_parallelism(tmp_path: Any) -> None:
+    from runtime.execution.async_checkpoint import decode_async_state, encode_async_state, restore_async_state
+    from runtime.graph.partitioning import key_group, key_group_range
+    from runtime.state.backend import StateBackendError
+
+    inputs = records(300, 11)
+    store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
+    config = ControllerConfig(checkpoint_mode=CheckpointMode.CAPTURE, batch_size=8, max_in_flight=64)
+    with LatencyBackend(RocksDBBackend(ALL, directory=os.path.join(str(tmp_path), "a")), round_trip_s=0.0005) as live:
+        out, runner = await run(live, config, [*inputs[:200], Watermark(5), 3, *inputs[200:]])
+        taken = runner.checkpoints[3]
+        data = encode_async_state(taken.instruction, taken.pending.upload(store))
+    checkpoint = decode_async_state(data, "test")
+    # records come back as msgpack gives them (tuples as lists), as records that crossed a channel do
+    assert checkpoint.replay == tuple(Record(e.key, list(e.value)) if isinstance(e, Record) else e
+                                      for e in taken.instruction.replay)
+    assert checkpoint.replay[-1] == Watermark(5)
+    replayed = {e.value[1] for e in checkpoint.replay if isinstance(e, Record)}
+    assert replayed
+    before = [o for o in out if o[0] != "wm" and o[2] < 200 and o[2] not in replayed]
+    again: list[Any] = []
+    for subtask in range(2):
+        groups = key_group_range(128, 2, subtask)
+        with RocksDBBackend(groups, directory=os.path.join(str(tmp_path), f"b{subtask}")) as restored:
+            replay = restore_async_state(restored, store, [checkpoint], max_parallelism=128)
+            assert Watermark(5) in replay
+            mine = [e.value for e in replay if isinstance(e, Record)]
+            assert all(key_group(r[0], 128) in groups for r in mine)
+            rest = [r for r in inputs[200:] if key_group(r[0], 128) in groups]
+            replay_input = [e.value if isinstance(e, Record) else e for e in replay]
+            got, _ = await run(restored, config, [*replay_input, *rest])
+            assert got.count(("wm", 5)) == 1
+            again += [o for o in got if o[0] != "wm"]
+    assert by_key(before + again) == by_key(sequential(inputs))
+    with pytest.raises(StateBackendError, match="does not decode"):
+        decode_async_state(data[:-5], "chk-3/count-0.state")
