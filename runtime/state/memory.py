@@ -9,6 +9,7 @@ checkpoint holds the whole state: there is nothing incremental about memory.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -39,22 +40,26 @@ class MemoryBackend(StateBackend):
         super().__init__(key_groups)
         self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
         self._owner = uuid.uuid4().hex[:12]
+        # batches run on a worker thread while the snapshot's copy runs on the event loop's
+        self._lock = threading.Lock()
 
     def get_many(self, addresses: Sequence[StateAddress]) -> list[Any]:
         self._stats.reads += len(addresses)
         self._stats.round_trips += 1
         out = []
-        for name, group, key in addresses:
-            table = self._groups.get(group)
-            out.append(MISSING if table is None else table.get((name, key), MISSING))
+        with self._lock:
+            for name, group, key in addresses:
+                table = self._groups.get(group)
+                out.append(MISSING if table is None else table.get((name, key), MISSING))
         return out
 
     def put_many(self, entries: Sequence[tuple[str, int, Any, Any]]) -> None:
         check_groups(self, [e[1] for e in entries])
         self._stats.writes += len(entries)
         self._stats.round_trips += 1
-        for name, group, key, value in entries:
-            self._groups.setdefault(group, {})[(name, key)] = value
+        with self._lock:
+            for name, group, key, value in entries:
+                self._groups.setdefault(group, {})[(name, key)] = value
 
     def write_many(self, puts: Sequence[tuple[str, int, Any, Any]], deletes: Sequence[StateAddress]) -> None:
         self.put_many(puts)
@@ -64,16 +69,19 @@ class MemoryBackend(StateBackend):
     def delete_many(self, addresses: Sequence[StateAddress]) -> None:
         self._stats.deletes += len(addresses)
         self._stats.round_trips += 1
-        for name, group, key in addresses:
-            table = self._groups.get(group)
-            if table is not None:
-                table.pop((name, key), None)
-                if not table:
-                    del self._groups[group]
+        with self._lock:
+            for name, group, key in addresses:
+                table = self._groups.get(group)
+                if table is not None:
+                    table.pop((name, key), None)
+                    if not table:
+                        del self._groups[group]
 
     def scan(self, key_groups: range) -> Iterator[tuple[str, int, Any, Any]]:
-        for group in sorted(g for g in self._groups if g in key_groups):
-            for (name, key), value in list(self._groups[group].items()):
+        with self._lock:
+            frozen = {g: list(t.items()) for g, t in self._groups.items() if g in key_groups}
+        for group in sorted(frozen):
+            for (name, key), value in frozen[group]:
                 yield name, group, key, value
 
     def entries(self) -> int:
@@ -81,7 +89,8 @@ class MemoryBackend(StateBackend):
 
     def begin_snapshot(self, checkpoint_id: int) -> PendingSnapshot:
         started = time.perf_counter()
-        frozen = {group: dict(table) for group, table in self._groups.items()}
+        with self._lock:
+            frozen = {group: dict(table) for group, table in self._groups.items()}
         self._stats.snapshots += 1
         return _MemorySnapshot(checkpoint_id, self.key_groups, frozen, self._owner, time.perf_counter() - started)
 
