@@ -63,6 +63,53 @@ class AsyncValueState:
         await self._ctx._request(Delete(self._name))
 
 
+class AsyncListState:
+    """A list per key, stored as one value: each change reads and rewrites it (the key is held meanwhile)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, ctx: AsyncKeyedContext, name: str) -> None:
+        self._value = AsyncValueState(ctx, name, None)
+
+    async def get(self) -> list[Any]:
+        return list(await self._value.value() or [])
+
+    async def add(self, item: Any) -> None:
+        await self._value.update([*(await self.get()), item])
+
+    async def update(self, items: list[Any]) -> None:
+        await (self._value.update(list(items)) if items else self._value.clear())
+
+    async def clear(self) -> None:
+        await self._value.clear()
+
+
+class AsyncMapState:
+    """A map per key, stored as one value (small maps; per-entry storage comes with MapState proper)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, ctx: AsyncKeyedContext, name: str) -> None:
+        self._value = AsyncValueState(ctx, name, None)
+
+    async def items(self) -> dict[Any, Any]:
+        return dict(await self._value.value() or {})
+
+    async def get(self, map_key: Any, default: Any = None) -> Any:
+        return (await self.items()).get(map_key, default)
+
+    async def put(self, map_key: Any, value: Any) -> None:
+        await self._value.update({**(await self.items()), map_key: value})
+
+    async def remove(self, map_key: Any) -> None:
+        items = await self.items()
+        items.pop(map_key, None)
+        await (self._value.update(items) if items else self._value.clear())
+
+    async def clear(self) -> None:
+        await self._value.clear()
+
+
 class AsyncKeyedContext:
     """What `process` sees: the record's key, `emit`, and asynchronous state of that key."""
 
@@ -79,6 +126,12 @@ class AsyncKeyedContext:
 
     def value_state(self, name: str, default: Any = None) -> AsyncValueState:
         return AsyncValueState(self, name, default)
+
+    def list_state(self, name: str) -> AsyncListState:
+        return AsyncListState(self, name)
+
+    def map_state(self, name: str) -> AsyncMapState:
+        return AsyncMapState(self, name)
 
     def _request(self, request: StateRequest) -> asyncio.Future[Any]:
         return self._runner._request(self._seq, request)

@@ -64,7 +64,7 @@ def encode_value(value: Any) -> bytes:
 
 
 def decode_value(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False)
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)  # maps keyed by ints are values too
 
 
 def hashable(key: Any) -> Any:

@@ -170,3 +170,42 @@ async def test_a_capture_checkpoint_as_bytes_restores_at_another_parallelism(tmp
     assert by_key(before + again) == by_key(sequential(inputs))
     with pytest.raises(StateBackendError, match="does not decode"):
         decode_async_state(data[:-5], "chk-3/count-0.state")
+
+
+class Sessions(AsyncKeyedProcessFunction):
+    """List and map state: each key keeps its events and a count per event kind; emits both."""
+
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        events = ctx.list_state("events")
+        kinds = ctx.map_state("kinds")
+        _, i = record
+        if i % 10 == 9:
+            await events.clear()
+            await kinds.remove(i % 3)
+        else:
+            await events.add(i)
+            await kinds.put(i % 3, await kinds.get(i % 3, 0) + 1)
+        ctx.emit((ctx.key, await events.get(), await kinds.items()))
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("rocksdb", marks=pytest.mark.skipif(
+    not available(), reason="the rocksdb extra is not installed"))])
+async def test_list_and_map_state_give_the_sequential_result(kind: str, tmp_path: Any) -> None:
+    inputs = records(200, 4)
+    backend: StateBackend = MemoryBackend(ALL) if kind == "memory" else RocksDBBackend(
+        ALL, directory=os.path.join(str(tmp_path), "r"))
+    with backend:
+        out, _ = await run(backend, ControllerConfig(batch_size=4), list(inputs), Sessions())
+    events: dict[str, list[int]] = {}
+    kinds: dict[str, dict[int, int]] = {}
+    want = []
+    for key, i in inputs:
+        if i % 10 == 9:
+            events[key] = []
+            kinds.setdefault(key, {}).pop(i % 3, None)
+        else:
+            events.setdefault(key, []).append(i)
+            per_kind = kinds.setdefault(key, {})
+            per_kind[i % 3] = per_kind.get(i % 3, 0) + 1
+        want.append((key, list(events[key]), dict(kinds[key])))
+    assert by_key(out) == by_key(want)
