@@ -74,6 +74,7 @@ class ControllerConfig:
     epoch_mode: EpochMode = EpochMode.STRICT
     checkpoint_mode: CheckpointMode = CheckpointMode.DRAIN
     max_parallelism: int = 128
+    timers: bool = False  # say FireTimers before each watermark and run its timers as records of its epoch
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.batch_size < 1 or self.batch_timeout_s < 0:
@@ -135,6 +136,14 @@ class Watermark:
     timestamp: int
 
 
+@dataclass(frozen=True)
+class Timer:
+    """A due timer, run like a record of its key (StartRecord.record is this)."""
+
+    timestamp: int
+    payload: Any
+
+
 # -- instructions --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -176,6 +185,13 @@ class EmitWatermark:
 
 
 @dataclass(frozen=True)
+class FireTimers:
+    """Every record before the watermark finished: answer with `fire_timers(timestamp, due timers)`."""
+
+    timestamp: int
+
+
+@dataclass(frozen=True)
 class TakeSnapshot:
     """Snapshot the backend now (before the next ExecuteBatch), then forward the barrier.
 
@@ -195,7 +211,7 @@ class Drained:
 
 
 Instruction = (StartRecord | AnswerRequest | ExecuteBatch | BlockInput | UnblockInput | EmitWatermark
-               | TakeSnapshot | Drained)
+               | FireTimers | TakeSnapshot | Drained)
 
 
 @dataclass(frozen=True)
@@ -239,6 +255,7 @@ class _Epoch:
     records: set[int] = field(default_factory=set)  # unfinished records admitted in this epoch
     boundary: Watermark | int | None = None  # a watermark, a checkpoint id (drain), or None while open
     ends_input: bool = False
+    timers: str = "none"  # for a watermark with config.timers: "none" -> "asked" (FireTimers) -> "submitted"
 
 
 class AsyncExecutionController:
@@ -352,6 +369,31 @@ class AsyncExecutionController:
 
     def watermark(self, timestamp: int, *, now: float) -> list[Instruction]:
         return self._close_epoch(Watermark(timestamp), now)
+
+    def fire_timers(self, timestamp: int, timers: list[tuple[Any, Any]], *, now: float) -> list[Instruction]:
+        """The timers (key, payload) due at the watermark FireTimers named; they run before it is emitted.
+
+        They are admitted even while input is blocked (they count as in flight).
+        """
+        head = self._epochs[0]
+        if head.timers != "asked" or not isinstance(head.boundary, Watermark) or head.boundary.timestamp != timestamp:
+            raise AsyncStateProtocolError(f"fire_timers({timestamp}) without a FireTimers({timestamp}) to answer")
+        head.timers = "submitted"
+        out: list[Instruction] = []
+        for key, payload in timers:
+            seq = self._next_seq
+            self._next_seq += 1
+            rec = _Rec(seq, key, key_group(key, self.config.max_parallelism), Timer(timestamp, payload), head.id,
+                       _HELD)
+            self._records[seq] = rec
+            head.records.add(seq)
+            self._try_start(rec, out)
+        if not self._blocked and len(self._records) >= self.config.max_in_flight:
+            self._blocked = True
+            out.append(BlockInput())
+        self._advance_epochs(out)
+        self._maybe_flush(now, out)
+        return out
 
     def barrier(self, checkpoint_id: int, *, now: float) -> list[Instruction]:
         if self.config.checkpoint_mode is CheckpointMode.DRAIN:
@@ -516,6 +558,12 @@ class AsyncExecutionController:
 
     def _advance_epochs(self, out: list[Instruction]) -> None:
         while self._epochs[0].boundary is not None and not self._epochs[0].records:
+            head = self._epochs[0]
+            if isinstance(head.boundary, Watermark) and self.config.timers and head.timers != "submitted":
+                if head.timers == "none":
+                    head.timers = "asked"
+                    out.append(FireTimers(head.boundary.timestamp))
+                break
             done = self._epochs.popleft()
             if isinstance(done.boundary, Watermark):
                 out.append(EmitWatermark(done.boundary.timestamp))
@@ -528,7 +576,9 @@ class AsyncExecutionController:
     def _snapshot(self, checkpoint_id: int, *, replay: bool) -> TakeSnapshot:
         elements: list[Record | Watermark] = []
         for epoch in self._epochs if replay else ():
-            elements += [Record(self._records[s].key, self._records[s].record) for s in sorted(epoch.records)]
+            # a timer in flight is not replayed: the watermark after it is, and fires it again
+            elements += [Record(self._records[s].key, self._records[s].record) for s in sorted(epoch.records)
+                         if not isinstance(self._records[s].record, Timer)]
             if isinstance(epoch.boundary, Watermark):
                 elements.append(epoch.boundary)
         pending = {**self._in_flight_writes, **self._writes}

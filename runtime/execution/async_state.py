@@ -31,12 +31,14 @@ from runtime.execution.async_controller import (
     Drained,
     EmitWatermark,
     ExecuteBatch,
+    FireTimers,
     Get,
     Instruction,
     Put,
     StartRecord,
     StateRequest,
     TakeSnapshot,
+    Timer,
     UnblockInput,
 )
 from runtime.state.backend import PendingSnapshot, StateBackend
@@ -143,6 +145,9 @@ class AsyncKeyedProcessFunction:
     async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
         raise NotImplementedError
 
+    async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
+        """A timer of `ctx.key` is due (the runner's `timers_due` said so); runs before the watermark goes on."""
+
 
 @dataclass(frozen=True)
 class CapturedCheckpoint:
@@ -156,13 +161,15 @@ class CapturedCheckpoint:
 class AsyncStateRunner:
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, config: ControllerConfig, *,
                  key_of: Callable[[Any], Any], emit: Callable[[Any], None],
-                 on_watermark: Callable[[int], None] | None = None) -> None:
+                 on_watermark: Callable[[int], None] | None = None,
+                 timers_due: Callable[[int], list[tuple[Any, Any]]] | None = None) -> None:
         self._function = function
         self._backend = backend
         self._controller = AsyncExecutionController(config)
         self._key_of = key_of
         self._emit = emit
         self._on_watermark = on_watermark or (lambda ts: None)
+        self._timers_due = timers_due or (lambda ts: [])
         self._loop = asyncio.get_running_loop()
         self._futures: dict[int, asyncio.Future[Any]] = {}
         self._next_request = 0
@@ -206,6 +213,7 @@ class AsyncStateRunner:
     # -- carrying out instructions ---------------------------------------------------------------------
 
     def _execute(self, instructions: list[Instruction]) -> None:
+        fire: list[int] = []
         for i in instructions:
             if isinstance(i, AnswerRequest):
                 future = self._futures.pop(i.request_id)
@@ -221,12 +229,16 @@ class AsyncStateRunner:
                 self._unblocked.set()
             elif isinstance(i, EmitWatermark):
                 self._on_watermark(i.timestamp)
+            elif isinstance(i, FireTimers):
+                fire.append(i.timestamp)  # after this list: its instructions were decided before the timers
             elif isinstance(i, TakeSnapshot):
                 # the synchronous part, now: no batch after this instruction reaches the backend before it
                 pending = self._backend.begin_snapshot(i.checkpoint_id)
                 self.checkpoints[i.checkpoint_id] = CapturedCheckpoint(i, pending, self._loop.time())
             elif isinstance(i, Drained):
                 self._drained.set()
+        for timestamp in fire:
+            self._execute(self._controller.fire_timers(timestamp, self._timers_due(timestamp), now=self._loop.time()))
         self._arm_timer()
 
     def _spawn(self, coroutine: Any) -> None:
@@ -245,7 +257,10 @@ class AsyncStateRunner:
     async def _run_record(self, start: StartRecord) -> None:
         ctx = AsyncKeyedContext(self, start.seq, start.key)
         try:
-            await self._function.process(start.record, ctx)
+            if isinstance(start.record, Timer):
+                await self._function.on_timer(start.record.timestamp, start.record.payload, ctx)
+            else:
+                await self._function.process(start.record, ctx)
         except Exception as e:  # the job fails; the task reports it on its next call
             self._fail(e)
             return

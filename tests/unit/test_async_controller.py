@@ -22,6 +22,7 @@ from runtime.execution.async_controller import (
     EmitWatermark,
     EpochMode,
     ExecuteBatch,
+    FireTimers,
     Get,
     InputBlocked,
     KeyOrder,
@@ -29,6 +30,7 @@ from runtime.execution.async_controller import (
     Record,
     StartRecord,
     TakeSnapshot,
+    Timer,
     UnblockInput,
     Watermark,
 )
@@ -130,6 +132,36 @@ def test_strict_epochs_emit_the_watermark_after_earlier_records_and_hold_later_o
     assert c.watermark(30, now=0) == [EmitWatermark(30)]
 
 
+def test_timers_run_as_records_of_the_epoch_their_watermark_closes() -> None:
+    c = controller(timers=True, batch_size=10, batch_timeout_s=1.0)
+    c.submit_record("a1", "a", now=0)
+    assert c.watermark(10, now=0) == []
+    assert c.submit_record("a2", "a", now=0) == []  # held: strict epochs
+    assert c.finish_record(0, now=0) == [FireTimers(10)]
+    with pytest.raises(AsyncStateProtocolError, match="without a FireTimers"):
+        c.fire_timers(11, [], now=0)
+    # a timer of key a and one of key b: both run before the watermark and before a2
+    assert c.fire_timers(10, [("a", "ta"), ("b", "tb")], now=0) == [StartRecord(2, "a", Timer(10, "ta")),
+                                                                    StartRecord(3, "b", Timer(10, "tb"))]
+    assert c.request_state(2, 1, Put("n", 5), now=0) == [AnswerRequest(1, None)]
+    assert c.finish_record(3, now=0) == []
+    assert c.finish_record(2, now=0) == [EmitWatermark(10), StartRecord(1, "a", "a2")]
+    assert c.request_state(1, 2, Get("n"), now=0) == [AnswerRequest(2, 5)]  # the timer's write, seen locally
+    # a watermark with no timers due goes on at once
+    # a pending watermark makes the buffered write urgent
+    assert c.watermark(20, now=0) == [ExecuteBatch(1, (), (("n", g("a"), "a", 5),), ())]
+    assert c.finish_record(1, now=0) == [FireTimers(20)]
+    assert c.fire_timers(20, [], now=0) == [EmitWatermark(20)]
+
+
+def test_a_capture_while_timers_run_replays_the_watermark_not_the_timers() -> None:
+    c = controller(timers=True, checkpoint_mode=CheckpointMode.CAPTURE, batch_size=10, batch_timeout_s=1.0)
+    assert c.watermark(10, now=0) == [FireTimers(10)]
+    c.fire_timers(10, [("a", "ta")], now=0)
+    c.submit_record("b1", "b", now=0)
+    assert c.barrier(1, now=0) == [TakeSnapshot(1, (Watermark(10), Record("b", "b1")), (), ())]
+
+
 def test_out_of_order_epochs_start_later_records_but_keep_the_watermark_behind_earlier_ones() -> None:
     c = controller(epoch_mode=EpochMode.OUT_OF_ORDER, batch_size=10, batch_timeout_s=1.0)
     c.submit_record("a1", "a", now=0)
@@ -225,6 +257,7 @@ class Sim:
         self.barriers_before: list[int] = []
 
     def run(self, instructions: list[Any]) -> None:
+        fire = []
         for i in instructions:
             assert self.c.statistics().in_flight <= self.config.max_in_flight
             if isinstance(i, StartRecord):
@@ -260,6 +293,10 @@ class Sim:
                 self.barriers_out += 1
             elif isinstance(i, Drained):
                 self.drained = True
+            elif isinstance(i, FireTimers):
+                fire.append(i.timestamp)
+        for timestamp in fire:  # no timer is ever due here: the handshake alone
+            self.run(self.c.fire_timers(timestamp, [], now=self.now))
 
     def choices(self, inputs: list[Element]) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -378,7 +415,7 @@ def inputs_strategy(with_barrier: bool) -> st.SearchStrategy[list[Element]]:
 CONFIGS = st.builds(ControllerConfig, max_in_flight=st.integers(1, 6), batch_size=st.integers(1, 4),
                     batch_timeout_s=st.sampled_from([0.0, 0.001, 1.0]), key_order=st.sampled_from(KeyOrder),
                     epoch_mode=st.sampled_from(EpochMode), checkpoint_mode=st.sampled_from(CheckpointMode),
-                    max_parallelism=st.just(MP))
+                    max_parallelism=st.just(MP), timers=st.booleans())
 
 
 @given(CONFIGS, inputs_strategy(with_barrier=True), st.data())

@@ -209,3 +209,33 @@ async def test_list_and_map_state_give_the_sequential_result(kind: str, tmp_path
             per_kind[i % 3] = per_kind.get(i % 3, 0) + 1
         want.append((key, list(events[key]), dict(kinds[key])))
     assert by_key(out) == by_key(want)
+
+
+class CountWithTimers(CountPerKey):
+    async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
+        count = ctx.value_state("count", 0)
+        ctx.emit(("timer", ctx.key, timestamp, await count.value()))
+        await count.clear()
+
+
+async def test_timers_fire_before_their_watermark_and_see_every_record_before_it() -> None:
+    seen: set[str] = set()
+    out: list[Any] = []
+    runner = AsyncStateRunner(CountWithTimers(), LatencyBackend(MemoryBackend(ALL), round_trip_s=0.0005),
+                              ControllerConfig(timers=True, batch_size=8), key_of=lambda r: r[0],
+                              emit=out.append, on_watermark=lambda ts: out.append(("wm", ts)),
+                              timers_due=lambda ts: [(k, None) for k in sorted(seen)])
+    try:
+        for r in records(40, 4):
+            seen.add(r[0])
+            await runner.process(r)
+        runner.watermark(100)
+        for r in records(8, 4):
+            await runner.process(r)
+        await runner.finish()
+    finally:
+        await runner.aclose()
+    wm = out.index(("wm", 100))
+    assert sorted(o for o in out[:wm] if o[0] == "timer") == [("timer", f"k{i}", 100, 10) for i in range(4)]
+    assert len(out[:wm]) == 44 and len(out[wm + 1:]) == 8
+    assert by_key(out[wm + 1:]) == by_key(sequential(records(8, 4)))  # the timers cleared the counts
