@@ -393,6 +393,7 @@ class AsyncExecutionController:
             out.append(BlockInput())
         self._advance_epochs(out)
         self._maybe_flush(now, out)
+        self._check_drained(out)
         return out
 
     def barrier(self, checkpoint_id: int, *, now: float) -> list[Instruction]:
@@ -587,8 +588,8 @@ class AsyncExecutionController:
                             tuple(a for a, v in pending.items() if v is DELETED))
 
     def _check_drained(self, out: list[Instruction]) -> None:
-        if (self._ended and not self._drained and not self._records and self._in_flight_batch is None
-                and not self._reads and not self._writes):
+        if (self._ended and not self._drained and not self._records and len(self._epochs) == 1
+                and self._in_flight_batch is None and not self._reads and not self._writes):
             self._drained = True
             out.append(Drained())
 

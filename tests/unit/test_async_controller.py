@@ -154,6 +154,13 @@ def test_timers_run_as_records_of_the_epoch_their_watermark_closes() -> None:
     assert c.fire_timers(20, [], now=0) == [EmitWatermark(20)]
 
 
+def test_the_end_of_input_waits_for_the_timers_of_the_last_watermark() -> None:
+    c = controller(timers=True)
+    assert c.watermark(10, now=0) == [FireTimers(10)]
+    assert c.end_input(now=0) == []
+    assert c.fire_timers(10, [], now=0) == [EmitWatermark(10), Drained()]
+
+
 def test_a_capture_while_timers_run_replays_the_watermark_not_the_timers() -> None:
     c = controller(timers=True, checkpoint_mode=CheckpointMode.CAPTURE, batch_size=10, batch_timeout_s=1.0)
     assert c.watermark(10, now=0) == [FireTimers(10)]
