@@ -191,7 +191,7 @@ class AsyncStateRunner:
     async def process(self, record: Any) -> None:
         """Submit one record; waits while the controller blocks input (backpressure)."""
         self._raise_if_failed()
-        if not self._unblocked.is_set():
+        while not self._unblocked.is_set():  # a loop: timers admitted meanwhile may block input again
             started = self._loop.time()
             await self._unblocked.wait()
             self.blocked_seconds += self._loop.time() - started
