@@ -87,6 +87,11 @@ class RocksDBBackend(StateBackend):
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_write_buffer_size(self._write_buffer_bytes)
+        # Small files and a small base level: a compaction then rewrites a few small files, not all the
+        # state, so an incremental checkpoint after it still uploads little (updates spread over every key
+        # group overlap every file of the level they are compacted into).
+        options.set_target_file_size_base(self._write_buffer_bytes // 2)
+        options.set_max_bytes_for_level_base(self._write_buffer_bytes * 2)
         return options
 
     def _open(self, path: str) -> Any:
