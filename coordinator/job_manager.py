@@ -21,6 +21,7 @@ restores the latest checkpoint, whose commit is redone, never doubled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -48,9 +49,12 @@ log = logging.getLogger("sluice.jobs")
 
 class JobManager:
     def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any],
+                 persist: Callable[[JobRecord], None] = lambda job: None) -> None:
         self.workers = workers
         self.storage = storage
+        self.persist = persist  # writes the job's record (coordinator/job_store.py) after every change
+        self.recovered = 0  # jobs a previous coordinator left running, restarted by this one
         self.jobs: dict[str, JobRecord] = {}
         self._spawn = spawn
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
@@ -119,7 +123,37 @@ class JobManager:
 
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job
+        job.on_change = self.persist
+        self.persist(job)
         self._spawn(self.deploy(job))
+
+    def adopt(self, job: JobRecord) -> None:
+        """A job from the previous coordinator's records: an ended one is shown as it ended, an unfinished one
+        runs again (`recover`) once enough workers have registered."""
+        self.jobs[job.job_id] = job
+        job.on_change = self.persist
+        if not job.terminal:
+            self.recovered += 1
+            self._spawn(self.recover(job))
+
+    async def recover(self, job: JobRecord) -> None:
+        """Restart a job whose coordinator died from its latest completed checkpoint, as a new attempt: the
+        previous coordinator's attempt is gone with it (its workers cancelled their tasks when the link broke)."""
+        # checkpoint ids go on after every one the previous coordinator may have started (sinks name files by id)
+        started = await asyncio.to_thread(started_checkpoint_ids, self.storage, job.job_id)
+        job.next_checkpoint_id = max([job.next_checkpoint_id, *(n + 1 for n in started)])
+        log.warning("job %s was %s when the previous coordinator stopped: restarting it (attempt %d)",
+                    job.job_id, job.state, job.attempt + 1)
+        job.failures.append("coordinator failover")
+        job.state = JobState.RESTARTING  # set, not moved: the state is the dead coordinator's, not a transition
+        self.persist(job)
+        try:
+            await self._restart(job, None, counted=False)
+        except Exception as exc:
+            log.exception("job %s: recovery failed", job.job_id)
+            if not job.terminal:
+                job.move(JobState.FAILED, f"recovery after a coordinator failover failed: {type(exc).__name__}: "
+                                          f"{exc}")
 
     # -- deploying ------------------------------------------------------------------
 
@@ -157,6 +191,8 @@ class JobManager:
 
         def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
             job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            job.next_checkpoint_id = max(job.next_checkpoint_id, checkpoint_id + 1)
+            self.persist(job)
             if summary.get("duration_s") is not None:
                 self.checkpoint_durations.observe(summary["duration_s"])
 
@@ -408,3 +444,14 @@ class JobManager:
         for r in results:
             if isinstance(r, Exception):
                 log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+
+
+def started_checkpoint_ids(storage: CheckpointStorage, job_id: str) -> list[int]:
+    """Ids of the job's checkpoints on disk, completed or not (a directory is made when one is triggered)."""
+    job_dir = getattr(storage, "job_dir", None)
+    ids = [n for n, _ in storage.list_completed(job_id)]
+    if job_dir is not None:
+        with contextlib.suppress(OSError):
+            ids += [int(name[4:]) for name in os.listdir(job_dir(job_id))
+                    if name.startswith("chk-") and name[4:].isdigit()]
+    return ids

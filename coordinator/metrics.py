@@ -147,3 +147,35 @@ class CoordinatorCollector(Collector):
                                                  "Failure detected to running again, all restarts")
         yield js.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
                                              "Duration of completed checkpoints, trigger to last acknowledgement")
+
+
+@dataclass(frozen=True)
+class LeadershipStatistics:
+    is_leader: bool
+    epoch: int  # the lease epoch held (0: none)
+    jobs_recovered: int  # unfinished jobs of a previous coordinator this one restarted
+    record_writes: int
+    record_write_failures: int
+
+
+class LeadershipCollector(Collector):
+    """Coordinator failover: whether this coordinator leads, and what it recovered (docs/METRICS.md)."""
+
+    def __init__(self, statistics: Callable[[], LeadershipStatistics]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._statistics()
+        leader = GaugeMetricFamily("sluice_coordinator_is_leader", "1 while this coordinator holds the lease")
+        leader.add_metric([], 1 if st.is_leader else 0)
+        epoch = GaugeMetricFamily("sluice_coordinator_lease_epoch", "The lease epoch held (0: standby)")
+        epoch.add_metric([], st.epoch)
+        recovered = CounterMetricFamily("sluice_coordinator_jobs_recovered",
+                                        "Unfinished jobs of a previous coordinator restarted by this one")
+        recovered.add_metric([], st.jobs_recovered)
+        writes = CounterMetricFamily("sluice_coordinator_job_record_writes", "Job records written to the state dir")
+        writes.add_metric([], st.record_writes)
+        failures = CounterMetricFamily("sluice_coordinator_job_record_write_failures",
+                                       "Job records that could not be written (the job went on)")
+        failures.add_metric([], st.record_write_failures)
+        yield from (leader, epoch, recovered, writes, failures)

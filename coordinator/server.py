@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +26,10 @@ from prometheus_client import CollectorRegistry
 
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
+from coordinator.job_store import JobStore
 from coordinator.jobs import JobRecord
-from coordinator.metrics import CoordinatorCollector
+from coordinator.lease import Leadership, LeaseHeld
+from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
@@ -58,6 +61,8 @@ class CoordinatorConfig:
     savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
     tls: TlsFiles | None = None  # None: plain TCP
+    standby: bool = False  # wait for the state directory's lease, answering NotLeader meanwhile
+    lease_s: float = 5.0  # a lease not renewed this long is taken over (coordinator/lease.py)
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
@@ -87,8 +92,20 @@ class Coordinator(BaseLinkHandler):
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
-        self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn)
+        self.holder_id = f"c-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.leadership: Leadership | None = None  # made once the RPC port is known (the lease names it)
+        self.store = JobStore(config.state_dir, may_write=self.leading)
+        self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn,
+                                  persist=self.store.save)
+        self.lost_leadership = ""
         self.rpc = self._handlers()
+
+    def leading(self) -> bool:
+        return self.leadership is not None and self.leadership.valid()
+
+    def leadership_statistics(self) -> LeadershipStatistics:
+        return LeadershipStatistics(self.leading(), self.leadership.epoch if self.leadership else 0,
+                                    self.manager.recovered, self.store.writes, self.store.failed_writes)
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -105,16 +122,29 @@ class Coordinator(BaseLinkHandler):
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
+            registry.register(LeadershipCollector(self.leadership_statistics))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
-        print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
-              f"state={state_dir}", flush=True)
+        ready = f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} id={self.holder_id}"
+        self.leadership = Leadership(state_dir, holder=self.holder_id, address=f"{self.config.host}:{self.port}",
+                                     lease_s=self.config.lease_s, renew_s=min(1.0, self.config.lease_s / 4))
+        if self.config.standby:
+            print(f"sluice coordinator ready {ready} role=standby", flush=True)
+        try:
+            await self._lead(state_dir)
+        except LeaseHeld as exc:
+            server.close()
+            raise SystemExit(f"sluice coordinator: {exc}") from None
+        print(f"sluice coordinator {'leading' if self.config.standby else 'ready'} {ready} role=leader "
+              f"epoch={self.leadership.epoch}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
         await self._stop.wait()
         monitor.cancel()
-        for job in list(self.jobs.values()):
-            if not job.terminal:
-                await self.manager.cancel(job, "coordinator shutting down")
+        if not self.lost_leadership:  # a graceful stop cancels the jobs; a coordinator that lost the lease
+            for job in list(self.jobs.values()):  # leaves them to the new leader, untouched
+                if not job.terminal:
+                    await self.manager.cancel(job, "coordinator shutting down")
+            await self.store.flush()
         server.close()
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
@@ -122,6 +152,28 @@ class Coordinator(BaseLinkHandler):
         await self._background.cancel_and_wait()  # failovers, deploys, reports: their cleanup runs before exit
 
     def stop(self) -> None:
+        self._stop.set()
+
+    async def _lead(self, state_dir: str) -> None:
+        """Wait for the lease, then take over what the previous leader left: its jobs run again."""
+        assert self.leadership is not None
+        await self.leadership.acquire(standby=self.config.standby)
+        self._spawn(self._hold_lease())
+        jobs, problems = await asyncio.to_thread(self.store.load)
+        for problem in problems:
+            log.error("skipping a job record: %s", problem)
+        self._spawn(self.store.run())
+        for job in jobs:
+            self.manager.adopt(job)
+        if jobs:
+            log.info("recovered %d job records from %s (%d to restart)", len(jobs), state_dir, self.manager.recovered)
+
+    async def _hold_lease(self) -> None:
+        assert self.leadership is not None
+        why = await self.leadership.hold()
+        # someone else may lead now: stop acting at once, touch no job, write nothing, and exit non-zero
+        log.error("lost leadership: %s; stopping", why)
+        self.lost_leadership = why
         self._stop.set()
 
     def _connection(self) -> Connection:
@@ -178,6 +230,9 @@ class Coordinator(BaseLinkHandler):
         })
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
+        if not self.leading():
+            where = self.leadership.leader_address() if self.leadership else "unknown"
+            raise RpcError(f"coordinator {self.holder_id} is not the leader; the leader is {where}", "NotLeader")
         try:
             return await self.rpc.dispatch(link, method, args)
         except UnknownMethod as exc:
@@ -303,7 +358,9 @@ class Coordinator(BaseLinkHandler):
             if job is None:
                 raise RpcError(f"no job {job_id}", "UnknownJob")
             return job.summary()
-        return {"workers": [w.describe() for w in self.workers.values()],
+        return {"coordinator": {"id": self.holder_id, "epoch": self.leadership.epoch if self.leadership else 0,
+                                "recovered_jobs": self.manager.recovered},
+                "workers": [w.describe() for w in self.workers.values()],
                 "jobs": [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error}
                          for j in self.jobs.values()]}
 
@@ -417,3 +474,5 @@ async def run_coordinator(config: CoordinatorConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.stop)
     await coordinator.run()
+    if coordinator.lost_leadership:
+        raise SystemExit(f"sluice coordinator: lost leadership ({coordinator.lost_leadership})")

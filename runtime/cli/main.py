@@ -41,6 +41,11 @@ def _address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _addresses(text: str) -> tuple[tuple[str, int], ...]:
+    """One coordinator, or the leader and its standbys (tried in turn: the leader answers)."""
+    return tuple(_address(part.strip()) for part in text.split(",") if part.strip()) or (_address(text),)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -169,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", default="./sluice-state")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
+    c.add_argument("--standby", action="store_true",
+                   help="wait as a standby until the leader of --state-dir (shared) fails, then take over its jobs")
+    c.add_argument("--lease-timeout", type=_duration, default=5.0,
+                   help="a leader that has not renewed its lease for this long is taken over (5s)")
     _add_listener_options(c, "RPC")
     _add_tls_options(c, listens=True)
     t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
@@ -178,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a directory savepoints may be written under (repeatable; default: STATE_DIR/savepoints)")
 
     w = sub.add_parser("worker", help="run a worker process")
-    w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    w.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     w.add_argument("--slots", type=_positive, default=2)
     w.add_argument("--host", default="127.0.0.1", help="address to bind and advertise for data")
     w.add_argument("--data-port", type=_port, default=0)
@@ -193,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_options(w, listens=True)
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
-    s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    s.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     s.add_argument("entry", metavar="MODULE:FUNCTION")
     s.add_argument("--wait", action="store_true", help="wait for the job to end; exit non-zero unless it FINISHED")
     s.add_argument("--wait-timeout", type=_duration, default=None, metavar="DURATION",
@@ -202,31 +211,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_options(s)
 
     st = sub.add_parser("status", help="show workers and jobs, or one job in detail")
-    st.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    st.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     st.add_argument("job_id", nargs="?")
     st.add_argument("--json", action="store_true")
     st.add_argument("--token-file")
 
     ca = sub.add_parser("cancel", help="cancel a job")
-    ca.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    ca.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ca.add_argument("job_id")
     ca.add_argument("--token-file")
 
     cp = sub.add_parser("checkpoint", help="take a checkpoint of a running job now and wait for it")
-    cp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    cp.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     cp.add_argument("job_id")
     cp.add_argument("--mode", choices=["aligned", "unaligned", "at-least-once"], help="override the job's mode")
     cp.add_argument("--token-file")
 
     sp = sub.add_parser("savepoint", help="take an aligned, self-contained savepoint of a running job")
-    sp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    sp.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     sp.add_argument("job_id")
     sp.add_argument("--dir", help="directory to write it under, inside one of the coordinator's --savepoint-root "
                     "(default: the first root)")
     sp.add_argument("--token-file")
 
     rs = sub.add_parser("rescale", help="rescale a running job through a checkpoint of its mode; print the downtime")
-    rs.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    rs.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     rs.add_argument("job_id")
     rs.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", required=True,
                     help="every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism")
@@ -234,13 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--token-file")
 
     cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
-    cl.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    cl.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     cl.add_argument("job_id")
     cl.add_argument("--json", action="store_true")
     cl.add_argument("--token-file")
 
     pr = sub.add_parser("probe", help="send a probe through a running job on the priority lane and time it")
-    pr.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    pr.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     pr.add_argument("job_id")
     pr.add_argument("--token-file")
 
@@ -290,11 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any], timeout_s: float = 30.0) -> Any:
-    from runtime.cli.client import call_coordinator
+    from runtime.cli.client import call_leader
 
-    host, port = args.coordinator
-    return run(call_coordinator(host, port, _client_token(args), method, payload, tls=_tls(args),
-                                timeout_s=timeout_s))
+    return run(call_leader(args.coordinator, _client_token(args), method, payload, tls=_tls(args),
+                           timeout_s=timeout_s))
 
 
 def _client_token(args: argparse.Namespace) -> str:
@@ -351,14 +359,16 @@ def _dispatch(args: argparse.Namespace) -> int:
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
                                    savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
-                                   limits=_listener_limits(args), tls=_tls(args))
+                                   limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
+                                   lease_s=args.lease_timeout)
         run(run_coordinator(config))
         return 0
     if args.command == "worker":
         from runtime.worker.worker import WorkerConfig, run_worker
 
-        host, port = args.coordinator
-        wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
+        host, port = args.coordinator[0]
+        wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, coordinator_addresses=args.coordinator,
+                               token=load_token(args.token_file),
                                slots=args.slots, host=args.host, data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                                heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args),
@@ -486,10 +496,10 @@ def _abs(path: str | None) -> str | None:
 
 
 def _wait_for(args: argparse.Namespace, job_id: str) -> int:
-    from runtime.cli.client import JOB_ENDED, wait_job
+    from runtime.cli.client import JOB_ENDED, wait_job_on_leader
 
-    host, port = args.coordinator
-    summary = run(wait_job(host, port, _client_token(args), job_id, timeout_s=args.wait_timeout, tls=_tls(args)))
+    summary = run(wait_job_on_leader(args.coordinator, _client_token(args), job_id, timeout_s=args.wait_timeout,
+                                     tls=_tls(args)))
     _print_job(summary)
     if summary["state"] not in JOB_ENDED:
         print(f"sluice submit: job {job_id} is still {summary['state']} after --wait-timeout "
