@@ -157,3 +157,47 @@ def test_standby_takes_over_when_the_leader_dies(cluster: Cluster) -> None:
         assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
     finally:
         stop_process(standby)
+
+
+def test_a_paused_leader_is_fenced_off_when_it_resumes(cluster: Cluster) -> None:
+    """SIGSTOP the leader: its process lives, so the standby waits the lease out, then takes over and finishes
+    the job. Resumed, the old leader finds the newer lease epoch and exits (status 1) without touching a job."""
+    install(cluster)
+    leader = cluster.start_coordinator("--lease-timeout", "2s")
+    state_dir = cluster.tmp_path / "state"
+    standby = start_process(
+        "coordinator", ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--state-dir", str(state_dir),
+                        "--standby", "--lease-timeout", "2s"],
+        env=cluster.env, cwd=str(cluster.tmp_path), log_path=str(cluster.log_dir / "standby.log"))
+    try:
+        addresses = [leader.address("rpc"), standby.address("rpc")]
+        both = ",".join(f"{h}:{p}" for h, p in addresses)
+        for i in range(2):
+            cluster.start_worker(*WORKER_ARGS, "--coordinator", both, worker_id=f"worker-{i + 1}")
+        cluster.wait_workers(2)
+        job_id = leader_call(addresses, cluster.token, "submit", {
+            "entry": "failover_jobs:wordcount", "sys_path": str(cluster.tmp_path),
+            "config": {"checkpoint": {"interval_s": 0.3, "mode": "unaligned"}}})["job_id"]
+        wait_running_with_checkpoint(addresses, cluster.token, job_id)
+        os.kill(leader.pid, signal.SIGSTOP)
+        paused_at = time.monotonic()
+        try:
+            poll(lambda: (state_dir / "leader" / "epoch-2").exists(), 60, "the standby to take lease epoch 2")
+            assert time.monotonic() - paused_at >= 1.5  # the lease was waited out: the holder's process lived
+            record = (state_dir / "jobs" / f"{job_id}.json").read_bytes()
+        finally:
+            os.kill(leader.pid, signal.SIGCONT)
+        assert leader.proc.wait(30) == 1
+        assert "lost leadership (lease epoch 2 was taken by another coordinator)" in cluster.log("coordinator")
+        result: dict[str, Any] = {}
+
+        def ended() -> bool:
+            result.update(leader_call([addresses[1]], cluster.token, "status", {"job_id": job_id}))
+            return result["state"] in ("FINISHED", "FAILED", "CANCELLED")
+
+        poll(ended, 240, f"job {job_id} to end on the new leader", interval_s=0.25)
+        assert result["state"] == "FINISHED", result
+        assert (state_dir / "jobs" / f"{job_id}.json").read_bytes() != record  # the new leader's, not the old's
+        assert b'"state": "FINISHED"' in (state_dir / "jobs" / f"{job_id}.json").read_bytes()
+    finally:
+        stop_process(standby)
