@@ -389,6 +389,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         elif args.job_id:
             _print_job(result)
         else:
+            if "coordinator" in result:
+                c = result["coordinator"]
+                print(f"coordinator {c['id']}  lease epoch {c['epoch']}  recovered jobs {c['recovered_jobs']}")
             print(f"workers: {len(result['workers'])}")
             for w in result["workers"]:
                 print(f"  {w['id']:<24} slots {w['slots']}  data {w['data']}  metrics {w['metrics_port']}")

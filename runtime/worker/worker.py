@@ -395,8 +395,9 @@ class Worker(BaseLinkHandler):
         if link is self.coordinator:
             log.warning("connection to coordinator lost: %s", message)
             self.coordinator = None
-            # The coordinator now counts this worker as lost and restarts its jobs elsewhere: running on
-            # would only produce output nobody will commit.
+            # The coordinator now counts this worker as lost and restarts its jobs elsewhere (or a restarted
+            # coordinator or a standby recovers them as a new attempt): running on would only produce output
+            # nobody will commit. The worker itself stays up; its heartbeat loop dials again and re-registers.
             for job_id in list(self.jobs):
                 log.warning("cancelling job %s: its coordinator is gone", job_id)
                 self._spawn(self._cancel_job(job_id, report=False))

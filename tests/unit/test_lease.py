@@ -103,3 +103,19 @@ def test_backoff_is_jittered_and_capped(base: float, factor: float, seed: int) -
     got = [next(delays) for _ in range(30)]
     assert all(base / 2 <= d <= cap for d in got)
     assert all(d <= min(cap, base * 2 ** i) for i, d in enumerate(got))
+
+
+def test_leadership_metrics() -> None:
+    from coordinator.metrics import LeadershipCollector, LeadershipStatistics
+
+    def scrape(st: LeadershipStatistics) -> dict[str, float]:
+        return {s.name: s.value for family in LeadershipCollector(lambda: st).collect() for s in family.samples}
+
+    assert scrape(LeadershipStatistics(False, 0, 0, 0, 0)) == {
+        "sluice_coordinator_is_leader": 0, "sluice_coordinator_lease_epoch": 0,
+        "sluice_coordinator_jobs_recovered_total": 0, "sluice_coordinator_job_record_writes_total": 0,
+        "sluice_coordinator_job_record_write_failures_total": 0}
+    leading = scrape(LeadershipStatistics(True, 3, 2, 17, 1))
+    assert leading["sluice_coordinator_is_leader"] == 1 and leading["sluice_coordinator_lease_epoch"] == 3
+    assert leading["sluice_coordinator_jobs_recovered_total"] == 2
+    assert leading["sluice_coordinator_job_record_write_failures_total"] == 1
