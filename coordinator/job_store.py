@@ -190,7 +190,12 @@ class JobStore:
 
     def save(self, job: JobRecord) -> None:
         """Queue the job's current record for writing (serialised now, so later changes are a later write)."""
-        self._pending[job.job_id] = encode(job)
+        try:
+            self._pending[job.job_id] = encode(job)
+        except (TypeError, ValueError) as exc:  # a config value JSON cannot hold: the job runs, unrecorded
+            self.failed_writes += 1
+            log.error("cannot record job %s: %s", job.job_id, exc)
+            return
         self._idle.clear()
         self._wake.set()
 

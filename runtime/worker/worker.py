@@ -93,6 +93,7 @@ class Worker(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
+        self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
         self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -152,6 +153,9 @@ class Worker(BaseLinkHandler):
     async def _connect_coordinator(self, data_port: int) -> None:
         """Register with the leading coordinator: the first address that takes the registration (a standby
         answers NotLeader, a dead coordinator refuses the connection). Raises ConnectionLost naming each."""
+        if self._leaving:  # the old attempt's channels are torn down before a new coordinator may deploy
+            await asyncio.wait(self._leaving)
+            self._leaving = []
         errors = []
         transient = True  # every address refused the connection or is not the leader: worth trying again
         for host, port in self.config.coordinators():
@@ -400,7 +404,7 @@ class Worker(BaseLinkHandler):
             # nobody will commit. The worker itself stays up; its heartbeat loop dials again and re-registers.
             for job_id in list(self.jobs):
                 log.warning("cancelling job %s: its coordinator is gone", job_id)
-                self._spawn(self._cancel_job(job_id, report=False))
+                self._leaving.append(self._spawn(self._cancel_job(job_id, report=False)))
 
 
 def coordinator_unavailable(exc: NetstackError) -> bool:
