@@ -135,6 +135,10 @@ class Coordinator(BaseLinkHandler):
         except LeaseHeld as exc:
             server.close()
             raise SystemExit(f"sluice coordinator: {exc}") from None
+        except OSError as exc:  # a state directory we cannot write: say which, in one line
+            server.close()
+            raise SystemExit(f"sluice coordinator: cannot take the lease of state directory {state_dir}: "
+                             f"{exc}") from None
         print(f"sluice coordinator {'leading' if self.config.standby else 'ready'} {ready} role=leader "
               f"epoch={self.leadership.epoch}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())

@@ -201,3 +201,17 @@ def test_a_paused_leader_is_fenced_off_when_it_resumes(cluster: Cluster) -> None
         assert b'"state": "FINISHED"' in (state_dir / "jobs" / f"{job_id}.json").read_bytes()
     finally:
         stop_process(standby)
+
+
+def test_a_second_coordinator_on_a_led_state_dir_exits_with_one_line(cluster: Cluster) -> None:
+    leader = cluster.start_coordinator()
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "coordinator", "--port", "0", "--no-metrics", "--state-dir",
+         str(cluster.tmp_path / "state")], cwd=cluster.tmp_path, env=cluster.env, capture_output=True, text=True,
+        timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sluice coordinator: coordinator c-") and "--standby" in last, proc.stderr
+    assert f"at {leader.fields['rpc']} leads state directory" in last, last
+    assert leader.proc.poll() is None  # the leader goes on
+    assert cluster.call("status")["coordinator"]["epoch"] == 1
