@@ -131,7 +131,10 @@ class Coordinator(BaseLinkHandler):
         if self.config.standby:
             print(f"sluice coordinator ready {ready} role=standby", flush=True)
         try:
-            await self._lead(state_dir)
+            if not await self._lead_unless_stopped(state_dir):  # a standby stopped before it ever led
+                server.close()
+                await server.wait_closed()
+                return
         except LeaseHeld as exc:
             server.close()
             raise SystemExit(f"sluice coordinator: {exc}") from None
@@ -157,6 +160,20 @@ class Coordinator(BaseLinkHandler):
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _lead_unless_stopped(self, state_dir: str) -> bool:
+        """Take the lease and the jobs (True), unless the coordinator is stopped while it waits (False)."""
+        lead = asyncio.ensure_future(self._lead(state_dir))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({lead, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not lead.done():
+            lead.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lead
+            return False
+        lead.result()  # LeaseHeld, OSError
+        return True
 
     async def _lead(self, state_dir: str) -> None:
         """Wait for the lease, then take over what the previous leader left: its jobs run again."""
