@@ -95,9 +95,18 @@ class StaleWatch:
         return now - self._since >= self.lease_s
 
 
+def host_identity() -> str:
+    """This host and PID namespace: two containers may share a host name (host networking) but not pids."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{namespace}"
+
+
 def holder_is_dead_here(record: LeaseRecord) -> bool:
-    """The holder ran on this host and its process is gone: its lease needs no waiting out."""
-    if record.host != socket.gethostname() or record.pid <= 0:
+    """The holder ran on this host, in our PID namespace, and its process is gone: no need to wait its lease out."""
+    if record.host != host_identity() or record.pid <= 0:
         return False
     try:
         os.kill(record.pid, 0)
@@ -196,7 +205,7 @@ class Leadership:
         return self.leader.address if self.leader else "unknown"
 
     def _mine(self, epoch: int) -> LeaseRecord:
-        return LeaseRecord(epoch, self.holder, self.address, socket.gethostname(), os.getpid())
+        return LeaseRecord(epoch, self.holder, self.address, host_identity(), os.getpid())
 
     async def acquire(self, *, standby: bool) -> None:
         """Return once this coordinator leads. Without `standby`, raise LeaseHeld if another coordinator is seen
