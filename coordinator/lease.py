@@ -238,22 +238,30 @@ class Leadership:
             await asyncio.sleep(poll_s)
 
     async def hold(self) -> str:
-        """Renew every renew_s while leading; return why leadership was lost (then nothing may act)."""
+        """Renew every renew_s while leading; return why leadership was lost (then nothing may act).
+
+        A renewal counts only if it completed while the previous one was still valid: a leader whose validity
+        ran out (paused, a slow disk) never extends it again, since a contender may already have taken over."""
         while True:
             await asyncio.sleep(self.renew_s)
             started = time.monotonic()
             mine = self.record
             assert mine is not None
             try:
-                if await asyncio.to_thread(self.files.superseded, mine.epoch):
-                    self.record, self._valid_until = None, 0.0
-                    return f"lease epoch {mine.epoch + 1} was taken by another coordinator"
-                renewed = LeaseRecord(**{**asdict(mine), "renewals": mine.renewals + 1})
-                await asyncio.to_thread(self.files.renew, renewed)
-                self.record = renewed
-                self._valid_until = started + self.lease_s * VALID_FRACTION
+                if started < self._valid_until:
+                    if await asyncio.to_thread(self.files.superseded, mine.epoch):
+                        self._step_down()
+                        return f"lease epoch {mine.epoch + 1} was taken by another coordinator"
+                    renewed = LeaseRecord(**{**asdict(mine), "renewals": mine.renewals + 1})
+                    await asyncio.to_thread(self.files.renew, renewed)
+                    if time.monotonic() < self._valid_until:
+                        self.record = renewed
+                        self._valid_until = started + self.lease_s * VALID_FRACTION
             except OSError as exc:
                 log.error("cannot renew the lease: %s", exc)
             if time.monotonic() >= self._valid_until:
-                self.record, self._valid_until = None, 0.0
+                self._step_down()
                 return f"the lease was not renewed within {self.lease_s * VALID_FRACTION:.1f}s"
+
+    def _step_down(self) -> None:
+        self.record, self._valid_until = None, 0.0

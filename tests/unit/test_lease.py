@@ -119,3 +119,14 @@ def test_leadership_metrics() -> None:
     assert leading["sluice_coordinator_is_leader"] == 1 and leading["sluice_coordinator_lease_epoch"] == 3
     assert leading["sluice_coordinator_jobs_recovered_total"] == 2
     assert leading["sluice_coordinator_job_record_write_failures_total"] == 1
+
+
+async def test_a_leader_whose_validity_ran_out_never_renews_again(tmp_path: Path) -> None:
+    first = leadership(tmp_path, "a")
+    await first.acquire(standby=False)
+    first._valid_until = time.monotonic() - 0.01  # as after a pause longer than its validity
+    assert not first.valid()
+    why = await asyncio.wait_for(first.hold(), 2)
+    assert "not renewed within" in why and first.record is None
+    _, record = LeaseDir(str(tmp_path)).current()
+    assert record is not None and record.renewals == 0  # it wrote nothing: a contender may already lead
