@@ -439,7 +439,9 @@ class JobManager:
         for wid in set(job.plan.placement.values()):
             record = self.workers.get(wid)
             if record is not None and not record.link.is_closing():
-                calls.append(record.link.call("cancel", {"job_id": job.job_id}, timeout_s=15.0))
+                # the attempt fences the call: a worker already running a later attempt (of a new leader) keeps it
+                calls.append(record.link.call("cancel", {"job_id": job.job_id, "attempt": job.attempt},
+                                              timeout_s=15.0))
         results = await asyncio.gather(*calls, return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):

@@ -248,10 +248,10 @@ class Leadership:
             mine = self.record
             assert mine is not None
             try:
+                if await asyncio.to_thread(self.files.superseded, mine.epoch):
+                    self._step_down()
+                    return f"lease epoch {mine.epoch + 1} was taken by another coordinator"
                 if started < self._valid_until:
-                    if await asyncio.to_thread(self.files.superseded, mine.epoch):
-                        self._step_down()
-                        return f"lease epoch {mine.epoch + 1} was taken by another coordinator"
                     renewed = LeaseRecord(**{**asdict(mine), "renewals": mine.renewals + 1})
                     await asyncio.to_thread(self.files.renew, renewed)
                     if time.monotonic() < self._valid_until:

@@ -134,6 +134,7 @@ class Coordinator(BaseLinkHandler):
             if not await self._lead_unless_stopped(state_dir):  # a standby stopped before it ever led
                 server.close()
                 await server.wait_closed()
+                await self._background.cancel_and_wait()
                 return
         except LeaseHeld as exc:
             server.close()
@@ -206,6 +207,8 @@ class Coordinator(BaseLinkHandler):
     async def _monitor_heartbeats(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.config.heartbeat_timeout_s / 4))
+            if not self.leading():  # a leader past its lease (paused) judges no worker: it is about to stop
+                continue
             now = time.monotonic()
             for w in self.workers.overdue(now=now, timeout_s=self.config.heartbeat_timeout_s):
                 log.error("worker %s missed heartbeats for %.1fs; removing it", w.worker_id, now - w.last_heartbeat)

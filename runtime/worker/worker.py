@@ -212,7 +212,7 @@ class Worker(BaseLinkHandler):
         return HandlerTable({
             "deploy": lambda link, args: self._deploy(Plan.from_dict(args["plan"])),
             "start": lambda link, args: self._start(args["job_id"]),
-            "cancel": lambda link, args: self._rpc_cancel(args["job_id"]),
+            "cancel": lambda link, args: self._rpc_cancel(args["job_id"], args.get("attempt")),
             "trigger_checkpoint": lambda link, args: self._trigger_checkpoint(args),
             "checkpoint_complete": lambda link, args: self._notify_tasks(
                 args["job_id"], args.get("attempt"), "checkpoint_complete", int(args["checkpoint_id"])),
@@ -228,7 +228,13 @@ class Worker(BaseLinkHandler):
         except UnknownMethod as exc:
             raise RpcError(str(exc), "UnknownMethod") from None
 
-    async def _rpc_cancel(self, job_id: str) -> dict[str, Any]:
+    async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        deployed = self.jobs.get(job_id)
+        if attempt is not None and deployed is not None and deployed.plan.attempt > attempt:
+            # from a coordinator that lost its lease while a new leader redeployed the job: not ours to stop
+            log.warning("ignoring a cancel of job %s attempt %s: attempt %d runs here", job_id, attempt,
+                        deployed.plan.attempt)
+            return {"cancelled": False}
         await self._cancel_job(job_id, report=False)
         return {"cancelled": True}
 
