@@ -91,7 +91,7 @@ async def test_a_leader_that_cannot_renew_steps_down(tmp_path: Path) -> None:
 
 def test_lease_must_outlast_two_renewals() -> None:
     with pytest.raises(ValueError, match="at least twice the renewal interval"):
-        Leadership("/tmp", holder="a", address="a:1", lease_s=1.0, renew_s=0.6)
+        Leadership("state", holder="a", address="a:1", lease_s=1.0, renew_s=0.6)
 
 
 @given(st.floats(0.01, 1.0), st.floats(1.0, 10.0), st.integers(0, 2**32))
