@@ -96,7 +96,7 @@ class CoordinatorCollector(Collector):
         completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")
         failed = CounterMetricFamily("sluice_checkpoints_failed", "Checkpoints aborted: timeout, decline, failure")
         in_progress = GaugeMetricFamily("sluice_checkpoints_in_progress", "Checkpoints currently in flight")
-        job = ["job"]
+        job = ["job_id"]  # not "job": Prometheus renames that to exported_job (its own label)
         last_duration = GaugeMetricFamily("sluice_checkpoint_last_duration_seconds",
                                           "Trigger to last acknowledgement of the last completed checkpoint",
                                           labels=job)

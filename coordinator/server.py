@@ -28,11 +28,14 @@ from coordinator.job_manager import JobManager
 from coordinator.jobs import JobRecord
 from coordinator.metrics import CoordinatorCollector
 from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.rest import REST_LIMITS, RestApi
+from coordinator.rest_views import task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
+from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles, server_context
@@ -52,6 +55,7 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = 0
+    http_port: int | None = 0  # the REST API and web UI (coordinator/rest.py); None: off
     state_dir: str = "./sluice-state"
     heartbeat_timeout_s: float = 10.0
     allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
@@ -87,6 +91,8 @@ class Coordinator(BaseLinkHandler):
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
+        self._rest: HttpServer | None = None
         self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn)
         self.rpc = self._handlers()
 
@@ -106,9 +112,16 @@ class Coordinator(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+        if self.config.http_port is not None:
+            # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
+            api = RestApi(jobs=self.jobs, workers=self.workers, token=self.config.token,
+                          call=lambda method, args: self.rpc.dispatch(None, method, args))  # type: ignore[arg-type]
+            self._rest = HttpServer(api, REST_LIMITS, name="rest")
+            self.http_port = await self._rest.start(self.config.host, self.config.http_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
+        http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
-              f"state={state_dir}", flush=True)
+              f"state={state_dir} http={http}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
         await self._stop.wait()
         monitor.cancel()
@@ -116,6 +129,8 @@ class Coordinator(BaseLinkHandler):
             if not job.terminal:
                 await self.manager.cancel(job, "coordinator shutting down")
         server.close()
+        if self._rest is not None:
+            self._rest.close()
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
         await server.wait_closed()
@@ -201,7 +216,9 @@ class Coordinator(BaseLinkHandler):
         for st in args.get("tasks", []):
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:
-                job.task_stats[st["task"]] = {**st, "worker": link.peer_id}
+                # with rates since the previous heartbeat, for the REST API's graph
+                job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
+                                                         {**st, "worker": link.peer_id}, time.monotonic())
         return {"ok": True}
 
     async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:

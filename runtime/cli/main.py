@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--port", type=_port, default=6123, help="RPC port (0 picks a free one)")
     c.add_argument("--metrics-port", type=_port, default=0, help="Prometheus port (0 picks a free one)")
     c.add_argument("--no-metrics", action="store_true")
+    c.add_argument("--http-port", type=_port, default=0, help="REST API and web UI port (0 picks a free one)")
+    c.add_argument("--no-http", action="store_true")
     c.add_argument("--state-dir", default="./sluice-state")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
@@ -348,6 +350,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
+                                   http_port=None if args.no_http else args.http_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
                                    savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
@@ -466,6 +469,8 @@ def _listen_failure(args: argparse.Namespace, exc: OSError) -> str | None:
     own_flag, own_port = ("--port", args.port) if args.command == "coordinator" else ("--data-port", args.data_port)
     if re.search(rf"\(\'[^']*\', {own_port}\)", str(exc)) or args.no_metrics:
         flag, port = own_flag, own_port
+    elif args.command == "coordinator" and args.http_port and re.search(rf"\(\'[^']*\', {args.http_port}\)", str(exc)):
+        flag, port = "--http-port", args.http_port
     else:
         flag, port = "--metrics-port", args.metrics_port
     what = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used: {os.strerror(exc.errno)}"
