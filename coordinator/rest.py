@@ -120,12 +120,13 @@ class RestApi:
     """The handler netstack/http.py calls for every request on the REST port."""
 
     def __init__(self, *, jobs: Mapping[str, JobRecord], workers: WorkerRegistry, token: str, call: Call,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.jobs = jobs
         self.workers = workers
         self.token = token
         self.call = call  # (rpc method, args) -> the coordinator's own RPC handler's answer
         self.clock = clock
+        self.wall_clock = wall_clock
         self._static: dict[str, bytes] = {}
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -178,7 +179,8 @@ class RestApi:
             return json_response(200, views.restarts_view(job))
         assert name == "checkpoints"
         figures = job.checkpoints.coordinator.task_figures() if job.checkpoints is not None else {}
-        return json_response(200, views.checkpoints_view(job, job.checkpoint_history(), figures))
+        offset = self.wall_clock() - self.clock()
+        return json_response(200, views.checkpoints_view(job, job.checkpoint_history(), figures, offset))
 
     async def _mutate(self, name: str, job_id: str, body: dict[str, Any]) -> HttpResponse:
         args: dict[str, Any] = {"job_id": job_id}

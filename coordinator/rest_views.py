@@ -9,10 +9,14 @@ Rates and backpressure come from the tasks' heartbeats: `task_sample` turns
 two successive heartbeat reports of one task into per-second rates and the
 fraction of the interval the task spent backpressured (Flink's
 backPressuredTimeMsPerSecond, as a ratio), which is what the UI colours.
+A backpressured source emits whole buffers in bursts, so one heartbeat
+interval often sees none of its records leave: the rates are smoothed
+exponentially over about RATE_TAU_S seconds.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 # backpressured_ratio thresholds, as Flink's UI: OK below 10 %, LOW below 50 %, HIGH above
 BACKPRESSURE_LOW = 0.10
 BACKPRESSURE_HIGH = 0.50
+RATE_TAU_S = 5.0  # time constant of the rates' exponential smoothing
 
 _COUNTERS = (("records_in", "records_in_per_s"), ("records_out", "records_out_per_s"),
              ("bytes_in", "bytes_in_per_s"), ("bytes_out", "bytes_out_per_s"))
@@ -32,17 +37,22 @@ _TIMES = (("backpressured_s", "backpressured_ratio"), ("busy_s", "busy_ratio"), 
 def task_sample(previous: Mapping[str, Any] | None, report: dict[str, Any], now: float) -> dict[str, Any]:
     """A task's heartbeat report with rates over the interval since `previous` (the last sample kept).
 
-    The first report of a task, or one whose counters went backwards (a new attempt), has rates of 0.
+    The first report of a task, or one whose counters went backwards (a new attempt), has rates of 0; the
+    first interval's rates are taken as they are, later ones are smoothed (`RATE_TAU_S`).
     """
-    out = {**report, "sampled_at": now}
+    out = {**report, "sampled_at": now, "rated": False}
     dt = now - float(previous["sampled_at"]) if previous is not None and "sampled_at" in previous else 0.0
-    backwards = previous is None or any(float(report.get(k, 0)) < float(previous.get(k, 0)) for k, _ in _COUNTERS)
+    if previous is None or dt <= 0 or any(float(report.get(k, 0)) < float(previous.get(k, 0)) for k, _ in _COUNTERS):
+        return out | {rate: 0.0 for _, rate in (*_COUNTERS, *_TIMES)}
+    alpha = 1.0 - math.exp(-dt / RATE_TAU_S)
     for key, rate in (*_COUNTERS, *_TIMES):
-        if dt <= 0 or backwards or previous is None:
-            out[rate] = 0.0
-        else:
-            value = (float(report.get(key, 0)) - float(previous.get(key, 0))) / dt
-            out[rate] = round(min(1.0, max(0.0, value)) if rate.endswith("_ratio") else max(0.0, value), 4)
+        value = max(0.0, (float(report.get(key, 0)) - float(previous.get(key, 0))) / dt)
+        if rate.endswith("_ratio"):
+            value = min(1.0, value)
+        if previous.get("rated"):
+            value = float(previous.get(rate, 0.0)) + alpha * (value - float(previous.get(rate, 0.0)))
+        out[rate] = round(value, 4)
+    out["rated"] = True
     return out
 
 
@@ -117,10 +127,14 @@ def _task_figures(acks: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def checkpoint_view(summary: Mapping[str, Any], task_figures: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
-    """One checkpoint (a CheckpointSummary as a dict) with its per-task figures when they are still known."""
+def checkpoint_view(summary: Mapping[str, Any], task_figures: Mapping[str, Mapping[str, Any]] | None,
+                    wall_offset: float = 0.0) -> dict[str, Any]:
+    """One checkpoint (a CheckpointSummary as a dict) with its per-task figures when they are still known.
+
+    The checkpoint coordinator keeps monotonic times; `wall_offset` (wall clock minus monotonic clock) turns
+    `started_at` into Unix time for the API's users."""
     return {"checkpoint_id": summary["checkpoint_id"], "status": str(summary["status"]), "mode": summary["mode"],
-            "savepoint": bool(summary["savepoint"]), "started_at": summary["started_at"],
+            "savepoint": bool(summary["savepoint"]), "started_at": round(summary["started_at"] + wall_offset, 3),
             "duration_s": summary["duration_s"], "state_bytes": summary["state_bytes"],
             "inflight_bytes": summary["inflight_bytes"], "alignment_s": summary["alignment_s"],
             "start_delay_s": summary["start_delay_s"], "failure_reason": summary.get("failure_reason", ""),
@@ -128,9 +142,10 @@ def checkpoint_view(summary: Mapping[str, Any], task_figures: Mapping[str, Mappi
 
 
 def checkpoints_view(job: JobRecord, history: Iterable[Mapping[str, Any]],
-                     figures: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+                     figures: Mapping[int, Mapping[str, Mapping[str, Any]]],
+                     wall_offset: float = 0.0) -> dict[str, Any]:
     """The job's checkpoint history, oldest first; `figures` maps checkpoint id -> task -> ack figures."""
-    items = [checkpoint_view(h, figures.get(int(h["checkpoint_id"]))) for h in history]
+    items = [checkpoint_view(h, figures.get(int(h["checkpoint_id"])), wall_offset) for h in history]
     done, failed = job.checkpoint_counts()
     return {"job_id": job.job_id, "completed": done, "failed": failed,
             "last_completed": job.last_checkpoint, "history": items}

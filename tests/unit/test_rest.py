@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from coordinator.jobs import JobRecord
 from coordinator.registry import WorkerRegistry
 from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match
-from coordinator.rest_views import backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
+from coordinator.rest_views import RATE_TAU_S, backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
 from netstack.errors import RpcError
 from netstack.http import BadRequest, HttpRequest, parse_head
 from runtime.graph.enums import JobState
@@ -81,9 +82,15 @@ def test_task_sample_turns_two_reports_into_rates() -> None:
                          12.0)
     assert (second["records_in_per_s"], second["records_out_per_s"]) == (100.0, 50.0)
     assert (second["backpressured_ratio"], second["busy_ratio"]) == (0.75, 0.125)
-    # a new attempt starts its counters again: no negative rates
-    third = task_sample(second, {"records_in": 5, "records_out": 1, "backpressured_s": 0.0}, 13.0)
-    assert third["records_in_per_s"] == 0.0 and third["backpressured_ratio"] == 0.0
+    # later intervals are smoothed: a burst-free second moves the rate part of the way towards 0
+    third = task_sample(second, {"records_in": 300, "records_out": 150, "backpressured_s": 3.5, "busy_s": 0.75},
+                        13.0)
+    alpha = 1 - math.exp(-1 / RATE_TAU_S)
+    assert third["records_in_per_s"] == round(100.0 * (1 - alpha), 4)
+    assert third["backpressured_ratio"] == round(0.75 + alpha * (1.0 - 0.75), 4)
+    # a new attempt starts its counters again: no negative rates, and smoothing starts afresh
+    fourth = task_sample(third, {"records_in": 5, "records_out": 1, "backpressured_s": 0.0}, 14.0)
+    assert fourth["records_in_per_s"] == 0.0 and fourth["backpressured_ratio"] == 0.0 and not fourth["rated"]
 
 
 @given(st.floats(min_value=0.0, max_value=1.0))
