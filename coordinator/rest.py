@@ -119,9 +119,9 @@ def error(status: int, message: str, kind: str) -> HttpResponse:
 class RestApi:
     """The handler netstack/http.py calls for every request on the REST port."""
 
-    def __init__(self, *, jobs: Mapping[str, JobRecord], workers: WorkerRegistry, token: str, call: Call,
+    def __init__(self, *, jobs: Callable[[], Mapping[str, JobRecord]], workers: WorkerRegistry, token: str, call: Call,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
-        self.jobs = jobs
+        self._jobs = jobs  # read at every request: the job table may be replaced (a recovered coordinator)
         self.workers = workers
         self.token = token
         self.call = call  # (rpc method, args) -> the coordinator's own RPC handler's answer
@@ -154,6 +154,10 @@ class RestApi:
         if name not in self._static:
             self._static[name] = (UI_DIR / name).read_bytes()  # small files, read once
         return HttpResponse(200, self._static[name], content_type, (("Cache-Control", "no-cache"),))
+
+    @property
+    def jobs(self) -> Mapping[str, JobRecord]:
+        return self._jobs()
 
     def _read(self, name: str, job_id: str | None) -> HttpResponse:
         if name == "overview":

@@ -114,7 +114,7 @@ class Coordinator(BaseLinkHandler):
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
         if self.config.http_port is not None:
             # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
-            api = RestApi(jobs=self.jobs, workers=self.workers, token=self.config.token,
+            api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
                           call=lambda method, args: self.rpc.dispatch(None, method, args))  # type: ignore[arg-type]
             self._rest = HttpServer(api, REST_LIMITS, name="rest")
             self.http_port = await self._rest.start(self.config.host, self.config.http_port)

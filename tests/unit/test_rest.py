@@ -153,7 +153,7 @@ def _api(calls: list[tuple[str, dict[str, Any]]], token: str = "tok") -> RestApi
             raise RpcError("no job missing", "UnknownJob")
         return {"state": "CANCELLED"}
 
-    return RestApi(jobs={}, workers=WorkerRegistry(), token=token, call=call)
+    return RestApi(jobs=dict, workers=WorkerRegistry(), token=token, call=call)
 
 
 def _request(method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> HttpRequest:
