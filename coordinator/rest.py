@@ -15,7 +15,7 @@ savepoint directories.
     GET  /api/v1/jobs                          every job, briefly
     GET  /api/v1/jobs/{id}                     one job
     GET  /api/v1/jobs/{id}/graph               vertices with per-subtask rates and backpressure, edges
-    GET  /api/v1/jobs/{id}/checkpoints         checkpoint history with per-task figures
+    GET  /api/v1/jobs/{id}/checkpoints         checkpoint history with per-task figures (?limit=N, the last N)
     GET  /api/v1/jobs/{id}/restarts            failures and restart times
     GET  /api/v1/workers                       registered workers with their metrics links
     POST /api/v1/jobs/{id}/cancel              (token) cancel
@@ -52,6 +52,8 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
 # RPC error types -> HTTP status; anything else is a 409 (the request was fine, the job's state was not)
 ERROR_STATUS = {"UnknownJob": 404, "JobNotRunning": 409, "PathNotAllowed": 403, "BadCheckpointRequest": 400,
                 "BadRescaleRequest": 400, "BadArgs": 400, "BadRequest": 400}
+
+DEFAULT_HISTORY = 100  # checkpoints per answer unless ?limit= says otherwise (earlier attempts' add up)
 
 # The REST port's limits: a browser keeps a few connections; mutating calls send small JSON bodies.
 REST_LIMITS = HttpLimits(max_connections=64, max_idle=32, idle_timeout_s=10.0, max_body_bytes=64 * 1024)
@@ -147,7 +149,10 @@ class RestApi:
             if not isinstance(body, dict):
                 return error(400, "the body must be a JSON object", "BadRequest")
             return await self._mutate(route.name, params["job_id"], body)
-        return self._read(route.name, params.get("job_id"))
+        limit = request.query.get("limit", str(DEFAULT_HISTORY))
+        if not limit.isdigit() or int(limit) < 1:
+            return error(400, f"limit must be a positive whole number, got {limit!r}", "BadRequest")
+        return self._read(route.name, params.get("job_id"), int(limit))
 
     def _serve_static(self, path: str) -> HttpResponse:
         name, content_type = STATIC[path]
@@ -159,7 +164,7 @@ class RestApi:
     def jobs(self) -> Mapping[str, JobRecord]:
         return self._jobs()
 
-    def _read(self, name: str, job_id: str | None) -> HttpResponse:
+    def _read(self, name: str, job_id: str | None, limit: int) -> HttpResponse:
         if name == "overview":
             states: dict[str, int] = {}
             for j in self.jobs.values():
@@ -184,7 +189,8 @@ class RestApi:
         assert name == "checkpoints"
         figures = job.checkpoints.coordinator.task_figures() if job.checkpoints is not None else {}
         offset = self.wall_clock() - self.clock()
-        return json_response(200, views.checkpoints_view(job, job.checkpoint_history(), figures, offset))
+        history = job.checkpoint_history()[-limit:]
+        return json_response(200, views.checkpoints_view(job, history, figures, offset))
 
     async def _mutate(self, name: str, job_id: str, body: dict[str, Any]) -> HttpResponse:
         args: dict[str, Any] = {"job_id": job_id}

@@ -192,7 +192,7 @@ async function refresh() {
     if (known) {
       const base = `/api/v1/jobs/${encodeURIComponent(selected)}`;
       const [job, graph, checkpoints, restarts] = await Promise.all([get(base), get(`${base}/graph`),
-        get(`${base}/checkpoints`), get(`${base}/restarts`)]);
+        get(`${base}/checkpoints?limit=40`), get(`${base}/restarts`)]);
       drawJob(job);
       drawGraph(graph);
       drawCheckpointChart(checkpoints.history);

@@ -119,6 +119,9 @@ def test_rest_answers_match_the_openapi_document(live: Live) -> None:
         status, body = request(live.url(path.replace("{job_id}", jid)))
         assert status == 200, (path, body)
         check(doc, path, "get", 200, body)
+    status, body = request(live.url(f"/api/v1/jobs/{jid}/checkpoints?limit=1"))
+    assert status == 200 and len(body["history"]) == 1
+    check(doc, "/api/v1/jobs/{job_id}/checkpoints", "get", 200, body)
     status, body = request(live.url("/api/v1/jobs/job-nope/graph"))
     assert status == 404 and body == {"error": "no job job-nope", "type": "UnknownJob"}
     check(doc, "/api/v1/jobs/{job_id}/graph", "get", 404, body)

@@ -183,5 +183,7 @@ def test_reads_are_open_and_unknown_paths_are_404() -> None:
     assert asyncio.run(api(_request("GET", "/api/v1/jobs/nope"))).status == 404
     assert asyncio.run(api(_request("GET", "/nope"))).status == 404
     assert asyncio.run(api(_request("PUT", "/api/v1/jobs"))).status == 405
+    bad_limit = HttpRequest("GET", "/api/v1/jobs", {"limit": "0"}, {})
+    assert asyncio.run(api(bad_limit)).status == 400
     page = asyncio.run(api(_request("GET", "/")))
     assert page.status == 200 and b"<title>Sluice</title>" in page.body
