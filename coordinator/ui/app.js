@@ -49,7 +49,8 @@ function drawJobs(jobs) {
     class: j.job_id === selected ? "selected" : "", "data-job": j.job_id,
     onclick: () => { selected = j.job_id; location.hash = `job=${encodeURIComponent(j.job_id)}`; refresh(); },
   }, el("span", { class: "name" }, j.name), " ", el("span", { class: `state ${j.state}` }, j.state),
-  el("div", { class: "id" }, `${j.job_id} · ${j.checkpoints_completed} checkpoints · ${j.restarts} restarts`))));
+  el("div", { class: "id" }, `${j.job_id} · ${plural(j.checkpoints_completed, "checkpoint")} · ` +
+    plural(j.restarts, "restart")))));
 }
 
 function drawWorkers(workers) {
@@ -113,6 +114,8 @@ function drawGraph(graph) {
   document.getElementById("graph").replaceChildren(graph.vertices.length ? svg : el("p", {}, "not deployed yet"));
 }
 
+function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
+
 function clip(text, n) { return text.length > n ? `${text.slice(0, n - 1)}…` : text; }
 
 // -- checkpoints --------------------------------------------------------------------
@@ -169,7 +172,8 @@ function drawJob(job) {
   const state = document.getElementById("job-state");
   state.textContent = job.state;
   state.className = `state ${job.state}`;
-  document.getElementById("job-facts").textContent = `attempt ${job.attempt} · ${job.tasks_total} tasks · ` +
+  document.getElementById("job-facts").textContent = `attempt ${job.attempt} · ${plural(job.restarts, "restart")} · ` +
+    `${plural(job.tasks_total, "task")} · ` +
     `${job.checkpoint_mode ?? "no"} checkpoints every ${fmt.secs(job.checkpoint_interval_s)}`;
   const error = document.getElementById("job-error");
   error.hidden = !job.error;

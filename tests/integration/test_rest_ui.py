@@ -260,6 +260,7 @@ def chromium_driver() -> Any:
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  f"--user-data-dir={profile}", "--window-size=1400,1100"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, checked for errors
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.sluice_profile = profile  # removed with the driver
     return driver
@@ -286,6 +287,8 @@ def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live:
         links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#workers a")]
         assert len(links) == 2 and all(link.endswith("/metrics") for link in links)
         assert driver.find_element(By.ID, "status").text == ""  # no error from the API
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors  # no script error, no failed request
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "web-ui.png"
         assert driver.save_screenshot(str(shot))
