@@ -221,6 +221,15 @@ def test_metrics_carry_job_id_process_metrics_and_everything_the_dashboard_queri
     assert f'sluice_checkpoint_last_duration_seconds{{job_id="{live.job_id}"}}' in coordinator
     assert any(f'sluice_task_records_out_total{{job_id="{live.job_id}"' in w for w in workers)
 
+    # the blocked source's fullest output channel is at its limit (the old ratio averaged over channels)
+    def source_pool_full() -> bool:
+        texts = [scrape(w.fields["metrics"]) for w in live.cluster.workers]
+        return any(float(line.rsplit(" ", 1)[1]) == 1.0 for text in texts for line in text.splitlines()
+                   if line.startswith("sluice_task_output_pool_usage_ratio{") and f'job_id="{live.job_id}"' in line
+                   and 'task="GeneratorSource"' in line)
+
+    poll(source_pool_full, 60, "the source's output pool usage to reach 1", interval_s=0.5)
+
     served: dict[str, set[str]] = {}
     for text in (coordinator, *workers):
         for name, labels in samples(text).items():
