@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.autoscale import AutoscaleSettings, parse_scale_down_after
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
 from coordinator.jobs import JobRecord
@@ -62,6 +63,7 @@ class CoordinatorConfig:
     savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
     tls: TlsFiles | None = None  # None: plain TCP
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)  # scale-down / scale-up delays
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
@@ -93,7 +95,8 @@ class Coordinator(BaseLinkHandler):
         self.metrics_port: int | None = None
         self.http_port: int | None = None
         self._rest: HttpServer | None = None
-        self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn)
+        self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn,
+                                  autoscale=config.autoscale)
         self.rpc = self._handlers()
 
     @property
@@ -123,8 +126,10 @@ class Coordinator(BaseLinkHandler):
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
               f"state={state_dir} http={http}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
+        autoscaler = self._spawn(self.manager.run_autoscaler())
         await self._stop.wait()
         monitor.cancel()
+        autoscaler.cancel()
         for job in list(self.jobs.values()):
             if not job.terminal:
                 await self.manager.cancel(job, "coordinator shutting down")
@@ -228,6 +233,8 @@ class Coordinator(BaseLinkHandler):
         try:
             settings = checkpoint_settings(config.pop("checkpoint", None) or {})
             strategy = restart_strategy(config.pop("restart", None) or {})
+            if config.get("scale_down_after_s") is not None:
+                config["scale_down_after_s"] = parse_scale_down_after(config["scale_down_after_s"])
         except (ValueError, TypeError) as exc:
             raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
         sys_path = str(args.get("sys_path") or "")
@@ -319,7 +326,12 @@ class Coordinator(BaseLinkHandler):
             job = self.jobs.get(job_id)
             if job is None:
                 raise RpcError(f"no job {job_id}", "UnknownJob")
-            return job.summary()
+            summary = job.summary()
+            scaling = self.manager.scaling_status(job)
+            summary["scaling"] = scaling
+            for v in summary["vertices"]:
+                v["asked_parallelism"] = scaling["asked"].get(v["name"], v["parallelism"])
+            return summary
         return {"workers": [w.describe() for w in self.workers.values()],
                 "jobs": [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error}
                          for j in self.jobs.values()]}

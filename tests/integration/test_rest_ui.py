@@ -198,7 +198,7 @@ def samples(text: str) -> dict[str, set[str]]:
         declared = re.match(r"^# TYPE (\w+) (\w+)", line)
         if declared:
             name, kind = declared.groups()
-            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(kind, ("",))
+            suffixes = {"histogram": ("_bucket", "_sum", "_count")}.get(kind, ("",))  # counters: TYPE has _total
             for suffix in suffixes:
                 out.setdefault(name + suffix, set())
         m = SAMPLE.match(line)
