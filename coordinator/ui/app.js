@@ -5,6 +5,9 @@
 const POLL_MS = 2000;
 const SVG = "http://www.w3.org/2000/svg";
 let selected = decodeURIComponent((location.hash.match(/job=([^&]+)/) || [])[1] || "");
+let selectedVertex = null; // a vertex id: its subtasks are listed under the graph
+let selectedCheckpoint = null; // a checkpoint id: its tasks' figures are listed under the table
+let last = { graph: null, checkpoints: [] }; // the latest answers, to redraw a detail on a click
 
 function el(tag, attrs = {}, ...children) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -47,7 +50,9 @@ function drawJobs(jobs) {
   const list = document.getElementById("jobs");
   list.replaceChildren(...jobs.map((j) => el("li", {
     class: j.job_id === selected ? "selected" : "", "data-job": j.job_id,
-    onclick: () => { selected = j.job_id; location.hash = `job=${encodeURIComponent(j.job_id)}`; refresh(); },
+    onclick: () => {
+      if (selected !== j.job_id) { selectedVertex = null; selectedCheckpoint = null; }
+      selected = j.job_id; location.hash = `job=${encodeURIComponent(j.job_id)}`; refresh(); },
   }, el("span", { class: "name" }, j.name), " ", el("span", { class: `state ${j.state}` }, j.state),
   el("div", { class: "id" }, `${j.job_id} · ${plural(j.checkpoints_completed, "checkpoint")} · ` +
     plural(j.restarts, "restart")))));
@@ -102,8 +107,9 @@ function drawGraph(graph) {
     const title = v.subtasks.map((s) => `#${s.subtask} on ${s.worker ?? "?"}: ${fmt.rate(s.records_in_per_s)} in, ` +
       `${fmt.rate(s.records_out_per_s)} out, backpressured ${fmt.pct(s.backpressured_ratio)}, ` +
       `busy ${fmt.pct(s.busy_ratio)}, output pool ${fmt.pct(s.output_pool_usage)}`).join("\n");
-    svg.append(el("svg:g", { class: `vertex ${v.backpressure}`, "data-vertex": v.name,
-      transform: `translate(${p.x},${p.y})` },
+    svg.append(el("svg:g", { class: `vertex ${v.backpressure}${v.id === selectedVertex ? " selected" : ""}`,
+      "data-vertex": v.name, transform: `translate(${p.x},${p.y})`,
+      onclick: () => { selectedVertex = selectedVertex === v.id ? null : v.id; drawGraph(last.graph); } },
     el("svg:title", {}, `${v.name}\n${title}`),
     el("svg:rect", { width: W, height: H, rx: 8 }),
     el("svg:text", { class: "title", x: 10, y: 20 }, clip(v.name, 26)),
@@ -112,6 +118,46 @@ function drawGraph(graph) {
     el("svg:text", { class: "sub", x: 10, y: 70 }, `backpressured ${fmt.pct(v.backpressured_ratio)} (${v.backpressure})`)));
   }
   document.getElementById("graph").replaceChildren(graph.vertices.length ? svg : el("p", {}, "not deployed yet"));
+  drawVertexDetail(graph.vertices.find((v) => v.id === selectedVertex));
+}
+
+function table(headers, rows) {
+  return el("table", { class: "compact" }, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", { class: typeof c === "number" ? "num" : "" },
+      c))))));
+}
+
+function drawVertexDetail(v) {
+  const box = document.getElementById("vertex-detail");
+  box.hidden = !v;
+  if (!v) return;
+  box.replaceChildren(el("h4", {}, `${v.name}: subtasks`), table(
+    ["subtask", "worker", "state", "in", "out", "backpressured", "busy", "output pool", "input queue", "output queue"],
+    v.subtasks.map((s) => [s.subtask, s.worker ?? "–", s.state ?? "–", fmt.rate(s.records_in_per_s),
+      fmt.rate(s.records_out_per_s), fmt.pct(s.backpressured_ratio), fmt.pct(s.busy_ratio),
+      fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue])));
+}
+
+function taskName(task) {
+  // "vertex:subtask" -> "Name #subtask", from the graph drawn last
+  const [vertex, subtask] = task.split(":");
+  const v = last.graph && last.graph.vertices.find((x) => String(x.id) === vertex);
+  return v ? `${v.name} #${subtask}` : task;
+}
+
+function drawCheckpointDetail(history) {
+  const c = history.find((x) => x.checkpoint_id === selectedCheckpoint);
+  const box = document.getElementById("checkpoint-detail");
+  box.hidden = !c;
+  if (!c) return;
+  const parts = [el("h4", {}, `checkpoint ${c.checkpoint_id}: tasks`)];
+  if (c.failure_reason) parts.push(el("p", { class: "error" }, c.failure_reason));
+  parts.push(c.tasks.length ? table(
+    ["task", "start delay", "alignment", "sync", "async", "state", "in-flight", "unaligned"],
+    c.tasks.map((t) => [taskName(t.task), fmt.secs(t.start_delay_s), fmt.secs(t.alignment_s), fmt.secs(t.sync_s),
+      fmt.secs(t.async_s), fmt.bytes(t.state_bytes), fmt.bytes(t.inflight_bytes), t.unaligned ? "yes" : "no"]))
+    : el("p", {}, "no task figures (an earlier attempt's checkpoint, or no task acknowledged)"));
+  box.replaceChildren(...parts);
 }
 
 function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
@@ -146,6 +192,11 @@ function drawCheckpointChart(history) {
 
 function drawCheckpointTable(history) {
   const rows = history.slice(-15).reverse().map((c) => el("tr", { "data-checkpoint": c.checkpoint_id,
+    class: c.checkpoint_id === selectedCheckpoint ? "selected" : "",
+    onclick: () => {
+      selectedCheckpoint = selectedCheckpoint === c.checkpoint_id ? null : c.checkpoint_id;
+      drawCheckpointTable(last.checkpoints);
+    },
     title: c.tasks.map((t) => `${t.task}: start delay ${fmt.secs(t.start_delay_s)}, alignment ${fmt.secs(t.alignment_s)}, ` +
       `sync ${fmt.secs(t.sync_s)}, async ${fmt.secs(t.async_s)}, in-flight ${fmt.bytes(t.inflight_bytes)}`).join("\n") },
   el("td", { class: "num" }, c.checkpoint_id + (c.savepoint ? " (savepoint)" : "")),
@@ -157,6 +208,7 @@ function drawCheckpointTable(history) {
   el("td", { class: "num" }, fmt.secs(c.alignment_s)),
   el("td", { class: "num" }, fmt.secs(c.start_delay_s))));
   document.querySelector("#checkpoints tbody").replaceChildren(...rows);
+  drawCheckpointDetail(history);
 }
 
 function drawRestarts(r) {
@@ -197,6 +249,7 @@ async function refresh() {
       const base = `/api/v1/jobs/${encodeURIComponent(selected)}`;
       const [job, graph, checkpoints, restarts] = await Promise.all([get(base), get(`${base}/graph`),
         get(`${base}/checkpoints?limit=40`), get(`${base}/restarts`)]);
+      last = { graph, checkpoints: checkpoints.history };
       drawJob(job);
       drawGraph(graph);
       drawCheckpointChart(checkpoints.history);

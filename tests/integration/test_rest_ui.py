@@ -277,6 +277,7 @@ def chromium_driver() -> Any:
 
 @pytest.mark.integration
 def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live: Live) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -296,6 +297,22 @@ def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live:
         links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#workers a")]
         assert len(links) == 2 and all(link.endswith("/metrics") for link in links)
         assert driver.find_element(By.ID, "status").text == ""  # no error from the API
+
+        def click(by: str, selector: str) -> None:
+            """Click the element; the page redraws every 2 s, so an element may go stale: find it again."""
+            def attempt(d: Any) -> bool:
+                try:
+                    d.find_element(by, selector).click()
+                    return True
+                except StaleElementReferenceException:
+                    return False
+            wait.until(attempt)
+
+        # an operator's subtasks, and a completed checkpoint's tasks, on a click
+        click(By.CSS_SELECTOR, '#graph g.vertex[data-vertex^="Count"] text.title')
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#vertex-detail tbody tr")) == 2)
+        click(By.XPATH, "//table[@id='checkpoints']/tbody/tr[td[@class='COMPLETED']]")
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#checkpoint-detail tbody tr")) == 4)
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors  # no script error, no failed request
         ARTIFACTS.mkdir(exist_ok=True)
