@@ -5,7 +5,7 @@ answers are validated against the OpenAPI document, mutating calls are refused w
 token and work with it, the Prometheus metrics carry `job_id` and the process metrics and hold every
 metric the Grafana dashboard queries, and Debian's chromium, driven by selenium through its
 chromedriver, shows the job's graph and a completed checkpoint (the screenshot is kept in
-test-artifacts/). The last test cancels the job through the API.
+test-artifacts/). The last test rescales the job and cancels it through the API.
 """
 
 from __future__ import annotations
@@ -325,7 +325,22 @@ def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live:
 
 
 @pytest.mark.integration
-def test_cancel_through_the_api_ends_the_job(live: Live) -> None:
+def test_rescale_then_cancel_through_the_api(live: Live) -> None:
+    rescale = live.url(f"/api/v1/jobs/{live.job_id}/rescale")
+    # Count alone at 1 would unchain it from its sink: refused as the RPC refuses it, and the job runs on
+    status, body = request(rescale, method="POST", body={"parallelism": {"Count": 1}}, token=live.cluster.token,
+                           timeout_s=180)
+    assert (status, body["type"]) == (409, "IncompatibleCheckpoint"), body
+    status, body = request(rescale, method="POST", body={"parallelism": {"*": 1}}, token=live.cluster.token,
+                           timeout_s=180)
+    assert status == 200, body
+    check(openapi(), "/api/v1/jobs/{job_id}/rescale", "post", 200, body)
+    _, g = request(live.url(f"/api/v1/jobs/{live.job_id}/graph"))
+    assert [(v["name"].split(" ")[0], v["parallelism"]) for v in g["vertices"]] == [("GeneratorSource", 1),
+                                                                                    ("Count", 1)]
+    _, job = request(live.url(f"/api/v1/jobs/{live.job_id}"))
+    assert (job["state"], job["attempt"]) == ("RUNNING", 1)
+
     url = live.url(f"/api/v1/jobs/{live.job_id}/cancel")
     assert request(url, method="POST")[0] == 401
     status, body = request(url, method="POST", token=live.cluster.token)
