@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
+from coordinator import autoscale as policy
+from coordinator.autoscale import AutoscaleSettings, Scaling, ScalingStatistics, Shape
 from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
@@ -39,7 +41,7 @@ from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.graph.enums import JobState
-from runtime.graph.plan import JobLoadError, Plan, build_job
+from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -49,7 +51,7 @@ log = logging.getLogger("sluice.jobs")
 
 class JobManager:
     def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], Any],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any], autoscale: AutoscaleSettings | None = None,
                  persist: Callable[[JobRecord], None] = lambda job: None) -> None:
         self.workers = workers
         self.storage = storage
@@ -61,10 +63,14 @@ class JobManager:
         self.checkpoint_durations = DurationHistogram()
         self.restart_durations = DurationHistogram()
         self._rescaling: set[str] = set()  # job ids with a rescale under way: one at a time
+        self.autoscale = autoscale or AutoscaleSettings()
+        self.scaling: dict[str, Scaling] = {}  # job id -> its scale-downs and scale-ups (coordinator/autoscale.py)
 
     def statistics(self) -> JobsStatistics:
         return JobsStatistics(tuple(j.statistics() for j in self.jobs.values()),
-                              self.checkpoint_durations.statistics(), self.restart_durations.statistics())
+                              self.checkpoint_durations.statistics(), self.restart_durations.statistics(),
+                              tuple(ScalingStatistics(jid, sc.scale_downs, sc.scale_ups, bool(sc.reason))
+                                    for jid, sc in self.scaling.items()))
 
     # -- planning -----------------------------------------------------------------
 
@@ -307,21 +313,24 @@ class JobManager:
         await asyncio.sleep(delay)
         await self._restart(job, failed_at)
 
-    async def _restart(self, job: JobRecord, failed_at: float | None, *, counted: bool = True) -> None:
+    async def _restart(self, job: JobRecord, failed_at: float | None, *, counted: bool = True,
+                       run_at: dict[str, int] | None = None) -> None:
         """Plan the next attempt, attach the latest checkpoint and deploy; `failed_at` None and `counted` False
-        for a rescale, which is no failure (its downtime is the rescale's own figure, not a restart's)."""
+        for a rescale, which is no failure (its downtime is the rescale's own figure, not a restart's). `run_at`
+        (operator name -> parallelism): the first attempt runs at it rather than at the ask (a scale-up)."""
         strategy = job.restart_strategy
         while job.state == JobState.RESTARTING:
             if counted:
                 job.restarts += 1
             counted = True  # a redeploy that failed and is tried again is a restart like any other
             job.attempt += 1
-            deadline = time.monotonic() + strategy.slot_wait_s
+            started = time.monotonic()
+            deadline = started + strategy.slot_wait_s
             plan: Plan | None = None
             error = ""
             while job.state == JobState.RESTARTING and time.monotonic() < deadline:
                 try:
-                    plan = self.plan(job)
+                    plan = self._plan_attempt(job, waited_s=time.monotonic() - started, run_at=run_at)
                     break
                 except RpcError as exc:  # typically: not enough slots until a worker comes back
                     error = str(exc)
@@ -333,7 +342,9 @@ class JobManager:
                     await self._attach_latest_checkpoint(job, plan)
                 except RpcError as exc:
                     plan, error = None, f"cannot restore: {exc}"
+            run_at = None  # a scale-up that did not deploy falls back to the usual policy
             if plan is not None:
+                self._note_parallelism(job, job.plan, plan)
                 job.plan = plan
                 job.finished_tasks = set()
                 job.ended_tasks = set()
@@ -372,18 +383,25 @@ class JobManager:
 
     # -- rescaling a running job -------------------------------------------------------
 
-    async def rescale(self, job: JobRecord, requested: dict[str, int], *, timeout_s: float = 600.0) -> dict[str, Any]:
+    async def rescale(self, job: JobRecord, requested: dict[str, int], *, timeout_s: float = 600.0,
+                      run_at: dict[str, int] | None = None) -> dict[str, Any]:
         """Checkpoint the running job in its own mode (unaligned stays unaligned: no savepoint, no draining), stop
         the attempt and redeploy the same job at the new parallelism from that checkpoint, through the failover's
         own restart path. Every refusal (not running, too few slots, a failed checkpoint, a plan that cannot be
-        rescaled) is one RpcError line raised before anything is stopped: the job keeps running unchanged."""
+        rescaled) is one RpcError line raised before anything is stopped: the job keeps running unchanged.
+        With `run_at` (a scale-up: operator name -> parallelism, up to the ask) the ask is kept and the job
+        redeploys at `run_at`."""
         if job.job_id in self._rescaling:
             raise RpcError(f"job {job.job_id} is being rescaled already", "JobNotRunning")
         if job.state != JobState.RUNNING or job.checkpoints is None or job.ended_tasks or job.finished_tasks:
             why = "finishing" if job.state == JobState.RUNNING else job.state
             raise RpcError(f"job {job.job_id} is {why}, not RUNNING: nothing to rescale", "JobNotRunning")
-        config = {**job.config, "parallelism": merge_parallelism(job.config.get("parallelism") or {}, requested)}
-        trial = self.plan(job, config)  # too many slots, an unknown operator, a forward edge torn apart
+        if run_at is None:
+            config = {**job.config, "parallelism": merge_parallelism(job.config.get("parallelism") or {}, requested)}
+            trial = self.plan(job, config)  # too many slots, an unknown operator, a forward edge torn apart
+        else:
+            config = job.config
+            trial = self.plan(job, {**config, "parallelism": run_at})
         self._rescaling.add(job.job_id)
         try:
             runner = job.checkpoints
@@ -405,7 +423,7 @@ class JobManager:
             job.move(JobState.RESTARTING)
             self._stop_checkpoints(job, f"rescale to {describe_parallelism(trial)}", failed=False)
             await self.cancel_tasks(job)
-            await self._restart(job, None, counted=False)
+            await self._restart(job, None, counted=False, run_at=run_at)
         finally:
             self._rescaling.discard(job.job_id)
         if job.state != JobState.RUNNING or job.attempt <= attempt:
@@ -422,6 +440,117 @@ class JobManager:
                 "inflight_bytes": used.get("inflight_bytes"), "mode": used.get("mode"),
                 "vertices": [{"name": v.name, "parallelism": v.parallelism}
                              for v in (job.plan.vertices if job.plan else [])]}
+
+    # -- scaling down and up (the policy is coordinator/autoscale.py) ----------------------
+
+    def _shape(self, job: JobRecord) -> Shape:
+        """The job's operators at their asked parallelism; RpcError if the job no longer builds."""
+        try:
+            return policy.shape_of(build_job(job.entry, job.name, job.config.get("parallelism")))
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+
+    def _asked_vertices(self, job: JobRecord) -> dict[str, int]:
+        """Task type name -> asked parallelism (the chaining of a shrunk job is the same: autoscale.py)."""
+        try:
+            vertices, _ = chain_graph(build_job(job.entry, job.name, job.config.get("parallelism")))
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+        return {v.name: v.parallelism for v in vertices}
+
+    def slots(self, *, settled_for_s: float = 0.0) -> int:
+        """Slots of the workers registered at least `settled_for_s` ago (a flapping worker never counts)."""
+        now = time.monotonic()
+        return sum(w.slots for w in self.workers.values() if now - w.registered_at >= settled_for_s)
+
+    def _plan_attempt(self, job: JobRecord, *, waited_s: float, run_at: dict[str, int] | None) -> Plan:
+        """The plan of a restart: at `run_at` if given (a scale-up), else at the ask; once the restart has
+        waited `scale_down_after` for the slots the ask needs (at once if the job ran scaled down already: the
+        cluster was known to be too small), at the largest parallelism the slots allow. Raises RpcError while
+        no plan fits."""
+        if run_at is not None:
+            return self.plan(job, {**job.config, "parallelism": run_at})
+        try:
+            return self.plan(job)
+        except RpcError:
+            after = self.autoscale.scale_down_after(job.config)
+            scaling = self.scaling.get(job.job_id)
+            if after is None or (waited_s < after and not (scaling is not None and scaling.reason)):
+                raise
+            slots, shape = self.slots(), self._shape(job)
+            fitted = policy.fit_parallelism(shape, slots)
+            if fitted is None or shape.slots_needed <= slots:
+                raise  # nothing fits, or the ask failed for another reason than slots
+            log.warning("job %s: %d slots free of %d needed after %.1fs: scaling down to %s", job.job_id, slots,
+                        shape.slots_needed, waited_s, ", ".join(f"{k}={v}" for k, v in fitted.items()))
+            return self.plan(job, {**job.config, "parallelism": fitted})
+
+    def _note_parallelism(self, job: JobRecord, before: Plan | None, plan: Plan) -> None:
+        """Record whether the next attempt runs below its ask, and count the scale-downs and scale-ups."""
+        try:
+            asked = self._asked_vertices(job)
+        except RpcError:
+            return
+        current = {v.name: v.parallelism for v in plan.vertices}
+        scaling = self.scaling.setdefault(job.job_id, Scaling())
+        was_below = bool(scaling.reason)
+        scaling.asked = asked
+        if current == asked or set(current) != set(asked):
+            scaling.at_ask()
+        else:
+            scaling.scaled_down(free=self.slots(), needed=max(asked.values()), now=time.time())
+        change = policy.direction({v.name: v.parallelism for v in before.vertices} if before else None, current)
+        if change is not None and (was_below or scaling.reason):
+            if change == "down":
+                scaling.scale_downs += 1
+            else:
+                scaling.scale_ups += 1
+
+    def scaling_status(self, job: JobRecord) -> dict[str, Any]:
+        """For `status`: each task type's current and asked parallelism, and why they differ."""
+        current = {v.name: v.parallelism for v in (job.plan.vertices if job.plan else [])}
+        scaling = self.scaling.get(job.job_id)
+        asked = dict(scaling.asked) if scaling is not None and scaling.asked else dict(current)
+        described = scaling.describe(current) if scaling is not None else Scaling().describe(current)
+        return {**described, "asked": {name: asked.get(name, p) for name, p in current.items()}}
+
+    async def run_autoscaler(self, interval_s: float = 0.5) -> None:
+        """Scale jobs back up once the slots of workers registered for `scale_up_after_s` allow more."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for job in list(self.jobs.values()):
+                self._maybe_scale_up(job)
+
+    def _maybe_scale_up(self, job: JobRecord) -> None:
+        scaling = self.scaling.get(job.job_id)
+        if scaling is None or not scaling.reason or job.state != JobState.RUNNING or job.plan is None \
+                or job.checkpoints is None or job.ended_tasks or job.finished_tasks or job.job_id in self._rescaling:
+            return
+        now = time.monotonic()
+        if now < scaling.next_scale_up_at:
+            return
+        try:
+            settled = self.slots(settled_for_s=self.autoscale.scale_up_after_s)
+            target = policy.fit_parallelism(self._shape(job), settled)
+        except RpcError:
+            return
+        if not policy.should_scale_up(job.plan.config.get("parallelism") or {}, target):
+            return
+        assert target is not None
+        # one try per settle period: a refused scale-up (a checkpoint that failed) is not retried in a loop
+        scaling.next_scale_up_at = now + max(1.0, self.autoscale.scale_up_after_s)
+        self._spawn(self._scale_up(job, target))
+
+    async def _scale_up(self, job: JobRecord, target: dict[str, int]) -> None:
+        log.info("job %s: workers are back; scaling up to %s", job.job_id,
+                 ", ".join(f"{k}={v}" for k, v in target.items()))
+        try:
+            result = await self.rescale(job, {}, run_at=target)
+        except RpcError as exc:
+            log.warning("job %s: scale-up not done: %s", job.job_id, exc)
+            return
+        log.info("job %s scaled up to %s: down %.3fs", job.job_id, describe_parallelism(job.plan),
+                 result["downtime_s"])
 
     # -- cancelling ---------------------------------------------------------------------
 

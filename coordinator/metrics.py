@@ -19,9 +19,14 @@ from netstack.metrics_http import protocol_failures
 from runtime.graph.enums import JobState
 
 if TYPE_CHECKING:
+    from coordinator.autoscale import ScalingStatistics
     from coordinator.jobs import JobStatistics
     from coordinator.registry import RegistryStatistics
 
+
+# Per-job series are labelled job_id, not job: Prometheus sets `job` to the scrape job and renames ours to
+# exported_job.
+JOB_LABEL = ["job_id"]
 
 DURATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -68,6 +73,7 @@ class JobsStatistics:
     jobs: tuple[JobStatistics, ...]
     checkpoint_durations: HistogramStatistics
     restart_durations: HistogramStatistics
+    scaling: tuple[ScalingStatistics, ...] = ()  # jobs that were ever restarted or rescaled
 
 
 class CoordinatorCollector(Collector):
@@ -91,12 +97,27 @@ class CoordinatorCollector(Collector):
             by_state.add_metric([state], n)
         yield from (workers, slots, running, by_state, protocol_failures())
         yield from self._checkpoints(js)
+        yield from self._scaling(js)
+
+    def _scaling(self, js: JobsStatistics) -> Iterator[Metric]:
+        job = JOB_LABEL
+        downs = CounterMetricFamily("sluice_job_scale_downs", "Restarts at a lower parallelism than the one "
+                                    "asked for, because too few slots were free", labels=job)
+        ups = CounterMetricFamily("sluice_job_scale_ups", "Rescales of a scaled-down job back up, because workers "
+                                  "registered again", labels=job)
+        below = GaugeMetricFamily("sluice_job_scaled_down", "1 while the job runs below the parallelism asked for",
+                                  labels=job)
+        for s in js.scaling:
+            downs.add_metric([s.job_id], s.scale_downs)
+            ups.add_metric([s.job_id], s.scale_ups)
+            below.add_metric([s.job_id], int(s.scaled_down))
+        yield from (downs, ups, below)
 
     def _checkpoints(self, js: JobsStatistics) -> Iterator[Metric]:
         completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")
         failed = CounterMetricFamily("sluice_checkpoints_failed", "Checkpoints aborted: timeout, decline, failure")
         in_progress = GaugeMetricFamily("sluice_checkpoints_in_progress", "Checkpoints currently in flight")
-        job = ["job"]
+        job = JOB_LABEL
         last_duration = GaugeMetricFamily("sluice_checkpoint_last_duration_seconds",
                                           "Trigger to last acknowledgement of the last completed checkpoint",
                                           labels=job)

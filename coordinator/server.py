@@ -24,6 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.autoscale import AutoscaleSettings, parse_scale_down_after
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
 from coordinator.job_store import JobStore
@@ -31,11 +32,14 @@ from coordinator.jobs import JobRecord
 from coordinator.lease import Leadership, LeaseHeld
 from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
 from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.rest import REST_LIMITS, RestApi
+from coordinator.rest_views import task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
+from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles, server_context
@@ -55,6 +59,7 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = 0
+    http_port: int | None = 0  # the REST API and web UI (coordinator/rest.py); None: off
     state_dir: str = "./sluice-state"
     heartbeat_timeout_s: float = 10.0
     allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
@@ -63,6 +68,7 @@ class CoordinatorConfig:
     tls: TlsFiles | None = None  # None: plain TCP
     standby: bool = False  # wait for the state directory's lease, answering NotLeader meanwhile
     lease_s: float = 5.0  # a lease not renewed this long is taken over (coordinator/lease.py)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)  # scale-down / scale-up delays
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
@@ -92,13 +98,23 @@ class Coordinator(BaseLinkHandler):
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
+        self._rest: HttpServer | None = None
         self.holder_id = f"c-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
         self.leadership: Leadership | None = None  # made once the RPC port is known (the lease names it)
         self.store = JobStore(config.state_dir, may_write=self.leading)
         self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn,
-                                  persist=self.store.save)
+                                  autoscale=config.autoscale, persist=self.store.save)
         self.lost_leadership = ""
         self.rpc = self._handlers()
+
+    async def _rest_call(self, method: str, args: dict[str, Any]) -> Any:
+        """The REST API calls the RPC handlers themselves (no link: the token was checked by the API); a
+        standby refuses them like an RPC."""
+        if not self.leading():
+            where = self.leadership.leader_address() if self.leadership else "unknown"
+            raise RpcError(f"coordinator {self.holder_id} is not the leader; the leader is {where}", "NotLeader")
+        return await self.rpc.dispatch(None, method, args)  # type: ignore[arg-type]
 
     def leading(self) -> bool:
         return self.leadership is not None and self.leadership.valid()
@@ -124,8 +140,16 @@ class Coordinator(BaseLinkHandler):
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
             registry.register(LeadershipCollector(self.leadership_statistics))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+        if self.config.http_port is not None:
+            # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
+            api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
+                          call=self._rest_call)
+            self._rest = HttpServer(api, REST_LIMITS, name="rest")
+            self.http_port = await self._rest.start(self.config.host, self.config.http_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
-        ready = f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} id={self.holder_id}"
+        http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
+        ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
+                 f"id={self.holder_id}")
         self.leadership = Leadership(state_dir, holder=self.holder_id, address=f"{self.config.host}:{self.port}",
                                      lease_s=self.config.lease_s, renew_s=min(1.0, self.config.lease_s / 4))
         if self.config.standby:
@@ -146,14 +170,18 @@ class Coordinator(BaseLinkHandler):
         print(f"sluice coordinator {'leading' if self.config.standby else 'ready'} {ready} role=leader "
               f"epoch={self.leadership.epoch}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
+        autoscaler = self._spawn(self.manager.run_autoscaler())
         await self._stop.wait()
         monitor.cancel()
+        autoscaler.cancel()
         if not self.lost_leadership:  # a graceful stop cancels the jobs; a coordinator that lost the lease
             for job in list(self.jobs.values()):  # leaves them to the new leader, untouched
                 if not job.terminal:
                     await self.manager.cancel(job, "coordinator shutting down")
             await self.store.flush()
         server.close()
+        if self._rest is not None:
+            self._rest.close()
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
         await server.wait_closed()
@@ -280,7 +308,9 @@ class Coordinator(BaseLinkHandler):
         for st in args.get("tasks", []):
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:
-                job.task_stats[st["task"]] = {**st, "worker": link.peer_id}
+                # with rates since the previous heartbeat, for the REST API's graph
+                job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
+                                                         {**st, "worker": link.peer_id}, time.monotonic())
         return {"ok": True}
 
     async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
@@ -290,6 +320,8 @@ class Coordinator(BaseLinkHandler):
         try:
             settings = checkpoint_settings(config.pop("checkpoint", None) or {})
             strategy = restart_strategy(config.pop("restart", None) or {})
+            if config.get("scale_down_after_s") is not None:
+                config["scale_down_after_s"] = parse_scale_down_after(config["scale_down_after_s"])
         except (ValueError, TypeError) as exc:
             raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
         sys_path = str(args.get("sys_path") or "")
@@ -381,7 +413,12 @@ class Coordinator(BaseLinkHandler):
             job = self.jobs.get(job_id)
             if job is None:
                 raise RpcError(f"no job {job_id}", "UnknownJob")
-            return job.summary()
+            summary = job.summary()
+            scaling = self.manager.scaling_status(job)
+            summary["scaling"] = scaling
+            for v in summary["vertices"]:
+                v["asked_parallelism"] = scaling["asked"].get(v["name"], v["parallelism"])
+            return summary
         return {"coordinator": {"id": self.holder_id, "epoch": self.leadership.epoch if self.leadership else 0,
                                 "recovered_jobs": self.manager.recovered},
                 "workers": [w.describe() for w in self.workers.values()],

@@ -17,6 +17,17 @@ find_python() {
   return 1
 }
 
+# Debian's chromium and its chromedriver, for the web UI's browser test (tests/integration/test_rest_ui.py):
+# installed only when missing, as root, with apt; a failure only makes that test skip.
+if ! command -v chromedriver >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "sluice: installing chromium and chromium-driver (for the web UI test)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 ||
+         { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; }; }; then
+    echo "sluice: could not install chromium; the web UI's browser test will be skipped" >&2
+  fi
+fi
+
 stamp=.venv/.sluice-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ -x .venv/bin/sluice ]; then
   exit 0

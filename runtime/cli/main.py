@@ -34,6 +34,11 @@ def _duration_or_zero(text: str) -> float:
     return _duration(text, allow_zero=True)
 
 
+def _scale_down_after(text: str) -> float:
+    """A duration, or 0 / 'never' (0.0): never scale down."""
+    return 0.0 if text.strip().lower() == "never" else _duration(text, allow_zero=True)
+
+
 def _address(text: str) -> tuple[str, int]:
     try:
         return parse_address(text)
@@ -96,6 +101,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
     r.add_argument("--restart-delay", type=_duration, default=1.0,
                    help="delay before a restart; the first one for exponential backoff (1s)")
+    r.add_argument("--scale-down-after", type=_scale_down_after, metavar="DURATION|never",
+                   help="a restart that waited this long for the slots the job asks for restarts at the largest "
+                        "parallelism the free slots allow (default: the coordinator's, 10s; 0 or never: wait)")
 
 
 def _add_listener_options(p: argparse.ArgumentParser, port: str) -> None:
@@ -146,7 +154,8 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
                            "retain": args.retain},
             "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
                         "delay_s": args.restart_delay},
-            **({"parallelism": dict(args.parallelism)} if args.parallelism else {})}
+            **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
+            **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {})}
 
 
 def _parallelism(text: str) -> tuple[str, int]:
@@ -171,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--port", type=_port, default=6123, help="RPC port (0 picks a free one)")
     c.add_argument("--metrics-port", type=_port, default=0, help="Prometheus port (0 picks a free one)")
     c.add_argument("--no-metrics", action="store_true")
+    c.add_argument("--http-port", type=_port, default=0, help="REST API and web UI port (0 picks a free one)")
+    c.add_argument("--no-http", action="store_true")
     c.add_argument("--state-dir", default="./sluice-state")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
@@ -178,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wait as a standby until the leader of --state-dir (shared) fails, then take over its jobs")
     c.add_argument("--lease-timeout", type=_duration, default=5.0,
                    help="a leader that has not renewed its lease for this long is taken over (5s)")
+    a = c.add_argument_group("scaling down when workers are lost, and back up when they return")
+    a.add_argument("--scale-down-after", type=_scale_down_after, default=10.0, metavar="DURATION|never",
+                   help="a restart that waited this long for enough slots restarts the job at the largest "
+                        "parallelism the free slots allow (default 10s; 0 or never: wait, then fail); a job's "
+                        "own --scale-down-after wins")
+    a.add_argument("--scale-up-after", type=_duration_or_zero, default=5.0, metavar="DURATION",
+                   help="a scaled-down job is rescaled back up once new workers have stayed registered this "
+                        "long (default 5s)")
     _add_listener_options(c, "RPC")
     _add_tls_options(c, listens=True)
     t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
@@ -319,7 +338,11 @@ def _print_job(summary: dict[str, Any]) -> None:
     if summary.get("final_checkpoint_id") is not None:
         print(f"  final checkpoint {summary['final_checkpoint_id']}")
     for v in summary.get("vertices", []):
-        print(f"  {v['name']:<40} parallelism {v['parallelism']}")
+        asked = v.get("asked_parallelism", v["parallelism"])
+        print(f"  {v['name']:<40} parallelism {v['parallelism']}" + (f" (asked {asked})" if asked != v["parallelism"]
+                                                                       else ""))
+    if (summary.get("scaling") or {}).get("reason"):
+        print(f"  {summary['scaling']['reason']}")
     for t in summary["tasks"]:
         print(f"  {t['task']:<22} {t['state']:<9} in {t['records_in']:>12,} out {t['records_out']:>12,} "
               f"busy {t['busy_s']:7.1f}s idle {t['idle_s']:7.1f}s backpressured {t['backpressured_s']:7.1f}s "
@@ -352,15 +375,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "coordinator":
+        from coordinator.autoscale import AutoscaleSettings
         from coordinator.server import CoordinatorConfig, run_coordinator
 
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
+                                   http_port=None if args.no_http else args.http_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
                                    savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
                                    limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
-                                   lease_s=args.lease_timeout)
+                                   lease_s=args.lease_timeout,
+                                   autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
         run(run_coordinator(config))
         return 0
     if args.command == "worker":
@@ -479,6 +505,8 @@ def _listen_failure(args: argparse.Namespace, exc: OSError) -> str | None:
     own_flag, own_port = ("--port", args.port) if args.command == "coordinator" else ("--data-port", args.data_port)
     if re.search(rf"\(\'[^']*\', {own_port}\)", str(exc)) or args.no_metrics:
         flag, port = own_flag, own_port
+    elif args.command == "coordinator" and args.http_port and re.search(rf"\(\'[^']*\', {args.http_port}\)", str(exc)):
+        flag, port = "--http-port", args.http_port
     else:
         flag, port = "--metrics-port", args.metrics_port
     what = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used: {os.strerror(exc.errno)}"

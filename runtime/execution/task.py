@@ -97,6 +97,7 @@ class TaskStatistics:
     input_queue: int
     output_queue: int
     output_buffers_limit: int
+    output_pool_usage: float  # the fullest output channel's queue over its limit: what blocks the task
     bytes_in: int
     bytes_out: int
     last_alignment_s: float
@@ -226,6 +227,9 @@ class Task:
             input_queue=self.gate.queued_buffers() if self.gate else 0,
             output_queue=sum(s.sender.queued_buffers for s in self.subpartitions),
             output_buffers_limit=sum(s.limit for s in self.subpartitions),
+            # capped: a full channel may hold one buffer past its limit (the one that filled it)
+            output_pool_usage=min(1.0, max((s.sender.queued_buffers / s.limit for s in self.subpartitions
+                                            if s.limit), default=0.0)),
             bytes_in=self.gate.bytes_in if self.gate else 0,
             bytes_out=sum(s.bytes_out for s in self.subpartitions),
             last_alignment_s=cp.last_alignment_s,

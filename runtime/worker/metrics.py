@@ -25,7 +25,7 @@ class WorkerCollector(Collector):
         self.worker = worker
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["job", "task", "subtask"]
+        labels = ["job_id", "task", "subtask"]  # not "job": Prometheus renames that to exported_job
         rin = CounterMetricFamily("sluice_task_records_in", "Records a task consumed", labels=labels)
         rout = CounterMetricFamily("sluice_task_records_out", "Records a task emitted (or wrote, for sinks)",
                                    labels=labels)
@@ -40,7 +40,8 @@ class WorkerCollector(Collector):
         outq = GaugeMetricFamily("sluice_task_output_queue_buffers", "Buffers waiting for credit or the socket",
                                  labels=labels)
         pool = GaugeMetricFamily("sluice_task_output_pool_usage_ratio",
-                                 "Queued output buffers over the task's output buffer budget", labels=labels)
+                                 "Queued buffers over the limit of the task's fullest output channel (the one "
+                                 "that blocks it); 1 means backpressured", labels=labels)
         align = GaugeMetricFamily("sluice_task_checkpoint_alignment_seconds",
                                   "First barrier to last barrier in the task's last checkpoint", labels=labels)
         delay = GaugeMetricFamily("sluice_task_checkpoint_start_delay_seconds",
@@ -62,7 +63,7 @@ class WorkerCollector(Collector):
             bout.add_metric(values, st.bytes_out)
             inq.add_metric(values, st.input_queue)
             outq.add_metric(values, st.output_queue)
-            pool.add_metric(values, st.output_queue / st.output_buffers_limit if st.output_buffers_limit else 0.0)
+            pool.add_metric(values, st.output_pool_usage)
             align.add_metric(values, st.last_alignment_s)
             delay.add_metric(values, st.last_start_delay_s)
             persisted.add_metric(values, st.last_inflight_bytes)

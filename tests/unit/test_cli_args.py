@@ -68,6 +68,26 @@ def test_missing_token_in_state_dir_is_a_clear_error(tmp_path: Path) -> None:
         _client_token(args)
 
 
+@pytest.mark.parametrize("prefix", [["coordinator"], ["submit", "--coordinator", "h:1", "m:f"], ["local", "m:f"]])
+def test_scale_down_after_takes_a_duration_zero_or_never(prefix: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    for value, seconds in (("3s", 3.0), ("0", 0.0), ("never", 0.0), ("NEVER", 0.0)):
+        assert build_parser().parse_args([*prefix, "--scale-down-after", value]).scale_down_after == seconds
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*prefix, "--scale-down-after", "-1s"])
+    assert "--scale-down-after" in capsys.readouterr().err
+
+
+def test_scale_down_after_defaults() -> None:
+    from runtime.cli.main import _job_config
+
+    assert build_parser().parse_args(["coordinator"]).scale_down_after == 10.0
+    assert build_parser().parse_args(["coordinator"]).scale_up_after == 5.0
+    job = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f"])
+    assert "scale_down_after_s" not in _job_config(job)  # the coordinator's default applies
+    job = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--scale-down-after", "never"])
+    assert _job_config(job)["scale_down_after_s"] == 0.0
+
+
 @pytest.mark.parametrize("command", [["worker"], ["status"], ["submit", "m:f"], ["cancel", "j"]])
 def test_coordinator_takes_a_list_of_addresses(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     args = build_parser().parse_args([command[0], "--coordinator", "h1:6123, h2:6124", *command[1:]])
