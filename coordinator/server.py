@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
+from runtime.common import objectstore
+from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
@@ -50,8 +53,10 @@ WAIT_JOB_MAX_S = 300.0  # the longest one wait_job call blocks; clients call aga
 @dataclass(frozen=True)
 class CoordinatorConfig:
     token: str
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind (0.0.0.0: every interface)
     port: int = 0
+    advertise: str = ""  # the address others reach it at ("": host, or this machine's name when host is a wildcard)
+    checkpoint_dir: str = ""  # checkpoints go under it: a local path or s3://bucket/prefix ("": state_dir)
     metrics_port: int | None = 0
     state_dir: str = "./sluice-state"
     heartbeat_timeout_s: float = 10.0
@@ -64,8 +69,17 @@ class CoordinatorConfig:
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
         jobs = self.allowed_job_paths or (os.getcwd(),)
-        savepoints = self.savepoint_roots or (os.path.join(self.state_dir, "savepoints"),)
-        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs), tuple(os.path.realpath(p) for p in savepoints))
+        savepoints = self.savepoint_roots or (objectstore.join(self.checkpoint_root, "savepoints"),)
+        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs),
+                           tuple(p if objectstore.is_url(p) else os.path.realpath(p) for p in savepoints))
+
+    @property
+    def checkpoint_root(self) -> str:
+        return objectstore.absolute(self.checkpoint_dir or self.state_dir)
+
+    @property
+    def advertised_host(self) -> str:
+        return advertised_host(self.host, self.advertise, fallback=socket.gethostname)
 
 
 @dataclass
@@ -85,7 +99,7 @@ class Coordinator(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
-        self.storage = LocalCheckpointStorage(config.state_dir)
+        self.storage = LocalCheckpointStorage(config.checkpoint_root)
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
@@ -111,7 +125,8 @@ class Coordinator(BaseLinkHandler):
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
-              f"state={state_dir}", flush=True)
+              f"state={state_dir} advertise={self.config.advertised_host}:{self.port} "
+              f"checkpoints={self.config.checkpoint_root}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
         autoscaler = self._spawn(self.manager.run_autoscaler())
         await self._stop.wait()
@@ -259,7 +274,7 @@ class Coordinator(BaseLinkHandler):
         if savepoint:
             try:  # realpath reads links, once per request
                 directory = self.trust.check_savepoint_dir(
-                    os.path.realpath(str(directory)) if directory else None)  # noqa: ASYNC240
+                    _resolved(str(directory)) if directory else None)
             except TrustError as exc:
                 raise RpcError(str(exc), "PathNotAllowed") from None
         try:
@@ -429,3 +444,9 @@ async def run_coordinator(config: CoordinatorConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.stop)
     await coordinator.run()
+
+
+def _resolved(directory: str) -> str:
+    """A local directory with its links resolved (realpath reads them: a few syscalls, once per request); an
+    object-store URL as given (the trust policy rejects `..` in it)."""
+    return directory if objectstore.is_url(directory) else os.path.realpath(directory)

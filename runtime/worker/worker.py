@@ -30,6 +30,7 @@ from netstack.tls import TlsFiles
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
+from runtime.common.addresses import advertised_host, local_address_towards
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
@@ -49,8 +50,9 @@ class WorkerConfig:
     coordinator_port: int
     token: str
     slots: int = 2
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind (0.0.0.0: every interface)
     data_port: int = 0
+    advertise: str = ""  # the data address other workers dial ("": host, or the one facing the coordinator)
     metrics_port: int | None = 0
     worker_id: str = ""
     heartbeat_interval_s: float = 1.0
@@ -78,6 +80,7 @@ class Worker(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
+        self.advertised = config.advertise or config.host  # settled in run(), before registering
         self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -94,10 +97,12 @@ class Worker(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+        self.advertised = advertised_host(self.config.host, self.config.advertise, fallback=lambda: (
+            local_address_towards(self.config.coordinator_host, self.config.coordinator_port)))
         await self._connect_coordinator(data_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
-        print(f"sluice worker ready id={self.worker_id} data={self.config.host}:{data_port} metrics={metrics}",
-              flush=True)
+        print(f"sluice worker ready id={self.worker_id} data={self.advertised}:{data_port} metrics={metrics} "
+              f"bind={self.config.host}", flush=True)
         heartbeat = self._spawn(self._heartbeat_loop(data_port))
         await self._stop.wait()
         heartbeat.cancel()
@@ -124,7 +129,7 @@ class Worker(BaseLinkHandler):
         self.coordinator = await dial(self.config.coordinator_host, self.config.coordinator_port, conn, self,
                                       ssl_context=self.network.client_ssl)
         await self.coordinator.call("register", {
-            "id": self.worker_id, "slots": self.config.slots, "host": self.config.host, "data_port": data_port,
+            "id": self.worker_id, "slots": self.config.slots, "host": self.advertised, "data_port": data_port,
             "metrics_port": self.metrics_port, "pid": os.getpid(),
         })
 
