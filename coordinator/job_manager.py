@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
@@ -117,8 +116,7 @@ class JobManager:
                 raise RpcError(f"checkpoint {path}: the broadcast edge {up.name} -> {down.name} cannot be restored "
                                "at another parallelism yet; keep both sides at their checkpointed parallelism",
                                "IncompatibleCheckpoint")
-        directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
-                                                                    else os.path.dirname(path)))
+        directory = await asyncio.to_thread(self.storage.directory_of, path)
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
                 "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
                 "parallelism": {str(vid): p for vid, p in old.items()}}

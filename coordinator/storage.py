@@ -48,6 +48,8 @@ class CheckpointStorage(Protocol):
 
     def read_metadata(self, path: str) -> dict[str, Any]: ...
 
+    def directory_of(self, path: str) -> str: ...
+
     def verify(self, path: str, metadata: dict[str, Any]) -> None: ...
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]: ...
@@ -118,6 +120,12 @@ class LocalCheckpointStorage:
         else:
             files.write(final, data)
         return final
+
+    def directory_of(self, path: str) -> str:
+        """A checkpoint's directory (absolute), given the directory or its `_metadata` file."""
+        if files.is_url(path):
+            return files.dirname(path) if files.basename(path) == METADATA_FILE else files.absolute(path)
+        return os.path.abspath(path if os.path.isdir(path) else os.path.dirname(path))
 
     def read_metadata(self, path: str) -> dict[str, Any]:
         """Read a checkpoint's metadata, given its directory or its `_metadata` file."""
