@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,4 +127,33 @@ def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(
     assert st["restored_checkpoint_id"] == first["checkpoint_id"], st
     log = cluster.log("coordinator")
     assert f"skipping checkpoint {second['path']}" in log and state in log, log[-3000:]
+    assert_exact_output(setup)
+
+
+def test_a_savepoint_in_the_bucket_restores_a_cancelled_job_exactly(cluster: Cluster, s3: S3Server) -> None:
+    root = in_bucket(cluster, s3)
+    setup = install(cluster, words=150_000, sink_delay=0.0002)
+    start(cluster, 2, "--checkpoint-dir", root)
+    job_id = setup.submit("wordcount")
+    wait_first_checkpoint(setup, job_id)
+    sluice = [sys.executable, "-m", "runtime.cli.main"]
+    address = "{}:{}".format(*cluster.rpc)
+    taken = subprocess.run([*sluice, "savepoint", "--coordinator", address, job_id, "--state-dir",
+                            str(cluster.local.state_dir), "--dir", f"{root}/savepoints/manual/"],
+                           capture_output=True, text=True, timeout=120, env=cluster.env)
+    assert taken.returncode == 0, taken.stderr
+    path = taken.stdout.split(": ", 1)[1].strip()
+    assert path.startswith(f"{root}/savepoints/manual/savepoint-{job_id}-"), taken.stdout
+    refused = subprocess.run([*sluice, "savepoint", "--coordinator", address, job_id, "--state-dir",
+                              str(cluster.local.state_dir), "--dir", f"{root}/../elsewhere"],
+                             capture_output=True, text=True, timeout=120, env=cluster.env)
+    assert refused.returncode == 1 and "not under a savepoint root" in refused.stderr, refused.stderr
+    cluster.call("cancel", {"job_id": job_id})
+    poll(lambda: setup.status(job_id)["state"] == "CANCELLED", 30, "the job to be cancelled")
+
+    config = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned"}}
+    restored = cluster.call("submit", {"entry": "failjobs:wordcount", "config": config,
+                                       "sys_path": str(cluster.tmp_path), "restore": path})["job_id"]
+    st = setup.wait_finished(restored, 180)
+    assert st["restored_checkpoint_id"] == int(path.rsplit("-", 1)[1]), st
     assert_exact_output(setup)
