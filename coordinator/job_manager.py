@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from coordinator.storage import CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
+from runtime.common import objectstore
 from runtime.graph.enums import JobState
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
 
@@ -121,8 +121,7 @@ class JobManager:
                 raise RpcError(f"checkpoint {path}: the broadcast edge {up.name} -> {down.name} cannot be restored "
                                "at another parallelism yet; keep both sides at their checkpointed parallelism",
                                "IncompatibleCheckpoint")
-        directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
-                                                                    else os.path.dirname(path)))
+        directory = await asyncio.to_thread(self.storage.directory_of, path)
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
                 "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
                 "parallelism": {str(vid): p for vid, p in old.items()}}
@@ -583,6 +582,6 @@ def started_checkpoint_ids(storage: CheckpointStorage, job_id: str) -> list[int]
     ids = [n for n, _ in storage.list_completed(job_id)]
     if job_dir is not None:
         with contextlib.suppress(OSError):
-            ids += [int(name[4:]) for name in os.listdir(job_dir(job_id))
+            ids += [int(name[4:]) for name in objectstore.list_children(job_dir(job_id))
                     if name.startswith("chk-") and name[4:].isdigit()]
     return ids

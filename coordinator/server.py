@@ -44,6 +44,8 @@ from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
+from runtime.common import objectstore
+from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
@@ -56,8 +58,10 @@ WAIT_JOB_MAX_S = 300.0  # the longest one wait_job call blocks; clients call aga
 @dataclass(frozen=True)
 class CoordinatorConfig:
     token: str
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind (0.0.0.0: every interface)
     port: int = 0
+    advertise: str = ""  # the address others reach it at ("": host, or this machine's name when host is a wildcard)
+    checkpoint_dir: str = ""  # checkpoints go under it: a local path or s3://bucket/prefix ("": state_dir)
     metrics_port: int | None = 0
     http_port: int | None = 0  # the REST API and web UI (coordinator/rest.py); None: off
     state_dir: str = "./sluice-state"
@@ -73,8 +77,17 @@ class CoordinatorConfig:
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
         jobs = self.allowed_job_paths or (os.getcwd(),)
-        savepoints = self.savepoint_roots or (os.path.join(self.state_dir, "savepoints"),)
-        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs), tuple(os.path.realpath(p) for p in savepoints))
+        savepoints = self.savepoint_roots or (objectstore.join(self.checkpoint_root, "savepoints"),)
+        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs),
+                           tuple(p if objectstore.is_url(p) else os.path.realpath(p) for p in savepoints))
+
+    @property
+    def checkpoint_root(self) -> str:
+        return objectstore.absolute(self.checkpoint_dir or self.state_dir)
+
+    @property
+    def advertised_host(self) -> str:
+        return advertised_host(self.host, self.advertise, fallback=socket.gethostname)
 
 
 @dataclass
@@ -94,7 +107,7 @@ class Coordinator(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
-        self.storage = LocalCheckpointStorage(config.state_dir)
+        self.storage = LocalCheckpointStorage(config.checkpoint_root)
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
@@ -149,8 +162,10 @@ class Coordinator(BaseLinkHandler):
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
         ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
-                 f"id={self.holder_id}")
-        self.leadership = Leadership(state_dir, holder=self.holder_id, address=f"{self.config.host}:{self.port}",
+                 f"id={self.holder_id} advertise={self.config.advertised_host}:{self.port} "
+                 f"checkpoints={self.config.checkpoint_root}")
+        self.leadership = Leadership(state_dir, holder=self.holder_id,
+                                     address=f"{self.config.advertised_host}:{self.port}",
                                      lease_s=self.config.lease_s, renew_s=min(1.0, self.config.lease_s / 4))
         if self.config.standby:
             print(f"sluice coordinator ready {ready} role=standby", flush=True)
@@ -363,7 +378,7 @@ class Coordinator(BaseLinkHandler):
         if savepoint:
             try:  # realpath reads links, once per request
                 directory = self.trust.check_savepoint_dir(
-                    os.path.realpath(str(directory)) if directory else None)  # noqa: ASYNC240
+                    _resolved(str(directory)) if directory else None)
             except TrustError as exc:
                 raise RpcError(str(exc), "PathNotAllowed") from None
         try:
@@ -537,3 +552,9 @@ async def run_coordinator(config: CoordinatorConfig) -> None:
     await coordinator.run()
     if coordinator.lost_leadership:
         raise SystemExit(f"sluice coordinator: lost leadership ({coordinator.lost_leadership})")
+
+
+def _resolved(directory: str) -> str:
+    """A local directory with its links resolved (realpath reads them: a few syscalls, once per request); an
+    object-store URL as given (the trust policy rejects `..` in it)."""
+    return directory if objectstore.is_url(directory) else os.path.realpath(directory)

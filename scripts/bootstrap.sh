@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install sluice with its test dependencies, the `spark` extra
 # (PySpark, for `sluice data` and the demo) and the `nats` extra (nats-py, for the
-# NATS connector). Idempotent: does
+# NATS connector) and the `s3` extra (obstore, for s3:// checkpoint storage). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,5 +39,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats,s3]'
 touch "$stamp"

@@ -18,11 +18,11 @@ stays the same across attempts (channel ids do not).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgpack
 
+from runtime.common import objectstore
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
@@ -97,9 +97,9 @@ def _decode(data: bytes, origin: str) -> dict[str, Any]:
 
 
 def read_file(directory: str, name: str) -> bytes:
-    path = os.path.join(directory, name)
+    """A checkpoint file, from a local directory or an object store (`s3://` directory)."""
+    path = objectstore.join(directory, name)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return objectstore.read(path)
     except OSError as exc:
-        raise CorruptState(f"{path}: cannot read ({exc.strerror})") from None
+        raise CorruptState(f"{path}: cannot read ({exc.strerror or exc})") from None

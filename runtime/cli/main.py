@@ -19,6 +19,8 @@ from netstack.errors import NetstackError
 from netstack.limits import ListenerLimits, raise_nofile_limit
 from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import run
+from runtime.common import objectstore
+from runtime.common.addresses import check_advertise, check_host
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
 
 
@@ -49,6 +51,35 @@ def _address(text: str) -> tuple[str, int]:
 def _addresses(text: str) -> tuple[tuple[str, int], ...]:
     """One coordinator, or the leader and its standbys (tried in turn: the leader answers)."""
     return tuple(_address(part.strip()) for part in text.split(",") if part.strip()) or (_address(text),)
+
+
+def _host(text: str) -> str:
+    try:
+        return check_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
+def _advertise(text: str) -> str:
+    try:
+        return check_advertise(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
+def _storage_path(text: str) -> str:
+    try:
+        return objectstore.absolute(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_address_options(p: argparse.ArgumentParser, what: str, fallback: str) -> None:
+    p.add_argument("--host", type=_host, default="127.0.0.1",
+                   help=f"address to bind the {what} on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--advertise", type=_advertise, default=None, metavar="ADDRESS",
+                   help=f"address other machines reach this one at (default: --host, or {fallback} when --host "
+                        "is a wildcard)")
 
 
 def _positive(text: str) -> int:
@@ -176,13 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("coordinator", help="run the coordinator process")
-    c.add_argument("--host", default="127.0.0.1")
+    _add_address_options(c, "RPC and metrics ports", "the host name")
     c.add_argument("--port", type=_port, default=6123, help="RPC port (0 picks a free one)")
     c.add_argument("--metrics-port", type=_port, default=0, help="Prometheus port (0 picks a free one)")
     c.add_argument("--no-metrics", action="store_true")
     c.add_argument("--http-port", type=_port, default=0, help="REST API and web UI port (0 picks a free one)")
     c.add_argument("--no-http", action="store_true")
     c.add_argument("--state-dir", default="./sluice-state")
+    c.add_argument("--checkpoint-dir", type=_storage_path, metavar="PATH|s3://BUCKET/PREFIX",
+                   help="where checkpoints (and by default savepoints) go: a shared directory or an S3-compatible "
+                        "bucket, configured by the AWS_* environment variables (default: --state-dir)")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
     c.add_argument("--standby", action="store_true",
@@ -208,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a worker process")
     w.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     w.add_argument("--slots", type=_positive, default=2)
-    w.add_argument("--host", default="127.0.0.1", help="address to bind and advertise for data")
+    _add_address_options(w, "data and metrics ports", "the address facing the coordinator")
     w.add_argument("--data-port", type=_port, default=0)
     w.add_argument("--metrics-port", type=_port, default=0)
     w.add_argument("--no-metrics", action="store_true")
@@ -383,7 +417,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                                    http_port=None if args.no_http else args.http_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
-                                   savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
+                                   savepoint_roots=tuple(objectstore.absolute(p) for p in args.savepoint_root),
+                                   advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
                                    limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
                                    lease_s=args.lease_timeout,
                                    autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
@@ -395,7 +430,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         host, port = args.coordinator[0]
         wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, coordinator_addresses=args.coordinator,
                                token=load_token(args.token_file),
-                               slots=args.slots, host=args.host, data_port=args.data_port,
+                               slots=args.slots, host=args.host, advertise=args.advertise or "",
+                               data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                                heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args),
                                tls=_tls(args), link_timeout_s=args.link_timeout)
@@ -523,7 +559,8 @@ def _tls_absolute(args: argparse.Namespace) -> TlsFiles | None:
 
 
 def _abs(path: str | None) -> str | None:
-    return os.path.abspath(path) if path else None
+    """A local path made absolute (the coordinator has another working directory); an s3:// URL as it is."""
+    return objectstore.absolute(path) if path else None
 
 
 def _wait_for(args: argparse.Namespace, job_id: str) -> int:

@@ -30,6 +30,7 @@ from netstack.tls import TlsFiles
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
+from runtime.common.addresses import advertised_host, local_address_towards
 from runtime.common.backoff import backoff_delays
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
@@ -50,8 +51,9 @@ class WorkerConfig:
     coordinator_port: int
     token: str
     slots: int = 2
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind (0.0.0.0: every interface)
     data_port: int = 0
+    advertise: str = ""  # the data address other workers dial ("": host, or the one facing the coordinator)
     metrics_port: int | None = 0
     worker_id: str = ""
     heartbeat_interval_s: float = 1.0
@@ -94,6 +96,7 @@ class Worker(BaseLinkHandler):
         self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
         self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
+        self.advertised = config.advertise or config.host  # settled in run(), before registering
         self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -110,10 +113,12 @@ class Worker(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+        self.advertised = advertised_host(self.config.host, self.config.advertise, fallback=lambda: (
+            local_address_towards(self.config.coordinator_host, self.config.coordinator_port)))
         await self._first_registration(data_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
-        print(f"sluice worker ready id={self.worker_id} data={self.config.host}:{data_port} metrics={metrics}",
-              flush=True)
+        print(f"sluice worker ready id={self.worker_id} data={self.advertised}:{data_port} metrics={metrics} "
+              f"bind={self.config.host}", flush=True)
         heartbeat = self._spawn(self._heartbeat_loop(data_port))
         await self._stop.wait()
         heartbeat.cancel()
@@ -168,7 +173,7 @@ class Worker(BaseLinkHandler):
                 continue
             try:
                 await link.call("register", {
-                    "id": self.worker_id, "slots": self.config.slots, "host": self.config.host,
+                    "id": self.worker_id, "slots": self.config.slots, "host": self.advertised,
                     "data_port": data_port, "metrics_port": self.metrics_port, "pid": os.getpid(),
                 }, timeout_s=10.0)
             except NetstackError as exc:
