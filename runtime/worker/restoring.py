@@ -15,11 +15,19 @@ from runtime.checkpointing.rescaling import (
     RescaleError,
     merge_keyed,
     overlapping_subtasks,
+    redistribute_broadcast,
     redistribute_edge,
+    rescale_lists,
     rescale_sinks,
     rescale_source,
 )
-from runtime.checkpointing.snapshots import decode_channel_state, decode_operator_state, keyed_tables, read_file
+from runtime.checkpointing.snapshots import (
+    decode_channel_state,
+    decode_operator_state,
+    keyed_tables,
+    list_tables,
+    read_file,
+)
 from runtime.execution.channels import InputChannel
 from runtime.execution.task import RestoredState
 from runtime.graph.partitioning import key_group_range
@@ -59,6 +67,7 @@ def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]
         state.keyed = keyed_tables(operator)
         state.source = operator.get("source")
         state.sinks = list(operator.get("sinks") or [])
+        state.lists = list_tables(operator)
     if files.get("out"):
         state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
     if files.get("in"):
@@ -99,6 +108,9 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                    job: Job, old: Any, rescaled_edges: set[int]) -> RestoredState | None:
     files = _Files(restore)
     p, q = old(vertex.id), vertex.parallelism
+    inputs_of = [e for e in plan.edges if e.down == vertex.id]
+    # fed by a broadcast edge: each new subtask continues one old one (its replica), state and channels together
+    replicated = any(e.partitioner == "broadcast" for e in inputs_of)
     entries = [files.entry(vertex.id, j) for j in range(p)]
     if p == q:  # only a neighbour changed: operator state is the task's own
         if not entries[subtask]:
@@ -111,6 +123,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
             state.keyed = keyed_tables(operator)
             state.source = operator.get("source")
             state.sinks = list(operator.get("sinks") or [])
+            state.lists = list_tables(operator)
         # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
         outputs = {k: v for k, v in files.channels(vertex.id, subtask, "out").items()
                    if int(k.split(":", 1)[0]) not in rescaled_edges}
@@ -137,6 +150,11 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                                           head.payload.lanes)[subtask]
         state.sinks = rescale_sinks([o.get("sinks") if o else None for o in operators], q, subtask,
                                     int(restore["checkpoint_id"]))
+        old_lists = [list_tables(o) if o else None for o in operators]
+        if replicated and len(inputs_of) > 1 and any(old_lists):
+            raise RescaleError("its list state reflects a broadcast input and another one: a broadcast input "
+                               "needs it replicated, the other split, so it cannot be redistributed")
+        state.lists = rescale_lists(old_lists, q, subtask, replicated=replicated)
     by_key = {ch.key: ch.channel_id for ch in inputs}
     restored_inputs: dict[int, bytes] = {}
     for edge in plan.edges:
@@ -155,9 +173,14 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                     if name.startswith(prefix):
                         pair = (int(name.split(":")[1]), int(name.split(":")[2]))
                         streams[pair] = streams.get(pair, b"") + data
-        share = redistribute_edge(edge.partitioner, streams, consumer=subtask,
-                                  new_up=plan.vertices[edge.up].parallelism, new_down=q,
-                                  max_parallelism=job.max_parallelism, key_fn=edge_key_fn(job, plan.vertices, edge))
+        if edge.partitioner == "broadcast":
+            share = redistribute_broadcast(streams, consumer=subtask, old_down=p,
+                                           new_up=plan.vertices[edge.up].parallelism)
+        else:
+            share = redistribute_edge(edge.partitioner, streams, consumer=subtask,
+                                      new_up=plan.vertices[edge.up].parallelism, new_down=q,
+                                      max_parallelism=job.max_parallelism,
+                                      key_fn=edge_key_fn(job, plan.vertices, edge))
         for producer, data in share.items():
             restored_inputs[by_key[f"{edge.id}:{producer}:{subtask}"]] = data
     state.inputs = restored_inputs or None

@@ -13,19 +13,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runtime.api import Job, OperatorContext, ProcessFunction
 from runtime.checkpointing.rescaling import (
     RescaleError,
     merge_keyed,
     overlapping_subtasks,
+    redistribute_broadcast,
     redistribute_edge,
+    replica_of,
+    rescale_lists,
     rescale_sinks,
     rescale_source,
 )
-from runtime.checkpointing.snapshots import decode_operator_state, encode_operator_state, keyed_tables
+from runtime.checkpointing.snapshots import decode_operator_state, encode_operator_state, keyed_tables, list_tables
 from runtime.connectors.files import JsonLinesSource
 from runtime.connectors.generator import BLOCK, GeneratorSource
 from runtime.connectors.sinks import DiscardSink
 from runtime.examples.wordcount import Count
+from runtime.execution.operators import Chain
 from runtime.graph.partitioning import KeyRouter, key_group_range
 
 parallelisms = st.integers(min_value=1, max_value=9)
@@ -159,13 +164,131 @@ def test_forward_channel_state_stays_on_pairs(state: Any, new_p: int) -> None:
     assert all(set(by_channel) == {i} for i, by_channel in got.items())
 
 
-def test_broadcast_channel_state_is_refused() -> None:
-    try:
+def test_broadcast_channel_state_is_not_split_record_by_record() -> None:
+    with pytest.raises(RescaleError, match="broadcast"):
         redistribute_edge("broadcast", {(0, 0): pack(1)}, consumer=0, new_up=2, new_down=2, max_parallelism=128)
-    except RescaleError as exc:
-        assert "broadcast" in str(exc)
-    else:
-        raise AssertionError("broadcast channel state was redistributed")
+
+
+# -- broadcast edges: every new consumer continues one old consumer, state and channel state together --------
+
+
+@st.composite
+def broadcast_checkpoints(draw: Any) -> tuple[int, int, list[list[Any]], list[Any], dict[tuple[int, int], bytes]]:
+    """Old producer j sends P_j = [j, 0], [j, 1], ... to every old consumer; each consumer k had processed its
+    own prefix of each P_j (unaligned: the prefixes differ) and keeps what it processed in list state; the rest
+    of each channel before the barrier is cut at a random point into input and output channel state."""
+    old_up, old_down = draw(parallelisms), draw(parallelisms)
+    produced = [[[j, n] for n in range(draw(st.integers(min_value=0, max_value=12)))] for j in range(old_up)]
+    lists: list[Any] = []
+    streams: dict[tuple[int, int], bytes] = {}
+    for k in range(old_down):
+        seen: list[Any] = []
+        for j, records in enumerate(produced):
+            processed = draw(st.integers(min_value=0, max_value=len(records)))
+            cut = draw(st.integers(min_value=processed, max_value=len(records)))
+            seen += records[:processed]
+            streams[(j, k)] = (b"".join(pack(r) for r in records[processed:cut])
+                               + b"".join(pack(r) for r in records[cut:]))
+        lists.append({5: {"seen": ["split", seen]}} if seen else None)
+    return old_up, old_down, produced, lists, streams
+
+
+@settings(max_examples=150, deadline=None)
+@given(broadcast_checkpoints(), parallelisms, parallelisms)
+def test_broadcast_every_new_consumer_sees_every_record_of_every_producer_once(
+        checkpoint: Any, new_up: int, new_down: int) -> None:
+    old_up, old_down, produced, lists, streams = checkpoint
+    for c in range(new_down):
+        state = rescale_lists(lists, new_down, c, replicated=True)
+        seen = state.get(5, {}).get("seen", ["split", []])[1]
+        share = redistribute_broadcast(streams, consumer=c, old_down=old_down, new_up=new_up)
+        replayed: dict[int, list[Any]] = {}
+        for channel, stream in share.items():
+            assert 0 <= channel < new_up
+            for j, n in unpack_all(stream):
+                assert j % new_up == channel  # old producer j -> new channel j mod q_up
+                replayed.setdefault(j, []).append([j, n])
+        for j in range(old_up):
+            # what its state reflects, then what it replays: exactly P_j, in order, nothing twice
+            assert [r for r in seen if r[0] == j] + replayed.get(j, []) == produced[j], (c, j)
+
+
+def test_broadcast_replicas_scale_down_keeps_the_first_and_scale_up_clones_round_robin() -> None:
+    assert [replica_of(c, 3) for c in range(2)] == [0, 1]
+    assert [replica_of(c, 2) for c in range(5)] == [0, 1, 0, 1, 0]
+    streams = {(0, 0): pack("a"), (0, 1): pack("b"), (1, 0): pack("c"), (1, 1): b""}
+    assert redistribute_broadcast(streams, consumer=3, old_down=2, new_up=1) == {0: pack("b")}
+    assert redistribute_broadcast(streams, consumer=2, old_down=2, new_up=2) == {0: pack("a"), 1: pack("c")}
+
+
+# -- list state ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 10**6), max_size=12)), min_size=1, max_size=9),
+       parallelisms)
+def test_split_list_state_lands_exactly_once_and_union_everywhere(old: list[list[int] | None], new_p: int) -> None:
+    tagged = [None if items is None else [[j, i] for i in items] for j, items in enumerate(old)]
+    lists = [None if items is None else {2: {"buf": ["split", items], "all": ["union", items]}} for items in tagged]
+    everything = [item for items in tagged if items for item in items]
+    split: list[Any] = []
+    sizes = []
+    for i in range(new_p):
+        mine = rescale_lists(lists, new_p, i)
+        buf = mine.get(2, {}).get("buf", ["split", []])
+        assert buf[0] == "split"
+        split += buf[1]
+        sizes.append(len(buf[1]))
+        assert all(a[0] <= b[0] for a, b in zip(buf[1], buf[1][1:], strict=False))  # old subtask order kept
+        assert mine.get(2, {}).get("all", ["union", []]) == ["union", everything]
+    assert sorted(split) == sorted(everything)  # each item in exactly one new subtask
+    assert max(sizes) - min(sizes) <= 1  # round robin: as even as it gets
+
+
+def test_list_state_mode_must_agree_across_subtasks() -> None:
+    with pytest.raises(RescaleError, match="'buf'"):
+        rescale_lists([{1: {"buf": ["split", [1]]}}, {1: {"buf": ["union", [2]]}}], 3, 0)
+
+
+def test_list_state_survives_snapshot_and_restore_in_a_chain() -> None:
+    job = Job("lists")
+    job.source(GeneratorSource(count=1, keys=1), parallelism=1).process(Buffer(), parallelism=1)
+    chain = Chain(job, [0, 1], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    chain.open()
+    for record in ("a", "b", "c"):
+        chain.process(record)
+    snapshot = chain.snapshot_lists()
+    assert snapshot == {1: {"buf": ["split", ["a", "b", "c"]], "seen": ["union", [3]]}}
+    chain.process("d")
+    assert snapshot[1]["buf"][1] == ["a", "b", "c"]  # a copy: later records do not change it
+    state = decode_operator_state(encode_operator_state({}, max_parallelism=128, source=None, sinks=[],
+                                                        lists=snapshot), "test")
+    again = Chain(job, [0, 1], subtask_index=0, parallelism=1, attempt=1, outputs=[])
+    again.restore_lists(list_tables(state))
+    again.open()
+    again.process("e")
+    assert again.snapshot_lists() == {1: {"buf": ["split", ["a", "b", "c", "e"]], "seen": ["union", [4]]}}
+    assert list_tables(decode_operator_state(encode_operator_state({}, max_parallelism=128, source=None,
+                                                                   sinks=[]), "test")) == {}
+
+
+class Buffer(ProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.buf = ctx.list_state("buf")
+        self.seen = ctx.union_list_state("seen")
+
+    def process(self, record: Any, ctx: Any) -> None:
+        self.buf.add(record)
+        count = self.seen.get()
+        self.seen.update([(count[0] if count else 0) + 1])
+
+
+def test_a_list_state_name_has_one_mode() -> None:
+    ctx = OperatorContext(lambda r: None, 0, 1, "op", {})
+    ctx.list_state("x").add(1)
+    assert ctx.operator_list_state("x").get() == [1]
+    with pytest.raises(ValueError, match="'x' of op is a split list"):
+        ctx.union_list_state("x")
 
 
 # -- sources: every record read exactly once across any number of rescales ------------------------------------
