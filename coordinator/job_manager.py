@@ -41,6 +41,7 @@ from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.graph.enums import JobState
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
+from runtime.graph.rescalability import chaining_refusal, rescale_refusal
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -94,29 +95,20 @@ class JobManager:
         saved = [v["name"] for v in metadata.get("vertices", [])]
         ours = [v.name for v in plan.vertices]
         if saved != ours:
-            raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
+            chained = chaining_refusal(metadata.get("vertices", []), plan.vertices)
+            raise RpcError(f"checkpoint {path}: {chained}" if chained else
+                           f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
                            "IncompatibleCheckpoint")
         # same tasks, maybe at other parallelisms: the workers redistribute the state (checkpointing/rescaling.py)
         old = {int(v["id"]): int(v["parallelism"]) for v in metadata["vertices"]}
-        changed = [v for v in plan.vertices if old[v.id] != v.parallelism]
-        if changed:
+        if any(old[v.id] != v.parallelism for v in plan.vertices):
             try:
                 job = build_job(plan.entry, plan.name, plan.config.get("parallelism"))  # imported already: cheap
             except (JobLoadError, JobDefinitionError) as exc:
                 raise RpcError(str(exc), type(exc).__name__) from None
-            for vertex in changed:
-                head = job.nodes[vertex.nodes[0]]
-                if head.kind == "source" and not getattr(head.payload, "rescalable", False):
-                    raise RpcError(f"checkpoint {path}: source {head.name} ({type(head.payload).__name__}) cannot "
-                                   f"be restored at parallelism {vertex.parallelism} (checkpointed at "
-                                   f"{old[vertex.id]}): it does not split its input into lanes",
-                                   "IncompatibleCheckpoint")
-        for edge in plan.edges:
-            up, down = plan.vertices[edge.up], plan.vertices[edge.down]
-            if edge.partitioner == "broadcast" and (old[up.id] != up.parallelism or old[down.id] != down.parallelism):
-                raise RpcError(f"checkpoint {path}: the broadcast edge {up.name} -> {down.name} cannot be restored "
-                               "at another parallelism yet; keep both sides at their checkpointed parallelism",
-                               "IncompatibleCheckpoint")
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, old)
+            if refusal:
+                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
                                                                     else os.path.dirname(path)))
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],

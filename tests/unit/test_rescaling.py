@@ -446,3 +446,68 @@ def test_parallelism_override_errors_are_one_line() -> None:
         with pytest.raises(Exception) as caught:
             _parallelism(bad)
         assert bad in str(caught.value)
+
+
+# -- what the coordinator refuses before it stops anything (runtime/graph/rescalability.py) ---------------------
+
+
+def plan_of(build: Any, overrides: dict[str, int] | None = None) -> tuple[Any, Any, Any]:
+    from runtime.api import Job
+    from runtime.graph.plan import apply_parallelism, chain_graph
+
+    job = Job("t")
+    build(job)
+    if overrides:
+        apply_parallelism(job, overrides)
+    vertices, edges = chain_graph(job)
+    return job, vertices, edges
+
+
+def counted(job: Any) -> None:
+    (job.source(GeneratorSource(count=10), parallelism=2).key_by(lambda r: r[0]).process(Count(), parallelism=2)
+        .sink(DiscardSink()))
+
+
+def test_a_chained_pair_split_by_a_rescale_is_refused_naming_it() -> None:
+    from runtime.graph.rescalability import chaining_refusal
+
+    _, before, _ = plan_of(counted)
+    saved = [{"name": v.name, "parallelism": v.parallelism} for v in before]
+    assert chaining_refusal(saved, before) is None
+    _, split, _ = plan_of(counted, {"Count": 3})
+    assert chaining_refusal(saved, split) == ("Count and DiscardSink ran chained in one task at parallelism 2; at "
+                                              "3 and 2 they would not: give both the same parallelism")
+    # and the other way round: two tasks that a rescale would chain
+    unchained = [{"name": v.name, "parallelism": v.parallelism} for v in split]
+    message = chaining_refusal(unchained, before)
+    assert message is not None and message.startswith("Count and DiscardSink ran as two tasks (parallelism 3 and 2)")
+    # another graph altogether is not a chaining question
+    assert chaining_refusal([{"name": "Other", "parallelism": 1}], before) is None
+
+
+def broadcast_and_main(job: Any) -> None:
+    rules = job.source(GeneratorSource(count=10), parallelism=1, name="rules")
+    main = job.source(GeneratorSource(count=10), parallelism=2, name="main")
+    rules.broadcast().union(main.rebalance()).process(Buffer(), parallelism=2).sink(DiscardSink())
+
+
+def test_refusals_name_the_source_without_lanes_and_the_mixed_broadcast_function() -> None:
+    from runtime.connectors.source import Source
+    from runtime.graph.rescalability import rescale_refusal
+
+    class Numbers(Source):
+        bounded = False
+
+    job, vertices, edges = plan_of(lambda j: j.source(Numbers(), parallelism=2).sink(DiscardSink()), {"*": 3})
+    message = rescale_refusal(job, vertices, edges, {0: 2})
+    assert message is not None and message.startswith("source Numbers (Numbers) cannot be restored at parallelism 3")
+    assert rescale_refusal(job, vertices, edges, {0: 3}) is None  # at its own parallelism it restores
+
+    job, vertices, edges = plan_of(broadcast_and_main, {"Buffer": 3, "DiscardSink": 3})
+    old = {v.id: 1 if v.name == "rules" else 2 for v in vertices}
+    message = rescale_refusal(job, vertices, edges, old)
+    assert message is not None and message.startswith("Buffer reads a broadcast input and another one"), message
+    # a plain broadcast consumer rescales (replicated), its producer too
+    job, vertices, edges = plan_of(lambda j: j.source(GeneratorSource(count=10), parallelism=2).broadcast()
+                                   .process(Buffer(), parallelism=3).sink(DiscardSink()), {"*": 3})
+    assert rescale_refusal(job, vertices, edges, {0: 2, 1: 2}) is None
