@@ -52,11 +52,13 @@ def rescale_refusal(job: Job, vertices: list[Vertex], edges: list[Edge], old: di
         if vertex.id not in changed:
             continue
         head = job.nodes[vertex.nodes[0]]
-        if head.kind == "source" and not getattr(head.payload, "rescalable", False):
+        if head.kind == "source" and not (getattr(head.payload, "rescalable", False)
+                                          or getattr(head.payload, "subtask_splits", False)):
             return (f"source {head.name} ({type(head.payload).__name__}) cannot be restored at parallelism "
                     f"{vertex.parallelism} (checkpointed at {old[vertex.id]}): its position does not say how to "
                     "split its input (a Source declares rescalable = True and describes what it has left as "
-                    "lanes, see runtime/connectors/source.py); keep it at its checkpointed parallelism")
+                    "lanes, or subtask_splits = True when its subtasks read independent inputs, see "
+                    "runtime/connectors/); keep it at its checkpointed parallelism")
         inputs = [e for e in edges if e.down == vertex.id]
         stateful = [job.nodes[n].name for n in vertex.nodes if job.nodes[n].kind == "process"]
         if len(inputs) > 1 and any(e.partitioner == "broadcast" for e in inputs) and stateful:

@@ -28,6 +28,8 @@ from runtime.checkpointing.snapshots import (
     list_tables,
     read_file,
 )
+from runtime.connectors.source import Source
+from runtime.connectors.splits import SplitReader, deal_splits, fold_emitted, is_split_position
 from runtime.execution.channels import InputChannel
 from runtime.execution.task import RestoredState
 from runtime.graph.partitioning import key_group_range
@@ -45,12 +47,29 @@ def load_restored(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask: 
                       or old(e.down) != plan.vertices[e.down].parallelism}
     touching = any(e.id in rescaled_edges and vertex.id in (e.up, e.down) for e in plan.edges)
     if old(vertex.id) == vertex.parallelism and not touching:
-        return _load_own(restore, f"{vertex.id}:{subtask}", inputs)
+        return _split_positions_whole(_load_own(restore, f"{vertex.id}:{subtask}", inputs))
     try:
-        return _load_rescaled(restore, plan, vertex, subtask, inputs, job, old, rescaled_edges)
+        return _split_positions_whole(_load_rescaled(restore, plan, vertex, subtask, inputs, job, old,
+                                                     rescaled_edges))
     except RescaleError as exc:
         raise RescaleError(f"cannot restore {vertex.name} subtask {subtask} at parallelism {vertex.parallelism} "
                            f"(checkpointed at {old(vertex.id)}): {exc}") from None
+
+
+def _split_positions_whole(state: RestoredState | None) -> RestoredState | None:
+    """A split reader skips what was emitted after its position itself, split by split (the task's own skip
+    would read from whichever split comes first)."""
+    if state is not None and state.source and is_split_position(state.source[0]):
+        state.source = [fold_emitted(state.source[0], int(state.source[1])), 0]
+    return state
+
+
+def source_for(source: Source, restored: RestoredState | None) -> Source:
+    """The source a task runs: the job's own, or a reader of the splits of old subtasks dealt to it
+    (connectors/splits.py) when its checkpointed position says so."""
+    if restored is not None and restored.source and is_split_position(restored.source[0]):
+        return SplitReader(source)
+    return source
 
 
 def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]) -> RestoredState | None:
@@ -144,10 +163,13 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                                    if operators[j] is not None])
         head = job.nodes[vertex.nodes[0]]
         if head.kind == "source":
-            if not getattr(head.payload, "rescalable", False):
+            old_sources = [o.get("source") if o else None for o in operators]
+            if getattr(head.payload, "rescalable", False):
+                state.source = rescale_source(old_sources, q, head.payload.lanes)[subtask]
+            elif getattr(head.payload, "subtask_splits", False):
+                state.source = deal_splits(old_sources, q)[subtask]
+            else:
                 raise RescaleError(f"source {type(head.payload).__name__} cannot be split at another parallelism")
-            state.source = rescale_source([o.get("source") if o else None for o in operators], q,
-                                          head.payload.lanes)[subtask]
         state.sinks = rescale_sinks([o.get("sinks") if o else None for o in operators], q, subtask,
                                     int(restore["checkpoint_id"]))
         old_lists = [list_tables(o) if o else None for o in operators]

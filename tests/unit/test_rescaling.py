@@ -29,6 +29,8 @@ from runtime.checkpointing.snapshots import decode_operator_state, encode_operat
 from runtime.connectors.files import JsonLinesSource
 from runtime.connectors.generator import BLOCK, GeneratorSource
 from runtime.connectors.sinks import DiscardSink
+from runtime.connectors.source import Source
+from runtime.connectors.splits import SplitReader, deal_splits, fold_emitted, is_split_position
 from runtime.examples.wordcount import Count
 from runtime.execution.operators import Chain
 from runtime.graph.partitioning import KeyRouter, key_group_range
@@ -511,3 +513,98 @@ def test_refusals_name_the_source_without_lanes_and_the_mixed_broadcast_function
     job, vertices, edges = plan_of(lambda j: j.source(GeneratorSource(count=10), parallelism=2).broadcast()
                                    .process(Buffer(), parallelism=3).sink(DiscardSink()), {"*": 3})
     assert rescale_refusal(job, vertices, edges, {0: 2, 1: 2}) is None
+
+
+# -- sources whose subtasks read independent inputs: old subtasks move whole, as splits -------------------------
+
+
+class Numbers(Source):
+    """Subtask i of p emits [i, p, 0], [i, p, 1], ... up to its own limit; its position is a bare number."""
+
+    subtask_splits = True
+
+    def __init__(self, bounded: bool = True) -> None:
+        self.bounded = bounded
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self.n = 0
+        self.limit = 5 + 37 * subtask_index
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.n >= self.limit:
+            return None if self.bounded else []
+        out = [[self.subtask_index, self.parallelism, n] for n in range(self.n, min(self.limit, self.n + max_records))]
+        self.n += len(out)
+        return out
+
+    def position(self) -> int:
+        return self.n
+
+    def restore(self, position: Any) -> None:
+        self.n = int(position)
+
+
+def read_cut(source: Source, batches: int, batch: int, to_the_end: bool) -> tuple[list[Any], Any]:
+    """Read `batches` batches, the checkpoint falling in the middle of the last one (half of it emitted):
+    returns what was emitted and the state the task stores ([position before the batch, emitted of it])."""
+    out: list[Any] = []
+    state: Any = [source.position(), 0]
+    for n in range(batches):
+        position = source.position()
+        got = source.read_batch(batch)
+        if got is None:
+            return out, [position, 0]
+        if n == batches - 1 and not to_the_end:
+            out += got[:len(got) // 2]
+            return out, [position, len(got) // 2]
+        out += got
+        state = [source.position(), 0]
+    return out, state
+
+
+def started(state: Any, subtask: int, parallelism: int) -> Source:
+    """What the task does on a restore: the split reader or the source itself, opened, restored, skipping."""
+    source: Source = SplitReader(Numbers()) if is_split_position(state[0]) else Numbers()
+    source.open(subtask, parallelism)
+    position, emitted = state
+    if position is not None:
+        source.restore(position)
+        skip = emitted
+        while skip > 0:
+            skipped = source.read_batch(skip)
+            assert skipped, "a restored source reads what it had emitted again"
+            skip -= len(skipped)
+    return source
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(parallelisms, min_size=2, max_size=5), st.data())
+def test_subtask_splits_are_each_read_once_across_rescales(ps: list[int], data: Any) -> None:
+    emitted: list[Any] = []
+    states: list[Any] = [[None, 0]] * ps[0]
+    first = [(i, ps[0], n) for i in range(ps[0]) for n in range(5 + 37 * i)]
+    for step, p in enumerate(ps):
+        if step and p != ps[step - 1]:
+            states = deal_splits(states, p)
+        elif step:  # the same parallelism: each its own state; a split reader skips split by split
+            states = [[fold_emitted(s[0], s[1]), 0] if is_split_position(s[0]) else s for s in states]
+        sources = [started(states[i], i, p) for i in range(p)]
+        last = step == len(ps) - 1
+        states = []
+        for source in sources:
+            batches = 10**6 if last else data.draw(st.integers(min_value=0, max_value=4))
+            got, state = read_cut(source, batches, data.draw(st.integers(min_value=1, max_value=30)), last)
+            emitted += got
+            states.append(state)
+    assert sorted(tuple(r) for r in emitted) == first  # every record of every split, once
+
+
+def test_a_subtask_without_splits_waits_when_unbounded_and_ends_when_bounded() -> None:
+    dealt = deal_splits([[3, 0]], 2)
+    assert dealt == [[{"splits": [[0, 1, 3, 0]], "next": 0}, 0], [{"splits": [], "next": 0}, 0]]
+    for bounded, expected in ((True, None), (False, [])):
+        reader = SplitReader(Numbers(bounded))
+        reader.open(1, 2)
+        reader.restore(dealt[1][0])
+        assert reader.read_batch(10) == expected
