@@ -7,6 +7,7 @@ The committed output is exact: every key's counts 1..N, each once."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,8 @@ def test_what_cannot_be_rescaled_is_refused_naming_it(running_cluster: Cluster) 
 # Running counts a rebalanced stream with one counter per subtask in split list state: on a rescale the
 # counters are dealt out round robin, each to one new subtask, so the last subtask standing ends at the total.
 EDGE_JOBS = """
-from runtime.api import FileSink, GeneratorSource, Job, ProcessFunction
+from runtime.api import FileSink, GeneratorSource, Job, ProcessFunction, Source
+from runtime.examples.wordcount import Count
 
 OUT = {out!r}
 
@@ -279,6 +281,37 @@ def running(job: Job, delay: float = 0.0002) -> None:
 
 def running_fast(job: Job) -> None:
     running(job, 0.0)
+
+
+class Numbers(Source):
+    # subtask i counts ("n<i>", 1), ("n<i>", 2), ... to {words}: its own input, its position a bare number
+    subtask_splits = True
+
+    def open(self, subtask_index, parallelism):
+        super().open(subtask_index, parallelism)
+        self.n = 0
+
+    def read_batch(self, max_records):
+        if self.n >= {words}:
+            return None
+        out = [("n" + str(self.subtask_index), n + 1) for n in range(self.n, min({words}, self.n + max_records))]
+        self.n += len(out)
+        return out
+
+    def position(self):
+        return self.n
+
+    def restore(self, position):
+        self.n = int(position)
+
+
+def numbers(job: Job, delay: float = 0.0002) -> None:
+    (job.source(Numbers(), parallelism=2).key_by(lambda r: r[0]).process(Count(), parallelism=2)
+        .sink(FileSink(OUT, delay_per_record_s=delay)))
+
+
+def numbers_fast(job: Job) -> None:
+    numbers(job, 0.0)
 """
 EDGE_WORDS, EDGE_KEYS = 150_000, 20
 
@@ -351,3 +384,14 @@ def test_split_list_state_rescaled_2_3_1_ends_at_the_total(running_cluster: Clus
     assert len(lines) == EDGE_WORDS
     final = sorted(total for p, _, total in lines if p == 1)
     assert final and final == list(range(final[0], EDGE_WORDS + 1)), (final[:3], final[-3:])
+
+
+@pytest.mark.integration
+def test_a_source_of_independent_subtasks_rescaled_2_3_1_reads_each_split_once(running_cluster: Cluster) -> None:
+    """Numbers has a bare-number position but declares subtask_splits: at 3 its two old subtasks are read by
+    new subtasks 0 and 1 (2 has none), at 1 both by one subtask, each from where it stood, so the keyed running
+    counts of both splits are exact."""
+    cluster = running_cluster
+    out = install_edge_jobs(cluster)
+    rescale_through(cluster, "edgejobs", "numbers", [2, 3, 1], [4, 6])
+    assert_running_counts(out, Counter({"n0": EDGE_WORDS, "n1": EDGE_WORDS}))
