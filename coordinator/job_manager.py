@@ -41,7 +41,7 @@ from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.graph.enums import JobState
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
-from runtime.graph.rescalability import chaining_refusal, rescale_refusal
+from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -92,28 +92,30 @@ class JobManager:
             await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        saved = [v["name"] for v in metadata.get("vertices", [])]
-        ours = [v.name for v in plan.vertices]
-        if saved != ours:
-            chained = chaining_refusal(metadata.get("vertices", []), plan.vertices)
-            raise RpcError(f"checkpoint {path}: {chained}" if chained else
-                           f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
-                           "IncompatibleCheckpoint")
-        # same tasks, maybe at other parallelisms: the workers redistribute the state (checkpointing/rescaling.py)
-        old = {int(v["id"]): int(v["parallelism"]) for v in metadata["vertices"]}
-        if any(old[v.id] != v.parallelism for v in plan.vertices):
+        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
+        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
+        saved = metadata.get("vertices", [])
+        old = {int(v["id"]): int(v["parallelism"]) for v in saved}
+        nodes: dict[int, int] = {}
+        if [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
+                old.get(v.id) != v.parallelism for v in plan.vertices):
             try:
                 job = build_job(plan.entry, plan.name, plan.config.get("parallelism"))  # imported already: cheap
+                nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
             except (JobLoadError, JobDefinitionError) as exc:
                 raise RpcError(str(exc), type(exc).__name__) from None
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, old)
+            except NotRestorable as exc:
+                raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
+                               f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes)
             if refusal:
                 raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
                                                                     else os.path.dirname(path)))
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
                 "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
-                "parallelism": {str(vid): p for vid, p in old.items()}}
+                "parallelism": {str(vid): p for vid, p in old.items()},
+                "nodes": {str(node): p for node, p in nodes.items()}}
 
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job

@@ -470,21 +470,23 @@ def counted(job: Any) -> None:
         .sink(DiscardSink()))
 
 
-def test_a_chained_pair_split_by_a_rescale_is_refused_naming_it() -> None:
-    from runtime.graph.rescalability import chaining_refusal
+def test_a_chain_split_by_a_rescale_is_matched_by_node_and_a_merge_is_refused() -> None:
+    from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism
 
-    _, before, _ = plan_of(counted)
+    job, before, _ = plan_of(counted)
     saved = [{"name": v.name, "parallelism": v.parallelism} for v in before]
-    assert chaining_refusal(saved, before) is None
-    _, split, _ = plan_of(counted, {"Count": 3})
-    assert chaining_refusal(saved, split) == ("Count and DiscardSink ran chained in one task at parallelism 2; at "
-                                              "3 and 2 they would not: give both the same parallelism")
-    # and the other way round: two tasks that a rescale would chain
+    assert [v.name for v in before] == ["GeneratorSource", "Count -> DiscardSink"]
+    assert checkpointed_node_parallelism(saved, job, before) == {0: 2, 1: 2, 2: 2}
+    job, split, _ = plan_of(counted, {"Count": 3})
+    assert [v.name for v in split] == ["GeneratorSource", "Count", "DiscardSink"]
+    assert checkpointed_node_parallelism(saved, job, split) == {0: 2, 1: 2, 2: 2}  # Count and its sink were at 2
+    # the other way round: two tasks that a rescale would chain into one
     unchained = [{"name": v.name, "parallelism": v.parallelism} for v in split]
-    message = chaining_refusal(unchained, before)
-    assert message is not None and message.startswith("Count and DiscardSink ran as two tasks (parallelism 3 and 2)")
-    # another graph altogether is not a chaining question
-    assert chaining_refusal([{"name": "Other", "parallelism": 1}], before) is None
+    job, _, _ = plan_of(counted)
+    with pytest.raises(NotRestorable, match=r"^Count and DiscardSink ran as two tasks \(parallelism 3 and 2\)"):
+        checkpointed_node_parallelism(unchained, job, before)
+    with pytest.raises(NotRestorable, match="^was taken from a different job graph"):
+        checkpointed_node_parallelism([{"name": "Other", "parallelism": 1}], job, before)
 
 
 def broadcast_and_main(job: Any) -> None:
@@ -501,18 +503,18 @@ def test_refusals_name_the_source_without_lanes_and_the_mixed_broadcast_function
         bounded = False
 
     job, vertices, edges = plan_of(lambda j: j.source(Numbers(), parallelism=2).sink(DiscardSink()), {"*": 3})
-    message = rescale_refusal(job, vertices, edges, {0: 2})
+    message = rescale_refusal(job, vertices, edges, {0: 2, 1: 2})
     assert message is not None and message.startswith("source Numbers (Numbers) cannot be restored at parallelism 3")
-    assert rescale_refusal(job, vertices, edges, {0: 3}) is None  # at its own parallelism it restores
+    assert rescale_refusal(job, vertices, edges, {0: 3, 1: 3}) is None  # at its own parallelism it restores
 
     job, vertices, edges = plan_of(broadcast_and_main, {"Buffer": 3, "DiscardSink": 3})
-    old = {v.id: 1 if v.name == "rules" else 2 for v in vertices}
+    old = {n.id: 1 if n.name == "rules" else 2 for n in job.nodes}
     message = rescale_refusal(job, vertices, edges, old)
     assert message is not None and message.startswith("Buffer reads a broadcast input and another one"), message
     # a plain broadcast consumer rescales (replicated), its producer too
     job, vertices, edges = plan_of(lambda j: j.source(GeneratorSource(count=10), parallelism=2).broadcast()
                                    .process(Buffer(), parallelism=3).sink(DiscardSink()), {"*": 3})
-    assert rescale_refusal(job, vertices, edges, {0: 2, 1: 2}) is None
+    assert rescale_refusal(job, vertices, edges, {0: 2, 1: 2, 2: 2}) is None
 
 
 # -- sources whose subtasks read independent inputs: old subtasks move whole, as splits -------------------------
