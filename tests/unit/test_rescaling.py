@@ -610,3 +610,21 @@ def test_a_subtask_without_splits_waits_when_unbounded_and_ends_when_bounded() -
         reader.open(1, 2)
         reader.restore(dealt[1][0])
         assert reader.read_batch(10) == expected
+
+
+def test_the_old_plan_of_a_split_chain_maps_tasks_and_edges_by_operator() -> None:
+    from runtime.graph.plan import Plan
+    from runtime.worker.restoring import OldPlan
+
+    job, vertices, edges = plan_of(counted, {"Count": 3})
+    plan = Plan(job_id="j", attempt=0, entry="", name="t", sys_path="", channel_base=0, vertices=vertices,
+                edges=edges, placement={}, workers={}, config={})
+    then = OldPlan({"nodes": {"0": 2, "1": 2, "2": 2}}, plan, job)
+    assert [(v.name, v.parallelism) for v in then.vertices] == [("GeneratorSource", 2), ("Count -> DiscardSink", 2)]
+    source, count, sink = vertices
+    assert then.vertex(count) is then.vertex(sink) is then.vertices[1]
+    assert then.same_vertex(source) and not then.same_vertex(count) and not then.same_vertex(sink)
+    into_count, into_sink = edges
+    assert then.edge(into_count) is then.edges[0]  # source -> Count continues the old hash edge
+    assert then.edge(into_sink) is None  # Count -> DiscardSink was inside the chain: nothing in flight
+    assert not then.same_edge(into_count)
