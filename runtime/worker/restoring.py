@@ -179,7 +179,8 @@ def _own_part(operator: dict[str, Any] | None, old: Vertex, vertex: Vertex, job:
             "keyed": {n: t for n, t in keyed_tables(operator, key_groups=key_groups).items() if n in mine},
             "lists": {n: t for n, t in list_tables(operator).items() if n in mine},
             "sinks": [state for n, state in zip(old_sinks, sinks, strict=False) if n in mine],
-            "source": operator.get("source") if vertex.nodes[0] == old.nodes[0] else None}
+            "source": operator.get("source") if vertex.nodes[0] == old.nodes[0] else None,
+            "time": operator.get("time")}  # a task's watermark state (event time), whole
 
 
 def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
