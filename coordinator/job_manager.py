@@ -42,6 +42,7 @@ from runtime.api import JobDefinitionError
 from runtime.common import objectstore
 from runtime.graph.enums import JobState
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
+from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -95,36 +96,29 @@ class JobManager:
             await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        saved = [v["name"] for v in metadata.get("vertices", [])]
-        ours = [v.name for v in plan.vertices]
-        if saved != ours:
-            raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
-                           "IncompatibleCheckpoint")
-        # same tasks, maybe at other parallelisms: the workers redistribute the state (checkpointing/rescaling.py)
-        old = {int(v["id"]): int(v["parallelism"]) for v in metadata["vertices"]}
-        changed = [v for v in plan.vertices if old[v.id] != v.parallelism]
-        if changed:
+        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
+        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
+        saved = metadata.get("vertices", [])
+        old = {int(v["id"]): int(v["parallelism"]) for v in saved}
+        nodes: dict[int, int] = {}
+        if [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
+                old.get(v.id) != v.parallelism for v in plan.vertices):
             try:
                 job = build_job(plan.entry, plan.name, plan.config.get("parallelism"))  # imported already: cheap
+                nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
             except (JobLoadError, JobDefinitionError) as exc:
                 raise RpcError(str(exc), type(exc).__name__) from None
-            for vertex in changed:
-                head = job.nodes[vertex.nodes[0]]
-                if head.kind == "source" and not getattr(head.payload, "rescalable", False):
-                    raise RpcError(f"checkpoint {path}: source {head.name} ({type(head.payload).__name__}) cannot "
-                                   f"be restored at parallelism {vertex.parallelism} (checkpointed at "
-                                   f"{old[vertex.id]}): it does not split its input into lanes",
-                                   "IncompatibleCheckpoint")
-        for edge in plan.edges:
-            up, down = plan.vertices[edge.up], plan.vertices[edge.down]
-            if edge.partitioner == "broadcast" and (old[up.id] != up.parallelism or old[down.id] != down.parallelism):
-                raise RpcError(f"checkpoint {path}: the broadcast edge {up.name} -> {down.name} cannot be restored "
-                               "at another parallelism yet; keep both sides at their checkpointed parallelism",
-                               "IncompatibleCheckpoint")
+            except NotRestorable as exc:
+                raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
+                               f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes)
+            if refusal:
+                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
                 "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
-                "parallelism": {str(vid): p for vid, p in old.items()}}
+                "parallelism": {str(vid): p for vid, p in old.items()},
+                "nodes": {str(node): p for node, p in nodes.items()}}
 
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job

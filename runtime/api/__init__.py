@@ -4,7 +4,15 @@
 import a job module needs; the names below are the public interface.
 """
 
-from runtime.api.functions import Context, KeyedContext, KeyedProcessFunction, ProcessFunction, ValueState
+from runtime.api.functions import (
+    Context,
+    KeyedContext,
+    KeyedProcessFunction,
+    ListState,
+    OperatorContext,
+    ProcessFunction,
+    ValueState,
+)
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
     PARTITIONERS,
@@ -25,4 +33,5 @@ __all__ = [
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
     "NatsSink",
+    "ListState", "OperatorContext",
 ]

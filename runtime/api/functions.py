@@ -71,3 +71,67 @@ class ProcessFunction:
 
 class KeyedProcessFunction(ProcessFunction):
     """Per-record logic on a keyed stream, with keyed state from `ctx.value_state`."""
+
+
+# -- operator list state (non-keyed) ----------------------------------------------------------------------
+#
+# Kept apart from the keyed context: a non-keyed ProcessFunction gets an OperatorContext, whose list states are
+# checkpointed with the task and redistributed on a rescale (runtime/checkpointing/rescaling.py, rescale_lists).
+
+
+class ListState(Generic[T]):
+    """A list of items of one subtask of a non-keyed function (like Flink's operator ListState). Items are
+    immutable by contract (a snapshot copies the list, not the items) and must be msgpack-serialisable."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: list[Any]) -> None:
+        self._entry = entry  # [mode, items]: the runtime restores the items in place
+
+    def get(self) -> list[T]:
+        """A copy of the items, in the order they were added."""
+        return list(self._entry[1])
+
+    def add(self, item: T) -> None:
+        self._entry[1].append(item)
+
+    def add_all(self, items: list[T]) -> None:
+        self._entry[1].extend(items)
+
+    def update(self, items: list[T]) -> None:
+        self._entry[1][:] = list(items)
+
+    def clear(self) -> None:
+        self._entry[1].clear()
+
+    def __len__(self) -> int:
+        return len(self._entry[1])
+
+
+class OperatorContext(Context):
+    """The context of a non-keyed ProcessFunction: a Context with list state.
+
+    `list_state(name)`: on a rescale its items are split round robin over the new subtasks (each item lands in
+    exactly one). `union_list_state(name)`: every new subtask gets all items of all old subtasks. On a function
+    fed by a broadcast edge both are replicated: a new subtask gets the lists of the old subtask it continues."""
+
+    __slots__ = ("_lists",)
+
+    def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str,
+                 lists: dict[str, list[Any]]) -> None:
+        super().__init__(emit, subtask_index, parallelism, operator_name)
+        self._lists = lists
+
+    def list_state(self, name: str) -> ListState[Any]:
+        return ListState(self._entry(name, "split"))
+
+    operator_list_state = list_state
+
+    def union_list_state(self, name: str) -> ListState[Any]:
+        return ListState(self._entry(name, "union"))
+
+    def _entry(self, name: str, mode: str) -> list[Any]:
+        entry = self._lists.setdefault(name, [mode, []])
+        if entry[0] != mode:
+            raise ValueError(f"list state {name!r} of {self.operator_name} is a {entry[0]} list, not a {mode} one")
+        return entry

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgpack
 
-from runtime.api import Context, Job, KeyedContext, Node, ProcessFunction
+from runtime.api import Context, Job, KeyedContext, Node, OperatorContext, ProcessFunction
 from runtime.connectors.sinks import Sink
 from runtime.execution.channels import Subpartition
 from runtime.graph.partitioning import KeyRouter
@@ -186,6 +186,7 @@ class Chain:
         self.sinks: list[Sink] = []
         self.functions: list[ProcessFunction] = []
         self.keyed_state: dict[int, dict[str, dict[Any, Any]]] = {}  # node id -> state name -> key -> value
+        self.list_state: dict[int, dict[str, list[Any]]] = {}  # node id -> name -> [mode, items] (OperatorContext)
         # (function, its context, a flush of what it emitted outside a batch: in open())
         self._contexts: list[tuple[ProcessFunction, Context, Callable[[], None]]] = []
         self._restored_sinks: list[Any] | None = None
@@ -262,7 +263,8 @@ class Chain:
         emit_pending = self._emit_pending
         if kind == "process":
             pending: list[Any] = []
-            ctx = Context(pending.append, self.subtask_index, node.parallelism, node.name)
+            ctx = OperatorContext(pending.append, self.subtask_index, node.parallelism, node.name,
+                                  self.list_state.setdefault(node.id, {}))
             self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
@@ -347,6 +349,18 @@ class Chain:
                 table.clear()
                 table.update(restored)
         self._restored_sinks = list(sinks or [])
+
+    def snapshot_lists(self) -> dict[int, dict[str, list[Any]]]:
+        """Copies of the list states (items are immutable by contract), for a snapshot."""
+        return {node: {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+                for node, tables in self.list_state.items() if tables}
+
+    def restore_lists(self, lists: dict[int, dict[str, list[Any]]]) -> None:
+        """Load list state in place (contexts hold the per-node tables), before `open`."""
+        for node, tables in lists.items():
+            table = self.list_state.setdefault(node, {})
+            table.clear()
+            table.update({name: [mode, list(items)] for name, (mode, items) in tables.items()})
 
     def open(self) -> None:
         restored = self._restored_sinks

@@ -117,6 +117,7 @@ class RestoredState:
     outputs: dict[str, bytes] | None = None  # subpartition key -> whole records
     finished: bool = False  # the task had finished when the checkpoint was taken: it has nothing left to do
     ended: bool = False  # it was past its end of input (operators finished): only its last commit is left
+    lists: dict[int, dict[str, list[Any]]] | None = None  # node id -> name -> [mode, items] (list state)
 
 
 class CheckpointListener(Protocol):
@@ -361,6 +362,7 @@ class Task:
         if restore is None:
             return
         self.chain.restore_state(restore.keyed or {}, restore.sinks)
+        self.chain.restore_lists(restore.lists or {})
         if self.source is not None and restore.source:
             position, emitted = restore.source
             self._batch_position = position
