@@ -4,8 +4,11 @@ Three files per task and checkpoint, each a msgpack map with a format
 version, written by the checkpoint writer off the event loop:
 
 - `<vertex>-<subtask>.state`: operator state. Keyed state grouped by key
-  group (so it can be split along group boundaries when rescaling), the
-  source position, the sinks' pre-committed files.
+  group (so it can be split along group boundaries when rescaling; timers
+  are keyed state too), the source position, the sinks' pre-committed files,
+  and with event time the task's watermark state ("time": per input channel
+  watermark and idleness, the combined and the forwarded watermark, or a
+  source's generator), absent in checkpoints of jobs without event time.
 - `<vertex>-<subtask>.in`: input channel state, per channel, as a stream of
   whole msgpack records: the records that preceded the barrier and that the
   task had not processed when it took its snapshot.
@@ -37,7 +40,7 @@ def channel_key(edge: int, producer: int, consumer: int) -> str:
 
 
 def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,
-                          source: Any, sinks: list[Any]) -> bytes:
+                          source: Any, sinks: list[Any], time: dict[str, Any] | None = None) -> bytes:
     grouped: dict[int, dict[str, dict[int, list[list[Any]]]]] = {}
     for node, tables in keyed.items():
         for name, table in tables.items():
@@ -45,8 +48,11 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
             for key, value in table.items():
                 by_group.setdefault(key_group(key, max_parallelism), []).append([key, value])
             grouped.setdefault(node, {})[name] = by_group
-    return msgpack.packb({"format": FORMAT, "max_parallelism": max_parallelism, "keyed": grouped,
-                          "source": source, "sinks": sinks}, use_bin_type=True)
+    state = {"format": FORMAT, "max_parallelism": max_parallelism, "keyed": grouped, "source": source,
+             "sinks": sinks}
+    if time is not None:
+        state["time"] = time
+    return msgpack.packb(state, use_bin_type=True)
 
 
 def decode_operator_state(data: bytes, origin: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from runtime.checkpointing.rescaling import (
     redistribute_edge,
     rescale_sinks,
     rescale_source,
+    rescale_time,
 )
 from runtime.checkpointing.snapshots import decode_channel_state, decode_operator_state, keyed_tables, read_file
 from runtime.execution.channels import InputChannel
@@ -59,6 +60,7 @@ def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]
         state.keyed = keyed_tables(operator)
         state.source = operator.get("source")
         state.sinks = list(operator.get("sinks") or [])
+        state.time = operator.get("time")
     if files.get("out"):
         state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
     if files.get("in"):
@@ -111,6 +113,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
             state.keyed = keyed_tables(operator)
             state.source = operator.get("source")
             state.sinks = list(operator.get("sinks") or [])
+            state.time = operator.get("time")
         # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
         outputs = {k: v for k, v in files.channels(vertex.id, subtask, "out").items()
                    if int(k.split(":", 1)[0]) not in rescaled_edges}
@@ -137,6 +140,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                                           head.payload.lanes)[subtask]
         state.sinks = rescale_sinks([o.get("sinks") if o else None for o in operators], q, subtask,
                                     int(restore["checkpoint_id"]))
+        state.time = rescale_time([o.get("time") if o else None for o in operators])
     by_key = {ch.key: ch.channel_id for ch in inputs}
     restored_inputs: dict[int, bytes] = {}
     for edge in plan.edges:
@@ -157,7 +161,8 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                         streams[pair] = streams.get(pair, b"") + data
         share = redistribute_edge(edge.partitioner, streams, consumer=subtask,
                                   new_up=plan.vertices[edge.up].parallelism, new_down=q,
-                                  max_parallelism=job.max_parallelism, key_fn=edge_key_fn(job, plan.vertices, edge))
+                                  max_parallelism=job.max_parallelism, key_fn=edge_key_fn(job, plan.vertices, edge),
+                                  timestamped=job.event_time)
         for producer, data in share.items():
             restored_inputs[by_key[f"{edge.id}:{producer}:{subtask}"]] = data
     state.inputs = restored_inputs or None

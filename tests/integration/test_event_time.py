@@ -1,0 +1,156 @@
+"""Event time on a real cluster, exact across kill -9 under unaligned checkpoints and backpressure.
+
+The job drops records at or behind `ctx.current_watermark` (counting them per key), emits the others, and
+registers an event-time timer at the end of each record's second; `on_timer` emits the key's late count so
+far. Its output therefore depends on exactly which watermark each record and each timer saw. One source
+subtask feeds both keyed subtasks over a hash edge, so each keyed subtask has one input channel and the
+result is a pure function of the input: the test computes it with the pure watermark generator and compares
+the committed output exactly. A worker running a keyed subtask is killed with SIGKILL after a checkpoint has
+completed, while its input channels hold in-flight data (a slow sink keeps them full): restored, the task's
+watermark must be back before that data is replayed, or replayed records would be judged against the
+watermark of the start of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
+from runtime.connectors.generator import BLOCK, generate_block, key_names
+from runtime.execution.watermarks import WatermarkGenerator
+from tests.integration.conftest import Cluster, poll, write_module
+
+pytestmark = pytest.mark.integration
+
+WORDS, KEYS, SEED = 30_000, 50, 11
+MAX_DELAY_MS, GRANULARITY_MS = 150, 10
+
+JOB = '''
+from runtime.api import BoundedOutOfOrderness, FileSink, GeneratorSource, Job, KeyedProcessFunction
+
+OUT = {out!r}
+WORDS, KEYS, SEED = {words}, {keys}, {seed}
+
+
+def jittered(record):
+    # out of order by up to 400 ms, deterministically
+    return record[2] + (record[1] * 7919) % 400
+
+
+class DropLate(KeyedProcessFunction):
+    def process(self, record, ctx):
+        if ctx.timestamp <= ctx.current_watermark:
+            late = ctx.value_state("late", 0)
+            late.update(late.value() + 1)
+            return
+        ctx.emit(["kept", record[0], record[1]])
+        ctx.timers.register_event_time(ctx.timestamp // 1000 * 1000 + 999)
+
+    def on_timer(self, timestamp, ctx):
+        ctx.emit(["timer", ctx.current_key, timestamp, ctx.value_state("late", 0).value()])
+
+
+def build(job: Job) -> None:
+    watermarks = BoundedOutOfOrderness(max_delay_ms={delay}, timestamp=jittered, granularity_ms={granularity})
+    (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=1, watermarks=watermarks)
+        .key_by(lambda r: r[0])
+        .process(DropLate(), parallelism=2)
+        .sink(FileSink(OUT, delay_per_record_s={sink_delay})))
+'''
+
+
+def jittered(record: Any) -> int:
+    return int(record[2] + (record[1] * 7919) % 400)
+
+
+def expected_output(words: int) -> Counter[str]:
+    """What DropLate commits without failures, from the records in source order (one source subtask)."""
+    gen = WatermarkGenerator(BoundedOutOfOrderness(MAX_DELAY_MS, jittered, granularity_ms=GRANULARITY_MS))
+    names = key_names(KEYS)
+    watermark = MIN_WATERMARK
+    timers: set[tuple[int, str]] = set()
+    late: Counter[str] = Counter()
+    out: list[Any] = []
+
+    def fire(upto: int) -> None:
+        for ts, key in sorted(t for t in timers if t[0] <= upto):
+            out.append(["timer", key, ts, late[key]])
+            timers.discard((ts, key))
+
+    for block in range(-(-words // BLOCK)):
+        for record in generate_block(block, seed=SEED, keys=names, cum_weights=None, count=words):
+            ts = jittered(record)
+            if ts <= watermark:
+                late[record[0]] += 1
+            else:
+                out.append(["kept", record[0], record[1]])
+                timers.add((ts // 1000 * 1000 + 999, record[0]))
+            w = gen.on_timestamp(ts)
+            if w is not None:
+                watermark = w
+                fire(w)
+    fire(MAX_WATERMARK)
+    assert sum(late.values()) > words // 20, "the input must have late records for the test to mean anything"
+    return Counter(json.dumps(row, separators=(",", ":")) for row in out)
+
+
+def committed_rows(out: Any) -> tuple[Counter[str], list[str]]:
+    rows: Counter[str] = Counter()
+    hidden = []
+    for path in sorted(out.iterdir()) if out.exists() else []:
+        if path.name.startswith((".", "_")):
+            hidden.append(path.name)
+            continue
+        rows.update(path.read_text().splitlines())
+    return rows, hidden
+
+
+def logs(cluster: Cluster) -> str:
+    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
+    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in names)
+
+
+def test_watermarks_and_timers_are_exact_across_kill_9_with_unaligned_checkpoints(cluster: Cluster) -> None:
+    out = cluster.tmp_path / "out"
+    write_module(cluster.tmp_path, "etjob", JOB.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED,
+                                                       delay=MAX_DELAY_MS, granularity=GRANULARITY_MS,
+                                                       sink_delay=0.0002))
+    expected = expected_output(WORDS)
+    cluster.start_coordinator()
+    for i in range(3):
+        cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=f"worker-{i + 1}")
+    cluster.wait_workers(3)
+    job_id = cluster.submit("etjob:build", {
+        "buffer_bytes": 8 * 1024, "buffers_per_channel": 4,
+        "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
+        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})
+
+    found: dict[str, Any] = {}
+
+    def checkpointed_and_placed() -> bool:
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
+        found.update(st)
+        return st["last_checkpoint"] is not None and any("DropLate" in t["name"] for t in st["tasks"])
+
+    poll(checkpointed_and_placed, 90, "a completed checkpoint")
+    victim = next(t["worker"] for t in found["tasks"] if "DropLate" in t["name"])
+    proc = next(w for w in cluster.workers if str(w.fields["id"]) == victim)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.proc.wait(timeout=10)
+    cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=victim)
+
+    st = cluster.wait_job(job_id, 240)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert st["restarts"] >= 1, st
+    poll(lambda: not committed_rows(out)[1], 15, "the final commit (no in-progress files left)")
+    rows, _ = committed_rows(out)
+    missing, extra = expected - rows, rows - expected
+    assert not missing and not extra, (f"{sum(missing.values())} rows missing, e.g. {list(missing)[:5]}; "
+                                       f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")
