@@ -767,7 +767,12 @@ class Task:
         timers = self.chain.timers
         combiner = self._combiner
         assert timers is not None and combiner is not None
+        monotonic = time.monotonic
+        last_yield = monotonic()
         while True:
+            if monotonic() - last_yield > YIELD_AFTER_S:
+                await asyncio.sleep(0)  # let the network in: a barrier reaches the mailbox from a callback
+                last_yield = monotonic()
             await self._between_records()
             if not timers.fire_event(combiner.current, TIMER_CHUNK):
                 break

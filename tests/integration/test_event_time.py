@@ -154,3 +154,111 @@ def test_watermarks_and_timers_are_exact_across_kill_9_with_unaligned_checkpoint
     missing, extra = expected - rows, rows - expected
     assert not missing and not extra, (f"{sum(missing.values())} rows missing, e.g. {list(missing)[:5]}; "
                                        f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")
+
+
+# -- a timer storm: the mailbox is served between timers, and a checkpoint can be taken in the middle --------
+
+STORM_JOB = '''
+import json
+import os
+import signal
+import time
+
+from runtime.api import BoundedOutOfOrderness, FileSink, GeneratorSource, Job, KeyedProcessFunction
+
+OUT, MARKERS = {out!r}, {markers!r}
+TIMERS, AFTER = {timers}, {after}
+FIRE_AT = 1_700_000_000_000 + TIMERS + 10  # the watermark passes it a few records after the last registration
+FIRED = [0]
+FIRED_AT_SNAPSHOT = {{}}
+
+
+def once(name, content):
+    try:
+        fd = os.open(os.path.join(MARKERS, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
+    return True
+
+
+class Storm(KeyedProcessFunction):
+    """Every one of the first TIMERS records (each its own key) sets a timer at FIRE_AT: all due at once."""
+
+    def process(self, record, ctx):
+        if record[1] < TIMERS:
+            ctx.timers.register_event_time(FIRE_AT)
+        else:
+            ctx.emit(["r", record[1]])
+
+    def on_timer(self, timestamp, ctx):
+        FIRED[0] += 1
+        end = time.perf_counter() + 0.00005  # a little work per timer, so that the storm lasts
+        while time.perf_counter() < end:
+            pass
+        ctx.emit(["t", ctx.current_key, timestamp])
+
+
+class KillAfterMidStormCheckpoint(FileSink):
+    """Kills its worker (first attempt only) when a checkpoint whose snapshot was taken in the middle of the
+    storm completes: that checkpoint holds some timers fired (their output pre-committed) and the rest not."""
+
+    def snapshot_state(self, checkpoint_id):
+        FIRED_AT_SNAPSHOT[checkpoint_id] = FIRED[0]
+        return super().snapshot_state(checkpoint_id)
+
+    def commit(self, checkpoint_id):
+        fired = FIRED_AT_SNAPSHOT.get(checkpoint_id, 0)
+        if self.attempt == 0 and 0 < fired < TIMERS and once("killed", json.dumps([checkpoint_id, fired])):
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().commit(checkpoint_id)
+
+
+def build(job: Job) -> None:
+    watermarks = BoundedOutOfOrderness(max_delay_ms=0, timestamp=lambda r: r[2], granularity_ms=1)
+    # throttled, so that the source is still running (and checkpoint barriers flowing) during the storm
+    source = GeneratorSource(count=TIMERS + AFTER, keys=10, seed=1, records_per_second=20_000)
+    (job.source(source, parallelism=1, watermarks=watermarks)
+        .key_by(lambda r: r[1])
+        .process(Storm(), parallelism=1)
+        .sink(KillAfterMidStormCheckpoint(OUT)))
+'''
+
+
+def test_a_checkpoint_is_taken_in_the_middle_of_a_timer_storm_and_the_rest_fire_after_restore(
+        cluster: Cluster) -> None:
+    timers, after = 20_000, 40_000
+    out, markers = cluster.tmp_path / "out", cluster.tmp_path / "markers"
+    markers.mkdir()
+    write_module(cluster.tmp_path, "stormjob", STORM_JOB.format(out=str(out), markers=str(markers),
+                                                                timers=timers, after=after))
+    cluster.start_coordinator()
+    for i in range(2):
+        cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=f"worker-{i + 1}")
+    cluster.wait_workers(2)
+    job_id = cluster.submit("stormjob:build", {
+        "checkpoint": {"interval_s": 0.2, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
+        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})
+    poll(lambda: (markers / "killed").exists()
+         or cluster.call("status", {"job_id": job_id})["state"] in ("FINISHED", "FAILED"), 120,
+         "the kill after a checkpoint taken mid-storm")
+    assert (markers / "killed").exists(), f"no checkpoint completed in the middle of the storm\n{logs(cluster)}"
+    checkpoint_id, fired = json.loads((markers / "killed").read_text())
+    assert 0 < fired < timers
+    for w in cluster.workers:
+        if w.proc.poll() is not None:
+            cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=str(w.fields["id"]))
+            break
+    st = cluster.wait_job(job_id, 240)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert st["restarts"] == 1, st
+    poll(lambda: not committed_rows(out)[1], 15, "the final commit (no in-progress files left)")
+    rows, _ = committed_rows(out)
+    fire_at = 1_700_000_000_000 + timers + 10
+    expected = Counter([json.dumps(["t", k, fire_at], separators=(",", ":")) for k in range(timers)]
+                       + [json.dumps(["r", s], separators=(",", ":")) for s in range(timers, timers + after)])
+    missing, extra = expected - rows, rows - expected
+    assert not missing and not extra, (f"checkpoint {checkpoint_id} taken after {fired} timers: "
+                                       f"{sum(missing.values())} rows missing, e.g. {list(missing)[:5]}; "
+                                       f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")
