@@ -262,3 +262,70 @@ def test_a_checkpoint_is_taken_in_the_middle_of_a_timer_storm_and_the_rest_fire_
     assert not missing and not extra, (f"checkpoint {checkpoint_id} taken after {fired} timers: "
                                        f"{sum(missing.values())} rows missing, e.g. {list(missing)[:5]}; "
                                        f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")
+
+
+# -- idleness: a source subtask without records does not hold the watermark back ------------------------------
+
+IDLE_JOB = '''
+import os
+
+from runtime.api import BoundedOutOfOrderness, DiscardSink, Job, KeyedProcessFunction, Source
+
+MARKERS = {markers!r}
+
+
+class OneSidedSource(Source):
+    """Subtask 0 emits 200 records (timestamps 0, 10, .., 1990); subtask 1 none. Both end once the test
+    creates the file "release"."""
+
+    def open(self, subtask_index, parallelism):
+        super().open(subtask_index, parallelism)
+        self.n = 0
+
+    def read_batch(self, max_records):
+        if self.subtask_index == 0 and self.n < 200:
+            batch = [("k", i, i * 10) for i in range(self.n, min(200, self.n + max_records))]
+            self.n += len(batch)
+            return batch
+        return None if os.path.exists(os.path.join(MARKERS, "release")) else []
+
+    def position(self):
+        return self.n
+
+    def restore(self, position):
+        self.n = position
+
+
+class FireAt1000(KeyedProcessFunction):
+    def process(self, record, ctx):
+        ctx.timers.register_event_time(1000)
+
+    def on_timer(self, timestamp, ctx):
+        with open(os.path.join(MARKERS, "fired"), "w") as f:
+            f.write(str(ctx.current_watermark))
+
+
+def build(job: Job) -> None:
+    watermarks = BoundedOutOfOrderness(max_delay_ms=0, timestamp=lambda r: r[2], idle_timeout_ms=300)
+    (job.source(OneSidedSource(), parallelism=2, watermarks=watermarks)
+        .key_by(lambda r: r[0])
+        .process(FireAt1000(), parallelism=1)
+        .sink(DiscardSink()))
+'''
+
+
+def test_an_idle_source_subtask_does_not_hold_event_time_timers_back(running_cluster: Cluster) -> None:
+    cluster = running_cluster
+    markers = cluster.tmp_path / "markers"
+    markers.mkdir()
+    write_module(cluster.tmp_path, "idlejob", IDLE_JOB.format(markers=str(markers)))
+    job_id = cluster.submit("idlejob:build")
+    # subtask 1 never sends a record (nor, until the release, its end): only its idleness lets the watermark
+    # of subtask 0 through, so the timer fires while the job still runs
+    poll(lambda: (markers / "fired").exists(), 60, "the event-time timer to fire while a source subtask idles")
+    assert cluster.call("status", {"job_id": job_id})["state"] == "RUNNING"
+    assert int((markers / "fired").read_text()) == 1989  # subtask 0's watermark: 1990 - 0 - 1
+    (markers / "release").write_text("")
+    st = cluster.wait_job(job_id, 60)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert all(t["current_watermark"] == MAX_WATERMARK for t in st["tasks"]), st["tasks"]
