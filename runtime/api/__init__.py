@@ -11,6 +11,7 @@ from runtime.api.functions import (
     ListState,
     OperatorContext,
     ProcessFunction,
+    TimerService,
     ValueState,
 )
 from runtime.api.stream import (
@@ -22,6 +23,7 @@ from runtime.api.stream import (
     KeyedStream,
     Node,
 )
+from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.nats import NatsSink, NatsSource
@@ -34,4 +36,5 @@ __all__ = [
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
     "NatsSink",
     "ListState", "OperatorContext",
+    "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
 ]

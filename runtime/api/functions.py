@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from runtime.api.time import MIN_WATERMARK
+
 T = TypeVar("T")
 
 
@@ -29,27 +31,34 @@ class ValueState(Generic[T]):
 
 
 class Context:
-    """What a process function sees: where to emit, and which subtask it is."""
+    """What a process function sees: where to emit, and which subtask it is.
 
-    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name")
+    With event time (a source with `watermarks=`): `timestamp` is the event time of the record being
+    processed (records emitted inherit it) and `current_watermark` the operator's watermark."""
+
+    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name", "timestamp", "current_watermark")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str) -> None:
         self.emit = emit
         self.subtask_index = subtask_index
         self.parallelism = parallelism
         self.operator_name = operator_name
+        self.timestamp: int | None = None
+        self.current_watermark: int = MIN_WATERMARK
 
 
 class KeyedContext(Context):
     """A context with keyed state, scoped to the key of the record being processed."""
 
-    __slots__ = ("current_key", "_state")
+    __slots__ = ("current_key", "_state", "timers", "time_domain")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str,
                  state: dict[str, dict[Any, Any]]) -> None:
         super().__init__(emit, subtask_index, parallelism, operator_name)
         self.current_key: Any = None
         self._state = state
+        self.timers: TimerService = TimerService()  # the runtime installs the real one
+        self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
 
     def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
         table = self._state.setdefault(name, {})
@@ -70,7 +79,12 @@ class ProcessFunction:
 
 
 class KeyedProcessFunction(ProcessFunction):
-    """Per-record logic on a keyed stream, with keyed state from `ctx.value_state`."""
+    """Per-record logic on a keyed stream, with keyed state from `ctx.value_state` and timers from
+    `ctx.timers`; override `on_timer` to act when one fires."""
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        """A timer of `ctx.current_key` fired: `ctx.timestamp` is `timestamp` (records emitted carry it),
+        `ctx.time_domain` says which kind. Event-time timers fire when the watermark reaches `timestamp`."""
 
 
 # -- operator list state (non-keyed) ----------------------------------------------------------------------
@@ -135,3 +149,28 @@ class OperatorContext(Context):
         if entry[0] != mode:
             raise ValueError(f"list state {name!r} of {self.operator_name} is a {entry[0]} list, not a {mode} one")
         return entry
+
+
+# -- timers (event time) ----------------------------------------------------------------------------------
+
+
+class TimerService:
+    """`ctx.timers` in a KeyedProcessFunction: timers of the current key, deduplicated per (key, timestamp),
+    kept in keyed state (checkpointed and rescaled with it). Timestamps are int milliseconds."""
+
+    __slots__ = ()
+
+    def register_event_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def register_processing_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def delete_event_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def delete_processing_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def current_processing_time(self) -> int:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")

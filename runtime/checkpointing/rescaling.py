@@ -23,6 +23,7 @@ from typing import Any
 
 import msgpack
 
+from runtime.api.time import MIN_WATERMARK
 from runtime.connectors.source import position_lanes, rescale_lanes
 from runtime.execution.channels import split_records
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -56,13 +57,17 @@ def merge_keyed(parts: list[dict[int, dict[str, dict[Any, Any]]]]) -> dict[int, 
 
 def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *, consumer: int,
                       new_up: int, new_down: int, max_parallelism: int,
-                      key_fn: Any = None) -> dict[int, bytes]:
+                      key_fn: Any = None, timestamped: bool = False) -> dict[int, bytes]:
     """New consumer `consumer`'s share of one edge's old channel state, by new producer index.
 
     `streams` maps old channel (producer j, consumer k) to its records: input then output channel state.
     The result keeps, for each old producer, its records in their old order (j ascending, then k), so the
     order per (old producer, key) is the old one; what reaches one new channel is processed before anything
     new on it.
+
+    `timestamped`: a job with event time, whose records are [timestamp, record] pairs among watermark markers.
+    On a hash or rebalance edge the markers are dropped (they belong to no key; the restored task starts from
+    the lowest old watermark, see rescale_time, and the live upstream sends newer ones).
     """
     if partitioner == "broadcast":
         raise RescaleError("a broadcast edge's channel state is replicated, not split: use redistribute_broadcast")
@@ -76,9 +81,13 @@ def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *
         n = 0
         for stream in parts:
             for record in split_records(stream):
+                if timestamped and partitioner != "forward":
+                    pair = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
+                    if pair.__class__ is not tuple:
+                        continue  # a marker
                 if partitioner == "hash":
                     value = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
-                    group = key_group(key_fn(value), max_parallelism)
+                    group = key_group(key_fn(value[1] if timestamped else value), max_parallelism)
                     target = subtask_for_key_group(group, max_parallelism, new_down)
                 elif partitioner == "rebalance":
                     target = (j + n) % new_down
@@ -159,6 +168,27 @@ def rescale_lists(old: Sequence[Lists | None], new_parallelism: int, subtask: in
         for name, (mode, items) in tables.items():
             share = items if mode == "union" else items[subtask::new_parallelism]
             out.setdefault(node, {})[name] = [mode, share]
+    return out
+
+
+# -- event time ------------------------------------------------------------------------------------------------
+
+
+def rescale_time(states: list[Any]) -> dict[str, Any] | None:
+    """Old subtasks' watermark states (Task.time_state) -> a new subtask's: per-channel watermarks cannot be
+    split, so it starts from the lowest old watermark (it never runs ahead of an input it now reads); its
+    channels start anew and count once their watermarks reach it."""
+    present = [s for s in states if s]
+    if not present:
+        return None
+    generators = [s["generator"] for s in present if "generator" in s]
+    if generators:
+        return {"generator": [min(g[0] for g in generators), min(g[1] for g in generators), False]}
+    forwarded = min(int(s.get("forwarded", MIN_WATERMARK)) for s in present)
+    currents = [int(s["combiner"]["current"]) for s in present if "combiner" in s]
+    out: dict[str, Any] = {"forwarded": forwarded, "idle_forwarded": False}
+    if currents:
+        out["combiner"] = {"channels": {}, "current": max(min(currents), forwarded), "idle": False}
     return out
 
 

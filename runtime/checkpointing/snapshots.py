@@ -4,9 +4,13 @@ Three files per task and checkpoint, each a msgpack map with a format
 version, written by the checkpoint writer off the event loop:
 
 - `<vertex>-<subtask>.state`: operator state. Keyed state grouped by key
-  group (so it can be split along group boundaries when rescaling), the
-  source position, the sinks' pre-committed files, and the functions' list
-  state ("lists": node -> name -> [mode, items], absent when there is none).
+  group (so it can be split along group boundaries when rescaling; timers
+  are keyed state too), the source position, the sinks' pre-committed files,
+  the functions' list state ("lists": node -> name -> [mode, items], absent
+  when there is none), and with event time the task's watermark state
+  ("time": per input channel watermark and idleness, the combined and the
+  forwarded watermark, or a source's generator), absent in checkpoints of
+  jobs without event time.
 - `<vertex>-<subtask>.in`: input channel state, per channel, as a stream of
   whole msgpack records: the records that preceded the barrier and that the
   task had not processed when it took its snapshot.
@@ -38,7 +42,8 @@ def channel_key(edge: int, producer: int, consumer: int) -> str:
 
 
 def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,
-                          source: Any, sinks: list[Any], lists: dict[int, dict[str, list[Any]]] | None = None) -> bytes:
+                          source: Any, sinks: list[Any], lists: dict[int, dict[str, list[Any]]] | None = None,
+                          time: dict[str, Any] | None = None) -> bytes:
     grouped: dict[int, dict[str, dict[int, list[list[Any]]]]] = {}
     for node, tables in keyed.items():
         for name, table in tables.items():
@@ -50,6 +55,8 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
              "sinks": sinks}
     if lists:
         state["lists"] = lists
+    if time is not None:
+        state["time"] = time
     return msgpack.packb(state, use_bin_type=True)
 
 

@@ -51,6 +51,9 @@ class WorkerCollector(Collector):
         persisted_total = CounterMetricFamily("sluice_task_checkpoint_persisted_inflight_bytes",
                                               "In-flight data the task persisted over all checkpoints",
                                               labels=labels)
+        watermark = GaugeMetricFamily("sluice_task_current_watermark",
+                                      "The task's event-time watermark in ms (jobs with event time only; "
+                                      "-2^63 before the first one)", labels=labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
@@ -68,8 +71,10 @@ class WorkerCollector(Collector):
             delay.add_metric(values, st.last_start_delay_s)
             persisted.add_metric(values, st.last_inflight_bytes)
             persisted_total.add_metric(values, st.inflight_bytes_total)
+            if st.current_watermark is not None:
+                watermark.add_metric(values, st.current_watermark)
         yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
-                    persisted_total)
+                    persisted_total, watermark)
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)

@@ -23,6 +23,7 @@ from runtime.checkpointing.rescaling import (
     rescale_lists,
     rescale_sinks,
     rescale_source,
+    rescale_time,
 )
 from runtime.checkpointing.snapshots import (
     decode_channel_state,
@@ -130,6 +131,7 @@ def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]
         state.source = operator.get("source")
         state.sinks = list(operator.get("sinks") or [])
         state.lists = list_tables(operator)
+        state.time = operator.get("time")
     if files.get("out"):
         state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
     if files.get("in"):
@@ -200,10 +202,11 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
         state = RestoredState(ended=bool(entries[subtask].get("ended")))
         operator = _own_part(files.operator(old_vertex.id, subtask), old_vertex, vertex, job)
         if operator is not None:
-            state.keyed = operator["keyed"]
+            state.keyed = operator["keyed"]  # _own_part's tables, already decoded
             state.source = operator["source"]
             state.sinks = operator["sinks"]
             state.lists = operator["lists"]
+            state.time = operator.get("time")
         # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
         # (an unchanged edge kept its id)
         keep = {e.id for e in plan.edges if e.up == vertex.id and e.id not in rescaled_edges}
@@ -241,6 +244,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
             raise RescaleError("its list state reflects a broadcast input and another one: a broadcast input "
                                "needs it replicated, the other split, so it cannot be redistributed")
         state.lists = rescale_lists(old_lists, q, subtask, replicated=replicated)
+        state.time = rescale_time([o.get("time") if o else None for o in operators])
     by_key = {ch.key: ch.channel_id for ch in inputs}
     restored_inputs: dict[int, bytes] = {}
     for edge in inputs_of:
@@ -269,7 +273,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
             share = redistribute_edge(edge.partitioner, streams, consumer=subtask,
                                       new_up=plan.vertices[edge.up].parallelism, new_down=q,
                                       max_parallelism=job.max_parallelism,
-                                      key_fn=edge_key_fn(job, plan.vertices, edge))
+                                      key_fn=edge_key_fn(job, plan.vertices, edge), timestamped=job.event_time)
         for up_subtask, data in share.items():
             restored_inputs[by_key[f"{edge.id}:{up_subtask}:{subtask}"]] = data
     state.inputs = restored_inputs or None
