@@ -10,8 +10,9 @@ under the constraints that keep the restored job the same graph (the restore che
   also what chains them into one task) keep equal parallelism;
 - operators joined by an implicit rebalance (no partitioner, different parallelism) stay different, else the
   edge would turn into a chained forward one and the task types would change;
-- operators that cannot be restored at another parallelism stay at their ask: both ends of a broadcast edge
-  and sources that do not split their input (`rescalable` False). If that does not fit, nothing does.
+- operators that cannot be restored at another parallelism stay at their ask: sources that do not split their
+  input (neither `rescalable` nor `subtask_splits`) and readers of a broadcast input and another one (their
+  list state cannot be both replicated and split). If that does not fit, nothing does.
 """
 
 from __future__ import annotations
@@ -83,13 +84,13 @@ class Shape:
 
 def shape_of(job: Job) -> Shape:
     """The shape of a built job (its parallelism overrides applied)."""
-    nodes = [ShapeNode(n.name, n.parallelism, n.kind == "source" and not getattr(n.payload, "rescalable", False))
-             for n in job.nodes]
+    def pinned(n: Any) -> bool:  # what runtime/graph/rescalability.py would refuse to restore elsewhere
+        if n.kind == "source":
+            return not (getattr(n.payload, "rescalable", False) or getattr(n.payload, "subtask_splits", False))
+        return len(n.inputs) > 1 and any(inp.partitioner == "broadcast" for inp in n.inputs)
+
+    nodes = [ShapeNode(n.name, n.parallelism, pinned(n)) for n in job.nodes]
     edges = [ShapeEdge(inp.node, n.id, inp.partitioner) for n in job.nodes for inp in n.inputs]
-    for e in edges:
-        if e.partitioner == "broadcast":
-            for i in (e.up, e.down):
-                nodes[i] = ShapeNode(nodes[i].name, nodes[i].parallelism, True)
     return Shape(tuple(nodes), tuple(edges))
 
 

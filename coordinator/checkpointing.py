@@ -416,6 +416,12 @@ class CheckpointCoordinator:
         """The last HISTORY_SIZE triggered checkpoints, oldest first."""
         return [cp.summary() for cp in self._history]
 
+    def task_figures(self) -> dict[int, dict[str, dict[str, Any]]]:
+        """For each checkpoint in the history: task -> the figures it acknowledged with (start delay,
+        alignment, sync/async time, bytes), for the REST API's per-task view; finished tasks have none."""
+        return {cp.request.checkpoint_id: {task: dict(ack["figures"]) for task, ack in cp.acks.items()}
+                for cp in self._history}
+
     # -- internals --------------------------------------------------------------
 
     def _accepting(self, checkpoint_id: int | None, stimulus: str) -> _Checkpoint | None:

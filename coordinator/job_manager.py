@@ -21,9 +21,9 @@ restores the latest checkpoint, whose commit is redone, never doubled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,8 +39,10 @@ from coordinator.storage import CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
+from runtime.common import objectstore
 from runtime.graph.enums import JobState
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
+from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -50,9 +52,12 @@ log = logging.getLogger("sluice.jobs")
 
 class JobManager:
     def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], Any], autoscale: AutoscaleSettings | None = None) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any], autoscale: AutoscaleSettings | None = None,
+                 persist: Callable[[JobRecord], None] = lambda job: None) -> None:
         self.workers = workers
         self.storage = storage
+        self.persist = persist  # writes the job's record (coordinator/job_store.py) after every change
+        self.recovered = 0  # jobs a previous coordinator left running, restarted by this one
         self.jobs: dict[str, JobRecord] = {}
         self._spawn = spawn
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
@@ -91,41 +96,63 @@ class JobManager:
             await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        saved = [v["name"] for v in metadata.get("vertices", [])]
-        ours = [v.name for v in plan.vertices]
-        if saved != ours:
-            raise RpcError(f"checkpoint {path} was taken from a different job graph: {saved} != {ours}",
-                           "IncompatibleCheckpoint")
-        # same tasks, maybe at other parallelisms: the workers redistribute the state (checkpointing/rescaling.py)
-        old = {int(v["id"]): int(v["parallelism"]) for v in metadata["vertices"]}
-        changed = [v for v in plan.vertices if old[v.id] != v.parallelism]
-        if changed:
+        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
+        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
+        saved = metadata.get("vertices", [])
+        old = {int(v["id"]): int(v["parallelism"]) for v in saved}
+        nodes: dict[int, int] = {}
+        if [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
+                old.get(v.id) != v.parallelism for v in plan.vertices):
             try:
                 job = build_job(plan.entry, plan.name, plan.config.get("parallelism"))  # imported already: cheap
+                nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
             except (JobLoadError, JobDefinitionError) as exc:
                 raise RpcError(str(exc), type(exc).__name__) from None
-            for vertex in changed:
-                head = job.nodes[vertex.nodes[0]]
-                if head.kind == "source" and not getattr(head.payload, "rescalable", False):
-                    raise RpcError(f"checkpoint {path}: source {head.name} ({type(head.payload).__name__}) cannot "
-                                   f"be restored at parallelism {vertex.parallelism} (checkpointed at "
-                                   f"{old[vertex.id]}): it does not split its input into lanes",
-                                   "IncompatibleCheckpoint")
-        for edge in plan.edges:
-            up, down = plan.vertices[edge.up], plan.vertices[edge.down]
-            if edge.partitioner == "broadcast" and (old[up.id] != up.parallelism or old[down.id] != down.parallelism):
-                raise RpcError(f"checkpoint {path}: the broadcast edge {up.name} -> {down.name} cannot be restored "
-                               "at another parallelism yet; keep both sides at their checkpointed parallelism",
-                               "IncompatibleCheckpoint")
-        directory = await asyncio.to_thread(lambda: os.path.abspath(path if os.path.isdir(path)
-                                                                    else os.path.dirname(path)))
+            except NotRestorable as exc:
+                raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
+                               f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes)
+            if refusal:
+                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
+        directory = await asyncio.to_thread(self.storage.directory_of, path)
         return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
                 "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
-                "parallelism": {str(vid): p for vid, p in old.items()}}
+                "parallelism": {str(vid): p for vid, p in old.items()},
+                "nodes": {str(node): p for node, p in nodes.items()}}
 
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job
+        job.on_change = self.persist
+        self.persist(job)
         self._spawn(self.deploy(job))
+
+    def adopt(self, job: JobRecord) -> None:
+        """A job from the previous coordinator's records: an ended one is shown as it ended, an unfinished one
+        runs again (`recover`) once enough workers have registered."""
+        self.jobs[job.job_id] = job
+        job.on_change = self.persist
+        if not job.terminal:
+            self.recovered += 1
+            self._spawn(self.recover(job))
+
+    async def recover(self, job: JobRecord) -> None:
+        """Restart a job whose coordinator died from its latest completed checkpoint, as a new attempt: the
+        previous coordinator's attempt is gone with it (its workers cancelled their tasks when the link broke)."""
+        # checkpoint ids go on after every one the previous coordinator may have started (sinks name files by id)
+        started = await asyncio.to_thread(started_checkpoint_ids, self.storage, job.job_id)
+        job.next_checkpoint_id = max([job.next_checkpoint_id, *(n + 1 for n in started)])
+        log.warning("job %s was %s when the previous coordinator stopped: restarting it (attempt %d)",
+                    job.job_id, job.state, job.attempt + 1)
+        job.failures.append("coordinator failover")
+        job.state = JobState.RESTARTING  # set, not moved: the state is the dead coordinator's, not a transition
+        self.persist(job)
+        try:
+            await self._restart(job, None, counted=False)
+        except Exception as exc:
+            log.exception("job %s: recovery failed", job.job_id)
+            if not job.terminal:
+                job.move(JobState.FAILED, f"recovery after a coordinator failover failed: {type(exc).__name__}: "
+                                          f"{exc}")
 
     # -- deploying ------------------------------------------------------------------
 
@@ -163,6 +190,8 @@ class JobManager:
 
         def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
             job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            job.next_checkpoint_id = max(job.next_checkpoint_id, checkpoint_id + 1)
+            self.persist(job)
             if summary.get("duration_s") is not None:
                 self.checkpoint_durations.observe(summary["duration_s"])
 
@@ -532,8 +561,21 @@ class JobManager:
         for wid in set(job.plan.placement.values()):
             record = self.workers.get(wid)
             if record is not None and not record.link.is_closing():
-                calls.append(record.link.call("cancel", {"job_id": job.job_id}, timeout_s=15.0))
+                # the attempt fences the call: a worker already running a later attempt (of a new leader) keeps it
+                calls.append(record.link.call("cancel", {"job_id": job.job_id, "attempt": job.attempt},
+                                              timeout_s=15.0))
         results = await asyncio.gather(*calls, return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):
                 log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+
+
+def started_checkpoint_ids(storage: CheckpointStorage, job_id: str) -> list[int]:
+    """Ids of the job's checkpoints on disk, completed or not (a directory is made when one is triggered)."""
+    job_dir = getattr(storage, "job_dir", None)
+    ids = [n for n, _ in storage.list_completed(job_id)]
+    if job_dir is not None:
+        with contextlib.suppress(OSError):
+            ids += [int(name[4:]) for name in objectstore.list_children(job_dir(job_id))
+                    if name.startswith("chk-") and name[4:].isdigit()]
+    return ids

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,8 @@ class JobRecord:
     next_checkpoint_id: int = 1
     earlier_checkpoints: list[dict[str, Any]] = field(default_factory=list)  # history of earlier attempts
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)  # set on a terminal state
+    # called after every state change: the coordinator persists the record (coordinator/job_store.py)
+    on_change: Callable[[JobRecord], None] | None = field(default=None, repr=False, compare=False)
 
     def checkpoint_history(self) -> list[dict[str, Any]]:
         """Every attempt's checkpoints, oldest first."""
@@ -115,6 +118,8 @@ class JobRecord:
         if state in TERMINAL:
             self.ended_at = time.time()
             self.ended.set()
+        if self.on_change is not None:
+            self.on_change(self)
 
     @property
     def terminal(self) -> bool:

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from coordinator.registry import RegistryStatistics
 
 
+# Per-job series are labelled job_id, not job: Prometheus sets `job` to the scrape job and renames ours to
+# exported_job.
+JOB_LABEL = ["job_id"]
+
 DURATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -96,7 +100,7 @@ class CoordinatorCollector(Collector):
         yield from self._scaling(js)
 
     def _scaling(self, js: JobsStatistics) -> Iterator[Metric]:
-        job = ["job"]
+        job = JOB_LABEL
         downs = CounterMetricFamily("sluice_job_scale_downs", "Restarts at a lower parallelism than the one "
                                     "asked for, because too few slots were free", labels=job)
         ups = CounterMetricFamily("sluice_job_scale_ups", "Rescales of a scaled-down job back up, because workers "
@@ -113,7 +117,7 @@ class CoordinatorCollector(Collector):
         completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")
         failed = CounterMetricFamily("sluice_checkpoints_failed", "Checkpoints aborted: timeout, decline, failure")
         in_progress = GaugeMetricFamily("sluice_checkpoints_in_progress", "Checkpoints currently in flight")
-        job = ["job"]
+        job = JOB_LABEL
         last_duration = GaugeMetricFamily("sluice_checkpoint_last_duration_seconds",
                                           "Trigger to last acknowledgement of the last completed checkpoint",
                                           labels=job)
@@ -164,3 +168,35 @@ class CoordinatorCollector(Collector):
                                                  "Failure detected to running again, all restarts")
         yield js.checkpoint_durations.family("sluice_checkpoint_duration_seconds",
                                              "Duration of completed checkpoints, trigger to last acknowledgement")
+
+
+@dataclass(frozen=True)
+class LeadershipStatistics:
+    is_leader: bool
+    epoch: int  # the lease epoch held (0: none)
+    jobs_recovered: int  # unfinished jobs of a previous coordinator this one restarted
+    record_writes: int
+    record_write_failures: int
+
+
+class LeadershipCollector(Collector):
+    """Coordinator failover: whether this coordinator leads, and what it recovered (docs/METRICS.md)."""
+
+    def __init__(self, statistics: Callable[[], LeadershipStatistics]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._statistics()
+        leader = GaugeMetricFamily("sluice_coordinator_is_leader", "1 while this coordinator holds the lease")
+        leader.add_metric([], 1 if st.is_leader else 0)
+        epoch = GaugeMetricFamily("sluice_coordinator_lease_epoch", "The lease epoch held (0: standby)")
+        epoch.add_metric([], st.epoch)
+        recovered = CounterMetricFamily("sluice_coordinator_jobs_recovered",
+                                        "Unfinished jobs of a previous coordinator restarted by this one")
+        recovered.add_metric([], st.jobs_recovered)
+        writes = CounterMetricFamily("sluice_coordinator_job_record_writes", "Job records written to the state dir")
+        writes.add_metric([], st.record_writes)
+        failures = CounterMetricFamily("sluice_coordinator_job_record_write_failures",
+                                       "Job records that could not be written (the job went on)")
+        failures.add_metric([], st.record_write_failures)
+        yield from (leader, epoch, recovered, writes, failures)

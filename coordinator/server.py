@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,18 +27,25 @@ from prometheus_client import CollectorRegistry
 from coordinator.autoscale import AutoscaleSettings, parse_scale_down_after
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
+from coordinator.job_store import JobStore
 from coordinator.jobs import JobRecord
-from coordinator.metrics import CoordinatorCollector
+from coordinator.lease import Leadership, LeaseHeld
+from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
 from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.rest import REST_LIMITS, RestApi
+from coordinator.rest_views import task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, RpcError
+from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
+from runtime.common import objectstore
+from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
@@ -50,22 +58,36 @@ WAIT_JOB_MAX_S = 300.0  # the longest one wait_job call blocks; clients call aga
 @dataclass(frozen=True)
 class CoordinatorConfig:
     token: str
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind (0.0.0.0: every interface)
     port: int = 0
+    advertise: str = ""  # the address others reach it at ("": host, or this machine's name when host is a wildcard)
+    checkpoint_dir: str = ""  # checkpoints go under it: a local path or s3://bucket/prefix ("": state_dir)
     metrics_port: int | None = 0
+    http_port: int | None = 0  # the REST API and web UI (coordinator/rest.py); None: off
     state_dir: str = "./sluice-state"
     heartbeat_timeout_s: float = 10.0
     allowed_job_paths: tuple[str, ...] = ()  # empty: the working directory
     savepoint_roots: tuple[str, ...] = ()  # empty: <state_dir>/savepoints
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
     tls: TlsFiles | None = None  # None: plain TCP
+    standby: bool = False  # wait for the state directory's lease, answering NotLeader meanwhile
+    lease_s: float = 5.0  # a lease not renewed this long is taken over (coordinator/lease.py)
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)  # scale-down / scale-up delays
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
         jobs = self.allowed_job_paths or (os.getcwd(),)
-        savepoints = self.savepoint_roots or (os.path.join(self.state_dir, "savepoints"),)
-        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs), tuple(os.path.realpath(p) for p in savepoints))
+        savepoints = self.savepoint_roots or (objectstore.join(self.checkpoint_root, "savepoints"),)
+        return TrustPolicy(tuple(os.path.realpath(p) for p in jobs),
+                           tuple(p if objectstore.is_url(p) else os.path.realpath(p) for p in savepoints))
+
+    @property
+    def checkpoint_root(self) -> str:
+        return objectstore.absolute(self.checkpoint_dir or self.state_dir)
+
+    @property
+    def advertised_host(self) -> str:
+        return advertised_host(self.host, self.advertise, fallback=socket.gethostname)
 
 
 @dataclass
@@ -85,13 +107,34 @@ class Coordinator(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
-        self.storage = LocalCheckpointStorage(config.state_dir)
+        self.storage = LocalCheckpointStorage(config.checkpoint_root)
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
+        self._rest: HttpServer | None = None
+        self.holder_id = f"c-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.leadership: Leadership | None = None  # made once the RPC port is known (the lease names it)
+        self.store = JobStore(config.state_dir, may_write=self.leading)
         self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn,
-                                  autoscale=config.autoscale)
+                                  autoscale=config.autoscale, persist=self.store.save)
+        self.lost_leadership = ""
         self.rpc = self._handlers()
+
+    async def _rest_call(self, method: str, args: dict[str, Any]) -> Any:
+        """The REST API calls the RPC handlers themselves (no link: the token was checked by the API); a
+        standby refuses them like an RPC."""
+        if not self.leading():
+            where = self.leadership.leader_address() if self.leadership else "unknown"
+            raise RpcError(f"coordinator {self.holder_id} is not the leader; the leader is {where}", "NotLeader")
+        return await self.rpc.dispatch(None, method, args)  # type: ignore[arg-type]
+
+    def leading(self) -> bool:
+        return self.leadership is not None and self.leadership.valid()
+
+    def leadership_statistics(self) -> LeadershipStatistics:
+        return LeadershipStatistics(self.leading(), self.leadership.epoch if self.leadership else 0,
+                                    self.manager.recovered, self.store.writes, self.store.failed_writes)
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -108,25 +151,94 @@ class Coordinator(BaseLinkHandler):
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
+            registry.register(LeadershipCollector(self.leadership_statistics))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+        if self.config.http_port is not None:
+            # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
+            api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
+                          call=self._rest_call)
+            self._rest = HttpServer(api, REST_LIMITS, name="rest")
+            self.http_port = await self._rest.start(self.config.host, self.config.http_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
-        print(f"sluice coordinator ready rpc={self.config.host}:{self.port} metrics={metrics} "
-              f"state={state_dir}", flush=True)
+        http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
+        ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
+                 f"id={self.holder_id} advertise={self.config.advertised_host}:{self.port} "
+                 f"checkpoints={self.config.checkpoint_root}")
+        self.leadership = Leadership(state_dir, holder=self.holder_id,
+                                     address=f"{self.config.advertised_host}:{self.port}",
+                                     lease_s=self.config.lease_s, renew_s=min(1.0, self.config.lease_s / 4))
+        if self.config.standby:
+            print(f"sluice coordinator ready {ready} role=standby", flush=True)
+        try:
+            if not await self._lead_unless_stopped(state_dir):  # a standby stopped before it ever led
+                server.close()
+                await server.wait_closed()
+                await self._background.cancel_and_wait()
+                return
+        except LeaseHeld as exc:
+            server.close()
+            raise SystemExit(f"sluice coordinator: {exc}") from None
+        except OSError as exc:  # a state directory we cannot write: say which, in one line
+            server.close()
+            raise SystemExit(f"sluice coordinator: cannot take the lease of state directory {state_dir}: "
+                             f"{exc}") from None
+        print(f"sluice coordinator {'leading' if self.config.standby else 'ready'} {ready} role=leader "
+              f"epoch={self.leadership.epoch}", flush=True)
         monitor = self._spawn(self._monitor_heartbeats())
         autoscaler = self._spawn(self.manager.run_autoscaler())
         await self._stop.wait()
         monitor.cancel()
         autoscaler.cancel()
-        for job in list(self.jobs.values()):
-            if not job.terminal:
-                await self.manager.cancel(job, "coordinator shutting down")
+        if not self.lost_leadership:  # a graceful stop cancels the jobs; a coordinator that lost the lease
+            for job in list(self.jobs.values()):  # leaves them to the new leader, untouched
+                if not job.terminal:
+                    await self.manager.cancel(job, "coordinator shutting down")
+            await self.store.flush()
         server.close()
+        if self._rest is not None:
+            self._rest.close()
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
         await server.wait_closed()
         await self._background.cancel_and_wait()  # failovers, deploys, reports: their cleanup runs before exit
 
     def stop(self) -> None:
+        self._stop.set()
+
+    async def _lead_unless_stopped(self, state_dir: str) -> bool:
+        """Take the lease and the jobs (True), unless the coordinator is stopped while it waits (False)."""
+        lead = asyncio.ensure_future(self._lead(state_dir))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({lead, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not lead.done():
+            lead.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lead
+            return False
+        lead.result()  # LeaseHeld, OSError
+        return True
+
+    async def _lead(self, state_dir: str) -> None:
+        """Wait for the lease, then take over what the previous leader left: its jobs run again."""
+        assert self.leadership is not None
+        await self.leadership.acquire(standby=self.config.standby)
+        self._spawn(self._hold_lease())
+        jobs, problems = await asyncio.to_thread(self.store.load)
+        for problem in problems:
+            log.error("skipping a job record: %s", problem)
+        self._spawn(self.store.run())
+        for job in jobs:
+            self.manager.adopt(job)
+        if jobs:
+            log.info("recovered %d job records from %s (%d to restart)", len(jobs), state_dir, self.manager.recovered)
+
+    async def _hold_lease(self) -> None:
+        assert self.leadership is not None
+        why = await self.leadership.hold()
+        # someone else may lead now: stop acting at once, touch no job, write nothing, and exit non-zero
+        log.error("lost leadership: %s; stopping", why)
+        self.lost_leadership = why
         self._stop.set()
 
     def _connection(self) -> Connection:
@@ -138,6 +250,8 @@ class Coordinator(BaseLinkHandler):
     async def _monitor_heartbeats(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.config.heartbeat_timeout_s / 4))
+            if not self.leading():  # a leader past its lease (paused) judges no worker: it is about to stop
+                continue
             now = time.monotonic()
             for w in self.workers.overdue(now=now, timeout_s=self.config.heartbeat_timeout_s):
                 log.error("worker %s missed heartbeats for %.1fs; removing it", w.worker_id, now - w.last_heartbeat)
@@ -183,6 +297,9 @@ class Coordinator(BaseLinkHandler):
         })
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
+        if not self.leading():
+            where = self.leadership.leader_address() if self.leadership else "unknown"
+            raise RpcError(f"coordinator {self.holder_id} is not the leader; the leader is {where}", "NotLeader")
         try:
             return await self.rpc.dispatch(link, method, args)
         except UnknownMethod as exc:
@@ -206,7 +323,9 @@ class Coordinator(BaseLinkHandler):
         for st in args.get("tasks", []):
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:
-                job.task_stats[st["task"]] = {**st, "worker": link.peer_id}
+                # with rates since the previous heartbeat, for the REST API's graph
+                job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
+                                                         {**st, "worker": link.peer_id}, time.monotonic())
         return {"ok": True}
 
     async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
@@ -259,7 +378,7 @@ class Coordinator(BaseLinkHandler):
         if savepoint:
             try:  # realpath reads links, once per request
                 directory = self.trust.check_savepoint_dir(
-                    os.path.realpath(str(directory)) if directory else None)  # noqa: ASYNC240
+                    _resolved(str(directory)) if directory else None)
             except TrustError as exc:
                 raise RpcError(str(exc), "PathNotAllowed") from None
         try:
@@ -315,7 +434,9 @@ class Coordinator(BaseLinkHandler):
             for v in summary["vertices"]:
                 v["asked_parallelism"] = scaling["asked"].get(v["name"], v["parallelism"])
             return summary
-        return {"workers": [w.describe() for w in self.workers.values()],
+        return {"coordinator": {"id": self.holder_id, "epoch": self.leadership.epoch if self.leadership else 0,
+                                "recovered_jobs": self.manager.recovered},
+                "workers": [w.describe() for w in self.workers.values()],
                 "jobs": [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error}
                          for j in self.jobs.values()]}
 
@@ -429,3 +550,11 @@ async def run_coordinator(config: CoordinatorConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.stop)
     await coordinator.run()
+    if coordinator.lost_leadership:
+        raise SystemExit(f"sluice coordinator: lost leadership ({coordinator.lost_leadership})")
+
+
+def _resolved(directory: str) -> str:
+    """A local directory with its links resolved (realpath reads them: a few syscalls, once per request); an
+    object-store URL as given (the trust policy rejects `..` in it)."""
+    return directory if objectstore.is_url(directory) else os.path.realpath(directory)

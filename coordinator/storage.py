@@ -1,15 +1,19 @@
 """Where checkpoints live: directory layout and the atomic `_metadata` file.
 
 `CheckpointStorage` is the interface the coordinator uses; `LocalCheckpointStorage`
-implements it on a local (or locally mounted) filesystem, and a shared
-filesystem or object store can implement it later. Layout:
+implements it on a local (or mounted, shared) filesystem and on an S3-compatible
+object store alike: the root and every path may be an `s3://bucket/prefix` URL,
+and all I/O goes through runtime/common/objectstore.py, which picks the backend
+from the path (the workers write their task files through it too). Layout:
 
     <root>/checkpoints/<job-id>/chk-<n>/_metadata     checkpoints
     <directory>/savepoint-<job-id>-<n>/_metadata      savepoints, in a directory given per request
 
 `_metadata` is written last and atomically, so a directory without it is not
 a completed checkpoint and is ignored (it is what a crash mid-checkpoint
-leaves behind). Format 2 carries a CRC-32 and size of every task file (in
+leaves behind). On an object store it is created with a conditional PUT and
+never overwritten; every task file was uploaded before (a worker acks only
+after its uploads finished). Format 2 carries a CRC-32 and size of every task file (in
 each ack's `state.checksums`) and a `checksum` of its own body (the document
 without that field, serialised as written), so `verify` finds a flipped bit
 anywhere in a checkpoint before it is restored.
@@ -17,15 +21,13 @@ anywhere in a checkpoint before it is restored.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 from typing import Any, Protocol
 
+from runtime.common import objectstore as files
 from runtime.common.checksums import checksum, mismatch
-from runtime.common.files import write_atomically
 
 METADATA_FILE = "_metadata"
 FORMAT_VERSION = 2
@@ -45,6 +47,8 @@ class CheckpointStorage(Protocol):
     def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str: ...
 
     def read_metadata(self, path: str) -> dict[str, Any]: ...
+
+    def directory_of(self, path: str) -> str: ...
 
     def verify(self, path: str, metadata: dict[str, Any]) -> None: ...
 
@@ -74,29 +78,34 @@ def check_shape(metadata: Any) -> str | None:
 
 
 class LocalCheckpointStorage:
+    """Checkpoints under `root`: a local directory or an `s3://bucket/prefix` URL (the name is historical)."""
+
     def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
+        self.root = files.absolute(root)
+        if files.is_url(self.root):
+            files.split_url(self.root)  # a URL without a bucket is one clear error at start-up
 
     def job_dir(self, job_id: str) -> str:
-        return os.path.join(self.root, "checkpoints", _safe_name(job_id))
+        return files.join(self.root, "checkpoints", _safe_name(job_id))
 
     def checkpoint_dir(self, job_id: str, n: int) -> str:
         """`<root>/checkpoints/<job-id>/chk-<n>/`, created if needed."""
-        path = os.path.join(self.job_dir(job_id), f"chk-{_check_number(n)}")
-        os.makedirs(path, exist_ok=True)
+        path = files.join(self.job_dir(job_id), f"chk-{_check_number(n)}")
+        files.make_dir(path)
         return path
 
     def savepoint_dir(self, directory: str, job_id: str, n: int) -> str:
         """`<directory>/savepoint-<job-id>-<n>/`, created if needed."""
-        path = os.path.join(os.path.abspath(directory), f"savepoint-{_safe_name(job_id)}-{_check_number(n)}")
-        os.makedirs(path, exist_ok=True)
+        path = files.join(files.absolute(directory), f"savepoint-{_safe_name(job_id)}-{_check_number(n)}")
+        files.make_dir(path)
         return path
 
     def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str:
         """Write `<directory>/_metadata` atomically and durably; returns its path.
 
-        Temp file in the same directory, fsync, rename over `_metadata`, fsync of
-        the directory: after a crash the file is either absent or complete.
+        Local: temp file in the same directory, fsync, rename over `_metadata`, fsync of the directory: after a
+        crash the file is either absent or complete. Object store: one conditional PUT that never replaces an
+        existing `_metadata` (a second write of the same checkpoint fails with FileExistsError).
         """
         doc = {"format": FORMAT_VERSION, **metadata}
         problem = check_shape(doc)
@@ -105,19 +114,27 @@ class LocalCheckpointStorage:
         # Serialise before touching the disk, so unserialisable state leaves nothing behind.
         doc["checksum"] = checksum(_body(doc))
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        final = os.path.join(directory, METADATA_FILE)
-        write_atomically(final, data)
+        final = files.join(directory, METADATA_FILE)
+        if files.is_url(final):
+            files.write_new(final, data)
+        else:
+            files.write(final, data)
         return final
+
+    def directory_of(self, path: str) -> str:
+        """A checkpoint's directory (absolute), given the directory or its `_metadata` file."""
+        if files.is_url(path):
+            return files.dirname(path) if files.basename(path) == METADATA_FILE else files.absolute(path)
+        return os.path.abspath(path if os.path.isdir(path) else os.path.dirname(path))
 
     def read_metadata(self, path: str) -> dict[str, Any]:
         """Read a checkpoint's metadata, given its directory or its `_metadata` file."""
-        if os.path.isdir(path):
-            path = os.path.join(path, METADATA_FILE)
-            if not os.path.exists(path):
-                raise CorruptCheckpoint(f"{os.path.dirname(path)}: not a completed checkpoint (no {METADATA_FILE})")
+        if files.basename(path) != METADATA_FILE and (files.is_url(path) or os.path.isdir(path)):
+            path = files.join(path, METADATA_FILE)
+            if not files.exists(path):
+                raise CorruptCheckpoint(f"{files.dirname(path)}: not a completed checkpoint (no {METADATA_FILE})")
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = files.read(path)
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{path}: checkpoint metadata is missing") from None
         except OSError as e:
@@ -140,7 +157,7 @@ class LocalCheckpointStorage:
     def verify(self, path: str, metadata: dict[str, Any]) -> None:
         """Check every task file the metadata names against its recorded checksum; raises CorruptCheckpoint
         naming the first file that is missing or differs."""
-        directory = path if os.path.isdir(path) else os.path.dirname(path)
+        directory = files.dirname(path) if files.basename(path) == METADATA_FILE else path
         for task, ack in sorted(metadata["acks"].items()):
             state = ack.get("state") or {}
             sums = state.get("checksums") or {}
@@ -148,13 +165,12 @@ class LocalCheckpointStorage:
                 name = state.get(kind)
                 if not name:
                     continue
-                file = os.path.join(directory, str(name))
+                file = files.join(directory, str(name))
                 try:
-                    with open(file, "rb") as f:
-                        data = f.read()
+                    data = files.read(file)
                 except OSError as e:
                     raise CorruptCheckpoint(f"{file}: cannot read checkpoint file of task {task}: "
-                                            f"{e.strerror}") from None
+                                            f"{e.strerror or e}") from None
                 problem = mismatch(data, sums.get(name))
                 if problem is not None:
                     raise CorruptCheckpoint(f"{file}: checkpoint file of task {task} is corrupt: {problem}")
@@ -162,15 +178,11 @@ class LocalCheckpointStorage:
     def list_completed(self, job_id: str) -> list[tuple[int, str]]:
         """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""
         job_dir = self.job_dir(job_id)
-        try:
-            names = os.listdir(job_dir)
-        except FileNotFoundError:
-            return []
         found = []
-        for name in names:
+        for name in files.list_children(job_dir):
             m = _CHECKPOINT_DIR.fullmatch(name)
-            path = os.path.join(job_dir, name)
-            if m and os.path.isfile(os.path.join(path, METADATA_FILE)):
+            path = files.join(job_dir, name)
+            if m and files.exists(files.join(path, METADATA_FILE)):
                 found.append((int(m.group(1)), path))
         return sorted(found)
 
@@ -180,15 +192,12 @@ class LocalCheckpointStorage:
 
     def discard(self, path: str) -> None:
         """Remove a checkpoint or savepoint directory; a missing one is fine."""
-        name = os.path.basename(os.path.normpath(path))
+        name = files.basename(path)
         if not (name.startswith("chk-") or name.startswith("savepoint-")):
             # rmtree on a wrong path would be a disaster; only ever delete what this module names.
             raise ValueError(f"refusing to discard {path}: not a checkpoint or savepoint directory")
         # _metadata goes first: if the removal stops half-way, what remains is not a completed checkpoint.
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            os.unlink(os.path.join(path, METADATA_FILE))
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(path)
+        files.remove_tree(path, first=METADATA_FILE)
 
 
 def _body(doc: dict[str, Any]) -> bytes:

@@ -18,13 +18,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from runtime.common import objectstore
+
 
 class TrustError(Exception):
     """A request named a path outside what the operator allowed."""
 
 
 def is_within(path: str, root: str) -> bool:
-    """`path` is `root` or below it (both absolute; compared component by component, not as strings)."""
+    """`path` is `root` or below it (both absolute; compared component by component, not as strings).
+    Object-store URLs (`s3://bucket/prefix`) are only ever within URL roots."""
+    if objectstore.is_url(path) or objectstore.is_url(root):
+        return objectstore.is_within(path, root)
     path, root = os.path.normpath(path), os.path.normpath(root)
     try:
         return os.path.commonpath([path, root]) == root
@@ -41,7 +46,7 @@ class TrustPolicy:
 
     def __post_init__(self) -> None:
         for root in (*self.job_paths, *self.savepoint_roots):
-            if not os.path.isabs(root):
+            if not (os.path.isabs(root) or objectstore.is_url(root)):
                 raise ValueError(f"trust roots must be absolute, got {root!r}")
         if not self.savepoint_roots:
             raise ValueError("at least one savepoint root is needed")
@@ -66,10 +71,10 @@ class TrustPolicy:
         """Where a savepoint may go: `directory` if under a root, the default root when None."""
         if directory is None or directory == "":
             return self.default_savepoint_root
-        if not os.path.isabs(directory):
+        if not (os.path.isabs(directory) or objectstore.is_url(directory)):
             raise TrustError(f"savepoint directory {directory!r} is not absolute")
         if any(is_within(directory, root) for root in self.savepoint_roots):
-            return os.path.normpath(directory)
+            return objectstore.absolute(directory) if objectstore.is_url(directory) else os.path.normpath(directory)
         raise TrustError(f"savepoint directory {directory} is not under a savepoint root "
                          f"({', '.join(self.savepoint_roots)}); start the coordinator with "
                          f"--savepoint-root {directory} to allow it")

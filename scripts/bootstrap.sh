@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install sluice with its test dependencies, the `spark` extra
 # (PySpark, for `sluice data` and the demo) and the `nats` extra (nats-py, for the
-# NATS connector) and the `rocksdb` extra (rocksdict, for the RocksDB state
-# backend). Idempotent: does
+# NATS connector), the `s3` extra (obstore, for s3:// checkpoint storage) and the
+# `rocksdb` extra (rocksdict, for the RocksDB state backend). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,17 @@ find_python() {
   return 1
 }
 
+# Debian's chromium and its chromedriver, for the web UI's browser test (tests/integration/test_rest_ui.py):
+# installed only when missing, as root, with apt; a failure only makes that test skip.
+if ! command -v chromedriver >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "sluice: installing chromium and chromium-driver (for the web UI test)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 ||
+         { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; }; }; then
+    echo "sluice: could not install chromium; the web UI's browser test will be skipped" >&2
+  fi
+fi
+
 stamp=.venv/.sluice-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ -x .venv/bin/sluice ]; then
   exit 0
@@ -29,5 +40,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats,rocksdb]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats,s3,rocksdb]'
 touch "$stamp"

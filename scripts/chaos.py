@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/chaos.py [--runs 5] [--rows 2000000] [--mode unaligned|aligned_timeout]
     .venv/bin/python scripts/chaos.py --kills 0 --link-cuts 2 [--link-timeout 2]   # as root: cut links
-    .venv/bin/python scripts/chaos.py --kills 0 --coordinator-kills 2   # kill the coordinator, resubmit, restore
+    .venv/bin/python scripts/chaos.py --kills 0 --coordinator-kills 2   # kill -9 the coordinator: a new one recovers
 
 Prints each run's figures and a summary (medians of checkpoint and restart times); exits 1 if any run's
 output was not exact.
@@ -47,7 +47,7 @@ def main() -> int:
                         help="cut this many worker-to-worker links per run (workers in network namespaces; root)")
     parser.add_argument("--link-timeout", type=float, default=2.0, help="the workers' --link-timeout in seconds")
     parser.add_argument("--coordinator-kills", type=int, default=0,
-                        help="SIGKILL the coordinator this many times per run; a new one restores the job")
+                        help="SIGKILL the coordinator this many times per run; a new one recovers the job")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-chaos-")
     failures = 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full chaos run (2 M rows, kill -9 three times per run, Spark verifies), 5 runs of each mode; runs that
-# kill the coordinator twice (a new one restores the job from its latest checkpoint); as root, also runs that cut
+# kill the coordinator twice (a new one recovers the job from its records and latest checkpoint); as root, also runs that cut
 # worker-to-worker links in network namespaces (LINK_CUTS=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,16 @@
 import a job module needs; the names below are the public interface.
 """
 
-from runtime.api.functions import Context, KeyedContext, KeyedProcessFunction, ProcessFunction, ValueState
+from runtime.api.functions import (
+    Context,
+    KeyedContext,
+    KeyedProcessFunction,
+    ListState,
+    OperatorContext,
+    ProcessFunction,
+    TimerService,
+    ValueState,
+)
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
     PARTITIONERS,
@@ -14,6 +23,7 @@ from runtime.api.stream import (
     KeyedStream,
     Node,
 )
+from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.nats import NatsSink, NatsSource
@@ -25,4 +35,6 @@ __all__ = [
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
     "NatsSink",
+    "ListState", "OperatorContext",
+    "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from runtime.api.time import MIN_WATERMARK
+
 T = TypeVar("T")
 
 
@@ -29,27 +31,34 @@ class ValueState(Generic[T]):
 
 
 class Context:
-    """What a process function sees: where to emit, and which subtask it is."""
+    """What a process function sees: where to emit, and which subtask it is.
 
-    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name")
+    With event time (a source with `watermarks=`): `timestamp` is the event time of the record being
+    processed (records emitted inherit it) and `current_watermark` the operator's watermark."""
+
+    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name", "timestamp", "current_watermark")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str) -> None:
         self.emit = emit
         self.subtask_index = subtask_index
         self.parallelism = parallelism
         self.operator_name = operator_name
+        self.timestamp: int | None = None
+        self.current_watermark: int = MIN_WATERMARK
 
 
 class KeyedContext(Context):
     """A context with keyed state, scoped to the key of the record being processed."""
 
-    __slots__ = ("current_key", "_state")
+    __slots__ = ("current_key", "_state", "timers", "time_domain")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str,
                  state: dict[str, dict[Any, Any]]) -> None:
         super().__init__(emit, subtask_index, parallelism, operator_name)
         self.current_key: Any = None
         self._state = state
+        self.timers: TimerService = TimerService()  # the runtime installs the real one
+        self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
 
     def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
         table = self._state.setdefault(name, {})
@@ -70,4 +79,98 @@ class ProcessFunction:
 
 
 class KeyedProcessFunction(ProcessFunction):
-    """Per-record logic on a keyed stream, with keyed state from `ctx.value_state`."""
+    """Per-record logic on a keyed stream, with keyed state from `ctx.value_state` and timers from
+    `ctx.timers`; override `on_timer` to act when one fires."""
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        """A timer of `ctx.current_key` fired: `ctx.timestamp` is `timestamp` (records emitted carry it),
+        `ctx.time_domain` says which kind. Event-time timers fire when the watermark reaches `timestamp`."""
+
+
+# -- operator list state (non-keyed) ----------------------------------------------------------------------
+#
+# Kept apart from the keyed context: a non-keyed ProcessFunction gets an OperatorContext, whose list states are
+# checkpointed with the task and redistributed on a rescale (runtime/checkpointing/rescaling.py, rescale_lists).
+
+
+class ListState(Generic[T]):
+    """A list of items of one subtask of a non-keyed function (like Flink's operator ListState). Items are
+    immutable by contract (a snapshot copies the list, not the items) and must be msgpack-serialisable."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: list[Any]) -> None:
+        self._entry = entry  # [mode, items]: the runtime restores the items in place
+
+    def get(self) -> list[T]:
+        """A copy of the items, in the order they were added."""
+        return list(self._entry[1])
+
+    def add(self, item: T) -> None:
+        self._entry[1].append(item)
+
+    def add_all(self, items: list[T]) -> None:
+        self._entry[1].extend(items)
+
+    def update(self, items: list[T]) -> None:
+        self._entry[1][:] = list(items)
+
+    def clear(self) -> None:
+        self._entry[1].clear()
+
+    def __len__(self) -> int:
+        return len(self._entry[1])
+
+
+class OperatorContext(Context):
+    """The context of a non-keyed ProcessFunction: a Context with list state.
+
+    `list_state(name)`: on a rescale its items are split round robin over the new subtasks (each item lands in
+    exactly one). `union_list_state(name)`: every new subtask gets all items of all old subtasks. On a function
+    fed by a broadcast edge both are replicated: a new subtask gets the lists of the old subtask it continues."""
+
+    __slots__ = ("_lists",)
+
+    def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str,
+                 lists: dict[str, list[Any]]) -> None:
+        super().__init__(emit, subtask_index, parallelism, operator_name)
+        self._lists = lists
+
+    def list_state(self, name: str) -> ListState[Any]:
+        return ListState(self._entry(name, "split"))
+
+    operator_list_state = list_state
+
+    def union_list_state(self, name: str) -> ListState[Any]:
+        return ListState(self._entry(name, "union"))
+
+    def _entry(self, name: str, mode: str) -> list[Any]:
+        entry = self._lists.setdefault(name, [mode, []])
+        if entry[0] != mode:
+            raise ValueError(f"list state {name!r} of {self.operator_name} is a {entry[0]} list, not a {mode} one")
+        return entry
+
+
+# -- timers (event time) ----------------------------------------------------------------------------------
+
+
+class TimerService:
+    """`ctx.timers` in a KeyedProcessFunction: timers of the current key, deduplicated per (key, timestamp),
+    kept in keyed state (checkpointed and rescaled with it). Timestamps are int milliseconds."""
+
+    __slots__ = ()
+
+    def register_event_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def register_processing_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def delete_event_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def delete_processing_time(self, timestamp: int) -> None:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
+
+    def current_processing_time(self) -> int:
+        raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.api.functions import KeyedProcessFunction, ProcessFunction
+from runtime.api.time import BoundedOutOfOrderness
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
@@ -40,6 +41,7 @@ class Node:
     payload: Any  # the user function, source or sink
     inputs: list[Input] = field(default_factory=list)
     key_fn: Callable[[Any], Any] | None = None  # for keyed operators: the key of the records they receive
+    watermarks: BoundedOutOfOrderness | None = None  # for sources with event time
 
 
 class Job:
@@ -70,11 +72,23 @@ class Job:
         self.nodes.append(node)
         return node
 
-    def source(self, source: Source, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+    def source(self, source: Source, *, parallelism: int | None = None, name: str | None = None,
+               watermarks: BoundedOutOfOrderness | None = None) -> DataStream:
+        """`watermarks`: event time for the records of this source (timestamps and watermarks, see
+        runtime/api/time.py)."""
         if not isinstance(source, Source):
             raise JobDefinitionError(f"{source!r} is not a Source")
+        if watermarks is not None and not isinstance(watermarks, BoundedOutOfOrderness):
+            raise JobDefinitionError(f"watermarks must be a BoundedOutOfOrderness, got {watermarks!r}")
         node = self._add("source", source, parallelism, name or type(source).__name__, [])
+        node.watermarks = watermarks
         return DataStream(self, node.id)
+
+    @property
+    def event_time(self) -> bool:
+        """True when some source has watermarks: then every edge of the job carries record timestamps and
+        watermarks (runtime/execution/watermarks.py)."""
+        return any(n.watermarks is not None for n in self.nodes)
 
 
 class DataStream:

@@ -92,6 +92,8 @@ class TaskCheckpointer:
         t0 = time.perf_counter()
         keyed, sinks = task.snapshot_operator_state(spec.checkpoint_id)
         source = task.source_position()
+        lists = task.chain.snapshot_lists()
+        time_state = task.time_state()
         barrier = Event(spec.to_body())
         started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
         self._first_barrier = None
@@ -114,7 +116,8 @@ class TaskCheckpointer:
         path = self._path(spec, "state")
         run.files["state"] = os.path.basename(path)
         mp = self.max_parallelism
-        self._write(run, path, lambda: encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks),
+        self._write(run, path, lambda: encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks,
+                                                           lists=lists, time=time_state),
                     "state")
         if task.gate is None:
             run.inputs_done = True

@@ -9,8 +9,11 @@ channel state) and then those still queued at old producer j (its output channel
 Old producer j's records are replayed to a new consumer as if they came on the new channel from producer
 j mod q_up (Flink's "virtual channels"): on a hash edge each record goes to the new subtask that owns its
 key group, on a rebalance edge record n of old producer j goes to new consumer (j + n) mod q_down, on a
-forward edge everything of old pair (j, j) goes to new pair (j mod q, j mod q). See docs/ARCHITECTURE.md,
-"Rescaling", for why this keeps every record exactly once and the order per (upstream subtask, key).
+forward edge everything of old pair (j, j) goes to new pair (j mod q, j mod q). A broadcast edge is not split
+but replicated: each new consumer continues one old consumer, state and channel state together (below).
+Non-keyed list state is split round robin, or given whole to every subtask (union lists). See
+docs/ARCHITECTURE.md, "Rescaling", for why this keeps every record exactly once and the order per (upstream
+subtask, key).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import msgpack
 
+from runtime.api.time import MIN_WATERMARK
 from runtime.connectors.source import position_lanes, rescale_lanes
 from runtime.execution.channels import split_records
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -53,16 +57,20 @@ def merge_keyed(parts: list[dict[int, dict[str, dict[Any, Any]]]]) -> dict[int, 
 
 def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *, consumer: int,
                       new_up: int, new_down: int, max_parallelism: int,
-                      key_fn: Any = None) -> dict[int, bytes]:
+                      key_fn: Any = None, timestamped: bool = False) -> dict[int, bytes]:
     """New consumer `consumer`'s share of one edge's old channel state, by new producer index.
 
     `streams` maps old channel (producer j, consumer k) to its records: input then output channel state.
     The result keeps, for each old producer, its records in their old order (j ascending, then k), so the
     order per (old producer, key) is the old one; what reaches one new channel is processed before anything
     new on it.
+
+    `timestamped`: a job with event time, whose records are [timestamp, record] pairs among watermark markers.
+    On a hash or rebalance edge the markers are dropped (they belong to no key; the restored task starts from
+    the lowest old watermark, see rescale_time, and the live upstream sends newer ones).
     """
     if partitioner == "broadcast":
-        raise RescaleError("a broadcast edge with in-flight data cannot be rescaled yet")
+        raise RescaleError("a broadcast edge's channel state is replicated, not split: use redistribute_broadcast")
     out: dict[int, list[bytes]] = {}
     by_producer: dict[int, list[bytes]] = {}
     for (j, _k), stream in sorted(streams.items()):
@@ -73,9 +81,13 @@ def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *
         n = 0
         for stream in parts:
             for record in split_records(stream):
+                if timestamped and partitioner != "forward":
+                    pair = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
+                    if pair.__class__ is not tuple:
+                        continue  # a marker
                 if partitioner == "hash":
                     value = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
-                    group = key_group(key_fn(value), max_parallelism)
+                    group = key_group(key_fn(value[1] if timestamped else value), max_parallelism)
                     target = subtask_for_key_group(group, max_parallelism, new_down)
                 elif partitioner == "rebalance":
                     target = (j + n) % new_down
@@ -88,6 +100,96 @@ def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *
             channel = consumer if partitioner == "forward" else j % new_up
             out.setdefault(channel, []).extend(mine)
     return {channel: b"".join(records) for channel, records in out.items()}
+
+
+# -- broadcast edges and replicated consumers -------------------------------------------------------------------
+#
+# On a broadcast edge every consumer receives every record of every producer. Producer j puts its barrier at one
+# point of its output, the same for all its channels, so before the barrier every channel (j, k) carries the
+# same records P_j. But under an unaligned checkpoint old consumer k had *processed* a prefix of P_j of its own
+# length a(j, k) when it took its snapshot, so the channel states (j, k) = P_j[a(j, k):] differ from consumer to
+# consumer, and each one completes only the operator state of its own consumer. A new consumer therefore
+# continues exactly one old consumer, its replica: new consumer c takes old consumer c mod p's operator state and,
+# from every old producer j, old channel (j, c mod p) whole, replayed on new channel (j mod q_up, c). Its state
+# plus what it replays is P_j for every j, so it has seen every record before the barrier exactly once, in
+# order; what follows the barrier it receives from every new producer like any consumer. A scale-down drops the
+# consumers c >= q (their state and channel state are copies of a stream the others see too); what they emitted
+# before the checkpoint, in flight included, is kept (it is their output channel state, moved as always). A
+# scale-up clones consumers 0..p-1 round robin, as Flink does with broadcast state.
+
+
+def replica_of(consumer: int, old_parallelism: int) -> int:
+    """The old subtask a new subtask of a replicated (broadcast-fed) vertex continues."""
+    return consumer % old_parallelism
+
+
+def redistribute_broadcast(streams: dict[tuple[int, int], bytes], *, consumer: int, old_down: int,
+                           new_up: int) -> dict[int, bytes]:
+    """New consumer `consumer`'s share of a broadcast edge's old channel state, by new producer index: every
+    old producer j's channel to the replica, whole and in order (producers ascending), on new channel j mod
+    new_up."""
+    replica = replica_of(consumer, old_down)
+    out: dict[int, list[bytes]] = {}
+    for (j, k), stream in sorted(streams.items()):
+        if k == replica and stream:
+            out.setdefault(j % new_up, []).append(stream)
+    return {channel: b"".join(parts) for channel, parts in out.items()}
+
+
+# -- non-keyed operator state (list state) ---------------------------------------------------------------------
+#
+# A function's list state is, per node and name, [mode, items]. On a rescale, "split" lists (ctx.list_state) are
+# concatenated in old subtask order and item n goes to new subtask n mod q (Flink's even-split redistribution):
+# every item lands in exactly one new subtask. "union" lists (ctx.union_list_state) go whole to every new
+# subtask, which picks what it needs. A vertex fed by a broadcast edge is replicated instead (see above): its
+# lists are its replica's, whatever their mode, because they pair with the replica's channel state.
+
+Lists = dict[int, dict[str, list[Any]]]  # node id -> name -> [mode, items]
+
+
+def rescale_lists(old: Sequence[Lists | None], new_parallelism: int, subtask: int, *,
+                  replicated: bool = False) -> Lists:
+    """New subtask `subtask`'s list state from the old subtasks' (None for one without any)."""
+    if replicated:
+        mine = old[replica_of(subtask, len(old))] if old else None
+        return {node: {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+                for node, tables in (mine or {}).items()}
+    merged: dict[int, dict[str, list[Any]]] = {}
+    for lists in old:
+        for node, tables in (lists or {}).items():
+            for name, (mode, items) in tables.items():
+                entry = merged.setdefault(int(node), {}).setdefault(name, [mode, []])
+                if entry[0] != mode:
+                    raise RescaleError(f"list state {name!r} is a {entry[0]} list on one subtask and a {mode} "
+                                       "list on another")
+                entry[1].extend(items)
+    out: Lists = {}
+    for node, tables in merged.items():
+        for name, (mode, items) in tables.items():
+            share = items if mode == "union" else items[subtask::new_parallelism]
+            out.setdefault(node, {})[name] = [mode, share]
+    return out
+
+
+# -- event time ------------------------------------------------------------------------------------------------
+
+
+def rescale_time(states: list[Any]) -> dict[str, Any] | None:
+    """Old subtasks' watermark states (Task.time_state) -> a new subtask's: per-channel watermarks cannot be
+    split, so it starts from the lowest old watermark (it never runs ahead of an input it now reads); its
+    channels start anew and count once their watermarks reach it."""
+    present = [s for s in states if s]
+    if not present:
+        return None
+    generators = [s["generator"] for s in present if "generator" in s]
+    if generators:
+        return {"generator": [min(g[0] for g in generators), min(g[1] for g in generators), False]}
+    forwarded = min(int(s.get("forwarded", MIN_WATERMARK)) for s in present)
+    currents = [int(s["combiner"]["current"]) for s in present if "combiner" in s]
+    out: dict[str, Any] = {"forwarded": forwarded, "idle_forwarded": False}
+    if currents:
+        out["combiner"] = {"channels": {}, "current": max(min(currents), forwarded), "idle": False}
+    return out
 
 
 # -- sources and sinks -----------------------------------------------------------------------------------------

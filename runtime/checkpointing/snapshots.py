@@ -4,8 +4,13 @@ Three files per task and checkpoint, each a msgpack map with a format
 version, written by the checkpoint writer off the event loop:
 
 - `<vertex>-<subtask>.state`: operator state. Keyed state grouped by key
-  group (so it can be split along group boundaries when rescaling), the
-  source position, the sinks' pre-committed files.
+  group (so it can be split along group boundaries when rescaling; timers
+  are keyed state too), the source position, the sinks' pre-committed files,
+  the functions' list state ("lists": node -> name -> [mode, items], absent
+  when there is none), and with event time the task's watermark state
+  ("time": per input channel watermark and idleness, the combined and the
+  forwarded watermark, or a source's generator), absent in checkpoints of
+  jobs without event time.
 - `<vertex>-<subtask>.in`: input channel state, per channel, as a stream of
   whole msgpack records: the records that preceded the barrier and that the
   task had not processed when it took its snapshot.
@@ -18,11 +23,11 @@ stays the same across attempts (channel ids do not).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgpack
 
+from runtime.common import objectstore
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
@@ -37,7 +42,8 @@ def channel_key(edge: int, producer: int, consumer: int) -> str:
 
 
 def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,
-                          source: Any, sinks: list[Any]) -> bytes:
+                          source: Any, sinks: list[Any], lists: dict[int, dict[str, list[Any]]] | None = None,
+                          time: dict[str, Any] | None = None) -> bytes:
     grouped: dict[int, dict[str, dict[int, list[list[Any]]]]] = {}
     for node, tables in keyed.items():
         for name, table in tables.items():
@@ -45,8 +51,13 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
             for key, value in table.items():
                 by_group.setdefault(key_group(key, max_parallelism), []).append([key, value])
             grouped.setdefault(node, {})[name] = by_group
-    return msgpack.packb({"format": FORMAT, "max_parallelism": max_parallelism, "keyed": grouped,
-                          "source": source, "sinks": sinks}, use_bin_type=True)
+    state = {"format": FORMAT, "max_parallelism": max_parallelism, "keyed": grouped, "source": source,
+             "sinks": sinks}
+    if lists:
+        state["lists"] = lists
+    if time is not None:
+        state["time"] = time
+    return msgpack.packb(state, use_bin_type=True)
 
 
 def decode_operator_state(data: bytes, origin: str) -> dict[str, Any]:
@@ -68,6 +79,12 @@ def keyed_tables(state: dict[str, Any], key_groups: range | None = None) -> dict
                     for key, value in pairs:
                         table[_hashable(key)] = value
     return out
+
+
+def list_tables(state: dict[str, Any]) -> dict[int, dict[str, list[Any]]]:
+    """The functions' list state as {node: {name: [mode, items]}} (empty in checkpoints without any)."""
+    return {int(node): {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+            for node, tables in (state.get("lists") or {}).items()}
 
 
 def _hashable(key: Any) -> Any:
@@ -97,9 +114,9 @@ def _decode(data: bytes, origin: str) -> dict[str, Any]:
 
 
 def read_file(directory: str, name: str) -> bytes:
-    path = os.path.join(directory, name)
+    """A checkpoint file, from a local directory or an object store (`s3://` directory)."""
+    path = objectstore.join(directory, name)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return objectstore.read(path)
     except OSError as exc:
-        raise CorruptState(f"{path}: cannot read ({exc.strerror})") from None
+        raise CorruptState(f"{path}: cannot read ({exc.strerror or exc})") from None

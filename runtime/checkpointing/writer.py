@@ -3,22 +3,25 @@
 One thread per worker takes requests from a bounded queue: the task hands
 over the immutable pieces (copied state tables, buffers, which are bytes) and
 keeps processing; the thread encodes them, writes a temporary file, fsyncs
-it and renames it into place, then resolves the task's future on the loop.
+it and renames it into place (or, for an `s3://` checkpoint directory,
+uploads it as one object: runtime/common/objectstore.py), then resolves the
+task's future on the loop. The task acks only after every write resolved, so
+on an object store every task file exists before the coordinator writes
+`_metadata`.
 The semaphore bounds how many requests (and so how much memory) wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runtime.common import objectstore
 from runtime.common.checksums import checksum
-from runtime.common.files import write_atomically
 
 
 @dataclass(frozen=True)
@@ -83,5 +86,4 @@ def _resolve(fut: asyncio.Future[Written], result: Written | BaseException) -> N
 
 
 def _durable_write(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_atomically(path, data)
+    objectstore.write(path, data)

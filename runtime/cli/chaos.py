@@ -7,9 +7,9 @@ killed workers again, runs the job with checkpoints every `interval_s`, kills wo
 finally checks the committed output with Spark (`sluice data verify`). The schedule always includes a
 kill while a checkpoint is in flight and a kill of a worker that hosts the sink; the rest are random.
 
-A coordinator kill (`kill_coordinator`) SIGKILLs the coordinator mid-job, starts a new one on the same
-state directory and port (the workers re-register by themselves), and resubmits the job with `--restore` from
-the latest complete checkpoint on disk; the output must still verify exactly.
+A coordinator kill (`kill_coordinator`) SIGKILLs the coordinator mid-job and starts a new one on the same
+state directory and port: the workers re-register by themselves and the new coordinator recovers the job from
+its records, from the latest complete checkpoint, with nothing resubmitted; the output must still verify exactly.
 
 A link cut (`LinkCutFault`) runs each worker in its own namespace (runtime/cli/netns.py), silences the veth
 pair between two workers that host tasks, and heals it once the job has noticed (the link timeout fired
@@ -181,10 +181,10 @@ def latest_complete_checkpoint(state_dir: str, job_id: str) -> tuple[int, str] |
     return max(found) if found else None
 
 
-async def kill_coordinator(cluster: LocalCluster, job_id: str, config: dict[str, Any],
-                           log: Callable[[str], None], t0: float) -> tuple[str, dict[str, Any]]:
-    """SIGKILL the coordinator, start a new one on the same state directory and port, and resubmit the job
-    restoring its latest complete checkpoint; returns the new job's id and what happened."""
+async def kill_coordinator(cluster: LocalCluster, job_id: str, log: Callable[[str], None],
+                           t0: float) -> dict[str, Any]:
+    """SIGKILL the coordinator and start a new one on the same state directory and port; it recovers the job
+    by itself (coordinator/job_store.py). Returns what happened once the job runs again."""
     assert cluster.coordinator is not None and cluster.state_dir is not None
     killed_at = time.monotonic()
     old = cluster.coordinator
@@ -197,18 +197,20 @@ async def kill_coordinator(cluster: LocalCluster, job_id: str, config: dict[str,
     # the same port: the workers' heartbeat loops dial it again and re-register
     await asyncio.to_thread(cluster.start_coordinator, "--port", str(port))
     await cluster.wait_workers(60.0)
-    args: dict[str, Any] = {"entry": "runtime.examples.wordcount:build_parquet", "name": "chaos-wordcount",
-                            "config": config, "sys_path": os.getcwd()}
-    if latest is not None:
-        args["restore"] = latest[1]
-    submitted = await cluster.call("submit", args)
-    record = {"at_s": round(killed_at - t0, 2), "kind": "coordinator", "old_job": job_id,
-              "new_job": submitted["job_id"], "restored_checkpoint": latest[0] if latest else None,
-              "resubmitted_after_s": round(time.monotonic() - killed_at, 2)}
-    log(f"  [{time.monotonic() - t0:5.1f}s] new coordinator pid {cluster.coordinator.pid}; job resubmitted as "
-        f"{submitted['job_id']} restoring checkpoint #{record['restored_checkpoint']} "
-        f"{record['resubmitted_after_s']:.2f}s after the kill")
-    return str(submitted["job_id"]), record
+    status: dict[str, Any] = {}
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        status = await cluster.call("status", {"job_id": job_id})
+        if status["state"] != "RESTARTING" and status["state"] != "DEPLOYING":
+            break
+        await asyncio.sleep(0.05)
+    record = {"at_s": round(killed_at - t0, 2), "kind": "coordinator", "job": job_id,
+              "restored_checkpoint": status.get("restored_checkpoint_id"),
+              "recovered_after_s": round(time.monotonic() - killed_at, 2)}
+    log(f"  [{time.monotonic() - t0:5.1f}s] new coordinator pid {cluster.coordinator.pid} recovered {job_id}: "
+        f"{status.get('state')} from checkpoint #{record['restored_checkpoint']} "
+        f"{record['recovered_after_s']:.2f}s after the kill")
+    return record
 
 
 async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
@@ -256,10 +258,10 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
             kind = plan[0]
             victim_id = None
             if kind == "coordinator":
-                job_id, record = await kill_coordinator(cluster, job_id, config, log, t0)
+                record = await kill_coordinator(cluster, job_id, log, t0)
                 result.kills.append(record)
                 plan.pop(0)
-                attempt, seen_checkpoints = 0, 0  # a new job: its own attempts and checkpoint counts
+                attempt = -1  # the new coordinator counts checkpoints afresh: take its counts as the baseline
                 next_kill_after = time.monotonic() + rng.uniform(1.5, 3.5)
                 await asyncio.sleep(0.05)
                 continue

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from netstack.connection import Connection
+from netstack.errors import CloseReason, ConnectionLost, NetstackError, RpcError
 from netstack.tls import TlsFiles, client_context
 from netstack.transport import BaseLinkHandler, Link, dial
+from runtime.common.backoff import backoff_delays
 from runtime.graph.enums import JobState
 
 JOB_ENDED = frozenset({JobState.FINISHED, JobState.FAILED, JobState.CANCELLED})
@@ -47,3 +51,66 @@ async def wait_job(host: str, port: int, token: str, job_id: str, *, timeout_s: 
                 return summary
     finally:
         link.close("done")
+
+
+Address = tuple[str, int]
+
+
+def coordinator_unavailable(exc: NetstackError) -> bool:
+    """A coordinator that is not there (refused, unreachable) or not leading: another try may find one. A wrong
+    token or certificate is not (the worker's twin: runtime/worker/worker.py)."""
+    if isinstance(exc, RpcError):
+        return exc.remote_type == "NotLeader"
+    return isinstance(exc, ConnectionLost) and exc.reason in (CloseReason.IO_ERROR, CloseReason.TIMEOUT)
+LEADER_RETRY_S = 10.0  # how long a command keeps looking for a leader (a coordinator restarting, a standby taking over)
+
+
+async def call_leader(addresses: Sequence[Address], token: str, method: str, args: dict[str, Any] | None = None, *,
+                      timeout_s: float = 30.0, tls: TlsFiles | None = None, retry_s: float = LEADER_RETRY_S) -> Any:
+    """Call `method` on the leading coordinator among `addresses`: each in turn, and again with backoff for up to
+    `retry_s` while every one refuses the connection or answers NotLeader (the call did not run there, so trying
+    it elsewhere is safe). Any other error, and a connection lost during the call, is raised as it is."""
+    deadline = time.monotonic() + retry_s
+    delays = backoff_delays(base_s=0.1, cap_s=1.0)
+    while True:
+        errors = []
+        for host, port in addresses:
+            try:
+                link = await _open(host, port, token, min(timeout_s, 10.0), tls)
+            except NetstackError as exc:
+                if not coordinator_unavailable(exc):
+                    raise
+                errors.append(str(exc))
+                continue
+            try:
+                return await link.call(method, args or {}, timeout_s=timeout_s)
+            except RpcError as exc:
+                if not coordinator_unavailable(exc):
+                    raise
+                errors.append(f"{host}:{port}: {exc}")
+            finally:
+                link.close("done")
+        if time.monotonic() >= deadline:
+            raise ConnectionLost(f"no leading coordinator within {retry_s:g}s: {'; '.join(errors)}",
+                                 CloseReason.TIMEOUT)
+        await asyncio.sleep(next(delays))
+
+
+async def wait_job_on_leader(addresses: Sequence[Address], token: str, job_id: str, *,
+                             timeout_s: float | None = None, call_s: float = 60.0, tls: TlsFiles | None = None,
+                             outage_s: float = 120.0) -> dict[str, Any]:
+    """`wait_job` that outlives a coordinator failover: when the connection breaks, wait for a leader (the
+    restarted coordinator or a standby, which knows the job from its records) for up to `outage_s`."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        wait_s = call_s if deadline is None else max(0.0, min(call_s, deadline - time.monotonic()))
+        try:
+            summary: dict[str, Any] = await call_leader(addresses, token, "wait_job",
+                                                        {"job_id": job_id, "timeout_s": wait_s},
+                                                        timeout_s=wait_s + 30.0, tls=tls, retry_s=outage_s)
+        except ConnectionLost as exc:
+            if exc.reason not in (CloseReason.PEER_CLOSED, CloseReason.IO_ERROR):
+                raise
+            continue  # the coordinator went away during the wait: look for the next leader
+        if summary["state"] in JOB_ENDED or (deadline is not None and time.monotonic() >= deadline):
+            return summary

@@ -175,6 +175,8 @@ class LocalCluster:
         if self.coordinator:
             lines.append(f"  coordinator pid {self.coordinator.pid:>7}  rpc {self.coordinator.fields['rpc']}"
                          f"  metrics {self.coordinator.fields['metrics']}")
+            if self.coordinator.fields.get("http", "off") != "off":
+                lines.append(f"  web UI and REST API  http://{self.coordinator.fields['http']}/")
         for w in self.worker_procs:
             lines.append(f"  {w.fields['id']:<11} pid {w.pid:>7}  data {w.fields['data']}"
                          f"  metrics {w.fields['metrics']}")

@@ -19,6 +19,8 @@ from netstack.errors import NetstackError
 from netstack.limits import ListenerLimits, raise_nofile_limit
 from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import run
+from runtime.common import objectstore
+from runtime.common.addresses import check_advertise, check_host
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
 
 
@@ -44,6 +46,40 @@ def _address(text: str) -> tuple[str, int]:
         return parse_address(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _addresses(text: str) -> tuple[tuple[str, int], ...]:
+    """One coordinator, or the leader and its standbys (tried in turn: the leader answers)."""
+    return tuple(_address(part.strip()) for part in text.split(",") if part.strip()) or (_address(text),)
+
+
+def _host(text: str) -> str:
+    try:
+        return check_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
+def _advertise(text: str) -> str:
+    try:
+        return check_advertise(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
+def _storage_path(text: str) -> str:
+    try:
+        return objectstore.absolute(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_address_options(p: argparse.ArgumentParser, what: str, fallback: str) -> None:
+    p.add_argument("--host", type=_host, default="127.0.0.1",
+                   help=f"address to bind the {what} on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--advertise", type=_advertise, default=None, metavar="ADDRESS",
+                   help=f"address other machines reach this one at (default: --host, or {fallback} when --host "
+                        "is a wildcard)")
 
 
 def _positive(text: str) -> int:
@@ -171,13 +207,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("coordinator", help="run the coordinator process")
-    c.add_argument("--host", default="127.0.0.1")
+    _add_address_options(c, "RPC and metrics ports", "the host name")
     c.add_argument("--port", type=_port, default=6123, help="RPC port (0 picks a free one)")
     c.add_argument("--metrics-port", type=_port, default=0, help="Prometheus port (0 picks a free one)")
     c.add_argument("--no-metrics", action="store_true")
+    c.add_argument("--http-port", type=_port, default=0, help="REST API and web UI port (0 picks a free one)")
+    c.add_argument("--no-http", action="store_true")
     c.add_argument("--state-dir", default="./sluice-state")
+    c.add_argument("--checkpoint-dir", type=_storage_path, metavar="PATH|s3://BUCKET/PREFIX",
+                   help="where checkpoints (and by default savepoints) go: a shared directory or an S3-compatible "
+                        "bucket, configured by the AWS_* environment variables (default: --state-dir)")
     c.add_argument("--heartbeat-timeout", type=_duration, default=10.0)
     c.add_argument("--token-file")
+    c.add_argument("--standby", action="store_true",
+                   help="wait as a standby until the leader of --state-dir (shared) fails, then take over its jobs")
+    c.add_argument("--lease-timeout", type=_duration, default=5.0,
+                   help="a leader that has not renewed its lease for this long is taken over (5s)")
     a = c.add_argument_group("scaling down when workers are lost, and back up when they return")
     a.add_argument("--scale-down-after", type=_scale_down_after, default=10.0, metavar="DURATION|never",
                    help="a restart that waited this long for enough slots restarts the job at the largest "
@@ -195,9 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a directory savepoints may be written under (repeatable; default: STATE_DIR/savepoints)")
 
     w = sub.add_parser("worker", help="run a worker process")
-    w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    w.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     w.add_argument("--slots", type=_positive, default=2)
-    w.add_argument("--host", default="127.0.0.1", help="address to bind and advertise for data")
+    _add_address_options(w, "data and metrics ports", "the address facing the coordinator")
     w.add_argument("--data-port", type=_port, default=0)
     w.add_argument("--metrics-port", type=_port, default=0)
     w.add_argument("--no-metrics", action="store_true")
@@ -210,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_options(w, listens=True)
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
-    s.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    s.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     s.add_argument("entry", metavar="MODULE:FUNCTION")
     s.add_argument("--wait", action="store_true", help="wait for the job to end; exit non-zero unless it FINISHED")
     s.add_argument("--wait-timeout", type=_duration, default=None, metavar="DURATION",
@@ -219,31 +264,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_options(s)
 
     st = sub.add_parser("status", help="show workers and jobs, or one job in detail")
-    st.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    st.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     st.add_argument("job_id", nargs="?")
     st.add_argument("--json", action="store_true")
     st.add_argument("--token-file")
 
     ca = sub.add_parser("cancel", help="cancel a job")
-    ca.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    ca.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ca.add_argument("job_id")
     ca.add_argument("--token-file")
 
     cp = sub.add_parser("checkpoint", help="take a checkpoint of a running job now and wait for it")
-    cp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    cp.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     cp.add_argument("job_id")
     cp.add_argument("--mode", choices=["aligned", "unaligned", "at-least-once"], help="override the job's mode")
     cp.add_argument("--token-file")
 
     sp = sub.add_parser("savepoint", help="take an aligned, self-contained savepoint of a running job")
-    sp.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    sp.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     sp.add_argument("job_id")
     sp.add_argument("--dir", help="directory to write it under, inside one of the coordinator's --savepoint-root "
                     "(default: the first root)")
     sp.add_argument("--token-file")
 
     rs = sub.add_parser("rescale", help="rescale a running job through a checkpoint of its mode; print the downtime")
-    rs.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    rs.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     rs.add_argument("job_id")
     rs.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", required=True,
                     help="every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism")
@@ -251,13 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--token-file")
 
     cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
-    cl.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    cl.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     cl.add_argument("job_id")
     cl.add_argument("--json", action="store_true")
     cl.add_argument("--token-file")
 
     pr = sub.add_parser("probe", help="send a probe through a running job on the priority lane and time it")
-    pr.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    pr.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     pr.add_argument("job_id")
     pr.add_argument("--token-file")
 
@@ -307,11 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _client_call(args: argparse.Namespace, method: str, payload: dict[str, Any], timeout_s: float = 30.0) -> Any:
-    from runtime.cli.client import call_coordinator
+    from runtime.cli.client import call_leader
 
-    host, port = args.coordinator
-    return run(call_coordinator(host, port, _client_token(args), method, payload, tls=_tls(args),
-                                timeout_s=timeout_s))
+    return run(call_leader(args.coordinator, _client_token(args), method, payload, tls=_tls(args),
+                           timeout_s=timeout_s))
 
 
 def _client_token(args: argparse.Namespace) -> str:
@@ -370,19 +414,24 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                                    metrics_port=None if args.no_metrics else args.metrics_port,
+                                   http_port=None if args.no_http else args.http_port,
                                    state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
                                    allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
-                                   savepoint_roots=tuple(os.path.abspath(p) for p in args.savepoint_root),
-                                   limits=_listener_limits(args), tls=_tls(args),
+                                   savepoint_roots=tuple(objectstore.absolute(p) for p in args.savepoint_root),
+                                   advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
+                                   limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
+                                   lease_s=args.lease_timeout,
                                    autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
         run(run_coordinator(config))
         return 0
     if args.command == "worker":
         from runtime.worker.worker import WorkerConfig, run_worker
 
-        host, port = args.coordinator
-        wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, token=load_token(args.token_file),
-                               slots=args.slots, host=args.host, data_port=args.data_port,
+        host, port = args.coordinator[0]
+        wconfig = WorkerConfig(coordinator_host=host, coordinator_port=port, coordinator_addresses=args.coordinator,
+                               token=load_token(args.token_file),
+                               slots=args.slots, host=args.host, advertise=args.advertise or "",
+                               data_port=args.data_port,
                                metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                                heartbeat_interval_s=args.heartbeat_interval, limits=_listener_limits(args),
                                tls=_tls(args), link_timeout_s=args.link_timeout)
@@ -402,6 +451,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         elif args.job_id:
             _print_job(result)
         else:
+            if "coordinator" in result:
+                c = result["coordinator"]
+                print(f"coordinator {c['id']}  lease epoch {c['epoch']}  recovered jobs {c['recovered_jobs']}")
             print(f"workers: {len(result['workers'])}")
             for w in result["workers"]:
                 print(f"  {w['id']:<24} slots {w['slots']}  data {w['data']}  metrics {w['metrics_port']}")
@@ -489,6 +541,8 @@ def _listen_failure(args: argparse.Namespace, exc: OSError) -> str | None:
     own_flag, own_port = ("--port", args.port) if args.command == "coordinator" else ("--data-port", args.data_port)
     if re.search(rf"\(\'[^']*\', {own_port}\)", str(exc)) or args.no_metrics:
         flag, port = own_flag, own_port
+    elif args.command == "coordinator" and args.http_port and re.search(rf"\(\'[^']*\', {args.http_port}\)", str(exc)):
+        flag, port = "--http-port", args.http_port
     else:
         flag, port = "--metrics-port", args.metrics_port
     what = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used: {os.strerror(exc.errno)}"
@@ -505,14 +559,15 @@ def _tls_absolute(args: argparse.Namespace) -> TlsFiles | None:
 
 
 def _abs(path: str | None) -> str | None:
-    return os.path.abspath(path) if path else None
+    """A local path made absolute (the coordinator has another working directory); an s3:// URL as it is."""
+    return objectstore.absolute(path) if path else None
 
 
 def _wait_for(args: argparse.Namespace, job_id: str) -> int:
-    from runtime.cli.client import JOB_ENDED, wait_job
+    from runtime.cli.client import JOB_ENDED, wait_job_on_leader
 
-    host, port = args.coordinator
-    summary = run(wait_job(host, port, _client_token(args), job_id, timeout_s=args.wait_timeout, tls=_tls(args)))
+    summary = run(wait_job_on_leader(args.coordinator, _client_token(args), job_id, timeout_s=args.wait_timeout,
+                                     tls=_tls(args)))
     _print_job(summary)
     if summary["state"] not in JOB_ENDED:
         print(f"sluice submit: job {job_id} is still {summary['state']} after --wait-timeout "

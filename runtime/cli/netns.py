@@ -11,6 +11,15 @@ pair (both ends set down) silences exactly one worker-to-worker link, without an
 while every worker keeps its own uplink veth to the root namespace, where the coordinator listens. Used by
 tests/integration/test_link_cut.py and the link-cut chaos runs. Teardown always removes every namespace
 and interface it made, even after a failed set-up.
+
+`HostLab` is the other shape: N hosts on one LAN, each a namespace with its own address on a bridge in the
+root namespace (which has an address on it too, for a service every host reaches, such as an object store).
+Cutting host i sets its cable down, so it can reach nothing and nothing reaches it:
+
+    with HostLab(hosts=3) as lab:                    # host 0: coordinator, hosts 1-2: workers
+        start_process(..., prefix=lab.prefix(0))      # a process on host 0, binding 0.0.0.0
+        lab.address(1), lab.gateway                    # 10.<octet>.1.2, and the root namespace's 10.<octet>.1.254
+        lab.cut(2); lab.heal(2)
 """
 
 from __future__ import annotations
@@ -138,3 +147,92 @@ class NetnsLab:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.teardown()
+
+
+@dataclass
+class HostLab:
+    """Hosts on one bridged LAN, each in its own network namespace with one address; see the module doc."""
+
+    hosts: int = 3
+    tag: str = field(default_factory=lambda: f"sh{secrets.token_hex(2)}")
+    octet: int = field(default_factory=lambda: 100 + secrets.randbelow(100))  # 10.<octet>.1.0/24
+    namespaces: list[str] = field(default_factory=list)
+    _links: list[str] = field(default_factory=list)  # root-namespace ends of every host's cable, and the bridge
+    cuts: dict[int, float] = field(default_factory=dict)  # host -> monotonic time of the cut
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.tag}br"
+
+    @property
+    def gateway(self) -> str:
+        """The root namespace's address on the LAN (reachable from every host that is not cut)."""
+        return f"10.{self.octet}.1.254"
+
+    def address(self, i: int) -> str:
+        return f"10.{self.octet}.1.{i + 1}"
+
+    def prefix(self, i: int) -> list[str]:
+        """Run a command on host i."""
+        return ["ip", "netns", "exec", self.namespaces[i]]
+
+    def _cable(self, i: int) -> str:
+        return f"{self.tag}c{i}"
+
+    def create(self) -> HostLab:
+        if os.geteuid() != 0:
+            raise NetnsUnavailable("network namespaces need root")
+        if shutil.which("ip") is None:
+            raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
+        try:
+            self._create()
+        except RuntimeError as exc:
+            self.teardown()
+            raise NetnsUnavailable(f"cannot build the host lab: {exc}") from None
+        return self
+
+    def _create(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self._links.append(self.bridge)
+        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i in range(self.hosts):
+            ns = f"{self.tag}-h{i}"
+            _ip("netns", "add", ns)
+            self.namespaces.append(ns)
+            _ip("link", "set", "lo", "up", ns=ns)
+            root_end, ns_end = self._cable(i), f"{self.tag}e{i}"
+            _ip("link", "add", root_end, "type", "veth", "peer", "name", ns_end)
+            self._links.append(root_end)
+            _ip("link", "set", ns_end, "netns", ns)
+            _ip("link", "set", root_end, "master", self.bridge)
+            _ip("link", "set", root_end, "up")
+            _ip("addr", "add", f"{self.address(i)}/24", "dev", ns_end, ns=ns)
+            _ip("link", "set", ns_end, "up", ns=ns)
+
+    def cut(self, i: int) -> None:
+        """Unplug host i: its cable goes down, no error on any socket (peers' packets just go unanswered)."""
+        _ip("link", "set", self._cable(i), "down")
+        self.cuts[i] = time.monotonic()
+
+    def heal(self, i: int) -> float:
+        """Plug host i back; returns how long it was cut."""
+        _ip("link", "set", self._cable(i), "up")
+        return time.monotonic() - self.cuts.pop(i, time.monotonic())
+
+    def teardown(self) -> None:
+        """Remove everything made, whatever state set-up reached; never raises."""
+        for ns in self.namespaces:
+            _ip("netns", "del", ns, check=False)
+        for link in reversed(self._links):
+            _ip("link", "del", link, check=False)
+        self.namespaces.clear()
+        self._links.clear()
+
+    def __enter__(self) -> HostLab:
+        return self.create()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.teardown()
+

@@ -201,6 +201,10 @@ class NatsSource(Source):
     subtask 0 alone. `bounded=True` stops at the stream's last message when the job starts.
     """
 
+    # what subtask i of p reads depends only on i, p and its position: restored at another parallelism, each
+    # old subtask's consumer is moved whole to one new subtask (connectors/splits.py)
+    subtask_splits = True
+
     def __init__(self, url: str, stream: str, *, subject: str | None = None, partitions: int | None = None,
                  bounded: bool = True, deserializer: Callable[[bytes], Any] = decode_json,
                  fetch_batch: int = 512, max_buffered: int = 8192, connect_timeout_s: float = 10.0,

@@ -18,6 +18,9 @@ class Source:
     bounded = True
     # True for sources whose position is lane-based (see below): they can be restored at another parallelism
     rescalable = False
+    # True for sources whose subtasks read independent inputs (what subtask i of p reads depends only on i, p
+    # and its position): restored at another parallelism, each old subtask is moved whole (connectors/splits.py)
+    subtask_splits = False
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         self.subtask_index = subtask_index

@@ -19,9 +19,10 @@ from typing import Any
 
 import msgpack
 
-from runtime.api import Context, Job, KeyedContext, Node, ProcessFunction
+from runtime.api import Context, Job, KeyedContext, KeyedProcessFunction, Node, OperatorContext, ProcessFunction
 from runtime.connectors.sinks import Sink
 from runtime.execution.channels import Subpartition
+from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerQueue
 from runtime.graph.partitioning import KeyRouter
 
 Emit = Callable[[Any], None]
@@ -171,6 +172,57 @@ class RecordWriter:
         for s in self.subpartitions:
             s.flush()
 
+    # -- event time ---------------------------------------------------------------
+
+    def carry_timestamps(self) -> None:
+        """Records become [timestamp, record] pairs on this edge (a job with event time); routing still
+        keys on the record."""
+        key_fn = self.key_fn
+        if key_fn is not None:
+            self.key_fn = lambda pair: key_fn(pair[1])
+        self.emit = self._make_emit()
+        self.emit_batch = self._make_emit_batch()
+
+    def emit_marker(self, marker: Any) -> None:
+        """A watermark (an int) or a status marker, in-band after the records before it, on every channel."""
+        data = msgpack.packb(marker)
+        for s in self.subpartitions:
+            s.append(data)
+
+
+class TimerFiring:
+    """The timers of a chain's keyed operator, and how to fire them into the rest of the chain."""
+
+    def __init__(self, timers: KeyedTimers, ctx: KeyedContext,
+                 fire: Callable[[TimerQueue, str, int, int], int]) -> None:
+        self.timers = timers
+        self.ctx = ctx
+        self._fire = fire
+
+    def set_watermark(self, watermark: int) -> None:
+        self.ctx.current_watermark = watermark
+
+    def event_due(self, watermark: int) -> bool:
+        ts = self.timers.event.peek()
+        return ts is not None and ts <= watermark
+
+    def fire_event(self, watermark: int, limit: int) -> bool:
+        """Fire up to `limit` event-time timers due at `watermark`; True when more are due."""
+        self._fire(self.timers.event, EVENT_TIME, watermark, limit)
+        return self.event_due(watermark)
+
+    def processing_due(self, now_ms: int) -> bool:
+        ts = self.timers.processing.peek()
+        return ts is not None and ts <= now_ms
+
+    def fire_processing(self, now_ms: int, limit: int) -> bool:
+        self._fire(self.timers.processing, PROCESSING_TIME, now_ms, limit)
+        return self.processing_due(now_ms)
+
+    def rebuild(self) -> None:
+        self.timers.event.rebuild()
+        self.timers.processing.rebuild()
+
 
 class Chain:
     """The operators of one task, and the function that pushes a record through them."""
@@ -186,9 +238,17 @@ class Chain:
         self.sinks: list[Sink] = []
         self.functions: list[ProcessFunction] = []
         self.keyed_state: dict[int, dict[str, dict[Any, Any]]] = {}  # node id -> state name -> key -> value
+        self.list_state: dict[int, dict[str, list[Any]]] = {}  # node id -> name -> [mode, items] (OperatorContext)
         # (function, its context, a flush of what it emitted outside a batch: in open())
         self._contexts: list[tuple[ProcessFunction, Context, Callable[[], None]]] = []
         self._restored_sinks: list[Any] | None = None
+        # event time: records are (timestamp, record) pairs inside the chain and on its output edges
+        self.event_time = job.event_time
+        self.watermarks = self.nodes[0].watermarks if self.nodes[0].kind == "source" else None
+        self.timers: TimerFiring | None = None  # of the keyed operator, if the chain has one
+        if self.event_time:
+            for w in outputs:
+                w.carry_timestamps()
         self.process_batch = self._build()
 
     def process(self, record: Any) -> None:
@@ -221,8 +281,9 @@ class Chain:
     def _build(self) -> EmitBatch:
         nxt = self._tail()
         start = 1 if self.nodes[0].kind == "source" else 0
+        wrap = self._wrap_timed if self.event_time else self._wrap
         for node in reversed(self.nodes[start:]):
-            nxt = self._wrap(node, nxt)
+            nxt = wrap(node, nxt)
         return nxt
 
     @staticmethod
@@ -262,7 +323,8 @@ class Chain:
         emit_pending = self._emit_pending
         if kind == "process":
             pending: list[Any] = []
-            ctx = Context(pending.append, self.subtask_index, node.parallelism, node.name)
+            ctx = OperatorContext(pending.append, self.subtask_index, node.parallelism, node.name,
+                                  self.list_state.setdefault(node.id, {}))
             self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
@@ -277,6 +339,7 @@ class Chain:
             keyed_pending: list[Any] = []
             kctx = KeyedContext(keyed_pending.append, self.subtask_index, node.parallelism, node.name, state)
             self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
+            self._install_timers(fn, kctx, node.id, lambda: emit_pending(keyed_pending, nxt))
             kprocess = fn.process
             key_fn = node.key_fn
             assert key_fn is not None
@@ -329,6 +392,143 @@ class Chain:
             return run_sink
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
 
+    # -- event time -----------------------------------------------------------------
+
+    def _install_timers(self, fn: ProcessFunction, kctx: KeyedContext, node_id: int,
+                        flush: Callable[[], None]) -> None:
+        state = self.keyed_state[node_id]
+        event = TimerQueue(state.setdefault(TIMER_TABLES[EVENT_TIME], {}))
+        processing = TimerQueue(state.setdefault(TIMER_TABLES[PROCESSING_TIME], {}))
+        timers = KeyedTimers(event, processing, lambda: kctx.current_key)
+        kctx.timers = timers
+        on_timer = fn.on_timer if isinstance(fn, KeyedProcessFunction) else None
+
+        def fire(queue: TimerQueue, domain: str, upto: int, limit: int) -> int:
+            n = 0
+            kctx.time_domain = domain
+            try:
+                while n < limit:
+                    due = queue.pop_due(upto)
+                    if due is None:
+                        break
+                    ts, key = due
+                    kctx.current_key = key
+                    kctx.timestamp = ts
+                    if on_timer is not None:
+                        on_timer(ts, kctx)
+                    n += 1
+            finally:
+                kctx.time_domain = None
+            flush()
+            return n
+
+        self.timers = TimerFiring(timers, kctx, fire)
+
+    def forward_watermark(self, watermark: int) -> None:
+        """The chain's operators reached `watermark` (timers of the keyed one have fired): send it on."""
+        for _, ctx, _ in self._contexts:
+            ctx.current_watermark = watermark
+        for w in self.outputs:
+            w.emit_marker(watermark)
+
+    def forward_status(self, marker: str) -> None:
+        for w in self.outputs:
+            w.emit_marker(marker)
+
+    def restore_watermarks(self, operator: int, forwarded: int) -> None:
+        """After a restore: the keyed operator is at `operator` (its timers may still be due), the operators
+        after it at `forwarded`."""
+        for _, ctx, _ in self._contexts:
+            ctx.current_watermark = forwarded
+        if self.timers is not None:
+            self.timers.set_watermark(operator)
+
+    def _wrap_timed(self, node: Node, nxt: EmitBatch) -> EmitBatch:
+        """`_wrap` for (timestamp, record) pairs: an operator's outputs inherit the timestamp of its input."""
+        kind = node.kind
+        fn = node.payload
+        if kind == "map":
+            def run_map(items: list[Any]) -> None:
+                nxt([(t, fn(r)) for t, r in items])
+
+            return run_map
+        if kind == "filter":
+            def run_filter(items: list[Any]) -> None:
+                kept = [p for p in items if fn(p[1])]
+                if kept:
+                    nxt(kept)
+
+            return run_filter
+        if kind == "flat_map":
+            def run_flat_map(items: list[Any]) -> None:
+                out = [(t, o) for t, r in items for o in fn(r)]
+                if out:
+                    nxt(out)
+
+            return run_flat_map
+        emit_pending = self._emit_pending
+        if kind == "process":
+            pending: list[Any] = []
+            add = pending.append
+            ctx = Context(add, self.subtask_index, node.parallelism, node.name)
+            ctx.emit = lambda record: add((ctx.timestamp, record))
+            self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
+            process = fn.process
+
+            def run_process(items: list[Any]) -> None:
+                for t, record in items:
+                    ctx.timestamp = t
+                    process(record, ctx)
+                emit_pending(pending, nxt)
+
+            return run_process
+        if kind == "keyed_process":
+            state = self.keyed_state.setdefault(node.id, {})
+            keyed_pending: list[Any] = []
+            kadd = keyed_pending.append
+            kctx = KeyedContext(kadd, self.subtask_index, node.parallelism, node.name, state)
+            kctx.emit = lambda record: kadd((kctx.timestamp, record))
+            self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
+            self._install_timers(fn, kctx, node.id, lambda: emit_pending(keyed_pending, nxt))
+            kprocess = fn.process
+            key_fn = node.key_fn
+            assert key_fn is not None
+
+            def run_keyed(items: list[Any]) -> None:
+                for t, record in items:
+                    kctx.current_key = key_fn(record)
+                    kctx.timestamp = t
+                    kprocess(record, kctx)
+                emit_pending(keyed_pending, nxt)
+
+            return run_keyed
+        if kind == "reduce":
+            table = self.keyed_state.setdefault(node.id, {}).setdefault("reduce", {})
+            rkey = node.key_fn
+            assert rkey is not None
+            get = table.get
+
+            def run_reduce(items: list[Any]) -> None:
+                out: list[Any] = []
+                add = out.append
+                for t, record in items:
+                    key = rkey(record)
+                    acc = get(key, _MISSING)
+                    acc = record if acc is _MISSING else fn(acc, record)
+                    table[key] = acc
+                    add((t, acc))
+                nxt(out)
+
+            return run_reduce
+        if kind == "sink":
+            write_pairs = self._wrap(node, nxt)
+
+            def run_sink(items: list[Any]) -> None:
+                write_pairs([r for _, r in items])
+
+            return run_sink
+        raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
+
     # -- checkpoints ------------------------------------------------------------
 
     def snapshot_sinks(self, checkpoint_id: int) -> list[Any]:
@@ -346,7 +546,21 @@ class Chain:
                 table = self.keyed_state.setdefault(node, {}).setdefault(name, {})
                 table.clear()
                 table.update(restored)
+        if self.timers is not None:
+            self.timers.rebuild()  # their tables were just restored
         self._restored_sinks = list(sinks or [])
+
+    def snapshot_lists(self) -> dict[int, dict[str, list[Any]]]:
+        """Copies of the list states (items are immutable by contract), for a snapshot."""
+        return {node: {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+                for node, tables in self.list_state.items() if tables}
+
+    def restore_lists(self, lists: dict[int, dict[str, list[Any]]]) -> None:
+        """Load list state in place (contexts hold the per-node tables), before `open`."""
+        for node, tables in lists.items():
+            table = self.list_state.setdefault(node, {})
+            table.clear()
+            table.update({name: [mode, list(items)] for name, (mode, items) in tables.items()})
 
     def open(self) -> None:
         restored = self._restored_sinks

@@ -26,12 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgpack
+
 from netstack.credit import Buffer, Event
+from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK
 from runtime.connectors.source import Source
 from runtime.execution.channels import ChannelReader, InputChannel, InputGate, OutputGate, Subpartition, event
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
 from runtime.execution.operators import Chain
 from runtime.execution.probes import ProbeTracker
+from runtime.execution.timers import current_time_ms
+from runtime.execution.watermarks import ACTIVE, IDLE, NOTHING, WatermarkCombiner, WatermarkGenerator
 from runtime.graph.enums import TaskState
 
 log = logging.getLogger("sluice.task")
@@ -40,6 +45,7 @@ YIELD_AFTER_S = 0.002
 SOURCE_BATCH = 512
 CHUNK_S = 0.0005  # the longest a chunk of records should keep mail waiting
 MAX_CHUNK = 256  # keeps a chunk's output (and so the overdraft of a blocked output) well under one buffer
+TIMER_CHUNK = 64  # timers fired between two turns of the mailbox (a timer storm must not hold a barrier back)
 
 
 def _next_chunk(chunk: int, took_s: float) -> int:
@@ -97,12 +103,14 @@ class TaskStatistics:
     input_queue: int
     output_queue: int
     output_buffers_limit: int
+    output_pool_usage: float  # the fullest output channel's queue over its limit: what blocks the task
     bytes_in: int
     bytes_out: int
     last_alignment_s: float
     last_start_delay_s: float
     last_inflight_bytes: int
     inflight_bytes_total: int
+    current_watermark: int | None = None  # None: the job has no event time
 
 
 @dataclass
@@ -116,6 +124,8 @@ class RestoredState:
     outputs: dict[str, bytes] | None = None  # subpartition key -> whole records
     finished: bool = False  # the task had finished when the checkpoint was taken: it has nothing left to do
     ended: bool = False  # it was past its end of input (operators finished): only its last commit is left
+    lists: dict[int, dict[str, list[Any]]] | None = None  # node id -> name -> [mode, items] (list state)
+    time: dict[str, Any] | None = None  # event time: watermark state (Task.time_state), restored before replay
 
 
 class CheckpointListener(Protocol):
@@ -186,6 +196,16 @@ class Task:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.state = TaskState.CREATED
+        # event time (see runtime/execution/watermarks.py); restored from the checkpoint before any replay
+        self.event_time = chain.event_time
+        self._generator: WatermarkGenerator | None = None  # a source with watermarks
+        self._combiner: WatermarkCombiner | None = None  # a task with inputs
+        self._channel_keys = {cid: ch.key for cid, ch in self.gate.channels.items()} if self.gate else {}
+        self._forwarded = MIN_WATERMARK  # the last watermark sent downstream
+        self._idle_forwarded = False  # the status last sent downstream
+        self._processing_timers_posted = False
+        if self.event_time:
+            self._init_time(restore.time if restore is not None else None)
         self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
     # -- signals from outside (network callbacks, the worker) -----------------
@@ -226,12 +246,16 @@ class Task:
             input_queue=self.gate.queued_buffers() if self.gate else 0,
             output_queue=sum(s.sender.queued_buffers for s in self.subpartitions),
             output_buffers_limit=sum(s.limit for s in self.subpartitions),
+            # capped: a full channel may hold one buffer past its limit (the one that filled it)
+            output_pool_usage=min(1.0, max((s.sender.queued_buffers / s.limit for s in self.subpartitions
+                                            if s.limit), default=0.0)),
             bytes_in=self.gate.bytes_in if self.gate else 0,
             bytes_out=sum(s.bytes_out for s in self.subpartitions),
             last_alignment_s=cp.last_alignment_s,
             last_start_delay_s=cp.last_start_delay_s,
             last_inflight_bytes=cp.last_inflight_bytes,
             inflight_bytes_total=cp.inflight_bytes_total,
+            current_watermark=self.current_watermark() if self.event_time else None,
         )
 
     # -- the loop -----------------------------------------------------------------
@@ -250,6 +274,8 @@ class Task:
                 if not ended_before:  # a source at its end must not emit again
                     await self._run_source()
             else:
+                if self.event_time and not ended_before:
+                    await self._resume_watermark()  # a timer burst the checkpoint was taken in the middle of
                 await self._restore_inputs()
                 await self._run_inputs()  # when it had ended, so had its upstream: only "end" arrives
             if not ended_before:  # operators that emit at the end (aggregates) must not emit twice
@@ -295,6 +321,11 @@ class Task:
                     sub.flush()
             if self.checkpoints is not None:
                 self.checkpoints.poll(time.time())
+            timers = self.chain.timers
+            if (timers is not None and not self._processing_timers_posted
+                    and timers.processing_due(current_time_ms())):
+                self._processing_timers_posted = True
+                self.post(Mail(self._fire_processing_timers, "processing-time timers"))
 
     async def _wait(self, timeout_s: float | None = None) -> None:
         self._wakeup.clear()
@@ -357,6 +388,7 @@ class Task:
         if restore is None:
             return
         self.chain.restore_state(restore.keyed or {}, restore.sinks)
+        self.chain.restore_lists(restore.lists or {})
         if self.source is not None and restore.source:
             position, emitted = restore.source
             self._batch_position = position
@@ -385,7 +417,7 @@ class Task:
             reader.feed(stream)
         self.restore.inputs = None
         for cid, reader in list(self._restored_readers.items()):
-            await self._process_records(reader)
+            await self._process_records(reader, cid)
             del self._restored_readers[cid]
 
     # -- sources ----------------------------------------------------------------------
@@ -416,12 +448,13 @@ class Task:
                     await self._wait(source.idle_wait_s())
                     continue
                 skip -= len(skipped)
-        emit = self.chain.process_batch
+        emit = self._emit_timed if self.event_time else self.chain.process_batch
         output = self.output
         mailbox = self.mailbox
         monotonic = time.monotonic
         chunk = self._chunk
         last_yield = monotonic()
+        idle_since: float | None = None
         while True:
             self._batch_position = source.position()
             self._batch_emitted = 0
@@ -430,12 +463,20 @@ class Task:
                 self._batch_position = source.position()
             batch = source.read_batch(SOURCE_BATCH)
             if batch is None:
+                if self.event_time:
+                    self._end_event_time()
                 return
             if not batch:
                 t0 = monotonic()
+                if self._generator is not None:
+                    idle_since = self._check_source_idle(idle_since, t0)
                 await self._wait(source.idle_wait_s())
                 self.idle_s += monotonic() - t0
                 continue
+            idle_since = None
+            if self._generator is not None and self._generator.idle:
+                self._generator.idle = False
+                self.chain.forward_status(ACTIVE)
             i, n = 0, len(batch)
             while i < n:
                 if output.blocked or mailbox:
@@ -483,10 +524,13 @@ class Task:
         if reader is None:
             reader = self._readers[channel_id] = ChannelReader()
         reader.feed(buffer.data)
-        await self._process_records(reader)
+        await self._process_records(reader, channel_id)
         reader.trim()
 
-    async def _process_records(self, reader: ChannelReader) -> None:
+    async def _process_records(self, reader: ChannelReader, channel_id: int) -> None:
+        if self.event_time:
+            await self._process_timed(reader, channel_id)
+            return
         take = reader.take
         process = self.chain.process_batch
         output = self.output
@@ -556,6 +600,204 @@ class Task:
             progress = self._probes.finish(probe_id)
             self.on_probe_complete(self, probe_id, self._overtaken_out, progress.overtaken_input_buffers)
 
+    # -- event time ---------------------------------------------------------------------
+
+    def _init_time(self, state: dict[str, Any] | None) -> None:
+        state = state or {}
+        if self.source is not None:
+            strategy = self.chain.watermarks
+            if strategy is not None:
+                self._generator = WatermarkGenerator(strategy, state.get("generator"))
+                self._timestamp_of = strategy.timestamp
+                self._idle_timeout_s = (strategy.idle_timeout_ms / 1000
+                                        if strategy.idle_timeout_ms is not None else None)
+                self._forwarded = self._generator.last_emitted
+                self._idle_forwarded = self._generator.idle
+            else:
+                self._forwarded = int(state.get("forwarded", MIN_WATERMARK))
+        else:
+            self._combiner = WatermarkCombiner(sorted(self._channel_keys.values()), state.get("combiner"))
+            self._forwarded = int(state.get("forwarded", MIN_WATERMARK))
+            self._idle_forwarded = bool(state.get("idle_forwarded", False))
+            self.chain.restore_watermarks(self._combiner.current, self._forwarded)
+
+    def current_watermark(self) -> int:
+        """The task's watermark: its input's (combined over channels), or at a source the last one emitted."""
+        return self._combiner.current if self._combiner is not None else self._forwarded
+
+    def time_state(self) -> dict[str, Any] | None:
+        """What a snapshot stores of event time (None without it); restored before in-flight data is replayed."""
+        if not self.event_time:
+            return None
+        if self._generator is not None:
+            return {"generator": self._generator.snapshot()}
+        out: dict[str, Any] = {"forwarded": self._forwarded, "idle_forwarded": self._idle_forwarded}
+        if self._combiner is not None:
+            out["combiner"] = self._combiner.snapshot()
+        return out
+
+    def _emit_timed(self, records: list[Any]) -> None:
+        """A source's records as (timestamp, record) pairs through the chain, each followed by the watermark
+        it advances (in-band, in order)."""
+        process = self.chain.process_batch
+        generator = self._generator
+        if generator is None:
+            process([(None, r) for r in records])
+            return
+        timestamp_of = self._timestamp_of
+        on_timestamp = generator.on_timestamp
+        out: list[Any] = []
+        add = out.append
+        for record in records:
+            ts = timestamp_of(record)
+            add((ts, record))
+            w = on_timestamp(ts)
+            if w is not None:
+                process(out)
+                out = []
+                add = out.append
+                self.chain.forward_watermark(w)
+                self._forwarded = w
+        if out:
+            process(out)
+
+    def _check_source_idle(self, idle_since: float | None, now: float) -> float:
+        generator = self._generator
+        assert generator is not None
+        if idle_since is None:
+            return now
+        if (self._idle_timeout_s is not None and not generator.idle
+                and now - idle_since >= self._idle_timeout_s):
+            generator.idle = True
+            self.chain.forward_status(IDLE)
+            for sub in self.subpartitions:
+                sub.flush()
+        return idle_since
+
+    def _end_event_time(self) -> None:
+        """End of a bounded input: MAX_WATERMARK, so every event-time timer downstream fires before the end."""
+        if self._generator is not None:
+            if self._generator.idle:  # an idle channel's watermarks are ignored downstream
+                self._generator.idle = False
+                self.chain.forward_status(ACTIVE)
+            self._generator.last_emitted = MAX_WATERMARK
+        if self._forwarded < MAX_WATERMARK:
+            self.chain.forward_watermark(MAX_WATERMARK)
+            self._forwarded = MAX_WATERMARK
+
+    async def _process_timed(self, reader: ChannelReader, channel_id: int) -> None:
+        """`_process_records` for (timestamp, record) pairs with watermark and status markers between them.
+
+        Markers are handled where they are, between the records before and after them. When a watermark makes
+        more timers due than one chunk, the rest fire with the mailbox served in between (`_run_timer_burst`);
+        the reader's position is then set exactly after the marker, so a snapshot taken during the burst keeps
+        the records after it as channel state, and the unfired timers are in the keyed state.
+        """
+        take = reader.take
+        process = self.chain.process_batch
+        output = self.output
+        mailbox = self.mailbox
+        monotonic = time.monotonic
+        key = self._channel_keys.get(channel_id, "")
+        chunk = self._chunk
+        leftover: list[Any] = []
+        last_yield = monotonic()
+        while True:
+            items = leftover or take(chunk)
+            if not items:
+                break
+            if not leftover and (output.blocked or mailbox):
+                self._chunk = chunk
+                await self._between_records()
+            leftover = []
+            t0 = monotonic()
+            start = 0
+            burst = False
+            for k, item in enumerate(items):
+                if item.__class__ is tuple:
+                    continue
+                if k > start:
+                    process(items[start:k])
+                start = k + 1
+                if self._on_marker(key, item):
+                    reader.consumed = _position_after(reader, k + 1)
+                    leftover = items[k + 1:]
+                    burst = True
+                    break
+            if burst:
+                self.records_in += start
+                await self._run_timer_burst()
+                continue
+            if start < len(items):
+                process(items[start:] if start else items)
+            reader.consumed = reader.fetched
+            self.records_in += len(items)
+            now = monotonic()
+            chunk = _next_chunk(chunk, now - t0)
+            if now - last_yield > YIELD_AFTER_S:
+                self._chunk = chunk
+                await asyncio.sleep(0)
+                last_yield = monotonic()
+        self._chunk = chunk
+
+    def _on_marker(self, channel_key: str, marker: Any) -> bool:
+        """A watermark or status marker from one input channel; True when a timer burst is left to run."""
+        combiner = self._combiner
+        assert combiner is not None
+        if combiner.on_marker(channel_key, marker) is NOTHING:
+            return False
+        return self._advance()
+
+    def _advance(self) -> bool:
+        """Bring the output up to the combined watermark: fire due timers (one chunk), then forward it and the
+        status. True when more timers are due: the caller runs them as a burst, then calls this again."""
+        combiner = self._combiner
+        assert combiner is not None
+        watermark = combiner.current
+        if watermark > self._forwarded:
+            timers = self.chain.timers
+            if timers is not None:
+                timers.set_watermark(watermark)
+                if timers.fire_event(watermark, TIMER_CHUNK):
+                    return True
+            self.chain.forward_watermark(watermark)
+            self._forwarded = watermark
+        if combiner.idle != self._idle_forwarded:
+            self.chain.forward_status(IDLE if combiner.idle else ACTIVE)
+            self._idle_forwarded = combiner.idle
+        return False
+
+    async def _run_timer_burst(self) -> None:
+        """Fire the due event-time timers a chunk at a time, serving the mailbox (barriers, RPC mail) and
+        waiting for output in between; then forward the watermark."""
+        timers = self.chain.timers
+        combiner = self._combiner
+        assert timers is not None and combiner is not None
+        monotonic = time.monotonic
+        last_yield = monotonic()
+        while True:
+            if monotonic() - last_yield > YIELD_AFTER_S:
+                await asyncio.sleep(0)  # let the network in: a barrier reaches the mailbox from a callback
+                last_yield = monotonic()
+            await self._between_records()
+            if not timers.fire_event(combiner.current, TIMER_CHUNK):
+                break
+        self._advance()
+
+    async def _resume_watermark(self) -> None:
+        """After a restore: finish what the checkpoint caught half done (a burst, an unsent watermark)."""
+        if self._combiner is not None and self._advance():
+            await self._run_timer_burst()
+
+    def _fire_processing_timers(self) -> None:
+        """Mail: fire due processing-time timers, a chunk per turn of the mailbox."""
+        timers = self.chain.timers
+        assert timers is not None
+        if timers.fire_processing(current_time_ms(), TIMER_CHUNK):
+            self.post(Mail(self._fire_processing_timers, "processing-time timers"))
+        else:
+            self._processing_timers_posted = False
+
     async def _wait_final_checkpoint(self) -> None:
         """Stay (serving the mailbox) until a checkpoint taken after the end of input has completed and the
         sinks have published it: what the task did last is then in a completed checkpoint, so a failure from
@@ -577,3 +819,12 @@ class Task:
             if self.mailbox:
                 self._serve_mailbox()
             await self._wait(0.05)
+
+
+def _position_after(reader: ChannelReader, n: int) -> int:
+    """The stream position after the first `n` records from `reader.consumed` (they were taken already)."""
+    scan = msgpack.Unpacker(raw=False, strict_map_key=False)
+    scan.feed(reader.unconsumed())
+    for _ in range(n):
+        scan.skip()
+    return reader.consumed + scan.tell()

@@ -26,7 +26,7 @@ from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
 from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
 from runtime.worker.network import NetworkEnvironment
-from runtime.worker.restoring import load_restored
+from runtime.worker.restoring import load_restored, source_for
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,8 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
 
     task = Task(key=key, chain=chain, outputs=subpartitions, output_gate=output_gate, inputs=inputs,
                 credits=Credits(cfg.exclusive_credits, cfg.floating_credits),
-                source=head.payload if head.kind == "source" else None, flush_timeout_s=cfg.flush_timeout_s,
+                source=source_for(head.payload, restored) if head.kind == "source" else None,
+                flush_timeout_s=cfg.flush_timeout_s,
                 restore=restored, checkpoints=listener)
     return task, checkpoints[0]
 

@@ -25,7 +25,7 @@ class WorkerCollector(Collector):
         self.worker = worker
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["job", "task", "subtask"]
+        labels = ["job_id", "task", "subtask"]  # not "job": Prometheus renames that to exported_job
         rin = CounterMetricFamily("sluice_task_records_in", "Records a task consumed", labels=labels)
         rout = CounterMetricFamily("sluice_task_records_out", "Records a task emitted (or wrote, for sinks)",
                                    labels=labels)
@@ -40,7 +40,8 @@ class WorkerCollector(Collector):
         outq = GaugeMetricFamily("sluice_task_output_queue_buffers", "Buffers waiting for credit or the socket",
                                  labels=labels)
         pool = GaugeMetricFamily("sluice_task_output_pool_usage_ratio",
-                                 "Queued output buffers over the task's output buffer budget", labels=labels)
+                                 "Queued buffers over the limit of the task's fullest output channel (the one "
+                                 "that blocks it); 1 means backpressured", labels=labels)
         align = GaugeMetricFamily("sluice_task_checkpoint_alignment_seconds",
                                   "First barrier to last barrier in the task's last checkpoint", labels=labels)
         delay = GaugeMetricFamily("sluice_task_checkpoint_start_delay_seconds",
@@ -50,6 +51,9 @@ class WorkerCollector(Collector):
         persisted_total = CounterMetricFamily("sluice_task_checkpoint_persisted_inflight_bytes",
                                               "In-flight data the task persisted over all checkpoints",
                                               labels=labels)
+        watermark = GaugeMetricFamily("sluice_task_current_watermark",
+                                      "The task's event-time watermark in ms (jobs with event time only; "
+                                      "-2^63 before the first one)", labels=labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
@@ -62,13 +66,15 @@ class WorkerCollector(Collector):
             bout.add_metric(values, st.bytes_out)
             inq.add_metric(values, st.input_queue)
             outq.add_metric(values, st.output_queue)
-            pool.add_metric(values, st.output_queue / st.output_buffers_limit if st.output_buffers_limit else 0.0)
+            pool.add_metric(values, st.output_pool_usage)
             align.add_metric(values, st.last_alignment_s)
             delay.add_metric(values, st.last_start_delay_s)
             persisted.add_metric(values, st.last_inflight_bytes)
             persisted_total.add_metric(values, st.inflight_bytes_total)
+            if st.current_watermark is not None:
+                watermark.add_metric(values, st.current_watermark)
         yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
-                    persisted_total)
+                    persisted_total, watermark)
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)

@@ -23,13 +23,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from netstack.connection import Connection
-from netstack.errors import ConnectionLost, NetstackError, RpcError
+from netstack.errors import CloseReason, ConnectionLost, NetstackError, RpcError
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
+from runtime.common.addresses import advertised_host, local_address_towards
+from runtime.common.backoff import backoff_delays
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
@@ -49,14 +51,29 @@ class WorkerConfig:
     coordinator_port: int
     token: str
     slots: int = 2
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address to bind (0.0.0.0: every interface)
     data_port: int = 0
+    advertise: str = ""  # the data address other workers dial ("": host, or the one facing the coordinator)
     metrics_port: int | None = 0
     worker_id: str = ""
     heartbeat_interval_s: float = 1.0
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the data listener
     tls: TlsFiles | None = None  # data links and the link to the coordinator; None: plain TCP
     link_timeout_s: float = 10.0  # a data link silent this long is closed and its tasks fail (0: never)
+    # every coordinator that may lead (leader and standbys), tried in turn; empty: coordinator_host:port alone
+    coordinator_addresses: tuple[tuple[str, int], ...] = ()
+    register_timeout_s: float = 30.0  # at start-up, give up when no coordinator accepted us within this long
+
+    def coordinators(self) -> tuple[tuple[str, int], ...]:
+        return self.coordinator_addresses or ((self.coordinator_host, self.coordinator_port),)
+
+
+class NoCoordinator(ConnectionLost):
+    """No coordinator took this worker's registration; `transient` when another try may find one."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message, CloseReason.IO_ERROR)
+        self.transient = transient
 
 
 def task_report(job_id: str, task: Task) -> dict[str, Any]:
@@ -78,6 +95,8 @@ class Worker(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
+        self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
+        self.advertised = config.advertise or config.host  # settled in run(), before registering
         self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -94,10 +113,12 @@ class Worker(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
-        await self._connect_coordinator(data_port)
+        self.advertised = advertised_host(self.config.host, self.config.advertise, fallback=lambda: (
+            local_address_towards(self.config.coordinator_host, self.config.coordinator_port)))
+        await self._first_registration(data_port)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
-        print(f"sluice worker ready id={self.worker_id} data={self.config.host}:{data_port} metrics={metrics}",
-              flush=True)
+        print(f"sluice worker ready id={self.worker_id} data={self.advertised}:{data_port} metrics={metrics} "
+              f"bind={self.config.host}", flush=True)
         heartbeat = self._spawn(self._heartbeat_loop(data_port))
         await self._stop.wait()
         heartbeat.cancel()
@@ -119,27 +140,69 @@ class Worker(BaseLinkHandler):
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         return self._background.spawn(coro)
 
+    async def _first_registration(self, data_port: int) -> None:
+        """Register at start-up, trying again (a coordinator or its standby may still be starting) until
+        register_timeout_s; then the worker exits with the last reason."""
+        deadline = time.monotonic() + self.config.register_timeout_s
+        delays = backoff_delays()
+        while True:
+            try:
+                await self._connect_coordinator(data_port)
+                return
+            except NetstackError as exc:
+                if time.monotonic() >= deadline or not (isinstance(exc, NoCoordinator) and exc.transient):
+                    raise
+                log.warning("%s; trying again", exc)
+            await asyncio.sleep(next(delays))
+
     async def _connect_coordinator(self, data_port: int) -> None:
-        conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)
-        self.coordinator = await dial(self.config.coordinator_host, self.config.coordinator_port, conn, self,
-                                      ssl_context=self.network.client_ssl)
-        await self.coordinator.call("register", {
-            "id": self.worker_id, "slots": self.config.slots, "host": self.config.host, "data_port": data_port,
-            "metrics_port": self.metrics_port, "pid": os.getpid(),
-        })
+        """Register with the leading coordinator: the first address that takes the registration (a standby
+        answers NotLeader, a dead coordinator refuses the connection). Raises ConnectionLost naming each."""
+        if self._leaving:  # the old attempt's channels are torn down before a new coordinator may deploy
+            await asyncio.wait(self._leaving)
+            self._leaving = []
+        errors = []
+        transient = True  # every address refused the connection or is not the leader: worth trying again
+        for host, port in self.config.coordinators():
+            conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)
+            try:
+                link = await dial(host, port, conn, self, ssl_context=self.network.client_ssl, timeout_s=5.0)
+            except NetstackError as exc:
+                transient &= coordinator_unavailable(exc)
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            try:
+                await link.call("register", {
+                    "id": self.worker_id, "slots": self.config.slots, "host": self.advertised,
+                    "data_port": data_port, "metrics_port": self.metrics_port, "pid": os.getpid(),
+                }, timeout_s=10.0)
+            except NetstackError as exc:
+                link.close("not registered")
+                transient &= coordinator_unavailable(exc)
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            self.coordinator = link
+            return
+        raise NoCoordinator(f"no coordinator took the registration ({'; '.join(errors)})", transient=transient)
 
     async def _heartbeat_loop(self, data_port: int) -> None:
+        # after a failure the worker dials again with jittered backoff (capped at 2 s), not in step with
+        # every other worker of the cluster, until a coordinator (restarted, or a standby that took over) takes it
+        delays: Iterator[float] | None = None
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            await asyncio.sleep(self.config.heartbeat_interval_s if delays is None else next(delays))
             try:
                 if self.coordinator is None or self.coordinator.is_closing():
                     await self._connect_coordinator(data_port)
-                    log.info("re-registered with the coordinator")
-                assert self.coordinator is not None
+                    assert self.coordinator is not None
+                    log.info("re-registered with %s", self.coordinator.describe())
                 await self.coordinator.call("heartbeat", {"id": self.worker_id, "tasks": self._task_report()},
                                             timeout_s=10.0)
+                delays = None
             except NetstackError as exc:
                 log.warning("heartbeat to coordinator failed: %s", exc)
+                if delays is None:
+                    delays = backoff_delays(base_s=0.1, cap_s=2.0)
                 if self.coordinator is not None:
                     self.coordinator.abort()
                     self.coordinator = None
@@ -154,7 +217,7 @@ class Worker(BaseLinkHandler):
         return HandlerTable({
             "deploy": lambda link, args: self._deploy(Plan.from_dict(args["plan"])),
             "start": lambda link, args: self._start(args["job_id"]),
-            "cancel": lambda link, args: self._rpc_cancel(args["job_id"]),
+            "cancel": lambda link, args: self._rpc_cancel(args["job_id"], args.get("attempt")),
             "trigger_checkpoint": lambda link, args: self._trigger_checkpoint(args),
             "checkpoint_complete": lambda link, args: self._notify_tasks(
                 args["job_id"], args.get("attempt"), "checkpoint_complete", int(args["checkpoint_id"])),
@@ -170,7 +233,13 @@ class Worker(BaseLinkHandler):
         except UnknownMethod as exc:
             raise RpcError(str(exc), "UnknownMethod") from None
 
-    async def _rpc_cancel(self, job_id: str) -> dict[str, Any]:
+    async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        deployed = self.jobs.get(job_id)
+        if attempt is not None and deployed is not None and deployed.plan.attempt > attempt:
+            # from a coordinator that lost its lease while a new leader redeployed the job: not ours to stop
+            log.warning("ignoring a cancel of job %s attempt %s: attempt %d runs here", job_id, attempt,
+                        deployed.plan.attempt)
+            return {"cancelled": False}
         await self._cancel_job(job_id, report=False)
         return {"cancelled": True}
 
@@ -341,11 +410,20 @@ class Worker(BaseLinkHandler):
         if link is self.coordinator:
             log.warning("connection to coordinator lost: %s", message)
             self.coordinator = None
-            # The coordinator now counts this worker as lost and restarts its jobs elsewhere: running on
-            # would only produce output nobody will commit.
+            # The coordinator now counts this worker as lost and restarts its jobs elsewhere (or a restarted
+            # coordinator or a standby recovers them as a new attempt): running on would only produce output
+            # nobody will commit. The worker itself stays up; its heartbeat loop dials again and re-registers.
             for job_id in list(self.jobs):
                 log.warning("cancelling job %s: its coordinator is gone", job_id)
-                self._spawn(self._cancel_job(job_id, report=False))
+                self._leaving.append(self._spawn(self._cancel_job(job_id, report=False)))
+
+
+def coordinator_unavailable(exc: NetstackError) -> bool:
+    """A coordinator that is not there (refused, unreachable) or not leading: another try may find one. A wrong
+    token or certificate is not: trying again would only hide the error."""
+    if isinstance(exc, RpcError):
+        return exc.remote_type == "NotLeader"
+    return isinstance(exc, ConnectionLost) and exc.reason in (CloseReason.IO_ERROR, CloseReason.TIMEOUT)
 
 
 async def run_worker(config: WorkerConfig) -> None:

@@ -1,5 +1,6 @@
 """Kill -9 the coordinator of a backpressured word count twice: a new coordinator on the same state directory
-resubmits the job restoring its latest complete checkpoint, and Spark must find the output exact.
+recovers the job from its records and restarts it from its latest complete checkpoint (nothing resubmitted),
+and Spark must find the output exact.
 
 The small variant of the coordinator-kill runs of scripts/chaos.sh. Requires Java 17 (Spark verifies).
 """

@@ -1,15 +1,17 @@
 """Thousands of idle connections to every listener must not take the cluster down (issue 8, item 6).
 
-Each of the four listeners (coordinator RPC, coordinator metrics, a worker's data port, its metrics port)
+Each of the five listeners (coordinator RPC, coordinator metrics and REST/UI, a worker's data port, its metrics port)
 gets FLOOD idle TCP connections that never say a word and are held open while a job runs. The processes
 are started with the usual soft open-files limit of 1024 (their hard limit stays), which is what a
 thousand idle metrics connections used up before: the coordinator's RPC port then refused everyone.
-Now RPC answers, the job's data crosses the flooded data port, and both metrics ports still scrape.
+Now RPC answers, the job's data crosses the flooded data port, both metrics ports still scrape and the
+REST API still answers.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import resource
 import select
 import socket
@@ -23,7 +25,7 @@ import pytest
 from tests.integration.conftest import Cluster, write_module
 
 FLOOD = 2000
-LISTENERS = 4
+LISTENERS = 5
 CHILD_SOFT_NOFILE = 1024
 
 JOB = '''
@@ -103,8 +105,8 @@ def test_idle_connection_flood_on_every_listener(cluster: Cluster, own_nofile: i
     try:
         started = time.monotonic()
         # metrics first: idle metrics connections used to hold the descriptors the RPC port then lacked
-        for address in (coordinator.address("metrics"), cluster.rpc, target.address("metrics"),
-                        target.address("data")):
+        for address in (coordinator.address("metrics"), coordinator.address("http"), cluster.rpc,
+                        target.address("metrics"), target.address("data")):
             flood += open_idle(address, FLOOD)
         flood_s = time.monotonic() - started
 
@@ -124,6 +126,8 @@ def test_idle_connection_flood_on_every_listener(cluster: Cluster, own_nofile: i
 
         coordinator_metrics = scrape(coordinator.fields["metrics"])
         assert "sluice_workers" in coordinator_metrics
+        with urllib.request.urlopen(f"http://{coordinator.fields['http']}/api/v1/jobs", timeout=10) as response:
+            assert json.loads(response.read())["jobs"][0]["state"] == "FINISHED"  # the REST port still answers
         worker_metrics = scrape(target.fields["metrics"])
         assert "sluice_connections_shed_total" in worker_metrics
         shed = [line for line in coordinator_metrics.splitlines() if line.startswith("sluice_connections_shed")]

@@ -33,7 +33,7 @@ def metric(cluster: Cluster, name: str, job_id: str) -> float:
     assert cluster.coordinator is not None
     host, port = cluster.coordinator.address("metrics")
     text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
-    m = re.search(rf'^{name}{{job="{job_id}"}} ([\d.e+-]+)$', text, re.MULTILINE)
+    m = re.search(rf'^{name}{{job_id="{job_id}"}} ([\d.e+-]+)$', text, re.MULTILINE)
     assert m is not None, (name, text[-2000:])
     return float(m.group(1))
 

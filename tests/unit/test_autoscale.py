@@ -82,7 +82,7 @@ class Fixed(Source):
     """A source that cannot be restored at another parallelism (the default)."""
 
 
-def test_shape_of_a_built_job_pins_fixed_sources_and_broadcast_ends(tmp_path: object) -> None:
+def test_shape_of_a_built_job_pins_fixed_sources_and_mixed_broadcast_readers(tmp_path: object) -> None:
     job = Job("j")
     words = job.source(GeneratorSource(count=10, keys=3, seed=1), parallelism=3)
     words.key_by(lambda r: r[0]).reduce(lambda a, b: a, parallelism=3).sink(FileSink(str(tmp_path)))
@@ -91,10 +91,15 @@ def test_shape_of_a_built_job_pins_fixed_sources_and_broadcast_ends(tmp_path: ob
     shape = shape_of(job)
     assert [(n.name, n.parallelism, n.pinned) for n in shape.nodes] == [
         ("GeneratorSource", 3, False), ("reduce", 3, False), ("FileSink", 3, False), ("fixed", 2, True),
-        ("bmap", 3, True)]
-    assert fit_parallelism(shape, 2) is None  # bmap (a broadcast end) needs its 3
-    assert fit_parallelism(shape_of(job_without_broadcast(tmp_path)), 2) == {
-        "GeneratorSource": 2, "reduce": 2, "FileSink": 2}
+        ("bmap", 3, False)]
+    # a broadcast reader is replicated on a rescale: it shrinks like any other operator
+    assert fit_parallelism(shape, 2) == {"GeneratorSource": 2, "reduce": 2, "FileSink": 2, "fixed": 2, "bmap": 2}
+    mixed = Job("m")
+    rules = mixed.source(GeneratorSource(count=10, keys=3, seed=1), parallelism=1, name="rules")
+    main = mixed.source(GeneratorSource(count=10, keys=3, seed=1), parallelism=3, name="main")
+    rules.broadcast().union(main.rebalance()).map(lambda r: r, parallelism=3, name="both")
+    assert [n.pinned for n in shape_of(mixed).nodes] == [False, False, True]
+    assert fit_parallelism(shape_of(mixed), 2) is None  # "both" needs its 3
 
 
 def job_without_broadcast(tmp_path: object) -> Job:
@@ -206,10 +211,10 @@ def test_scale_counters_are_exported() -> None:
     h = DurationHistogram().statistics()
     js = JobsStatistics((), h, h, (ScalingStatistics("a", 2, 1, True), ScalingStatistics("b", 0, 0, False)))
     got = samples(collector(NO_WORKERS, js))
-    assert got[("sluice_job_scale_downs_total", (("job", "a"),))] == 2
-    assert got[("sluice_job_scale_ups_total", (("job", "a"),))] == 1
-    assert got[("sluice_job_scaled_down", (("job", "a"),))] == 1
-    assert got[("sluice_job_scaled_down", (("job", "b"),))] == 0
+    assert got[("sluice_job_scale_downs_total", (("job_id", "a"),))] == 2
+    assert got[("sluice_job_scale_ups_total", (("job_id", "a"),))] == 1
+    assert got[("sluice_job_scaled_down", (("job_id", "a"),))] == 1
+    assert got[("sluice_job_scaled_down", (("job_id", "b"),))] == 0
 
 
 def test_a_worker_counts_for_scaling_up_only_once_it_has_stayed(tmp_path: object) -> None:

@@ -13,6 +13,7 @@ from runtime.graph.config import parse_duration
 # every flag that takes a duration, with the rest of a command line that parses
 DURATION_FLAGS = [
     (["coordinator"], "--heartbeat-timeout"),
+    (["coordinator"], "--lease-timeout"),
     (["worker", "--coordinator", "h:1"], "--heartbeat-interval"),
     *[(["submit", "--coordinator", "h:1", "m:f"], flag) for flag in (
         "--flush-timeout", "--checkpoint-interval", "--aligned-timeout", "--checkpoint-timeout", "--restart-delay")],
@@ -85,3 +86,19 @@ def test_scale_down_after_defaults() -> None:
     assert "scale_down_after_s" not in _job_config(job)  # the coordinator's default applies
     job = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--scale-down-after", "never"])
     assert _job_config(job)["scale_down_after_s"] == 0.0
+
+
+@pytest.mark.parametrize("command", [["worker"], ["status"], ["submit", "m:f"], ["cancel", "j"]])
+def test_coordinator_takes_a_list_of_addresses(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args([command[0], "--coordinator", "h1:6123, h2:6124", *command[1:]])
+    assert args.coordinator == (("h1", 6123), ("h2", 6124))
+    assert build_parser().parse_args([command[0], "--coordinator", "h:1", *command[1:]]).coordinator == (("h", 1),)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command[0], "--coordinator", "h1:6123,nope", *command[1:]])
+    assert "--coordinator" in capsys.readouterr().err
+
+
+def test_standby_and_lease_timeout() -> None:
+    args = build_parser().parse_args(["coordinator", "--standby", "--lease-timeout", "3s"])
+    assert args.standby and args.lease_timeout == 3.0
+    assert not build_parser().parse_args(["coordinator"]).standby

@@ -72,12 +72,12 @@ def test_checkpoint_figures_of_the_last_completed_checkpoint_and_counts_over_job
     assert got[("sluice_checkpoints_completed_total", ())] == 13
     assert got[("sluice_checkpoints_failed_total", ())] == 3
     assert got[("sluice_checkpoints_in_progress", ())] == 1  # b's in-flight one does not count: b has ended
-    assert got[("sluice_checkpoint_last_duration_seconds", (("job", "a"),))] == 1.5
-    assert got[("sluice_checkpoint_last_persisted_inflight_bytes", (("job", "a"),))] == 512
-    assert got[("sluice_checkpoint_last_state_bytes", (("job", "a"),))] == 2048
-    assert got[("sluice_checkpoint_last_alignment_seconds", (("job", "a"),))] == 0.0
-    assert got[("sluice_checkpoint_last_start_delay_seconds", (("job", "a"),))] == 0.25
-    assert ("sluice_checkpoint_last_duration_seconds", (("job", "b"),)) not in got
+    assert got[("sluice_checkpoint_last_duration_seconds", (("job_id", "a"),))] == 1.5
+    assert got[("sluice_checkpoint_last_persisted_inflight_bytes", (("job_id", "a"),))] == 512
+    assert got[("sluice_checkpoint_last_state_bytes", (("job_id", "a"),))] == 2048
+    assert got[("sluice_checkpoint_last_alignment_seconds", (("job_id", "a"),))] == 0.0
+    assert got[("sluice_checkpoint_last_start_delay_seconds", (("job_id", "a"),))] == 0.25
+    assert ("sluice_checkpoint_last_duration_seconds", (("job_id", "b"),)) not in got
 
 
 def test_restart_figures_and_duration_histograms():
@@ -88,11 +88,11 @@ def test_restart_figures_and_duration_histograms():
     js = JobsStatistics((job("a", restarts=2, last_restart_s=2.0, restored=5), job("b")),
                         checkpoints.statistics(), restarts.statistics())
     got = samples(collector(NO_WORKERS, js))
-    assert got[("sluice_job_restarts_total", (("job", "a"),))] == 2
-    assert got[("sluice_job_restarts_total", (("job", "b"),))] == 0
-    assert got[("sluice_job_last_restart_seconds", (("job", "a"),))] == 2.0
-    assert ("sluice_job_last_restart_seconds", (("job", "b"),)) not in got
-    assert got[("sluice_job_last_restored_checkpoint_id", (("job", "a"),))] == 5
+    assert got[("sluice_job_restarts_total", (("job_id", "a"),))] == 2
+    assert got[("sluice_job_restarts_total", (("job_id", "b"),))] == 0
+    assert got[("sluice_job_last_restart_seconds", (("job_id", "a"),))] == 2.0
+    assert ("sluice_job_last_restart_seconds", (("job_id", "b"),)) not in got
+    assert got[("sluice_job_last_restored_checkpoint_id", (("job_id", "a"),))] == 5
     assert got[("sluice_checkpoint_duration_seconds_bucket", (("le", "0.05"),))] == 1
     assert got[("sluice_checkpoint_duration_seconds_bucket", (("le", "0.5"),))] == 2
     assert got[("sluice_checkpoint_duration_seconds_bucket", (("le", "+Inf"),))] == 3

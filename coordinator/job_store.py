@@ -1,0 +1,227 @@
+"""What the coordinator must not forget across a crash: one JSON file per job in `<state_dir>/jobs/`.
+
+A job's record holds what a restarted coordinator needs to carry the job on:
+its submission (entry, sys_path, job config, checkpoint settings, restart
+strategy, the checkpoint it was submitted with), where it got to (state,
+attempt, restarts, the next checkpoint id) and the latest completed
+checkpoint pointer. Each file is written whole and atomically
+(runtime.common.files.write_atomically), so a crash leaves the old version or
+the new one, never half of either; the body carries a checksum so a damaged
+file is named and skipped, never half-trusted.
+
+Records are written by one writer task, latest wins: a burst of state changes
+of one job is one write, and writes of one job never overtake each other.
+`record_of` and `job_from_record` are pure and are what the tests check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from coordinator.checkpointing import CheckpointSettings
+from coordinator.jobs import TERMINAL, JobRecord
+from coordinator.restarts import RestartStrategy
+from runtime.common.checksums import checksum, mismatch
+from runtime.common.files import write_atomically
+from runtime.graph.enums import JobState
+
+log = logging.getLogger("sluice.job_store")
+
+FORMAT_VERSION = 1
+JOBS_DIR = "jobs"
+SUFFIX = ".json"
+_STATES = frozenset(s.value for s in JobState)
+
+
+class CorruptJobRecord(ValueError):
+    """A job record that cannot be used; the message names the file and what is wrong."""
+
+
+def record_of(job: JobRecord) -> dict[str, Any]:
+    """The persisted form of a job (without the format and checksum fields)."""
+    return {
+        "job_id": job.job_id, "entry": job.entry, "name": job.name, "sys_path": job.sys_path,
+        "config": job.config,
+        "checkpoint": asdict(job.checkpoint_settings) if job.checkpoint_settings is not None else None,
+        "restart": asdict(job.restart_strategy) if job.restart_strategy is not None else None,
+        "restored_from": job.restored_from, "state": job.state, "attempt": job.attempt, "restarts": job.restarts,
+        "error": job.error,
+        "failures": job.failures[-10:], "submitted_at": job.submitted_at, "ended_at": job.ended_at,
+        "next_checkpoint_id": job.next_checkpoint_id, "last_checkpoint": _pointer(job.last_checkpoint),
+        "final_checkpoint_id": job.final_checkpoint_id, "restored_checkpoint_id": job.restored_checkpoint_id,
+        "restart_s": job.restart_s[-50:], "rescale_s": job.rescale_s[-50:],
+    }
+
+
+def _pointer(last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The latest completed checkpoint: its id and path (its figures are not needed to restore it)."""
+    if not last:
+        return None
+    return {"checkpoint_id": last.get("checkpoint_id"), "path": last.get("path")}
+
+
+def encode(job: JobRecord) -> bytes:
+    body = {"format": FORMAT_VERSION, **record_of(job)}
+    return json.dumps({**body, "checksum": checksum(_body(body))}, indent=1, sort_keys=True).encode()
+
+
+def _body(doc: dict[str, Any]) -> bytes:
+    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
+
+
+def decode(data: bytes, where: str) -> JobRecord:
+    """A job back from its file's bytes; raises CorruptJobRecord naming `where` and the problem."""
+    if not data.strip():
+        raise CorruptJobRecord(f"{where}: job record is empty")
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptJobRecord(f"{where}: job record is truncated or not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise CorruptJobRecord(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    if doc.get("format") != FORMAT_VERSION:
+        raise CorruptJobRecord(f"{where}: unsupported job record format {doc.get('format')!r} "
+                               f"(this version reads format {FORMAT_VERSION})")
+    problem = mismatch(_body(doc), doc.get("checksum"))
+    if problem is not None:
+        raise CorruptJobRecord(f"{where}: job record is corrupt: {problem}")
+    try:
+        return job_from_record(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptJobRecord(f"{where}: job record is unusable: {type(exc).__name__}: {exc}") from None
+
+
+def job_from_record(doc: dict[str, Any]) -> JobRecord:
+    """Raises KeyError, TypeError or ValueError for a record that does not describe a job."""
+    def typed(key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+        value = doc[key]
+        if (value is None and optional) or (isinstance(value, kind) and not isinstance(value, bool)):
+            return value
+        raise TypeError(f"{key!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+
+    state = typed("state", str)
+    if state not in _STATES:
+        raise ValueError(f"unknown job state {state!r}")
+    job = JobRecord(typed("job_id", str), typed("entry", str), typed("name", str), typed("sys_path", str),
+                    typed("config", dict))
+    checkpoint = typed("checkpoint", dict, optional=True)
+    job.checkpoint_settings = CheckpointSettings(**checkpoint) if checkpoint is not None else None
+    restart = typed("restart", dict, optional=True)
+    job.restart_strategy = RestartStrategy(**restart) if restart is not None else None
+    job.state = state
+    job.attempt = typed("attempt", int)
+    job.restarts = typed("restarts", int)
+    job.error = typed("error", str)
+    job.failures = [str(f) for f in typed("failures", list)]
+    job.submitted_at = float(typed("submitted_at", (int, float)))
+    ended_at = typed("ended_at", (int, float), optional=True)
+    job.ended_at = float(ended_at) if ended_at is not None else None
+    job.next_checkpoint_id = typed("next_checkpoint_id", int)
+    last = typed("last_checkpoint", dict, optional=True)
+    if last is not None and not (isinstance(last.get("checkpoint_id"), int) and isinstance(last.get("path"), str)):
+        raise ValueError(f"'last_checkpoint' must name a checkpoint_id and a path, got {last!r}")
+    job.last_checkpoint = last
+    job.final_checkpoint_id = typed("final_checkpoint_id", int, optional=True)
+    job.restored_checkpoint_id = typed("restored_checkpoint_id", int, optional=True)
+    job.restored_from = typed("restored_from", str)
+    job.restart_s = [float(x) for x in typed("restart_s", list)]
+    job.rescale_s = [float(x) for x in typed("rescale_s", list)]
+    if job.terminal:
+        job.ended.set()
+    return job
+
+
+def needs_recovery(job: JobRecord) -> bool:
+    """A job the previous coordinator left unfinished: it runs again (from its latest checkpoint)."""
+    return job.state not in TERMINAL
+
+
+class JobStore:
+    """The job records of one state directory; `save` from the event loop, `load` once at start-up."""
+
+    def __init__(self, state_dir: str, *, may_write: Callable[[], bool] = lambda: True) -> None:
+        self.directory = os.path.join(os.path.abspath(state_dir), JOBS_DIR)
+        self._may_write = may_write  # the leadership fence: a coordinator that lost its lease writes nothing
+        self._pending: dict[str, bytes] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.writes = 0
+        self.failed_writes = 0
+
+    def path(self, job_id: str) -> str:
+        if not job_id or "/" in job_id or job_id.startswith(".") or os.sep in job_id:
+            raise ValueError(f"job id {job_id!r} cannot name a file")
+        return os.path.join(self.directory, job_id + SUFFIX)
+
+    def load(self) -> tuple[list[JobRecord], list[str]]:
+        """Every readable job record, oldest submission first, and one line per file that was skipped."""
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return [], []
+        jobs: list[JobRecord] = []
+        problems: list[str] = []
+        for name in names:
+            if name.startswith(".") or not name.endswith(SUFFIX):
+                continue  # a temporary file a crash left behind: the record it was to replace is intact
+            path = os.path.join(self.directory, name)
+            try:
+                with open(path, "rb") as f:
+                    job = decode(f.read(), path)
+            except OSError as exc:
+                problems.append(f"{path}: cannot read job record: {exc.strerror}")
+                continue
+            except CorruptJobRecord as exc:
+                problems.append(str(exc))
+                continue
+            if name != job.job_id + SUFFIX:
+                problems.append(f"{path}: holds job {job.job_id!r}, not the one its name says")
+                continue
+            jobs.append(job)
+        return sorted(jobs, key=lambda j: j.submitted_at), problems
+
+    def save(self, job: JobRecord) -> None:
+        """Queue the job's current record for writing (serialised now, so later changes are a later write)."""
+        try:
+            self._pending[job.job_id] = encode(job)
+        except (TypeError, ValueError) as exc:  # a config value JSON cannot hold: the job runs, unrecorded
+            self.failed_writes += 1
+            log.error("cannot record job %s: %s", job.job_id, exc)
+            return
+        self._idle.clear()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The writer: every queued record, latest version only, one job after another."""
+        os.makedirs(self.directory, exist_ok=True)  # noqa: ASYNC240 - once, at start-up
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                job_id, data = next(iter(self._pending.items()))
+                del self._pending[job_id]
+                if not self._may_write():
+                    log.error("not writing the record of job %s: this coordinator is no longer the leader", job_id)
+                    continue
+                try:
+                    await asyncio.to_thread(write_atomically, self.path(job_id), data)
+                    self.writes += 1
+                except OSError as exc:
+                    # the job goes on; a crash now would recover it from its previous record
+                    self.failed_writes += 1
+                    log.error("cannot write the record of job %s: %s", job_id, exc)
+            if not self._pending:
+                self._idle.set()
+
+    async def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until every queued record is written (at shutdown)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)

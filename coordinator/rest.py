@@ -1,0 +1,216 @@
+"""The coordinator's REST API and web UI: routing, authentication, and the HTTP shell around rest_views.
+
+Served by netstack/http.py on `--http-port`, beside the RPC and metrics
+ports. Reads are open, like /metrics (run it on a trusted network or behind a
+proxy); anything that changes a job (cancel, checkpoint, savepoint, rescale)
+needs `Authorization: Bearer <cluster token>`, compared in constant time, and
+goes through the very RPC handler the CLI calls (`call`), so the REST API
+can do nothing the token's RPCs could not, with the same trust checks on
+savepoint directories.
+
+    GET  /                                     the web UI (coordinator/ui/index.html)
+    GET  /ui/<file>                            its script and style sheet
+    GET  /api/openapi.json                     the OpenAPI document of everything below
+    GET  /api/v1/overview                      workers, slots, jobs by state
+    GET  /api/v1/jobs                          every job, briefly
+    GET  /api/v1/jobs/{id}                     one job
+    GET  /api/v1/jobs/{id}/graph               vertices with per-subtask rates and backpressure, edges
+    GET  /api/v1/jobs/{id}/checkpoints         checkpoint history with per-task figures (?limit=N, the last N)
+    GET  /api/v1/jobs/{id}/restarts            failures and restart times
+    GET  /api/v1/workers                       registered workers with their metrics links
+    POST /api/v1/jobs/{id}/cancel              (token) cancel
+    POST /api/v1/jobs/{id}/checkpoints         (token) take a checkpoint now; body {"mode"?, "timeout_s"?}
+    POST /api/v1/jobs/{id}/savepoints          (token) take a savepoint; body {"directory"?, "timeout_s"?}
+    POST /api/v1/jobs/{id}/rescale             (token) body {"parallelism": {NAME or "*": N}, "timeout_s"?}
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator import rest_views as views
+from netstack.errors import RpcError
+from netstack.http import HttpLimits, HttpRequest, HttpResponse
+
+if TYPE_CHECKING:
+    from coordinator.jobs import JobRecord
+    from coordinator.registry import WorkerRegistry
+
+UI_DIR = Path(__file__).parent / "ui"
+STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+          "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/ui/style.css": ("style.css", "text/css; charset=utf-8"),
+          "/api/openapi.json": ("openapi.json", "application/json")}
+
+# RPC error types -> HTTP status; anything else is a 409 (the request was fine, the job's state was not)
+ERROR_STATUS = {"UnknownJob": 404, "JobNotRunning": 409, "PathNotAllowed": 403, "BadCheckpointRequest": 400,
+                "BadRescaleRequest": 400, "BadArgs": 400, "BadRequest": 400,
+                "NotLeader": 503}  # a standby coordinator: ask the leader
+
+DEFAULT_HISTORY = 100  # checkpoints per answer unless ?limit= says otherwise (earlier attempts' add up)
+
+# The REST port's limits: a browser keeps a few connections; mutating calls send small JSON bodies.
+REST_LIMITS = HttpLimits(max_connections=64, max_idle=32, idle_timeout_s=10.0, max_body_bytes=64 * 1024)
+
+Call = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    name: str
+    mutating: bool = False
+
+
+def _route(method: str, path: str, name: str, mutating: bool = False) -> Route:
+    return Route(method, re.compile("^" + path.replace("{job_id}", r"(?P<job_id>[A-Za-z0-9_.-]+)") + "$"), name,
+                 mutating)
+
+
+ROUTES = (
+    _route("GET", "/api/v1/overview", "overview"),
+    _route("GET", "/api/v1/jobs", "jobs"),
+    _route("GET", "/api/v1/jobs/{job_id}", "job"),
+    _route("GET", "/api/v1/jobs/{job_id}/graph", "graph"),
+    _route("GET", "/api/v1/jobs/{job_id}/checkpoints", "checkpoints"),
+    _route("GET", "/api/v1/jobs/{job_id}/restarts", "restarts"),
+    _route("GET", "/api/v1/workers", "workers"),
+    _route("POST", "/api/v1/jobs/{job_id}/cancel", "cancel", mutating=True),
+    _route("POST", "/api/v1/jobs/{job_id}/checkpoints", "checkpoint", mutating=True),
+    _route("POST", "/api/v1/jobs/{job_id}/savepoints", "savepoint", mutating=True),
+    _route("POST", "/api/v1/jobs/{job_id}/rescale", "rescale", mutating=True),
+)
+
+
+def match(method: str, path: str) -> tuple[Route | None, dict[str, str], bool]:
+    """(the route, its path parameters, whether the path exists under another method)."""
+    other_method = False
+    for route in ROUTES:
+        m = route.pattern.match(path)
+        if m is None:
+            continue
+        if route.method == method or (method == "HEAD" and route.method == "GET"):
+            return route, m.groupdict(), False
+        other_method = True
+    return None, {}, other_method
+
+
+def authorized(headers: Mapping[str, str], token: str) -> bool:
+    """`Authorization: Bearer <token>`, compared in constant time (as the RPC handshake does)."""
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def json_response(status: int, body: Any, *extra: tuple[str, str]) -> HttpResponse:
+    return HttpResponse(status, json.dumps(body, separators=(",", ":")).encode(), "application/json",
+                        (("Cache-Control", "no-store"), *extra))
+
+
+def error(status: int, message: str, kind: str) -> HttpResponse:
+    extra = (("WWW-Authenticate", 'Bearer realm="sluice"'),) if status == 401 else ()
+    return json_response(status, {"error": message, "type": kind}, *extra)
+
+
+class RestApi:
+    """The handler netstack/http.py calls for every request on the REST port."""
+
+    def __init__(self, *, jobs: Callable[[], Mapping[str, JobRecord]], workers: WorkerRegistry, token: str, call: Call,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+        self._jobs = jobs  # read at every request: the job table may be replaced (a recovered coordinator)
+        self.workers = workers
+        self.token = token
+        self.call = call  # (rpc method, args) -> the coordinator's own RPC handler's answer
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self._static: dict[str, bytes] = {}
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path in STATIC and request.method in ("GET", "HEAD"):
+            return self._serve_static(request.path)
+        route, params, other_method = match(request.method, request.path)
+        if route is None:
+            if other_method:
+                return error(405, f"{request.method} is not allowed on {request.path}", "MethodNotAllowed")
+            return error(404, f"no such resource: {request.path}", "NotFound")
+        if route.mutating:
+            if not authorized(request.headers, self.token):
+                return error(401, "this call needs the cluster token: Authorization: Bearer <token>", "Unauthorized")
+            try:
+                body = json.loads(request.body or b"{}")
+            except ValueError as exc:
+                return error(400, f"the body is not JSON: {exc}", "BadRequest")
+            if not isinstance(body, dict):
+                return error(400, "the body must be a JSON object", "BadRequest")
+            return await self._mutate(route.name, params["job_id"], body)
+        limit = request.query.get("limit", str(DEFAULT_HISTORY))
+        if not limit.isdigit() or int(limit) < 1:
+            return error(400, f"limit must be a positive whole number, got {limit!r}", "BadRequest")
+        return self._read(route.name, params.get("job_id"), int(limit))
+
+    def _serve_static(self, path: str) -> HttpResponse:
+        name, content_type = STATIC[path]
+        if name not in self._static:
+            self._static[name] = (UI_DIR / name).read_bytes()  # small files, read once
+        return HttpResponse(200, self._static[name], content_type, (("Cache-Control", "no-cache"),))
+
+    @property
+    def jobs(self) -> Mapping[str, JobRecord]:
+        return self._jobs()
+
+    def _read(self, name: str, job_id: str | None, limit: int) -> HttpResponse:
+        if name == "overview":
+            states: dict[str, int] = {}
+            for j in self.jobs.values():
+                states[j.state] = states.get(j.state, 0) + 1
+            return json_response(200, {"workers": len(self.workers),
+                                       "slots_total": sum(w.slots for w in self.workers.values()),
+                                       "jobs": states})
+        if name == "jobs":
+            return json_response(200, {"jobs": [views.job_brief(j) for j in self.jobs.values()]})
+        if name == "workers":
+            now = self.clock()
+            return json_response(200, {"workers": [views.worker_view(w, now) for w in self.workers.values()]})
+        job = self.jobs.get(job_id or "")
+        if job is None:
+            return error(404, f"no job {job_id}", "UnknownJob")
+        if name == "job":
+            return json_response(200, views.job_detail(job))
+        if name == "graph":
+            return json_response(200, views.job_graph(job))
+        if name == "restarts":
+            return json_response(200, views.restarts_view(job))
+        assert name == "checkpoints"
+        figures = job.checkpoints.coordinator.task_figures() if job.checkpoints is not None else {}
+        offset = self.wall_clock() - self.clock()
+        history = job.checkpoint_history()[-limit:]
+        return json_response(200, views.checkpoints_view(job, history, figures, offset))
+
+    async def _mutate(self, name: str, job_id: str, body: dict[str, Any]) -> HttpResponse:
+        args: dict[str, Any] = {"job_id": job_id}
+        if "timeout_s" in body:
+            args["timeout_s"] = body["timeout_s"]
+        if name == "checkpoint" and body.get("mode") is not None:
+            args["mode"] = body["mode"]
+        if name == "savepoint":
+            args["savepoint"] = True
+            args["directory"] = body.get("directory")
+        if name == "rescale":
+            args["parallelism"] = body.get("parallelism")
+        method = {"cancel": "cancel", "checkpoint": "checkpoint", "savepoint": "checkpoint", "rescale": "rescale"}
+        try:
+            result = await self.call(method[name], args)
+        except RpcError as exc:
+            return error(ERROR_STATUS.get(exc.remote_type, 409), str(exc), exc.remote_type)
+        except (TypeError, ValueError) as exc:  # e.g. a timeout_s that is not a number
+            return error(400, f"bad arguments: {exc}", "BadRequest")
+        except TimeoutError:
+            return error(504, "the call did not finish within its timeout_s; it may still complete", "Timeout")
+        return json_response(200, result)

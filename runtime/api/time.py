@@ -1,0 +1,43 @@
+"""Event time: how a source assigns timestamps and watermarks (`job.source(src, watermarks=...)`).
+
+A watermark W says "no record with a timestamp <= W is expected any more". Sources generate them from the
+records themselves, deterministically (never from the wall clock), so a run and its replay after a failure
+see the same watermarks at the same records; see docs/ARCHITECTURE.md, "Event time".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Watermarks are msgpack ints: the signed 64-bit range, as Flink's Long.MIN_VALUE / Long.MAX_VALUE.
+MIN_WATERMARK = -(2**63)  # nothing seen yet
+MAX_WATERMARK = 2**63 - 1  # end of input: every event-time timer fires
+
+
+@dataclass(frozen=True)
+class BoundedOutOfOrderness:
+    """Records arrive at most `max_delay_ms` later (in event time) than the latest one seen before them.
+
+    After each record the source emits the watermark max_ts - max_delay_ms - 1 (Flink's rule), floored to a
+    multiple of `granularity_ms`, if it advanced; a coarser granularity sends fewer watermarks. A source
+    subtask that has had no record for `idle_timeout_ms` of wall-clock time marks itself idle, so that
+    downstream tasks do not wait for its watermark; it becomes active again with its next record.
+    """
+
+    max_delay_ms: int
+    timestamp: Callable[[Any], int]
+    idle_timeout_ms: int | None = None
+    granularity_ms: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_delay_ms, int) or self.max_delay_ms < 0:
+            raise ValueError(f"max_delay_ms must be an integer >= 0, got {self.max_delay_ms!r}")
+        if not callable(self.timestamp):
+            raise ValueError(f"timestamp must be a function of the record, got {self.timestamp!r}")
+        if self.idle_timeout_ms is not None and (not isinstance(self.idle_timeout_ms, int)
+                                                 or self.idle_timeout_ms <= 0):
+            raise ValueError(f"idle_timeout_ms must be a positive integer or None, got {self.idle_timeout_ms!r}")
+        if not isinstance(self.granularity_ms, int) or self.granularity_ms < 1:
+            raise ValueError(f"granularity_ms must be an integer >= 1, got {self.granularity_ms!r}")

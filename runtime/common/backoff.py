@@ -1,0 +1,23 @@
+"""Reconnection delays: exponential, capped, with full jitter. Pure.
+
+When a coordinator goes away every worker dials again; without jitter they
+would all dial in the same instant after each delay (a thundering herd on the
+new leader), so each delay is drawn uniformly from [base/2, d] where d doubles
+per failed try up to `cap_s`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+
+def backoff_delays(*, base_s: float = 0.1, cap_s: float = 2.0, rng: random.Random | None = None) -> Iterator[float]:
+    """An endless sequence of delays: the n-th one within [base_s/2, min(cap_s, base_s * 2**n)]."""
+    if base_s <= 0 or cap_s < base_s:
+        raise ValueError(f"backoff needs 0 < base_s <= cap_s, got base_s={base_s} cap_s={cap_s}")
+    draw = rng or random.Random()
+    ceiling = base_s
+    while True:
+        yield draw.uniform(base_s / 2, ceiling)
+        ceiling = min(cap_s, ceiling * 2)

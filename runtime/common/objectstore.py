@@ -1,0 +1,283 @@
+"""Files of checkpoints and savepoints, on a local (or mounted, shared) filesystem or in an S3-compatible store.
+
+Every path that names checkpoint data goes through here. A path is either a local path, as always, or an
+`s3://bucket/prefix/...` URL: the coordinator, the workers (which write their task files) and restores all
+call the same few functions, which pick the backend from the path. So a job can checkpoint to a bucket and
+be restored from a local savepoint, or the other way round.
+
+Object stores have no directories and no rename: a "directory" is a key prefix, a write is one PUT (whole
+or not at all: readers never see half an object), and `write_new` is a conditional PUT (`If-None-Match: *`)
+that fails when the object exists, so a `_metadata` once written is never replaced. A server that does not
+support conditional writes gets check-then-put instead (see `write_new`).
+
+The S3 client is obstore (the `s3` extra): one compiled wheel without Python dependencies, thread-safe, with
+both sync and async calls and conditional puts. Its configuration comes from the standard environment
+variables: AWS_ENDPOINT_URL (an S3-compatible server; http:// is allowed for it), AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION (default us-east-1).
+
+Blocking calls: run them in a thread off the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import re
+import shutil
+import threading
+from datetime import timedelta
+from typing import Any
+
+from runtime.common.files import write_atomically
+
+S3_SCHEME = "s3://"
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+
+
+class ObjectStoreUnavailable(ValueError):
+    """An s3:// path was given but the S3 client is not installed, or the URL names no bucket."""
+
+
+def is_url(path: str) -> bool:
+    return path.startswith(S3_SCHEME)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> ("bucket", "a/b"); a bucket name is required, the key may be empty."""
+    if not is_url(url):
+        raise ObjectStoreUnavailable(f"{url!r} is not an s3:// URL")
+    bucket, _, key = url[len(S3_SCHEME):].partition("/")
+    if not bucket:
+        raise ObjectStoreUnavailable(f"{url!r} names no bucket (expected s3://BUCKET/PREFIX)")
+    return bucket, key.strip("/")
+
+
+def join(base: str, *names: str) -> str:
+    return posixpath.join(base, *names) if is_url(base) else os.path.join(base, *names)
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/")) if is_url(path) else os.path.basename(os.path.normpath(path))
+
+
+def dirname(path: str) -> str:
+    return posixpath.dirname(path.rstrip("/")) if is_url(path) else os.path.dirname(path)
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute; a URL checked (it must name a bucket) and without a trailing slash. Another
+    scheme is refused, not taken for a local directory called `gs:`."""
+    if is_url(path):
+        bucket, key = split_url(path)
+        return f"{S3_SCHEME}{bucket}/{key}" if key else f"{S3_SCHEME}{bucket}"
+    scheme = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://", path)
+    if scheme:
+        raise ObjectStoreUnavailable(f"{path!r}: unsupported storage scheme {scheme.group(1)}:// (s3:// or a "
+                                     "local path)")
+    return os.path.abspath(path)
+
+
+def is_within(path: str, root: str) -> bool:
+    """Whether URL `path` is `root` or under it (whole path segments: s3://b/ab is not under s3://b/a). Keys
+    are not normalised by S3, so a path with `.`, `..` or empty segments is under nothing."""
+    if not (is_url(path) and is_url(root)):
+        return False
+    path, root = path.rstrip("/"), root.rstrip("/")
+    if any(part in ("", ".", "..") for part in path[len(S3_SCHEME):].split("/")):
+        return False
+    return path == root or path.startswith(root + "/")
+
+
+def describe_backend(path: str) -> str:
+    return f"object store (bucket {split_url(path)[0]})" if is_url(path) else "local filesystem"
+
+
+# -- the operations ----------------------------------------------------------------------------------------
+
+
+def make_dir(path: str) -> None:
+    """A local directory is created; an object store needs none (a prefix exists once an object has it)."""
+    if is_url(path):
+        split_url(path)
+        return
+    os.makedirs(path, exist_ok=True)
+
+
+def read(path: str) -> bytes:
+    """The whole file or object; FileNotFoundError if it does not exist, OSError for other failures."""
+    if not is_url(path):
+        with open(path, "rb") as f:
+            return f.read()
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    except FileNotFoundError:
+        raise FileNotFoundError(2, "No such object", path) from None
+    except Exception as exc:
+        raise _os_error(path, "cannot read", exc) from None
+
+
+def write(path: str, data: bytes) -> None:
+    """Replace or create the file/object with `data`, atomically (local: temp file, fsync, rename)."""
+    if not is_url(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write_atomically(path, data)
+        return
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        obstore.put(store, key, data)
+    except Exception as exc:
+        raise _os_error(path, "cannot write", exc) from None
+
+
+def write_new(path: str, data: bytes) -> None:
+    """Create the file/object with `data`; FileExistsError if it already exists, and then it is unchanged.
+
+    Object store: a conditional PUT (`If-None-Match: *`), decided by the server, so two writers cannot both
+    succeed. A server without conditional writes answers "not supported"; then this checks that the key is
+    absent and puts: between the check and the put another writer could slip in (the window is one round
+    trip). Sluice has one writer of a checkpoint's `_metadata` (the leading coordinator), so the fallback
+    only loses the guarantee against a second coordinator writing the same checkpoint id at that instant.
+    Local: written atomically (temp file, rename), after the same check.
+    """
+    if not is_url(path):
+        if os.path.lexists(path):
+            raise FileExistsError(17, "File exists", path)
+        write(path, data)
+        return
+    store, key = _store_and_key(path)
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+
+    try:
+        obstore.put(store, key, data, mode="create")
+        return
+    except (AlreadyExistsError, PreconditionError):
+        raise FileExistsError(17, "Object exists (not overwritten)", path) from None
+    except NotSupportedError:
+        pass
+    except Exception as exc:
+        raise _os_error(path, "cannot write", exc) from None
+    if exists(path):  # check-then-put: see the docstring for the window this leaves
+        raise FileExistsError(17, "Object exists (not overwritten)", path)
+    write(path, data)
+
+
+def exists(path: str) -> bool:
+    if not is_url(path):
+        return os.path.isfile(path)
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        obstore.head(store, key)
+    except FileNotFoundError:
+        return False
+    except Exception as exc:
+        raise _os_error(path, "cannot look up", exc) from None
+    return True
+
+
+def list_children(path: str) -> list[str]:
+    """Names directly under a directory/prefix (files and subdirectories); [] if there is none."""
+    if not is_url(path):
+        try:
+            return os.listdir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    store, key = _store_and_key(path)
+    import obstore
+
+    prefix = key + "/" if key else ""
+    try:
+        listing = obstore.list_with_delimiter(store, prefix or None)
+    except Exception as exc:
+        raise _os_error(path, "cannot list", exc) from None
+    names = [posixpath.basename(p.rstrip("/")) for p in listing["common_prefixes"]]
+    names += [posixpath.basename(o["path"]) for o in listing["objects"]]
+    return names
+
+
+def remove_tree(path: str, *, first: str | None = None) -> None:
+    """Delete a directory/prefix and everything under it; a missing one is fine. `first` (a name in it) goes
+    before the rest, so a removal that stops half-way leaves no such file behind."""
+    if not is_url(path):
+        if first is not None:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(os.path.join(path, first))
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+        return
+    store, key = _store_and_key(path)
+    if not key:
+        raise ValueError(f"refusing to delete the whole bucket {path}")
+    import obstore
+
+    try:
+        if first is not None:
+            with contextlib.suppress(FileNotFoundError):
+                obstore.delete(store, f"{key}/{first}")
+        keys = [o["path"] for batch in obstore.list(store, key + "/") for o in batch]
+        if keys:
+            obstore.delete(store, keys)
+    except Exception as exc:
+        raise _os_error(path, "cannot delete", exc) from None
+
+
+# -- the S3 client -----------------------------------------------------------------------------------------
+
+_stores: dict[str, Any] = {}
+_stores_lock = threading.Lock()
+
+
+def _store_and_key(url: str) -> tuple[Any, str]:
+    bucket, key = split_url(url)
+    with _stores_lock:
+        store = _stores.get(bucket)
+        if store is None:
+            store = _stores[bucket] = _open_bucket(bucket)
+    return store, key
+
+
+def s3_settings(env: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, Any]:
+    """The client options taken from the environment beyond what obstore reads itself: plain http for an
+    http:// endpoint (a test server, a MinIO in the cluster), a default region, path-style requests to a custom
+    endpoint (most S3-compatible servers want them), and bounded timeouts and retries, so that an unreachable
+    store fails a checkpoint in seconds instead of hanging it."""
+    endpoint = next((env[v] for v in _ENDPOINT_VARS if env.get(v)), None)
+    settings: dict[str, Any] = {
+        "client_options": {"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                           "connect_timeout": timedelta(seconds=5), "timeout": timedelta(seconds=30)},
+        "retry_config": {"max_retries": 3, "retry_timeout": timedelta(seconds=20)},
+    }
+    if not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+        settings["region"] = "us-east-1"
+    if endpoint:
+        settings["endpoint"] = endpoint
+        if not env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"):
+            settings["virtual_hosted_style_request"] = False
+    return settings
+
+
+def _open_bucket(bucket: str) -> Any:
+    try:
+        from obstore.store import S3Store
+    except ImportError:
+        raise ObjectStoreUnavailable("s3:// paths need the S3 client: pip install 'sluice[s3]'") from None
+    return S3Store(bucket, **s3_settings())
+
+
+def forget_clients() -> None:
+    """Drop cached clients (tests change the endpoint between servers)."""
+    with _stores_lock:
+        _stores.clear()
+
+
+def _os_error(path: str, what: str, exc: BaseException) -> OSError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return OSError(f"{what} {path}: {first}")

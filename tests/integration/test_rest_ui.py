@@ -1,0 +1,349 @@
+"""The coordinator's REST API, web UI and metrics against one real backpressured job.
+
+One cluster (a coordinator and two workers, real processes) serves every test in this file: the REST
+answers are validated against the OpenAPI document, mutating calls are refused without the cluster
+token and work with it, the Prometheus metrics carry `job_id` and the process metrics and hold every
+metric the Grafana dashboard queries, and Debian's chromium, driven by selenium through its
+chromedriver, shows the job's graph and a completed checkpoint (the screenshot is kept in
+test-artifacts/). The last test rescales the job and cancels it through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.rest import UI_DIR
+from tests.integration.conftest import Cluster, poll, write_module
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+JOB = '''
+from runtime.api import DiscardSink, GeneratorSource, Job
+from runtime.examples.wordcount import Count
+
+
+def build(job: Job) -> None:
+    # a sink far slower than the source: the source is backpressured, checkpoints persist in-flight data
+    (job.source(GeneratorSource(count=None, keys=200, seed=5), parallelism=2)
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=2)
+        .sink(DiscardSink(delay_per_record_s=0.0005)))
+'''
+
+
+@dataclass
+class Live:
+    cluster: Cluster
+    job_id: str
+    http: str  # host:port of the REST API
+
+    def url(self, path: str) -> str:
+        return f"http://{self.http}{path}"
+
+
+def request(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
+            timeout_s: float = 60.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def completed_checkpoints(live: Live) -> list[dict[str, Any]]:
+    _, body = request(live.url(f"/api/v1/jobs/{live.job_id}/checkpoints"))
+    return [c for c in body["history"] if c["status"] == "COMPLETED"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    cluster = Cluster(tmp_path_factory.mktemp("restui"))
+    try:
+        coordinator = cluster.start_coordinator()
+        cluster.start_worker()
+        cluster.start_worker()
+        cluster.wait_workers(2)
+        write_module(cluster.tmp_path, "uijob", JOB)
+        job_id = cluster.submit("uijob:build", {"checkpoint": {"interval_s": 1.0, "mode": "unaligned"},
+                                                "buffer_bytes": 32 * 1024, "buffers_per_channel": 4})
+        live = Live(cluster, job_id, coordinator.fields["http"])
+        poll(lambda: len(completed_checkpoints(live)) >= 1, 120, "a completed checkpoint", interval_s=0.5)
+        yield live
+    finally:
+        cluster.stop()
+        for proc in [*cluster.workers, *([cluster.coordinator] if cluster.coordinator else [])]:
+            assert proc.proc.poll() is not None, f"process {proc.pid} survived the test"
+
+
+def openapi() -> dict[str, Any]:
+    return json.loads((UI_DIR / "openapi.json").read_text())
+
+
+def check(doc: dict[str, Any], path: str, method: str, status: int, body: Any) -> None:
+    """`body` is what the OpenAPI document promises for `method path` answering `status`."""
+    import jsonschema
+
+    schema = doc["paths"][path][method]["responses"][str(status)]["content"]["application/json"]["schema"]
+    jsonschema.validate(body, {**schema, "components": doc["components"]})
+
+
+@pytest.mark.integration
+def test_rest_answers_match_the_openapi_document(live: Live) -> None:
+    doc = openapi()
+    status, served = request(live.url("/api/openapi.json"))
+    assert status == 200 and served == doc
+    jid = live.job_id
+    for path in ("/api/v1/overview", "/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/graph",
+                 "/api/v1/jobs/{job_id}/checkpoints", "/api/v1/jobs/{job_id}/restarts", "/api/v1/workers"):
+        status, body = request(live.url(path.replace("{job_id}", jid)))
+        assert status == 200, (path, body)
+        check(doc, path, "get", 200, body)
+    status, body = request(live.url(f"/api/v1/jobs/{jid}/checkpoints?limit=1"))
+    assert status == 200 and len(body["history"]) == 1
+    check(doc, "/api/v1/jobs/{job_id}/checkpoints", "get", 200, body)
+    status, body = request(live.url("/api/v1/jobs/job-nope/graph"))
+    assert status == 404 and body == {"error": "no job job-nope", "type": "UnknownJob"}
+    check(doc, "/api/v1/jobs/{job_id}/graph", "get", 404, body)
+
+    _, overview = request(live.url("/api/v1/overview"))
+    assert overview == {"workers": 2, "slots_total": 4, "jobs": {"RUNNING": 1}}
+    _, jobs = request(live.url("/api/v1/jobs"))
+    assert [(j["job_id"], j["state"]) for j in jobs["jobs"]] == [(jid, "RUNNING")]
+
+    # rates come from successive heartbeats; the source is throttled by the slow sink downstream
+    def graph() -> dict[str, Any]:
+        return request(live.url(f"/api/v1/jobs/{jid}/graph"))[1]
+
+    poll(lambda: all(v["records_out_per_s"] > 0 for v in graph()["vertices"][:1]), 60, "source rates")
+    g = graph()
+    assert [(v["name"].split(" ")[0], v["parallelism"]) for v in g["vertices"]] == [("GeneratorSource", 2),
+                                                                                    ("Count", 2)]
+    assert g["edges"] == [{"from": g["vertices"][0]["id"], "to": g["vertices"][1]["id"], "partitioner": "hash"}]
+    assert {s["worker"] for v in g["vertices"] for s in v["subtasks"]} == {"worker-1", "worker-2"}
+    poll(lambda: graph()["vertices"][0]["backpressure"] != "OK", 60, "the source to show backpressure")
+
+    done = completed_checkpoints(live)[-1]
+    assert done["mode"] == "unaligned" and done["duration_s"] > 0
+    assert abs(done["started_at"] - time.time()) < 600  # Unix time, not the coordinator's monotonic clock
+    assert sorted(t["task"] for t in done["tasks"]) == sorted(
+        f"{v['id']}:{s['subtask']}" for v in g["vertices"] for s in v["subtasks"])
+    assert all(t["async_s"] >= 0 and t["sync_s"] >= 0 for t in done["tasks"])
+
+    _, workers = request(live.url("/api/v1/workers"))
+    for w in workers["workers"]:
+        with urllib.request.urlopen(w["metrics_url"], timeout=10) as resp:
+            assert b"sluice_worker_slots" in resp.read()
+
+
+@pytest.mark.integration
+def test_mutating_calls_need_the_cluster_token(live: Live) -> None:
+    doc = openapi()
+    path = "/api/v1/jobs/{job_id}/checkpoints"
+    url = live.url(path.replace("{job_id}", live.job_id))
+    before = len(completed_checkpoints(live))
+    for token in (None, "wrong"):
+        status, body = request(url, method="POST", body={}, token=token)
+        assert status == 401 and body["type"] == "Unauthorized"
+        check(doc, path, "post", 401, body)
+    status, body = request(url, method="POST", body={"mode": "aligned"}, token=live.cluster.token)
+    assert status == 200 and body["status"] == "COMPLETED", body
+    check(doc, path, "post", 200, body)
+    taken = [c for c in completed_checkpoints(live) if c["checkpoint_id"] == body["checkpoint_id"]]
+    assert len(taken) == 1 and taken[0]["mode"] == "aligned" and len(completed_checkpoints(live)) > before
+
+    sp = "/api/v1/jobs/{job_id}/savepoints"
+    status, body = request(live.url(sp.replace("{job_id}", live.job_id)), method="POST",
+                           body={"directory": "/etc/sluice-savepoint"}, token=live.cluster.token)
+    assert status == 403 and body["type"] == "PathNotAllowed"
+    check(doc, sp, "post", 403, body)
+    status, body = request(live.url(f"/api/v1/jobs/{live.job_id}/rescale"), method="POST",
+                           body={"parallelism": {"Count": 0}}, token=live.cluster.token)
+    assert status == 400 and body["type"] == "BadRescaleRequest"
+
+
+def scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ")
+
+
+def samples(text: str) -> dict[str, set[str]]:
+    """metric sample name -> the label names it carries; a family declared without samples yet (a job's
+    last restart time before any restart) is served too, with its sample names and no labels known."""
+    out: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        declared = re.match(r"^# TYPE (\w+) (\w+)", line)
+        if declared:
+            name, kind = declared.groups()
+            suffixes = {"histogram": ("_bucket", "_sum", "_count")}.get(kind, ("",))  # counters: TYPE has _total
+            for suffix in suffixes:
+                out.setdefault(name + suffix, set())
+        m = SAMPLE.match(line)
+        if m:
+            labels = {part.split("=", 1)[0] for part in re.findall(r'(\w+)="', m.group(2) or "")}
+            out.setdefault(m.group(1), set()).update(labels)
+    return out
+
+
+@pytest.mark.integration
+def test_metrics_carry_job_id_process_metrics_and_everything_the_dashboard_queries(live: Live) -> None:
+    coordinator = scrape(live.cluster.coordinator.fields["metrics"])  # type: ignore[union-attr]
+    workers = [scrape(w.fields["metrics"]) for w in live.cluster.workers]
+    for text in (coordinator, *workers):
+        assert not re.search(r'^sluice_\w+\{[^}]*\bjob="', text, re.M), "the job label must be job_id"
+        names = samples(text)
+        for process_metric in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+                               "process_max_fds"):
+            assert process_metric in names
+    assert f'sluice_checkpoint_last_duration_seconds{{job_id="{live.job_id}"}}' in coordinator
+    assert any(f'sluice_task_records_out_total{{job_id="{live.job_id}"' in w for w in workers)
+
+    # the blocked source's fullest output channel is at its limit (the old ratio averaged over channels)
+    def source_pool_full() -> bool:
+        texts = [scrape(w.fields["metrics"]) for w in live.cluster.workers]
+        return any(float(line.rsplit(" ", 1)[1]) == 1.0 for text in texts for line in text.splitlines()
+                   if line.startswith("sluice_task_output_pool_usage_ratio{") and f'job_id="{live.job_id}"' in line
+                   and 'task="GeneratorSource"' in line)
+
+    poll(source_pool_full, 60, "the source's output pool usage to reach 1", interval_s=0.5)
+
+    served: dict[str, set[str]] = {}
+    for text in (coordinator, *workers):
+        for name, labels in samples(text).items():
+            served.setdefault(name, set()).update(labels)
+    # labels Prometheus adds from deploy/prometheus.yml, and its own
+    prometheus_yml = (ROOT / "deploy" / "prometheus.yml").read_text()
+    added = {"instance", "job"} | ({"role"} if "role:" in prometheus_yml else set())
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "sluice-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs.append(dashboard["templating"]["list"][1]["definition"])
+    assert exprs
+    functions = {"sum", "max", "rate", "increase", "histogram_quantile", "by", "le", "label_values"}
+    for expr in exprs:
+        for name, matchers in re.findall(r"\b([a-z_][a-z0-9_]*)(\{[^}]*\})?", expr):
+            if name in functions or not (name.startswith("sluice_") or name.startswith("process_")):
+                continue
+            assert name in served, f"the dashboard queries {name}, which no process serves ({expr})"
+            for label in re.findall(r"(\w+)\s*=~?", matchers) if served[name] else ():
+                assert label in served[name] | added, f"{name} has no label {label} ({expr})"
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                assert label == "le" or any(label in labels for labels in served.values()), (label, expr)
+
+
+def chromium_driver() -> Any:
+    """A headless chromium through Debian's chromedriver, or a skip saying why there is none."""
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them as root "
+                    "with apt: apt-get install -y chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="sluice-chromium-")
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={profile}", "--window-size=1400,1100"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, checked for errors
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.sluice_profile = profile  # removed with the driver
+    return driver
+
+
+@pytest.mark.integration
+def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live: Live) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium_driver()
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(live.url("/"))
+        wait = WebDriverWait(driver, 60, poll_frequency=0.25)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#graph g.vertex")) == 2)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoints tbody td.COMPLETED"))
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoint-chart rect.bar.COMPLETED"))
+        vertices = [v.get_attribute("data-vertex") for v in driver.find_elements(By.CSS_SELECTOR, "#graph g.vertex")]
+        assert [v.split(" ")[0] for v in vertices] == ["GeneratorSource", "Count"]
+        assert driver.find_element(By.ID, "job-state").text == "RUNNING"
+        assert live.job_id in driver.find_element(By.ID, "job-title").text
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#graph path.edge")) == 1
+        links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#workers a")]
+        assert len(links) == 2 and all(link.endswith("/metrics") for link in links)
+        assert driver.find_element(By.ID, "status").text == ""  # no error from the API
+
+        def click(by: str, selector: str) -> None:
+            """Click the element; the page redraws every 2 s, so an element may go stale: find it again."""
+            def attempt(d: Any) -> bool:
+                try:
+                    d.find_element(by, selector).click()
+                    return True
+                except StaleElementReferenceException:
+                    return False
+            wait.until(attempt)
+
+        # an operator's subtasks, and a completed checkpoint's tasks, on a click
+        click(By.CSS_SELECTOR, '#graph g.vertex[data-vertex^="Count"] text.title')
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#vertex-detail tbody tr")) == 2)
+        click(By.XPATH, "//table[@id='checkpoints']/tbody/tr[td[@class='COMPLETED']]")
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#checkpoint-detail tbody tr")) == 4)
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors  # no script error, no failed request
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "web-ui.png"
+        assert driver.save_screenshot(str(shot))
+        print(f"web UI screenshot: {shot}")
+    finally:
+        driver.quit()
+        shutil.rmtree(driver.sluice_profile, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_rescale_then_cancel_through_the_api(live: Live) -> None:
+    rescale = live.url(f"/api/v1/jobs/{live.job_id}/rescale")
+    # Count alone at 1 would unchain it from its sink: refused as the RPC refuses it, and the job runs on
+    status, body = request(rescale, method="POST", body={"parallelism": {"Count": 1}}, token=live.cluster.token,
+                           timeout_s=180)
+    assert (status, body["type"]) == (409, "IncompatibleCheckpoint"), body
+    status, body = request(rescale, method="POST", body={"parallelism": {"*": 1}}, token=live.cluster.token,
+                           timeout_s=180)
+    assert status == 200, body
+    check(openapi(), "/api/v1/jobs/{job_id}/rescale", "post", 200, body)
+    _, g = request(live.url(f"/api/v1/jobs/{live.job_id}/graph"))
+    assert [(v["name"].split(" ")[0], v["parallelism"]) for v in g["vertices"]] == [("GeneratorSource", 1),
+                                                                                    ("Count", 1)]
+    _, job = request(live.url(f"/api/v1/jobs/{live.job_id}"))
+    assert (job["state"], job["attempt"]) == ("RUNNING", 1)
+
+    url = live.url(f"/api/v1/jobs/{live.job_id}/cancel")
+    assert request(url, method="POST")[0] == 401
+    status, body = request(url, method="POST", token=live.cluster.token)
+    assert (status, body) == (200, {"state": "CANCELLED"})
+    _, job = request(live.url(f"/api/v1/jobs/{live.job_id}"))
+    assert job["state"] == "CANCELLED" and job["error"] == "cancelled by user"

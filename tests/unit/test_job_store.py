@@ -1,0 +1,130 @@
+"""The persisted job record: a round trip keeps what recovery needs; a damaged or missing file is one clear line
+and that record is skipped, never a crash of the coordinator that reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.checkpointing import CheckpointSettings
+from coordinator.job_store import CorruptJobRecord, JobStore, decode, encode, needs_recovery
+from coordinator.jobs import JobRecord
+from coordinator.restarts import RestartStrategy
+from runtime.graph.enums import JobState
+
+
+def a_job(job_id: str = "job-0001", state: str = JobState.RUNNING) -> JobRecord:
+    job = JobRecord(job_id, "mod:build", "wordcount", "jobs-dir", {"buffer_bytes": 4096, "parallelism": {"*": 2}})
+    job.checkpoint_settings = CheckpointSettings(0.5, mode="unaligned", tolerable_failures=3, retain=2)
+    job.restart_strategy = RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
+    job.state = state
+    job.attempt, job.restarts, job.next_checkpoint_id = 3, 2, 12
+    job.last_checkpoint = {"checkpoint_id": 11, "path": "/state/checkpoints/job-0001/chk-11", "duration_s": 0.2}
+    job.restored_from = "/sp/savepoint-x-4"
+    job.failures = ["worker w-1 lost: heartbeat timeout"]
+    return job
+
+
+def test_round_trip_keeps_what_recovery_needs() -> None:
+    job = decode(encode(a_job()), "job-0001.json")
+    assert (job.job_id, job.entry, job.name, job.sys_path) == ("job-0001", "mod:build", "wordcount", "jobs-dir")
+    assert job.config == {"buffer_bytes": 4096, "parallelism": {"*": 2}}
+    assert job.checkpoint_settings == CheckpointSettings(0.5, mode="unaligned", tolerable_failures=3, retain=2)
+    assert job.restart_strategy == RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
+    assert (job.state, job.attempt, job.restarts, job.next_checkpoint_id) == (JobState.RUNNING, 3, 2, 12)
+    # the pointer only: the figures of the checkpoint are not needed to restore it
+    assert job.last_checkpoint == {"checkpoint_id": 11, "path": "/state/checkpoints/job-0001/chk-11"}
+    assert job.restored_from == "/sp/savepoint-x-4"
+    assert needs_recovery(job)
+
+
+def test_an_ended_job_comes_back_ended() -> None:
+    ended = a_job(state=JobState.FINISHED)
+    ended.ended_at = 1234.5
+    job = decode(encode(ended), "x")
+    assert job.terminal and job.ended.is_set() and job.ended_at == 1234.5
+    assert not needs_recovery(job)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda b: b"", "job record is empty"),
+    (lambda b: b[: len(b) // 2], "truncated or not JSON"),
+    (lambda b: b.replace(b'"mod:build"', b'"mod:bui1d"'), "job record is corrupt: CRC-32"),
+    (lambda b: b.replace(b'"format": 1', b'"format": 9'), "unsupported job record format 9"),
+    (lambda b: b"[1, 2]", "expected a JSON object, got list"),
+])
+def test_a_damaged_record_is_named(damage: object, message: str) -> None:
+    with pytest.raises(CorruptJobRecord, match=message) as info:
+        decode(damage(encode(a_job())), "/state/jobs/job-0001.json")  # type: ignore[operator]
+    assert str(info.value).startswith("/state/jobs/job-0001.json: ")
+    assert "\n" not in str(info.value)
+
+
+def test_a_record_with_a_bad_field_is_named() -> None:
+    doc = json.loads(encode(a_job()))
+    doc["attempt"] = "three"
+    doc.pop("checksum")
+    from coordinator.job_store import _body  # the checksum of the body as written, to get past it
+    from runtime.common.checksums import checksum
+    doc["checksum"] = checksum(_body(doc))
+    with pytest.raises(CorruptJobRecord, match="'attempt' must be int, got 'three'"):
+        decode(json.dumps(doc).encode(), "f")
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_decode_or_raise_the_one_error(data: bytes) -> None:
+    try:
+        decode(data, "f")
+    except CorruptJobRecord:
+        pass
+
+
+async def test_store_writes_and_loads_skipping_damaged_files(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path))
+    assert store.load() == ([], [])  # no jobs directory yet: a first start
+    writer = asyncio.create_task(store.run())
+    try:
+        first, second = a_job("job-a"), a_job("job-b", JobState.CANCELLED)
+        second.submitted_at = first.submitted_at + 1
+        store.save(first)
+        first.attempt = 4  # a later change: the later record wins
+        store.save(first)
+        store.save(second)
+        await store.flush()
+    finally:
+        writer.cancel()
+    jobs_dir = tmp_path / "jobs"
+    (jobs_dir / "job-c.json").write_bytes(encode(a_job("job-c"))[:40])  # torn by a crash of another kind
+    (jobs_dir / "job-d.json").write_bytes(encode(a_job("job-e")))  # holds another job than its name
+    (jobs_dir / ".job-a.json.x.tmp").write_bytes(b"half")  # a temporary file left by a crash: ignored
+    os.mkdir(jobs_dir / "job-f.json")  # not a file at all
+    jobs, problems = store.load()
+    assert [(j.job_id, j.state, j.attempt) for j in jobs] == [("job-a", JobState.RUNNING, 4),
+                                                              ("job-b", JobState.CANCELLED, 3)]
+    assert len(problems) == 3, problems
+    assert any("job-c.json: job record is truncated or not JSON" in p for p in problems), problems
+    assert any("job-d.json: holds job 'job-e'" in p for p in problems), problems
+    assert any("job-f.json: cannot read job record" in p for p in problems), problems
+
+
+async def test_a_coordinator_that_lost_its_lease_writes_nothing(tmp_path: Path) -> None:
+    leading = [True]
+    store = JobStore(str(tmp_path), may_write=lambda: leading[0])
+    writer = asyncio.create_task(store.run())
+    try:
+        store.save(a_job("job-a"))
+        await store.flush()
+        leading[0] = False
+        job = a_job("job-a", JobState.CANCELLED)
+        store.save(job)
+        await store.flush()
+    finally:
+        writer.cancel()
+    jobs, _ = store.load()
+    assert [j.state for j in jobs] == [JobState.RUNNING]

@@ -1,0 +1,189 @@
+"""The REST API's pure parts: request heads, routes, the token check, rates from heartbeats, the views,
+and the OpenAPI document against the routes the coordinator serves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.jobs import JobRecord
+from coordinator.registry import WorkerRegistry
+from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match
+from coordinator.rest_views import RATE_TAU_S, backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
+from netstack.errors import RpcError
+from netstack.http import BadRequest, HttpRequest, parse_head
+from runtime.graph.enums import JobState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_parse_head_reads_method_path_query_and_keeps_header_values() -> None:
+    req, length, keep = parse_head(b"POST /api/v1/jobs/job-1/cancel?x=1&y= HTTP/1.1\r\n"
+                                   b"Authorization: Bearer AbC\r\nContent-Length: 2\r\n\r\n", 100)
+    assert (req.method, req.path, req.query, length, keep) == ("POST", "/api/v1/jobs/job-1/cancel",
+                                                               {"x": "1", "y": ""}, 2, True)
+    assert req.headers["authorization"] == "Bearer AbC"
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (b"GET /\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\n", 400),  # no bodies at all on this listener
+    (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
+])
+def test_parse_head_refuses_what_it_cannot_serve(head: bytes, status: int) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_head(head, 0)
+    assert err.value.status == status
+
+
+def test_parse_head_refuses_a_body_over_the_limit_with_413() -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_head(b"POST /x HTTP/1.1\r\nContent-Length: 101\r\n\r\n", 100)
+    assert err.value.status == 413
+
+
+def test_http_1_0_closes_unless_asked_to_keep_alive() -> None:
+    assert parse_head(b"GET / HTTP/1.0\r\n\r\n", 0)[2] is False
+    assert parse_head(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", 0)[2] is True
+    assert parse_head(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", 0)[2] is False
+
+
+def test_routes_match_with_their_parameters_and_tell_a_wrong_method() -> None:
+    route, params, _ = match("GET", "/api/v1/jobs/job-ab12/graph")
+    assert route is not None and route.name == "graph" and params == {"job_id": "job-ab12"}
+    route, _, _ = match("POST", "/api/v1/jobs/job-ab12/checkpoints")
+    assert route is not None and route.name == "checkpoint" and route.mutating
+    assert match("DELETE", "/api/v1/jobs/job-ab12") == (None, {}, True)
+    assert match("GET", "/api/v1/jobs/a/b/c") == (None, {}, False)
+    assert match("GET", "/api/v1/jobs/../etc") == (None, {}, False)
+
+
+@given(st.text(max_size=40))
+def test_only_the_exact_bearer_token_is_authorized(given_token: str) -> None:
+    token = "s3cret-token"
+    assert authorized({"authorization": f"Bearer {given_token}"}, token) == (given_token.strip() == token)
+    assert authorized({"authorization": f"bearer {token}"}, token)
+    assert not authorized({"authorization": f"Basic {token}"}, token)
+    assert not authorized({}, token)
+
+
+def test_task_sample_turns_two_reports_into_rates() -> None:
+    first = task_sample(None, {"records_in": 100, "records_out": 50, "backpressured_s": 1.0, "busy_s": 0.5}, 10.0)
+    assert first["records_in_per_s"] == 0.0 and first["backpressured_ratio"] == 0.0
+    second = task_sample(first, {"records_in": 300, "records_out": 150, "backpressured_s": 2.5, "busy_s": 0.75},
+                         12.0)
+    assert (second["records_in_per_s"], second["records_out_per_s"]) == (100.0, 50.0)
+    assert (second["backpressured_ratio"], second["busy_ratio"]) == (0.75, 0.125)
+    # later intervals are smoothed: a burst-free second moves the rate part of the way towards 0
+    third = task_sample(second, {"records_in": 300, "records_out": 150, "backpressured_s": 3.5, "busy_s": 0.75},
+                        13.0)
+    alpha = 1 - math.exp(-1 / RATE_TAU_S)
+    assert third["records_in_per_s"] == round(100.0 * (1 - alpha), 4)
+    assert third["backpressured_ratio"] == round(0.75 + alpha * (1.0 - 0.75), 4)
+    # a new attempt starts its counters again: no negative rates, and smoothing starts afresh
+    fourth = task_sample(third, {"records_in": 5, "records_out": 1, "backpressured_s": 0.0}, 14.0)
+    assert fourth["records_in_per_s"] == 0.0 and fourth["backpressured_ratio"] == 0.0 and not fourth["rated"]
+
+
+@given(st.floats(min_value=0.0, max_value=1.0))
+def test_backpressure_levels_follow_the_thresholds(ratio: float) -> None:
+    expected = "HIGH" if ratio >= 0.5 else "LOW" if ratio >= 0.1 else "OK"
+    assert backpressure_level(ratio) == expected
+
+
+def test_views_of_a_job_without_a_plan_are_empty_not_errors() -> None:
+    job = JobRecord("job-1", "mod:build", "mod:build", "", {})
+    assert job_graph(job) == {"job_id": "job-1", "vertices": [], "edges": []}
+    brief = job_brief(job)
+    assert brief["state"] == JobState.CREATED and brief["last_checkpoint_id"] is None
+
+
+def test_checkpoint_view_lists_per_task_figures_sorted() -> None:
+    summary = {"checkpoint_id": 3, "status": "COMPLETED", "mode": "unaligned", "savepoint": False,
+               "started_at": 1.0, "duration_s": 0.5, "state_bytes": 10, "inflight_bytes": 20, "alignment_s": 0.0,
+               "start_delay_s": 0.1}
+    view = checkpoint_view(summary, {"2:0": {"sync_s": 0.01, "async_s": 0.2, "inflight_bytes": 20},
+                                     "1:0": {"start_delay_s": 0.1}})
+    assert [t["task"] for t in view["tasks"]] == ["1:0", "2:0"]
+    assert view["tasks"][1] == {"task": "2:0", "start_delay_s": 0.0, "alignment_s": 0.0, "sync_s": 0.01,
+                                "async_s": 0.2, "state_bytes": 0, "inflight_bytes": 20, "unaligned": False}
+    assert view["failure_reason"] == ""
+
+
+def _openapi() -> dict[str, Any]:
+    return json.loads((UI_DIR / "openapi.json").read_text())
+
+
+def test_the_openapi_document_describes_exactly_the_routes_served() -> None:
+    doc = _openapi()
+    documented = {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
+    served = {(r.method, r.pattern.pattern[1:-1].replace("(?P<job_id>[A-Za-z0-9_.-]+)", "{job_id}")) for r in ROUTES}
+    assert documented == served
+    for route in ROUTES:  # every mutating call, and only those, needs the token
+        path = route.pattern.pattern[1:-1].replace("(?P<job_id>[A-Za-z0-9_.-]+)", "{job_id}")
+        op = doc["paths"][path][route.method.lower()]
+        assert ("security" in op) == route.mutating
+        assert ("401" in op["responses"]) == route.mutating
+
+
+def test_every_schema_reference_in_the_openapi_document_resolves() -> None:
+    doc = _openapi()
+    text = json.dumps(doc)
+    refs = {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}
+    assert refs and refs <= set(doc["components"]["schemas"])
+
+
+def test_static_files_exist() -> None:
+    for name, _ in STATIC.values():
+        assert (UI_DIR / name).is_file(), name
+
+
+def _api(calls: list[tuple[str, dict[str, Any]]], token: str = "tok") -> RestApi:
+    async def call(method: str, args: dict[str, Any]) -> Any:
+        calls.append((method, args))
+        if args["job_id"] == "missing":
+            raise RpcError("no job missing", "UnknownJob")
+        return {"state": "CANCELLED"}
+
+    return RestApi(jobs=dict, workers=WorkerRegistry(), token=token, call=call)
+
+
+def _request(method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> HttpRequest:
+    return HttpRequest(method, path, {}, headers or {}, body)
+
+
+def test_mutating_calls_need_the_token_and_reach_the_rpc_handler_with_its_arguments() -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    api = _api(calls)
+    denied = asyncio.run(api(_request("POST", "/api/v1/jobs/j1/cancel")))
+    assert denied.status == 401 and calls == []
+    wrong = asyncio.run(api(_request("POST", "/api/v1/jobs/j1/cancel", {"authorization": "Bearer nope"})))
+    assert wrong.status == 401 and calls == []
+    auth = {"authorization": "Bearer tok"}
+    ok = asyncio.run(api(_request("POST", "/api/v1/jobs/j1/savepoints", auth, b'{"directory": "/sp"}')))
+    assert ok.status == 200 and calls == [("checkpoint", {"job_id": "j1", "savepoint": True, "directory": "/sp"})]
+    missing = asyncio.run(api(_request("POST", "/api/v1/jobs/missing/cancel", auth)))
+    assert missing.status == 404 and json.loads(missing.body) == {"error": "no job missing", "type": "UnknownJob"}
+    bad = asyncio.run(api(_request("POST", "/api/v1/jobs/j1/rescale", auth, b"[1]")))
+    assert bad.status == 400
+
+
+def test_reads_are_open_and_unknown_paths_are_404() -> None:
+    api = _api([])
+    jobs = asyncio.run(api(_request("GET", "/api/v1/jobs")))
+    assert jobs.status == 200 and json.loads(jobs.body) == {"jobs": []}
+    assert asyncio.run(api(_request("GET", "/api/v1/jobs/nope"))).status == 404
+    assert asyncio.run(api(_request("GET", "/nope"))).status == 404
+    assert asyncio.run(api(_request("PUT", "/api/v1/jobs"))).status == 405
+    bad_limit = HttpRequest("GET", "/api/v1/jobs", {"limit": "0"}, {})
+    assert asyncio.run(api(bad_limit)).status == 400
+    page = asyncio.run(api(_request("GET", "/")))
+    assert page.status == 200 and b"<title>Sluice</title>" in page.body
