@@ -252,7 +252,11 @@ def run_config(mode: str, keys: int, buffers: int, *, repeat: int, pad: int, sin
     cluster = LocalCluster(workers=WORKERS, slots=SLOTS, log_dir=os.path.join(workdir, "logs"),
                            state_dir=os.path.join(workdir, "state"))
     try:
-        cluster.start()
+        # PaddedCount fills its state in open(), on the worker's loop: 500 k keys on a loaded machine outlast the
+        # default 10 s heartbeat timeout, and a lost worker before the first checkpoint restarts the warm-up
+        cluster.start_coordinator("--heartbeat-timeout", "60s")
+        for _ in range(WORKERS):
+            cluster.start_worker()
         runs = asyncio.run(_measure(cluster, workdir, progress, mode, buffers, repeat, warmup_s, between_s,
                                     use_cli, timeout_s))
     except BaseException as exc:
