@@ -315,7 +315,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group = list(grouped)
         ok = [r for r in group if "error" not in r and not r.get("cli")]
         row: dict[str, Any] = {"mode": mode, "keys": keys, "buffers": buffers, "runs": len(ok),
-                               "failed": len(group) - len(ok)}
+                               "failed": sum("error" in r for r in group)}
         row.update({f: _median([r[f] for r in ok]) for f in FIGURES})
         row["downtime_max_s"] = max((r["downtime_s"] for r in ok), default=None)
         rows.append(row)
