@@ -3,6 +3,7 @@
     .venv/bin/python scripts/chaos.py [--runs 5] [--rows 2000000] [--mode unaligned|aligned_timeout]
     .venv/bin/python scripts/chaos.py --kills 0 --link-cuts 2 [--link-timeout 2]   # as root: cut links
     .venv/bin/python scripts/chaos.py --kills 0 --coordinator-kills 2   # kill -9 the coordinator: a new one recovers
+    .venv/bin/python scripts/chaos.py --rescales 3   # rescale to a random parallelism (seeded) between the kills
 
 Prints each run's figures and a summary (medians of checkpoint and restart times); exits 1 if any run's
 output was not exact.
@@ -48,18 +49,24 @@ def main() -> int:
     parser.add_argument("--link-timeout", type=float, default=2.0, help="the workers' --link-timeout in seconds")
     parser.add_argument("--coordinator-kills", type=int, default=0,
                         help="SIGKILL the coordinator this many times per run; a new one recovers the job")
+    parser.add_argument("--rescales", type=int, default=0,
+                        help="rescale the running job this many times per run, between the kills, to a random "
+                             "parallelism (1 to 4, seeded by the run)")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-chaos-")
     failures = 0
     all_checkpoints: list[float] = []
     all_restarts: list[float] = []
     all_detections: list[float] = []
+    all_rescales: list[float] = []
     for run in range(1, args.runs + 1):
         settings = ChaosSettings(workdir=workdir, rows=args.rows, keys=args.keys, mode=args.mode, kills=args.kills,
                                  sink_delay_s=args.sink_delay, link_cuts=args.link_cuts,
-                                 link_timeout_s=args.link_timeout, coordinator_kills=args.coordinator_kills)
+                                 link_timeout_s=args.link_timeout, coordinator_kills=args.coordinator_kills,
+                                 rescales=args.rescales)
         print(f"run {run}/{args.runs}: {args.rows:,} rows, {args.mode}, {args.kills} kills, "
-              f"{args.link_cuts} link cuts, {args.coordinator_kills} coordinator kills", flush=True)
+              f"{args.link_cuts} link cuts, {args.coordinator_kills} coordinator kills, {args.rescales} rescales",
+              flush=True)
         t0 = time.monotonic()
         result = run_chaos(settings, log=lambda line: print(line, flush=True), seed=run)
         all_checkpoints += result.checkpoint_s
@@ -73,9 +80,16 @@ def main() -> int:
               f"max {max(result.checkpoint_s or [0]) * 1000:.0f} ms; "
               f"{result.verify.get('summary') or result.error}", flush=True)
         print_link_cuts(result.link_cuts, all_detections)
+        all_rescales += [r["downtime_s"] for r in result.rescales]
+        if args.rescales:
+            shapes = " ".join(f"{r['from']}->{r['to']} ({r['downtime_s']:.2f}s down)" for r in result.rescales)
+            print(f"    rescales {shapes}; {result.rescales_refused} refused and tried again", flush=True)
     print(f"summary: {args.runs - failures}/{args.runs} runs exact; checkpoint median "
           f"{median(all_checkpoints) * 1000:.0f} ms over {len(all_checkpoints)}; restart median "
           f"{median(all_restarts):.2f}s, max {max(all_restarts or [0]):.2f}s over {len(all_restarts)}")
+    if args.rescales:
+        print(f"rescales: {len(all_rescales)} done, downtime median {median(all_rescales):.2f}s, "
+              f"max {max(all_rescales or [0]):.2f}s")
     if args.link_cuts:
         print(f"link cuts: {len(all_detections)} detected, detection median {median(all_detections):.2f}s, "
               f"max {max(all_detections or [0]):.2f}s (link timeout {args.link_timeout}s)")

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 
 from runtime.common import objectstore
+from runtime.common.gcpause import gc_paused
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
@@ -105,7 +106,8 @@ def decode_channel_state(data: bytes, origin: str) -> dict[str, bytes]:
 
 def _decode(data: bytes, origin: str) -> dict[str, Any]:
     try:
-        state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+        with gc_paused():  # one container per key, none of them garbage: collections would only walk them
+            state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:
         raise CorruptState(f"{origin}: does not decode ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

@@ -14,6 +14,12 @@ its records, from the latest complete checkpoint, with nothing resubmitted; the 
 A link cut (`LinkCutFault`) runs each worker in its own namespace (runtime/cli/netns.py), silences the veth
 pair between two workers that host tasks, and heals it once the job has noticed (the link timeout fired
 and the job left RUNNING); it records how long detection and the restart took.
+
+A rescale (`rescales`) runs what `sluice rescale` does between the kills: the coordinator checkpoints the running
+job in its own mode, stops it and redeploys it at a parallelism drawn from the run's seeded random generator
+(every operator, 1 to `max_rescale_parallelism`, never the current one); a refusal (too few slots while a killed
+worker is away, a checkpoint aborted by a kill) is logged and tried again a little later. The output must still
+verify exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from netstack.errors import NetstackError
 from netstack.transport import run
+from runtime.cli.client import call_coordinator
 from runtime.cli.local_cluster import LocalCluster
 from runtime.cli.netns import NetnsLab
 
@@ -54,6 +62,8 @@ class ChaosSettings:
     link_cuts: int = 0  # > 0: workers run in network namespaces and this many worker-to-worker links are cut
     link_timeout_s: float = 2.0
     coordinator_kills: int = 0  # SIGKILL the coordinator this many times; the job is resubmitted with a restore
+    rescales: int = 0  # rescale the running job this many times, between the kills, to a random parallelism
+    max_rescale_parallelism: int = 4  # fits the slots left while one of 3 workers (2 slots each) is away
 
 
 @dataclass
@@ -63,6 +73,8 @@ class ChaosResult:
     state: str
     kills: list[dict[str, Any]] = field(default_factory=list)
     link_cuts: list[dict[str, Any]] = field(default_factory=list)
+    rescales: list[dict[str, Any]] = field(default_factory=list)
+    rescales_refused: int = 0
     restarts: int = 0
     restart_s: list[float] = field(default_factory=list)
     checkpoint_s: list[float] = field(default_factory=list)
@@ -213,6 +225,51 @@ async def kill_coordinator(cluster: LocalCluster, job_id: str, log: Callable[[st
     return record
 
 
+def fault_plan(kills: int, coordinator_kills: int, rescales: int, rng: random.Random) -> list[str]:
+    """The order of the faults: the kills shuffled (always one while a checkpoint is in flight and one of a worker
+    hosting the sink), then a rescale after each kill, so rescales sit between kills; extra rescales go last."""
+    plan = (["in-flight", "sink"] + ["random"] * max(0, kills - 2))[:kills]
+    plan += ["coordinator"] * coordinator_kills
+    rng.shuffle(plan)
+    out: list[str] = []
+    for kind in plan:
+        out.append(kind)
+        if rescales > 0:
+            out.append("rescale")
+            rescales -= 1
+    return out + ["rescale"] * rescales
+
+
+def rescale_target(current: int, highest: int, rng: random.Random) -> int:
+    """A parallelism from 1 to `highest` other than `current` (`current` itself only if nothing else exists)."""
+    choices = [p for p in range(1, max(1, highest) + 1) if p != current]
+    return rng.choice(choices) if choices else current
+
+
+async def rescale_job(cluster: LocalCluster, job_id: str, status: dict[str, Any], highest: int,
+                      rng: random.Random, log: Callable[[str], None], t0: float) -> dict[str, Any] | None:
+    """Rescale the running job as `sluice rescale` does; None when the coordinator refused (the job runs on)."""
+    current = max((v["parallelism"] for v in status.get("vertices", [])), default=1)
+    target = rescale_target(current, highest, rng)
+    asked = time.monotonic()
+    host, port = cluster.rpc
+    try:
+        answer = await call_coordinator(host, port, cluster.token, "rescale",
+                                        {"job_id": job_id, "parallelism": {"*": target}, "timeout_s": 120.0},
+                                        timeout_s=180.0, tls=cluster.tls)
+    except NetstackError as exc:
+        log(f"  [{asked - t0:5.1f}s] rescale {current} -> {target} refused: {exc}")
+        return None
+    record = {"at_s": round(asked - t0, 2), "from": current, "to": target, "attempt": answer["attempt"],
+              "checkpoint_id": answer["checkpoint_id"], "mode": answer.get("mode"),
+              "inflight_bytes": answer.get("inflight_bytes"), "downtime_s": round(answer["downtime_s"], 3),
+              "took_s": round(time.monotonic() - asked, 2)}
+    log(f"  [{asked - t0:5.1f}s] rescale {current} -> {target} from checkpoint #{record['checkpoint_id']} "
+        f"({record['mode']}, {record['inflight_bytes'] or 0:,} bytes in flight): downtime "
+        f"{record['downtime_s']:.3f}s, {record['took_s']:.2f}s in all")
+    return record
+
+
 async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
                    log: Callable[[str], None], lab: NetnsLab | None = None) -> ChaosResult:
     checkpoint = {"interval_s": settings.interval_s, "mode": settings.mode, "timeout_s": 30.0,
@@ -227,9 +284,7 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                                               "sys_path": os.getcwd()})
     job_id = submitted["job_id"]
     t0 = time.monotonic()
-    plan = (["in-flight", "sink"] + ["random"] * max(0, settings.kills - 2))[: settings.kills]
-    plan += ["coordinator"] * settings.coordinator_kills
-    rng.shuffle(plan)
+    plan = fault_plan(settings.kills, settings.coordinator_kills, settings.rescales, rng)
     result = ChaosResult(ok=False, verify={}, state="RUNNING")
     next_kill_after = t0 + rng.uniform(1.0, 2.5)
     link_cut = (LinkCutFault(lab, settings.link_cuts, settings.link_timeout_s, rng, t0 + rng.uniform(1.0, 2.5))
@@ -257,6 +312,17 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                 and not (link_cut and link_cut.busy)):
             kind = plan[0]
             victim_id = None
+            if kind == "rescale":
+                record = await rescale_job(cluster, job_id, status, settings.max_rescale_parallelism, rng, log, t0)
+                if record is None:
+                    result.rescales_refused += 1
+                    next_kill_after = time.monotonic() + 1.0
+                else:
+                    result.rescales.append(record)
+                    plan.pop(0)
+                    next_kill_after = time.monotonic() + rng.uniform(1.5, 3.5)
+                await asyncio.sleep(0.05)
+                continue
             if kind == "coordinator":
                 record = await kill_coordinator(cluster, job_id, log, t0)
                 result.kills.append(record)
