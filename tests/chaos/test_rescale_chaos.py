@@ -27,9 +27,14 @@ def test_rescales_between_kills_leave_committed_output_exact(tmp_path: Path) -> 
     result = run_chaos(settings, log=lines.append, seed=3)
     report = "\n".join(lines)
     assert result.state == "FINISHED", f"{result.error}\n{report}"
-    assert len(result.kills) == 2 and len(result.rescales) == 2, report
-    # the plan alternates: a kill, then a rescale (seeded), so each rescale follows a recovery
-    assert [r["at_s"] > k["at_s"] for r, k in zip(result.rescales, result.kills, strict=True)] == [True, True], report
+    # the plan alternates: a kill, then a rescale (seeded), so each rescale follows a recovery. A rescale is refused
+    # once a source subtask has read all its input (a job with finished tasks is not rescaled; under load a
+    # subtask left with little input after a rescale gets there early), so the second may not happen.
+    assert len(result.kills) == 2 and 1 <= len(result.rescales) <= 2, report
+    assert len(result.rescales) + (result.rescales_refused > 0) == 2, report
+    assert all(r["at_s"] > k["at_s"] for r, k in zip(result.rescales, result.kills, strict=False)), report
+    assert "refused" not in report or all("is finishing, not RUNNING" in line for line in lines
+                                          if "refused" in line), report
     for r in result.rescales:
         assert r["to"] != r["from"] and 1 <= r["to"] <= settings.max_rescale_parallelism, report
         assert r["mode"] == "unaligned", report
