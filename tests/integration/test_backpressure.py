@@ -103,7 +103,10 @@ def test_slow_sink_backpressures_with_bounded_memory(running_cluster: Cluster) -
           f"bp {b[source]['bp'] - a[source]['bp']:.1f}s of {2 * window_s:.1f}s rss {rss_early} -> {rss_late}")
 
     for t in late["tasks"]:
-        assert t["output_queue"] <= t["output_buffers_limit"] + 2, t  # soft by one record's overdraft
+        # The limit is soft by one chunk (runtime/execution/task.py): a chunk started with a buffer free may cut
+        # several. Here a chunk is at most 256 records of ~12 bytes (~3 KiB) and the in-flight bound may shrink
+        # buffers to 1 KiB, so a chunk overdraws at most ~3 buffers plus one partial cut per subpartition.
+        assert t["output_queue"] <= t["output_buffers_limit"] + 6, t
         assert t["input_queue"] <= 2 * 2 + 8 + 2, t  # exclusive * channels + floating (+ events)
     for pid in rss_late:
         assert rss_late[pid] - rss_early[pid] < 25, f"worker {pid} grew {rss_early[pid]:.0f} -> {rss_late[pid]:.0f} MiB"
