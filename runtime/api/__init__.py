@@ -10,6 +10,7 @@ from runtime.api.functions import (
     KeyedProcessFunction,
     ListState,
     OperatorContext,
+    OutputTag,
     ProcessFunction,
     TimerService,
     ValueState,
@@ -24,6 +25,18 @@ from runtime.api.stream import (
     Node,
 )
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
+from runtime.api.windows import (
+    LATE_DATA,
+    AggregateFunction,
+    EventTimeSessionWindows,
+    ProcessingTimeSessionWindows,
+    SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
+    Window,
+    WindowedStream,
+)
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.nats import NatsSink, NatsSource
@@ -37,4 +50,7 @@ __all__ = [
     "NatsSink",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
+    "OutputTag", "LATE_DATA", "AggregateFunction", "Window", "WindowedStream", "TumblingEventTimeWindows",
+    "SlidingEventTimeWindows", "EventTimeSessionWindows", "TumblingProcessingTimeWindows",
+    "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
 ]

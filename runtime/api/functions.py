@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from runtime.api.time import MIN_WATERMARK
@@ -30,13 +31,30 @@ class ValueState(Generic[T]):
         self._table.pop(self._ctx.current_key, None)
 
 
+@dataclass(frozen=True)
+class OutputTag:
+    """Names a side output of an operator: `ctx.output(tag, value)` sends `value` there, and
+    `stream.side_output(tag)` is the stream of those values. A side output nobody consumes is dropped."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"an OutputTag needs a non-empty name, got {self.name!r}")
+
+
+def _no_side_outputs(tag: str, value: Any) -> None:
+    pass
+
+
 class Context:
     """What a process function sees: where to emit, and which subtask it is.
 
     With event time (a source with `watermarks=`): `timestamp` is the event time of the record being
     processed (records emitted inherit it) and `current_watermark` the operator's watermark."""
 
-    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name", "timestamp", "current_watermark")
+    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name", "timestamp", "current_watermark",
+                 "_side")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str) -> None:
         self.emit = emit
@@ -45,6 +63,11 @@ class Context:
         self.operator_name = operator_name
         self.timestamp: int | None = None
         self.current_watermark: int = MIN_WATERMARK
+        self._side: Callable[[str, Any], None] = _no_side_outputs  # the runtime routes side outputs
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        """Send `value` to the side output `tag` (with event time it carries the current timestamp)."""
+        self._side(tag.name, value)
 
 
 class KeyedContext(Context):

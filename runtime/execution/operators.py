@@ -46,6 +46,7 @@ class RecordWriter:
         self.key_fn = key_fn
         self.router = KeyRouter(max_parallelism, len(subpartitions))
         self._next = subtask_index % len(subpartitions)  # rebalance: start at our own index, spread the load
+        self.side_output: tuple[int, str] | None = None  # (node id, tag) for the edge of a side output
         self.emit = self._make_emit()
         self.emit_batch = self._make_emit_batch()
 
@@ -256,7 +257,7 @@ class Chain:
         self.process_batch([record])
 
     def _tail(self) -> EmitBatch:
-        emits = [w.emit_batch for w in self.outputs]
+        emits = [w.emit_batch for w in self.outputs if w.side_output is None]
         if not emits:
             def drop(records: list[Any]) -> None:
                 pass
@@ -325,6 +326,7 @@ class Chain:
             pending: list[Any] = []
             ctx = OperatorContext(pending.append, self.subtask_index, node.parallelism, node.name,
                                   self.list_state.setdefault(node.id, {}))
+            self._route_side_outputs(node, ctx)
             self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
@@ -338,6 +340,7 @@ class Chain:
             state = self.keyed_state.setdefault(node.id, {})
             keyed_pending: list[Any] = []
             kctx = KeyedContext(keyed_pending.append, self.subtask_index, node.parallelism, node.name, state)
+            self._route_side_outputs(node, kctx)
             self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
             self._install_timers(fn, kctx, node.id, lambda: emit_pending(keyed_pending, nxt))
             kprocess = fn.process
@@ -391,6 +394,27 @@ class Chain:
 
             return run_sink
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
+
+    def _route_side_outputs(self, node: Node, ctx: Context) -> None:
+        """`ctx.output(tag, value)` of `node`: straight to the writers of the edges that consume that side output
+        (a side output is never chained); a tag nobody consumes is dropped."""
+        by_tag: dict[str, list[EmitBatch]] = {}
+        for w in self.outputs:
+            if w.side_output is not None and w.side_output[0] == node.id:
+                by_tag.setdefault(w.side_output[1], []).append(w.emit_batch)
+        if not by_tag:
+            return
+        timed = self.event_time
+
+        def side(tag: str, value: Any) -> None:
+            emits = by_tag.get(tag)
+            if emits:
+                self.records_out += 1
+                batch = [(ctx.timestamp, value)] if timed else [value]
+                for emit in emits:
+                    emit(batch)
+
+        ctx._side = side
 
     # -- event time -----------------------------------------------------------------
 
@@ -472,6 +496,7 @@ class Chain:
             add = pending.append
             ctx = Context(add, self.subtask_index, node.parallelism, node.name)
             ctx.emit = lambda record: add((ctx.timestamp, record))
+            self._route_side_outputs(node, ctx)
             self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
@@ -488,6 +513,7 @@ class Chain:
             kadd = keyed_pending.append
             kctx = KeyedContext(kadd, self.subtask_index, node.parallelism, node.name, state)
             kctx.emit = lambda record: kadd((kctx.timestamp, record))
+            self._route_side_outputs(node, kctx)
             self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
             self._install_timers(fn, kctx, node.id, lambda: emit_pending(keyed_pending, nxt))
             kprocess = fn.process

@@ -91,8 +91,11 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
         for sub in ordered:
             sub.gate = output_gate
         subpartitions += ordered
-        writers.append(RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
-                                    job.max_parallelism, subtask))
+        writer = RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
+                              job.max_parallelism, subtask)
+        if edge.tag is not None:
+            writer.side_output = (edge.tag_node, edge.tag)
+        writers.append(writer)
     chain = Chain(job, vertex.nodes, subtask_index=subtask, parallelism=vertex.parallelism, attempt=plan.attempt,
                   outputs=writers)
     head = job.nodes[vertex.nodes[0]]
