@@ -265,3 +265,22 @@ def test_a_side_output_is_an_edge_of_its_own_and_the_main_output_still_chains() 
     side = [e for e in edges if e.tag is not None]
     assert [(e.up, e.down, e.tag, e.tag_node, e.partitioner) for e in side] == [
         (1, 2, "late-data", counts.node_id, "forward")]
+
+
+def test_processing_time_windows_fire_from_processing_timers_on_the_wall_clock() -> None:
+    job = Job()
+    counts = (job.source(GeneratorSource(count=1)).key_by(lambda r: r[0])
+              .window(TumblingProcessingTimeWindows(60_000)).count())
+    subs = make_subs(1, 1 << 20)
+    chain = Chain(job, [counts.node_id], subtask_index=0, parallelism=1, attempt=0,
+                  outputs=[RecordWriter(subs, "forward", None, job.max_parallelism, 0)])
+    chain.open()
+    chain.process_batch([("a", 1), ("b", 2), ("a", 3)])
+    timers = chain.timers
+    assert timers is not None
+    due = timers.timers.processing.peek()
+    assert due is not None and due % 60_000 == 59_999  # the end of the current minute, minus one
+    assert not timers.processing_due(due - 1)
+    assert not timers.fire_processing(due, 64)
+    start = due + 1 - 60_000
+    assert sorted(decode(subs[0])) == [("a", start, due + 1, 2), ("b", start, due + 1, 1)]
