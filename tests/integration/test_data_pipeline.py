@@ -291,9 +291,10 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
 def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
     # `spark` only to skip without Java/PySpark; the CLI starts its own Spark.
     gen = _cli(["generate", "in", "--rows", "5000", "--keys", "20", "--skew", "zipf", "--partitions", "2",
-                "--seed", "1"], tmp_path)
+                "--seed", "1", "--jitter-ms", "40"], tmp_path)
     assert gen.returncode == 0, gen.stdout + gen.stderr
-    assert re.fullmatch(r"generated 5,000 rows, 20 keys \(zipf 1\.1, seed 1\) in 2 files / \d+ row groups at "
+    assert re.fullmatch(r"generated 5,000 rows, 20 keys \(zipf 1\.1, seed 1, jitter 40 ms\) in 2 files / \d+ row "
+                        r"groups at "
                         rf"{re.escape(str(tmp_path / 'in'))} in [0-9.]+ s\n", gen.stdout), gen.stdout
     assert "Traceback" not in gen.stderr and " INFO " not in gen.stderr, gen.stderr  # Spark stays quiet
     write_wordcount_output(tmp_path / "in", tmp_path / "out")
@@ -302,6 +303,19 @@ def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
     assert ver.stdout.startswith("verify wordcount: 5,000 expected rows, 5,000 output rows: 0 missing, "
                                  "0 duplicate, 0 wrong -> OK"), ver.stdout
     assert not any(p.name in ("spark-warehouse", "metastore_db") for p in tmp_path.iterdir())
+
+    # The windowed query as a windowed chaos test calls it: the simulated job's firings and late records.
+    fired, late = window_count(read_in_order(tmp_path / "in"), size=50, max_delay_ms=10, allowed_lateness_ms=5)
+    assert late, "a jitter of 40 ms behind a 10 ms delay must leave late records"
+    write_rows(tmp_path / "windows", [fired])
+    write_rows(tmp_path / "late", [late[1:]])  # one late record is missing
+    ver = _cli(["verify", "--input", "in", "--output", "windows", "--query", "window-count", "--window-ms", "50",
+                "--max-delay-ms", "10", "--allowed-lateness-ms", "5", "--late-output", "late", "--json"], tmp_path)
+    assert ver.returncode == 1, ver.stdout + ver.stderr
+    result = json.loads(ver.stdout)
+    assert (result["ok"], result["missing"], result["wrong"], result["expected_rows"]) == (False, 0, 0, len(fired))
+    assert (result["late"]["ok"], result["late"]["missing"]) == (False, 1)
+    assert result["late"]["examples"]["missing"][0]["row"] == list(late[0])
 
 
 def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
@@ -313,6 +327,11 @@ def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
 
     r = _cli(["verify", "--input", "missing", "--output", "out"], tmp_path)
     assert r.returncode == 2 and "no input at missing" in r.stderr, r.stderr
+    r = _cli(["verify", "--input", "missing", "--output", "out", "--query", "window-count"], tmp_path)
+    assert r.returncode == 2 and "--query window-count needs --window-ms > 0" in r.stderr, r.stderr
+    r = _cli(["verify", "--input", "missing", "--output", "out", "--query", "session-count", "--gap-ms", "5",
+              "--allowed-lateness-ms", "3"], tmp_path)
+    assert r.returncode == 2 and "--query session-count takes no --allowed-lateness-ms" in r.stderr, r.stderr
 
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "notes.txt").write_text("keep me")
