@@ -337,11 +337,22 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--partitions", type=_positive, default=4, help="output files (default 4)")
     dg.add_argument("--row-group-rows", type=_positive, help="rows per row group (default: about 8 groups a file)")
     dg.add_argument("--seed", type=int, default=0)
+    dg.add_argument("--jitter-ms", type=int, default=0,
+                    help="out-of-order event times: each row's is up to this much behind 1_700_000_000_000 + seq, "
+                         "deterministically for the seed (default 0: in order)")
     dg.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
     dv.add_argument("--output", required=True, help="the job's FileSink directory")
-    dv.add_argument("--query", choices=["wordcount"], default="wordcount")
+    dv.add_argument("--query", choices=["wordcount", "window-count", "session-count"], default="wordcount")
+    dv.add_argument("--window-ms", type=_positive, help="window-count: window size")
+    dv.add_argument("--slide-ms", type=_positive, help="window-count: slide of sliding windows (default: tumbling)")
+    dv.add_argument("--max-delay-ms", type=int, default=0,
+                    help="window-count, session-count: the source's bounded out-of-orderness (default 0)")
+    dv.add_argument("--allowed-lateness-ms", type=int, default=0, help="window-count (default 0)")
+    dv.add_argument("--gap-ms", type=_positive, help="session-count: session gap")
+    dv.add_argument("--late-output", metavar="DIR",
+                    help="window-count, session-count: also verify the late records' FileSink directory")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
     for client in (s, st, ca, cp, sp, rs, cl, pr):
