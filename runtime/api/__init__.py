@@ -14,6 +14,14 @@ from runtime.api.functions import (
     TimerService,
     ValueState,
 )
+from runtime.api.state import (
+    AggregateFunction,
+    AggregatingState,
+    KeyedListState,
+    MapState,
+    ReducingState,
+    TtlValueState,
+)
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
     PARTITIONERS,
@@ -37,4 +45,5 @@ __all__ = [
     "NatsSink",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
+    "AggregateFunction", "AggregatingState", "KeyedListState", "MapState", "ReducingState", "TtlValueState",
 ]
