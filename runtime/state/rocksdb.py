@@ -102,7 +102,7 @@ class RocksDBBackend(StateBackend):
         # a RocksDB checkpoint flushes the memtable, so every write before it is in the snapshot's SST files.
         # Writes then cost a memtable insert, not a log append as well.
         self._write_options = rocksdict.WriteOptions()
-        self._write_options.disable_wal = True
+        self._write_options.disable_wal = True  # type: ignore[assignment,method-assign,unused-ignore]  # a property
         try:
             return rocksdict.Rdict(path, self._options())
         except Exception as e:  # rocksdict raises plain Exception for RocksDB errors
