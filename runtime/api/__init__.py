@@ -15,6 +15,14 @@ from runtime.api.functions import (
     TimerService,
     ValueState,
 )
+from runtime.api.state import (
+    AggregateFunction,
+    AggregatingState,
+    KeyedListState,
+    MapState,
+    ReducingState,
+    TtlValueState,
+)
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
     PARTITIONERS,
@@ -27,7 +35,6 @@ from runtime.api.stream import (
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
 from runtime.api.windows import (
     LATE_DATA,
-    AggregateFunction,
     EventTimeSessionWindows,
     ProcessingTimeSessionWindows,
     SlidingEventTimeWindows,
@@ -50,7 +57,8 @@ __all__ = [
     "NatsSink",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
-    "OutputTag", "LATE_DATA", "AggregateFunction", "Window", "WindowedStream", "TumblingEventTimeWindows",
+    "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",
     "SlidingEventTimeWindows", "EventTimeSessionWindows", "TumblingProcessingTimeWindows",
     "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
+    "AggregateFunction", "AggregatingState", "KeyedListState", "MapState", "ReducingState", "TtlValueState",
 ]

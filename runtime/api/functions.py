@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from runtime.api.state import AggregatingState, KeyedListState, MapState, ReducingState, TtlValueState
 from runtime.api.time import MIN_WATERMARK
 
 T = TypeVar("T")
@@ -83,9 +84,29 @@ class KeyedContext(Context):
         self.timers: TimerService = TimerService()  # the runtime installs the real one
         self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
 
-    def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
+    def value_state(self, name: str, default: Any = None, *,
+                    ttl_ms: int | None = None) -> ValueState[Any] | TtlValueState[Any]:
+        """One value per key; with `ttl_ms` it expires that long after its last write (runtime/api/state.py)."""
         table = self._state.setdefault(name, {})
+        if ttl_ms is not None:
+            return TtlValueState(table, default, self, ttl_ms=ttl_ms)
         return ValueState(table, default, self)
+
+    # -- more state kinds (runtime/api/state.py), on every state backend ---------------------------------
+
+    def list_state(self, name: str, *, ttl_ms: int | None = None) -> KeyedListState[Any]:
+        return KeyedListState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
+
+    def map_state(self, name: str, *, ttl_ms: int | None = None) -> MapState[Any, Any]:
+        return MapState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
+
+    def reducing_state(self, name: str, reduce_fn: Callable[[Any, Any], Any], *,
+                       ttl_ms: int | None = None) -> ReducingState[Any]:
+        return ReducingState(self._state.setdefault(name, {}), self, reduce_fn, ttl_ms=ttl_ms)
+
+    def aggregating_state(self, name: str, agg: Any, *, ttl_ms: int | None = None) -> AggregatingState[Any, Any]:
+        """`agg`: an AggregateFunction (create_accumulator, add, get_result, merge) or any object like one."""
+        return AggregatingState(self._state.setdefault(name, {}), self, agg, ttl_ms=ttl_ms)
 
 
 class ProcessFunction:

@@ -19,6 +19,7 @@ from runtime.connectors.source import Source
 
 DEFAULT_MAX_PARALLELISM = 128
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
+STATE_BACKENDS = ("memory", "rocksdb", "remote")  # runtime/state/registry.py builds them
 
 
 class JobDefinitionError(ValueError):
@@ -49,11 +50,25 @@ class Job:
     """Collects the graph of a job; `build(job)` in a job module fills it."""
 
     def __init__(self, name: str = "job", *, max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-                 default_parallelism: int = 1) -> None:
+                 default_parallelism: int = 1, state_backend: str | None = None) -> None:
         self.name = name
         self.max_parallelism = max_parallelism
         self.default_parallelism = default_parallelism
         self.nodes: list[Node] = []
+        self._state_backend: str | None = None
+        self.state_backend = state_backend
+
+    @property
+    def state_backend(self) -> str | None:
+        """The job's default state backend ("memory", "rocksdb", "remote"; None: memory). `--state-backend`
+        on `sluice submit|local` wins over it. A job module may set it in `build`: `job.state_backend = ...`."""
+        return self._state_backend
+
+    @state_backend.setter
+    def state_backend(self, kind: str | None) -> None:
+        if kind is not None and kind not in STATE_BACKENDS:
+            raise JobDefinitionError(f"unknown state backend {kind!r}: choose one of {', '.join(STATE_BACKENDS)}")
+        self._state_backend = kind
 
     def _add(self, kind: str, payload: Any, parallelism: int | None, name: str | None,
              inputs: list[Input], key_fn: Callable[[Any], Any] | None = None) -> Node:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.api.functions import KeyedProcessFunction, OutputTag
+from runtime.api.state import AggregateFunction
 
 if TYPE_CHECKING:
     from runtime.api.stream import DataStream, KeyedStream
@@ -141,28 +142,15 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
     event_time = False
 
 
-class AggregateFunction:
-    """Incremental aggregation: an accumulator per window, `add` per record, `merge` for session windows."""
-
-    def create_accumulator(self) -> Any:
-        raise NotImplementedError
-
-    def add(self, value: Any, accumulator: Any) -> Any:
-        raise NotImplementedError
-
-    def get_result(self, accumulator: Any) -> Any:
-        return accumulator
-
-    def merge(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} cannot merge accumulators (needed by session windows)")
-
-
-class CountAggregate(AggregateFunction):
+class CountAggregate(AggregateFunction[Any, int, int]):
     def create_accumulator(self) -> int:
         return 0
 
     def add(self, value: Any, accumulator: int) -> int:
         return accumulator + 1
+
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
 
     def merge(self, a: int, b: int) -> int:
         return a + b

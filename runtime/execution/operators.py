@@ -24,6 +24,8 @@ from runtime.connectors.sinks import Sink
 from runtime.execution.channels import Subpartition
 from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerQueue
 from runtime.graph.partitioning import KeyRouter
+from runtime.state.backend import PendingSnapshot, StateBackend
+from runtime.state.tables import BackendTables
 
 Emit = Callable[[Any], None]
 EmitBatch = Callable[[list[Any]], None]
@@ -229,8 +231,11 @@ class Chain:
     """The operators of one task, and the function that pushes a record through them."""
 
     def __init__(self, job: Job, node_ids: list[int], *, subtask_index: int, parallelism: int, attempt: int,
-                 outputs: list[RecordWriter]) -> None:
+                 outputs: list[RecordWriter], state_backend: StateBackend | None = None) -> None:
         self.nodes: list[Node] = [job.nodes[i] for i in node_ids]
+        self.max_parallelism = job.max_parallelism
+        # None: keyed state in plain dicts (the memory backend's fast path); else tables on this backend
+        self.state_backend = state_backend
         self.subtask_index = subtask_index
         self.parallelism = parallelism
         self.attempt = attempt
@@ -251,6 +256,14 @@ class Chain:
             for w in outputs:
                 w.carry_timestamps()
         self.process_batch = self._build()
+
+    def _keyed_tables(self, node_id: int) -> dict[str, Any]:
+        """The keyed-state tables of one operator: dicts, or BackendTables on a state backend."""
+        tables = self.keyed_state.get(node_id)
+        if tables is None:
+            tables = self.keyed_state[node_id] = {} if self.state_backend is None else \
+                BackendTables(self.state_backend, node_id, self.max_parallelism)
+        return tables
 
     def process(self, record: Any) -> None:
         """One record through the chain (restored state, tests); the task uses `process_batch`."""
@@ -337,7 +350,7 @@ class Chain:
 
             return run_process
         if kind == "keyed_process":
-            state = self.keyed_state.setdefault(node.id, {})
+            state = self._keyed_tables(node.id)
             keyed_pending: list[Any] = []
             kctx = KeyedContext(keyed_pending.append, self.subtask_index, node.parallelism, node.name, state)
             self._route_side_outputs(node, kctx)
@@ -355,7 +368,7 @@ class Chain:
 
             return run_keyed
         if kind == "reduce":
-            table = self.keyed_state.setdefault(node.id, {}).setdefault("reduce", {})
+            table = self._keyed_tables(node.id).setdefault("reduce", {})
             rkey = node.key_fn
             assert rkey is not None
             get = table.get
@@ -508,7 +521,7 @@ class Chain:
 
             return run_process
         if kind == "keyed_process":
-            state = self.keyed_state.setdefault(node.id, {})
+            state = self._keyed_tables(node.id)
             keyed_pending: list[Any] = []
             kadd = keyed_pending.append
             kctx = KeyedContext(kadd, self.subtask_index, node.parallelism, node.name, state)
@@ -529,7 +542,7 @@ class Chain:
 
             return run_keyed
         if kind == "reduce":
-            table = self.keyed_state.setdefault(node.id, {}).setdefault("reduce", {})
+            table = self._keyed_tables(node.id).setdefault("reduce", {})
             rkey = node.key_fn
             assert rkey is not None
             get = table.get
@@ -556,6 +569,11 @@ class Chain:
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
 
     # -- checkpoints ------------------------------------------------------------
+
+    def begin_state_snapshot(self, checkpoint_id: int) -> PendingSnapshot | None:
+        """The synchronous part of the state backend's snapshot (None on the memory path: the task copies its
+        dict tables instead)."""
+        return None if self.state_backend is None else self.state_backend.begin_snapshot(checkpoint_id)
 
     def snapshot_sinks(self, checkpoint_id: int) -> list[Any]:
         """Pre-commit every sink for `checkpoint_id`; returns their states, in chain order."""
@@ -612,3 +630,5 @@ class Chain:
             fn.close()
         for sink in self.sinks:
             sink.close()
+        if self.state_backend is not None:
+            self.state_backend.close()
