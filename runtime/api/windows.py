@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 LATE_DATA = OutputTag("late-data")
 """The side output of a window operator that receives the records too late for all their windows."""
 
-_WINDOWS = "\0windows"  # the keyed-state table of a window operator (user state names never start with "\0")
+_WINDOWS = "windows"  # the keyed-state table of a window operator (its own node: no user state beside it)
 _CHUNK = 256  # elements per chunk of a `process` window
 
 

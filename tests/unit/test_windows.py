@@ -30,6 +30,8 @@ from runtime.api import (
 from runtime.api.windows import WindowAssigner
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.graph.plan import chain_graph
+from runtime.state.registry import make_backend
+from runtime.state.rocksdb import available as rocksdb_available
 from tests.unit.test_hot_path import make_subs, sent
 
 
@@ -43,7 +45,7 @@ def decode(sub: Any) -> list[Any]:
 class WindowHarness:
     """A source -> key_by -> window chain driven by hand: records with timestamps, then watermarks."""
 
-    def __init__(self, build: Any) -> None:
+    def __init__(self, build: Any, state_backend: Any = None) -> None:
         job = Job()
         src = job.source(GeneratorSource(count=1),
                          watermarks=BoundedOutOfOrderness(max_delay_ms=0, timestamp=lambda r: r[1]))
@@ -54,7 +56,7 @@ class WindowHarness:
         late_w = RecordWriter(self.late, "forward", None, job.max_parallelism, 0)
         late_w.side_output = (windowed.node_id, LATE_DATA.name)
         self.chain = Chain(job, [windowed.node_id], subtask_index=0, parallelism=1, attempt=0,
-                           outputs=[main_w, late_w])
+                           outputs=[main_w, late_w], state_backend=state_backend)
         self.chain.open()
 
     def record(self, key: str, ts: int) -> None:
@@ -237,6 +239,24 @@ def test_tumbling_and_sliding_match_the_model(records: list[tuple[str, int]], de
     expected, late = window_model(events, assigner, lateness)
     assert Counter(r for _, r in h.outputs()) == expected
     assert h.late_records() == late
+
+
+@pytest.mark.skipif(not rocksdb_available(), reason="rocksdict is not installed (the `rocksdb` extra)")
+def test_windows_on_rocksdb_keep_their_contents_in_the_backend(tmp_path: Any) -> None:
+    backend = make_backend("rocksdb", range(128), work_dir=str(tmp_path / "w"), options={})
+    h = WindowHarness(lambda k: k.window(SlidingEventTimeWindows(10, 5), allowed_lateness_ms=3).count(), backend)
+    records = [("a", 7), ("b", 3), ("a", 12), ("a", 4), ("b", 14)]
+    for key, ts in records:
+        h.record(key, ts)
+    assert sum(1 for _ in backend.scan(range(128))) == 2  # one entry per key, in the backend
+    h.watermark(9)
+    h.record("a", 6)  # [0, 10) fired at 9 but is within the lateness: fires again
+    h.watermark(MAX_WATERMARK)
+    events: list[tuple[Any, ...]] = [("r", k, t, (k, t)) for k, t in records] + [("w", 9), ("r", "a", 6, ("a", 6))]
+    expected, late = window_model(events, SlidingEventTimeWindows(10, 5), 3)
+    assert Counter(r for _, r in h.outputs()) == expected and h.late_records() == late
+    assert sum(1 for _ in backend.scan(range(128))) == 0  # every window dropped after its lateness
+    h.chain.close()
 
 
 def test_bad_window_arguments_are_refused_with_the_reason() -> None:
