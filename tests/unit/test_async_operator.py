@@ -46,22 +46,25 @@ class Harness:
         self.log: list[Any] = []  # outputs and forwarded watermarks, in the order the chain got them
         self.failures: list[BaseException] = []
         self.wakes = 0
+        self._woken = asyncio.Event()
         self.op = AsyncOperator(function or Count(), backend, AsyncStateSettings.from_config(settings), node_id=3,
                                 name="Count", key_fn=lambda r: r[0], subtask_index=0, parallelism=1,
                                 max_parallelism=128, timed=False, emit=self.log.extend,
                                 forward_watermark=lambda ts: self.log.append(("wm", ts)))
         self.op.bind(wake=self._wake, on_failure=self.failures.append)
 
-    def _wake(self) -> None:
+    def _wake(self) -> None:  # the task's wake-up: the operator made progress (a record finished, it failed)
         self.wakes += 1
+        self._woken.set()
 
-    async def wait_quiet(self, timeout_s: float = 10.0) -> None:
+    async def wait_for(self, predicate: Any, timeout_s: float = 10.0) -> None:
         async with asyncio.timeout(timeout_s):
-            while not self.op.quiet():
-                await asyncio.sleep(0.001)
+            while not predicate():
+                self._woken.clear()
+                await self._woken.wait()
 
     async def finish(self) -> None:
-        await self.wait_quiet()
+        await self.wait_for(self.op.quiet)
         await self.op.finish()
         await self.op.aclose()
 
@@ -138,9 +141,7 @@ async def test_a_failing_record_fails_the_task_once() -> None:
     h = Harness(MemoryBackend(ALL), function=FailsOn())
     await h.op.open()
     h.op.feed([("a", 1), ("b", "bad"), ("c", 2)])
-    async with asyncio.timeout(5):
-        while not h.failures:
-            await asyncio.sleep(0.001)
+    await h.wait_for(lambda: h.failures)
     assert [str(e) for e in h.failures] == ["bad record"]
     with pytest.raises(ValueError, match="bad record"):
         h.op.raise_if_failed()
