@@ -131,7 +131,9 @@ class AsyncStateRunner:
         self._unblocked.set()
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._round_trips: set[asyncio.Future[list[Any]]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = 0.0
         self._error: BaseException | None = None
         self.checkpoints: dict[int, CapturedCheckpoint] = {}
         self.blocked_seconds = 0.0
@@ -263,8 +265,13 @@ class AsyncStateRunner:
         self._post_progress()
 
     async def _run_batch(self, batch: ExecuteBatch) -> None:
+        # the round trip runs on in a thread when this task is cancelled: aclose waits for it before the
+        # caller closes the backend under it
+        round_trip = asyncio.ensure_future(asyncio.to_thread(self._round_trip, batch))
+        self._round_trips.add(round_trip)
+        round_trip.add_done_callback(self._round_trips.discard)
         try:
-            values = await asyncio.to_thread(self._round_trip, batch)
+            values = await asyncio.shield(round_trip)
         except Exception as e:
             self._fail(e)
             return
@@ -279,12 +286,14 @@ class AsyncStateRunner:
     def _arm_timer(self) -> None:
         deadline = self._controller.next_deadline()
         if self._timer is not None:
-            if deadline is not None and self._timer.when() == deadline:
+            # the deadline is kept beside the handle: uvloop's timer handles (the worker's loop) have no when()
+            if deadline is not None and self._timer_deadline == deadline:
                 return
             self._timer.cancel()
             self._timer = None
         if deadline is not None:
             self._timer = self._loop.call_at(deadline, self._on_timer)
+            self._timer_deadline = deadline
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -308,3 +317,4 @@ class AsyncStateRunner:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._round_trips, return_exceptions=True)

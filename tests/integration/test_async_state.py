@@ -60,12 +60,12 @@ def install(cluster: Cluster, words: int, sink_delay: float = 0.00002) -> Setup:
     return setup
 
 
-def config(cluster: Cluster, backend: str, checkpoint: str) -> dict[str, Any]:
+def config(cluster: Cluster, backend: str, checkpoint: str, mode: str = "unaligned") -> dict[str, Any]:
     state: dict[str, Any] = {"backend": backend, "options": {"round_trip_ms": ROUND_TRIP_MS}}
     if backend == "rocksdb":
         state["work_dir"] = str(cluster.tmp_path / "local-state")
     return {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
-            "checkpoint": {"interval_s": 0.4, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 5,
+            "checkpoint": {"interval_s": 0.4, "mode": mode, "timeout_s": 20, "tolerable_failures": 5,
                            "retain": 1000},
             "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60},
             "state": state,
@@ -92,12 +92,13 @@ def async_acks(metadata: dict[str, Any]) -> int:
     return sum(1 for ack in metadata["acks"].values() if "async_captured_records" in ack["figures"])
 
 
-def run_killed(cluster: Cluster, backend: str, checkpoint: str, words: int) -> tuple[Setup, str, dict[str, Any]]:
+def run_killed(cluster: Cluster, backend: str, checkpoint: str, words: int,
+               mode: str = "unaligned") -> tuple[Setup, str, dict[str, Any]]:
     """Submit the async count, kill -9 the worker of a count subtask after a checkpoint that (in capture mode)
     captured records in flight, start a worker in its place; returns once the job finished."""
     setup = install(cluster, words)
     start(cluster)
-    job_id = cluster.submit("asyncjobs:build", config(cluster, backend, checkpoint))
+    job_id = cluster.submit("asyncjobs:build", config(cluster, backend, checkpoint, mode))
     status: dict[str, Any] = {}
 
     def ready() -> bool:
@@ -137,9 +138,11 @@ def test_async_count_in_capture_mode_survives_kill_9_exactly(cluster: Cluster, b
 
 
 @pytest.mark.timeout(300)
-def test_async_count_in_drain_mode_survives_kill_9_exactly(cluster: Cluster) -> None:
-    backend = "rocksdb" if available() else "memory"
-    setup, job_id, _ = run_killed(cluster, backend, "drain", words=150_000)
+@pytest.mark.parametrize("backend, mode", [
+    pytest.param("rocksdb", "unaligned", marks=pytest.mark.skipif(not available(), reason="no rocksdict")),
+    ("memory", "aligned")])  # aligned: the task drains at the in-band barrier
+def test_async_count_in_drain_mode_survives_kill_9_exactly(cluster: Cluster, backend: str, mode: str) -> None:
+    setup, job_id, _ = run_killed(cluster, backend, "drain", words=150_000, mode=mode)
     assert_exact_output(setup)
     done = checkpoints(cluster, job_id)
     assert done and all(captured(m) == 0 for m in done.values()), {i: captured(m) for i, m in sorted(done.items())}

@@ -204,3 +204,24 @@ def test_an_inflight_document_restores_pending_writes_and_replay_inside_the_new_
                           *([Record("k39", ["k39", 2])] if "k39" in mine else [])]
         assert sorted((n, k, v) for n, _, k, v in backend.scan(groups)) == \
             sorted(("3/count", k, 9) for k in keys[20:] if k in mine)
+
+
+def test_it_runs_on_uvloop_as_in_a_worker() -> None:
+    """Workers run uvloop (netstack/transport.py), whose call_at() of a deadline less than half a millisecond
+    away returns a plain handle without when(): the runner re-arms its batch deadline timer without asking it."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def count() -> list[Any]:
+        h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.001), max_in_flight=16, batch_size=1000,
+                    batch_timeout_ms=0.3)  # uvloop runs a deadline this close with call_soon
+        await h.op.open()
+        for i in range(0, 200, 10):  # partial batches: the deadline timer is armed and re-armed
+            h.op.feed([(f"k{j % 7}", j) for j in range(i, i + 10)])
+            await h.wait_for(lambda: h.op.quiet() or h.failures)
+            assert h.failures == []
+        await h.finish()
+        return h.log
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        log = runner.run(count())
+    assert sorted(log) == sorted((f"k{k}", n) for k in range(7) for n in range(1, 1 + len(range(k, 200, 7))))
