@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """State benchmark: synchronous vs asynchronous state access, epochs, capture vs drain, RocksDB checkpoints.
 
-Standalone (no cluster, no task loop: the async runner is not wired into tasks yet). Remote state is
+Parts 1 to 5 run standalone (no cluster, no task loop); part 6 runs jobs on a local cluster. Remote state is
 simulated by runtime/state/latency.py: an in-memory backend behind a fixed sleep per round trip
 (--latency-ms, default 1). It is a stand-in until the remote Redis-protocol backend of issue 11 exists,
 so the figures show what batching and overlapping buy against a round-trip cost, not a real server.
@@ -243,8 +243,9 @@ def cluster_run(entry: str, records: int, config: dict[str, Any]) -> float:
         cluster.start()
         summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name="bench-state", progress=None,
                                                  timeout_s=900))
-        if summary["state"] != "FINISHED":
-            raise RuntimeError(f"{entry} ended {summary['state']}: {summary.get('error', '')}")
+        if summary["state"] != "FINISHED" or summary["restarts"]:
+            raise RuntimeError(f"{entry} ended {summary['state']} after {summary['restarts']} restarts: "
+                               f"{summary.get('error', '')} {summary.get('failures', [])}")
         return records / (summary["ended_at"] - summary["submitted_at"])
     finally:
         cluster.stop()

@@ -143,6 +143,14 @@ class AsyncKeyedContext(AsyncStateFactory):
         """An output of this record, released when the record finishes."""
         raise NotImplementedError
 
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """Call `on_timer(timestamp, None, ctx)` for this key once the watermark reaches `timestamp` (a job with
+        event time). Takes effect when this record finishes, like its state writes."""
+        raise NotImplementedError
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        raise NotImplementedError
+
     def _read(self, name: str, default: Any) -> Awaitable[Any]:
         raise NotImplementedError
 
@@ -169,4 +177,6 @@ class AsyncKeyedProcessFunction:
         raise NotImplementedError
 
     async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
-        """A timer of `ctx.key` is due (the runner's `timers_due` said so); runs before the watermark goes on."""
+        """A timer of `ctx.key` is due; runs like a record of its key, after every record before the watermark
+        that made it due and before that watermark goes on. In a task: an event-time timer the function
+        registered (`ctx.register_event_time_timer`), `timestamp` its time, `payload` None."""

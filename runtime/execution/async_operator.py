@@ -19,13 +19,19 @@ or in flight (Task._quiesce), so the replay list is empty and the snapshot is
 Flink's; in `capture` mode the records still in flight and the queued ones
 are the replay list, which a restore puts in the queue before anything else
 (`restore`): before restored channel state and new input.
+
+Event-time timers (`AsyncEventTimers`) run through the controller's epochs:
+once the records before a watermark finished, the due timers run as records
+of their keys, and the watermark goes on after them. They are checkpointed in
+the in-flight document.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +42,13 @@ from runtime.execution.async_controller import (
     EpochMode,
     KeyOrder,
     Record,
+    Timer,
     Watermark,
 )
 from runtime.execution.async_state import AsyncKeyedProcessFunction, AsyncOpenContext, AsyncStateRunner
+from runtime.graph.partitioning import key_group
 from runtime.state.backend import PendingSnapshot, StateBackend
+from runtime.state.codec import hashable
 
 DRAIN = "drain"
 CAPTURE = "capture"
@@ -86,6 +95,47 @@ class AsyncStateSettings:
                                 max_parallelism=max_parallelism)
 
 
+class AsyncEventTimers:
+    """The event-time timers of an asynchronous keyed operator, as (timestamp, key).
+
+    A registration takes effect when its record finishes (as its state writes do), and a timer leaves when its
+    `on_timer` finishes, not when it is handed out: a capture checkpoint taken while it runs still holds it,
+    and the watermark in the replay list fires it again. Timers are few per key; `due` scans them all."""
+
+    def __init__(self) -> None:
+        self._timers: set[tuple[int, Any]] = set()
+        self._firing: set[tuple[int, Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._timers)
+
+    def apply(self, key: Any, changes: Sequence[tuple[bool, int]]) -> None:
+        for register, timestamp in changes:
+            if register:
+                self._timers.add((timestamp, key))
+            else:
+                self._timers.discard((timestamp, key))
+
+    def due(self, watermark: int) -> list[tuple[Any, Any]]:
+        """(key, timestamp) of the timers at or before `watermark` not handed out yet, by time."""
+        out = sorted((t for t in self._timers if t[0] <= watermark and t not in self._firing), key=lambda t: t[0])
+        self._firing.update(out)
+        return [(key, timestamp) for timestamp, key in out]
+
+    def fired(self, key: Any, timestamp: int) -> None:
+        self._timers.discard((timestamp, key))
+        self._firing.discard((timestamp, key))
+
+    def snapshot(self) -> list[list[Any]]:
+        return [[timestamp, key] for timestamp, key in self._timers]
+
+    def restore(self, entries: Sequence[Sequence[Any]], key_groups: range, max_parallelism: int) -> None:
+        for timestamp, key in entries:
+            key = hashable(key)
+            if key_group(key, max_parallelism) in key_groups:
+                self._timers.add((int(timestamp), key))
+
+
 class AsyncOperator:
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, settings: AsyncStateSettings, *,
                  node_id: int, name: str, key_fn: Callable[[Any], Any], subtask_index: int, parallelism: int,
@@ -100,13 +150,19 @@ class AsyncOperator:
         self._open_ctx = AsyncOpenContext(subtask_index=subtask_index, parallelism=parallelism, name=name,
                                           state_prefix=f"{node_id}/")
         self._opened = False
+        self.timers = AsyncEventTimers()
         self._wake: Callable[[], None] = lambda: None
         self._on_failure: Callable[[BaseException], None] = lambda e: None
         self._failure_reported = False
-        self.runner = AsyncStateRunner(function, backend, settings.controller_config(max_parallelism),
+        # the controller asks for due timers before each watermark only when the function has on_timer
+        has_timers = type(function).on_timer is not AsyncKeyedProcessFunction.on_timer
+        config = dataclasses.replace(settings.controller_config(max_parallelism), timers=has_timers)
+        self.runner = AsyncStateRunner(function, backend, config,
                                        key_of=key_fn, emit=lambda v: emit([v]), emit_many=emit,
                                        on_watermark=forward_watermark, on_progress=self._on_progress,
-                                       timed=timed, state_prefix=f"{node_id}/")
+                                       timed=timed, state_prefix=f"{node_id}/",
+                                       timers_due=self.timers.due, timer_call=lambda t: (t.payload, None),
+                                       on_finished=self._on_finished)
         self._key_of = self.runner._key_of
         self.blocked_s = 0.0  # time the task waited for admission (Task accounts it)
         self.captured_records = 0  # records in flight that checkpoints captured for replay, over all
@@ -161,6 +217,12 @@ class AsyncOperator:
         if error is not None:
             raise error
 
+    def _on_finished(self, key: Any, record: Any, timer_changes: list[tuple[bool, int]]) -> None:
+        if record.__class__ is Timer:
+            self.timers.fired(key, record.payload)
+        if timer_changes:
+            self.timers.apply(key, timer_changes)
+
     def _on_progress(self) -> None:
         if self.runner.error is None:
             self.pump()
@@ -195,6 +257,8 @@ class AsyncOperator:
         self.runner.barrier(checkpoint_id)
         captured = self.runner.checkpoints.pop(checkpoint_id)
         doc = inflight_document(captured.instruction, queued)
+        if len(self.timers):
+            doc["timers"] = self.timers.snapshot()
         self.last_captured_records = sum(1 for e in doc["replay"] if e[0] == "r")
         self.captured_records += self.last_captured_records
         return captured.pending, doc
@@ -202,5 +266,7 @@ class AsyncOperator:
     def restore(self, docs: list[dict[str, Any]]) -> None:
         """Before any input: apply the checkpoints' pending writes, queue their replay input first."""
         checkpoints = [decode_inflight(d, f"async state of operator {self.node_id}") for d in docs]
+        for doc in docs:
+            self.timers.restore(doc.get("timers") or [], self.backend.key_groups, self._max_parallelism)
         replay = restore_inflight(self.backend, checkpoints, max_parallelism=self._max_parallelism)
         self._queue.extendleft(reversed([e if isinstance(e, Watermark) else e.value for e in replay]))

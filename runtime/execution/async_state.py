@@ -66,7 +66,7 @@ __all__ = ["AsyncKeyedContext", "AsyncKeyedProcessFunction", "AsyncListState", "
 class _RecordContext(AsyncKeyedContext):
     """The context of one running record: its requests go to the runner, its outputs wait for its end."""
 
-    __slots__ = ("key", "timestamp", "_runner", "_seq", "_outputs", "_prefix")
+    __slots__ = ("key", "timestamp", "_runner", "_seq", "_outputs", "_prefix", "timer_changes")
 
     def __init__(self, runner: AsyncStateRunner, seq: int, key: Any, timestamp: int | None = None) -> None:
         self.key = key
@@ -75,6 +75,13 @@ class _RecordContext(AsyncKeyedContext):
         self._seq = seq
         self._outputs: list[Any] = []
         self._prefix = runner.state_prefix
+        self.timer_changes: list[tuple[bool, int]] = []  # (register?, timestamp), applied when it finishes
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self.timer_changes.append((True, int(timestamp)))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self.timer_changes.append((False, int(timestamp)))
 
     def emit(self, value: Any) -> None:
         # released when the record finishes; with event time an output carries its input's timestamp
@@ -107,11 +114,16 @@ class AsyncStateRunner:
                  timers_due: Callable[[int], list[tuple[Any, Any]]] | None = None,
                  emit_many: Callable[[list[Any]], None] | None = None,
                  on_progress: Callable[[], None] | None = None,
-                 timed: bool = False, state_prefix: str = "") -> None:
+                 timed: bool = False, state_prefix: str = "",
+                 timer_call: Callable[[Timer], tuple[int, Any]] | None = None,
+                 on_finished: Callable[[Any, Any, list[tuple[bool, int]]], None] | None = None) -> None:
         """`emit_many`: a finished record's outputs as one list (instead of `emit` per output). `on_progress`:
         called soon (not inside the runner's own call) after input unblocks, a record finishes or the runner
         fails, for a driver that waits on `submit_nowait`. `timed`: records are (timestamp, record) pairs, as in
-        a chain with event time. `state_prefix` goes before every state name (an operator's node id)."""
+        a chain with event time. `state_prefix` goes before every state name (an operator's node id).
+        `timer_call`: the (timestamp, payload) `on_timer` gets for a due Timer (default: the watermark's time
+        and the payload `timers_due` gave). `on_finished(key, record, timer changes)`: a record or timer
+        finished successfully, before its outputs are released."""
         self._function = function
         self._backend = backend
         self._controller = AsyncExecutionController(config)
@@ -122,6 +134,8 @@ class AsyncStateRunner:
         self._progress_posted = False
         self.timed = timed
         self.state_prefix = state_prefix
+        self._timer_call = timer_call or (lambda t: (t.timestamp, t.payload))
+        self._on_finished = on_finished
         self._on_watermark = on_watermark or (lambda ts: None)
         self._timers_due = timers_due or (lambda ts: [])
         self._loop = asyncio.get_running_loop()
@@ -245,8 +259,9 @@ class AsyncStateRunner:
         CURRENT_RECORD.set(ctx)  # this task's own copy of the context: handles made in open() find it
         try:
             if isinstance(record, Timer):
-                ctx.timestamp = record.timestamp
-                await self._function.on_timer(record.timestamp, record.payload, ctx)
+                timestamp, payload = self._timer_call(record)
+                ctx.timestamp = timestamp
+                await self._function.on_timer(timestamp, payload, ctx)
             elif self.timed:
                 ctx.timestamp = record[0]
                 await self._function.process(record[1], ctx)
@@ -255,6 +270,8 @@ class AsyncStateRunner:
         except Exception as e:  # the job fails; the task reports it on its next call
             self._fail(e)
             return
+        if self._on_finished is not None:
+            self._on_finished(start.key, record, ctx.timer_changes)
         if ctx._outputs:
             if self._emit_many is not None:
                 self._emit_many(ctx._outputs)

@@ -2,7 +2,8 @@
 unaligned checkpoints, in capture mode (records in flight at the barrier go into the checkpoint and are replayed
 first) and in drain mode (the snapshot waits for them), on the memory and RocksDB backends. State round trips
 are slowed (a test-only LatencyBackend delay) so that records really are in flight at every barrier. Every
-job must commit each count exactly once, per key in order."""
+job must commit each count exactly once, per key in order. With event time, an asynchronous function's timers
+under the same kill must commit exactly what the synchronous KeyedProcessFunction commits without failures."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from tests.integration.test_failover import (
 pytestmark = pytest.mark.integration
 
 JOB = '''
-from runtime.api import AsyncKeyedProcessFunction, FileSink, GeneratorSource, Job
+from runtime.api import (AsyncKeyedProcessFunction, BoundedOutOfOrderness, FileSink, GeneratorSource, Job,
+                         KeyedProcessFunction)
 
 
 class AsyncCount(AsyncKeyedProcessFunction):
@@ -48,6 +50,51 @@ def build(job: Job) -> None:
         .key_by(lambda r: r[0])
         .process(AsyncCount(), parallelism=2)
         .sink(FileSink({out!r}, delay_per_record_s={sink_delay})))
+
+
+# event time: a count per key reported by a timer at the end of each second of event time
+def jittered(record):
+    return record[2] + (record[1] * 7919) % 400
+
+
+class AsyncWindows(AsyncKeyedProcessFunction):
+    def open(self, ctx):
+        self.count = ctx.value_state("count", 0)
+
+    async def process(self, record, ctx):
+        await self.count.update((await self.count.value()) + 1)
+        ctx.register_event_time_timer(ctx.timestamp // 1000 * 1000 + 999)
+
+    async def on_timer(self, timestamp, payload, ctx):
+        ctx.emit(["timer", ctx.key, timestamp, await self.count.value()])
+
+
+class SyncWindows(KeyedProcessFunction):
+    def open(self, ctx):
+        self.count = ctx.value_state("count", 0)
+
+    def process(self, record, ctx):
+        self.count.update(self.count.value() + 1)
+        ctx.timers.register_event_time(ctx.timestamp // 1000 * 1000 + 999)
+
+    def on_timer(self, timestamp, ctx):
+        ctx.emit(["timer", ctx.current_key, timestamp, self.count.value()])
+
+
+def _windows(job, fn, out):
+    watermarks = BoundedOutOfOrderness(max_delay_ms=150, timestamp=jittered, granularity_ms=10)
+    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=1, watermarks=watermarks)
+        .key_by(lambda r: r[0])
+        .process(fn, parallelism=2)
+        .sink(FileSink(out)))
+
+
+def windows_async(job: Job) -> None:
+    _windows(job, AsyncWindows(), {out!r})
+
+
+def windows_sync(job: Job) -> None:
+    _windows(job, SyncWindows(), {out!r} + "-sync")
 '''
 
 ROUND_TRIP_MS = 3  # every state batch (reads, then the writes of finished records) costs this much
@@ -92,13 +139,13 @@ def async_acks(metadata: dict[str, Any]) -> int:
     return sum(1 for ack in metadata["acks"].values() if "async_captured_records" in ack["figures"])
 
 
-def run_killed(cluster: Cluster, backend: str, checkpoint: str, words: int,
-               mode: str = "unaligned") -> tuple[Setup, str, dict[str, Any]]:
+def run_killed(cluster: Cluster, backend: str, checkpoint: str, words: int, mode: str = "unaligned",
+               entry: str = "asyncjobs:build") -> tuple[Setup, str, dict[str, Any]]:
     """Submit the async count, kill -9 the worker of a count subtask after a checkpoint that (in capture mode)
     captured records in flight, start a worker in its place; returns once the job finished."""
     setup = install(cluster, words)
     start(cluster)
-    job_id = cluster.submit("asyncjobs:build", config(cluster, backend, checkpoint, mode))
+    job_id = cluster.submit(entry, config(cluster, backend, checkpoint, mode))
     status: dict[str, Any] = {}
 
     def ready() -> bool:
@@ -147,3 +194,20 @@ def test_async_count_in_drain_mode_survives_kill_9_exactly(cluster: Cluster, bac
     done = checkpoints(cluster, job_id)
     assert done and all(captured(m) == 0 for m in done.values()), {i: captured(m) for i, m in sorted(done.items())}
     assert any(async_acks(m) == 2 for m in done.values())
+
+
+def committed_lines(directory: Any) -> list[str]:
+    files = sorted(directory.iterdir()) if directory.exists() else []
+    assert [p.name for p in files if p.name.startswith((".", "_"))] == [], "uncommitted files left behind"
+    return sorted(line for p in files for line in p.read_text().splitlines())
+
+
+@pytest.mark.timeout(300)
+def test_async_timers_with_event_time_in_capture_mode_survive_kill_9_exactly(cluster: Cluster) -> None:
+    setup, job_id, _ = run_killed(cluster, "memory", "capture", words=100_000, entry="asyncjobs:windows_async")
+    reference = cluster.submit("asyncjobs:windows_sync", {"checkpoint": {"interval_s": 0.5, "mode": "unaligned"}})
+    assert cluster.wait_job(reference, timeout_s=120)["state"] == "FINISHED"
+    expected = committed_lines(setup.out.parent / (setup.out.name + "-sync"))
+    assert len(expected) > 1000  # a timer per key and second of event time
+    assert committed_lines(setup.out) == expected
+    assert any(captured(m) > 0 for m in checkpoints(cluster, job_id).values())

@@ -225,3 +225,57 @@ def test_it_runs_on_uvloop_as_in_a_worker() -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         log = runner.run(count())
     assert sorted(log) == sorted((f"k{k}", n) for k in range(7) for n in range(1, 1 + len(range(k, 200, 7))))
+
+
+# -- event-time timers ---------------------------------------------------------------------------------------
+
+
+class Windows(AsyncKeyedProcessFunction):
+    """Counts a key's records and reports the count at each record's timer (its third field)."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.value_state("count", 0)
+
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        await self.count.update((await self.count.value()) + 1)
+        ctx.register_event_time_timer(record[2])
+
+    async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
+        ctx.emit((ctx.key, timestamp, await self.count.value()))
+
+
+async def test_timers_fire_before_their_watermark_goes_on() -> None:
+    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.001), function=Windows())
+    await h.op.open()
+    h.op.feed([("a", 1, 10), ("b", 2, 10), ("a", 3, 20)])
+    h.op.feed_watermark(15)
+    h.op.feed([("a", 4, 20)])
+    h.op.feed_watermark(25)
+    await h.finish()
+    assert h.log[:3] in ([("a", 10, 2), ("b", 10, 1), ("wm", 15)], [("b", 10, 1), ("a", 10, 2), ("wm", 15)])
+    assert h.log[3:] == [("a", 20, 3), ("wm", 25)]  # strict epochs: record 4 ran after the first watermark
+    assert len(h.op.timers) == 0
+
+
+async def test_a_capture_snapshot_taken_while_timers_run_fires_them_again_after_a_restore(tmp_path: Any) -> None:
+    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.03), function=Windows(), checkpoint="capture")
+    await h.op.open()
+    h.op.feed([("a", 1, 10), ("b", 2, 10), ("c", 3, 30)])
+    await h.wait_for(h.op.quiet)
+    h.op.feed_watermark(15)  # the timers of a and b start: each awaits a 30 ms round trip
+    assert h.op.in_flight == 2
+    pending, doc = h.op.snapshot(4)
+    handle = pending.upload(SnapshotStore(str(tmp_path)))
+    assert doc["replay"] == [["w", 15]]  # timers are not replayed: their watermark is
+    assert sorted(doc["timers"]) == [[10, "a"], [10, "b"], [30, "c"]]
+    await h.op.aclose()
+
+    restored = MemoryBackend(ALL)
+    restored.restore(SnapshotStore(str(tmp_path)), [handle])
+    h2 = Harness(restored, function=Windows(), checkpoint="capture")
+    h2.op.restore([doc])
+    await h2.op.open()
+    h2.op.feed_watermark(40)
+    await h2.finish()
+    assert sorted(h2.log[:2]) == [("a", 10, 1), ("b", 10, 1)]
+    assert h2.log[2:] == [("wm", 15), ("c", 30, 1), ("wm", 40)]
