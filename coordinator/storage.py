@@ -174,6 +174,7 @@ class LocalCheckpointStorage:
                 problem = mismatch(data, sums.get(name))
                 if problem is not None:
                     raise CorruptCheckpoint(f"{file}: checkpoint file of task {task} is corrupt: {problem}")
+            _verify_backend_files(directory, task, state.get("backend"))
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]:
         """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""
@@ -233,6 +234,23 @@ class LocalCheckpointStorage:
                 os.unlink(os.path.join(job_dir, relative))
             except FileNotFoundError:
                 pass
+
+
+def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
+    """A state backend's files (runtime/checkpointing/backend_snapshots.py) exist, shared ones at their size:
+    SST files are immutable and named uniquely, so their size is the check that matters."""
+    if not isinstance(handle, dict):
+        return
+    root = directory if handle.get("store") == "self" else files.dirname(directory)
+    for relative in handle.get("private_files") or ():
+        if not files.exists(files.join(root, str(relative))):
+            raise CorruptCheckpoint(f"{files.join(root, str(relative))}: state file of task {task} is missing")
+    for entry in handle.get("shared_files") or ():
+        path = files.join(root, "shared", str(entry[1]))
+        size = os.path.getsize(path) if not files.is_url(path) and os.path.exists(path) else None
+        if size != int(entry[2]):
+            raise CorruptCheckpoint(f"{path}: shared state file of task {task} is "
+                                    f"{'missing' if size is None else f'{size} bytes, not {entry[2]}'}")
 
 
 def shared_files(metadata: dict[str, Any]) -> set[str]:

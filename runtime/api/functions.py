@@ -61,7 +61,8 @@ class KeyedContext(Context):
         self.timers: TimerService = TimerService()  # the runtime installs the real one
         self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
 
-    def value_state(self, name: str, default: Any = None, *, ttl_ms: int | None = None) -> Any:
+    def value_state(self, name: str, default: Any = None, *,
+                    ttl_ms: int | None = None) -> ValueState[Any] | TtlValueState[Any]:
         """One value per key; with `ttl_ms` it expires that long after its last write (runtime/api/state.py)."""
         table = self._state.setdefault(name, {})
         if ttl_ms is not None:

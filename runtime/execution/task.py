@@ -123,8 +123,9 @@ class RestoredState:
     """What a task restores before it processes anything new."""
 
     keyed: dict[int, dict[str, dict[Any, Any]]] | None = None  # node id -> state name -> key -> value
-    # snapshot handles of a state backend (runtime/state/backend.py SnapshotHandle.to_dict, plus "store": the
-    # SnapshotStore root): one, or several old subtasks' when rescaled; restored by the worker before the run
+    # snapshot handles of a state backend (SnapshotHandle.to_dict plus "store", the layout: see
+    # runtime/checkpointing/backend_snapshots.py): one, or several old subtasks' when rescaled; the worker
+    # restores them into the task's backend before the task runs
     backend: list[dict[str, Any]] | None = None
     source: Any = None  # [position before the batch, records of it already emitted]
     sinks: list[Any] | None = None  # the sinks' pre-committed state, in chain order

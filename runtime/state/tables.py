@@ -25,18 +25,18 @@ INTERNAL_PREFIX = "\0"
 class BackendTable:
     """The entries of one keyed state (one operator, one name) in a backend, as a small dict-like object."""
 
-    __slots__ = ("backend", "name", "_max_parallelism", "_get_many", "_put_many", "_delete_many")
+    __slots__ = ("backend", "name", "_max_parallelism", "_get_one", "_put_one", "_delete_one")
 
     def __init__(self, backend: StateBackend, name: str, max_parallelism: int) -> None:
         self.backend = backend
         self.name = name
         self._max_parallelism = max_parallelism
-        self._get_many = backend.get_many
-        self._put_many = backend.put_many
-        self._delete_many = backend.delete_many
+        self._get_one = backend.get_one
+        self._put_one = backend.put_one
+        self._delete_one = backend.delete_one
 
     def get(self, key: Any, default: Any = None) -> Any:
-        value = self._get_many(((self.name, key_group(key, self._max_parallelism), key),))[0]
+        value = self._get_one(self.name, key_group(key, self._max_parallelism), key)
         return default if value is MISSING else value
 
     def __getitem__(self, key: Any) -> Any:
@@ -46,18 +46,18 @@ class BackendTable:
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._put_many(((self.name, key_group(key, self._max_parallelism), key, value),))
+        self._put_one(self.name, key_group(key, self._max_parallelism), key, value)
 
     def __delitem__(self, key: Any) -> None:
         if self.pop(key, MISSING) is MISSING:
             raise KeyError(key)
 
     def pop(self, key: Any, default: Any = None) -> Any:
-        address = (self.name, key_group(key, self._max_parallelism), key)
-        value = self._get_many((address,))[0]
+        group = key_group(key, self._max_parallelism)
+        value = self._get_one(self.name, group, key)
         if value is MISSING:
             return default
-        self._delete_many((address,))
+        self._delete_one(self.name, group, key)
         return value
 
     def __contains__(self, key: Any) -> bool:
@@ -87,11 +87,11 @@ class BackendTable:
 
     def update(self, entries: dict[Any, Any]) -> None:
         mp = self._max_parallelism
-        self._put_many([(self.name, key_group(k, mp), k, v) for k, v in entries.items()])
+        self.backend.put_many([(self.name, key_group(k, mp), k, v) for k, v in entries.items()])
 
     def clear(self) -> None:
         mp = self._max_parallelism
-        self._delete_many([(self.name, key_group(k, mp), k) for k in list(self.keys())])
+        self.backend.delete_many([(self.name, key_group(k, mp), k) for k in list(self.keys())])
 
 
 class BackendTables(dict):  # type: ignore[type-arg]

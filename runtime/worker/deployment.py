@@ -9,6 +9,7 @@ channel rides the TCP link to the peer worker.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from runtime.execution.inflight import InflightBound
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
+from runtime.graph.enums import TaskState
 from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
 from runtime.state.backend import StateBackend
 from runtime.worker.network import NetworkEnvironment
@@ -219,6 +221,16 @@ async def connect(deployed: DeployedJob, network: NetworkEnvironment, *, timeout
 def teardown(deployed: DeployedJob, network: NetworkEnvironment) -> None:
     if deployed.sizing is not None:
         deployed.sizing.cancel()
+    # a task that ran closed its chain (and state backend) itself; one cancelled before it started did not
+    _close_backends(t for t in deployed.tasks.values() if t.state == TaskState.CREATED)
     for link in deployed.local_links:
         link.closed = True
     network.unregister(deployed.channel_ids)
+
+
+def _close_backends(tasks: Iterable[Task]) -> None:
+    for task in tasks:
+        backend = task.chain.state_backend
+        if backend is not None:
+            task.chain.state_backend = None
+            backend.close()

@@ -220,3 +220,22 @@ def test_discarding_a_checkpoint_deletes_the_shared_files_no_retained_one_refere
     assert sorted(os.listdir(shared)) == ["b", "c", "d"]
     storage.discard(os.path.join(job_dir, "chk-2"))
     assert sorted(os.listdir(shared)) == ["d"]
+
+
+def test_verify_finds_a_missing_or_truncated_shared_state_file(storage):
+    job_dir = storage.job_dir("job")
+    os.makedirs(os.path.join(job_dir, "shared"))
+    with open(os.path.join(job_dir, "shared", "a"), "w") as f:
+        f.write("x")
+    path = storage.checkpoint_dir("job", 1)
+    metadata = _metadata_with_shared(1, ["a"])
+    metadata["acks"]["1:0"]["state"].pop("state")  # no operator state file in this test: only the backend's
+    storage.write_metadata(path, metadata)
+    storage.verify(path, storage.read_metadata(path))  # intact
+    with open(os.path.join(job_dir, "shared", "a"), "w") as f:
+        f.write("xy")
+    with pytest.raises(CorruptCheckpoint, match="shared state file of task 1:0 is 2 bytes, not 1"):
+        storage.verify(path, storage.read_metadata(path))
+    os.unlink(os.path.join(job_dir, "shared", "a"))
+    with pytest.raises(CorruptCheckpoint, match="is missing"):
+        storage.verify(path, storage.read_metadata(path))
