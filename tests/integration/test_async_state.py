@@ -211,3 +211,44 @@ def test_async_timers_with_event_time_in_capture_mode_survive_kill_9_exactly(clu
     assert len(expected) > 1000  # a timer per key and second of event time
     assert committed_lines(setup.out) == expected
     assert any(captured(m) > 0 for m in checkpoints(cluster, job_id).values())
+
+
+# -- rescaling a running job ---------------------------------------------------------------------------------
+
+RUNNING_JOB = """
+from runtime.api import FileSink, GeneratorSource, Job
+from runtime.examples.wordcount import AsyncCount
+
+
+def wordcount(job: Job) -> None:
+    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
+        .key_by(lambda r: r[0])
+        .process(AsyncCount(), parallelism=2, name="Count")  # the name test_rescale_running's helpers expect
+        .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output(running_cluster: Cluster) -> None:
+    """Each rescale takes an unaligned checkpoint with records in flight in the asynchronous operators; the new
+    subtasks replay the captured records of their key groups from every old subtask, first."""
+    from runtime.graph.enums import JobState
+    from tests.integration.conftest import assert_running_counts, generator_counts
+    from tests.integration.test_rescale_running import CONFIG, KEYS, SEED, WORDS, rescale, wait_backpressured
+
+    cluster = running_cluster
+    out = cluster.tmp_path / "out"
+    write_module(cluster.tmp_path, "runningasync", RUNNING_JOB.format(out=str(out), words=WORDS, keys=KEYS,
+                                                                        seed=SEED))
+    config = {**CONFIG, "state": {"backend": "memory", "options": {"round_trip_ms": ROUND_TRIP_MS}},
+              "async_state": {"max_in_flight": 300, "checkpoint": "capture"}}
+    job_id = str(cluster.call("submit", {"entry": "runningasync:wordcount", "name": "asynccount", "config": config,
+                                         "sys_path": str(cluster.tmp_path)})["job_id"])
+    for before, after in ((2, 3), (3, 1)):
+        wait_backpressured(cluster, job_id, 2 * before)
+        rescale(cluster, job_id, after)
+    final = cluster.wait_job(job_id, timeout_s=300)
+    assert final["state"] == JobState.FINISHED, final
+    assert final["attempt"] == 2 and final["restarts"] == 0, final
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
+    assert any(captured(m) > 0 for m in checkpoints(cluster, job_id).values())
