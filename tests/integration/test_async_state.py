@@ -260,7 +260,9 @@ def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output
     out = cluster.tmp_path / "out"
     write_module(cluster.tmp_path, "runningasync", RUNNING_JOB.format(out=str(out), words=WORDS, keys=KEYS,
                                                                         seed=SEED))
-    config = {**CONFIG, "state": {"backend": "memory", "options": {"round_trip_ms": ROUND_TRIP_MS}},
+    # every checkpoint kept: the ones the rescales restored are read after later ones completed
+    config = {**CONFIG, "checkpoint": {**CONFIG["checkpoint"], "retain": 1000},
+              "state": {"backend": "memory", "options": {"round_trip_ms": ROUND_TRIP_MS}},
               "async_state": {"max_in_flight": 300, "checkpoint": "capture"}}
     job_id = str(cluster.call("submit", {"entry": "runningasync:wordcount", "name": "asynccount", "config": config,
                                          "sys_path": str(cluster.tmp_path)})["job_id"])
