@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """State benchmark: synchronous vs asynchronous state access, epochs, capture vs drain, RocksDB checkpoints.
 
-Standalone (no cluster, no task loop: the async runner is not wired into tasks yet). Remote state is
+Parts 1 to 5 run standalone (no cluster, no task loop); part 6 runs jobs on a local cluster. Remote state is
 simulated by runtime/state/latency.py: an in-memory backend behind a fixed sleep per round trip
 (--latency-ms, default 1). It is a stand-in until the remote Redis-protocol backend of issue 11 exists,
 so the figures show what batching and overlapping buy against a round-trip cost, not a real server.
@@ -20,6 +20,11 @@ so the figures show what batching and overlapping buy against a round-trip cost,
    (dict tables; sync = the table copy a task takes at the barrier, bytes = the encoded operator state) and
    on RocksDB (BackendTables; sync = begin_state_snapshot, bytes = what the upload copied), with the
    operator's records/s while it fills the state.
+6. On a cluster (`--parts cluster`): a local cluster of 2 workers runs the README's keyed count
+   (runtime/examples/wordcount.py: GeneratorSource -> key_by -> count, parallelism 2 -> DiscardSink), sync
+   (KeyedProcessFunction) vs async (AsyncKeyedProcessFunction through the wired task path), on the memory
+   backend, and on RocksDB with --latency-ms per round trip (state.options.round_trip_ms). Records/s = records
+   over the coordinator's submit -> FINISHED time (deployment included).
 
     .venv/bin/python scripts/bench_state.py
 """
@@ -227,6 +232,44 @@ def task_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict
     return rows
 
 
+def cluster_run(entry: str, records: int, config: dict[str, Any]) -> float:
+    """Records/s of one job on a fresh local cluster of 2 workers (submit -> FINISHED)."""
+    from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster
+
+    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
+    log_dir = tempfile.mkdtemp(prefix="sluice-bench-state-")
+    cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
+    try:
+        cluster.start()
+        summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name="bench-state", progress=None,
+                                                 timeout_s=900))
+        if summary["state"] != "FINISHED" or summary["restarts"]:
+            raise RuntimeError(f"{entry} ended {summary['state']} after {summary['restarts']} restarts: "
+                               f"{summary.get('error', '')} {summary.get('failures', [])}")
+        return records / (summary["ended_at"] - summary["submitted_at"])
+    finally:
+        cluster.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def cluster_throughput(latency_ms: float, records: int, slow_records: int, repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    work_dir = tempfile.mkdtemp(prefix="bench-state-cluster-")
+    slow = {"state": {"backend": "rocksdb", "work_dir": work_dir, "options": {"round_trip_ms": latency_ms}}}
+    try:
+        for label, config, n in (("memory", {}, records), (f"rocksdb, {latency_ms:g} ms per round trip", slow,
+                                                             slow_records)):
+            for mode, entry, count in (("sync", "runtime.examples.wordcount:build_bench", n if not config else
+                                        max(1, n // 20)),
+                                       ("async", "runtime.examples.wordcount:build_async_bench", n)):
+                rate = statistics.median(cluster_run(entry, count, config) for _ in range(repeats))
+                rows.append({"backend": label, "mode": mode, "records": count, "records_per_s": rate})
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency-ms", type=float, default=1.0)
@@ -240,8 +283,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--cluster-records", type=int, default=1_000_000,
+                        help="records per cluster job (memory; --parts cluster)")
+    parser.add_argument("--cluster-slow-records", type=int, default=100_000,
+                        help="records of the async job at --latency-ms (the sync one runs 1/20 of them)")
     parser.add_argument("--parts", nargs="+", default=["throughput", "epochs", "checkpoints", "rocksdb", "tasks"],
-                        choices=["throughput", "epochs", "checkpoints", "rocksdb", "tasks"])
+                        choices=["throughput", "epochs", "checkpoints", "rocksdb", "tasks", "cluster"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     latency = args.latency_ms / 1000
@@ -297,6 +344,9 @@ def main() -> None:
             results["tasks"] = task_checkpoints(args.sizes, args.value_bytes, root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+    if "cluster" in args.parts:
+        results["cluster"] = cluster_throughput(args.latency_ms, args.cluster_records, args.cluster_slow_records,
+                                                args.repeats)
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -318,6 +368,9 @@ def main() -> None:
               f"checkpoint sync {row['sync_ms_first']:.1f} / {row['sync_ms_second']:.1f} ms, uploaded "
               f"{row['uploaded_first'] / 2**20:.1f} MiB then {row['uploaded_second'] / 2**20:.2f} MiB "
               f"(of {row['total_second'] / 2**20:.1f} MiB)")
+    for row in results.get("cluster", []):
+        print(f"cluster, {row['backend']:<28} {row['mode']:<5} {row['records']:>9,} records: "
+              f"{row['records_per_s']:>9,.0f} records/s")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 import a job module needs; the names below are the public interface.
 """
 
+from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncOpenContext
 from runtime.api.functions import (
     Context,
     KeyedContext,
@@ -52,7 +53,8 @@ from runtime.connectors.source import Source
 
 __all__ = [
     "Job", "DataStream", "KeyedStream", "Node", "GeneratorSource", "FileSink", "JsonLinesSource", "ParquetSource",
-    "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction", "Context",
+    "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction",
+    "AsyncKeyedProcessFunction", "AsyncKeyedContext", "AsyncOpenContext", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
     "NatsSink",
     "ListState", "OperatorContext",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.api.async_functions import AsyncKeyedProcessFunction
 from runtime.api.functions import KeyedProcessFunction, OutputTag, ProcessFunction
 from runtime.api.time import BoundedOutOfOrderness
 from runtime.connectors.sinks import Sink
@@ -151,8 +152,8 @@ class DataStream:
         return self._then("flat_map", fn, parallelism, name)
 
     def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
-        if isinstance(fn, KeyedProcessFunction):
-            raise JobDefinitionError("a KeyedProcessFunction needs a keyed stream: call key_by() first")
+        if isinstance(fn, KeyedProcessFunction | AsyncKeyedProcessFunction):
+            raise JobDefinitionError(f"a {type(fn).__name__} needs a keyed stream: call key_by() first")
         return self._then("process", fn, parallelism, name or type(fn).__name__)
 
     def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
@@ -194,9 +195,12 @@ class KeyedStream(DataStream):
         windows, on event time or processing time; then `reduce`, `aggregate`, `count` or `process`."""
         return WindowedStream(self, assigner, allowed_lateness_ms)
 
-    def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
-        if not isinstance(fn, ProcessFunction):
-            raise JobDefinitionError(f"{fn!r} is not a ProcessFunction")
+    def process(self, fn: ProcessFunction | AsyncKeyedProcessFunction, *, parallelism: int | None = None,
+                name: str | None = None) -> DataStream:
+        """A KeyedProcessFunction, or an AsyncKeyedProcessFunction (asynchronous state: README, Asynchronous
+        state)."""
+        if not isinstance(fn, ProcessFunction | AsyncKeyedProcessFunction):
+            raise JobDefinitionError(f"{fn!r} is not a ProcessFunction or an AsyncKeyedProcessFunction")
         return self._then("keyed_process", fn, parallelism, name or type(fn).__name__, self._key_fn)
 
     def reduce(self, fn: Callable[[Any, Any], Any], *, parallelism: int | None = None,

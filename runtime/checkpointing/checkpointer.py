@@ -60,6 +60,7 @@ class CheckpointRun:
     acked: bool = False
     backend: dict[str, Any] | None = None  # the state backend's snapshot handle, once uploaded
     backend_sync_s: float = 0.0
+    async_captured: int | None = None  # an asynchronous operator's records captured in flight
 
 
 class TaskCheckpointer:
@@ -94,6 +95,7 @@ class TaskCheckpointer:
             self.abandon(self.run.spec.checkpoint_id, "superseded by a newer checkpoint")
         t0 = time.perf_counter()
         pending = task.chain.begin_state_snapshot(spec.checkpoint_id)  # a state backend's synchronous part
+        async_inflight = task.chain.take_async_inflight()  # an asynchronous operator's records in flight
         keyed, sinks = task.snapshot_operator_state(spec.checkpoint_id)
         source = task.source_position()
         lists = task.chain.snapshot_lists()
@@ -102,6 +104,8 @@ class TaskCheckpointer:
         started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
         self._first_barrier = None
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
+        if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
+            run.async_captured = sum(1 for doc in async_inflight.values() for e in doc["replay"] if e[0] == "r")
         self.run = run
         # a task past its end of input sent "end" on every output: no barrier may follow it
         for sub in [] if task.end_of_input else task.subpartitions:
@@ -128,7 +132,7 @@ class TaskCheckpointer:
             if pending is not None:
                 backend = run.backend = backend_snapshots.upload(pending, spec.directory, savepoint=spec.savepoint)
             return encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks, lists=lists,
-                                         time=time_state, backend=backend)
+                                         time=time_state, backend=backend, async_inflight=async_inflight)
 
         self._write(run, path, produce_state, "state")
         if task.gate is None:
@@ -239,6 +243,8 @@ class TaskCheckpointer:
             figures["backend_sync_s"] = run.backend_sync_s
             figures["backend_uploaded_bytes"] = int(run.backend.get("uploaded_bytes", 0))
             figures["backend_total_bytes"] = int(run.backend.get("total_bytes", 0))
+        if run.async_captured is not None:
+            figures["async_captured_records"] = run.async_captured
         self.last_alignment_s = run.alignment_s
         self.last_start_delay_s = figures["start_delay_s"]
         self.last_inflight_bytes = run.inflight_bytes

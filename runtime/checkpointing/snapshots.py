@@ -13,6 +13,10 @@ version, written by the checkpoint writer off the event loop:
   jobs without event time. On a state backend (rocksdb, remote) "keyed" holds only the tables
   kept in memory (timers) and "backend" the backend's snapshot handle
   (runtime/checkpointing/backend_snapshots.py); absent on the memory backend.
+  An asynchronous keyed operator adds "async": node -> its in-flight document
+  (runtime/execution/async_checkpoint.py inflight_document: the input to
+  replay before the channel state, and the writes the backend had not
+  acknowledged); absent otherwise.
 - `<vertex>-<subtask>.in`: input channel state, per channel, as a stream of
   whole msgpack records: the records that preceded the barrier and that the
   task had not processed when it took its snapshot.
@@ -46,7 +50,8 @@ def channel_key(edge: int, producer: int, consumer: int) -> str:
 
 def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,
                           source: Any, sinks: list[Any], lists: dict[int, dict[str, list[Any]]] | None = None,
-                          time: dict[str, Any] | None = None, backend: dict[str, Any] | None = None) -> bytes:
+                          time: dict[str, Any] | None = None, backend: dict[str, Any] | None = None,
+                          async_inflight: dict[int, Any] | None = None) -> bytes:
     grouped: dict[int, dict[str, dict[int, list[list[Any]]]]] = {}
     for node, tables in keyed.items():
         for name, table in tables.items():
@@ -62,7 +67,14 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
         state["time"] = time
     if backend is not None:
         state["backend"] = backend
+    if async_inflight:
+        state["async"] = async_inflight
     return msgpack.packb(state, use_bin_type=True)
+
+
+def async_documents(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """An asynchronous operator's in-flight document by node id (empty without one)."""
+    return {int(node): doc for node, doc in (state.get("async") or {}).items()}
 
 
 def decode_operator_state(data: bytes, origin: str) -> dict[str, Any]:

@@ -56,7 +56,8 @@ class TaskCheckpoints:
 
     def trigger(self, spec: BarrierSpec) -> None:
         """A source starts checkpoint `spec` (the coordinator's trigger)."""
-        self.task.post(Mail(lambda: self._trigger(spec), f"trigger checkpoint {spec.checkpoint_id}"))
+        self.task.post(Mail(lambda: self._trigger(spec), f"trigger checkpoint {spec.checkpoint_id}",
+                            may_snapshot=True))
 
     def notify_complete(self, checkpoint_id: int) -> None:
         """The checkpoint completed everywhere: sinks publish what they pre-committed for it."""
@@ -88,7 +89,7 @@ class TaskCheckpoints:
         spec = BarrierSpec.from_body(body)
         if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
             self._arm_deadline(spec)
-        self.task.post(Mail(lambda: self._on_arrival(channel_id, spec), "barrier queued"))
+        self.task.post(Mail(lambda: self._on_arrival(channel_id, spec), "barrier queued", may_snapshot=True))
 
     def on_channel_ended(self, channel_id: int) -> None:
         if self.barriers is not None:
@@ -182,7 +183,8 @@ class TaskCheckpoints:
             self._deadline_timer.cancel()
         self._deadline_spec = spec
         delay = max(0.0, spec.deadline - time.time())
-        mail = Mail(self._on_deadline, f"aligned-timeout deadline of checkpoint {spec.checkpoint_id}")
+        mail = Mail(self._on_deadline, f"aligned-timeout deadline of checkpoint {spec.checkpoint_id}",
+                    may_snapshot=True)
         self._deadline_timer = asyncio.get_running_loop().call_later(delay, self.task.post, mail)
 
     def _on_deadline(self) -> None:

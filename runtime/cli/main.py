@@ -21,6 +21,7 @@ from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import run
 from runtime.common import objectstore
 from runtime.common.addresses import check_advertise, check_host
+from runtime.execution.async_operator import AsyncStateSettings
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
 
 
@@ -136,6 +137,22 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                     help="the state server of --state-backend remote")
     st.add_argument("--state-work-dir", metavar="DIR",
                     help="where workers keep local state (RocksDB instances; default: the system temp directory)")
+    a = p.add_argument_group("asynchronous state (README: Asynchronous state; AsyncKeyedProcessFunction only)")
+    a.add_argument("--async-max-in-flight", type=_positive, metavar="N",
+                   help="records in flight per task before input waits (1000)")
+    a.add_argument("--async-batch-size", type=_positive, metavar="N",
+                   help="state requests per backend round trip at most (100)")
+    a.add_argument("--async-batch-timeout", type=_duration_or_zero, metavar="DURATION",
+                   help="a partial batch waits this long for more requests (1ms)")
+    a.add_argument("--async-key-order", choices=["record", "first-state-access"],
+                   help="records of one key: whole-record order (record, the default) or from their first state "
+                        "access on (first-state-access)")
+    a.add_argument("--async-epochs", choices=["strict", "out-of-order"],
+                   help="records after a watermark wait for the ones before it (strict, the default) or start "
+                        "at once (out-of-order); the watermark is forwarded after the ones before it either way")
+    a.add_argument("--async-checkpoint", choices=["drain", "capture"],
+                   help="at a barrier: wait for the records in flight (drain, the default, as Flink) or snapshot "
+                        "at once and store them as input to replay (capture)")
     r = p.add_argument_group("restarts after a failure")
     r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
     r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
@@ -196,6 +213,7 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
                         "delay_s": args.restart_delay},
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
+            **_async_state_config(args),
             **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {})}
 
 
@@ -207,6 +225,17 @@ def _state_config(args: argparse.Namespace) -> dict[str, Any]:
                                ("work_dir", os.path.abspath(args.state_work_dir) if args.state_work_dir else None))
              if v is not None}
     return {"state": state} if state else {}
+
+
+def _async_state_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's "async_state" settings given on the command line; absent when none was (defaults apply)."""
+    given = {"max_in_flight": args.async_max_in_flight, "batch_size": args.async_batch_size,
+             "batch_timeout_ms": args.async_batch_timeout * 1000 if args.async_batch_timeout is not None else None,
+             "key_order": args.async_key_order, "epochs": args.async_epochs, "checkpoint": args.async_checkpoint}
+    settings = {k: v for k, v in given.items() if v is not None}
+    if settings:
+        AsyncStateSettings.from_config(settings)  # refuse a bad combination here, not on every worker
+    return {"async_state": settings} if settings else {}
 
 
 def _address_text(text: str) -> str:

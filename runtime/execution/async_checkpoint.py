@@ -12,8 +12,10 @@ harmless: a watermark never moves time backwards downstream). Replayed
 records come back as msgpack decodes them (tuples as lists), like records
 that crossed a channel; keys come back hashable (lists as tuples).
 
-Not called by the task loop yet; the wiring session stores the bytes in the
-task's `.state` file and calls `restore_async_state` in runtime/worker/restoring.py.
+In a task the backend's handle is the chain's (the state file's "backend"), so
+the task stores the rest as a document of its own: `inflight_document` (under
+"async" in the `.state` file, by operator), and a restore calls
+`restore_inflight` (pending writes into the backend, the replay input back).
 """
 
 from __future__ import annotations
@@ -41,11 +43,44 @@ class AsyncStateCheckpoint:
     deletes: tuple[tuple[str, int, Any], ...]
 
 
+def _replay_items(replay: Sequence[Record | Watermark]) -> list[list[Any]]:
+    return [["r", e.key, e.value] if isinstance(e, Record) else ["w", e.timestamp] for e in replay]
+
+
 def encode_async_state(snapshot: TakeSnapshot, handle: SnapshotHandle) -> bytes:
-    replay = [["r", e.key, e.value] if isinstance(e, Record) else ["w", e.timestamp] for e in snapshot.replay]
-    return msgpack.packb({"format": FORMAT, "handle": handle.to_dict(), "replay": replay,
+    return msgpack.packb({"format": FORMAT, "handle": handle.to_dict(), "replay": _replay_items(snapshot.replay),
                           "puts": [list(p) for p in snapshot.puts],
                           "deletes": [list(d) for d in snapshot.deletes]}, use_bin_type=True)
+
+
+def inflight_document(snapshot: TakeSnapshot, queued: Sequence[Record | Watermark] = ()) -> dict[str, Any]:
+    """What a task's state file holds of one asynchronous operator (msgpack-ready): the controller's replay,
+    then `queued` (input admitted to the operator but not yet to its controller, which came after), and the
+    pending writes."""
+    return {"format": FORMAT, "replay": _replay_items([*snapshot.replay, *queued]),
+            "puts": [list(p) for p in snapshot.puts], "deletes": [list(d) for d in snapshot.deletes]}
+
+
+def decode_inflight(doc: dict[str, Any], origin: str) -> AsyncStateCheckpoint:
+    """An `inflight_document` read back (its handle is the chain's, elsewhere: an empty one here)."""
+    return decode_async_state(msgpack.packb({**doc, "handle": SnapshotHandle("none", 0, range(0), ()).to_dict()},
+                                            use_bin_type=True), origin)
+
+
+def restore_inflight(backend: StateBackend, checkpoints: Sequence[AsyncStateCheckpoint], *,
+                     max_parallelism: int) -> list[Record | Watermark]:
+    """After `backend` was restored from the chain's handles: apply the old subtasks' pending writes inside its
+    key groups, and return the input to replay first (records of its key groups, every watermark)."""
+    groups = backend.key_groups
+    puts = [p for c in checkpoints for p in c.puts if p[1] in groups]
+    deletes = [d for c in checkpoints for d in c.deletes if d[1] in groups]
+    if puts or deletes:
+        backend.write_many(puts, deletes)
+    replay: list[Record | Watermark] = []
+    for c in checkpoints:
+        replay += [e for e in c.replay
+                   if isinstance(e, Watermark) or key_group(e.key, max_parallelism) in groups]
+    return replay
 
 
 def decode_async_state(data: bytes, origin: str) -> AsyncStateCheckpoint:

@@ -417,6 +417,11 @@ class AsyncExecutionController:
             return self._buffer_since + self.config.batch_timeout_s
         return None
 
+    @property
+    def in_flight(self) -> int:
+        """Records (and timers) submitted and not finished: cheap, for a task's checks and gauges."""
+        return len(self._records)
+
     def statistics(self) -> ControllerStatistics:
         statuses = [r.status for r in self._records.values()]
         return ControllerStatistics(

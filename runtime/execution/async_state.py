@@ -7,11 +7,18 @@ a coroutine for a record, resolve a state future, run a batch on the backend
 in a thread, block input, emit a watermark, snapshot the backend). All the
 ordering decisions are the controller's.
 
-Not wired into the task loop yet (runtime/execution/task.py): a later change
-makes keyed operators with an AsyncKeyedProcessFunction use this runner.
+A task runs it for a keyed operator whose function is an
+AsyncKeyedProcessFunction: runtime/execution/async_operator.py puts it in the
+operator chain (an admission queue in front, watermarks in order, checkpoint
+replay) and runtime/execution/task.py waits on it (input waits while the
+controller blocks it; drain checkpoints wait until nothing is in flight).
 Outputs of a record are held until it finishes, so a record either finished
 before a checkpoint (its outputs are before the barrier) or is replayed after
 a restore (its outputs come after): capture checkpoints stay exact.
+
+The function, its contexts and state handles are the user's API, in
+runtime/api/async_functions.py (re-exported here); this module implements
+the context of a running record.
 """
 
 from __future__ import annotations
@@ -21,6 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.api.async_functions import (
+    CURRENT_RECORD,
+    AsyncKeyedContext,
+    AsyncKeyedProcessFunction,
+    AsyncListState,
+    AsyncMapState,
+    AsyncOpenContext,
+    AsyncStateUsageError,
+    AsyncValueState,
+)
 from runtime.execution.async_controller import (
     MISSING,
     AnswerRequest,
@@ -43,110 +60,42 @@ from runtime.execution.async_controller import (
 )
 from runtime.state.backend import PendingSnapshot, StateBackend
 
+__all__ = ["AsyncKeyedContext", "AsyncKeyedProcessFunction", "AsyncListState", "AsyncMapState", "AsyncOpenContext",
+           "AsyncStateRunner", "AsyncStateUsageError", "AsyncValueState", "CapturedCheckpoint"]
 
-class AsyncValueState:
-    """One value per key, read and written asynchronously; scoped to the record whose context made it."""
+class _RecordContext(AsyncKeyedContext):
+    """The context of one running record: its requests go to the runner, its outputs wait for its end."""
 
-    __slots__ = ("_ctx", "_name", "_default")
+    __slots__ = ("key", "timestamp", "_runner", "_seq", "_outputs", "_prefix", "timer_changes")
 
-    def __init__(self, ctx: AsyncKeyedContext, name: str, default: Any) -> None:
-        self._ctx = ctx
-        self._name = name
-        self._default = default
-
-    async def value(self) -> Any:
-        value = await self._ctx._request(Get(self._name))
-        return self._default if value is MISSING else value
-
-    async def update(self, value: Any) -> None:
-        await self._ctx._request(Put(self._name, value))
-
-    async def clear(self) -> None:
-        await self._ctx._request(Delete(self._name))
-
-
-class AsyncListState:
-    """A list per key, stored as one value: each change reads and rewrites it (the key is held meanwhile)."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, ctx: AsyncKeyedContext, name: str) -> None:
-        self._value = AsyncValueState(ctx, name, None)
-
-    async def get(self) -> list[Any]:
-        return list(await self._value.value() or [])
-
-    async def add(self, item: Any) -> None:
-        await self._value.update([*(await self.get()), item])
-
-    async def update(self, items: list[Any]) -> None:
-        await (self._value.update(list(items)) if items else self._value.clear())
-
-    async def clear(self) -> None:
-        await self._value.clear()
-
-
-class AsyncMapState:
-    """A map per key, stored as one value (small maps; per-entry storage comes with MapState proper)."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, ctx: AsyncKeyedContext, name: str) -> None:
-        self._value = AsyncValueState(ctx, name, None)
-
-    async def items(self) -> dict[Any, Any]:
-        return dict(await self._value.value() or {})
-
-    async def get(self, map_key: Any, default: Any = None) -> Any:
-        return (await self.items()).get(map_key, default)
-
-    async def put(self, map_key: Any, value: Any) -> None:
-        await self._value.update({**(await self.items()), map_key: value})
-
-    async def remove(self, map_key: Any) -> None:
-        items = await self.items()
-        items.pop(map_key, None)
-        await (self._value.update(items) if items else self._value.clear())
-
-    async def clear(self) -> None:
-        await self._value.clear()
-
-
-class AsyncKeyedContext:
-    """What `process` sees: the record's key, `emit`, and asynchronous state of that key."""
-
-    __slots__ = ("key", "_runner", "_seq", "_outputs")
-
-    def __init__(self, runner: AsyncStateRunner, seq: int, key: Any) -> None:
+    def __init__(self, runner: AsyncStateRunner, seq: int, key: Any, timestamp: int | None = None) -> None:
         self.key = key
+        self.timestamp = timestamp
         self._runner = runner
         self._seq = seq
         self._outputs: list[Any] = []
+        self._prefix = runner.state_prefix
+        self.timer_changes: list[tuple[bool, int]] = []  # (register?, timestamp), applied when it finishes
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self.timer_changes.append((True, int(timestamp)))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self.timer_changes.append((False, int(timestamp)))
 
     def emit(self, value: Any) -> None:
-        self._outputs.append(value)  # released when the record finishes
+        # released when the record finishes; with event time an output carries its input's timestamp
+        self._outputs.append(value if not self._runner.timed else (self.timestamp, value))
 
-    def value_state(self, name: str, default: Any = None) -> AsyncValueState:
-        return AsyncValueState(self, name, default)
+    async def _read(self, name: str, default: Any) -> Any:
+        value = await self._runner._request(self._seq, Get(name))
+        return default if value is MISSING else value
 
-    def list_state(self, name: str) -> AsyncListState:
-        return AsyncListState(self, name)
+    async def _write(self, name: str, value: Any) -> None:
+        await self._runner._request(self._seq, Put(name, value))
 
-    def map_state(self, name: str) -> AsyncMapState:
-        return AsyncMapState(self, name)
-
-    def _request(self, request: StateRequest) -> asyncio.Future[Any]:
-        return self._runner._request(self._seq, request)
-
-
-class AsyncKeyedProcessFunction:
-    """Per-record logic with asynchronous keyed state: override `async def process(self, record, ctx)`."""
-
-    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
-        raise NotImplementedError
-
-    async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
-        """A timer of `ctx.key` is due (the runner's `timers_due` said so); runs before the watermark goes on."""
+    async def _delete(self, name: str) -> None:
+        await self._runner._request(self._seq, Delete(name))
 
 
 @dataclass(frozen=True)
@@ -162,12 +111,31 @@ class AsyncStateRunner:
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, config: ControllerConfig, *,
                  key_of: Callable[[Any], Any], emit: Callable[[Any], None],
                  on_watermark: Callable[[int], None] | None = None,
-                 timers_due: Callable[[int], list[tuple[Any, Any]]] | None = None) -> None:
+                 timers_due: Callable[[int], list[tuple[Any, Any]]] | None = None,
+                 emit_many: Callable[[list[Any]], None] | None = None,
+                 on_progress: Callable[[], None] | None = None,
+                 timed: bool = False, state_prefix: str = "",
+                 timer_call: Callable[[Timer], tuple[int, Any]] | None = None,
+                 on_finished: Callable[[Any, Any, list[tuple[bool, int]]], None] | None = None) -> None:
+        """`emit_many`: a finished record's outputs as one list (instead of `emit` per output). `on_progress`:
+        called soon (not inside the runner's own call) after input unblocks, a record finishes or the runner
+        fails, for a driver that waits on `submit_nowait`. `timed`: records are (timestamp, record) pairs, as in
+        a chain with event time. `state_prefix` goes before every state name (an operator's node id).
+        `timer_call`: the (timestamp, payload) `on_timer` gets for a due Timer (default: the watermark's time
+        and the payload `timers_due` gave). `on_finished(key, record, timer changes)`: a record or timer
+        finished successfully, before its outputs are released."""
         self._function = function
         self._backend = backend
         self._controller = AsyncExecutionController(config)
-        self._key_of = key_of
+        self._key_of = (lambda pair: key_of(pair[1])) if timed else key_of
         self._emit = emit
+        self._emit_many = emit_many
+        self._on_progress = on_progress
+        self._progress_posted = False
+        self.timed = timed
+        self.state_prefix = state_prefix
+        self._timer_call = timer_call or (lambda t: (t.timestamp, t.payload))
+        self._on_finished = on_finished
         self._on_watermark = on_watermark or (lambda ts: None)
         self._timers_due = timers_due or (lambda ts: [])
         self._loop = asyncio.get_running_loop()
@@ -177,7 +145,9 @@ class AsyncStateRunner:
         self._unblocked.set()
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._round_trips: set[asyncio.Future[list[Any]]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = 0.0
         self._error: BaseException | None = None
         self.checkpoints: dict[int, CapturedCheckpoint] = {}
         self.blocked_seconds = 0.0
@@ -187,6 +157,22 @@ class AsyncStateRunner:
         return self._controller
 
     # -- what the task calls ---------------------------------------------------------------------------
+
+    @property
+    def blocked(self) -> bool:
+        return not self._unblocked.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def submit_nowait(self, record: Any) -> bool:
+        """Submit one record unless input is blocked (then False: wait for `on_progress`)."""
+        self._raise_if_failed()
+        if not self._unblocked.is_set():
+            return False
+        self._execute(self._controller.submit_record(record, self._key_of(record), now=self._loop.time()))
+        return True
 
     async def process(self, record: Any) -> None:
         """Submit one record; waits while the controller blocks input (backpressure)."""
@@ -227,6 +213,7 @@ class AsyncStateRunner:
                 self._unblocked.clear()
             elif isinstance(i, UnblockInput):
                 self._unblocked.set()
+                self._post_progress()
             elif isinstance(i, EmitWatermark):
                 self._on_watermark(i.timestamp)
             elif isinstance(i, FireTimers):
@@ -240,6 +227,18 @@ class AsyncStateRunner:
         for timestamp in fire:
             self._execute(self._controller.fire_timers(timestamp, self._timers_due(timestamp), now=self._loop.time()))
         self._arm_timer()
+
+    def _post_progress(self) -> None:
+        # soon, not now: a driver that submits more from inside this call would interleave its instructions
+        # with the rest of the list being carried out (a later watermark emitted before an earlier one)
+        if self._on_progress is not None and not self._progress_posted:
+            self._progress_posted = True
+            self._loop.call_soon(self._progress)
+
+    def _progress(self) -> None:
+        self._progress_posted = False
+        if self._on_progress is not None:
+            self._on_progress()
 
     def _spawn(self, coroutine: Any) -> None:
         task = self._loop.create_task(coroutine)
@@ -255,22 +254,41 @@ class AsyncStateRunner:
         return future
 
     async def _run_record(self, start: StartRecord) -> None:
-        ctx = AsyncKeyedContext(self, start.seq, start.key)
+        record = start.record
+        ctx = _RecordContext(self, start.seq, start.key)
+        CURRENT_RECORD.set(ctx)  # this task's own copy of the context: handles made in open() find it
         try:
-            if isinstance(start.record, Timer):
-                await self._function.on_timer(start.record.timestamp, start.record.payload, ctx)
+            if isinstance(record, Timer):
+                timestamp, payload = self._timer_call(record)
+                ctx.timestamp = timestamp
+                await self._function.on_timer(timestamp, payload, ctx)
+            elif self.timed:
+                ctx.timestamp = record[0]
+                await self._function.process(record[1], ctx)
             else:
-                await self._function.process(start.record, ctx)
+                await self._function.process(record, ctx)
         except Exception as e:  # the job fails; the task reports it on its next call
             self._fail(e)
             return
-        for value in ctx._outputs:
-            self._emit(value)
+        if self._on_finished is not None:
+            self._on_finished(start.key, record, ctx.timer_changes)
+        if ctx._outputs:
+            if self._emit_many is not None:
+                self._emit_many(ctx._outputs)
+            else:
+                for value in ctx._outputs:
+                    self._emit(value)
         self._execute(self._controller.finish_record(start.seq, now=self._loop.time()))
+        self._post_progress()
 
     async def _run_batch(self, batch: ExecuteBatch) -> None:
+        # the round trip runs on in a thread when this task is cancelled: aclose waits for it before the
+        # caller closes the backend under it
+        round_trip = asyncio.ensure_future(asyncio.to_thread(self._round_trip, batch))
+        self._round_trips.add(round_trip)
+        round_trip.add_done_callback(self._round_trips.discard)
         try:
-            values = await asyncio.to_thread(self._round_trip, batch)
+            values = await asyncio.shield(round_trip)
         except Exception as e:
             self._fail(e)
             return
@@ -285,12 +303,14 @@ class AsyncStateRunner:
     def _arm_timer(self) -> None:
         deadline = self._controller.next_deadline()
         if self._timer is not None:
-            if deadline is not None and self._timer.when() == deadline:
+            # the deadline is kept beside the handle: uvloop's timer handles (the worker's loop) have no when()
+            if deadline is not None and self._timer_deadline == deadline:
                 return
             self._timer.cancel()
             self._timer = None
         if deadline is not None:
             self._timer = self._loop.call_at(deadline, self._on_timer)
+            self._timer_deadline = deadline
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -301,6 +321,7 @@ class AsyncStateRunner:
             self._error = error
         self._unblocked.set()
         self._drained.set()
+        self._post_progress()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -313,3 +334,4 @@ class AsyncStateRunner:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._round_trips, return_exceptions=True)

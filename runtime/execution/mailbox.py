@@ -42,6 +42,7 @@ class Mail:
 
     run: Callable[[], None]
     description: str
+    may_snapshot: bool = False  # it may take a checkpoint's snapshot (a drain-mode task waits for quiet first)
 
 
 Message = Cancel | PriorityEvent | InjectProbe | Mail

@@ -21,6 +21,8 @@ import msgpack
 
 from runtime.api import Context, Job, KeyedContext, KeyedProcessFunction, Node, OperatorContext, ProcessFunction
 from runtime.connectors.sinks import Sink
+from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
+from runtime.execution.async_state import AsyncKeyedProcessFunction
 from runtime.execution.channels import Subpartition
 from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerQueue
 from runtime.graph.partitioning import KeyRouter
@@ -231,7 +233,8 @@ class Chain:
     """The operators of one task, and the function that pushes a record through them."""
 
     def __init__(self, job: Job, node_ids: list[int], *, subtask_index: int, parallelism: int, attempt: int,
-                 outputs: list[RecordWriter], state_backend: StateBackend | None = None) -> None:
+                 outputs: list[RecordWriter], state_backend: StateBackend | None = None,
+                 async_state: AsyncStateSettings | None = None) -> None:
         self.nodes: list[Node] = [job.nodes[i] for i in node_ids]
         self.max_parallelism = job.max_parallelism
         # None: keyed state in plain dicts (the memory backend's fast path); else tables on this backend
@@ -252,6 +255,10 @@ class Chain:
         self.event_time = job.event_time
         self.watermarks = self.nodes[0].watermarks if self.nodes[0].kind == "source" else None
         self.timers: TimerFiring | None = None  # of the keyed operator, if the chain has one
+        # the keyed operator when its function is an AsyncKeyedProcessFunction (runtime/execution/async_operator.py)
+        self.async_operator: AsyncOperator | None = None
+        self._async_settings = async_state or AsyncStateSettings()
+        self._async_inflight: dict[int, Any] | None = None
         if self.event_time:
             for w in outputs:
                 w.carry_timestamps()
@@ -309,9 +316,28 @@ class Chain:
             finally:
                 pending.clear()
 
+    def _wrap_async(self, node: Node, nxt: EmitBatch) -> EmitBatch:
+        """A keyed operator with an AsyncKeyedProcessFunction: records go to its AsyncOperator, which emits
+        a record's outputs into `nxt` when the record finishes (pairs with event time: the input's timestamp)."""
+        if self.async_operator is not None:
+            raise ValueError("a chain runs at most one asynchronous keyed operator")
+        if self.state_backend is None:
+            raise ValueError(f"{node.name}: an AsyncKeyedProcessFunction needs a state backend object "
+                             f"(the worker gives its task one on every backend)")
+        key_fn = node.key_fn
+        assert key_fn is not None
+
+        op = self.async_operator = AsyncOperator(
+            node.payload, self.state_backend, self._async_settings, node_id=node.id, name=node.name, key_fn=key_fn,
+            subtask_index=self.subtask_index, parallelism=node.parallelism, max_parallelism=self.max_parallelism,
+            timed=self.event_time, emit=nxt, forward_watermark=self._forward_watermark_now)
+        return op.feed
+
     def _wrap(self, node: Node, nxt: EmitBatch) -> EmitBatch:
         kind = node.kind
         fn = node.payload
+        if kind == "keyed_process" and isinstance(fn, AsyncKeyedProcessFunction):
+            return self._wrap_async(node, nxt)
         if kind == "map":
             def run_map(records: list[Any]) -> None:
                 nxt(list(map(fn, records)))
@@ -462,7 +488,14 @@ class Chain:
         self.timers = TimerFiring(timers, kctx, fire)
 
     def forward_watermark(self, watermark: int) -> None:
-        """The chain's operators reached `watermark` (timers of the keyed one have fired): send it on."""
+        """The chain's operators reached `watermark` (timers of the keyed one have fired): send it on. An
+        asynchronous operator takes it in line with its records and sends it on when its epoch ends."""
+        if self.async_operator is not None:
+            self.async_operator.feed_watermark(watermark)
+            return
+        self._forward_watermark_now(watermark)
+
+    def _forward_watermark_now(self, watermark: int) -> None:
         for _, ctx, _ in self._contexts:
             ctx.current_watermark = watermark
         for w in self.outputs:
@@ -484,6 +517,8 @@ class Chain:
         """`_wrap` for (timestamp, record) pairs: an operator's outputs inherit the timestamp of its input."""
         kind = node.kind
         fn = node.payload
+        if kind == "keyed_process" and isinstance(fn, AsyncKeyedProcessFunction):
+            return self._wrap_async(node, nxt)
         if kind == "map":
             def run_map(items: list[Any]) -> None:
                 nxt([(t, fn(r)) for t, r in items])
@@ -572,8 +607,25 @@ class Chain:
 
     def begin_state_snapshot(self, checkpoint_id: int) -> PendingSnapshot | None:
         """The synchronous part of the state backend's snapshot (None on the memory path: the task copies its
-        dict tables instead)."""
+        dict tables instead). An asynchronous operator takes the backend's snapshot itself, at its own point
+        between state batches, and leaves its in-flight document for `take_async_inflight`."""
+        if self.async_operator is not None:
+            pending, doc = self.async_operator.snapshot(checkpoint_id)
+            self._async_inflight = {self.async_operator.node_id: doc}
+            return pending
         return None if self.state_backend is None else self.state_backend.begin_snapshot(checkpoint_id)
+
+    def take_async_inflight(self) -> dict[int, Any] | None:
+        """The in-flight document the last `begin_state_snapshot` left, by node id (None: no asynchronous
+        operator)."""
+        doc, self._async_inflight = self._async_inflight, None
+        return doc
+
+    def restore_async(self, docs: dict[int, list[dict[str, Any]]] | None) -> None:
+        """The asynchronous operator's in-flight documents of the restored checkpoint (one per old subtask)."""
+        op = self.async_operator
+        if op is not None and docs and docs.get(op.node_id):
+            op.restore(docs[op.node_id])
 
     def snapshot_sinks(self, checkpoint_id: int) -> list[Any]:
         """Pre-commit every sink for `checkpoint_id`; returns their states, in chain order."""
@@ -618,6 +670,16 @@ class Chain:
             fn.open(ctx)
             flush()  # records emitted in open() go out now, as they did before batching
 
+    async def open_async(self) -> None:
+        """After `open`: the asynchronous operator's open (it may be `async def`); it admits input from then on."""
+        if self.async_operator is not None:
+            await self.async_operator.open()
+
+    async def finish_async(self) -> None:
+        """End of input, nothing queued: the asynchronous operator's records finish and its writes land."""
+        if self.async_operator is not None:
+            await self.async_operator.finish()
+
     def finish(self) -> None:
         """End of all input: sinks commit, writers flush."""
         for sink in self.sinks:
@@ -625,9 +687,16 @@ class Chain:
         for w in self.outputs:
             w.flush()
 
+    async def aclose_async(self) -> None:
+        """Cancel what the asynchronous operator still runs (after a failure) and wait for it."""
+        if self.async_operator is not None:
+            await self.async_operator.aclose()
+
     def close(self) -> None:
         for fn, _, _ in self._contexts:
             fn.close()
+        if self.async_operator is not None:
+            self.async_operator.function.close()
         for sink in self.sinks:
             sink.close()
         if self.state_backend is not None:

@@ -111,6 +111,11 @@ class TaskStatistics:
     last_inflight_bytes: int
     inflight_bytes_total: int
     current_watermark: int | None = None  # None: the job has no event time
+    # an asynchronous keyed operator (None without one): records in flight now, time input waited for admission,
+    # records checkpoints captured in flight for replay
+    async_in_flight: int | None = None
+    async_blocked_s: float = 0.0
+    async_captured_records: int = 0
 
 
 @dataclass
@@ -130,6 +135,9 @@ class RestoredState:
     ended: bool = False  # it was past its end of input (operators finished): only its last commit is left
     lists: dict[int, dict[str, list[Any]]] | None = None  # node id -> name -> [mode, items] (list state)
     time: dict[str, Any] | None = None  # event time: watermark state (Task.time_state), restored before replay
+    # an asynchronous operator's in-flight documents, node id -> one per old subtask (runtime/execution/
+    # async_checkpoint.py): replayed before the restored input channel state
+    async_inflight: dict[int, list[dict[str, Any]]] | None = None
 
 
 class CheckpointListener(Protocol):
@@ -210,6 +218,10 @@ class Task:
         self._processing_timers_posted = False
         if self.event_time:
             self._init_time(restore.time if restore is not None else None)
+        # an asynchronous keyed operator: input waits for its admission, drain checkpoints for its quiet
+        self._async_op = chain.async_operator
+        if self._async_op is not None:
+            self._async_op.bind(wake=self.wake, on_failure=self._async_failed)
         self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
     # -- signals from outside (network callbacks, the worker) -----------------
@@ -260,6 +272,9 @@ class Task:
             last_inflight_bytes=cp.last_inflight_bytes,
             inflight_bytes_total=cp.inflight_bytes_total,
             current_watermark=self.current_watermark() if self.event_time else None,
+            async_in_flight=self._async_op.in_flight if self._async_op is not None else None,
+            async_blocked_s=self._async_op.blocked_s if self._async_op is not None else 0.0,
+            async_captured_records=self._async_op.captured_records if self._async_op is not None else 0,
         )
 
     # -- the loop -----------------------------------------------------------------
@@ -271,6 +286,7 @@ class Task:
         try:
             self._restore_operator_state()
             self.chain.open()
+            await self.chain.open_async()
             self._restore_outputs()
             finished_before = self.restore is not None and self.restore.finished
             ended_before = finished_before or (self.restore is not None and self.restore.ended)
@@ -283,6 +299,7 @@ class Task:
                 await self._restore_inputs()
                 await self._run_inputs()  # when it had ended, so had its upstream: only "end" arrives
             if not ended_before:  # operators that emit at the end (aggregates) must not emit twice
+                await self._finish_async()
                 self.chain.finish()
             for sub in self.subpartitions:
                 sub.add_event(event("end"))
@@ -306,6 +323,11 @@ class Task:
             flusher.cancel()
             if self.checkpoints is not None:
                 self.checkpoints.close()
+            if self._async_op is not None:
+                try:
+                    await self.chain.aclose_async()
+                except Exception as exc:
+                    log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
             try:
                 self.chain.close()
             except Exception as exc:  # closing must not hide the task's own outcome
@@ -343,6 +365,50 @@ class Task:
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+
+    async def _serve_mail(self) -> None:
+        """Serve the mailbox; with a drain-mode asynchronous operator, first wait until nothing is in flight
+        when a message may take a snapshot (a barrier, a checkpoint trigger or deadline): Flink's drain."""
+        op = self._async_op
+        if op is not None and op.drain and not op.quiet() and any(_may_snapshot(m) for m in self.mailbox):
+            await self._quiesce()
+        self._serve_mailbox()
+
+    async def _quiesce(self) -> None:
+        """Wait until the asynchronous operator has nothing queued or in flight (drain checkpoints). The
+        mailbox waits meanwhile: a snapshot must not run before this ends."""
+        op = self._async_op
+        assert op is not None
+        while not op.quiet():
+            op.raise_if_failed()
+            await self._wait()
+        op.raise_if_failed()
+
+    async def _finish_async(self) -> None:
+        """End of input: let the asynchronous operator admit what is queued, then wait for its records."""
+        op = self._async_op
+        if op is None:
+            return
+        while op.backlog:
+            await self._await_admission()
+        await self.chain.finish_async()
+
+    async def _await_admission(self) -> None:
+        op = self._async_op
+        assert op is not None
+        if self.mailbox:
+            await self._serve_mail()
+        if op.backlog:
+            op.raise_if_failed()
+            t0 = time.monotonic()
+            await self._wait()
+            op.blocked_s += time.monotonic() - t0
+
+    def _async_failed(self, error: BaseException) -> None:
+        def fail() -> None:
+            raise error
+
+        self.post(Mail(fail, "asynchronous state failed"))
 
     def _serve_mailbox(self) -> None:
         while self.mailbox:
@@ -394,6 +460,7 @@ class Task:
             return
         self.chain.restore_state(restore.keyed or {}, restore.sinks)
         self.chain.restore_lists(restore.lists or {})
+        self.chain.restore_async(restore.async_inflight)  # its replay input goes first, before channel state
         if self.source is not None and restore.source:
             position, emitted = restore.source
             self._batch_position = position
@@ -428,10 +495,15 @@ class Task:
     # -- sources ----------------------------------------------------------------------
 
     async def _between_records(self) -> None:
-        """Serve the mailbox; wait while the output is blocked (counted as backpressure)."""
+        """Serve the mailbox; wait while an asynchronous operator has input it has not admitted, and while the
+        output is blocked (counted as backpressure)."""
+        op = self._async_op
         while True:
             if self.mailbox:
-                self._serve_mailbox()
+                await self._serve_mail()
+            if op is not None and op.backlog:
+                await self._await_admission()
+                continue
             if not self.output.blocked:
                 return
             t0 = time.monotonic()
@@ -507,9 +579,10 @@ class Task:
         gate = self.gate
         assert gate is not None
         gate.announce_credit()
+        op = self._async_op
         while gate.open_channels:
             if self.mailbox:
-                self._serve_mailbox()
+                await self._serve_mail()
             taken = gate.poll()
             if taken is None:
                 t0 = time.monotonic()
@@ -522,6 +595,8 @@ class Task:
                 gate.consumed(channel_id)
                 await asyncio.sleep(0)  # fairness between tasks of this worker
             else:
+                if op is not None and op.drain and item.body.get("t") == "barrier":
+                    await self._quiesce()  # drain: the records before an aligned barrier finish first
                 self._on_inband_event(channel_id, item)
 
     async def _process_buffer(self, channel_id: int, buffer: Buffer) -> None:
@@ -540,6 +615,7 @@ class Task:
         process = self.chain.process_batch
         output = self.output
         mailbox = self.mailbox
+        op = self._async_op
         monotonic = time.monotonic
         chunk = self._chunk
         n = 0
@@ -550,7 +626,7 @@ class Task:
             records = take(chunk)
             if not records:
                 break
-            if output.blocked or mailbox:
+            if output.blocked or mailbox or (op is not None and op.backlog):
                 # reader.consumed is still the position before `records`: a snapshot taken now keeps them
                 self._chunk = chunk
                 await self._between_records()
@@ -704,6 +780,7 @@ class Task:
         mailbox = self.mailbox
         monotonic = time.monotonic
         key = self._channel_keys.get(channel_id, "")
+        op = self._async_op
         chunk = self._chunk
         leftover: list[Any] = []
         last_yield = monotonic()
@@ -711,7 +788,7 @@ class Task:
             items = leftover or take(chunk)
             if not items:
                 break
-            if not leftover and (output.blocked or mailbox):
+            if not leftover and (output.blocked or mailbox or (op is not None and op.backlog)):
                 self._chunk = chunk
                 await self._between_records()
             leftover = []
@@ -824,6 +901,13 @@ class Task:
             if self.mailbox:
                 self._serve_mailbox()
             await self._wait(0.05)
+
+
+def _may_snapshot(message: Message) -> bool:
+    """Whether serving `message` may take a checkpoint's snapshot (see Task._serve_mail)."""
+    if isinstance(message, PriorityEvent):
+        return message.event.body.get("t") == "barrier"
+    return isinstance(message, Mail) and message.may_snapshot
 
 
 def _position_after(reader: ChannelReader, n: int) -> int:

@@ -20,6 +20,7 @@ from runtime.checkpointing.checkpointer import AckCallback, DeclineCallback, Tas
 from runtime.checkpointing.snapshots import channel_key
 from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
+from runtime.execution.async_operator import AsyncStateSettings
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
 from runtime.execution.inflight import InflightBound
 from runtime.execution.operators import Chain, RecordWriter
@@ -102,7 +103,8 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
             writer.side_output = (edge.tag_node, edge.tag)
         writers.append(writer)
     chain = Chain(job, vertex.nodes, subtask_index=subtask, parallelism=vertex.parallelism, attempt=plan.attempt,
-                  outputs=writers, state_backend=state_backend)
+                  outputs=writers, state_backend=state_backend,
+                  async_state=AsyncStateSettings.from_config(plan.config.get("async_state")))
     head = job.nodes[vertex.nodes[0]]
     key = TaskKey(plan.job_id, vertex.id, subtask, vertex.name, vertex.parallelism)
     checkpoints: list[TaskCheckpoints] = []

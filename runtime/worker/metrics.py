@@ -54,6 +54,15 @@ class WorkerCollector(Collector):
         watermark = GaugeMetricFamily("sluice_task_current_watermark",
                                       "The task's event-time watermark in ms (jobs with event time only; "
                                       "-2^63 before the first one)", labels=labels)
+        async_in_flight = GaugeMetricFamily("sluice_task_async_state_in_flight_records",
+                                            "Records an asynchronous keyed operator has admitted and not finished "
+                                            "(tasks with an AsyncKeyedProcessFunction only)", labels=labels)
+        async_blocked = CounterMetricFamily("sluice_task_async_state_blocked_seconds",
+                                            "Time a task's input waited because its asynchronous keyed operator "
+                                            "had max_in_flight records in flight", labels=labels)
+        async_captured = CounterMetricFamily("sluice_task_async_state_captured_records",
+                                             "Records in flight that capture-mode checkpoints stored for replay",
+                                             labels=labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
@@ -73,8 +82,12 @@ class WorkerCollector(Collector):
             persisted_total.add_metric(values, st.inflight_bytes_total)
             if st.current_watermark is not None:
                 watermark.add_metric(values, st.current_watermark)
+            if st.async_in_flight is not None:
+                async_in_flight.add_metric(values, st.async_in_flight)
+                async_blocked.add_metric(values, st.async_blocked_s)
+                async_captured.add_metric(values, st.async_captured_records)
         yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
-                    persisted_total, watermark)
+                    persisted_total, watermark, async_in_flight, async_blocked, async_captured)
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)

@@ -26,6 +26,7 @@ from runtime.checkpointing.rescaling import (
     rescale_time,
 )
 from runtime.checkpointing.snapshots import (
+    async_documents,
     decode_channel_state,
     decode_operator_state,
     keyed_tables,
@@ -133,6 +134,7 @@ def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]
         state.sinks = list(operator.get("sinks") or [])
         state.lists = list_tables(operator)
         state.time = operator.get("time")
+        state.async_inflight = {n: [doc] for n, doc in async_documents(operator).items()} or None
     if files.get("out"):
         state.outputs = decode_channel_state(read_file(directory, files["out"]), files["out"])
     if files.get("in"):
@@ -185,7 +187,9 @@ def _own_part(operator: dict[str, Any] | None, old: Vertex, vertex: Vertex, job:
             "source": operator.get("source") if vertex.nodes[0] == old.nodes[0] else None,
             "time": operator.get("time"),  # a task's watermark state (event time), whole
             # a state backend's handle goes with the keyed operators (restore clips it to the task's key groups)
-            "backend": operator.get("backend") if any(job.nodes[n].key_fn is not None for n in mine) else None}
+            "backend": operator.get("backend") if any(job.nodes[n].key_fn is not None for n in mine) else None,
+            # an asynchronous operator's in-flight input and pending writes (restore clips them to key groups)
+            "async": {n: doc for n, doc in async_documents(operator).items() if n in mine}}
 
 
 def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
@@ -211,6 +215,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
             state.sinks = operator["sinks"]
             state.lists = operator["lists"]
             state.time = operator.get("time")
+            state.async_inflight = {n: [doc] for n, doc in operator["async"].items()} or None
         # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
         # (an unchanged edge kept its id)
         keep = {e.id for e in plan.edges if e.up == vertex.id and e.id not in rescaled_edges}
@@ -237,6 +242,11 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
         handles = [o["backend"] for o in (operators[j] for j in overlapping_subtasks(job.max_parallelism, p, groups))
                    if o is not None and o["backend"]]
         state.backend = handles or None
+        inflight: dict[int, list[dict[str, Any]]] = {}
+        for j in overlapping_subtasks(job.max_parallelism, p, groups):
+            for n, doc in (operators[j] or {}).get("async", {}).items():
+                inflight.setdefault(n, []).append(doc)
+        state.async_inflight = inflight or None
         head = job.nodes[vertex.nodes[0]]
         if head.kind == "source":
             old_sources = [o["source"] if o else None for o in operators]

@@ -2,8 +2,11 @@
 
 The job's backend is `--state-backend` from the job configuration ("state" in the plan), else the job
 module's `Job.state_backend`, else memory. Only tasks with a keyed operator get a backend object; on the
-memory backend none does (keyed state stays in dicts: the fast path). Restoring a backend reads files
-(RocksDB: downloads SST files), so it runs in a thread while the worker deploys.
+memory backend none does (keyed state stays in dicts: the fast path), except a task with an asynchronous
+keyed operator (AsyncKeyedProcessFunction), which gets a MemoryBackend: its runner batches requests into
+backend round trips on every backend. `state.options.round_trip_ms` (tests and benchmarks only) wraps
+every backend in runtime/state/latency.py's LatencyBackend, a fixed delay per round trip. Restoring a
+backend reads files (RocksDB: downloads SST files), so it runs in a thread while the worker deploys.
 
 A checkpoint taken on one backend restores on another: memory -> rocksdb loads the restored dict tables into
 the backend as the task starts (Chain.restore_state writes through its tables), rocksdb -> memory opens
@@ -19,10 +22,12 @@ from typing import Any
 
 from runtime.api import Job
 from runtime.checkpointing import backend_snapshots
+from runtime.execution.async_state import AsyncKeyedProcessFunction
 from runtime.execution.task import RestoredState
 from runtime.graph.partitioning import key_group_range
 from runtime.graph.plan import Plan, Vertex
 from runtime.state.backend import StateBackend, StateBackendError
+from runtime.state.latency import LatencyBackend
 from runtime.state.registry import DEFAULT, MEMORY, ROCKSDB, check_kind, make_backend
 
 
@@ -34,13 +39,19 @@ def has_keyed_state(vertex: Vertex, job: Job) -> bool:
     return any(job.nodes[n].key_fn is not None for n in vertex.nodes)
 
 
+def has_async_state(vertex: Vertex, job: Job) -> bool:
+    return any(isinstance(job.nodes[n].payload, AsyncKeyedProcessFunction) for n in vertex.nodes)
+
+
 def backend_for(plan: Plan, vertex: Vertex, subtask: int, job: Job) -> StateBackend | None:
     """A fresh backend for one task's key groups, or None for the dict tables of the memory backend."""
     kind = backend_kind(plan, job)
-    if kind == MEMORY or not has_keyed_state(vertex, job):
+    if not has_keyed_state(vertex, job) or (kind == MEMORY and not has_async_state(vertex, job)):
         return None
-    return _make(kind, key_group_range(job.max_parallelism, vertex.parallelism, subtask), plan,
-                 f"{vertex.id}-{subtask}")
+    backend = _make(kind, key_group_range(job.max_parallelism, vertex.parallelism, subtask), plan,
+                    f"{vertex.id}-{subtask}")
+    round_trip_ms = float(((plan.config.get("state") or {}).get("options") or {}).get("round_trip_ms") or 0)
+    return LatencyBackend(backend, round_trip_s=round_trip_ms / 1000) if round_trip_ms > 0 else backend
 
 
 def _make(kind: str, groups: range, plan: Plan, label: str) -> StateBackend:

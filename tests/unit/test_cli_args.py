@@ -118,3 +118,17 @@ def test_state_backend_options_go_into_the_job_config(tmp_path: Path) -> None:
     no_address = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--state-backend", "remote"])
     with pytest.raises(ValueError, match="--state-remote-address"):
         _job_config(no_address)
+
+
+def test_async_state_options_go_into_the_job_config() -> None:
+    from runtime.cli.main import _job_config
+
+    plain = build_parser().parse_args(["local", "m:f"])
+    assert "async_state" not in _job_config(plain)  # the defaults (README: Asynchronous state) apply
+    given = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--async-max-in-flight", "64",
+                                       "--async-batch-size", "16", "--async-batch-timeout", "5ms",
+                                       "--async-key-order", "first-state-access", "--async-epochs", "out-of-order",
+                                       "--async-checkpoint", "capture"])
+    assert _job_config(given)["async_state"] == {"max_in_flight": 64, "batch_size": 16, "batch_timeout_ms": 5.0,
+                                                 "key_order": "first-state-access", "epochs": "out-of-order",
+                                                 "checkpoint": "capture"}

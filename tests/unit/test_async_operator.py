@@ -1,0 +1,281 @@
+"""An AsyncKeyedProcessFunction as a chain operator (runtime/execution/async_operator.py), on real backends:
+settings, admission and the in-flight bound, watermarks in order, capture snapshots and their replay."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncStateUsageError
+from runtime.execution.async_checkpoint import decode_inflight, inflight_document, restore_inflight
+from runtime.execution.async_controller import EpochMode, KeyOrder, Record, TakeSnapshot, Watermark
+from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
+from runtime.graph.partitioning import key_group
+from runtime.state.backend import StateBackend
+from runtime.state.files import SnapshotStore
+from runtime.state.latency import LatencyBackend
+from runtime.state.memory import MemoryBackend
+
+ALL = range(0, 128)
+
+
+class Count(AsyncKeyedProcessFunction):
+    """The README's asynchronous count: a handle made in open() serves every record."""
+
+    async def open(self, ctx: Any) -> None:
+        self.count = ctx.value_state("count", 0)
+
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        n = (await self.count.value()) + 1
+        await self.count.update(n)
+        ctx.emit((record[0], n))
+
+
+class FailsOn(Count):
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        if record[1] == "bad":
+            raise ValueError("bad record")
+        await super().process(record, ctx)
+
+
+class Harness:
+    def __init__(self, backend: StateBackend, *, function: AsyncKeyedProcessFunction | None = None,
+                 **settings: Any) -> None:
+        self.log: list[Any] = []  # outputs and forwarded watermarks, in the order the chain got them
+        self.failures: list[BaseException] = []
+        self.wakes = 0
+        self._woken = asyncio.Event()
+        self.op = AsyncOperator(function or Count(), backend, AsyncStateSettings.from_config(settings), node_id=3,
+                                name="Count", key_fn=lambda r: r[0], subtask_index=0, parallelism=1,
+                                max_parallelism=128, timed=False, emit=self.log.extend,
+                                forward_watermark=lambda ts: self.log.append(("wm", ts)))
+        self.op.bind(wake=self._wake, on_failure=self.failures.append)
+
+    def _wake(self) -> None:  # the task's wake-up: the operator made progress (a record finished, it failed)
+        self.wakes += 1
+        self._woken.set()
+
+    async def wait_for(self, predicate: Any, timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                self._woken.clear()
+                await self._woken.wait()
+
+    async def finish(self) -> None:
+        await self.wait_for(self.op.quiet)
+        await self.op.finish()
+        await self.op.aclose()
+
+
+# -- settings ------------------------------------------------------------------------------------------------
+
+
+def test_settings_default_to_flinks_and_parse_the_job_configuration() -> None:
+    default = AsyncStateSettings.from_config(None)
+    assert default == AsyncStateSettings(max_in_flight=1000, batch_size=100, batch_timeout_ms=1.0,
+                                         key_order="record", epochs="strict", checkpoint="drain")
+    given = AsyncStateSettings.from_config({"max_in_flight": 8, "key_order": "first_state_access",
+                                            "epochs": "out-of-order", "checkpoint": "capture",
+                                            "batch_timeout_ms": 5})
+    config = given.controller_config(64)
+    assert (config.max_in_flight, config.key_order, config.epoch_mode, config.batch_timeout_s,
+            config.max_parallelism) == (8, KeyOrder.FIRST_STATE_ACCESS, EpochMode.OUT_OF_ORDER, 0.005, 64)
+
+
+@pytest.mark.parametrize("bad, message", [({"checkpoint": "flush"}, "drain or capture"),
+                                          ({"epochs": "loose"}, "strict | out-of-order"),
+                                          ({"max_in_flight": 0}, "bad async state settings"),
+                                          ({"in_flight": 3}, "unknown async_state settings")])
+def test_bad_settings_are_refused_with_the_choices(bad: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AsyncStateSettings.from_config(bad)
+
+
+# -- running records -----------------------------------------------------------------------------------------
+
+
+async def test_per_key_counts_come_out_in_order_through_the_chain() -> None:
+    h = Harness(MemoryBackend(ALL), max_in_flight=4, batch_size=8)
+    await h.op.open()
+    inputs = [(f"k{i % 3}", i) for i in range(30)]
+    h.op.feed(inputs[:10])
+    h.op.feed(inputs[10:])
+    await h.finish()
+    assert sorted(h.log) == sorted((f"k{k}", n) for k in range(3) for n in range(1, 11))
+    for k in range(3):
+        assert [n for key, n in h.log if key == f"k{k}"] == list(range(1, 11))
+    assert h.failures == []
+
+
+async def test_input_waits_at_max_in_flight_and_the_task_is_woken_as_records_finish() -> None:
+    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.01), max_in_flight=3)
+    await h.op.open()
+    h.op.feed([(f"k{i}", i) for i in range(10)])
+    assert (h.op.in_flight, h.op.backlog) == (3, True)  # the rest waits in the admission queue
+    await h.finish()
+    assert sorted(h.log) == sorted((f"k{i}", 1) for i in range(10))
+    assert h.wakes > 0
+
+
+async def test_nothing_is_admitted_before_open_has_run() -> None:
+    h = Harness(MemoryBackend(ALL))
+    h.op.feed([("a", 1)])
+    assert (h.op.in_flight, h.op.backlog) == (0, True)
+    await h.op.open()
+    await h.finish()
+    assert h.log == [("a", 1)]
+
+
+async def test_a_handle_made_in_open_refuses_use_outside_a_record() -> None:
+    function = Count()
+    h = Harness(MemoryBackend(ALL), function=function)
+    await h.op.open()
+    with pytest.raises(AsyncStateUsageError, match="outside process"):
+        await function.count.value()
+    await h.finish()
+
+
+async def test_a_failing_record_fails_the_task_once() -> None:
+    h = Harness(MemoryBackend(ALL), function=FailsOn())
+    await h.op.open()
+    h.op.feed([("a", 1), ("b", "bad"), ("c", 2)])
+    await h.wait_for(lambda: h.failures)
+    assert [str(e) for e in h.failures] == ["bad record"]
+    with pytest.raises(ValueError, match="bad record"):
+        h.op.raise_if_failed()
+    await h.op.aclose()
+
+
+@pytest.mark.parametrize("epochs", ["strict", "out-of-order"])
+async def test_a_watermark_is_forwarded_after_the_outputs_of_every_record_before_it(epochs: str) -> None:
+    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.002), epochs=epochs, batch_size=2)
+    await h.op.open()
+    h.op.feed([(f"k{i}", i) for i in range(6)])
+    h.op.feed_watermark(100)
+    h.op.feed([(f"k{i}", i) for i in range(6, 9)])
+    await h.finish()
+    wm = h.log.index(("wm", 100))
+    assert sorted(h.log[:wm]) == sorted((f"k{i}", 1) for i in range(6)) if epochs == "strict" else \
+        {(f"k{i}", 1) for i in range(6)} <= set(h.log[:wm])
+    assert len(h.log) == 10
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------
+
+
+async def test_capture_stores_records_in_flight_then_queued_and_a_restore_replays_them_first(tmp_path: Any) -> None:
+    slow = LatencyBackend(MemoryBackend(ALL), round_trip_s=0.05)
+    h = Harness(slow, max_in_flight=2, checkpoint="capture")
+    await h.op.open()
+    h.op.feed([("a", 1), ("b", 2), ("c", 3), ("a", 4), ("d", 5)])
+    assert (h.op.in_flight, h.op.backlog) == (2, True)
+    pending, doc = h.op.snapshot(7)
+    handle = pending.upload(SnapshotStore(str(tmp_path)))
+    # whole-record order: the two running records, then the queued ones in arrival order
+    assert doc["replay"] == [["r", "a", ("a", 1)], ["r", "b", ("b", 2)], ["r", "c", ("c", 3)],
+                             ["r", "a", ("a", 4)], ["r", "d", ("d", 5)]]
+    assert h.op.last_captured_records == 5
+    await h.op.aclose()  # the worker dies: nothing after the snapshot counts
+
+    restored = MemoryBackend(ALL)
+    restored.restore(SnapshotStore(str(tmp_path)), [handle])
+    h2 = Harness(restored, checkpoint="capture")
+    h2.op.restore([doc])
+    h2.op.feed([("a", 6), ("e", 7)])  # restored channel state and new input come after the replay
+    await h2.op.open()
+    await h2.finish()
+    assert [n for key, n in h2.log if key == "a"] == [1, 2, 3]
+    assert sorted(h2.log) == sorted([("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("d", 1), ("e", 1)])
+
+
+def test_an_inflight_document_restores_pending_writes_and_replay_inside_the_new_key_groups() -> None:
+    keys = [f"k{i}" for i in range(40)]
+    snapshot = TakeSnapshot(1, replay=(*(Record(k, (k, 1)) for k in keys[:20]), Watermark(50)),
+                            puts=tuple(("3/count", key_group(k, 128), k, 9) for k in keys[20:]), deletes=())
+    checkpoint = decode_inflight(inflight_document(snapshot, [Record("k39", ("k39", 2))]), "test")
+    for groups in (range(0, 64), range(64, 128)):  # the job rescaled to two subtasks
+        backend = MemoryBackend(groups)
+        replay = restore_inflight(backend, [checkpoint], max_parallelism=128)
+        mine = [k for k in keys if key_group(k, 128) in groups]
+        # in order: its records before the watermark, the watermark (every subtask gets it), then the queued one
+        assert replay == [*(Record(k, [k, 1]) for k in keys[:20] if k in mine), Watermark(50),
+                          *([Record("k39", ["k39", 2])] if "k39" in mine else [])]
+        assert sorted((n, k, v) for n, _, k, v in backend.scan(groups)) == \
+            sorted(("3/count", k, 9) for k in keys[20:] if k in mine)
+
+
+def test_it_runs_on_uvloop_as_in_a_worker() -> None:
+    """Workers run uvloop (netstack/transport.py), whose call_at() of a deadline less than half a millisecond
+    away returns a plain handle without when(): the runner re-arms its batch deadline timer without asking it."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def count() -> list[Any]:
+        h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.001), max_in_flight=16, batch_size=1000,
+                    batch_timeout_ms=0.3)  # uvloop runs a deadline this close with call_soon
+        await h.op.open()
+        for i in range(0, 200, 10):  # partial batches: the deadline timer is armed and re-armed
+            h.op.feed([(f"k{j % 7}", j) for j in range(i, i + 10)])
+            await h.wait_for(lambda: h.op.quiet() or h.failures)
+            assert h.failures == []
+        await h.finish()
+        return h.log
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        log = runner.run(count())
+    assert sorted(log) == sorted((f"k{k}", n) for k in range(7) for n in range(1, 1 + len(range(k, 200, 7))))
+
+
+# -- event-time timers ---------------------------------------------------------------------------------------
+
+
+class Windows(AsyncKeyedProcessFunction):
+    """Counts a key's records and reports the count at each record's timer (its third field)."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.value_state("count", 0)
+
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        await self.count.update((await self.count.value()) + 1)
+        ctx.register_event_time_timer(record[2])
+
+    async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
+        ctx.emit((ctx.key, timestamp, await self.count.value()))
+
+
+async def test_timers_fire_before_their_watermark_goes_on() -> None:
+    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.001), function=Windows())
+    await h.op.open()
+    h.op.feed([("a", 1, 10), ("b", 2, 10), ("a", 3, 20)])
+    h.op.feed_watermark(15)
+    h.op.feed([("a", 4, 20)])
+    h.op.feed_watermark(25)
+    await h.finish()
+    assert h.log[:3] in ([("a", 10, 2), ("b", 10, 1), ("wm", 15)], [("b", 10, 1), ("a", 10, 2), ("wm", 15)])
+    assert h.log[3:] == [("a", 20, 3), ("wm", 25)]  # strict epochs: record 4 ran after the first watermark
+    assert len(h.op.timers) == 0
+
+
+async def test_a_capture_snapshot_taken_while_timers_run_fires_them_again_after_a_restore(tmp_path: Any) -> None:
+    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.03), function=Windows(), checkpoint="capture")
+    await h.op.open()
+    h.op.feed([("a", 1, 10), ("b", 2, 10), ("c", 3, 30)])
+    await h.wait_for(h.op.quiet)
+    h.op.feed_watermark(15)  # the timers of a and b start: each awaits a 30 ms round trip
+    assert h.op.in_flight == 2
+    pending, doc = h.op.snapshot(4)
+    handle = pending.upload(SnapshotStore(str(tmp_path)))
+    assert doc["replay"] == [["w", 15]]  # timers are not replayed: their watermark is
+    assert sorted(doc["timers"]) == [[10, "a"], [10, "b"], [30, "c"]]
+    await h.op.aclose()
+
+    restored = MemoryBackend(ALL)
+    restored.restore(SnapshotStore(str(tmp_path)), [handle])
+    h2 = Harness(restored, function=Windows(), checkpoint="capture")
+    h2.op.restore([doc])
+    await h2.op.open()
+    h2.op.feed_watermark(40)
+    await h2.finish()
+    assert sorted(h2.log[:2]) == [("a", 10, 1), ("b", 10, 1)]
+    assert h2.log[2:] == [("wm", 15), ("c", 30, 1), ("wm", 40)]
