@@ -1,0 +1,427 @@
+"""The remote state backend: keyed state in a separate Redis-protocol server (needs the `remote` extra).
+
+A stand-in for disaggregated state on remote storage (Flink 2.0's ForSt): the
+task keeps no state, every read and write is a network round trip to a Valkey
+server (any server speaking RESP with Lua scripting will do), batched so that
+one round trip carries a whole batch of the asynchronous execution model.
+
+Design: versioned writes, a checkpoint is a version number.
+
+- An entry is one server hash, `<namespace>:e:<codec key>` (runtime/state/codec.py,
+  key group first), whose fields are `version -> value` (an empty value is a
+  tombstone). A write adds or replaces the field of the writer's current
+  version; it never touches older ones.
+- Versions come from one server counter per namespace (`INCR`), so they only
+  grow, across writers, restores and rescales.
+- `begin_snapshot` takes the writer's current version as the checkpoint's *cut*
+  and moves the writer to a new version (one `INCR`): writes after the barrier
+  land in a field the checkpoint does not see. It copies nothing, whatever the
+  state size. `upload` writes a manifest of a few hundred bytes into the
+  checkpoint store (namespace, cut, each key group's lineage: see
+  runtime/state/versions.py) and collects garbage.
+- `restore` reads the manifests, gives each owned group the lineage "the
+  checkpoint's history up to its cut, then my new versions" and claims the
+  groups. Versions written after the cut are left in place but fall outside
+  every lineage: invisible. No entry is read or written, so a restore, and a
+  rescale (a handle covering more groups than this task owns, or several
+  handles), takes a few round trips whatever the state size.
+- Fencing: each key group has an owner token on the server (`<ns>:o:<group>`),
+  set by the constructor and by `restore` to a fresh version. Writes and
+  garbage collection run as Lua scripts that check, atomically with the
+  write, that the caller's token still owns every group it touches; a zombie
+  task of an older attempt gets a StateBackendError and changes nothing. Its
+  writes from before the claim are in versions no lineage contains.
+- Rescale reads only its ranges: each group has an index set of its entries
+  (`<ns>:i:<group>`), so `scan` reads its groups' sets, not the keyspace.
+- Garbage collection: each write also marks the entry in its group's
+  collection set (`<ns>:c:<group>`). `upload` visits the marked entries of the
+  owned groups and deletes the fields no view sees (views: the live lineage,
+  snapshots not yet uploaded, and every checkpoint whose manifest is still in
+  the store: the coordinator deletes a discarded checkpoint's private files,
+  which is what ends its retention). An entry leaves the set once one field
+  is left and every view sees it. So collection costs in proportion to the
+  writes of the retained window, not to the state size.
+
+Why not copy at checkpoints (MULTI/DUMP, or the server's own RDB snapshot):
+that costs in proportion to the state, or snapshots the whole server instead
+of one job's ranges, and a restore would have to write everything back.
+
+Durability is the server's: the tests and the default set-up run it with an
+append-only file and `appendfsync always`, so an acknowledged write survives a
+kill -9 of the server. While the server is down every operation fails with a
+StateBackendError naming the address; nothing is retried silently past that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from runtime.common.files import write_atomically
+from runtime.state import versions
+from runtime.state.backend import (
+    MISSING,
+    PendingSnapshot,
+    SnapshotHandle,
+    StateAddress,
+    StateBackend,
+    StateBackendError,
+    check_groups,
+)
+from runtime.state.codec import decode_key, decode_value, encode_key, encode_value
+from runtime.state.files import SnapshotStore
+
+try:
+    import valkey
+    from valkey.backoff import ExponentialBackoff
+    from valkey.retry import Retry
+except ImportError:  # pragma: no cover - depends on the install
+    valkey = None  # type: ignore[assignment]
+
+MANIFEST_FORMAT = 1
+MANIFEST_SUFFIX = "-remote.json"
+SCAN_CHUNK = 1000  # entries per pipelined round trip when scanning or collecting
+
+# KEYS: the owner keys of the groups touched (ARGV[3] of them), then per write: entry, index set, collection set.
+# ARGV: token, version, number of owner keys, then one value per write ("" is a tombstone).
+_WRITE = """
+local token = ARGV[1]
+local owners = tonumber(ARGV[3])
+for i = 1, owners do
+  local owner = redis.call('GET', KEYS[i])
+  if owner ~= token then
+    return redis.error_reply('FENCED key group owned by writer ' .. tostring(owner) .. ', not ' .. token)
+  end
+end
+local version = ARGV[2]
+local op = 4
+for k = owners + 1, #KEYS, 3 do
+  redis.call('HSET', KEYS[k], version, ARGV[op])
+  redis.call('SADD', KEYS[k + 1], KEYS[k])
+  redis.call('SADD', KEYS[k + 2], KEYS[k])
+  op = op + 1
+end
+return op - 4
+"""
+
+# KEYS: owner, entry, index set, collection set. ARGV: token, fields left if settled (-1: never), fields to drop.
+_COLLECT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED key group owned by another writer, not ' .. ARGV[1])
+end
+for i = 3, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+local left = redis.call('HLEN', KEYS[2])
+if left == 0 then
+  redis.call('SREM', KEYS[3], KEYS[2])
+  redis.call('SREM', KEYS[4], KEYS[2])
+elseif left == tonumber(ARGV[2]) then
+  redis.call('SREM', KEYS[4], KEYS[2])
+end
+return left
+"""
+
+
+def available() -> bool:
+    return valkey is not None
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`host:port`, optionally with a `redis://` or `valkey://` scheme; a clear error otherwise."""
+    rest = address
+    for scheme in ("redis://", "valkey://"):
+        if rest.startswith(scheme):
+            rest = rest[len(scheme):]
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise StateBackendError(f"remote state address {address!r} is not host:port")
+    return host, int(port)
+
+
+class RemoteBackend(StateBackend):
+    name = "remote"
+
+    def __init__(self, key_groups: range, *, address: str, namespace: str,
+                 connect_timeout_s: float = 2.0, io_timeout_s: float = 10.0) -> None:
+        if valkey is None:
+            raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client); "
+                                    "install it with scripts/bootstrap.sh or `pip install sluice[remote]`")
+        if not namespace or ":" in namespace:
+            raise StateBackendError(f"remote state namespace {namespace!r} must be non-empty and without ':'")
+        super().__init__(key_groups)
+        self.address = address
+        self.namespace = namespace
+        host, port = parse_address(address)
+        # One retry after a reconnect: a pooled connection is stale after a server restart. Every operation is
+        # idempotent (a write sets the field of its version), so a retried one applies once.
+        self._client = valkey.Valkey(host=host, port=port, socket_connect_timeout=connect_timeout_s,
+                                     socket_timeout=io_timeout_s, retry=Retry(ExponentialBackoff(0.2, 0.02), 1),
+                                     health_check_interval=0)
+        self._write_script = self._client.register_script(_WRITE)
+        self._collect_script = self._client.register_script(_COLLECT)
+        self._prefix = namespace.encode() + b":"
+        self._owner = uuid.uuid4().hex[:12]
+        self._lock = threading.Lock()  # guards _pending (uploads run on other threads)
+        self._pending: dict[int, dict[int, versions.Lineage]] = {}  # snapshots begun, manifest not yet written
+        self._claim({g: () for g in key_groups})
+
+    # -- keys -----------------------------------------------------------------------------------------
+
+    def _entry(self, name: str, group: int, key: Any) -> bytes:
+        return self._prefix + b"e:" + encode_key(name, group, key)
+
+    def _group_key(self, kind: bytes, group: int) -> bytes:
+        return self._prefix + kind + b":" + str(group).encode()
+
+    def _clock(self) -> bytes:
+        return self._prefix + b"clock"
+
+    # -- talking to the server ------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        """Run one round trip, turning the client's errors into StateBackendError naming the server."""
+        assert valkey is not None
+        self._stats.round_trips += 1
+        try:
+            return fn(*args)
+        except valkey.exceptions.ResponseError as e:
+            if "FENCED" in str(e):
+                raise StateBackendError(f"remote state {self.namespace!r} at {self.address}: {what} refused, "
+                                        f"this writer was fenced off by a newer attempt ({e})") from e
+            raise StateBackendError(f"remote state at {self.address}: {what} failed: {e}") from e
+        except valkey.exceptions.ValkeyError as e:
+            raise StateBackendError(f"remote state server at {self.address} unreachable during {what}: "
+                                    f"{type(e).__name__}: {e}") from e
+
+    def _pipeline(self, what: str, commands: Iterable[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        def run() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for command, args in commands:
+                getattr(pipe, command)(*args)
+            return pipe.execute()
+        return list(self._call(what, run))
+
+    def _claim(self, history: dict[int, versions.Lineage]) -> None:
+        """Become the owner of the groups in `history` (group -> its restored lineage, () if none)."""
+        token = int(self._call("claiming key groups", self._client.incr, self._clock()))
+        if history:
+            self._pipeline("claiming key groups",
+                           (("set", (self._group_key(b"o", g), token)) for g in history))
+        self._token = str(token).encode()
+        self._version = token
+        self._lineages = {g: (*past, (token, versions.OPEN)) for g, past in history.items()}
+
+    # -- reads and writes -----------------------------------------------------------------------------
+
+    def get_many(self, addresses: Sequence[StateAddress]) -> list[Any]:
+        self._stats.reads += len(addresses)
+        if not addresses:
+            return []
+        fields = self._pipeline("read", (("hgetall", (self._entry(*a),)) for a in addresses))
+        return [self._resolve(group, found) for (_, group, _), found in zip(addresses, fields, strict=True)]
+
+    def _resolve(self, group: int, fields: dict[bytes, bytes]) -> Any:
+        lineage = self._lineages.get(group)
+        if lineage is None or not fields:
+            return MISSING
+        version = versions.visible((int(v) for v in fields), lineage)
+        if version is None:
+            return MISSING
+        raw = fields[str(version).encode()]
+        return MISSING if raw == b"" else decode_value(raw)
+
+    def put_many(self, entries: Sequence[tuple[str, int, Any, Any]]) -> None:
+        self.write_many(entries, ())
+
+    def delete_many(self, addresses: Sequence[StateAddress]) -> None:
+        self.write_many((), addresses)
+
+    def write_many(self, puts: Sequence[tuple[str, int, Any, Any]], deletes: Sequence[StateAddress]) -> None:
+        groups = sorted({e[1] for e in puts} | {a[1] for a in deletes})
+        check_groups(self, groups)
+        self._stats.writes += len(puts)
+        self._stats.deletes += len(deletes)
+        if not groups:
+            return
+        keys: list[bytes] = [self._group_key(b"o", g) for g in groups]
+        values: list[bytes] = []
+        for name, group, key, value in puts:
+            keys += (self._entry(name, group, key), self._group_key(b"i", group), self._group_key(b"c", group))
+            values.append(encode_value(value))
+        for name, group, key in deletes:
+            keys += (self._entry(name, group, key), self._group_key(b"i", group), self._group_key(b"c", group))
+            values.append(b"")
+        version = self._version  # read once: a snapshot on another thread may move it meanwhile
+        self._call("write", self._write_script, keys, [self._token, version, len(groups), *values])
+
+    def scan(self, key_groups: range) -> Iterator[tuple[str, int, Any, Any]]:
+        for group in key_groups:
+            if group not in self._lineages:
+                continue
+            members = sorted(self._call("scan", self._client.smembers, self._group_key(b"i", group)))
+            for start in range(0, len(members), SCAN_CHUNK):
+                chunk = members[start:start + SCAN_CHUNK]
+                found = self._pipeline("scan", (("hgetall", (m,)) for m in chunk))
+                for member, fields in zip(chunk, found, strict=True):
+                    value = self._resolve(group, fields)
+                    if value is not MISSING:
+                        name, _, key = decode_key(member[len(self._prefix) + 2:])
+                        yield name, group, key, value
+
+    # -- snapshots ------------------------------------------------------------------------------------
+
+    def begin_snapshot(self, checkpoint_id: int) -> PendingSnapshot:
+        started = time.perf_counter()
+        cut = self._version
+        views = {g: versions.clip(lineage, cut) for g, lineage in self._lineages.items()}
+        with self._lock:
+            self._pending[checkpoint_id] = views
+        self._version = int(self._call("snapshot", self._client.incr, self._clock()))
+        self._stats.snapshots += 1
+        return _RemoteSnapshot(self, checkpoint_id, cut, views, time.perf_counter() - started)
+
+    def restore(self, store: SnapshotStore, handles: Sequence[SnapshotHandle]) -> None:
+        history: dict[int, versions.Lineage] = {g: () for g in self.key_groups}
+        for handle in handles:
+            if handle.backend != self.name:
+                raise StateBackendError(f"checkpoint {handle.checkpoint_id} was taken by the {handle.backend} "
+                                        f"backend; the remote backend cannot restore it")
+            for relative in handle.private_files:
+                manifest = read_manifest(store.path(relative))
+                if manifest["namespace"] != self.namespace:
+                    raise StateBackendError(f"checkpoint {handle.checkpoint_id} holds remote state of namespace "
+                                            f"{manifest['namespace']!r}, not {self.namespace!r}")
+                for group, lineage in manifest["lineages"].items():
+                    if group in history:
+                        history[group] = lineage
+        self._claim(history)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- garbage collection ---------------------------------------------------------------------------
+
+    def _views(self, store: SnapshotStore) -> dict[int, list[versions.Lineage]]:
+        """Per owned group, every lineage a reader may still use."""
+        views: dict[int, list[versions.Lineage]] = {g: [lineage] for g, lineage in self._lineages.items()}
+        with self._lock:
+            pending = list(self._pending.values())
+        retained = [m["lineages"] for m in retained_manifests(store, self.namespace)]
+        for lineages in pending + retained:
+            for group, lineage in lineages.items():
+                if group in views and lineage not in views[group]:
+                    views[group].append(lineage)
+        return views
+
+    def collect_garbage(self, store: SnapshotStore) -> int:
+        """Delete the fields no view sees in the owned groups' marked entries; returns the fields deleted."""
+        dropped = 0
+        for group, views in sorted(self._views(store).items()):
+            marked = list(self._call("collection", self._client.smembers, self._group_key(b"c", group)))
+            for start in range(0, len(marked), SCAN_CHUNK):
+                chunk = marked[start:start + SCAN_CHUNK]
+                found = self._pipeline("collection", (("hgetall", (m,)) for m in chunk))
+                dropped += self._call("collection", self._collect, group, views, chunk, found)
+        return dropped
+
+    def _collect(self, group: int, views: list[versions.Lineage], entries: list[bytes],
+                 found: list[dict[bytes, bytes]]) -> int:
+        """One round trip: drop each entry's unseen fields, atomically with the owner check (Lua)."""
+        owner, index, mark = (self._group_key(k, group) for k in (b"o", b"i", b"c"))
+        pipe = self._client.pipeline(transaction=False)
+        count = 0
+        for entry, fields in zip(entries, found, strict=True):
+            present = [int(v) for v in fields]
+            keep = versions.needed(present, views)
+            if any(fields[str(v).encode()] != b"" for v in keep):
+                drop = [v for v in present if v not in keep]
+            else:  # every view sees the entry absent: all of it can go
+                keep, drop = set(), present
+            # the entry leaves the collection set only if no write added a field since we read it
+            left = len(keep) if versions.settled(keep, views) else -1
+            self._collect_script(keys=[owner, entry, index, mark], args=[self._token, left, *drop], client=pipe)
+            count += len(drop)
+        pipe.execute()
+        return count
+
+
+class _RemoteSnapshot(PendingSnapshot):
+    def __init__(self, backend: RemoteBackend, checkpoint_id: int, cut: int,
+                 lineages: dict[int, versions.Lineage], sync_seconds: float) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.sync_seconds = sync_seconds
+        self.cut = cut
+        self.collected_fields = 0
+        self._backend = backend
+        self._lineages = lineages
+        self._key_groups = backend.key_groups
+
+    def upload(self, store: SnapshotStore) -> SnapshotHandle:
+        backend = self._backend
+        data = json.dumps({"format": MANIFEST_FORMAT, "namespace": backend.namespace, "cut": self.cut,
+                           "key_groups": [self._key_groups.start, self._key_groups.stop],
+                           "lineages": _runs(self._lineages)}, separators=(",", ":")).encode()
+        relative = os.path.join(os.path.basename(store.private_dir(self.checkpoint_id)),
+                                f"{backend._owner}{MANIFEST_SUFFIX}")
+        write_atomically(store.path(relative), data)
+        with backend._lock:
+            backend._pending.pop(self.checkpoint_id, None)
+        self.collected_fields = backend.collect_garbage(store)
+        return SnapshotHandle(backend=RemoteBackend.name, checkpoint_id=self.checkpoint_id,
+                              key_groups=self._key_groups, private_files=(relative,),
+                              uploaded_bytes=len(data), total_bytes=len(data))
+
+    def abort(self) -> None:
+        with self._backend._lock:
+            self._backend._pending.pop(self.checkpoint_id, None)
+
+
+def _runs(lineages: dict[int, versions.Lineage]) -> list[list[Any]]:
+    """[first group, stop, lineage] for each run of consecutive groups with the same lineage."""
+    runs: list[list[Any]] = []
+    for group in sorted(lineages):
+        lineage = versions.encode(lineages[group])
+        if runs and runs[-1][1] == group and runs[-1][2] == lineage:
+            runs[-1][1] = group + 1
+        else:
+            runs.append([group, group + 1, lineage])
+    return runs
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+        if data.get("format") != MANIFEST_FORMAT:
+            raise StateBackendError(f"{path}: remote state manifest format {data.get('format')!r}, "
+                                    f"expected {MANIFEST_FORMAT}")
+        lineages = {g: versions.decode(lineage) for start, stop, lineage in data["lineages"]
+                    for g in range(int(start), int(stop))}
+        return {"namespace": str(data["namespace"]), "cut": int(data["cut"]), "lineages": lineages}
+    except FileNotFoundError as e:
+        raise StateBackendError(f"{path}: remote state manifest is missing") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise StateBackendError(f"{path}: remote state manifest does not decode: {e}") from e
+
+
+def retained_manifests(store: SnapshotStore, namespace: str) -> list[dict[str, Any]]:
+    """The manifests of `namespace` still in the store: the checkpoints whose versions must stay readable."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for directory in sorted(os.listdir(store.root)):
+            if not directory.startswith("chk-"):
+                continue
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for name in sorted(os.listdir(store.path(directory))):
+                    if name.endswith(MANIFEST_SUFFIX):
+                        with contextlib.suppress(StateBackendError):  # deleted meanwhile: no longer retained
+                            manifest = read_manifest(store.path(os.path.join(directory, name)))
+                            if manifest["namespace"] == namespace:
+                                out.append(manifest)
+    return out
