@@ -11,18 +11,24 @@ Design: versioned writes, a checkpoint is a version number.
   key group first), whose fields are `version -> value` (an empty value is a
   tombstone). A write adds or replaces the field of the writer's current
   version; it never touches older ones.
-- Versions come from one server counter per namespace (`INCR`), so they only
-  grow, across writers, restores and rescales.
+- Versions come from one server counter per namespace, so they only grow,
+  across writers, restores and rescales. A writer reserves them in blocks
+  (`VERSION_BLOCK`, one `INCRBY`), so most checkpoints need no round trip.
 - `begin_snapshot` takes the writer's current version as the checkpoint's *cut*
-  and moves the writer to a new version (one `INCR`): writes after the barrier
-  land in a field the checkpoint does not see. It copies nothing, whatever the
-  state size. `upload` writes a manifest of a few hundred bytes into the
-  checkpoint store (namespace, cut, each key group's lineage: see
-  runtime/state/versions.py) and collects garbage.
+  and moves the writer to the next version: writes after the barrier land in a
+  field the checkpoint does not see. It copies nothing and usually does no I/O
+  at all, whatever the state size. `upload` writes a manifest of a few hundred
+  bytes into the checkpoint store (namespace, cut, each key group's lineage:
+  see runtime/state/versions.py) and collects garbage. A batch sent before the
+  barrier that reaches the server after it still carries the cut's version,
+  so it joins that checkpoint; the asynchronous controller also lists such
+  in-flight writes in the checkpoint (TakeSnapshot.puts), and reapplying them
+  is idempotent.
 - `restore` reads the manifests, gives each owned group the lineage "the
   checkpoint's history up to its cut, then my new versions" and claims the
-  groups. Versions written after the cut are left in place but fall outside
-  every lineage: invisible. No entry is read or written, so a restore, and a
+  groups (one script: a fresh block of versions and the owner tokens).
+  Versions written after the cut are left in place but fall outside every
+  lineage: invisible. No entry is read or written, so a restore, and a
   rescale (a handle covering more groups than this task owns, or several
   handles), takes a few round trips whatever the state size.
 - Fencing: each key group has an owner token on the server (`<ns>:o:<group>`),
@@ -49,7 +55,14 @@ of one job's ranges, and a restore would have to write everything back.
 Durability is the server's: the tests and the default set-up run it with an
 append-only file and `appendfsync always`, so an acknowledged write survives a
 kill -9 of the server. While the server is down every operation fails with a
-StateBackendError naming the address; nothing is retried silently past that.
+StateBackendError naming the address; nothing is retried silently past that
+(one reconnect-and-retry absorbs a pooled connection gone stale).
+
+Limits: a server that loses its data (no persistence) also loses the version
+clock and the checkpoints' versions: restores then fail or see less, so run
+it with persistence. A savepoint kept outside the checkpoint store is not a
+view for garbage collection: its versions stay readable only while a
+retained checkpoint or the live writer still sees them.
 """
 
 from __future__ import annotations
@@ -86,6 +99,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 MANIFEST_FORMAT = 1
 MANIFEST_SUFFIX = "-remote.json"
+# Versions a writer reserves at once: a checkpoint takes the next one locally, without a round trip.
+VERSION_BLOCK = 1024
 SCAN_CHUNK = 1000  # entries per pipelined round trip when scanning or collecting
 
 # KEYS: the owner keys of the groups touched (ARGV[3] of them), then per write: entry, index set, collection set.
@@ -108,6 +123,14 @@ for k = owners + 1, #KEYS, 3 do
   op = op + 1
 end
 return op - 4
+"""
+
+# KEYS: the namespace's version clock, then the owner keys of the groups to claim. ARGV: versions to reserve.
+_CLAIM = """
+local finish = redis.call('INCRBY', KEYS[1], ARGV[1])
+local token = finish - tonumber(ARGV[1]) + 1
+for i = 2, #KEYS do redis.call('SET', KEYS[i], token) end
+return finish
 """
 
 # KEYS: owner, entry, index set, collection set. ARGV: token, fields left if settled (-1: never), fields to drop.
@@ -165,6 +188,7 @@ class RemoteBackend(StateBackend):
                                      health_check_interval=0)
         self._write_script = self._client.register_script(_WRITE)
         self._collect_script = self._client.register_script(_COLLECT)
+        self._claim_script = self._client.register_script(_CLAIM)
         self._prefix = namespace.encode() + b":"
         self._owner = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()  # guards _pending (uploads run on other threads)
@@ -208,14 +232,26 @@ class RemoteBackend(StateBackend):
         return list(self._call(what, run))
 
     def _claim(self, history: dict[int, versions.Lineage]) -> None:
-        """Become the owner of the groups in `history` (group -> its restored lineage, () if none)."""
-        token = int(self._call("claiming key groups", self._client.incr, self._clock()))
-        if history:
-            self._pipeline("claiming key groups",
-                           (("set", (self._group_key(b"o", g), token)) for g in history))
+        """Become the owner of the groups in `history` (group -> its restored lineage, () if none).
+
+        One script, so no version can be allocated between taking the token and owning the groups: a
+        zombie's write either comes before (its version is below the token, outside the new lineage) or
+        after (refused by the owner check).
+        """
+        keys = [self._clock(), *(self._group_key(b"o", g) for g in history)]
+        end = int(self._call("claiming key groups", self._claim_script, keys, [VERSION_BLOCK]))
+        token = end - VERSION_BLOCK + 1
         self._token = str(token).encode()
-        self._version = token
+        self._version, self._block_end = token, end
         self._lineages = {g: (*past, (token, versions.OPEN)) for g, past in history.items()}
+
+    def _next_version(self) -> int:
+        """A version above every one this writer used: from its block, or a new block (a round trip)."""
+        if self._version < self._block_end:
+            return self._version + 1
+        end = int(self._call("allocating versions", self._client.incrby, self._clock(), VERSION_BLOCK))
+        self._block_end = end
+        return end - VERSION_BLOCK + 1
 
     # -- reads and writes -----------------------------------------------------------------------------
 
@@ -282,7 +318,7 @@ class RemoteBackend(StateBackend):
         views = {g: versions.clip(lineage, cut) for g, lineage in self._lineages.items()}
         with self._lock:
             self._pending[checkpoint_id] = views
-        self._version = int(self._call("snapshot", self._client.incr, self._clock()))
+        self._version = self._next_version()
         self._stats.snapshots += 1
         return _RemoteSnapshot(self, checkpoint_id, cut, views, time.perf_counter() - started)
 

@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.state import versions
-from runtime.state.backend import MISSING, StateBackend, StateBackendError
-from runtime.state.files import SnapshotStore
+from runtime.state.backend import MISSING, SnapshotHandle, StateBackend, StateBackendError
+from runtime.state.files import SharedFileRegistry, SnapshotStore
 from runtime.state.remote import RemoteBackend, available, parse_address
 from tests.redis_server import RedisServer, valkey_server_binary
 from tests.unit.test_state_backends import (  # the conformance suite, run here with the `make` fixture below
@@ -173,8 +175,7 @@ def test_garbage_collection_keeps_exactly_what_retained_checkpoints_see(make: Fa
     client.close()
 
 
-def _no_shared() -> object:
-    from runtime.state.files import SharedFileRegistry
+def _no_shared() -> SharedFileRegistry:
     return SharedFileRegistry()
 
 
@@ -258,3 +259,75 @@ def test_a_manifest_names_the_cut_and_lineage_runs(make: Factory, tmp_path: Path
     assert data["format"] == 1 and data["key_groups"] == [0, 4]
     assert data["lineages"] == [[0, 4, [[data["lineages"][0][2][0][0], data["cut"]]]]]
     assert os.path.basename(os.path.dirname(handle.private_files[0])) == "chk-7"
+
+
+# -- a model: any interleaving of writes, checkpoints, discards and restores reads like dicts --------------
+
+MODEL_OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 5), st.integers(0, 3)),
+    st.tuples(st.just("delete"), st.integers(0, 5), st.just(0)),
+    st.tuples(st.just("checkpoint"), st.just(0), st.just(0)),
+    st.tuples(st.just("discard"), st.integers(0, 10), st.just(0)),
+    st.tuples(st.just("restore"), st.integers(0, 10), st.integers(1, MAX_PAR - 1)),
+), max_size=40)
+
+
+@given(ops=MODEL_OPS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_interleaving_of_writes_checkpoints_discards_and_restores_reads_like_dicts(
+        server: RedisServer, tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int, int]]) -> None:
+    namespace = f"model{uuid.uuid4().hex[:8]}"
+    store = SnapshotStore(str(tmp_path_factory.mktemp("model")))
+    registry = SharedFileRegistry()
+    keys = [f"k{i}" for i in range(6)]
+    addresses = [count(k) for k in keys]
+    made: list[RemoteBackend] = []
+
+    def new(groups: range) -> RemoteBackend:
+        made.append(RemoteBackend(groups, address=server.address, namespace=namespace))
+        return made[-1]
+
+    live = [new(ALL)]  # one task, or two after a restore that split the groups
+    model: dict[str, int] = {}
+    retained: list[tuple[list[SnapshotHandle], dict[str, int]]] = []
+    checkpoint_id = 0
+
+    def owner(key: str) -> RemoteBackend:
+        return next(b for b in live if key_group(key, MAX_PAR) in b.key_groups)
+
+    try:
+        for op, a, b in ops:
+            if op == "put":
+                owner(keys[a]).put_many([entry("count", keys[a], b)])
+                model[keys[a]] = b
+            elif op == "delete":
+                owner(keys[a]).delete_many([count(keys[a])])
+                model.pop(keys[a], None)
+            elif op == "checkpoint":
+                checkpoint_id += 1
+                retained.append(([t.snapshot(checkpoint_id, store) for t in live], dict(model)))
+            elif op == "discard" and retained:
+                handles, _ = retained.pop(a % len(retained))
+                for h in handles:
+                    store.discard(h, registry)
+            elif op == "restore" and retained:
+                handles, snapshot = retained[a % len(retained)]
+                zombies = live
+                live = [new(range(0, b)), new(range(b, MAX_PAR))] if a % 2 else [new(ALL)]
+                for t in live:
+                    t.restore(store, handles)
+                model = dict(snapshot)
+                zombie = next(z for z in zombies if key_group(keys[0], MAX_PAR) in z.key_groups)
+                with pytest.raises(StateBackendError, match="fenced"):
+                    zombie.put_many([entry("count", keys[0], 99)])
+            got = [owner(k).get_many([address])[0] for k, address in zip(keys, addresses, strict=True)]
+            assert got == [model.get(k, MISSING) for k in keys]
+        assert {k: v for t in live for _, _, k, v in t.scan(ALL)} == model
+        # every retained checkpoint still restores exactly what it held, after all the collections
+        for handles, snapshot in retained:
+            check = new(ALL)
+            check.restore(store, handles)
+            assert {k: v for _, _, k, v in check.scan(ALL)} == snapshot
+    finally:
+        for t in made:
+            t.close()
