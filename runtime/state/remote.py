@@ -133,20 +133,32 @@ for i = 2, #KEYS do redis.call('SET', KEYS[i], token) end
 return finish
 """
 
-# KEYS: owner, entry, index set, collection set. ARGV: token, fields left if settled (-1: never), fields to drop.
+# KEYS: per entry its group's owner key, the entry, its index set, its collection set (4 each).
+# ARGV: token, then per entry: fields it keeps if settled (-1: not settled), number of fields to drop, those fields.
 _COLLECT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('FENCED key group owned by another writer, not ' .. ARGV[1])
+local token = ARGV[1]
+for k = 1, #KEYS, 4 do
+  if redis.call('GET', KEYS[k]) ~= token then
+    return redis.error_reply('FENCED key group owned by another writer, not ' .. token)
+  end
 end
-for i = 3, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
-local left = redis.call('HLEN', KEYS[2])
-if left == 0 then
-  redis.call('SREM', KEYS[3], KEYS[2])
-  redis.call('SREM', KEYS[4], KEYS[2])
-elseif left == tonumber(ARGV[2]) then
-  redis.call('SREM', KEYS[4], KEYS[2])
+local a = 2
+local dropped = 0
+for k = 1, #KEYS, 4 do
+  local entry = KEYS[k + 1]
+  local settled = tonumber(ARGV[a])
+  local n = tonumber(ARGV[a + 1])
+  for i = a + 2, a + 1 + n do dropped = dropped + redis.call('HDEL', entry, ARGV[i]) end
+  a = a + 2 + n
+  local left = redis.call('HLEN', entry)
+  if left == 0 then
+    redis.call('SREM', KEYS[k + 2], entry)
+    redis.call('SREM', KEYS[k + 3], entry)
+  elseif left == settled then
+    redis.call('SREM', KEYS[k + 3], entry)
+  end
 end
-return left
+return dropped
 """
 
 
@@ -185,7 +197,7 @@ class RemoteBackend(StateBackend):
         # idempotent (a write sets the field of its version), so a retried one applies once.
         self._client = valkey.Valkey(host=host, port=port, socket_connect_timeout=connect_timeout_s,
                                      socket_timeout=io_timeout_s, retry=Retry(ExponentialBackoff(0.2, 0.02), 1),
-                                     health_check_interval=0)
+                                     health_check_interval=0, lib_name=None, lib_version=None)
         self._write_script = self._client.register_script(_WRITE)
         self._collect_script = self._client.register_script(_COLLECT)
         self._claim_script = self._client.register_script(_CLAIM)
@@ -356,35 +368,37 @@ class RemoteBackend(StateBackend):
         return views
 
     def collect_garbage(self, store: SnapshotStore) -> int:
-        """Delete the fields no view sees in the owned groups' marked entries; returns the fields deleted."""
-        dropped = 0
-        for group, views in sorted(self._views(store).items()):
-            marked = list(self._call("collection", self._client.smembers, self._group_key(b"c", group)))
-            for start in range(0, len(marked), SCAN_CHUNK):
-                chunk = marked[start:start + SCAN_CHUNK]
-                found = self._pipeline("collection", (("hgetall", (m,)) for m in chunk))
-                dropped += self._call("collection", self._collect, group, views, chunk, found)
-        return dropped
+        """Delete the fields no view sees in the owned groups' marked entries; returns the fields deleted.
 
-    def _collect(self, group: int, views: list[versions.Lineage], entries: list[bytes],
-                 found: list[dict[bytes, bytes]]) -> int:
-        """One round trip: drop each entry's unseen fields, atomically with the owner check (Lua)."""
-        owner, index, mark = (self._group_key(k, group) for k in (b"o", b"i", b"c"))
-        pipe = self._client.pipeline(transaction=False)
-        count = 0
-        for entry, fields in zip(entries, found, strict=True):
-            present = [int(v) for v in fields]
-            keep = versions.needed(present, views)
-            if any(fields[str(v).encode()] != b"" for v in keep):
-                drop = [v for v in present if v not in keep]
-            else:  # every view sees the entry absent: all of it can go
-                keep, drop = set(), present
-            # the entry leaves the collection set only if no write added a field since we read it
-            left = len(keep) if versions.settled(keep, views) else -1
-            self._collect_script(keys=[owner, entry, index, mark], args=[self._token, left, *drop], client=pipe)
-            count += len(drop)
-        pipe.execute()
-        return count
+        Round trips: one for the marked sets of all groups, then two per SCAN_CHUNK marked entries.
+        """
+        views = self._views(store)
+        groups = sorted(views)
+        marks = self._pipeline("collection", (("smembers", (self._group_key(b"c", g),)) for g in groups))
+        marked = [(g, entry) for g, members in zip(groups, marks, strict=True) for entry in sorted(members)]
+        dropped = 0
+        for start in range(0, len(marked), SCAN_CHUNK):
+            chunk = marked[start:start + SCAN_CHUNK]
+            found = self._pipeline("collection", (("hgetall", (entry,)) for _, entry in chunk))
+            keys: list[bytes] = []
+            args: list[Any] = [self._token]
+            for (group, entry), fields in zip(chunk, found, strict=True):
+                present = [int(v) for v in fields]
+                keep = versions.needed(present, views[group])
+                if any(fields[str(v).encode()] != b"" for v in keep):
+                    drop = [v for v in present if v not in keep]
+                else:  # every view sees the entry absent: all of it can go
+                    keep, drop = set(), present
+                # the entry leaves the collection set only if no write added a field since we read it
+                left = len(keep) if versions.settled(keep, views[group]) else -1
+                if not drop and left < 0 and fields:
+                    continue  # nothing to do yet: a later collection will decide
+                keys += (self._group_key(b"o", group), entry, self._group_key(b"i", group),
+                         self._group_key(b"c", group))
+                args += (left, len(drop), *drop)
+            if keys:
+                dropped += int(self._call("collection", self._collect_script, keys, args))
+        return dropped
 
 
 class _RemoteSnapshot(PendingSnapshot):
