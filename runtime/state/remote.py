@@ -133,6 +133,32 @@ for i = 2, #KEYS do redis.call('SET', KEYS[i], token) end
 return finish
 """
 
+# KEYS: the group's owner key, its collection set, then marked entries of the group. ARGV: token, then the
+# versions every view contains as low, high pairs. Unmarks entries with one field in those versions (the common
+# case after a bulk load: nothing to collect, ever) and returns the others, for the client to decide.
+_SETTLE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED key group owned by another writer, not ' .. ARGV[1])
+end
+local undecided = {}
+for k = 3, #KEYS do
+  local fields = redis.call('HKEYS', KEYS[k])
+  local settled = false
+  if #fields == 1 then
+    local v = tonumber(fields[1])
+    for i = 2, #ARGV, 2 do
+      if tonumber(ARGV[i]) <= v and v <= tonumber(ARGV[i + 1]) then settled = true end
+    end
+  end
+  if settled then
+    redis.call('SREM', KEYS[2], KEYS[k])
+  else
+    undecided[#undecided + 1] = KEYS[k]
+  end
+end
+return undecided
+"""
+
 # KEYS: per entry its group's owner key, the entry, its index set, its collection set (4 each).
 # ARGV: token, then per entry: fields it keeps if settled (-1: not settled), number of fields to drop, those fields.
 _COLLECT = """
@@ -201,6 +227,7 @@ class RemoteBackend(StateBackend):
         self._write_script = self._client.register_script(_WRITE)
         self._collect_script = self._client.register_script(_COLLECT)
         self._claim_script = self._client.register_script(_CLAIM)
+        self._settle_script = self._client.register_script(_SETTLE)
         self._prefix = namespace.encode() + b":"
         self._owner = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()  # guards _pending (uploads run on other threads)
@@ -370,35 +397,43 @@ class RemoteBackend(StateBackend):
     def collect_garbage(self, store: SnapshotStore) -> int:
         """Delete the fields no view sees in the owned groups' marked entries; returns the fields deleted.
 
-        Round trips: one for the marked sets of all groups, then two per SCAN_CHUNK marked entries.
+        Round trips: one for the marked sets of all groups, then per SCAN_CHUNK marked entries of a group
+        one to unmark the settled ones on the server, and two more if some are left to decide.
         """
         views = self._views(store)
         groups = sorted(views)
         marks = self._pipeline("collection", (("smembers", (self._group_key(b"c", g),)) for g in groups))
-        marked = [(g, entry) for g, members in zip(groups, marks, strict=True) for entry in sorted(members)]
         dropped = 0
-        for start in range(0, len(marked), SCAN_CHUNK):
-            chunk = marked[start:start + SCAN_CHUNK]
-            found = self._pipeline("collection", (("hgetall", (entry,)) for _, entry in chunk))
-            keys: list[bytes] = []
-            args: list[Any] = [self._token]
-            for (group, entry), fields in zip(chunk, found, strict=True):
-                present = [int(v) for v in fields]
-                keep = versions.needed(present, views[group])
-                if any(fields[str(v).encode()] != b"" for v in keep):
-                    drop = [v for v in present if v not in keep]
-                else:  # every view sees the entry absent: all of it can go
-                    keep, drop = set(), present
-                # the entry leaves the collection set only if no write added a field since we read it
-                left = len(keep) if versions.settled(keep, views[group]) else -1
-                if not drop and left < 0 and fields:
-                    continue  # nothing to do yet: a later collection will decide
-                keys += (self._group_key(b"o", group), entry, self._group_key(b"i", group),
-                         self._group_key(b"c", group))
-                args += (left, len(drop), *drop)
-            if keys:
-                dropped += int(self._call("collection", self._collect_script, keys, args))
+        for group, members in zip(groups, marks, strict=True):
+            members = sorted(members)
+            bounds = [bound for interval in versions.common(views[group]) for bound in interval]
+            for start in range(0, len(members), SCAN_CHUNK):
+                keys = [self._group_key(b"o", group), self._group_key(b"c", group), *members[start:start + SCAN_CHUNK]]
+                undecided = self._call("collection", self._settle_script, keys, [self._token, *bounds])
+                if undecided:
+                    dropped += self._collect(group, views[group], list(undecided))
         return dropped
+
+    def _collect(self, group: int, views: list[versions.Lineage], entries: list[bytes]) -> int:
+        """Two round trips: read the entries, then drop their unseen fields (Lua, fenced before any change)."""
+        found = self._pipeline("collection", (("hgetall", (entry,)) for entry in entries))
+        owner, index, mark = (self._group_key(k, group) for k in (b"o", b"i", b"c"))
+        keys: list[bytes] = []
+        args: list[Any] = [self._token]
+        for entry, fields in zip(entries, found, strict=True):
+            present = [int(v) for v in fields]
+            keep = versions.needed(present, views)
+            if any(fields[str(v).encode()] != b"" for v in keep):
+                drop = [v for v in present if v not in keep]
+            else:  # every view sees the entry absent: all of it can go
+                keep, drop = set(), present
+            # the entry leaves the collection set only if no write added a field since we read it
+            left = len(keep) if versions.settled(keep, views) else -1
+            if not drop and left < 0 and fields:
+                continue  # nothing to do yet: a later collection will decide
+            keys += (owner, entry, index, mark)
+            args += (left, len(drop), *drop)
+        return int(self._call("collection", self._collect_script, keys, args)) if keys else 0
 
 
 class _RemoteSnapshot(PendingSnapshot):

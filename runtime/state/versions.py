@@ -67,6 +67,16 @@ def needed(versions: Iterable[int], views: Sequence[Lineage]) -> set[int]:
     return keep
 
 
+def common(views: Sequence[Lineage]) -> Lineage:
+    """The versions every view contains (the intersection of the lineages)."""
+    if not views:
+        return ()
+    out = views[0]
+    for view in views[1:]:
+        out = tuple((max(a, c), min(b, d)) for a, b in out for c, d in view if max(a, c) <= min(b, d))
+    return out
+
+
 def settled(versions: Iterable[int], views: Sequence[Lineage]) -> bool:
     """True when collection can forget the entry until its next write.
 
@@ -75,7 +85,7 @@ def settled(versions: Iterable[int], views: Sequence[Lineage]) -> bool:
     restore can turn the field dead, and only a new write adds a field.
     """
     versions = list(versions)
-    return len(versions) == 1 and all(contains(view, versions[0]) for view in views)
+    return len(versions) == 1 and contains(common(views), versions[0])
 
 
 def encode(lineage: Lineage) -> list[list[int]]:

@@ -246,6 +246,8 @@ def test_collection_keeps_the_version_each_view_sees() -> None:
     assert versions.needed([1, 3, 5, 6, 9], views) == {9, 1, 6}
     assert not versions.settled([9], views)  # checkpoint views at 2 and 6 do not contain 9
     assert versions.settled([1], views)
+    assert versions.common(views) == ((1, 2),)
+    assert versions.common([versions.fresh(3), ((1, 4), (6, 9))]) == ((3, 4), (6, 9))
     assert versions.decode(versions.encode(head)) == head
     with pytest.raises(ValueError, match="overlap"):
         versions.decode([[1, 5], [5, 9]])
