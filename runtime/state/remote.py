@@ -7,7 +7,7 @@ one round trip carries a whole batch of the asynchronous execution model.
 
 Design: versioned writes, a checkpoint is a version number.
 
-- An entry is one server hash, `<namespace>:e:<codec key>` (runtime/state/codec.py,
+- An entry is one server hash, `sluice:<length>:<namespace>:e:<codec key>` (runtime/state/codec.py,
   key group first), whose fields are `version -> value` (an empty value is a
   tombstone). A write adds or replaces the field of the writer's current
   version; it never touches older ones.
@@ -213,8 +213,8 @@ class RemoteBackend(StateBackend):
         if valkey is None:
             raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client); "
                                     "install it with scripts/bootstrap.sh or `pip install sluice[remote]`")
-        if not namespace or ":" in namespace:
-            raise StateBackendError(f"remote state namespace {namespace!r} must be non-empty and without ':'")
+        if not namespace:
+            raise StateBackendError("the remote state backend needs a namespace (the job's id) to keep jobs apart")
         super().__init__(key_groups)
         self.address = address
         self.namespace = namespace
@@ -228,7 +228,8 @@ class RemoteBackend(StateBackend):
         self._collect_script = self._client.register_script(_COLLECT)
         self._claim_script = self._client.register_script(_CLAIM)
         self._settle_script = self._client.register_script(_SETTLE)
-        self._prefix = namespace.encode() + b":"
+        raw = namespace.encode()
+        self._prefix = b"sluice:%d:%s:" % (len(raw), raw)  # length first: no namespace is a prefix of another
         self._owner = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()  # guards _pending (uploads run on other threads)
         self._pending: dict[int, dict[int, versions.Lineage]] = {}  # snapshots begun, manifest not yet written
