@@ -133,16 +133,20 @@ for i = 2, #KEYS do redis.call('SET', KEYS[i], token) end
 return finish
 """
 
-# KEYS: the group's owner key, its collection set, then marked entries of the group. ARGV: token, then the
-# versions every view contains as low, high pairs. Unmarks entries with one field in those versions (the common
-# case after a bulk load: nothing to collect, ever) and returns the others, for the client to decide.
+# KEYS: per marked entry its group's owner key, its group's collection set, the entry (3 each), all entries of
+# groups whose views have the same common versions. ARGV: token, then those versions as low, high pairs.
+# Unmarks entries with one field in those versions (the common case after a bulk load: nothing to collect,
+# ever) and returns the positions (1-based) of the others, for the client to decide.
 _SETTLE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('FENCED key group owned by another writer, not ' .. ARGV[1])
+local token = ARGV[1]
+for k = 1, #KEYS, 3 do
+  if redis.call('GET', KEYS[k]) ~= token then
+    return redis.error_reply('FENCED key group owned by another writer, not ' .. token)
+  end
 end
 local undecided = {}
-for k = 3, #KEYS do
-  local fields = redis.call('HKEYS', KEYS[k])
+for k = 1, #KEYS, 3 do
+  local fields = redis.call('HKEYS', KEYS[k + 2])
   local settled = false
   if #fields == 1 then
     local v = tonumber(fields[1])
@@ -151,9 +155,9 @@ for k = 3, #KEYS do
     end
   end
   if settled then
-    redis.call('SREM', KEYS[2], KEYS[k])
+    redis.call('SREM', KEYS[k + 1], KEYS[k + 2])
   else
-    undecided[#undecided + 1] = KEYS[k]
+    undecided[#undecided + 1] = (k + 2) / 3
   end
 end
 return undecided
@@ -398,41 +402,45 @@ class RemoteBackend(StateBackend):
     def collect_garbage(self, store: SnapshotStore) -> int:
         """Delete the fields no view sees in the owned groups' marked entries; returns the fields deleted.
 
-        Round trips: one for the marked sets of all groups, then per SCAN_CHUNK marked entries of a group
-        one to unmark the settled ones on the server, and two more if some are left to decide.
+        Round trips: one for the marked sets of all groups, then per SCAN_CHUNK marked entries (of any groups
+        whose views agree on the versions they all contain) one to unmark the settled ones on the server, and
+        two more if some are left to decide.
         """
         views = self._views(store)
         groups = sorted(views)
         marks = self._pipeline("collection", (("smembers", (self._group_key(b"c", g),)) for g in groups))
-        dropped = 0
+        by_common: dict[versions.Lineage, list[tuple[int, bytes]]] = {}
         for group, members in zip(groups, marks, strict=True):
-            members = sorted(members)
-            bounds = [bound for interval in versions.common(views[group]) for bound in interval]
-            for start in range(0, len(members), SCAN_CHUNK):
-                keys = [self._group_key(b"o", group), self._group_key(b"c", group), *members[start:start + SCAN_CHUNK]]
+            by_common.setdefault(versions.common(views[group]), []).extend((group, m) for m in sorted(members))
+        dropped = 0
+        for common, marked in by_common.items():
+            bounds = [bound for interval in common for bound in interval]
+            for start in range(0, len(marked), SCAN_CHUNK):
+                chunk = marked[start:start + SCAN_CHUNK]
+                keys = [k for group, entry in chunk
+                        for k in (self._group_key(b"o", group), self._group_key(b"c", group), entry)]
                 undecided = self._call("collection", self._settle_script, keys, [self._token, *bounds])
                 if undecided:
-                    dropped += self._collect(group, views[group], list(undecided))
+                    dropped += self._collect(views, [chunk[int(i) - 1] for i in undecided])
         return dropped
 
-    def _collect(self, group: int, views: list[versions.Lineage], entries: list[bytes]) -> int:
+    def _collect(self, views: dict[int, list[versions.Lineage]], entries: list[tuple[int, bytes]]) -> int:
         """Two round trips: read the entries, then drop their unseen fields (Lua, fenced before any change)."""
-        found = self._pipeline("collection", (("hgetall", (entry,)) for entry in entries))
-        owner, index, mark = (self._group_key(k, group) for k in (b"o", b"i", b"c"))
+        found = self._pipeline("collection", (("hgetall", (entry,)) for _, entry in entries))
         keys: list[bytes] = []
         args: list[Any] = [self._token]
-        for entry, fields in zip(entries, found, strict=True):
+        for (group, entry), fields in zip(entries, found, strict=True):
             present = [int(v) for v in fields]
-            keep = versions.needed(present, views)
+            keep = versions.needed(present, views[group])
             if any(fields[str(v).encode()] != b"" for v in keep):
                 drop = [v for v in present if v not in keep]
             else:  # every view sees the entry absent: all of it can go
                 keep, drop = set(), present
             # the entry leaves the collection set only if no write added a field since we read it
-            left = len(keep) if versions.settled(keep, views) else -1
+            left = len(keep) if versions.settled(keep, views[group]) else -1
             if not drop and left < 0 and fields:
                 continue  # nothing to do yet: a later collection will decide
-            keys += (owner, entry, index, mark)
+            keys += (self._group_key(b"o", group), entry, self._group_key(b"i", group), self._group_key(b"c", group))
             args += (left, len(drop), *drop)
         return int(self._call("collection", self._collect_script, keys, args)) if keys else 0
 
