@@ -125,6 +125,13 @@ end
 return op - 4
 """
 
+# KEYS: entries. Every field and value of each, as one reply.
+_READ = """
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+
 # KEYS: the namespace's version clock, then the owner keys of the groups to claim. ARGV: versions to reserve.
 _CLAIM = """
 local finish = redis.call('INCRBY', KEYS[1], ARGV[1])
@@ -232,6 +239,7 @@ class RemoteBackend(StateBackend):
         self._collect_script = self._client.register_script(_COLLECT)
         self._claim_script = self._client.register_script(_CLAIM)
         self._settle_script = self._client.register_script(_SETTLE)
+        self._read_script = self._client.register_script(_READ)
         raw = namespace.encode()
         self._prefix = b"sluice:%d:%s:" % (len(raw), raw)  # length first: no namespace is a prefix of another
         self._owner = uuid.uuid4().hex[:12]
@@ -275,6 +283,11 @@ class RemoteBackend(StateBackend):
             return pipe.execute()
         return list(self._call(what, run))
 
+    def _fetch(self, what: str, entries: list[bytes]) -> list[dict[bytes, bytes]]:
+        """Every field of each entry, in one round trip and one reply (a pipeline costs a reply per entry)."""
+        replies = self._call(what, self._read_script, entries, [])
+        return [dict(zip(flat[::2], flat[1::2], strict=True)) for flat in replies]
+
     def _claim(self, history: dict[int, versions.Lineage]) -> None:
         """Become the owner of the groups in `history` (group -> its restored lineage, () if none).
 
@@ -303,7 +316,7 @@ class RemoteBackend(StateBackend):
         self._stats.reads += len(addresses)
         if not addresses:
             return []
-        fields = self._pipeline("read", (("hgetall", (self._entry(*a),)) for a in addresses))
+        fields = self._fetch("read", [self._entry(*a) for a in addresses])
         return [self._resolve(group, found) for (_, group, _), found in zip(addresses, fields, strict=True)]
 
     def _resolve(self, group: int, fields: dict[bytes, bytes]) -> Any:
@@ -347,7 +360,7 @@ class RemoteBackend(StateBackend):
             members = sorted(self._call("scan", self._client.smembers, self._group_key(b"i", group)))
             for start in range(0, len(members), SCAN_CHUNK):
                 chunk = members[start:start + SCAN_CHUNK]
-                found = self._pipeline("scan", (("hgetall", (m,)) for m in chunk))
+                found = self._fetch("scan", chunk)
                 for member, fields in zip(chunk, found, strict=True):
                     value = self._resolve(group, fields)
                     if value is not MISSING:
@@ -426,7 +439,7 @@ class RemoteBackend(StateBackend):
 
     def _collect(self, views: dict[int, list[versions.Lineage]], entries: list[tuple[int, bytes]]) -> int:
         """Two round trips: read the entries, then drop their unseen fields (Lua, fenced before any change)."""
-        found = self._pipeline("collection", (("hgetall", (entry,)) for _, entry in entries))
+        found = self._fetch("collection", [entry for _, entry in entries])
         keys: list[bytes] = []
         args: list[Any] = [self._token]
         for (group, entry), fields in zip(entries, found, strict=True):
