@@ -16,14 +16,8 @@ so the figures show what batching and overlapping buy against a round-trip cost,
    capture, with --slow-latency-ms per round trip and the largest in-flight bound.
 4. RocksDB checkpoints vs state size: synchronous part (ms), bytes uploaded by a full first checkpoint and
    by an incremental second one after updating 1 % of the keys; the memory backend's full snapshot beside.
-5. With --remote: the same keyed count against the REAL remote backend (runtime/state/remote.py, a Valkey
-   server from the `remote` extra, append-only file with fsync always), --remote-one-way-ms each way through
-   scripts/delay_relay.py (this kernel has no netem), sync vs async; then remote checkpoints vs state size
-   (synchronous part, upload = manifest + garbage collection, manifest bytes; the second checkpoint after
-   --remote-updates updated entries, the same number at every size) and a rescale's restore time.
 
     .venv/bin/python scripts/bench_state.py
-    .venv/bin/python scripts/bench_state.py --parts --remote      # only the remote backend
 """
 
 from __future__ import annotations
@@ -120,141 +114,46 @@ async def barrier_to_snapshot(latency_s: float, keys: int, config: ControllerCon
     return taken
 
 
-def value(i: int, size: int) -> str:
-    """A value that compresses about as well as hex text: pseudo-random, different for every key."""
-    digest = hashlib.blake2b(i.to_bytes(8, "big"), digest_size=32).hexdigest()
-    return (digest * (size // len(digest) + 1))[:size]
+# -- the real remote backend: `--remote` -------------------------------------------------------------------
+
+REMOTE_DOC = """The keyed count against the REAL remote backend (runtime/state/remote.py; the `remote` extra).
+
+A Valkey server (tests/redis_server.py: append-only file, fsync always unless --remote-appendfsync says
+otherwise) behind scripts/delay_relay.py, which adds --remote-one-way-ms each way (this kernel has no netem
+to delay a veth; see docs/BENCHMARKS.md, Remote state). Sync (two round trips per record) vs async
+(AsyncStateRunner, batched), then checkpoints vs state size: the synchronous part, the upload (manifest and
+garbage collection; the second checkpoint after --remote-updates updated entries, the same number at every
+size), the manifest's bytes, and a rescale's restore time.
+
+    .venv/bin/python scripts/bench_state.py --remote [--json]
+"""
 
 
-def rocksdb_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict[str, Any]]:
-    rows = []
-    for size in sizes:
-        work = tempfile.mkdtemp(dir=root)
-        store = SnapshotStore(os.path.join(work, "checkpoints"))
-        row: dict[str, Any] = {"entries": size}
-        with RocksDBBackend(ALL, directory=os.path.join(work, "local")) as rocks:
-            memory = MemoryBackend(ALL)
-            for start in range(0, size, 10_000):
-                batch = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i, value_bytes))
-                         for i in range(start, min(start + 10_000, size))]
-                rocks.put_many(batch)
-                memory.put_many(batch)
-            first = rocks.begin_snapshot(1)
-            h1 = first.upload(store)
-            updated = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i + 1, value_bytes))
-                       for i in range(0, size, 100)]
-            rocks.put_many(updated)
-            second = rocks.begin_snapshot(2)
-            h2 = second.upload(store)
-            mem = memory.begin_snapshot(1)
-            hm = mem.upload(SnapshotStore(os.path.join(work, "memory")))
-            row.update(rocks_sync_ms_first=first.sync_seconds * 1000, rocks_sync_ms_second=second.sync_seconds * 1000,
-                       rocks_uploaded_first=h1.uploaded_bytes, rocks_uploaded_second=h2.uploaded_bytes,
-                       rocks_total_second=h2.total_bytes, memory_sync_ms=mem.sync_seconds * 1000,
-                       memory_bytes=hm.uploaded_bytes)
-        shutil.rmtree(work, ignore_errors=True)
-        rows.append(row)
-    return rows
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--latency-ms", type=float, default=1.0)
-    parser.add_argument("--slow-latency-ms", type=float, default=20.0)
+def remote_main() -> None:
+    """`--remote`: only this part, with its own options (the simulated parts above take theirs in main)."""
+    parser = argparse.ArgumentParser(description=REMOTE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--remote", action="store_true", required=True)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--sync-records", type=int, default=1_000)
     parser.add_argument("--async-records", type=int, default=40_000)
     parser.add_argument("--in-flight", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--batch-size", type=int, default=200)
-    parser.add_argument("--watermark-every", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--parts", nargs="*", default=["throughput", "epochs", "checkpoints", "rocksdb"],
-                        choices=["throughput", "epochs", "checkpoints", "rocksdb"])
     parser.add_argument("--json", action="store_true")
-    add_remote_arguments(parser)
-    args = parser.parse_args()
-    latency = args.latency_ms / 1000
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                               "args": vars(args)}
-
-    def median(f: Any) -> float:
-        return statistics.median(f() for _ in range(args.repeats))
-
-    throughput: list[dict[str, Any]] = []
-    for lat in (latency, 0.0) if "throughput" in args.parts else ():
-        sync = median(lambda lat=lat: sync_run(lat, args.sync_records if lat else args.async_records, args.keys))
-        throughput.append({"latency_ms": lat * 1000, "mode": "sync", "records_per_s": sync})
-        for bound in args.in_flight:
-            config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, max_parallelism=MAX_PAR)
-            rate = median(lambda lat=lat, config=config: asyncio.run(
-                async_run(lat, args.async_records, args.keys, config)))
-            throughput.append({"latency_ms": lat * 1000, "mode": f"async, {bound} in flight",
-                               "records_per_s": rate, "vs_sync": rate / sync})
-        print(json.dumps(throughput[-1 - len(args.in_flight):]), file=sys.stderr)
-    results["throughput"] = throughput
-
-    epochs = []
-    bound = max(args.in_flight)
-    for mode in EpochMode if "epochs" in args.parts else ():
-        config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, epoch_mode=mode,
-                                  max_parallelism=MAX_PAR)
-        rate = median(lambda config=config: asyncio.run(
-            async_run(latency, args.async_records, args.keys, config, args.watermark_every)))
-        epochs.append({"epoch_mode": mode.value, "records_per_s": rate})
-    results["epochs"] = epochs
-    print(json.dumps(epochs), file=sys.stderr)
-
-    checkpoints = []
-    for mode in CheckpointMode if "checkpoints" in args.parts else ():
-        config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, checkpoint_mode=mode,
-                                  max_parallelism=MAX_PAR)
-        seconds = median(lambda config=config: asyncio.run(
-            barrier_to_snapshot(args.slow_latency_ms / 1000, args.keys, config)))
-        checkpoints.append({"checkpoint_mode": mode.value, "barrier_to_snapshot_ms": seconds * 1000})
-    results["checkpoints"] = checkpoints
-    print(json.dumps(checkpoints), file=sys.stderr)
-
-    if available() and "rocksdb" in args.parts:
-        root = tempfile.mkdtemp(prefix="bench-state-")
-        try:
-            results["rocksdb"] = rocksdb_checkpoints(args.sizes, args.value_bytes, root)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    if args.remote:
-        results["remote"] = remote_benchmark(args)
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
-    print(f"{'latency':>8} {'mode':<24} {'records/s':>10} {'vs sync':>8}")
-    for row in throughput:
-        vs = f"{row['vs_sync']:.1f}x" if "vs_sync" in row else "-"
-        print(f"{row['latency_ms']:>6.1f}ms {row['mode']:<24} {row['records_per_s']:>10,.0f} {vs:>8}")
-    for row in epochs:
-        print(f"epochs {row['epoch_mode']:<14} {row['records_per_s']:>10,.0f} records/s")
-    for row in checkpoints:
-        print(f"checkpoint {row['checkpoint_mode']:<8} barrier -> snapshot {row['barrier_to_snapshot_ms']:.1f} ms")
-    for row in results.get("rocksdb", []):
-        print(f"rocksdb {row['entries']:>9,} entries: sync {row['rocks_sync_ms_first']:.1f} / "
-              f"{row['rocks_sync_ms_second']:.1f} ms, uploaded {row['rocks_uploaded_first'] / 2**20:.1f} MiB then "
-              f"{row['rocks_uploaded_second'] / 2**20:.2f} MiB of {row['rocks_total_second'] / 2**20:.1f} MiB; "
-              f"memory sync {row['memory_sync_ms']:.1f} ms, {row['memory_bytes'] / 2**20:.1f} MiB")
-    if "remote" in results:
-        print_remote(results["remote"])
-
-
-# -- 5. the real remote backend (--remote) ------------------------------------------------------------------
-
-def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--remote", action="store_true",
-                        help="also benchmark the remote backend against a real Valkey server (the remote extra)")
     parser.add_argument("--remote-one-way-ms", type=float, default=0.5,
                         help="delay each way between the task and the server (0.5 -> 1 ms round trip)")
     parser.add_argument("--remote-sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--remote-updates", type=int, default=10_000,
                         help="entries updated between the two measured checkpoints (the same for every size)")
     parser.add_argument("--remote-appendfsync", default="always", choices=["always", "everysec", "no"])
+    args = parser.parse_args()
+    results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "args": vars(args),
+               "remote": remote_benchmark(args)}
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print_remote(results["remote"])
 
 
 class RemoteSetUp:
@@ -428,5 +327,124 @@ def print_remote(remote: dict[str, Any]) -> None:
               f"{row['manifest_bytes']} B, rescale 1 -> 2 restore {row['rescale_restore_ms']:.1f} ms")
 
 
+def value(i: int, size: int) -> str:
+    """A value that compresses about as well as hex text: pseudo-random, different for every key."""
+    digest = hashlib.blake2b(i.to_bytes(8, "big"), digest_size=32).hexdigest()
+    return (digest * (size // len(digest) + 1))[:size]
+
+
+def rocksdb_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict[str, Any]]:
+    rows = []
+    for size in sizes:
+        work = tempfile.mkdtemp(dir=root)
+        store = SnapshotStore(os.path.join(work, "checkpoints"))
+        row: dict[str, Any] = {"entries": size}
+        with RocksDBBackend(ALL, directory=os.path.join(work, "local")) as rocks:
+            memory = MemoryBackend(ALL)
+            for start in range(0, size, 10_000):
+                batch = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i, value_bytes))
+                         for i in range(start, min(start + 10_000, size))]
+                rocks.put_many(batch)
+                memory.put_many(batch)
+            first = rocks.begin_snapshot(1)
+            h1 = first.upload(store)
+            updated = [("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i + 1, value_bytes))
+                       for i in range(0, size, 100)]
+            rocks.put_many(updated)
+            second = rocks.begin_snapshot(2)
+            h2 = second.upload(store)
+            mem = memory.begin_snapshot(1)
+            hm = mem.upload(SnapshotStore(os.path.join(work, "memory")))
+            row.update(rocks_sync_ms_first=first.sync_seconds * 1000, rocks_sync_ms_second=second.sync_seconds * 1000,
+                       rocks_uploaded_first=h1.uploaded_bytes, rocks_uploaded_second=h2.uploaded_bytes,
+                       rocks_total_second=h2.total_bytes, memory_sync_ms=mem.sync_seconds * 1000,
+                       memory_bytes=hm.uploaded_bytes)
+        shutil.rmtree(work, ignore_errors=True)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency-ms", type=float, default=1.0)
+    parser.add_argument("--slow-latency-ms", type=float, default=20.0)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--sync-records", type=int, default=1_000)
+    parser.add_argument("--async-records", type=int, default=40_000)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--watermark-every", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--parts", nargs="+", default=["throughput", "epochs", "checkpoints", "rocksdb"],
+                        choices=["throughput", "epochs", "checkpoints", "rocksdb"])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    latency = args.latency_ms / 1000
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                               "args": vars(args)}
+
+    def median(f: Any) -> float:
+        return statistics.median(f() for _ in range(args.repeats))
+
+    throughput: list[dict[str, Any]] = []
+    for lat in (latency, 0.0) if "throughput" in args.parts else ():
+        sync = median(lambda lat=lat: sync_run(lat, args.sync_records if lat else args.async_records, args.keys))
+        throughput.append({"latency_ms": lat * 1000, "mode": "sync", "records_per_s": sync})
+        for bound in args.in_flight:
+            config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, max_parallelism=MAX_PAR)
+            rate = median(lambda lat=lat, config=config: asyncio.run(
+                async_run(lat, args.async_records, args.keys, config)))
+            throughput.append({"latency_ms": lat * 1000, "mode": f"async, {bound} in flight",
+                               "records_per_s": rate, "vs_sync": rate / sync})
+        print(json.dumps(throughput[-1 - len(args.in_flight):]), file=sys.stderr)
+    results["throughput"] = throughput
+
+    epochs = []
+    bound = max(args.in_flight)
+    for mode in EpochMode if "epochs" in args.parts else ():
+        config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, epoch_mode=mode,
+                                  max_parallelism=MAX_PAR)
+        rate = median(lambda config=config: asyncio.run(
+            async_run(latency, args.async_records, args.keys, config, args.watermark_every)))
+        epochs.append({"epoch_mode": mode.value, "records_per_s": rate})
+    results["epochs"] = epochs
+    print(json.dumps(epochs), file=sys.stderr)
+
+    checkpoints = []
+    for mode in CheckpointMode if "checkpoints" in args.parts else ():
+        config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, checkpoint_mode=mode,
+                                  max_parallelism=MAX_PAR)
+        seconds = median(lambda config=config: asyncio.run(
+            barrier_to_snapshot(args.slow_latency_ms / 1000, args.keys, config)))
+        checkpoints.append({"checkpoint_mode": mode.value, "barrier_to_snapshot_ms": seconds * 1000})
+    results["checkpoints"] = checkpoints
+    print(json.dumps(checkpoints), file=sys.stderr)
+
+    if available() and "rocksdb" in args.parts:
+        root = tempfile.mkdtemp(prefix="bench-state-")
+        try:
+            results["rocksdb"] = rocksdb_checkpoints(args.sizes, args.value_bytes, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{'latency':>8} {'mode':<24} {'records/s':>10} {'vs sync':>8}")
+    for row in throughput:
+        vs = f"{row['vs_sync']:.1f}x" if "vs_sync" in row else "-"
+        print(f"{row['latency_ms']:>6.1f}ms {row['mode']:<24} {row['records_per_s']:>10,.0f} {vs:>8}")
+    for row in epochs:
+        print(f"epochs {row['epoch_mode']:<14} {row['records_per_s']:>10,.0f} records/s")
+    for row in checkpoints:
+        print(f"checkpoint {row['checkpoint_mode']:<8} barrier -> snapshot {row['barrier_to_snapshot_ms']:.1f} ms")
+    for row in results.get("rocksdb", []):
+        print(f"rocksdb {row['entries']:>9,} entries: sync {row['rocks_sync_ms_first']:.1f} / "
+              f"{row['rocks_sync_ms_second']:.1f} ms, uploaded {row['rocks_uploaded_first'] / 2**20:.1f} MiB then "
+              f"{row['rocks_uploaded_second'] / 2**20:.2f} MiB of {row['rocks_total_second'] / 2**20:.1f} MiB; "
+              f"memory sync {row['memory_sync_ms']:.1f} ms, {row['memory_bytes'] / 2**20:.1f} MiB")
+
+
 if __name__ == "__main__":
-    main()
+    remote_main() if "--remote" in sys.argv[1:] else main()
