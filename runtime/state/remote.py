@@ -103,8 +103,13 @@ MANIFEST_SUFFIX = "-remote.json"
 VERSION_BLOCK = 1024
 SCAN_CHUNK = 1000  # entries per pipelined round trip when scanning or collecting
 
-# KEYS: the owner keys of the groups touched (ARGV[3] of them), then per write: entry, index set, collection set.
+# KEYS: the owner keys of the groups touched (ARGV[3] of them), then per write: entry, index set, collection set,
+# fresh set of (group, version), fresh versions of the group (5 each).
 # ARGV: token, version, number of owner keys, then one value per write ("" is a tombstone).
+# A write that leaves the entry one field goes to the fresh set of its version: collection forgets the whole
+# set at once when every view sees that version (a bulk load costs nothing to collect). A write that adds a
+# field to an entry marks it in the collection set, to decide entry by entry. A tombstone for an entry that has
+# no field at all is not written: there is nothing for it to hide.
 _WRITE = """
 local token = ARGV[1]
 local owners = tonumber(ARGV[3])
@@ -116,13 +121,42 @@ for i = 1, owners do
 end
 local version = ARGV[2]
 local op = 4
-for k = owners + 1, #KEYS, 3 do
-  redis.call('HSET', KEYS[k], version, ARGV[op])
-  redis.call('SADD', KEYS[k + 1], KEYS[k])
-  redis.call('SADD', KEYS[k + 2], KEYS[k])
+local written = 0
+for k = owners + 1, #KEYS, 5 do
+  local entry = KEYS[k]
+  if ARGV[op] ~= '' or redis.call('EXISTS', entry) == 1 then
+    redis.call('HSET', entry, version, ARGV[op])
+    redis.call('SADD', KEYS[k + 1], entry)
+    if redis.call('HLEN', entry) > 1 then
+      redis.call('SADD', KEYS[k + 2], entry)
+    else
+      redis.call('SADD', KEYS[k + 3], entry)
+      redis.call('ZADD', KEYS[k + 4], version, version)
+    end
+    written = written + 1
+  end
   op = op + 1
 end
-return op - 4
+return written
+"""
+
+# KEYS: per group its owner key and its fresh versions, then the fresh sets to forget (ARGV[2] owner pairs, then
+# the sets). ARGV: token, number of groups, then per set its group's position (1-based) and its version.
+_FORGET = """
+local token = ARGV[1]
+local groups = tonumber(ARGV[2])
+for g = 1, groups do
+  if redis.call('GET', KEYS[2 * g - 1]) ~= token then
+    return redis.error_reply('FENCED key group owned by another writer, not ' .. token)
+  end
+end
+local a = 3
+for k = 2 * groups + 1, #KEYS do
+  redis.call('UNLINK', KEYS[k])
+  redis.call('ZREM', KEYS[2 * tonumber(ARGV[a])], ARGV[a + 1])
+  a = a + 2
+end
+return #KEYS - 2 * groups
 """
 
 # KEYS: entries. Every field and value of each, as one reply.
@@ -240,6 +274,7 @@ class RemoteBackend(StateBackend):
         self._claim_script = self._client.register_script(_CLAIM)
         self._settle_script = self._client.register_script(_SETTLE)
         self._read_script = self._client.register_script(_READ)
+        self._forget_script = self._client.register_script(_FORGET)
         raw = namespace.encode()
         self._prefix = b"sluice:%d:%s:" % (len(raw), raw)  # length first: no namespace is a prefix of another
         self._owner = uuid.uuid4().hex[:12]
@@ -254,6 +289,13 @@ class RemoteBackend(StateBackend):
 
     def _group_key(self, kind: bytes, group: int) -> bytes:
         return self._prefix + kind + b":" + str(group).encode()
+
+    def _fresh_set(self, group: int, version: int) -> bytes:
+        return self._prefix + b"f:%d:%d" % (group, version)
+
+    def _write_keys(self, entry: bytes, group: int, version: int) -> tuple[bytes, ...]:
+        return (entry, self._group_key(b"i", group), self._group_key(b"c", group), self._fresh_set(group, version),
+                self._group_key(b"v", group))
 
     def _clock(self) -> bytes:
         return self._prefix + b"clock"
@@ -344,13 +386,13 @@ class RemoteBackend(StateBackend):
             return
         keys: list[bytes] = [self._group_key(b"o", g) for g in groups]
         values: list[bytes] = []
+        version = self._version  # read once: a snapshot on another thread may move it meanwhile
         for name, group, key, value in puts:
-            keys += (self._entry(name, group, key), self._group_key(b"i", group), self._group_key(b"c", group))
+            keys += self._write_keys(self._entry(name, group, key), group, version)
             values.append(encode_value(value))
         for name, group, key in deletes:
-            keys += (self._entry(name, group, key), self._group_key(b"i", group), self._group_key(b"c", group))
+            keys += self._write_keys(self._entry(name, group, key), group, version)
             values.append(b"")
-        version = self._version  # read once: a snapshot on another thread may move it meanwhile
         self._call("write", self._write_script, keys, [self._token, version, len(groups), *values])
 
     def scan(self, key_groups: range) -> Iterator[tuple[str, int, Any, Any]]:
@@ -421,6 +463,7 @@ class RemoteBackend(StateBackend):
         """
         views = self._views(store)
         groups = sorted(views)
+        dropped = self._collect_fresh(views, groups)
         marks = self._pipeline("collection", (("smembers", (self._group_key(b"c", g),)) for g in groups))
         by_common: dict[versions.Lineage, list[tuple[int, bytes]]] = {}
         for group, members in zip(groups, marks, strict=True):
@@ -436,6 +479,41 @@ class RemoteBackend(StateBackend):
                 if undecided:
                     dropped += self._collect(views, [chunk[int(i) - 1] for i in undecided])
         return dropped
+
+    def _collect_fresh(self, views: dict[int, list[versions.Lineage]], groups: list[int]) -> int:
+        """The fresh sets: forget those of versions every view sees, drop the field of versions no view sees.
+
+        A version some views see and others do not waits: a later collection decides it. Round trips: one
+        for the fresh versions of all groups, one to forget, and per dead version its set and a collection.
+        """
+        fresh = self._pipeline("collection", (("zrange", (self._group_key(b"v", g), 0, -1)) for g in groups))
+        forget: list[tuple[int, int]] = []
+        dropped = 0
+        for group, found in zip(groups, fresh, strict=True):
+            for version in (int(v) for v in found):
+                seen_by = sum(versions.contains(view, version) for view in views[group])
+                if seen_by == len(views[group]):
+                    forget.append((group, version))
+                elif seen_by == 0:  # dead: written after a checkpoint some restore went back to
+                    entries = sorted(self._call("collection", self._client.smembers, self._fresh_set(group, version)))
+                    for start in range(0, len(entries), SCAN_CHUNK):
+                        dropped += self._drop_version(group, version, entries[start:start + SCAN_CHUNK])
+                    forget.append((group, version))
+        for start in range(0, len(forget), SCAN_CHUNK):
+            chunk = forget[start:start + SCAN_CHUNK]
+            owners = sorted({g for g, _ in chunk})
+            position = {g: i + 1 for i, g in enumerate(owners)}
+            keys = [k for g in owners for k in (self._group_key(b"o", g), self._group_key(b"v", g))]
+            keys += [self._fresh_set(g, v) for g, v in chunk]
+            args: list[Any] = [self._token, len(owners), *(x for g, v in chunk for x in (position[g], v))]
+            self._call("collection", self._forget_script, keys, args)
+        return dropped
+
+    def _drop_version(self, group: int, version: int, entries: list[bytes]) -> int:
+        keys = [k for entry in entries for k in (self._group_key(b"o", group), entry, self._group_key(b"i", group),
+                                                 self._group_key(b"c", group))]
+        args = [self._token, *(x for _ in entries for x in (-1, 1, version))]
+        return int(self._call("collection", self._collect_script, keys, args))
 
     def _collect(self, views: dict[int, list[versions.Lineage]], entries: list[tuple[int, bytes]]) -> int:
         """Two round trips: read the entries, then drop their unseen fields (Lua, fenced before any change)."""

@@ -177,6 +177,46 @@ def test_garbage_collection_keeps_exactly_what_retained_checkpoints_see(make: Fa
     client.close()
 
 
+def test_collection_forgets_a_bulk_load_at_once_and_drops_what_a_restore_made_dead(
+        make: Factory, server: RedisServer, tmp_path: Path) -> None:
+    import valkey
+
+    store = SnapshotStore(str(tmp_path / "checkpoints"))
+    b = make(ALL)
+    assert isinstance(b, RemoteBackend)
+    client = valkey.Valkey(*parse_address(server.address))
+    b.put_many([entry("count", f"k{i}", i) for i in range(200)])
+    b.delete_many([count("never-written")])  # a tombstone with nothing to hide is not stored
+    assert client.exists(b._entry("count", key_group("never-written", MAX_PAR), "never-written")) == 0
+    h1 = b.snapshot(1, store)
+    # every view sees the load's version: its fresh sets are forgotten whole, no entry was visited one by one
+    assert [k for g in ALL for k in client.zrange(b._group_key(b"v", g), 0, -1)] == []
+    assert sum(client.scard(b._group_key(b"c", g)) for g in ALL) == 0
+    b.put_many([entry("count", "late", 1), entry("count", "k1", -1)])  # after the checkpoint
+    r = make(ALL)
+    assert isinstance(r, RemoteBackend)
+    r.restore(store, [h1])
+    store.discard(h1, _no_shared())  # checkpoint 1 is discarded once checkpoint 3 is taken (it is taken next)
+    h3 = r.snapshot(3, store)
+    # "late" was written only in a version no view contains any more: its field, entry and index entry go;
+    # k1 keeps the version checkpoint 3 and the live writer see
+    late = r._entry("count", key_group("late", MAX_PAR), "late")
+    assert client.exists(late) == 0
+    assert client.sismember(r._group_key(b"i", key_group("late", MAX_PAR)), late) == 0
+    assert list(client.hgetall(r._entry("count", key_group("k1", MAX_PAR), "k1")).values()) == [b"\x01"]
+    assert r.get_many([count("k1"), count("late")]) == [1, MISSING]
+    # a fresh entry that a retained checkpoint does not see is remembered, not forgotten: a restore to that
+    # checkpoint makes it dead, and the next collection must still find it
+    r.put_many([entry("count", "x", 1)])
+    h4 = r.snapshot(4, store)
+    again = make(ALL)
+    again.restore(store, [h3])
+    store.discard(h4, _no_shared())
+    again.snapshot(5, store)
+    assert client.exists(again._entry("count", key_group("x", MAX_PAR), "x")) == 0  # type: ignore[attr-defined]
+    client.close()
+
+
 def _no_shared() -> SharedFileRegistry:
     return SharedFileRegistry()
 
