@@ -39,14 +39,21 @@ Design: versioned writes, a checkpoint is a version number.
   writes from before the claim are in versions no lineage contains.
 - Rescale reads only its ranges: each group has an index set of its entries
   (`<ns>:i:<group>`), so `scan` reads its groups' sets, not the keyspace.
-- Garbage collection: each write also marks the entry in its group's
-  collection set (`<ns>:c:<group>`). `upload` visits the marked entries of the
-  owned groups and deletes the fields no view sees (views: the live lineage,
-  snapshots not yet uploaded, and every checkpoint whose manifest is still in
-  the store: the coordinator deletes a discarded checkpoint's private files,
-  which is what ends its retention). An entry leaves the set once one field
-  is left and every view sees it. So collection costs in proportion to the
-  writes of the retained window, not to the state size.
+- Garbage collection, in `upload`, over the owned groups. A *view* is a
+  lineage a reader may still use: the live one, snapshots not yet uploaded,
+  and every checkpoint whose manifest is still in the store (the coordinator
+  deletes a discarded checkpoint's private files: that ends its retention).
+  A write that leaves its entry with one field puts the entry in the fresh
+  set of (group, version), `<ns>:f:<group>:<version>`; once every view sees
+  that version the whole set is forgotten at once (UNLINK), and once no view
+  does (a restore went back before it) each of its entries loses that field.
+  So a bulk load costs nothing to collect. A write that adds a field marks
+  the entry in the group's collection set (`<ns>:c:<group>`); collection
+  reads the marked entries and deletes the fields no view sees (an entry
+  every view sees as absent goes whole, with its index entry). A marked
+  entry leaves the set once one field is left and every view sees it. So
+  collection costs in proportion to the overwrites of the retained window,
+  not to the state size.
 
 Why not copy at checkpoints (MULTI/DUMP, or the server's own RDB snapshot):
 that costs in proportion to the state, or snapshots the whole server instead
