@@ -41,8 +41,10 @@ Design: versioned writes, a checkpoint is a version number.
   (`<ns>:i:<group>`), so `scan` reads its groups' sets, not the keyspace.
 - Garbage collection, in `upload`, over the owned groups. A *view* is a
   lineage a reader may still use: the live one, snapshots not yet uploaded,
-  and every checkpoint whose manifest is still in the store (the coordinator
-  deletes a discarded checkpoint's private files: that ends its retention).
+  and every checkpoint or savepoint whose manifest file still exists, in any
+  store: each upload lists its manifest's path on the server
+  (`<ns>:manifests`), and the coordinator (or a user) deleting a discarded
+  checkpoint's or a savepoint's files is what ends its retention.
   A write that leaves its entry with one field puts the entry in the fresh
   set of (group, version), `<ns>:f:<group>:<version>`; once every view sees
   that version the whole set is forgotten at once (UNLINK), and once no view
@@ -67,14 +69,12 @@ StateBackendError naming the address; nothing is retried silently past that
 
 Limits: a server that loses its data (no persistence) also loses the version
 clock and the checkpoints' versions: restores then fail or see less, so run
-it with persistence. A savepoint kept outside the checkpoint store is not a
-view for garbage collection: its versions stay readable only while a
-retained checkpoint or the live writer still sees them.
+it with persistence. Manifests are found by absolute path: a checkpoint or
+savepoint directory moved while the job runs counts as deleted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -430,12 +430,14 @@ class RemoteBackend(StateBackend):
 
     def restore(self, store: SnapshotStore, handles: Sequence[SnapshotHandle]) -> None:
         history: dict[int, versions.Lineage] = {g: () for g in self.key_groups}
+        paths = []
         for handle in handles:
             if handle.backend != self.name:
                 raise StateBackendError(f"checkpoint {handle.checkpoint_id} was taken by the {handle.backend} "
                                         f"backend; the remote backend cannot restore it")
             for relative in handle.private_files:
-                manifest = read_manifest(store.path(relative))
+                paths.append(os.path.abspath(store.path(relative)))
+                manifest = read_manifest(paths[-1])
                 if manifest["namespace"] != self.namespace:
                     raise StateBackendError(f"checkpoint {handle.checkpoint_id} holds remote state of namespace "
                                             f"{manifest['namespace']!r}, not {self.namespace!r}")
@@ -443,32 +445,52 @@ class RemoteBackend(StateBackend):
                     if group in history:
                         history[group] = lineage
         self._claim(history)
+        if paths:
+            self._register(paths)  # a savepoint restored from stays protected while its files exist
 
     def close(self) -> None:
         self._client.close()
 
     # -- garbage collection ---------------------------------------------------------------------------
 
-    def _views(self, store: SnapshotStore) -> dict[int, list[versions.Lineage]]:
-        """Per owned group, every lineage a reader may still use."""
+    def _register(self, manifest_paths: list[str]) -> None:
+        """List manifests in the namespace's registry on the server: every writer's collection reads it."""
+        self._call("registering manifests", self._client.sadd, self._prefix + b"manifests", *manifest_paths)
+
+    def _views(self) -> dict[int, list[versions.Lineage]]:
+        """Per owned group, every lineage a reader may still use.
+
+        The retained checkpoints and savepoints are the registered manifests whose files still exist, in any
+        store: the coordinator (or a user) deleting a checkpoint's or savepoint's files is what ends its
+        retention. Registered paths whose files are gone are dropped from the registry.
+        """
         views: dict[int, list[versions.Lineage]] = {g: [lineage] for g, lineage in self._lineages.items()}
         with self._lock:
             pending = list(self._pending.values())
-        retained = [m["lineages"] for m in retained_manifests(store, self.namespace)]
+        registered = sorted(self._call("reading manifests", self._client.smembers, self._prefix + b"manifests"))
+        retained, vanished = [], []
+        for raw in registered:
+            path = raw.decode()
+            if os.path.exists(path):
+                retained.append(read_manifest(path)["lineages"])
+            else:
+                vanished.append(raw)
+        if vanished:
+            self._call("forgetting manifests", self._client.srem, self._prefix + b"manifests", *vanished)
         for lineages in pending + retained:
             for group, lineage in lineages.items():
                 if group in views and lineage not in views[group]:
                     views[group].append(lineage)
         return views
 
-    def collect_garbage(self, store: SnapshotStore) -> int:
+    def collect_garbage(self) -> int:
         """Delete the fields no view sees in the owned groups' marked entries; returns the fields deleted.
 
         Round trips: one for the marked sets of all groups, then per SCAN_CHUNK marked entries (of any groups
         whose views agree on the versions they all contain) one to unmark the settled ones on the server, and
         two more if some are left to decide.
         """
-        views = self._views(store)
+        views = self._views()
         groups = sorted(views)
         dropped = self._collect_fresh(views, groups)
         marks = self._pipeline("collection", (("smembers", (self._group_key(b"c", g),)) for g in groups))
@@ -561,10 +583,12 @@ class _RemoteSnapshot(PendingSnapshot):
                            "lineages": _runs(self._lineages)}, separators=(",", ":")).encode()
         relative = os.path.join(os.path.basename(store.private_dir(self.checkpoint_id)),
                                 f"{backend._owner}{MANIFEST_SUFFIX}")
-        write_atomically(store.path(relative), data)
+        path = os.path.abspath(store.path(relative))
+        write_atomically(path, data)
+        backend._register([path])  # before it stops being pending: a view is never unknown to collection
         with backend._lock:
             backend._pending.pop(self.checkpoint_id, None)
-        self.collected_fields = backend.collect_garbage(store)
+        self.collected_fields = backend.collect_garbage()
         return SnapshotHandle(backend=RemoteBackend.name, checkpoint_id=self.checkpoint_id,
                               key_groups=self._key_groups, private_files=(relative,),
                               uploaded_bytes=len(data), total_bytes=len(data))
@@ -600,20 +624,3 @@ def read_manifest(path: str) -> dict[str, Any]:
         raise StateBackendError(f"{path}: remote state manifest is missing") from e
     except (ValueError, KeyError, TypeError) as e:
         raise StateBackendError(f"{path}: remote state manifest does not decode: {e}") from e
-
-
-def retained_manifests(store: SnapshotStore, namespace: str) -> list[dict[str, Any]]:
-    """The manifests of `namespace` still in the store: the checkpoints whose versions must stay readable."""
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for directory in sorted(os.listdir(store.root)):
-            if not directory.startswith("chk-"):
-                continue
-            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                for name in sorted(os.listdir(store.path(directory))):
-                    if name.endswith(MANIFEST_SUFFIX):
-                        with contextlib.suppress(StateBackendError):  # deleted meanwhile: no longer retained
-                            manifest = read_manifest(store.path(os.path.join(directory, name)))
-                            if manifest["namespace"] == namespace:
-                                out.append(manifest)
-    return out

@@ -118,7 +118,7 @@ def test_a_zombie_of_an_older_attempt_is_fenced_off(make: Factory, tmp_path: Pat
     # the checkpoint is discarded: the zombie would now drop version 1 of "a", which its successor reads
     shutil.rmtree(store.path("chk-1"))
     with pytest.raises(StateBackendError, match="fenced"):
-        zombie.collect_garbage(store)  # type: ignore[attr-defined]
+        zombie.collect_garbage()  # type: ignore[attr-defined]
     assert successor.get_many([count("a"), count("b")]) == [1, 1]
     successor.put_many([entry("count", "b", 5)])
     assert successor.get_many([count("a"), count("b")]) == [1, 5]
@@ -214,6 +214,36 @@ def test_collection_forgets_a_bulk_load_at_once_and_drops_what_a_restore_made_de
     store.discard(h4, _no_shared())
     again.snapshot(5, store)
     assert client.exists(again._entry("count", key_group("x", MAX_PAR), "x")) == 0  # type: ignore[attr-defined]
+    client.close()
+
+
+def test_a_savepoint_in_its_own_store_keeps_its_versions_while_its_files_exist(
+        make: Factory, server: RedisServer, tmp_path: Path) -> None:
+    import valkey
+
+    jobs = SnapshotStore(str(tmp_path / "checkpoints"))
+    savepoints = SnapshotStore(str(tmp_path / "savepoint-1"))  # a savepoint is its own store
+    b = make(ALL)
+    assert isinstance(b, RemoteBackend)
+    client = valkey.Valkey(*parse_address(server.address))
+    b.put_many([entry("count", "a", 1)])
+    savepoint = b.snapshot(1, savepoints)
+    b.put_many([entry("count", "a", 2)])
+    old = b.snapshot(2, jobs)
+    b.put_many([entry("count", "a", 3)])
+    b.snapshot(3, jobs)
+    store_discard = jobs.discard(old, _no_shared())
+    assert store_discard == []
+    b.snapshot(4, jobs)  # collects with checkpoint 2 gone: the savepoint, in another store, still sees a=1
+    assert sorted(client.hgetall(b._entry("count", key_group("a", MAX_PAR), "a")).values()) == [b"\x01", b"\x03"]
+    restored = make(ALL)
+    restored.restore(savepoints, [savepoint])
+    assert restored.get_many([count("a")]) == [1]
+    shutil.rmtree(savepoints.root)  # the savepoint is deleted: its version goes at the next collection
+    restored.put_many([entry("count", "a", 5)])
+    restored.snapshot(5, jobs)
+    restored.snapshot(6, jobs)
+    assert b"\x01" not in client.hgetall(b._entry("count", key_group("a", MAX_PAR), "a")).values()
     client.close()
 
 
