@@ -183,8 +183,8 @@ return finish
 
 # KEYS: per marked entry its group's owner key, its group's collection set, the entry (3 each), all entries of
 # groups whose views have the same common versions. ARGV: token, then those versions as low, high pairs.
-# Unmarks entries with one field in those versions (the common case after a bulk load: nothing to collect,
-# ever) and returns the positions (1-based) of the others, for the client to decide.
+# Unmarks entries left with one field in those versions (overwritten entries whose older fields an earlier
+# collection dropped) and returns the positions (1-based) of the others, for the client to decide.
 _SETTLE = """
 local token = ARGV[1]
 for k = 1, #KEYS, 3 do
