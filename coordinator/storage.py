@@ -174,6 +174,7 @@ class LocalCheckpointStorage:
                 problem = mismatch(data, sums.get(name))
                 if problem is not None:
                     raise CorruptCheckpoint(f"{file}: checkpoint file of task {task} is corrupt: {problem}")
+            _verify_backend_files(directory, task, state.get("backend"))
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]:
         """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""
@@ -196,8 +197,70 @@ class LocalCheckpointStorage:
         if not (name.startswith("chk-") or name.startswith("savepoint-")):
             # rmtree on a wrong path would be a disaster; only ever delete what this module names.
             raise ValueError(f"refusing to discard {path}: not a checkpoint or savepoint directory")
+        released = self._shared_files_of(path) if name.startswith("chk-") else set()
         # _metadata goes first: if the removal stops half-way, what remains is not a completed checkpoint.
         files.remove_tree(path, first=METADATA_FILE)
+        if released:
+            self._release_shared(files.dirname(path), released)
+
+    # -- shared state files (incremental RocksDB checkpoints) -------------------------------------------------
+    #
+    # A state backend's SST files live in `<job dir>/shared/` and are referenced by every checkpoint whose
+    # snapshot still contains them (runtime/checkpointing/backend_snapshots.py). A discarded checkpoint's
+    # shared files are deleted when no remaining completed checkpoint references them: reference counting
+    # recomputed from the retained `_metadata` files, so a coordinator restart needs no registry of its own.
+    # Unsure means keep: a file is deleted only if every remaining checkpoint's metadata could be read.
+
+    def _shared_files_of(self, path: str) -> set[str]:
+        try:
+            return shared_files(self.read_metadata(path))
+        except CorruptCheckpoint:
+            return set()
+
+    def _release_shared(self, job_dir: str, released: set[str]) -> None:
+        unreferenced = set(released)
+        for name in files.list_children(job_dir):
+            if not _CHECKPOINT_DIR.fullmatch(name):
+                continue
+            path = files.join(job_dir, name)
+            if not files.exists(files.join(path, METADATA_FILE)):
+                continue  # in progress or aborted: its files are not in `released` (they were uploaded later)
+            try:
+                unreferenced -= shared_files(self.read_metadata(path))
+            except CorruptCheckpoint:
+                return
+        for relative in sorted(unreferenced):
+            try:
+                os.unlink(os.path.join(job_dir, relative))
+            except FileNotFoundError:
+                pass
+
+
+def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
+    """A state backend's files (runtime/checkpointing/backend_snapshots.py) exist, shared ones at their size:
+    SST files are immutable and named uniquely, so their size is the check that matters."""
+    if not isinstance(handle, dict):
+        return
+    root = directory if handle.get("store") == "self" else files.dirname(directory)
+    for relative in handle.get("private_files") or ():
+        if not files.exists(files.join(root, str(relative))):
+            raise CorruptCheckpoint(f"{files.join(root, str(relative))}: state file of task {task} is missing")
+    for entry in handle.get("shared_files") or ():
+        path = files.join(root, "shared", str(entry[1]))
+        size = os.path.getsize(path) if not files.is_url(path) and os.path.exists(path) else None
+        if size != int(entry[2]):
+            raise CorruptCheckpoint(f"{path}: shared state file of task {task} is "
+                                    f"{'missing' if size is None else f'{size} bytes, not {entry[2]}'}")
+
+
+def shared_files(metadata: dict[str, Any]) -> set[str]:
+    """The shared state files (paths relative to the job's checkpoint directory) a checkpoint references."""
+    out: set[str] = set()
+    for ack in metadata.get("acks", {}).values():
+        handle = (ack.get("state") or {}).get("backend")
+        if isinstance(handle, dict) and handle.get("store", "job") == "job":
+            out.update(f"shared/{entry[1]}" for entry in handle.get("shared_files") or ())
+    return out
 
 
 def _body(doc: dict[str, Any]) -> bytes:

@@ -16,6 +16,10 @@ so the figures show what batching and overlapping buy against a round-trip cost,
    capture, with --slow-latency-ms per round trip and the largest in-flight bound.
 4. RocksDB checkpoints vs state size: synchronous part (ms), bytes uploaded by a full first checkpoint and
    by an incremental second one after updating 1 % of the keys; the memory backend's full snapshot beside.
+5. The same through the wired task path (`--parts tasks`): a Chain's keyed operator on the memory path
+   (dict tables; sync = the table copy a task takes at the barrier, bytes = the encoded operator state) and
+   on RocksDB (BackendTables; sync = begin_state_snapshot, bytes = what the upload copied), with the
+   operator's records/s while it fills the state.
 
     .venv/bin/python scripts/bench_state.py
 """
@@ -37,17 +41,21 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction  # noqa: E402
+from runtime.checkpointing.snapshots import encode_operator_state  # noqa: E402
 from runtime.execution.async_controller import CheckpointMode, ControllerConfig, EpochMode  # noqa: E402
 from runtime.execution.async_state import (  # noqa: E402
     AsyncKeyedContext,
     AsyncKeyedProcessFunction,
     AsyncStateRunner,
 )
+from runtime.execution.operators import Chain  # noqa: E402
 from runtime.graph.partitioning import key_group  # noqa: E402
 from runtime.state.backend import MISSING, StateBackend  # noqa: E402
 from runtime.state.files import SnapshotStore  # noqa: E402
 from runtime.state.latency import LatencyBackend  # noqa: E402
 from runtime.state.memory import MemoryBackend  # noqa: E402
+from runtime.state.registry import make_backend  # noqa: E402
 from runtime.state.rocksdb import RocksDBBackend, available  # noqa: E402
 
 MAX_PAR = 128
@@ -364,6 +372,74 @@ def rocksdb_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[d
     return rows
 
 
+class StoreValue(KeyedProcessFunction):
+    """The wired path's keyed operator: read the key's value, write the record's payload (a keyed count that
+    keeps a value of --value-bytes)."""
+
+    def open(self, ctx: Any) -> None:
+        self.state = ctx.value_state("v")
+
+    def process(self, record: Any, ctx: Any) -> None:
+        self.state.value()
+        self.state.update(record[1])
+
+
+def task_chain(backend: StateBackend | None) -> Chain:
+    job = Job("bench")
+    (job.source(GeneratorSource(count=1), parallelism=1).key_by(lambda r: r[0])
+        .process(StoreValue(), parallelism=1).sink(DiscardSink()))
+    chain = Chain(job, [1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[], state_backend=backend)
+    chain.open()
+    return chain
+
+
+def memory_snapshot(chain: Chain) -> tuple[float, int]:
+    """What a task on the memory backend does at a checkpoint: copy the dict tables at the barrier (the sync
+    part, Task.snapshot_operator_state), then encode them (the file the writer thread uploads)."""
+    started = time.perf_counter()
+    keyed = {node: {name: table.copy() for name, table in tables.items()} for node, tables in
+             chain.keyed_state.items()}
+    sync_s = time.perf_counter() - started
+    return sync_s, len(encode_operator_state(keyed, max_parallelism=MAX_PAR, source=None, sinks=[]))
+
+
+def task_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict[str, Any]]:
+    """Through the wired path (a Chain's keyed operator on each backend): records/s of the keyed operator, and
+    per checkpoint the synchronous part and the bytes uploaded, first full, then after rewriting 1 % of keys."""
+    rows = []
+    for size in sizes:
+        records = [(f"key-{i}", value(i, value_bytes)) for i in range(size)]
+        changed = [(f"key-{i}", value(i + 1, value_bytes)) for i in range(0, size, 100)]
+        for kind in ("memory", "rocksdb") if available() else ("memory",):
+            work = tempfile.mkdtemp(dir=root)
+            backend = None if kind == "memory" else make_backend(kind, ALL, work_dir=os.path.join(work, "local"),
+                                                                 options={})
+            chain = task_chain(backend)
+            started = time.perf_counter()
+            for start in range(0, size, 256):
+                chain.process_batch(records[start:start + 256])
+            rate = size / (time.perf_counter() - started)
+            row: dict[str, Any] = {"backend": kind, "entries": size, "records_per_s": rate}
+            for label, batch in (("first", []), ("second", changed)):
+                chain.process_batch(batch)
+                if backend is None:
+                    sync_s, uploaded = memory_snapshot(chain)
+                    total = uploaded
+                else:
+                    pending = chain.begin_state_snapshot(1 if label == "first" else 2)
+                    assert pending is not None
+                    sync_s = pending.sync_seconds
+                    handle = pending.upload(SnapshotStore(os.path.join(work, "checkpoints")))
+                    uploaded, total = handle.uploaded_bytes, handle.total_bytes
+                row.update({f"sync_ms_{label}": sync_s * 1000, f"uploaded_{label}": uploaded,
+                            f"total_{label}": total})
+            chain.close()
+            shutil.rmtree(work, ignore_errors=True)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency-ms", type=float, default=1.0)
@@ -377,8 +453,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--parts", nargs="+", default=["throughput", "epochs", "checkpoints", "rocksdb"],
-                        choices=["throughput", "epochs", "checkpoints", "rocksdb"])
+    parser.add_argument("--parts", nargs="+", default=["throughput", "epochs", "checkpoints", "rocksdb", "tasks"],
+                        choices=["throughput", "epochs", "checkpoints", "rocksdb", "tasks"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     latency = args.latency_ms / 1000
@@ -428,6 +504,12 @@ def main() -> None:
             results["rocksdb"] = rocksdb_checkpoints(args.sizes, args.value_bytes, root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+    if "tasks" in args.parts:
+        root = tempfile.mkdtemp(prefix="bench-state-")
+        try:
+            results["tasks"] = task_checkpoints(args.sizes, args.value_bytes, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -444,6 +526,11 @@ def main() -> None:
               f"{row['rocks_sync_ms_second']:.1f} ms, uploaded {row['rocks_uploaded_first'] / 2**20:.1f} MiB then "
               f"{row['rocks_uploaded_second'] / 2**20:.2f} MiB of {row['rocks_total_second'] / 2**20:.1f} MiB; "
               f"memory sync {row['memory_sync_ms']:.1f} ms, {row['memory_bytes'] / 2**20:.1f} MiB")
+    for row in results.get("tasks", []):
+        print(f"task on {row['backend']:<7} {row['entries']:>9,} keys: {row['records_per_s']:>9,.0f} records/s; "
+              f"checkpoint sync {row['sync_ms_first']:.1f} / {row['sync_ms_second']:.1f} ms, uploaded "
+              f"{row['uploaded_first'] / 2**20:.1f} MiB then {row['uploaded_second'] / 2**20:.2f} MiB "
+              f"(of {row['total_second'] / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

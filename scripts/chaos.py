@@ -4,6 +4,8 @@
     .venv/bin/python scripts/chaos.py --kills 0 --link-cuts 2 [--link-timeout 2]   # as root: cut links
     .venv/bin/python scripts/chaos.py --kills 0 --coordinator-kills 2   # kill -9 the coordinator: a new one recovers
     .venv/bin/python scripts/chaos.py --rescales 3   # rescale to a random parallelism (seeded) between the kills
+    .venv/bin/python scripts/chaos.py --window-ms 500 --jitter-ms 400 --max-delay-ms 150 --allowed-lateness-ms 100
+        # the windowed count over out-of-order input (one source subtask); Spark verifies windows and late records
 
 Prints each run's figures and a summary (medians of checkpoint and restart times); exits 1 if any run's
 output was not exact.
@@ -52,6 +54,11 @@ def main() -> int:
     parser.add_argument("--rescales", type=int, default=0,
                         help="rescale the running job this many times per run, between the kills, to a random "
                              "parallelism (1 to 4, seeded by the run)")
+    parser.add_argument("--window-ms", type=int, default=0,
+                        help="> 0: run the tumbling windowed count (runtime/examples/windowcount.py) instead")
+    parser.add_argument("--jitter-ms", type=int, default=0, help="input event times out of order by up to this")
+    parser.add_argument("--max-delay-ms", type=int, default=0, help="the source's bounded out-of-orderness")
+    parser.add_argument("--allowed-lateness-ms", type=int, default=0, help="the windows' allowed lateness")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-chaos-")
     failures = 0
@@ -63,7 +70,8 @@ def main() -> int:
         settings = ChaosSettings(workdir=workdir, rows=args.rows, keys=args.keys, mode=args.mode, kills=args.kills,
                                  sink_delay_s=args.sink_delay, link_cuts=args.link_cuts,
                                  link_timeout_s=args.link_timeout, coordinator_kills=args.coordinator_kills,
-                                 rescales=args.rescales)
+                                 rescales=args.rescales, window_ms=args.window_ms, jitter_ms=args.jitter_ms,
+                                 max_delay_ms=args.max_delay_ms, allowed_lateness_ms=args.allowed_lateness_ms)
         print(f"run {run}/{args.runs}: {args.rows:,} rows, {args.mode}, {args.kills} kills, "
               f"{args.link_cuts} link cuts, {args.coordinator_kills} coordinator kills, {args.rescales} rescales",
               flush=True)

@@ -10,9 +10,18 @@ from runtime.api.functions import (
     KeyedProcessFunction,
     ListState,
     OperatorContext,
+    OutputTag,
     ProcessFunction,
     TimerService,
     ValueState,
+)
+from runtime.api.state import (
+    AggregateFunction,
+    AggregatingState,
+    KeyedListState,
+    MapState,
+    ReducingState,
+    TtlValueState,
 )
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
@@ -24,6 +33,17 @@ from runtime.api.stream import (
     Node,
 )
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
+from runtime.api.windows import (
+    LATE_DATA,
+    EventTimeSessionWindows,
+    ProcessingTimeSessionWindows,
+    SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
+    Window,
+    WindowedStream,
+)
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.nats import NatsSink, NatsSource
@@ -37,4 +57,8 @@ __all__ = [
     "NatsSink",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
+    "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",
+    "SlidingEventTimeWindows", "EventTimeSessionWindows", "TumblingProcessingTimeWindows",
+    "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
+    "AggregateFunction", "AggregatingState", "KeyedListState", "MapState", "ReducingState", "TtlValueState",
 ]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from runtime.api.state import AggregatingState, KeyedListState, MapState, ReducingState, TtlValueState
 from runtime.api.time import MIN_WATERMARK
 
 T = TypeVar("T")
@@ -30,13 +32,30 @@ class ValueState(Generic[T]):
         self._table.pop(self._ctx.current_key, None)
 
 
+@dataclass(frozen=True)
+class OutputTag:
+    """Names a side output of an operator: `ctx.output(tag, value)` sends `value` there, and
+    `stream.side_output(tag)` is the stream of those values. A side output nobody consumes is dropped."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"an OutputTag needs a non-empty name, got {self.name!r}")
+
+
+def _no_side_outputs(tag: str, value: Any) -> None:
+    pass
+
+
 class Context:
     """What a process function sees: where to emit, and which subtask it is.
 
     With event time (a source with `watermarks=`): `timestamp` is the event time of the record being
     processed (records emitted inherit it) and `current_watermark` the operator's watermark."""
 
-    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name", "timestamp", "current_watermark")
+    __slots__ = ("emit", "subtask_index", "parallelism", "operator_name", "timestamp", "current_watermark",
+                 "_side")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str) -> None:
         self.emit = emit
@@ -45,6 +64,11 @@ class Context:
         self.operator_name = operator_name
         self.timestamp: int | None = None
         self.current_watermark: int = MIN_WATERMARK
+        self._side: Callable[[str, Any], None] = _no_side_outputs  # the runtime routes side outputs
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        """Send `value` to the side output `tag` (with event time it carries the current timestamp)."""
+        self._side(tag.name, value)
 
 
 class KeyedContext(Context):
@@ -60,9 +84,29 @@ class KeyedContext(Context):
         self.timers: TimerService = TimerService()  # the runtime installs the real one
         self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
 
-    def value_state(self, name: str, default: Any = None) -> ValueState[Any]:
+    def value_state(self, name: str, default: Any = None, *,
+                    ttl_ms: int | None = None) -> ValueState[Any] | TtlValueState[Any]:
+        """One value per key; with `ttl_ms` it expires that long after its last write (runtime/api/state.py)."""
         table = self._state.setdefault(name, {})
+        if ttl_ms is not None:
+            return TtlValueState(table, default, self, ttl_ms=ttl_ms)
         return ValueState(table, default, self)
+
+    # -- more state kinds (runtime/api/state.py), on every state backend ---------------------------------
+
+    def list_state(self, name: str, *, ttl_ms: int | None = None) -> KeyedListState[Any]:
+        return KeyedListState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
+
+    def map_state(self, name: str, *, ttl_ms: int | None = None) -> MapState[Any, Any]:
+        return MapState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
+
+    def reducing_state(self, name: str, reduce_fn: Callable[[Any, Any], Any], *,
+                       ttl_ms: int | None = None) -> ReducingState[Any]:
+        return ReducingState(self._state.setdefault(name, {}), self, reduce_fn, ttl_ms=ttl_ms)
+
+    def aggregating_state(self, name: str, agg: Any, *, ttl_ms: int | None = None) -> AggregatingState[Any, Any]:
+        """`agg`: an AggregateFunction (create_accumulator, add, get_result, merge) or any object like one."""
+        return AggregatingState(self._state.setdefault(name, {}), self, agg, ttl_ms=ttl_ms)
 
 
 class ProcessFunction:

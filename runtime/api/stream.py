@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.api.functions import KeyedProcessFunction, ProcessFunction
+from runtime.api.functions import KeyedProcessFunction, OutputTag, ProcessFunction
 from runtime.api.time import BoundedOutOfOrderness
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
 DEFAULT_MAX_PARALLELISM = 128
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
+STATE_BACKENDS = ("memory", "rocksdb", "remote")  # runtime/state/registry.py builds them
 
 
 class JobDefinitionError(ValueError):
@@ -30,6 +31,7 @@ class Input:
     node: int
     partitioner: str | None  # None: forward when parallelism matches, else rebalance
     key_fn: Callable[[Any], Any] | None = None
+    tag: str | None = None  # a side output of `node` (OutputTag name), not its main output
 
 
 @dataclass
@@ -48,11 +50,25 @@ class Job:
     """Collects the graph of a job; `build(job)` in a job module fills it."""
 
     def __init__(self, name: str = "job", *, max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-                 default_parallelism: int = 1) -> None:
+                 default_parallelism: int = 1, state_backend: str | None = None) -> None:
         self.name = name
         self.max_parallelism = max_parallelism
         self.default_parallelism = default_parallelism
         self.nodes: list[Node] = []
+        self._state_backend: str | None = None
+        self.state_backend = state_backend
+
+    @property
+    def state_backend(self) -> str | None:
+        """The job's default state backend ("memory", "rocksdb", "remote"; None: memory). `--state-backend`
+        on `sluice submit|local` wins over it. A job module may set it in `build`: `job.state_backend = ...`."""
+        return self._state_backend
+
+    @state_backend.setter
+    def state_backend(self, kind: str | None) -> None:
+        if kind is not None and kind not in STATE_BACKENDS:
+            raise JobDefinitionError(f"unknown state backend {kind!r}: choose one of {', '.join(STATE_BACKENDS)}")
+        self._state_backend = kind
 
     def _add(self, kind: str, payload: Any, parallelism: int | None, name: str | None,
              inputs: list[Input], key_fn: Callable[[Any], Any] | None = None) -> Node:
@@ -91,18 +107,32 @@ class Job:
         return any(n.watermarks is not None for n in self.nodes)
 
 
+SIDE_OUTPUT_KINDS = ("process", "keyed_process")  # operators whose context has `output(tag, value)`
+
+
 class DataStream:
     def __init__(self, job: Job, node_id: int, partitioner: str | None = None,
-                 key_fn: Callable[[Any], Any] | None = None) -> None:
+                 key_fn: Callable[[Any], Any] | None = None, tag: str | None = None) -> None:
         self.job = job
         self.node_id = node_id
         self._partitioner = partitioner
         self._key_fn = key_fn
+        self._tag = tag
         self._unioned: list[DataStream] = []
 
     def _inputs(self) -> list[Input]:
         streams = [self, *self._unioned]
-        return [Input(s.node_id, s._partitioner, s._key_fn) for s in streams]
+        return [Input(s.node_id, s._partitioner, s._key_fn, s._tag) for s in streams]
+
+    def side_output(self, tag: OutputTag) -> DataStream:
+        """The values this stream's operator sent to `tag` with `ctx.output(tag, value)` (late records of a
+        window: `windows.LATE_DATA`). They travel on an edge of their own, never chained."""
+        if not isinstance(tag, OutputTag):
+            raise JobDefinitionError(f"side_output needs an OutputTag, got {tag!r}")
+        node = self.job.nodes[self.node_id]
+        if node.kind not in SIDE_OUTPUT_KINDS:
+            raise JobDefinitionError(f"{node.name} is a {node.kind} operator, which has no side outputs")
+        return DataStream(self.job, self.node_id, tag=tag.name)
 
     def _then(self, kind: str, payload: Any, parallelism: int | None, name: str | None,
               key_fn: Callable[[Any], Any] | None = None) -> DataStream:
@@ -126,7 +156,7 @@ class DataStream:
         return self._then("process", fn, parallelism, name or type(fn).__name__)
 
     def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
-        return KeyedStream(self.job, self.node_id, "hash", key_fn, self._unioned)
+        return KeyedStream(self.job, self.node_id, "hash", key_fn, self._unioned, self._tag)
 
     def rebalance(self) -> DataStream:
         return self._with_partitioner("rebalance")
@@ -138,12 +168,12 @@ class DataStream:
         return self._with_partitioner("broadcast")
 
     def _with_partitioner(self, partitioner: str) -> DataStream:
-        stream = DataStream(self.job, self.node_id, partitioner)
+        stream = DataStream(self.job, self.node_id, partitioner, tag=self._tag)
         stream._unioned = [s._with_partitioner(partitioner) for s in self._unioned]
         return stream
 
     def union(self, *others: DataStream) -> DataStream:
-        stream = DataStream(self.job, self.node_id, self._partitioner, self._key_fn)
+        stream = DataStream(self.job, self.node_id, self._partitioner, self._key_fn, self._tag)
         stream._unioned = [*self._unioned, *others]
         return stream
 
@@ -155,9 +185,14 @@ class DataStream:
 
 class KeyedStream(DataStream):
     def __init__(self, job: Job, node_id: int, partitioner: str, key_fn: Callable[[Any], Any],
-                 unioned: list[DataStream]) -> None:
-        super().__init__(job, node_id, partitioner, key_fn)
-        self._unioned = [KeyedStream(job, s.node_id, partitioner, key_fn, []) for s in unioned]
+                 unioned: list[DataStream], tag: str | None = None) -> None:
+        super().__init__(job, node_id, partitioner, key_fn, tag)
+        self._unioned = [KeyedStream(job, s.node_id, partitioner, key_fn, [], s._tag) for s in unioned]
+
+    def window(self, assigner: WindowAssigner, *, allowed_lateness_ms: int = 0) -> WindowedStream:
+        """Group the records of each key into windows (runtime/api/windows.py): tumbling, sliding or session
+        windows, on event time or processing time; then `reduce`, `aggregate`, `count` or `process`."""
+        return WindowedStream(self, assigner, allowed_lateness_ms)
 
     def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
         if not isinstance(fn, ProcessFunction):
@@ -168,3 +203,6 @@ class KeyedStream(DataStream):
                name: str | None = None) -> DataStream:
         """Emits, per record, the running reduction of all records of its key."""
         return self._then("reduce", fn, parallelism, name or "reduce", self._key_fn)
+
+
+from runtime.api.windows import WindowAssigner, WindowedStream  # noqa: E402 - windows build on the classes above

@@ -10,7 +10,9 @@ version, written by the checkpoint writer off the event loop:
   when there is none), and with event time the task's watermark state
   ("time": per input channel watermark and idleness, the combined and the
   forwarded watermark, or a source's generator), absent in checkpoints of
-  jobs without event time.
+  jobs without event time. On a state backend (rocksdb, remote) "keyed" holds only the tables
+  kept in memory (timers) and "backend" the backend's snapshot handle
+  (runtime/checkpointing/backend_snapshots.py); absent on the memory backend.
 - `<vertex>-<subtask>.in`: input channel state, per channel, as a stream of
   whole msgpack records: the records that preceded the barrier and that the
   task had not processed when it took its snapshot.
@@ -44,7 +46,7 @@ def channel_key(edge: int, producer: int, consumer: int) -> str:
 
 def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_parallelism: int,
                           source: Any, sinks: list[Any], lists: dict[int, dict[str, list[Any]]] | None = None,
-                          time: dict[str, Any] | None = None) -> bytes:
+                          time: dict[str, Any] | None = None, backend: dict[str, Any] | None = None) -> bytes:
     grouped: dict[int, dict[str, dict[int, list[list[Any]]]]] = {}
     for node, tables in keyed.items():
         for name, table in tables.items():
@@ -58,6 +60,8 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
         state["lists"] = lists
     if time is not None:
         state["time"] = time
+    if backend is not None:
+        state["backend"] = backend
     return msgpack.packb(state, use_bin_type=True)
 
 

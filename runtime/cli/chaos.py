@@ -64,6 +64,17 @@ class ChaosSettings:
     coordinator_kills: int = 0  # SIGKILL the coordinator this many times; the job is resubmitted with a restore
     rescales: int = 0  # rescale the running job this many times, between the kills, to a random parallelism
     max_rescale_parallelism: int = 4  # fits the slots left while one of 3 workers (2 slots each) is away
+    # > 0: the windowed job (runtime/examples/windowcount.py:build_parquet) over input out of order by up to
+    # jitter_ms, instead of the word count; Spark verifies its windows and its late records
+    window_ms: int = 0
+    jitter_ms: int = 0
+    max_delay_ms: int = 0
+    allowed_lateness_ms: int = 0
+
+    @property
+    def entry(self) -> str:
+        job = "windowcount" if self.window_ms else "wordcount"
+        return f"runtime.examples.{job}:build_parquet"
 
 
 @dataclass
@@ -91,23 +102,31 @@ def sluice_cli(*args: str, timeout_s: float = 600.0) -> subprocess.CompletedProc
 
 
 def generate_input(settings: ChaosSettings, log: Callable[[str], None]) -> str:
-    """Generate the Parquet input once per (rows, keys, seed, partitions): later runs reuse it."""
+    """Generate the Parquet input once per (rows, keys, seed, partitions, jitter): later runs reuse it."""
     path = os.path.join(settings.workdir, f"input-{settings.rows}-{settings.keys}-{settings.seed}-"
-                                          f"{settings.partitions}")
+                                          f"{settings.partitions}-{settings.jitter_ms}")
     if os.path.exists(os.path.join(path, "_SUCCESS")):
         return path
     t0 = time.monotonic()
     proc = sluice_cli("data", "generate", path, "--rows", str(settings.rows), "--keys", str(settings.keys),
-                      "--partitions", str(settings.partitions), "--seed", str(settings.seed))
+                      "--partitions", str(settings.partitions), "--seed", str(settings.seed),
+                      "--jitter-ms", str(settings.jitter_ms))
     if proc.returncode != 0:
         raise RuntimeError(f"sluice data generate failed: {proc.stdout}{proc.stderr}")
     log(f"generated {settings.rows:,} rows with Spark in {time.monotonic() - t0:.1f}s: {path}")
     return path
 
 
-def verify_output(input_path: str, output_path: str) -> dict[str, Any]:
-    proc = sluice_cli("data", "verify", "--input", input_path, "--output", output_path, "--query", "wordcount",
-                      "--json")
+def verify_output(input_path: str, output_path: str, settings: ChaosSettings | None = None,
+                  late_path: str | None = None) -> dict[str, Any]:
+    query = ["--query", "wordcount"]
+    if settings is not None and settings.window_ms:
+        query = ["--query", "window-count", "--window-ms", str(settings.window_ms),
+                 "--max-delay-ms", str(settings.max_delay_ms),
+                 "--allowed-lateness-ms", str(settings.allowed_lateness_ms)]
+        if late_path is not None:
+            query += ["--late-output", late_path]
+    proc = sluice_cli("data", "verify", "--input", input_path, "--output", output_path, *query, "--json")
     start = proc.stdout.find("{")
     try:
         result: dict[str, Any] = json.loads(proc.stdout[start:]) if start >= 0 else {}
@@ -279,8 +298,9 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     config = {"checkpoint": checkpoint,
               "restart": {"kind": "fixed", "max_attempts": settings.kills + 5, "delay_s": 0.2}}
     await cluster.wait_workers()
-    submitted = await cluster.call("submit", {"entry": "runtime.examples.wordcount:build_parquet",
-                                              "name": "chaos-wordcount", "config": config,
+    submitted = await cluster.call("submit", {"entry": settings.entry,
+                                              "name": f"chaos-{settings.entry.rsplit(':')[0].rsplit('.')[-1]}",
+                                              "config": config,
                                               "sys_path": os.getcwd()})
     job_id = submitted["job_id"]
     t0 = time.monotonic()
@@ -387,9 +407,15 @@ def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, se
     shutil.rmtree(output_path, ignore_errors=True)
     state_dir = os.path.join(settings.workdir, "state")
     shutil.rmtree(state_dir, ignore_errors=True)
+    late_path = os.path.join(settings.workdir, "late")
+    shutil.rmtree(late_path, ignore_errors=True)
     os.environ.update({"SLUICE_INPUT": input_path, "SLUICE_OUTPUT": output_path,
                        "SLUICE_SINK_DELAY_S": str(settings.sink_delay_s),
-                       "SLUICE_PARALLELISM": str(settings.parallelism)})
+                       "SLUICE_PARALLELISM": str(settings.parallelism),
+                       # the windowed job's (runtime/examples/windowcount.py)
+                       "SLUICE_LATE_OUTPUT": late_path, "SLUICE_WINDOW_MS": str(settings.window_ms),
+                       "SLUICE_MAX_DELAY_MS": str(settings.max_delay_ms),
+                       "SLUICE_ALLOWED_LATENESS_MS": str(settings.allowed_lateness_ms)})
     cluster = LocalCluster(workers=settings.workers, slots=2, log_dir=os.path.join(settings.workdir, "logs"),
                            state_dir=state_dir, link_timeout_s=settings.link_timeout_s)
     shutil.rmtree(cluster.log_dir or "", ignore_errors=True)
@@ -403,6 +429,6 @@ def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, se
             lab.teardown()
     if result.state != "FINISHED":
         return result
-    result.verify = verify_output(input_path, output_path)
+    result.verify = verify_output(input_path, output_path, settings, late_path if settings.window_ms else None)
     result.ok = bool(result.verify.get("ok"))
     return result

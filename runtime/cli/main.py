@@ -127,6 +127,15 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", default=[],
                    help="run every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism; "
                         "with --restore the checkpoint is redistributed to it")
+    st = p.add_argument_group("keyed state (README: Choosing a state backend)")
+    st.add_argument("--state-backend", choices=["memory", "rocksdb", "remote"], default=None,
+                    help="where keyed state lives: memory (dicts, the default), rocksdb (on local disk, larger "
+                         "than memory, incremental checkpoints) or remote (a state server); default: the job's "
+                         "Job.state_backend, else memory")
+    st.add_argument("--state-remote-address", type=_address_text, metavar="HOST:PORT",
+                    help="the state server of --state-backend remote")
+    st.add_argument("--state-work-dir", metavar="DIR",
+                    help="where workers keep local state (RocksDB instances; default: the system temp directory)")
     r = p.add_argument_group("restarts after a failure")
     r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
     r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
@@ -186,7 +195,23 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
             "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
                         "delay_s": args.restart_delay},
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
+            **_state_config(args),
             **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {})}
+
+
+def _state_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's "state" settings; absent when none was given, so the job module's default applies."""
+    if args.state_backend == "remote" and not args.state_remote_address:
+        raise ValueError("--state-backend remote needs --state-remote-address HOST:PORT")
+    state = {k: v for k, v in (("backend", args.state_backend), ("remote_address", args.state_remote_address),
+                               ("work_dir", os.path.abspath(args.state_work_dir) if args.state_work_dir else None))
+             if v is not None}
+    return {"state": state} if state else {}
+
+
+def _address_text(text: str) -> str:
+    host, port = _address(text)
+    return f"{host}:{port}"
 
 
 def _parallelism(text: str) -> tuple[str, int]:
@@ -337,11 +362,22 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--partitions", type=_positive, default=4, help="output files (default 4)")
     dg.add_argument("--row-group-rows", type=_positive, help="rows per row group (default: about 8 groups a file)")
     dg.add_argument("--seed", type=int, default=0)
+    dg.add_argument("--jitter-ms", type=int, default=0,
+                    help="out-of-order event times: each row's is up to this much behind 1_700_000_000_000 + seq, "
+                         "deterministically for the seed (default 0: in order)")
     dg.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
     dv.add_argument("--output", required=True, help="the job's FileSink directory")
-    dv.add_argument("--query", choices=["wordcount"], default="wordcount")
+    dv.add_argument("--query", choices=["wordcount", "window-count", "session-count"], default="wordcount")
+    dv.add_argument("--window-ms", type=_positive, help="window-count: window size")
+    dv.add_argument("--slide-ms", type=_positive, help="window-count: slide of sliding windows (default: tumbling)")
+    dv.add_argument("--max-delay-ms", type=int, default=0,
+                    help="window-count, session-count: the source's bounded out-of-orderness (default 0)")
+    dv.add_argument("--allowed-lateness-ms", type=int, default=0, help="window-count (default 0)")
+    dv.add_argument("--gap-ms", type=_positive, help="session-count: session gap")
+    dv.add_argument("--late-output", metavar="DIR",
+                    help="window-count, session-count: also verify the late records' FileSink directory")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
     for client in (s, st, ca, cp, sp, rs, cl, pr):

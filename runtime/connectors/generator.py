@@ -5,6 +5,14 @@ is drawn from its own random stream seeded by (seed, b), and subtask i of p
 generates blocks i, i+p, i+2p, ... So the data set depends only on the seed,
 the count and the key distribution, never on the parallelism, and a position
 is just (next block, offset in it).
+
+Out-of-order event times (`jitter_ms=J`): record seq gets
+event_time_ms = EVENT_TIME_START_MS + seq * event_step_ms - d, with d an
+integer in [0, J] drawn from the block's random stream after its keys (so the
+keys do not depend on J). With J = 0 nothing is drawn and the records are
+exactly those of a generator without jitter. The batch side (`sluice data
+generate --jitter-ms`) applies the same rule with d from a hash; the two data
+sets differ anyway (see runtime/data/generate.py).
 """
 
 from __future__ import annotations
@@ -30,32 +38,40 @@ def zipf_cum_weights(keys: int, exponent: float) -> list[float]:
 
 
 def generate_block(block: int, *, seed: int, keys: list[str], cum_weights: list[float] | None,
-                   count: int | None, event_step_ms: int = 1) -> list[tuple[str, int, int]]:
-    """Records of global block `block` (shorter for the last block of a bounded input)."""
+                   count: int | None, event_step_ms: int = 1, jitter_ms: int = 0) -> list[tuple[str, int, int]]:
+    """Records of global block `block` (shorter for the last block of a bounded input); event times run
+    `jitter_ms` or less behind seq order (module docstring)."""
     start = block * BLOCK
     n = BLOCK if count is None else max(0, min(BLOCK, count - start))
     rng = random.Random(seed * 1_000_003 + block)
     drawn = rng.choices(keys, cum_weights=cum_weights, k=n)
     t0 = EVENT_TIME_START_MS + start * event_step_ms
-    return [(k, start + i, t0 + i * event_step_ms) for i, k in enumerate(drawn)]
+    if jitter_ms <= 0:
+        return [(k, start + i, t0 + i * event_step_ms) for i, k in enumerate(drawn)]
+    # Drawn after the keys, from the same stream: the keys stay those of the data set without jitter.
+    behind = [rng.randint(0, jitter_ms) for _ in range(n)]
+    return [(k, start + i, t0 + i * event_step_ms - d) for i, (k, d) in enumerate(zip(drawn, behind, strict=True))]
 
 
 class GeneratorSource(Source):
     def __init__(self, count: int | None = 1_000_000, keys: int = 1000, seed: int = 0, *,
                  distribution: str = "uniform", zipf_exponent: float = 1.1,
-                 records_per_second: float | None = None) -> None:
+                 records_per_second: float | None = None, jitter_ms: int = 0) -> None:
         if count is not None and count < 0:
             raise ValueError("count must be >= 0 or None for an unbounded source")
         if keys < 1:
             raise ValueError("keys must be >= 1")
         if distribution not in ("uniform", "zipf"):
             raise ValueError(f"distribution must be 'uniform' or 'zipf', not {distribution!r}")
+        if not isinstance(jitter_ms, int) or jitter_ms < 0:
+            raise ValueError(f"jitter_ms must be an integer >= 0, not {jitter_ms!r}")
         self.count = count
         self.keys = keys
         self.seed = seed
         self.distribution = distribution
         self.zipf_exponent = zipf_exponent
         self.records_per_second = records_per_second
+        self.jitter_ms = jitter_ms
         self.bounded = count is not None
 
     rescalable = True
@@ -91,7 +107,7 @@ class GeneratorSource(Source):
                 continue
             if self._pending_block != lane[0]:
                 self._pending = generate_block(lane[0], seed=self.seed, keys=self._keys, cum_weights=self._cum,
-                                               count=self.count)
+                                               count=self.count, jitter_ms=self.jitter_ms)
                 self._pending_block = lane[0]
             lane[1] += lane[2]  # records to skip (restored after a rescale): the generator can jump over them
             lane[2] = 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime.data.generate import check_generate_args, generate
 from runtime.data.spark import DataError, check_environment, start_session, stop_session
-from runtime.data.verify import check_verify_args, verify
+from runtime.data.verify import EventTimeOptions, check_verify_args, verify
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +39,8 @@ def _session(args: argparse.Namespace) -> Any:
 
 def _generate(args: argparse.Namespace) -> int:
     options = dict(rows=args.rows, keys=args.keys, skew=args.skew, zipf_exponent=args.zipf_exponent,
-                   partitions=args.partitions, row_group_rows=args.row_group_rows, seed=args.seed)
+                   partitions=args.partitions, row_group_rows=args.row_group_rows, seed=args.seed,
+                   jitter_ms=args.jitter_ms)
     check_generate_args(args.out, **options)
     spark = _session(args)
     try:
@@ -51,10 +52,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    check_verify_args(args.input, args.output, args.query)
+    options = EventTimeOptions(window_ms=args.window_ms, slide_ms=args.slide_ms, max_delay_ms=args.max_delay_ms,
+                               allowed_lateness_ms=args.allowed_lateness_ms, gap_ms=args.gap_ms,
+                               late_output=args.late_output)
+    check_verify_args(args.input, args.output, args.query, options)
     spark = _session(args)
     try:
-        result = verify(spark, args.input, args.output, args.query)
+        result = verify(spark, args.input, args.output, args.query, options)
     finally:
         stop_session(spark)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.report())

@@ -1,8 +1,12 @@
 """`sluice data generate`: a deterministic input data set as Parquet, written by Spark.
 
 Rows are (key: string, seq: long, event_time_ms: long). seq runs over
-0..rows-1 exactly once; event_time_ms = 1_700_000_000_000 + seq, like the
-runtime's GeneratorSource. The key of a row is a pure function of
+0..rows-1 exactly once; event_time_ms = 1_700_000_000_000 + seq - d, like the
+runtime's GeneratorSource, where d = 0 unless `--jitter-ms J` asks for
+out-of-order event times: then d = pmod(xxhash64(seed, seq, JITTER_SALT),
+J + 1), an integer in [0, J] (J = 0 leaves every row as it was). Rows stay
+in seq order in the files, so a source reading them in order sees event
+times up to J ms out of order. The key of a row is a pure function of
 (seed, seq): h = xxhash64(seed, seq), then
 
 - uniform: key index pmod(h, keys);
@@ -39,6 +43,7 @@ GROUPS_PER_FILE = 8  # aim for this many row groups per file: the units ParquetS
 MIN_ROW_GROUP_ROWS = 1_000
 MAX_ROW_GROUP_ROWS = 1_000_000
 _U_BITS = 53  # a double holds 53 bits exactly, so u = (h >>> 11) / 2**53 is exact and < 1
+JITTER_SALT = 0x6A177E4  # a third hash input, so the jitter of a row is independent of its key
 
 
 @dataclass
@@ -49,18 +54,21 @@ class GenerateResult:
     skew: str
     zipf_exponent: float
     seed: int
+    jitter_ms: int
     files: int
     row_groups: int
     seconds: float
 
     def summary(self) -> str:
         skew = f"zipf {self.zipf_exponent:g}" if self.skew == "zipf" else "uniform"
-        return (f"generated {self.rows:,} rows, {self.keys:,} keys ({skew}, seed {self.seed}) in {self.files} files "
+        jitter = f", jitter {self.jitter_ms:,} ms" if self.jitter_ms else ""
+        return (f"generated {self.rows:,} rows, {self.keys:,} keys ({skew}, seed {self.seed}{jitter}) "
+                f"in {self.files} files "
                 f"/ {self.row_groups} row groups at {self.path} in {self.seconds:.1f} s")
 
 
 def check_generate_args(out: str, *, rows: int, keys: int, skew: str, zipf_exponent: float, partitions: int,
-                        row_group_rows: int | None, seed: int = 0) -> None:
+                        row_group_rows: int | None, seed: int = 0, jitter_ms: int = 0) -> None:
     """Raise DataError for arguments `generate` cannot honour; runs before Spark starts."""
     if rows < 1:
         raise DataError(f"--rows must be at least 1, got {rows}")
@@ -76,6 +84,8 @@ def check_generate_args(out: str, *, rows: int, keys: int, skew: str, zipf_expon
         raise DataError(f"--row-group-rows must be at least 1, got {row_group_rows}")
     if not -(2**63) <= seed < 2**63:
         raise DataError(f"--seed must fit in 64 bits, got {seed}")
+    if not 0 <= jitter_ms < 2**62:
+        raise DataError(f"--jitter-ms must be between 0 and 2**62, got {jitter_ms}")
     check_overwritable(out)
 
 
@@ -137,7 +147,7 @@ def _zipf_lookup(spark: Any, keys: int, exponent: float, buckets: int) -> Any:
 
 
 def dataset(spark: Any, *, rows: int, keys: int, skew: str = "uniform", zipf_exponent: float = 1.1,
-            partitions: int = DEFAULT_PARTITIONS, seed: int = 0) -> Any:
+            partitions: int = DEFAULT_PARTITIONS, seed: int = 0, jitter_ms: int = 0) -> Any:
     """The data set as a DataFrame of (key, seq, event_time_ms), one partition per output file, sorted by seq."""
     from pyspark.sql import functions as F
 
@@ -158,19 +168,24 @@ def dataset(spark: Any, *, rows: int, keys: int, skew: str = "uniform", zipf_exp
     width = len(str(keys - 1))
     key = F.concat(F.lit("k"), F.lpad(F.col("key_index").cast("string"), width, "0"))
     event_time = F.lit(EVENT_TIME_START_MS) + F.col("seq")
+    if jitter_ms:
+        behind = F.pmod(F.xxhash64(F.lit(seed).cast("long"), F.col("seq"), F.lit(JITTER_SALT).cast("long")),
+                        F.lit(jitter_ms + 1).cast("long"))
+        event_time = event_time - behind
     return df.select(key.alias("key"), F.col("seq"), event_time.alias("event_time_ms")).sortWithinPartitions("seq")
 
 
 def generate(spark: Any, out: str, *, rows: int, keys: int, skew: str = "uniform", zipf_exponent: float = 1.1,
-             partitions: int = DEFAULT_PARTITIONS, seed: int = 0, row_group_rows: int | None = None) -> GenerateResult:
+             partitions: int = DEFAULT_PARTITIONS, seed: int = 0, row_group_rows: int | None = None,
+             jitter_ms: int = 0) -> GenerateResult:
     """Write the data set to `out` (replaced) as `partitions` Parquet files; return what was written."""
     check_generate_args(out, rows=rows, keys=keys, skew=skew, zipf_exponent=zipf_exponent, partitions=partitions,
-                        row_group_rows=row_group_rows, seed=seed)
+                        row_group_rows=row_group_rows, seed=seed, jitter_ms=jitter_ms)
     started = time.monotonic()
     out = os.path.abspath(out)
     group_rows = row_group_rows or default_row_group_rows(rows, partitions)
     df = dataset(spark, rows=rows, keys=keys, skew=skew, zipf_exponent=zipf_exponent, partitions=partitions,
-                 seed=seed)
+                 seed=seed, jitter_ms=jitter_ms)
     # parquet.block.row.count.limit (parquet-java >= 1.14) cuts row groups by rows; the default cut is by bytes
     # (128 MB), which would leave one row group, one unit of work for ParquetSource, per file.
     (df.write.mode("overwrite")
@@ -180,7 +195,7 @@ def generate(spark: Any, out: str, *, rows: int, keys: int, skew: str = "uniform
     if written != rows:
         raise RuntimeError(f"wrote {written:,} rows to {out}, expected {rows:,}")
     return GenerateResult(path=out, rows=rows, keys=keys, skew=skew, zipf_exponent=zipf_exponent, seed=seed,
-                          files=files, row_groups=groups, seconds=time.monotonic() - started)
+                          jitter_ms=jitter_ms, files=files, row_groups=groups, seconds=time.monotonic() - started)
 
 
 def _parquet_layout(path: str) -> tuple[int, int, int]:

@@ -30,7 +30,8 @@ MIN_JAVA = 17  # Spark 4 is built for Java 17
 
 # Spark's own logging goes to stderr at WARN. Two warnings printed on every start, both harmless here, are
 # silenced: Hadoop's "no native library", and SparkConf's note that a cluster manager may override
-# spark.local.dir.
+# spark.local.dir. So is WindowExec's warning that a window without partitions runs in one partition: the
+# watermark of a windowed query (verify.py) is a running max over the whole input in read order, on purpose.
 _LOG4J2 = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
@@ -43,6 +44,8 @@ logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativecode.level = error
 logger.sparkconf.name = org.apache.spark.SparkConf
 logger.sparkconf.level = error
+logger.windowexec.name = org.apache.spark.sql.execution.window.WindowExec
+logger.windowexec.level = error
 """
 
 _TMPDIR_CONF = "spark.sluice.tmpdir"  # where a session keeps its scratch space, for stop_session

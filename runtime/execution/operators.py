@@ -24,6 +24,8 @@ from runtime.connectors.sinks import Sink
 from runtime.execution.channels import Subpartition
 from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerQueue
 from runtime.graph.partitioning import KeyRouter
+from runtime.state.backend import PendingSnapshot, StateBackend
+from runtime.state.tables import BackendTables
 
 Emit = Callable[[Any], None]
 EmitBatch = Callable[[list[Any]], None]
@@ -46,6 +48,7 @@ class RecordWriter:
         self.key_fn = key_fn
         self.router = KeyRouter(max_parallelism, len(subpartitions))
         self._next = subtask_index % len(subpartitions)  # rebalance: start at our own index, spread the load
+        self.side_output: tuple[int, str] | None = None  # (node id, tag) for the edge of a side output
         self.emit = self._make_emit()
         self.emit_batch = self._make_emit_batch()
 
@@ -228,8 +231,11 @@ class Chain:
     """The operators of one task, and the function that pushes a record through them."""
 
     def __init__(self, job: Job, node_ids: list[int], *, subtask_index: int, parallelism: int, attempt: int,
-                 outputs: list[RecordWriter]) -> None:
+                 outputs: list[RecordWriter], state_backend: StateBackend | None = None) -> None:
         self.nodes: list[Node] = [job.nodes[i] for i in node_ids]
+        self.max_parallelism = job.max_parallelism
+        # None: keyed state in plain dicts (the memory backend's fast path); else tables on this backend
+        self.state_backend = state_backend
         self.subtask_index = subtask_index
         self.parallelism = parallelism
         self.attempt = attempt
@@ -251,12 +257,20 @@ class Chain:
                 w.carry_timestamps()
         self.process_batch = self._build()
 
+    def _keyed_tables(self, node_id: int) -> dict[str, Any]:
+        """The keyed-state tables of one operator: dicts, or BackendTables on a state backend."""
+        tables = self.keyed_state.get(node_id)
+        if tables is None:
+            tables = self.keyed_state[node_id] = {} if self.state_backend is None else \
+                BackendTables(self.state_backend, node_id, self.max_parallelism)
+        return tables
+
     def process(self, record: Any) -> None:
         """One record through the chain (restored state, tests); the task uses `process_batch`."""
         self.process_batch([record])
 
     def _tail(self) -> EmitBatch:
-        emits = [w.emit_batch for w in self.outputs]
+        emits = [w.emit_batch for w in self.outputs if w.side_output is None]
         if not emits:
             def drop(records: list[Any]) -> None:
                 pass
@@ -325,6 +339,7 @@ class Chain:
             pending: list[Any] = []
             ctx = OperatorContext(pending.append, self.subtask_index, node.parallelism, node.name,
                                   self.list_state.setdefault(node.id, {}))
+            self._route_side_outputs(node, ctx)
             self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
@@ -335,9 +350,10 @@ class Chain:
 
             return run_process
         if kind == "keyed_process":
-            state = self.keyed_state.setdefault(node.id, {})
+            state = self._keyed_tables(node.id)
             keyed_pending: list[Any] = []
             kctx = KeyedContext(keyed_pending.append, self.subtask_index, node.parallelism, node.name, state)
+            self._route_side_outputs(node, kctx)
             self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
             self._install_timers(fn, kctx, node.id, lambda: emit_pending(keyed_pending, nxt))
             kprocess = fn.process
@@ -352,7 +368,7 @@ class Chain:
 
             return run_keyed
         if kind == "reduce":
-            table = self.keyed_state.setdefault(node.id, {}).setdefault("reduce", {})
+            table = self._keyed_tables(node.id).setdefault("reduce", {})
             rkey = node.key_fn
             assert rkey is not None
             get = table.get
@@ -391,6 +407,27 @@ class Chain:
 
             return run_sink
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
+
+    def _route_side_outputs(self, node: Node, ctx: Context) -> None:
+        """`ctx.output(tag, value)` of `node`: straight to the writers of the edges that consume that side output
+        (a side output is never chained); a tag nobody consumes is dropped."""
+        by_tag: dict[str, list[EmitBatch]] = {}
+        for w in self.outputs:
+            if w.side_output is not None and w.side_output[0] == node.id:
+                by_tag.setdefault(w.side_output[1], []).append(w.emit_batch)
+        if not by_tag:
+            return
+        timed = self.event_time
+
+        def side(tag: str, value: Any) -> None:
+            emits = by_tag.get(tag)
+            if emits:
+                self.records_out += 1
+                batch = [(ctx.timestamp, value)] if timed else [value]
+                for emit in emits:
+                    emit(batch)
+
+        ctx._side = side
 
     # -- event time -----------------------------------------------------------------
 
@@ -472,6 +509,7 @@ class Chain:
             add = pending.append
             ctx = Context(add, self.subtask_index, node.parallelism, node.name)
             ctx.emit = lambda record: add((ctx.timestamp, record))
+            self._route_side_outputs(node, ctx)
             self._contexts.append((fn, ctx, lambda: emit_pending(pending, nxt)))
             process = fn.process
 
@@ -483,11 +521,12 @@ class Chain:
 
             return run_process
         if kind == "keyed_process":
-            state = self.keyed_state.setdefault(node.id, {})
+            state = self._keyed_tables(node.id)
             keyed_pending: list[Any] = []
             kadd = keyed_pending.append
             kctx = KeyedContext(kadd, self.subtask_index, node.parallelism, node.name, state)
             kctx.emit = lambda record: kadd((kctx.timestamp, record))
+            self._route_side_outputs(node, kctx)
             self._contexts.append((fn, kctx, lambda: emit_pending(keyed_pending, nxt)))
             self._install_timers(fn, kctx, node.id, lambda: emit_pending(keyed_pending, nxt))
             kprocess = fn.process
@@ -503,7 +542,7 @@ class Chain:
 
             return run_keyed
         if kind == "reduce":
-            table = self.keyed_state.setdefault(node.id, {}).setdefault("reduce", {})
+            table = self._keyed_tables(node.id).setdefault("reduce", {})
             rkey = node.key_fn
             assert rkey is not None
             get = table.get
@@ -530,6 +569,11 @@ class Chain:
         raise ValueError(f"operator kind {kind!r} cannot run inside a chain")
 
     # -- checkpoints ------------------------------------------------------------
+
+    def begin_state_snapshot(self, checkpoint_id: int) -> PendingSnapshot | None:
+        """The synchronous part of the state backend's snapshot (None on the memory path: the task copies its
+        dict tables instead)."""
+        return None if self.state_backend is None else self.state_backend.begin_snapshot(checkpoint_id)
 
     def snapshot_sinks(self, checkpoint_id: int) -> list[Any]:
         """Pre-commit every sink for `checkpoint_id`; returns their states, in chain order."""
@@ -586,3 +630,5 @@ class Chain:
             fn.close()
         for sink in self.sinks:
             sink.close()
+        if self.state_backend is not None:
+            self.state_backend.close()

@@ -118,6 +118,10 @@ class RestoredState:
     """What a task restores before it processes anything new."""
 
     keyed: dict[int, dict[str, dict[Any, Any]]] | None = None  # node id -> state name -> key -> value
+    # snapshot handles of a state backend (SnapshotHandle.to_dict plus "store", the layout: see
+    # runtime/checkpointing/backend_snapshots.py): one, or several old subtasks' when rescaled; the worker
+    # restores them into the task's backend before the task runs
+    backend: list[dict[str, Any]] | None = None
     source: Any = None  # [position before the batch, records of it already emitted]
     sinks: list[Any] | None = None  # the sinks' pre-committed state, in chain order
     inputs: dict[int, bytes] | None = None  # channel id -> whole records
@@ -361,8 +365,9 @@ class Task:
 
     def snapshot_operator_state(self, checkpoint_id: int) -> tuple[dict[int, dict[str, dict[Any, Any]]], list[Any]]:
         """The synchronous part of a snapshot: copies of the keyed state tables (values are immutable by
-        contract), and the sinks' pre-committed state for `checkpoint_id`."""
-        keyed = {node: {name: table.copy() for name, table in tables.items()}
+        contract), and the sinks' pre-committed state for `checkpoint_id`. On a state backend only the tables
+        kept in memory (timers) are copied: the backend snapshots the rest (Chain.begin_state_snapshot)."""
+        keyed = {node: {name: table.copy() for name, table in tables.items() if isinstance(table, dict)}
                  for node, tables in self.chain.keyed_state.items()}
         return keyed, self.chain.snapshot_sinks(checkpoint_id)
 

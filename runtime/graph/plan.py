@@ -103,6 +103,8 @@ class Edge:
     partitioner: str
     input_index: int  # which input of the down vertex's head node
     channel_base: int  # first channel id of this edge (relative to the plan's base)
+    tag: str | None = None  # a side output edge: it carries what node `tag_node` sent to `tag`
+    tag_node: int = -1
 
 
 def _resolve_partitioner(up: Node, down: Node, explicit: str | None) -> str:
@@ -113,13 +115,14 @@ def _resolve_partitioner(up: Node, down: Node, explicit: str | None) -> str:
 
 def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
     nodes = job.nodes
-    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
+    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}  # of the main output (side outputs are edges)
     for n in nodes:
         for inp in n.inputs:
-            consumers[inp.node].append(n.id)
+            if inp.tag is None:
+                consumers[inp.node].append(n.id)
 
     def chains_to_upstream(n: Node) -> bool:
-        if len(n.inputs) != 1:
+        if len(n.inputs) != 1 or n.inputs[0].tag is not None:
             return False
         inp = n.inputs[0]
         up = nodes[inp.node]
@@ -148,7 +151,8 @@ def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
             up_vertex = vertex_of_head[head_of[inp.node]]
             down_vertex = vertex_of_head[n.id]
             part = _resolve_partitioner(nodes[inp.node], n, inp.partitioner)
-            edges.append(Edge(len(edges), up_vertex, down_vertex, part, index, channel_base))
+            edges.append(Edge(len(edges), up_vertex, down_vertex, part, index, channel_base, inp.tag,
+                              inp.node if inp.tag is not None else -1))
             channel_base += vertices[up_vertex].parallelism * vertices[down_vertex].parallelism
     return vertices, edges
 

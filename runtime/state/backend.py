@@ -144,6 +144,18 @@ class StateBackend(abc.ABC):
         self.put_many(puts)
         self.delete_many(deletes)
 
+    # One entry at a time: what a synchronous keyed operator does per record (runtime/state/tables.py). The
+    # defaults are batches of one; a local backend overrides them to skip building a batch per call.
+
+    def get_one(self, name: str, group: int, key: Any) -> Any:
+        return self.get_many(((name, group, key),))[0]
+
+    def put_one(self, name: str, group: int, key: Any, value: Any) -> None:
+        self.put_many(((name, group, key, value),))
+
+    def delete_one(self, name: str, group: int, key: Any) -> None:
+        self.delete_many(((name, group, key),))
+
     @abc.abstractmethod
     def scan(self, key_groups: range) -> Iterator[tuple[str, int, Any, Any]]:
         """Every (name, key group, key, value) in `key_groups`, ordered by key group."""

@@ -17,6 +17,7 @@ instances and restores, the instance id does not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -71,6 +72,7 @@ class RocksDBBackend(StateBackend):
         self._write_buffer_bytes = write_buffer_bytes
         self._lock = threading.Lock()  # guards _uploaded, read and replaced by uploads on other threads
         self._uploaded: dict[str, SharedFile] = {}
+        self._uploaded_to: str | None = None  # the store root of those uploads: another store has none of them
         self._snapshot_seq = 0
         self._open_fresh()
 
@@ -96,6 +98,11 @@ class RocksDBBackend(StateBackend):
 
     def _open(self, path: str) -> Any:
         assert rocksdict is not None
+        # No write-ahead log: the instance is disposable (a failed task restores from its last checkpoint), and
+        # a RocksDB checkpoint flushes the memtable, so every write before it is in the snapshot's SST files.
+        # Writes then cost a memtable insert, not a log append as well.
+        self._write_options = rocksdict.WriteOptions()
+        self._write_options.disable_wal = True  # type: ignore[assignment,method-assign,unused-ignore]  # a property
         try:
             return rocksdict.Rdict(path, self._options())
         except Exception as e:  # rocksdict raises plain Exception for RocksDB errors
@@ -106,6 +113,8 @@ class RocksDBBackend(StateBackend):
         if db is not None:
             db.close()
             shutil.rmtree(self._path, ignore_errors=True)
+            with contextlib.suppress(OSError):  # a working directory made for this backend alone: now empty
+                os.rmdir(self._base)
 
     @property
     def working_directory(self) -> str:
@@ -138,7 +147,25 @@ class RocksDBBackend(StateBackend):
             batch.put(encode_key(name, group, key), encode_value(value))
         for name, group, key in deletes:
             batch.delete(encode_key(name, group, key))
-        self._db.write(batch)
+        self._db.write(batch, self._write_options)
+
+    def get_one(self, name: str, group: int, key: Any) -> Any:
+        self._stats.reads += 1
+        self._stats.round_trips += 1
+        raw = self._db.get(encode_key(name, group, key))
+        return MISSING if raw is None else decode_value(raw)
+
+    def put_one(self, name: str, group: int, key: Any, value: Any) -> None:
+        if group not in self.key_groups:
+            check_groups(self, (group,))
+        self._stats.writes += 1
+        self._stats.round_trips += 1
+        self._db.put(encode_key(name, group, key), encode_value(value), self._write_options)
+
+    def delete_one(self, name: str, group: int, key: Any) -> None:
+        self._stats.deletes += 1
+        self._stats.round_trips += 1
+        self._db.delete(encode_key(name, group, key), self._write_options)
 
     def scan(self, key_groups: range) -> Iterator[tuple[str, int, Any, Any]]:
         yield from _scan(self._db, key_groups)
@@ -158,13 +185,16 @@ class RocksDBBackend(StateBackend):
         self._stats.snapshots += 1
         return _RocksSnapshot(self, checkpoint_id, local, time.perf_counter() - started)
 
-    def _previous_uploads(self) -> dict[str, SharedFile]:
+    def _previous_uploads(self, root: str) -> dict[str, SharedFile]:
+        """The SST files already in the store at `root` (none when the last upload went to another store, as a
+        savepoint's does: a savepoint copies everything, and the checkpoint after it does too)."""
         with self._lock:
-            return dict(self._uploaded)
+            return dict(self._uploaded) if self._uploaded_to == root else {}
 
-    def _remember_uploads(self, files: dict[str, SharedFile]) -> None:
+    def _remember_uploads(self, files: dict[str, SharedFile], root: str | None) -> None:
         with self._lock:
             self._uploaded = files
+            self._uploaded_to = root
 
     def restore(self, store: SnapshotStore, handles: Sequence[SnapshotHandle]) -> None:
         for handle in handles:
@@ -180,10 +210,10 @@ class RocksDBBackend(StateBackend):
             self._db = self._open(self._path)
             self._clip(handles[0].key_groups)
             # The local SST files are byte for byte the shared ones: the next checkpoint need not upload them.
-            self._remember_uploads({f.local_name: f for f in handles[0].shared_files})
+            self._remember_uploads({f.local_name: f for f in handles[0].shared_files}, store.root)
             return
         self._open_fresh()
-        self._remember_uploads({})
+        self._remember_uploads({}, None)
         for handle in handles:
             overlap = range(max(handle.key_groups.start, self.key_groups.start),
                             min(handle.key_groups.stop, self.key_groups.stop))
@@ -217,11 +247,11 @@ class RocksDBBackend(StateBackend):
             batch.put(key, value)
             pending += 1
             if pending >= 10_000:
-                self._db.write(batch)
+                self._db.write(batch, self._write_options)
                 batch = rocksdict.WriteBatch(raw_mode=True)
                 pending = 0
         if pending:
-            self._db.write(batch)
+            self._db.write(batch, self._write_options)
 
 
 class _RocksSnapshot(PendingSnapshot):
@@ -234,7 +264,7 @@ class _RocksSnapshot(PendingSnapshot):
         self._key_groups = backend.key_groups
 
     def upload(self, store: SnapshotStore) -> SnapshotHandle:
-        previous = self._backend._previous_uploads()
+        previous = self._backend._previous_uploads(store.root)
         private_dir = os.path.basename(store.private_dir(self.checkpoint_id))
         private: list[str] = []
         shared: dict[str, SharedFile] = {}
@@ -261,7 +291,7 @@ class _RocksSnapshot(PendingSnapshot):
                                     f"failed: {e}") from e
         finally:
             shutil.rmtree(self._local, ignore_errors=True)
-        self._backend._remember_uploads(shared)
+        self._backend._remember_uploads(shared, store.root)
         return SnapshotHandle(backend=RocksDBBackend.name, checkpoint_id=self.checkpoint_id,
                               key_groups=self._key_groups, private_files=tuple(private),
                               shared_files=tuple(shared[n] for n in sorted(shared)),

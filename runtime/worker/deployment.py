@@ -9,6 +9,7 @@ channel rides the TCP link to the peer worker.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +25,12 @@ from runtime.execution.inflight import InflightBound
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
+from runtime.graph.enums import TaskState
 from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
+from runtime.state.backend import StateBackend
 from runtime.worker.network import NetworkEnvironment
 from runtime.worker.restoring import load_restored, source_for
+from runtime.worker.state_backends import backend_for, restore_backend
 
 
 @dataclass(frozen=True)
@@ -76,10 +80,11 @@ class CheckpointHooks:
 
 def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: dict[int, dict[int, Subpartition]],
                inputs: list[InputChannel], restored: RestoredState | None, hooks: CheckpointHooks,
-               cfg: ChannelConfig) -> tuple[Task, TaskCheckpoints]:
+               cfg: ChannelConfig, state_backend: StateBackend | None = None) -> tuple[Task, TaskCheckpoints]:
     """One complete task: chain, outputs, input gate, restored state and checkpoint listener.
 
-    `outputs` maps each output edge to its subpartitions by consumer index.
+    `outputs` maps each output edge to its subpartitions by consumer index; `state_backend` holds its keyed
+    state (None: dict tables, the memory backend).
     """
     writers = []
     subpartitions: list[Subpartition] = []
@@ -91,10 +96,13 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
         for sub in ordered:
             sub.gate = output_gate
         subpartitions += ordered
-        writers.append(RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
-                                    job.max_parallelism, subtask))
+        writer = RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
+                              job.max_parallelism, subtask)
+        if edge.tag is not None:
+            writer.side_output = (edge.tag_node, edge.tag)
+        writers.append(writer)
     chain = Chain(job, vertex.nodes, subtask_index=subtask, parallelism=vertex.parallelism, attempt=plan.attempt,
-                  outputs=writers)
+                  outputs=writers, state_backend=state_backend)
     head = job.nodes[vertex.nodes[0]]
     key = TaskKey(plan.job_id, vertex.id, subtask, vertex.name, vertex.parallelism)
     checkpoints: list[TaskCheckpoints] = []
@@ -156,9 +164,16 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
         key = f"{v.id}:{i}"
         restored = (await asyncio.to_thread(load_restored, restore, plan, v, i, inputs[key], jobs[key])
                     if restore else None)
+        backend = backend_for(plan, v, i, jobs[key])
+        try:
+            await asyncio.to_thread(restore_backend, backend, restored, plan, v, i, jobs[key])
+        except BaseException:
+            if backend is not None:
+                backend.close()
+            raise
         task, checkpoints = build_task(plan, v, i, job=jobs[key], inputs=inputs[key], restored=restored, hooks=hooks,
                                        cfg=cfg, outputs={e: by_consumer for (k, e), by_consumer in subs.items()
-                                                         if k == key})
+                                                         if k == key}, state_backend=backend)
         if task.gate is not None:
             for ch in inputs[key]:
                 p_worker = plan.placement[ch.producer]
@@ -207,6 +222,16 @@ async def connect(deployed: DeployedJob, network: NetworkEnvironment, *, timeout
 def teardown(deployed: DeployedJob, network: NetworkEnvironment) -> None:
     if deployed.sizing is not None:
         deployed.sizing.cancel()
+    # a task that ran closed its chain (and state backend) itself; one cancelled before it started did not
+    _close_backends(t for t in deployed.tasks.values() if t.state == TaskState.CREATED)
     for link in deployed.local_links:
         link.closed = True
     network.unregister(deployed.channel_ids)
+
+
+def _close_backends(tasks: Iterable[Task]) -> None:
+    for task in tasks:
+        backend = task.chain.state_backend
+        if backend is not None:
+            task.chain.state_backend = None
+            backend.close()

@@ -128,6 +128,7 @@ def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]
     if files.get("state"):
         operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
         state.keyed = keyed_tables(operator)
+        state.backend = [operator["backend"]] if operator.get("backend") else None
         state.source = operator.get("source")
         state.sinks = list(operator.get("sinks") or [])
         state.lists = list_tables(operator)
@@ -182,7 +183,9 @@ def _own_part(operator: dict[str, Any] | None, old: Vertex, vertex: Vertex, job:
             "lists": {n: t for n, t in list_tables(operator).items() if n in mine},
             "sinks": [state for n, state in zip(old_sinks, sinks, strict=False) if n in mine],
             "source": operator.get("source") if vertex.nodes[0] == old.nodes[0] else None,
-            "time": operator.get("time")}  # a task's watermark state (event time), whole
+            "time": operator.get("time"),  # a task's watermark state (event time), whole
+            # a state backend's handle goes with the keyed operators (restore clips it to the task's key groups)
+            "backend": operator.get("backend") if any(job.nodes[n].key_fn is not None for n in mine) else None}
 
 
 def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
@@ -203,6 +206,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
         operator = _own_part(files.operator(old_vertex.id, subtask), old_vertex, vertex, job)
         if operator is not None:
             state.keyed = operator["keyed"]  # _own_part's tables, already decoded
+            state.backend = [operator["backend"]] if operator["backend"] else None
             state.source = operator["source"]
             state.sinks = operator["sinks"]
             state.lists = operator["lists"]
@@ -228,6 +232,11 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
                                              key_groups=groups)["keyed"]  # type: ignore[index]
                                    for j in overlapping_subtasks(job.max_parallelism, p, groups)
                                    if operators[j] is not None])
+        # a state backend's handles of the old subtasks whose key groups overlap ours: the backend reads only
+        # the overlap of each (runtime/state/rocksdb.py restore)
+        handles = [o["backend"] for o in (operators[j] for j in overlapping_subtasks(job.max_parallelism, p, groups))
+                   if o is not None and o["backend"]]
+        state.backend = handles or None
         head = job.nodes[vertex.nodes[0]]
         if head.kind == "source":
             old_sources = [o["source"] if o else None for o in operators]

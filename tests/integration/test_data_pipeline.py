@@ -1,4 +1,5 @@
-"""The Spark data pipeline (runtime/data): generate input data sets, verify committed word-count outputs.
+"""The Spark data pipeline (runtime/data): generate input data sets, verify committed word-count and windowed
+outputs.
 
 Spark takes about ten seconds to start, so the module shares one local
 SparkSession, and the CLI runs as a subprocess only for the end-to-end check.
@@ -25,9 +26,10 @@ import pytest
 from runtime.cli.processes import child_env
 from runtime.connectors.files import ParquetSource
 from runtime.connectors.generator import EVENT_TIME_START_MS, key_names, zipf_cum_weights
+from runtime.data.event_time import session_count, window_count
 from runtime.data.generate import generate
-from runtime.data.spark import find_java, start_session, stop_session
-from runtime.data.verify import verify
+from runtime.data.spark import DataError, find_java, start_session, stop_session
+from runtime.data.verify import EventTimeOptions, verify
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +148,7 @@ def test_verify_finds_exactly_the_missing_duplicate_and_wrong_rows(
     dropped = lines[100]
     r = corrupted("dropped", lambda ls: ls[:100] + ls[101:])
     assert (r.missing, r.duplicate, r.wrong, r.output_rows) == (1, 0, 0, ROWS - 1)
-    assert [json.dumps([e["key"], e["n"]], separators=(",", ":")) for e in r.examples["missing"]] == [dropped]
+    assert [json.dumps(e["row"], separators=(",", ":")) for e in r.examples["missing"]] == [dropped]
 
     r = corrupted("duplicated", lambda ls: ls + [ls[7], ls[7], ls[9]])
     assert (r.missing, r.duplicate, r.wrong, r.output_rows) == (0, 3, 0, ROWS + 3)
@@ -155,7 +157,7 @@ def test_verify_finds_exactly_the_missing_duplicate_and_wrong_rows(
     key, n = json.loads(lines[5])
     r = corrupted("changed", lambda ls: ls[:5] + [json.dumps([key, n + 100_000])] + ls[6:] + ["not json"])
     assert (r.missing, r.duplicate, r.wrong, r.output_rows) == (1, 0, 2, ROWS + 1)
-    assert r.examples["missing"][0]["key"] == key and r.examples["missing"][0]["n"] == n
+    assert r.examples["missing"][0]["row"] == [key, n]
     assert {e["line"] for e in r.examples["wrong"]} == {json.dumps([key, n + 100_000]), "not json"}
     report = r.report()
     assert "-> FAILED" in report.splitlines()[0] and "  wrong     not json" in report
@@ -170,6 +172,118 @@ def test_verify_finds_exactly_the_missing_duplicate_and_wrong_rows(
     assert verify(spark, str(uniform), str(pq_out)).ok
 
 
+def write_rows(out: Path, parts: list[list[Any]]) -> Path:
+    """FileSink-style committed part files, one per list, plus a hidden in-progress file verify must not read."""
+    out.mkdir(parents=True)
+    for i, rows in enumerate(parts):
+        (out / f"part-{i}-000001-0-0.jsonl").write_text(
+            "".join(json.dumps(list(r), separators=(",", ":")) + "\n" for r in rows))
+    (out / ".part-0-000002-0-1.jsonl.inprogress").write_text('["zz",0,0,1]\n')
+    return out
+
+
+def read_in_order(path: Path) -> list[tuple[str, int, int]]:
+    """The records as a windowed job reads them: ParquetSource at parallelism 1."""
+    source = ParquetSource(str(path))
+    source.open(0, 1)
+    records: list[tuple[str, int, int]] = []
+    while (batch := source.read_batch(1000)) is not None:
+        records += batch
+    return records
+
+
+def test_jittered_input_and_windowed_verify_agree_with_the_simulated_job(spark: Any, uniform: Path,
+                                                                         tmp_path: Path) -> None:
+    # --jitter-ms: event times up to J behind T + seq, deterministic, keys and seq as without jitter.
+    rows, jitter = 5000, 300
+    generate(spark, str(tmp_path / "in"), rows=rows, keys=KEYS, partitions=3, seed=7, jitter_ms=jitter)
+    plain = {s: k for s, k, _ in read_rows(uniform)}
+    jittered = read_rows(tmp_path / "in")
+    assert [(s, k) for s, k, _ in jittered] == [(s, plain[s]) for s in range(rows)]
+    behind = Counter(EVENT_TIME_START_MS + s - t for s, _, t in jittered)
+    assert min(behind) == 0 and max(behind) == jitter and len(behind) > jitter // 2, behind
+    generate(spark, str(tmp_path / "again"), rows=rows, keys=KEYS, partitions=2, seed=7, jitter_ms=jitter)
+    assert read_rows(tmp_path / "again") == jittered
+
+    # ParquetSource at parallelism 1 reads what generate writes in seq order: the order verify assumes.
+    records = read_in_order(tmp_path / "in")
+    assert [r[1] for r in records] == list(range(rows))
+
+    # The job's output as the record-by-record simulation (event_time.py) has it; Spark's closed form agrees.
+    # Sliding windows with lateness (late firings and late records), then sessions (jitter <= max delay).
+    options = EventTimeOptions(window_ms=200, slide_ms=100, max_delay_ms=100, allowed_lateness_ms=50,
+                               late_output=str(tmp_path / "late"))
+    fired, late = window_count(records, size=200, slide=100, max_delay_ms=100, allowed_lateness_ms=50)
+    assert len(late) > 30 and len(fired) > len({r[:3] for r in fired}) + 30  # many late records, late firings
+    write_rows(tmp_path / "out", [fired[::2], fired[1::2]])
+    write_rows(tmp_path / "late", [late])
+    result = verify(spark, str(tmp_path / "in"), str(tmp_path / "out"), "window-count", options)
+    assert result.ok, result.report()
+    assert (result.expected_rows, result.late and result.late.expected_rows) == (len(fired), len(late))
+    assert result.summary().startswith(
+        f"verify window-count (window 200 ms, slide 100 ms, max delay 100 ms, lateness 50 ms): {len(fired):,} "
+        f"expected rows, {len(fired):,} output rows: 0 missing, 0 duplicate, 0 wrong -> OK (2 part files")
+
+    sessions = session_count(records, gap=40, max_delay_ms=jitter)
+    write_rows(tmp_path / "sessions", [sessions])
+    result = verify(spark, str(tmp_path / "in"), str(tmp_path / "sessions"), "session-count",
+                    EventTimeOptions(gap_ms=40, max_delay_ms=jitter))
+    assert result.ok and result.expected_rows == len(sessions), result.report()
+
+
+def test_windowed_verify_on_a_hand_computed_input(spark: Any, tmp_path: Path) -> None:
+    t = EVENT_TIME_START_MS  # a multiple of 10: windows of 10 ms start at t, t + 10, ...
+    # Read order = file order, then row order: the source sees a@3 a@12 a@5 | b@11 a@0 c@1 (ms after t).
+    (tmp_path / "in").mkdir()
+    for name, rows in (("part-00000.parquet", [("a", 0, 3), ("a", 1, 12), ("a", 2, 5)]),
+                       ("part-00001.parquet", [("b", 3, 11), ("a", 4, 0), ("c", 5, 1)])):
+        pq.write_table(pa.table({"key": [r[0] for r in rows], "seq": [r[1] for r in rows],
+                                 "event_time_ms": [t + r[2] for r in rows]}), str(tmp_path / "in" / name))
+    inp = str(tmp_path / "in")
+
+    # Tumbling 10 ms, max delay 0: after a@12 the watermark is t+11, [t, t+10) fires with 1, and a@5, a@0, c@1
+    # are late. Windows without records (c's) never fire.
+    strict = write_rows(tmp_path / "strict", [[("a", t, t + 10, 1), ("a", t + 10, t + 20, 1)],
+                                               [("b", t + 10, t + 20, 1)]])
+    late = write_rows(tmp_path / "late", [[("a", 2, t + 5), ("a", 4, t), ("c", 5, t + 1)]])
+    result = verify(spark, inp, str(strict), "window-count",
+                    EventTimeOptions(window_ms=10, late_output=str(late)))
+    assert result.ok, result.report()
+    assert result.late is not None and (result.late.expected_rows, result.late.output_files) == (3, 1)
+
+    # Allowed lateness 5: those three are kept; each fires its window again ([t, t+10) of a: 1, 2, 3; c's
+    # window, first seen after its time, fires at once).
+    lenient = [("a", t, t + 10, 1), ("a", t, t + 10, 2), ("a", t, t + 10, 3), ("c", t, t + 10, 1),
+               ("a", t + 10, t + 20, 1), ("b", t + 10, t + 20, 1)]
+    options = EventTimeOptions(window_ms=10, allowed_lateness_ms=5)
+    result = verify(spark, inp, str(write_rows(tmp_path / "lenient", [lenient])), "window-count", options)
+    assert result.ok, result.report()
+
+    # A missing row, a duplicate and a wrong row (a count off by one) are named; so is a missing late record.
+    changed = lenient[:1] + lenient[2:] + [lenient[4], ("b", t + 10, t + 20, 2)]
+    changed.remove(("b", t + 10, t + 20, 1))
+    bad = verify(spark, inp, str(write_rows(tmp_path / "bad", [changed])), "window-count",
+                 EventTimeOptions(window_ms=10, allowed_lateness_ms=5, late_output=str(late)))
+    assert (bad.missing, bad.duplicate, bad.wrong, bad.ok) == (2, 1, 1, False), bad.report()
+    assert [e["row"] for e in bad.examples["missing"]] == [["a", t, t + 10, 2], ["b", t + 10, t + 20, 1]]
+    assert bad.examples["duplicate"] == [{"row": ["a", t + 10, t + 20, 1], "copies": 2,
+                                          "line": f'["a",{t + 10},{t + 20},1]'}]
+    assert [e["line"] for e in bad.examples["wrong"]] == [f'["b",{t + 10},{t + 20},2]']
+    assert bad.late is not None and (bad.late.expected_rows, bad.late.wrong) == (0, 3), bad.report()
+    assert "  wrong     [\"a\",2," in bad.report()
+
+    # Sessions, gap 5: a's 0, 3, 5 chain into [t, t+10), a@12 is its own; with a max delay of 20 no record is
+    # behind the watermark. With max delay 0, a@5 (and b@11, a@0, c@1) are: session-count refuses the input.
+    sessions = [("a", t, t + 10, 3), ("a", t + 12, t + 17, 1), ("b", t + 11, t + 16, 1), ("c", t + 1, t + 6, 1)]
+    result = verify(spark, inp, str(write_rows(tmp_path / "sessions", [sessions])), "session-count",
+                    EventTimeOptions(gap_ms=5, max_delay_ms=20))
+    assert result.ok, result.report()
+    refused = (r"session-count needs an input where no record is behind the watermark.*4 records are, the first "
+               r"seq 2 \(event time 1700000000005, watermark 1700000000011\)")
+    with pytest.raises(DataError, match=refused):
+        verify(spark, inp, str(tmp_path / "sessions"), "session-count", EventTimeOptions(gap_ms=5))
+
+
 def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runtime.cli", "data", *args], cwd=cwd,
                           env=env or child_env("unused", None), capture_output=True, text=True, timeout=180)
@@ -178,9 +292,10 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
 def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
     # `spark` only to skip without Java/PySpark; the CLI starts its own Spark.
     gen = _cli(["generate", "in", "--rows", "5000", "--keys", "20", "--skew", "zipf", "--partitions", "2",
-                "--seed", "1"], tmp_path)
+                "--seed", "1", "--jitter-ms", "40"], tmp_path)
     assert gen.returncode == 0, gen.stdout + gen.stderr
-    assert re.fullmatch(r"generated 5,000 rows, 20 keys \(zipf 1\.1, seed 1\) in 2 files / \d+ row groups at "
+    assert re.fullmatch(r"generated 5,000 rows, 20 keys \(zipf 1\.1, seed 1, jitter 40 ms\) in 2 files / \d+ row "
+                        r"groups at "
                         rf"{re.escape(str(tmp_path / 'in'))} in [0-9.]+ s\n", gen.stdout), gen.stdout
     assert "Traceback" not in gen.stderr and " INFO " not in gen.stderr, gen.stderr  # Spark stays quiet
     write_wordcount_output(tmp_path / "in", tmp_path / "out")
@@ -189,6 +304,19 @@ def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
     assert ver.stdout.startswith("verify wordcount: 5,000 expected rows, 5,000 output rows: 0 missing, "
                                  "0 duplicate, 0 wrong -> OK"), ver.stdout
     assert not any(p.name in ("spark-warehouse", "metastore_db") for p in tmp_path.iterdir())
+
+    # The windowed query as a windowed chaos test calls it: the simulated job's firings and late records.
+    fired, late = window_count(read_in_order(tmp_path / "in"), size=50, max_delay_ms=10, allowed_lateness_ms=5)
+    assert late, "a jitter of 40 ms behind a 10 ms delay must leave late records"
+    write_rows(tmp_path / "windows", [fired])
+    write_rows(tmp_path / "late", [late[1:]])  # one late record is missing
+    ver = _cli(["verify", "--input", "in", "--output", "windows", "--query", "window-count", "--window-ms", "50",
+                "--max-delay-ms", "10", "--allowed-lateness-ms", "5", "--late-output", "late", "--json"], tmp_path)
+    assert ver.returncode == 1, ver.stdout + ver.stderr
+    result = json.loads(ver.stdout)
+    assert (result["ok"], result["missing"], result["wrong"], result["expected_rows"]) == (False, 0, 0, len(fired))
+    assert (result["late"]["ok"], result["late"]["missing"]) == (False, 1)
+    assert result["late"]["examples"]["missing"][0]["row"] == list(late[0])
 
 
 def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
@@ -200,6 +328,11 @@ def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
 
     r = _cli(["verify", "--input", "missing", "--output", "out"], tmp_path)
     assert r.returncode == 2 and "no input at missing" in r.stderr, r.stderr
+    r = _cli(["verify", "--input", "missing", "--output", "out", "--query", "window-count"], tmp_path)
+    assert r.returncode == 2 and "--query window-count needs --window-ms > 0" in r.stderr, r.stderr
+    r = _cli(["verify", "--input", "missing", "--output", "out", "--query", "session-count", "--gap-ms", "5",
+              "--allowed-lateness-ms", "3"], tmp_path)
+    assert r.returncode == 2 and "--query session-count takes no --allowed-lateness-ms" in r.stderr, r.stderr
 
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "notes.txt").write_text("keep me")

@@ -30,7 +30,7 @@ def wordcount(job: Job) -> None:
         .process(Count(), parallelism=2)
         .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
 """
-WORDS, KEYS, SEED = 200_000, 200, 13
+WORDS, KEYS, SEED = 300_000, 200, 13  # long enough that no source subtask finishes before the last rescale
 CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
 CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30.0, "min_pause_s": 0,
                          "tolerable_failures": 3, "retain": 3}, **CHANNELS}

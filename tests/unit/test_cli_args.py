@@ -102,3 +102,19 @@ def test_standby_and_lease_timeout() -> None:
     args = build_parser().parse_args(["coordinator", "--standby", "--lease-timeout", "3s"])
     assert args.standby and args.lease_timeout == 3.0
     assert not build_parser().parse_args(["coordinator"]).standby
+
+
+def test_state_backend_options_go_into_the_job_config(tmp_path: Path) -> None:
+    from runtime.cli.main import _job_config
+
+    plain = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f"])
+    assert "state" not in _job_config(plain)  # the job module's default (else memory) applies
+    local = build_parser().parse_args(["local", "m:f", "--state-backend", "rocksdb", "--state-work-dir",
+                                       str(tmp_path)])
+    assert _job_config(local)["state"] == {"backend": "rocksdb", "work_dir": str(tmp_path)}
+    remote = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--state-backend", "remote",
+                                        "--state-remote-address", "localhost:6379"])
+    assert _job_config(remote)["state"] == {"backend": "remote", "remote_address": "localhost:6379"}
+    no_address = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--state-backend", "remote"])
+    with pytest.raises(ValueError, match="--state-remote-address"):
+        _job_config(no_address)

@@ -196,3 +196,46 @@ def test_a_flipped_bit_in_metadata_or_a_task_file_is_found_and_named(storage):
         f.write(bytes(data))
     with pytest.raises(CorruptCheckpoint, match="metadata is corrupt"):
         storage.read_metadata(path)
+
+
+def _metadata_with_shared(n, names):
+    backend = {"backend": "rocksdb", "checkpoint_id": n, "key_groups": [0, 128], "private_files": [],
+               "shared_files": [[f"{x}.sst", x, 1] for x in names], "store": "job"}
+    return {"checkpoint_id": n, "acks": {"1:0": {"state": {"state": "1-0.state", "backend": backend}}}}
+
+
+def test_discarding_a_checkpoint_deletes_the_shared_files_no_retained_one_references(storage):
+    """Incremental RocksDB checkpoints share SST files: retention deletes one only when its last reference
+    goes."""
+    job_dir = storage.job_dir("job")
+    shared = os.path.join(job_dir, "shared")
+    os.makedirs(shared)
+    for name in ("a", "b", "c", "d"):
+        with open(os.path.join(shared, name), "w") as f:
+            f.write(name)
+    storage.write_metadata(storage.checkpoint_dir("job", 1), _metadata_with_shared(1, ["a", "b"]))
+    storage.write_metadata(storage.checkpoint_dir("job", 2), _metadata_with_shared(2, ["b", "c"]))
+    storage.checkpoint_dir("job", 3)  # in progress, no _metadata: its files ("d") are nobody's to delete yet
+    storage.discard(os.path.join(job_dir, "chk-1"))
+    assert sorted(os.listdir(shared)) == ["b", "c", "d"]
+    storage.discard(os.path.join(job_dir, "chk-2"))
+    assert sorted(os.listdir(shared)) == ["d"]
+
+
+def test_verify_finds_a_missing_or_truncated_shared_state_file(storage):
+    job_dir = storage.job_dir("job")
+    os.makedirs(os.path.join(job_dir, "shared"))
+    with open(os.path.join(job_dir, "shared", "a"), "w") as f:
+        f.write("x")
+    path = storage.checkpoint_dir("job", 1)
+    metadata = _metadata_with_shared(1, ["a"])
+    metadata["acks"]["1:0"]["state"].pop("state")  # no operator state file in this test: only the backend's
+    storage.write_metadata(path, metadata)
+    storage.verify(path, storage.read_metadata(path))  # intact
+    with open(os.path.join(job_dir, "shared", "a"), "w") as f:
+        f.write("xy")
+    with pytest.raises(CorruptCheckpoint, match="shared state file of task 1:0 is 2 bytes, not 1"):
+        storage.verify(path, storage.read_metadata(path))
+    os.unlink(os.path.join(job_dir, "shared", "a"))
+    with pytest.raises(CorruptCheckpoint, match="is missing"):
+        storage.verify(path, storage.read_metadata(path))

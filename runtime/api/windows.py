@@ -1,0 +1,399 @@
+"""Windows on keyed streams: `stream.key_by(k).window(TumblingEventTimeWindows(60_000)).count()`.
+
+A window operator is a KeyedProcessFunction (`WindowOperator`) over the runtime's keyed state and timers, so
+windows checkpoint, restore and rescale exactly like any keyed state, with no code of their own for it. Per key
+the state holds the open windows as [start, end, accumulator] entries; a window fires from an event-time timer at
+`end - 1` (when the watermark passes the window) and its state is dropped at `end - 1 + allowed_lateness_ms`.
+
+Every firing emits one row `(key, start, end, result)` (end exclusive) with the event time `end - 1`.
+
+Lateness (event time), deterministic because watermarks are (runtime/api/time.py): a record is dropped from a
+window w when `w.end - 1 + allowed_lateness_ms <= current watermark` at the time it arrives; dropped from all its
+windows, it goes to the side output `LATE_DATA` (`windowed_stream.side_output(LATE_DATA)`). A record added to a
+window the watermark has already passed (within the allowed lateness) fires that window again at once with the
+updated result, as Flink's event-time trigger does. A session record is late when the session it would open,
+[ts, ts + gap), is late; it is then not merged into an older session either.
+
+State values are immutable by contract (a snapshot copies tables, not values), so every change builds new lists;
+`process` windows keep their elements in chunks so that adding one copies at most one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runtime.api.functions import KeyedProcessFunction, OutputTag
+from runtime.api.state import AggregateFunction
+
+if TYPE_CHECKING:
+    from runtime.api.stream import DataStream, KeyedStream
+
+LATE_DATA = OutputTag("late-data")
+"""The side output of a window operator that receives the records too late for all their windows."""
+
+_WINDOWS = "windows"  # the keyed-state table of a window operator (its own node: no user state beside it)
+_CHUNK = 256  # elements per chunk of a `process` window
+
+
+@dataclass(frozen=True)
+class Window:
+    """[start, end) in milliseconds; `max_timestamp` (end - 1) is when it fires."""
+
+    start: int
+    end: int
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.end - 1
+
+
+class WindowAssigner:
+    """Which windows a record with timestamp `ts` belongs to."""
+
+    event_time: bool = True
+    merging: bool = False
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+
+def _positive(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer of milliseconds, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TumblingEventTimeWindows(WindowAssigner):
+    """Windows of `size_ms` back to back: [offset + n*size, offset + (n+1)*size)."""
+
+    size_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("size_ms", self.size_ms)
+        if not isinstance(self.offset_ms, int) or not 0 <= self.offset_ms < self.size_ms:
+            raise ValueError(f"offset_ms must be an integer in [0, size_ms), got {self.offset_ms!r}")
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        start = ts - (ts - self.offset_ms) % self.size_ms
+        return [(start, start + self.size_ms)]
+
+
+@dataclass(frozen=True)
+class SlidingEventTimeWindows(WindowAssigner):
+    """Windows of `size_ms` starting every `slide_ms`: a record is in about size/slide of them."""
+
+    size_ms: int
+    slide_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("size_ms", self.size_ms)
+        _positive("slide_ms", self.slide_ms)
+        if not isinstance(self.offset_ms, int) or not 0 <= self.offset_ms < self.slide_ms:
+            raise ValueError(f"offset_ms must be an integer in [0, slide_ms), got {self.offset_ms!r}")
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        last = ts - (ts - self.offset_ms) % self.slide_ms
+        out = []
+        start = last
+        while start > ts - self.size_ms:
+            out.append((start, start + self.size_ms))
+            start -= self.slide_ms
+        out.reverse()  # oldest first: the order they fire in
+        return out
+
+
+@dataclass(frozen=True)
+class EventTimeSessionWindows(WindowAssigner):
+    """A session per key: records closer than `gap_ms` to each other are in one window [first, last + gap)."""
+
+    gap_ms: int
+    merging = True
+
+    def __post_init__(self) -> None:
+        _positive("gap_ms", self.gap_ms)
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        return [(ts, ts + self.gap_ms)]
+
+
+@dataclass(frozen=True)
+class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
+    """Tumbling windows on the wall clock of the operator (not repeatable after a failure, by nature)."""
+
+    event_time = False
+
+
+@dataclass(frozen=True)
+class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
+    """Sliding windows on the wall clock of the operator."""
+
+    event_time = False
+
+
+@dataclass(frozen=True)
+class ProcessingTimeSessionWindows(EventTimeSessionWindows):
+    """Sessions on the wall clock of the operator."""
+
+    event_time = False
+
+
+class CountAggregate(AggregateFunction[Any, int, int]):
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: Any, accumulator: int) -> int:
+        return accumulator + 1
+
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+
+# -- how a window's contents grow: one small strategy object per kind of window function -----------------------
+
+
+class _Contents:
+    def first(self, record: Any) -> Any:
+        raise NotImplementedError
+
+    def add(self, acc: Any, record: Any) -> Any:
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def result(self, key: Any, window: Window, acc: Any) -> Any:
+        raise NotImplementedError
+
+
+class _Reduced(_Contents):
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    def first(self, record: Any) -> Any:
+        return record
+
+    def add(self, acc: Any, record: Any) -> Any:
+        return self.fn(acc, record)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return self.fn(a, b)
+
+    def result(self, key: Any, window: Window, acc: Any) -> Any:
+        return acc
+
+
+class _Aggregated(_Contents):
+    def __init__(self, agg: AggregateFunction) -> None:
+        self.agg = agg
+
+    def first(self, record: Any) -> Any:
+        return self.agg.add(record, self.agg.create_accumulator())
+
+    def add(self, acc: Any, record: Any) -> Any:
+        return self.agg.add(record, acc)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return self.agg.merge(a, b)
+
+    def result(self, key: Any, window: Window, acc: Any) -> Any:
+        return self.agg.get_result(acc)
+
+
+class _Elements(_Contents):
+    """All elements, as a list of chunks of at most _CHUNK (so adding one copies one chunk, not all)."""
+
+    def __init__(self, fn: Callable[[Any, Window, list[Any]], Any]) -> None:
+        self.fn = fn
+
+    def first(self, record: Any) -> Any:
+        return [[record]]
+
+    def add(self, acc: Any, record: Any) -> Any:
+        last = acc[-1]
+        if len(last) < _CHUNK:
+            return [*acc[:-1], [*last, record]]
+        return [*acc, [record]]
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return [*a, *b]
+
+    def result(self, key: Any, window: Window, acc: Any) -> Any:
+        return self.fn(key, window, [r for chunk in acc for r in chunk])
+
+
+class WindowOperator(KeyedProcessFunction):
+    """Assigns records to windows, keeps their contents in keyed state and fires them from timers."""
+
+    def __init__(self, assigner: WindowAssigner, contents: _Contents, allowed_lateness_ms: int = 0) -> None:
+        if not isinstance(assigner, WindowAssigner):
+            raise ValueError(f"{assigner!r} is not a window assigner (e.g. TumblingEventTimeWindows(60_000))")
+        if not isinstance(allowed_lateness_ms, int) or allowed_lateness_ms < 0:
+            raise ValueError(f"allowed_lateness_ms must be an integer >= 0, got {allowed_lateness_ms!r}")
+        if not assigner.event_time and allowed_lateness_ms:
+            raise ValueError("allowed_lateness_ms applies to event-time windows only")
+        self.assigner = assigner
+        self.contents = contents
+        self.lateness = allowed_lateness_ms
+
+    def open(self, ctx: Any) -> None:
+        self.windows = ctx.value_state(_WINDOWS, default=())
+
+    # -- records --------------------------------------------------------------------------
+
+    def process(self, record: Any, ctx: Any) -> None:
+        event_time = self.assigner.event_time
+        if event_time:
+            ts = ctx.timestamp
+            if ts is None:
+                raise ValueError("event-time windows need a source with watermarks= (runtime/api/time.py)")
+            watermark = ctx.current_watermark
+        else:
+            ts = ctx.timers.current_processing_time()
+            watermark = ts - 1  # nothing is late on the wall clock; a window is due once its end has passed
+        entries = list(self.windows.value())
+        if self.assigner.merging:
+            added = self._add_to_session(entries, record, ts, watermark, ctx)
+        else:
+            added = self._add_to_windows(entries, record, ts, watermark, ctx)
+        if added:
+            self.windows.update(entries)
+        elif event_time:
+            ctx.output(LATE_DATA, record)
+
+    def _is_late(self, end: int, watermark: int) -> bool:
+        return self.assigner.event_time and end - 1 + self.lateness <= watermark
+
+    def _add_to_windows(self, entries: list[list[Any]], record: Any, ts: int, watermark: int, ctx: Any) -> bool:
+        added = False
+        contents = self.contents
+        for start, end in self.assigner.assign(ts):
+            if self._is_late(end, watermark):
+                continue
+            added = True
+            for i, (s, e, acc) in enumerate(entries):
+                if s == start and e == end:
+                    entries[i] = [s, e, contents.add(acc, record)]
+                    break
+            else:
+                entries.append([start, end, contents.first(record)])
+                self._register(ctx, end, watermark)
+            if end - 1 <= watermark:  # the watermark passed it already: fire again with this record (late firing)
+                self._emit(ctx, start, end, next(acc for s, e, acc in entries if s == start and e == end))
+        return added
+
+    def _add_to_session(self, entries: list[list[Any]], record: Any, ts: int, watermark: int, ctx: Any) -> bool:
+        ((start, end),) = self.assigner.assign(ts)
+        if self._is_late(end, watermark):
+            return False
+        contents = self.contents
+        acc = contents.first(record)
+        merged_away = []
+        keep = []
+        for entry in entries:
+            s, e, other = entry
+            if s < end and start < e:  # overlaps: merge (older contents first)
+                acc = contents.merge(other, acc) if s <= start else contents.merge(acc, other)
+                start, end = min(start, s), max(end, e)
+                merged_away.append(e)
+            else:
+                keep.append(entry)
+        keep.append([start, end, acc])
+        # a timer is (key, timestamp): drop the merged windows' timers unless a remaining window shares one
+        needed = {t for _, e, _ in keep for t in self._timer_times(e)}
+        for e in merged_away:
+            for t in self._timer_times(e):
+                if t not in needed:
+                    self._delete_timer(ctx, t)
+        keep.sort(key=lambda entry: entry[0])
+        entries[:] = keep
+        self._register(ctx, end, watermark)
+        if end - 1 <= watermark:
+            self._emit(ctx, start, end, acc)
+        return True
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def _register(self, ctx: Any, end: int, watermark: int) -> None:
+        timers = ctx.timers
+        if not self.assigner.event_time:
+            timers.register_processing_time(end - 1)
+            return
+        if end - 1 > watermark:
+            timers.register_event_time(end - 1)  # fire
+        if self.lateness:
+            timers.register_event_time(end - 1 + self.lateness)  # clean up
+
+    def _timer_times(self, end: int) -> tuple[int, ...]:
+        if self.lateness:
+            return end - 1, end - 1 + self.lateness
+        return (end - 1,)
+
+    def _delete_timer(self, ctx: Any, ts: int) -> None:
+        if self.assigner.event_time:
+            ctx.timers.delete_event_time(ts)
+        else:
+            ctx.timers.delete_processing_time(ts)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        entries = self.windows.value()
+        if not entries:
+            return
+        lateness = self.lateness if self.assigner.event_time else 0
+        for start, end, acc in entries:
+            if end - 1 == timestamp:
+                self._emit(ctx, start, end, acc)
+        kept = [entry for entry in entries if entry[1] - 1 + lateness > timestamp]
+        if len(kept) != len(entries):
+            if kept:
+                self.windows.update(kept)
+            else:
+                self.windows.clear()
+
+    def _emit(self, ctx: Any, start: int, end: int, acc: Any) -> None:
+        key = ctx.current_key
+        ctx.emit((key, start, end, self.contents.result(key, Window(start, end), acc)))
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; finish it with `reduce`, `aggregate`, `count` or `process`."""
+
+    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner, allowed_lateness_ms: int) -> None:
+        self._keyed = keyed
+        self._assigner = assigner
+        self._lateness = allowed_lateness_ms
+        WindowOperator(assigner, _Reduced(lambda a, b: a), allowed_lateness_ms)  # check the arguments now
+
+    def _finish(self, contents: _Contents, parallelism: int | None, name: str | None, default: str) -> DataStream:
+        operator = WindowOperator(self._assigner, contents, self._lateness)
+        return self._keyed.process(operator, parallelism=parallelism, name=name or default)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], *, parallelism: int | None = None,
+               name: str | None = None) -> DataStream:
+        """result = fn(...fn(fn(r1, r2), r3)..., rn) over the window's records, computed as they arrive."""
+        return self._finish(_Reduced(fn), parallelism, name, "window-reduce")
+
+    def aggregate(self, agg: AggregateFunction, *, parallelism: int | None = None,
+                  name: str | None = None) -> DataStream:
+        """result = agg.get_result(accumulator), the accumulator built with agg.add as records arrive."""
+        if not isinstance(agg, AggregateFunction):
+            raise ValueError(f"{agg!r} is not an AggregateFunction")
+        return self._finish(_Aggregated(agg), parallelism, name, f"window-{type(agg).__name__}")
+
+    def count(self, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        """result = the number of records in the window."""
+        return self._finish(_Aggregated(CountAggregate()), parallelism, name, "window-count")
+
+    def process(self, fn: Callable[[Any, Window, list[Any]], Any], *, parallelism: int | None = None,
+                name: str | None = None) -> DataStream:
+        """result = fn(key, window, records): all the window's records at once (kept in state until it fires)."""
+        if not callable(fn):
+            raise ValueError(f"{fn!r} is not callable as fn(key, window, records)")
+        return self._finish(_Elements(fn), parallelism, name, "window-process")

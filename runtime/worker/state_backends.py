@@ -1,0 +1,81 @@
+"""Which state backend each task of a job runs on, and filling it from a checkpoint before the task starts.
+
+The job's backend is `--state-backend` from the job configuration ("state" in the plan), else the job
+module's `Job.state_backend`, else memory. Only tasks with a keyed operator get a backend object; on the
+memory backend none does (keyed state stays in dicts: the fast path). Restoring a backend reads files
+(RocksDB: downloads SST files), so it runs in a thread while the worker deploys.
+
+A checkpoint taken on one backend restores on another: memory -> rocksdb loads the restored dict tables into
+the backend as the task starts (Chain.restore_state writes through its tables), rocksdb -> memory opens
+the snapshot in a scratch RocksDB instance and reads it out into dict tables here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from typing import Any
+
+from runtime.api import Job
+from runtime.checkpointing import backend_snapshots
+from runtime.execution.task import RestoredState
+from runtime.graph.partitioning import key_group_range
+from runtime.graph.plan import Plan, Vertex
+from runtime.state.backend import StateBackend, StateBackendError
+from runtime.state.registry import DEFAULT, MEMORY, ROCKSDB, check_kind, make_backend
+
+
+def backend_kind(plan: Plan, job: Job) -> str:
+    return check_kind(str((plan.config.get("state") or {}).get("backend") or job.state_backend or DEFAULT))
+
+
+def has_keyed_state(vertex: Vertex, job: Job) -> bool:
+    return any(job.nodes[n].key_fn is not None for n in vertex.nodes)
+
+
+def backend_for(plan: Plan, vertex: Vertex, subtask: int, job: Job) -> StateBackend | None:
+    """A fresh backend for one task's key groups, or None for the dict tables of the memory backend."""
+    kind = backend_kind(plan, job)
+    if kind == MEMORY or not has_keyed_state(vertex, job):
+        return None
+    return _make(kind, key_group_range(job.max_parallelism, vertex.parallelism, subtask), plan,
+                 f"{vertex.id}-{subtask}")
+
+
+def _make(kind: str, groups: range, plan: Plan, label: str) -> StateBackend:
+    config = plan.config.get("state") or {}
+    base = str(config.get("work_dir") or tempfile.gettempdir())
+    work_dir = os.path.join(base, f"sluice-state-{plan.job_id}-{plan.attempt}-{label}-{uuid.uuid4().hex[:8]}")
+    options: dict[str, Any] = {**(config.get("options") or {}), "remote_address": config.get("remote_address"),
+                               "job_id": plan.job_id}
+    return make_backend(kind, groups, work_dir=work_dir, options=options)
+
+
+def restore_backend(backend: StateBackend | None, restored: RestoredState | None, plan: Plan, vertex: Vertex,
+                    subtask: int, job: Job) -> None:
+    """Fill the task's backend from the checkpoint's handles (blocking: run it in a thread)."""
+    if restored is None or not restored.backend:
+        return
+    path = str(plan.config["restore"]["path"])
+    if backend is not None:
+        backend_snapshots.restore(backend, restored.backend, path)
+        restored.backend = None
+        return
+    # the job runs on the memory backend now: read the snapshot out into the dict tables
+    kinds = {str(h.get("backend")) for h in restored.backend}
+    if kinds != {ROCKSDB}:
+        raise StateBackendError(f"the checkpoint holds {'/'.join(sorted(kinds))} state; restore it with "
+                                f"--state-backend {'/'.join(sorted(kinds))}")
+    groups = key_group_range(job.max_parallelism, vertex.parallelism, subtask)
+    scratch = _make(ROCKSDB, groups, plan, f"{vertex.id}-{subtask}-import")
+    try:
+        backend_snapshots.restore(scratch, restored.backend, path)
+        keyed = restored.keyed if restored.keyed is not None else {}
+        for name, _, key, value in scratch.scan(groups):
+            node, _, state = name.partition("/")
+            keyed.setdefault(int(node), {}).setdefault(state, {})[key] = value
+        restored.keyed = keyed
+        restored.backend = None
+    finally:
+        scratch.close()

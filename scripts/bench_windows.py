@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""Window benchmark: throughput of windowed counts against the keyed count, on the same event-time input.
+
+Jobs (runtime/examples/windowcount.py, on a fresh local cluster of a coordinator and 2 workers with 2 slots
+each, per run): GeneratorSource (parallelism 2, 1000 keys, watermarks with max_delay = --jitter-ms,
+granularity 10 ms) -> key_by -> one of
+- keyed: the event-time keyed count (a KeyedProcessFunction with one value state), the baseline;
+- tumbling: TumblingEventTimeWindows(10 s).count() (event time advances 1 ms per record: with 1000 keys about
+  ten records per window, so a tenth as many rows out as the keyed count);
+- sliding: SlidingEventTimeWindows(60 s, 10 s).count(): every record is in six windows;
+each into a chained DiscardSink, parallelism 2. The jobs run alternating, --repeat times each.
+
+Records/s = records / job wall time, the wall time from the task statistics (the longest task's busy + idle +
+backpressured time), as scripts/bench_throughput.py measures it. Ratios are windowed / keyed medians.
+
+    .venv/bin/python scripts/bench_windows.py --records 2000000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster  # noqa: E402
+
+JOBS = {"keyed": "runtime.examples.windowcount:build_bench_keyed",
+        "tumbling": "runtime.examples.windowcount:build_bench_tumbling",
+        "sliding": "runtime.examples.windowcount:build_bench_sliding"}
+
+
+async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str, Any]:
+    await cluster.wait_workers()
+    summary = await run_job_on_cluster(cluster, entry, config={}, name="bench-windows", progress=None,
+                                       timeout_s=timeout_s)
+    if summary["state"] != "FINISHED":
+        raise RuntimeError(f"{entry} ended {summary['state']}: {summary.get('error', '')}")
+    deadline = time.monotonic() + 10.0  # final task statistics arrive with the last heartbeats
+    while not (len(summary["tasks"]) == summary["tasks_total"]
+               and all(t["state"] == "finished" for t in summary["tasks"])):
+        if time.monotonic() > deadline:
+            raise RuntimeError("final task statistics did not arrive within 10 s")
+        await asyncio.sleep(0.2)
+        summary = await cluster.call("status", {"job_id": summary["job_id"]})
+    wall_s = max(t["busy_s"] + t["idle_s"] + t["backpressured_s"] for t in summary["tasks"])
+    out = sum(t["records_out"] for t in summary["tasks"] if "Discard" in t["name"])
+    return {"wall_s": wall_s, "rows_out": out}
+
+
+def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float) -> dict[str, Any]:
+    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
+    os.environ["SLUICE_BENCH_JITTER_MS"] = str(jitter_ms)
+    log_dir = tempfile.mkdtemp(prefix="sluice-bench-windows-")
+    cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
+    try:
+        cluster.start()
+        result = asyncio.run(_run(cluster, entry, timeout_s))
+    except BaseException as exc:
+        exc.add_note(f"cluster logs kept in {log_dir}")
+        raise
+    finally:
+        cluster.stop()
+    shutil.rmtree(log_dir, ignore_errors=True)
+    result["records_per_s"] = records / result["wall_s"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2_000_000, help="records per run (default 2,000,000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each job, alternating (default 3)")
+    parser.add_argument("--jitter-ms", type=int, default=0, help="out-of-order event times (default 0)")
+    parser.add_argument("--jobs", default=",".join(JOBS), help=f"which jobs (default {','.join(JOBS)})")
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up on a job after this many s")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    args = parser.parse_args(argv)
+    names = args.jobs.split(",")
+    unknown = [n for n in names if n not in JOBS]
+    if unknown:
+        parser.error(f"unknown --jobs {unknown}; known: {', '.join(JOBS)}")
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for _ in range(args.repeat):
+        for name in names:
+            r = run_one(JOBS[name], args.records, args.jitter_ms, args.timeout)
+            runs[name].append(r)
+            if not args.json:
+                print(f"{name:>9}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s, "
+                      f"{r['rows_out']:,} rows out)", flush=True)
+    medians = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
+    if args.json:
+        print(json.dumps({"benchmark": "windows", "records": args.records, "jitter_ms": args.jitter_ms,
+                          "runs": runs, "median_records_per_s": medians}, indent=2))
+        return 0
+    base = medians.get("keyed")
+    for name, m in medians.items():
+        ratio = f"  {m / base:.2f}x the keyed count" if base and name != "keyed" else ""
+        print(f"median {name:>9}: {m:>10,.0f} records/s{ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

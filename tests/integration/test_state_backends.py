@@ -1,0 +1,214 @@
+"""Keyed state on RocksDB on a real cluster: kill -9 under unaligned checkpoints, rescaling a running job, and
+state five times larger than the worker's memory limit. Every job must commit each count exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import pytest
+
+from runtime.cli.processes import Managed, start_process
+from runtime.graph.enums import JobState
+from runtime.state.rocksdb import available
+from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, write_module
+from tests.integration.test_failover import (
+    WORKER_ARGS,
+    assert_exact_output,
+    assert_recovered,
+    install,
+    sink_placement,
+    start,
+    wait_first_checkpoint,
+    worker_id_of,
+)
+from tests.integration.test_rescale_running import CONFIG as RESCALE_CONFIG
+from tests.integration.test_rescale_running import KEYS, SEED, WORDS, rescale, wait_backpressured
+from tests.integration.test_rescale_running import submit as submit_running
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not available(), reason="the rocksdb extra (rocksdict) is not installed")]
+
+
+def rocksdb(cluster: Cluster) -> dict[str, Any]:
+    return {"state": {"backend": "rocksdb", "work_dir": str(cluster.tmp_path / "local-state")}}
+
+
+def checkpoint_metadata(cluster: Cluster, job_id: str) -> list[dict[str, Any]]:
+    job_dir = cluster.tmp_path / "state" / "checkpoints" / job_id
+    return [json.loads((d / "_metadata").read_text()) for d in sorted(job_dir.glob("chk-*"))
+            if (d / "_metadata").exists()]
+
+
+def backend_handles(metadata: dict[str, Any]) -> list[dict[str, Any]]:
+    return [ack["state"]["backend"] for ack in metadata["acks"].values() if (ack.get("state") or {}).get("backend")]
+
+
+def assert_shared_files_are_those_referenced(cluster: Cluster, job_id: str) -> None:
+    """Retention deleted every shared file no retained checkpoint references, and none that one does."""
+    job_dir = cluster.tmp_path / "state" / "checkpoints" / job_id
+    referenced = {f[1] for m in checkpoint_metadata(cluster, job_id) for h in backend_handles(m)
+                  for f in h["shared_files"]}
+    present = set(os.listdir(job_dir / "shared"))
+    assert referenced <= present, sorted(referenced - present)[:5]
+    # files of a checkpoint still in flight at the end (or aborted) may remain; none of a discarded one
+    in_progress = [d for d in job_dir.glob("chk-*") if not (d / "_metadata").exists()]
+    if not in_progress:
+        assert present == referenced, sorted(present - referenced)[:5]
+
+
+# -- kill -9 of a worker ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_rocksdb_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster: Cluster) -> None:
+    setup = install(cluster, words=120_000)
+    start(cluster)
+    config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
+              "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3},
+              "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}, **rocksdb(cluster)}
+    job_id = cluster.submit("failjobs:wordcount", config)
+    st = wait_first_checkpoint(setup, job_id)
+    killed_after = st["last_checkpoint"]["checkpoint_id"]
+    victim_id = sink_placement(st)[0]  # hosts a Count subtask (chained with its sink): its RocksDB dies with it
+    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
+    st = setup.wait_finished(job_id)
+    assert_recovered(st, 1)
+    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
+    assert_exact_output(setup)
+
+    retained = checkpoint_metadata(cluster, job_id)
+    assert retained, "no retained checkpoint"
+    for metadata in retained:
+        handles = backend_handles(metadata)
+        assert len(handles) == 2 and all(h["backend"] == "rocksdb" for h in handles), metadata["acks"]
+        # timers stay in the operator state file, keyed state does not: the state files are small
+        for ack in metadata["acks"].values():
+            figures = ack["figures"]
+            if "backend_sync_s" in figures:
+                assert figures["backend_sync_s"] < 1.0, figures
+    assert_shared_files_are_those_referenced(cluster, job_id)
+
+
+# -- rescaling -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_running_job_on_rocksdb_rescaled_2_3_1_gives_exact_output(running_cluster: Cluster) -> None:
+    cluster = running_cluster
+    job_id, out = submit_running(cluster, {**RESCALE_CONFIG, **rocksdb(cluster)})
+    for before, after in ((2, 3), (3, 1)):
+        wait_backpressured(cluster, job_id, 2 * before)
+        rescale(cluster, job_id, after)
+        handles = backend_handles(checkpoint_metadata(cluster, job_id)[-1])
+        assert handles and all(h["backend"] == "rocksdb" for h in handles), handles
+    final = cluster.wait_job(job_id, timeout_s=240)
+    assert final["state"] == JobState.FINISHED, final
+    assert final["attempt"] == 2 and final["restarts"] == 0, final
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
+
+
+# -- state larger than memory ----------------------------------------------------------------------------------
+
+# Each record rewrites its key's 64 KiB blob of random (incompressible) bytes after checking that the blob read
+# back is the one written for the previous count: the output is the running count per key (exact), and a
+# wrong or lost read fails the job.
+BIG_JOB = '''
+import random
+
+from runtime.api import FileSink, GeneratorSource, Job, KeyedProcessFunction
+
+VALUE_BYTES = {value_bytes}
+_noise = random.Random().randbytes
+
+
+def blob(key, n):
+    head = f"{{key}}:{{n}}:".encode()
+    return head + _noise(VALUE_BYTES - len(head))
+
+
+class BigCount(KeyedProcessFunction):
+    def open(self, ctx):
+        self.count = ctx.value_state("count", default=0)
+        self.blob = ctx.value_state("blob")
+
+    def process(self, record, ctx):
+        key = record[0]
+        n = self.count.value()
+        stored = self.blob.value()
+        expected = f"{{key}}:{{n}}:".encode()
+        if (n == 0) != (stored is None) or (stored is not None and not stored.startswith(expected)):
+            raise RuntimeError(f"state of {{key!r}} is wrong: count {{n}}, blob {{stored[:40] if stored else None!r}}")
+        self.count.update(n + 1)
+        self.blob.update(blob(key, n + 1))
+        ctx.emit((key, n + 1))
+
+
+def build(job: Job) -> None:
+    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=1)
+        .key_by(lambda r: r[0])
+        .process(BigCount(), parallelism=1)
+        .sink(FileSink({out!r})))
+'''
+LIMIT_BYTES = 200 << 20  # the worker's RLIMIT_DATA: its heap and private mappings (thread stacks included)
+VALUE_BYTES = 64 * 1024
+BIG_KEYS, BIG_WORDS, BIG_SEED = 21_500, 32_000, 5
+# RLIMIT_AS would count the whole address space, hundreds of MiB of reservations (thread stacks, allocator
+# arenas) before any state; RLIMIT_DATA with small thread stacks bounds what the worker can really allocate
+LIMITED = ("import os, resource, sys; "
+           "resource.setrlimit(resource.RLIMIT_DATA, ({limit}, {limit})); "
+           "resource.setrlimit(resource.RLIMIT_STACK, (2 << 20, 2 << 20)); "
+           "os.environ['MALLOC_ARENA_MAX'] = '2'; "
+           "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def start_limited_worker(cluster: Cluster, worker_id: str) -> Managed:
+    """A worker under RLIMIT_DATA, started like LocalCluster starts workers and reaped with them."""
+    assert cluster.coordinator is not None
+    prefix = [sys.executable, "-c", LIMITED.format(limit=LIMIT_BYTES)]
+    worker = start_process("worker", ["--coordinator", cluster.coordinator.fields["rpc"], "--slots", "2",
+                                      "--data-port", "0", "--metrics-port", "0", "--id", worker_id],
+                           env=cluster.env, cwd=str(cluster.tmp_path),
+                           log_path=str(cluster.log_dir / f"{worker_id}.log"), prefix=prefix)
+    cluster.local.worker_procs.append(worker)
+    return worker
+
+
+@pytest.mark.timeout(600)
+def test_state_five_times_the_workers_memory_limit_finishes_exactly(cluster: Cluster) -> None:
+    if not hasattr(os, "fork") or sys.platform != "linux":
+        pytest.skip("RLIMIT_DATA bounds private mappings on Linux only")
+    counts = generator_counts(BIG_WORDS, BIG_KEYS, BIG_SEED)
+    live_state = len(counts) * VALUE_BYTES
+    assert live_state >= 5 * LIMIT_BYTES, (live_state, LIMIT_BYTES)  # the input makes the state 5x the limit
+
+    out = cluster.tmp_path / "out"
+    write_module(cluster.tmp_path, "bigstate", BIG_JOB.format(value_bytes=VALUE_BYTES, words=BIG_WORDS,
+                                                               keys=BIG_KEYS, seed=BIG_SEED, out=str(out)))
+    cluster.start_coordinator()
+    worker = start_limited_worker(cluster, "small-worker")
+    cluster.wait_workers(1)
+    config = {"checkpoint": {"interval_s": 2.0, "mode": "unaligned", "timeout_s": 120, "tolerable_failures": 5},
+              "restart": {"kind": "none"}, **rocksdb(cluster)}
+    job_id = cluster.submit("bigstate:build", config)
+    final = cluster.wait_job(job_id, timeout_s=400)
+    log = cluster.log("small-worker")[-3000:]
+    assert final["state"] == JobState.FINISHED and final["restarts"] == 0, (final, log)
+    assert worker.proc.poll() is None, log  # the worker lived through it, under its limit
+    assert_running_counts(out, counts)
+    # what a checkpoint held: RocksDB's files for state well over the limit (the last checkpoint saw it all)
+    sizes = [h["total_bytes"] for m in checkpoint_metadata(cluster, job_id) for h in backend_handles(m)]
+    assert sizes and max(sizes) >= 5 * LIMIT_BYTES, (sizes, LIMIT_BYTES)
+
+
+def test_the_input_of_the_big_state_test_is_what_it_claims() -> None:
+    """Cheap guard on the arithmetic above: the keys that occur times the blob size."""
+    counts = generator_counts(BIG_WORDS, BIG_KEYS, BIG_SEED)
+    assert sum(counts.values()) == BIG_WORDS
+    assert len(counts) * VALUE_BYTES >= 5 * LIMIT_BYTES

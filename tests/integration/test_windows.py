@@ -1,0 +1,114 @@
+"""Windows on a real cluster, exact across kill -9 under unaligned checkpoints and backpressure.
+
+A tumbling event-time count with allowed lateness over out-of-order input, its late records on a side output
+with a sink of their own. One source subtask feeds both window subtasks over a hash edge, so each window subtask
+has one input channel and the output is a pure function of the input (tests/unit/test_windows.py window_model
+computes it from the records and the watermarks the pure generator emits). A worker running a window subtask is
+killed with SIGKILL after a checkpoint completed while a slow sink keeps the channels full: the restored window
+state, timers and watermark must give the same windows, late firings and late records as a run without failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from runtime.api import BoundedOutOfOrderness, TumblingEventTimeWindows
+from runtime.connectors.generator import BLOCK, generate_block, key_names
+from runtime.execution.watermarks import WatermarkGenerator
+from tests.integration.conftest import Cluster, poll, write_module
+from tests.integration.test_event_time import committed_rows, jittered, logs
+from tests.unit.test_windows import window_model
+
+pytestmark = pytest.mark.integration
+
+WORDS, KEYS, SEED = 30_000, 40, 5
+MAX_DELAY_MS, GRANULARITY_MS, WINDOW_MS, LATENESS_MS = 150, 10, 500, 100
+
+JOB = '''
+from runtime.api import LATE_DATA, BoundedOutOfOrderness, FileSink, GeneratorSource, Job, TumblingEventTimeWindows
+
+WORDS, KEYS, SEED = {words}, {keys}, {seed}
+
+
+def jittered(record):
+    return record[2] + (record[1] * 7919) % 400  # out of order by up to 400 ms, deterministically
+
+
+def build(job: Job) -> None:
+    watermarks = BoundedOutOfOrderness(max_delay_ms={delay}, timestamp=jittered, granularity_ms={granularity})
+    counts = (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=1, watermarks=watermarks)
+              .key_by(lambda r: r[0])
+              .window(TumblingEventTimeWindows({window}), allowed_lateness_ms={lateness})
+              .count(parallelism=2))
+    counts.sink(FileSink({out!r}, delay_per_record_s={sink_delay}), parallelism=2)
+    counts.side_output(LATE_DATA).sink(FileSink({late!r}), parallelism=1, name="late-sink")
+'''
+
+
+def expected_windows() -> tuple[Counter[str], Counter[str]]:
+    gen = WatermarkGenerator(BoundedOutOfOrderness(MAX_DELAY_MS, jittered, granularity_ms=GRANULARITY_MS))
+    names = key_names(KEYS)
+    events: list[tuple[Any, ...]] = []
+    for block in range(-(-WORDS // BLOCK)):
+        for record in generate_block(block, seed=SEED, keys=names, cum_weights=None, count=WORDS):
+            ts = jittered(record)
+            events.append(("r", record[0], ts, list(record)))
+            w = gen.on_timestamp(ts)
+            if w is not None:
+                events.append(("w", w))
+    rows, late = window_model(events, TumblingEventTimeWindows(WINDOW_MS), LATENESS_MS)
+    assert len(late) > WORDS // 50, "the input must have late records for the test to mean anything"
+    assert sum(rows.values()) > len({r[:3] for r in rows}), "and late firings"
+
+    def line(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    return (Counter({line(list(r)): n for r, n in rows.items()}), Counter(line(r) for r in late))
+
+
+def test_windows_late_firings_and_late_records_are_exact_across_kill_9(cluster: Cluster) -> None:
+    out, late = cluster.tmp_path / "out", cluster.tmp_path / "late"
+    write_module(cluster.tmp_path, "winjob", JOB.format(
+        out=str(out), late=str(late), words=WORDS, keys=KEYS, seed=SEED, delay=MAX_DELAY_MS,
+        granularity=GRANULARITY_MS, window=WINDOW_MS, lateness=LATENESS_MS, sink_delay=0.002))
+    expected_rows, expected_late = expected_windows()
+    cluster.start_coordinator()
+    for i in range(3):
+        cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=f"worker-{i + 1}")
+    cluster.wait_workers(3)
+    job_id = cluster.submit("winjob:build", {
+        "buffer_bytes": 4 * 1024, "buffers_per_channel": 4,
+        "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
+        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})
+
+    found: dict[str, Any] = {}
+
+    def checkpointed_with_inflight_data() -> bool:
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
+        found.update(st)
+        history = cluster.call("checkpoints", {"job_id": job_id})["history"]
+        return any(h["status"] == "COMPLETED" and h["inflight_bytes"] > 0 for h in history)
+
+    poll(checkpointed_with_inflight_data, 90, "a completed checkpoint holding in-flight data")
+    victim = next(t["worker"] for t in found["tasks"] if "window-count" in t["name"])
+    proc = next(w for w in cluster.workers if str(w.fields["id"]) == victim)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.proc.wait(timeout=10)
+    cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=victim)
+
+    st = cluster.wait_job(job_id, 300)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert st["restarts"] >= 1, st
+    poll(lambda: not committed_rows(out)[1] and not committed_rows(late)[1], 15, "the final commits")
+    for name, expected, directory in (("window rows", expected_rows, out), ("late records", expected_late, late)):
+        rows, _ = committed_rows(directory)
+        missing, extra = expected - rows, rows - expected
+        assert not missing and not extra, (f"{name}: {sum(missing.values())} missing, e.g. {list(missing)[:5]}; "
+                                           f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")

@@ -1,0 +1,58 @@
+"""GeneratorSource's out-of-order event times (jitter_ms): bounded, deterministic, and nothing changes at 0."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.connectors.generator import BLOCK, EVENT_TIME_START_MS, GeneratorSource, generate_block, key_names
+
+
+def read_all(source: GeneratorSource, subtask: int = 0, parallelism: int = 1) -> list[tuple[str, int, int]]:
+    source.open(subtask, parallelism)
+    out: list[tuple[str, int, int]] = []
+    while (batch := source.read_batch(700)) is not None:
+        out += batch
+    return out
+
+
+def test_without_jitter_the_records_are_the_ones_from_before() -> None:
+    # The rule before jitter existed, written out: keys from the block's stream, event time = start + seq.
+    keys = key_names(20)
+    rng = random.Random(5 * 1_000_003 + 1)
+    drawn = rng.choices(keys, k=BLOCK)
+    before = [(k, BLOCK + i, EVENT_TIME_START_MS + BLOCK + i) for i, k in enumerate(drawn)]
+    assert generate_block(1, seed=5, keys=keys, cum_weights=None, count=None) == before
+    assert generate_block(1, seed=5, keys=keys, cum_weights=None, count=None, jitter_ms=0) == before
+    assert read_all(GeneratorSource(count=3000, keys=20, seed=5)) == read_all(
+        GeneratorSource(count=3000, keys=20, seed=5, jitter_ms=0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), jitter=st.integers(1, 10_000), block=st.integers(0, 50))
+def test_jitter_is_bounded_deterministic_and_leaves_keys_and_seq_alone(seed: int, jitter: int, block: int) -> None:
+    keys = key_names(7)
+    plain = generate_block(block, seed=seed, keys=keys, cum_weights=None, count=None)
+    jittered = generate_block(block, seed=seed, keys=keys, cum_weights=None, count=None, jitter_ms=jitter)
+    assert jittered == generate_block(block, seed=seed, keys=keys, cum_weights=None, count=None, jitter_ms=jitter)
+    assert [(k, s) for k, s, _ in jittered] == [(k, s) for k, s, _ in plain]
+    behind = [EVENT_TIME_START_MS + s - t for _, s, t in jittered]
+    assert all(0 <= d <= jitter for d in behind), (min(behind), max(behind))
+    assert len(set(behind)) > 1  # really out of order: 1024 draws from [0, jitter] are not all equal
+
+
+def test_jitter_reaches_both_ends_and_does_not_depend_on_parallelism() -> None:
+    one = read_all(GeneratorSource(count=5000, keys=10, seed=3, jitter_ms=3))
+    assert {EVENT_TIME_START_MS + s - t for _, s, t in one} == {0, 1, 2, 3}
+    two = [r for i in range(2) for r in read_all(GeneratorSource(count=5000, keys=10, seed=3, jitter_ms=3), i, 2)]
+    assert sorted(one) == sorted(two)
+    assert any(b[2] < a[2] for a, b in zip(one, one[1:], strict=False)), "event times must go backwards somewhere"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5])
+def test_bad_jitter_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="jitter_ms must be an integer >= 0"):
+        GeneratorSource(count=10, jitter_ms=bad)  # type: ignore[arg-type]
