@@ -127,6 +127,219 @@ async def barrier_to_snapshot(latency_s: float, keys: int, config: ControllerCon
     return taken
 
 
+# -- the real remote backend: `--remote` -------------------------------------------------------------------
+
+REMOTE_DOC = """The keyed count against the REAL remote backend (runtime/state/remote.py; the `remote` extra).
+
+A Valkey server (tests/redis_server.py: append-only file, fsync always unless --remote-appendfsync says
+otherwise) behind scripts/delay_relay.py, which adds --remote-one-way-ms each way (this kernel has no netem
+to delay a veth; see docs/BENCHMARKS.md, Remote state). Sync (two round trips per record) vs async
+(AsyncStateRunner, batched), then checkpoints vs state size: the synchronous part, the upload (manifest and
+garbage collection; the second checkpoint after --remote-updates updated entries, the same number at every
+size), the manifest's bytes, and a rescale's restore time.
+
+    .venv/bin/python scripts/bench_state.py --remote [--json]
+"""
+
+
+def remote_main() -> None:
+    """`--remote`: only this part, with its own options (the simulated parts above take theirs in main)."""
+    parser = argparse.ArgumentParser(description=REMOTE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--remote", action="store_true", required=True)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--sync-records", type=int, default=1_000)
+    parser.add_argument("--async-records", type=int, default=40_000)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--remote-one-way-ms", type=float, default=0.5,
+                        help="delay each way between the task and the server (0.5 -> 1 ms round trip)")
+    parser.add_argument("--remote-sizes", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
+    parser.add_argument("--remote-updates", type=int, default=10_000,
+                        help="entries updated between the two measured checkpoints (the same for every size)")
+    parser.add_argument("--remote-appendfsync", default="always", choices=["always", "everysec", "no"])
+    args = parser.parse_args()
+    results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "args": vars(args),
+               "remote": remote_benchmark(args)}
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print_remote(results["remote"])
+
+
+class RemoteSetUp:
+    """A Valkey server (tests/redis_server.py) and a delay relay in front of it, both stopped by PID."""
+
+    def __init__(self, root: str, one_way_ms: float, appendfsync: str) -> None:
+        import subprocess
+        from pathlib import Path
+
+        from tests.redis_server import RedisServer
+
+        self.server = RedisServer(Path(root) / "valkey", appendfsync=appendfsync)
+        self.relay = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "delay_relay.py"),
+             "--upstream", self.server.address, "--one-way-ms", str(one_way_ms)],
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.relay.stdout is not None
+        line = self.relay.stdout.readline()  # the relay prints its address once it listens
+        if not line.startswith("listening on "):
+            self.close()
+            raise RuntimeError(f"delay relay did not start: {line!r}")
+        self.address = line.split()[-1]
+
+    def round_trip_ms(self, samples: int = 200) -> float:
+        """Median of PINGs through the relay: the round trip every state request pays."""
+        import valkey
+
+        from runtime.state.remote import parse_address
+        host, port = parse_address(self.address)
+        client = valkey.Valkey(host=host, port=port)
+        client.ping()
+        times = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            client.ping()
+            times.append(time.perf_counter() - started)
+        client.close()
+        return statistics.median(times) * 1000
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.relay.poll() is None:
+            self.relay.terminate()
+            try:
+                self.relay.wait(10)
+            except subprocess.TimeoutExpired:
+                self.relay.kill()
+                self.relay.wait(10)
+        self.server.stop()
+
+
+def remote_backend(address: str, namespace: str, groups: range = ALL) -> StateBackend:
+    from runtime.state.remote import RemoteBackend
+    return RemoteBackend(groups, address=address, namespace=namespace)
+
+
+def remote_sync_run(address: str, n: int, keys: int) -> float:
+    with remote_backend(address, f"sync{os.urandom(4).hex()}") as b:
+        started = time.perf_counter()
+        for i in range(n):
+            key = f"k{i % keys}"
+            address_ = ("count", key_group(key, MAX_PAR), key)
+            value = b.get_many([address_])[0]
+            b.put_many([(*address_, (0 if value is MISSING else value) + 1)])
+        return n / (time.perf_counter() - started)
+
+
+async def remote_async_run(address: str, n: int, keys: int, config: ControllerConfig) -> tuple[float, int]:
+    with remote_backend(address, f"async{os.urandom(4).hex()}") as b:
+        out: list[Any] = []
+        runner = AsyncStateRunner(Count(), b, config, key_of=lambda r: r, emit=out.append)
+        started = time.perf_counter()
+        for i in range(n):
+            await runner.process(f"k{i % keys}")
+        await runner.finish()
+        elapsed = time.perf_counter() - started
+        await runner.aclose()
+        assert len(out) == n
+        counts = b.get_many([("count", key_group(f"k{k}", MAX_PAR), f"k{k}") for k in range(min(keys, n))])
+        assert sum(counts) == n, "every record's increment reached the server"
+        return n / elapsed, b.statistics().round_trips
+
+
+def remote_checkpoints(address: str, sizes: list[int], updates: int, value_bytes: int,
+                       root: str) -> list[dict[str, Any]]:
+    """Fill, checkpoint (its collection visits every new entry once), update `updates` entries, checkpoint again."""
+    rows = []
+    for size in sizes:
+        store = SnapshotStore(tempfile.mkdtemp(dir=root))
+        namespace = f"chk{size}{os.urandom(4).hex()}"
+        with remote_backend(address, namespace) as b:
+            fill_started = time.perf_counter()
+            for start in range(0, size, 10_000):
+                b.put_many([("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i, value_bytes))
+                            for i in range(start, min(start + 10_000, size))])
+            fill_s = time.perf_counter() - fill_started
+            first = b.begin_snapshot(1)
+            started = time.perf_counter()
+            first.upload(store)
+            upload_first_s = time.perf_counter() - started
+            step = max(1, size // updates)  # the same number of updated entries whatever the state size
+            updated = range(0, size, step)
+            for start in range(0, len(updated), 10_000):
+                b.put_many([("count", key_group(f"key-{i}", MAX_PAR), f"key-{i}", value(i + 1, value_bytes))
+                            for i in updated[start:start + 10_000]])
+            second = b.begin_snapshot(2)
+            started = time.perf_counter()
+            h2 = second.upload(store)
+            upload_second_s = time.perf_counter() - started
+            # a rescale from 1 to 2 subtasks: each restores the handle for its half of the key groups
+            started = time.perf_counter()
+            halves = [remote_backend(address, namespace, range(0, MAX_PAR // 2)),
+                      remote_backend(address, namespace, range(MAX_PAR // 2, MAX_PAR))]
+            for half in halves:
+                half.restore(store, [h2])
+            rescale_s = time.perf_counter() - started
+            probe = f"key-{size - 1}"
+            owner = next(h for h in halves if key_group(probe, MAX_PAR) in h.key_groups)
+            assert owner.get_many([("count", key_group(probe, MAX_PAR), probe)]) == [
+                value(size - 1 + (1 if size - 1 in updated else 0), value_bytes)]
+            for half in halves:
+                half.close()
+        rows.append({"entries": size, "fill_s": fill_s,
+                     "sync_ms_first": first.sync_seconds * 1000, "sync_ms_second": second.sync_seconds * 1000,
+                     "upload_ms_first": upload_first_s * 1000, "upload_ms_second": upload_second_s * 1000,
+                     "manifest_bytes": h2.uploaded_bytes, "rescale_restore_ms": rescale_s * 1000})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def remote_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    from runtime.state.remote import available as remote_available
+    if not remote_available():
+        raise SystemExit("--remote needs the remote extra (scripts/bootstrap.sh installs it)")
+    root = tempfile.mkdtemp(prefix="bench-remote-")
+    setup = RemoteSetUp(root, args.remote_one_way_ms, args.remote_appendfsync)
+    try:
+        out: dict[str, Any] = {"round_trip_ms": setup.round_trip_ms(), "appendfsync": args.remote_appendfsync,
+                               "one_way_ms": args.remote_one_way_ms, "throughput": []}
+        print(json.dumps({"remote_round_trip_ms": out["round_trip_ms"]}), file=sys.stderr)
+        sync = statistics.median(remote_sync_run(setup.address, args.sync_records, args.keys)
+                                 for _ in range(args.repeats))
+        out["throughput"].append({"mode": "sync", "records_per_s": sync})
+        for bound in args.in_flight:
+            config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, max_parallelism=MAX_PAR)
+            runs = [asyncio.run(remote_async_run(setup.address, args.async_records, args.keys, config))
+                    for _ in range(args.repeats)]
+            rate = statistics.median(r[0] for r in runs)
+            out["throughput"].append({"mode": f"async, {bound} in flight", "records_per_s": rate,
+                                      "vs_sync": rate / sync, "round_trips": runs[0][1]})
+        print(json.dumps(out["throughput"]), file=sys.stderr)
+        out["checkpoints"] = remote_checkpoints(setup.address, args.remote_sizes, args.remote_updates,
+                                                args.value_bytes, root)
+        return out
+    finally:
+        setup.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def print_remote(remote: dict[str, Any]) -> None:
+    print(f"remote (Valkey, appendfsync {remote['appendfsync']}), round trip {remote['round_trip_ms']:.2f} ms "
+          f"(median PING through the relay)")
+    for row in remote["throughput"]:
+        vs = f"{row['vs_sync']:.1f}x" if "vs_sync" in row else "-"
+        print(f"  remote {row['mode']:<24} {row['records_per_s']:>10,.0f} records/s {vs:>8}")
+    for row in remote["checkpoints"]:
+        print(f"  remote {row['entries']:>9,} entries: sync {row['sync_ms_first']:.3f} / "
+              f"{row['sync_ms_second']:.3f} ms, upload {row['upload_ms_first']:.0f} / "
+              f"{row['upload_ms_second']:.0f} ms, manifest "
+              f"{row['manifest_bytes']} B, rescale 1 -> 2 restore {row['rescale_restore_ms']:.1f} ms")
+
+
 def value(i: int, size: int) -> str:
     """A value that compresses about as well as hex text: pseudo-random, different for every key."""
     digest = hashlib.blake2b(i.to_bytes(8, "big"), digest_size=32).hexdigest()
@@ -374,4 +587,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    remote_main() if "--remote" in sys.argv[1:] else main()
