@@ -285,15 +285,34 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
     interrupted = False
     summary: dict[str, Any] = {}
 
+    async def run_until_signalled() -> dict[str, Any]:
+        # SIGTERM and SIGINT cancel the job's task from inside the event loop: a KeyboardInterrupt raised by a
+        # plain signal handler can land inside a transport callback, which then drops a connection and turns
+        # the interruption into a failed job
+        loop = asyncio.get_running_loop()
+        job = asyncio.current_task()
+        assert job is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, job.cancel)
+        try:
+            return await run_job_on_cluster(cluster, entry, config=config, name=name,
+                                            progress=lambda s: print(s, flush=True), restore=restore)
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)  # back to the defaults: the handlers below are set again
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def on_signal(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt  # outside the event loop (starting, stopping): nothing to corrupt
 
     old = signal.signal(signal.SIGTERM, on_signal)
     try:
         for line in cluster.describe():
             print(line, flush=True)
-        summary = run(run_job_on_cluster(cluster, entry, config=config, name=name,
-                                         progress=lambda s: print(s, flush=True), restore=restore))
+        summary = run(run_until_signalled())
     except KeyboardInterrupt:
         interrupted = True
         print("\nsluice local: interrupted, stopping the cluster", flush=True)

@@ -31,8 +31,8 @@ def make_backend(kind: str, key_groups: range, *, work_dir: str, options: dict[s
     """A backend of `kind` for the key groups of one task.
 
     `work_dir`: a directory this backend may own (RocksDB keeps its instance there). `options`:
-    `write_buffer_bytes` (rocksdb), `remote_address` HOST:PORT and `job_id` (remote: the namespace that keeps
-    jobs sharing one server apart).
+    `write_buffer_bytes` (rocksdb), `remote_address` HOST:PORT and `namespace` (remote: keeps jobs and their
+    keyed operators apart on one server; `job_id` when absent).
     """
     check_kind(kind)
     if kind == MEMORY:
@@ -54,5 +54,5 @@ def make_backend(kind: str, key_groups: range, *, work_dir: str, options: dict[s
     except ImportError as e:
         raise StateBackendError(f"the remote state backend is not available in this installation "
                                 f"(importing runtime.state.remote failed: {e})") from e
-    backend: StateBackend = RemoteBackend(key_groups, address=address, namespace=str(options.get("job_id") or ""))
+    backend: StateBackend = RemoteBackend(key_groups, address=address, namespace=str(options.get("namespace") or options.get("job_id") or ""))
     return backend

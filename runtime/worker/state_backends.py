@@ -48,18 +48,21 @@ def backend_for(plan: Plan, vertex: Vertex, subtask: int, job: Job) -> StateBack
     kind = backend_kind(plan, job)
     if not has_keyed_state(vertex, job) or (kind == MEMORY and not has_async_state(vertex, job)):
         return None
+    # the remote backend fences writers per (namespace, key group): each keyed operator needs its own namespace,
+    # named by its node id, which (unlike the vertex id) no rescale or chain split changes
+    keyed_node = next(n for n in vertex.nodes if job.nodes[n].key_fn is not None)
     backend = _make(kind, key_group_range(job.max_parallelism, vertex.parallelism, subtask), plan,
-                    f"{vertex.id}-{subtask}")
+                    f"{vertex.id}-{subtask}", namespace=f"{plan.job_id}/{keyed_node}")
     round_trip_ms = float(((plan.config.get("state") or {}).get("options") or {}).get("round_trip_ms") or 0)
     return LatencyBackend(backend, round_trip_s=round_trip_ms / 1000) if round_trip_ms > 0 else backend
 
 
-def _make(kind: str, groups: range, plan: Plan, label: str) -> StateBackend:
+def _make(kind: str, groups: range, plan: Plan, label: str, *, namespace: str) -> StateBackend:
     config = plan.config.get("state") or {}
     base = str(config.get("work_dir") or tempfile.gettempdir())
     work_dir = os.path.join(base, f"sluice-state-{plan.job_id}-{plan.attempt}-{label}-{uuid.uuid4().hex[:8]}")
     options: dict[str, Any] = {**(config.get("options") or {}), "remote_address": config.get("remote_address"),
-                               "job_id": plan.job_id}
+                               "job_id": plan.job_id, "namespace": namespace}
     return make_backend(kind, groups, work_dir=work_dir, options=options)
 
 
@@ -79,7 +82,7 @@ def restore_backend(backend: StateBackend | None, restored: RestoredState | None
         raise StateBackendError(f"the checkpoint holds {'/'.join(sorted(kinds))} state; restore it with "
                                 f"--state-backend {'/'.join(sorted(kinds))}")
     groups = key_group_range(job.max_parallelism, vertex.parallelism, subtask)
-    scratch = _make(ROCKSDB, groups, plan, f"{vertex.id}-{subtask}-import")
+    scratch = _make(ROCKSDB, groups, plan, f"{vertex.id}-{subtask}-import", namespace="")
     try:
         backend_snapshots.restore(scratch, restored.backend, path)
         keyed = restored.keyed if restored.keyed is not None else {}
