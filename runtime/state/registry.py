@@ -54,5 +54,6 @@ def make_backend(kind: str, key_groups: range, *, work_dir: str, options: dict[s
     except ImportError as e:
         raise StateBackendError(f"the remote state backend is not available in this installation "
                                 f"(importing runtime.state.remote failed: {e})") from e
-    backend: StateBackend = RemoteBackend(key_groups, address=address, namespace=str(options.get("namespace") or options.get("job_id") or ""))
+    namespace = str(options.get("namespace") or options.get("job_id") or "")
+    backend: StateBackend = RemoteBackend(key_groups, address=address, namespace=namespace)
     return backend
