@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """State benchmark: synchronous vs asynchronous state access, epochs, capture vs drain, RocksDB checkpoints.
 
-Parts 1 to 5 run standalone (no cluster, no task loop); part 6 runs jobs on a local cluster. Remote state is
-simulated by runtime/state/latency.py: an in-memory backend behind a fixed sleep per round trip
-(--latency-ms, default 1). It is a stand-in until the remote Redis-protocol backend of issue 11 exists,
-so the figures show what batching and overlapping buy against a round-trip cost, not a real server.
+Parts 1 to 5 run standalone (no cluster, no task loop); part 6 runs jobs on a local cluster. In parts 1 to 5
+the round trip is simulated by runtime/state/latency.py: an in-memory backend behind a fixed sleep per round
+trip (--latency-ms, default 1), which isolates what batching and overlapping buy against a round-trip cost.
+`--remote` measures the same against a real Valkey server (runtime/state/remote.py) behind a delay relay.
 
 1. Throughput of a keyed count (read the key's count, write count + 1, emit) over --keys keys:
    - sync: each record does its read and its write as two round trips, one after the other (what a

@@ -1,8 +1,9 @@
 """A backend wrapper that adds a fixed delay to every round trip: remote state, simulated.
 
-A stand-in until the remote (Redis-protocol) backend of issue 11 exists: it
-lets tests and scripts/bench_state.py show what batching and overlapping
-state requests buy when each round trip costs a millisecond. The delay is a
+It lets tests, the `round_trip_ms` state option and scripts/bench_state.py
+show what batching and overlapping state requests buy when each round trip
+costs a millisecond, on any backend (the real remote one is
+runtime/state/remote.py). The delay is a
 real sleep of the calling thread, as a blocking network call would be.
 """
 
