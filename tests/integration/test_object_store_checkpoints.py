@@ -92,7 +92,7 @@ def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cl
 def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(cluster: Cluster,
                                                                                s3: S3Server) -> None:
     root = in_bucket(cluster, s3)
-    setup = install(cluster, words=300_000, sink_delay=0.0003)  # ~45 s, sink-bound (slow checkpoints under load)
+    setup = install(cluster, words=200_000, sink_delay=0.0003)  # ~30 s, sink-bound
     start(cluster, 3, "--checkpoint-dir", root)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
     seen = {"records": 0}

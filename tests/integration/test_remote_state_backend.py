@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from runtime.graph.enums import JobState
 from runtime.state.remote import available
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts
+from tests.integration.conftest import Cluster
 from tests.integration.test_failover import (
     WORKER_ARGS,
     assert_exact_output,
@@ -23,9 +22,6 @@ from tests.integration.test_failover import (
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.integration.test_rescale_running import CONFIG as RESCALE_CONFIG
-from tests.integration.test_rescale_running import KEYS, SEED, WORDS, rescale, wait_backpressured
-from tests.integration.test_rescale_running import submit as submit_running
 from tests.integration.test_state_backends import backend_handles, checkpoint_metadata
 from tests.redis_server import RedisServer, valkey_server_binary
 
@@ -71,20 +67,3 @@ def test_remote_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster: 
         # a remote checkpoint is a version: a manifest of about a hundred bytes per subtask, nothing shared
         assert len(handles) == 2 and all(h["backend"] == "remote" and not h["shared_files"] for h in handles)
         assert all(h["uploaded_bytes"] < 2000 for h in handles), handles
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_running_job_on_remote_state_rescaled_2_3_1_gives_exact_output(running_cluster: Cluster,
-                                                                       server: RedisServer) -> None:
-    cluster = running_cluster
-    job_id, out = submit_running(cluster, {**RESCALE_CONFIG, **remote(server)})
-    for before, after in ((2, 3), (3, 1)):
-        wait_backpressured(cluster, job_id, 2 * before)
-        rescale(cluster, job_id, after)
-        handles = backend_handles(checkpoint_metadata(cluster, job_id)[-1])
-        assert handles and all(h["backend"] == "remote" for h in handles), handles
-    final = cluster.wait_job(job_id, timeout_s=600)  # two round trips per record: slower than RocksDB
-    assert final["state"] == JobState.FINISHED, final
-    assert final["attempt"] == 2 and final["restarts"] == 0, final
-    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))

@@ -31,15 +31,17 @@ def wordcount(job: Job) -> None:
         .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
 """
 WORDS, KEYS, SEED = 300_000, 200, 13  # long enough that no source subtask finishes before the last rescale
+ONE_RESCALE_WORDS = 200_000  # a test that rescales once, early, ends sooner
+NO_RESCALE_WORDS = 150_000
 CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
 CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30.0, "min_pause_s": 0,
                          "tolerable_failures": 3, "retain": 3}, **CHANNELS}
 CLI_TIMEOUT_S = 120.0
 
 
-def submit(cluster: Cluster, config: dict[str, Any] = CONFIG) -> tuple[str, Path]:
+def submit(cluster: Cluster, config: dict[str, Any] = CONFIG, words: int = WORDS) -> tuple[str, Path]:
     out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
+    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=words, keys=KEYS, seed=SEED))
     result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": config,
                                      "sys_path": str(cluster.tmp_path)})
     return str(result["job_id"]), out
@@ -117,7 +119,7 @@ def test_running_job_rescaled_2_3_1_2_with_the_cli_gives_exact_output(running_cl
 @pytest.mark.timeout(600)
 def test_rescale_needing_more_slots_is_refused_and_the_job_goes_on(running_cluster: Cluster) -> None:
     cluster = running_cluster
-    job_id, out = submit(cluster)
+    job_id, out = submit(cluster, words=NO_RESCALE_WORDS)
     wait_backpressured(cluster, job_id, 4)
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "5")
     assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
@@ -130,7 +132,7 @@ def test_rescale_needing_more_slots_is_refused_and_the_job_goes_on(running_clust
     assert [v["parallelism"] for v in st["vertices"]] == [2, 2], st
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED and final["attempt"] == 0, (final, logs(cluster))
-    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
+    assert_running_counts(out, generator_counts(NO_RESCALE_WORDS, KEYS, SEED))
     # a job that is no longer running is refused in one line too
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "1")
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and "not RUNNING" in proc.stderr, proc
@@ -148,7 +150,7 @@ def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: 
     cluster.start_worker()
     cluster.wait_workers(2)
     manual_only = {**CONFIG, "checkpoint": {**CONFIG["checkpoint"], "interval_s": None}}  # the fault hits ours
-    job_id, out = submit(cluster, manual_only)
+    job_id, out = submit(cluster, manual_only, words=ONE_RESCALE_WORDS)
     wait_backpressured(cluster, job_id, 4)
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "3")
     assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
@@ -160,4 +162,4 @@ def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: 
     rescale(cluster, job_id, 3)
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED and final["attempt"] == 1, (final, logs(cluster))
-    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
+    assert_running_counts(out, generator_counts(ONE_RESCALE_WORDS, KEYS, SEED))
