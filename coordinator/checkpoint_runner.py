@@ -59,6 +59,8 @@ class CheckpointRunner:
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        # discards outlive `stop`: a checkpoint that completes as the job ends still has retention applied
+        self._discards: set[asyncio.Task[Any]] = set()
 
     def start(self) -> None:
         # ticks also run without periodic checkpoints: they time out manual ones
@@ -121,14 +123,15 @@ class CheckpointRunner:
             elif isinstance(ins, DiscardCheckpoint):
                 path = self.directories.pop(ins.checkpoint_id, None)
                 if path:
-                    self._spawn(asyncio.to_thread(self.storage.discard, path))
+                    self._spawn(asyncio.to_thread(self.storage.discard, path), self._discards)
             elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any, tasks: set[asyncio.Task[Any]] | None = None) -> None:
+        tasks = self._background if tasks is None else tasks
         task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     def _resolve(self, checkpoint_id: int, result: dict[str, Any]) -> None:
         fut = self.waiters.pop(checkpoint_id, None)
