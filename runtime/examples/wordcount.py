@@ -12,6 +12,7 @@ from runtime.api import (
     Job,
     KeyedProcessFunction,
     ParquetSource,
+    Sink,
 )
 
 
@@ -37,37 +38,35 @@ class AsyncCount(AsyncKeyedProcessFunction):
         ctx.emit((record[0], n))
 
 
-def build(job: Job) -> None:
-    (job.source(GeneratorSource(count=1_000_000, keys=1000, seed=7), parallelism=2)
+def _keyed_count(job: Job, count: int, function: KeyedProcessFunction | AsyncKeyedProcessFunction,
+                 sink: Sink) -> None:
+    (job.source(GeneratorSource(count=count, keys=1000, seed=7), parallelism=2)
         .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(FileSink("out/"), parallelism=1))
+        .process(function, parallelism=2)
+        .sink(sink, parallelism=1 if isinstance(sink, FileSink) else None))
+
+
+def _bench_records() -> int:
+    return int(os.environ.get("SLUICE_BENCH_RECORDS", "2000000"))
+
+
+def build(job: Job) -> None:
+    _keyed_count(job, 1_000_000, Count(), FileSink("out/"))
 
 
 def build_bench(job: Job) -> None:
     """The throughput benchmark: keyed count into a discard sink, chained after the count."""
-    count = int(os.environ.get("SLUICE_BENCH_RECORDS", "2000000"))
-    (job.source(GeneratorSource(count=count, keys=1000, seed=7), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(DiscardSink()))
+    _keyed_count(job, _bench_records(), Count(), DiscardSink())
 
 
 def build_async(job: Job) -> None:
     """The word count with AsyncCount (README: Asynchronous state)."""
-    (job.source(GeneratorSource(count=1_000_000, keys=1000, seed=7), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(AsyncCount(), parallelism=2)
-        .sink(FileSink("out/"), parallelism=1))
+    _keyed_count(job, 1_000_000, AsyncCount(), FileSink("out/"))
 
 
 def build_async_bench(job: Job) -> None:
     """The throughput benchmark with AsyncCount: keyed count into a discard sink, chained after the count."""
-    count = int(os.environ.get("SLUICE_BENCH_RECORDS", "2000000"))
-    (job.source(GeneratorSource(count=count, keys=1000, seed=7), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(AsyncCount(), parallelism=2)
-        .sink(DiscardSink()))
+    _keyed_count(job, _bench_records(), AsyncCount(), DiscardSink())
 
 
 def build_parquet(job: Job) -> None:

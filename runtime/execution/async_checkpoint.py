@@ -109,14 +109,5 @@ def decode_async_state(data: bytes, origin: str) -> AsyncStateCheckpoint:
 def restore_async_state(backend: StateBackend, store: SnapshotStore, checkpoints: Sequence[AsyncStateCheckpoint],
                         *, max_parallelism: int) -> list[Record | Watermark]:
     """Restore `backend` (its own key groups) from old subtasks' checkpoints; returns the input to replay first."""
-    groups = backend.key_groups
     backend.restore(store, [c.handle for c in checkpoints])
-    puts = [p for c in checkpoints for p in c.puts if p[1] in groups]
-    deletes = [d for c in checkpoints for d in c.deletes if d[1] in groups]
-    if puts or deletes:
-        backend.write_many(puts, deletes)
-    replay: list[Record | Watermark] = []
-    for c in checkpoints:
-        replay += [e for e in c.replay
-                   if isinstance(e, Watermark) or key_group(e.key, max_parallelism) in groups]
-    return replay
+    return restore_inflight(backend, checkpoints, max_parallelism=max_parallelism)
