@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from coordinator.autoscale import AutoscaleSettings, parse_scale_down_after
+from coordinator.autoscale import AutoscaleSettings
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
 from coordinator.job_store import JobStore
@@ -49,6 +49,7 @@ from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -331,12 +332,14 @@ class Coordinator(BaseLinkHandler):
     async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
         entry = str(args.get("entry", ""))
         job_id = f"job-{secrets.token_hex(4)}"
-        config = dict(args.get("config") or {})
+        submitted = args.get("config") or {}
+        if not isinstance(submitted, dict):
+            raise RpcError(f"bad job settings: config must be an object, got {submitted!r}", "BadSettings")
+        submitted = dict(submitted)
         try:
-            settings = checkpoint_settings(config.pop("checkpoint", None) or {})
-            strategy = restart_strategy(config.pop("restart", None) or {})
-            if config.get("scale_down_after_s") is not None:
-                config["scale_down_after_s"] = parse_scale_down_after(config["scale_down_after_s"])
+            settings = checkpoint_settings(submitted.pop("checkpoint", None) or {})
+            strategy = restart_strategy(submitted.pop("restart", None) or {})
+            config = JobConfig.from_document(submitted)
         except (ValueError, TypeError) as exc:
             raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
         sys_path = str(args.get("sys_path") or "")
@@ -350,9 +353,9 @@ class Coordinator(BaseLinkHandler):
         plan = self.manager.plan(job)
         restore_path = args.get("restore")
         if restore_path:
-            plan.config["restore"] = await self.manager.restore_spec(str(restore_path), plan)
+            plan.restore = await self.manager.restore_spec(str(restore_path), plan)
             job.restored_from = str(restore_path)
-            job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
+            job.restored_checkpoint_id = plan.restore.checkpoint_id
             # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore
             # deletes those of ids after it, so an id must never be reused along one line of restores
             job.next_checkpoint_id = job.restored_checkpoint_id + 1

@@ -10,6 +10,7 @@ task that ran them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -39,24 +40,25 @@ from runtime.execution.channels import InputChannel
 from runtime.execution.task import RestoredState
 from runtime.graph.partitioning import key_group_range
 from runtime.graph.plan import Edge, Plan, Vertex, chain_graph, edge_key_fn
+from runtime.graph.restore_spec import RestoreSpec
 
 
 class OldPlan:
     """The checkpoint's tasks and edges, as the job chained them at its checkpointed parallelisms.
 
     The same operators, maybe chained otherwise: a forward pair whose ends now run at different parallelisms
-    ran as one task then (restore["nodes"]: each node's checkpointed parallelism, from the coordinator). Every
+    ran as one task then (restore.nodes: each node's checkpointed parallelism, from the coordinator). Every
     new task's operators lie in one old task; an edge is an old one when its ends were in different old tasks,
     new (it was inside a chain, with nothing in flight) when they were in the same one."""
 
-    def __init__(self, restore: dict[str, Any], plan: Plan, job: Job) -> None:
-        nodes = {int(k): int(v) for k, v in (restore.get("nodes") or {}).items()}
+    def __init__(self, restore: RestoreSpec, plan: Plan, job: Job) -> None:
+        nodes = restore.nodes
         if nodes:
             then = Job(job.name, max_parallelism=job.max_parallelism)
             then.nodes = [replace(n, parallelism=nodes.get(n.id, n.parallelism)) for n in job.nodes]
             self.vertices, self.edges = chain_graph(then)
         else:  # chained as now (a checkpoint restored before the coordinator sent node parallelisms)
-            old = {int(k): int(v) for k, v in (restore.get("parallelism") or {}).items()}
+            old = restore.parallelism
             self.vertices = [replace(v, parallelism=old.get(v.id, v.parallelism)) for v in plan.vertices]
             self.edges = list(plan.edges)
         self.plan = plan
@@ -86,7 +88,7 @@ class OldPlan:
                 and self.same_vertex(self.plan.vertices[edge.down]))
 
 
-def load_restored(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
+def load_restored(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
                   job: Job) -> RestoredState | None:
     then = OldPlan(restore, plan, job)
     rescaled_edges = {e.id for e in plan.edges if not then.same_edge(e)}
@@ -117,14 +119,14 @@ def source_for(source: Source, restored: RestoredState | None) -> Source:
     return source
 
 
-def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]) -> RestoredState | None:
+def _load_own(restore: RestoreSpec, task_key: str, inputs: list[InputChannel]) -> RestoredState | None:
     """The task's own files of a checkpoint taken at the same parallelism."""
-    files = restore["tasks"].get(task_key)
+    files = restore.tasks.get(task_key)
     if files is None:
         return None
     if files.get("finished"):
         return RestoredState(finished=True)  # finished before that checkpoint: nothing to restore or redo
-    directory = restore["path"]
+    directory = restore.path
     state = RestoredState(ended=bool(files.get("ended")))
     if files.get("state"):
         operator = decode_operator_state(read_file(directory, files["state"]), files["state"])
@@ -147,19 +149,19 @@ def _load_own(restore: dict[str, Any], task_key: str, inputs: list[InputChannel]
 class _Files:
     """The old tasks' files, each read and decoded at most once."""
 
-    def __init__(self, restore: dict[str, Any]) -> None:
+    def __init__(self, restore: RestoreSpec) -> None:
         self.restore = restore
         self._cache: dict[str, Any] = {}
 
-    def entry(self, vertex_id: int, subtask: int) -> dict[str, Any]:
-        return self.restore["tasks"].get(f"{vertex_id}:{subtask}") or {}
+    def entry(self, vertex_id: int, subtask: int) -> Mapping[str, Any]:
+        return self.restore.tasks.get(f"{vertex_id}:{subtask}") or {}
 
     def operator(self, vertex_id: int, subtask: int) -> dict[str, Any] | None:
         name = self.entry(vertex_id, subtask).get("state")
         if not name:
             return None
         if name not in self._cache:
-            self._cache[name] = decode_operator_state(read_file(self.restore["path"], name), name)
+            self._cache[name] = decode_operator_state(read_file(self.restore.path, name), name)
         return self._cache[name]  # type: ignore[no-any-return]
 
     def channels(self, vertex_id: int, subtask: int, kind: str) -> dict[str, bytes]:
@@ -167,7 +169,7 @@ class _Files:
         if not name:
             return {}
         if name not in self._cache:
-            self._cache[name] = decode_channel_state(read_file(self.restore["path"], name), name)
+            self._cache[name] = decode_channel_state(read_file(self.restore.path, name), name)
         return self._cache[name]  # type: ignore[no-any-return]
 
 
@@ -192,7 +194,7 @@ def _own_part(operator: dict[str, Any] | None, old: Vertex, vertex: Vertex, job:
             "async": {n: doc for n, doc in async_documents(operator).items() if n in mine}}
 
 
-def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
+def _load_rescaled(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int, inputs: list[InputChannel],
                    job: Job, then: OldPlan, rescaled_edges: set[int]) -> RestoredState | None:
     files = _Files(restore)
     old_vertex = then.vertex(vertex)
@@ -257,7 +259,7 @@ def _load_rescaled(restore: dict[str, Any], plan: Plan, vertex: Vertex, subtask:
             else:
                 raise RescaleError(f"source {type(head.payload).__name__} cannot be split at another parallelism")
         state.sinks = rescale_sinks([o["sinks"] if o else None for o in operators], q, subtask,
-                                    int(restore["checkpoint_id"]))
+                                    restore.checkpoint_id)
         old_lists = [o["lists"] if o else None for o in operators]
         if replicated and len(inputs_of) > 1 and any(old_lists):
             raise RescaleError("its list state reflects a broadcast input and another one: a broadcast input "
