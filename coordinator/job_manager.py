@@ -44,7 +44,7 @@ from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
 from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
-from runtime.graph.restore_spec import RestoreSpec
+from runtime.graph.restore_spec import RestoreSpec, TaskFiles
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -118,7 +118,8 @@ class JobManager:
                 raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
         return RestoreSpec(path=directory, checkpoint_id=int(metadata["checkpoint_id"]),
-                           tasks={task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
+                           tasks={task: TaskFiles.from_wire(ack.get("state", {}))
+                                  for task, ack in metadata["acks"].items()},
                            parallelism=old, nodes=nodes)
 
     def add(self, job: JobRecord) -> None:
