@@ -9,7 +9,7 @@ import pytest
 from coordinator.job_store import decode, encode
 from runtime.graph.job_config import ChannelConfig, JobConfig, JobConfigError, StateConfig
 from runtime.graph.plan import Plan, Vertex
-from runtime.graph.restore_spec import RestoreSpec
+from runtime.graph.restore_spec import RestoreSpec, TaskFiles
 
 # a job record as the version before JobConfig wrote it (format 1): records on disk must still load
 OLD_RECORD = (
@@ -75,7 +75,8 @@ def test_a_plan_with_its_config_and_restore_crosses_the_deploy_rpc() -> None:
     plan = Plan(job_id="j", attempt=2, entry="m:f", name="t", sys_path="", channel_base=0,
                 vertices=[Vertex(0, [0, 1], 2, "a")], edges=[], placement={"0:0": "w", "0:1": "w"},
                 workers={"w": ["h", 1]}, config=JobConfig(parallelism={"*": 2}),
-                restore=RestoreSpec(path="/c/chk-3", checkpoint_id=3, tasks={"0:0": {"state": "0-0.state"}},
+                restore=RestoreSpec(path="/c/chk-3", checkpoint_id=3,
+                                    tasks={"0:0": TaskFiles(state="0-0.state", ended=True)},
                                     parallelism={0: 1}, nodes={0: 1, 1: 1}))
     back = Plan.from_dict(msgpack.unpackb(msgpack.packb(plan.to_dict()), strict_map_key=False))
     assert back == plan
