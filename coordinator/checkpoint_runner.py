@@ -20,7 +20,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from coordinator.checkpointing import (
@@ -37,6 +36,7 @@ from coordinator.checkpointing import (
 from coordinator.storage import CheckpointStorage
 from netstack.errors import NetstackError
 from netstack.transport import Link
+from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 
 log = logging.getLogger("sluice.checkpoints")
 
@@ -92,7 +92,7 @@ class CheckpointRunner:
         self.execute(instructions)
         return checkpoint_id, fut
 
-    def ack(self, checkpoint_id: int, task: str, state: dict[str, Any], figures: dict[str, Any]) -> None:
+    def ack(self, checkpoint_id: int, task: str, state: dict[str, Any], figures: TaskCheckpointFigures) -> None:
         self.execute(self.coordinator.ack(time.monotonic(), checkpoint_id, task, state, figures))
 
     def decline(self, checkpoint_id: int, task: str, reason: str) -> None:
@@ -181,7 +181,7 @@ class CheckpointRunner:
         instructions = self.coordinator.metadata_written(time.monotonic(), ins.checkpoint_id)
         summary = next((s for s in reversed(self.coordinator.history()) if s.checkpoint_id == ins.checkpoint_id),
                        None)
-        self._on_complete(ins.checkpoint_id, directory, asdict(summary) if summary else {})
+        self._on_complete(ins.checkpoint_id, directory, summary.to_document() if summary else {})
         self.execute(instructions)
 
     def _notify(self, method: str, checkpoint_id: int) -> None:

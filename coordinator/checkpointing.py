@@ -57,6 +57,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode
 
 HISTORY_SIZE = 50
@@ -125,7 +126,7 @@ class WriteMetadata:
     directory: str | None
     savepoint: bool
     mode: str
-    acks: dict[str, dict[str, Any]] = field(hash=False)  # task -> {"state": ..., "figures": ...}
+    acks: dict[str, dict[str, Any]] = field(hash=False)  # task -> TaskAck.to_wire(), as _metadata holds it
     started_at: float
     completed_at: float
 
@@ -182,11 +183,25 @@ class CheckpointSummary:
     savepoint: bool
     started_at: float
     duration_s: float | None  # until every task acked, or until the abort; None while in progress
-    state_bytes: int
-    inflight_bytes: int
-    alignment_s: float  # max over tasks
-    start_delay_s: float  # max over tasks
+    figures: CheckpointFigures
     failure_reason: str = ""
+
+    def to_document(self) -> dict[str, Any]:
+        """The summary as history documents and the REST API hold it: the figures beside the other fields."""
+        return {"checkpoint_id": self.checkpoint_id, "status": self.status, "mode": self.mode,
+                "savepoint": self.savepoint, "started_at": self.started_at, "duration_s": self.duration_s,
+                **self.figures.to_wire(), "failure_reason": self.failure_reason}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAck:
+    """One task's acknowledgement: its files (written to _metadata as they came) and its figures."""
+
+    state: dict[str, Any]
+    figures: TaskCheckpointFigures
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"state": self.state, "figures": self.figures.to_wire()}
 
 
 @dataclass(frozen=True)
@@ -230,12 +245,11 @@ class _Checkpoint:
     started_at: float
     phase: Phase = Phase.PENDING
     status: Status = Status.IN_PROGRESS
-    acks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acks: dict[str, TaskAck] = field(default_factory=dict)
     ended_at: float | None = None  # when the last ack arrived, or when it was aborted
     failure_reason: str = ""
 
     def summary(self) -> CheckpointSummary:
-        figures = [ack["figures"] for ack in self.acks.values()]
         return CheckpointSummary(
             checkpoint_id=self.request.checkpoint_id,
             status=self.status,
@@ -243,10 +257,7 @@ class _Checkpoint:
             savepoint=self.request.savepoint,
             started_at=self.started_at,
             duration_s=None if self.ended_at is None else self.ended_at - self.started_at,
-            state_bytes=int(sum(f.get("state_bytes", 0) for f in figures)),
-            inflight_bytes=int(sum(f.get("inflight_bytes", 0) for f in figures)),
-            alignment_s=max((f.get("alignment_s", 0.0) for f in figures), default=0.0),
-            start_delay_s=max((f.get("start_delay_s", 0.0) for f in figures), default=0.0),
+            figures=CheckpointFigures.of(ack.figures for ack in self.acks.values()),
             failure_reason=self.failure_reason,
         )
 
@@ -316,18 +327,19 @@ class CheckpointCoordinator:
         return req.checkpoint_id, self._trigger(now, req)
 
     def ack(
-        self, now: float, checkpoint_id: int, task: str, state: dict[str, Any], figures: dict[str, Any]
+        self, now: float, checkpoint_id: int, task: str, state: dict[str, Any], figures: TaskCheckpointFigures
     ) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "ack")
         if cp is None or task not in self.tasks or task in cp.acks:
             return []
-        cp.acks[task] = {"state": state, "figures": figures}
+        cp.acks[task] = TaskAck(state, figures)
         if len(cp.acks) < len(self.tasks):
             return []
         cp.phase = Phase.WRITING
         cp.ended_at = now
         req = cp.request
-        return [WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode, dict(cp.acks),
+        return [WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode,
+                              {task: ack.to_wire() for task, ack in cp.acks.items()},
                               cp.started_at, now)]
 
     def decline(self, now: float, checkpoint_id: int, task: str, reason: str) -> list[Instruction]:
@@ -369,7 +381,7 @@ class CheckpointCoordinator:
         cp = self._accepting(None, "ack")
         if cp is None or task in cp.acks:
             return []
-        return self.ack(now, cp.request.checkpoint_id, task, dict(FINISHED_STATE), {})
+        return self.ack(now, cp.request.checkpoint_id, task, dict(FINISHED_STATE), TaskCheckpointFigures())
 
     def metadata_written(self, now: float, checkpoint_id: int) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "metadata_written")
@@ -416,10 +428,10 @@ class CheckpointCoordinator:
         """The last HISTORY_SIZE triggered checkpoints, oldest first."""
         return [cp.summary() for cp in self._history]
 
-    def task_figures(self) -> dict[int, dict[str, dict[str, Any]]]:
+    def task_figures(self) -> dict[int, dict[str, TaskCheckpointFigures]]:
         """For each checkpoint in the history: task -> the figures it acknowledged with (start delay,
         alignment, sync/async time, bytes), for the REST API's per-task view; finished tasks have none."""
-        return {cp.request.checkpoint_id: {task: dict(ack["figures"]) for task, ack in cp.acks.items()}
+        return {cp.request.checkpoint_id: {task: ack.figures for task, ack in cp.acks.items()}
                 for cp in self._history}
 
     # -- internals --------------------------------------------------------------
@@ -448,7 +460,7 @@ class CheckpointCoordinator:
 
     def _trigger(self, now: float, req: _Request) -> list[Instruction]:
         cp = _Checkpoint(req, started_at=now)
-        cp.acks = {task: {"state": dict(FINISHED_STATE), "figures": {}} for task in self._finished}
+        cp.acks = {task: TaskAck(dict(FINISHED_STATE), TaskCheckpointFigures()) for task in self._finished}
         self._in_flight = cp
         self._last_trigger_at = now
         self._history.append(cp)

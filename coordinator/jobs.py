@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.graph.enums import JobState
@@ -92,7 +92,7 @@ class JobRecord:
 
     def checkpoint_history(self) -> list[dict[str, Any]]:
         """Every attempt's checkpoints, oldest first."""
-        current = [asdict(s) for s in self.checkpoints.coordinator.history()] if self.checkpoints else []
+        current = [s.to_document() for s in self.checkpoints.coordinator.history()] if self.checkpoints else []
         return [*self.earlier_checkpoints, *current]
 
     def checkpoint_counts(self) -> tuple[int, int]:

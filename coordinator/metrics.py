@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from netstack.metrics_http import protocol_failures
+from runtime.graph.checkpoint_figures import AGGREGATED
 from runtime.graph.enums import JobState
 
 if TYPE_CHECKING:
@@ -121,16 +122,8 @@ class CoordinatorCollector(Collector):
         last_duration = GaugeMetricFamily("sluice_checkpoint_last_duration_seconds",
                                           "Trigger to last acknowledgement of the last completed checkpoint",
                                           labels=job)
-        last_inflight = GaugeMetricFamily("sluice_checkpoint_last_persisted_inflight_bytes",
-                                          "In-flight data (channel state) persisted by the last completed checkpoint",
-                                          labels=job)
-        last_state = GaugeMetricFamily("sluice_checkpoint_last_state_bytes",
-                                       "Operator state persisted by the last completed checkpoint", labels=job)
-        last_alignment = GaugeMetricFamily("sluice_checkpoint_last_alignment_seconds",
-                                           "Longest alignment of a task in the last completed checkpoint", labels=job)
-        last_delay = GaugeMetricFamily("sluice_checkpoint_last_start_delay_seconds",
-                                       "Longest trigger-to-first-barrier delay in the last completed checkpoint",
-                                       labels=job)
+        # one gauge per aggregated checkpoint figure that names a metric (runtime/graph/checkpoint_figures.py)
+        last_figures = {f.name: GaugeMetricFamily(f.metric, f.help, labels=job) for f in AGGREGATED if f.metric}
         n_done = n_failed = n_flight = 0
         for j in js.jobs:
             n_done += j.checkpoints_completed
@@ -142,15 +135,12 @@ class CoordinatorCollector(Collector):
             last = st.last_completed
             if last is not None:
                 last_duration.add_metric([j.job_id], last.duration_s or 0.0)
-                last_inflight.add_metric([j.job_id], last.inflight_bytes)
-                last_state.add_metric([j.job_id], last.state_bytes)
-                last_alignment.add_metric([j.job_id], last.alignment_s)
-                last_delay.add_metric([j.job_id], last.start_delay_s)
+                for name, gauge in last_figures.items():
+                    gauge.add_metric([j.job_id], getattr(last.figures, name))
         completed.add_metric([], n_done)
         failed.add_metric([], n_failed)
         in_progress.add_metric([], n_flight)
-        yield from (completed, failed, in_progress, last_duration, last_inflight, last_state, last_alignment,
-                    last_delay)
+        yield from (completed, failed, in_progress, last_duration, *last_figures.values())
         restarts = CounterMetricFamily("sluice_job_restarts", "Restarts after a failure", labels=job)
         restart_time = GaugeMetricFamily("sluice_job_last_restart_seconds",
                                          "Failure detected to running again, last restart", labels=job)

@@ -20,6 +20,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from runtime.graph.checkpoint_figures import AGGREGATED, TaskCheckpointFigures, declaration
+
 if TYPE_CHECKING:
     from coordinator.jobs import JobRecord
     from coordinator.registry import WorkerRecord
@@ -115,19 +117,7 @@ def job_graph(job: JobRecord) -> dict[str, Any]:
     return {"job_id": job.job_id, "vertices": vertices, "edges": edges}
 
 
-def _task_figures(acks: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for task, figures in sorted(acks.items()):
-        out.append({"task": task, "start_delay_s": float(figures.get("start_delay_s", 0.0)),
-                    "alignment_s": float(figures.get("alignment_s", 0.0)),
-                    "sync_s": float(figures.get("sync_s", 0.0)), "async_s": float(figures.get("async_s", 0.0)),
-                    "state_bytes": int(figures.get("state_bytes", 0)),
-                    "inflight_bytes": int(figures.get("inflight_bytes", 0)),
-                    "unaligned": bool(figures.get("unaligned", False))})
-    return out
-
-
-def checkpoint_view(summary: Mapping[str, Any], task_figures: Mapping[str, Mapping[str, Any]] | None,
+def checkpoint_view(summary: Mapping[str, Any], task_figures: Mapping[str, TaskCheckpointFigures] | None,
                     wall_offset: float = 0.0) -> dict[str, Any]:
     """One checkpoint (a CheckpointSummary as a dict) with its per-task figures when they are still known.
 
@@ -135,20 +125,20 @@ def checkpoint_view(summary: Mapping[str, Any], task_figures: Mapping[str, Mappi
     `started_at` into Unix time for the API's users."""
     return {"checkpoint_id": summary["checkpoint_id"], "status": str(summary["status"]), "mode": summary["mode"],
             "savepoint": bool(summary["savepoint"]), "started_at": round(summary["started_at"] + wall_offset, 3),
-            "duration_s": summary["duration_s"], "state_bytes": summary["state_bytes"],
-            "inflight_bytes": summary["inflight_bytes"], "alignment_s": summary["alignment_s"],
-            "start_delay_s": summary["start_delay_s"], "failure_reason": summary.get("failure_reason", ""),
-            "tasks": _task_figures(task_figures or {})}
+            "duration_s": summary["duration_s"],
+            **{f.name: summary.get(f.name, 0) for f in AGGREGATED},  # the checkpoint's own figures
+            "failure_reason": summary.get("failure_reason", ""),
+            "tasks": [{"task": task, **figures.to_wire()} for task, figures in sorted((task_figures or {}).items())]}
 
 
 def checkpoints_view(job: JobRecord, history: Iterable[Mapping[str, Any]],
-                     figures: Mapping[int, Mapping[str, Mapping[str, Any]]],
+                     figures: Mapping[int, Mapping[str, TaskCheckpointFigures]],
                      wall_offset: float = 0.0) -> dict[str, Any]:
     """The job's checkpoint history, oldest first; `figures` maps checkpoint id -> task -> ack figures."""
     items = [checkpoint_view(h, figures.get(int(h["checkpoint_id"])), wall_offset) for h in history]
     done, failed = job.checkpoint_counts()
     return {"job_id": job.job_id, "completed": done, "failed": failed,
-            "last_completed": job.last_checkpoint, "history": items}
+            "last_completed": job.last_checkpoint, "figures": declaration(), "history": items}
 
 
 def restarts_view(job: JobRecord) -> dict[str, Any]:

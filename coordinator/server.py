@@ -48,6 +48,7 @@ from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 
@@ -416,7 +417,7 @@ class Coordinator(BaseLinkHandler):
         job = self.jobs.get(args["job_id"])
         if job is not None and job.checkpoints is not None and job.attempt == args.get("attempt"):
             job.checkpoints.ack(int(args["checkpoint_id"]), str(args["task"]), dict(args.get("state") or {}),
-                                dict(args.get("figures") or {}))
+                                TaskCheckpointFigures.from_wire(args.get("figures")))
         return {"ok": True}
 
     async def rpc_decline_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:

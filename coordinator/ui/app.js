@@ -7,7 +7,7 @@ const SVG = "http://www.w3.org/2000/svg";
 let selected = decodeURIComponent((location.hash.match(/job=([^&]+)/) || [])[1] || "");
 let selectedVertex = null; // a vertex id: its subtasks are listed under the graph
 let selectedCheckpoint = null; // a checkpoint id: its tasks' figures are listed under the table
-let last = { graph: null, checkpoints: [] }; // the latest answers, to redraw a detail on a click
+let last = { graph: null, checkpoints: [], figures: [] }; // the latest answers, to redraw a detail on a click
 
 function el(tag, attrs = {}, ...children) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -33,6 +33,15 @@ const fmt = {
   bytes: (v) => v < 1024 ? `${v} B` : v < 1048576 ? `${(v / 1024).toFixed(1)} KiB` : `${(v / 1048576).toFixed(1)} MiB`,
   pct: (v) => `${Math.round(v * 100)} %`,
 };
+
+// a checkpoint figure's value, formatted by the unit the REST answer declares for it (its "figures" list)
+function figure(f, v) {
+  if (v === null || v === undefined) return "–";
+  if (f.unit === "s") return fmt.secs(v);
+  if (f.unit === "bytes") return fmt.bytes(v);
+  if (f.unit === "bool") return v ? "yes" : "no";
+  return v.toLocaleString();
+}
 
 // -- job list, overview, workers ----------------------------------------------------
 
@@ -152,10 +161,10 @@ function drawCheckpointDetail(history) {
   if (!c) return;
   const parts = [el("h4", {}, `checkpoint ${c.checkpoint_id}: tasks`)];
   if (c.failure_reason) parts.push(el("p", { class: "error" }, c.failure_reason));
-  parts.push(c.tasks.length ? table(
-    ["task", "start delay", "alignment", "sync", "async", "state", "in-flight", "unaligned"],
-    c.tasks.map((t) => [taskName(t.task), fmt.secs(t.start_delay_s), fmt.secs(t.alignment_s), fmt.secs(t.sync_s),
-      fmt.secs(t.async_s), fmt.bytes(t.state_bytes), fmt.bytes(t.inflight_bytes), t.unaligned ? "yes" : "no"]))
+  // every declared figure some task measured (optional ones, as a state backend's, only where there are any)
+  const shown = last.figures.filter((f) => c.tasks.some((t) => t[f.name] !== undefined));
+  parts.push(c.tasks.length ? table(["task", ...shown.map((f) => f.label)],
+    c.tasks.map((t) => [taskName(t.task), ...shown.map((f) => figure(f, t[f.name]))]))
     : el("p", {}, "no task figures (an earlier attempt's checkpoint, or no task acknowledged)"));
   box.replaceChildren(...parts);
 }
@@ -190,6 +199,9 @@ function drawCheckpointChart(history) {
   document.getElementById("checkpoint-chart").replaceChildren(items.length ? svg : el("p", {}, "no checkpoints yet"));
 }
 
+// the checkpoint's own figures: those the tasks' fold into (a sum or a max), as the REST answer declares them
+function aggregated() { return last.figures.filter((f) => f.aggregate); }
+
 function drawCheckpointTable(history) {
   const rows = history.slice(-15).reverse().map((c) => el("tr", { "data-checkpoint": c.checkpoint_id,
     class: c.checkpoint_id === selectedCheckpoint ? "selected" : "",
@@ -197,16 +209,16 @@ function drawCheckpointTable(history) {
       selectedCheckpoint = selectedCheckpoint === c.checkpoint_id ? null : c.checkpoint_id;
       drawCheckpointTable(last.checkpoints);
     },
-    title: c.tasks.map((t) => `${t.task}: start delay ${fmt.secs(t.start_delay_s)}, alignment ${fmt.secs(t.alignment_s)}, ` +
-      `sync ${fmt.secs(t.sync_s)}, async ${fmt.secs(t.async_s)}, in-flight ${fmt.bytes(t.inflight_bytes)}`).join("\n") },
+    title: c.tasks.map((t) => `${t.task}: ` + last.figures.filter((f) => t[f.name] !== undefined)
+      .map((f) => `${f.label} ${figure(f, t[f.name])}`).join(", ")).join("\n") },
   el("td", { class: "num" }, c.checkpoint_id + (c.savepoint ? " (savepoint)" : "")),
   el("td", { class: c.status }, c.status),
   el("td", {}, c.mode),
   el("td", { class: "num" }, fmt.secs(c.duration_s)),
-  el("td", { class: "num" }, fmt.bytes(c.state_bytes)),
-  el("td", { class: "num" }, fmt.bytes(c.inflight_bytes)),
-  el("td", { class: "num" }, fmt.secs(c.alignment_s)),
-  el("td", { class: "num" }, fmt.secs(c.start_delay_s))));
+  ...aggregated().map((f) => el("td", { class: "num" }, figure(f, c[f.name])))));
+  document.querySelector("#checkpoints thead").replaceChildren(el("tr", {},
+    ["id", "status", "mode", "duration", ...aggregated().map((f) => (f.aggregate === "max" ? "max " : "") + f.label)]
+      .map((h) => el("th", {}, h))));
   document.querySelector("#checkpoints tbody").replaceChildren(...rows);
   drawCheckpointDetail(history);
 }
@@ -249,7 +261,7 @@ async function refresh() {
       const base = `/api/v1/jobs/${encodeURIComponent(selected)}`;
       const [job, graph, checkpoints, restarts] = await Promise.all([get(base), get(`${base}/graph`),
         get(`${base}/checkpoints?limit=40`), get(`${base}/restarts`)]);
-      last = { graph, checkpoints: checkpoints.history };
+      last = { graph, checkpoints: checkpoints.history, figures: checkpoints.figures };
       drawJob(job);
       drawGraph(graph);
       drawCheckpointChart(checkpoints.history);

@@ -30,11 +30,12 @@ from runtime.checkpointing.snapshots import encode_channel_state, encode_operato
 from runtime.checkpointing.writer import CheckpointWriter, Written
 from runtime.execution.channels import Subpartition, overtaken_records, whole_records
 from runtime.execution.task import CheckpointStatistics, Task
+from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CheckpointMode
 
 log = logging.getLogger("sluice.checkpoint")
 
-AckCallback = Callable[[Task, BarrierSpec, dict[str, Any], dict[str, Any]], None]
+AckCallback = Callable[[Task, BarrierSpec, dict[str, Any], TaskCheckpointFigures], None]
 DeclineCallback = Callable[[Task, int, str], None]
 
 
@@ -230,23 +231,18 @@ class TaskCheckpointer:
             return
         run.acked = True
         async_s = max(0.0, time.monotonic() - run.started - run.sync_s)
-        figures = {
-            "sync_s": run.sync_s, "async_s": async_s, "alignment_s": run.alignment_s,
-            "start_delay_s": max(0.0, run.first_barrier_wall - run.spec.started_at),
-            # barrier timeline, seconds after the trigger: the first barrier (or the trigger, at a source) and
-            # the last one (alignment done), so _metadata shows where an aligned checkpoint spent its time
-            "first_barrier_s": max(0.0, run.first_barrier_wall - run.spec.started_at),
-            "last_barrier_s": max(0.0, run.first_barrier_wall - run.spec.started_at) + run.alignment_s,
-            "state_bytes": run.state_bytes, "inflight_bytes": run.inflight_bytes, "unaligned": run.unaligned,
-        }
-        if run.backend is not None:  # what the state backend's snapshot cost: its sync part, and how incremental
-            figures["backend_sync_s"] = run.backend_sync_s
-            figures["backend_uploaded_bytes"] = int(run.backend.get("uploaded_bytes", 0))
-            figures["backend_total_bytes"] = int(run.backend.get("total_bytes", 0))
-        if run.async_captured is not None:
-            figures["async_captured_records"] = run.async_captured
+        first_barrier_s = max(0.0, run.first_barrier_wall - run.spec.started_at)
+        backend = run.backend
+        figures = TaskCheckpointFigures(  # the figures are declared in runtime/graph/checkpoint_figures.py
+            sync_s=run.sync_s, async_s=async_s, alignment_s=run.alignment_s, start_delay_s=first_barrier_s,
+            first_barrier_s=first_barrier_s, last_barrier_s=first_barrier_s + run.alignment_s,
+            state_bytes=run.state_bytes, inflight_bytes=run.inflight_bytes, unaligned=run.unaligned,
+            backend_sync_s=run.backend_sync_s if backend is not None else None,
+            backend_uploaded_bytes=int(backend.get("uploaded_bytes", 0)) if backend is not None else None,
+            backend_total_bytes=int(backend.get("total_bytes", 0)) if backend is not None else None,
+            async_captured_records=run.async_captured)
         self.last_alignment_s = run.alignment_s
-        self.last_start_delay_s = figures["start_delay_s"]
+        self.last_start_delay_s = figures.start_delay_s
         self.last_inflight_bytes = run.inflight_bytes
         self.inflight_bytes_total += run.inflight_bytes
         files: dict[str, Any] = dict(run.files)

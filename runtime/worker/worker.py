@@ -45,6 +45,7 @@ from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
+from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode, TaskState
 from runtime.graph.plan import Plan
 from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
@@ -310,10 +311,10 @@ class Worker(BaseLinkHandler):
         assert self.writer is not None
         job_id, attempt = plan.job_id, plan.attempt
 
-        def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: dict[str, Any]) -> None:
+        def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: TaskCheckpointFigures) -> None:
             self._spawn(self._report("ack_checkpoint", {
                 "job_id": job_id, "attempt": attempt, "checkpoint_id": spec.checkpoint_id,
-                "task": task.key.vertex_subtask, "state": files, "figures": figures}))
+                "task": task.key.vertex_subtask, "state": files, "figures": figures.to_wire()}))
 
         def on_decline(task: Task, checkpoint_id: int, reason: str) -> None:
             log.warning("task %s declined checkpoint %d: %s", task.task_id, checkpoint_id, reason)

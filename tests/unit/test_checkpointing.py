@@ -19,6 +19,7 @@ from coordinator.checkpointing import (
     Trigger,
     WriteMetadata,
 )
+from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
 
 TASKS = frozenset({"map-0", "sink-0"})
 
@@ -33,9 +34,10 @@ def trig(n: int, at: float, mode: str = "aligned", *, savepoint: bool = False, d
     return Trigger(n, mode, aligned_timeout_s, savepoint, directory, at)
 
 
-def fig(state_bytes: int = 0, inflight_bytes: int = 0, alignment_s: float = 0.0, start_delay_s: float = 0.0):
-    return {"state_bytes": state_bytes, "inflight_bytes": inflight_bytes, "alignment_s": alignment_s,
-            "start_delay_s": start_delay_s}
+def fig(state_bytes: int = 0, inflight_bytes: int = 0, alignment_s: float = 0.0,
+        start_delay_s: float = 0.0) -> TaskCheckpointFigures:
+    return TaskCheckpointFigures(state_bytes=state_bytes, inflight_bytes=inflight_bytes, alignment_s=alignment_s,
+                                 start_delay_s=start_delay_s)
 
 
 def ack_all(c: CheckpointCoordinator, n: int, now: float) -> list:
@@ -125,8 +127,8 @@ def test_all_acks_write_metadata_then_complete():
     assert c.ack(11.0, 1, "map-0", {"file": "a"}, fig(100, 5, 0.25, 0.5)) == []
     assert c.ack(12.5, 1, "sink-0", {"file": "b"}, fig(20, 7, 0.75, 0.125)) == [WriteMetadata(
         checkpoint_id=1, directory=None, savepoint=False, mode="aligned",
-        acks={"map-0": {"state": {"file": "a"}, "figures": fig(100, 5, 0.25, 0.5)},
-              "sink-0": {"state": {"file": "b"}, "figures": fig(20, 7, 0.75, 0.125)}},
+        acks={"map-0": {"state": {"file": "a"}, "figures": fig(100, 5, 0.25, 0.5).to_wire()},
+              "sink-0": {"state": {"file": "b"}, "figures": fig(20, 7, 0.75, 0.125).to_wire()}},
         started_at=10.0, completed_at=12.5)]
     assert c.statistics().in_flight_id == 1  # still in flight until _metadata is written
     assert c.metadata_written(13.0, 1) == [NotifyComplete(1)]
@@ -134,8 +136,8 @@ def test_all_acks_write_metadata_then_complete():
     assert (stats.completed, stats.failed, stats.in_flight_id, stats.last_completed_id) == (1, 0, None, 1)
     last = stats.last_completed
     assert last is not None
-    assert (last.status, last.duration_s, last.state_bytes, last.inflight_bytes) == (Status.COMPLETED, 2.5, 120, 12)
-    assert (last.alignment_s, last.start_delay_s) == (0.75, 0.5)
+    assert (last.status, last.duration_s) == (Status.COMPLETED, 2.5)
+    assert last.figures == CheckpointFigures(state_bytes=120, inflight_bytes=12, alignment_s=0.75, start_delay_s=0.5)
 
 
 def test_retention_discards_oldest_completed_checkpoints():
@@ -266,14 +268,14 @@ def test_a_failed_trigger_aborts_the_checkpoint_at_once():
 def test_late_duplicate_and_unknown_messages_are_ignored():
     c = coordinator(timeout_s=5.0, tolerable_failures=5)
     c.tick(10.0)
-    assert c.ack(11.0, 1, "map-0", {}, {}) == []
-    assert c.ack(11.1, 1, "map-0", {}, {}) == []  # duplicate
-    assert c.ack(11.2, 99, "sink-0", {}, {}) == []  # unknown checkpoint
-    assert c.ack(11.3, 1, "stranger", {}, {}) == []  # unknown task
+    assert c.ack(11.0, 1, "map-0", {}, fig()) == []
+    assert c.ack(11.1, 1, "map-0", {}, fig()) == []  # duplicate
+    assert c.ack(11.2, 99, "sink-0", {}, fig()) == []  # unknown checkpoint
+    assert c.ack(11.3, 1, "stranger", {}, fig()) == []  # unknown task
     assert c.decline(11.4, 1, "stranger", "?") == []
     assert c.metadata_written(11.5, 1) == []  # not every task acked yet
     assert len(c.tick(15.0)) == 2  # timeout abort
-    assert c.ack(16.0, 1, "sink-0", {}, {}) == []  # late ack of an aborted checkpoint
+    assert c.ack(16.0, 1, "sink-0", {}, fig()) == []  # late ack of an aborted checkpoint
     assert c.decline(16.0, 1, "sink-0", "late") == []
     assert c.metadata_failed(16.0, 1, "late") == []
     assert c.statistics().failed == 1
@@ -396,13 +398,13 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(task=st.sampled_from(sorted(TASKS) + ["stranger"]), stale=st.booleans(), size=st.integers(0, 10**6))
     def ack(self, task, stale, size):
         target = self.open if self.open is not None and not stale else len(self.triggered)
-        self.apply(self.c.ack(self.now, target, task, {}, {"state_bytes": size}))
+        self.apply(self.c.ack(self.now, target, task, {}, fig(size)))
 
     @rule()
     def ack_every_task(self):
         for task in sorted(TASKS):
             if self.open is not None:
-                self.apply(self.c.ack(self.now, self.open, task, {}, {"state_bytes": 1}))
+                self.apply(self.c.ack(self.now, self.open, task, {}, fig(1)))
 
     @rule(task=st.sampled_from(sorted(TASKS)))
     def decline(self, task):

@@ -6,6 +6,7 @@ from coordinator.checkpointing import CheckpointStatistics, CheckpointSummary, S
 from coordinator.jobs import JobRecord, JobStatistics
 from coordinator.metrics import CoordinatorCollector, DurationHistogram, HistogramStatistics, JobsStatistics
 from coordinator.registry import RegistryStatistics, WorkerStatistics
+from runtime.graph.checkpoint_figures import CheckpointFigures
 from runtime.graph.enums import JobState
 
 
@@ -59,8 +60,8 @@ def test_no_workers_no_jobs_still_yields_every_family_with_zeros():
 
 
 def test_checkpoint_figures_of_the_last_completed_checkpoint_and_counts_over_jobs():
-    last = CheckpointSummary(7, Status.COMPLETED, "unaligned", False, 100.0, 1.5, state_bytes=2048,
-                             inflight_bytes=512, alignment_s=0.0, start_delay_s=0.25)
+    last = CheckpointSummary(7, Status.COMPLETED, "unaligned", False, 100.0, 1.5, CheckpointFigures(
+        state_bytes=2048, inflight_bytes=512, alignment_s=0.0, start_delay_s=0.25))
     running = CheckpointStatistics(completed=7, failed=1, consecutive_failures=0, in_flight_id=8, queued=0,
                                    last_completed_id=7, last_completed=last)
     js = JobsStatistics((job("a", checkpoint=running, completed=9, failed=2),

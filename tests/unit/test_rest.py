@@ -19,6 +19,7 @@ from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match
 from coordinator.rest_views import RATE_TAU_S, backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
 from netstack.errors import RpcError
 from netstack.http import BadRequest, HttpRequest, parse_head
+from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import JobState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,11 +111,15 @@ def test_checkpoint_view_lists_per_task_figures_sorted() -> None:
     summary = {"checkpoint_id": 3, "status": "COMPLETED", "mode": "unaligned", "savepoint": False,
                "started_at": 1.0, "duration_s": 0.5, "state_bytes": 10, "inflight_bytes": 20, "alignment_s": 0.0,
                "start_delay_s": 0.1}
-    view = checkpoint_view(summary, {"2:0": {"sync_s": 0.01, "async_s": 0.2, "inflight_bytes": 20},
-                                     "1:0": {"start_delay_s": 0.1}})
+    view = checkpoint_view(summary, {
+        "2:0": TaskCheckpointFigures.from_wire({"sync_s": 0.01, "async_s": 0.2, "inflight_bytes": 20}),
+        "1:0": TaskCheckpointFigures(start_delay_s=0.1, backend_uploaded_bytes=5)})
     assert [t["task"] for t in view["tasks"]] == ["1:0", "2:0"]
     assert view["tasks"][1] == {"task": "2:0", "start_delay_s": 0.0, "alignment_s": 0.0, "sync_s": 0.01,
-                                "async_s": 0.2, "state_bytes": 0, "inflight_bytes": 20, "unaligned": False}
+                                "async_s": 0.2, "state_bytes": 0, "inflight_bytes": 20, "unaligned": False,
+                                "first_barrier_s": 0.0, "last_barrier_s": 0.0}
+    assert view["tasks"][0]["backend_uploaded_bytes"] == 5  # an optional figure, where measured
+    assert (view["state_bytes"], view["inflight_bytes"], view["start_delay_s"]) == (10, 20, 0.1)
     assert view["failure_reason"] == ""
 
 
