@@ -46,9 +46,9 @@ from netstack.tls import TlsFiles, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
-from runtime.common.dispatch import HandlerTable, UnknownMethod
+from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
-from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph import protocol as p
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 
@@ -276,27 +276,29 @@ class Coordinator(BaseLinkHandler):
 
     def _handlers(self) -> HandlerTable[Link]:
         """Every RPC the coordinator serves, to workers and clients alike."""
-        return HandlerTable({
+        handlers: list[tuple[type[Any], Any]] = [
             # from workers
-            "register": self.rpc_register,
-            "heartbeat": self.rpc_heartbeat,
-            "ack_checkpoint": self.rpc_ack_checkpoint,
-            "decline_checkpoint": self.rpc_decline_checkpoint,
-            "probe_done": self.rpc_probe_done,
-            "task_finished": self.rpc_task_finished,
-            "task_ended": self.rpc_task_ended,
-            "task_failed": self.rpc_task_failed,
-            "job_error": self.rpc_job_error,
+            (p.Register, self.rpc_register),
+            (p.Heartbeat, self.rpc_heartbeat),
+            (p.AckCheckpoint, self.rpc_ack_checkpoint),
+            (p.DeclineCheckpoint, self.rpc_decline_checkpoint),
+            (p.ProbeDone, self.rpc_probe_done),
+            (p.TaskFinished, self.rpc_task_finished),
+            (p.TaskEnded, self.rpc_task_ended),
+            (p.TaskFailed, self.rpc_task_failed),
+            (p.JobError, self.rpc_job_error),
             # from clients
-            "submit": self.rpc_submit,
-            "status": self.rpc_status,
-            "cancel": self.rpc_cancel,
-            "wait_job": self.rpc_wait_job,
-            "checkpoint": self.rpc_checkpoint,
-            "checkpoints": self.rpc_checkpoints,
-            "rescale": self.rpc_rescale,
-            "probe": self.rpc_probe,
-        })
+            (p.Submit, self.rpc_submit),
+            (p.Status, self.rpc_status),
+            (p.Cancel, self.rpc_cancel),
+            (p.WaitJob, self.rpc_wait_job),
+            (p.TakeCheckpoint, self.rpc_checkpoint),
+            (p.Checkpoints, self.rpc_checkpoints),
+            (p.Rescale, self.rpc_rescale),
+            (p.Probe, self.rpc_probe),
+        ]
+        # each handler gets its typed message (runtime/graph/protocol.py), decoded and checked here
+        return HandlerTable({kind.method: decoded(kind.from_wire, handler) for kind, handler in handlers})
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
         if not self.leading():
@@ -306,23 +308,25 @@ class Coordinator(BaseLinkHandler):
             return await self.rpc.dispatch(link, method, args)
         except UnknownMethod as exc:
             raise MethodNotFound(str(exc)) from None
+        except BadArguments as exc:
+            raise InvalidRequest(str(exc), "BadArgs") from None
 
-    async def rpc_register(self, link: Link, args: dict[str, Any]) -> Any:
+    async def rpc_register(self, link: Link, args: p.Register) -> Any:
         if link.connection.peer_role != "worker":
             raise Forbidden("only workers register", "NotAWorker")
         wid = link.peer_id
         old = self.workers.get(wid)
         if old is not None and old.link is not link:
             old.link.close("replaced by a new registration")
-        self.workers.register(WorkerRecord(wid, link, int(args["slots"]), str(args["host"]), int(args["data_port"]),
-                                           args.get("metrics_port"), args.get("pid")))
-        log.info("worker %s registered with %d slots at %s:%s", wid, args["slots"], args["host"], args["data_port"])
+        self.workers.register(WorkerRecord(wid, link, args.slots, args.host, args.data_port, args.metrics_port,
+                                           args.pid))
+        log.info("worker %s registered with %d slots at %s:%s", wid, args.slots, args.host, args.data_port)
         return {"ok": True}
 
-    async def rpc_heartbeat(self, link: Link, args: dict[str, Any]) -> Any:
+    async def rpc_heartbeat(self, link: Link, args: p.Heartbeat) -> Any:
         if not self.workers.heartbeat(link.peer_id, link, now=time.monotonic()):
             raise Conflict("unknown worker: register first", "NotRegistered")
-        for st in args.get("tasks", []):
+        for st in args.tasks:
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:
                 # with rates since the previous heartbeat, for the REST API's graph
@@ -330,32 +334,29 @@ class Coordinator(BaseLinkHandler):
                                                          {**st, "worker": link.peer_id}, time.monotonic())
         return {"ok": True}
 
-    async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
-        entry = str(args.get("entry", ""))
+    async def rpc_submit(self, link: Link, args: p.Submit) -> Any:
+        entry = args.entry
         job_id = f"job-{secrets.token_hex(4)}"
-        submitted = args.get("config") or {}
-        if not isinstance(submitted, dict):
-            raise InvalidRequest(f"bad job settings: config must be an object, got {submitted!r}", "BadSettings")
-        submitted = dict(submitted)
+        submitted = dict(args.config or {})
         try:
             settings = checkpoint_settings(submitted.pop("checkpoint", None) or {})
             strategy = restart_strategy(submitted.pop("restart", None) or {})
             config = JobConfig.from_document(submitted)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
-        sys_path = str(args.get("sys_path") or "")
+        sys_path = args.sys_path or ""
         try:
             sys_path = self.trust.check_job_path(os.path.realpath(sys_path) if sys_path else "")  # noqa: ASYNC240
         except TrustError as exc:
             raise Forbidden(str(exc)) from None
-        job = JobRecord(job_id, entry, str(args.get("name") or entry), sys_path, config)
+        job = JobRecord(job_id, entry, args.name or entry, sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
-        restore_path = args.get("restore")
+        restore_path = args.restore
         if restore_path:
-            plan.restore = await self.manager.restore_spec(str(restore_path), plan)
-            job.restored_from = str(restore_path)
+            plan.restore = await self.manager.restore_spec(restore_path, plan)
+            job.restored_from = restore_path
             job.restored_checkpoint_id = plan.restore.checkpoint_id
             # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore
             # deletes those of ids after it, so an id must never be reused along one line of restores
@@ -365,69 +366,68 @@ class Coordinator(BaseLinkHandler):
         self.manager.add(job)
         return {"job_id": job_id, "tasks": job.total_tasks()}
 
-    def _job_for_checkpoint(self, args: dict[str, Any]) -> JobRecord:
-        job = self.jobs.get(str(args.get("job_id")))
+    def _job(self, args: p.JobQuery) -> JobRecord:
+        job = self.jobs.get(args.job_id)
         if job is None:
-            raise JobNotFound(f"no job {args.get('job_id')}")
-        if job.state != JobState.RUNNING or job.checkpoints is None:
-            raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING")
+            raise JobNotFound(f"no job {args.job_id}")
         return job
 
-    async def rpc_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
+    async def rpc_checkpoint(self, link: Link, args: p.TakeCheckpoint) -> Any:
         """Take a checkpoint now (or a savepoint with savepoint=True and a directory); wait for its end."""
-        job = self._job_for_checkpoint(args)
-        assert job.checkpoints is not None
-        savepoint = bool(args.get("savepoint"))
-        directory = args.get("directory")
+        job = self._job(args)
+        if job.state != JobState.RUNNING or job.checkpoints is None:
+            raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING")
+        savepoint = args.savepoint
+        directory = args.directory
         if savepoint:
             try:  # realpath reads links, once per request
                 directory = self.trust.check_savepoint_dir(
-                    _resolved(str(directory)) if directory else None)
+                    _resolved(directory) if directory else None)
             except TrustError as exc:
                 raise Forbidden(str(exc)) from None
         try:
-            _, fut = job.checkpoints.request(savepoint=savepoint, directory=directory, mode=args.get("mode"))
+            _, fut = job.checkpoints.request(savepoint=savepoint, directory=directory, mode=args.mode)
         except ValueError as exc:
             raise InvalidRequest(str(exc), "BadCheckpointRequest") from None
-        return await asyncio.wait_for(fut, float(args.get("timeout_s", 600.0)))
+        return await asyncio.wait_for(fut, args.timeout_s)
 
-    async def rpc_rescale(self, link: Link, args: dict[str, Any]) -> Any:
+    async def rpc_rescale(self, link: Link, args: p.Rescale) -> Any:
         """Rescale a running job through a checkpoint of its own mode; answer once it runs again (downtime)."""
-        job = self.jobs.get(str(args.get("job_id")))
-        if job is None:
-            raise JobNotFound(f"no job {args.get('job_id')}")
-        requested = args.get("parallelism")
-        if not isinstance(requested, dict) or not requested or not all(
+        job = self._job(args)
+        requested = args.parallelism
+        if not requested or not all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
                 for k, v in requested.items()):
             raise InvalidRequest("rescale needs parallelism {NAME or '*': N >= 1, ...}", "BadRescaleRequest")
-        return await self.manager.rescale(job, dict(requested), timeout_s=float(args.get("timeout_s", 600.0)))
+        return await self.manager.rescale(job, dict(requested), timeout_s=args.timeout_s)
 
-    async def rpc_checkpoints(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(str(args.get("job_id")))
-        if job is None:
-            raise JobNotFound(f"no job {args.get('job_id')}")
+    async def rpc_checkpoints(self, link: Link, args: p.Checkpoints) -> Any:
+        job = self._job(args)
         history = job.checkpoint_history()
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
                 "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
                 "last_completed": job.last_checkpoint}
 
-    async def rpc_ack_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(args["job_id"])
-        if job is not None and job.checkpoints is not None and job.attempt == args.get("attempt"):
-            job.checkpoints.ack(int(args["checkpoint_id"]), str(args["task"]), dict(args.get("state") or {}),
-                                TaskCheckpointFigures.from_wire(args.get("figures")))
+    def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
+        """The report's job while the attempt it is about is the current one (None: a stale report)."""
+        job = self.jobs.get(report.job_id)
+        return job if job is not None and job.attempt == report.attempt else None
+
+    async def rpc_ack_checkpoint(self, link: Link, args: p.AckCheckpoint) -> Any:
+        job = self._attempt(args)
+        if job is not None and job.checkpoints is not None:
+            job.checkpoints.ack(args.checkpoint_id, args.task, dict(args.state), args.figures)
         return {"ok": True}
 
-    async def rpc_decline_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(args["job_id"])
-        if job is not None and job.checkpoints is not None and job.attempt == args.get("attempt"):
-            job.checkpoints.decline(int(args["checkpoint_id"]), str(args["task"]), str(args.get("reason", "")))
+    async def rpc_decline_checkpoint(self, link: Link, args: p.DeclineCheckpoint) -> Any:
+        job = self._attempt(args)
+        if job is not None and job.checkpoints is not None:
+            job.checkpoints.decline(args.checkpoint_id, args.task, args.reason)
         return {"ok": True}
 
-    async def rpc_status(self, link: Link, args: dict[str, Any]) -> Any:
-        job_id = args.get("job_id")
+    async def rpc_status(self, link: Link, args: p.Status) -> Any:
+        job_id = args.job_id
         if job_id:
             job = self.jobs.get(job_id)
             if job is None:
@@ -444,41 +444,31 @@ class Coordinator(BaseLinkHandler):
                 "jobs": [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error}
                          for j in self.jobs.values()]}
 
-    async def rpc_cancel(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(str(args.get("job_id")))
-        if job is None:
-            raise JobNotFound(f"no job {args.get('job_id')}")
+    async def rpc_cancel(self, link: Link, args: p.Cancel) -> Any:
+        job = self._job(args)
         if job.terminal:
             return {"state": job.state}
         await self.manager.cancel(job, "cancelled by user")
         return {"state": job.state}
 
-    async def rpc_wait_job(self, link: Link, args: dict[str, Any]) -> Any:
+    async def rpc_wait_job(self, link: Link, args: p.WaitJob) -> Any:
         """Return the job's summary once it has ended, or when `timeout_s` has passed (then it is still going)."""
-        job = self.jobs.get(str(args.get("job_id")))
-        if job is None:
-            raise JobNotFound(f"no job {args.get('job_id')}")
-        try:
-            timeout_s = float(args.get("timeout_s", WAIT_JOB_MAX_S))
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"timeout_s must be a number of seconds, got {args.get('timeout_s')!r}",
-                                 "BadArgs") from None
+        job = self._job(args)
+        timeout_s = WAIT_JOB_MAX_S if args.timeout_s is None else args.timeout_s
         # capped: the wait outlives a client that went away, so it must end on its own
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(job.ended.wait(), max(0.0, min(timeout_s, WAIT_JOB_MAX_S)))
         return job.summary()
 
-    async def rpc_probe(self, link: Link, args: dict[str, Any]) -> Any:
+    async def rpc_probe(self, link: Link, args: p.Probe) -> Any:
         """Send a probe through a running job on the priority lane; return when every task saw it."""
-        job = self.jobs.get(str(args.get("job_id")))
-        if job is None or job.plan is None:
-            raise JobNotFound(f"no job {args.get('job_id')}")
-        if job.state != JobState.RUNNING:
+        job = self._job(args)
+        if job.state != JobState.RUNNING or job.plan is None:
             raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING")
         probe_id = next(self._probe_ids)
         pending = PendingProbe(job.job_id, job.total_tasks())
         self._probes[probe_id] = pending
-        timeout_s = float(args.get("timeout_s", 30.0))
+        timeout_s = args.timeout_s
         try:
             workers = [self.workers[w].link for w in set(job.plan.placement.values()) if w in self.workers]
             await asyncio.gather(*(w.call("probe", {"job_id": job.job_id, "probe_id": probe_id}) for w in workers))
@@ -492,43 +482,43 @@ class Coordinator(BaseLinkHandler):
                 "duration_s": max((r["arrival_s"] for r in pending.reports.values()), default=None),
                 "tasks": sorted(pending.reports.values(), key=lambda r: r["arrival_s"])}
 
-    async def rpc_probe_done(self, link: Link, args: dict[str, Any]) -> Any:
-        pending = self._probes.get(int(args["probe_id"]))
-        if pending is not None and pending.job_id == args.get("job_id"):
-            pending.reports[args["task"]] = {
-                "task": args["task"], "arrival_s": time.monotonic() - pending.started,
-                "overtaken_output_buffers": args.get("overtaken_output_buffers", 0),
-                "overtaken_input_buffers": args.get("overtaken_input_buffers", 0)}
+    async def rpc_probe_done(self, link: Link, args: p.ProbeDone) -> Any:
+        pending = self._probes.get(args.probe_id)
+        if pending is not None and pending.job_id == args.job_id:
+            pending.reports[args.task] = {
+                "task": args.task, "arrival_s": time.monotonic() - pending.started,
+                "overtaken_output_buffers": args.overtaken_output_buffers,
+                "overtaken_input_buffers": args.overtaken_input_buffers}
             if len(pending.reports) >= pending.expected:
                 pending.done.set()
         return {"ok": True}
 
-    async def rpc_task_finished(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(args["job_id"])
-        if job is None or job.attempt != args.get("attempt") or job.state != JobState.RUNNING:
+    async def rpc_task_finished(self, link: Link, args: p.TaskFinished) -> Any:
+        job = self._attempt(args)
+        if job is None or job.state != JobState.RUNNING:
             return {"ignored": True}
-        stats = args.get("stats")
-        if isinstance(stats, dict) and "task" in stats:
+        stats = args.stats
+        if stats is not None and "task" in stats:
             job.task_stats[stats["task"]] = {**stats, "worker": link.peer_id}
-        self.manager.task_finished(job, args["task"])
+        self.manager.task_finished(job, args.task)
         return {"ok": True}
 
-    async def rpc_task_ended(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(args["job_id"])
-        if job is not None and job.attempt == args.get("attempt") and job.state == JobState.RUNNING:
-            self.manager.task_ended(job, args["task"])
+    async def rpc_task_ended(self, link: Link, args: p.TaskEnded) -> Any:
+        job = self._attempt(args)
+        if job is not None and job.state == JobState.RUNNING:
+            self.manager.task_ended(job, args.task)
         return {"ok": True}
 
-    async def rpc_task_failed(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(args["job_id"])
-        if job is not None and job.attempt == args.get("attempt") and not job.terminal:
-            self._spawn(self.manager.on_failure(job, f"task {args['task']} failed: {args.get('error', '?')}"))
+    async def rpc_task_failed(self, link: Link, args: p.TaskFailed) -> Any:
+        job = self._attempt(args)
+        if job is not None and not job.terminal:
+            self._spawn(self.manager.on_failure(job, f"task {args.task} failed: {args.error}"))
         return {"ok": True}
 
-    async def rpc_job_error(self, link: Link, args: dict[str, Any]) -> Any:
-        job = self.jobs.get(args["job_id"])
-        if job is not None and job.attempt == args.get("attempt") and not job.terminal:
-            self._spawn(self.manager.on_failure(job, f"on {link.peer_id}: {args.get('error', '?')}"))
+    async def rpc_job_error(self, link: Link, args: p.JobError) -> Any:
+        job = self._attempt(args)
+        if job is not None and not job.terminal:
+            self._spawn(self.manager.on_failure(job, f"on {link.peer_id}: {args.error}"))
         return {"ok": True}
 
 def restart_strategy(raw: dict[str, Any]) -> RestartStrategy:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 C = TypeVar("C")  # what a handler gets besides its arguments: the link the call came on
+A = TypeVar("A")  # a typed message a handler takes instead of the arguments' document
 
 Handler = Callable[[C, dict[str, Any]], Any | Awaitable[Any]]
 
@@ -17,6 +18,18 @@ class UnknownMethod(LookupError):
     def __init__(self, method: str) -> None:
         super().__init__(f"unknown method {method!r}")
         self.method = method
+
+
+class BadArguments(ValueError):
+    """A call's arguments do not fit its method (a field missing or of the wrong type); the caller turns it
+    into its protocol's error."""
+
+
+def decoded(decode: Callable[[dict[str, Any]], A], handler: Callable[[C, A], Any]) -> Handler[C]:
+    """A handler of a typed message: `decode` turns the arguments into it first (raising BadArguments)."""
+    def handle(context: C, args: dict[str, Any]) -> Any:
+        return handler(context, decode(args))
+    return handle
 
 
 class HandlerTable(Generic[C]):

@@ -45,6 +45,7 @@ from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
+from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode, TaskState
 from runtime.graph.plan import Plan
@@ -182,10 +183,9 @@ class Worker(BaseLinkHandler):
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             try:
-                await link.call("register", {
-                    "id": self.worker_id, "slots": self.config.slots, "host": self.advertised,
-                    "data_port": data_port, "metrics_port": self.metrics_port, "pid": os.getpid(),
-                }, timeout_s=10.0)
+                await link.call("register", p.Register(
+                    slots=self.config.slots, host=self.advertised, data_port=data_port, id=self.worker_id,
+                    metrics_port=self.metrics_port, pid=os.getpid()).to_wire(), timeout_s=10.0)
             except NetstackError as exc:
                 link.close("not registered")
                 transient &= coordinator_unavailable(exc)
@@ -206,7 +206,7 @@ class Worker(BaseLinkHandler):
                     await self._connect_coordinator(data_port)
                     assert self.coordinator is not None
                     log.info("re-registered with %s", self.coordinator.describe())
-                await self.coordinator.call("heartbeat", {"id": self.worker_id, "tasks": self._task_report()},
+                await self.coordinator.call("heartbeat", p.Heartbeat(self.worker_id, self._task_report()).to_wire(),
                                             timeout_s=10.0)
                 delays = None
             except NetstackError as exc:
@@ -312,15 +312,13 @@ class Worker(BaseLinkHandler):
         job_id, attempt = plan.job_id, plan.attempt
 
         def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: TaskCheckpointFigures) -> None:
-            self._spawn(self._report("ack_checkpoint", {
-                "job_id": job_id, "attempt": attempt, "checkpoint_id": spec.checkpoint_id,
-                "task": task.key.vertex_subtask, "state": files, "figures": figures.to_wire()}))
+            self._spawn(self._report(p.AckCheckpoint(job_id, attempt, task.key.vertex_subtask, spec.checkpoint_id,
+                                                     files, figures)))
 
         def on_decline(task: Task, checkpoint_id: int, reason: str) -> None:
             log.warning("task %s declined checkpoint %d: %s", task.task_id, checkpoint_id, reason)
-            self._spawn(self._report("decline_checkpoint", {
-                "job_id": job_id, "attempt": attempt, "checkpoint_id": checkpoint_id,
-                "task": task.key.vertex_subtask, "reason": reason}))
+            self._spawn(self._report(p.DeclineCheckpoint(job_id, attempt, task.key.vertex_subtask, checkpoint_id,
+                                                         reason)))
 
         return CheckpointHooks(self.writer, on_ack, on_decline)
 
@@ -335,9 +333,7 @@ class Worker(BaseLinkHandler):
 
     def _probe_complete(self, job_id: str, attempt: int, task: Task, probe_id: int, overtaken_out: int,
                         overtaken_in: int) -> None:
-        self._spawn(self._report("probe_done", {
-            "job_id": job_id, "attempt": attempt, "probe_id": probe_id, "task": task.task_id,
-            "overtaken_output_buffers": overtaken_out, "overtaken_input_buffers": overtaken_in}))
+        self._spawn(self._report(p.ProbeDone(job_id, attempt, task.task_id, probe_id, overtaken_out, overtaken_in)))
 
     def _start(self, job_id: str) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
@@ -353,7 +349,7 @@ class Worker(BaseLinkHandler):
 
     def _task_ended(self, job_id: str, key: str, attempt: int, task: Task) -> None:
         """The coordinator takes the job's final checkpoint once every task has ended."""
-        self._spawn(self._report("task_ended", {"job_id": job_id, "task": key, "attempt": attempt}))
+        self._spawn(self._report(p.TaskEnded(job_id, attempt, key)))
 
     def _on_task_done(self, job_id: str, key: str, runner: asyncio.Task[None]) -> None:
         deployed = self.jobs.get(job_id)
@@ -367,12 +363,11 @@ class Worker(BaseLinkHandler):
         task = deployed.tasks[key]
         stats = task_report(job_id, task)
         if exc is None:
-            self._spawn(self._report("task_finished", {"job_id": job_id, "task": key, "attempt":
-                                                       deployed.plan.attempt, "stats": stats}))
+            self._spawn(self._report(p.TaskFinished(job_id, deployed.plan.attempt, key, stats=stats)))
         else:
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
-            self._spawn(self._report("task_failed", {"job_id": job_id, "task": key, "attempt": deployed.plan.attempt,
-                                                     "error": f"{type(exc).__name__}: {exc}"}))
+            self._spawn(self._report(p.TaskFailed(job_id, deployed.plan.attempt, key,
+                                                  error=f"{type(exc).__name__}: {exc}")))
         if all(t.state == TaskState.FINISHED for t in deployed.tasks.values()):
             self._spawn(self._release_when_drained(job_id, deployed))
 
@@ -383,17 +378,18 @@ class Worker(BaseLinkHandler):
             teardown(deployed, self.network)
             del self.jobs[job_id]
 
-    async def _report(self, method: str, args: dict[str, Any]) -> None:
+    async def _report(self, report: p.Message) -> None:
         deadline = time.monotonic() + 30.0
+        args = report.to_wire()
         while time.monotonic() < deadline:
             try:
                 if self.coordinator is not None and not self.coordinator.is_closing():
-                    await self.coordinator.call(method, args, timeout_s=10.0)
+                    await self.coordinator.call(report.method, args, timeout_s=10.0)
                     return
             except NetstackError as exc:
-                log.warning("reporting %s failed: %s", method, exc)
+                log.warning("reporting %s failed: %s", report.method, exc)
             await asyncio.sleep(0.5)
-        log.error("gave up reporting %s for %s", method, args)
+        log.error("gave up reporting %s for %s", report.method, args)
 
     async def _cancel_job(self, job_id: str, *, report: bool) -> None:
         deployed = self.jobs.pop(job_id, None)
@@ -412,8 +408,8 @@ class Worker(BaseLinkHandler):
         for job_id, deployed in list(self.jobs.items()):
             if peer_id in deployed.peers and any(not r.done() for r in deployed.running.values()):
                 log.error("job %s: lost data connection to %s (%s)", job_id, peer_id, why)
-                self._spawn(self._report("job_error", {"job_id": job_id, "attempt": deployed.plan.attempt,
-                                                       "error": f"lost data connection to {peer_id}: {why}"}))
+                self._spawn(self._report(p.JobError(job_id, deployed.plan.attempt,
+                                                    error=f"lost data connection to {peer_id}: {why}")))
                 self._spawn(self._cancel_job(job_id, report=False))
 
     def on_closed(self, link: Link, reason: Any, message: str) -> None:

@@ -11,14 +11,18 @@ import pytest
 from coordinator.server import Coordinator, CoordinatorConfig
 from netstack.errors import Conflict, Forbidden, InvalidRequest, JobNotFound, MethodNotFound, NotLeader, RpcError
 from runtime.cli.client import EXIT_INVALID, EXIT_NO_JOB, EXIT_REFUSED, refusal
+from runtime.graph import protocol
 from runtime.worker.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-CALL = re.compile(r"""(?:\.call|_report)\(\s*["']([a-z_]+)["']""")
+CALL = re.compile(r"""\.call\(\s*["']([a-z_]+)["']""")
+REPORT = re.compile(r"""_report\(\s*p\.([A-Za-z]+)\(""")  # a typed message of runtime/graph/protocol.py
 
 
 def called_in(package: str) -> set[str]:
-    return {m for path in (ROOT / package).rglob("*.py") for m in CALL.findall(path.read_text())}
+    texts = [path.read_text() for path in (ROOT / package).rglob("*.py")]
+    return ({m for text in texts for m in CALL.findall(text)}
+            | {getattr(protocol, name).method for text in texts for name in REPORT.findall(text)})
 
 
 def test_what_workers_and_clients_call_the_coordinator_serves(tmp_path: Path) -> None:
