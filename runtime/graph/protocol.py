@@ -228,3 +228,50 @@ class Submit(Message):
     config: Mapping[str, Any] | None = None  # JobConfig's document with "checkpoint" and "restart" settings
     sys_path: str | None = None
     restore: str | None = None  # a checkpoint or savepoint to start from
+
+
+# -- what the coordinator asks of workers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Deploy(Message):
+    method = "deploy"
+    plan: Mapping[str, Any]  # Plan.to_dict(): the worker builds its Plan from it
+
+
+@dataclass(frozen=True, slots=True)
+class StartJob(JobQuery):
+    method = "start"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob(JobQuery):
+    method = "cancel"
+    attempt: int | None = None  # None: whichever attempt runs
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerCheckpoint(JobQuery):
+    method = "trigger_checkpoint"
+    attempt: int
+    checkpoint_id: int
+    mode: str
+    started_at: float  # wall clock of the trigger
+    directory: str
+    savepoint: bool = False
+    aligned_timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointNotice(JobQuery):
+    """checkpoint_complete (sinks commit) or checkpoint_aborted, to every task of the attempt."""
+
+    method = "checkpoint_complete"
+    checkpoint_id: int
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InjectProbe(JobQuery):
+    method = "probe"
+    probe_id: int

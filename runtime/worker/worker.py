@@ -41,7 +41,7 @@ from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.common.addresses import advertised_host, local_address_towards
 from runtime.common.backoff import backoff_delays
-from runtime.common.dispatch import HandlerTable, UnknownMethod
+from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
@@ -224,16 +224,17 @@ class Worker(BaseLinkHandler):
 
     def _handlers(self) -> HandlerTable[Link]:
         """Every call the coordinator makes on this worker."""
+        # each call decoded into its typed message (runtime/graph/protocol.py) before its handler runs
         return HandlerTable({
-            "deploy": lambda link, args: self._deploy(Plan.from_dict(args["plan"])),
-            "start": lambda link, args: self._start(args["job_id"]),
-            "cancel": lambda link, args: self._rpc_cancel(args["job_id"], args.get("attempt")),
-            "trigger_checkpoint": lambda link, args: self._trigger_checkpoint(args),
-            "checkpoint_complete": lambda link, args: self._notify_tasks(
-                args["job_id"], args.get("attempt"), "checkpoint_complete", int(args["checkpoint_id"])),
-            "checkpoint_aborted": lambda link, args: self._notify_tasks(
-                args["job_id"], args.get("attempt"), "checkpoint_aborted", int(args["checkpoint_id"])),
-            "probe": lambda link, args: self._inject_probe(args["job_id"], int(args["probe_id"])),
+            "deploy": decoded(p.Deploy.from_wire, lambda link, m: self._deploy(Plan.from_dict(dict(m.plan)))),
+            "start": decoded(p.StartJob.from_wire, lambda link, m: self._start(m.job_id)),
+            "cancel": decoded(p.CancelJob.from_wire, lambda link, m: self._rpc_cancel(m.job_id, m.attempt)),
+            "trigger_checkpoint": decoded(p.TriggerCheckpoint.from_wire, lambda link, m: self._trigger_checkpoint(m)),
+            "checkpoint_complete": decoded(p.CheckpointNotice.from_wire, lambda link, m: self._notify_tasks(
+                m.job_id, m.attempt, "checkpoint_complete", m.checkpoint_id)),
+            "checkpoint_aborted": decoded(p.CheckpointNotice.from_wire, lambda link, m: self._notify_tasks(
+                m.job_id, m.attempt, "checkpoint_aborted", m.checkpoint_id)),
+            "probe": decoded(p.InjectProbe.from_wire, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
             "ping": lambda link, args: {"id": self.worker_id, "time": time.time()},
         })
 
@@ -242,8 +243,10 @@ class Worker(BaseLinkHandler):
             return await self.rpc.dispatch(link, method, args)
         except UnknownMethod as exc:
             raise MethodNotFound(str(exc)) from None
+        except BadArguments as exc:
+            raise InvalidRequest(str(exc), "BadArgs") from None
 
-    async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+    async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> dict[str, bool]:
         deployed = self.jobs.get(job_id)
         if attempt is not None and deployed is not None and deployed.plan.attempt > attempt:
             # from a coordinator that lost its lease while a new leader redeployed the job: not ours to stop
@@ -253,7 +256,7 @@ class Worker(BaseLinkHandler):
         await self._cancel_job(job_id, report=False)
         return {"cancelled": True}
 
-    async def _deploy(self, plan: Plan) -> dict[str, Any]:
+    async def _deploy(self, plan: Plan) -> dict[str, list[str]]:
         if plan.job_id in self.jobs:
             await self._cancel_job(plan.job_id, report=False)
         deployed = await deploy(plan, self.worker_id, self.network, self._checkpoint_hooks(plan))
@@ -273,17 +276,16 @@ class Worker(BaseLinkHandler):
             raise JobNotFound(f"job {job_id} is not deployed here")
         return deployed
 
-    def _trigger_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
-        deployed = self._running_job(args["job_id"])
-        if args.get("attempt") != deployed.plan.attempt:
-            raise Conflict(f"attempt {args.get('attempt')} is not the one running here", "WrongAttempt")
-        if args["mode"] not in CHECKPOINT_MODES:
-            raise InvalidRequest(f"unknown checkpoint mode {args['mode']!r}", "BadMode")
+    def _trigger_checkpoint(self, args: p.TriggerCheckpoint) -> dict[str, int]:
+        deployed = self._running_job(args.job_id)
+        if args.attempt != deployed.plan.attempt:
+            raise Conflict(f"attempt {args.attempt} is not the one running here", "WrongAttempt")
+        if args.mode not in CHECKPOINT_MODES:
+            raise InvalidRequest(f"unknown checkpoint mode {args.mode!r}", "BadMode")
         deadline = None
-        if args["mode"] == CheckpointMode.ALIGNED_TIMEOUT:
-            deadline = float(args["started_at"]) + float(args.get("aligned_timeout_s") or 0.0)
-        spec = BarrierSpec(int(args["checkpoint_id"]), str(args["mode"]), float(args["started_at"]), deadline,
-                           bool(args.get("savepoint")), str(args["directory"]))
+        if args.mode == CheckpointMode.ALIGNED_TIMEOUT:
+            deadline = args.started_at + (args.aligned_timeout_s or 0.0)
+        spec = BarrierSpec(args.checkpoint_id, args.mode, args.started_at, deadline, args.savepoint, args.directory)
         # Running sources start the checkpoint; tasks past their end of input get no barrier any more, so they are
         # triggered directly; finished tasks are recorded as finished by the coordinator.
         triggered = 0
@@ -296,7 +298,7 @@ class Worker(BaseLinkHandler):
                 triggered += 1
         return {"sources": triggered}
 
-    def _notify_tasks(self, job_id: str, attempt: Any, kind: str, checkpoint_id: int) -> dict[str, Any]:
+    def _notify_tasks(self, job_id: str, attempt: int | None, kind: str, checkpoint_id: int) -> dict[str, int]:
         deployed = self.jobs.get(job_id)
         if deployed is None or deployed.plan.attempt != attempt:
             return {"tasks": 0}  # another attempt's notification: its sinks must not commit ours
@@ -322,7 +324,7 @@ class Worker(BaseLinkHandler):
 
         return CheckpointHooks(self.writer, on_ack, on_decline)
 
-    def _inject_probe(self, job_id: str, probe_id: int) -> dict[str, Any]:
+    def _inject_probe(self, job_id: str, probe_id: int) -> dict[str, int]:
         deployed = self.jobs.get(job_id)
         if deployed is None:
             raise JobNotFound(f"job {job_id} is not deployed here")
@@ -335,7 +337,7 @@ class Worker(BaseLinkHandler):
                         overtaken_in: int) -> None:
         self._spawn(self._report(p.ProbeDone(job_id, attempt, task.task_id, probe_id, overtaken_out, overtaken_in)))
 
-    def _start(self, job_id: str) -> dict[str, Any]:
+    def _start(self, job_id: str) -> dict[str, int]:
         deployed = self.jobs.get(job_id)
         if deployed is None:
             raise JobNotFound(f"job {job_id} is not deployed here")

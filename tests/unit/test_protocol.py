@@ -28,6 +28,9 @@ MESSAGES: list[p.Message] = [
     p.Submit(entry="m:f", config={"checkpoint": {"interval_s": 1}}), p.Status(), p.Cancel("j"),
     p.WaitJob("j", 2.5), p.Probe("j"), p.TakeCheckpoint("j", savepoint=True, directory="/sp"),
     p.Checkpoints("j"), p.Rescale("j", {"*": 3}),
+    p.Deploy({"job_id": "j"}), p.StartJob("j"), p.CancelJob("j", 3), p.InjectProbe("j", 4),
+    p.TriggerCheckpoint("j", 1, 5, "aligned_timeout", 1700000000.5, "/c/chk-5", aligned_timeout_s=0.2),
+    p.CheckpointNotice("j", 5, attempt=1),
 ]
 
 
