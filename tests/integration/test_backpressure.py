@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, write_module
 
 JOB = '''
 from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction

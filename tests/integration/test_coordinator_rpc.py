@@ -15,7 +15,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.cli.client import call_coordinator, wait_job
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, write_module
 
 pytestmark = pytest.mark.integration
 

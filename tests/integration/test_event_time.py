@@ -24,7 +24,8 @@ import pytest
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
 from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.execution.watermarks import WatermarkGenerator
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+from tests.support.models import jittered
 
 pytestmark = pytest.mark.integration
 
@@ -65,10 +66,6 @@ def build(job: Job) -> None:
 '''
 
 
-def jittered(record: Any) -> int:
-    return int(record[2] + (record[1] * 7919) % 400)
-
-
 def expected_output(words: int) -> Counter[str]:
     """What DropLate commits without failures, from the records in source order (one source subtask)."""
     gen = WatermarkGenerator(BoundedOutOfOrderness(MAX_DELAY_MS, jittered, granularity_ms=GRANULARITY_MS))
@@ -98,22 +95,6 @@ def expected_output(words: int) -> Counter[str]:
     fire(MAX_WATERMARK)
     assert sum(late.values()) > words // 20, "the input must have late records for the test to mean anything"
     return Counter(json.dumps(row, separators=(",", ":")) for row in out)
-
-
-def committed_rows(out: Any) -> tuple[Counter[str], list[str]]:
-    rows: Counter[str] = Counter()
-    hidden = []
-    for path in sorted(out.iterdir()) if out.exists() else []:
-        if path.name.startswith((".", "_")):
-            hidden.append(path.name)
-            continue
-        rows.update(path.read_text().splitlines())
-    return rows, hidden
-
-
-def logs(cluster: Cluster) -> str:
-    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
-    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in names)
 
 
 def test_watermarks_and_timers_are_exact_across_kill_9_with_unaligned_checkpoints(cluster: Cluster) -> None:

@@ -17,19 +17,19 @@ import pytest
 
 from coordinator.storage import METADATA_FILE
 from runtime.common import objectstore
-from tests.integration.conftest import Cluster, poll
-from tests.integration.test_checkpoint_integrity import committed_by
-from tests.integration.test_failover import (
+from tests.support.cluster import Cluster, poll
+from tests.support.failover import (
     WORKER_ARGS,
     assert_exact_output,
     assert_recovered,
+    committed_by,
     install,
     sink_placement,
     start,
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from runtime.state.remote import available
-from tests.integration.conftest import Cluster
-from tests.integration.test_failover import (
+from tests.support.checkpoints import backend_handles, checkpoint_metadata
+from tests.support.cluster import Cluster
+from tests.support.failover import (
     WORKER_ARGS,
     assert_exact_output,
     assert_recovered,
@@ -22,8 +23,7 @@ from tests.integration.test_failover import (
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.integration.test_state_backends import backend_handles, checkpoint_metadata
-from tests.redis_server import RedisServer, valkey_server_binary
+from tests.support.redis_server import RedisServer, valkey_server_binary
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not available() or valkey_server_binary() is None,

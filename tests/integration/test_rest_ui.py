@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from coordinator.rest import UI_DIR
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, write_module
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

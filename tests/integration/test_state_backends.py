@@ -3,7 +3,6 @@ state five times larger than the worker's memory limit. Every job must commit ea
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -14,8 +13,9 @@ import pytest
 from runtime.cli.processes import Managed, start_process
 from runtime.graph.enums import JobState
 from runtime.state.rocksdb import available
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, write_module
-from tests.integration.test_failover import (
+from tests.support.checkpoints import backend_handles, checkpoint_metadata
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, write_module
+from tests.support.failover import (
     WORKER_ARGS,
     assert_exact_output,
     assert_recovered,
@@ -32,16 +32,6 @@ pytestmark = [pytest.mark.integration,
 
 def rocksdb(cluster: Cluster) -> dict[str, Any]:
     return {"state": {"backend": "rocksdb", "work_dir": str(cluster.tmp_path / "local-state")}}
-
-
-def checkpoint_metadata(cluster: Cluster, job_id: str) -> list[dict[str, Any]]:
-    job_dir = cluster.tmp_path / "state" / "checkpoints" / job_id
-    return [json.loads((d / "_metadata").read_text()) for d in sorted(job_dir.glob("chk-*"))
-            if (d / "_metadata").exists()]
-
-
-def backend_handles(metadata: dict[str, Any]) -> list[dict[str, Any]]:
-    return [ack["state"]["backend"] for ack in metadata["acks"].values() if (ack.get("state") or {}).get("backend")]
 
 
 def assert_shared_files_are_those_referenced(cluster: Cluster, job_id: str) -> None:

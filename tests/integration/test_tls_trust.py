@@ -15,8 +15,8 @@ from netstack.errors import RpcError
 from netstack.tls import TlsFiles
 from runtime.cli.client import call_coordinator
 from runtime.cli.processes import sluice_command
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.tls_certs import make_ca
+from tests.support.cluster import Cluster, poll, write_module
+from tests.support.tls_certs import make_ca
 
 JOB = '''
 from runtime.api import DiscardSink, GeneratorSource, Job

@@ -21,9 +21,8 @@ import pytest
 from runtime.api import BoundedOutOfOrderness, TumblingEventTimeWindows
 from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.execution.watermarks import WatermarkGenerator
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.integration.test_event_time import committed_rows, jittered, logs
-from tests.unit.test_windows import window_model
+from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+from tests.support.models import jittered, window_model
 
 pytestmark = pytest.mark.integration
 
