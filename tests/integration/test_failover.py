@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import Cluster, poll
+from tests.support.cluster import Cluster, holds_for, poll
 from tests.support.failover import (
     WORKER_ARGS,
     assert_exact_output,
@@ -122,8 +122,8 @@ def test_heartbeat_timeout_moves_the_job_to_a_spare_worker(cluster: Cluster) -> 
     committed = {p.name: p.read_bytes() for p in setup.out.iterdir() if not p.name.startswith(".")}
     poll(lambda: stopped_id in [w["id"] for w in cluster.call("status")["workers"]], 30,
          "the continued worker to register again")
-    time.sleep(1.0)
-    assert {p.name: p.read_bytes() for p in setup.out.iterdir() if not p.name.startswith(".")} == committed
+    holds_for(lambda: {p.name: p.read_bytes() for p in setup.out.iterdir() if not p.name.startswith(".")} == committed,
+              1.0, "the committed output")
 
 
 # -- 5: the two-phase sink crashes mid-protocol ------------------------------------------------------------------
@@ -175,9 +175,10 @@ def test_worker_killed_during_aligned_checkpoint_output_is_exact(cluster: Cluste
     results: list[Any] = []
     thread = threading.Thread(target=lambda: results.append(_call(cluster, job_id)), daemon=True)
     thread.start()
-    poll(lambda: any(h["status"] == "IN_PROGRESS" for h in cluster.call("checkpoints", {"job_id": job_id})["history"]),
-         10, "the aligned checkpoint to start")
-    time.sleep(0.3)
+    # the sources have acknowledged (they snapshot as they emit the barrier): the barriers are in the queues
+    poll(lambda: any(h["status"] == "IN_PROGRESS" and h["state_bytes"] > 0
+                     for h in cluster.call("checkpoints", {"job_id": job_id})["history"]),
+         10, "the aligned checkpoint's barriers to leave the sources")
     st = setup.status(job_id)
     assert st["last_checkpoint"]["checkpoint_id"] == first["checkpoint_id"], "the aligned checkpoint was too quick"
     victim_id = sink_placement(st)[1]
