@@ -22,6 +22,7 @@ from tests.support.failover import (
     assert_exact_output,
     assert_recovered,
     install,
+    kill_once_and_recover,
     sink_placement,
     start,
     wait_first_checkpoint,
@@ -36,20 +37,7 @@ pytestmark = pytest.mark.integration
 def test_worker_killed_job_restores_and_output_is_exact(cluster: Cluster) -> None:
     setup = install(cluster, words=120_000)
     start(cluster)
-    job_id = setup.submit("wordcount")
-    st = wait_first_checkpoint(setup, job_id)
-    victim_id = sink_placement(st)[0]
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    killed_after = st["last_checkpoint"]["checkpoint_id"]
-
-    cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
-    st = setup.wait_finished(job_id)
-    assert_recovered(st, 1)
-    assert victim_id in st["failures"][0], st
-    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
-    assert_exact_output(setup)
+    kill_once_and_recover(setup, setup.submit("wordcount"))
 
 
 # -- 2: a task raises once -------------------------------------------------------------------------------------

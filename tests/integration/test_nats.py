@@ -292,10 +292,7 @@ def test_job_nats_to_nats_survives_kill_9_with_exact_output(cluster: Cluster, na
     markers.mkdir()
     write_module(cluster.tmp_path, "natsjobs",
                  JOB.format(url=url, markers=str(markers), partitions=PARTITIONS, sink_delay=0.00005))
-    cluster.start_coordinator()
-    for i in range(3):
-        cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
-    cluster.wait_workers(3)
+    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     job_id = submit(cluster, "counted" if kill == "external" else "kill_after_publish")
     replaced: set[int] = set()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -135,6 +136,13 @@ def reaped_cluster(tmp_path: Any) -> Iterator[Cluster]:
         c.stop()
         for proc in [*c.workers, *([c.coordinator] if c.coordinator else [])]:
             assert proc.proc.poll() is not None, f"process {proc.pid} survived the test"
+
+
+def kill_worker(cluster: Cluster, worker_id: str) -> None:
+    """SIGKILL the live worker process that announced `worker_id`, and wait until it is dead."""
+    victim = next(w for w in cluster.workers if str(w.fields["id"]) == worker_id and w.proc.poll() is None)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
 
 
 def write_module(directory: Any, name: str, source: str) -> None:

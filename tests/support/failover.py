@@ -5,13 +5,11 @@ that the committed output counts every record exactly once."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from tests.support.cluster import Cluster, generator_counts, poll, write_module
+from tests.support.cluster import Cluster, generator_counts, kill_worker, poll, write_module
 
 # Count is chained with its sink (same parallelism, forward), so the vertex "Count -> <sink>" hosts both.
 # `once(name)` is true exactly once per test, across processes and attempts (O_EXCL on a marker file), which is
@@ -128,8 +126,10 @@ class Setup:
         self.replaced: set[int] = set()
 
     def submit(self, entry: str, *, checkpoint: dict[str, Any] | None = None,
-               restart: dict[str, Any] | None = None) -> str:
-        config: dict[str, Any] = {**CHANNELS}
+               restart: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> str:
+        """Submit `failjobs:<entry>` with unaligned checkpoints every 0.5 s and fixed-delay restarts (`checkpoint`
+        and `restart` override single settings; `extra` adds other config, e.g. a state backend)."""
+        config: dict[str, Any] = {**CHANNELS, **(extra or {})}
         config["checkpoint"] = {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3,
                                 **(checkpoint or {})}
         config["restart"] = {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60,
@@ -250,14 +250,29 @@ def kill_worker_running(cluster: Cluster, status: dict[str, Any], sink_subtask: 
     """SIGKILL the worker that runs sink subtask `sink_subtask` in `status`; returns its id once it is dead
     (`restart_worker` starts it again under that id)."""
     victim_id = sink_placement(status)[sink_subtask]
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
+    kill_worker(cluster, victim_id)
     return victim_id
 
 
 def restart_worker(cluster: Cluster, worker_id: str) -> None:
     cluster.start_worker(*WORKER_ARGS, worker_id=worker_id)
+
+
+def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0) -> dict[str, Any]:
+    """The kill -9 flow: once a checkpoint has completed, SIGKILL the worker running sink subtask `sink_subtask`
+    (and the Count subtask chained with it, its state and its backend's local files), start it again under its
+    id. The job must finish after exactly one restart, from that checkpoint or a later one, with exact output.
+    Returns the final status."""
+    st = wait_first_checkpoint(setup, job_id)
+    killed_after = st["last_checkpoint"]["checkpoint_id"]
+    victim_id = kill_worker_running(setup.cluster, st, sink_subtask)
+    restart_worker(setup.cluster, victim_id)
+    st = setup.wait_finished(job_id)
+    assert_recovered(st, 1)
+    assert victim_id in st["failures"][0], st
+    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
+    assert_exact_output(setup)
+    return st
 
 
 def committed_by(setup: Setup) -> list[int]:
