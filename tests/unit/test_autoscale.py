@@ -24,7 +24,7 @@ from coordinator.metrics import DurationHistogram, JobsStatistics
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.connectors.source import Source
 from runtime.graph.plan import apply_parallelism, chain_graph
-from tests.unit.test_coordinator_metrics import NO_WORKERS, collector, samples
+from tests.support.metrics import NO_WORKERS, collector, samples
 
 
 def chain(*ps: int, partitioner: str | None = None) -> Shape:
