@@ -194,29 +194,39 @@ def plan_restore(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int,
     then = OldPlan(restore, plan, job)
     rescaled_edges = frozenset(e.id for e in plan.edges if not then.same_edge(e))
     old = then.vertex(vertex)
-    p, q = old.parallelism, vertex.parallelism
-    entries = [restore.tasks.get(f"{old.id}:{j}") for j in range(p)]
-    if p == q:  # only a neighbour (or the chain) changed, or nothing: the operator state is the task's own
-        own = entries[subtask]
-        if own is None:
-            return NOTHING
-        if own.finished:
-            return FINISHED
-        cut = _cut(old, vertex, job)
-        operator = OperatorStatePlan((own.state,), cut, source=SourceRule.OWN if cut.source else SourceRule.NONE)
-        # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
-        kept = frozenset(e.id for e in plan.edges if e.up == vertex.id and e.id not in rescaled_edges)
-        ended = own.ended
-        outputs_file = own.outputs
+    entries = [restore.tasks.get(f"{old.id}:{j}") for j in range(old.parallelism)]
+    if old.parallelism == vertex.parallelism:
+        steps = _own_state(entries[subtask], plan, old, vertex, job, rescaled_edges)
     else:
-        if all(e is not None and e.finished for e in entries):
-            return FINISHED
-        ended = all(e is not None and (e.ended or e.finished) for e in entries)
-        operator = _rescaled_operator(restore, plan, old, vertex, subtask, job, entries)
-        kept, outputs_file = frozenset(), None
-    inputs = tuple(part for edge in plan.edges if edge.down == vertex.id
-                   for part in [_inputs(restore, plan, then, edge, subtask, job, rescaled_edges)] if part is not None)
-    return RestorePlan(ended=ended, operator=operator, outputs_file=outputs_file, kept_outputs=kept, inputs=inputs)
+        steps = _rescaled_state(restore, plan, old, vertex, subtask, job, entries)
+    if steps.nothing or steps.finished:
+        return steps
+    parts = (_inputs(restore, plan, then, edge, subtask, job, rescaled_edges) for edge in plan.edges
+             if edge.down == vertex.id)
+    return replace(steps, inputs=tuple(part for part in parts if part is not None))
+
+
+def _own_state(own: TaskFiles | None, plan: Plan, old: Vertex, vertex: Vertex, job: Job,
+               rescaled_edges: frozenset[int]) -> RestorePlan:
+    """Only a neighbour (or the chain) changed, or nothing: the operator state is the task's own."""
+    if own is None:
+        return NOTHING
+    if own.finished:
+        return FINISHED
+    cut = _cut(old, vertex, job)
+    operator = OperatorStatePlan((own.state,), cut, source=SourceRule.OWN if cut.source else SourceRule.NONE)
+    # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
+    kept = frozenset(e.id for e in plan.edges if e.up == vertex.id and e.id not in rescaled_edges)
+    return RestorePlan(ended=own.ended, operator=operator, outputs_file=own.outputs, kept_outputs=kept)
+
+
+def _rescaled_state(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Vertex, subtask: int, job: Job,
+                    entries: Sequence[TaskFiles | None]) -> RestorePlan:
+    """The vertex runs at another parallelism: its state is redistributed from every old subtask."""
+    if all(e is not None and e.finished for e in entries):
+        return FINISHED
+    return RestorePlan(ended=all(e is not None and (e.ended or e.finished) for e in entries),
+                       operator=_rescaled_operator(restore, plan, old, vertex, subtask, job, entries))
 
 
 def _cut(old: Vertex, vertex: Vertex, job: Job) -> Cut:
@@ -331,43 +341,61 @@ def own_part(operator: Operator, cut: Cut, key_groups: range | None = None) -> O
 
 def _operator_state(state: RestoredState, plan: OperatorStatePlan, files: Mapping[str, Operator]) -> None:
     docs = [files[f] if f else None for f in plan.files]
-    parts = [own_part(doc, plan.cut) if doc is not None else None for doc in docs]
+    parts = [None if doc is None else own_part(doc, plan.cut) for doc in docs]
     if plan.key_groups is None:  # the task's own state, as it is
-        if (own := parts[0]) is not None:
-            state.keyed, state.lists, state.time, state.source, state.sinks = (own.keyed, own.lists, own.time,
-                                                                               own.source, own.sinks)
-            state.backend = [own.backend] if own.backend else None
-            state.async_inflight = {n: [doc] for n, doc in own.async_docs.items()} or None
+        _own_operator_state(state, parts[0])
         return
-    for part in parts:
-        saved = part.max_parallelism if part is not None and part.max_parallelism is not None else None
-        if saved is not None and int(saved) != plan.max_parallelism:
-            raise RescaleError(f"the checkpoint's max parallelism {saved} is not the job's {plan.max_parallelism}")
-    state.keyed = merge_keyed([own_part(doc, plan.cut, key_groups=plan.key_groups).keyed
-                               for doc in (docs[j] for j in plan.overlapping) if doc is not None])
+    _check_max_parallelism(parts, plan.max_parallelism)
+    _key_group_state(state, plan, docs, parts)
+    _redistributed_state(state, plan, parts)
+
+
+def _own_operator_state(state: RestoredState, own: OperatorPart | None) -> None:
+    if own is None:
+        return
+    state.keyed, state.lists, state.time, state.source, state.sinks = (own.keyed, own.lists, own.time, own.source,
+                                                                       own.sinks)
+    state.backend = [own.backend] if own.backend else None
+    state.async_inflight = {n: [doc] for n, doc in own.async_docs.items()} or None
+
+
+def _check_max_parallelism(parts: Sequence[OperatorPart | None], expected: int) -> None:
+    saved = {int(part.max_parallelism) for part in parts if part is not None and part.max_parallelism is not None}
+    if saved - {expected}:
+        raise RescaleError(f"the checkpoint's max parallelism {min(saved - {expected})} is not the job's {expected}")
+
+
+def _key_group_state(state: RestoredState, plan: OperatorStatePlan, docs: Sequence[Operator | None],
+                     parts: Sequence[OperatorPart | None]) -> None:
+    """Keyed tables, backend handles and async documents: from the old subtasks whose key groups overlap ours,
+    cut to ours (a state backend reads only the overlap of each handle: runtime/state/rocksdb.py restore)."""
+    overlapping_docs = [doc for doc in (docs[j] for j in plan.overlapping) if doc is not None]
     overlapping = [part for part in (parts[j] for j in plan.overlapping) if part is not None]
-    # a state backend's handles of the old subtasks whose key groups overlap ours: the backend reads only the
-    # overlap of each (runtime/state/rocksdb.py restore)
+    state.keyed = merge_keyed([own_part(doc, plan.cut, key_groups=plan.key_groups).keyed for doc in overlapping_docs])
     state.backend = [part.backend for part in overlapping if part.backend] or None
     inflight: dict[int, list[dict[str, Any]]] = {}
     for part in overlapping:
         for n, doc in part.async_docs.items():
             inflight.setdefault(n, []).append(doc)
     state.async_inflight = inflight or None
-    sources = [part.source if part else None for part in parts]
+
+
+def _redistributed_state(state: RestoredState, plan: OperatorStatePlan, parts: Sequence[OperatorPart | None]) -> None:
+    """Source, sinks, lists and time: from every old subtask, by checkpointing/rescaling.py's rules."""
+    def each(name: str) -> list[Any]:
+        return [getattr(part, name) if part is not None else None for part in parts]
+
     if plan.source is SourceRule.LANES:
         assert plan.lanes_of is not None  # the planner takes it from the rescalable source
-        state.source = rescale_source(sources, plan.parallelism, plan.lanes_of)[plan.subtask]
+        state.source = rescale_source(each("source"), plan.parallelism, plan.lanes_of)[plan.subtask]
     elif plan.source is SourceRule.SPLITS:
-        state.source = deal_splits(sources, plan.parallelism)[plan.subtask]
-    state.sinks = rescale_sinks([part.sinks if part else None for part in parts], plan.parallelism, plan.subtask,
-                                plan.checkpoint_id)
-    old_lists = [part.lists if part else None for part in parts]
-    if plan.lists_conflict and any(old_lists):
+        state.source = deal_splits(each("source"), plan.parallelism)[plan.subtask]
+    state.sinks = rescale_sinks(each("sinks"), plan.parallelism, plan.subtask, plan.checkpoint_id)
+    if plan.lists_conflict and any(each("lists")):
         raise RescaleError("its list state reflects a broadcast input and another one: a broadcast input "
                            "needs it replicated, the other split, so it cannot be redistributed")
-    state.lists = rescale_lists(old_lists, plan.parallelism, plan.subtask, replicated=plan.replicated)
-    state.time = rescale_time([part.time if part else None for part in parts])
+    state.lists = rescale_lists(each("lists"), plan.parallelism, plan.subtask, replicated=plan.replicated)
+    state.time = rescale_time(each("time"))
 
 
 def _input_channels(part: InputPlan, files: Mapping[str, Channels]) -> dict[str, bytes]:
