@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.processes import Managed, child_env, stop_process
-from tests.support.cluster import write_module
+from tests.support.cluster import Cluster, write_module
+from tests.support.cluster import sluice as client
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +112,23 @@ def test_local_with_a_busy_metrics_port_is_one_line_naming_it(tmp_path: Path, bu
     log = re.search(r"\(log: (\S+)\)", error)
     assert log and Path(log.group(1)).is_file(), error  # the log it names is kept
     shutil.rmtree(Path(log.group(1)).parent)
+
+
+# -- refusals by the coordinator ------------------------------------------------------------------------------
+
+
+def test_a_refused_command_is_one_line_with_the_status_of_its_kind(cluster: Cluster) -> None:
+    """The coordinator's refusals come back as classes (netstack/errors.py), each with its exit status."""
+    cluster.start_coordinator()
+    for command in (("status", "job-nope"), ("cancel", "job-nope")):
+        proc = client(cluster, *command)
+        assert proc.returncode == 3, proc  # no such job
+        assert_one_line(proc, f"sluice {command[0]}: no job job-nope", "sluice status")
+    proc = client(cluster, "rescale", "job-nope", "--parallelism", "2")
+    assert proc.returncode == 3, proc
+    proc = client(cluster, "submit", "nomodule:build")  # no worker has registered: nothing can be placed
+    assert proc.returncode == 2, proc  # an invalid request, as the coordinator judges it
+    assert_one_line(proc, "sluice submit:")
 
 
 # -- sluice local ---------------------------------------------------------------------------------------------
