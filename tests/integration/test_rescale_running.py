@@ -31,11 +31,11 @@ def test_impossible_rescales_are_refused_then_2_3_1_2_with_the_cli_gives_exact_o
     # first, rescales that cannot be done are refused in one line and change nothing
     wait_backpressured(cluster, job_id, 4)
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "5")
-    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)  # refused as invalid
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs 5 slots" in lines[0] and "4" in lines[0], proc.stderr
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "Nope=2")
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "Nope" in proc.stderr, proc
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Nope" in proc.stderr, proc
     st = cluster.call("status", {"job_id": job_id})
     assert st["state"] == JobState.RUNNING and st["attempt"] == 0 and st["restarts"] == 0, st
     assert [v["parallelism"] for v in st["vertices"]] == [2, 2], st
