@@ -247,20 +247,27 @@ def rescale_async(cluster: Cluster, job_id: str, parallelism: int) -> int:
     return int(m.group(3))
 
 
+# Both rescales come as soon as the job is backpressured (a few seconds in all). The sink bounds the sources:
+# they are ahead of it by what the channels hold, which 8 KiB buffers keep to ~20k records, so 150k records
+# (15 s of the sink at parallelism 2) leave every source subtask running until the last rescale, and the rest
+# at parallelism 1 takes a fraction of the minute that 300k records in 32 KiB buffers took.
+RESCALED_WORDS = 150_000
+
+
 @pytest.mark.timeout(600)
 def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output(running_cluster: Cluster) -> None:
     """Each rescale takes an unaligned checkpoint with records in flight in the asynchronous operators; the new
     subtasks replay the captured records of their key groups from every old subtask, first."""
     from runtime.graph.enums import JobState
     from tests.support.cluster import assert_running_counts, generator_counts
-    from tests.support.rescale import CONFIG, KEYS, SEED, WORDS, wait_backpressured
+    from tests.support.rescale import CONFIG, KEYS, SEED, wait_backpressured
 
     cluster = running_cluster
     out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "runningasync", RUNNING_JOB.format(out=str(out), words=WORDS, keys=KEYS,
-                                                                        seed=SEED))
+    write_module(cluster.tmp_path, "runningasync", RUNNING_JOB.format(out=str(out), words=RESCALED_WORDS,
+                                                                        keys=KEYS, seed=SEED))
     # every checkpoint kept: the ones the rescales restored are read after later ones completed
-    config = {**CONFIG, "checkpoint": {**CONFIG["checkpoint"], "retain": 1000},
+    config = {**CONFIG, "buffer_bytes": 8 * 1024, "checkpoint": {**CONFIG["checkpoint"], "retain": 1000},
               "state": {"backend": "memory", "options": {"round_trip_ms": ROUND_TRIP_MS}},
               "async_state": {"max_in_flight": 300, "checkpoint": "capture"}}
     job_id = str(cluster.call("submit", {"entry": "runningasync:wordcount", "name": "asynccount", "config": config,
@@ -273,6 +280,6 @@ def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output
     final = cluster.wait_job(job_id, timeout_s=300)
     assert final["state"] == JobState.FINISHED, final
     assert final["attempt"] == 2 and final["restarts"] == 0, final
-    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
+    assert_running_counts(out, generator_counts(RESCALED_WORDS, KEYS, SEED))
     # records in flight were captured by the checkpoints the rescales restored, and replayed by key group
     assert sum(captured_at_rescale) > 0, captured_at_rescale

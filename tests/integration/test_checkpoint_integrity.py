@@ -114,7 +114,7 @@ def test_restoring_the_last_or_an_older_retained_checkpoint_of_a_finished_job_is
 
 def test_failover_skips_a_corrupt_latest_checkpoint_for_the_one_before_and_output_is_exact(
         cluster: Cluster) -> None:
-    setup = install(cluster, words=200_000, sink_delay=0.0003)  # ~30 s, sink-bound
+    setup = install(cluster, words=100_000, sink_delay=0.0003)  # ~15 s, sink-bound: runs on after ~30k
     start(cluster, 3)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
     wait_first = {"records": 0}

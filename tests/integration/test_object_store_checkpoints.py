@@ -80,7 +80,7 @@ def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cl
 def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(cluster: Cluster,
                                                                                s3: S3Server) -> None:
     root = in_bucket(cluster, s3)
-    setup = install(cluster, words=200_000, sink_delay=0.0003)  # ~30 s, sink-bound
+    setup = install(cluster, words=100_000, sink_delay=0.0003)  # ~15 s, sink-bound: runs on after ~30k
     start(cluster, 3, "--checkpoint-dir", root)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
     seen = {"records": 0}
@@ -120,7 +120,7 @@ def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(
 
 def test_a_savepoint_in_the_bucket_restores_a_cancelled_job_exactly(cluster: Cluster, s3: S3Server) -> None:
     root = in_bucket(cluster, s3)
-    setup = install(cluster, words=150_000, sink_delay=0.0002)
+    setup = install(cluster, words=90_000, sink_delay=0.0002)  # ~9 s: runs past the savepoint
     start(cluster, 2, "--checkpoint-dir", root)
     job_id = setup.submit("wordcount")
     wait_first_checkpoint(setup, job_id)

@@ -20,7 +20,10 @@ from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, sluice, write_module
 from tests.support.rescale import CONFIG, JOBS, wait_backpressured
 
-WORDS, KEYS, SEED = 600_000, 200, 29
+# The sink bounds the sources: they run ahead of it by what the channels hold, which 8 KiB buffers keep to
+# ~40k records at parallelism 3. 350k records (~25 s of the sink) leave the sources reading until the scale-up.
+WORDS, KEYS, SEED = 350_000, 200, 29
+BUFFER_BYTES = 8 * 1024
 SCALE_DOWN_AFTER_S = 3.0
 
 
@@ -50,7 +53,8 @@ def test_lost_worker_scales_the_job_down_and_a_new_one_scales_it_back_up(cluster
     job_module = JOBS.replace("parallelism=2", "parallelism=3")
     write_module(cluster.tmp_path, "scaledjobs", job_module.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
     job_id = cluster.call("submit", {"entry": "scaledjobs:wordcount", "name": "wordcount",
-                                     "config": {**CONFIG, "scale_down_after_s": SCALE_DOWN_AFTER_S},
+                                     "config": {**CONFIG, "buffer_bytes": BUFFER_BYTES,
+                                                "scale_down_after_s": SCALE_DOWN_AFTER_S},
                                      "sys_path": str(cluster.tmp_path)})["job_id"]
     wait_backpressured(cluster, job_id, 6)
     poll(lambda: cluster.call("status", {"job_id": job_id})["last_checkpoint"] is not None, 60, "a checkpoint")

@@ -24,7 +24,6 @@ def wordcount(job: Job) -> None:
 """
 WORDS, KEYS, SEED = 300_000, 200, 13  # long enough that no source subtask finishes before the last rescale
 ONE_RESCALE_WORDS = 200_000  # a test that rescales once, early, ends sooner
-NO_RESCALE_WORDS = 150_000
 CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
 CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30.0, "min_pause_s": 0,
                          "tolerable_failures": 3, "retain": 3}, **CHANNELS}
