@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netstack.errors import NetstackError
 from netstack.limits import ListenerLimits, raise_nofile_limit
@@ -23,6 +23,9 @@ from runtime.common import objectstore
 from runtime.common.addresses import check_advertise, check_host
 from runtime.execution.async_operator import AsyncStateSettings
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
+
+if TYPE_CHECKING:
+    from coordinator.server import CoordinatorConfig
 
 
 def _duration(text: str, *, allow_zero: bool = False) -> float:
@@ -448,6 +451,23 @@ def _print_job(summary: dict[str, Any]) -> None:
               f"on {t.get('worker', '?')}")
 
 
+def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
+    """The coordinator's configuration from `sluice coordinator ...` arguments."""
+    from coordinator.autoscale import AutoscaleSettings
+    from coordinator.server import CoordinatorConfig
+
+    return CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
+                             metrics_port=None if args.no_metrics else args.metrics_port,
+                             http_port=None if args.no_http else args.http_port,
+                             state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
+                             allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
+                             savepoint_roots=tuple(objectstore.absolute(p) for p in args.savepoint_root),
+                             advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
+                             limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
+                             lease_s=args.lease_timeout,
+                             autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -474,20 +494,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "coordinator":
-        from coordinator.autoscale import AutoscaleSettings
-        from coordinator.server import CoordinatorConfig, run_coordinator
+        from coordinator.server import run_coordinator
 
-        config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
-                                   metrics_port=None if args.no_metrics else args.metrics_port,
-                                   http_port=None if args.no_http else args.http_port,
-                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
-                                   allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
-                                   savepoint_roots=tuple(objectstore.absolute(p) for p in args.savepoint_root),
-                                   advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
-                                   limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
-                                   lease_s=args.lease_timeout,
-                                   autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
-        run(run_coordinator(config))
+        run(run_coordinator(coordinator_config(args)))
         return 0
     if args.command == "worker":
         from runtime.worker.worker import WorkerConfig, run_worker

@@ -18,6 +18,7 @@ import pytest
 from runtime.graph.enums import JobState
 from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, poll, write_module
 from tests.integration.test_checkpoints import history_entry, logs
+from tests.support.faulty_coordinator import launcher
 
 JOBS = """
 from runtime.api import FileSink, GeneratorSource, Job
@@ -143,9 +144,7 @@ def test_rescale_needing_more_slots_is_refused_and_the_job_goes_on(running_clust
 def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: Cluster) -> None:
     """The coordinator's first `_metadata` write fails as on a full disk (its fault hook): the rescale's
     checkpoint does not complete, so nothing is stopped; the next rescale works and the output is exact."""
-    cluster.local.env_overrides = {"SLUICE_FAULT_METADATA_FAILS": "1"}
-    cluster.start_coordinator()
-    cluster.local.env_overrides = {}
+    cluster.start_coordinator(prefix=launcher(metadata_fails=1))
     cluster.start_worker()
     cluster.start_worker()
     cluster.wait_workers(2)
