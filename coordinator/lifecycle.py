@@ -310,6 +310,7 @@ class JobLifecycle:
         self.attempt = attempt
         self.restarts = restarts
         self.fenced = False  # the lease is lost
+        self.handled = 0  # stimuli handled: a recovery is the first one of an adopted job, or none
         self.phase = ""  # while RESTARTING: "delay" or "planning"
         self.failed_at: float | None = None  # when the failure that the current restart recovers from came in
         self.counted = True  # whether the next attempt counts as a restart (not for a rescale or a recovery)
@@ -325,9 +326,13 @@ class JobLifecycle:
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
         if self.fenced or self.terminal:
+            if isinstance(stimulus, RescaleAsked):  # every ask is answered, once
+                why = "the coordinator lost its lease" if self.fenced else f"job {self.job_id} is {self.state}"
+                return [AnswerRescale(f"{why}, not RUNNING: nothing to rescale", "JobNotRunning")]
             return []
         handler = getattr(self, f"_on_{type(stimulus).__name__}")
         out: list[Instruction] = handler(stimulus, now)
+        self.handled += 1
         return out
 
     # -- starting -----------------------------------------------------------------------------
@@ -338,6 +343,8 @@ class JobLifecycle:
         return [*self._move(JobState.DEPLOYING), Deploy(self.attempt)]
 
     def _on_Recovered(self, s: Recovered, now: float) -> list[Instruction]:
+        if self.handled:
+            return []
         self.state = JobState.RESTARTING
         self.failed_at = None
         return [RecordFailure("coordinator failover"), Adopt(JobState.RESTARTING), Persist(),
