@@ -309,6 +309,7 @@ class JobLifecycle:
         self.state = state
         self.attempt = attempt
         self.restarts = restarts
+        self.restart_times: list[float] = []  # when this coordinator restarted the job (failure_window_s)
         self.fenced = False  # the lease is lost
         self.handled = 0  # stimuli handled: a recovery is the first one of an adopted job, or none
         self.phase = ""  # while RESTARTING: "delay" or "planning"
@@ -386,7 +387,8 @@ class JobLifecycle:
         if attempt != self.attempt or self.state not in (JobState.DEPLOYING, JobState.RUNNING):
             return []
         out: list[Instruction] = [RecordFailure(cause), StopCheckpoints(cause, failed=True)]
-        delay = self.strategy.delay_before(self.restarts + 1) if self.strategy is not None else None
+        number = self._restart_number(now)
+        delay = self.strategy.delay_before(number) if self.strategy is not None else None
         if delay is None:
             error = f"{cause}{' (restart attempts exhausted)' if self.restarts else ''}"
             return [*out, *self._move(JobState.FAILED, error), CancelTasks(self.attempt)]
@@ -395,7 +397,15 @@ class JobLifecycle:
         self.counted = True
         self.phase = "delay"
         return [*out, *self._move(JobState.RESTARTING), CancelTasks(self.attempt),
-                ScheduleRestart(self.attempt, delay, self.restarts + 1, self.strategy.max_attempts)]
+                ScheduleRestart(self.attempt, delay, number, self.strategy.max_attempts)]
+
+    def _restart_number(self, now: float) -> int:
+        """The next restart's number for the strategy: over the job's life, or within its failure window."""
+        window = self.strategy.failure_window_s if self.strategy is not None else None
+        if window is None:
+            return self.restarts + 1
+        self.restart_times = [t for t in self.restart_times if now - t < window]
+        return len(self.restart_times) + 1
 
     # -- restarting ------------------------------------------------------------------------------
 
@@ -407,6 +417,7 @@ class JobLifecycle:
     def _next_attempt(self, now: float, *, counted: bool, scale_up: bool = False) -> list[Instruction]:
         if counted:
             self.restarts += 1
+            self.restart_times.append(now)
         self.counted = True  # a redeploy that failed and is tried again is a restart like any other
         self.attempt += 1
         self.phase = "planning"
@@ -422,12 +433,13 @@ class JobLifecycle:
             return [PlanAttempt(self.attempt, PLAN_RETRY_S, self.waiting_since, scale_up=self.scale_up)]
         self.scale_up = False  # a scale-up that did not deploy falls back to the usual plan
         out: list[Instruction] = [RecordFailure(s.error)]
-        delay = self.strategy.delay_before(self.restarts + 1) if self.strategy is not None else None
+        number = self._restart_number(now)
+        delay = self.strategy.delay_before(number) if self.strategy is not None else None
         if delay is None:
             return [*out, *self._move(JobState.FAILED, f"{s.error} (restart attempts exhausted)")]
         assert self.strategy is not None
         self.phase = "delay"
-        return [*out, ScheduleRestart(self.attempt, delay, self.restarts + 1, self.strategy.max_attempts)]
+        return [*out, ScheduleRestart(self.attempt, delay, number, self.strategy.max_attempts)]
 
     def _on_AttemptPlanned(self, s: AttemptPlanned, now: float) -> list[Instruction]:
         if self.state != JobState.RESTARTING or self.phase != "planning" or s.attempt != self.attempt:

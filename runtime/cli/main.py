@@ -158,9 +158,14 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                         "at once and store them as input to replay (capture)")
     r = p.add_argument_group("restarts after a failure")
     r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
-    r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
+    r.add_argument("--restart-attempts", type=int, default=3,
+                   help="restarts allowed over the job's life, or within --restart-window (3)")
     r.add_argument("--restart-delay", type=_duration, default=1.0,
                    help="delay before a restart; the first one for exponential backoff (1s)")
+    r.add_argument("--restart-window", type=_duration, metavar="DURATION",
+                   help="count only the restarts of this last while against --restart-attempts (and grow the "
+                        "exponential backoff with them): a job rides out a dependency's outage now and then, "
+                        "and still fails when it fails again and again (default: the job's whole life)")
     r.add_argument("--scale-down-after", type=_scale_down_after, metavar="DURATION|never",
                    help="a restart that waited this long for the slots the job asks for restarts at the largest "
                         "parallelism the free slots allow (default: the coordinator's, 10s; 0 or never: wait)")
@@ -213,7 +218,8 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
                            "retain": args.retain},
             "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
-                        "delay_s": args.restart_delay},
+                        "delay_s": args.restart_delay,
+                        **({"failure_window_s": args.restart_window} if args.restart_window else {})},
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
             **_async_state_config(args),

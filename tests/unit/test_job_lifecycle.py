@@ -180,6 +180,62 @@ def test_a_restart_delay_of_a_stale_attempt_or_after_a_cancel_does_nothing():
     assert job.handle(RestartDelayElapsed(0), 2.1) == []
 
 
+# -- restarts counted in a failure window ---------------------------------------------------------------------
+
+WINDOWED = RestartStrategy("exponential", max_attempts=8, delay_s=1.0, max_delay_s=30.0, failure_window_s=300.0)
+
+
+def fail_until(job: JobLifecycle, now: float, outage_ends: float) -> float:
+    """Every attempt fails 2 s after it starts while the outage lasts; returns when one runs past it."""
+    while True:
+        out = job.handle(TaskFailed(job.attempt, "sink: connection refused"), now)
+        if job.terminal:
+            return now
+        delay = out[-1]
+        assert isinstance(delay, ScheduleRestart)
+        now += delay.delay_s
+        restarted(job, now)
+        if now + 2.0 >= outage_ends:
+            return now
+        now += 2.0
+
+
+def test_a_minute_long_outage_is_ridden_out_with_backoff_within_the_window():
+    job = running(WINDOWED)
+    now = fail_until(job, 10.0, outage_ends=70.0)
+    assert job.state == JobState.RUNNING and job.restarts == 6, (job.state, job.restarts)
+    assert job.restart_times == [11.0, 15.0, 21.0, 31.0, 49.0, 81.0]  # 1, 2, 4, 8, 16, 30 s after each failure
+    assert now == 81.0
+
+
+def test_failures_again_and_again_within_the_window_still_fail_the_job():
+    job = running(WINDOWED)
+    fail_until(job, 10.0, outage_ends=10_000.0)
+    assert job.state == JobState.FAILED and job.restarts == 8
+
+
+def test_restarts_older_than_the_window_no_longer_count_and_the_backoff_starts_again():
+    job = running(RestartStrategy("exponential", max_attempts=2, delay_s=1.0, failure_window_s=60.0))
+    assert job.handle(TaskFailed(0, "a"), 0.0)[-1] == ScheduleRestart(0, 1.0, restart=1, of=2)
+    restarted(job, 1.0)
+    assert job.handle(TaskFailed(1, "b"), 10.0)[-1] == ScheduleRestart(1, 2.0, restart=2, of=2)
+    restarted(job, 12.0)
+    # a third failure within 60 s of both restarts fails the job; 100 s later only the second one counts
+    assert job.handle(TaskFailed(2, "c"), 65.0)[-1] == ScheduleRestart(2, 2.0, restart=2, of=2)
+    restarted(job, 67.0)
+    assert job.handle(TaskFailed(3, "d"), 200.0)[-1] == ScheduleRestart(3, 1.0, restart=1, of=2)
+    assert job.restarts == 3
+
+
+def test_without_a_window_every_restart_of_the_jobs_life_counts():
+    job = running(RestartStrategy("fixed", max_attempts=1, delay_s=1.0))
+    job.handle(TaskFailed(0, "a"), 0.0)
+    restarted(job, 1.0)
+    assert job.handle(TaskFailed(1, "b"), 10_000.0) == [
+        RecordFailure("b"), StopCheckpoints("b", failed=True),
+        MoveTo(JobState.FAILED, "b (restart attempts exhausted)"), CancelTasks(1)]
+
+
 # -- planning a restart -----------------------------------------------------------------------------------------
 
 
@@ -425,7 +481,9 @@ STIMULI = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(STIMULI, max_size=40), st.sampled_from([FIXED, RestartStrategy("none"),
-                                                        RestartStrategy("exponential", max_attempts=5)]))
+                                                        RestartStrategy("exponential", max_attempts=5),
+                                                        RestartStrategy("fixed", max_attempts=2,
+                                                                        failure_window_s=3.0)]))
 def test_no_sequence_deploys_twice_at_once_or_after_the_end_or_moves_illegally(stimuli, strategy):
     job = JobLifecycle("j", strategy)
     state = job.state
@@ -458,6 +516,7 @@ def test_no_sequence_deploys_twice_at_once_or_after_the_end_or_moves_illegally(s
             elif isinstance(ins, AnswerRescale):
                 rescale_answers += 1
         assert job.state == state or job.fenced
-        assert job.restarts <= max(strategy.max_attempts, 0) or strategy.kind == "none"
+        if strategy.failure_window_s is None:
+            assert job.restarts <= strategy.max_attempts or strategy.kind == "none"
     # every ask is answered once at most (the shell's own refusal of a second concurrent ask aside)
     assert rescale_answers <= rescale_asks
