@@ -13,9 +13,12 @@ waits on a future that resolves when it completes or aborts.
 
 Every task of the runner belongs to its one `BackgroundTasks` (which logs a
 failure nobody awaits). `stop_nowait` ends it for its callers at once;
-`stop` then lets retention discards finish (a checkpoint that completes as
-the job ends still has retention applied; bounded by `DISCARD_WAIT_S`) and
-cancels and awaits the rest.
+`stop` then lets retention discards finish and, when the job has finished,
+`_metadata` writes under way too (bounded by `SETTLE_S`): a checkpoint that
+completes as the job ends is durable whatever we do, so it still has
+retention applied. Then it cancels and awaits the rest (a write of a failed
+attempt's checkpoint is abandoned, as before: its workers are being
+cancelled).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from runtime.common.tasks import BackgroundTasks
 
 log = logging.getLogger("sluice.checkpoints")
 
-DISCARD_WAIT_S = 10.0  # how long `stop` waits for retention discards under way
+SETTLE_S = 10.0  # how long `stop` waits for `_metadata` writes and retention discards under way
 
 
 class CheckpointRunner:
@@ -66,8 +69,10 @@ class CheckpointRunner:
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._tasks = BackgroundTasks(f"checkpoints of {job_id}")
         self._ticker: asyncio.Future[None] | None = None
-        # discards outlive `stop_nowait`: a checkpoint that completes as the job ends still has retention applied
+        # discards (and writes, when the job finished) outlive `stop_nowait`: a checkpoint that completes as the
+        # job ends still has retention applied
         self._discards: set[asyncio.Future[Any]] = set()
+        self._writes: set[asyncio.Future[Any]] = set()
         self._closed = False  # `stop` has ended every task: nothing more is started
 
     def start(self) -> None:
@@ -82,15 +87,19 @@ class CheckpointRunner:
             if not fut.done():
                 fut.set_result({"status": "ABORTED", "reason": reason})
 
-    async def stop(self, reason: str) -> None:
-        """`stop_nowait`, then wait for retention discards (bounded), then cancel and await every other task."""
+    async def stop(self, reason: str, *, job_finished: bool = False) -> None:
+        """`stop_nowait`, then wait for retention discards (and `_metadata` writes if `job_finished`), bounded;
+        then cancel and await every other task."""
         self.stop_nowait(reason)
-        deadline = time.monotonic() + DISCARD_WAIT_S
-        while self._discards and time.monotonic() < deadline:  # a write ending meanwhile may add one
-            await asyncio.wait(list(self._discards), timeout=max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            settling = self._discards | self._writes if job_finished else self._discards
+            if not settling:
+                break
+            await asyncio.wait(settling, timeout=max(0.0, deadline - time.monotonic()))  # a write adds discards
         if self._discards:
             log.warning("job %s: %d checkpoint discards did not end within %.0fs", self.job_id,
-                        len(self._discards), DISCARD_WAIT_S)
+                        len(self._discards), SETTLE_S)
         await self._tasks.cancel_and_wait()
         self._closed = True
 
@@ -130,7 +139,7 @@ class CheckpointRunner:
             if isinstance(ins, Trigger):
                 self._spawn(self._trigger(ins))
             elif isinstance(ins, WriteMetadata):
-                self._spawn(self._write_metadata(ins))
+                self._spawn(self._write_metadata(ins), self._writes)
             elif isinstance(ins, NotifyComplete):
                 self._notify("checkpoint_complete", ins.checkpoint_id)
                 self._resolve(ins.checkpoint_id, {"status": "COMPLETED",

@@ -189,7 +189,12 @@ class JobManager:
         """Restart a job whose coordinator died from its latest completed checkpoint, as a new attempt: the
         previous coordinator's attempt is gone with it (its workers cancelled their tasks when the link broke)."""
         # checkpoint ids go on after every one the previous coordinator may have started (sinks name files by id)
-        started = await asyncio.to_thread(started_checkpoint_ids, self.storage, job.job_id)
+        try:
+            started = await asyncio.to_thread(started_checkpoint_ids, self.storage, job.job_id)
+        except OSError as exc:  # the checkpoint storage cannot be listed: reusing an id could double a commit
+            log.error("job %s: cannot list its checkpoints to recover it: %s", job.job_id, exc)
+            self.handle(job, lc.ExecutionFailed(f"recovery after a coordinator failover failed: {exc}"))
+            return
         job.next_checkpoint_id = max([job.next_checkpoint_id, *(n + 1 for n in started)])
         log.warning("job %s was %s when the previous coordinator stopped: restarting it (attempt %d)",
                     job.job_id, job.state, job.attempt + 1)
@@ -374,7 +379,10 @@ class JobManager:
         if failed:
             runner.task_failed(reason)
         runner.stop_nowait(reason)
-        stopping = self._tasks.spawn(runner.stop(reason), name=f"{job.job_id} checkpoint runner stop")
+        # a job that finishes lets a checkpoint being written complete: it is durable either way, and retention
+        # must count it
+        stopping = self._tasks.spawn(runner.stop(reason, job_finished=job.state == JobState.FINISHING),
+                                     name=f"{job.job_id} checkpoint runner stop")
         self._runner_stops.add(stopping)
         stopping.add_done_callback(self._runner_stops.discard)
         job.earlier_checkpoints = job.checkpoint_history()[-200:]

@@ -14,8 +14,8 @@ from coordinator.storage import LocalCheckpointStorage
 from tests.support.faulty_coordinator import FaultyStorage
 
 
-class SlowDiscards:
-    """The real storage, with discards that take a while (a big checkpoint on a slow disk)."""
+class Slow:
+    """The real storage, with writes and discards that take a while (a slow disk)."""
 
     def __init__(self, inner: LocalCheckpointStorage) -> None:
         self._inner = inner
@@ -23,6 +23,10 @@ class SlowDiscards:
     def discard(self, path: str) -> None:
         time.sleep(0.3)
         self._inner.discard(path)
+
+    def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str:
+        time.sleep(0.3)
+        return self._inner.write_metadata(directory, metadata)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -50,7 +54,7 @@ def test_stop_waits_for_the_retention_discard_of_the_last_checkpoint(tmp_path: P
     inner = LocalCheckpointStorage(str(tmp_path))
 
     async def main() -> None:
-        r = runner(SlowDiscards(inner))
+        r = runner(Slow(inner))
         r.start()
         assert (await checkpoint(r))["status"] == "COMPLETED"
         assert (await checkpoint(r))["status"] == "COMPLETED"  # retains 1: chk-1 is being discarded
@@ -72,5 +76,25 @@ def test_an_injected_metadata_failure_aborts_one_checkpoint_and_the_next_complet
         assert (await checkpoint(r))["status"] == "COMPLETED"
         await r.stop("done")
         assert [n for n, _ in inner.list_completed("job-1")] == [2]
+
+    asyncio.run(main())
+
+
+def test_when_the_job_finished_stop_lets_a_write_under_way_complete_and_applies_retention(tmp_path: Path) -> None:
+    inner = LocalCheckpointStorage(str(tmp_path))
+
+    async def main() -> None:
+        r = runner(Slow(inner))
+        r.start()
+        assert (await checkpoint(r))["status"] == "COMPLETED"
+        checkpoint_id, fut = r.request()  # its write is under way when the job finishes
+        deadline = time.monotonic() + 10
+        while checkpoint_id not in r.directories:
+            assert time.monotonic() < deadline, "no checkpoint directory"
+            await asyncio.sleep(0.01)
+        r.ack(checkpoint_id, "1:0", {}, {})
+        await r.stop("job finished", job_finished=True)
+        assert (await fut)["status"] == "ABORTED"  # its requester was answered at once, by the stop
+        assert [n for n, _ in inner.list_completed("job-1")] == [2]  # completed after all; retains 1
 
     asyncio.run(main())
