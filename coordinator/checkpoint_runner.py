@@ -10,14 +10,21 @@ runner: the failover it starts stops this runner, which cancels every task
 the runner owns, and a failover running as one of them would cancel itself.
 Whoever asked for a checkpoint (`sluice checkpoint`, `sluice savepoint`)
 waits on a future that resolves when it completes or aborts.
+
+Every task of the runner belongs to its one `BackgroundTasks` (which logs a
+failure nobody awaits). `stop_nowait` ends it for its callers at once;
+`stop` then lets retention discards finish and, when the job has finished,
+`_metadata` writes under way too (bounded by `SETTLE_S`): a checkpoint that
+completes as the job ends is durable whatever we do, so it still has
+retention applied. Then it cancels and awaits the rest (a write of a failed
+attempt's checkpoint is abandoned, as before: its workers are being
+cancelled).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,9 +43,12 @@ from coordinator.checkpointing import (
 from coordinator.storage import CheckpointStorage
 from netstack.errors import NetstackError
 from netstack.transport import Link
+from runtime.common.tasks import BackgroundTasks
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 
 log = logging.getLogger("sluice.checkpoints")
+
+SETTLE_S = 10.0  # how long `stop` waits for `_metadata` writes and retention discards under way
 
 
 class CheckpointRunner:
@@ -57,23 +67,41 @@ class CheckpointRunner:
         self.coordinator = CheckpointCoordinator(settings, tasks, first_id=first_id, now=time.monotonic())
         self.directories: dict[int, str] = {}
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._ticker: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
-        # discards outlive `stop`: a checkpoint that completes as the job ends still has retention applied
-        self._discards: set[asyncio.Task[Any]] = set()
+        self._tasks = BackgroundTasks(f"checkpoints of {job_id}")
+        self._ticker: asyncio.Future[None] | None = None
+        # discards (and writes, when the job finished) outlive `stop_nowait`: a checkpoint that completes as the
+        # job ends still has retention applied
+        self._discards: set[asyncio.Future[Any]] = set()
+        self._writes: set[asyncio.Future[Any]] = set()
+        self._closed = False  # `stop` has ended every task: nothing more is started
 
     def start(self) -> None:
         # ticks also run without periodic checkpoints: they time out manual ones
-        self._ticker = asyncio.create_task(self._tick_loop())
+        self._ticker = self._tasks.spawn(self._tick_loop(), name=f"{self.job_id} checkpoint ticks")
 
-    def stop(self, reason: str) -> None:
+    def stop_nowait(self, reason: str) -> None:
+        """No more ticks; whoever waits for a checkpoint gets ABORTED with `reason`."""
         if self._ticker is not None:
             self._ticker.cancel()
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_result({"status": "ABORTED", "reason": reason})
-        for t in list(self._background):
-            t.cancel()
+
+    async def stop(self, reason: str, *, job_finished: bool = False) -> None:
+        """`stop_nowait`, then wait for retention discards (and `_metadata` writes if `job_finished`), bounded;
+        then cancel and await every other task."""
+        self.stop_nowait(reason)
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            settling = self._discards | self._writes if job_finished else self._discards
+            if not settling:
+                break
+            await asyncio.wait(settling, timeout=max(0.0, deadline - time.monotonic()))  # a write adds discards
+        if self._discards:
+            log.warning("job %s: %d checkpoint discards did not end within %.0fs", self.job_id,
+                        len(self._discards), SETTLE_S)
+        await self._tasks.cancel_and_wait()
+        self._closed = True
 
     async def _tick_loop(self) -> None:
         # 20 ticks a second: timeouts and intervals are honoured to within 50 ms
@@ -111,7 +139,7 @@ class CheckpointRunner:
             if isinstance(ins, Trigger):
                 self._spawn(self._trigger(ins))
             elif isinstance(ins, WriteMetadata):
-                self._spawn(self._write_metadata(ins))
+                self._spawn(self._write_metadata(ins), self._writes)
             elif isinstance(ins, NotifyComplete):
                 self._notify("checkpoint_complete", ins.checkpoint_id)
                 self._resolve(ins.checkpoint_id, {"status": "COMPLETED",
@@ -127,11 +155,14 @@ class CheckpointRunner:
             elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
 
-    def _spawn(self, coro: Any, tasks: set[asyncio.Task[Any]] | None = None) -> None:
-        tasks = self._background if tasks is None else tasks
-        task = asyncio.ensure_future(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    def _spawn(self, coro: Any, tasks: set[asyncio.Future[Any]] | None = None) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = self._tasks.spawn(coro)
+        if tasks is not None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     def _resolve(self, checkpoint_id: int, result: dict[str, Any]) -> None:
         fut = self.waiters.pop(checkpoint_id, None)
@@ -173,7 +204,6 @@ class CheckpointRunner:
             "duration_s": ins.completed_at - ins.started_at, "acks": ins.acks, **self._job_info,
         }
         try:
-            _metadata_fault()
             await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
         except (OSError, ValueError) as exc:
             self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
@@ -195,16 +225,3 @@ class CheckpointRunner:
                     log.warning("job %s: %s %d not delivered: %s", self.job_id, method, checkpoint_id, r)
 
         self._spawn(notify_all())
-
-
-_metadata_faults = 0
-
-
-def _metadata_fault() -> None:
-    """Test hook: SLUICE_FAULT_METADATA_FAILS=n makes the first n `_metadata` writes of this coordinator process
-    fail as on a full disk (-1: every one), at the exact point where a real write would fail."""
-    global _metadata_faults
-    limit = int(os.environ.get("SLUICE_FAULT_METADATA_FAILS", "0") or 0)
-    if limit < 0 or _metadata_faults < limit:
-        _metadata_faults += 1
-        raise OSError(errno.ENOSPC, "No space left on device (SLUICE_FAULT_METADATA_FAILS)")

@@ -1,4 +1,5 @@
-"""Job lifecycle on the coordinator: submit, deploy, finish, fail over, cancel.
+"""The job lifecycle's shell: turns RPC results and worker events into stimuli for each job's pure
+`JobLifecycle` (coordinator/lifecycle.py) and carries out the instructions it returns.
 
 A failure (a task raised, a worker's heartbeats stopped or its link broke, a
 data connection between workers broke, too many checkpoints failed) cancels
@@ -16,6 +17,13 @@ manager asks for that final checkpoint (again after an abort) if periodic
 checkpoints do not bring one; when every task has finished the job is
 FINISHED and reports the final checkpoint's id. A failure before that
 restores the latest checkpoint, whose commit is redone, never doubled.
+
+Instructions that only change the record run at once, in order; from the
+first one that waits (an RPC, a delay, a checkpoint) the rest of the list runs
+as one task of the manager's `BackgroundTasks`, so a restart's delay starts
+after the cancel of the failed attempt returned, as before. Whatever such a
+task raises unforeseen fails the job (`ExecutionFailed`) and is logged, so no
+job is left RESTARTING forever.
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coordinator import autoscale as policy
+from coordinator import lifecycle as lc
 from coordinator.autoscale import AutoscaleSettings, Scaling, ScalingStatistics, Shape
 from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
@@ -40,6 +50,7 @@ from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.common import objectstore
+from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
@@ -51,21 +62,41 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.jobs")
 
+# instructions that wait: the rest of their list runs as a background task
+WAITING = (lc.Deploy, lc.StartTasks, lc.CancelTasks, lc.ScheduleRestart, lc.PlanAttempt, lc.RequestFinalCheckpoint,
+           lc.TakeRescaleCheckpoint)
+RUNNER_STOP_S = 10.0  # how long stopping waits for checkpoint runners (their retention discards) to end
+
+
+@dataclass
+class _RescaleCall:
+    """One `rescale` under way: what was asked, and the answer its caller awaits."""
+
+    requested: dict[str, int]
+    run_at: dict[str, int] | None  # a scale-up's target, else None (the ask is merged into the config)
+    timeout_s: float
+    answer: asyncio.Future[lc.AnswerRescale]
+    config: JobConfig | None = None  # the job's config once rescaled
+    checkpoint_id: int | None = None
+
 
 class JobManager:
     def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], Any], autoscale: AutoscaleSettings | None = None,
+                 autoscale: AutoscaleSettings | None = None,
                  persist: Callable[[JobRecord], None] = lambda job: None) -> None:
         self.workers = workers
         self.storage = storage
         self.persist = persist  # writes the job's record (coordinator/job_store.py) after every change
         self.recovered = 0  # jobs a previous coordinator left running, restarted by this one
         self.jobs: dict[str, JobRecord] = {}
-        self._spawn = spawn
+        self.lifecycles: dict[str, lc.JobLifecycle] = {}
+        self._tasks = BackgroundTasks("jobs")
+        self._runner_stops: set[asyncio.Future[Any]] = set()
+        self._plans: dict[str, Plan] = {}  # job id -> the next attempt's plan, until UsePlan
+        self._rescales: dict[str, _RescaleCall] = {}  # job id -> its rescale under way: one at a time
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
         self.checkpoint_durations = DurationHistogram()
         self.restart_durations = DurationHistogram()
-        self._rescaling: set[str] = set()  # job ids with a rescale under way: one at a time
         self.autoscale = autoscale or AutoscaleSettings()
         self.scaling: dict[str, Scaling] = {}  # job id -> its scale-downs and scale-ups (coordinator/autoscale.py)
 
@@ -74,6 +105,18 @@ class JobManager:
                               self.checkpoint_durations.statistics(), self.restart_durations.statistics(),
                               tuple(ScalingStatistics(jid, sc.scale_downs, sc.scale_ups, bool(sc.reason))
                                     for jid, sc in self.scaling.items()))
+
+    async def stop(self) -> None:
+        """End every task of the manager: checkpoint runners first (their retention discards finish, bounded),
+        then deploys, restarts, cancels and the autoscaler."""
+        if self._runner_stops:
+            await asyncio.wait(list(self._runner_stops), timeout=RUNNER_STOP_S)
+        await self._tasks.cancel_and_wait()
+
+    def lease_lost(self) -> None:
+        """Another coordinator may lead now: every job is left as it is, for it to restart."""
+        for job in list(self.jobs.values()):
+            self.handle(job, lc.LeaseLost())
 
     # -- planning -----------------------------------------------------------------
 
@@ -122,70 +165,190 @@ class JobManager:
                                   for task, ack in metadata["acks"].items()},
                            parallelism=old, nodes=nodes)
 
+    # -- jobs in and out ---------------------------------------------------------------
+
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job
+        self.lifecycles[job.job_id] = lc.JobLifecycle(job.job_id, job.restart_strategy)
         job.on_change = self.persist
         self.persist(job)
-        self._spawn(self.deploy(job))
+        self.handle(job, lc.Submitted())
 
     def adopt(self, job: JobRecord) -> None:
         """A job from the previous coordinator's records: an ended one is shown as it ended, an unfinished one
         runs again (`recover`) once enough workers have registered."""
         self.jobs[job.job_id] = job
+        self.lifecycles[job.job_id] = lc.JobLifecycle(job.job_id, job.restart_strategy, state=job.state,
+                                                      attempt=job.attempt, restarts=job.restarts)
         job.on_change = self.persist
         if not job.terminal:
             self.recovered += 1
-            self._spawn(self.recover(job))
+            self._tasks.spawn(self.recover(job), name=f"recover {job.job_id}")
 
     async def recover(self, job: JobRecord) -> None:
         """Restart a job whose coordinator died from its latest completed checkpoint, as a new attempt: the
         previous coordinator's attempt is gone with it (its workers cancelled their tasks when the link broke)."""
         # checkpoint ids go on after every one the previous coordinator may have started (sinks name files by id)
-        started = await asyncio.to_thread(started_checkpoint_ids, self.storage, job.job_id)
+        try:
+            started = await asyncio.to_thread(started_checkpoint_ids, self.storage, job.job_id)
+        except OSError as exc:  # the checkpoint storage cannot be listed: reusing an id could double a commit
+            log.error("job %s: cannot list its checkpoints to recover it: %s", job.job_id, exc)
+            self.handle(job, lc.ExecutionFailed(f"recovery after a coordinator failover failed: {exc}"))
+            return
         job.next_checkpoint_id = max([job.next_checkpoint_id, *(n + 1 for n in started)])
         log.warning("job %s was %s when the previous coordinator stopped: restarting it (attempt %d)",
                     job.job_id, job.state, job.attempt + 1)
-        job.failures.append("coordinator failover")
-        job.state = JobState.RESTARTING  # set, not moved: the state is the dead coordinator's, not a transition
-        self.persist(job)
+        self.handle(job, lc.Recovered())
+
+    # -- stimuli from the coordinator's RPC handlers and link events ---------------------------
+
+    def task_failed(self, job: JobRecord, attempt: int, cause: str) -> None:
+        self.handle(job, lc.TaskFailed(attempt, cause))
+
+    def worker_lost(self, worker_id: str, why: str) -> None:
+        for job in list(self.jobs.values()):
+            if job.plan is not None and worker_id in job.plan.placement.values():
+                self.handle(job, lc.WorkerLost(job.attempt, worker_id, why))
+
+    def task_ended(self, job: JobRecord, task: str) -> None:
+        job.ended_tasks.add(task)
+        if len(job.ended_tasks | job.finished_tasks) == job.total_tasks():
+            self.handle(job, lc.AllTasksEnded(job.attempt))
+
+    def task_finished(self, job: JobRecord, task: str) -> None:
+        job.finished_tasks.add(task)
+        if job.checkpoints is not None:
+            job.checkpoints.task_finished(task)  # later checkpoints record it as finished
+        if len(job.finished_tasks) == job.total_tasks():
+            self.handle(job, lc.AllTasksFinished(job.attempt))
+
+    async def cancel(self, job: JobRecord, why: str) -> None:
+        """Cancel the job; returns once its workers answered the cancel."""
+        task = self.handle(job, lc.CancelAsked(why))
+        if task is not None:
+            await asyncio.shield(task)
+
+    # -- carrying out instructions ------------------------------------------------------------
+
+    def handle(self, job: JobRecord, stimulus: lc.Stimulus) -> asyncio.Future[None] | None:
+        """Feed one stimulus; returns the task running the waiting part of the instructions, if any."""
+        machine = self.lifecycles[job.job_id]
+        instructions = machine.handle(stimulus, time.monotonic())
+        job.attempt, job.restarts = machine.attempt, machine.restarts  # the record mirrors the machine
+        for i, ins in enumerate(instructions):
+            if isinstance(ins, WAITING):
+                return self._tasks.spawn(self._carry_out(job, instructions[i:]),
+                                         name=f"{job.job_id} {type(ins).__name__}")
+            self._do(job, ins)
+        return None
+
+    async def _carry_out(self, job: JobRecord, instructions: list[lc.Instruction]) -> None:
         try:
-            await self._restart(job, None, counted=False)
+            for ins in instructions:
+                if isinstance(ins, WAITING):
+                    await self._wait_on(job, ins)
+                else:
+                    self._do(job, ins)
         except Exception as exc:
-            log.exception("job %s: recovery failed", job.job_id)
-            if not job.terminal:
-                job.move(JobState.FAILED, f"recovery after a coordinator failover failed: {type(exc).__name__}: "
-                                          f"{exc}")
+            log.exception("job %s: %s failed", job.job_id, type(ins).__name__)
+            self.handle(job, lc.ExecutionFailed(f"{type(ins).__name__} failed: {type(exc).__name__}: {exc}"))
+
+    def _do(self, job: JobRecord, ins: lc.Instruction) -> None:
+        if isinstance(ins, lc.MoveTo):
+            job.move(ins.state, ins.error)
+            if ins.state == JobState.FAILED:
+                tried = f" after {job.restarts} restarts" if job.restarts else ""
+                log.error("job %s failed%s: %s", job.job_id, tried, ins.error)
+            elif ins.state == JobState.FINISHED:
+                log.info("job %s finished (final checkpoint %s)", job.job_id, job.final_checkpoint_id)
+        elif isinstance(ins, lc.Adopt):
+            job.state = ins.state
+        elif isinstance(ins, lc.Persist):
+            self.persist(job)
+        elif isinstance(ins, lc.RecordFailure):
+            job.failures.append(ins.cause)
+        elif isinstance(ins, lc.StartCheckpoints):
+            self._start_checkpoints(job, ins.attempt)
+        elif isinstance(ins, lc.StopCheckpoints):
+            self._stop_checkpoints(job, ins.reason, failed=ins.failed)
+        elif isinstance(ins, lc.RecordFinalCheckpoint):
+            if job.checkpoints is not None:
+                job.final_checkpoint_id = job.checkpoints.coordinator.statistics().last_completed_id
+        elif isinstance(ins, lc.UsePlan):
+            plan = self._plans.pop(job.job_id)
+            self._note_parallelism(job, job.plan, plan)
+            job.plan = plan
+            job.finished_tasks = set()
+            job.ended_tasks = set()
+            job.task_stats = {}
+        elif isinstance(ins, lc.RecordRestart):
+            job.last_restart_s = ins.seconds
+            job.restart_s.append(ins.seconds)
+            self.restart_durations.observe(ins.seconds)
+            log.info("job %s running again (attempt %d) %.2fs after the failure", job.job_id, job.attempt,
+                     ins.seconds)
+        elif isinstance(ins, lc.CommitRescale):
+            config = self._rescales[job.job_id].config
+            assert config is not None
+            job.config = config
+        elif isinstance(ins, lc.AnswerRescale):
+            call_or_none = self._rescales.pop(job.job_id, None)
+            if call_or_none is not None and not call_or_none.answer.done():
+                call_or_none.answer.set_result(ins)
+        else:  # pragma: no cover - every instruction is handled above or in _wait_on
+            raise AssertionError(f"unknown instruction {ins!r}")
+
+    async def _wait_on(self, job: JobRecord, ins: lc.Instruction) -> None:
+        if isinstance(ins, lc.Deploy):
+            await self._deploy(job, ins.attempt)
+        elif isinstance(ins, lc.StartTasks):
+            await self._start_tasks(job, ins.attempt)
+        elif isinstance(ins, lc.CancelTasks):
+            await self.cancel_tasks(job, ins.attempt)
+        elif isinstance(ins, lc.ScheduleRestart):
+            log.error("job %s: %s; restarting in %.1fs (restart %d of %d)", job.job_id,
+                      job.failures[-1] if job.failures else "?", ins.delay_s, ins.restart, ins.of)
+            await asyncio.sleep(ins.delay_s)
+            self.handle(job, lc.RestartDelayElapsed(ins.attempt))
+        elif isinstance(ins, lc.PlanAttempt):
+            await asyncio.sleep(ins.after_s)
+            await self._plan_next(job, ins)
+        elif isinstance(ins, lc.RequestFinalCheckpoint):
+            await self._final_checkpoint(job, ins)
+        elif isinstance(ins, lc.TakeRescaleCheckpoint):
+            await self._rescale_checkpoint(job, ins.attempt)
 
     # -- deploying ------------------------------------------------------------------
 
-    async def deploy(self, job: JobRecord, *, failed_at: float | None = None) -> None:
-        plan = job.plan
-        assert plan is not None
-        job.move(JobState.DEPLOYING)
-        involved = sorted(set(plan.placement.values()))
-        try:
-            links = [self.workers[w].link for w in involved]
-            plan_dict = plan.to_dict()
-            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0) for link in links))
-            if job.state != JobState.DEPLOYING:
-                return
-            job.move(JobState.RUNNING)
-            self._start_checkpoints(job, involved)
-            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in links))
-            if failed_at is not None:
-                job.last_restart_s = time.monotonic() - failed_at
-                job.restart_s.append(job.last_restart_s)
-                self.restart_durations.observe(job.last_restart_s)
-                log.info("job %s running again (attempt %d) %.2fs after the failure", job.job_id, job.attempt,
-                         job.last_restart_s)
-            else:
-                log.info("job %s running on %s", job.job_id, ", ".join(involved))
-        except (NetstackError, KeyError) as exc:
-            await self.on_failure(job, f"deployment failed: {exc}")
+    def _involved(self, job: JobRecord) -> list[Link]:
+        assert job.plan is not None
+        return [self.workers[w].link for w in sorted(set(job.plan.placement.values()))]
 
-    def _start_checkpoints(self, job: JobRecord, involved: list[str]) -> None:
+    async def _deploy(self, job: JobRecord, attempt: int) -> None:
+        assert job.plan is not None
+        try:
+            plan_dict = job.plan.to_dict()
+            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0)
+                                   for link in self._involved(job)))
+        except (NetstackError, KeyError) as exc:
+            self.handle(job, lc.DeployFailed(attempt, str(exc)))
+            return
+        self.handle(job, lc.DeployAcked(attempt))
+
+    async def _start_tasks(self, job: JobRecord, attempt: int) -> None:
+        try:
+            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in self._involved(job)))
+        except (NetstackError, KeyError) as exc:
+            self.handle(job, lc.DeployFailed(attempt, str(exc)))
+            return
+        if attempt == 0 and job.plan is not None:
+            log.info("job %s running on %s", job.job_id, ", ".join(sorted(set(job.plan.placement.values()))))
+        self.handle(job, lc.TasksStarted(attempt))
+
+    def _start_checkpoints(self, job: JobRecord, attempt: int) -> None:
         plan = job.plan
         assert plan is not None
+        involved = sorted(set(plan.placement.values()))
         tasks = frozenset(f"{v.id}:{i}" for v in plan.vertices for i in range(v.parallelism))
         job_info = {"entry": job.entry, "name": job.name,
                     "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism} for v in plan.vertices]}
@@ -193,9 +356,9 @@ class JobManager:
         def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
             job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
             job.next_checkpoint_id = max(job.next_checkpoint_id, checkpoint_id + 1)
-            self.persist(job)
             if summary.get("duration_s") is not None:
                 self.checkpoint_durations.observe(summary["duration_s"])
+            self.handle(job, lc.CheckpointCompleted(attempt, checkpoint_id))
 
         def links() -> list[Link]:
             # a worker whose tasks have all finished may have released the job: it takes no part any more
@@ -203,19 +366,25 @@ class JobManager:
             return [self.workers[w].link for w in involved if w in self.workers and w in busy]
 
         job.checkpoints = CheckpointRunner(
-            job_id=job.job_id, attempt=job.attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
+            job_id=job.job_id, attempt=attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
             tasks=tasks, storage=self.storage, links=links, job_info=job_info,
-            fail_job=lambda reason: self.fail(job, reason), on_complete=on_complete,
+            fail_job=lambda reason: self.task_failed(job, attempt, reason), on_complete=on_complete,
             first_id=job.next_checkpoint_id)
         job.checkpoints.start()
 
-    def _stop_checkpoints(self, job: JobRecord, reason: str, *, failed: bool = True) -> None:
+    def _stop_checkpoints(self, job: JobRecord, reason: str, *, failed: bool) -> None:
         runner = job.checkpoints
         if runner is None:
             return
         if failed:
             runner.task_failed(reason)
-        runner.stop(reason)
+        runner.stop_nowait(reason)
+        # a job that finishes lets a checkpoint being written complete: it is durable either way, and retention
+        # must count it
+        stopping = self._tasks.spawn(runner.stop(reason, job_finished=job.state == JobState.FINISHING),
+                                     name=f"{job.job_id} checkpoint runner stop")
+        self._runner_stops.add(stopping)
+        stopping.add_done_callback(self._runner_stops.discard)
         job.earlier_checkpoints = job.checkpoint_history()[-200:]
         job.checkpoints = None
         st = runner.coordinator.statistics()
@@ -225,134 +394,38 @@ class JobManager:
 
     # -- finishing ------------------------------------------------------------------
 
-    def task_ended(self, job: JobRecord, task: str) -> None:
-        job.ended_tasks.add(task)
-        if len(job.ended_tasks | job.finished_tasks) == job.total_tasks() and not job.final_requested:
-            job.final_requested = True
-            self._spawn(self._final_checkpoint(job))
+    async def _final_checkpoint(self, job: JobRecord, ins: lc.RequestFinalCheckpoint) -> None:
+        """Every task ended: take a checkpoint (its commit finishes the tasks); the lifecycle asks again after
+        an abort. Aborts count against tolerable_failures like any other."""
+        await asyncio.sleep(ins.after_s)
+        runner = job.checkpoints
+        if runner is None or job.attempt != ins.attempt:
+            return  # the attempt ended meanwhile
+        checkpoint_id, fut = runner.request()
+        result = await fut
+        completed = result.get("status") == "COMPLETED"
+        if completed:
+            log.info("job %s: final checkpoint %d completed", job.job_id, checkpoint_id)
+        self.handle(job, lc.FinalCheckpointDone(ins.attempt, completed, str(result.get("reason") or "")))
 
-    async def _final_checkpoint(self, job: JobRecord) -> None:
-        """Every task ended: take checkpoints until one completes (its commit finishes the tasks), unless the
-        attempt ends first. Aborts count against tolerable_failures like any other."""
-        attempt = job.attempt
-        pause_s = 0.05  # doubles up to 2 s: a checkpoint that fails at once (full disk) must not spin the loop
-        while job.state == JobState.RUNNING and job.attempt == attempt and job.checkpoints is not None:
-            checkpoint_id, fut = job.checkpoints.request()
-            result = await fut
-            if result.get("status") == "COMPLETED":
-                log.info("job %s: final checkpoint %d completed", job.job_id, checkpoint_id)
-                return
-            if result.get("reason") == "job failed":
-                return  # too many failed checkpoints: the failover (already scheduled) takes over
-            # an abort answered at once resolves without suspending: let the failover and the workers run first
-            await asyncio.sleep(pause_s)
-            pause_s = min(2.0, pause_s * 2)
+    # -- restarting -------------------------------------------------------------------
 
-    def task_finished(self, job: JobRecord, task: str) -> None:
-        job.finished_tasks.add(task)
-        if job.checkpoints is not None:
-            job.checkpoints.task_finished(task)  # later checkpoints record it as finished
-        if len(job.finished_tasks) == job.total_tasks():
-            job.move(JobState.FINISHING)
-            if job.checkpoints is not None:
-                job.final_checkpoint_id = job.checkpoints.coordinator.statistics().last_completed_id
-            self._stop_checkpoints(job, "job finished", failed=False)
-            job.move(JobState.FINISHED)
-            log.info("job %s finished (final checkpoint %s)", job.job_id, job.final_checkpoint_id)
-
-    # -- failures ---------------------------------------------------------------------
-
-    def fail(self, job: JobRecord, cause: str) -> None:
-        """The one entry point for a failure of a running attempt: failover runs as a task of the manager's own,
-        never inside a checkpoint runner or an attempt that the failover is about to stop (which would cancel
-        the failover itself and leave the job RESTARTING forever)."""
-        self._spawn(self.on_failure(job, cause))
-
-    def worker_lost(self, worker_id: str, why: str) -> None:
-        for job in list(self.jobs.values()):
-            if job.state in (JobState.DEPLOYING, JobState.RUNNING, JobState.FINISHING) and job.plan is not None \
-                    and worker_id in job.plan.placement.values():
-                self.fail(job, f"worker {worker_id} lost: {why}")
-
-    async def on_failure(self, job: JobRecord, error: str) -> None:
-        """Cancel the attempt; restart from the latest checkpoint if the strategy allows, else fail the job.
-
-        Whatever goes wrong on the way (other than a cancel of the coordinator itself), the job ends RESTARTING
-        -> running again, or FAILED with its cause: never stuck in RESTARTING."""
+    async def _plan_next(self, job: JobRecord, ins: lc.PlanAttempt) -> None:
+        """Plan the attempt for the workers registered now and attach the latest intact checkpoint."""
+        call = self._rescales.get(job.job_id)
+        run_at = call.run_at if ins.scale_up and call is not None else None
         try:
-            await self._failover(job, error)
-        except Exception as exc:
-            log.exception("job %s: failover failed", job.job_id)
-            if not job.terminal:
-                job.move(JobState.FAILED, f"{error} (failover failed: {type(exc).__name__}: {exc})")
-                await self.cancel_tasks(job)
-
-    async def _failover(self, job: JobRecord, error: str) -> None:
-        if job.terminal or job.state == JobState.RESTARTING:
+            plan = self._plan_attempt(job, waited_s=time.monotonic() - ins.waiting_since, run_at=run_at)
+        except RpcError as exc:  # typically: not enough slots until a worker comes back
+            self.handle(job, lc.PlanFailed(ins.attempt, str(exc), retriable=True))
             return
-        failed_at = time.monotonic()
-        job.failures.append(error)
-        self._stop_checkpoints(job, error)
-        strategy = job.restart_strategy
-        delay = strategy.delay_before(job.restarts + 1) if strategy is not None else None
-        if delay is None:
-            tried = f" after {job.restarts} restarts" if job.restarts else ""
-            log.error("job %s failed%s: %s", job.job_id, tried, error)
-            job.move(JobState.FAILED, f"{error}{' (restart attempts exhausted)' if job.restarts else ''}")
-            await self.cancel_tasks(job)
+        try:
+            await self._attach_latest_checkpoint(job, plan)
+        except RpcError as exc:
+            self.handle(job, lc.PlanFailed(ins.attempt, f"cannot restore: {exc}", retriable=False))
             return
-        log.error("job %s: %s; restarting in %.1fs (restart %d of %d)", job.job_id, error, delay,
-                  job.restarts + 1, strategy.max_attempts)
-        job.move(JobState.RESTARTING)  # the cause is in job.failures; job.error is kept for a final failure
-        await self.cancel_tasks(job)
-        await asyncio.sleep(delay)
-        await self._restart(job, failed_at)
-
-    async def _restart(self, job: JobRecord, failed_at: float | None, *, counted: bool = True,
-                       run_at: dict[str, int] | None = None) -> None:
-        """Plan the next attempt, attach the latest checkpoint and deploy; `failed_at` None and `counted` False
-        for a rescale, which is no failure (its downtime is the rescale's own figure, not a restart's). `run_at`
-        (operator name -> parallelism): the first attempt runs at it rather than at the ask (a scale-up)."""
-        strategy = job.restart_strategy
-        while job.state == JobState.RESTARTING:
-            if counted:
-                job.restarts += 1
-            counted = True  # a redeploy that failed and is tried again is a restart like any other
-            job.attempt += 1
-            started = time.monotonic()
-            deadline = started + strategy.slot_wait_s
-            plan: Plan | None = None
-            error = ""
-            while job.state == JobState.RESTARTING and time.monotonic() < deadline:
-                try:
-                    plan = self._plan_attempt(job, waited_s=time.monotonic() - started, run_at=run_at)
-                    break
-                except RpcError as exc:  # typically: not enough slots until a worker comes back
-                    error = str(exc)
-                    await asyncio.sleep(0.2)
-            if job.state != JobState.RESTARTING:
-                return
-            if plan is not None:
-                try:
-                    await self._attach_latest_checkpoint(job, plan)
-                except RpcError as exc:
-                    plan, error = None, f"cannot restore: {exc}"
-            run_at = None  # a scale-up that did not deploy falls back to the usual policy
-            if plan is not None:
-                self._note_parallelism(job, job.plan, plan)
-                job.plan = plan
-                job.finished_tasks = set()
-                job.ended_tasks = set()
-                job.final_requested = False
-                job.task_stats = {}
-                await self.deploy(job, failed_at=failed_at)
-                return
-            job.failures.append(error)
-            delay = strategy.delay_before(job.restarts + 1)
-            if delay is None:
-                job.move(JobState.FAILED, f"{error} (restart attempts exhausted)")
-                return
-            await asyncio.sleep(delay)
+        self._plans[job.job_id] = plan
+        self.handle(job, lc.AttemptPlanned(ins.attempt))
 
     async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> None:
         """The newest retained checkpoint that is intact; a corrupt one is skipped (and logged) for the one
@@ -386,55 +459,59 @@ class JobManager:
         rescaled) is one RpcError line raised before anything is stopped: the job keeps running unchanged.
         With `run_at` (a scale-up: operator name -> parallelism, up to the ask) the ask is kept and the job
         redeploys at `run_at`."""
-        if job.job_id in self._rescaling:
-            raise RpcError(f"job {job.job_id} is being rescaled already", "JobNotRunning")
-        if job.state != JobState.RUNNING or job.checkpoints is None or job.ended_tasks or job.finished_tasks:
-            why = "finishing" if job.state == JobState.RUNNING else job.state
-            raise RpcError(f"job {job.job_id} is {why}, not RUNNING: nothing to rescale", "JobNotRunning")
-        if run_at is None:
-            config = job.config.with_parallelism(merge_parallelism(job.config.parallelism, requested))
-            trial = self.plan(job, config)  # too many slots, an unknown operator, a forward edge torn apart
+        answer: asyncio.Future[lc.AnswerRescale] = asyncio.get_running_loop().create_future()
+        call = _RescaleCall(dict(requested), run_at, timeout_s, answer)
+        if job.job_id not in self._rescales:
+            self._rescales[job.job_id] = call
         else:
-            config = job.config
-            trial = self.plan(job, config.with_parallelism(run_at))
-        self._rescaling.add(job.job_id)
-        try:
-            runner = job.checkpoints
-            checkpoint_id, fut = runner.request()
-            result = await asyncio.wait_for(fut, timeout_s)
-            if result.get("status") != "COMPLETED":
-                raise RpcError(f"job {job.job_id} not rescaled: checkpoint {checkpoint_id} did not complete "
-                               f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
-                               "RescaleCheckpointFailed")
-            await self.restore_spec(str(result["path"]), trial)  # the restore refusals (sources, broadcast edges)
-            if job.state != JobState.RUNNING or job.checkpoints is not runner:
-                raise RpcError(f"job {job.job_id} is {job.state} (attempt {job.attempt}) after the checkpoint: "
-                               "not rescaled", "JobNotRunning")
-            stopped_at = time.monotonic()
-            attempt = job.attempt
-            log.info("job %s: stopping attempt %d to rescale it to %s from checkpoint %d", job.job_id, attempt,
-                     describe_parallelism(trial), checkpoint_id)
-            job.config = config
-            job.move(JobState.RESTARTING)
-            self._stop_checkpoints(job, f"rescale to {describe_parallelism(trial)}", failed=False)
-            await self.cancel_tasks(job)
-            await self._restart(job, None, counted=False, run_at=run_at)
-        finally:
-            self._rescaling.discard(job.job_id)
-        if job.state != JobState.RUNNING or job.attempt <= attempt:
-            raise RpcError(f"job {job.job_id} stopped for the rescale but is {job.state} now: {job.error or ''}"
-                           .rstrip(": "), "RescaleFailed")
-        downtime_s = time.monotonic() - stopped_at
-        job.rescale_s.append(downtime_s)
+            call.answer.set_result(lc.AnswerRescale(f"job {job.job_id} is being rescaled already", "JobNotRunning"))
+        if not answer.done():
+            self.handle(job, lc.RescaleAsked(bool(job.ended_tasks or job.finished_tasks), scale_up=run_at is not None))
+        result = await answer
+        if result.error:
+            raise RpcError(result.error, result.error_type)
         log.info("job %s rescaled to %s from checkpoint %s: down %.3fs", job.job_id,
-                 describe_parallelism(job.plan), job.restored_checkpoint_id, downtime_s)
+                 describe_parallelism(job.plan), job.restored_checkpoint_id, result.downtime_s)
+        job.rescale_s.append(result.downtime_s)
         used: dict[str, Any] = next((h for h in reversed(job.checkpoint_history())
-                     if h.get("checkpoint_id") == job.restored_checkpoint_id), {})
-        return {"job_id": job.job_id, "attempt": job.attempt, "downtime_s": downtime_s,
-                "checkpoint_id": job.restored_checkpoint_id, "requested_checkpoint_id": checkpoint_id,
+                                     if h.get("checkpoint_id") == job.restored_checkpoint_id), {})
+        return {"job_id": job.job_id, "attempt": job.attempt, "downtime_s": result.downtime_s,
+                "checkpoint_id": job.restored_checkpoint_id, "requested_checkpoint_id": call.checkpoint_id,
                 "inflight_bytes": used.get("inflight_bytes"), "mode": used.get("mode"),
                 "vertices": [{"name": v.name, "parallelism": v.parallelism}
                              for v in (job.plan.vertices if job.plan else [])]}
+
+    async def _rescale_checkpoint(self, job: JobRecord, attempt: int) -> None:
+        """Try the new plan, take the checkpoint and check that the new plan can restore it; every refusal is
+        reported before anything is stopped."""
+        call = self._rescales[job.job_id]
+        try:
+            if call.run_at is None:
+                call.config = job.config.with_parallelism(merge_parallelism(job.config.parallelism, call.requested))
+                trial = self.plan(job, call.config)  # too many slots, an unknown operator, a forward edge torn apart
+            else:
+                call.config = job.config
+                trial = self.plan(job, job.config.with_parallelism(call.run_at))
+            runner = job.checkpoints
+            if runner is None:
+                raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING: nothing to rescale", "JobNotRunning")
+            call.checkpoint_id, fut = runner.request()
+            result = await asyncio.wait_for(fut, call.timeout_s)
+            if result.get("status") != "COMPLETED":
+                raise RpcError(f"job {job.job_id} not rescaled: checkpoint {call.checkpoint_id} did not complete "
+                               f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
+                               "RescaleCheckpointFailed")
+            await self.restore_spec(str(result["path"]), trial)  # the restore refusals (sources, broadcast edges)
+        except RpcError as exc:
+            self.handle(job, lc.RescaleCheckpointDone(attempt, str(exc), exc.remote_type or "RescaleFailed"))
+            return
+        except TimeoutError:
+            self.handle(job, lc.RescaleCheckpointDone(attempt, f"job {job.job_id} not rescaled: checkpoint "
+                                                               f"{call.checkpoint_id} timed out", "Timeout"))
+            return
+        log.info("job %s: stopping attempt %d to rescale it to %s from checkpoint %d", job.job_id, attempt,
+                 describe_parallelism(trial), call.checkpoint_id)
+        self.handle(job, lc.RescaleCheckpointDone(attempt))
 
     # -- scaling down and up (the policy is coordinator/autoscale.py) ----------------------
 
@@ -519,7 +596,7 @@ class JobManager:
     def _maybe_scale_up(self, job: JobRecord) -> None:
         scaling = self.scaling.get(job.job_id)
         if scaling is None or not scaling.reason or job.state != JobState.RUNNING or job.plan is None \
-                or job.checkpoints is None or job.ended_tasks or job.finished_tasks or job.job_id in self._rescaling:
+                or job.checkpoints is None or job.ended_tasks or job.finished_tasks or job.job_id in self._rescales:
             return
         now = time.monotonic()
         if now < scaling.next_scale_up_at:
@@ -534,7 +611,7 @@ class JobManager:
         assert target is not None
         # one try per settle period: a refused scale-up (a checkpoint that failed) is not retried in a loop
         scaling.next_scale_up_at = now + max(1.0, self.autoscale.scale_up_after_s)
-        self._spawn(self._scale_up(job, target))
+        self._tasks.spawn(self._scale_up(job, target), name=f"{job.job_id} scale-up")
 
     async def _scale_up(self, job: JobRecord, target: dict[str, int]) -> None:
         log.info("job %s: workers are back; scaling up to %s", job.job_id,
@@ -549,14 +626,7 @@ class JobManager:
 
     # -- cancelling ---------------------------------------------------------------------
 
-    async def cancel(self, job: JobRecord, why: str) -> None:
-        if job.terminal:
-            return
-        job.move(JobState.CANCELLED, why)
-        self._stop_checkpoints(job, why)
-        await self.cancel_tasks(job)
-
-    async def cancel_tasks(self, job: JobRecord) -> None:
+    async def cancel_tasks(self, job: JobRecord, attempt: int) -> None:
         if job.plan is None:
             return
         calls = []
@@ -564,8 +634,7 @@ class JobManager:
             record = self.workers.get(wid)
             if record is not None and not record.link.is_closing():
                 # the attempt fences the call: a worker already running a later attempt (of a new leader) keeps it
-                calls.append(record.link.call("cancel", {"job_id": job.job_id, "attempt": job.attempt},
-                                              timeout_s=15.0))
+                calls.append(record.link.call("cancel", {"job_id": job.job_id, "attempt": attempt}, timeout_s=15.0))
         results = await asyncio.gather(*calls, return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):

@@ -70,7 +70,6 @@ class JobRecord:
     ended_at: float | None = None
     finished_tasks: set[str] = field(default_factory=set)
     ended_tasks: set[str] = field(default_factory=set)  # reached the end of input (waiting for the final checkpoint)
-    final_requested: bool = False  # the manager asked for the final checkpoint of this attempt
     final_checkpoint_id: int | None = None  # the checkpoint whose commit ended a bounded job
     task_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoint_settings: Any = None  # coordinator.checkpointing.CheckpointSettings

@@ -14,12 +14,18 @@ class RestartStrategy:
     delay_s: float = 1.0  # fixed delay, or the first delay of the exponential backoff
     max_delay_s: float = 30.0
     slot_wait_s: float = 60.0  # how long one restart may wait for enough free slots
+    # None: max_attempts counts every restart of the job's life. A window: only the restarts of the last
+    # failure_window_s count (and the exponential backoff grows with them), so a job that fails again and again
+    # (a real fault) still ends FAILED, while one that rides out a dependency's outage now and then does not
+    failure_window_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"restart strategy must be one of {', '.join(KINDS)}, not {self.kind!r}")
         if self.max_attempts < 0 or self.delay_s < 0 or self.max_delay_s < 0 or self.slot_wait_s <= 0:
             raise ValueError("restart attempts and delays must not be negative")
+        if self.failure_window_s is not None and self.failure_window_s <= 0:
+            raise ValueError(f"failure_window_s must be positive or None, got {self.failure_window_s}")
 
     def delay_before(self, restart_number: int) -> float | None:
         """Delay before restart number `restart_number` (1-based), or None when no restart is left."""

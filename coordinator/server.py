@@ -35,7 +35,7 @@ from coordinator.registry import WorkerRecord, WorkerRegistry
 from coordinator.rest import REST_LIMITS, RestApi
 from coordinator.rest_views import task_sample
 from coordinator.restarts import RestartStrategy
-from coordinator.storage import LocalCheckpointStorage
+from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
 from netstack.errors import CloseReason, Conflict, Forbidden, InvalidRequest, JobNotFound, MethodNotFound, NotLeader
@@ -102,14 +102,15 @@ class PendingProbe:
 
 
 class Coordinator(BaseLinkHandler):
-    def __init__(self, config: CoordinatorConfig) -> None:
+    def __init__(self, config: CoordinatorConfig, *, storage: CheckpointStorage | None = None) -> None:
         self.config = config
         self.trust = config.trust_policy()
         self.workers = WorkerRegistry()
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
-        self.storage = LocalCheckpointStorage(config.checkpoint_root)
+        # `storage`: the tests' fault injection wraps it (tests/support/faulty_coordinator.py)
+        self.storage = storage if storage is not None else LocalCheckpointStorage(config.checkpoint_root)
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
@@ -118,8 +119,8 @@ class Coordinator(BaseLinkHandler):
         self.holder_id = f"c-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
         self.leadership: Leadership | None = None  # made once the RPC port is known (the lease names it)
         self.store = JobStore(config.state_dir, may_write=self.leading)
-        self.manager = JobManager(workers=self.workers, storage=self.storage, spawn=self._spawn,
-                                  autoscale=config.autoscale, persist=self.store.save)
+        self.manager = JobManager(workers=self.workers, storage=self.storage, autoscale=config.autoscale,
+                                  persist=self.store.save)
         self.lost_leadership = ""
         self.rpc = self._handlers()
 
@@ -175,6 +176,7 @@ class Coordinator(BaseLinkHandler):
             if not await self._lead_unless_stopped(state_dir):  # a standby stopped before it ever led
                 server.close()
                 await server.wait_closed()
+                await self.manager.stop()
                 await self._background.cancel_and_wait()
                 return
         except LeaseHeld as exc:
@@ -202,7 +204,8 @@ class Coordinator(BaseLinkHandler):
         for w in list(self.workers.values()):
             w.link.close("coordinator stopping")
         await server.wait_closed()
-        await self._background.cancel_and_wait()  # failovers, deploys, reports: their cleanup runs before exit
+        await self.manager.stop()  # failovers, deploys, checkpoint runners: their cleanup runs before exit
+        await self._background.cancel_and_wait()
 
     def stop(self) -> None:
         self._stop.set()
@@ -241,6 +244,7 @@ class Coordinator(BaseLinkHandler):
         # someone else may lead now: stop acting at once, touch no job, write nothing, and exit non-zero
         log.error("lost leadership: %s; stopping", why)
         self.lost_leadership = why
+        self.manager.lease_lost()
         self._stop.set()
 
     def _connection(self) -> Connection:
@@ -512,13 +516,13 @@ class Coordinator(BaseLinkHandler):
     async def rpc_task_failed(self, link: Link, args: p.TaskFailed) -> Any:
         job = self._attempt(args)
         if job is not None and not job.terminal:
-            self._spawn(self.manager.on_failure(job, f"task {args.task} failed: {args.error}"))
+            self.manager.task_failed(job, job.attempt, f"task {args.task} failed: {args.error}")
         return {"ok": True}
 
     async def rpc_job_error(self, link: Link, args: p.JobError) -> Any:
         job = self._attempt(args)
         if job is not None and not job.terminal:
-            self._spawn(self.manager.on_failure(job, f"on {link.peer_id}: {args.error}"))
+            self.manager.task_failed(job, job.attempt, f"on {link.peer_id}: {args.error}")
         return {"ok": True}
 
 def restart_strategy(raw: dict[str, Any]) -> RestartStrategy:
@@ -539,8 +543,8 @@ def checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
     return CheckpointSettings(**{"interval_s": None, **raw})
 
 
-async def run_coordinator(config: CoordinatorConfig) -> None:
-    coordinator = Coordinator(config)
+async def run_coordinator(config: CoordinatorConfig, *, storage: CheckpointStorage | None = None) -> None:
+    coordinator = Coordinator(config, storage=storage)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.stop)

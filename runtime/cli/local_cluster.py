@@ -101,13 +101,14 @@ class LocalCluster:
             self.stop()
             raise
 
-    def start_coordinator(self, *extra: str) -> Managed:
+    def start_coordinator(self, *extra: str, prefix: list[str] | None = None) -> Managed:
+        """`prefix`: run the command under a launcher (the tests' fault injection wraps the coordinator)."""
         self._prepare()
         assert self.log_dir is not None and self.state_dir is not None
         self.coordinator = start_process(
             "coordinator", ["--host", self.coordinator_host, "--port", "0", "--metrics-port", self._metrics_port(0),
                             "--state-dir", self.state_dir, *self._tls_args(), *extra],
-            env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, "coordinator.log"))
+            env=self.env, cwd=self.workdir, log_path=os.path.join(self.log_dir, "coordinator.log"), prefix=prefix)
         return self.coordinator
 
     def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:

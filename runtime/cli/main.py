@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netstack.errors import NetstackError, RpcError
 from netstack.limits import ListenerLimits, raise_nofile_limit
@@ -23,6 +23,9 @@ from runtime.common import objectstore
 from runtime.common.addresses import check_advertise, check_host
 from runtime.execution.async_operator import AsyncStateSettings
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
+
+if TYPE_CHECKING:
+    from coordinator.server import CoordinatorConfig
 
 
 def _duration(text: str, *, allow_zero: bool = False) -> float:
@@ -155,9 +158,14 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                         "at once and store them as input to replay (capture)")
     r = p.add_argument_group("restarts after a failure")
     r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
-    r.add_argument("--restart-attempts", type=int, default=3, help="restarts allowed over the job's life (3)")
+    r.add_argument("--restart-attempts", type=int, default=3,
+                   help="restarts allowed over the job's life, or within --restart-window (3)")
     r.add_argument("--restart-delay", type=_duration, default=1.0,
                    help="delay before a restart; the first one for exponential backoff (1s)")
+    r.add_argument("--restart-window", type=_duration, metavar="DURATION",
+                   help="count only the restarts of this last while against --restart-attempts (and grow the "
+                        "exponential backoff with them): a job rides out a dependency's outage now and then, "
+                        "and still fails when it fails again and again (default: the job's whole life)")
     r.add_argument("--scale-down-after", type=_scale_down_after, metavar="DURATION|never",
                    help="a restart that waited this long for the slots the job asks for restarts at the largest "
                         "parallelism the free slots allow (default: the coordinator's, 10s; 0 or never: wait)")
@@ -210,7 +218,8 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
                            "retain": args.retain},
             "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
-                        "delay_s": args.restart_delay},
+                        "delay_s": args.restart_delay,
+                        **({"failure_window_s": args.restart_window} if args.restart_window else {})},
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
             **_async_state_config(args),
@@ -448,6 +457,23 @@ def _print_job(summary: dict[str, Any]) -> None:
               f"on {t.get('worker', '?')}")
 
 
+def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
+    """The coordinator's configuration from `sluice coordinator ...` arguments."""
+    from coordinator.autoscale import AutoscaleSettings
+    from coordinator.server import CoordinatorConfig
+
+    return CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
+                             metrics_port=None if args.no_metrics else args.metrics_port,
+                             http_port=None if args.no_http else args.http_port,
+                             state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
+                             allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
+                             savepoint_roots=tuple(objectstore.absolute(p) for p in args.savepoint_root),
+                             advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
+                             limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
+                             lease_s=args.lease_timeout,
+                             autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -479,20 +505,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "coordinator":
-        from coordinator.autoscale import AutoscaleSettings
-        from coordinator.server import CoordinatorConfig, run_coordinator
+        from coordinator.server import run_coordinator
 
-        config = CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
-                                   metrics_port=None if args.no_metrics else args.metrics_port,
-                                   http_port=None if args.no_http else args.http_port,
-                                   state_dir=args.state_dir, heartbeat_timeout_s=args.heartbeat_timeout,
-                                   allowed_job_paths=tuple(os.path.abspath(p) for p in args.allowed_job_path),
-                                   savepoint_roots=tuple(objectstore.absolute(p) for p in args.savepoint_root),
-                                   advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
-                                   limits=_listener_limits(args), tls=_tls(args), standby=args.standby,
-                                   lease_s=args.lease_timeout,
-                                   autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
-        run(run_coordinator(config))
+        run(run_coordinator(coordinator_config(args)))
         return 0
     if args.command == "worker":
         from runtime.worker.worker import WorkerConfig, run_worker

@@ -1,5 +1,5 @@
 """How a job ends, on a real cluster: failover started by failing checkpoints (a full disk under the state
-directory, injected at the `_metadata` write with SLUICE_FAULT_METADATA_FAILS) restarts the job or fails it with
+directory, injected at the `_metadata` write by tests/support/faulty_coordinator.py) restarts the job or fails it with
 its cause; checkpoints go on after some tasks finished; and the end of a bounded job is its final checkpoint,
 committed exactly once even when a worker dies while the sinks publish it."""
 
@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.cluster import Cluster, poll
 from tests.support.failover import CHANNELS, KEYS, SEED, WORKER_ARGS, assert_exact_output, install
+from tests.support.faulty_coordinator import launcher
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +29,9 @@ def exact_output(*, out: Path, words: int) -> None:
     assert_exact_output(cast(Any, SimpleNamespace(out=out, words=words)))
 
 
-def start_with_env(cluster: Cluster, workers: int, coordinator_env: dict[str, str]) -> None:
-    """A coordinator that sees `coordinator_env` (fault hooks), and workers that do not."""
-    cluster.local.env_overrides.update(coordinator_env)
-    cluster.start_coordinator()
-    cluster.local.env_overrides.clear()
+def start_faulty(cluster: Cluster, workers: int, *, metadata_fails: int = 0) -> None:
+    """A coordinator whose first `metadata_fails` `_metadata` writes fail with ENOSPC (-1: all), and workers."""
+    cluster.start_coordinator(prefix=launcher(metadata_fails=metadata_fails) if metadata_fails else None)
     for i in range(workers):
         cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
     cluster.wait_workers(workers)
@@ -44,7 +43,7 @@ def start_with_env(cluster: Cluster, workers: int, coordinator_env: dict[str, st
 def test_failed_checkpoints_restart_the_job_and_output_is_exact(cluster: Cluster) -> None:
     # the first two _metadata writes fail with ENOSPC; one is tolerated, the second fails the attempt
     setup = install(cluster, words=120_000)
-    start_with_env(cluster, 2, {"SLUICE_FAULT_METADATA_FAILS": "2"})
+    start_faulty(cluster, 2, metadata_fails=2)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": 0.3, "tolerable_failures": 1})
     st = setup.wait_finished(job_id, 120)
     assert st["restarts"] == 1 and st["attempt"] == 1, st
@@ -56,7 +55,7 @@ def test_failed_checkpoints_restart_the_job_and_output_is_exact(cluster: Cluster
 
 def test_failed_checkpoints_after_the_last_restart_fail_the_job_and_submit_wait_returns(cluster: Cluster) -> None:
     install(cluster, words=400_000)
-    start_with_env(cluster, 2, {"SLUICE_FAULT_METADATA_FAILS": "-1"})
+    start_faulty(cluster, 2, metadata_fails=-1)
     host, port = cluster.rpc
     t0 = time.monotonic()
     done = subprocess.run(
@@ -103,7 +102,7 @@ def test_checkpoints_go_on_after_tasks_finished_and_restore_treats_them_as_finis
     short, long = 5_000, 400_000
     (cluster.tmp_path / "twojobs.py").write_text(TWO_PIPELINES.format(
         keys=KEYS, seed=SEED, short=short, long=long, short_out=str(short_out), long_out=str(long_out)))
-    start_with_env(cluster, 2, {})
+    start_faulty(cluster, 2)
     config = {**CHANNELS, "checkpoint": {"interval_s": 0.3, "mode": "aligned", "timeout_s": 20},
               "restart": {"kind": "fixed", "max_attempts": 2, "delay_s": 0.2, "slot_wait_s": 60}}
     job_id = cluster.submit("twojobs:short_and_long", config)
@@ -210,7 +209,7 @@ def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster)
     markers.mkdir()
     (cluster.tmp_path / "holdjobs.py").write_text(HOLDING_JOB.format(
         markers=str(markers), words=words, keys=KEYS, seed=SEED, out=str(out)))
-    start_with_env(cluster, 2, {})
+    start_faulty(cluster, 2)
     config = {**CHANNELS, "checkpoint": {"interval_s": 0.5, "mode": "aligned", "timeout_s": 20},
               "restart": {"kind": "fixed", "max_attempts": 2, "delay_s": 0.2, "slot_wait_s": 60}}
     job_id = cluster.submit("holdjobs:holding", config)

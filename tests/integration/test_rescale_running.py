@@ -11,6 +11,7 @@ import pytest
 
 from runtime.graph.enums import JobState
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, logs, sluice
+from tests.support.faulty_coordinator import launcher
 from tests.support.rescale import (
     CONFIG,
     KEYS,
@@ -61,9 +62,7 @@ def test_impossible_rescales_are_refused_then_2_3_1_2_with_the_cli_gives_exact_o
 def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: Cluster) -> None:
     """The coordinator's first `_metadata` write fails as on a full disk (its fault hook): the rescale's
     checkpoint does not complete, so nothing is stopped; the next rescale works and the output is exact."""
-    cluster.local.env_overrides = {"SLUICE_FAULT_METADATA_FAILS": "1"}
-    cluster.start_coordinator()
-    cluster.local.env_overrides = {}
+    cluster.start_coordinator(prefix=launcher(metadata_fails=1))
     cluster.start_worker()
     cluster.start_worker()
     cluster.wait_workers(2)

@@ -46,8 +46,8 @@ class Cluster:
     def workers(self) -> list[Managed]:
         return self.local.worker_procs
 
-    def start_coordinator(self, *extra: str) -> Managed:
-        return self.local.start_coordinator(*extra)
+    def start_coordinator(self, *extra: str, prefix: list[str] | None = None) -> Managed:
+        return self.local.start_coordinator(*extra, prefix=prefix)
 
     def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:
         return self.local.start_worker(*extra, worker_id=worker_id)

@@ -230,7 +230,7 @@ def test_a_worker_counts_for_scaling_up_only_once_it_has_stayed(tmp_path: object
     for wid, slots, age in (("old", 2, 30.0), ("new", 3, 1.0)):
         registry.register(WorkerRecord(wid, None, slots, "127.0.0.1", 1, None, None,  # type: ignore[arg-type]
                                        registered_at=now - age))
-    manager = JobManager(workers=registry, storage=LocalCheckpointStorage(str(tmp_path)), spawn=lambda c: c.close(),
+    manager = JobManager(workers=registry, storage=LocalCheckpointStorage(str(tmp_path)),
                          autoscale=AutoscaleSettings(scale_up_after_s=5.0))
     assert manager.slots() == 5
     assert manager.slots(settled_for_s=manager.autoscale.scale_up_after_s) == 2
