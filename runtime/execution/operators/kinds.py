@@ -3,7 +3,8 @@
 An operator is built once for its task (like Flink's AbstractStreamOperator): its constructor makes the
 context, state tables, side-output routes and timers, and binds its per-batch path, a closure over those
 and the user's function. Plain records and event-time pairs take the same path: the chain's `Plain` or
-`Timestamped` shape adapts the user's function to the elements when the operator is built (shapes.py).
+`Timestamped` shape gives the operator, when it is built, the loop that applies the user's function to a
+list of elements (shapes.py).
 
 `inputs[i]` is the per-batch path of input i and `process_watermark(watermark, input_index)` takes that
 input's watermark. Operators in a chain have one input: elements reach the next operator's input 0 and a
@@ -73,11 +74,11 @@ class Operator:
 class MapOperator(Operator):
     def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
         super().__init__(node, nxt)
-        fn = setup.shape.map(node.payload)
+        run = setup.shape.map(node.payload)
         emit = nxt.inputs[0]
 
         def run_map(elements: list[Any]) -> None:
-            emit(list(map(fn, elements)))
+            emit(run(elements))
 
         self.inputs = (run_map,)
 
@@ -85,11 +86,11 @@ class MapOperator(Operator):
 class FilterOperator(Operator):
     def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
         super().__init__(node, nxt)
-        keep = setup.shape.predicate(node.payload)
+        run = setup.shape.filter(node.payload)
         emit = nxt.inputs[0]
 
         def run_filter(elements: list[Any]) -> None:
-            kept = list(filter(keep, elements))
+            kept = run(elements)
             if kept:
                 emit(kept)
 
@@ -99,14 +100,11 @@ class FilterOperator(Operator):
 class FlatMapOperator(Operator):
     def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
         super().__init__(node, nxt)
-        expand = setup.shape.expand(node.payload)
+        run = setup.shape.flat_map(node.payload)
         emit = nxt.inputs[0]
 
         def run_flat_map(elements: list[Any]) -> None:
-            out: list[Any] = []
-            extend = out.extend
-            for element in elements:
-                extend(expand(element))
+            out = run(elements)
             if out:
                 emit(out)
 
@@ -123,19 +121,19 @@ class ReduceOperator(Operator):
         key_fn = node.key_fn
         assert key_fn is not None
         get = table.get
-
-        def step(record: Any) -> Any:
-            key = key_fn(record)
-            acc = get(key, _MISSING)
-            acc = record if acc is _MISSING else fn(acc, record)
-            table[key] = acc
-            return acc
-
-        on_element = setup.shape.map(step)
+        records_of, restamp = setup.shape.records, setup.shape.restamp
         emit = nxt.inputs[0]
 
         def run_reduce(elements: list[Any]) -> None:
-            emit(list(map(on_element, elements)))
+            out: list[Any] = []
+            add = out.append
+            for record in records_of(elements):
+                key = key_fn(record)
+                acc = get(key, _MISSING)
+                acc = record if acc is _MISSING else fn(acc, record)
+                table[key] = acc
+                add(acc)
+            emit(restamp(elements, out))
 
         self.inputs = (run_reduce,)
 
@@ -197,12 +195,11 @@ class ProcessOperator(_FunctionOperator):
         ctx = OperatorContext(_unset_emit, setup.subtask_index, node.parallelism, node.name,
                               setup.list_state.setdefault(node.id, {}))
         super().__init__(node, nxt, setup, ctx)
-        process = setup.shape.process(self.function.process)
+        run = setup.shape.each(self.function.process, ctx)
         flush = self.flush
 
         def run_process(elements: list[Any]) -> None:
-            for element in elements:
-                process(element, ctx)
+            run(elements)
             flush()
 
         self.inputs = (run_process,)
@@ -217,14 +214,11 @@ class KeyedProcessOperator(_FunctionOperator):
         super().__init__(node, nxt, setup, ctx)
         self.timers = _install_timers(self.function, ctx, state, self.flush)
         assert node.key_fn is not None
-        key_of = setup.shape.key(node.key_fn)
-        process = setup.shape.process(self.function.process)
+        run = setup.shape.each_keyed(node.key_fn, self.function.process, ctx)
         flush = self.flush
 
         def run_keyed(elements: list[Any]) -> None:
-            for element in elements:
-                ctx.current_key = key_of(element)
-                process(element, ctx)
+            run(elements)
             flush()
 
         self.inputs = (run_keyed,)

@@ -1,21 +1,26 @@
 """How records look inside a chain: as they are, or `(timestamp, record)` pairs in a job with event time.
 
-Operators are written once, over the user's records. The shape adapts the user's functions to the chain's
-elements once, when the operator is built (as Beam's DoFnRunner hides WindowedValue from a DoFn): on plain
-records it hands each function back unchanged, so the per-record path of a job without event time is the
-user's function and nothing else; on pairs it wraps the function so that it sees the record and its outputs
-inherit the record's timestamp.
+Operators are written once, over the user's records (kinds.py). The shape is the one place that knows how an
+element of the chain holds a record: an operator asks it, once when it is built, for the loop that applies
+the user's function to a list of elements (as Beam's DoFnRunner hides WindowedValue from a DoFn). On plain
+records the loop is the function over the list and nothing else; on pairs the function sees the record and
+its outputs inherit the record's timestamp. The loops are whole-list comprehensions, not a wrapper called per
+record, so neither shape pays a Python call per record beyond the user's function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
-from runtime.api import Context
+from runtime.api import Context, KeyedContext
 
 Fn = Callable[[Any], Any]
-ProcessCall = Callable[[Any, Context], None]
+Batch = Callable[[list[Any]], list[Any]]
+Each = Callable[[list[Any]], None]
+ProcessCall = Callable[[Any, Any], None]
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 class Plain:
@@ -23,23 +28,55 @@ class Plain:
 
     timed = False
 
-    def map(self, fn: Fn) -> Fn:
-        """`fn(record) -> output` as a function of an element."""
-        return fn
+    def map(self, fn: Fn) -> Batch:
+        """elements -> [fn(record) for each], as elements."""
+        def run(elements: list[Any]) -> list[Any]:
+            return list(map(fn, elements))
 
-    def predicate(self, fn: Callable[[Any], bool]) -> Callable[[Any], bool]:
-        return fn
+        return run
 
-    def expand(self, fn: Callable[[Any], Iterable[Any]]) -> Callable[[Any], Iterable[Any]]:
-        """`fn(record) -> outputs` (flat_map) as a function of an element giving elements."""
-        return fn
+    def filter(self, fn: Callable[[Any], bool]) -> Batch:
+        """elements -> those whose record passes `fn`."""
+        def run(elements: list[Any]) -> list[Any]:
+            return list(filter(fn, elements))
 
-    def key(self, fn: Fn) -> Fn:
-        return fn
+        return run
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Batch:
+        """elements -> every output of `fn(record)`, as elements."""
+        def run(elements: list[Any]) -> list[Any]:
+            out: list[Any] = []
+            extend = out.extend
+            for record in elements:
+                extend(fn(record))
+            return out
+
+        return run
+
+    def each(self, process: ProcessCall, ctx: Context) -> Each:
+        """Call `process(record, ctx)` for each element (with event time `ctx.timestamp` is its timestamp)."""
+        def run(elements: list[Any]) -> None:
+            for record in elements:
+                process(record, ctx)
+
+        return run
+
+    def each_keyed(self, key_fn: Fn, process: ProcessCall, ctx: KeyedContext) -> Each:
+        """`each` with `ctx.current_key` set to `key_fn(record)` first."""
+        def run(elements: list[Any]) -> None:
+            for record in elements:
+                ctx.current_key = key_fn(record)
+                process(record, ctx)
+
+        return run
 
     def records(self, elements: list[Any]) -> list[Any]:
-        """The records of a list of elements (what a sink writes)."""
+        """The records of a list of elements."""
         return elements
+
+    def restamp(self, elements: list[Any], outputs: list[Any]) -> list[Any]:
+        """One output per element, as elements (each output inherits its element's timestamp)."""
+        return outputs
 
     def element(self, timestamp: int | None, value: Any) -> Any:
         """One output element of `value` emitted at `timestamp` (a side output)."""
@@ -49,43 +86,52 @@ class Plain:
         """`ctx.emit`: `add` an element for each record the function emits."""
         return add
 
-    def process(self, process: ProcessCall) -> ProcessCall:
-        """`process(record, ctx)` as a function of an element: with event time `ctx.timestamp` is set first."""
-        return process
-
 
 class Timestamped(Plain):
     """`(timestamp, record)` pairs: a job with event time (a source with `watermarks=`)."""
 
     timed = True
 
-    def map(self, fn: Fn) -> Fn:
-        def on_pair(pair: Any) -> Any:
-            return (pair[0], fn(pair[1]))
+    def map(self, fn: Fn) -> Batch:
+        def run(elements: list[Any]) -> list[Any]:
+            return [(t, fn(record)) for t, record in elements]
 
-        return on_pair
+        return run
 
-    def predicate(self, fn: Callable[[Any], bool]) -> Callable[[Any], bool]:
-        def on_pair(pair: Any) -> bool:
-            return fn(pair[1])
+    def filter(self, fn: Callable[[Any], bool]) -> Batch:
+        def run(elements: list[Any]) -> list[Any]:
+            return [pair for pair in elements if fn(pair[1])]
 
-        return on_pair
+        return run
 
-    def expand(self, fn: Callable[[Any], Iterable[Any]]) -> Callable[[Any], Iterable[Any]]:
-        def on_pair(pair: Any) -> list[Any]:
-            t = pair[0]
-            return [(t, out) for out in fn(pair[1])]
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Batch:
+        def run(elements: list[Any]) -> list[Any]:
+            return [(t, out) for t, record in elements for out in fn(record)]
 
-        return on_pair
+        return run
 
-    def key(self, fn: Fn) -> Fn:
-        def on_pair(pair: Any) -> Any:
-            return fn(pair[1])
+    def each(self, process: ProcessCall, ctx: Context) -> Each:
+        def run(elements: list[Any]) -> None:
+            for t, record in elements:
+                ctx.timestamp = t
+                process(record, ctx)
 
-        return on_pair
+        return run
+
+    def each_keyed(self, key_fn: Fn, process: ProcessCall, ctx: KeyedContext) -> Each:
+        def run(elements: list[Any]) -> None:
+            for t, record in elements:
+                ctx.current_key = key_fn(record)
+                ctx.timestamp = t
+                process(record, ctx)
+
+        return run
 
     def records(self, elements: list[Any]) -> list[Any]:
-        return [record for _, record in elements]
+        return list(map(_second, elements))
+
+    def restamp(self, elements: list[Any], outputs: list[Any]) -> list[Any]:
+        return list(zip(map(_first, elements), outputs, strict=True))
 
     def element(self, timestamp: int | None, value: Any) -> Any:
         return (timestamp, value)
@@ -95,13 +141,6 @@ class Timestamped(Plain):
             add((ctx.timestamp, record))
 
         return emit
-
-    def process(self, process: ProcessCall) -> ProcessCall:
-        def on_pair(pair: Any, ctx: Context) -> None:
-            ctx.timestamp = pair[0]
-            process(pair[1], ctx)
-
-        return on_pair
 
 
 PLAIN = Plain()
