@@ -4,6 +4,7 @@
   watermarks, when the timestamped path built a plain Context).
 - Every kind gives the same records, state and side outputs with and without event time; with it, outputs
   carry the timestamp of the record they came from.
+- Operators open from the tail of the chain back, so a record emitted in `open()` meets open operators.
 """
 
 from __future__ import annotations
@@ -140,3 +141,34 @@ def test_every_kind_gives_the_same_records_with_and_without_event_time(values: l
     stamps = [ts for ts, _ in main_pairs[:-1]]
     assert stamps == sorted(stamps)
     assert plain.records_out == len(plain_out) - 1 + len(plain_side_out) - 1 + len(plain_sink.out)
+
+
+class Greet(ProcessFunction):
+    """Emits a record in open()."""
+
+    def open(self, ctx: Any) -> None:
+        ctx.emit("hello")
+
+    def process(self, record: Any, ctx: Any) -> None:
+        ctx.emit(record)
+
+
+class Tag(ProcessFunction):
+    """Needs its open() before its first record."""
+
+    def open(self, ctx: Any) -> None:
+        self.tag = f"#{ctx.subtask_index}"
+
+    def process(self, record: Any, ctx: Any) -> None:
+        ctx.emit((self.tag, record))
+
+
+def test_a_record_emitted_in_open_finds_the_operators_after_it_open() -> None:
+    job = Job("open")
+    sink = ListSink()
+    job.source(GeneratorSource(count=1)).process(Greet()).process(Tag()).sink(sink)
+    chain = Chain(job, [0, 1, 2, 3], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    chain.open()
+    chain.process_batch(["x"])
+    assert sink.out == [("#0", "hello"), ("#0", "x")]
+    assert chain.records_out == 2
