@@ -11,15 +11,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.api import BoundedOutOfOrderness, GeneratorSource, Job, KeyedProcessFunction, OutputTag, ProcessFunction
+from runtime.connectors.sinks import Sink
 from runtime.execution.operators import Chain, RecordWriter
-from tests.unit.test_event_time import decode
-from tests.unit.test_hot_path import ListSink, make_subs
+from tests.support.buffers import make_subs, sent
 
 ODD = OutputTag("odd")
+
+
+def decode(sub: Any) -> list[Any]:
+    """What a subpartition sent, as records (and markers)."""
+    unpacker = msgpack.Unpacker(use_list=False, raw=False)
+    for data, _, _ in sent(sub):
+        unpacker.feed(data)
+    return list(unpacker)
+
+
+class ListSink(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.out: list[Any] = []
+
+    def write(self, record: Any) -> None:
+        self.out.append(record)
 
 
 class Remember(ProcessFunction):
