@@ -74,41 +74,19 @@ class Operator:
 class MapOperator(Operator):
     def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
         super().__init__(node, nxt)
-        run = setup.shape.map(node.payload)
-        emit = nxt.inputs[0]
-
-        def run_map(elements: list[Any]) -> None:
-            emit(run(elements))
-
-        self.inputs = (run_map,)
+        self.inputs = (setup.shape.map(node.payload, nxt.inputs[0]),)
 
 
 class FilterOperator(Operator):
     def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
         super().__init__(node, nxt)
-        run = setup.shape.filter(node.payload)
-        emit = nxt.inputs[0]
-
-        def run_filter(elements: list[Any]) -> None:
-            kept = run(elements)
-            if kept:
-                emit(kept)
-
-        self.inputs = (run_filter,)
+        self.inputs = (setup.shape.filter(node.payload, nxt.inputs[0]),)
 
 
 class FlatMapOperator(Operator):
     def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
         super().__init__(node, nxt)
-        run = setup.shape.flat_map(node.payload)
-        emit = nxt.inputs[0]
-
-        def run_flat_map(elements: list[Any]) -> None:
-            out = run(elements)
-            if out:
-                emit(out)
-
-        self.inputs = (run_flat_map,)
+        self.inputs = (setup.shape.flat_map(node.payload, nxt.inputs[0]),)
 
 
 class ReduceOperator(Operator):
@@ -195,14 +173,7 @@ class ProcessOperator(_FunctionOperator):
         ctx = OperatorContext(_unset_emit, setup.subtask_index, node.parallelism, node.name,
                               setup.list_state.setdefault(node.id, {}))
         super().__init__(node, nxt, setup, ctx)
-        run = setup.shape.each(self.function.process, ctx)
-        flush = self.flush
-
-        def run_process(elements: list[Any]) -> None:
-            run(elements)
-            flush()
-
-        self.inputs = (run_process,)
+        self.inputs = (setup.shape.each(self.function.process, ctx, self.flush),)
 
 
 class KeyedProcessOperator(_FunctionOperator):
@@ -214,14 +185,7 @@ class KeyedProcessOperator(_FunctionOperator):
         super().__init__(node, nxt, setup, ctx)
         self.timers = _install_timers(self.function, ctx, state, self.flush)
         assert node.key_fn is not None
-        run = setup.shape.each_keyed(node.key_fn, self.function.process, ctx)
-        flush = self.flush
-
-        def run_keyed(elements: list[Any]) -> None:
-            run(elements)
-            flush()
-
-        self.inputs = (run_keyed,)
+        self.inputs = (setup.shape.each_keyed(node.key_fn, self.function.process, ctx, self.flush),)
 
 
 def _unset_emit(record: Any) -> None:
