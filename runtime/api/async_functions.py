@@ -44,12 +44,15 @@ class AsyncValueState:
         return ctx
 
     async def value(self) -> Any:
+        """The value of the current record's key, or the default."""
         return await self._current()._read(self._name, self._default)
 
     async def update(self, value: Any) -> None:
+        """Set the value of the current record's key."""
         await self._current()._write(self._name, value)
 
     async def clear(self) -> None:
+        """Remove the value of the current record's key."""
         await self._current()._delete(self._name)
 
 
@@ -62,15 +65,19 @@ class AsyncListState:
         self._value = AsyncValueState(ctx, name, None)
 
     async def get(self) -> list[Any]:
+        """The key's items, a new list."""
         return list(await self._value.value() or [])
 
     async def add(self, item: Any) -> None:
+        """Append one item to the key's list."""
         await self._value.update([*(await self.get()), item])
 
     async def update(self, items: list[Any]) -> None:
+        """Replace the key's list with `items` (an empty list removes it)."""
         await (self._value.update(list(items)) if items else self._value.clear())
 
     async def clear(self) -> None:
+        """Remove the key's list."""
         await self._value.clear()
 
 
@@ -83,20 +90,25 @@ class AsyncMapState:
         self._value = AsyncValueState(ctx, name, None)
 
     async def items(self) -> dict[Any, Any]:
+        """The key's map, a new dict."""
         return dict(await self._value.value() or {})
 
     async def get(self, map_key: Any, default: Any = None) -> Any:
+        """The value at `map_key` in the key's map, or `default`."""
         return (await self.items()).get(map_key, default)
 
     async def put(self, map_key: Any, value: Any) -> None:
+        """Set `map_key` to `value` in the key's map."""
         await self._value.update({**(await self.items()), map_key: value})
 
     async def remove(self, map_key: Any) -> None:
+        """Remove `map_key` from the key's map (the map goes when it is empty)."""
         items = await self.items()
         items.pop(map_key, None)
         await (self._value.update(items) if items else self._value.clear())
 
     async def clear(self) -> None:
+        """Remove the key's map."""
         await self._value.clear()
 
 
@@ -109,12 +121,15 @@ class AsyncStateFactory:
         return None
 
     def value_state(self, name: str, default: Any = None) -> AsyncValueState:
+        """A handle on one value per key, read and written with `await`."""
         return AsyncValueState(self._bound(), self._prefix + name, default)
 
     def list_state(self, name: str) -> AsyncListState:
+        """A handle on a list per key."""
         return AsyncListState(self._bound(), self._prefix + name)
 
     def map_state(self, name: str) -> AsyncMapState:
+        """A handle on a map per key."""
         return AsyncMapState(self._bound(), self._prefix + name)
 
 
@@ -149,6 +164,7 @@ class AsyncKeyedContext(AsyncStateFactory):
         raise NotImplementedError
 
     def delete_event_time_timer(self, timestamp: int) -> None:
+        """Remove this key's event-time timer at `timestamp`; takes effect when this record finishes."""
         raise NotImplementedError
 
     def _read(self, name: str, default: Any) -> Awaitable[Any]:
@@ -174,6 +190,7 @@ class AsyncKeyedProcessFunction:
         """Runs once when the task ends."""
 
     async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        """Handle one record of `ctx.key`: await state reads and writes, `ctx.emit` outputs."""
         raise NotImplementedError
 
     async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:

@@ -23,12 +23,15 @@ class ValueState(Generic[T]):
         self._ctx = ctx
 
     def value(self) -> T:
+        """The value of the current key, or the default when it has none."""
         return self._table.get(self._ctx.current_key, self._default)
 
     def update(self, value: T) -> None:
+        """Set the value of the current key."""
         self._table[self._ctx.current_key] = value
 
     def clear(self) -> None:
+        """Remove the value of the current key (`value()` gives the default again)."""
         self._table.pop(self._ctx.current_key, None)
 
 
@@ -95,13 +98,16 @@ class KeyedContext(Context):
     # -- more state kinds (runtime/api/state.py), on every state backend ---------------------------------
 
     def list_state(self, name: str, *, ttl_ms: int | None = None) -> KeyedListState[Any]:
+        """A list per key (KeyedListState); with `ttl_ms` each item expires on its own."""
         return KeyedListState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
 
     def map_state(self, name: str, *, ttl_ms: int | None = None) -> MapState[Any, Any]:
+        """A map per key (MapState); with `ttl_ms` each map entry expires on its own."""
         return MapState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
 
     def reducing_state(self, name: str, reduce_fn: Callable[[Any, Any], Any], *,
                        ttl_ms: int | None = None) -> ReducingState[Any]:
+        """One value per key folded with `reduce_fn(accumulated, new)` on every `add`."""
         return ReducingState(self._state.setdefault(name, {}), self, reduce_fn, ttl_ms=ttl_ms)
 
     def aggregating_state(self, name: str, agg: Any, *, ttl_ms: int | None = None) -> AggregatingState[Any, Any]:
@@ -113,12 +119,16 @@ class ProcessFunction:
     """Per-record logic with a context; override `process`."""
 
     def open(self, ctx: Context) -> None:
+        """Runs once per task before the first record: make state handles here (the runtime may restore them
+        first)."""
         pass
 
     def process(self, record: Any, ctx: Any) -> None:
+        """Handle one record: emit outputs with `ctx.emit(value)`, side outputs with `ctx.output(tag, value)`."""
         raise NotImplementedError
 
     def close(self) -> None:
+        """Runs once when the task ends (also after a failure)."""
         pass
 
 
@@ -151,15 +161,19 @@ class ListState(Generic[T]):
         return list(self._entry[1])
 
     def add(self, item: T) -> None:
+        """Append one item."""
         self._entry[1].append(item)
 
     def add_all(self, items: list[T]) -> None:
+        """Append the items, in order."""
         self._entry[1].extend(items)
 
     def update(self, items: list[T]) -> None:
+        """Replace all items with `items`."""
         self._entry[1][:] = list(items)
 
     def clear(self) -> None:
+        """Remove all items."""
         self._entry[1].clear()
 
     def __len__(self) -> int:
@@ -181,11 +195,13 @@ class OperatorContext(Context):
         self._lists = lists
 
     def list_state(self, name: str) -> ListState[Any]:
+        """A list of this subtask, split round robin over the new subtasks on a rescale."""
         return ListState(self._entry(name, "split"))
 
     operator_list_state = list_state
 
     def union_list_state(self, name: str) -> ListState[Any]:
+        """A list of this subtask; on a rescale every new subtask gets the items of all old subtasks."""
         return ListState(self._entry(name, "union"))
 
     def _entry(self, name: str, mode: str) -> list[Any]:
@@ -205,16 +221,22 @@ class TimerService:
     __slots__ = ()
 
     def register_event_time(self, timestamp: int) -> None:
+        """Call `on_timer` for the current key once the watermark reaches `timestamp` (once per key and
+        timestamp)."""
         raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
 
     def register_processing_time(self, timestamp: int) -> None:
+        """Call `on_timer` for the current key once the wall clock reaches `timestamp`."""
         raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
 
     def delete_event_time(self, timestamp: int) -> None:
+        """Remove the current key's event-time timer at `timestamp`, if there is one."""
         raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
 
     def delete_processing_time(self, timestamp: int) -> None:
+        """Remove the current key's processing-time timer at `timestamp`, if there is one."""
         raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")
 
     def current_processing_time(self) -> int:
+        """The wall clock in milliseconds, as processing-time timers read it."""
         raise RuntimeError("timers are only available in a KeyedProcessFunction run by the runtime")

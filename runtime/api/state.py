@@ -35,6 +35,7 @@ _MISSING: Any = object()
 
 
 def wall_clock_ms() -> int:
+    """Now in wall-clock milliseconds: the clock TTL reads."""
     return int(time.time() * 1000)
 
 
@@ -87,10 +88,12 @@ class TtlValueState(_KeyedState, Generic[T]):
         self._default = default
 
     def value(self) -> T:
+        """The value of the current key, or the default when it has none or it expired."""
         value = self._load()
         return self._default if value is _MISSING else value  # type: ignore[no-any-return]
 
     def update(self, value: T) -> None:
+        """Set the value of the current key; it expires `ttl_ms` from now."""
         self._store(value)
 
 
@@ -129,9 +132,11 @@ class KeyedListState(_KeyedState, Generic[T]):
         return self._load_items()
 
     def add(self, item: T) -> None:
+        """Append one item to the current key's list."""
         self.add_all([item])
 
     def add_all(self, items: list[T]) -> None:
+        """Append the items, in order, to the current key's list."""
         if not items:
             return
         key = self._ctx.current_key
@@ -144,6 +149,7 @@ class KeyedListState(_KeyedState, Generic[T]):
         self._table[key] = kept + [[expires, item] for item in items]
 
     def update(self, items: list[T]) -> None:
+        """Replace the current key's list with `items` (an empty list removes it)."""
         self._write_items(list(items))
 
 
@@ -177,15 +183,19 @@ class MapState(_KeyedState, Generic[K, V]):
         return {} if stored is _MISSING else stored  # type: ignore[no-any-return]
 
     def get(self, map_key: K, default: V | None = None) -> V | None:
+        """The value at `map_key` of the current key's map, or `default`."""
         return self._load_map().get(map_key, default)
 
     def contains(self, map_key: K) -> bool:
+        """Whether the current key's map has a live entry at `map_key`."""
         return map_key in self._load_map()
 
     def put(self, map_key: K, value: V) -> None:
+        """Set `map_key` to `value` in the current key's map."""
         self.put_all({map_key: value})
 
     def put_all(self, entries: dict[K, V]) -> None:
+        """Set every entry of `entries` in the current key's map."""
         if not entries:
             return
         raw = self._raw()
@@ -199,6 +209,7 @@ class MapState(_KeyedState, Generic[K, V]):
         self._table[self._ctx.current_key] = kept
 
     def remove(self, map_key: K) -> None:
+        """Remove `map_key` from the current key's map (the map goes when it is empty)."""
         raw = self._raw()
         if map_key not in raw:
             return
@@ -209,15 +220,19 @@ class MapState(_KeyedState, Generic[K, V]):
             self._table.pop(self._ctx.current_key, None)
 
     def items(self) -> Iterator[tuple[K, V]]:
+        """The live (map key, value) entries of the current key's map, a copy."""
         return iter(list(self._load_map().items()))
 
     def keys(self) -> Iterator[K]:
+        """The live map keys of the current key's map, a copy."""
         return iter(list(self._load_map()))
 
     def values(self) -> Iterator[V]:
+        """The live values of the current key's map, a copy."""
         return iter(list(self._load_map().values()))
 
     def is_empty(self) -> bool:
+        """Whether the current key's map has no live entry."""
         return not self._load_map()
 
 
@@ -232,10 +247,12 @@ class ReducingState(_KeyedState, Generic[T]):
         self._reduce = reduce_fn
 
     def get(self) -> T | None:
+        """The folded value of the current key, or None."""
         value = self._load()
         return None if value is _MISSING else value  # type: ignore[no-any-return]
 
     def add(self, value: T) -> None:
+        """Fold `value` into the current key's value (it becomes the value when there is none)."""
         current = self._load()
         self._store(value if current is _MISSING else self._reduce(current, value))
 
@@ -246,15 +263,19 @@ class AggregateFunction(Generic[T, ACC, V]):
     windows merge with it)."""
 
     def create_accumulator(self) -> ACC:
+        """A new, empty accumulator."""
         raise NotImplementedError
 
     def add(self, value: T, accumulator: ACC) -> ACC:
+        """The accumulator after adding `value` (return a new one or the changed one)."""
         raise NotImplementedError
 
     def get_result(self, accumulator: ACC) -> V:
+        """The result the accumulator stands for."""
         raise NotImplementedError
 
     def merge(self, a: ACC, b: ACC) -> ACC:
+        """One accumulator holding what `a` and `b` hold."""
         raise NotImplementedError
 
 
@@ -269,9 +290,11 @@ class AggregatingState(_KeyedState, Generic[T, V]):
         self._agg = agg
 
     def get(self) -> V | None:
+        """The result of the current key's accumulator, or None when it has none."""
         acc = self._load()
         return None if acc is _MISSING else self._agg.get_result(acc)  # type: ignore[no-any-return]
 
     def add(self, value: T) -> None:
+        """Add `value` to the current key's accumulator (a new one when it has none)."""
         acc = self._load()
         self._store(self._agg.add(value, self._agg.create_accumulator() if acc is _MISSING else acc))

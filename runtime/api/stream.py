@@ -29,6 +29,8 @@ class JobDefinitionError(ValueError):
 
 @dataclass
 class Input:
+    """One input edge of a node: the upstream node, how records are partitioned, which output of it."""
+
     node: int
     partitioner: str | None  # None: forward when parallelism matches, else rebalance
     key_fn: Callable[[Any], Any] | None = None
@@ -37,6 +39,8 @@ class Input:
 
 @dataclass
 class Node:
+    """One operator of the job graph, with its user function (or source, or sink) and its input edges."""
+
     id: int
     kind: str  # source | map | filter | flat_map | process | keyed_process | reduce | sink
     name: str
@@ -112,6 +116,8 @@ SIDE_OUTPUT_KINDS = ("process", "keyed_process")  # operators whose context has 
 
 
 class DataStream:
+    """The output of one operator: chain more operators onto it, or choose how it is partitioned."""
+
     def __init__(self, job: Job, node_id: int, partitioner: str | None = None,
                  key_fn: Callable[[Any], Any] | None = None, tag: str | None = None) -> None:
         self.job = job
@@ -141,31 +147,40 @@ class DataStream:
         return DataStream(self.job, node.id)
 
     def map(self, fn: Callable[[Any], Any], *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        """One output per record: `fn(record)`."""
         return self._then("map", fn, parallelism, name)
 
     def filter(self, fn: Callable[[Any], bool], *, parallelism: int | None = None,
                name: str | None = None) -> DataStream:
+        """The records for which `fn(record)` is true."""
         return self._then("filter", fn, parallelism, name)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, parallelism: int | None = None,
                  name: str | None = None) -> DataStream:
+        """Every item of the iterable `fn(record)`, in order."""
         return self._then("flat_map", fn, parallelism, name)
 
     def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        """A non-keyed ProcessFunction (with operator list state: `ctx.list_state`, `ctx.union_list_state`)."""
         if isinstance(fn, KeyedProcessFunction | AsyncKeyedProcessFunction):
             raise JobDefinitionError(f"a {type(fn).__name__} needs a keyed stream: call key_by() first")
         return self._then("process", fn, parallelism, name or type(fn).__name__)
 
     def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
+        """Partition the stream by `key_fn(record)` (hash of the key over key groups): the next operator is
+        keyed."""
         return KeyedStream(self.job, self.node_id, "hash", key_fn, self._unioned, self._tag)
 
     def rebalance(self) -> DataStream:
+        """Spread the records round robin over the next operator's subtasks."""
         return self._with_partitioner("rebalance")
 
     def forward(self) -> DataStream:
+        """Subtask i sends to subtask i of the next operator (needs equal parallelism)."""
         return self._with_partitioner("forward")
 
     def broadcast(self) -> DataStream:
+        """Every record to every subtask of the next operator."""
         return self._with_partitioner("broadcast")
 
     def _with_partitioner(self, partitioner: str) -> DataStream:
@@ -174,17 +189,21 @@ class DataStream:
         return stream
 
     def union(self, *others: DataStream) -> DataStream:
+        """This stream and `others` as one input of the next operator (same record type)."""
         stream = DataStream(self.job, self.node_id, self._partitioner, self._key_fn, self._tag)
         stream._unioned = [*self._unioned, *others]
         return stream
 
     def sink(self, sink: Sink, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
             raise JobDefinitionError(f"{sink!r} is not a Sink")
         return self._then("sink", sink, parallelism, name or type(sink).__name__)
 
 
 class KeyedStream(DataStream):
+    """A stream partitioned by key: keyed process functions, reduce and windows run on it."""
+
     def __init__(self, job: Job, node_id: int, partitioner: str, key_fn: Callable[[Any], Any],
                  unioned: list[DataStream], tag: str | None = None) -> None:
         super().__init__(job, node_id, partitioner, key_fn, tag)

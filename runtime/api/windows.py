@@ -46,6 +46,7 @@ class Window:
 
     @property
     def max_timestamp(self) -> int:
+        """The last millisecond in the window: it fires when the watermark (or clock) passes it."""
         return self.end - 1
 
 
@@ -56,6 +57,7 @@ class WindowAssigner:
     merging: bool = False
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
+        """The windows, as (start, end), that a record with timestamp `ts` belongs to, oldest first."""
         raise NotImplementedError
 
 
@@ -78,6 +80,7 @@ class TumblingEventTimeWindows(WindowAssigner):
             raise ValueError(f"offset_ms must be an integer in [0, size_ms), got {self.offset_ms!r}")
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
+        """The one window containing `ts`."""
         start = ts - (ts - self.offset_ms) % self.size_ms
         return [(start, start + self.size_ms)]
 
@@ -97,6 +100,7 @@ class SlidingEventTimeWindows(WindowAssigner):
             raise ValueError(f"offset_ms must be an integer in [0, slide_ms), got {self.offset_ms!r}")
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
+        """Every window containing `ts`, oldest first."""
         last = ts - (ts - self.offset_ms) % self.slide_ms
         out = []
         start = last
@@ -118,6 +122,7 @@ class EventTimeSessionWindows(WindowAssigner):
         _positive("gap_ms", self.gap_ms)
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
+        """A session of its own, [ts, ts + gap); overlapping sessions of a key merge."""
         return [(ts, ts + self.gap_ms)]
 
 
@@ -143,16 +148,22 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
 
 
 class CountAggregate(AggregateFunction[Any, int, int]):
+    """Counts the records of a window (`WindowedStream.count`)."""
+
     def create_accumulator(self) -> int:
+        """No records yet."""
         return 0
 
     def add(self, value: Any, accumulator: int) -> int:
+        """One more record."""
         return accumulator + 1
 
     def get_result(self, accumulator: int) -> int:
+        """The count."""
         return accumulator
 
     def merge(self, a: int, b: int) -> int:
+        """The count of both (merged sessions)."""
         return a + b
 
 
@@ -244,11 +255,14 @@ class WindowOperator(KeyedProcessFunction):
         self.lateness = allowed_lateness_ms
 
     def open(self, ctx: Any) -> None:
+        """Keeps the key's open windows in one value state."""
         self.windows = ctx.value_state(_WINDOWS, default=())
 
     # -- records --------------------------------------------------------------------------
 
     def process(self, record: Any, ctx: Any) -> None:
+        """Add the record to its windows (a window the watermark passed fires again); a record too late for all
+        of them goes to LATE_DATA."""
         event_time = self.assigner.event_time
         if event_time:
             ts = ctx.timestamp
@@ -343,6 +357,7 @@ class WindowOperator(KeyedProcessFunction):
             ctx.timers.delete_processing_time(ts)
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
+        """Fire the key's windows whose last millisecond is `timestamp`; drop those past their allowed lateness."""
         entries = self.windows.value()
         if not entries:
             return

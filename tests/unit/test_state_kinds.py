@@ -347,8 +347,8 @@ def test_a_chain_on_rocksdb_snapshots_and_restores_at_another_parallelism(tmp_pa
     merged = make_backend("rocksdb", range(MAX_PAR), work_dir=str(tmp_path / "new"), options={})
     merged.restore(store, handles)
     chain = chain_on(merged, 1, 0)
-    ctx = chain._contexts[0][1]
-    fn = chain._contexts[0][0]
+    ctx = chain.operators[0].ctx
+    fn = chain.operators[0].node.payload
     assert isinstance(ctx, KeyedContext) and isinstance(fn, Lists)
     for k in range(7):
         ctx.current_key = f"k{k}"
