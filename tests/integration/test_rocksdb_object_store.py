@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -27,33 +25,17 @@ from tests.integration.test_failover import (
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.integration.test_object_store_checkpoints import completed, in_bucket
-from tests.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.integration.test_object_store_checkpoints import completed, in_bucket, s3  # noqa: F401 (fixture)
+from tests.integration.test_state_backends import backend_handles
+from tests.s3_server import S3Server
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not available(), reason="the rocksdb extra (rocksdict) is not installed")]
 
 
-@pytest.fixture
-def s3() -> Iterator[S3Server]:
-    try:
-        server = S3Server.start()
-    except S3ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        with client_env(server):
-            yield server
-    finally:
-        server.stop()
-
-
-def backend_handles(metadata: dict[str, Any]) -> list[dict[str, Any]]:
-    return [ack["state"]["backend"] for ack in metadata["acks"].values() if (ack.get("state") or {}).get("backend")]
-
-
 @pytest.mark.timeout(300)
-def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpoints(cluster: Cluster,
-                                                                                    s3: S3Server) -> None:
+def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpoints(
+        cluster: Cluster, s3: S3Server) -> None:  # noqa: F811 (the imported fixture)
     root = in_bucket(cluster, s3)
     setup = install(cluster, words=120_000)
     start(cluster, 3, "--checkpoint-dir", root)
