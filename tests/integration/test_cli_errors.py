@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.processes import Managed, child_env, stop_process
-from tests.integration.conftest import write_module
+from tests.support.cluster import write_module
 
 pytestmark = pytest.mark.integration
 
