@@ -27,23 +27,16 @@ from tests.support.failover import (
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.support.object_store import completed, in_bucket
-from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.object_store import completed, in_bucket, running_s3
+from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def s3() -> Iterator[S3Server]:
-    try:
-        server = S3Server.start()
-    except S3ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        with client_env(server):
-            yield server
-    finally:
-        server.stop()
+    with running_s3() as server:
+        yield server
 
 
 def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cluster: Cluster, s3: S3Server) -> None:

@@ -17,8 +17,8 @@ from runtime.state.rocksdb import available
 from tests.support.checkpoints import backend_handles
 from tests.support.cluster import Cluster
 from tests.support.failover import install, kill_once_and_recover, start
-from tests.support.object_store import completed, in_bucket
-from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.object_store import completed, in_bucket, running_s3
+from tests.support.s3_server import S3Server
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not available(), reason="the rocksdb extra (rocksdict) is not installed")]
@@ -26,15 +26,8 @@ pytestmark = [pytest.mark.integration,
 
 @pytest.fixture
 def s3() -> Iterator[S3Server]:
-    try:
-        server = S3Server.start()
-    except S3ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        with client_env(server):
-            yield server
-    finally:
-        server.stop()
+    with running_s3() as server:
+        yield server
 
 
 @pytest.mark.timeout(300)

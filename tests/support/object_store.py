@@ -3,12 +3,33 @@ can reach, and the completed checkpoints found there."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+from collections.abc import Iterator
+
+import pytest
 
 from coordinator.storage import METADATA_FILE
 from runtime.common import objectstore
 from tests.support.cluster import Cluster
-from tests.support.s3_server import S3Server
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
+
+
+@contextlib.contextmanager
+def running_s3() -> Iterator[S3Server]:
+    """A test S3 server with this process's client pointed at it (the test is skipped without moto); stopped
+    on exit. For a fixture: `with running_s3() as s3: yield s3`."""
+    try:
+        server = S3Server.start()
+    except S3ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        with client_env(server):
+            objectstore.forget_clients()
+            yield server
+    finally:
+        objectstore.forget_clients()
+        server.stop()
 
 
 def in_bucket(cluster: Cluster, s3: S3Server) -> str:

@@ -22,7 +22,8 @@ from runtime.state import rocksdb
 from runtime.state.backend import StateBackendError
 from runtime.state.files import SnapshotStore
 from runtime.state.registry import make_backend
-from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.object_store import running_s3
+from tests.support.s3_server import S3Server
 
 MAX_PAR = 128
 ALL = range(MAX_PAR)
@@ -30,17 +31,8 @@ ALL = range(MAX_PAR)
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    try:
-        server = S3Server.start()
-    except S3ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        with client_env(server):
-            objectstore.forget_clients()
-            yield server
-    finally:
-        objectstore.forget_clients()
-        server.stop()
+    with running_s3() as server:
+        yield server
 
 
 @pytest.fixture(params=["local", "s3"])
