@@ -25,7 +25,7 @@ from runtime.checkpointing import backend_snapshots  # noqa: E402
 from runtime.common import objectstore  # noqa: E402
 from runtime.graph.partitioning import key_group  # noqa: E402
 from runtime.state.registry import make_backend  # noqa: E402
-from tests.s3_server import S3Server, client_env  # noqa: E402
+from tests.support.s3_server import S3Server, client_env  # noqa: E402
 
 MAX_PAR = 128
 
