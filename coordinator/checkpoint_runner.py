@@ -155,6 +155,14 @@ class CheckpointRunner:
             elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
 
+    async def _record_retained(self) -> None:
+        """Tell the remote state backend which checkpoints are retained (storage.record_retained). A failure
+        only delays its garbage collection, which keeps everything newer than the last record."""
+        try:
+            await asyncio.to_thread(self.storage.record_retained, self.job_id, self.coordinator.retained)
+        except (OSError, ValueError) as exc:
+            log.warning("job %s: cannot record the retained checkpoints: %s", self.job_id, exc)
+
     def _spawn(self, coro: Any, tasks: set[asyncio.Future[Any]] | None = None) -> None:
         if self._closed:
             coro.close()
@@ -209,6 +217,8 @@ class CheckpointRunner:
             self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
             return
         instructions = self.coordinator.metadata_written(time.monotonic(), ins.checkpoint_id)
+        if not ins.savepoint:  # retention hook: the record first, then the discards it implies
+            await self._record_retained()
         summary = next((s for s in reversed(self.coordinator.history()) if s.checkpoint_id == ins.checkpoint_id),
                        None)
         self._on_complete(ins.checkpoint_id, directory, summary.to_document() if summary else {})

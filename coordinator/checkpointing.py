@@ -409,6 +409,11 @@ class CheckpointCoordinator:
     # -- read-only views --------------------------------------------------------
 
     @property
+    def retained(self) -> list[int]:
+        """Ids of the completed checkpoints retention keeps, oldest first."""
+        return list(self._retained)
+
+    @property
     def in_flight_id(self) -> int | None:
         return None if self._in_flight is None else self._in_flight.request.checkpoint_id
 

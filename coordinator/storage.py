@@ -27,6 +27,7 @@ import re
 from typing import Any, Protocol
 
 from runtime.common import objectstore as files
+from runtime.common import retention
 from runtime.common.checksums import checksum, mismatch
 
 METADATA_FILE = "_metadata"
@@ -55,6 +56,8 @@ class CheckpointStorage(Protocol):
     def list_completed(self, job_id: str) -> list[tuple[int, str]]: ...
 
     def latest(self, job_id: str) -> tuple[int, str] | None: ...
+
+    def record_retained(self, job_id: str, retained: list[int]) -> None: ...
 
     def discard(self, path: str) -> None: ...
 
@@ -191,6 +194,12 @@ class LocalCheckpointStorage:
         completed = self.list_completed(job_id)
         return completed[-1] if completed else None
 
+    def record_retained(self, job_id: str, retained: list[int]) -> None:
+        """Write the job's `_retained` record: the completed checkpoints the coordinator keeps. Call it after a
+        checkpoint completes and before the checkpoints it retires are discarded; the remote state backend's
+        garbage collection keeps the versions of exactly these (runtime/common/retention.py)."""
+        retention.write(self.job_dir(job_id), retained)
+
     def discard(self, path: str) -> None:
         """Remove a checkpoint or savepoint directory; a missing one is fine."""
         name = files.basename(path)
@@ -230,10 +239,7 @@ class LocalCheckpointStorage:
             except CorruptCheckpoint:
                 return
         for relative in sorted(unreferenced):
-            try:
-                os.unlink(os.path.join(job_dir, relative))
-            except FileNotFoundError:
-                pass
+            files.delete(files.join(job_dir, relative))
 
 
 def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
@@ -247,7 +253,7 @@ def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
             raise CorruptCheckpoint(f"{files.join(root, str(relative))}: state file of task {task} is missing")
     for entry in handle.get("shared_files") or ():
         path = files.join(root, "shared", str(entry[1]))
-        size = os.path.getsize(path) if not files.is_url(path) and os.path.exists(path) else None
+        size = files.size(path)
         if size != int(entry[2]):
             raise CorruptCheckpoint(f"{path}: shared state file of task {task} is "
                                     f"{'missing' if size is None else f'{size} bytes, not {entry[2]}'}")

@@ -7,9 +7,9 @@ acknowledgement (and so into `_metadata`), where the coordinator reads the share
 checkpoint references before it deletes one (coordinator/storage.py, shared-file retention).
 
 Where the files go (a SnapshotStore root):
-- a checkpoint: the job's checkpoint directory `<state-dir>/checkpoints/<job-id>/`, private files in
-  `chk-<n>/` next to the task files, SST files in `shared/`, which later checkpoints reference again
-  (incremental: only new SST files are uploaded);
+- a checkpoint: the job's checkpoint directory `<state-dir>/checkpoints/<job-id>/` (a local path or an
+  `s3://` URL alike), private files in `chk-<n>/` next to the task files, SST files in `shared/`, which
+  later checkpoints reference again (incremental: only new SST files are uploaded);
 - a savepoint: the savepoint directory itself, so a savepoint is self-contained (its first upload into
   that store copies every file).
 The layout is stored in the handle ("store": "job" or "self") rather than a path, so a checkpoint directory
@@ -32,22 +32,20 @@ SELF_STORE = "self"  # the root is the checkpoint (savepoint) directory itself
 
 def store_root(directory: str, *, savepoint: bool) -> tuple[str, str]:
     """(root, layout) of the SnapshotStore for a checkpoint written to `directory`."""
-    if objectstore.is_url(directory):
-        raise StateBackendError(f"state backend snapshots need a checkpoint directory on a (shared) filesystem; "
-                                f"{directory} is an object store: use --state-backend memory with it")
     if savepoint:
         return directory, SELF_STORE
-    return os.path.dirname(os.path.normpath(directory)), JOB_STORE
+    return _parent(directory), JOB_STORE
 
 
 def upload(pending: PendingSnapshot, directory: str, *, savepoint: bool) -> dict[str, Any]:
     """The asynchronous part (any thread): upload and return the handle as stored in the checkpoint."""
+    root, layout = store_root(directory, savepoint=savepoint)
     try:
-        root, layout = store_root(directory, savepoint=savepoint)
-    except StateBackendError:
+        store = SnapshotStore(root)
+    except BaseException:
         pending.abort()
         raise
-    handle = pending.upload(SnapshotStore(root))
+    handle = pending.upload(store)
     return {**handle.to_dict(), "store": layout}
 
 
@@ -63,5 +61,10 @@ def restore(backend: StateBackend, handles: Sequence[dict[str, Any]], checkpoint
     directory = checkpoint_path
     if objectstore.basename(directory) == "_metadata":
         directory = objectstore.dirname(directory)
-    root = directory if layouts == {SELF_STORE} else os.path.dirname(os.path.normpath(directory))
+    root = directory if layouts == {SELF_STORE} else _parent(directory)
     backend.restore(SnapshotStore(root), [SnapshotHandle.from_dict(h) for h in handles])
+
+
+def _parent(directory: str) -> str:
+    return objectstore.dirname(directory) if objectstore.is_url(directory) else os.path.dirname(
+        os.path.normpath(directory))

@@ -23,6 +23,7 @@ from runtime.common import objectstore
 from runtime.common.addresses import check_advertise, check_host
 from runtime.execution.async_operator import AsyncStateSettings
 from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
+from runtime.state import registry as state_registry
 
 if TYPE_CHECKING:
     from coordinator.server import CoordinatorConfig
@@ -132,9 +133,8 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                    help="run every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism; "
                         "with --restore the checkpoint is redistributed to it")
     st = p.add_argument_group("keyed state (README: Choosing a state backend)")
-    st.add_argument("--state-backend", choices=["memory", "rocksdb", "remote"], default=None,
-                    help="where keyed state lives: memory (dicts, the default), rocksdb (on local disk, larger "
-                         "than memory, incremental checkpoints) or remote (a state server); default: the job's "
+    st.add_argument("--state-backend", choices=state_registry.KINDS, default=None,
+                    help=f"where keyed state lives: {state_registry.help_text()}; default: the job's "
                          "Job.state_backend, else memory")
     st.add_argument("--state-remote-address", type=_address_text, metavar="HOST:PORT",
                     help="the state server of --state-backend remote")
@@ -228,7 +228,7 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def _state_config(args: argparse.Namespace) -> dict[str, Any]:
     """The job's "state" settings; absent when none was given, so the job module's default applies."""
-    if args.state_backend == "remote" and not args.state_remote_address:
+    if args.state_backend == state_registry.REMOTE and not args.state_remote_address:
         raise ValueError("--state-backend remote needs --state-remote-address HOST:PORT")
     state = {k: v for k, v in (("backend", args.state_backend), ("remote_address", args.state_remote_address),
                                ("work_dir", os.path.abspath(args.state_work_dir) if args.state_work_dir else None))

@@ -1,9 +1,12 @@
-"""Files of checkpoints and savepoints, on a local (or mounted, shared) filesystem or in an S3-compatible store.
+"""The checkpoint-storage layer: files of checkpoints and savepoints, on a local (or mounted, shared) filesystem
+or in an S3-compatible store.
 
-Every path that names checkpoint data goes through here. A path is either a local path, as always, or an
-`s3://bucket/prefix/...` URL: the coordinator, the workers (which write their task files) and restores all
-call the same few functions, which pick the backend from the path. So a job can checkpoint to a bucket and
-be restored from a local savepoint, or the other way round.
+Every byte of a checkpoint goes through here: task files (channel and operator state, written by the
+checkpoint writer thread), state backend snapshots (RocksDB SST and private files, memory tables, remote-state
+manifests: runtime/state/files.py), `_metadata` and the retention record (coordinator/storage.py).
+A path is either a local path or an `s3://bucket/prefix/...` URL, and each operation (read, write, write_new,
+exists, size, list_children, upload_file, download_file, delete, remove_tree) picks the implementation from
+the path. So a job can checkpoint to a bucket and be restored from a local savepoint, or the other way round.
 
 Object stores have no directories and no rename: a "directory" is a key prefix, a write is one PUT (whole
 or not at all: readers never see half an object), and `write_new` is a conditional PUT (`If-None-Match: *`)
@@ -27,9 +30,10 @@ import re
 import shutil
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from runtime.common.files import write_atomically
+from runtime.common.files import fsync_directory, write_atomically
 
 S3_SCHEME = "s3://"
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
@@ -225,6 +229,83 @@ def remove_tree(path: str, *, first: str | None = None) -> None:
         keys = [o["path"] for batch in obstore.list(store, key + "/") for o in batch]
         if keys:
             obstore.delete(store, keys)
+    except Exception as exc:
+        raise _os_error(path, "cannot delete", exc) from None
+
+
+def upload_file(source: str, path: str) -> int:
+    """Copy the local file `source` to `path` durably (local: temp file, fsync, rename; object store: one
+    PUT, multipart for large files); returns the bytes copied. A crash leaves the target whole or absent."""
+    if not is_url(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = path + ".uploading"
+        with open(source, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+            size = dst.tell()
+        os.replace(tmp, path)
+        fsync_directory(os.path.dirname(path))
+        return size
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        obstore.put(store, key, Path(source))
+    except Exception as exc:
+        raise _os_error(path, "cannot upload to", exc) from None
+    return os.path.getsize(source)
+
+
+def download_file(path: str, target: str) -> None:
+    """Copy the file/object at `path` to the local file `target`; FileNotFoundError if it does not exist."""
+    if not is_url(path):
+        shutil.copyfile(path, target)
+        return
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        with open(target, "wb") as out:
+            for chunk in obstore.get(store, key):
+                out.write(chunk)
+    except FileNotFoundError:
+        raise FileNotFoundError(2, "No such object", path) from None
+    except Exception as exc:
+        raise _os_error(path, "cannot download", exc) from None
+
+
+def size(path: str) -> int | None:
+    """The size in bytes of the file/object at `path`, or None if it does not exist."""
+    if not is_url(path):
+        try:
+            return os.path.getsize(path) if os.path.isfile(path) else None
+        except FileNotFoundError:
+            return None
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        return int(obstore.head(store, key)["size"])
+    except FileNotFoundError:
+        return None
+    except Exception as exc:
+        raise _os_error(path, "cannot look up", exc) from None
+
+
+def delete(path: str) -> None:
+    """Delete one file/object; a missing one is fine."""
+    if not is_url(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    store, key = _store_and_key(path)
+    import obstore
+
+    try:
+        obstore.delete(store, key)
+    except FileNotFoundError:
+        pass
     except Exception as exc:
         raise _os_error(path, "cannot delete", exc) from None
 

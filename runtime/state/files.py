@@ -1,31 +1,29 @@
 """Where state snapshots are stored, and when their shared files may be deleted.
 
-Layout under the store's root (the job's checkpoint directory, or any
-directory standing in for remote storage):
+Layout under the store's root (the job's checkpoint directory, or a savepoint directory), a local path or an
+`s3://` URL alike: every read and write goes through the checkpoint-storage layer
+(runtime/common/objectstore.py):
 
 - `chk-<id>/<owner>-<file>`: files private to one checkpoint (a RocksDB
-  MANIFEST and CURRENT, a memory backend's encoded tables);
+  MANIFEST and CURRENT, a memory backend's encoded tables, a remote-state manifest);
 - `shared/<file>`: files that later checkpoints may reference again (SST
   files, which RocksDB never changes once written). An incremental checkpoint
-  copies only the SST files the previous one did not have.
+  uploads only the SST files the previous one did not have.
 
-Copying into the store stands for uploading to remote storage: each file is
-copied, fsynced, and renamed into place, so a crash leaves a file whole or
-absent. `SharedFileRegistry` counts references from retained checkpoints (as
-Flink's SharedStateRegistry does on the JobManager); it is pure bookkeeping,
-rebuilt from the retained handles after a restart.
+Each upload is whole or absent after a crash (local: copy, fsync, rename; object store: one PUT).
+`SharedFileRegistry` counts references from retained checkpoints (as Flink's SharedStateRegistry does on the
+JobManager); it is pure bookkeeping, rebuilt from the retained handles after a restart.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from runtime.common.files import fsync_directory
+from runtime.common import objectstore
 
 if TYPE_CHECKING:
     from runtime.state.backend import SnapshotHandle
@@ -35,41 +33,40 @@ SHARED_DIR = "shared"
 
 class SnapshotStore:
     def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
-        os.makedirs(os.path.join(self.root, SHARED_DIR), exist_ok=True)
+        self.root = objectstore.absolute(root)
+        objectstore.make_dir(objectstore.join(self.root, SHARED_DIR))
 
     def private_dir(self, checkpoint_id: int) -> str:
-        path = os.path.join(self.root, f"chk-{checkpoint_id}")
-        os.makedirs(path, exist_ok=True)
+        path = objectstore.join(self.root, f"chk-{checkpoint_id}")
+        objectstore.make_dir(path)
         return path
 
     def path(self, relative: str) -> str:
-        return os.path.join(self.root, relative)
+        return objectstore.join(self.root, relative)
 
     def shared_path(self, name: str) -> str:
-        return os.path.join(self.root, SHARED_DIR, name)
+        return objectstore.join(self.root, SHARED_DIR, name)
 
     def upload(self, source: str, relative: str) -> int:
-        """Copy `source` to `relative` under the root durably; returns the bytes copied."""
-        target = self.path(relative)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = target + ".uploading"
-        with open(source, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.flush()
-            os.fsync(dst.fileno())
-            size = dst.tell()
-        os.replace(tmp, target)
-        fsync_directory(os.path.dirname(target))
-        return size
+        """Copy the local file `source` to `relative` under the root durably; returns the bytes copied."""
+        return objectstore.upload_file(source, self.path(relative))
 
     def download(self, relative: str, target: str) -> None:
-        shutil.copyfile(self.path(relative), target)
+        objectstore.download_file(self.path(relative), target)
+
+    def read(self, relative: str) -> bytes:
+        return objectstore.read(self.path(relative))
+
+    def write(self, relative: str, data: bytes) -> None:
+        """Create or replace `relative` with `data`, whole or not at all."""
+        objectstore.write(self.path(relative), data)
+
+    def size(self, relative: str) -> int | None:
+        return objectstore.size(self.path(relative))
 
     def delete(self, relatives: Iterable[str]) -> None:
         for relative in relatives:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(relative))
+            objectstore.delete(self.path(relative))
 
     def discard(self, handle: SnapshotHandle, registry: SharedFileRegistry) -> list[str]:
         """Delete a handle's private files and the shared files no other retained handle references.
@@ -79,10 +76,10 @@ class SnapshotStore:
         self.delete(handle.private_files)
         unreferenced = registry.release(handle)
         self.delete(unreferenced)
-        private = {os.path.dirname(p) for p in handle.private_files}
-        for directory in private:
-            with contextlib.suppress(OSError):  # not empty: other tasks' files of the same checkpoint
-                os.rmdir(self.path(directory))
+        if not objectstore.is_url(self.root):
+            for directory in {objectstore.dirname(p) for p in handle.private_files}:
+                with contextlib.suppress(OSError):  # not empty: other tasks' files of the same checkpoint
+                    os.rmdir(self.path(directory))
         return unreferenced
 
 

@@ -8,7 +8,6 @@ checkpoint holds the whole state: there is nothing incremental about memory.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -17,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from runtime.common.files import write_atomically
+from runtime.common import objectstore
 from runtime.state.backend import (
     MISSING,
     PendingSnapshot,
@@ -101,7 +100,7 @@ class MemoryBackend(StateBackend):
                 raise StateBackendError(f"checkpoint {handle.checkpoint_id} was taken by the {handle.backend} "
                                         f"backend; the memory backend cannot restore it")
             for relative in handle.private_files:
-                for name, group, key, value in _read_tables(store.path(relative)):
+                for name, group, key, value in _read_tables(store, relative):
                     if group in self.key_groups:
                         groups.setdefault(group, {})[(name, key)] = value
         self._groups = groups
@@ -120,17 +119,17 @@ class _MemorySnapshot(PendingSnapshot):
         tables = {group: [[name, key, value] for (name, key), value in table.items()]
                   for group, table in self._frozen.items()}
         data = msgpack.packb({"format": FORMAT, "groups": tables}, use_bin_type=True)
-        relative = os.path.join(os.path.basename(store.private_dir(self.checkpoint_id)), f"{self._owner}-memory.state")
-        write_atomically(store.path(relative), data)
+        relative = f"{objectstore.basename(store.private_dir(self.checkpoint_id))}/{self._owner}-memory.state"
+        store.write(relative, data)
         return SnapshotHandle(backend=MemoryBackend.name, checkpoint_id=self.checkpoint_id,
                               key_groups=self._key_groups, private_files=(relative,),
                               uploaded_bytes=len(data), total_bytes=len(data))
 
 
-def _read_tables(path: str) -> Iterator[tuple[str, int, Any, Any]]:
+def _read_tables(store: SnapshotStore, relative: str) -> Iterator[tuple[str, int, Any, Any]]:
+    path = store.path(relative)
     try:
-        with open(path, "rb") as f:
-            data = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+        data = msgpack.unpackb(store.read(relative), raw=False, strict_map_key=False)
         if data.get("format") != FORMAT:
             raise StateBackendError(f"{path}: memory state format {data.get('format')!r}, expected {FORMAT}")
         for group, entries in data["groups"].items():

@@ -41,10 +41,12 @@ Design: versioned writes, a checkpoint is a version number.
   (`<ns>:i:<group>`), so `scan` reads its groups' sets, not the keyspace.
 - Garbage collection, in `upload`, over the owned groups. A *view* is a
   lineage a reader may still use: the live one, snapshots not yet uploaded,
-  and every checkpoint or savepoint whose manifest file still exists, in any
-  store: each upload lists its manifest's path on the server
-  (`<ns>:manifests`), and the coordinator (or a user) deleting a discarded
-  checkpoint's or a savepoint's files is what ends its retention.
+  and every checkpoint the coordinator retains (its `_retained` record in the
+  job's checkpoint directory, runtime/common/retention.py) or that is newer
+  than all of those, and every savepoint whose manifest still exists. Each
+  upload lists its manifest's path or URL on the server (`<ns>:manifests`);
+  the coordinator retiring a checkpoint (or a user deleting a savepoint) is
+  what ends its retention.
   A write that leaves its entry with one field puts the entry in the fresh
   set of (group, version), `<ns>:f:<group>:<version>`; once every view sees
   that version the whole set is forgotten at once (UNLINK), and once no view
@@ -69,22 +71,22 @@ StateBackendError naming the address; nothing is retried silently past that
 
 Limits: a server that loses its data (no persistence) also loses the version
 clock and the checkpoints' versions: restores then fail or see less, so run
-it with persistence. Manifests are found by absolute path: a checkpoint or
-savepoint directory moved while the job runs counts as deleted.
+it with persistence. Manifests are found by absolute path or URL: a savepoint
+directory moved while the job runs counts as deleted.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from runtime.common.files import write_atomically
-from runtime.state import versions
+from runtime.common import objectstore
+from runtime.common.retention import RetentionView
+from runtime.state import lua, versions
 from runtime.state.backend import (
     MISSING,
     PendingSnapshot,
@@ -110,136 +112,6 @@ MANIFEST_SUFFIX = "-remote.json"
 VERSION_BLOCK = 1024
 SCAN_CHUNK = 1000  # entries per pipelined round trip when scanning or collecting
 
-# KEYS: the owner keys of the groups touched (ARGV[3] of them), then per write: entry, index set, collection set,
-# fresh set of (group, version), fresh versions of the group (5 each).
-# ARGV: token, version, number of owner keys, then one value per write ("" is a tombstone).
-# A write that leaves the entry one field goes to the fresh set of its version: collection forgets the whole
-# set at once when every view sees that version (a bulk load costs nothing to collect). A write that adds a
-# field to an entry marks it in the collection set, to decide entry by entry. A tombstone for an entry that has
-# no field at all is not written: there is nothing for it to hide.
-_WRITE = """
-local token = ARGV[1]
-local owners = tonumber(ARGV[3])
-for i = 1, owners do
-  local owner = redis.call('GET', KEYS[i])
-  if owner ~= token then
-    return redis.error_reply('FENCED key group owned by writer ' .. tostring(owner) .. ', not ' .. token)
-  end
-end
-local version = ARGV[2]
-local op = 4
-local written = 0
-for k = owners + 1, #KEYS, 5 do
-  local entry = KEYS[k]
-  if ARGV[op] ~= '' or redis.call('EXISTS', entry) == 1 then
-    redis.call('HSET', entry, version, ARGV[op])
-    redis.call('SADD', KEYS[k + 1], entry)
-    if redis.call('HLEN', entry) > 1 then
-      redis.call('SADD', KEYS[k + 2], entry)
-    else
-      redis.call('SADD', KEYS[k + 3], entry)
-      redis.call('ZADD', KEYS[k + 4], version, version)
-    end
-    written = written + 1
-  end
-  op = op + 1
-end
-return written
-"""
-
-# KEYS: per group its owner key and its fresh versions, then the fresh sets to forget (ARGV[2] owner pairs, then
-# the sets). ARGV: token, number of groups, then per set its group's position (1-based) and its version.
-_FORGET = """
-local token = ARGV[1]
-local groups = tonumber(ARGV[2])
-for g = 1, groups do
-  if redis.call('GET', KEYS[2 * g - 1]) ~= token then
-    return redis.error_reply('FENCED key group owned by another writer, not ' .. token)
-  end
-end
-local a = 3
-for k = 2 * groups + 1, #KEYS do
-  redis.call('UNLINK', KEYS[k])
-  redis.call('ZREM', KEYS[2 * tonumber(ARGV[a])], ARGV[a + 1])
-  a = a + 2
-end
-return #KEYS - 2 * groups
-"""
-
-# KEYS: entries. Every field and value of each, as one reply.
-_READ = """
-local out = {}
-for i = 1, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
-return out
-"""
-
-# KEYS: the namespace's version clock, then the owner keys of the groups to claim. ARGV: versions to reserve.
-_CLAIM = """
-local finish = redis.call('INCRBY', KEYS[1], ARGV[1])
-local token = finish - tonumber(ARGV[1]) + 1
-for i = 2, #KEYS do redis.call('SET', KEYS[i], token) end
-return finish
-"""
-
-# KEYS: per marked entry its group's owner key, its group's collection set, the entry (3 each), all entries of
-# groups whose views have the same common versions. ARGV: token, then those versions as low, high pairs.
-# Unmarks entries left with one field in those versions (overwritten entries whose older fields an earlier
-# collection dropped) and returns the positions (1-based) of the others, for the client to decide.
-_SETTLE = """
-local token = ARGV[1]
-for k = 1, #KEYS, 3 do
-  if redis.call('GET', KEYS[k]) ~= token then
-    return redis.error_reply('FENCED key group owned by another writer, not ' .. token)
-  end
-end
-local undecided = {}
-for k = 1, #KEYS, 3 do
-  local fields = redis.call('HKEYS', KEYS[k + 2])
-  local settled = false
-  if #fields == 1 then
-    local v = tonumber(fields[1])
-    for i = 2, #ARGV, 2 do
-      if tonumber(ARGV[i]) <= v and v <= tonumber(ARGV[i + 1]) then settled = true end
-    end
-  end
-  if settled then
-    redis.call('SREM', KEYS[k + 1], KEYS[k + 2])
-  else
-    undecided[#undecided + 1] = (k + 2) / 3
-  end
-end
-return undecided
-"""
-
-# KEYS: per entry its group's owner key, the entry, its index set, its collection set (4 each).
-# ARGV: token, then per entry: fields it keeps if settled (-1: not settled), number of fields to drop, those fields.
-_COLLECT = """
-local token = ARGV[1]
-for k = 1, #KEYS, 4 do
-  if redis.call('GET', KEYS[k]) ~= token then
-    return redis.error_reply('FENCED key group owned by another writer, not ' .. token)
-  end
-end
-local a = 2
-local dropped = 0
-for k = 1, #KEYS, 4 do
-  local entry = KEYS[k + 1]
-  local settled = tonumber(ARGV[a])
-  local n = tonumber(ARGV[a + 1])
-  for i = a + 2, a + 1 + n do dropped = dropped + redis.call('HDEL', entry, ARGV[i]) end
-  a = a + 2 + n
-  local left = redis.call('HLEN', entry)
-  if left == 0 then
-    redis.call('SREM', KEYS[k + 2], entry)
-    redis.call('SREM', KEYS[k + 3], entry)
-  elseif left == settled then
-    redis.call('SREM', KEYS[k + 3], entry)
-  end
-end
-return dropped
-"""
-
-
 def available() -> bool:
     return valkey is not None
 
@@ -263,8 +135,8 @@ class RemoteBackend(StateBackend):
     def __init__(self, key_groups: range, *, address: str, namespace: str,
                  connect_timeout_s: float = 2.0, io_timeout_s: float = 10.0) -> None:
         if valkey is None:
-            raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client); "
-                                    "install it with scripts/bootstrap.sh or `pip install sluice[remote]`")
+            raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client): "
+                                    "pip install 'sluice[remote]'")
         if not namespace:
             raise StateBackendError("the remote state backend needs a namespace (the job's id) to keep jobs apart")
         super().__init__(key_groups)
@@ -276,12 +148,13 @@ class RemoteBackend(StateBackend):
         self._client = valkey.Valkey(host=host, port=port, socket_connect_timeout=connect_timeout_s,
                                      socket_timeout=io_timeout_s, retry=Retry(ExponentialBackoff(0.2, 0.02), 1),
                                      health_check_interval=0, lib_name=None, lib_version=None)
-        self._write_script = self._client.register_script(_WRITE)
-        self._collect_script = self._client.register_script(_COLLECT)
-        self._claim_script = self._client.register_script(_CLAIM)
-        self._settle_script = self._client.register_script(_SETTLE)
-        self._read_script = self._client.register_script(_READ)
-        self._forget_script = self._client.register_script(_FORGET)
+        # the server-side scripts, one file each with its KEYS/ARGV layout: runtime/state/lua/
+        self._write_script = self._client.register_script(lua.source("write"))
+        self._collect_script = self._client.register_script(lua.source("collect"))
+        self._claim_script = self._client.register_script(lua.source("claim"))
+        self._settle_script = self._client.register_script(lua.source("settle"))
+        self._read_script = self._client.register_script(lua.source("read"))
+        self._forget_script = self._client.register_script(lua.source("forget"))
         raw = namespace.encode()
         self._prefix = b"sluice:%d:%s:" % (len(raw), raw)  # length first: no namespace is a prefix of another
         self._owner = uuid.uuid4().hex[:12]
@@ -436,7 +309,7 @@ class RemoteBackend(StateBackend):
                 raise StateBackendError(f"checkpoint {handle.checkpoint_id} was taken by the {handle.backend} "
                                         f"backend; the remote backend cannot restore it")
             for relative in handle.private_files:
-                paths.append(os.path.abspath(store.path(relative)))
+                paths.append(store.path(relative))
                 manifest = read_manifest(paths[-1])
                 if manifest["namespace"] != self.namespace:
                     raise StateBackendError(f"checkpoint {handle.checkpoint_id} holds remote state of namespace "
@@ -460,21 +333,29 @@ class RemoteBackend(StateBackend):
     def _views(self) -> dict[int, list[versions.Lineage]]:
         """Per owned group, every lineage a reader may still use.
 
-        The retained checkpoints and savepoints are the registered manifests whose files still exist, in any
-        store: the coordinator (or a user) deleting a checkpoint's or savepoint's files is what ends its
-        retention. Registered paths whose files are gone are dropped from the registry.
+        The retained checkpoints are the registered manifests of checkpoints the coordinator's record says it
+        retains (runtime/common/retention.py), or newer than all of those (they may still be completing);
+        savepoints are retained while their manifests exist (the user deletes them). Every other registered
+        manifest is dropped from the registry: its versions become garbage.
         """
         views: dict[int, list[versions.Lineage]] = {g: [lineage] for g, lineage in self._lineages.items()}
         with self._lock:
             pending = list(self._pending.values())
         registered = sorted(self._call("reading manifests", self._client.smembers, self._prefix + b"manifests"))
         retained, vanished = [], []
+        record = RetentionView()
         for raw in registered:
             path = raw.decode()
-            if os.path.exists(path):
-                retained.append(read_manifest(path)["lineages"])
-            else:
-                vanished.append(raw)
+            try:
+                if record.retained(path):
+                    retained.append(read_manifest(path)["lineages"])
+                    continue
+            except OSError as e:  # unsure means keep: no collection this time
+                raise StateBackendError(f"remote state: cannot tell whether {path} is retained: {e}") from e
+            except StateBackendError as e:
+                if "is missing" not in str(e):
+                    raise
+            vanished.append(raw)
         if vanished:
             self._call("forgetting manifests", self._client.srem, self._prefix + b"manifests", *vanished)
         for lineages in pending + retained:
@@ -581,11 +462,10 @@ class _RemoteSnapshot(PendingSnapshot):
         data = json.dumps({"format": MANIFEST_FORMAT, "namespace": backend.namespace, "cut": self.cut,
                            "key_groups": [self._key_groups.start, self._key_groups.stop],
                            "lineages": _runs(self._lineages)}, separators=(",", ":")).encode()
-        relative = os.path.join(os.path.basename(store.private_dir(self.checkpoint_id)),
-                                f"{backend._owner}{MANIFEST_SUFFIX}")
-        path = os.path.abspath(store.path(relative))
-        write_atomically(path, data)
-        backend._register([path])  # before it stops being pending: a view is never unknown to collection
+        relative = f"{objectstore.basename(store.private_dir(self.checkpoint_id))}/{backend._owner}{MANIFEST_SUFFIX}"
+        store.write(relative, data)
+        # registered before it stops being pending: a view is never unknown to collection
+        backend._register([store.path(relative)])
         with backend._lock:
             backend._pending.pop(self.checkpoint_id, None)
         self.collected_fields = backend.collect_garbage()
@@ -611,9 +491,9 @@ def _runs(lineages: dict[int, versions.Lineage]) -> list[list[Any]]:
 
 
 def read_manifest(path: str) -> dict[str, Any]:
+    """A manifest, by its path or URL (through the checkpoint-storage layer)."""
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
+        data = json.loads(objectstore.read(path))
         if data.get("format") != MANIFEST_FORMAT:
             raise StateBackendError(f"{path}: remote state manifest format {data.get('format')!r}, "
                                     f"expected {MANIFEST_FORMAT}")

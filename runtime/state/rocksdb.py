@@ -8,7 +8,7 @@ two range deletions.
 A checkpoint's synchronous part is a RocksDB checkpoint: a memtable flush and
 hard links of the immutable SST files, so its cost is bounded by the memtable
 size (`write_buffer_bytes`), not by the state size. The asynchronous part
-uploads (copies into the SnapshotStore) the SST files the previous checkpoint
+uploads (into the SnapshotStore: a local directory or an object store) the SST files the previous checkpoint
 of this backend did not upload, referencing the others by their shared name,
 plus the small private files (MANIFEST, CURRENT, OPTIONS, WAL). SST files are
 named `<instance>-<local name>` in the store: local names repeat across
@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from runtime.common import objectstore
 from runtime.state.backend import (
     MISSING,
     PendingSnapshot,
@@ -45,7 +46,7 @@ from runtime.state.codec import (
     group_prefix,
     range_bounds,
 )
-from runtime.state.files import SnapshotStore
+from runtime.state.files import SnapshotStore, shared_relative
 
 try:
     import rocksdict
@@ -65,8 +66,8 @@ class RocksDBBackend(StateBackend):
     def __init__(self, key_groups: range, *, directory: str,
                  write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES) -> None:
         if rocksdict is None:
-            raise StateBackendError("the rocksdb state backend needs the `rocksdb` extra (the rocksdict package); "
-                                    "install it with scripts/bootstrap.sh or `pip install sluice[rocksdb]`")
+            raise StateBackendError("the rocksdb state backend needs the `rocksdb` extra (the rocksdict package): "
+                                    "pip install 'sluice[rocksdb]'")
         super().__init__(key_groups)
         self._base = os.path.abspath(directory)
         self._write_buffer_bytes = write_buffer_bytes
@@ -265,7 +266,7 @@ class _RocksSnapshot(PendingSnapshot):
 
     def upload(self, store: SnapshotStore) -> SnapshotHandle:
         previous = self._backend._previous_uploads(store.root)
-        private_dir = os.path.basename(store.private_dir(self.checkpoint_id))
+        private_dir = objectstore.basename(store.private_dir(self.checkpoint_id))
         private: list[str] = []
         shared: dict[str, SharedFile] = {}
         uploaded = total = 0
@@ -306,17 +307,21 @@ def _download(store: SnapshotStore, handle: SnapshotHandle, target: str) -> None
     os.makedirs(target)
     try:
         for f in handle.shared_files:
-            source = store.shared_path(f.name)
-            if not os.path.exists(source) or os.path.getsize(source) != f.size:
-                raise StateBackendError(f"checkpoint {handle.checkpoint_id}: shared file {source} is missing or "
-                                        f"not {f.size} bytes")
-            store.download(f"shared/{f.name}", os.path.join(target, f.local_name))
+            relative = shared_relative(f.name)
+            if store.size(relative) != f.size:
+                raise StateBackendError(f"checkpoint {handle.checkpoint_id}: shared file {store.path(relative)} is "
+                                        f"missing or not {f.size} bytes")
+            store.download(relative, os.path.join(target, f.local_name))
         for relative in handle.private_files:
-            if not os.path.exists(store.path(relative)):
+            local_name = objectstore.basename(relative).split("-", 1)[1]
+            try:
+                store.download(relative, os.path.join(target, local_name))
+            except FileNotFoundError:
                 raise StateBackendError(f"checkpoint {handle.checkpoint_id}: private file "
-                                        f"{store.path(relative)} is missing")
-            local_name = os.path.basename(relative).split("-", 1)[1]
-            store.download(relative, os.path.join(target, local_name))
+                                        f"{store.path(relative)} is missing") from None
+    except OSError as e:
+        shutil.rmtree(target, ignore_errors=True)
+        raise StateBackendError(f"checkpoint {handle.checkpoint_id}: downloading its files failed: {e}") from e
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise

@@ -6,7 +6,6 @@ before, as with local files. Nothing lands in the local state directory's checkp
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -28,35 +27,16 @@ from tests.support.failover import (
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.object_store import completed, in_bucket, running_s3
+from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def s3() -> Iterator[S3Server]:
-    try:
-        server = S3Server.start()
-    except S3ServerUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        with client_env(server):
-            yield server
-    finally:
-        server.stop()
-
-
-def in_bucket(cluster: Cluster, s3: S3Server) -> str:
-    bucket = f"sluice-{secrets.token_hex(4)}"
-    s3.create_bucket(bucket)
-    cluster.local.env_overrides.update(s3.env)
-    return f"s3://{bucket}/prod"
-
-
-def completed(root: str, job_id: str) -> list[int]:
-    job_dir = f"{root}/checkpoints/{job_id}"
-    return sorted(int(name[4:]) for name in objectstore.list_children(job_dir)
-                  if name.startswith("chk-") and objectstore.exists(f"{job_dir}/{name}/{METADATA_FILE}"))
+    with running_s3() as server:
+        yield server
 
 
 def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cluster: Cluster, s3: S3Server) -> None:

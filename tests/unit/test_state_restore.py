@@ -125,15 +125,6 @@ def test_a_remote_checkpoint_cannot_restore_on_memory(tmp_path: Any) -> None:
         restore_backend(None, restored, p, p.vertices[1], 0, job(1))
 
 
-def test_snapshots_into_an_object_store_are_refused_in_one_line(tmp_path: Any) -> None:
-    backend = make_backend("rocksdb", range(MAX_PAR), work_dir=str(tmp_path / "w"), options={})
-    pending = backend.begin_snapshot(1)
-    with pytest.raises(StateBackendError, match="object store"):
-        backend_snapshots.upload(pending, "s3://bucket/checkpoints/job/chk-1", savepoint=False)
-    backend.close()
-    assert not os.path.exists(tmp_path / "w")
-
-
 def test_a_savepoint_is_self_contained_and_the_next_checkpoint_uploads_everything_again(tmp_path: Any) -> None:
     backend = make_backend("rocksdb", range(MAX_PAR), work_dir=str(tmp_path / "w"), options={})
     backend.put_many([("1/count", key_group(f"k{i}", MAX_PAR), f"k{i}", i) for i in range(1000)])
