@@ -3,6 +3,8 @@
 The source measures its own time producing (a fixed CPU cost per record, written to a file) and the sink
 writes one fixed-width line per record; the test derives from them the source's time blocked (wall time
 minus time producing) and the rows the sink wrote per second, and asserts the API's figures within 10 %.
+The task's busy time also holds what the source's chain costs after `read_batch` (partitioning, serialising:
+some 70 us a record here), which the source cannot see; the sink's pace (500 rows/s) keeps that a few per cent.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def build(job: Job) -> None:
     (job.source(TimedSource(), parallelism=1)
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=1)
-        .sink(LineSink(delay_per_record_s=0.001)))
+        .sink(LineSink(delay_per_record_s=0.002)))
 '''
 ROW_BYTES = 16
 
@@ -128,7 +130,7 @@ def test_backpressure_and_rates_match_ground_truth(running_cluster: Cluster) -> 
           f"{source['records_out_per_s']:.0f}/s bp {source['backpressured_ratio']:.3f} busy {source['busy_ratio']:.3f},"
           f" sink in {sink['records_in_per_s']:.0f}/s; Prometheus: bp {(b['bp'] - a['bp']) / wall:.3f}/s, "
           f"sink {(b['sink_out'] - a['sink_out']) / wall:.0f}/s")
-    assert rows_per_s > 300 and blocked > 0.5, (rows_per_s, blocked)  # a throttled source, a working sink
+    assert rows_per_s > 200 and blocked > 0.5, (rows_per_s, blocked)  # a throttled source, a working sink
 
     near((b["bp"] - a["bp"]) / wall, blocked, "Prometheus backpressured s/s of the source")
     near((b["sink_out"] - a["sink_out"]) / wall, rows_per_s, "Prometheus rows/s of the sink")
