@@ -6,17 +6,19 @@ OpenAPI document (coordinator/ui/openapi.json), which the tests hold the
 answers to.
 
 Rates and backpressure come from the tasks' heartbeats: `task_sample` turns
-two successive heartbeat reports of one task into per-second rates and the
-fraction of the interval the task spent backpressured (Flink's
-backPressuredTimeMsPerSecond, as a ratio), which is what the UI colours.
-A backpressured source emits whole buffers in bursts, so one heartbeat
-interval often sees none of its records leave: the rates are smoothed
-exponentially over about RATE_TAU_S seconds.
+the heartbeat reports of one task into per-second rates and the fraction of
+the time the task spent backpressured (Flink's backPressuredTimeMsPerSecond,
+as a ratio), which is what the UI colours. Every figure is a difference over
+the same window of about RATE_WINDOW_S seconds, timed by the worker's clock
+(`measured_at`, read with the counters), not by when the heartbeat arrived:
+a late heartbeat must not stretch one task's interval and shrink the next.
+The task counts the wait in progress in its backpressured time, so no
+interval is clipped. A backpressured source emits in bursts (a buffer frees,
+it fills it at once), so the window spans several of them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,32 +31,35 @@ if TYPE_CHECKING:
 # backpressured_ratio thresholds, as Flink's UI: OK below 10 %, LOW below 50 %, HIGH above
 BACKPRESSURE_LOW = 0.10
 BACKPRESSURE_HIGH = 0.50
-RATE_TAU_S = 5.0  # time constant of the rates' exponential smoothing
+RATE_WINDOW_S = 10.0  # rates and ratios are differences over about this long (one window for every task)
 
 _COUNTERS = (("records_in", "records_in_per_s"), ("records_out", "records_out_per_s"),
              ("bytes_in", "bytes_in_per_s"), ("bytes_out", "bytes_out_per_s"))
 _TIMES = (("backpressured_s", "backpressured_ratio"), ("busy_s", "busy_ratio"), ("idle_s", "idle_ratio"))
+_KEYS = tuple(key for key, _ in (*_COUNTERS, *_TIMES))
 
 
 def task_sample(previous: Mapping[str, Any] | None, report: dict[str, Any], now: float) -> dict[str, Any]:
-    """A task's heartbeat report with rates over the interval since `previous` (the last sample kept).
+    """A task's heartbeat report with rates over the last RATE_WINDOW_S seconds of its reports.
 
-    The first report of a task, or one whose counters went backwards (a new attempt), has rates of 0; the
-    first interval's rates are taken as they are, later ones are smoothed (`RATE_TAU_S`).
+    `window` keeps [measured_at, *counters] of the reports in the window, plus the one just before it. The
+    first report of a task, or one whose counters went backwards (a new attempt), starts the window afresh
+    (rates 0). `measured_at` is the worker's monotonic clock when it read the counters; without it (an older
+    worker) the arrival time `now` stands in.
     """
-    out = {**report, "sampled_at": now, "rated": False}
-    dt = now - float(previous["sampled_at"]) if previous is not None and "sampled_at" in previous else 0.0
-    if previous is None or dt <= 0 or any(float(report.get(k, 0)) < float(previous.get(k, 0)) for k, _ in _COUNTERS):
-        return out | {rate: 0.0 for _, rate in (*_COUNTERS, *_TIMES)}
-    alpha = 1.0 - math.exp(-dt / RATE_TAU_S)
-    for key, rate in (*_COUNTERS, *_TIMES):
-        value = max(0.0, (float(report.get(key, 0)) - float(previous.get(key, 0))) / dt)
-        if rate.endswith("_ratio"):
-            value = min(1.0, value)
-        if previous.get("rated"):
-            value = float(previous.get(rate, 0.0)) + alpha * (value - float(previous.get(rate, 0.0)))
-        out[rate] = round(value, 4)
-    out["rated"] = True
+    at = float(report.get("measured_at", now))
+    point = [at, *(float(report.get(k, 0)) for k in _KEYS)]
+    window = [list(p) for p in previous.get("window", [])] if previous is not None else []
+    if window and (at <= window[-1][0] or any(v < w for v, w in zip(point[1:], window[-1][1:], strict=True))):
+        window = []
+    window.append(point)
+    while len(window) > 2 and at - window[1][0] >= RATE_WINDOW_S:
+        window.pop(0)
+    out = {**report, "sampled_at": now, "window": window, "rated": len(window) > 1}
+    first = window[0]
+    dt = at - first[0]
+    for i, (_, rate) in enumerate((*_COUNTERS, *_TIMES), start=1):
+        out[rate] = round(max(0.0, (point[i] - first[i]) / dt), 4) if dt > 0 else 0.0
     return out
 
 

@@ -35,6 +35,7 @@ from runtime.execution.channels import ChannelReader, InputChannel, InputGate, O
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
 from runtime.execution.operators import Chain
 from runtime.execution.probes import ProbeTracker
+from runtime.execution.time_accounting import BACKPRESSURED_TIME, IDLE_TIME, TimeAccounting
 from runtime.execution.timers import current_time_ms
 from runtime.execution.watermarks import ACTIVE, IDLE, NOTHING, WatermarkCombiner, WatermarkGenerator
 from runtime.graph.enums import TaskState
@@ -100,6 +101,8 @@ class TaskStatistics:
     busy_s: float
     idle_s: float
     backpressured_s: float
+    watermarks_in: int  # watermark and idle/active status markers received (event time only; not in records_in)
+    measured_at: float  # this process's monotonic clock when the figures were read: rates are timed by it
     input_queue: int
     output_queue: int
     output_buffers_limit: int
@@ -202,11 +205,9 @@ class Task:
         self._batch_position: Any = None
         self._batch_emitted = 0
         self._skip_on_restore = 0
-        self.records_in = 0
-        self.idle_s = 0.0
-        self.backpressured_s = 0.0
-        self.started_at: float | None = None
-        self.finished_at: float | None = None
+        self.records_in = 0  # records only: watermark and status markers are counted in watermarks_in
+        self.watermarks_in = 0
+        self.times = TimeAccounting()  # idle, backpressured and busy time, the wait in progress included
         self.state = TaskState.CREATED
         # event time (see runtime/execution/watermarks.py); restored from the checkpoint before any replay
         self.event_time = chain.event_time
@@ -249,16 +250,16 @@ class Task:
 
     def statistics(self) -> TaskStatistics:
         now = time.monotonic()
-        start = self.started_at or now
-        end = self.finished_at or now
-        busy = max(0.0, (end - start) - self.idle_s - self.backpressured_s)
+        times = self.times.read(now)
         cp = self.checkpoints.statistics() if self.checkpoints is not None else CheckpointStatistics()
         return TaskStatistics(
             records_in=self.records_in,
             records_out=self.chain.records_out,
-            busy_s=busy,
-            idle_s=self.idle_s,
-            backpressured_s=self.backpressured_s,
+            busy_s=times.busy_s,
+            idle_s=times.idle_s,
+            backpressured_s=times.backpressured_s,
+            watermarks_in=self.watermarks_in,
+            measured_at=now,
             input_queue=self.gate.queued_buffers() if self.gate else 0,
             output_queue=sum(s.sender.queued_buffers for s in self.subpartitions),
             output_buffers_limit=sum(s.limit for s in self.subpartitions),
@@ -280,7 +281,7 @@ class Task:
     # -- the loop -----------------------------------------------------------------
 
     async def run(self) -> None:
-        self.started_at = time.monotonic()
+        self.times.start(time.monotonic())
         self.state = TaskState.RUNNING
         flusher = asyncio.create_task(self._flush_periodically())
         try:
@@ -319,7 +320,7 @@ class Task:
             self.state = TaskState.FAILED
             raise
         finally:
-            self.finished_at = time.monotonic()
+            self.times.finish(time.monotonic())
             flusher.cancel()
             if self.checkpoints is not None:
                 self.checkpoints.close()
@@ -365,6 +366,15 @@ class Task:
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+
+    async def _wait_as(self, kind: str, timeout_s: float | None = None) -> None:
+        """`_wait`, counted as `kind` (idle or backpressured) while it lasts (runtime/execution/time_accounting.py)."""
+        times = self.times
+        times.begin_wait(kind, time.monotonic())
+        try:
+            await self._wait(timeout_s)
+        finally:
+            times.end_wait(time.monotonic())
 
     async def _serve_mail(self) -> None:
         """Serve the mailbox; with a drain-mode asynchronous operator, first wait until nothing is in flight
@@ -506,9 +516,7 @@ class Task:
                 continue
             if not self.output.blocked:
                 return
-            t0 = time.monotonic()
-            await self._wait()
-            self.backpressured_s += time.monotonic() - t0
+            await self._wait_as(BACKPRESSURED_TIME)
 
     async def _run_source(self) -> None:
         source = self.source
@@ -544,11 +552,9 @@ class Task:
                     self._end_event_time()
                 return
             if not batch:
-                t0 = monotonic()
                 if self._generator is not None:
-                    idle_since = self._check_source_idle(idle_since, t0)
-                await self._wait(source.idle_wait_s())
-                self.idle_s += monotonic() - t0
+                    idle_since = self._check_source_idle(idle_since, monotonic())
+                await self._wait_as(IDLE_TIME, source.idle_wait_s())
                 continue
             idle_since = None
             if self._generator is not None and self._generator.idle:
@@ -563,8 +569,9 @@ class Task:
                 t0 = monotonic()
                 emit(batch[i:j] if i or j < n else batch)
                 chunk = _next_chunk(chunk, monotonic() - t0)
+                # counted as emitted, not at the batch's end: a throttled source may take seconds over a batch
+                self.records_in += min(j, n) - i
                 i = j
-            self.records_in += n
             now = monotonic()
             if now - last_yield > YIELD_AFTER_S:
                 self._batch_position = source.position()
@@ -585,9 +592,7 @@ class Task:
                 await self._serve_mail()
             taken = gate.poll()
             if taken is None:
-                t0 = time.monotonic()
-                await self._wait()
-                self.idle_s += time.monotonic() - t0
+                await self._wait_as(IDLE_TIME)
                 continue
             channel_id, item = taken
             if isinstance(item, Buffer):
@@ -794,10 +799,12 @@ class Task:
             leftover = []
             t0 = monotonic()
             start = 0
+            markers = 0
             burst = False
             for k, item in enumerate(items):
                 if item.__class__ is tuple:
                     continue
+                markers += 1
                 if k > start:
                     process(items[start:k])
                 start = k + 1
@@ -807,13 +814,15 @@ class Task:
                     burst = True
                     break
             if burst:
-                self.records_in += start
+                self.records_in += start - markers
+                self.watermarks_in += markers
                 await self._run_timer_burst()
                 continue
             if start < len(items):
                 process(items[start:] if start else items)
             reader.consumed = reader.fetched
-            self.records_in += len(items)
+            self.records_in += len(items) - markers
+            self.watermarks_in += markers
             now = monotonic()
             chunk = _next_chunk(chunk, now - t0)
             if now - last_yield > YIELD_AFTER_S:
@@ -889,9 +898,7 @@ class Task:
             if self.mailbox:
                 self._serve_mailbox()
                 continue
-            t0 = time.monotonic()
-            await self._wait()
-            self.idle_s += time.monotonic() - t0
+            await self._wait_as(IDLE_TIME)
 
     async def _wait_drained(self, timeout_s: float = 600.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -26,7 +26,9 @@ class WorkerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         labels = ["job_id", "task", "subtask"]  # not "job": Prometheus renames that to exported_job
-        rin = CounterMetricFamily("sluice_task_records_in", "Records a task consumed", labels=labels)
+        rin = CounterMetricFamily("sluice_task_records_in", "Records a task consumed (not watermarks)", labels=labels)
+        wm_in = CounterMetricFamily("sluice_task_watermarks_in", "Watermark and idle/active status markers a task "
+                                    "received (jobs with event time)", labels=labels)
         rout = CounterMetricFamily("sluice_task_records_out", "Records a task emitted (or wrote, for sinks)",
                                    labels=labels)
         busy = CounterMetricFamily("sluice_task_busy_seconds", "Time a task spent processing", labels=labels)
@@ -67,6 +69,7 @@ class WorkerCollector(Collector):
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
             rin.add_metric(values, st.records_in)
+            wm_in.add_metric(values, st.watermarks_in)
             rout.add_metric(values, st.records_out)
             busy.add_metric(values, st.busy_s)
             idle.add_metric(values, st.idle_s)
@@ -86,7 +89,7 @@ class WorkerCollector(Collector):
                 async_in_flight.add_metric(values, st.async_in_flight)
                 async_blocked.add_metric(values, st.async_blocked_s)
                 async_captured.add_metric(values, st.async_captured_records)
-        yield from (rin, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
+        yield from (rin, wm_in, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
                     persisted_total, watermark, async_in_flight, async_blocked, async_captured)
 
         peer = ["peer"]

@@ -301,3 +301,7 @@ def test_an_idle_source_subtask_does_not_hold_event_time_timers_back(running_clu
     st = cluster.wait_job(job_id, 60)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert all(t["current_watermark"] == MAX_WATERMARK for t in st["tasks"]), st["tasks"]
+    # records_in counts the 200 records only; the watermarks and idle/active markers have their own count
+    keyed = [t for t in st["tasks"] if t["name"].startswith("FireAt1000")]
+    assert sum(t["records_in"] for t in keyed) == 200, keyed
+    assert sum(t["watermarks_in"] for t in keyed) > 0, keyed

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from coordinator.jobs import JobRecord
 from coordinator.registry import WorkerRegistry
 from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match
-from coordinator.rest_views import RATE_TAU_S, backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
+from coordinator.rest_views import RATE_WINDOW_S, backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
 from netstack.errors import RpcError
 from netstack.http import BadRequest, HttpRequest, parse_head
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
@@ -76,21 +75,31 @@ def test_only_the_exact_bearer_token_is_authorized(given_token: str) -> None:
     assert not authorized({}, token)
 
 
-def test_task_sample_turns_two_reports_into_rates() -> None:
-    first = task_sample(None, {"records_in": 100, "records_out": 50, "backpressured_s": 1.0, "busy_s": 0.5}, 10.0)
-    assert first["records_in_per_s"] == 0.0 and first["backpressured_ratio"] == 0.0
-    second = task_sample(first, {"records_in": 300, "records_out": 150, "backpressured_s": 2.5, "busy_s": 0.75},
-                         12.0)
+def test_task_sample_turns_reports_into_rates_over_the_window() -> None:
+    def report(at: float, rin: int, bp: float, busy: float) -> dict[str, float]:
+        return {"records_in": rin, "records_out": rin // 2, "backpressured_s": bp, "busy_s": busy,
+                "measured_at": at}
+
+    first = task_sample(None, report(10.0, 100, 1.0, 0.5), 1000.0)
+    assert first["records_in_per_s"] == 0.0 and first["backpressured_ratio"] == 0.0 and not first["rated"]
+    # timed by the worker's clock: the heartbeat arriving 3 s late changes nothing
+    second = task_sample(first, report(12.0, 300, 2.5, 0.75), 1005.0)
     assert (second["records_in_per_s"], second["records_out_per_s"]) == (100.0, 50.0)
     assert (second["backpressured_ratio"], second["busy_ratio"]) == (0.75, 0.125)
-    # later intervals are smoothed: a burst-free second moves the rate part of the way towards 0
-    third = task_sample(second, {"records_in": 300, "records_out": 150, "backpressured_s": 3.5, "busy_s": 0.75},
-                        13.0)
-    alpha = 1 - math.exp(-1 / RATE_TAU_S)
-    assert third["records_in_per_s"] == round(100.0 * (1 - alpha), 4)
-    assert third["backpressured_ratio"] == round(0.75 + alpha * (1.0 - 0.75), 4)
-    # a new attempt starts its counters again: no negative rates, and smoothing starts afresh
-    fourth = task_sample(third, {"records_in": 5, "records_out": 1, "backpressured_s": 0.0}, 14.0)
+    # a burst-free second: the rate is the window's average, not reset or halved
+    third = task_sample(second, report(13.0, 300, 3.5, 0.75), 1006.0)
+    assert third["records_in_per_s"] == round(200 / 3, 4)
+    assert third["backpressured_ratio"] == round(2.5 / 3, 4)
+    # bursts every 4 s (a throttled source) read as their average once the window spans them
+    sample = third
+    for k in range(1, 30):
+        sample = task_sample(sample, report(13.0 + k, 300 + 4000 * (k // 4), 3.5 + k, 0.75), 1006.0 + k)
+    assert abs(sample["records_in_per_s"] - 1000.0) <= 1000.0 * 4 / RATE_WINDOW_S
+    assert sample["backpressured_ratio"] == 1.0
+    assert sample["window"][-1][0] - sample["window"][1][0] < RATE_WINDOW_S <= sample["window"][-1][0] - \
+        sample["window"][0][0]
+    # a new attempt starts its counters again: no negative rates, the window starts afresh
+    fourth = task_sample(sample, report(50.0, 5, 0.0, 0.0), 1050.0)
     assert fourth["records_in_per_s"] == 0.0 and fourth["backpressured_ratio"] == 0.0 and not fourth["rated"]
 
 
