@@ -48,7 +48,9 @@ from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph.admission import SubmissionRefused, check_extras
 from runtime.graph.enums import JobState
+from runtime.graph.plan import build_job
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -107,7 +109,9 @@ class Coordinator(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
-        self.storage = LocalCheckpointStorage(config.checkpoint_root)
+        # --checkpoint-dir holds the job directories itself; the state directory keeps them in checkpoints/
+        self.storage = LocalCheckpointStorage(config.checkpoint_root,
+                                              subdirectory="" if config.checkpoint_dir else "checkpoints")
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
@@ -145,6 +149,7 @@ class Coordinator(BaseLinkHandler):
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
         os.makedirs(state_dir, exist_ok=True)
+        await asyncio.to_thread(self._check_object_stores)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
                                         limits=self.config.limits,
                                         ssl_context=server_context(self.config.tls) if self.config.tls else None)
@@ -204,6 +209,16 @@ class Coordinator(BaseLinkHandler):
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _check_object_stores(self) -> None:
+        """A bucket that does not exist, or an endpoint or credentials that do not work, stop the coordinator
+        at start-up with one line, instead of failing the first checkpoint of every job."""
+        roots = [self.storage.root, *self.trust.savepoint_roots]
+        for root in dict.fromkeys(r for r in roots if objectstore.is_url(r)):
+            try:
+                objectstore.check_reachable(root)
+            except (OSError, ValueError) as exc:  # ValueError: ObjectStoreUnavailable, the s3 extra is missing
+                raise SystemExit(f"sluice coordinator: {exc}") from None
 
     async def _lead_unless_stopped(self, state_dir: str) -> bool:
         """Take the lease and the jobs (True), unless the coordinator is stopped while it waits (False)."""
@@ -349,6 +364,11 @@ class Coordinator(BaseLinkHandler):
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         restore_path = args.get("restore")
+        try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
+            check_extras(build_job(entry, job.name, config.get("parallelism")), config,
+                         restore=str(restore_path) if restore_path else None)
+        except SubmissionRefused as exc:
+            raise RpcError(str(exc), exc.kind) from None
         if restore_path:
             plan.config["restore"] = await self.manager.restore_spec(str(restore_path), plan)
             job.restored_from = str(restore_path)

