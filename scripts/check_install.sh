@@ -22,8 +22,12 @@ started=$(date +%s)
 say "creating a fresh venv in $work/venv"
 "$py" -m venv "$work/venv"
 venv="$work/venv/bin"
-say "pip install $root (no extras)"
-"$venv/python" -m pip install --quiet --disable-pip-version-check "$root"
+# a copy of what a source distribution holds, so the build leaves nothing in the checkout (build/, egg-info)
+mkdir "$work/src"
+(cd "$root" && cp -r pyproject.toml README.md runtime netstack coordinator "$work/src/")
+find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
+say "pip install <checkout> (no extras)"
+"$venv/python" -m pip install --quiet --disable-pip-version-check "$work/src"
 installed=$(date +%s)
 
 "$venv/python" -m pip show sluice-dataflow >/dev/null || fail "the distribution sluice-dataflow is not installed"
