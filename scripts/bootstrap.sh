@@ -41,5 +41,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+# the distribution was called `sluice` before (a name PyPI gives another project): an old editable install of
+# that name would install the same packages and `sluice` command a second time
+if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
+  .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
+fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,s3,rocksdb,remote]'
 touch "$stamp"
