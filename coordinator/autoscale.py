@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.api import Job
+from runtime.graph.job_config import NEVER
+from runtime.graph.job_config import parse_scale_down_after as parse_scale_down_after  # where it was
 
-NEVER = 0.0  # scale_down_after_s that disables scaling down
 DEFAULT_SCALE_DOWN_AFTER_S = 10.0
 DEFAULT_SCALE_UP_AFTER_S = 5.0
 
@@ -40,20 +41,11 @@ class AutoscaleSettings:
         if not self.scale_down_after_s >= 0 or not self.scale_up_after_s >= 0:
             raise ValueError("scale-down and scale-up delays must not be negative")
 
-    def scale_down_after(self, job_config: Mapping[str, Any]) -> float | None:
-        """Seconds a restart waits for the asked slots before it scales down; None: never scale down."""
-        value = job_config.get("scale_down_after_s")
-        seconds = self.scale_down_after_s if value is None else float(value)
+    def scale_down_after(self, job_value: float | None) -> float | None:
+        """Seconds a restart waits for the asked slots before it scales down (the job's own `scale_down_after_s`
+        if it set one, else the coordinator's); None: never scale down."""
+        seconds = self.scale_down_after_s if job_value is None else job_value
         return None if seconds <= NEVER else seconds
-
-
-def parse_scale_down_after(value: object) -> float:
-    """'never' or a number of seconds >= 0 (0 also means never); raises ValueError."""
-    if isinstance(value, str) and value.strip().lower() == "never":
-        return NEVER
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
-        raise ValueError(f"scale_down_after_s must be 'never' or seconds >= 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)

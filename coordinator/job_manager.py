@@ -41,8 +41,10 @@ from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.common import objectstore
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
 from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
+from runtime.graph.restore_spec import RestoreSpec, TaskFiles
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -79,17 +81,17 @@ class JobManager:
         return [WorkerSlots(w.worker_id, w.slots, w.host, w.data_port)
                 for w in sorted(self.workers.values(), key=lambda w: w.registered_at)]
 
-    def plan(self, job: JobRecord, config: dict[str, Any] | None = None) -> Plan:
+    def plan(self, job: JobRecord, config: JobConfig | None = None) -> Plan:
         """Raises RpcError for a job module that does not import or a graph the cluster cannot run.
         `config` (default: the job's) lets a rescale try its new parallelism before it stops anything."""
         try:
             return make_plan(job_id=job.job_id, attempt=job.attempt, entry=job.entry, name=job.name,
-                             sys_path=job.sys_path, config=dict(job.config if config is None else config),
+                             sys_path=job.sys_path, config=job.config if config is None else config,
                              workers=self.worker_slots(), channel_base=next(self._channel_base))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
-    async def restore_spec(self, path: str, plan: Plan) -> dict[str, Any]:
+    async def restore_spec(self, path: str, plan: Plan) -> RestoreSpec:
         """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
         try:
             metadata = await asyncio.to_thread(self.storage.read_metadata, path)
@@ -104,7 +106,7 @@ class JobManager:
         if [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
                 old.get(v.id) != v.parallelism for v in plan.vertices):
             try:
-                job = build_job(plan.entry, plan.name, plan.config.get("parallelism"))  # imported already: cheap
+                job = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
                 nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
             except (JobLoadError, JobDefinitionError) as exc:
                 raise RpcError(str(exc), type(exc).__name__) from None
@@ -115,10 +117,10 @@ class JobManager:
             if refusal:
                 raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
-        return {"path": directory, "checkpoint_id": metadata["checkpoint_id"],
-                "tasks": {task: ack.get("state", {}) for task, ack in metadata["acks"].items()},
-                "parallelism": {str(vid): p for vid, p in old.items()},
-                "nodes": {str(node): p for node, p in nodes.items()}}
+        return RestoreSpec(path=directory, checkpoint_id=int(metadata["checkpoint_id"]),
+                           tasks={task: TaskFiles.from_wire(ack.get("state", {}))
+                                  for task, ack in metadata["acks"].items()},
+                           parallelism=old, nodes=nodes)
 
     def add(self, job: JobRecord) -> None:
         self.jobs[job.job_id] = job
@@ -362,7 +364,7 @@ class JobManager:
             return  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
         for path in candidates[:-1]:
             try:
-                plan.config["restore"] = await self.restore_spec(path, plan)
+                plan.restore = await self.restore_spec(path, plan)
                 break
             except RpcError as exc:
                 if exc.remote_type != "CorruptCheckpoint":
@@ -370,8 +372,8 @@ class JobManager:
                 log.error("job %s: skipping checkpoint %s for an older one: %s", job.job_id, path, exc)
         else:
             path = candidates[-1]
-            plan.config["restore"] = await self.restore_spec(path, plan)
-        job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
+            plan.restore = await self.restore_spec(path, plan)
+        job.restored_checkpoint_id = plan.restore.checkpoint_id
         log.info("job %s: attempt %d restores checkpoint %s", job.job_id, job.attempt, path)
 
     # -- rescaling a running job -------------------------------------------------------
@@ -390,11 +392,11 @@ class JobManager:
             why = "finishing" if job.state == JobState.RUNNING else job.state
             raise RpcError(f"job {job.job_id} is {why}, not RUNNING: nothing to rescale", "JobNotRunning")
         if run_at is None:
-            config = {**job.config, "parallelism": merge_parallelism(job.config.get("parallelism") or {}, requested)}
+            config = job.config.with_parallelism(merge_parallelism(job.config.parallelism, requested))
             trial = self.plan(job, config)  # too many slots, an unknown operator, a forward edge torn apart
         else:
             config = job.config
-            trial = self.plan(job, {**config, "parallelism": run_at})
+            trial = self.plan(job, config.with_parallelism(run_at))
         self._rescaling.add(job.job_id)
         try:
             runner = job.checkpoints
@@ -439,14 +441,14 @@ class JobManager:
     def _shape(self, job: JobRecord) -> Shape:
         """The job's operators at their asked parallelism; RpcError if the job no longer builds."""
         try:
-            return policy.shape_of(build_job(job.entry, job.name, job.config.get("parallelism")))
+            return policy.shape_of(build_job(job.entry, job.name, job.config.parallelism))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
     def _asked_vertices(self, job: JobRecord) -> dict[str, int]:
         """Task type name -> asked parallelism (the chaining of a shrunk job is the same: autoscale.py)."""
         try:
-            vertices, _ = chain_graph(build_job(job.entry, job.name, job.config.get("parallelism")))
+            vertices, _ = chain_graph(build_job(job.entry, job.name, job.config.parallelism))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
         return {v.name: v.parallelism for v in vertices}
@@ -462,11 +464,11 @@ class JobManager:
         cluster was known to be too small), at the largest parallelism the slots allow. Raises RpcError while
         no plan fits."""
         if run_at is not None:
-            return self.plan(job, {**job.config, "parallelism": run_at})
+            return self.plan(job, job.config.with_parallelism(run_at))
         try:
             return self.plan(job)
         except RpcError:
-            after = self.autoscale.scale_down_after(job.config)
+            after = self.autoscale.scale_down_after(job.config.scale_down_after_s)
             scaling = self.scaling.get(job.job_id)
             if after is None or (waited_s < after and not (scaling is not None and scaling.reason)):
                 raise
@@ -476,7 +478,7 @@ class JobManager:
                 raise  # nothing fits, or the ask failed for another reason than slots
             log.warning("job %s: %d slots free of %d needed after %.1fs: scaling down to %s", job.job_id, slots,
                         shape.slots_needed, waited_s, ", ".join(f"{k}={v}" for k, v in fitted.items()))
-            return self.plan(job, {**job.config, "parallelism": fitted})
+            return self.plan(job, job.config.with_parallelism(fitted))
 
     def _note_parallelism(self, job: JobRecord, before: Plan | None, plan: Plan) -> None:
         """Record whether the next attempt runs below its ask, and count the scale-downs and scale-ups."""
@@ -527,7 +529,7 @@ class JobManager:
             target = policy.fit_parallelism(self._shape(job), settled)
         except RpcError:
             return
-        if not policy.should_scale_up(job.plan.config.get("parallelism") or {}, target):
+        if not policy.should_scale_up(job.plan.config.parallelism, target):
             return
         assert target is not None
         # one try per settle period: a refused scale-up (a checkpoint that failed) is not retried in a loop

@@ -31,6 +31,7 @@ from coordinator.restarts import RestartStrategy
 from runtime.common.checksums import checksum, mismatch
 from runtime.common.files import write_atomically
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 
 log = logging.getLogger("sluice.job_store")
 
@@ -48,7 +49,7 @@ def record_of(job: JobRecord) -> dict[str, Any]:
     """The persisted form of a job (without the format and checksum fields)."""
     return {
         "job_id": job.job_id, "entry": job.entry, "name": job.name, "sys_path": job.sys_path,
-        "config": job.config,
+        "config": job.config.to_document(),
         "checkpoint": asdict(job.checkpoint_settings) if job.checkpoint_settings is not None else None,
         "restart": asdict(job.restart_strategy) if job.restart_strategy is not None else None,
         "restored_from": job.restored_from, "state": job.state, "attempt": job.attempt, "restarts": job.restarts,
@@ -109,8 +110,9 @@ def job_from_record(doc: dict[str, Any]) -> JobRecord:
     state = typed("state", str)
     if state not in _STATES:
         raise ValueError(f"unknown job state {state!r}")
-    job = JobRecord(typed("job_id", str), typed("entry", str), typed("name", str), typed("sys_path", str),
-                    typed("config", dict))
+    # a record another version wrote may hold settings this one does not know: they are dropped, not refused
+    config = JobConfig.from_document(typed("config", dict), ignore_unknown=True)
+    job = JobRecord(typed("job_id", str), typed("entry", str), typed("name", str), typed("sys_path", str), config)
     checkpoint = typed("checkpoint", dict, optional=True)
     job.checkpoint_settings = CheckpointSettings(**checkpoint) if checkpoint is not None else None
     restart = typed("restart", dict, optional=True)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class JobRecord:
     entry: str
     name: str
     sys_path: str
-    config: dict[str, Any]
+    config: JobConfig
     state: str = JobState.CREATED
     attempt: int = 0
     plan: Plan | None = None

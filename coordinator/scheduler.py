@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from runtime.api import JobDefinitionError
+from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
 
 
@@ -17,14 +18,14 @@ class WorkerSlots:
     data_port: int
 
 
-def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: dict[str, Any],
+def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: JobConfig,
               workers: list[WorkerSlots], channel_base: int) -> Plan:
     """Build the job graph from the entry point and place its subtasks on `workers`.
 
     Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
     """
     ensure_on_path(sys_path)  # the submitter's directory, as on the workers
-    job = build_job(entry, name, config.get("parallelism"))
+    job = build_job(entry, name, config.parallelism)
     vertices, edges = chain_graph(job)
     if not workers:
         raise JobDefinitionError("no workers are registered")
@@ -38,7 +39,7 @@ def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str
     )
 
 
-def merge_parallelism(current: dict[str, int], requested: dict[str, int]) -> dict[str, int]:
+def merge_parallelism(current: Mapping[str, int], requested: Mapping[str, int]) -> dict[str, int]:
     """The parallelism overrides after a rescale: a request for every operator ("*") replaces the old overrides
     (per-operator ones given with it win, as on submit); per-operator requests update the old ones."""
     if "*" in requested:

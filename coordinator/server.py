@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from coordinator.autoscale import AutoscaleSettings, parse_scale_down_after
+from coordinator.autoscale import AutoscaleSettings
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.job_manager import JobManager
 from coordinator.job_store import JobStore
@@ -38,7 +38,7 @@ from coordinator.restarts import RestartStrategy
 from coordinator.storage import LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
-from netstack.errors import CloseReason, RpcError
+from netstack.errors import CloseReason, Conflict, Forbidden, InvalidRequest, JobNotFound, MethodNotFound, NotLeader
 from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
@@ -50,6 +50,7 @@ from runtime.common.dispatch import HandlerTable, UnknownMethod
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.admission import SubmissionRefused, check_extras
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import build_job
 
 log = logging.getLogger("sluice.coordinator")
@@ -130,7 +131,7 @@ class Coordinator(BaseLinkHandler):
         standby refuses them like an RPC."""
         if not self.leading():
             where = self.leadership.leader_address() if self.leadership else "unknown"
-            raise RpcError(f"coordinator {self.holder_id} is not the leader; the leader is {where}", "NotLeader")
+            raise NotLeader(f"coordinator {self.holder_id} is not the leader; the leader is {where}")
         return await self.rpc.dispatch(None, method, args)  # type: ignore[arg-type]
 
     def leading(self) -> bool:
@@ -314,15 +315,15 @@ class Coordinator(BaseLinkHandler):
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
         if not self.leading():
             where = self.leadership.leader_address() if self.leadership else "unknown"
-            raise RpcError(f"coordinator {self.holder_id} is not the leader; the leader is {where}", "NotLeader")
+            raise NotLeader(f"coordinator {self.holder_id} is not the leader; the leader is {where}")
         try:
             return await self.rpc.dispatch(link, method, args)
         except UnknownMethod as exc:
-            raise RpcError(str(exc), "UnknownMethod") from None
+            raise MethodNotFound(str(exc)) from None
 
     async def rpc_register(self, link: Link, args: dict[str, Any]) -> Any:
         if link.connection.peer_role != "worker":
-            raise RpcError("only workers register", "NotAWorker")
+            raise Forbidden("only workers register", "NotAWorker")
         wid = link.peer_id
         old = self.workers.get(wid)
         if old is not None and old.link is not link:
@@ -334,7 +335,7 @@ class Coordinator(BaseLinkHandler):
 
     async def rpc_heartbeat(self, link: Link, args: dict[str, Any]) -> Any:
         if not self.workers.heartbeat(link.peer_id, link, now=time.monotonic()):
-            raise RpcError("unknown worker: register first", "NotRegistered")
+            raise Conflict("unknown worker: register first", "NotRegistered")
         for st in args.get("tasks", []):
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:
@@ -346,33 +347,35 @@ class Coordinator(BaseLinkHandler):
     async def rpc_submit(self, link: Link, args: dict[str, Any]) -> Any:
         entry = str(args.get("entry", ""))
         job_id = f"job-{secrets.token_hex(4)}"
-        config = dict(args.get("config") or {})
+        submitted = args.get("config") or {}
+        if not isinstance(submitted, dict):
+            raise InvalidRequest(f"bad job settings: config must be an object, got {submitted!r}", "BadSettings")
+        submitted = dict(submitted)
         try:
-            settings = checkpoint_settings(config.pop("checkpoint", None) or {})
-            strategy = restart_strategy(config.pop("restart", None) or {})
-            if config.get("scale_down_after_s") is not None:
-                config["scale_down_after_s"] = parse_scale_down_after(config["scale_down_after_s"])
+            settings = checkpoint_settings(submitted.pop("checkpoint", None) or {})
+            strategy = restart_strategy(submitted.pop("restart", None) or {})
+            config = JobConfig.from_document(submitted)
         except (ValueError, TypeError) as exc:
-            raise RpcError(f"bad job settings: {exc}", "BadSettings") from None
+            raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         sys_path = str(args.get("sys_path") or "")
         try:
             sys_path = self.trust.check_job_path(os.path.realpath(sys_path) if sys_path else "")  # noqa: ASYNC240
         except TrustError as exc:
-            raise RpcError(str(exc), "PathNotAllowed") from None
+            raise Forbidden(str(exc)) from None
         job = JobRecord(job_id, entry, str(args.get("name") or entry), sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         restore_path = args.get("restore")
         try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(build_job(entry, job.name, config.get("parallelism")), config,
+            check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
                          restore=str(restore_path) if restore_path else None)
         except SubmissionRefused as exc:
-            raise RpcError(str(exc), exc.kind) from None
+            raise InvalidRequest(str(exc), "MissingExtra") from None
         if restore_path:
-            plan.config["restore"] = await self.manager.restore_spec(str(restore_path), plan)
+            plan.restore = await self.manager.restore_spec(str(restore_path), plan)
             job.restored_from = str(restore_path)
-            job.restored_checkpoint_id = plan.config["restore"]["checkpoint_id"]
+            job.restored_checkpoint_id = plan.restore.checkpoint_id
             # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore
             # deletes those of ids after it, so an id must never be reused along one line of restores
             job.next_checkpoint_id = job.restored_checkpoint_id + 1
@@ -384,9 +387,9 @@ class Coordinator(BaseLinkHandler):
     def _job_for_checkpoint(self, args: dict[str, Any]) -> JobRecord:
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
-            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+            raise JobNotFound(f"no job {args.get('job_id')}")
         if job.state != JobState.RUNNING or job.checkpoints is None:
-            raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING", "JobNotRunning")
+            raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING")
         return job
 
     async def rpc_checkpoint(self, link: Link, args: dict[str, Any]) -> Any:
@@ -400,29 +403,29 @@ class Coordinator(BaseLinkHandler):
                 directory = self.trust.check_savepoint_dir(
                     _resolved(str(directory)) if directory else None)
             except TrustError as exc:
-                raise RpcError(str(exc), "PathNotAllowed") from None
+                raise Forbidden(str(exc)) from None
         try:
             _, fut = job.checkpoints.request(savepoint=savepoint, directory=directory, mode=args.get("mode"))
         except ValueError as exc:
-            raise RpcError(str(exc), "BadCheckpointRequest") from None
+            raise InvalidRequest(str(exc), "BadCheckpointRequest") from None
         return await asyncio.wait_for(fut, float(args.get("timeout_s", 600.0)))
 
     async def rpc_rescale(self, link: Link, args: dict[str, Any]) -> Any:
         """Rescale a running job through a checkpoint of its own mode; answer once it runs again (downtime)."""
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
-            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+            raise JobNotFound(f"no job {args.get('job_id')}")
         requested = args.get("parallelism")
         if not isinstance(requested, dict) or not requested or not all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
                 for k, v in requested.items()):
-            raise RpcError("rescale needs parallelism {NAME or '*': N >= 1, ...}", "BadRescaleRequest")
+            raise InvalidRequest("rescale needs parallelism {NAME or '*': N >= 1, ...}", "BadRescaleRequest")
         return await self.manager.rescale(job, dict(requested), timeout_s=float(args.get("timeout_s", 600.0)))
 
     async def rpc_checkpoints(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
-            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+            raise JobNotFound(f"no job {args.get('job_id')}")
         history = job.checkpoint_history()
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
@@ -447,7 +450,7 @@ class Coordinator(BaseLinkHandler):
         if job_id:
             job = self.jobs.get(job_id)
             if job is None:
-                raise RpcError(f"no job {job_id}", "UnknownJob")
+                raise JobNotFound(f"no job {job_id}")
             summary = job.summary()
             scaling = self.manager.scaling_status(job)
             summary["scaling"] = scaling
@@ -463,7 +466,7 @@ class Coordinator(BaseLinkHandler):
     async def rpc_cancel(self, link: Link, args: dict[str, Any]) -> Any:
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
-            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+            raise JobNotFound(f"no job {args.get('job_id')}")
         if job.terminal:
             return {"state": job.state}
         await self.manager.cancel(job, "cancelled by user")
@@ -473,11 +476,12 @@ class Coordinator(BaseLinkHandler):
         """Return the job's summary once it has ended, or when `timeout_s` has passed (then it is still going)."""
         job = self.jobs.get(str(args.get("job_id")))
         if job is None:
-            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+            raise JobNotFound(f"no job {args.get('job_id')}")
         try:
             timeout_s = float(args.get("timeout_s", WAIT_JOB_MAX_S))
         except (TypeError, ValueError):
-            raise RpcError(f"timeout_s must be a number of seconds, got {args.get('timeout_s')!r}", "BadArgs") from None
+            raise InvalidRequest(f"timeout_s must be a number of seconds, got {args.get('timeout_s')!r}",
+                                 "BadArgs") from None
         # capped: the wait outlives a client that went away, so it must end on its own
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(job.ended.wait(), max(0.0, min(timeout_s, WAIT_JOB_MAX_S)))
@@ -487,9 +491,9 @@ class Coordinator(BaseLinkHandler):
         """Send a probe through a running job on the priority lane; return when every task saw it."""
         job = self.jobs.get(str(args.get("job_id")))
         if job is None or job.plan is None:
-            raise RpcError(f"no job {args.get('job_id')}", "UnknownJob")
+            raise JobNotFound(f"no job {args.get('job_id')}")
         if job.state != JobState.RUNNING:
-            raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING", "JobNotRunning")
+            raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING")
         probe_id = next(self._probe_ids)
         pending = PendingProbe(job.job_id, job.total_tasks())
         self._probes[probe_id] = pending

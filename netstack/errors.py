@@ -10,6 +10,7 @@ ended without matching on message text.
 from __future__ import annotations
 
 import enum
+from typing import Any, ClassVar
 
 
 class CloseReason(enum.Enum):
@@ -57,8 +58,73 @@ class ConnectionLost(NetstackError):
 
 
 class RpcError(NetstackError):
-    """A remote procedure call failed on the remote side; `.remote_type` names its error."""
+    """A remote procedure call failed on the remote side.
 
-    def __init__(self, message: str, remote_type: str = "Error") -> None:
+    The answer carries a code on the wire (the RPC response's error type); `from_wire` turns it back into the
+    class that owns it, so callers catch `JobNotFound` or `NotLeader` instead of matching message text. A code
+    no class owns (an unexpected exception's type name, say) stays a plain RpcError with that code."""
+
+    code = "Error"  # the code a raise of this class sends; `codes` are older or finer codes it stands for too
+    codes: ClassVar[tuple[str, ...]] = ()
+    _by_code: ClassVar[dict[str, type[RpcError]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for code in (cls.code, *cls.codes):
+            RpcError._by_code[code] = cls
+
+    def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
-        self.remote_type = remote_type
+        self.code = code or type(self).code
+
+    @property
+    def remote_type(self) -> str:  # the name this attribute had before the hierarchy
+        return self.code
+
+    @staticmethod
+    def from_wire(message: str, code: str) -> RpcError:
+        return RpcError._by_code.get(code, RpcError)(message, code or None)
+
+
+class JobNotFound(RpcError):
+    """No job (or, on a worker, no deployed job) has the id asked for."""
+
+    code = "UnknownJob"
+
+
+class InvalidRequest(RpcError):
+    """The request itself is wrong (bad settings, an unknown operator, a checkpoint that cannot be restored):
+    asking again unchanged gets the same answer."""
+
+    code = "BadRequest"
+    codes = ("BadSettings", "BadArgs", "BadRescaleRequest", "BadCheckpointRequest", "BadMode", "JobLoadError",
+             "JobDefinitionError", "IncompatibleCheckpoint", "CorruptCheckpoint",
+             "MissingExtra")  # the job needs an extra of the install that is not installed
+
+
+class Forbidden(RpcError):
+    """The caller may not do this (a path outside the trusted roots, a client registering as a worker)."""
+
+    code = "PathNotAllowed"
+    codes = ("NotAWorker",)
+
+
+class Conflict(RpcError):
+    """The request does not fit the job's (or worker's) current state: not running, another attempt, a rescale
+    under way; it may work later."""
+
+    code = "JobNotRunning"
+    codes = ("WrongAttempt", "RescaleFailed", "RescaleCheckpointFailed", "NotRegistered")
+
+
+class NotLeader(RpcError):
+    """This coordinator is a standby: the call did not run here, so trying the leader is safe."""
+
+    code = "NotLeader"
+    retriable = True
+
+
+class MethodNotFound(RpcError):
+    """The peer serves no such method (a version mismatch)."""
+
+    code = "UnknownMethod"

@@ -41,7 +41,7 @@ from netstack.connection import (
     RpcResponse,
 )
 from netstack.credit import ChannelSender
-from netstack.errors import CloseReason, ConnectionLost, NetstackError, RemoteProtocolError, RpcError
+from netstack.errors import CloseReason, ConnectionLost, MethodNotFound, NetstackError, RemoteProtocolError, RpcError
 from netstack.limits import SHED, Admission, ListenerLimits
 
 log = logging.getLogger("sluice.net")
@@ -106,7 +106,7 @@ class BaseLinkHandler:
         pass
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
-        raise RpcError(f"unknown method {method!r}", "UnknownMethod")
+        raise MethodNotFound(f"unknown method {method!r}")
 
     def on_closed(self, link: Link, reason: CloseReason, message: str) -> None:
         pass
@@ -269,7 +269,7 @@ class Link(asyncio.Protocol):
                 if event.ok:
                     fut.set_result(event.result)
                 else:
-                    fut.set_exception(RpcError(str(event.result), event.error_type))
+                    fut.set_exception(RpcError.from_wire(str(event.result), event.error_type))
         elif isinstance(event, Established):
             if self._handshake_timer:
                 self._handshake_timer.cancel()
@@ -293,7 +293,7 @@ class Link(asyncio.Protocol):
             if self.is_closing():
                 return  # as above; encoding would raise LocalProtocolError on the closed connection
             if isinstance(exc, RpcError):
-                frame = self.connection.rpc_response(request.call_id, False, str(exc), exc.remote_type)
+                frame = self.connection.rpc_response(request.call_id, False, str(exc), exc.code)
             else:
                 log.warning("rpc %s from %s failed: %s: %s", request.method, self.describe(), type(exc).__name__,
                             exc)

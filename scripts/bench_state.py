@@ -131,7 +131,7 @@ async def barrier_to_snapshot(latency_s: float, keys: int, config: ControllerCon
 
 REMOTE_DOC = """The keyed count against the REAL remote backend (runtime/state/remote.py; the `remote` extra).
 
-A Valkey server (tests/redis_server.py: append-only file, fsync always unless --remote-appendfsync says
+A Valkey server (tests/support/redis_server.py: append-only file, fsync always unless --remote-appendfsync says
 otherwise) behind scripts/delay_relay.py, which adds --remote-one-way-ms each way (this kernel has no netem
 to delay a veth; see docs/BENCHMARKS.md, Remote state). Sync (two round trips per record) vs async
 (AsyncStateRunner, batched), then checkpoints vs state size: the synchronous part, the upload (manifest and
@@ -170,13 +170,13 @@ def remote_main() -> None:
 
 
 class RemoteSetUp:
-    """A Valkey server (tests/redis_server.py) and a delay relay in front of it, both stopped by PID."""
+    """A Valkey server (tests/support/redis_server.py) and a delay relay in front of it, both stopped by PID."""
 
     def __init__(self, root: str, one_way_ms: float, appendfsync: str) -> None:
         import subprocess
         from pathlib import Path
 
-        from tests.redis_server import RedisServer
+        from tests.support.redis_server import RedisServer
 
         self.server = RedisServer(Path(root) / "valkey", appendfsync=appendfsync)
         self.relay = subprocess.Popen(

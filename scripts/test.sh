@@ -1,13 +1,49 @@
 #!/usr/bin/env bash
-# Set everything up (first run only), then ruff, mypy and the test suite; arguments go to pytest.
+# Set everything up (first run only), then lint and the test suite tier by tier, each timed:
+#   lint (ruff, mypy); unit + netstack (seconds; if they fail, nothing else runs); integration; chaos.
+# Arguments go to one pytest run instead of the tiers: scripts/test.sh tests/unit -k foo runs just that.
 # SLUICE_SKIP_LINT=1 skips ruff and mypy (e.g. when iterating on one test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-if [ "${SLUICE_SKIP_LINT:-0}" != "1" ]; then
+
+timings=()
+failed=0
+
+# tier NAME COMMAND...: run it, print how long it took; its exit status is the command's
+tier() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  echo "sluice: == $name" >&2
+  "$@" || status=$?
+  timings+=("$name $((SECONDS - start))s")
+  echo "sluice: == $name took $((SECONDS - start))s$([ "$status" = 0 ] || echo ", FAILED")" >&2
+  return "$status"
+}
+
+summary() {
+  echo "sluice: tiers: $(IFS=,; echo "${timings[*]}" | sed 's/,/, /g')" >&2
+}
+
+lint() {
   echo "sluice: ruff check ." >&2
   .venv/bin/ruff check .
   echo "sluice: mypy" >&2
   .venv/bin/mypy
+}
+
+if [ "${SLUICE_SKIP_LINT:-0}" != "1" ]; then
+  tier lint lint || { summary; exit 1; }
 fi
-exec .venv/bin/python -m pytest "$@"
+
+if [ "$#" -gt 0 ]; then
+  tier pytest .venv/bin/python -m pytest "$@" || failed=1
+  summary
+  exit "$failed"
+fi
+
+tier unit+netstack .venv/bin/python -m pytest tests/unit tests/netstack || { summary; exit 1; }
+tier integration .venv/bin/python -m pytest tests/integration || failed=1
+tier chaos .venv/bin/python -m pytest tests/chaos || failed=1
+summary
+exit "$failed"

@@ -9,7 +9,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from netstack.connection import Connection
-from netstack.errors import CloseReason, ConnectionLost, NetstackError, RpcError
+from netstack.errors import (
+    CloseReason,
+    ConnectionLost,
+    InvalidRequest,
+    JobNotFound,
+    MethodNotFound,
+    NetstackError,
+    NotLeader,
+    RpcError,
+)
 from netstack.tls import TlsFiles, client_context
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.common.backoff import backoff_delays
@@ -55,12 +64,28 @@ async def wait_job(host: str, port: int, token: str, job_id: str, *, timeout_s: 
 
 Address = tuple[str, int]
 
+# exit statuses of client commands the coordinator refused, by what kind of refusal it was (README, CLI)
+EXIT_REFUSED = 1  # the job's state does not allow it now, or the caller may not (Conflict, Forbidden, others)
+EXIT_INVALID = 2  # the request is wrong, as a bad command line is (InvalidRequest)
+EXIT_NO_JOB = 3  # no such job (JobNotFound)
+
+
+def refusal(exc: RpcError) -> tuple[int, str]:
+    """The exit status and one line for a refused call: the coordinator's message, and what to do about it."""
+    if isinstance(exc, JobNotFound):
+        return EXIT_NO_JOB, f"{exc} (`sluice status` lists the jobs the coordinator knows)"
+    if isinstance(exc, InvalidRequest):
+        return EXIT_INVALID, str(exc)
+    if isinstance(exc, MethodNotFound):
+        return EXIT_REFUSED, f"{exc}: the coordinator runs another version of sluice"
+    return EXIT_REFUSED, str(exc)
+
 
 def coordinator_unavailable(exc: NetstackError) -> bool:
     """A coordinator that is not there (refused, unreachable) or not leading: another try may find one. A wrong
     token or certificate is not (the worker's twin: runtime/worker/worker.py)."""
-    if isinstance(exc, RpcError):
-        return exc.remote_type == "NotLeader"
+    if isinstance(exc, NotLeader):
+        return True
     return isinstance(exc, ConnectionLost) and exc.reason in (CloseReason.IO_ERROR, CloseReason.TIMEOUT)
 LEADER_RETRY_S = 10.0  # how long a command keeps looking for a leader (a coordinator restarting, a standby taking over)
 

@@ -263,7 +263,8 @@ def check_entry(entry: str, config: dict[str, Any] | None = None, restore: str |
     try:
         load_entry(entry)
         if config is not None:
-            check_submission(build_job(entry, None, config.get("parallelism")), config, restore=restore)
+            backend = (config.get("state") or {}).get("backend")
+            check_submission(build_job(entry, None, config.get("parallelism")), backend=backend, restore=restore)
     except (JobLoadError, JobDefinitionError, SubmissionRefused) as exc:
         return str(exc)
     return None

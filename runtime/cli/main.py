@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Any
 
-from netstack.errors import NetstackError
+from netstack.errors import NetstackError, RpcError
 from netstack.limits import ListenerLimits, raise_nofile_limit
 from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import run
@@ -459,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # configuration errors found after parsing (token file...)
         print(f"sluice {args.command}: {exc}", file=sys.stderr)
         return 2
+    except RpcError as exc:  # the coordinator refused: its reason, and a status saying which kind of refusal
+        from runtime.cli.client import refusal
+        status, line = refusal(exc)
+        print(f"sluice {args.command}: {line}", file=sys.stderr)
+        return status
     except NetstackError as exc:
         print(f"sluice {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -12,8 +12,6 @@ not fail on every worker and restart until its attempts run out. Two checks:
 
 from __future__ import annotations
 
-from typing import Any
-
 from runtime.api import Job
 from runtime.common import extras, objectstore
 from runtime.connectors.files import FileSink
@@ -24,16 +22,16 @@ class SubmissionRefused(Exception):
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
-        self.kind = kind  # MissingExtra or OutputExists, the RpcError's remote type
+        self.kind = kind  # MissingExtra or OutputExists
 
 
-def needed_extras(job: Job, config: dict[str, Any], *, restore: str | None = None) -> set[str]:
-    """The extras the job uses: its connectors', its state backend's (if it keeps keyed state), s3 for a
-    restore from an object store."""
+def needed_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> set[str]:
+    """The extras the job uses: its connectors', its state backend's (`backend`, the submitted setting, else
+    the job's; if it keeps keyed state), s3 for a restore from an object store."""
     needed: set[str] = set()
     for node in job.nodes:
         needed.update(getattr(node.payload, "extras", ()))
-    backend = (config.get("state") or {}).get("backend") or job.state_backend
+    backend = backend or job.state_backend
     if backend in ("rocksdb", "remote") and any(n.key_fn is not None for n in job.nodes):
         needed.add(str(backend))
     if restore and objectstore.is_url(restore):
@@ -41,8 +39,8 @@ def needed_extras(job: Job, config: dict[str, Any], *, restore: str | None = Non
     return needed
 
 
-def check_extras(job: Job, config: dict[str, Any], *, restore: str | None = None) -> None:
-    absent = extras.missing(needed_extras(job, config, restore=restore))
+def check_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
+    absent = extras.missing(needed_extras(job, backend=backend, restore=restore))
     if absent:
         raise SubmissionRefused(f"job {job.name}: {extras.describe_missing(absent)}", "MissingExtra")
 
@@ -61,8 +59,8 @@ def check_earlier_output(job: Job) -> None:
                     "OutputExists")
 
 
-def check_submission(job: Job, config: dict[str, Any], *, restore: str | None = None) -> None:
+def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
     """Every check of a new submission; raises SubmissionRefused."""
-    check_extras(job, config, restore=restore)
+    check_extras(job, backend=backend, restore=restore)
     if not restore:
         check_earlier_output(job)

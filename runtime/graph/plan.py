@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from runtime.api import Job, JobDefinitionError, Node
+from runtime.graph.job_config import JobConfig
+from runtime.graph.restore_spec import RestoreSpec
 
 
 class JobLoadError(Exception):
@@ -36,7 +38,7 @@ def load_entry(entry: str) -> Callable[[Job], None]:
     return func
 
 
-def build_job(entry: str, name: str | None = None, parallelism: dict[str, int] | None = None) -> Job:
+def build_job(entry: str, name: str | None = None, parallelism: Mapping[str, int] | None = None) -> Job:
     """Import the entry point and let it fill a Job; `parallelism` overrides what it set (see
     apply_parallelism), the same on the coordinator and on every worker."""
     func = load_entry(entry)
@@ -54,7 +56,7 @@ def build_job(entry: str, name: str | None = None, parallelism: dict[str, int] |
     return job
 
 
-def apply_parallelism(job: Job, overrides: dict[str, int]) -> None:
+def apply_parallelism(job: Job, overrides: Mapping[str, int]) -> None:
     """`--parallelism N` ("*": N) sets every operator's parallelism, `--parallelism NAME=N` one operator's
     (by name, winning over "*"). Raises JobDefinitionError for an unknown name or a graph that no longer fits
     (a forward edge between operators of different parallelism)."""
@@ -210,11 +212,15 @@ class Plan:
     edges: list[Edge]
     placement: dict[str, str]
     workers: dict[str, list[Any]]  # worker id -> [host, data_port]
-    config: dict[str, Any]
+    config: JobConfig
+    restore: RestoreSpec | None = None  # the checkpoint this attempt starts from
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return d
+        return {"job_id": self.job_id, "attempt": self.attempt, "entry": self.entry, "name": self.name,
+                "sys_path": self.sys_path, "channel_base": self.channel_base,
+                "vertices": [asdict(v) for v in self.vertices], "edges": [asdict(e) for e in self.edges],
+                "placement": dict(self.placement), "workers": {k: list(v) for k, v in self.workers.items()},
+                "config": self.config.to_wire(), "restore": self.restore.to_wire() if self.restore else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
@@ -224,5 +230,6 @@ class Plan:
             vertices=[Vertex(**v) for v in d["vertices"]],
             edges=[Edge(**e) for e in d["edges"]],
             placement=dict(d["placement"]), workers={k: list(v) for k, v in d["workers"].items()},
-            config=dict(d["config"]),
+            config=JobConfig.from_wire(d["config"]),
+            restore=RestoreSpec.from_wire(d["restore"]) if d.get("restore") else None,
         )

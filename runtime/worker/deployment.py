@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from netstack.credit import ChannelSender
 from netstack.transport import Link
@@ -25,39 +24,13 @@ from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subp
 from runtime.execution.inflight import InflightBound
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
-from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
 from runtime.graph.enums import TaskState
+from runtime.graph.job_config import ChannelConfig
 from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
 from runtime.state.backend import StateBackend
 from runtime.worker.network import NetworkEnvironment
 from runtime.worker.restoring import load_restored, source_for
 from runtime.worker.state_backends import backend_for, restore_backend
-
-
-@dataclass(frozen=True)
-class ChannelConfig:
-    buffer_bytes: int = 32 * 1024
-    buffers_per_channel: int = 4  # producer queue limit per subpartition
-    exclusive_credits: int = 2
-    floating_credits: int = 8
-    flush_timeout_s: float = 0.05
-    # in-flight data per channel, in seconds of its throughput: buffers shrink to fit (0 = fixed buffer_bytes)
-    inflight_target_s: float = DEFAULT_INFLIGHT_TARGET_S
-
-    @classmethod
-    def from_plan(cls, config: dict[str, Any]) -> ChannelConfig:
-        keys = cls.__dataclass_fields__.keys()
-        values = {k: config[k] for k in keys if k in config}
-        if values.get("inflight_target_s") is not None:
-            values["inflight_target_s"] = parse_inflight_target(values["inflight_target_s"])
-        else:
-            values.pop("inflight_target_s", None)
-        return cls(**values)
-
-    @property
-    def buffers_in_path(self) -> int:
-        """Buffers one channel can hold at most: the producer's queue and all the receiver may grant it."""
-        return self.buffers_per_channel + self.exclusive_credits + self.floating_credits
 
 
 @dataclass
@@ -104,7 +77,7 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
         writers.append(writer)
     chain = Chain(job, vertex.nodes, subtask_index=subtask, parallelism=vertex.parallelism, attempt=plan.attempt,
                   outputs=writers, state_backend=state_backend,
-                  async_state=AsyncStateSettings.from_config(plan.config.get("async_state")))
+                  async_state=AsyncStateSettings.from_config(dict(plan.config.async_state)))
     head = job.nodes[vertex.nodes[0]]
     key = TaskKey(plan.job_id, vertex.id, subtask, vertex.name, vertex.parallelism)
     checkpoints: list[TaskCheckpoints] = []
@@ -126,13 +99,13 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
 
 async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks: CheckpointHooks) -> DeployedJob:
     ensure_on_path(plan.sys_path)
-    cfg = ChannelConfig.from_plan(plan.config)
+    cfg = plan.config.channels
     deployed = DeployedJob(plan)
     vertices = plan.vertices
     mine = [(v, i) for v in vertices for i in range(v.parallelism) if plan.placement[f"{v.id}:{i}"] == worker_id]
 
     # one job graph per task: user functions keep per-subtask state in `self`
-    jobs = {f"{v.id}:{i}": build_job(plan.entry, plan.name, plan.config.get("parallelism")) for v, i in mine}
+    jobs = {f"{v.id}:{i}": build_job(plan.entry, plan.name, plan.config.parallelism) for v, i in mine}
     subs: dict[tuple[str, int], dict[int, Subpartition]] = {}  # (task, edge) -> consumer index -> subpartition
     tasks: dict[str, Task] = {}
     inputs: dict[str, list[InputChannel]] = {key: [] for key in jobs}
@@ -161,7 +134,7 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
                     deployed.peers.add(p_worker)
             deployed.channel_ids.append(cid)
 
-    restore = plan.config.get("restore")
+    restore = plan.restore
     for v, i in mine:
         key = f"{v.id}:{i}"
         restored = (await asyncio.to_thread(load_restored, restore, plan, v, i, inputs[key], jobs[key])

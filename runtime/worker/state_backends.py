@@ -32,7 +32,7 @@ from runtime.state.registry import DEFAULT, MEMORY, ROCKSDB, check_kind, make_ba
 
 
 def backend_kind(plan: Plan, job: Job) -> str:
-    return check_kind(str((plan.config.get("state") or {}).get("backend") or job.state_backend or DEFAULT))
+    return check_kind(str(plan.config.state.backend or job.state_backend or DEFAULT))
 
 
 def has_keyed_state(vertex: Vertex, job: Job) -> bool:
@@ -53,15 +53,15 @@ def backend_for(plan: Plan, vertex: Vertex, subtask: int, job: Job) -> StateBack
     keyed_node = next(n for n in vertex.nodes if job.nodes[n].key_fn is not None)
     backend = _make(kind, key_group_range(job.max_parallelism, vertex.parallelism, subtask), plan,
                     f"{vertex.id}-{subtask}", namespace=f"{plan.job_id}/{keyed_node}")
-    round_trip_ms = float(((plan.config.get("state") or {}).get("options") or {}).get("round_trip_ms") or 0)
+    round_trip_ms = plan.config.state.round_trip_ms
     return LatencyBackend(backend, round_trip_s=round_trip_ms / 1000) if round_trip_ms > 0 else backend
 
 
 def _make(kind: str, groups: range, plan: Plan, label: str, *, namespace: str) -> StateBackend:
-    config = plan.config.get("state") or {}
-    base = str(config.get("work_dir") or tempfile.gettempdir())
+    config = plan.config.state
+    base = config.work_dir or tempfile.gettempdir()
     work_dir = os.path.join(base, f"sluice-state-{plan.job_id}-{plan.attempt}-{label}-{uuid.uuid4().hex[:8]}")
-    options: dict[str, Any] = {**(config.get("options") or {}), "remote_address": config.get("remote_address"),
+    options: dict[str, Any] = {**config.options, "remote_address": config.remote_address,
                                "job_id": plan.job_id, "namespace": namespace}
     return make_backend(kind, groups, work_dir=work_dir, options=options)
 
@@ -71,7 +71,8 @@ def restore_backend(backend: StateBackend | None, restored: RestoredState | None
     """Fill the task's backend from the checkpoint's handles (blocking: run it in a thread)."""
     if restored is None or not restored.backend:
         return
-    path = str(plan.config["restore"]["path"])
+    assert plan.restore is not None  # restored state comes from the plan's checkpoint
+    path = plan.restore.path
     if backend is not None:
         backend_snapshots.restore(backend, restored.backend, path)
         restored.backend = None

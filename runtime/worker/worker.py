@@ -23,7 +23,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from netstack.connection import Connection
-from netstack.errors import CloseReason, ConnectionLost, NetstackError, RpcError
+from netstack.errors import (
+    CloseReason,
+    Conflict,
+    ConnectionLost,
+    InvalidRequest,
+    JobNotFound,
+    MethodNotFound,
+    NetstackError,
+    NotLeader,
+)
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
 from netstack.tls import TlsFiles
@@ -231,7 +240,7 @@ class Worker(BaseLinkHandler):
         try:
             return await self.rpc.dispatch(link, method, args)
         except UnknownMethod as exc:
-            raise RpcError(str(exc), "UnknownMethod") from None
+            raise MethodNotFound(str(exc)) from None
 
     async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
@@ -260,15 +269,15 @@ class Worker(BaseLinkHandler):
     def _running_job(self, job_id: str) -> DeployedJob:
         deployed = self.jobs.get(job_id)
         if deployed is None:
-            raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
+            raise JobNotFound(f"job {job_id} is not deployed here")
         return deployed
 
     def _trigger_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
         deployed = self._running_job(args["job_id"])
         if args.get("attempt") != deployed.plan.attempt:
-            raise RpcError(f"attempt {args.get('attempt')} is not the one running here", "WrongAttempt")
+            raise Conflict(f"attempt {args.get('attempt')} is not the one running here", "WrongAttempt")
         if args["mode"] not in CHECKPOINT_MODES:
-            raise RpcError(f"unknown checkpoint mode {args['mode']!r}", "BadMode")
+            raise InvalidRequest(f"unknown checkpoint mode {args['mode']!r}", "BadMode")
         deadline = None
         if args["mode"] == CheckpointMode.ALIGNED_TIMEOUT:
             deadline = float(args["started_at"]) + float(args.get("aligned_timeout_s") or 0.0)
@@ -317,7 +326,7 @@ class Worker(BaseLinkHandler):
     def _inject_probe(self, job_id: str, probe_id: int) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
         if deployed is None:
-            raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
+            raise JobNotFound(f"job {job_id} is not deployed here")
         sources = [t for t in deployed.tasks.values() if t.source is not None and t.state == TaskState.RUNNING]
         for task in sources:
             task.post(InjectProbe(probe_id))
@@ -332,7 +341,7 @@ class Worker(BaseLinkHandler):
     def _start(self, job_id: str) -> dict[str, Any]:
         deployed = self.jobs.get(job_id)
         if deployed is None:
-            raise RpcError(f"job {job_id} is not deployed here", "UnknownJob")
+            raise JobNotFound(f"job {job_id} is not deployed here")
         for key, task in deployed.tasks.items():
             task.on_probe_complete = functools.partial(self._probe_complete, job_id, deployed.plan.attempt)
             task.on_end_of_input = functools.partial(self._task_ended, job_id, key, deployed.plan.attempt)
@@ -421,8 +430,8 @@ class Worker(BaseLinkHandler):
 def coordinator_unavailable(exc: NetstackError) -> bool:
     """A coordinator that is not there (refused, unreachable) or not leading: another try may find one. A wrong
     token or certificate is not: trying again would only hide the error."""
-    if isinstance(exc, RpcError):
-        return exc.remote_type == "NotLeader"
+    if isinstance(exc, NotLeader):
+        return True
     return isinstance(exc, ConnectionLost) and exc.reason in (CloseReason.IO_ERROR, CloseReason.TIMEOUT)
 
 

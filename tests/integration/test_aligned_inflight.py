@@ -16,7 +16,7 @@ import statistics
 
 import pytest
 
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, write_module
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, write_module
 
 JOBS = '''
 from runtime.api import FileSink, GeneratorSource, Job

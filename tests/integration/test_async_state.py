@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from runtime.state.rocksdb import available
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.integration.test_failover import (
+from tests.support.cluster import Cluster, poll, write_module
+from tests.support.failover import (
     KEYS,
     SEED,
     WORKER_ARGS,
@@ -233,8 +233,7 @@ def rescale_async(cluster: Cluster, job_id: str, parallelism: int) -> int:
     """`sluice rescale` to `parallelism` (test_rescale_running's checks, bar in-flight channel bytes: the
     asynchronous operator holds most of the data in flight here); returns the checkpoint it used."""
     from runtime.graph.enums import JobState
-    from tests.integration.test_checkpoints import logs
-    from tests.integration.test_rescale_running import sluice
+    from tests.support.cluster import logs, sluice
 
     before = cluster.call("status", {"job_id": job_id})["attempt"]
     proc = sluice(cluster, "rescale", job_id, "--parallelism", str(parallelism))
@@ -253,8 +252,8 @@ def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output
     """Each rescale takes an unaligned checkpoint with records in flight in the asynchronous operators; the new
     subtasks replay the captured records of their key groups from every old subtask, first."""
     from runtime.graph.enums import JobState
-    from tests.integration.conftest import assert_running_counts, generator_counts
-    from tests.integration.test_rescale_running import CONFIG, KEYS, SEED, WORDS, wait_backpressured
+    from tests.support.cluster import assert_running_counts, generator_counts
+    from tests.support.rescale import CONFIG, KEYS, SEED, WORDS, wait_backpressured
 
     cluster = running_cluster
     out = cluster.tmp_path / "out"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, write_module
 
 JOB = '''
 from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction
@@ -29,6 +29,7 @@ def build(job: Job) -> None:
 
 BUFFER_BYTES = 32 * 1024
 BUFFERS_PER_CHANNEL = 4
+WINDOW_RECORDS = 50_000  # what the two sink subtasks write in about 5 s
 
 
 def rss_mib(pid: int) -> float:
@@ -82,7 +83,10 @@ def test_slow_sink_backpressures_with_bounded_memory(running_cluster: Cluster) -
     assert probe["duration_s"] < 2.0, probe
     assert any(r["overtaken_output_buffers"] + r["overtaken_input_buffers"] > 0 for r in probe["tasks"]), probe
 
-    time.sleep(6.0)
+    # a window of sink progress (~5 s at its pace), long enough for the rates and memory to show
+    sink_before = stage_totals(early)["Count -> DiscardSink"]["out"]
+    poll(lambda: stage_totals(cluster.call("status", {"job_id": job_id}))["Count -> DiscardSink"]["out"]
+         >= sink_before + WINDOW_RECORDS, 30, f"the sink to write {WINDOW_RECORDS} more records")
     late = cluster.call("status", {"job_id": job_id})
     rss_late = {w.pid: rss_mib(w.pid) for w in cluster.workers}
     window_s = time.monotonic() - t_early

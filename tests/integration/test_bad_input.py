@@ -39,7 +39,7 @@ from netstack.credit import CreditLedger
 from netstack.errors import CloseReason
 from netstack.transport import HANDSHAKE_TIMEOUT_S, PROTOCOL_FAILURES
 from runtime.worker.network import NetworkEnvironment
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, write_module
 
 pytestmark = pytest.mark.integration
 

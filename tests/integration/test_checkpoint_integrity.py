@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from netstack.errors import RpcError
-from tests.integration.conftest import Cluster, poll
-from tests.integration.test_checkpoints import (
+from tests.support.checkpoints import (
     cancel,
     checkpoint_config,
     install_jobs,
@@ -23,10 +22,12 @@ from tests.integration.test_checkpoints import (
     submit,
     wait_running,
 )
-from tests.integration.test_failover import (
+from tests.support.cluster import Cluster, poll
+from tests.support.failover import (
     CHANNELS,
     Setup,
     assert_exact_output,
+    committed_by,
     install,
     sink_placement,
     start,
@@ -83,11 +84,6 @@ def resubmit(setup: Setup, restore: str) -> str:
     config: dict[str, Any] = {**CHANNELS, "checkpoint": {"interval_s": None, "mode": "unaligned", "timeout_s": 10}}
     return str(setup.cluster.call("submit", {"entry": "failjobs:wordcount", "config": config,
                                               "sys_path": str(setup.cluster.tmp_path), "restore": restore})["job_id"])
-
-
-def committed_by(setup: Setup) -> list[int]:
-    """The checkpoint ids in the committed part files' names (part-<subtask>-<checkpoint>-<attempt>-<n>)."""
-    return sorted(int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-"))
 
 
 def test_restoring_the_last_or_an_older_retained_checkpoint_of_a_finished_job_is_exact(cluster: Cluster) -> None:

@@ -5,142 +5,28 @@ checkpoints leave nothing usable behind, and savepoints are self-contained."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from netstack.errors import RpcError
-from tests.integration.conftest import (
-    Cluster,
-    assert_running_counts,
-    committed_output,
-    generator_counts,
-    poll,
-    write_module,
+from tests.support.checkpoints import (
+    WORDS,
+    cancel,
+    checkpoint_config,
+    checkpoint_dir,
+    expected_counts,
+    history_entry,
+    install_jobs,
+    read_metadata,
+    start_backpressured,
+    submit,
+    wait_flowing,
+    wait_running,
 )
-
-# Count is chained with its sink. The slow sink costs 200 us a record: ~5k records/s per subtask, against a
-# source that makes several hundred thousand a second when unhindered. What sits in front of one Count
-# subtask (two sender queues of 4 buffers plus its input credits, ~20 buffers of ~1600 records) needs
-# several seconds to drain, so an in-band barrier waits behind it that long.
-JOBS = '''
-from runtime.api import DiscardSink, FileSink, GeneratorSource, Job, KeyedProcessFunction
-
-OUT = {out!r}
-WORDS = {words}
-KEYS = {keys}
-SEED = {seed}
-
-
-from runtime.examples.wordcount import Count  # the README's keyed word count
-
-
-def slow(job: Job) -> None:
-    (job.source(GeneratorSource(count=None, keys=1000, seed=3), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(DiscardSink(delay_per_record_s=0.0002)))
-
-
-def fast(job: Job) -> None:
-    (job.source(GeneratorSource(count=None, keys=1000, seed=3, records_per_second=2000), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(DiscardSink()))
-
-
-def wordcount(job: Job) -> None:
-    (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(FileSink(OUT, delay_per_record_s=0.0002)))
-'''
-
-# Fixed-size buffers (no in-flight bound): these tests need an aligned barrier to wait seconds behind the
-# queued data; test_aligned_inflight.py checks the bound that shortens that wait.
-CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
-WORDS, KEYS, SEED = 100_000, 200, 7
-
-
-def checkpoint_config(mode: str, **overrides: Any) -> dict[str, Any]:
-    cp = {"interval_s": None, "mode": mode, "timeout_s": 60.0, "min_pause_s": 0, "tolerable_failures": 3,
-          "retain": 3}
-    if mode == "aligned_timeout":
-        cp["aligned_timeout_s"] = 0.1
-    cp.update(overrides)
-    return {"checkpoint": cp, **CHANNELS}
-
-
-def install_jobs(cluster: Cluster) -> Path:
-    out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "cpjobs",
-                 JOBS.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
-    return out
-
-
-def submit(cluster: Cluster, entry: str, config: dict[str, Any], restore: str | None = None) -> str:
-    args: dict[str, Any] = {"entry": entry, "config": config, "sys_path": str(cluster.tmp_path)}
-    if restore is not None:
-        args["restore"] = restore
-    return str(cluster.call("submit", args)["job_id"])
-
-
-def start_backpressured(cluster: Cluster, entry: str, config: dict[str, Any], *, blocked_s: float = 1.0) -> str:
-    """Submit, wait until every task reports, then until the queues are full: the job's tasks have spent
-    `blocked_s` backpressured between them."""
-    job_id = submit(cluster, entry, config)
-    wait_running(cluster, job_id)
-    poll(lambda: sum(t["backpressured_s"] for t in cluster.call("status", {"job_id": job_id})["tasks"]) >= blocked_s,
-         60, f"job {job_id} to be backpressured for {blocked_s}s")
-    return job_id
-
-
-def wait_flowing(cluster: Cluster, job_id: str) -> None:
-    """Until every task of the job has taken in or emitted records."""
-    poll(lambda: all(t["records_in"] + t["records_out"] > 0
-                     for t in cluster.call("status", {"job_id": job_id})["tasks"]), 60, f"job {job_id} to flow")
-
-
-def wait_running(cluster: Cluster, job_id: str) -> None:
-    def running() -> bool:
-        st = cluster.call("status", {"job_id": job_id})
-        assert st["state"] in ("DEPLOYING", "CREATED", "RUNNING"), st
-        return st["state"] == "RUNNING" and len(st["tasks"]) == 4
-
-    poll(running, 60, f"job {job_id} to run with task statistics")
-
-
-def history_entry(cluster: Cluster, job_id: str, checkpoint_id: int) -> dict[str, Any]:
-    history = cluster.call("checkpoints", {"job_id": job_id})["history"]
-    found = [h for h in history if h["checkpoint_id"] == checkpoint_id]
-    assert len(found) == 1, history
-    return found[0]
-
-
-def checkpoint_dir(cluster: Cluster, job_id: str, checkpoint_id: int) -> Path:
-    return cluster.tmp_path / "state" / "checkpoints" / job_id / f"chk-{checkpoint_id}"
-
-
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "_metadata").read_text())
-
-
-def cancel(cluster: Cluster, job_id: str) -> None:
-    assert cluster.call("cancel", {"job_id": job_id})["state"] == "CANCELLED"
-
-
-def logs(cluster: Cluster) -> str:
-    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in ("coordinator", "worker-1", "worker-2"))
-
-
-def expected_counts() -> Counter[str]:
-    return generator_counts(WORDS, KEYS, SEED)
-
+from tests.support.cluster import Cluster, assert_running_counts, committed_output, holds_for, logs, poll
 
 # -- 1: aligned vs unaligned under backpressure --------------------------------------------------------------
 
@@ -272,12 +158,11 @@ def test_aborted_checkpoint_is_deleted_and_incomplete_one_is_ignored(running_clu
     assert result["status"] == "ABORTED" and "timeout" in result["reason"], result
     aborted = checkpoint_dir(cluster, job_id, result["checkpoint_id"])
     poll(lambda: not aborted.exists(), 15, f"{aborted} to be deleted")
-    # the aborted checkpoint's barriers are still queued behind data (several seconds of it); once they have
-    # drained, still nothing of it comes back
+    # the aborted checkpoint's barriers are still queued behind data (several seconds of it): until they have
+    # drained (8 s after the trigger is ample), nothing of it comes back
     ok = cluster.call("checkpoint", {"job_id": job_id, "mode": "unaligned"})
     assert ok["status"] == "COMPLETED", (ok, logs(cluster))
-    time.sleep(max(0.0, triggered + 8.0 - time.monotonic()))
-    assert not aborted.exists(), sorted(p.name for p in aborted.iterdir())
+    holds_for(lambda: not aborted.exists(), triggered + 8.0 - time.monotonic(), f"{aborted} staying deleted")
     retained = cluster.call("checkpoints", {"job_id": job_id})["retained"]
     assert [r["checkpoint_id"] for r in retained] == [ok["checkpoint_id"]], retained
 

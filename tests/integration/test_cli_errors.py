@@ -18,7 +18,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.cli.processes import Managed, child_env, stop_process
-from tests.integration.conftest import Cluster, write_module
+from tests.support.cluster import Cluster, write_module
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 from netstack.errors import ConnectionLost
 from runtime.cli.client import call_leader
 from runtime.cli.processes import Managed, start_process, stop_process
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, poll, write_module
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, write_module
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.cli.client import call_coordinator, wait_job
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, reaped_cluster, write_module
 
 pytestmark = pytest.mark.integration
 
@@ -42,18 +42,11 @@ def bounded(job):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("coordinator_rpc"))
-    try:
-        c.start_coordinator()
-        c.start_worker()
-        c.start_worker()
-        c.wait_workers(2)
+    """One running cluster for the module (overrides the function-scoped fixture of tests/conftest.py)."""
+    with reaped_cluster(tmp_path_factory.mktemp("coordinator_rpc")) as c:
+        c.start(2)
         write_module(c.tmp_path, "rpcjobs", JOBS)
         yield c
-    finally:
-        c.stop()
-        for proc in [*c.workers, *([c.coordinator] if c.coordinator else [])]:
-            assert proc.proc.poll() is not None, f"process {proc.pid} survived the test"
 
 
 def run(cluster: Cluster, coro_fn: Any) -> Any:

@@ -14,8 +14,6 @@ watermark of the start of the job.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections import Counter
 from typing import Any
 
@@ -24,7 +22,9 @@ import pytest
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
 from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.execution.watermarks import WatermarkGenerator
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, committed_rows, kill_worker, logs, poll, write_module
+from tests.support.failover import WORKER_ARGS, restart_worker
+from tests.support.models import jittered
 
 pytestmark = pytest.mark.integration
 
@@ -65,10 +65,6 @@ def build(job: Job) -> None:
 '''
 
 
-def jittered(record: Any) -> int:
-    return int(record[2] + (record[1] * 7919) % 400)
-
-
 def expected_output(words: int) -> Counter[str]:
     """What DropLate commits without failures, from the records in source order (one source subtask)."""
     gen = WatermarkGenerator(BoundedOutOfOrderness(MAX_DELAY_MS, jittered, granularity_ms=GRANULARITY_MS))
@@ -100,32 +96,13 @@ def expected_output(words: int) -> Counter[str]:
     return Counter(json.dumps(row, separators=(",", ":")) for row in out)
 
 
-def committed_rows(out: Any) -> tuple[Counter[str], list[str]]:
-    rows: Counter[str] = Counter()
-    hidden = []
-    for path in sorted(out.iterdir()) if out.exists() else []:
-        if path.name.startswith((".", "_")):
-            hidden.append(path.name)
-            continue
-        rows.update(path.read_text().splitlines())
-    return rows, hidden
-
-
-def logs(cluster: Cluster) -> str:
-    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
-    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in names)
-
-
 def test_watermarks_and_timers_are_exact_across_kill_9_with_unaligned_checkpoints(cluster: Cluster) -> None:
     out = cluster.tmp_path / "out"
     write_module(cluster.tmp_path, "etjob", JOB.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED,
                                                        delay=MAX_DELAY_MS, granularity=GRANULARITY_MS,
                                                        sink_delay=0.0002))
     expected = expected_output(WORDS)
-    cluster.start_coordinator()
-    for i in range(3):
-        cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=f"worker-{i + 1}")
-    cluster.wait_workers(3)
+    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     job_id = cluster.submit("etjob:build", {
         "buffer_bytes": 8 * 1024, "buffers_per_channel": 4,
         "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
@@ -141,10 +118,8 @@ def test_watermarks_and_timers_are_exact_across_kill_9_with_unaligned_checkpoint
 
     poll(checkpointed_and_placed, 90, "a completed checkpoint")
     victim = next(t["worker"] for t in found["tasks"] if "DropLate" in t["name"])
-    proc = next(w for w in cluster.workers if str(w.fields["id"]) == victim)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.proc.wait(timeout=10)
-    cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=victim)
+    kill_worker(cluster, victim)
+    restart_worker(cluster, victim)
 
     st = cluster.wait_job(job_id, 240)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
@@ -233,10 +208,7 @@ def test_a_checkpoint_is_taken_in_the_middle_of_a_timer_storm_and_the_rest_fire_
     markers.mkdir()
     write_module(cluster.tmp_path, "stormjob", STORM_JOB.format(out=str(out), markers=str(markers),
                                                                 timers=timers, after=after))
-    cluster.start_coordinator()
-    for i in range(2):
-        cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=f"worker-{i + 1}")
-    cluster.wait_workers(2)
+    cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
     job_id = cluster.submit("stormjob:build", {
         "checkpoint": {"interval_s": 0.2, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
         "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})

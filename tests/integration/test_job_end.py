@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import pytest
 
-from tests.integration.conftest import Cluster, poll
-from tests.integration.test_failover import CHANNELS, KEYS, SEED, WORKER_ARGS, assert_exact_output, install
+from tests.support.cluster import Cluster, poll
+from tests.support.failover import CHANNELS, KEYS, SEED, WORKER_ARGS, assert_exact_output, install
 
 pytestmark = pytest.mark.integration
 

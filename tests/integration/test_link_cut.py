@@ -16,8 +16,8 @@ import pytest
 
 from runtime.cli.netns import NetnsLab, NetnsUnavailable
 from runtime.cli.processes import start_process
-from tests.integration.conftest import Cluster, poll
-from tests.integration.test_failover import assert_exact_output, install
+from tests.support.cluster import Cluster, poll
+from tests.support.failover import assert_exact_output, install
 
 pytestmark = pytest.mark.integration
 

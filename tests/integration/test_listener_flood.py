@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster, write_module
+from tests.support.cluster import Cluster, write_module
 
 FLOOD = 2000
 LISTENERS = 5

@@ -20,9 +20,9 @@ import pytest
 
 from runtime.cli.netns import HostLab, NetnsUnavailable
 from runtime.cli.processes import start_process
-from tests.integration.conftest import Cluster, poll
-from tests.integration.test_failover import assert_exact_output, install
-from tests.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.cluster import Cluster, poll
+from tests.support.failover import assert_exact_output, install
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 pytestmark = pytest.mark.integration
 

@@ -5,12 +5,9 @@ counts 1..n, each once."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import random
 import signal
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,19 +15,25 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.nats_server import NatsServer, nats_server_binary
+from tests.support.cluster import Cluster, poll, write_module
+from tests.support.nats_server import NatsServer, nats_server_binary
 
 nats = pytest.importorskip("nats", reason="nats-py is not installed (the `nats` extra)")
 from nats.js.api import StreamConfig  # noqa: E402
 
 from runtime.connectors.nats import NatsError, NatsSink, NatsSource  # noqa: E402
+from tests.support.nats_streams import (  # noqa: E402
+    PARTITIONS,
+    make_streams,
+    publish_input,
+    read_source,
+    run,
+    stream_messages,
+)
 
 pytestmark = pytest.mark.integration
 
-PARTITIONS = 4
 KEYS = 40
-DUPLICATE_WINDOW_S = 300.0  # longer than any restart here: a redone commit is deduplicated within it
 
 
 @pytest.fixture
@@ -45,64 +48,9 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         assert server.proc.poll() is not None, f"nats-server {server.pid} survived the test"
 
 
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-async def make_streams(url: str) -> None:
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="IN", subjects=["in.>"], duplicate_window=DUPLICATE_WINDOW_S))
-    await js.add_stream(StreamConfig(name="OUT", subjects=["out"], duplicate_window=DUPLICATE_WINDOW_S))
-    await nc.close()
-
-
 def input_records(n: int, seed: int = 5) -> list[tuple[str, int]]:
     rng = random.Random(seed)
     return [(f"k{rng.randrange(KEYS):02d}", i) for i in range(n)]
-
-
-async def publish_input(url: str, records: list[tuple[str, int]]) -> None:
-    """Record i goes to partition i mod PARTITIONS."""
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    for start in range(0, len(records), 2000):
-        acks = [await js.publish_async(f"in.{i % PARTITIONS}", json.dumps(records[i]).encode())
-                for i in range(start, min(start + 2000, len(records)))]
-        await asyncio.gather(*acks)
-    await nc.close()
-
-
-async def stream_messages(url: str, stream: str) -> int:
-    nc = await nats.connect(url)
-    info = await nc.jetstream().stream_info(stream)
-    await nc.close()
-    return int(info.state.messages)
-
-
-def read_source(source: NatsSource, subtask: int, parallelism: int, *, position: Any = None,
-                limit: int | None = None, timeout_s: float = 60.0, keep_open: bool = False,
-                reopen: bool = True) -> tuple[list[Any], Any]:
-    """Read like the task does (never waiting inside read_batch), up to the end or `limit` records."""
-    if reopen:
-        source.open(subtask, parallelism)
-    try:
-        if position is not None:
-            source.restore(position)
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while limit is None or len(out) < limit:
-            assert time.monotonic() < deadline, f"read only {len(out)} records in {timeout_s}s"
-            batch = source.read_batch(100 if limit is None else min(100, limit - len(out)))
-            if batch is None:
-                break
-            if not batch:
-                time.sleep(source.idle_wait_s())
-            out += batch
-        return out, source.position()
-    finally:
-        if not keep_open:
-            source.close()
 
 
 # -- the connector on its own ----------------------------------------------------------------------------------
@@ -344,10 +292,7 @@ def test_job_nats_to_nats_survives_kill_9_with_exact_output(cluster: Cluster, na
     markers.mkdir()
     write_module(cluster.tmp_path, "natsjobs",
                  JOB.format(url=url, markers=str(markers), partitions=PARTITIONS, sink_delay=0.00005))
-    cluster.start_coordinator()
-    for i in range(3):
-        cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
-    cluster.wait_workers(3)
+    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     job_id = submit(cluster, "counted" if kill == "external" else "kill_after_publish")
     replaced: set[int] = set()
 

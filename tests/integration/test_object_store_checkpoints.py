@@ -20,19 +20,18 @@ import pytest
 from coordinator.storage import METADATA_FILE
 from runtime.cli.processes import child_env
 from runtime.common import objectstore
-from tests.integration.conftest import Cluster, poll
-from tests.integration.test_checkpoint_integrity import committed_by
-from tests.integration.test_failover import (
-    WORKER_ARGS,
+from tests.support.cluster import Cluster, poll
+from tests.support.failover import (
     assert_exact_output,
-    assert_recovered,
+    committed_by,
     install,
+    kill_once_and_recover,
     sink_placement,
     start,
     wait_first_checkpoint,
     worker_id_of,
 )
-from tests.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 pytestmark = pytest.mark.integration
 
@@ -69,19 +68,8 @@ def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cl
     start(cluster, 3, "--checkpoint-dir", root)
     assert cluster.coordinator is not None and cluster.coordinator.fields["checkpoints"] == root
     job_id = setup.submit("wordcount", checkpoint={"retain": 2})
-    st = wait_first_checkpoint(setup, job_id)
+    st = kill_once_and_recover(setup, job_id)
     path = st["last_checkpoint"].get("path") or ""
-    victim_id = sink_placement(st)[0]
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    killed_after = st["last_checkpoint"]["checkpoint_id"]
-
-    cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
-    st = setup.wait_finished(job_id)
-    assert_recovered(st, 1)
-    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
-    assert_exact_output(setup)
     ids = completed(root, job_id)
     # retention deleted the older ones in the bucket (the attempt after the restart retains 2 of its own; a
     # checkpoint from before the restart is not its to delete)

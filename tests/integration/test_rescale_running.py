@@ -7,94 +7,21 @@ that needs more slots than the cluster has is refused in one line and the job go
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 from runtime.graph.enums import JobState
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, poll, write_module
-from tests.integration.test_checkpoints import history_entry, logs
-
-JOBS = """
-from runtime.api import FileSink, GeneratorSource, Job
-from runtime.examples.wordcount import Count
-
-
-def wordcount(job: Job) -> None:
-    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(Count(), parallelism=2)
-        .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
-"""
-WORDS, KEYS, SEED = 300_000, 200, 13  # long enough that no source subtask finishes before the last rescale
-ONE_RESCALE_WORDS = 200_000  # a test that rescales once, early, ends sooner
-NO_RESCALE_WORDS = 150_000
-CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
-CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30.0, "min_pause_s": 0,
-                         "tolerable_failures": 3, "retain": 3}, **CHANNELS}
-CLI_TIMEOUT_S = 120.0
-
-
-def submit(cluster: Cluster, config: dict[str, Any] = CONFIG, words: int = WORDS) -> tuple[str, Path]:
-    out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=words, keys=KEYS, seed=SEED))
-    result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": config,
-                                     "sys_path": str(cluster.tmp_path)})
-    return str(result["job_id"]), out
-
-
-def sluice(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    host, port = cluster.rpc
-    command = [sys.executable, "-m", "runtime.cli", args[0], "--coordinator", f"{host}:{port}", *args[1:]]
-    proc = subprocess.Popen(command, cwd=cluster.tmp_path, env=cluster.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        raise AssertionError(f"sluice {' '.join(args)} still running after {CLI_TIMEOUT_S}s: {out!r} {err!r}") from None
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
-
-def wait_backpressured(cluster: Cluster, job_id: str, tasks: int) -> None:
-    def running() -> bool:
-        st = cluster.call("status", {"job_id": job_id})
-        assert st["state"] in (JobState.DEPLOYING, JobState.RESTARTING, JobState.RUNNING), (st, logs(cluster))
-        return st["state"] == JobState.RUNNING and len(st["tasks"]) == tasks
-
-    poll(running, 60, f"job {job_id} to run its {tasks} tasks")
-    poll(lambda: sum(t["backpressured_s"] for t in cluster.call("status", {"job_id": job_id})["tasks"]) >= 0.5,
-         60, f"job {job_id} to be backpressured")
-
-
-def rescale(cluster: Cluster, job_id: str, parallelism: int) -> float:
-    """`sluice rescale` to `parallelism`; checks what it printed and that the checkpoint it used had data in
-    flight; returns the downtime it printed."""
-    before = cluster.call("status", {"job_id": job_id})["attempt"]
-    proc = sluice(cluster, "rescale", job_id, "--parallelism", str(parallelism))
-    assert proc.returncode == 0, (proc.stdout, proc.stderr, logs(cluster))
-    m = re.search(r"rescaled to (.*) \(attempt (\d+)\) from checkpoint (\d+).*downtime ([\d.]+)s", proc.stdout)
-    assert m is not None, proc.stdout
-    assert m.group(1) == f"GeneratorSource={parallelism}, Count -> FileSink={parallelism}", proc.stdout
-    assert int(m.group(2)) == before + 1, (proc.stdout, before)
-    used = history_entry(cluster, job_id, int(m.group(3)))
-    assert used["status"] == "COMPLETED" and used["mode"] == "unaligned" and used["inflight_bytes"] > 0, used
-    st = cluster.call("status", {"job_id": job_id})
-    assert st["state"] == JobState.RUNNING and st["attempt"] == before + 1, st
-    assert [v["parallelism"] for v in st["vertices"]] == [parallelism, parallelism], st
-    assert st["restored_checkpoint_id"] == int(m.group(3)) and st["restarts"] == 0, st  # no failure counted
-    shown = sluice(cluster, "status", job_id)
-    assert re.search(rf"Count -> FileSink\s+parallelism {parallelism}", shown.stdout), shown.stdout
-    return float(m.group(4))
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, logs, sluice
+from tests.support.rescale import (
+    CONFIG,
+    KEYS,
+    NO_RESCALE_WORDS,
+    ONE_RESCALE_WORDS,
+    SEED,
+    WORDS,
+    rescale,
+    submit,
+    wait_backpressured,
+)
 
 
 @pytest.mark.integration
@@ -122,11 +49,11 @@ def test_rescale_needing_more_slots_is_refused_and_the_job_goes_on(running_clust
     job_id, out = submit(cluster, words=NO_RESCALE_WORDS)
     wait_backpressured(cluster, job_id, 4)
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "5")
-    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)  # refused as invalid
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs 5 slots" in lines[0] and "4" in lines[0], proc.stderr
     proc = sluice(cluster, "rescale", job_id, "--parallelism", "Nope=2")
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "Nope" in proc.stderr, proc
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Nope" in proc.stderr, proc
     st = cluster.call("status", {"job_id": job_id})
     assert st["state"] == JobState.RUNNING and st["attempt"] == 0 and st["restarts"] == 0, st
     assert [v["parallelism"] for v in st["vertices"]] == [2, 2], st

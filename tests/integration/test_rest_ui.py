@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from coordinator.rest import UI_DIR
-from tests.integration.conftest import Cluster, poll, write_module
+from tests.support.cluster import Cluster, poll, reaped_cluster, write_module
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -78,22 +78,15 @@ def completed_checkpoints(live: Live) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    cluster = Cluster(tmp_path_factory.mktemp("restui"))
-    try:
-        coordinator = cluster.start_coordinator()
-        cluster.start_worker()
-        cluster.start_worker()
-        cluster.wait_workers(2)
+    with reaped_cluster(tmp_path_factory.mktemp("restui")) as cluster:
+        cluster.start(2)
+        assert cluster.coordinator is not None
         write_module(cluster.tmp_path, "uijob", JOB)
         job_id = cluster.submit("uijob:build", {"checkpoint": {"interval_s": 1.0, "mode": "unaligned"},
                                                 "buffer_bytes": 32 * 1024, "buffers_per_channel": 4})
-        live = Live(cluster, job_id, coordinator.fields["http"])
+        live = Live(cluster, job_id, cluster.coordinator.fields["http"])
         poll(lambda: len(completed_checkpoints(live)) >= 1, 120, "a completed checkpoint", interval_s=0.5)
         yield live
-    finally:
-        cluster.stop()
-        for proc in [*cluster.workers, *([cluster.coordinator] if cluster.coordinator else [])]:
-            assert proc.proc.poll() is not None, f"process {proc.pid} survived the test"
 
 
 def openapi() -> dict[str, Any]:

@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 
 from runtime.graph.enums import JobState
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, poll, write_module
-from tests.integration.test_checkpoints import history_entry
-from tests.integration.test_rescale_running import CONFIG, JOBS, sluice, wait_backpressured
+from tests.support.checkpoints import history_entry
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, sluice, write_module
+from tests.support.rescale import CONFIG, JOBS, wait_backpressured
 
 WORDS, KEYS, SEED = 600_000, 200, 29
 SCALE_DOWN_AFTER_S = 3.0

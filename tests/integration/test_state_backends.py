@@ -3,9 +3,7 @@ state five times larger than the worker's memory limit. Every job must commit ea
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 from typing import Any
 
@@ -14,16 +12,12 @@ import pytest
 from runtime.cli.processes import Managed, start_process
 from runtime.graph.enums import JobState
 from runtime.state.rocksdb import available
-from tests.integration.conftest import Cluster, assert_running_counts, generator_counts, write_module
-from tests.integration.test_failover import (
-    WORKER_ARGS,
-    assert_exact_output,
-    assert_recovered,
+from tests.support.checkpoints import backend_handles, checkpoint_metadata
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, write_module
+from tests.support.failover import (
     install,
-    sink_placement,
+    kill_once_and_recover,
     start,
-    wait_first_checkpoint,
-    worker_id_of,
 )
 
 pytestmark = [pytest.mark.integration,
@@ -32,16 +26,6 @@ pytestmark = [pytest.mark.integration,
 
 def rocksdb(cluster: Cluster) -> dict[str, Any]:
     return {"state": {"backend": "rocksdb", "work_dir": str(cluster.tmp_path / "local-state")}}
-
-
-def checkpoint_metadata(cluster: Cluster, job_id: str) -> list[dict[str, Any]]:
-    job_dir = cluster.tmp_path / "state" / "checkpoints" / job_id
-    return [json.loads((d / "_metadata").read_text()) for d in sorted(job_dir.glob("chk-*"))
-            if (d / "_metadata").exists()]
-
-
-def backend_handles(metadata: dict[str, Any]) -> list[dict[str, Any]]:
-    return [ack["state"]["backend"] for ack in metadata["acks"].values() if (ack.get("state") or {}).get("backend")]
 
 
 def assert_shared_files_are_those_referenced(cluster: Cluster, job_id: str) -> None:
@@ -64,21 +48,8 @@ def assert_shared_files_are_those_referenced(cluster: Cluster, job_id: str) -> N
 def test_rocksdb_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster: Cluster) -> None:
     setup = install(cluster, words=120_000)
     start(cluster)
-    config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
-              "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3},
-              "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}, **rocksdb(cluster)}
-    job_id = cluster.submit("failjobs:wordcount", config)
-    st = wait_first_checkpoint(setup, job_id)
-    killed_after = st["last_checkpoint"]["checkpoint_id"]
-    victim_id = sink_placement(st)[0]  # hosts a Count subtask (chained with its sink): its RocksDB dies with it
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
-    st = setup.wait_finished(job_id)
-    assert_recovered(st, 1)
-    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
-    assert_exact_output(setup)
+    job_id = setup.submit("wordcount", extra=rocksdb(cluster))
+    kill_once_and_recover(setup, job_id)  # the killed worker hosts a Count subtask: its RocksDB dies with it
 
     retained = checkpoint_metadata(cluster, job_id)
     assert retained, "no retained checkpoint"

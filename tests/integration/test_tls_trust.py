@@ -15,8 +15,8 @@ from netstack.errors import RpcError
 from netstack.tls import TlsFiles
 from runtime.cli.client import call_coordinator
 from runtime.cli.processes import sluice_command
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.tls_certs import make_ca
+from tests.support.cluster import Cluster, poll, write_module
+from tests.support.tls_certs import make_ca
 
 JOB = '''
 from runtime.api import DiscardSink, GeneratorSource, Job
@@ -61,9 +61,7 @@ def test_job_path_outside_the_allowed_paths_is_refused_and_not_imported(
 def test_allowed_job_path_option_admits_another_directory(cluster: Cluster, tmp_path_factory: Any) -> None:
     jobs = tmp_path_factory.mktemp("jobs")
     write_module(jobs, "allowedjob", JOB)
-    cluster.start_coordinator("--allowed-job-path", str(jobs))
-    cluster.start_worker()
-    cluster.wait_workers(1)
+    cluster.start(1, "--allowed-job-path", str(jobs))
     job_id = cluster.call("submit", {"entry": "allowedjob:endless", "config": {}, "sys_path": str(jobs)})["job_id"]
     _wait_running(cluster, job_id)
     # the working directory is no longer allowed once paths are given explicitly

@@ -11,8 +11,6 @@ state, timers and watermark must give the same windows, late firings and late re
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections import Counter
 from typing import Any
 
@@ -21,9 +19,9 @@ import pytest
 from runtime.api import BoundedOutOfOrderness, TumblingEventTimeWindows
 from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.execution.watermarks import WatermarkGenerator
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.integration.test_event_time import committed_rows, jittered, logs
-from tests.unit.test_windows import window_model
+from tests.support.cluster import Cluster, committed_rows, kill_worker, logs, poll, write_module
+from tests.support.failover import WORKER_ARGS, restart_worker
+from tests.support.models import jittered, window_model
 
 pytestmark = pytest.mark.integration
 
@@ -78,10 +76,7 @@ def test_windows_late_firings_and_late_records_are_exact_across_kill_9(cluster: 
         out=str(out), late=str(late), words=WORDS, keys=KEYS, seed=SEED, delay=MAX_DELAY_MS,
         granularity=GRANULARITY_MS, window=WINDOW_MS, lateness=LATENESS_MS, sink_delay=0.002))
     expected_rows, expected_late = expected_windows()
-    cluster.start_coordinator()
-    for i in range(3):
-        cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=f"worker-{i + 1}")
-    cluster.wait_workers(3)
+    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     job_id = cluster.submit("winjob:build", {
         "buffer_bytes": 4 * 1024, "buffers_per_channel": 4,
         "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
@@ -98,10 +93,8 @@ def test_windows_late_firings_and_late_records_are_exact_across_kill_9(cluster: 
 
     poll(checkpointed_with_inflight_data, 90, "a completed checkpoint holding in-flight data")
     victim = next(t["worker"] for t in found["tasks"] if "window-count" in t["name"])
-    proc = next(w for w in cluster.workers if str(w.fields["id"]) == victim)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.proc.wait(timeout=10)
-    cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=victim)
+    kill_worker(cluster, victim)
+    restart_worker(cluster, victim)
 
     st = cluster.wait_job(job_id, 300)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"

@@ -1,7 +1,7 @@
 """Link liveness (PING/PONG and the timeout) and priority across the channels of one link.
 
 The `Liveness` state machine is tested with time passed in; the transport's timer and send path over real
-loopback sockets, reusing the fixtures of test_transport.
+loopback sockets, reusing the loopback harness of tests/support/loopback.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from netstack.errors import CloseReason, LocalProtocolError, RemoteProtocolError
 from netstack.frames import FrameDecoder, FrameType, encode_frame
 from netstack.metrics_http import link_timeouts
 from netstack.transport import Link
-from tests.netstack.test_transport import DEADLINE_S, Directory, Net, Recorder, payload, wait_until
+from tests.support.loopback import DEADLINE_S, Directory, Net, Recorder, payload, wait_until
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from netstack.connection import Connection
 from netstack.errors import ConnectionLost
 from netstack.tls import TlsFiles, client_context, server_context
 from netstack.transport import BaseLinkHandler, Link, dial, serve
-from tests.tls_certs import ClusterCa, make_ca
+from tests.support.tls_certs import ClusterCa, make_ca
 
 TOKEN = "tls-secret"
 HOST = "127.0.0.1"

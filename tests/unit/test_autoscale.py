@@ -24,7 +24,7 @@ from coordinator.metrics import DurationHistogram, JobsStatistics
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.connectors.source import Source
 from runtime.graph.plan import apply_parallelism, chain_graph
-from tests.unit.test_coordinator_metrics import NO_WORKERS, collector, samples
+from tests.support.metrics import NO_WORKERS, collector, samples
 
 
 def chain(*ps: int, partitioner: str | None = None) -> Shape:
@@ -195,10 +195,10 @@ def test_scaling_reason_keeps_the_first_time() -> None:
 
 def test_scale_down_after_settings() -> None:
     settings_ = AutoscaleSettings(scale_down_after_s=10.0)
-    assert settings_.scale_down_after({}) == 10.0
-    assert settings_.scale_down_after({"scale_down_after_s": 2.5}) == 2.5
-    assert settings_.scale_down_after({"scale_down_after_s": 0.0}) is None
-    assert AutoscaleSettings(scale_down_after_s=0).scale_down_after({}) is None
+    assert settings_.scale_down_after(None) == 10.0
+    assert settings_.scale_down_after(2.5) == 2.5
+    assert settings_.scale_down_after(0.0) is None
+    assert AutoscaleSettings(scale_down_after_s=0).scale_down_after(None) is None
     assert parse_scale_down_after("never") == 0.0 and parse_scale_down_after(3) == 3.0
     for bad in (-1, "soon", True, float("nan")):
         with pytest.raises(ValueError):

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from coordinator.checkpointing import CheckpointStatistics, CheckpointSummary, Status
 from coordinator.jobs import JobRecord, JobStatistics
-from coordinator.metrics import CoordinatorCollector, DurationHistogram, HistogramStatistics, JobsStatistics
+from coordinator.metrics import DurationHistogram, HistogramStatistics, JobsStatistics
 from coordinator.registry import RegistryStatistics, WorkerStatistics
 from runtime.graph.enums import JobState
-
-
-def samples(collector: CoordinatorCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for family in collector.collect():
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+from tests.support.metrics import NO_WORKERS, collector, samples
 
 
 def empty_histogram() -> HistogramStatistics:
@@ -26,13 +19,6 @@ def job(job_id: str, state: str = JobState.RUNNING, *, checkpoint: CheckpointSta
         restored: int | None = None) -> JobStatistics:
     terminal = state in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
     return JobStatistics(job_id, state, terminal, completed, failed, checkpoint, restarts, last_restart_s, restored)
-
-
-def collector(workers: RegistryStatistics, jobs: JobsStatistics) -> CoordinatorCollector:
-    return CoordinatorCollector(workers=lambda: workers, jobs=lambda: jobs)
-
-
-NO_WORKERS = RegistryStatistics(())
 
 
 def test_workers_slots_and_jobs_by_state():

@@ -22,7 +22,7 @@ from runtime.api import (
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.timers import TimerQueue
 from runtime.execution.watermarks import ACTIVE, IDLE, Advance, WatermarkCombiner, WatermarkGenerator
-from tests.unit.test_hot_path import make_subs, sent
+from tests.support.buffers import make_subs, sent
 
 
 def strategy(delay: int, granularity: int = 1) -> BoundedOutOfOrderness:

@@ -17,37 +17,19 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netstack.credit import Buffer, ChannelSender, SendData
+from netstack.credit import Buffer
 from runtime.api import Job, KeyedProcessFunction, ProcessFunction
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
-from runtime.execution.channels import ChannelReader, Subpartition, split_records
+from runtime.execution.channels import ChannelReader, split_records
 from runtime.execution.operators import Chain, RecordWriter
+from tests.support.buffers import make_subs, sent
 
 records_st = st.lists(
     st.tuples(st.text(max_size=12), st.integers(min_value=-(2**40), max_value=2**40),
               st.binary(max_size=40)),
     max_size=300,
 )
-
-
-def make_subs(n: int, capacity: int) -> list[Subpartition]:
-    subs = []
-    for c in range(n):
-        sender = ChannelSender(c)
-        sender.add_credit(1_000_000)
-        subs.append(Subpartition(sender, limit=1_000_000, capacity=capacity))
-    return subs
-
-
-def sent(sub: Subpartition) -> list[tuple[bytes, int, bytes | None]]:
-    sub.flush()
-    out = []
-    while (item := sub.sender.pop_sendable()) is not None:
-        assert isinstance(item, SendData)
-        b = item.buffer
-        out.append((b.data, b.first_record_offset, b.continued_record))
-    return out
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,7 +9,7 @@ from netstack.credit import Buffer, ChannelSender
 from runtime.execution.channels import Subpartition, split_records
 from runtime.execution.inflight import InflightBound, RateEstimate, buffer_size_for, resize
 from runtime.graph.config import parse_inflight_target
-from runtime.worker.deployment import ChannelConfig
+from runtime.graph.job_config import ChannelConfig, JobConfig
 
 
 def test_buffer_size_makes_a_full_path_hold_the_target() -> None:
@@ -139,8 +139,8 @@ def test_inflight_target_parsing() -> None:
 
 
 def test_channel_config_carries_the_target_and_the_path_length() -> None:
-    cfg = ChannelConfig.from_plan({"buffers_per_channel": 64, "inflight_target_s": "250ms"})
+    cfg = JobConfig.from_document({"buffers_per_channel": 64, "inflight_target_s": "250ms"}).channels
     assert cfg.inflight_target_s == 0.25
     assert cfg.buffers_in_path == 64 + 2 + 8
-    assert ChannelConfig.from_plan({}).inflight_target_s == 1.0
-    assert ChannelConfig.from_plan({"inflight_target_s": None}).inflight_target_s == 1.0
+    assert JobConfig.from_document({}).channels.inflight_target_s == 1.0
+    assert JobConfig.from_document({"inflight_target_s": None}).channels == ChannelConfig()

@@ -60,18 +60,18 @@ def test_no_install_line_names_the_other_projects_distribution() -> None:
 
 def test_the_sources_sinks_and_backend_name_the_extras_they_need(tmp_path: Path) -> None:
     plain = keyed_job(GeneratorSource(count=10), FileSink(str(tmp_path)))
-    assert needed_extras(plain, {}) == set()
-    assert needed_extras(keyed_job(JsonLinesSource("x"), DiscardSink()), {}) == set()
-    assert needed_extras(keyed_job(ParquetSource("in/"), DiscardSink()), {}) == {"parquet"}
-    assert needed_extras(plain, {}, restore="s3://b/p/job/chk-3") == {"s3"}
-    assert needed_extras(plain, {}, restore=str(tmp_path)) == set()
+    assert needed_extras(plain) == set()
+    assert needed_extras(keyed_job(JsonLinesSource("x"), DiscardSink())) == set()
+    assert needed_extras(keyed_job(ParquetSource("in/"), DiscardSink())) == {"parquet"}
+    assert needed_extras(plain, restore="s3://b/p/job/chk-3") == {"s3"}
+    assert needed_extras(plain, restore=str(tmp_path)) == set()
     parquet_sink = keyed_job(GeneratorSource(count=10), FileSink(str(tmp_path), format="parquet"), "rocksdb")
-    assert needed_extras(parquet_sink, {}) == {"parquet", "rocksdb"}
-    assert needed_extras(parquet_sink, {"state": {"backend": "remote"}}) == {"parquet", "remote"}
-    assert needed_extras(keyed_job(NatsSource("nats://h", "S"), NatsSink("nats://h", "out")), {}) == {"nats"}
+    assert needed_extras(parquet_sink) == {"parquet", "rocksdb"}
+    assert needed_extras(parquet_sink, backend="remote") == {"parquet", "remote"}
+    assert needed_extras(keyed_job(NatsSource("nats://h", "S"), NatsSink("nats://h", "out"))) == {"nats"}
     unkeyed = Job("u", state_backend="rocksdb")
     unkeyed.source(GeneratorSource(count=10)).sink(DiscardSink())
-    assert needed_extras(unkeyed, {}) == set(), "no keyed state: the backend is never made"
+    assert needed_extras(unkeyed) == set(), "no keyed state: the backend is never made"
 
 
 def test_a_missing_extra_is_one_line_with_the_install_line() -> None:
@@ -90,7 +90,7 @@ def test_a_submission_needing_an_absent_module_is_refused_in_a_process_without_i
             "from runtime.api import Job, ParquetSource, DiscardSink\n"
             "from runtime.graph.admission import SubmissionRefused, check_submission\n"
             "job = Job('pq'); job.source(ParquetSource('in/')).sink(DiscardSink())\n"
-            "try:\n    check_submission(job, {})\nexcept SubmissionRefused as exc:\n"
+            "try:\n    check_submission(job)\nexcept SubmissionRefused as exc:\n"
             "    print(exc.kind, exc)\nelse:\n    print('admitted')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={"PYTHONPATH": str(ROOT)}).stdout.strip()
@@ -101,19 +101,19 @@ def test_a_submission_needing_an_absent_module_is_refused_in_a_process_without_i
 def test_a_file_sink_directory_with_an_earlier_runs_files_is_refused_unless_appending(tmp_path: Path) -> None:
     out = tmp_path / "out"
     job = keyed_job(GeneratorSource(count=10), FileSink(str(out)))
-    check_submission(job, {})  # no directory yet
+    check_submission(job)  # no directory yet
     out.mkdir()
     (out / ".part-0-0-0.jsonl.inprogress").write_text("[1]\n")  # hidden leftovers are not output
     (out / "_SUCCESS").write_text("")
-    check_submission(job, {})
+    check_submission(job)
     (out / "part-0-000001-0-0.jsonl").write_text('["k", 1]\n')
     (out / "part-1-000001-0-0.jsonl").write_text('["k", 2]\n')
     with pytest.raises(SubmissionRefused) as refused:
-        check_submission(job, {})
+        check_submission(job)
     assert refused.value.kind == "OutputExists"
     assert f"{out} already holds output (part-0-000001-0-0.jsonl and 1 more)" in str(refused.value)
     assert "if_exists='append'" in str(refused.value)
-    check_submission(job, {}, restore=str(tmp_path / "chk-1"))  # a restore goes on where it left off
+    check_submission(job, restore=str(tmp_path / "chk-1"))  # a restore goes on where it left off
     check_earlier_output(keyed_job(GeneratorSource(count=10), FileSink(str(out), if_exists="append")))
     with pytest.raises(ValueError, match="if_exists"):
         FileSink(str(out), if_exists="replace")

@@ -17,10 +17,12 @@ from coordinator.job_store import CorruptJobRecord, JobStore, decode, encode, ne
 from coordinator.jobs import JobRecord
 from coordinator.restarts import RestartStrategy
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import ChannelConfig, JobConfig
 
 
 def a_job(job_id: str = "job-0001", state: str = JobState.RUNNING) -> JobRecord:
-    job = JobRecord(job_id, "mod:build", "wordcount", "jobs-dir", {"buffer_bytes": 4096, "parallelism": {"*": 2}})
+    job = JobRecord(job_id, "mod:build", "wordcount", "jobs-dir",
+                    JobConfig.from_document({"buffer_bytes": 4096, "parallelism": {"*": 2}}))
     job.checkpoint_settings = CheckpointSettings(0.5, mode="unaligned", tolerable_failures=3, retain=2)
     job.restart_strategy = RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
     job.state = state
@@ -34,7 +36,7 @@ def a_job(job_id: str = "job-0001", state: str = JobState.RUNNING) -> JobRecord:
 def test_round_trip_keeps_what_recovery_needs() -> None:
     job = decode(encode(a_job()), "job-0001.json")
     assert (job.job_id, job.entry, job.name, job.sys_path) == ("job-0001", "mod:build", "wordcount", "jobs-dir")
-    assert job.config == {"buffer_bytes": 4096, "parallelism": {"*": 2}}
+    assert job.config == JobConfig(channels=ChannelConfig(buffer_bytes=4096), parallelism={"*": 2})
     assert job.checkpoint_settings == CheckpointSettings(0.5, mode="unaligned", tolerable_failures=3, retain=2)
     assert job.restart_strategy == RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
     assert (job.state, job.attempt, job.restarts, job.next_checkpoint_id) == (JobState.RUNNING, 3, 2, 12)

@@ -15,7 +15,7 @@ from runtime.checkpointing.snapshots import CorruptState, read_file
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.common import objectstore
 from runtime.common.checksums import checksum
-from tests.s3_server import S3Server, S3ServerUnavailable, client_env
+from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from runtime.state import versions
 from runtime.state.backend import MISSING, SnapshotHandle, StateBackend, StateBackendError
 from runtime.state.files import SharedFileRegistry, SnapshotStore
 from runtime.state.remote import RemoteBackend, available, parse_address
-from tests.redis_server import RedisServer, valkey_server_binary
-from tests.unit.test_state_backends import (  # the conformance suite, run here with the `make` fixture below
+from tests.support.redis_server import RedisServer, valkey_server_binary
+from tests.support.state_backend_conformance import (  # the conformance suite, run here with the `make` fixture below
     ALL,
     MAX_PAR,
     Factory,

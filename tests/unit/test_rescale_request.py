@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coordinator.scheduler import describe_parallelism, merge_parallelism
+from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan, Vertex
 
 
@@ -28,6 +29,6 @@ def test_the_inputs_are_not_changed() -> None:
 def test_describe_names_each_task_type_with_its_parallelism() -> None:
     plan = Plan(job_id="j", attempt=0, entry="m:f", name="n", sys_path="", channel_base=0,
                 vertices=[Vertex(0, [0], 2, "GeneratorSource"), Vertex(1, [1, 2], 3, "Count -> FileSink")],
-                edges=[], placement={}, workers={}, config={})
+                edges=[], placement={}, workers={}, config=JobConfig())
     assert describe_parallelism(plan) == "GeneratorSource=2, Count -> FileSink=3"
     assert describe_parallelism(None) == "-"

@@ -613,13 +613,15 @@ def test_a_subtask_without_splits_waits_when_unbounded_and_ends_when_bounded() -
 
 
 def test_the_old_plan_of_a_split_chain_maps_tasks_and_edges_by_operator() -> None:
+    from runtime.graph.job_config import JobConfig
     from runtime.graph.plan import Plan
+    from runtime.graph.restore_spec import RestoreSpec
     from runtime.worker.restoring import OldPlan
 
     job, vertices, edges = plan_of(counted, {"Count": 3})
     plan = Plan(job_id="j", attempt=0, entry="", name="t", sys_path="", channel_base=0, vertices=vertices,
-                edges=edges, placement={}, workers={}, config={})
-    then = OldPlan({"nodes": {"0": 2, "1": 2, "2": 2}}, plan, job)
+                edges=edges, placement={}, workers={}, config=JobConfig())
+    then = OldPlan(RestoreSpec(path="", checkpoint_id=1, nodes={0: 2, 1: 2, 2: 2}), plan, job)
     assert [(v.name, v.parallelism) for v in then.vertices] == [("GeneratorSource", 2), ("Count -> DiscardSink", 2)]
     source, count, sink = vertices
     assert then.vertex(count) is then.vertex(sink) is then.vertices[1]

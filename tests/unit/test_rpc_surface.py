@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from coordinator.server import Coordinator, CoordinatorConfig
+from netstack.errors import Conflict, Forbidden, InvalidRequest, JobNotFound, MethodNotFound, NotLeader, RpcError
+from runtime.cli.client import EXIT_INVALID, EXIT_NO_JOB, EXIT_REFUSED, refusal
 from runtime.worker.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,3 +33,32 @@ def test_what_the_coordinator_calls_workers_serve() -> None:
     called = called_in("coordinator")
     assert "deploy" in called
     assert called - served == set()
+
+
+# every error code the processes raise, read from the source: literal codes and the classes' own
+RAISED = re.compile(r"""(?:RpcError|JobNotFound|InvalidRequest|Forbidden|Conflict|NotLeader|MethodNotFound)\(
+                        (?:[^()]|\((?:[^()]|\([^()]*\))*\))*?,\s*["']([A-Za-z]+)["']\)""", re.X | re.S)
+
+
+def test_every_error_code_raised_belongs_to_an_error_class() -> None:
+    codes = {c for package in ("coordinator", "runtime", "netstack")
+             for path in (ROOT / package).rglob("*.py") for c in RAISED.findall(path.read_text())}
+    assert {"BadSettings", "RescaleCheckpointFailed", "NotRegistered"} <= codes  # the pattern finds them
+    unowned = {c for c in codes if type(RpcError.from_wire("", c)) is RpcError}
+    assert unowned == set(), "add these codes to a class in netstack/errors.py"
+
+
+@pytest.mark.parametrize(("code", "kind", "status"), [
+    ("UnknownJob", JobNotFound, EXIT_NO_JOB), ("BadSettings", InvalidRequest, EXIT_INVALID),
+    ("JobDefinitionError", InvalidRequest, EXIT_INVALID), ("JobNotRunning", Conflict, EXIT_REFUSED),
+    ("PathNotAllowed", Forbidden, EXIT_REFUSED), ("NotLeader", NotLeader, EXIT_REFUSED),
+    ("UnknownMethod", MethodNotFound, EXIT_REFUSED), ("ZeroDivisionError", RpcError, EXIT_REFUSED),
+])
+def test_a_code_on_the_wire_comes_back_as_its_class_and_exit_status(code: str, kind: type[RpcError],
+                                                                    status: int) -> None:
+    error = RpcError.from_wire("refused", code)
+    assert type(error) is kind and error.code == code and str(error) == "refused"
+    assert refusal(error)[0] == status
+    assert isinstance(error, RpcError) and error.retriable == (kind is NotLeader)
+    if kind is JobNotFound:
+        assert "sluice status" in refusal(error)[1]

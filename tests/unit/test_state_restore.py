@@ -12,8 +12,10 @@ from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction
 from runtime.checkpointing import backend_snapshots
 from runtime.execution.operators import Chain
 from runtime.execution.task import RestoredState
+from runtime.graph.job_config import JobConfig, StateConfig
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.graph.plan import Plan, Vertex
+from runtime.graph.restore_spec import RestoreSpec
 from runtime.state.backend import StateBackendError
 from runtime.state.registry import make_backend
 from runtime.state.rocksdb import available
@@ -39,12 +41,11 @@ def job(parallelism: int) -> Job:
 
 
 def plan(tmp_path: Any, parallelism: int, backend: str | None, restore_path: str = "") -> Plan:
-    config: dict[str, Any] = {"restore": {"path": restore_path}} if restore_path else {}
-    if backend:
-        config["state"] = {"backend": backend, "work_dir": str(tmp_path / "work")}
+    state = StateConfig(backend=backend, work_dir=str(tmp_path / "work")) if backend else StateConfig()
     return Plan(job_id="job-1", attempt=1, entry="m:f", name="t", sys_path="", channel_base=0,
                 vertices=[Vertex(0, [0], parallelism, "src"), Vertex(1, [1, 2], parallelism, "Count")], edges=[],
-                placement={}, workers={}, config=config)
+                placement={}, workers={}, config=JobConfig(state=state),
+                restore=RestoreSpec(path=restore_path, checkpoint_id=4) if restore_path else None)
 
 
 RECORDS = [(f"k{i % 9}", i, 0) for i in range(90)]

@@ -1,17 +1,20 @@
-"""Fixtures that start real coordinator and worker processes on port 0 and always reap them."""
+"""A real cluster for the tests: coordinator and worker processes on port 0, always reaped; polling with
+deadlines; job modules written next to it; its committed output read back."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from runtime.cli.client import call_coordinator
 from runtime.cli.local_cluster import LocalCluster
@@ -49,6 +52,16 @@ class Cluster:
     def start_worker(self, *extra: str, worker_id: str | None = None) -> Managed:
         return self.local.start_worker(*extra, worker_id=worker_id)
 
+    def start(self, workers: int = 2, *coordinator_args: str, worker_args: tuple[str, ...] = (),
+              worker_ids: bool = False) -> Cluster:
+        """A coordinator and `workers` workers (two slots each), registered; `worker_ids` names them
+        worker-1, worker-2, ... (a test that restarts one under its id needs to know it)."""
+        self.start_coordinator(*coordinator_args)
+        for i in range(workers):
+            self.start_worker(*worker_args, worker_id=f"worker-{i + 1}" if worker_ids else None)
+        self.wait_workers(workers)
+        return self
+
     @property
     def rpc(self) -> tuple[str, int]:
         assert self.coordinator is not None
@@ -82,8 +95,10 @@ class Cluster:
         self.local.stop()
 
 
-def poll(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
-    """Wait until predicate() is true, or fail the test naming what was awaited."""
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str = "the condition",
+             interval_s: float = 0.1) -> None:
+    """Wait until predicate() is true, or fail the test naming what was awaited. Tests wait with this (or
+    another loop with a deadline), never with a fixed sleep."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -92,8 +107,28 @@ def poll(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Any) -> Iterator[Cluster]:
+poll = wait_for  # the name most tests were written with
+
+
+def logs(cluster: Cluster, tail: int = 3000) -> str:
+    """The end of every process's log, for a failure message."""
+    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
+    return "\n".join(f"--- {n}\n{cluster.log(n)[-tail:]}" for n in names)
+
+
+def holds_for(predicate: Callable[[], Any], duration_s: float, what: str, interval_s: float = 0.1) -> None:
+    """Check that predicate() stays true for `duration_s` (how a test waits to see that nothing happens),
+    failing as soon as it does not."""
+    deadline = time.monotonic() + duration_s
+    while time.monotonic() < deadline:
+        assert predicate(), f"{what} stopped holding"
+        time.sleep(interval_s)
+
+
+@contextmanager
+def reaped_cluster(tmp_path: Any) -> Iterator[Cluster]:
+    """The one cluster fixture's body (tests/conftest.py; module-scoped fixtures use it too): a `Cluster` in
+    `tmp_path`, stopped afterwards, and every process it started checked to be gone."""
     c = Cluster(tmp_path)
     try:
         yield c
@@ -103,14 +138,11 @@ def cluster(tmp_path: Any) -> Iterator[Cluster]:
             assert proc.proc.poll() is not None, f"process {proc.pid} survived the test"
 
 
-@pytest.fixture
-def running_cluster(cluster: Cluster) -> Cluster:
-    """A coordinator and two workers with two slots each, registered."""
-    cluster.start_coordinator()
-    cluster.start_worker()
-    cluster.start_worker()
-    cluster.wait_workers(2)
-    return cluster
+def kill_worker(cluster: Cluster, worker_id: str) -> None:
+    """SIGKILL the live worker process that announced `worker_id`, and wait until it is dead."""
+    victim = next(w for w in cluster.workers if str(w.fields["id"]) == worker_id and w.proc.poll() is None)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
 
 
 def write_module(directory: Any, name: str, source: str) -> None:
@@ -152,3 +184,37 @@ def committed_output(out: Path) -> tuple[dict[str, list[int]], list[str]]:
             key, n = json.loads(line)
             counts[key].append(n)
     return counts, hidden
+
+
+def committed_rows(out: Path) -> tuple[Counter[str], list[str]]:
+    """Every line of the visible part files (as a multiset); and the hidden files."""
+    rows: Counter[str] = Counter()
+    hidden = []
+    for path in sorted(out.iterdir()) if out.exists() else []:
+        if path.name.startswith((".", "_")):
+            hidden.append(path.name)
+            continue
+        rows.update(path.read_text().splitlines())
+    return rows, hidden
+
+
+CLI_TIMEOUT_S = 120.0
+
+
+def sluice(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sluice <command> --coordinator <this cluster> <args...>` as a process; killed if it hangs."""
+    host, port = cluster.rpc
+    command = [sys.executable, "-m", "runtime.cli", args[0], "--coordinator", f"{host}:{port}", *args[1:]]
+    proc = subprocess.Popen(command, cwd=cluster.tmp_path, env=cluster.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"sluice {' '.join(args)} still running after {CLI_TIMEOUT_S}s: {out!r} {err!r}") from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)

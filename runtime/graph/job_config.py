@@ -1,0 +1,195 @@
+"""A job's configuration as one typed value, built once where the job is submitted (or its record loaded).
+
+The submission's `config` document (README, Job configuration) is parsed and checked here, once; a bad value
+is refused with the key and what is accepted. After that the coordinator (scheduler, job store, autoscale)
+and the workers (deploy) read attributes, never keys: the configuration crosses the wire as `to_wire()` and
+comes back with `from_wire()`, and the job store keeps `to_document()`, the same flat document the records
+always held, so records written before this module existed still load.
+
+The checkpoint and restart settings of a submission are the coordinator's (coordinator/checkpointing.py,
+coordinator/restarts.py) and not part of this value; `async_state` is carried as given and checked by
+runtime/execution/async_operator.py's AsyncStateSettings (the CLI checks it before submitting, every worker
+on deploy), since its choices belong to the asynchronous state controller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
+
+NEVER = 0.0  # scale_down_after_s that disables scaling down
+
+
+class JobConfigError(ValueError):
+    """A job configuration value that cannot be used; the message names the key and what is accepted."""
+
+
+def parse_scale_down_after(value: object) -> float:
+    """'never' or a number of seconds >= 0 (0 also means never); raises ValueError."""
+    if isinstance(value, str) and value.strip().lower() == "never":
+        return NEVER
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == math.inf:
+        raise JobConfigError(f"scale_down_after_s must be 'never' or seconds >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """The network settings of every channel of the job (README, Tuning)."""
+
+    buffer_bytes: int = 32 * 1024
+    buffers_per_channel: int = 4  # producer queue limit per subpartition
+    exclusive_credits: int = 2
+    floating_credits: int = 8
+    flush_timeout_s: float = 0.05
+    # in-flight data per channel, in seconds of its throughput: buffers shrink to fit (0 = fixed buffer_bytes)
+    inflight_target_s: float = DEFAULT_INFLIGHT_TARGET_S
+
+    def __post_init__(self) -> None:
+        for name, least in (("buffer_bytes", 1), ("buffers_per_channel", 1), ("exclusive_credits", 1),
+                            ("floating_credits", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise JobConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not _is_number(self.flush_timeout_s) or not 0 < self.flush_timeout_s < math.inf:
+            raise JobConfigError(f"flush_timeout_s must be seconds > 0, got {self.flush_timeout_s!r}")
+
+    @property
+    def buffers_in_path(self) -> int:
+        """Buffers one channel can hold at most: the producer's queue and all the receiver may grant it."""
+        return self.buffers_per_channel + self.exclusive_credits + self.floating_credits
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """Where keyed state lives (README, State backends); None: the job module's choice, else memory."""
+
+    backend: str | None = None
+    remote_address: str | None = None  # HOST:PORT of the remote backend's server
+    work_dir: str | None = None  # local working files (RocksDB); default: the temporary directory
+    # backend options passed through to the backend; `round_trip_ms` (tests, benchmarks) adds a fixed delay
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        for name in ("backend", "remote_address", "work_dir"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise JobConfigError(f"state.{name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.options, Mapping):
+            raise JobConfigError(f"state.options must be an object, got {self.options!r}")
+        if self.backend == "remote" and not self.remote_address:
+            raise JobConfigError("state backend remote needs state.remote_address HOST:PORT")
+        if not _is_number(self.round_trip_ms) or not 0 <= self.round_trip_ms < math.inf:
+            raise JobConfigError(f"state.options.round_trip_ms must be >= 0, got {self.options['round_trip_ms']!r}")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def round_trip_ms(self) -> float:
+        value = self.options.get("round_trip_ms") or 0
+        return float(value) if _is_number(value) else math.nan
+
+    def to_document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {k: v for k, v in (("backend", self.backend), ("remote_address", self.remote_address),
+                                                  ("work_dir", self.work_dir)) if v is not None}
+        if self.options:
+            doc["options"] = dict(self.options)
+        return doc
+
+
+_CHANNEL_KEYS = tuple(f.name for f in fields(ChannelConfig))
+_STATE_KEYS = ("backend", "remote_address", "work_dir", "options")
+KNOWN_KEYS = frozenset({*_CHANNEL_KEYS, "parallelism", "state", "async_state", "scale_down_after_s"})
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Everything a job was configured with besides its checkpoint and restart settings."""
+
+    channels: ChannelConfig = field(default_factory=ChannelConfig)
+    # parallelism overrides: operator name (or "*" for every operator) -> parallelism; empty: the job's own
+    parallelism: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    state: StateConfig = field(default_factory=StateConfig)
+    # AsyncStateSettings' fields as given (runtime/execution/async_operator.py checks them); empty: defaults
+    async_state: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    scale_down_after_s: float | None = None  # None: the coordinator's default; NEVER (0): never scale down
+
+    def __post_init__(self) -> None:
+        for name, n in self.parallelism.items():
+            if not isinstance(name, str) or not name or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise JobConfigError(f"parallelism must map operator names (or '*') to integers >= 1, "
+                                     f"got {name!r}: {n!r}")
+        if not isinstance(self.async_state, Mapping):
+            raise JobConfigError(f"async_state must be an object, got {self.async_state!r}")
+        object.__setattr__(self, "parallelism", MappingProxyType(dict(self.parallelism)))
+        object.__setattr__(self, "async_state", MappingProxyType(dict(self.async_state)))
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any] | None, *, ignore_unknown: bool = False) -> JobConfig:
+        """The configuration from a submission's (or a job record's) document; raises JobConfigError.
+
+        `ignore_unknown` drops keys this version does not know (a record written by another version) instead
+        of refusing them, as a submission's are."""
+        doc = dict(doc or {})
+        unknown = set(doc) - KNOWN_KEYS
+        if unknown and not ignore_unknown:
+            raise JobConfigError(f"unknown job settings {sorted(unknown)}: choose from {sorted(KNOWN_KEYS)}")
+        channels = {k: doc[k] for k in _CHANNEL_KEYS if doc.get(k) is not None}
+        if "inflight_target_s" in channels:
+            try:
+                channels["inflight_target_s"] = parse_inflight_target(channels["inflight_target_s"])
+            except ValueError as exc:
+                raise JobConfigError(f"inflight_target_s: {exc}") from None
+        state = _object(doc, "state")
+        unknown_state = set(state) - set(_STATE_KEYS)
+        if unknown_state and not ignore_unknown:
+            raise JobConfigError(f"unknown state settings {sorted(unknown_state)}: choose from {list(_STATE_KEYS)}")
+        after = doc.get("scale_down_after_s")
+        try:
+            return cls(channels=ChannelConfig(**channels), parallelism=_object(doc, "parallelism"),
+                       state=StateConfig(**{k: v for k, v in state.items() if k in _STATE_KEYS}),
+                       async_state=_object(doc, "async_state"),
+                       scale_down_after_s=parse_scale_down_after(after) if after is not None else None)
+        except TypeError as exc:  # a wrongly typed value a comparison in a check tripped over
+            raise JobConfigError(f"bad job settings: {exc}") from None
+
+    def to_document(self) -> dict[str, Any]:
+        """The flat JSON document a submission sends and a job record keeps (from_document reads it back)."""
+        doc: dict[str, Any] = {k: getattr(self.channels, k) for k in _CHANNEL_KEYS}
+        if self.parallelism:
+            doc["parallelism"] = dict(self.parallelism)
+        if state := self.state.to_document():
+            doc["state"] = state
+        if self.async_state:
+            doc["async_state"] = dict(self.async_state)
+        if self.scale_down_after_s is not None:
+            doc["scale_down_after_s"] = self.scale_down_after_s
+        return doc
+
+    # the deploy RPC carries the same document, msgpack-encoded
+    to_wire = to_document
+
+    @classmethod
+    def from_wire(cls, doc: Mapping[str, Any]) -> JobConfig:
+        return cls.from_document(doc)
+
+    def with_parallelism(self, parallelism: Mapping[str, int]) -> JobConfig:
+        return JobConfig(channels=self.channels, parallelism=parallelism, state=self.state,
+                         async_state=self.async_state, scale_down_after_s=self.scale_down_after_s)
+
+
+def _object(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise JobConfigError(f"{key} must be an object, got {value!r}")
+    return dict(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
