@@ -49,8 +49,10 @@ from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
+from runtime.graph.admission import SubmissionRefused, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
+from runtime.graph.plan import build_job
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -109,8 +111,10 @@ class Coordinator(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._probe_ids = itertools.count(1)
         self._probes: dict[int, PendingProbe] = {}
-        # `storage`: the tests' fault injection wraps it (tests/support/faulty_coordinator.py)
-        self.storage = storage if storage is not None else LocalCheckpointStorage(config.checkpoint_root)
+        # `storage`: the tests' fault injection wraps it (tests/support/faulty_coordinator.py); --checkpoint-dir
+        # holds the job directories itself, the state directory keeps them in checkpoints/
+        self.storage = storage if storage is not None else LocalCheckpointStorage(
+            config.checkpoint_root, subdirectory="" if config.checkpoint_dir else "checkpoints")
         self._background = BackgroundTasks("coordinator")
         self.port = 0
         self.metrics_port: int | None = None
@@ -148,6 +152,7 @@ class Coordinator(BaseLinkHandler):
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
         os.makedirs(state_dir, exist_ok=True)
+        await asyncio.to_thread(self._check_object_stores)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
                                         limits=self.config.limits,
                                         ssl_context=server_context(self.config.tls) if self.config.tls else None)
@@ -209,6 +214,16 @@ class Coordinator(BaseLinkHandler):
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _check_object_stores(self) -> None:
+        """A bucket that does not exist, or an endpoint or credentials that do not work, stop the coordinator
+        at start-up with one line, instead of failing the first checkpoint of every job."""
+        roots = [self.config.checkpoint_root, *self.trust.savepoint_roots]
+        for root in dict.fromkeys(r for r in roots if objectstore.is_url(r)):
+            try:
+                objectstore.check_reachable(root)
+            except (OSError, ValueError) as exc:  # ValueError: ObjectStoreUnavailable, the s3 extra is missing
+                raise SystemExit(f"sluice coordinator: {exc}") from None
 
     async def _lead_unless_stopped(self, state_dir: str) -> bool:
         """Take the lease and the jobs (True), unless the coordinator is stopped while it waits (False)."""
@@ -358,6 +373,11 @@ class Coordinator(BaseLinkHandler):
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         restore_path = args.restore
+        try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
+            check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
+                         restore=str(restore_path) if restore_path else None)
+        except SubmissionRefused as exc:
+            raise InvalidRequest(str(exc), "MissingExtra") from None
         if restore_path:
             plan.restore = await self.manager.restore_spec(restore_path, plan)
             job.restored_from = restore_path

@@ -83,16 +83,18 @@ def check_shape(metadata: Any) -> str | None:
 class LocalCheckpointStorage:
     """Checkpoints under `root`: a local directory or an `s3://bucket/prefix` URL (the name is historical)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, subdirectory: str = "checkpoints") -> None:
         self.root = files.absolute(root)
+        # the job directories go in root/subdirectory; "" puts them in root itself (a --checkpoint-dir)
+        self.subdirectory = subdirectory
         if files.is_url(self.root):
             files.split_url(self.root)  # a URL without a bucket is one clear error at start-up
 
     def job_dir(self, job_id: str) -> str:
-        return files.join(self.root, "checkpoints", _safe_name(job_id))
+        return files.join(self.root, self.subdirectory, _safe_name(job_id))
 
     def checkpoint_dir(self, job_id: str, n: int) -> str:
-        """`<root>/checkpoints/<job-id>/chk-<n>/`, created if needed."""
+        """`<root>/<subdirectory>/<job-id>/chk-<n>/`, created if needed."""
         path = files.join(self.job_dir(job_id), f"chk-{_check_number(n)}")
         files.make_dir(path)
         return path

@@ -98,7 +98,8 @@ class InvalidRequest(RpcError):
 
     code = "BadRequest"
     codes = ("BadSettings", "BadArgs", "BadRescaleRequest", "BadCheckpointRequest", "BadMode", "JobLoadError",
-             "JobDefinitionError", "IncompatibleCheckpoint", "CorruptCheckpoint")
+             "JobDefinitionError", "IncompatibleCheckpoint", "CorruptCheckpoint",
+             "MissingExtra")  # the job needs an extra of the install that is not installed
 
 
 class Forbidden(RpcError):

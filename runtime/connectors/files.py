@@ -17,6 +17,7 @@ import json
 import os
 from typing import Any
 
+from runtime.common import extras
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import LaneReader, Source, position_lanes
 
@@ -26,10 +27,11 @@ class MissingDependency(RuntimeError):
 
 
 def _pyarrow_parquet() -> Any:
+    """pyarrow is the `parquet` extra (most of a full install's size): imported only when Parquet is used."""
     try:
         import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - pyarrow is a declared dependency
-        raise MissingDependency("Parquet support needs pyarrow: pip install pyarrow") from exc
+    except ImportError as exc:
+        raise MissingDependency(extras.describe_missing(["parquet"])) from exc
     return pq
 
 
@@ -148,6 +150,8 @@ class JsonLinesSource(_UnitSource):
 class ParquetSource(_UnitSource):
     """Rows of Parquet files as tuples (columns in file order); row groups are split across subtasks."""
 
+    extras = ("parquet",)
+
     def __init__(self, path: str, columns: list[str] | None = None) -> None:
         self.path = path
         self.columns = columns
@@ -190,13 +194,27 @@ class FileSink(Sink):
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", rolling_bytes: int = 64 * 1024 * 1024,
-                 **kwargs: Any) -> None:
+                 if_exists: str = "fail", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if format not in ("jsonl", "parquet"):
             raise ValueError(f"format must be 'jsonl' or 'parquet', not {format!r}")
+        if if_exists not in ("fail", "append"):
+            raise ValueError(f"if_exists must be 'fail' or 'append', not {if_exists!r}")
         self.path = path
         self.format = format
         self.rolling_bytes = rolling_bytes
+        # "fail": a new job (not a restore) refuses a directory that already holds visible files, so a second run
+        # does not mix its output with the first one's; "append": it adds its files to them (checked at submit)
+        self.if_exists = if_exists
+        self.extras = ("parquet",) if format == "parquet" else ()
+
+    def earlier_output(self) -> list[str]:
+        """The visible files already in the directory (an earlier run's output), sorted; [] when there is none."""
+        try:
+            names = os.listdir(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(n for n in names if not n.startswith((".", "_")))
 
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         super().open(subtask_index, parallelism, attempt)

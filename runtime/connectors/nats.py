@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from runtime.common import extras
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
@@ -66,7 +67,7 @@ def _nats() -> Any:
         import nats
         import nats.js.api
     except ImportError as exc:
-        raise MissingDependency("the NATS connector needs nats-py: pip install 'sluice[nats]'") from exc
+        raise MissingDependency(extras.describe_missing(["nats"])) from exc
     return nats
 
 
@@ -204,6 +205,7 @@ class NatsSource(Source):
     # what subtask i of p reads depends only on i, p and its position: restored at another parallelism, each
     # old subtask's consumer is moved whole to one new subtask (connectors/splits.py)
     subtask_splits = True
+    extras = ("nats",)
 
     def __init__(self, url: str, stream: str, *, subject: str | None = None, partitions: int | None = None,
                  bounded: bool = True, deserializer: Callable[[bytes], Any] = decode_json,
@@ -409,6 +411,8 @@ class NatsSink(Sink):
     `subject` is a subject, or a function of the record that returns one (to partition the output). The
     stream that holds the subjects must have a `duplicate_window` longer than a restart takes.
     """
+
+    extras = ("nats",)
 
     def __init__(self, url: str, subject: str | Callable[[Any], str], *,
                  serializer: Callable[[Any], bytes] = encode_json, id_prefix: str = "sluice",

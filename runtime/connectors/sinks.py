@@ -15,6 +15,9 @@ class Sink:
     a millisecond, so the average rate is right without a syscall per record.
     """
 
+    # the install's extras this sink needs (runtime/common/extras.py): checked when the job is submitted
+    extras: tuple[str, ...] = ()
+
     def __init__(self, *, delay_per_record_s: float = 0.0) -> None:
         self.delay_per_record_s = delay_per_record_s
         self._debt_s = 0.0

@@ -21,6 +21,8 @@ class Source:
     # True for sources whose subtasks read independent inputs (what subtask i of p reads depends only on i, p
     # and its position): restored at another parallelism, each old subtask is moved whole (connectors/splits.py)
     subtask_splits = False
+    # the install's extras this source needs (runtime/common/extras.py): checked when the job is submitted
+    extras: tuple[str, ...] = ()
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         self.subtask_index = subtask_index

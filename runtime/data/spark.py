@@ -23,9 +23,12 @@ import sys
 import tempfile
 from typing import Any
 
+from runtime.common.extras import install_line
+
 JAVA_HINT = ("sluice data needs Java 17: install a JDK 17 (apt-get install openjdk-17-jre-headless) "
              "and make sure `java` is on PATH or JAVA_HOME is set")
-PYSPARK_HINT = "sluice data needs PySpark, the `spark` extra: pip install 'sluice[spark]' (scripts/bootstrap.sh does)"
+PYSPARK_HINT = (f"sluice data needs PySpark and pyarrow, the `spark` extra: {install_line('spark')} "
+                "(scripts/bootstrap.sh does)")
 MIN_JAVA = 17  # Spark 4 is built for Java 17
 
 # Spark's own logging goes to stderr at WARN. Two warnings printed on every start, both harmless here, are
@@ -79,8 +82,8 @@ def java_major_version(java: str) -> int | None:
 
 def check_environment() -> None:
     """Raise DataError naming what to install if Java (17 or later) or PySpark is missing."""
-    # PySpark first: it is the cheap check, and a plain `pip install sluice` leaves it out.
-    if importlib.util.find_spec("pyspark") is None:
+    # PySpark and pyarrow first: the cheap check, and a plain install leaves them out.
+    if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
         raise DataError(PYSPARK_HINT)
     java = find_java()
     if java is None:

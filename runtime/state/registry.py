@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.common.extras import install_line
 from runtime.state.backend import StateBackend, StateBackendError
 
 
@@ -29,7 +30,7 @@ class BackendSpec:
 
     @property
     def install_line(self) -> str:
-        return f"pip install 'sluice[{self.extra}]'" if self.extra else ""
+        return install_line(self.extra) if self.extra else ""
 
 
 BACKENDS = (

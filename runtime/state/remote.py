@@ -85,6 +85,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from runtime.common import objectstore
+from runtime.common.extras import install_line
 from runtime.common.retention import RetentionView
 from runtime.state import lua, versions
 from runtime.state.backend import (
@@ -135,8 +136,8 @@ class RemoteBackend(StateBackend):
     def __init__(self, key_groups: range, *, address: str, namespace: str,
                  connect_timeout_s: float = 2.0, io_timeout_s: float = 10.0) -> None:
         if valkey is None:
-            raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client): "
-                                    "pip install 'sluice[remote]'")
+            raise StateBackendError("the remote state backend needs the `remote` extra (the valkey client); "
+                                    f"install it with scripts/bootstrap.sh or `{install_line('remote')}`")
         if not namespace:
             raise StateBackendError("the remote state backend needs a namespace (the job's id) to keep jobs apart")
         super().__init__(key_groups)

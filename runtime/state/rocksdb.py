@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from runtime.common import objectstore
+from runtime.common.extras import install_line
 from runtime.state.backend import (
     MISSING,
     PendingSnapshot,
@@ -66,8 +67,8 @@ class RocksDBBackend(StateBackend):
     def __init__(self, key_groups: range, *, directory: str,
                  write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES) -> None:
         if rocksdict is None:
-            raise StateBackendError("the rocksdb state backend needs the `rocksdb` extra (the rocksdict package): "
-                                    "pip install 'sluice[rocksdb]'")
+            raise StateBackendError("the rocksdb state backend needs the `rocksdb` extra (the rocksdict package); "
+                                    f"install it with scripts/bootstrap.sh or `{install_line('rocksdb')}`")
         super().__init__(key_groups)
         self._base = os.path.abspath(directory)
         self._write_buffer_bytes = write_buffer_bytes

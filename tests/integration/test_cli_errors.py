@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from netstack.errors import RpcError
 from runtime.cli.processes import Managed, child_env, stop_process
 from tests.support.cluster import Cluster, write_module
 from tests.support.cluster import sluice as client
@@ -188,5 +189,57 @@ def test_data_without_pyspark_says_how_to_install_it(tmp_path: Path) -> None:
     proc = sluice("data", "generate", str(tmp_path / "out"), "--rows", "10", "--keys", "2", cwd=tmp_path,
                   python_prelude="import sys; sys.modules['pyspark'] = None")
     assert proc.returncode == 2, proc.stderr
-    assert_one_line(proc, "sluice[spark]")
+    assert_one_line(proc, "sluice-dataflow[spark]")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- extras that are not installed ----------------------------------------------------------------------------
+
+PARQUET_JOB = '''
+from runtime.api import DiscardSink, ParquetSource
+
+
+def build(job):
+    job.source(ParquetSource("in/")).sink(DiscardSink())
+'''
+
+
+def test_local_with_a_job_that_needs_an_absent_extra_is_one_line_with_the_install_line(tmp_path: Path) -> None:
+    write_module(tmp_path, "parquetjob", PARQUET_JOB)
+    proc = sluice("local", "parquetjob:build", "--workers", "1", cwd=tmp_path,
+                  python_prelude="import sys; sys.modules['pyarrow'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = assert_one_line(proc, "sluice local: job parquetjob:build: the `parquet` extra is not installed",
+                            "pip install 'sluice-dataflow[parquet]'")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "pid" not in proc.stdout and error.startswith("sluice local:"), "refused before anything started"
+
+
+def test_the_coordinator_refuses_at_submit_a_job_whose_extra_it_lacks(cluster: Cluster) -> None:
+    # a coordinator in which rocksdict does not import, as in an install without the rocksdb extra
+    hide = cluster.tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['rocksdict'] = None\n")
+    cluster.local.env_overrides["PYTHONPATH"] = f"{hide}{os.pathsep}{cluster.env['PYTHONPATH']}"
+    cluster.start_coordinator()
+    cluster.local.env_overrides.clear()
+    cluster.start_worker()
+    cluster.wait_workers(1)
+    write_module(cluster.tmp_path, "keyedjob", KEYED_JOB)
+    with pytest.raises(RpcError) as refused:
+        cluster.call("submit", {"entry": "keyedjob:build", "config": {"state": {"backend": "rocksdb"}},
+                                "sys_path": str(cluster.tmp_path)})
+    assert refused.value.remote_type == "MissingExtra", refused.value
+    assert "pip install 'sluice-dataflow[rocksdb]'" in str(refused.value), refused.value
+    assert cluster.call("status")["jobs"] == [], "nothing was deployed"
+    job_id = cluster.submit("keyedjob:build")  # the memory backend needs no extra
+    assert cluster.wait_job(job_id, 60)["state"] == "FINISHED"
+
+
+KEYED_JOB = '''
+from runtime.api import DiscardSink, GeneratorSource
+
+
+def build(job):
+    job.source(GeneratorSource(count=1000, keys=10)).key_by(lambda r: r[0]).reduce(lambda a, b: b).sink(DiscardSink())
+'''

@@ -113,6 +113,6 @@ def test_three_hosts_one_unplugged_job_restores_from_the_object_store_and_output
     assert {t["worker"] for t in st["tasks"]} <= {"worker-1", "worker-3"}, st
     assert detected_s < HEARTBEAT_TIMEOUT_S + 10, detected_s
     log = cluster.log("coordinator")
-    assert f"restores checkpoint {root}/checkpoints/{job_id}/chk-" in log, log[-3000:]
+    assert f"restores checkpoint {root}/{job_id}/chk-" in log, log[-3000:]
     assert_exact_output(setup)
     assert not os.path.exists(os.path.join(cluster.local.state_dir or "", "checkpoints"))

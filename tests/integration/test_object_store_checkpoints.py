@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from coordinator.storage import METADATA_FILE
+from runtime.cli.processes import child_env
 from runtime.common import objectstore
 from tests.support.cluster import Cluster, poll
 from tests.support.failover import (
@@ -51,8 +54,8 @@ def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cl
     # retention deleted the older ones in the bucket (the attempt after the restart retains 2 of its own; a
     # checkpoint from before the restart is not its to delete)
     assert len([i for i in ids if i > st["restored_checkpoint_id"]]) <= 2 and len(ids) < ids[-1], ids
-    assert not path or path.startswith(root), path
-    files = objectstore.list_children(f"{root}/checkpoints/{job_id}/chk-{ids[-1]}")
+    assert not path or path.startswith(f"{root}/{job_id}/chk-"), path  # not {root}/checkpoints/...
+    files = objectstore.list_children(f"{root}/{job_id}/chk-{ids[-1]}")
     assert METADATA_FILE in files and any(f.endswith(".state") for f in files), files
     assert not os.path.exists(os.path.join(cluster.local.state_dir or "", "checkpoints")), "local checkpoints"
 
@@ -125,3 +128,25 @@ def test_a_savepoint_in_the_bucket_restores_a_cancelled_job_exactly(cluster: Clu
     st = setup.wait_finished(restored, 180)
     assert st["restored_checkpoint_id"] == int(path.rsplit("-", 1)[1]), st
     assert_exact_output(setup)
+
+
+@pytest.mark.parametrize("problem", ["no such bucket", "no server"])
+def test_a_checkpoint_dir_in_a_bucket_that_cannot_be_used_stops_the_coordinator_at_start_up(
+        tmp_path: Path, s3: S3Server, problem: str) -> None:
+    env = {**child_env("object-store-token", str(tmp_path)), **s3.env}
+    if problem == "no server":
+        s3.create_bucket("there")
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{s.getsockname()[1]}"
+        root, reason = "s3://there/checkpoints", "Connection refused"
+    else:
+        root, reason = "s3://not-a-bucket/checkpoints", "NoSuchBucket"
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "coordinator", "--port", "0", "--state-dir",
+                           str(tmp_path / "state"), "--checkpoint-dir", root], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ready" not in proc.stdout, proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and len(lines[0]) < 200, proc.stderr
+    assert lines[0].startswith(f"sluice coordinator: object store {root}: ") and reason in lines[0], lines[0]

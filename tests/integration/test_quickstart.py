@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,21 +17,30 @@ from tests.support.cluster import committed_output
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def quickstart_source() -> str:
+def readme_example(module: str) -> str:
+    """The README's ```python block that starts with `# <module>.py`."""
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    matching = [b for b in blocks if b.startswith("# wordcount.py")]
-    assert matching, "README has no ```python block starting with '# wordcount.py'"
+    matching = [b for b in blocks if b.startswith(f"# {module}.py")]
+    assert matching, f"README has no ```python block starting with '# {module}.py'"
     return matching[0]
+
+
+def quickstart_source() -> str:
+    return readme_example("wordcount")
+
+
+def run_local(tmp_path: Path, entry: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    env = child_env("quickstart-token", None)
+    env.pop("SLUICE_TOKEN")
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "local", entry, "--workers", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
 @pytest.mark.integration
 def test_quickstart_output_is_exact(tmp_path: Path) -> None:
     (tmp_path / "wordcount.py").write_text(quickstart_source())
-    env = child_env("quickstart-token", None)
-    env.pop("SLUICE_TOKEN")
-    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "local", "wordcount:build", "--workers", "2"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_local(tmp_path, "wordcount:build")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "worker-1" in proc.stdout and "metrics 127.0.0.1:" in proc.stdout  # ports are printed
     assert "job FINISHED" in proc.stdout
@@ -42,6 +52,44 @@ def test_quickstart_output_is_exact(tmp_path: Path) -> None:
     for key, ns in counts.items():
         assert sorted(ns) == list(range(1, len(ns) + 1)), f"{key}: counts are not exactly 1..n"
         assert ns == sorted(ns), f"{key}: a key's counts must arrive in order"
+
+    # the same command again in the same directory: refused before anything starts, out/ untouched
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    again = run_local(tmp_path, "wordcount:build", timeout_s=60)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "pid" not in again.stdout and "Traceback" not in again.stderr, again.stdout + again.stderr
+    (line,) = again.stderr.strip().splitlines()
+    assert line.startswith("sluice local: job wordcount:build: the FileSink directory out/ already holds output")
+    assert "if_exists='append'" in line, line
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+
+
+@pytest.mark.integration
+def test_the_readme_asynchronous_state_example_runs_as_written(tmp_path: Path) -> None:
+    (tmp_path / "asynccount.py").write_text(readme_example("asynccount"))
+    proc = run_local(tmp_path, "asynccount:build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts, hidden = committed_output(tmp_path / "async-out")
+    assert hidden == [] and len(counts) == 100
+    assert sum(len(v) for v in counts.values()) == 100_000
+    assert all(ns == list(range(1, len(ns) + 1)) for ns in counts.values()), "per key, in order, exactly once"
+
+
+@pytest.mark.integration
+def test_the_readme_windows_example_sends_late_records_to_the_side_output(tmp_path: Path) -> None:
+    (tmp_path / "windowed.py").write_text(readme_example("windowed"))
+    proc = run_local(tmp_path, "windowed:build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    late = [json.loads(line) for f in sorted((tmp_path / "late").glob("part-*")) for line in f.open()]
+    windows = [json.loads(line) for f in sorted((tmp_path / "windows").glob("part-*")) for line in f.open()]
+    assert len(late) > 1000, f"the README says about a tenth of the records are late: {len(late)}"
+    assert all(len(r) == 3 and r[0].startswith("k") for r in late), late[:3]  # (key, seq, event time) as read
+    assert all(end - start == 1000 for _, start, end, _ in windows), windows[:3]
+    # every record is either counted in a window (the last row of each window is complete) or late
+    final: dict[tuple[str, int], int] = {}
+    for key, start, _, n in windows:
+        final[(key, start)] = max(final.get((key, start), 0), n)
+    assert sum(final.values()) + len(late) == 100_000
 
 
 @pytest.mark.integration

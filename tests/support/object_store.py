@@ -42,6 +42,6 @@ def in_bucket(cluster: Cluster, s3: S3Server) -> str:
 
 def completed(root: str, job_id: str) -> list[int]:
     """Ids of the job's checkpoints under `root` that have a `_metadata`."""
-    job_dir = f"{root}/checkpoints/{job_id}"
+    job_dir = f"{root}/{job_id}"  # the job directories are in --checkpoint-dir itself
     return sorted(int(name[4:]) for name in objectstore.list_children(job_dir)
                   if name.startswith("chk-") and objectstore.exists(f"{job_dir}/{name}/{METADATA_FILE}"))

@@ -31,7 +31,7 @@ def test_the_cli_choices_and_the_api_names_are_the_registry_s() -> None:
 def test_every_backend_but_memory_names_its_extra_and_install_line() -> None:
     assert registry.spec("memory").install_line == ""
     for kind in ("rocksdb", "remote"):
-        assert registry.spec(kind).install_line == f"pip install 'sluice[{kind}]'"
+        assert registry.spec(kind).install_line == f"pip install 'sluice-dataflow[{kind}]'"
     with pytest.raises(StateBackendError, match="unknown state backend 'disk': choose one of memory, rocksdb, remote"):
         registry.spec("disk")
 
@@ -42,7 +42,7 @@ def test_a_backend_whose_library_is_missing_fails_with_the_install_line(monkeypa
     fake.available = lambda: False  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "runtime.state.rocksdb", fake)
     assert registry.missing_extra("rocksdb") == \
-        "the rocksdb state backend needs the `rocksdb` extra: pip install 'sluice[rocksdb]'"
+        "the rocksdb state backend needs the `rocksdb` extra: pip install 'sluice-dataflow[rocksdb]'"
     with pytest.raises(StateBackendError, match=r"pip install 'sluice\[rocksdb\]'"):
         registry.make_backend("rocksdb", range(4), work_dir=str(tmp_path), options={})
     assert registry.missing_extra("memory") is None

@@ -1,0 +1,66 @@
+"""What a submitted job needs from the install and the machine, checked once at submit.
+
+A job that cannot run here should be refused when it is submitted, with the one line that says what to do,
+not fail on every worker and restart until its attempts run out. Two checks:
+
+- extras: the job's sources and sinks name the install's extras they need (`Source.extras`, `Sink.extras`),
+  its state backend too (rocksdb, remote), and a restore from s3:// needs the `s3` extra;
+- earlier output: a FileSink directory that already holds visible files (the output of an earlier run) is
+  refused for a new job, unless the sink says `if_exists="append"`; a restore goes on writing where the run
+  it restores left off, so it is not checked.
+"""
+
+from __future__ import annotations
+
+from runtime.api import Job
+from runtime.common import extras, objectstore
+from runtime.connectors.files import FileSink
+
+
+class SubmissionRefused(Exception):
+    """The job cannot run as submitted; the message is one line saying why and what to do."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # MissingExtra or OutputExists
+
+
+def needed_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> set[str]:
+    """The extras the job uses: its connectors', its state backend's (`backend`, the submitted setting, else
+    the job's; if it keeps keyed state), s3 for a restore from an object store."""
+    needed: set[str] = set()
+    for node in job.nodes:
+        needed.update(getattr(node.payload, "extras", ()))
+    backend = backend or job.state_backend
+    if backend in ("rocksdb", "remote") and any(n.key_fn is not None for n in job.nodes):
+        needed.add(str(backend))
+    if restore and objectstore.is_url(restore):
+        needed.add("s3")
+    return needed
+
+
+def check_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
+    absent = extras.missing(needed_extras(job, backend=backend, restore=restore))
+    if absent:
+        raise SubmissionRefused(f"job {job.name}: {extras.describe_missing(absent)}", "MissingExtra")
+
+
+def check_earlier_output(job: Job) -> None:
+    """Refuse a FileSink directory that holds an earlier run's files (if_exists="fail", the default)."""
+    for node in job.nodes:
+        sink = node.payload
+        if isinstance(sink, FileSink) and sink.if_exists == "fail":
+            found = sink.earlier_output()
+            if found:
+                more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+                raise SubmissionRefused(
+                    f"job {job.name}: the FileSink directory {sink.path} already holds output ({found[0]}{more}): "
+                    "remove it or choose another directory, or give the sink if_exists='append' to add to it",
+                    "OutputExists")
+
+
+def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
+    """Every check of a new submission; raises SubmissionRefused."""
+    check_extras(job, backend=backend, restore=restore)
+    if not restore:
+        check_earlier_output(job)
