@@ -4,12 +4,12 @@ metrics show the backpressure, and a probe still crosses the job quickly on the 
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import Cluster, poll, write_module
+from tests.support.scrape import scrape
 
 JOB = '''
 from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction
@@ -37,17 +37,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmRSS for {pid}")
-
-
-def scrape(address: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("sluice_"):
-            name_labels, value = line.rsplit(" ", 1)
-            totals[name_labels] = float(value)
-    return totals
 
 
 def stage_totals(summary: dict) -> dict[str, dict[str, float]]:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster, poll, write_module
-from tests.integration.test_backpressure import scrape
+from tests.support.cluster import Cluster, poll, write_module
+from tests.support.scrape import scrape
 
 JOB = '''
 import os
