@@ -43,6 +43,6 @@ def test_a_backend_whose_library_is_missing_fails_with_the_install_line(monkeypa
     monkeypatch.setitem(sys.modules, "runtime.state.rocksdb", fake)
     assert registry.missing_extra("rocksdb") == \
         "the rocksdb state backend needs the `rocksdb` extra: pip install 'sluice-dataflow[rocksdb]'"
-    with pytest.raises(StateBackendError, match=r"pip install 'sluice\[rocksdb\]'"):
+    with pytest.raises(StateBackendError, match=r"pip install 'sluice-dataflow\[rocksdb\]'"):
         registry.make_backend("rocksdb", range(4), work_dir=str(tmp_path), options={})
     assert registry.missing_extra("memory") is None

@@ -11,6 +11,7 @@ from typing import Any
 from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.storage import LocalCheckpointStorage
+from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from tests.support.faulty_coordinator import FaultyStorage
 
 
@@ -46,7 +47,7 @@ async def checkpoint(r: CheckpointRunner) -> dict[str, Any]:
     while checkpoint_id not in r.directories:  # the trigger makes its directory in a thread
         assert time.monotonic() < deadline, "no checkpoint directory"
         await asyncio.sleep(0.01)
-    r.ack(checkpoint_id, "1:0", {}, {})
+    r.ack(checkpoint_id, "1:0", {}, TaskCheckpointFigures())
     return await asyncio.wait_for(fut, 10)
 
 
@@ -92,7 +93,7 @@ def test_when_the_job_finished_stop_lets_a_write_under_way_complete_and_applies_
         while checkpoint_id not in r.directories:
             assert time.monotonic() < deadline, "no checkpoint directory"
             await asyncio.sleep(0.01)
-        r.ack(checkpoint_id, "1:0", {}, {})
+        r.ack(checkpoint_id, "1:0", {}, TaskCheckpointFigures())
         await r.stop("job finished", job_finished=True)
         assert (await fut)["status"] == "ABORTED"  # its requester was answered at once, by the stop
         assert [n for n, _ in inner.list_completed("job-1")] == [2]  # completed after all; retains 1
