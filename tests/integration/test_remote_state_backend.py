@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runtime.state.remote import available
-from tests.support.checkpoints import backend_handles, checkpoint_metadata
+from tests.support.checkpoints import backend_handles, checkpoint_metadata, taken_while_running
 from tests.support.cluster import Cluster
 from tests.support.failover import (
     install,
@@ -40,8 +40,8 @@ def test_remote_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster: 
     start(cluster)
     job_id = setup.submit("wordcount", extra=remote(server))
     kill_once_and_recover(setup, job_id)  # the killed worker hosts a Count subtask: the restart restores its groups
-    retained = checkpoint_metadata(cluster, job_id)
-    assert retained, "no retained checkpoint"
+    retained = taken_while_running(checkpoint_metadata(cluster, job_id))
+    assert retained, "no retained checkpoint taken while the job ran"
     for metadata in retained:
         handles = backend_handles(metadata)
         # a remote checkpoint is a version: a manifest of about a hundred bytes per subtask, nothing shared

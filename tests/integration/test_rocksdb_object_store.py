@@ -14,7 +14,7 @@ import pytest
 from coordinator.storage import METADATA_FILE
 from runtime.common import objectstore
 from runtime.state.rocksdb import available
-from tests.support.checkpoints import backend_handles
+from tests.support.checkpoints import backend_handles, taken_while_running
 from tests.support.cluster import Cluster
 from tests.support.failover import install, kill_once_and_recover, start
 from tests.support.object_store import completed, in_bucket, running_s3
@@ -40,11 +40,11 @@ def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpo
                           extra={"state": {"backend": "rocksdb", "work_dir": str(cluster.tmp_path / "local-state")}})
     kill_once_and_recover(setup, job_id)  # the killed worker hosts a Count subtask: its RocksDB dies with it
 
-    job_dir = f"{root}/checkpoints/{job_id}"
+    job_dir = f"{root}/{job_id}"  # --checkpoint-dir holds the job directories itself
     ids = completed(root, job_id)
     retained = [json.loads(objectstore.read(f"{job_dir}/chk-{n}/{METADATA_FILE}")) for n in ids]
     assert retained, "no retained checkpoint in the bucket"
-    for metadata in retained:
+    for metadata in taken_while_running(retained):
         handles = backend_handles(metadata)
         assert len(handles) == 2 and all(h["backend"] == "rocksdb" and h["store"] == "job" for h in handles), \
             metadata["acks"]

@@ -68,7 +68,8 @@ def test_lost_worker_scales_the_job_down_and_a_new_one_scales_it_back_up(cluster
     def scaled_down() -> bool:
         scaled.update(cluster.call("status", {"job_id": job_id}))
         assert scaled["state"] not in (JobState.FAILED, JobState.CANCELLED, JobState.FINISHED), (scaled, logs(cluster))
-        return scaled["state"] == JobState.RUNNING and [v["parallelism"] for v in scaled["vertices"]] == [2, 2]
+        return scaled["state"] == JobState.RUNNING and [v["parallelism"] for v in scaled["vertices"]] == [2, 2] \
+            and scaled["last_restart_s"] is not None  # RUNNING comes before the tasks report they started
 
     poll(scaled_down, 120, "the job to run again at parallelism 2", interval_s=0.25)
     assert [v["asked_parallelism"] for v in scaled["vertices"]] == [3, 3], scaled

@@ -12,7 +12,7 @@ import pytest
 from runtime.cli.processes import Managed, start_process
 from runtime.graph.enums import JobState
 from runtime.state.rocksdb import available
-from tests.support.checkpoints import backend_handles, checkpoint_metadata
+from tests.support.checkpoints import backend_handles, checkpoint_metadata, taken_while_running
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, write_module
 from tests.support.failover import (
     install,
@@ -51,8 +51,8 @@ def test_rocksdb_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster:
     job_id = setup.submit("wordcount", extra=rocksdb(cluster))
     kill_once_and_recover(setup, job_id)  # the killed worker hosts a Count subtask: its RocksDB dies with it
 
-    retained = checkpoint_metadata(cluster, job_id)
-    assert retained, "no retained checkpoint"
+    retained = taken_while_running(checkpoint_metadata(cluster, job_id))
+    assert retained, "no retained checkpoint taken while the job ran"
     for metadata in retained:
         handles = backend_handles(metadata)
         assert len(handles) == 2 and all(h["backend"] == "rocksdb" for h in handles), metadata["acks"]
