@@ -29,6 +29,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -80,14 +81,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffers: int,
-                  heartbeat_timeout_s: float) -> dict[str, Any]:
+                  heartbeat_timeout_s: float, keep_logs: bool = False) -> dict[str, Any]:
     from runtime.cli.local_cluster import LocalCluster
 
     p = max(1, tasks // 2)
     workers = max(1, math.ceil(2 * p / slots))
     cluster = LocalCluster(workers=workers, slots=slots, restart_workers=False,
+                           log_dir=tempfile.mkdtemp(prefix="sluice-scale-") if keep_logs else None,
                            env_overrides={PARALLELISM_ENV: str(p)})
     result: dict[str, Any] = {"tasks_asked": tasks, "workers": workers, "slots": slots}
+    if keep_logs:
+        print(f"bench_scale: {tasks} tasks: logs in {cluster.log_dir}", file=sys.stderr)
     try:
         t0 = time.monotonic()
         cluster.start_coordinator("--heartbeat-timeout", str(heartbeat_timeout_s))
@@ -175,13 +179,14 @@ def main() -> int:
     ap.add_argument("--buffers", type=int, default=2, help="buffers per channel (P x P keyed channels)")
     ap.add_argument("--heartbeat-timeout", type=float, default=10.0,
                     help="the coordinator's; 100 workers deploying 1,000 tasks on 2 cores miss the default 10 s")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (their directory is printed)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
     for tasks in args.tasks:
         try:
             row = asyncio.run(measure(tasks, args.slots, args.checkpoints, args.idle, args.buffers,
-                                     args.heartbeat_timeout))
+                                     args.heartbeat_timeout, args.keep_logs))
         except Exception as exc:  # noqa: BLE001 - one size failing still reports the others
             row = {"tasks_asked": tasks, "workers": max(1, math.ceil(tasks / args.slots)), "error": repr(exc)}
         rows.append(row)
