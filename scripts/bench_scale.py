@@ -1,0 +1,201 @@
+#!/usr/bin/env python
+"""Scale benchmark (issue 22): deploy time, checkpoint duration and coordinator CPU at 10 to 1,000 tasks.
+
+Job (defined in this file, `bench_scale:build`): unbounded GeneratorSource at a low rate -> map ->
+key_by -> keyed count -> DiscardSink, every vertex at parallelism P (SLUICE_BENCH_SCALE_P, set before the
+cluster starts and inherited by its processes). Source+map and count+sink chain, so the job has 2P tasks.
+
+For every task count (--tasks) the script starts a fresh local cluster (a coordinator and
+ceil(tasks / --slots) workers) and measures:
+
+- deploy time: submit RPC -> the job RUNNING with every task reporting statistics (the tasks report with
+  their 1 s heartbeat, so this is an upper bound by up to about 1 s);
+- coordinator CPU per second while idle (heartbeats and task reports only), over --idle s;
+- --checkpoints checkpoints triggered one after another by RPC (interval off): the median duration the
+  coordinator records (trigger -> last acknowledgement), and the coordinator's CPU seconds per checkpoint
+  (utime+stime from /proc/<pid>/stat before and after, minus the idle rate over the same wall time).
+
+Every process is stopped by PID (terminate -> wait -> kill) in a finally.
+
+    .venv/bin/python scripts/bench_scale.py --tasks 10 100 1000 --slots 10 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(SCRIPTS)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction  # noqa: E402
+
+ENTRY = "bench_scale:build"
+PARALLELISM_ENV = "SLUICE_BENCH_SCALE_P"
+RATE_PER_SOURCE = 20.0  # records/s per source subtask: the load stays low, so the figures are the overhead
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- the job (runs in the cluster's processes) ---------------------------------------------
+
+
+class Count(KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.value_state("count", default=0)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        n = self.count.value() + 1
+        self.count.update(n)
+        ctx.emit((record[0], n))
+
+
+def build(job: Job) -> None:
+    p = int(os.environ.get(PARALLELISM_ENV, "5"))
+    job.max_parallelism = max(job.max_parallelism, p)  # the default 128 would refuse P = 500
+    (job.source(GeneratorSource(count=None, keys=1000, seed=7, records_per_second=RATE_PER_SOURCE),
+                parallelism=p)
+        .map(lambda r: r, parallelism=p)
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=p)
+        .sink(DiscardSink()))
+
+
+# -- measurement ------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` in seconds (fields 14 and 15 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffers: int,
+                  heartbeat_timeout_s: float, keep_logs: bool = False) -> dict[str, Any]:
+    from runtime.cli.local_cluster import LocalCluster
+
+    p = max(1, tasks // 2)
+    workers = max(1, math.ceil(2 * p / slots))
+    cluster = LocalCluster(workers=workers, slots=slots, restart_workers=False,
+                           log_dir=tempfile.mkdtemp(prefix="sluice-scale-") if keep_logs else None,
+                           env_overrides={PARALLELISM_ENV: str(p)})
+    result: dict[str, Any] = {"tasks_asked": tasks, "workers": workers, "slots": slots}
+    if keep_logs:
+        print(f"bench_scale: {tasks} tasks: logs in {cluster.log_dir}", file=sys.stderr)
+    try:
+        t0 = time.monotonic()
+        cluster.start_coordinator("--heartbeat-timeout", str(heartbeat_timeout_s))
+        for _ in range(workers):
+            cluster.start_worker()
+        await cluster.wait_workers(timeout_s=300.0)
+        result["cluster_start_s"] = time.monotonic() - t0
+        coordinator_pid = cluster.coordinator.pid if cluster.coordinator else 0
+        config = {"buffers_per_channel": buffers,
+                  "checkpoint": {"interval_s": None, "mode": "aligned", "timeout_s": 120.0,
+                                 "tolerable_failures": 100, "min_pause_s": 0}}
+        submit_at = time.monotonic()
+        submitted = await cluster.call("submit", {"entry": ENTRY, "name": f"bench-scale-{tasks}",
+                                                  "config": config, "sys_path": SCRIPTS})
+        job_id = submitted["job_id"]
+        result["tasks"] = submitted["tasks"]
+        deadline = submit_at + 600.0
+        while True:
+            summary = await cluster.call("status", {"job_id": job_id})
+            if summary["state"] in ("FAILED", "CANCELLED", "FINISHED"):
+                raise RuntimeError(f"job {job_id} ended {summary['state']}: {summary.get('error', '')}")
+            if summary["state"] == "RUNNING" and len(summary["tasks"]) == summary["tasks_total"]:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job_id} did not run all its tasks within 600 s")
+            await asyncio.sleep(0.05)
+        result["deploy_s"] = time.monotonic() - submit_at
+
+        # idle: heartbeats and task reports only
+        await asyncio.sleep(2.0)
+        c0, w0 = cpu_seconds(coordinator_pid), time.monotonic()
+        await asyncio.sleep(idle_s)
+        idle_rate = (cpu_seconds(coordinator_pid) - c0) / (time.monotonic() - w0)
+        result["coordinator_idle_cpu_per_s"] = idle_rate
+
+        durations: list[float] = []
+        c0, w0 = cpu_seconds(coordinator_pid), time.monotonic()
+        for _ in range(checkpoints):
+            done = await cluster.call("checkpoint", {"job_id": job_id, "timeout_s": 150.0})
+            if isinstance(done, dict) and done.get("duration_s") is not None:
+                durations.append(float(done["duration_s"]))
+        wall = time.monotonic() - w0
+        cpu = cpu_seconds(coordinator_pid) - c0
+        history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
+        completed = [h for h in history if h["status"] == "COMPLETED" and h["duration_s"] is not None]
+        if len(durations) < checkpoints:  # the RPC's answer did not carry the duration: read the history
+            durations = [h["duration_s"] for h in completed]
+        result.update({
+            "checkpoints_completed": len(completed),
+            "checkpoint_median_s": statistics.median(durations) if durations else None,
+            "checkpoint_max_s": max(durations) if durations else None,
+            "coordinator_cpu_per_checkpoint_s": cpu / checkpoints,
+            "coordinator_cpu_per_checkpoint_net_s": max(0.0, cpu - idle_rate * wall) / checkpoints,
+        })
+        try:
+            await cluster.call("cancel", {"job_id": job_id})
+        except Exception:  # noqa: BLE001 - the cluster is stopped next anyway
+            pass
+    finally:
+        cluster.stop()  # every worker, then the coordinator: terminate -> wait -> kill, by PID
+    return result
+
+
+def show(rows: list[dict[str, Any]]) -> None:
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    print(f"{'tasks':>6} {'workers':>7} {'start s':>8} {'deploy s':>9} {'cp med s':>9} {'cp max s':>9} "
+          f"{'coord cpu/cp s':>15} {'net cpu/cp s':>13} {'idle cpu/s':>11}")
+    for r in rows:
+        print(f"{r.get('tasks', r['tasks_asked']):>6} {r['workers']:>7} {f(r.get('cluster_start_s'), '.1f'):>8} "
+              f"{f(r.get('deploy_s'), '.2f'):>9} {f(r.get('checkpoint_median_s'), '.3f'):>9} "
+              f"{f(r.get('checkpoint_max_s'), '.3f'):>9} {f(r.get('coordinator_cpu_per_checkpoint_s'), '.3f'):>15} "
+              f"{f(r.get('coordinator_cpu_per_checkpoint_net_s'), '.3f'):>13} "
+              f"{f(r.get('coordinator_idle_cpu_per_s'), '.3f'):>11}"
+              + (f"  ERROR {r['error']}" if "error" in r else ""))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--slots", type=int, default=10, help="slots per worker (workers = tasks / slots)")
+    ap.add_argument("--checkpoints", type=int, default=5)
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle coordinator CPU measurement")
+    ap.add_argument("--buffers", type=int, default=2, help="buffers per channel (P x P keyed channels)")
+    ap.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                    help="the coordinator's; 100 workers deploying 1,000 tasks on 2 cores miss the default 10 s")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (their directory is printed)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for tasks in args.tasks:
+        try:
+            row = asyncio.run(measure(tasks, args.slots, args.checkpoints, args.idle, args.buffers,
+                                     args.heartbeat_timeout, args.keep_logs))
+        except Exception as exc:  # noqa: BLE001 - one size failing still reports the others
+            row = {"tasks_asked": tasks, "workers": max(1, math.ceil(tasks / args.slots)), "error": repr(exc)}
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    show(rows)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
