@@ -148,7 +148,7 @@ def test_sink_crashes_in_flight_and_before_commit_output_is_exact(cluster: Clust
 
 
 def test_worker_killed_during_aligned_checkpoint_output_is_exact(cluster: Cluster) -> None:
-    setup = install(cluster, words=100_000, sink_delay=0.0001)
+    setup = install(cluster, words=150_000, sink_delay=0.0001)  # still blocked after the first checkpoint
     start(cluster)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None, "mode": "aligned", "timeout_s": 30})
     poll(lambda: setup.status(job_id)["state"] == "RUNNING" and len(sink_placement(setup.status(job_id))) == 2,
