@@ -23,7 +23,7 @@ from tests.support.cluster import Cluster, assert_running_counts, generator_coun
 
 pytestmark = pytest.mark.integration
 
-WORDS, KEYS, SEED = 60_000, 50, 11
+WORDS, KEYS, SEED = 90_000, 50, 11  # long enough for two checkpoints before the end on a loaded machine
 JOB = f'''
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
