@@ -86,7 +86,8 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
 
     p = max(1, tasks // 2)
     workers = max(1, math.ceil(2 * p / slots))
-    cluster = LocalCluster(workers=workers, slots=slots, restart_workers=False, link_timeout_s=max(10.0, heartbeat_timeout_s),
+    cluster = LocalCluster(workers=workers, slots=slots, restart_workers=False,
+                           link_timeout_s=max(10.0, heartbeat_timeout_s),
                            log_dir=tempfile.mkdtemp(prefix="sluice-scale-") if keep_logs else None,
                            env_overrides={PARALLELISM_ENV: str(p)})
     result: dict[str, Any] = {"tasks_asked": tasks, "workers": workers, "slots": slots}
