@@ -87,6 +87,7 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
     p = max(1, tasks // 2)
     workers = max(1, math.ceil(2 * p / slots))
     cluster = LocalCluster(workers=workers, slots=slots, restart_workers=False,
+                           link_timeout_s=max(10.0, heartbeat_timeout_s),
                            log_dir=tempfile.mkdtemp(prefix="sluice-scale-") if keep_logs else None,
                            env_overrides={PARALLELISM_ENV: str(p)})
     result: dict[str, Any] = {"tasks_asked": tasks, "workers": workers, "slots": slots}
@@ -94,7 +95,10 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         print(f"bench_scale: {tasks} tasks: logs in {cluster.log_dir}", file=sys.stderr)
     try:
         t0 = time.monotonic()
-        cluster.start_coordinator("--heartbeat-timeout", str(heartbeat_timeout_s))
+        # the lease and the workers' link timeout follow the heartbeat timeout: on 2 cores a 1,000-task
+        # deployment stalls the coordinator's event loop for longer than their defaults (5 s, 10 s)
+        cluster.start_coordinator("--heartbeat-timeout", str(heartbeat_timeout_s),
+                                  "--lease-timeout", str(max(5.0, heartbeat_timeout_s)))
         for _ in range(workers):
             cluster.start_worker()
         await cluster.wait_workers(timeout_s=300.0)
@@ -117,7 +121,7 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"job {job_id} did not run all its tasks within 600 s")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)  # a 1,000-task status answer is large: do not poll the coordinator harder
         result["deploy_s"] = time.monotonic() - submit_at
 
         # idle: heartbeats and task reports only
