@@ -266,7 +266,7 @@ class JobManager:
         elif isinstance(ins, lc.Persist):
             self.persist(job)
         elif isinstance(ins, lc.RecordFailure):
-            job.failures.append(ins.cause)
+            job.note_failure(ins.cause)
         elif isinstance(ins, lc.StartCheckpoints):
             self._start_checkpoints(job, ins.attempt)
         elif isinstance(ins, lc.StopCheckpoints):
@@ -385,7 +385,7 @@ class JobManager:
                                      name=f"{job.job_id} checkpoint runner stop")
         self._runner_stops.add(stopping)
         stopping.add_done_callback(self._runner_stops.discard)
-        job.earlier_checkpoints = job.checkpoint_history()[-200:]
+        job.archive_checkpoints()
         job.checkpoints = None
         st = runner.coordinator.statistics()
         last_id = max([st.in_flight_id or 0, st.last_completed_id or 0] + [h.checkpoint_id for h in

@@ -4,7 +4,12 @@ A job's record holds what a restarted coordinator needs to carry the job on:
 its submission (entry, sys_path, job config, checkpoint settings, restart
 strategy, the checkpoint it was submitted with), where it got to (state,
 attempt, restarts, the next checkpoint id) and the latest completed
-checkpoint pointer. Each file is written whole and atomically
+checkpoint pointer. What its page shows goes along, bounded: the last
+checkpoints (their start times as Unix time, since monotonic clocks do not
+cross processes), the checkpoint counters, the exception history and the
+graph with its record totals, so a standby that takes over shows the job's
+past rather than zeros (a record without them, from an older version,
+loads with empty ones). Each file is written whole and atomically
 (runtime.common.files.write_atomically), so a crash leaves the old version or
 the new one, never half of either; the body carries a checksum so a damaged
 file is named and skipped, never half-trusted.
@@ -21,11 +26,13 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from coordinator.checkpointing import CheckpointSettings
+from coordinator.exception_history import ExceptionEntry, ExceptionHistory
 from coordinator.jobs import TERMINAL, JobRecord
 from coordinator.restarts import RestartStrategy
 from runtime.common.checksums import checksum, mismatch
@@ -39,14 +46,23 @@ FORMAT_VERSION = 1
 JOBS_DIR = "jobs"
 SUFFIX = ".json"
 _STATES = frozenset(s.value for s in JobState)
+CHECKPOINT_HISTORY = 50  # checkpoints persisted per job, the newest
+
+
+def wall_offset() -> float:
+    """Wall clock minus monotonic clock, now: converts checkpoint start times for the record and back."""
+    return time.time() - time.monotonic()
 
 
 class CorruptJobRecord(ValueError):
     """A job record that cannot be used; the message names the file and what is wrong."""
 
 
-def record_of(job: JobRecord) -> dict[str, Any]:
-    """The persisted form of a job (without the format and checksum fields)."""
+def record_of(job: JobRecord, *, wall_offset: float = 0.0) -> dict[str, Any]:
+    """The persisted form of a job (without the format and checksum fields); `wall_offset` turns the
+    checkpoints' monotonic start times into Unix time."""
+    history = [{**h, "status": str(h["status"]), "started_at": float(h["started_at"]) + wall_offset}
+               for h in job.checkpoint_history()[-CHECKPOINT_HISTORY:]]
     return {
         "job_id": job.job_id, "entry": job.entry, "name": job.name, "sys_path": job.sys_path,
         "config": job.config.to_document(),
@@ -58,6 +74,8 @@ def record_of(job: JobRecord) -> dict[str, Any]:
         "next_checkpoint_id": job.next_checkpoint_id, "last_checkpoint": _pointer(job.last_checkpoint),
         "final_checkpoint_id": job.final_checkpoint_id, "restored_checkpoint_id": job.restored_checkpoint_id,
         "restart_s": job.restart_s[-50:], "rescale_s": job.rescale_s[-50:],
+        "checkpoint_history": history, "checkpoint_counts": list(job.checkpoint_counts()),
+        "exceptions": [e.to_dict() for e in job.exceptions.entries()], "graph": job.graph_snapshot(),
     }
 
 
@@ -68,8 +86,8 @@ def _pointer(last: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"checkpoint_id": last.get("checkpoint_id"), "path": last.get("path")}
 
 
-def encode(job: JobRecord) -> bytes:
-    body = {"format": FORMAT_VERSION, **record_of(job)}
+def encode(job: JobRecord, *, offset: float | None = None) -> bytes:
+    body = {"format": FORMAT_VERSION, **record_of(job, wall_offset=wall_offset() if offset is None else offset)}
     return json.dumps({**body, "checksum": checksum(_body(body))}, indent=1, sort_keys=True).encode()
 
 
@@ -77,7 +95,7 @@ def _body(doc: dict[str, Any]) -> bytes:
     return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
 
 
-def decode(data: bytes, where: str) -> JobRecord:
+def decode(data: bytes, where: str, *, offset: float | None = None) -> JobRecord:
     """A job back from its file's bytes; raises CorruptJobRecord naming `where` and the problem."""
     if not data.strip():
         raise CorruptJobRecord(f"{where}: job record is empty")
@@ -94,13 +112,14 @@ def decode(data: bytes, where: str) -> JobRecord:
     if problem is not None:
         raise CorruptJobRecord(f"{where}: job record is corrupt: {problem}")
     try:
-        return job_from_record(doc)
+        return job_from_record(doc, wall_offset=wall_offset() if offset is None else offset)
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptJobRecord(f"{where}: job record is unusable: {type(exc).__name__}: {exc}") from None
 
 
-def job_from_record(doc: dict[str, Any]) -> JobRecord:
-    """Raises KeyError, TypeError or ValueError for a record that does not describe a job."""
+def job_from_record(doc: dict[str, Any], *, wall_offset: float = 0.0) -> JobRecord:
+    """Raises KeyError, TypeError or ValueError for a record that does not describe a job. `wall_offset`
+    turns the checkpoints' Unix start times back into this process's monotonic clock."""
     def typed(key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
         value = doc[key]
         if (value is None and optional) or (isinstance(value, kind) and not isinstance(value, bool)):
@@ -135,9 +154,29 @@ def job_from_record(doc: dict[str, Any]) -> JobRecord:
     job.restored_from = typed("restored_from", str)
     job.restart_s = [float(x) for x in typed("restart_s", list)]
     job.rescale_s = [float(x) for x in typed("rescale_s", list)]
+    _history_from_record(job, doc, wall_offset)
     if job.terminal:
         job.ended.set()
     return job
+
+
+def _history_from_record(job: JobRecord, doc: dict[str, Any], wall_offset: float) -> None:
+    """The page's past (absent from records of older versions: then empty)."""
+    history = doc.get("checkpoint_history") or []
+    if not isinstance(history, list) or not all(isinstance(h, dict) and "status" in h for h in history):
+        raise TypeError("'checkpoint_history' must be a list of checkpoints")
+    job.earlier_checkpoints = [{**h, "started_at": float(h["started_at"]) - wall_offset} for h in history]
+    done = sum(h["status"] == "COMPLETED" for h in history)
+    failed = sum(h["status"] == JobState.FAILED for h in history)
+    counts = doc.get("checkpoint_counts") or [done, failed]
+    if not (isinstance(counts, list) and len(counts) == 2 and all(isinstance(n, int) for n in counts)):
+        raise TypeError(f"'checkpoint_counts' must be [completed, failed], got {counts!r}")
+    job.checkpoints_before = (max(0, counts[0] - done), max(0, counts[1] - failed))
+    job.exceptions = ExceptionHistory([ExceptionEntry.from_dict(e) for e in doc.get("exceptions") or []])
+    graph = doc.get("graph")
+    if graph is not None and not (isinstance(graph, dict) and isinstance(graph.get("vertices"), list)):
+        raise TypeError(f"'graph' must hold a list of vertices, got {graph!r}")
+    job.saved_graph = graph
 
 
 def needs_recovery(job: JobRecord) -> bool:

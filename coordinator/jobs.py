@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from coordinator.exception_history import ExceptionHistory
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan
@@ -34,6 +35,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     JobState.CANCELLED: frozenset(),
 }
 TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+EARLIER_CHECKPOINTS = 200  # earlier attempts' checkpoints kept in the history (they are counted all the same)
 
 
 class IllegalTransition(Exception):
@@ -85,6 +87,11 @@ class JobRecord:
     restored_checkpoint_id: int | None = None
     next_checkpoint_id: int = 1
     earlier_checkpoints: list[dict[str, Any]] = field(default_factory=list)  # history of earlier attempts
+    # (completed, failed) checkpoints no longer in earlier_checkpoints: trimmed away, or of a previous coordinator
+    checkpoints_before: tuple[int, int] = (0, 0)
+    exceptions: ExceptionHistory = field(default_factory=ExceptionHistory, repr=False, compare=False)
+    # vertices (with record totals) and edges as last seen, for a job without a plan: one recovered after it ended
+    saved_graph: dict[str, Any] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)  # set on a terminal state
     # called after every state change: the coordinator persists the record (coordinator/job_store.py)
     on_change: Callable[[JobRecord], None] | None = field(default=None, repr=False, compare=False)
@@ -96,12 +103,26 @@ class JobRecord:
 
     def checkpoint_counts(self) -> tuple[int, int]:
         """(completed, failed) over every attempt."""
-        done = sum(h["status"] == "COMPLETED" for h in self.earlier_checkpoints)
-        failed = sum(h["status"] == JobState.FAILED for h in self.earlier_checkpoints)
+        done = self.checkpoints_before[0] + sum(h["status"] == "COMPLETED" for h in self.earlier_checkpoints)
+        failed = self.checkpoints_before[1] + sum(h["status"] == JobState.FAILED for h in self.earlier_checkpoints)
         if self.checkpoints is not None:
             st = self.checkpoints.coordinator.statistics()
             done, failed = done + st.completed, failed + st.failed
         return done, failed
+
+    def archive_checkpoints(self, limit: int = EARLIER_CHECKPOINTS) -> None:
+        """The attempt's checkpoint runner is going: keep its history with the earlier attempts' (the last
+        `limit`), counting the ones trimmed away."""
+        history = self.checkpoint_history()
+        dropped = history[:-limit] if len(history) > limit else []
+        self.checkpoints_before = (self.checkpoints_before[0] + sum(h["status"] == "COMPLETED" for h in dropped),
+                                   self.checkpoints_before[1] + sum(h["status"] == JobState.FAILED for h in dropped))
+        self.earlier_checkpoints = history[-limit:]
+
+    def note_failure(self, cause: str, *, now: float | None = None) -> None:
+        """A failover begins: the cause goes to `failures` and, with its traceback, to the exception history."""
+        self.failures.append(cause)
+        self.exceptions.record(cause, now=time.time() if now is None else now, attempt=self.attempt)
 
     def statistics(self) -> JobStatistics:
         done, failed = self.checkpoint_counts()
@@ -115,8 +136,12 @@ class JobRecord:
         self.state = state
         if error:
             self.error = error
+        if state == JobState.RUNNING:  # a failover (if one was under way) ends here: its entries learn it
+            self.exceptions.restarted(now=time.time(), attempt=self.attempt,
+                                      restored_checkpoint_id=self.restored_checkpoint_id)
         if state in TERMINAL:
             self.ended_at = time.time()
+            self.exceptions.ended(state)
             self.ended.set()
         if self.on_change is not None:
             self.on_change(self)
@@ -126,7 +151,22 @@ class JobRecord:
         return self.state in TERMINAL
 
     def total_tasks(self) -> int:
-        return sum(v.parallelism for v in self.plan.vertices) if self.plan else 0
+        if self.plan is None:
+            return sum(int(v["parallelism"]) for v in (self.saved_graph or {}).get("vertices", []))
+        return sum(v.parallelism for v in self.plan.vertices)
+
+    def graph_snapshot(self) -> dict[str, Any] | None:
+        """Vertices with their record totals and the edges: what a job's page shows once the plan is gone."""
+        if self.plan is None:
+            return self.saved_graph
+        vertices = []
+        for v in self.plan.vertices:
+            stats = [self.task_stats.get(f"{self.job_id}/{v.id}:{i}") or {} for i in range(v.parallelism)]
+            vertices.append({"id": v.id, "name": v.name, "parallelism": v.parallelism,
+                             "records_in": sum(int(s.get("records_in", 0)) for s in stats),
+                             "records_out": sum(int(s.get("records_out", 0)) for s in stats)})
+        return {"vertices": vertices,
+                "edges": [{"from": e.up, "to": e.down, "partitioner": e.partitioner} for e in self.plan.edges]}
 
     def summary(self) -> dict[str, Any]:
         tasks = sorted(self.task_stats.values(), key=lambda t: t["task"])
@@ -139,7 +179,7 @@ class JobRecord:
             "restart_s": self.restart_s[-50:], "rescale_s": self.rescale_s[-50:],
             "restored_checkpoint_id": self.restored_checkpoint_id, "final_checkpoint_id": self.final_checkpoint_id,
             "checkpoints_completed": self.checkpoint_counts()[0], "checkpoints_failed": self.checkpoint_counts()[1],
-            "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism}
-                         for v in (self.plan.vertices if self.plan else [])],
+            "vertices": [{"id": v["id"], "name": v["name"], "parallelism": v["parallelism"]}
+                         for v in (self.graph_snapshot() or {}).get("vertices", [])],
             "placement": dict(self.plan.placement) if self.plan else {},
         }

@@ -27,6 +27,7 @@ class WorkerRecord:
     pid: int | None
     registered_at: float = field(default_factory=time.monotonic)
     last_heartbeat: float = field(default_factory=time.monotonic)
+    process: dict[str, Any] = field(default_factory=dict)  # memory and CPU from its heartbeats (rest_views)
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.worker_id, "slots": self.slots, "data": f"{self.host}:{self.data_port}",

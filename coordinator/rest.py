@@ -6,7 +6,8 @@ proxy); anything that changes a job (cancel, checkpoint, savepoint, rescale)
 needs `Authorization: Bearer <cluster token>`, compared in constant time, and
 goes through the very RPC handler the CLI calls (`call`), so the REST API
 can do nothing the token's RPCs could not, with the same trust checks on
-savepoint directories.
+savepoint directories. A worker's log tail is read open too, as Flink's UI
+does; its lines are what the worker logged (no token, no record data).
 
     GET  /                                     the web UI (coordinator/ui/index.html)
     GET  /ui/<file>                            its script and style sheet
@@ -17,7 +18,10 @@ savepoint directories.
     GET  /api/v1/jobs/{id}/graph               vertices with per-subtask rates and backpressure, edges
     GET  /api/v1/jobs/{id}/checkpoints         checkpoint history with per-task figures (?limit=N, the last N)
     GET  /api/v1/jobs/{id}/restarts            failures and restart times
-    GET  /api/v1/workers                       registered workers with their metrics links
+    GET  /api/v1/jobs/{id}/exceptions          the exception history: causes, tracebacks, the restart each caused
+    GET  /api/v1/jobs/{id}/config              what the job was submitted with
+    GET  /api/v1/workers                       registered workers with memory, CPU and their metrics links
+    GET  /api/v1/workers/{id}                  one worker, its tasks and its log tail (?lines=N)
     POST /api/v1/jobs/{id}/cancel              (token) cancel
     POST /api/v1/jobs/{id}/checkpoints         (token) take a checkpoint now; body {"mode"?, "timeout_s"?}
     POST /api/v1/jobs/{id}/savepoints          (token) take a savepoint; body {"directory"?, "timeout_s"?}
@@ -55,6 +59,8 @@ ERROR_STATUS = {"UnknownJob": 404, "JobNotRunning": 409, "PathNotAllowed": 403, 
                 "NotLeader": 503}  # a standby coordinator: ask the leader
 
 DEFAULT_HISTORY = 100  # checkpoints per answer unless ?limit= says otherwise (earlier attempts' add up)
+LOG_LINES = 200  # a worker's log lines per answer unless ?lines= says otherwise
+MAX_LOG_LINES = 1000
 
 # The REST port's limits: a browser keeps a few connections; mutating calls send small JSON bodies.
 REST_LIMITS = HttpLimits(max_connections=64, max_idle=32, idle_timeout_s=10.0, max_body_bytes=64 * 1024)
@@ -70,9 +76,17 @@ class Route:
     mutating: bool = False
 
 
+PARAMETER = r"[A-Za-z0-9_.-]+"  # a job or worker id: no slash, so no path tricks
+
+
 def _route(method: str, path: str, name: str, mutating: bool = False) -> Route:
-    return Route(method, re.compile("^" + path.replace("{job_id}", r"(?P<job_id>[A-Za-z0-9_.-]+)") + "$"), name,
-                 mutating)
+    pattern = re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m.group(1)}>{PARAMETER})", path)
+    return Route(method, re.compile(f"^{pattern}$"), name, mutating)
+
+
+def path_of(route: Route) -> str:
+    """The route's path as the OpenAPI document writes it ({job_id}, {worker_id})."""
+    return re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", route.pattern.pattern[1:-1])
 
 
 ROUTES = (
@@ -82,7 +96,10 @@ ROUTES = (
     _route("GET", "/api/v1/jobs/{job_id}/graph", "graph"),
     _route("GET", "/api/v1/jobs/{job_id}/checkpoints", "checkpoints"),
     _route("GET", "/api/v1/jobs/{job_id}/restarts", "restarts"),
+    _route("GET", "/api/v1/jobs/{job_id}/exceptions", "exceptions"),
+    _route("GET", "/api/v1/jobs/{job_id}/config", "config"),
     _route("GET", "/api/v1/workers", "workers"),
+    _route("GET", "/api/v1/workers/{worker_id}", "worker"),
     _route("POST", "/api/v1/jobs/{job_id}/cancel", "cancel", mutating=True),
     _route("POST", "/api/v1/jobs/{job_id}/checkpoints", "checkpoint", mutating=True),
     _route("POST", "/api/v1/jobs/{job_id}/savepoints", "savepoint", mutating=True),
@@ -153,6 +170,11 @@ class RestApi:
         limit = request.query.get("limit", str(DEFAULT_HISTORY))
         if not limit.isdigit() or int(limit) < 1:
             return error(400, f"limit must be a positive whole number, got {limit!r}", "BadRequest")
+        if route.name == "worker":
+            lines = request.query.get("lines", str(LOG_LINES))
+            if not lines.isdigit() or not 0 <= int(lines) <= MAX_LOG_LINES:
+                return error(400, f"lines must be a whole number up to {MAX_LOG_LINES}, got {lines!r}", "BadRequest")
+            return await self._worker(params["worker_id"], int(lines))
         return self._read(route.name, params.get("job_id"), int(limit))
 
     def _serve_static(self, path: str) -> HttpResponse:
@@ -177,21 +199,43 @@ class RestApi:
             return json_response(200, {"jobs": [views.job_brief(j) for j in self.jobs.values()]})
         if name == "workers":
             now = self.clock()
-            return json_response(200, {"workers": [views.worker_view(w, now) for w in self.workers.values()]})
+            return json_response(200, {"workers": [
+                views.worker_view(w, now, len(views.tasks_on(self.jobs.values(), w.worker_id)))
+                for w in self.workers.values()]})
         job = self.jobs.get(job_id or "")
         if job is None:
             return error(404, f"no job {job_id}", "UnknownJob")
         if name == "job":
             return json_response(200, views.job_detail(job))
+        offset = self.wall_clock() - self.clock()
         if name == "graph":
-            return json_response(200, views.job_graph(job))
+            return json_response(200, views.job_graph(job, offset))
         if name == "restarts":
             return json_response(200, views.restarts_view(job))
+        if name == "exceptions":
+            return json_response(200, views.exceptions_view(job, limit))
+        if name == "config":
+            return json_response(200, views.config_view(job))
         assert name == "checkpoints"
         figures = job.checkpoints.coordinator.task_figures() if job.checkpoints is not None else {}
-        offset = self.wall_clock() - self.clock()
         history = job.checkpoint_history()[-limit:]
         return json_response(200, views.checkpoints_view(job, history, figures, offset))
+
+    async def _worker(self, worker_id: str, lines: int) -> HttpResponse:
+        """One worker: its figures, the tasks it runs, and its log tail (asked of the worker itself)."""
+        w = self.workers.get(worker_id)
+        if w is None:
+            return error(404, f"no worker {worker_id}", "UnknownWorker")
+        tasks = views.tasks_on(self.jobs.values(), worker_id)
+        log: list[str] = []
+        log_error = ""
+        if lines:
+            try:
+                log = list((await self.call("worker_log", {"worker_id": worker_id, "lines": lines}))["lines"])
+            except RpcError as exc:  # the page shows the figures all the same, and why there is no log
+                log_error = str(exc)
+        return json_response(200, {**views.worker_view(w, self.clock(), len(tasks)), "task_list": tasks,
+                                   "log": log, "log_error": log_error})
 
     async def _mutate(self, name: str, job_id: str, body: dict[str, Any]) -> HttpResponse:
         args: dict[str, Any] = {"job_id": job_id}

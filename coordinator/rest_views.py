@@ -15,13 +15,21 @@ a late heartbeat must not stretch one task's interval and shrink the next.
 The task counts the wait in progress in its backpressured time, so no
 interval is clipped. A backpressured source emits in bursts (a buffer frees,
 it fills it at once), so the window spans several of them.
+
+Watermarks come with the same reports (jobs with event time): a vertex's
+watermark is its lowest subtask's, as in Flink, and a subtask's lag is how
+far its watermark is behind the wall clock at the report. Times the
+coordinator keeps on its monotonic clock become Unix time through
+`wall_offset` (wall clock minus monotonic clock, read by the caller).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK
 from runtime.graph.checkpoint_figures import AGGREGATED, TaskCheckpointFigures, declaration
 
 if TYPE_CHECKING:
@@ -49,18 +57,52 @@ def task_sample(previous: Mapping[str, Any] | None, report: dict[str, Any], now:
     """
     at = float(report.get("measured_at", now))
     point = [at, *(float(report.get(k, 0)) for k in _KEYS)]
-    window = [list(p) for p in previous.get("window", [])] if previous is not None else []
-    if window and (at <= window[-1][0] or any(v < w for v, w in zip(point[1:], window[-1][1:], strict=True))):
-        window = []
-    window.append(point)
-    while len(window) > 2 and at - window[1][0] >= RATE_WINDOW_S:
-        window.pop(0)
+    window = _slide(previous, point)
     out = {**report, "sampled_at": now, "window": window, "rated": len(window) > 1}
     first = window[0]
     dt = at - first[0]
     for i, (_, rate) in enumerate((*_COUNTERS, *_TIMES), start=1):
         out[rate] = round(max(0.0, (point[i] - first[i]) / dt), 4) if dt > 0 else 0.0
     return out
+
+
+def _slide(previous: Mapping[str, Any] | None, point: list[float]) -> list[list[float]]:
+    """The window of [measured_at, *counters] points ending at `point`: the reports of the last RATE_WINDOW_S
+    seconds plus the one just before them; afresh when the clock or a counter went backwards (a new attempt or
+    process)."""
+    window = [list(p) for p in previous.get("window", [])] if previous is not None else []
+    if window and (point[0] <= window[-1][0] or any(v < w for v, w in zip(point[1:], window[-1][1:], strict=True))):
+        window = []
+    window.append(point)
+    while len(window) > 2 and point[0] - window[1][0] >= RATE_WINDOW_S:
+        window.pop(0)
+    return window
+
+
+def process_sample(previous: Mapping[str, Any] | None, report: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """A worker's process figures (rss_bytes, cpu_s) with its CPU use over the same window as the task rates,
+    as a fraction of one core (0 for the first report or after a restart of the process)."""
+    at = float(report.get("measured_at", now))
+    cpu = float(report.get("cpu_s", 0.0))
+    window = _slide(previous, [at, cpu])
+    dt = at - window[0][0]
+    return {"rss_bytes": int(report.get("rss_bytes", 0)), "cpu_s": cpu, "sampled_at": now, "window": window,
+            "cpu_ratio": round(max(0.0, (cpu - window[0][1]) / dt), 4) if dt > 0 else 0.0,
+            "rated": len(window) > 1}
+
+
+def watermark_view(watermark: Any, sampled_at: float | None, wall_offset: float) -> dict[str, Any]:
+    """A task's watermark (ms) and status: None without event time, NONE before the first watermark, END after
+    the last (end of input), else ACTIVE with its lag behind the wall clock when it was reported."""
+    if watermark is None:
+        return {"watermark": None, "watermark_status": None, "watermark_lag_ms": None}
+    mark = int(watermark)
+    if mark <= MIN_WATERMARK:
+        return {"watermark": None, "watermark_status": "NONE", "watermark_lag_ms": None}
+    if mark >= MAX_WATERMARK:
+        return {"watermark": None, "watermark_status": "END", "watermark_lag_ms": None}
+    lag = None if sampled_at is None else round((sampled_at + wall_offset) * 1000.0 - mark)
+    return {"watermark": mark, "watermark_status": "ACTIVE", "watermark_lag_ms": lag}
 
 
 def backpressure_level(ratio: float) -> str:
@@ -86,10 +128,14 @@ def job_detail(job: JobRecord) -> dict[str, Any]:
             "checkpoint_interval_s": getattr(job.checkpoint_settings, "interval_s", None)}
 
 
-def _subtask_view(index: int, worker: str | None, stats: Mapping[str, Any] | None) -> dict[str, Any]:
+def _subtask_view(index: int, worker: str | None, stats: Mapping[str, Any] | None,
+                  wall_offset: float = 0.0) -> dict[str, Any]:
     st = stats or {}
     ratio = float(st.get("backpressured_ratio", 0.0))
+    sampled = st.get("sampled_at")
     return {"subtask": index, "worker": worker, "state": st.get("state"),
+            **watermark_view(st.get("current_watermark"), float(sampled) if sampled is not None else None,
+                             wall_offset),
             "records_in": int(st.get("records_in", 0)), "records_out": int(st.get("records_out", 0)),
             "records_in_per_s": float(st.get("records_in_per_s", 0.0)),
             "records_out_per_s": float(st.get("records_out_per_s", 0.0)),
@@ -99,15 +145,42 @@ def _subtask_view(index: int, worker: str | None, stats: Mapping[str, Any] | Non
             "backpressure": backpressure_level(ratio)}
 
 
-def job_graph(job: JobRecord) -> dict[str, Any]:
+def _vertex_watermark(subtasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The vertex's watermark is its lowest subtask's (Flink's low watermark); its lag the largest."""
+    statuses = [s["watermark_status"] for s in subtasks]
+    if not statuses or None in statuses:
+        return {"watermark": None, "watermark_status": None, "watermark_lag_ms": None}
+    if "NONE" in statuses:
+        return {"watermark": None, "watermark_status": "NONE", "watermark_lag_ms": None}
+    active = [s for s in subtasks if s["watermark_status"] == "ACTIVE"]
+    if not active:
+        return {"watermark": None, "watermark_status": "END", "watermark_lag_ms": None}
+    lags = [s["watermark_lag_ms"] for s in active if s["watermark_lag_ms"] is not None]
+    return {"watermark": min(s["watermark"] for s in active), "watermark_status": "ACTIVE",
+            "watermark_lag_ms": max(lags) if lags else None}
+
+
+def _saved_graph(job: JobRecord) -> dict[str, Any]:
+    """A job without a plan (recovered after it ended): its vertices and totals as last recorded."""
+    saved = job.saved_graph or {"vertices": [], "edges": []}
+    vertices = [{"id": v["id"], "name": v["name"], "parallelism": v["parallelism"], "records_in_per_s": 0.0,
+                 "records_out_per_s": 0.0, "records_in": int(v.get("records_in", 0)),
+                 "records_out": int(v.get("records_out", 0)), "backpressured_ratio": 0.0, "backpressure": "OK",
+                 "busy_ratio": 0.0, "watermark": None, "watermark_status": None, "watermark_lag_ms": None,
+                 "subtasks": []} for v in saved["vertices"]]
+    return {"job_id": job.job_id, "vertices": vertices, "edges": list(saved.get("edges", []))}
+
+
+def job_graph(job: JobRecord, wall_offset: float = 0.0) -> dict[str, Any]:
     """Vertices (chained tasks) with per-subtask figures and their sums, and the edges between them."""
     plan = job.plan
     if plan is None:
-        return {"job_id": job.job_id, "vertices": [], "edges": []}
+        return _saved_graph(job)
     vertices = []
     for v in plan.vertices:
         subtasks = [_subtask_view(i, plan.placement.get(f"{v.id}:{i}"),
-                                  job.task_stats.get(f"{job.job_id}/{v.id}:{i}")) for i in range(v.parallelism)]
+                                  job.task_stats.get(f"{job.job_id}/{v.id}:{i}"), wall_offset)
+                    for i in range(v.parallelism)]
         worst = max((s["backpressured_ratio"] for s in subtasks), default=0.0)
         vertices.append({
             "id": v.id, "name": v.name, "parallelism": v.parallelism,
@@ -117,6 +190,7 @@ def job_graph(job: JobRecord) -> dict[str, Any]:
             "records_out": sum(s["records_out"] for s in subtasks),
             "backpressured_ratio": worst, "backpressure": backpressure_level(worst),
             "busy_ratio": max((s["busy_ratio"] for s in subtasks), default=0.0),
+            **_vertex_watermark(subtasks),
             "subtasks": subtasks})
     edges = [{"from": e.up, "to": e.down, "partitioner": e.partitioner} for e in plan.edges]
     return {"job_id": job.job_id, "vertices": vertices, "edges": edges}
@@ -152,8 +226,52 @@ def restarts_view(job: JobRecord) -> dict[str, Any]:
             "rescale_s": list(job.rescale_s[-50:]), "restored_checkpoint_id": job.restored_checkpoint_id}
 
 
-def worker_view(w: WorkerRecord, now: float) -> dict[str, Any]:
+def exceptions_view(job: JobRecord, limit: int) -> dict[str, Any]:
+    """The job's exception history, newest first: cause, traceback, and the restart it caused."""
+    entries = [e.to_dict() for e in job.exceptions.entries()][-limit:]
+    return {"job_id": job.job_id, "restarts": job.restarts, "exceptions": entries[::-1]}
+
+
+def _plain(value: Any) -> Any:
+    """A settings object as JSON-ready values: its document if it has one (JobConfig), a dataclass as a dict."""
+    if hasattr(value, "to_document"):
+        return value.to_document()
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return value
+
+
+def config_view(job: JobRecord) -> dict[str, Any]:
+    """What the job was submitted with: its entry, job config, checkpoint settings and restart strategy."""
+    return {"job_id": job.job_id, "entry": job.entry, "name": job.name, "sys_path": job.sys_path,
+            "restored_from": job.restored_from, "config": _plain(job.config),
+            "checkpoint": _plain(job.checkpoint_settings), "restart": _plain(job.restart_strategy)}
+
+
+def worker_view(w: WorkerRecord, now: float, tasks: int = 0) -> dict[str, Any]:
+    """A worker with its process figures (from heartbeats) and how many of its slots hold tasks."""
+    process = w.process or {}
     return {"worker_id": w.worker_id, "host": w.host, "data_port": w.data_port, "slots": w.slots,
             "metrics_port": w.metrics_port, "pid": w.pid,
             "metrics_url": f"http://{w.host}:{w.metrics_port}/metrics" if w.metrics_port else None,
-            "last_heartbeat_s_ago": round(max(0.0, now - w.last_heartbeat), 3)}
+            "last_heartbeat_s_ago": round(max(0.0, now - w.last_heartbeat), 3),
+            "rss_bytes": process.get("rss_bytes"), "cpu_s": process.get("cpu_s"),
+            "cpu_ratio": process.get("cpu_ratio"), "tasks": tasks}
+
+
+def tasks_on(jobs: Iterable[JobRecord], worker_id: str) -> list[dict[str, Any]]:
+    """The subtasks of running jobs placed on one worker, with their latest figures."""
+    out = []
+    for job in jobs:
+        if job.plan is None or job.terminal:
+            continue
+        names = {v.id: v.name for v in job.plan.vertices}
+        for task, worker in sorted(job.plan.placement.items()):
+            if worker != worker_id:
+                continue
+            st = job.task_stats.get(f"{job.job_id}/{task}") or {}
+            vertex, _, subtask = task.partition(":")
+            out.append({"job_id": job.job_id, "task": task, "name": names.get(int(vertex), task),
+                        "subtask": int(subtask), "state": st.get("state"),
+                        "records_in": int(st.get("records_in", 0)), "records_out": int(st.get("records_out", 0))})
+    return out

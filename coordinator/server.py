@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from coordinator.autoscale import AutoscaleSettings
 from coordinator.checkpointing import CheckpointSettings
+from coordinator.exception_history import Detail
 from coordinator.job_manager import JobManager
 from coordinator.job_store import JobStore
 from coordinator.jobs import JobRecord
@@ -33,12 +34,21 @@ from coordinator.lease import Leadership, LeaseHeld
 from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from coordinator.rest import REST_LIMITS, RestApi
-from coordinator.rest_views import task_sample
+from coordinator.rest_views import process_sample, task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
 from netstack.connection import Connection
-from netstack.errors import CloseReason, Conflict, Forbidden, InvalidRequest, JobNotFound, MethodNotFound, NotLeader
+from netstack.errors import (
+    CloseReason,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    JobNotFound,
+    MethodNotFound,
+    NetstackError,
+    NotLeader,
+)
 from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
@@ -315,6 +325,7 @@ class Coordinator(BaseLinkHandler):
             (p.Checkpoints, self.rpc_checkpoints),
             (p.Rescale, self.rpc_rescale),
             (p.Probe, self.rpc_probe),
+            (p.WorkerLog, self.rpc_worker_log),
         ]
         # each handler gets its typed message (runtime/graph/protocol.py), decoded and checked here
         return HandlerTable({kind.method: decoded(kind.from_wire, handler) for kind, handler in handlers})
@@ -343,8 +354,12 @@ class Coordinator(BaseLinkHandler):
         return {"ok": True}
 
     async def rpc_heartbeat(self, link: Link, args: p.Heartbeat) -> Any:
-        if not self.workers.heartbeat(link.peer_id, link, now=time.monotonic()):
+        now = time.monotonic()
+        if not self.workers.heartbeat(link.peer_id, link, now=now):
             raise Conflict("unknown worker: register first", "NotRegistered")
+        if args.process is not None:  # memory and CPU, for the worker's page
+            record = self.workers[link.peer_id]
+            record.process = process_sample(record.process, args.process, now)
         for st in args.tasks:
             job = self.jobs.get(st.get("job"))
             if job is not None and st.get("attempt") == job.attempt:
@@ -536,7 +551,10 @@ class Coordinator(BaseLinkHandler):
     async def rpc_task_failed(self, link: Link, args: p.TaskFailed) -> Any:
         job = self._attempt(args)
         if job is not None and not job.terminal:
-            self.manager.task_failed(job, job.attempt, f"task {args.task} failed: {args.error}")
+            cause = f"task {args.task} failed: {args.error}"
+            # the traceback waits for the failure the lifecycle records (JobRecord.note_failure) to take it
+            job.exceptions.stash(cause, Detail(args.task, link.peer_id, args.traceback))
+            self.manager.task_failed(job, job.attempt, cause)
         return {"ok": True}
 
     async def rpc_job_error(self, link: Link, args: p.JobError) -> Any:
@@ -544,6 +562,18 @@ class Coordinator(BaseLinkHandler):
         if job is not None and not job.terminal:
             self.manager.task_failed(job, job.attempt, f"on {link.peer_id}: {args.error}")
         return {"ok": True}
+
+    async def rpc_worker_log(self, link: Link, args: p.WorkerLog) -> Any:
+        """The last `lines` lines a worker logged (its in-memory tail: runtime/worker/log_tail.py)."""
+        worker = self.workers.get(args.worker_id)
+        if worker is None:
+            raise JobNotFound(f"no worker {args.worker_id}", "UnknownWorker")
+        try:
+            return await worker.link.call("log_tail", p.LogTail(max(1, min(args.lines, 1000))).to_wire(),
+                                          timeout_s=5.0)
+        except NetstackError as exc:  # gone, timed out, or of a version without a log tail
+            raise Conflict(f"worker {worker.worker_id} did not give its log: {exc}", "WorkerLogUnavailable") from None
+
 
 def restart_strategy(raw: dict[str, Any]) -> RestartStrategy:
     """The restart strategy from a submission's config."""

@@ -87,9 +87,10 @@ class RpcError(NetstackError):
 
 
 class JobNotFound(RpcError):
-    """No job (or, on a worker, no deployed job) has the id asked for."""
+    """No job (or, on a worker, no deployed job) has the id asked for; or no worker, for a worker's page."""
 
     code = "UnknownJob"
+    codes = ("UnknownWorker",)
 
 
 class InvalidRequest(RpcError):
@@ -114,7 +115,7 @@ class Conflict(RpcError):
     under way; it may work later."""
 
     code = "JobNotRunning"
-    codes = ("WrongAttempt", "RescaleFailed", "RescaleCheckpointFailed", "NotRegistered")
+    codes = ("WrongAttempt", "RescaleFailed", "RescaleCheckpointFailed", "NotRegistered", "WorkerLogUnavailable")
 
 
 class NotLeader(RpcError):

@@ -8,6 +8,7 @@ let selected = decodeURIComponent((location.hash.match(/job=([^&]+)/) || [])[1] 
 let selectedVertex = null; // a vertex id: its subtasks are listed under the graph
 let selectedCheckpoint = null; // a checkpoint id: its tasks' figures are listed under the table
 let last = { graph: null, checkpoints: [], figures: [] }; // the latest answers, to redraw a detail on a click
+let selectedWorker = decodeURIComponent((location.hash.match(/worker=([^&]+)/) || [])[1] || ""); // its page
 
 function el(tag, attrs = {}, ...children) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -32,6 +33,8 @@ const fmt = {
   secs: (v) => v === null || v === undefined ? "–" : v < 1 ? `${Math.round(v * 1000)} ms` : `${v.toFixed(2)} s`,
   bytes: (v) => v < 1024 ? `${v} B` : v < 1048576 ? `${(v / 1024).toFixed(1)} KiB` : `${(v / 1048576).toFixed(1)} MiB`,
   pct: (v) => `${Math.round(v * 100)} %`,
+  count: (v) => v >= 1e6 ? `${(v / 1e6).toFixed(1)}M` : v >= 1e4 ? `${(v / 1e3).toFixed(0)}k` : String(v),
+  time: (unix) => new Date(unix * 1000).toLocaleTimeString([], { hour12: false }),
 };
 
 // a checkpoint figure's value, formatted by the unit the REST answer declares for it (its "figures" list)
@@ -61,6 +64,7 @@ function drawJobs(jobs) {
     class: j.job_id === selected ? "selected" : "", "data-job": j.job_id,
     onclick: () => {
       if (selected !== j.job_id) { selectedVertex = null; selectedCheckpoint = null; }
+      selectedWorker = "";
       selected = j.job_id; location.hash = `job=${encodeURIComponent(j.job_id)}`; refresh(); },
   }, el("span", { class: "name" }, j.name), " ", el("span", { class: `state ${j.state}` }, j.state),
   el("div", { class: "id" }, `${j.job_id} · ${plural(j.checkpoints_completed, "checkpoint")} · ` +
@@ -69,9 +73,13 @@ function drawJobs(jobs) {
 
 function drawWorkers(workers) {
   const body = document.querySelector("#workers tbody");
-  body.replaceChildren(...workers.map((w) => el("tr", {},
+  body.replaceChildren(...workers.map((w) => el("tr", { "data-worker": w.worker_id,
+    class: w.worker_id === selectedWorker ? "selected" : "",
+    onclick: (event) => { if (event.target.tagName !== "A") showWorker(w.worker_id); } },
     el("td", { title: `${w.host}:${w.data_port}, pid ${w.pid ?? "?"}` }, w.worker_id),
     el("td", { class: "num" }, w.slots),
+    el("td", { class: "num" }, w.rss_bytes === null ? "–" : fmt.bytes(w.rss_bytes)),
+    el("td", { class: "num" }, w.cpu_ratio === null ? "–" : fmt.pct(w.cpu_ratio)),
     el("td", { class: "num" }, fmt.secs(w.last_heartbeat_s_ago)),
     el("td", {}, w.metrics_url ? el("a", { href: w.metrics_url, target: "_blank", rel: "noopener" }, "metrics") : "–"))));
 }
@@ -90,13 +98,13 @@ function layout(vertices, edges) {
     const col = depth.get(v.id);
     const row = rows.get(col) || 0;
     rows.set(col, row + 1);
-    pos.set(v.id, { x: 20 + col * 260, y: 20 + row * 110 });
+    pos.set(v.id, { x: 20 + col * 260, y: 20 + row * 140 });
   }
-  return { pos, width: 20 + (Math.max(0, ...depth.values()) + 1) * 260, height: 20 + Math.max(1, ...rows.values()) * 110 };
+  return { pos, width: 20 + (Math.max(0, ...depth.values()) + 1) * 260, height: 20 + Math.max(1, ...rows.values()) * 140 };
 }
 
 function drawGraph(graph) {
-  const W = 200, H = 78;
+  const W = 200, H = 110;
   const { pos, width, height } = layout(graph.vertices, graph.edges);
   const svg = el("svg:svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
     "aria-label": "job graph" });
@@ -124,7 +132,9 @@ function drawGraph(graph) {
     el("svg:text", { class: "title", x: 10, y: 20 }, clip(v.name, 26)),
     el("svg:text", { class: "sub", x: 10, y: 38 }, `parallelism ${v.parallelism} · busy ${fmt.pct(v.busy_ratio)}`),
     el("svg:text", { class: "sub", x: 10, y: 54 }, `in ${fmt.rate(v.records_in_per_s)} · out ${fmt.rate(v.records_out_per_s)}`),
-    el("svg:text", { class: "sub", x: 10, y: 70 }, `backpressured ${fmt.pct(v.backpressured_ratio)} (${v.backpressure})`)));
+    el("svg:text", { class: "sub", x: 10, y: 70 }, `backpressured ${fmt.pct(v.backpressured_ratio)} (${v.backpressure})`),
+    el("svg:text", { class: "sub totals", x: 10, y: 86 }, `total in ${fmt.count(v.records_in)} · out ${fmt.count(v.records_out)}`),
+    el("svg:text", { class: "sub watermark", x: 10, y: 102 }, watermarkText(v))));
   }
   document.getElementById("graph").replaceChildren(graph.vertices.length ? svg : el("p", {}, "not deployed yet"));
   drawVertexDetail(graph.vertices.find((v) => v.id === selectedVertex));
@@ -141,10 +151,11 @@ function drawVertexDetail(v) {
   box.hidden = !v;
   if (!v) return;
   box.replaceChildren(el("h4", {}, `${v.name}: subtasks`), table(
-    ["subtask", "worker", "state", "in", "out", "backpressured", "busy", "output pool", "input queue", "output queue"],
+    ["subtask", "worker", "state", "in", "out", "in total", "out total", "backpressured", "busy", "output pool",
+      "input queue", "output queue", "watermark", "watermark lag"],
     v.subtasks.map((s) => [s.subtask, s.worker ?? "–", s.state ?? "–", fmt.rate(s.records_in_per_s),
-      fmt.rate(s.records_out_per_s), fmt.pct(s.backpressured_ratio), fmt.pct(s.busy_ratio),
-      fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue])));
+      fmt.rate(s.records_out_per_s), s.records_in, s.records_out, fmt.pct(s.backpressured_ratio), fmt.pct(s.busy_ratio),
+      fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue, watermarkTime(s), watermarkLag(s)])));
 }
 
 function taskName(task) {
@@ -176,27 +187,49 @@ function clip(text, n) { return text.length > n ? `${text.slice(0, n - 1)}…` :
 // -- checkpoints --------------------------------------------------------------------
 
 function drawCheckpointChart(history) {
-  const items = history.slice(-40);
-  const width = Math.max(360, 40 + items.length * 22), height = 170, base = 140, top = 14;
-  const max = Math.max(0.001, ...items.map((c) => c.duration_s || 0));
+  // bars: durations, placed on a time axis by start time (left scale); line: checkpoint size, state plus
+  // in-flight data (right scale)
+  const items = history.slice(-40).filter((c) => c.started_at);
+  const width = 620, height = 190, left = 52, right = 64, top = 14, base = 150;
   const svg = el("svg:svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
-    "aria-label": "checkpoint durations" });
-  svg.append(el("svg:line", { class: "axis", x1: 36, y1: base, x2: width - 4, y2: base }));
-  svg.append(el("svg:text", { class: "tick", x: 2, y: top + 4 }, fmt.secs(max)));
-  svg.append(el("svg:text", { class: "tick", x: 2, y: base }, "0"));
-  items.forEach((c, i) => {
-    const h = Math.max(2, ((c.duration_s || 0) / max) * (base - top));
-    const x = 40 + i * 22;
-    svg.append(el("svg:rect", { class: `bar ${c.status}`, x, y: base - h, width: 16, height: h,
-      "data-checkpoint": c.checkpoint_id },
-    el("svg:title", {}, `checkpoint ${c.checkpoint_id} ${c.status}: ${fmt.secs(c.duration_s)}, ` +
-      `state ${fmt.bytes(c.state_bytes)}, in-flight ${fmt.bytes(c.inflight_bytes)}` +
+    "aria-label": "checkpoint durations and sizes over time" });
+  if (!items.length) {
+    document.getElementById("checkpoint-chart").replaceChildren(el("p", {}, "no checkpoints yet"));
+    return;
+  }
+  const t0 = Math.min(...items.map((c) => c.started_at));
+  const t1 = Math.max(t0 + 1, ...items.map((c) => c.started_at + (c.duration_s || 0)));
+  const x = (t) => left + ((t - t0) / (t1 - t0)) * (width - left - right);
+  const maxDuration = Math.max(0.001, ...items.map((c) => c.duration_s || 0));
+  const size = (c) => (c.state_bytes || 0) + (c.inflight_bytes || 0);
+  const maxSize = Math.max(1, ...items.map(size));
+  const yDuration = (d) => base - (d / maxDuration) * (base - top);
+  const ySize = (b) => base - (b / maxSize) * (base - top);
+  svg.append(el("svg:line", { class: "axis", x1: left, y1: base, x2: width - right, y2: base }));
+  svg.append(el("svg:text", { class: "tick", x: left - 4, y: top + 4, "text-anchor": "end" }, fmt.secs(maxDuration)));
+  svg.append(el("svg:text", { class: "tick", x: left - 4, y: base, "text-anchor": "end" }, "0"));
+  svg.append(el("svg:text", { class: "tick legend-size", x: width - right + 4, y: top + 4 }, fmt.bytes(maxSize)));
+  svg.append(el("svg:text", { class: "tick legend-size", x: width - right + 4, y: top + 18 }, "size"));
+  for (let i = 0; i <= 4; i++) { // time ticks
+    const t = t0 + ((t1 - t0) * i) / 4;
+    svg.append(el("svg:text", { class: "tick time", x: x(t), y: base + 16, "text-anchor": "middle" }, fmt.time(t)));
+  }
+  const barWidth = Math.max(3, Math.min(14, (width - left - right) / items.length - 2));
+  for (const c of items) {
+    const h = Math.max(2, base - yDuration(c.duration_s || 0));
+    svg.append(el("svg:rect", { class: `bar ${c.status}`, x: x(c.started_at) - barWidth / 2, y: base - h,
+      width: barWidth, height: h, "data-checkpoint": c.checkpoint_id },
+    el("svg:title", {}, `checkpoint ${c.checkpoint_id} ${c.status} at ${fmt.time(c.started_at)}: ` +
+      `${fmt.secs(c.duration_s)}, state ${fmt.bytes(c.state_bytes)}, in-flight ${fmt.bytes(c.inflight_bytes)}` +
       (c.failure_reason ? `\n${c.failure_reason}` : ""))));
-    if (items.length <= 20 || i % 5 === 0) {
-      svg.append(el("svg:text", { class: "tick", x: x + 8, y: base + 14, "text-anchor": "middle" }, c.checkpoint_id));
-    }
-  });
-  document.getElementById("checkpoint-chart").replaceChildren(items.length ? svg : el("p", {}, "no checkpoints yet"));
+  }
+  const done = items.filter((c) => c.status === "COMPLETED");
+  if (done.length) {
+    svg.append(el("svg:polyline", { class: "size", "data-series": "size",
+      points: done.map((c) => `${x(c.started_at)},${ySize(size(c))}`).join(" ") }));
+    for (const c of done) svg.append(el("svg:circle", { class: "size-dot", cx: x(c.started_at), cy: ySize(size(c)), r: 2 }));
+  }
+  document.getElementById("checkpoint-chart").replaceChildren(svg);
 }
 
 // the checkpoint's own figures: those the tasks' fold into (a sum or a max), as the REST answer declares them
@@ -231,6 +264,180 @@ function drawRestarts(r) {
   document.getElementById("restarts").replaceChildren(...parts);
 }
 
+// -- watermarks ---------------------------------------------------------------------
+
+function watermarkTime(s) {
+  if (s.watermark_status === null || s.watermark_status === undefined) return "–"; // no event time
+  if (s.watermark_status !== "ACTIVE") return s.watermark_status === "END" ? "end of input" : "none yet";
+  return new Date(s.watermark).toISOString().replace("T", " ").replace("Z", "");
+}
+
+function watermarkLag(s) {
+  return s.watermark_lag_ms === null || s.watermark_lag_ms === undefined ? "–" : fmt.secs(s.watermark_lag_ms / 1000);
+}
+
+function watermarkText(v) {
+  if (v.watermark_status === null || v.watermark_status === undefined) return "no event time";
+  if (v.watermark_status !== "ACTIVE") return `watermark: ${watermarkTime(v)}`;
+  return `watermark lag ${watermarkLag(v)}`;
+}
+
+// -- exception history and configuration ---------------------------------------------
+
+const openExceptions = new Set();
+
+function drawExceptions(ex) {
+  const box = document.getElementById("exceptions");
+  if (!ex.exceptions.length) { box.replaceChildren(el("p", {}, "no exceptions")); return; }
+  const outcome = (e) => e.outcome === "restarted"
+    ? `restarted as attempt ${e.restarted_attempt} after ${fmt.secs(e.restart_s)}` +
+      (e.restored_checkpoint_id !== null ? ` from checkpoint ${e.restored_checkpoint_id}` : " from the start")
+    : e.outcome === "pending" ? "restarting…" : e.outcome === "failed" ? "the job failed" : "cancelled while restarting";
+  const key = (e) => `${e.time}|${e.cause}`; // the page redraws every 2 s: an opened traceback stays open
+  box.replaceChildren(el("ul", { class: "exceptions" }, ex.exceptions.map((e) => el("li", { "data-outcome": e.outcome },
+    el("details", { open: openExceptions.has(key(e)) ? "" : null,
+      ontoggle: (event) => { if (event.target.open) openExceptions.add(key(e)); else openExceptions.delete(key(e)); } },
+    el("summary", {}, el("span", { class: "when" }, fmt.time(e.time)), e.cause,
+      el("span", { class: "outcome" }, `attempt ${e.attempt}` + (e.worker ? ` on ${e.worker}` : "") + ` · ${outcome(e)}`)),
+    e.traceback ? el("pre", { class: "traceback" }, e.traceback) : el("p", { class: "hint" }, "no traceback reported"))))));
+}
+
+function drawConfig(c) {
+  const rows = [["entry", c.entry], ["module path", c.sys_path || "(the coordinator's)"]];
+  if (c.restored_from) rows.push(["restored from", c.restored_from]);
+  const add = (prefix, obj) => {
+    for (const [k, v] of Object.entries(obj || {})) {
+      if (v !== null && typeof v === "object" && !Array.isArray(v)) add(`${prefix}${k}.`, v);
+      else rows.push([`${prefix}${k}`, JSON.stringify(v)]);
+    }
+  };
+  add("", c.config);
+  add("checkpoint.", c.checkpoint);
+  add("restart.", c.restart);
+  document.getElementById("config").replaceChildren(table(["setting", "value"], rows));
+}
+
+// -- actions (need the cluster token) ----------------------------------------------------
+
+const tokenInput = document.getElementById("token");
+tokenInput.value = sessionStorage.getItem("sluice-token") || "";
+tokenInput.addEventListener("change", () => sessionStorage.setItem("sluice-token", tokenInput.value.trim()));
+let cancelArmedUntil = 0;
+
+async function act(label, path, body) {
+  const result = document.getElementById("action-result");
+  const token = tokenInput.value.trim();
+  if (!token) { result.className = "action-result failed"; result.textContent = "enter the cluster token first"; return; }
+  result.className = "action-result";
+  result.textContent = `${label}…`;
+  const buttons = document.querySelectorAll("#actions button");
+  buttons.forEach((b) => { b.disabled = true; });
+  try {
+    const response = await fetch(`/api/v1/jobs/${encodeURIComponent(selected)}/${path}`, { method: "POST",
+      headers: { "Authorization": `Bearer ${token}`, "Content-Type": "application/json" },
+      body: JSON.stringify(body || {}) });
+    const answer = await response.json();
+    if (!response.ok) throw new Error(`${answer.type}: ${answer.error}`);
+    result.textContent = `${label}: ${describeResult(answer)}`;
+  } catch (err) {
+    result.className = "action-result failed";
+    result.textContent = `${label} failed: ${err.message}`;
+  } finally {
+    buttons.forEach((b) => { b.disabled = false; });
+    refresh();
+  }
+}
+
+function describeResult(a) {
+  if (a.checkpoint_id !== undefined && a.status !== undefined) {
+    return `checkpoint ${a.checkpoint_id} ${a.status}` + (a.path ? ` at ${a.path}` : "") +
+      (a.reason ? ` (${a.reason})` : "");
+  }
+  if (a.downtime_s !== undefined) return `attempt ${a.attempt} running, down ${fmt.secs(a.downtime_s)}`;
+  if (a.state !== undefined) return a.state;
+  return "done";
+}
+
+function drawActions(job, graph) {
+  const running = job.state === "RUNNING";
+  document.getElementById("action-checkpoint").hidden = !running;
+  document.getElementById("action-savepoint").parentElement.hidden = !running;
+  document.getElementById("action-rescale").hidden = !running;
+  document.getElementById("action-cancel").hidden = job.state === "FINISHED" || job.state === "FAILED" ||
+    job.state === "CANCELLED";
+  const inputs = document.getElementById("rescale-inputs");
+  inputs.hidden = !running;
+  const known = [...inputs.querySelectorAll("input")].map((i) => i.dataset.operator).join("\n");
+  const names = graph.vertices.map((v) => v.name);
+  if (known !== names.join("\n")) { // keep what the user typed while the graph stays the same
+    inputs.replaceChildren(...graph.vertices.map((v) => el("label", { title: `parallelism of ${v.name}` },
+      clip(v.name.split(" ")[0], 14), " ", el("input", { class: "parallelism", type: "number", min: 1,
+        value: v.parallelism, "data-operator": v.name }))));
+  }
+}
+
+document.getElementById("action-checkpoint").addEventListener("click", () => act("checkpoint", "checkpoints", {}));
+document.getElementById("action-savepoint").addEventListener("click", () => {
+  const directory = document.getElementById("savepoint-dir").value.trim();
+  act("savepoint", "savepoints", directory ? { directory } : {});
+});
+document.getElementById("action-rescale").addEventListener("click", () => {
+  const parallelism = {};
+  const current = new Map((last.graph ? last.graph.vertices : []).map((v) => [v.name, v.parallelism]));
+  for (const input of document.querySelectorAll("#rescale-inputs input")) {
+    const n = parseInt(input.value, 10);
+    if (n !== current.get(input.dataset.operator)) parallelism[input.dataset.operator] = n;
+  }
+  if (!Object.keys(parallelism).length) {
+    document.getElementById("action-result").textContent = "rescale: change an operator's parallelism first";
+    return;
+  }
+  act("rescale", "rescale", { parallelism });
+});
+document.getElementById("action-cancel").addEventListener("click", (event) => {
+  const button = event.currentTarget;
+  if (Date.now() > cancelArmedUntil) { // a second click within 5 s confirms
+    cancelArmedUntil = Date.now() + 5000;
+    button.textContent = "Click again to cancel";
+    setTimeout(() => { button.textContent = "Cancel job"; }, 5000);
+    return;
+  }
+  cancelArmedUntil = 0;
+  button.textContent = "Cancel job";
+  act("cancel", "cancel", {});
+});
+
+// -- a worker's page ------------------------------------------------------------------
+
+function showWorker(id) {
+  selectedWorker = id;
+  location.hash = `worker=${encodeURIComponent(id)}`;
+  refresh();
+}
+
+document.getElementById("worker-back").addEventListener("click", (event) => {
+  event.preventDefault();
+  selectedWorker = "";
+  location.hash = selected ? `job=${encodeURIComponent(selected)}` : "";
+  refresh();
+});
+
+function drawWorker(w) {
+  document.getElementById("worker-title").textContent = `worker ${w.worker_id}`;
+  document.getElementById("worker-facts").textContent = `${w.host}:${w.data_port} · pid ${w.pid ?? "?"} · ` +
+    `${plural(w.slots, "slot")}, ${w.tasks} in use · memory ${w.rss_bytes === null ? "–" : fmt.bytes(w.rss_bytes)} · ` +
+    `CPU ${w.cpu_ratio === null ? "–" : fmt.pct(w.cpu_ratio)} (${w.cpu_s === null ? "–" : fmt.secs(w.cpu_s)} so far) · ` +
+    `heartbeat ${fmt.secs(w.last_heartbeat_s_ago)} ago`;
+  document.getElementById("worker-tasks").replaceChildren(w.task_list.length ? table(
+    ["job", "task", "state", "in total", "out total"],
+    w.task_list.map((t) => [t.job_id, `${t.name} #${t.subtask}`, t.state ?? "–", t.records_in, t.records_out]))
+    : el("p", {}, "no tasks"));
+  const log = document.getElementById("worker-log");
+  const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+  log.textContent = w.log.length ? w.log.join("\n") : (w.log_error || "(nothing logged yet)");
+  if (atBottom) log.scrollTop = log.scrollHeight;
+}
+
 function drawJob(job) {
   document.getElementById("job-title").textContent = `${job.name} (${job.job_id})`;
   const state = document.getElementById("job-state");
@@ -254,19 +461,26 @@ async function refresh() {
     drawOverview(overview);
     drawJobs(jobs.jobs);
     drawWorkers(workers.workers);
-    const known = jobs.jobs.some((j) => j.job_id === selected);
+    const worker = selectedWorker && workers.workers.some((w) => w.worker_id === selectedWorker);
+    const known = !worker && jobs.jobs.some((j) => j.job_id === selected);
+    document.getElementById("worker").hidden = !worker;
     document.getElementById("job").hidden = !known;
-    document.getElementById("empty").hidden = known;
+    document.getElementById("empty").hidden = known || worker;
+    if (worker) drawWorker(await get(`/api/v1/workers/${encodeURIComponent(selectedWorker)}?lines=200`));
     if (known) {
       const base = `/api/v1/jobs/${encodeURIComponent(selected)}`;
-      const [job, graph, checkpoints, restarts] = await Promise.all([get(base), get(`${base}/graph`),
-        get(`${base}/checkpoints?limit=40`), get(`${base}/restarts`)]);
+      const [job, graph, checkpoints, restarts, exceptions, config] = await Promise.all([get(base),
+        get(`${base}/graph`), get(`${base}/checkpoints?limit=40`), get(`${base}/restarts`),
+        get(`${base}/exceptions?limit=10`), get(`${base}/config`)]);
       last = { graph, checkpoints: checkpoints.history, figures: checkpoints.figures };
       drawJob(job);
+      drawActions(job, graph);
       drawGraph(graph);
       drawCheckpointChart(checkpoints.history);
       drawCheckpointTable(checkpoints.history);
       drawRestarts(restarts);
+      drawExceptions(exceptions);
+      drawConfig(config);
     }
     status.textContent = "";
   } catch (err) {

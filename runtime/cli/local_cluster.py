@@ -2,6 +2,9 @@
 
 Starts them on port 0 (or the given metrics ports), submits the job, shows
 progress until the job ends or Ctrl-C, then stops every process by PID.
+With `keep_running` the cluster and its web UI stay up after the job ended
+(or for as long as an unbounded job runs), until Ctrl-C or SIGTERM, so the
+job's pages can be read.
 """
 
 from __future__ import annotations
@@ -271,10 +274,16 @@ def check_entry(entry: str, config: dict[str, Any] | None = None, restore: str |
     return None
 
 
+def ui_hint(cluster: LocalCluster) -> str:
+    """Where the web UI is, for the lines `sluice local` prints ("" when the coordinator serves none)."""
+    http = cluster.coordinator.fields.get("http", "off") if cluster.coordinator else "off"
+    return "" if http == "off" else f" with its web UI at http://{http}/"
+
+
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,
               state_dir: str | None, name: str | None = None, restore: str | None = None,
               restart_workers: bool = True, keep_logs: bool = False, tls: TlsFiles | None = None,
-              link_timeout_s: float = 10.0) -> int:
+              link_timeout_s: float = 10.0, keep_running: bool = False) -> int:
     """The body of `sluice local`; returns the exit code."""
     problem = check_entry(entry, config, restore)
     if problem:
@@ -291,6 +300,7 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
         return 1
     interrupted = False
     summary: dict[str, Any] = {}
+    ended: dict[str, Any] = {}  # the job's end, once it came (with keep_running the cluster stays up after it)
 
     async def run_until_signalled() -> dict[str, Any]:
         # SIGTERM and SIGINT cancel the job's task from inside the event loop: a KeyboardInterrupt raised by a
@@ -302,8 +312,14 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, job.cancel)
         try:
-            return await run_job_on_cluster(cluster, entry, config=config, name=name,
-                                            progress=lambda s: print(s, flush=True), restore=restore)
+            result = await run_job_on_cluster(cluster, entry, config=config, name=name,
+                                              progress=lambda s: print(s, flush=True), restore=restore)
+            if keep_running:
+                ended.update(result)
+                print(f"sluice local: job {result['state']}; the cluster stays up{ui_hint(cluster)} until Ctrl-C",
+                      flush=True)
+                await asyncio.Event().wait()  # until a signal cancels this task
+            return result
         except asyncio.CancelledError:
             raise KeyboardInterrupt from None
         finally:
@@ -321,9 +337,13 @@ def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], m
             print(line, flush=True)
         summary = run(run_until_signalled())
     except KeyboardInterrupt:
-        interrupted = True
-        print("\nsluice local: interrupted, stopping the cluster", flush=True)
-        summary = {"state": "CANCELLED", "error": "interrupted"}
+        if ended:  # kept running after the job's end: stopping now is what was asked
+            print("\nsluice local: stopping the cluster", flush=True)
+            summary = ended
+        else:
+            interrupted = True
+            print("\nsluice local: interrupted, stopping the cluster", flush=True)
+            summary = {"state": "CANCELLED", "error": "interrupted"}
     except (NetstackError, TimeoutError, OSError) as exc:
         print(f"sluice local: {exc}", file=sys.stderr, flush=True)
         summary = {"state": "FAILED", "error": str(exc)}

@@ -377,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="coordinator metrics on BASE, worker i on BASE+i (default: free ports, printed)")
     lo.add_argument("--state-dir", help="coordinator state and the cluster token (default: in the log directory)")
     lo.add_argument("--keep-logs", action="store_true", help="keep the log directory at exit (default: removed)")
+    lo.add_argument("--keep-running", action="store_true",
+                    help="keep the cluster and its web UI up after the job ends, until Ctrl-C or SIGTERM")
     lo.add_argument("--no-restart-workers", action="store_true",
                     help="do not start a worker process again when it dies")
     lo.add_argument("--link-timeout", type=_duration_or_zero, default=10.0,
@@ -602,7 +604,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),
                          metrics_port_base=args.metrics_port_base or None, state_dir=args.state_dir, name=args.name,
                          restore=_abs(args.restore), restart_workers=not args.no_restart_workers,
-                         keep_logs=args.keep_logs, tls=_tls_absolute(args), link_timeout_s=args.link_timeout)
+                         keep_logs=args.keep_logs, tls=_tls_absolute(args), link_timeout_s=args.link_timeout,
+                         keep_running=args.keep_running)
     if args.command == "demo":
         from runtime.cli.demo import run_demo
 

@@ -103,6 +103,7 @@ class Heartbeat(Message):
     method = "heartbeat"
     id: str = ""
     tasks: list[Any] = field(default_factory=list)  # runtime/worker/worker.py task_report(), one per task
+    process: Mapping[str, Any] | None = None  # the worker process's memory and CPU (log_tail.process_figures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,7 @@ class TaskFinished(TaskReport):
 class TaskFailed(TaskReport):
     method = "task_failed"
     error: str = "?"
+    traceback: str = ""  # the task's, for the exception history
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,13 @@ class Rescale(JobQuery):
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerLog(Message):
+    method = "worker_log"
+    worker_id: str
+    lines: int = 200  # the handler keeps it within 1..1000
+
+
+@dataclass(frozen=True, slots=True)
 class Submit(Message):
     method = "submit"
     entry: str = ""
@@ -275,3 +284,9 @@ class CheckpointNotice(JobQuery):
 class InjectProbe(JobQuery):
     method = "probe"
     probe_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogTail(Message):
+    method = "log_tail"
+    lines: int = 200

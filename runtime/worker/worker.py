@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -50,6 +51,7 @@ from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode, TaskState
 from runtime.graph.plan import Plan
 from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
+from runtime.worker.log_tail import LogTail, process_figures
 from runtime.worker.metrics import WorkerCollector
 from runtime.worker.network import NetworkEnvironment
 
@@ -108,6 +110,7 @@ class Worker(BaseLinkHandler):
         self.writer: CheckpointWriter | None = None
         self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
         self.advertised = config.advertise or config.host  # settled in run(), before registering
+        self.log_tail = LogTail()  # the recent log lines, for the worker's page in the web UI
         self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -118,6 +121,13 @@ class Worker(BaseLinkHandler):
     # -- lifecycle --------------------------------------------------------------
 
     async def run(self) -> None:
+        logging.getLogger().addHandler(self.log_tail)
+        try:
+            await self._run()
+        finally:
+            logging.getLogger().removeHandler(self.log_tail)
+
+    async def _run(self) -> None:
         self.writer = CheckpointWriter()
         data_port = await self.network.start(self.config.data_port)
         if self.config.metrics_port is not None:
@@ -206,8 +216,8 @@ class Worker(BaseLinkHandler):
                     await self._connect_coordinator(data_port)
                     assert self.coordinator is not None
                     log.info("re-registered with %s", self.coordinator.describe())
-                await self.coordinator.call("heartbeat", p.Heartbeat(self.worker_id, self._task_report()).to_wire(),
-                                            timeout_s=10.0)
+                beat = p.Heartbeat(self.worker_id, self._task_report(), process=process_figures())
+                await self.coordinator.call("heartbeat", beat.to_wire(), timeout_s=10.0)
                 delays = None
             except NetstackError as exc:
                 log.warning("heartbeat to coordinator failed: %s", exc)
@@ -236,6 +246,8 @@ class Worker(BaseLinkHandler):
                 m.job_id, m.attempt, "checkpoint_aborted", m.checkpoint_id)),
             "probe": decoded(p.InjectProbe.from_wire, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
             "ping": lambda link, args: {"id": self.worker_id, "time": time.time()},
+            "log_tail": decoded(p.LogTail.from_wire, lambda link, m: {"worker_id": self.worker_id,
+                                                                      "lines": self.log_tail.tail(m.lines)}),
         })
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
@@ -369,7 +381,8 @@ class Worker(BaseLinkHandler):
         else:
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
             self._spawn(self._report(p.TaskFailed(job_id, deployed.plan.attempt, key,
-                                                  error=f"{type(exc).__name__}: {exc}")))
+                                                  error=f"{type(exc).__name__}: {exc}",
+                                                  traceback="".join(traceback.format_exception(exc)))))
         if all(t.state == TaskState.FINISHED for t in deployed.tasks.values()):
             self._spawn(self._release_when_drained(job_id, deployed))
 

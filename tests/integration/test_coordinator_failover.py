@@ -6,11 +6,13 @@ In both the job carries on from its latest completed checkpoint with no user act
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,30 @@ def test_restarted_coordinator_recovers_a_running_job(cluster: Cluster) -> None:
     assert time.monotonic() - killed_at < 240
     assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
 
+    # the job's past survived with its record: the first coordinator's checkpoints are in the history and counted
+    first_id = before["last_checkpoint"]["checkpoint_id"]
+    history = cluster.call("checkpoints", {"job_id": job_id})["history"]
+    assert any(h["checkpoint_id"] == first_id and h["status"] == "COMPLETED" for h in history), history
+    assert st["checkpoints_completed"] >= before["checkpoints_completed"] + 1, (before, st)
+    # and a coordinator that finds the job ended shows its page as it ended: vertices, counters, exceptions
+    kill9(cluster.coordinator)
+    cluster.start_coordinator("--port", str(address[1]))
+    http = cluster.coordinator.fields["http"]
+    job = rest_get(http, f"/api/v1/jobs/{job_id}")
+    assert (job["state"], job["checkpoints_completed"]) == ("FINISHED", st["checkpoints_completed"]), job
+    graph = rest_get(http, f"/api/v1/jobs/{job_id}/graph")
+    assert [(v["name"].split(" ")[0], v["parallelism"]) for v in graph["vertices"]] == [("GeneratorSource", 2),
+                                                                                        ("Count", 2)], graph
+    assert graph["vertices"][0]["records_out"] > 0 and len(graph["edges"]) == 1
+    [failover] = rest_get(http, f"/api/v1/jobs/{job_id}/exceptions")["exceptions"]
+    assert (failover["cause"], failover["outcome"], failover["restored_checkpoint_id"]) == (
+        "coordinator failover", "restarted", st["restored_checkpoint_id"]), failover
+
+
+def rest_get(http: str, path: str) -> Any:
+    with urllib.request.urlopen(f"http://{http}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
+
 
 def test_standby_takes_over_when_the_leader_dies(cluster: Cluster) -> None:
     out = install(cluster)
@@ -136,7 +162,7 @@ def test_standby_takes_over_when_the_leader_dies(cluster: Cluster) -> None:
             "config": {"buffer_bytes": 4096, "buffers_per_channel": 2,
                        "checkpoint": {"interval_s": 0.3, "mode": "unaligned"},
                        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.2}}})["job_id"]
-        wait_running_with_checkpoint(addresses, cluster.token, job_id)
+        before = wait_running_with_checkpoint(addresses, cluster.token, job_id)
         kill9(leader)
         # the workers and our calls find the new leader in the list; the job ends with no user action
         result: dict[str, Any] = {}
@@ -151,6 +177,11 @@ def test_standby_takes_over_when_the_leader_dies(cluster: Cluster) -> None:
             raise AssertionError(f"{exc}\n{Path(cluster.log_dir / 'standby.log').read_text()[-4000:]}") from None
         assert result["state"] == "FINISHED", result
         assert "coordinator failover" in result["failures"], result
+        # the new leader counts the old leader's checkpoints too (they came with the job's record)
+        assert result["checkpoints_completed"] > before["checkpoints_completed"] >= 2, (before, result)
+        history = leader_call(addresses, cluster.token, "checkpoints", {"job_id": job_id})["history"]
+        old_id = before["last_checkpoint"]["checkpoint_id"]
+        assert any(h["checkpoint_id"] == old_id and h["status"] == "COMPLETED" for h in history), history
         overview = asyncio.run(call_leader([addresses[1]], cluster.token, "status", {}, retry_s=0.0))
         assert overview["coordinator"]["epoch"] == 2, overview
         assert overview["coordinator"]["recovered_jobs"] == 1, overview

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,16 @@ def test_restarts_exhausted_fail_the_job_and_the_cluster_lives_on(cluster: Clust
     assert "exhausted" in st["error"], st
     assert len(st["failures"]) == 3 and all("injected permanent failure" in f for f in st["failures"]), st
     assert st["ended_at"] is not None, st
+    # the web UI's exception history: each failure with the task's traceback and what it caused
+    assert cluster.coordinator is not None
+    http = cluster.coordinator.fields["http"]
+    with urllib.request.urlopen(f"http://{http}/api/v1/jobs/{job_id}/exceptions", timeout=10) as resp:
+        history = json.loads(resp.read())["exceptions"]  # newest first
+    assert [e["outcome"] for e in history] == ["failed", "restarted", "restarted"], history
+    assert [e["restarted_attempt"] for e in history] == [None, 2, 1], history
+    for e in history:
+        assert e["task"] and e["worker"] in ("worker-1", "worker-2"), e
+        assert e["traceback"].startswith("Traceback") and "injected permanent failure" in e["traceback"], e
 
     # the cluster is unharmed: every process runs, both workers are registered, and the next job finishes
     assert all(p.proc.poll() is None for p in [*cluster.workers, cluster.coordinator]), setup.logs()

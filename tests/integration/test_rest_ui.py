@@ -1,11 +1,14 @@
 """The coordinator's REST API, web UI and metrics against one real backpressured job.
 
-One cluster (a coordinator and two workers, real processes) serves every test in this file: the REST
-answers are validated against the OpenAPI document, mutating calls are refused without the cluster
+One cluster (a coordinator and two workers, real processes) serves the tests in this file, in order: the
+REST answers are validated against the OpenAPI document, mutating calls are refused without the cluster
 token and work with it, the Prometheus metrics carry `job_id` and the process metrics and hold every
-metric the Grafana dashboard queries, and Debian's chromium, driven by selenium through its
-chromedriver, shows the job's graph and a completed checkpoint (the screenshot is kept in
-test-artifacts/). The last test rescales the job and cancels it through the API.
+metric the Grafana dashboard queries; then the job is rescaled through the API and a worker that runs
+part of it is killed, and Debian's chromium, driven by selenium through its chromedriver, shows what a
+user reads: the graph, a completed checkpoint, the killed worker in the exception history with the
+restart it caused, a worker's page; a checkpoint triggered from the page raises the count, and a cancel
+from the page ends the job CANCELLED (screenshots kept in test-artifacts/, the path printed). The last
+test runs `sluice local --keep-running` and reads the ended job's page while the cluster stays up.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -26,7 +32,8 @@ from typing import Any
 import pytest
 
 from coordinator.rest import UI_DIR
-from tests.support.cluster import Cluster, poll, reaped_cluster, write_module
+from runtime.cli.processes import child_env
+from tests.support.cluster import Cluster, kill_worker, poll, reaped_cluster, write_module
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -108,8 +115,10 @@ def test_rest_answers_match_the_openapi_document(live: Live) -> None:
     assert status == 200 and served == doc
     jid = live.job_id
     for path in ("/api/v1/overview", "/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/graph",
-                 "/api/v1/jobs/{job_id}/checkpoints", "/api/v1/jobs/{job_id}/restarts", "/api/v1/workers"):
-        status, body = request(live.url(path.replace("{job_id}", jid)))
+                 "/api/v1/jobs/{job_id}/checkpoints", "/api/v1/jobs/{job_id}/restarts",
+                 "/api/v1/jobs/{job_id}/exceptions", "/api/v1/jobs/{job_id}/config", "/api/v1/workers",
+                 "/api/v1/workers/{worker_id}"):
+        status, body = request(live.url(path.replace("{job_id}", jid).replace("{worker_id}", "worker-1")))
         assert status == 200, (path, body)
         check(doc, path, "get", 200, body)
     status, body = request(live.url(f"/api/v1/jobs/{jid}/checkpoints?limit=1"))
@@ -147,6 +156,15 @@ def test_rest_answers_match_the_openapi_document(live: Live) -> None:
     for w in workers["workers"]:
         with urllib.request.urlopen(w["metrics_url"], timeout=10) as resp:
             assert b"sluice_worker_slots" in resp.read()
+        assert w["rss_bytes"] > 10 * 1024 * 1024 and w["tasks"] == 2, w
+    _, worker = request(live.url("/api/v1/workers/worker-1?lines=50"))
+    assert any(f"of job {jid}" in line for line in worker["log"]), worker["log"]  # "deployed N tasks of job ..."
+    assert len(worker["task_list"]) == 2 and worker["log_error"] == ""
+    _, config = request(live.url(f"/api/v1/jobs/{jid}/config"))
+    assert config["checkpoint"]["mode"] == "unaligned" and config["config"]["buffers_per_channel"] == 4, config
+    # no event time in this job: no watermark, said as such (tests/unit/test_rest.py has the watermarks)
+    assert all(v["watermark_status"] is None for v in g["vertices"])
+    assert all(v["records_out"] > 0 for v in graph()["vertices"])  # totals, not only rates
 
 
 @pytest.mark.integration
@@ -247,6 +265,40 @@ def test_metrics_carry_job_id_process_metrics_and_everything_the_dashboard_queri
                 assert label == "le" or any(label in labels for labels in served.values()), (label, expr)
 
 
+@pytest.mark.integration
+def test_rescale_through_the_api_then_a_worker_dies(live: Live) -> None:
+    rescale = live.url(f"/api/v1/jobs/{live.job_id}/rescale")
+    # more slots than the cluster has: refused as the RPC refuses it, and the job runs on
+    status, body = request(rescale, method="POST", body={"parallelism": {"Count": 64}}, token=live.cluster.token,
+                           timeout_s=180)
+    assert (status, body["type"]) == (409, "JobDefinitionError"), body
+    status, body = request(rescale, method="POST", body={"parallelism": {"*": 1}}, token=live.cluster.token,
+                           timeout_s=180)
+    assert status == 200, body
+    check(openapi(), "/api/v1/jobs/{job_id}/rescale", "post", 200, body)
+    _, g = request(live.url(f"/api/v1/jobs/{live.job_id}/graph"))
+    assert [(v["name"].split(" ")[0], v["parallelism"]) for v in g["vertices"]] == [("GeneratorSource", 1),
+                                                                                    ("Count", 1)]
+    _, job = request(live.url(f"/api/v1/jobs/{live.job_id}"))
+    assert (job["state"], job["attempt"]) == ("RUNNING", 1)
+
+    # kill -9 the worker running the source: the other one has the slots to take the job over
+    victim = g["vertices"][0]["subtasks"][0]["worker"]
+    kill_worker(live.cluster, victim)
+
+    def restarted() -> bool:
+        _, ex = request(live.url(f"/api/v1/jobs/{live.job_id}/exceptions"))
+        return bool(ex["exceptions"]) and ex["exceptions"][0]["outcome"] == "restarted"
+
+    poll(restarted, 60, "the killed worker's failure to restart the job", interval_s=0.25)
+    status, ex = request(live.url(f"/api/v1/jobs/{live.job_id}/exceptions"))
+    check(openapi(), "/api/v1/jobs/{job_id}/exceptions", "get", 200, ex)
+    [entry] = ex["exceptions"]
+    assert entry["cause"].startswith(f"worker {victim} lost") and entry["restarted_attempt"] == 2, entry
+    poll(lambda: len(completed_checkpoints(live)) > 0 and completed_checkpoints(live)[-1]["started_at"] >
+         entry["time"], 60, "a checkpoint of the restarted attempt", interval_s=0.25)
+
+
 def chromium_driver() -> Any:
     """A headless chromium through Debian's chromedriver, or a skip saying why there is none."""
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
@@ -269,7 +321,7 @@ def chromium_driver() -> Any:
 
 
 @pytest.mark.integration
-def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live: Live) -> None:
+def test_web_ui_shows_the_job_and_acts_on_it_in_chromium(live: Live) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -279,6 +331,7 @@ def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live:
         driver.set_page_load_timeout(60)
         driver.get(live.url("/"))
         wait = WebDriverWait(driver, 60, poll_frequency=0.25)
+        ARTIFACTS.mkdir(exist_ok=True)
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#graph g.vertex")) == 2)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoints tbody td.COMPLETED"))
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoint-chart rect.bar.COMPLETED"))
@@ -288,7 +341,7 @@ def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live:
         assert live.job_id in driver.find_element(By.ID, "job-title").text
         assert len(driver.find_elements(By.CSS_SELECTOR, "#graph path.edge")) == 1
         links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#workers a")]
-        assert len(links) == 2 and all(link.endswith("/metrics") for link in links)
+        assert len(links) == 1 and all(link.endswith("/metrics") for link in links)  # one worker was killed
         assert driver.find_element(By.ID, "status").text == ""  # no error from the API
 
         def click(by: str, selector: str) -> None:
@@ -303,40 +356,114 @@ def test_web_ui_shows_the_job_graph_and_a_completed_checkpoint_in_chromium(live:
 
         # an operator's subtasks, and a completed checkpoint's tasks, on a click
         click(By.CSS_SELECTOR, '#graph g.vertex[data-vertex^="Count"] text.title')
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#vertex-detail tbody tr")) == 2)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#vertex-detail tbody tr")) == 1)
+        assert "total in" in driver.find_element(By.CSS_SELECTOR, "#graph g.vertex text.totals").text
+        # the source behind the slow sink reads HIGH (its output channels full most of the time)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#graph g.vertex.HIGH[data-vertex^="GeneratorSource"]'))
+        assert driver.find_element(By.CSS_SELECTOR, "#graph g.vertex text.watermark").text == "no event time"
         click(By.XPATH, "//table[@id='checkpoints']/tbody/tr[td[@class='COMPLETED']]")
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#checkpoint-detail tbody tr")) == 4)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#checkpoint-detail tbody tr")) >= 2)
+        # the chart has a time axis and a size series
+        assert driver.find_elements(By.CSS_SELECTOR, "#checkpoint-chart text.time")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#checkpoint-chart polyline[data-series="size"]'))
+
+        # the killed worker in the exception history, with the restart it caused
+        entry = driver.find_element(By.CSS_SELECTOR, "#exceptions li")
+        assert entry.get_attribute("data-outcome") == "restarted"
+        assert "lost" in entry.text and "restarted as attempt 2" in entry.text, entry.text
+        assert "buffers_per_channel" in driver.find_element(By.ID, "config").text
+        save(driver, "web-ui.png")
+
+        # trigger a checkpoint from the page: refused without the token, then the count goes up
+        def completed_count(d: Any) -> int:
+            text = d.find_element(By.CSS_SELECTOR, f'#jobs li[data-job="{live.job_id}"] .id').text
+            return int(re.search(r"(\d+) checkpoints?", text).group(1))  # type: ignore[union-attr]
+
+        before = completed_count(driver)
+        click(By.ID, "action-checkpoint")
+        wait.until(lambda d: "token" in d.find_element(By.ID, "action-result").text)
+        driver.find_element(By.ID, "token").send_keys(live.cluster.token)
+        click(By.ID, "action-checkpoint")
+        wait.until(lambda d: "COMPLETED" in d.find_element(By.ID, "action-result").text)
+        wait.until(lambda d: completed_count(d) > before)
+
+        # a worker's page: memory, CPU and its log
+        click(By.CSS_SELECTOR, "#workers tbody tr td")
+        wait.until(lambda d: d.find_element(By.ID, "worker").is_displayed())
+        wait.until(lambda d: f"of job {live.job_id}" in d.find_element(By.ID, "worker-log").text)
+        assert "MiB" in driver.find_element(By.ID, "worker-facts").text
+        save(driver, "web-ui-worker.png")
+        click(By.ID, "worker-back")
+        wait.until(lambda d: d.find_element(By.ID, "job").is_displayed())
+
+        # cancel from the page (a second click confirms): the page shows CANCELLED
+        click(By.ID, "action-cancel")
+        wait.until(lambda d: "again" in d.find_element(By.ID, "action-cancel").text)
+        click(By.ID, "action-cancel")
+        wait.until(lambda d: d.find_element(By.ID, "job-state").text == "CANCELLED")
+        assert not driver.find_element(By.ID, "action-savepoint").is_displayed()  # nothing left to act on
+        save(driver, "web-ui-cancelled.png")
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors  # no script error, no failed request
-        ARTIFACTS.mkdir(exist_ok=True)
-        shot = ARTIFACTS / "web-ui.png"
-        assert driver.save_screenshot(str(shot))
-        print(f"web UI screenshot: {shot}")
     finally:
         driver.quit()
         shutil.rmtree(driver.sluice_profile, ignore_errors=True)
 
 
-@pytest.mark.integration
-def test_rescale_then_cancel_through_the_api(live: Live) -> None:
-    rescale = live.url(f"/api/v1/jobs/{live.job_id}/rescale")
-    # more slots than the cluster has: refused as the RPC refuses it, and the job runs on
-    status, body = request(rescale, method="POST", body={"parallelism": {"Count": 64}}, token=live.cluster.token,
-                           timeout_s=180)
-    assert (status, body["type"]) == (409, "JobDefinitionError"), body
-    status, body = request(rescale, method="POST", body={"parallelism": {"*": 1}}, token=live.cluster.token,
-                           timeout_s=180)
-    assert status == 200, body
-    check(openapi(), "/api/v1/jobs/{job_id}/rescale", "post", 200, body)
-    _, g = request(live.url(f"/api/v1/jobs/{live.job_id}/graph"))
-    assert [(v["name"].split(" ")[0], v["parallelism"]) for v in g["vertices"]] == [("GeneratorSource", 1),
-                                                                                    ("Count", 1)]
-    _, job = request(live.url(f"/api/v1/jobs/{live.job_id}"))
-    assert (job["state"], job["attempt"]) == ("RUNNING", 1)
 
-    url = live.url(f"/api/v1/jobs/{live.job_id}/cancel")
-    assert request(url, method="POST")[0] == 401
-    status, body = request(url, method="POST", token=live.cluster.token)
-    assert (status, body) == (200, {"state": "CANCELLED"})
+
+def save(driver: Any, name: str) -> None:
+    shot = ARTIFACTS / name
+    assert driver.save_screenshot(str(shot))
+    print(f"web UI screenshot: {shot}")
+
+
+@pytest.mark.integration
+def test_cancelled_from_the_page_as_the_api_says(live: Live) -> None:
     _, job = request(live.url(f"/api/v1/jobs/{live.job_id}"))
     assert job["state"] == "CANCELLED" and job["error"] == "cancelled by user"
+    assert request(live.url(f"/api/v1/jobs/{live.job_id}/cancel"), method="POST")[0] == 401
+
+
+BOUNDED = '''
+from runtime.api import DiscardSink, GeneratorSource, Job
+
+
+def build(job: Job) -> None:
+    job.source(GeneratorSource(count=3000, keys=10, seed=1), parallelism=1).sink(DiscardSink())
+'''
+
+
+@pytest.mark.integration
+def test_local_keep_running_leaves_the_ui_up_after_the_job_ends(tmp_path: Path) -> None:
+    write_module(tmp_path, "bounded", BOUNDED)
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "local", "bounded:build", "--workers", "1",
+                             "--keep-running"], cwd=tmp_path, env=child_env("keep-token", str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "the cluster stays up" in line:
+                break
+        ui = re.search(r"web UI at (http://\S+?)/? until", "".join(lines))
+        assert ui, "".join(lines)
+        with urllib.request.urlopen(f"{ui.group(1)}/api/v1/jobs", timeout=10) as resp:
+            [job] = json.loads(resp.read())["jobs"]
+        assert job["state"] == "FINISHED"
+        with urllib.request.urlopen(f"{ui.group(1)}/api/v1/jobs/{job['job_id']}/graph", timeout=10) as resp:
+            [vertex] = json.loads(resp.read())["vertices"]
+        assert vertex["records_out"] == 3000, vertex
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, "".join(lines) + out
+        assert "stopping the cluster" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

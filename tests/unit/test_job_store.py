@@ -130,3 +130,40 @@ async def test_a_coordinator_that_lost_its_lease_writes_nothing(tmp_path: Path) 
         writer.cancel()
     jobs, _ = store.load()
     assert [j.state for j in jobs] == [JobState.RUNNING]
+
+
+def test_the_page_history_survives_a_round_trip_in_unix_time() -> None:
+    """Checkpoints, counters, exceptions and the graph come back on another coordinator, whose monotonic clock
+    differs: start times cross as Unix time."""
+    from coordinator.exception_history import Detail
+
+    job = a_job()
+    job.earlier_checkpoints = [{"checkpoint_id": n, "status": "COMPLETED" if n != 3 else "FAILED", "mode": "aligned",
+                                "savepoint": False, "started_at": 100.0 + n, "duration_s": 0.1, "state_bytes": 5,
+                                "inflight_bytes": 0, "alignment_s": 0.0, "start_delay_s": 0.0}
+                               for n in range(1, 61)]
+    job.checkpoints_before = (7, 1)  # trimmed away earlier
+    job.exceptions.stash("task 1:0 failed: ValueError: x", Detail("1:0", "w-1", "Traceback...\nValueError: x\n"))
+    job.note_failure("task 1:0 failed: ValueError: x", now=5000.0)
+    job.saved_graph = {"vertices": [{"id": 1, "name": "Src", "parallelism": 2, "records_in": 0, "records_out": 9}],
+                       "edges": []}
+    back = decode(encode(job, offset=1000.0), "x", offset=2000.0)
+    assert back.checkpoint_counts() == (7 + 59, 1 + 1)
+    assert len(back.earlier_checkpoints) == 50 and back.earlier_checkpoints[-1]["checkpoint_id"] == 60
+    assert back.earlier_checkpoints[-1]["started_at"] == 160.0 + 1000.0 - 2000.0
+    [entry] = back.exceptions.entries()
+    assert (entry.cause, entry.task, entry.worker, entry.time, entry.outcome) == (
+        "task 1:0 failed: ValueError: x", "1:0", "w-1", 5000.0, "pending")
+    assert entry.traceback.endswith("ValueError: x\n")
+    assert back.total_tasks() == 2 and back.graph_snapshot() == job.saved_graph
+
+
+def test_a_record_of_an_older_version_loads_with_an_empty_history() -> None:
+    doc = json.loads(encode(a_job()))
+    for key in ("checkpoint_history", "checkpoint_counts", "exceptions", "graph", "checksum"):
+        doc.pop(key)
+    from coordinator.job_store import _body
+    from runtime.common.checksums import checksum
+    doc["checksum"] = checksum(_body(doc))
+    job = decode(json.dumps(doc).encode(), "old.json")
+    assert job.checkpoint_counts() == (0, 0) and job.exceptions.entries() == [] and job.saved_graph is None

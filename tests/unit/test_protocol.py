@@ -19,12 +19,15 @@ from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 MESSAGES: list[p.Message] = [
     p.Register(slots=4, host="h", data_port=7000, id="w-1", metrics_port=None, pid=12),
     p.Heartbeat("w-1", [{"job": "j", "task": "0:0", "attempt": 1}]),
+    p.Heartbeat("w-1", [], process={"rss_bytes": 1 << 20, "cpu_s": 1.5, "measured_at": 10.0}),
     p.AckCheckpoint("j", 2, "1:0", 5, {"state": "1-0.state", "checksums": {"1-0.state": "x"}},
                     TaskCheckpointFigures(state_bytes=9, backend_sync_s=0.5)),
     p.DeclineCheckpoint("j", 2, "1:0", 5, "superseded"),
     p.ProbeDone("j", 2, "1:0", 3, 1, 2),
     p.TaskEnded("j", 2, "1:0"), p.TaskFinished("j", 2, "1:0", stats={"task": "1:0"}),
     p.TaskFailed("j", 2, "1:0", error="boom"), p.JobError("j", 2, error="lost"),
+    p.TaskFailed("j", 2, "1:0", error="boom", traceback="Traceback (most recent call last):\n..."),
+    p.WorkerLog("w-1", lines=50), p.LogTail(20),
     p.Submit(entry="m:f", config={"checkpoint": {"interval_s": 1}}), p.Status(), p.Cancel("j"),
     p.WaitJob("j", 2.5), p.Probe("j"), p.TakeCheckpoint("j", savepoint=True, directory="/sp"),
     p.Checkpoints("j"), p.Rescale("j", {"*": 3}),
@@ -47,6 +50,7 @@ def test_every_message_survives_the_wire(message: p.Message) -> None:
     (p.WaitJob, {"job_id": "j", "timeout_s": "soon"}, "timeout_s"),
     (p.Submit, {"config": ["not", "an", "object"]}, "config"),
     (p.Cancel, {}, "job_id"),
+    (p.WorkerLog, {"worker_id": "w-1", "lines": "many"}, "lines"),
 ])
 def test_a_malformed_message_is_refused_naming_the_field(kind: type[p.Message], doc: dict[str, Any],
                                                           field: str) -> None:

@@ -14,12 +14,24 @@ from hypothesis import strategies as st
 
 from coordinator.jobs import JobRecord
 from coordinator.registry import WorkerRegistry
-from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match
-from coordinator.rest_views import RATE_WINDOW_S, backpressure_level, checkpoint_view, job_brief, job_graph, task_sample
+from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match, path_of
+from coordinator.rest_views import (
+    RATE_WINDOW_S,
+    backpressure_level,
+    checkpoint_view,
+    config_view,
+    exceptions_view,
+    job_brief,
+    job_graph,
+    process_sample,
+    task_sample,
+    tasks_on,
+)
 from netstack.errors import RpcError
 from netstack.http import BadRequest, HttpRequest, parse_head
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,11 +151,10 @@ def _openapi() -> dict[str, Any]:
 def test_the_openapi_document_describes_exactly_the_routes_served() -> None:
     doc = _openapi()
     documented = {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
-    served = {(r.method, r.pattern.pattern[1:-1].replace("(?P<job_id>[A-Za-z0-9_.-]+)", "{job_id}")) for r in ROUTES}
+    served = {(r.method, path_of(r)) for r in ROUTES}
     assert documented == served
     for route in ROUTES:  # every mutating call, and only those, needs the token
-        path = route.pattern.pattern[1:-1].replace("(?P<job_id>[A-Za-z0-9_.-]+)", "{job_id}")
-        op = doc["paths"][path][route.method.lower()]
+        op = doc["paths"][path_of(route)][route.method.lower()]
         assert ("security" in op) == route.mutating
         assert ("401" in op["responses"]) == route.mutating
 
@@ -201,3 +212,117 @@ def test_reads_are_open_and_unknown_paths_are_404() -> None:
     assert asyncio.run(api(bad_limit)).status == 400
     page = asyncio.run(api(_request("GET", "/")))
     assert page.status == 200 and b"<title>Sluice</title>" in page.body
+
+
+def _planned_job() -> JobRecord:
+    from runtime.graph.job_config import JobConfig
+    from runtime.graph.plan import Plan
+    job = JobRecord("job-1", "mod:build", "wm", "", JobConfig(parallelism={"*": 2}))
+    job.plan = Plan.from_dict({
+        "job_id": "job-1", "attempt": 0, "entry": "mod:build", "name": "wm", "config": {}, "sys_path": "",
+        "channel_base": 1,
+        "vertices": [{"id": 1, "name": "Src", "parallelism": 2, "nodes": []},
+                     {"id": 2, "name": "Sink", "parallelism": 1, "nodes": []}],
+        "edges": [{"id": 1, "up": 1, "down": 2, "partitioner": "rebalance", "input_index": 0, "channel_base": 0}],
+        "placement": {"1:0": "w-1", "1:1": "w-2", "2:0": "w-1"}, "workers": {}})
+    return job
+
+
+def test_graph_shows_watermarks_their_lag_and_record_totals() -> None:
+    from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK
+    job = _planned_job()
+    job.task_stats = {"job-1/1:0": {"records_out": 10, "current_watermark": 995_000, "sampled_at": 100.0},
+                      "job-1/1:1": {"records_out": 5, "current_watermark": 990_000, "sampled_at": 100.0},
+                      "job-1/2:0": {"records_in": 15, "current_watermark": MIN_WATERMARK, "sampled_at": 100.0}}
+    g = job_graph(job, wall_offset=900.0)  # sampled at Unix time 1000 s
+    src, sink = g["vertices"]
+    assert [(s["watermark"], s["watermark_lag_ms"]) for s in src["subtasks"]] == [(995_000, 5000), (990_000, 10000)]
+    assert (src["watermark"], src["watermark_status"], src["watermark_lag_ms"]) == (990_000, "ACTIVE", 10000)
+    assert (src["records_out"], sink["records_in"]) == (15, 15)
+    assert (sink["watermark"], sink["watermark_status"]) == (None, "NONE")
+    job.task_stats["job-1/2:0"]["current_watermark"] = MAX_WATERMARK
+    assert job_graph(job)["vertices"][1]["watermark_status"] == "END"
+    del job.task_stats["job-1/2:0"]["current_watermark"]  # no event time: no watermark at all
+    assert job_graph(job)["vertices"][1]["watermark_status"] is None
+
+
+def test_a_job_without_its_plan_shows_the_graph_it_last_had() -> None:
+    job = _planned_job()
+    job.task_stats = {"job-1/1:0": {"records_out": 10}, "job-1/1:1": {"records_out": 5}}
+    saved = job.graph_snapshot()
+    recovered = JobRecord("job-1", "mod:build", "wm", "", JobConfig())
+    recovered.saved_graph = saved
+    g = job_graph(recovered)
+    assert [(v["name"], v["parallelism"], v["records_out"]) for v in g["vertices"]] == [("Src", 2, 15), ("Sink", 1, 0)]
+    assert g["edges"] == [{"from": 1, "to": 2, "partitioner": "rebalance"}]
+    assert recovered.total_tasks() == 3
+    assert [v["name"] for v in recovered.summary()["vertices"]] == ["Src", "Sink"]  # `sluice status` too
+
+
+def test_process_sample_gives_cpu_use_in_cores() -> None:
+    first = process_sample(None, {"rss_bytes": 100, "cpu_s": 1.0}, 10.0)
+    assert first["cpu_ratio"] == 0.0 and first["rss_bytes"] == 100
+    second = process_sample(first, {"rss_bytes": 120, "cpu_s": 2.0}, 12.0)
+    assert second["cpu_ratio"] == 0.5
+    restarted = process_sample(second, {"rss_bytes": 50, "cpu_s": 0.1}, 13.0)  # a new process: no negative use
+    assert restarted["cpu_ratio"] == 0.0
+    # timed by the worker's clock, like the task rates: a heartbeat that arrives late stretches nothing
+    timed = process_sample(None, {"cpu_s": 1.0, "measured_at": 5.0}, 100.0)
+    late = process_sample(timed, {"cpu_s": 2.0, "measured_at": 7.0}, 110.0)
+    assert late["cpu_ratio"] == 0.5
+
+
+def test_exceptions_config_and_worker_tasks_views() -> None:
+    from coordinator.checkpointing import CheckpointSettings
+    job = _planned_job()
+    job.checkpoint_settings = CheckpointSettings(1.0, mode="unaligned")
+    job.note_failure("first", now=1.0)
+    job.note_failure("second", now=2.0)
+    assert [e["cause"] for e in exceptions_view(job, 1)["exceptions"]] == ["second"]
+    assert [e["cause"] for e in exceptions_view(job, 10)["exceptions"]] == ["second", "first"]
+    config = config_view(job)
+    assert config["config"]["parallelism"] == {"*": 2} and config["config"]["buffer_bytes"] == 32 * 1024
+    assert config["checkpoint"]["mode"] == "unaligned"
+    assert config["restart"] is None
+    job.state = JobState.RUNNING
+    assert [(t["task"], t["name"]) for t in tasks_on([job], "w-1")] == [("1:0", "Src"), ("2:0", "Sink")]
+
+
+def test_the_worker_page_has_its_log_tail_or_says_why_not() -> None:
+    from coordinator.registry import WorkerRecord
+
+    async def call(method: str, args: dict[str, Any]) -> Any:
+        assert (method, args) == ("worker_log", {"worker_id": "w-1", "lines": 2})
+        return {"lines": ["a", "b"]}
+
+    workers = WorkerRegistry()
+    workers.register(WorkerRecord("w-1", None, 2, "127.0.0.1", 1, None, 7))  # type: ignore[arg-type]
+    api = RestApi(jobs=dict, workers=workers, token="t", call=call)
+    page = asyncio.run(api(HttpRequest("GET", "/api/v1/workers/w-1", {"lines": "2"}, {})))
+    assert page.status == 200 and json.loads(page.body)["log"] == ["a", "b"]
+    assert asyncio.run(api(HttpRequest("GET", "/api/v1/workers/w-9", {}, {}))).status == 404
+
+    async def refuse(method: str, args: dict[str, Any]) -> Any:
+        raise RpcError("worker w-1 did not give its log: timed out", "WorkerLogUnavailable")
+
+    api = RestApi(jobs=dict, workers=workers, token="t", call=refuse)
+    body = json.loads(asyncio.run(api(_request("GET", "/api/v1/workers/w-1"))).body)
+    assert body["log"] == [] and "timed out" in body["log_error"] and body["pid"] == 7
+
+
+def test_log_tail_keeps_the_last_lines() -> None:
+    import logging
+
+    from runtime.worker.log_tail import LogTail, process_figures
+    tail = LogTail(lines=3)
+    logger = logging.getLogger("sluice.test_log_tail")
+    logger.addHandler(tail)
+    logger.setLevel(logging.INFO)
+    try:
+        for n in range(5):
+            logger.info("line %d", n)
+    finally:
+        logger.removeHandler(tail)
+    assert [line.rsplit(": ", 1)[1] for line in tail.tail(10)] == ["line 2", "line 3", "line 4"]
+    figures = process_figures()
+    assert figures["rss_bytes"] > 0 and figures["cpu_s"] >= 0
