@@ -17,7 +17,13 @@ which happened after the leader started that renewal; and the leader acts only
 until `renew started + lease_s * VALID_FRACTION` on its own monotonic clock.
 With clocks that run at about the same rate (no wall-clock agreement is
 needed) the leader's validity ends before any contender may take over.
-A leader that cannot renew in time stops acting and exits. Needs a filesystem
+A leader that cannot renew in time stops acting and exits.
+
+Renewals run on a thread of their own, not on the event loop: a coordinator whose loop is busy (deploying a
+thousand tasks on a loaded machine starved it for more than the lease) still leads, as a ZooKeeper client's
+session heartbeat thread keeps its session. A loop that stops turning for `loop_stall_s` is a dead leader all
+the same: the thread then stops renewing and a standby takes over. A paused process (SIGSTOP) pauses both.
+Needs a filesystem
 with atomic rename and link (local disks, most cluster filesystems; not every
 NFS setup). Docs: docs/ARCHITECTURE.md, "Coordinator failover".
 """
@@ -32,7 +38,9 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from runtime.common.files import fsync_directory, write_atomically
@@ -181,9 +189,12 @@ class Leadership:
     """This coordinator's side of the lease: wait for it, hold it, know when it is lost."""
 
     def __init__(self, state_dir: str, *, holder: str, address: str, lease_s: float = 5.0,
-                 renew_s: float = 1.0) -> None:
+                 renew_s: float = 1.0, loop_stall_s: float | None = None) -> None:
         if not 0 < renew_s * 2 <= lease_s:
             raise ValueError(f"the lease ({lease_s}s) must be at least twice the renewal interval ({renew_s}s)")
+        # how long the event loop may stay blocked before the renewing thread gives the lease up
+        self.loop_stall_s = loop_stall_s if loop_stall_s is not None else max(30.0, lease_s * 6)
+        self._loop_seen = 0.0  # monotonic time the event loop last showed it turns
         self.files = LeaseDir(state_dir)
         self.holder = holder
         self.address = address
@@ -240,20 +251,53 @@ class Leadership:
     async def hold(self) -> str:
         """Renew every renew_s while leading; return why leadership was lost (then nothing may act).
 
-        A renewal counts only if it completed while the previous one was still valid: a leader whose validity
-        ran out (paused, a slow disk) never extends it again, since a contender may already have taken over."""
-        while True:
-            await asyncio.sleep(self.renew_s)
+        The renewals run on a thread (`_renew_until_lost`); this coroutine marks that the loop turns and waits
+        for the thread's verdict. Cancelling it stops the renewals."""
+        loop = asyncio.get_running_loop()
+        lost: asyncio.Future[str] = loop.create_future()
+
+        def settle(why: str) -> None:
+            if not lost.done():
+                lost.set_result(why)
+
+        def report(why: str) -> None:  # on the renewing thread
+            loop.call_soon_threadsafe(settle, why)
+
+        stop = threading.Event()
+        self._loop_seen = time.monotonic()
+        threading.Thread(target=self._renew_until_lost, args=(stop, report), name="sluice-lease",
+                         daemon=True).start()
+        try:
+            while not lost.done():
+                self._loop_seen = time.monotonic()
+                await asyncio.wait({lost}, timeout=self.renew_s / 2)
+            return lost.result()
+        finally:
+            stop.set()
+
+    def _renew_until_lost(self, stop: threading.Event, report: Callable[[str], None]) -> None:
+        """The renewing thread. A renewal counts only if it completed while the previous one was still valid:
+        a leader whose validity ran out (paused, a slow disk) never extends it again, since a contender may
+        already have taken over."""
+        stalled_logged = False
+        while not stop.wait(self.renew_s):
             started = time.monotonic()
             mine = self.record
-            assert mine is not None
+            if mine is None:
+                return
             try:
-                if await asyncio.to_thread(self.files.superseded, mine.epoch):
+                if self.files.superseded(mine.epoch):
                     self._step_down()
-                    return f"lease epoch {mine.epoch + 1} was taken by another coordinator"
-                if started < self._valid_until:
+                    report(f"lease epoch {mine.epoch + 1} was taken by another coordinator")
+                    return
+                stalled = started - self._loop_seen > self.loop_stall_s
+                if stalled and not stalled_logged:
+                    log.error("the event loop has not turned for %.1fs: no longer renewing the lease",
+                              started - self._loop_seen)
+                    stalled_logged = True
+                if started < self._valid_until and not stalled and not stop.is_set():
                     renewed = LeaseRecord(**{**asdict(mine), "renewals": mine.renewals + 1})
-                    await asyncio.to_thread(self.files.renew, renewed)
+                    self.files.renew(renewed)
                     if time.monotonic() < self._valid_until:
                         self.record = renewed
                         self._valid_until = started + self.lease_s * VALID_FRACTION
@@ -261,7 +305,9 @@ class Leadership:
                 log.error("cannot renew the lease: %s", exc)
             if time.monotonic() >= self._valid_until:
                 self._step_down()
-                return f"the lease was not renewed within {self.lease_s * VALID_FRACTION:.1f}s"
+                report(f"the lease was not renewed within {self.lease_s * VALID_FRACTION:.1f}s")
+                return
 
     def _step_down(self) -> None:
-        self.record, self._valid_until = None, 0.0
+        self._valid_until = 0.0  # first: valid() turns false before the record goes
+        self.record = None

@@ -130,3 +130,32 @@ async def test_a_leader_whose_validity_ran_out_never_renews_again(tmp_path: Path
     assert "not renewed within" in why and first.record is None
     _, record = LeaseDir(str(tmp_path)).current()
     assert record is not None and record.renewals == 0  # it wrote nothing: a contender may already lead
+
+
+async def test_a_busy_event_loop_keeps_the_lease(tmp_path: Path) -> None:
+    """Renewals run on their own thread: a loop blocked for longer than the lease (a 1,000-task deploy on a
+    loaded machine) does not cost the leadership, and the renewals went on meanwhile."""
+    first = leadership(tmp_path, "a")
+    await first.acquire(standby=False)
+    holding = asyncio.create_task(first.hold())
+    await asyncio.sleep(RENEW_S * 2)
+    try:
+        before = LeaseDir(str(tmp_path)).current()[1]
+        time.sleep(LEASE_S * 2.5)  # noqa: ASYNC251 - the point: the event loop does not turn
+        after = LeaseDir(str(tmp_path)).current()[1]
+        assert before is not None and after is not None and after.renewals > before.renewals
+        assert first.valid() and not holding.done()
+    finally:
+        holding.cancel()
+
+
+async def test_a_loop_stalled_past_its_bound_gives_the_lease_up(tmp_path: Path) -> None:
+    first = Leadership(str(tmp_path), holder="a", address="a:1", lease_s=LEASE_S, renew_s=RENEW_S,
+                       loop_stall_s=0.3)
+    await first.acquire(standby=False)
+    holding = asyncio.create_task(first.hold())
+    await asyncio.sleep(RENEW_S * 2)
+    time.sleep(LEASE_S * 1.5)  # noqa: ASYNC251 - stalled past 0.3 s: the thread stops renewing, the validity runs out
+    assert not first.valid()
+    why = await asyncio.wait_for(holding, 2)
+    assert "not renewed within" in why and first.record is None
