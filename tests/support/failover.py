@@ -258,7 +258,8 @@ def restart_worker(cluster: Cluster, worker_id: str) -> None:
     cluster.start_worker(*WORKER_ARGS, worker_id=worker_id)
 
 
-def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0) -> dict[str, Any]:
+def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0, *,
+                          finish_timeout_s: float = 90.0) -> dict[str, Any]:
     """The kill -9 flow: once a checkpoint has completed, SIGKILL the worker running sink subtask `sink_subtask`
     (and the Count subtask chained with it, its state and its backend's local files), start it again under its
     id. The job must finish after exactly one restart, from that checkpoint or a later one, with exact output.
@@ -267,7 +268,7 @@ def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0) -> d
     killed_after = st["last_checkpoint"]["checkpoint_id"]
     victim_id = kill_worker_running(setup.cluster, st, sink_subtask)
     restart_worker(setup.cluster, victim_id)
-    st = setup.wait_finished(job_id)
+    st = setup.wait_finished(job_id, finish_timeout_s)
     assert_recovered(st, 1)
     assert victim_id in st["failures"][0], st
     assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
