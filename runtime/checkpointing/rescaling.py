@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from runtime.api.co_functions import BROADCAST_MODE
+from runtime.api.co_functions import BROADCAST_MODE, copy_items
 from runtime.api.time import MIN_WATERMARK
 from runtime.connectors.source import position_lanes, rescale_lanes
 from runtime.execution.channels import split_records
@@ -161,8 +161,7 @@ def rescale_lists(old: Sequence[Lists | None], new_parallelism: int, subtask: in
     """New subtask `subtask`'s list state from the old subtasks' (None for one without any)."""
     if replicated:
         mine = old[replica_of(subtask, len(old))] if old else None
-        return {node: {name: [mode, dict(items) if isinstance(items, dict) else list(items)]
-                       for name, (mode, items) in tables.items()}
+        return {node: {name: [mode, copy_items(items)] for name, (mode, items) in tables.items()}
                 for node, tables in (mine or {}).items()}
     merged: dict[int, dict[str, list[Any]]] = {}
     for lists in old:

@@ -4,8 +4,10 @@ snapshotted, restored and replicated on a rescale with the task's lists."""
 
 from __future__ import annotations
 
+from io import BytesIO
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,11 +22,16 @@ from runtime.api import (
     MapStateDescriptor,
 )
 from runtime.checkpointing.rescaling import only_broadcast_state, rescale_lists
+from runtime.checkpointing.restore_plan import assemble, plan_restore
+from runtime.checkpointing.snapshots import channel_key, decode_operator_state, encode_operator_state
 from runtime.connectors.sinks import Sink
 from runtime.examples.connect import RULES, ApplyRules, OrderPaymentJoin
 from runtime.execution.operators import Chain
-from runtime.graph.plan import chain_graph
+from runtime.graph.job_config import JobConfig
+from runtime.graph.partitioning import key_group, key_group_range
+from runtime.graph.plan import Plan, apply_parallelism, chain_graph
 from runtime.graph.rescalability import rescale_refusal
+from runtime.graph.restore_spec import RestoreSpec, TaskFiles
 
 
 class ListSink(Sink):
@@ -165,3 +172,61 @@ def test_broadcast_state_replicates_on_a_rescale_beside_keyed_state() -> None:
         ListSink(), name="out")
     vertices, edges = chain_graph(job)
     assert rescale_refusal(job, vertices, edges, {0: 1, 1: 1, 2: 3, 3: 3}) is None
+
+
+def test_a_rescaled_keyed_broadcast_task_takes_keys_by_group_and_its_replicas_rules_with_their_channel() -> None:
+    """Old apply subtask 0 had rule a and rule b still in flight to it; old subtask 1 had both. Every new subtask
+    ends with both rules (state + replayed channel), and every key and every event in flight lands once."""
+    job = Job("rules")
+    rules = job.source(GeneratorSource(count=1), name="rules", parallelism=1)
+    events = job.source(GeneratorSource(count=1), name="events", parallelism=2)
+    events.key_by(lambda e: e[0]).connect(rules.broadcast(RULES)).process(ApplyRules(), name="apply").sink(
+        ListSink(), name="sink")
+    apply_parallelism(job, {"apply": 3, "sink": 3})
+    vertices, edges = chain_graph(job)
+    plan = Plan(job_id="j", attempt=1, entry="m:f", name="t", sys_path="", channel_base=0, vertices=vertices,
+                edges=edges, placement={}, workers={}, config=JobConfig())
+    main = next(e for e in edges if e.partitioner == "hash")
+    bcast = next(e for e in edges if e.partitioner == "broadcast")
+
+    def files(name: str, *kinds: str) -> TaskFiles:
+        return TaskFiles(state=f"{name}.state", inputs=f"{name}.in" if "in" in kinds else None,
+                         outputs=f"{name}.out" if "out" in kinds else None)
+
+    spec = RestoreSpec(path="/c/chk-7", checkpoint_id=7,
+                       tasks={"0:0": files("r"), "1:0": files("e0", "out"), "1:1": files("e1", "out"),
+                              "2:0": files("a0", "in"), "2:1": files("a1", "in")},
+                       parallelism={0: 1, 1: 2, 2: 2}, nodes={0: 1, 1: 2, 2: 2, 3: 2})
+    keys = [f"k{i}" for i in range(30)]
+    rules_of = [{"a": 1}, {"a": 1, "b": 2}]
+    operators = {}
+    for j in range(2):
+        groups = key_group_range(128, 2, j)
+        operators[f"a{j}.state"] = decode_operator_state(encode_operator_state(
+            {2: {"seen": {k: j for k in keys if key_group(k, 128) in groups}}}, max_parallelism=128, source=None,
+            sinks=[None], lists={2: {"rules": ["broadcast", rules_of[j]]}}), "test")
+    events_in_flight = {(p, c): [[k, p] for k in keys if key_group(k, 128) in key_group_range(128, 2, c)][:4]
+                        for p in range(2) for c in range(2)}
+    channels: dict[str, dict[str, bytes]] = {
+        f"a{c}.in": {**{channel_key(main.id, p, c): b"".join(msgpack.packb(r) for r in events_in_flight[(p, c)])
+                        for p in range(2)},
+                     channel_key(bcast.id, 0, c): msgpack.packb(["b", 2]) if c == 0 else b""}
+        for c in range(2)}
+    channels.update({f"e{p}.out": {} for p in range(2)})
+    seen_keys: list[str] = []
+    seen_events: list[Any] = []
+    for i in range(3):
+        steps = plan_restore(spec, plan, plan.vertices[main.down], i, job)
+        ids = {**{channel_key(main.id, p, i): 10 * p + i for p in range(2)}, channel_key(bcast.id, 0, i): 99}
+        state = assemble(steps, operators, channels, ids)
+        assert state is not None and state.keyed is not None and state.lists is not None
+        broadcast = dict(state.lists[2]["rules"][1])
+        for record in msgpack.Unpacker(BytesIO((state.inputs or {}).get(99, b""))):
+            broadcast[record[0]] = record[1]
+        assert broadcast == {"a": 1, "b": 2}, (i, state.lists, state.inputs)
+        seen_keys += state.keyed[2]["seen"]
+        for cid, stream in (state.inputs or {}).items():
+            if cid != 99:
+                seen_events += [tuple(r) for r in msgpack.Unpacker(BytesIO(stream))]
+    assert sorted(seen_keys) == sorted(keys)
+    assert sorted(seen_events) == sorted(tuple(r) for rs in events_in_flight.values() for r in rs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.api import Job, Node
+from runtime.api.co_functions import copy_items
 from runtime.connectors.sinks import Sink
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.operators.kinds import (
@@ -29,11 +30,6 @@ from runtime.execution.operators.shapes import shape_of
 from runtime.execution.operators.two_input import TWO_INPUT_OPERATORS
 from runtime.state.backend import PendingSnapshot, StateBackend
 from runtime.state.tables import BackendTables
-
-
-def copy_items(items: list[Any] | dict[Any, Any]) -> list[Any] | dict[Any, Any]:
-    """A copy of a list state's items, or of a broadcast state's map (co_functions.BROADCAST_MODE)."""
-    return dict(items) if isinstance(items, dict) else list(items)
 
 
 class ChainOutput(Operator):
