@@ -24,7 +24,6 @@ from runtime.api import (
 from runtime.checkpointing.rescaling import only_broadcast_state, rescale_lists
 from runtime.checkpointing.restore_plan import assemble, plan_restore
 from runtime.checkpointing.snapshots import channel_key, decode_operator_state, encode_operator_state
-from runtime.connectors.sinks import Sink
 from runtime.examples.connect import RULES, ApplyRules, OrderPaymentJoin
 from runtime.execution.operators import Chain
 from runtime.graph.job_config import JobConfig
@@ -32,15 +31,7 @@ from runtime.graph.partitioning import key_group, key_group_range
 from runtime.graph.plan import Plan, apply_parallelism, chain_graph
 from runtime.graph.rescalability import rescale_refusal
 from runtime.graph.restore_spec import RestoreSpec, TaskFiles
-
-
-class ListSink(Sink):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out: list[Any] = []
-
-    def write(self, record: Any) -> None:
-        self.out.append(record)
+from tests.support.buffers import ListSink
 
 
 def join_chain(timed: bool = False, fn: Any = None) -> tuple[Chain, ListSink, Job]:
