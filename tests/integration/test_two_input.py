@@ -82,12 +82,16 @@ def slow_input(job: Job) -> None:
 '''
 
 IDS = 24_000
-CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
+# small buffers for the pipeline: a few thousand rows fill its queues, so its two-input tasks are backpressured
+# and a rescale's checkpoint has data in flight on both of their inputs; big ones for the slow-input job, so
+# that an aligned barrier waits seconds behind the fast input's queue
+SMALL = {"buffer_bytes": 2048, "buffers_per_channel": 2, "inflight_target_s": 0}
+BIG = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
 
 
-def config(mode: str, interval_s: float | None) -> dict[str, Any]:
-    return {"checkpoint": {"interval_s": interval_s, "mode": mode, "timeout_s": 30.0, "min_pause_s": 0,
-                           "tolerable_failures": 3, "retain": 3}, **CHANNELS}
+def config(mode: str, interval_s: float | None, channels: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+    return {"checkpoint": {"interval_s": interval_s, "mode": mode, "timeout_s": timeout_s, "min_pause_s": 0,
+                           "tolerable_failures": 3, "retain": 3}, **channels}
 
 
 def submit(cluster: Cluster, entry: str, cfg: dict[str, Any]) -> tuple[str, Path]:
@@ -111,9 +115,13 @@ def wait_backpressured(cluster: Cluster, job_id: str, operator: str, tasks: int)
         assert st["state"] in (JobState.DEPLOYING, JobState.RESTARTING, JobState.RUNNING), (st, logs(cluster))
         return st["state"] == JobState.RUNNING and len(tasks_by_operator(st).get(operator, [])) == tasks
 
+    def backpressured() -> bool:
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] == JobState.RUNNING, (st, logs(cluster))
+        return sum(t["backpressured_s"] for t in tasks_by_operator(st)[operator]) >= 0.3
+
     poll(running, 60, f"job {job_id} to run {tasks} {operator} tasks")
-    poll(lambda: sum(t["backpressured_s"] for t in tasks_by_operator(
-        cluster.call("status", {"job_id": job_id}))[operator]) >= 0.3, 60, f"{operator} to be backpressured")
+    poll(backpressured, 30, f"{operator} to be backpressured")
 
 
 def rescale(cluster: Cluster, job_id: str, parallelism: int) -> dict[str, Any]:
@@ -136,7 +144,7 @@ def expected_pairs() -> dict[int, tuple[str, str]]:
 @pytest.mark.timeout(300)
 def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(running_cluster: Cluster) -> None:
     cluster = running_cluster
-    job_id, out = submit(cluster, "pipeline", config("unaligned", 0.5))
+    job_id, out = submit(cluster, "pipeline", config("unaligned", 0.5, SMALL))
     wait_backpressured(cluster, job_id, "join", 2)
     poll(lambda: sum(t["records_out"] for t in tasks_by_operator(
         cluster.call("status", {"job_id": job_id}))["rules -> rule"]) == 5, 30, "the rules to be sent")
@@ -171,9 +179,7 @@ def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(ru
 @pytest.mark.timeout(300)
 def test_a_slow_input_beside_a_backpressured_one_unaligned_is_fast_aligned_waits(running_cluster: Cluster) -> None:
     cluster = running_cluster
-    job_id, _ = submit(cluster, "slow_input", {**config("unaligned", None),
-                                               "checkpoint": {**config("unaligned", None)["checkpoint"],
-                                                              "timeout_s": 3.0}})
+    job_id, _ = submit(cluster, "slow_input", config("unaligned", None, BIG, timeout_s=3.0))
     wait_backpressured(cluster, job_id, "fast", 2)
     for _ in range(2):
         result = cluster.call("checkpoint", {"job_id": job_id})
