@@ -84,7 +84,7 @@ def slow_input(job: Job) -> None:
         .sink(DiscardSink(delay_per_record_s=0.0002), name="sink"))
 '''
 
-IDS = 24_000
+IDS = 40_000  # the sources run ~10k ids ahead of the sink (queues, join state): they must not end before the rescales
 RULES_SENT = 240  # 12 s of rules
 RULE_NAMES = [f"k{i}" for i in range(5)]
 # small buffers for the pipeline: a few thousand rows fill its queues, so its two-input tasks are backpressured
