@@ -26,6 +26,7 @@ from runtime.checkpointing.restore_plan import assemble, plan_restore
 from runtime.checkpointing.snapshots import channel_key, decode_operator_state, encode_operator_state
 from runtime.examples.connect import RULES, ApplyRules, OrderPaymentJoin
 from runtime.execution.operators import Chain
+from runtime.execution.watermarks import IDLE, WatermarkCombiner
 from runtime.graph.job_config import JobConfig
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.graph.plan import Plan, apply_parallelism, chain_graph
@@ -221,3 +222,19 @@ def test_a_rescaled_keyed_broadcast_task_takes_keys_by_group_and_its_replicas_ru
                 seen_events += [tuple(r) for r in msgpack.Unpacker(BytesIO(stream))]
     assert sorted(seen_keys) == sorted(keys)
     assert sorted(seen_events) == sorted(tuple(r) for rs in events_in_flight.values() for r in rs)
+
+
+def test_the_watermark_is_the_minimum_over_both_inputs_and_an_idle_input_does_not_hold_it_back() -> None:
+    """A two-input task combines the channels of both inputs (edge 0: orders from two producers, edge 1:
+    payments from one); the operator gets the result."""
+    combiner = WatermarkCombiner(["0:0:0", "0:1:0", "1:0:0"])
+    assert combiner.on_marker("0:0:0", 100).watermark is None
+    assert combiner.on_marker("0:1:0", 120).watermark is None  # the payments input has no watermark yet
+    assert combiner.on_marker("1:0:0", 90).watermark == 90
+    assert combiner.on_marker("1:0:0", 300).watermark == 100  # now the orders hold it back
+    assert combiner.on_marker("0:0:0", 500).watermark == 120
+    assert combiner.on_marker("1:0:0", IDLE).watermark is None  # idle payments: the orders alone decide
+    assert combiner.on_marker("0:1:0", 700).watermark == 500
+    chain, _, _ = join_chain(timed=True, fn=Expire())
+    chain.forward_watermark(combiner.current)
+    assert chain.operators[0].ctx is not None and chain.operators[0].ctx.current_watermark == 500
