@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from runtime.api import (
     BoundedOutOfOrderness,
     BroadcastStateError,
+    CoProcessFunction,
     GeneratorSource,
     Job,
     KeyedBroadcastProcessFunction,
@@ -238,3 +239,21 @@ def test_the_watermark_is_the_minimum_over_both_inputs_and_an_idle_input_does_no
     chain, _, _ = join_chain(timed=True, fn=Expire())
     chain.forward_watermark(combiner.current)
     assert chain.operators[0].ctx is not None and chain.operators[0].ctx.current_watermark == 500
+
+
+def test_list_state_beside_a_broadcast_input_is_still_refused_on_a_rescale() -> None:
+    """A CoProcessFunction fed by a broadcast stream and another one: its list state would need both rules."""
+    class Both(CoProcessFunction):
+        def process1(self, record: Any, ctx: Any) -> None:
+            pass
+
+        def process2(self, record: Any, ctx: Any) -> None:
+            pass
+
+    job = Job("co")
+    a = job.source(GeneratorSource(count=1), name="a", parallelism=2)
+    b = job.source(GeneratorSource(count=1), name="b", parallelism=2)
+    a.connect(b.broadcast()).process(Both(), name="both").sink(ListSink(), name="out")
+    vertices, edges = chain_graph(job)
+    refusal = rescale_refusal(job, vertices, edges, {0: 2, 1: 2, 2: 3, 3: 3})
+    assert refusal is not None and refusal.startswith("both reads a broadcast input and another one"), refusal
