@@ -5,6 +5,17 @@ import a job module needs; the names below are the public interface.
 """
 
 from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncOpenContext
+from runtime.api.co_functions import (
+    BroadcastContext,
+    BroadcastProcessFunction,
+    BroadcastState,
+    BroadcastStateError,
+    CoProcessFunction,
+    KeyedBroadcastContext,
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    MapStateDescriptor,
+)
 from runtime.api.functions import (
     Context,
     KeyedContext,
@@ -27,6 +38,8 @@ from runtime.api.state import (
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
     PARTITIONERS,
+    BroadcastStream,
+    ConnectedStreams,
     DataStream,
     Job,
     JobDefinitionError,
@@ -63,4 +76,7 @@ __all__ = [
     "SlidingEventTimeWindows", "EventTimeSessionWindows", "TumblingProcessingTimeWindows",
     "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
     "AggregateFunction", "AggregatingState", "KeyedListState", "MapState", "ReducingState", "TtlValueState",
+    "CoProcessFunction", "KeyedCoProcessFunction", "BroadcastProcessFunction", "KeyedBroadcastProcessFunction",
+    "MapStateDescriptor", "BroadcastState", "BroadcastStateError", "BroadcastContext", "KeyedBroadcastContext",
+    "BroadcastStream", "ConnectedStreams",
 ]
