@@ -38,6 +38,8 @@ from coordinator.lifecycle import (
     RescaleAsked,
     RescaleCheckpointDone,
     RestartDelayElapsed,
+    RestoreChoice,
+    RestoreMissing,
     ScheduleRestart,
     StartCheckpoints,
     StartTasks,
@@ -48,6 +50,7 @@ from coordinator.lifecycle import (
     TasksStarted,
     UsePlan,
     WorkerLost,
+    choose_restore,
 )
 from coordinator.restarts import RestartStrategy
 from runtime.graph.enums import JobState
@@ -251,6 +254,41 @@ def test_plan_failing_for_slots_is_retried_until_slot_wait_then_counts_as_a_fail
     assert job.handle(PlanFailed(2, "cannot restore: corrupt", retriable=False), 13.1) == [
         RecordFailure("cannot restore: corrupt"),
         MoveTo(JobState.FAILED, "cannot restore: corrupt (restart attempts exhausted)")]
+
+
+def test_a_missing_checkpoint_fails_the_job_at_once_without_another_restart():
+    job = running()
+    job.handle(TaskFailed(0, "worker lost"), 1.0)
+    job.handle(RestartDelayElapsed(0), 2.0)
+    assert job.handle(RestoreMissing(0, "late"), 2.1) == []  # fenced by attempt
+    assert job.handle(RestoreMissing(1, "checkpoint 4 (/c/chk-4): missing"), 2.1) == [
+        RecordFailure("checkpoint 4 (/c/chk-4): missing"),
+        MoveTo(JobState.FAILED, "cannot restart: checkpoint 4 (/c/chk-4): missing")]
+    assert job.handle(AttemptPlanned(1), 2.2) == []  # nothing deploys after
+
+
+def test_restore_choice_takes_the_newest_checkpoint_the_store_or_the_record_holds():
+    listed = [(3, "/s/chk-3"), (5, "/s/chk-5")]
+    assert choose_restore(listed, (5, "/s/chk-5"), True, "", False, "/s") == RestoreChoice(("/s/chk-5", "/s/chk-3"))
+    # the coordinator restarted with another --checkpoint-dir: the recorded path is still there, and newer
+    assert choose_restore([], (7, "/old/chk-7"), True, "/sp", True, "/new") == RestoreChoice(("/old/chk-7", "/sp"))
+    assert choose_restore(listed, (7, "/old/chk-7"), True, "", False, "/s").candidates[0] == "/old/chk-7"
+    # a wiped store that was written to again: the newer listed checkpoint wins, the recorded one is gone
+    assert choose_restore([(9, "/s/chk-9")], (7, "/s/chk-7"), False, "", False, "/s") == RestoreChoice(("/s/chk-9",))
+    # never checkpointed, never restored: from scratch is exact
+    assert choose_restore([], None, False, "", False, "/s") == RestoreChoice(())
+
+
+def test_restore_choice_refuses_to_start_from_scratch_once_output_is_committed():
+    choice = choose_restore([], (7, "/s/chk-7"), False, "", False, "/s")
+    assert choice.candidates == () and "\n" not in choice.missing
+    assert choice.missing.startswith("checkpoint 7 (/s/chk-7), the latest it completed: missing, and /s holds no")
+    assert "not replaying its input over committed output" in choice.missing
+    # the savepoint it was submitted with is gone as well: both are named
+    both = choose_restore([], (7, "/s/chk-7"), False, "/sp/savepoint-1", False, "/s").missing
+    assert "checkpoint 7" in both and "/sp/savepoint-1" in both
+    # submitted with a savepoint that vanished before any checkpoint completed: its state must not be lost either
+    assert "/sp/savepoint-1" in choose_restore([], None, False, "/sp/savepoint-1", False, "/s").missing
 
 
 def test_a_plan_result_of_another_attempt_is_ignored():
@@ -475,7 +513,8 @@ STIMULI = st.one_of(
     st.builds(RescaleAsked, st.booleans(), st.booleans()),
     st.builds(RescaleCheckpointDone, ATTEMPTS, st.sampled_from(["", "refused"])),
     st.builds(RestartDelayElapsed, ATTEMPTS), st.builds(AttemptPlanned, ATTEMPTS),
-    st.builds(PlanFailed, ATTEMPTS, st.just("p"), st.booleans()), st.builds(CancelAsked, st.just("c")),
+    st.builds(PlanFailed, ATTEMPTS, st.just("p"), st.booleans()), st.builds(RestoreMissing, ATTEMPTS, st.just("m")),
+    st.builds(CancelAsked, st.just("c")),
     st.builds(ExecutionFailed, st.just("x")), st.just(LeaseLost()))
 
 
