@@ -4,6 +4,7 @@ after the end, only legal transitions)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +56,7 @@ from coordinator.lifecycle import (
 from coordinator.restarts import RestartStrategy
 from runtime.graph.enums import JobState
 
-FIXED = RestartStrategy("fixed", max_attempts=2, delay_s=1.0, slot_wait_s=10.0)
+FIXED = RestartStrategy("fixed", max_attempts=2, delay_s=1.0, slot_wait_s=10.0, failure_window_s=None)
 
 
 def running(strategy: RestartStrategy | None = FIXED) -> JobLifecycle:
@@ -143,7 +144,7 @@ def test_worker_lost_is_a_failure_named_after_the_worker():
 
 
 def test_exponential_strategy_delays_double_and_the_last_failure_fails_the_job():
-    job = running(RestartStrategy("exponential", max_attempts=2, delay_s=0.5, max_delay_s=30.0))
+    job = running(RestartStrategy("exponential", max_attempts=2, delay_s=0.5, max_delay_s=30.0, failure_window_s=None))
     assert job.handle(TaskFailed(0, "a"), 1.0)[-1] == ScheduleRestart(0, 0.5, restart=1, of=2)
     restarted(job, 2.0)
     assert job.handle(TaskFailed(1, "b"), 3.0)[-1] == ScheduleRestart(1, 1.0, restart=2, of=2)
@@ -231,7 +232,7 @@ def test_restarts_older_than_the_window_no_longer_count_and_the_backoff_starts_a
 
 
 def test_without_a_window_every_restart_of_the_jobs_life_counts():
-    job = running(RestartStrategy("fixed", max_attempts=1, delay_s=1.0))
+    job = running(RestartStrategy("fixed", max_attempts=1, delay_s=1.0, failure_window_s=None))
     job.handle(TaskFailed(0, "a"), 0.0)
     restarted(job, 1.0)
     assert job.handle(TaskFailed(1, "b"), 10_000.0) == [
@@ -499,6 +500,50 @@ def test_cancel_during_a_rescale_answers_it():
     assert job.handle(CancelAsked("by user"), 1.5) == [
         MoveTo(JobState.CANCELLED, "by user"), AnswerRescale("job j is CANCELLED now: not rescaled", "JobNotRunning"),
         StopCheckpoints("by user", failed=True), CancelTasks(0)]
+
+
+# -- the default restart strategy against outages and real faults ---------------------------------------------------
+
+
+def ride_out(healthy_after_s: float, strategy: RestartStrategy, *, horizon_s: float = 900.0) -> tuple[str, float]:
+    """Drive a job with `strategy` through a dependency that is down from t=0 until `healthy_after_s`: every
+    attempt deployed meanwhile fails 0.5 s after it started (the worst case for the budget: failures come as
+    fast as restarts). Returns the job's state once it ran 10 s healthy or ended, and the time then."""
+    job = running(strategy)
+    now = 0.0
+    pending = job.handle(TaskFailed(0, "state store unreachable"), now)
+    while not job.terminal:
+        follow: list = []
+        for ins in pending:
+            if isinstance(ins, ScheduleRestart):
+                now += ins.delay_s
+                follow += job.handle(RestartDelayElapsed(ins.attempt), now)
+            elif isinstance(ins, PlanAttempt):
+                follow += job.handle(AttemptPlanned(ins.attempt), now)
+            elif isinstance(ins, Deploy):
+                now += 0.2
+                follow += job.handle(DeployAcked(ins.attempt), now)
+            elif isinstance(ins, StartTasks):
+                follow += job.handle(TasksStarted(ins.attempt), now)
+                if now >= healthy_after_s:
+                    return job.state, now
+                now += 0.5
+                follow += job.handle(TaskFailed(ins.attempt, "state store unreachable"), now)
+        pending = follow
+        assert now < horizon_s, "the job neither ran nor ended"
+    return job.state, now
+
+
+def test_the_default_strategy_rides_out_a_minute_long_outage_and_a_20s_partition():
+    assert ride_out(60.0, RestartStrategy()) == (JobState.RUNNING, pytest.approx(61.0 + 6 * 0.7 + 0.2, abs=1.0))
+    assert ride_out(20.0, RestartStrategy())[0] == JobState.RUNNING
+    # what the default was before: three restarts 1 s apart are spent in seconds
+    assert ride_out(60.0, RestartStrategy("fixed", max_attempts=3, failure_window_s=None))[0] == JobState.FAILED
+
+
+def test_the_default_strategy_still_fails_a_job_that_fails_again_and_again():
+    state, at = ride_out(float("inf"), RestartStrategy())
+    assert state == JobState.FAILED and 100 < at < 150, at
 
 
 # -- properties ------------------------------------------------------------------------------------------------------
