@@ -83,6 +83,7 @@ class CheckpointRunner:
         """No more ticks; whoever waits for a checkpoint gets ABORTED with `reason`."""
         if self._ticker is not None:
             self._ticker.cancel()
+        self.execute(self.coordinator.stopped(time.monotonic(), reason))
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_result({"status": "ABORTED", "reason": reason})
