@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.chaos import ChaosSettings, run_chaos
+from runtime.cli.netns import NetnsUnavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -49,3 +50,30 @@ def test_worker_and_coordinator_kills_and_rescales_leave_committed_output_exact(
     # what `sluice data verify` prints (without --json) is this summary line
     assert result.verify["summary"].startswith("verify wordcount: 300,000 expected rows, 300,000 output rows: "
                                                "0 missing, 0 duplicate, 0 wrong -> OK"), result.verify["summary"]
+
+
+def test_a_wiped_checkpoint_store_and_a_30s_partition_leave_committed_output_exact(chaos_workdir: Path) -> None:
+    """The checkpoint store is wiped while the job runs, then a worker hosting the sink is killed once a newer
+    checkpoint completed: the restart restores it. Then a worker hosting the job is cut off from every other
+    worker for 30 s (network namespaces): the restarts meanwhile fail, and the default restart strategy
+    (exponential, counted in a 5 min window) outlasts the partition. Same input as the test above (generated
+    once)."""
+    settings = ChaosSettings(workdir=str(chaos_workdir), rows=300_000, keys=500, partitions=4, mode="unaligned",
+                             interval_s=0.5, kills=1, wipes=1, partition_s=30.0, workers=3, parallelism=2,
+                             sink_delay_s=0.00015, job_timeout_s=300.0)
+    lines: list[str] = []
+    try:
+        result = run_chaos(settings, log=lines.append, seed=5)
+    except NetnsUnavailable as exc:
+        pytest.skip(f"the 30 s partition needs network namespaces: {exc}")
+    report = "\n".join(lines)
+    assert result.state == "FINISHED", f"{result.error}\n{report}"
+    [wipe] = result.wipes
+    assert wipe["deleted"], report  # it held completed checkpoints
+    [kill] = result.kills
+    assert kill["last_checkpoint"] > wipe["last_checkpoint"], report  # the restart had a checkpoint to restore
+    [partition] = result.partitions
+    assert partition["duration_s"] == 30.0 and partition["restarts_during"] >= 1, report
+    assert result.verify["missing"] == 0 and result.verify["duplicate"] == 0 and result.verify["wrong"] == 0, (
+        f"{result.verify.get('summary')}\n{report}")
+    assert result.ok and result.verify["expected_rows"] == 300_000, report
