@@ -202,8 +202,8 @@ class JobManager:
 
     # -- stimuli from the coordinator's RPC handlers and link events ---------------------------
 
-    def task_failed(self, job: JobRecord, attempt: int, cause: str) -> None:
-        self.handle(job, lc.TaskFailed(attempt, cause))
+    def task_failed(self, job: JobRecord, attempt: int, cause: str, *, fatal: bool = False) -> None:
+        self.handle(job, lc.TaskFailed(attempt, cause, fatal))
 
     def worker_lost(self, worker_id: str, why: str) -> None:
         for job in list(self.jobs.values()):

@@ -95,6 +95,7 @@ class TaskFailed:
 
     attempt: int
     cause: str
+    fatal: bool = False  # a restart cannot repair it (output a restored checkpoint needs is gone): no restart
 
 
 @dataclass(frozen=True)
@@ -431,21 +432,24 @@ class JobLifecycle:
         return self._failure(s.attempt, f"deployment failed: {s.error}", now)
 
     def _on_TaskFailed(self, s: TaskFailed, now: float) -> list[Instruction]:
-        return self._failure(s.attempt, s.cause, now)
+        return self._failure(s.attempt, s.cause, now, fatal=s.fatal)
 
     def _on_WorkerLost(self, s: WorkerLost, now: float) -> list[Instruction]:
         return self._failure(s.attempt, f"worker {s.worker_id} lost: {s.why}", now)
 
-    def _failure(self, attempt: int, cause: str, now: float) -> list[Instruction]:
-        """Cancel the attempt; restart after the strategy's delay, or fail the job when no restart is left.
-        A failure of an earlier attempt, or one while a restart is under way already, changes nothing."""
+    def _failure(self, attempt: int, cause: str, now: float, *, fatal: bool = False) -> list[Instruction]:
+        """Cancel the attempt; restart after the strategy's delay, or fail the job when no restart is left or
+        none can repair the failure (`fatal`). A failure of an earlier attempt, or one while a restart is under
+        way already, changes nothing."""
         if attempt != self.attempt or self.state not in (JobState.DEPLOYING, JobState.RUNNING):
             return []
         out: list[Instruction] = [RecordFailure(cause), StopCheckpoints(cause, failed=True)]
         number = self._restart_number(now)
-        delay = self.strategy.delay_before(number) if self.strategy is not None else None
+        delay = self.strategy.delay_before(number) if self.strategy is not None and not fatal else None
         if delay is None:
-            error = f"{cause}{' (restart attempts exhausted)' if self.restarts else ''}"
+            why = (" (not restarted: a restart cannot repair it)" if fatal else
+                   " (restart attempts exhausted)" if self.restarts else "")
+            error = f"{cause}{why}"
             return [*out, *self._move(JobState.FAILED, error), CancelTasks(self.attempt)]
         assert self.strategy is not None
         self.failed_at = now

@@ -436,7 +436,8 @@ class Worker(BaseLinkHandler):
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
             self._spawn(self._report(p.TaskFailed(job_id, deployed.plan.attempt, key,
                                                   error=f"{type(exc).__name__}: {exc}",
-                                                  traceback="".join(traceback.format_exception(exc)))))
+                                                  traceback="".join(traceback.format_exception(exc)),
+                                                  fatal=bool(getattr(exc, "unrecoverable", False)))))
         if all(t.state == TaskState.FINISHED for t in deployed.tasks.values()):
             self._spawn(self._release_when_drained(job_id, deployed))
 

@@ -604,3 +604,11 @@ def test_no_sequence_deploys_twice_at_once_or_after_the_end_or_moves_illegally(s
             assert job.restarts <= strategy.max_attempts or strategy.kind == "none"
     # every ask is answered once at most (the shell's own refusal of a second concurrent ask aside)
     assert rescale_answers <= rescale_asks
+
+
+def test_a_failure_no_restart_can_repair_fails_the_job_at_once():
+    job = running(RestartStrategy())  # the default: eight restarts in five minutes
+    cause = "task 1:0 failed: OutputGone: pre-committed file .part is gone"
+    assert job.handle(TaskFailed(0, cause, fatal=True), 1.0) == [
+        RecordFailure(cause), StopCheckpoints(cause, failed=True),
+        MoveTo(JobState.FAILED, f"{cause} (not restarted: a restart cannot repair it)"), CancelTasks(0)]
