@@ -330,8 +330,11 @@ class Worker(BaseLinkHandler):
         try:
             await connect(deployed, self.network)
         except Exception:
-            teardown(deployed, self.network)
-            self.jobs.pop(plan.job_id, None)
+            # a peer that died before it dialed us keeps this waiting up to connect's timeout; meanwhile the
+            # coordinator may have cancelled this attempt and deployed the next: that one is not ours to drop
+            if self.jobs.get(plan.job_id) is deployed:
+                self.jobs.pop(plan.job_id)
+                teardown(deployed, self.network)
             raise
         log.info("deployed %d tasks of job %s (attempt %d)", len(deployed.tasks), plan.job_id, plan.attempt)
         return {"tasks": sorted(deployed.tasks)}

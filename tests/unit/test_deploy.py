@@ -254,22 +254,3 @@ def test_the_dockerfile_command_parses_and_what_it_copies_exists() -> None:
     for extra in extras.group(1).split(","):
         assert re.search(rf"^{extra} = \[", pyproject, re.M), f"extra {extra} is not in pyproject.toml"
 
-
-def test_a_file_sink_whose_directory_was_cleared_refuses_the_restore_as_unrecoverable(tmp_path) -> None:
-    import pytest
-
-    from runtime.connectors.files import FileSink
-    from runtime.connectors.sinks import OutputGone
-
-    sink = FileSink(str(tmp_path / "out"))
-    sink.open(0, 1, 0)
-    sink.write(["k", 1])
-    state = sink.snapshot_state(3)  # pre-committed for checkpoint 3, which completed
-    sink.close()
-    for p in (tmp_path / "out").iterdir():  # the user clears the output directory
-        p.unlink()
-    again = FileSink(str(tmp_path / "out"))
-    again.open(0, 1, 1)
-    with pytest.raises(OutputGone, match="was never published: the sink's directory was cleared") as caught:
-        again.restore_state(state)
-    assert getattr(caught.value, "unrecoverable", False)  # the worker reports it as fatal: no restarts
