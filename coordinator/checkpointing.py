@@ -393,8 +393,8 @@ class CheckpointCoordinator:
         return []
 
     def _end_blameless(self, now: float, cp: _Checkpoint, reason: str) -> None:
-        """End a checkpoint that cannot complete through no fault of the job: counted as failed (it did not
-        complete, and the archived history counts it so), not towards tolerable_failures."""
+        """End a checkpoint that did not complete, as FAILED (and counted so), without counting it towards
+        tolerable_failures: `_abort` does that for the failures that are the job's."""
         cp.status = Status.FAILED
         cp.failure_reason = reason
         cp.ended_at = now
@@ -500,12 +500,7 @@ class CheckpointCoordinator:
 
     def _abort(self, now: float, cp: _Checkpoint, reason: str) -> list[Instruction]:
         req = cp.request
-        cp.status = Status.FAILED
-        cp.failure_reason = reason
-        cp.ended_at = now
-        self._in_flight = None
-        self._last_end_at = now
-        self._failed += 1
+        self._end_blameless(now, cp, reason)  # and then blamed: it counts towards tolerable_failures below
         out: list[Instruction] = [
             NotifyAborted(req.checkpoint_id, reason),
             DiscardCheckpoint(req.checkpoint_id, reason, req.savepoint, req.directory),
