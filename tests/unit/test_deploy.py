@@ -253,4 +253,3 @@ def test_the_dockerfile_command_parses_and_what_it_copies_exists() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     for extra in extras.group(1).split(","):
         assert re.search(rf"^{extra} = \[", pyproject, re.M), f"extra {extra} is not in pyproject.toml"
-
