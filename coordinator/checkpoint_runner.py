@@ -83,6 +83,7 @@ class CheckpointRunner:
         """No more ticks; whoever waits for a checkpoint gets ABORTED with `reason`."""
         if self._ticker is not None:
             self._ticker.cancel()
+        self.execute(self.coordinator.stopped(time.monotonic(), reason))
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_result({"status": "ABORTED", "reason": reason})
@@ -151,9 +152,17 @@ class CheckpointRunner:
             elif isinstance(ins, DiscardCheckpoint):
                 path = self.directories.pop(ins.checkpoint_id, None)
                 if path:
-                    self._spawn(asyncio.to_thread(self.storage.discard, path), self._discards)
+                    self._spawn(self._discard(ins.checkpoint_id, path), self._discards)
             elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
+
+    async def _discard(self, checkpoint_id: int, path: str) -> None:
+        """Delete a retired or aborted checkpoint. A store that fails (an unreachable bucket) leaves it behind
+        with one line: nothing depends on the deletion, and it is no error of the job's."""
+        try:
+            await asyncio.to_thread(self.storage.discard, path)
+        except (OSError, ValueError) as exc:
+            log.warning("job %s: checkpoint %d at %s not discarded: %s", self.job_id, checkpoint_id, path, exc)
 
     async def _record_retained(self) -> None:
         """Tell the remote state backend which checkpoints are retained (storage.record_retained). A failure

@@ -383,6 +383,25 @@ class CheckpointCoordinator:
             return []
         return self.ack(now, cp.request.checkpoint_id, task, dict(FINISHED_STATE), TaskCheckpointFigures())
 
+    def stopped(self, now: float, reason: str) -> list[Instruction]:
+        """The runner stops (the job finished, is rescaled, or the lease is lost): a checkpoint still waiting for
+        acks never completes, and is recorded as ended with `reason` rather than left IN_PROGRESS; it is no
+        failure of the job's. One writing its `_metadata` is left to complete: a finishing job's commit."""
+        cp = self._accepting(None, "timeout")
+        if cp is not None:
+            self._end_blameless(now, cp, reason)
+        return []
+
+    def _end_blameless(self, now: float, cp: _Checkpoint, reason: str) -> None:
+        """End a checkpoint that did not complete, as FAILED (and counted so), without counting it towards
+        tolerable_failures: `_abort` does that for the failures that are the job's."""
+        cp.status = Status.FAILED
+        cp.failure_reason = reason
+        cp.ended_at = now
+        self._in_flight = None
+        self._last_end_at = now
+        self._failed += 1
+
     def metadata_written(self, now: float, checkpoint_id: int) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "metadata_written")
         if cp is None:
@@ -452,7 +471,7 @@ class CheckpointCoordinator:
 
     def _periodic_due(self, now: float) -> bool:
         s = self.settings
-        if self._job_failed or s.interval_s is None or self._in_flight is not None:
+        if self._job_failed or s.interval_s is None or self._in_flight is not None or self._finished == self.tasks:
             return False
         if now - self._last_trigger_at < s.interval_s:
             return False
@@ -469,6 +488,10 @@ class CheckpointCoordinator:
         self._in_flight = cp
         self._last_trigger_at = now
         self._history.append(cp)
+        if len(cp.acks) == len(self.tasks):  # no task left to take it (asked for after the final checkpoint)
+            reason = "every task has finished: nothing left to checkpoint"
+            self._end_blameless(now, cp, reason)
+            return [NotifyAborted(req.checkpoint_id, reason), *self._start_queued(now)]
         timeout = self.settings.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
         return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now)]
 
@@ -477,12 +500,7 @@ class CheckpointCoordinator:
 
     def _abort(self, now: float, cp: _Checkpoint, reason: str) -> list[Instruction]:
         req = cp.request
-        cp.status = Status.FAILED
-        cp.failure_reason = reason
-        cp.ended_at = now
-        self._in_flight = None
-        self._last_end_at = now
-        self._failed += 1
+        self._end_blameless(now, cp, reason)  # and then blamed: it counts towards tolerable_failures below
         out: list[Instruction] = [
             NotifyAborted(req.checkpoint_id, reason),
             DiscardCheckpoint(req.checkpoint_id, reason, req.savepoint, req.directory),

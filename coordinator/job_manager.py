@@ -45,7 +45,7 @@ from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
-from coordinator.storage import CheckpointStorage, CorruptCheckpoint
+from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
@@ -202,8 +202,8 @@ class JobManager:
 
     # -- stimuli from the coordinator's RPC handlers and link events ---------------------------
 
-    def task_failed(self, job: JobRecord, attempt: int, cause: str) -> None:
-        self.handle(job, lc.TaskFailed(attempt, cause))
+    def task_failed(self, job: JobRecord, attempt: int, cause: str, *, fatal: bool = False) -> None:
+        self.handle(job, lc.TaskFailed(attempt, cause, fatal))
 
     def worker_lost(self, worker_id: str, why: str) -> None:
         for job in list(self.jobs.values()):
@@ -420,21 +420,27 @@ class JobManager:
             self.handle(job, lc.PlanFailed(ins.attempt, str(exc), retriable=True))
             return
         try:
-            await self._attach_latest_checkpoint(job, plan)
+            missing = await self._attach_latest_checkpoint(job, plan)
         except RpcError as exc:
             self.handle(job, lc.PlanFailed(ins.attempt, f"cannot restore: {exc}", retriable=False))
+            return
+        if missing:
+            self.handle(job, lc.RestoreMissing(ins.attempt, missing))
             return
         self._plans[job.job_id] = plan
         self.handle(job, lc.AttemptPlanned(ins.attempt))
 
-    async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> None:
-        """The newest retained checkpoint that is intact; a corrupt one is skipped (and logged) for the one
-        before it, down to the checkpoint the job was submitted with."""
-        completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
-        candidates = [p for _, p in reversed(completed)] + ([job.restored_from] if job.restored_from else [])
+    async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> str:
+        """The newest completed checkpoint that is intact (`lc.choose_restore` decides which may be used); a
+        corrupt one is skipped (and logged) for the one before it, down to the checkpoint the job was submitted
+        with. Returns what is missing when the job must not run: its output is committed, its checkpoints gone."""
+        choice = await asyncio.to_thread(self._restore_choice, job)
+        if choice.missing:
+            return choice.missing
+        candidates = list(choice.candidates)
         if not candidates:
             job.restored_checkpoint_id = None
-            return  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
+            return ""  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
         for path in candidates[:-1]:
             try:
                 plan.restore = await self.restore_spec(path, plan)
@@ -448,6 +454,18 @@ class JobManager:
             plan.restore = await self.restore_spec(path, plan)
         job.restored_checkpoint_id = plan.restore.checkpoint_id
         log.info("job %s: attempt %d restores checkpoint %s", job.job_id, job.attempt, path)
+        return ""
+
+    def _restore_choice(self, job: JobRecord) -> lc.RestoreChoice:
+        """What the store holds and whether the record's checkpoints still exist (blocking: in a thread)."""
+        last = job.last_checkpoint or {}
+        recorded = (int(last["checkpoint_id"]), str(last["path"])) if last.get("path") else None
+        job_dir = getattr(self.storage, "job_dir", None)
+        return lc.choose_restore(
+            self.storage.list_completed(job.job_id), recorded,
+            recorded is not None and _completed_at(recorded[1]), job.restored_from,
+            bool(job.restored_from) and _completed_at(job.restored_from),
+            job_dir(job.job_id) if job_dir is not None else "the checkpoint store")
 
     # -- rescaling a running job -------------------------------------------------------
 
@@ -639,6 +657,15 @@ class JobManager:
         for r in results:
             if isinstance(r, Exception):
                 log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+
+
+def _completed_at(path: str) -> bool:
+    """Whether a checkpoint or savepoint (its directory or its `_metadata`) is there to restore."""
+    metadata = path if objectstore.basename(path) == METADATA_FILE else objectstore.join(path, METADATA_FILE)
+    try:
+        return objectstore.exists(metadata)
+    except OSError:
+        return True  # the store cannot say: let the restore try it and name the error
 
 
 def started_checkpoint_ids(storage: CheckpointStorage, job_id: str) -> list[int]:

@@ -28,6 +28,15 @@ RESTARTING has three phases: waiting out the restart delay (`ScheduleRestart`
 `AttemptPlanned` | `PlanFailed`, retried every `PLAN_RETRY_S` while slots are
 missing, up to the strategy's `slot_wait_s`), then DEPLOYING.
 
+Which checkpoint a restart restores is decided here too (`choose_restore`): the
+newest completed one the store lists or the job's record names, and never
+none once a checkpoint completed: sinks have committed its output, so a
+restart from scratch would write it again. When the store no longer holds
+any (a deleted directory, a wiped or expired bucket, another
+`--checkpoint-dir`) and the recorded path is gone too, the shell reports
+`RestoreMissing` and the job fails at once with one line naming the missing
+checkpoint; no restart is spent, as none can bring it back.
+
 A rescale (`RescaleAsked`, also a scale-up decided by coordinator/autoscale.py)
 takes a checkpoint first (`TakeRescaleCheckpoint`); only once it completed is
 the attempt stopped and the next one planned at the new parallelism, through
@@ -39,6 +48,7 @@ cancelled or had to restart on the way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coordinator.restarts import RestartStrategy
@@ -85,6 +95,7 @@ class TaskFailed:
 
     attempt: int
     cause: str
+    fatal: bool = False  # a restart cannot repair it (output a restored checkpoint needs is gone): no restart
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,14 @@ class PlanFailed:
 
 
 @dataclass(frozen=True)
+class RestoreMissing:
+    """The job's committed output needs a checkpoint that is gone (`choose_restore`): it must not run."""
+
+    attempt: int
+    what: str  # one line: which checkpoint, where, and that the store holds no other
+
+
+@dataclass(frozen=True)
 class CancelAsked:
     why: str
 
@@ -170,8 +189,8 @@ class LeaseLost:
 
 Stimulus = (Submitted | Recovered | DeployAcked | TasksStarted | DeployFailed | TaskFailed | WorkerLost
             | AllTasksEnded | FinalCheckpointDone | AllTasksFinished | CheckpointCompleted | RescaleAsked
-            | RescaleCheckpointDone | RestartDelayElapsed | AttemptPlanned | PlanFailed | CancelAsked | ExecutionFailed
-            | LeaseLost)
+            | RescaleCheckpointDone | RestartDelayElapsed | AttemptPlanned | PlanFailed | RestoreMissing | CancelAsked
+            | ExecutionFailed | LeaseLost)
 
 
 # -- instructions ----------------------------------------------------------------------------
@@ -292,6 +311,43 @@ Instruction = (MoveTo | Adopt | Persist | RecordFailure | Deploy | StartTasks | 
                | UsePlan | RecordRestart | TakeRescaleCheckpoint | CommitRescale | AnswerRescale)
 
 
+# -- which checkpoint a restart restores ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    candidates: tuple[str, ...]  # paths, newest first: the shell restores the first intact one; () = from scratch
+    missing: str = ""  # not empty: output is committed but no checkpoint is left: the job must not run
+
+
+def choose_restore(listed: Sequence[tuple[int, str]], recorded: tuple[int, str] | None, recorded_present: bool,
+                   submitted_with: str, submitted_present: bool, store: str) -> RestoreChoice:
+    """The checkpoints a restart may restore, newest first, from what the shell found.
+
+    `listed`: the completed checkpoints the store holds (id, path); `recorded`: the latest one the job's record
+    says completed, and whether its `_metadata` is still there (it may live outside the store: the coordinator
+    was restarted with another --checkpoint-dir); `submitted_with`: the checkpoint or savepoint the job was
+    submitted to restore. Starting from scratch is chosen only while nothing was ever checkpointed or restored:
+    a completed checkpoint means its output is committed, and replaying the input over it would double it."""
+    by_id = {n: path for n, path in listed}
+    if recorded is not None and recorded_present and recorded[0] not in by_id:
+        by_id[recorded[0]] = recorded[1]
+    candidates = [by_id[n] for n in sorted(by_id, reverse=True)]
+    if submitted_with and submitted_present:
+        candidates.append(submitted_with)
+    if candidates:
+        return RestoreChoice(tuple(candidates))
+    gone = []
+    if recorded is not None:
+        gone.append(f"checkpoint {recorded[0]} ({recorded[1]}), the latest it completed")
+    if submitted_with:
+        gone.append(f"the checkpoint it was submitted to restore ({submitted_with})")
+    if not gone:
+        return RestoreChoice(())  # nothing checkpointed, nothing committed: from scratch is exact
+    return RestoreChoice((), f"{' and '.join(gone)}: missing, and {store} holds no other completed checkpoint "
+                             "of the job; not replaying its input over committed output")
+
+
 # -- the machine -------------------------------------------------------------------------------
 
 
@@ -376,21 +432,24 @@ class JobLifecycle:
         return self._failure(s.attempt, f"deployment failed: {s.error}", now)
 
     def _on_TaskFailed(self, s: TaskFailed, now: float) -> list[Instruction]:
-        return self._failure(s.attempt, s.cause, now)
+        return self._failure(s.attempt, s.cause, now, fatal=s.fatal)
 
     def _on_WorkerLost(self, s: WorkerLost, now: float) -> list[Instruction]:
         return self._failure(s.attempt, f"worker {s.worker_id} lost: {s.why}", now)
 
-    def _failure(self, attempt: int, cause: str, now: float) -> list[Instruction]:
-        """Cancel the attempt; restart after the strategy's delay, or fail the job when no restart is left.
-        A failure of an earlier attempt, or one while a restart is under way already, changes nothing."""
+    def _failure(self, attempt: int, cause: str, now: float, *, fatal: bool = False) -> list[Instruction]:
+        """Cancel the attempt; restart after the strategy's delay, or fail the job when no restart is left or
+        none can repair the failure (`fatal`). A failure of an earlier attempt, or one while a restart is under
+        way already, changes nothing."""
         if attempt != self.attempt or self.state not in (JobState.DEPLOYING, JobState.RUNNING):
             return []
         out: list[Instruction] = [RecordFailure(cause), StopCheckpoints(cause, failed=True)]
         number = self._restart_number(now)
-        delay = self.strategy.delay_before(number) if self.strategy is not None else None
+        delay = self.strategy.delay_before(number) if self.strategy is not None and not fatal else None
         if delay is None:
-            error = f"{cause}{' (restart attempts exhausted)' if self.restarts else ''}"
+            why = (" (not restarted: a restart cannot repair it)" if fatal else
+                   " (restart attempts exhausted)" if self.restarts else "")
+            error = f"{cause}{why}"
             return [*out, *self._move(JobState.FAILED, error), CancelTasks(self.attempt)]
         assert self.strategy is not None
         self.failed_at = now
@@ -440,6 +499,12 @@ class JobLifecycle:
         assert self.strategy is not None
         self.phase = "delay"
         return [*out, ScheduleRestart(self.attempt, delay, number, self.strategy.max_attempts)]
+
+    def _on_RestoreMissing(self, s: RestoreMissing, now: float) -> list[Instruction]:
+        if self.state != JobState.RESTARTING or self.phase != "planning" or s.attempt != self.attempt:
+            return []
+        self.phase = ""
+        return [RecordFailure(s.what), *self._move(JobState.FAILED, f"cannot restart: {s.what}")]
 
     def _on_AttemptPlanned(self, s: AttemptPlanned, now: float) -> list[Instruction]:
         if self.state != JobState.RESTARTING or self.phase != "planning" or s.attempt != self.attempt:

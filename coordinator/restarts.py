@@ -9,15 +9,20 @@ KINDS = ("fixed", "exponential", "none")
 
 @dataclass(frozen=True)
 class RestartStrategy:
-    kind: str = "fixed"
-    max_attempts: int = 3  # restarts allowed over the job's life
+    """The default rides out a minute-long outage of a dependency (a state store, the network: restarts after
+    1, 2, 4, 8, 16, 30, 30, 30 s, the 7th one 61 s after the first failure) and still fails a job that fails
+    again and again (a real fault: FAILED after the 8th restart within five minutes, about two minutes in), in
+    the manner of Flink's exponential-delay and failure-rate strategies."""
+
+    kind: str = "exponential"
+    max_attempts: int = 8  # restarts allowed within failure_window_s (over the job's life when it is None)
     delay_s: float = 1.0  # fixed delay, or the first delay of the exponential backoff
     max_delay_s: float = 30.0
     slot_wait_s: float = 60.0  # how long one restart may wait for enough free slots
     # None: max_attempts counts every restart of the job's life. A window: only the restarts of the last
     # failure_window_s count (and the exponential backoff grows with them), so a job that fails again and again
     # (a real fault) still ends FAILED, while one that rides out a dependency's outage now and then does not
-    failure_window_s: float | None = None
+    failure_window_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -554,7 +554,7 @@ class Coordinator(BaseLinkHandler):
             cause = f"task {args.task} failed: {args.error}"
             # the traceback waits for the failure the lifecycle records (JobRecord.note_failure) to take it
             job.exceptions.stash(cause, Detail(args.task, link.peer_id, args.traceback))
-            self.manager.task_failed(job, job.attempt, cause)
+            self.manager.task_failed(job, job.attempt, cause, fatal=args.fatal)
         return {"ok": True}
 
     async def rpc_job_error(self, link: Link, args: p.JobError) -> Any:

@@ -259,6 +259,10 @@ def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
         if size != int(entry[2]):
             raise CorruptCheckpoint(f"{path}: shared state file of task {task} is "
                                     f"{'missing' if size is None else f'{size} bytes, not {entry[2]}'}")
+        if len(entry) > 3:  # its CRC-32, like every other checkpoint file's (older checkpoints have none)
+            problem = mismatch(files.read(path), {"crc32": entry[3], "size": int(entry[2])})
+            if problem is not None:
+                raise CorruptCheckpoint(f"{path}: shared state file of task {task} is corrupt: {problem}")
 
 
 def shared_files(metadata: dict[str, Any]) -> set[str]:

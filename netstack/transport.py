@@ -23,6 +23,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -463,12 +464,77 @@ async def serve(
     """
     loop = asyncio.get_running_loop()
     listener = _Listener(name, limits or ListenerLimits())
-    server = await loop.create_server(
-        lambda: _AdmittedLink(make_connection(), handler, listener), host, port, ssl=ssl_context,
-        ssl_handshake_timeout=(listener.limits.handshake_timeout_s or HANDSHAKE_TIMEOUT_S) if ssl_context else None,
-        backlog=1024)
+
+    def make_link() -> _AdmittedLink:
+        return _AdmittedLink(make_connection(), handler, listener)
+
+    if ssl_context is not None:
+        tls = _TlsServer(_listening_socket(host, port), make_link, ssl_context,
+                         listener.limits.handshake_timeout_s or HANDSHAKE_TIMEOUT_S, name)
+        return tls, tls.port  # type: ignore[return-value]  # serves what callers use of an asyncio.Server
+    server = await loop.create_server(make_link, host, port, backlog=1024)
     bound = server.sockets[0].getsockname()[1]
     return server, bound
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    info = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.create_server(info[4][:2], family=info[0], backlog=1024)
+    sock.setblocking(False)
+    return sock
+
+
+class _TlsServer:
+    """A TLS listener that accepts TCP itself and runs each TLS handshake in its own task.
+
+    asyncio's (and uvloop's) server-side TLS drops a failed handshake without a word: a peer without the
+    cluster's certificate, a plain-TCP client, or one that stalled past the handshake timeout left nothing in
+    the log. Here every refusal is one warning line naming the peer's address and the reason. Offers what
+    callers use of an asyncio.Server: `sockets`, `close`, `wait_closed`, `is_serving`."""
+
+    def __init__(self, sock: socket.socket, make_link: Callable[[], _AdmittedLink], context: ssl.SSLContext,
+                 timeout_s: float, name: str) -> None:
+        self.sockets = [sock]
+        self.port = sock.getsockname()[1]
+        self._sock, self._make_link, self._context, self._timeout_s, self._name = (sock, make_link, context,
+                                                                                   timeout_s, name)
+        self._handshakes: set[asyncio.Future[None]] = set()
+        self._accepting = asyncio.ensure_future(self._accept_loop())
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(self._sock)
+            except OSError as exc:  # EMFILE and the like: the listener lives on
+                log.warning("%s listener: accept failed: %s", self._name, exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = asyncio.ensure_future(self._handshake(conn, address))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, address: Any) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                self._make_link, conn, ssl=self._context, ssl_handshake_timeout=self._timeout_s)
+        except (OSError, TimeoutError, EOFError) as exc:
+            where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+            log.warning("%s listener: TLS handshake from %s refused: %s", self._name, where, reason)
+            conn.close()
+
+    def is_serving(self) -> bool:
+        return not self._accepting.done()
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in list(self._handshakes):
+            task.cancel()
+        self._sock.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(self._accepting, *self._handshakes, return_exceptions=True)
 
 
 async def dial(host: str, port: int, connection: Connection, handler: LinkHandler, *,

@@ -4,6 +4,8 @@
     .venv/bin/python scripts/chaos.py --kills 0 --link-cuts 2 [--link-timeout 2]   # as root: cut links
     .venv/bin/python scripts/chaos.py --kills 0 --coordinator-kills 2   # kill -9 the coordinator: a new one recovers
     .venv/bin/python scripts/chaos.py --rescales 3   # rescale to a random parallelism (seeded) between the kills
+    .venv/bin/python scripts/chaos.py --wipes 1 --partition 30   # wipe the checkpoint store before a kill; cut a
+        # worker off from the others for 30 s (network namespaces: root), meeting the default restart strategy
     .venv/bin/python scripts/chaos.py --window-ms 500 --jitter-ms 400 --max-delay-ms 150 --allowed-lateness-ms 100
         # the windowed count over out-of-order input (one source subtask); Spark verifies windows and late records
 
@@ -54,6 +56,11 @@ def main() -> int:
     parser.add_argument("--rescales", type=int, default=0,
                         help="rescale the running job this many times per run, between the kills, to a random "
                              "parallelism (1 to 4, seeded by the run)")
+    parser.add_argument("--wipes", type=int, default=0,
+                        help="delete the job's checkpoint directory this many times per run, each before a kill")
+    parser.add_argument("--partition", type=float, default=0.0, metavar="SECONDS",
+                        help="> 0: once per run, cut a worker hosting the job off from every other worker this "
+                             "long (network namespaces; root); the job uses the default restart strategy")
     parser.add_argument("--window-ms", type=int, default=0,
                         help="> 0: run the tumbling windowed count (runtime/examples/windowcount.py) instead")
     parser.add_argument("--jitter-ms", type=int, default=0, help="input event times out of order by up to this")
@@ -70,7 +77,8 @@ def main() -> int:
         settings = ChaosSettings(workdir=workdir, rows=args.rows, keys=args.keys, mode=args.mode, kills=args.kills,
                                  sink_delay_s=args.sink_delay, link_cuts=args.link_cuts,
                                  link_timeout_s=args.link_timeout, coordinator_kills=args.coordinator_kills,
-                                 rescales=args.rescales, window_ms=args.window_ms, jitter_ms=args.jitter_ms,
+                                 rescales=args.rescales, wipes=args.wipes, partition_s=args.partition,
+                                 window_ms=args.window_ms, jitter_ms=args.jitter_ms,
                                  max_delay_ms=args.max_delay_ms, allowed_lateness_ms=args.allowed_lateness_ms)
         print(f"run {run}/{args.runs}: {args.rows:,} rows, {args.mode}, {args.kills} kills, "
               f"{args.link_cuts} link cuts, {args.coordinator_kills} coordinator kills, {args.rescales} rescales",
@@ -88,6 +96,11 @@ def main() -> int:
               f"max {max(result.checkpoint_s or [0]) * 1000:.0f} ms; "
               f"{result.verify.get('summary') or result.error}", flush=True)
         print_link_cuts(result.link_cuts, all_detections)
+        for w in result.wipes:
+            print(f"    wiped the checkpoint store at {w['at_s']:.1f}s ({len(w['deleted'])} entries)", flush=True)
+        for cut in result.partitions:
+            print(f"    partition of {cut['worker']} at {cut['at_s']:.1f}s for {cut['duration_s']:g}s: "
+                  f"{cut['restarts_during']} restarts meanwhile", flush=True)
         all_rescales += [r["downtime_s"] for r in result.rescales]
         if args.rescales:
             shapes = " ".join(f"{r['from']}->{r['to']} ({r['downtime_s']:.2f}s down)" for r in result.rescales)

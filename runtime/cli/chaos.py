@@ -15,6 +15,13 @@ A link cut (`LinkCutFault`) runs each worker in its own namespace (runtime/cli/n
 pair between two workers that host tasks, and heals it once the job has noticed (the link timeout fired
 and the job left RUNNING); it records how long detection and the restart took.
 
+A wipe (`wipes`) deletes the job's whole checkpoint directory while it runs (a wiped or lifecycle-expired bucket);
+the next fault waits for a checkpoint completed after it, so the restart finds one and the output stays exact (with
+none, the job would fail with one line naming the missing checkpoint, never replay its input over committed
+output: tests/integration/test_missing_checkpoints.py). A partition (`partition_s`) cuts every worker-to-worker
+link of a worker hosting the job for that long (network namespaces, as link cuts), then heals them: the restarts
+meanwhile fail, and the default restart strategy (exponential, counted in a window) must outlast it.
+
 A rescale (`rescales`) runs what `sluice rescale` does between the kills: the coordinator checkpoints the running
 job in its own mode, stops it and redeploys it at a parallelism drawn from the run's seeded random generator
 (every operator, 1 to `max_rescale_parallelism`, never the current one); a refusal (too few slots while a killed
@@ -63,6 +70,8 @@ class ChaosSettings:
     link_timeout_s: float = 2.0
     coordinator_kills: int = 0  # SIGKILL the coordinator this many times; the job is resubmitted with a restore
     rescales: int = 0  # rescale the running job this many times, between the kills, to a random parallelism
+    wipes: int = 0  # delete the job's checkpoint directory this many times (each before a worker kill)
+    partition_s: float = 0.0  # > 0: once, cut a worker hosting the job off from every other worker this long
     max_rescale_parallelism: int = 4  # fits the slots left while one of 3 workers (2 slots each) is away
     # > 0: the windowed job (runtime/examples/windowcount.py:build_parquet) over input out of order by up to
     # jitter_ms, instead of the word count; Spark verifies its windows and its late records
@@ -84,6 +93,8 @@ class ChaosResult:
     state: str
     kills: list[dict[str, Any]] = field(default_factory=list)
     link_cuts: list[dict[str, Any]] = field(default_factory=list)
+    wipes: list[dict[str, Any]] = field(default_factory=list)
+    partitions: list[dict[str, Any]] = field(default_factory=list)
     rescales: list[dict[str, Any]] = field(default_factory=list)
     rescales_refused: int = 0
     restarts: int = 0
@@ -244,19 +255,72 @@ async def kill_coordinator(cluster: LocalCluster, job_id: str, log: Callable[[st
     return record
 
 
-def fault_plan(kills: int, coordinator_kills: int, rescales: int, rng: random.Random) -> list[str]:
+def fault_plan(kills: int, coordinator_kills: int, rescales: int, rng: random.Random, *, wipes: int = 0,
+               partitions: int = 0) -> list[str]:
     """The order of the faults: the kills shuffled (always one while a checkpoint is in flight and one of a worker
-    hosting the sink), then a rescale after each kill, so rescales sit between kills; extra rescales go last."""
+    hosting the sink), then a rescale after each kill, so rescales sit between kills; extra rescales go last. A
+    wipe goes right before a worker kill (the kill's restart needs a checkpoint completed after the wipe), a
+    partition after the kills."""
     plan = (["in-flight", "sink"] + ["random"] * max(0, kills - 2))[:kills]
     plan += ["coordinator"] * coordinator_kills
     rng.shuffle(plan)
     out: list[str] = []
     for kind in plan:
+        if wipes > 0 and kind != "coordinator":
+            out.append("wipe")
+            wipes -= 1
         out.append(kind)
         if rescales > 0:
             out.append("rescale")
             rescales -= 1
-    return out + ["rescale"] * rescales
+    return out + ["rescale"] * rescales + ["wipe"] * wipes + ["partition"] * partitions
+
+
+def wipe_checkpoints(state_dir: str, job_id: str) -> list[str]:
+    """Delete the job's checkpoint directory, as a wiped or expired bucket would; returns what it held."""
+    job_dir = os.path.join(state_dir, "checkpoints", job_id)
+    held = sorted(os.listdir(job_dir)) if os.path.isdir(job_dir) else []
+    shutil.rmtree(job_dir, ignore_errors=True)
+    return held
+
+
+@dataclass
+class PartitionFault:
+    """Cuts every worker-to-worker link of one worker for `duration_s`, then heals them all."""
+
+    lab: NetnsLab
+    duration_s: float
+    record: dict[str, Any] | None = None
+    _pairs: list[tuple[int, int]] = field(default_factory=list)
+    _until: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pairs)
+
+    def start(self, worker: str, status: dict[str, Any], now: float, t0: float, log: Callable[[str], None]) -> None:
+        i = int(worker.rsplit("-", 1)[1]) - 1
+        self._pairs = [(min(i, j), max(i, j)) for j in range(len(self.lab.namespaces)) if j != i]
+        for a, b in self._pairs:
+            self.lab.cut(a, b)
+        self._until = now + self.duration_s
+        self.record = {"at_s": round(now - t0, 2), "worker": worker, "duration_s": self.duration_s,
+                       "restarts_before": status.get("restarts", 0)}
+        log(f"  [{now - t0:5.1f}s] partition: {worker} cut off from every other worker for {self.duration_s:g}s")
+
+    def tick(self, status: dict[str, Any], now: float, t0: float, log: Callable[[str], None]) -> bool:
+        """Heal once the time is up; True when it healed now."""
+        if not self._pairs or now < self._until:
+            return False
+        for a, b in self._pairs:
+            self.lab.heal(a, b)
+        self._pairs = []
+        assert self.record is not None
+        self.record["restarts_during"] = status.get("restarts", 0) - self.record["restarts_before"]
+        self.record["state_at_heal"] = status["state"]
+        log(f"  [{now - t0:5.1f}s] partition healed; {self.record['restarts_during']} restarts meanwhile, the job "
+            f"is {status['state']}")
+        return True
 
 
 def rescale_target(current: int, highest: int, rng: random.Random) -> int:
@@ -295,8 +359,10 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                   "tolerable_failures": 100}
     if settings.mode == "aligned_timeout":
         checkpoint["aligned_timeout_s"] = settings.aligned_timeout_s
-    config = {"checkpoint": checkpoint,
-              "restart": {"kind": "fixed", "max_attempts": settings.kills + 5, "delay_s": 0.2}}
+    # a partition meets the default restart strategy, which must outlast it; otherwise quick fixed restarts
+    config: dict[str, Any] = {"checkpoint": checkpoint}
+    if not settings.partition_s:
+        config["restart"] = {"kind": "fixed", "max_attempts": settings.kills + 5, "delay_s": 0.2}
     await cluster.wait_workers()
     submitted = await cluster.call("submit", {"entry": settings.entry,
                                               "name": f"chaos-{settings.entry.rsplit(':')[0].rsplit('.')[-1]}",
@@ -304,7 +370,9 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                                               "sys_path": os.getcwd()})
     job_id = submitted["job_id"]
     t0 = time.monotonic()
-    plan = fault_plan(settings.kills, settings.coordinator_kills, settings.rescales, rng)
+    plan = fault_plan(settings.kills, settings.coordinator_kills, settings.rescales, rng, wipes=settings.wipes,
+                      partitions=1 if settings.partition_s else 0)
+    partition = PartitionFault(lab, settings.partition_s) if lab is not None and settings.partition_s else None
     result = ChaosResult(ok=False, verify={}, state="RUNNING")
     next_kill_after = t0 + rng.uniform(1.0, 2.5)
     link_cut = (LinkCutFault(lab, settings.link_cuts, settings.link_timeout_s, rng, t0 + rng.uniform(1.0, 2.5))
@@ -328,10 +396,34 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
             attempt, seen_checkpoints = status.get("attempt", 0), done
         if link_cut is not None:
             link_cut.tick(status, now, t0, log)
+        if partition is not None and partition.tick(status, now, t0, log):
+            assert partition.record is not None
+            result.partitions.append(partition.record)
+            next_kill_after = now + rng.uniform(1.5, 3.5)
         if (plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints
-                and not (link_cut and link_cut.busy)):
+                and not (link_cut and link_cut.busy) and not (partition and partition.busy)):
             kind = plan[0]
             victim_id = None
+            if kind == "wipe":
+                assert cluster.state_dir is not None
+                held = await asyncio.to_thread(wipe_checkpoints, cluster.state_dir, job_id)
+                last = (status.get("last_checkpoint") or {}).get("checkpoint_id")
+                result.wipes.append({"at_s": round(now - t0, 2), "deleted": held, "last_checkpoint": last})
+                log(f"  [{now - t0:5.1f}s] wiped the checkpoint store of {job_id} ({', '.join(held) or 'empty'}); "
+                    f"last completed checkpoint #{last}")
+                plan.pop(0)
+                # the next fault waits for a checkpoint triggered after the wipe: one in flight during it may
+                # complete with files the wipe took (its restore would find it corrupt)
+                seen_checkpoints = done + 1
+                await asyncio.sleep(0.05)
+                continue
+            if kind == "partition":
+                assert partition is not None
+                partition.start(rng.choice(sink_workers(status) or sorted(set(status["placement"].values()))),
+                                status, now, t0, log)
+                plan.pop(0)
+                await asyncio.sleep(0.05)
+                continue
             if kind == "rescale":
                 record = await rescale_job(cluster, job_id, status, settings.max_rescale_parallelism, rng, log, t0)
                 if record is None:
@@ -389,8 +481,8 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
 
 
 def _netns_for_link_cuts(settings: ChaosSettings, cluster: LocalCluster) -> NetnsLab | None:
-    """For link cuts: one namespace per worker (raises NetnsUnavailable when this machine cannot)."""
-    if not settings.link_cuts:
+    """For link cuts and partitions: one namespace per worker (raises NetnsUnavailable when this machine cannot)."""
+    if not settings.link_cuts and not settings.partition_s:
         return None
     lab = NetnsLab(workers=settings.workers).create()
     cluster.coordinator_host = "0.0.0.0"  # reachable from every namespace over its uplink

@@ -46,6 +46,11 @@ def _scale_down_after(text: str) -> float:
     return 0.0 if text.strip().lower() == "never" else _duration(text, allow_zero=True)
 
 
+def _restart_window(text: str) -> float | str:
+    """A duration, or 'life': count every restart of the job's life."""
+    return "life" if text.strip().lower() == "life" else _duration(text)
+
+
 def _address(text: str) -> tuple[str, int]:
     try:
         return parse_address(text)
@@ -157,15 +162,16 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                    help="at a barrier: wait for the records in flight (drain, the default, as Flink) or snapshot "
                         "at once and store them as input to replay (capture)")
     r = p.add_argument_group("restarts after a failure")
-    r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"], default="fixed")
-    r.add_argument("--restart-attempts", type=int, default=3,
-                   help="restarts allowed over the job's life, or within --restart-window (3)")
-    r.add_argument("--restart-delay", type=_duration, default=1.0,
+    r.add_argument("--restart-strategy", choices=["fixed", "exponential", "none"],
+                   help="delay between restarts: fixed, exponential (the default: 1s, doubling up to 30s) or none")
+    r.add_argument("--restart-attempts", type=int,
+                   help="restarts allowed within --restart-window (8): a job that fails more often ends FAILED")
+    r.add_argument("--restart-delay", type=_duration,
                    help="delay before a restart; the first one for exponential backoff (1s)")
-    r.add_argument("--restart-window", type=_duration, metavar="DURATION",
+    r.add_argument("--restart-window", type=_restart_window, metavar="DURATION|life",
                    help="count only the restarts of this last while against --restart-attempts (and grow the "
-                        "exponential backoff with them): a job rides out a dependency's outage now and then, "
-                        "and still fails when it fails again and again (default: the job's whole life)")
+                        "exponential backoff with them), or of the job's whole life: the default, 5m, rides out "
+                        "a minute-long outage of a dependency and still fails a job that fails again and again")
     r.add_argument("--scale-down-after", type=_scale_down_after, metavar="DURATION|never",
                    help="a restart that waited this long for the slots the job asks for restarts at the largest "
                         "parallelism the free slots allow (default: the coordinator's, 10s; 0 or never: wait)")
@@ -217,13 +223,18 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
                            "aligned_timeout_s": args.aligned_timeout, "timeout_s": args.checkpoint_timeout,
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
                            "retain": args.retain},
-            "restart": {"kind": args.restart_strategy, "max_attempts": args.restart_attempts,
-                        "delay_s": args.restart_delay,
-                        **({"failure_window_s": args.restart_window} if args.restart_window else {})},
+            "restart": _restart_config(args),
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
             **_async_state_config(args),
             **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {})}
+
+
+def _restart_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The restart settings given; the others are the strategy's defaults (coordinator/restarts.py)."""
+    given = {"kind": args.restart_strategy, "max_attempts": args.restart_attempts, "delay_s": args.restart_delay,
+             "failure_window_s": args.restart_window}
+    return {k: (None if v == "life" else v) for k, v in given.items() if v is not None}
 
 
 def _state_config(args: argparse.Namespace) -> dict[str, Any]:

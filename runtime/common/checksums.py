@@ -25,3 +25,12 @@ def mismatch(data: bytes, expected: Any) -> str | None:
     if crc != expected["crc32"]:
         return f"CRC-32 {crc:08x}, expected {expected['crc32']:08x}"
     return None
+
+
+def file_crc32(path: str, chunk: int = 1 << 20) -> int:
+    """The CRC-32 of a local file, read in chunks (an SST file may be large)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc

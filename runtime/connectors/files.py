@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from runtime.common import extras
-from runtime.connectors.sinks import Sink
+from runtime.connectors.sinks import OutputGone, Sink
 from runtime.connectors.source import LaneReader, Source, position_lanes
 
 
@@ -310,7 +310,8 @@ class FileSink(Sink):
         if os.path.exists(hidden):
             os.replace(hidden, final)
         elif not os.path.exists(final):
-            raise FileNotFoundError(f"pre-committed file {hidden} is gone and {final} was never published")
+            raise OutputGone(f"pre-committed file {hidden} is gone and {final} was never published: the sink's "
+                             "directory was cleared or changed since the checkpoint; restore it, or start afresh")
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
         self._close_current()

@@ -7,6 +7,13 @@ import time
 from typing import Any
 
 
+class OutputGone(FileNotFoundError):
+    """Output a restored checkpoint needs is gone (the sink's directory was cleared): no restart can bring it
+    back, so the worker reports the failure as unrecoverable and the job fails at once, not after its restarts."""
+
+    unrecoverable = True
+
+
 class Sink:
     """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.
 

@@ -154,6 +154,7 @@ class TaskFailed(TaskReport):
     method = "task_failed"
     error: str = "?"
     traceback: str = ""  # the task's, for the exception history
+    fatal: bool = False  # a restart cannot repair it (the exception says `unrecoverable`): fail the job at once
 
 
 @dataclass(frozen=True, slots=True)

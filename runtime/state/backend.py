@@ -50,6 +50,7 @@ class SharedFile:
     local_name: str  # the name inside the backend's working directory (an SST file name)
     name: str
     size: int
+    crc32: int | None = None  # of its bytes, checked before a restore (None: written before checksums)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class SnapshotHandle:
         return {"backend": self.backend, "checkpoint_id": self.checkpoint_id,
                 "key_groups": [self.key_groups.start, self.key_groups.stop],
                 "private_files": list(self.private_files),
-                "shared_files": [[f.local_name, f.name, f.size] for f in self.shared_files],
+                "shared_files": [[f.local_name, f.name, f.size, *([] if f.crc32 is None else [f.crc32])]
+                                 for f in self.shared_files],
                 "uploaded_bytes": self.uploaded_bytes, "total_bytes": self.total_bytes}
 
     @classmethod
@@ -84,11 +86,19 @@ class SnapshotHandle:
             return cls(backend=str(data["backend"]), checkpoint_id=int(data["checkpoint_id"]),
                        key_groups=range(int(start), int(stop)),
                        private_files=tuple(str(p) for p in data["private_files"]),
-                       shared_files=tuple(SharedFile(str(a), str(b), int(c)) for a, b, c in data["shared_files"]),
+                       shared_files=tuple(_shared_file(entry) for entry in data["shared_files"]),
                        uploaded_bytes=int(data.get("uploaded_bytes", 0)),
                        total_bytes=int(data.get("total_bytes", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise StateBackendError(f"snapshot handle {data!r:.200} is malformed: {e}") from e
+
+
+def _shared_file(entry: Any) -> SharedFile:
+    """[local name, name, size] or, with its checksum, [local name, name, size, crc32]."""
+    if len(entry) not in (3, 4):
+        raise ValueError(f"a shared file is [local name, name, size(, crc32)], not {entry!r}")
+    crc = int(entry[3]) if len(entry) == 4 else None
+    return SharedFile(str(entry[0]), str(entry[1]), int(entry[2]), crc)
 
 
 class PendingSnapshot(abc.ABC):

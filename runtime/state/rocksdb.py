@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from runtime.common import objectstore
+from runtime.common.checksums import file_crc32
 from runtime.common.extras import install_line
 from runtime.state.backend import (
     MISSING,
@@ -281,7 +282,8 @@ class _RocksSnapshot(PendingSnapshot):
                     if known is not None and known.size == size:
                         shared[name] = known
                         continue
-                    entry = SharedFile(local_name=name, name=f"{self._instance}-{name}", size=size)
+                    entry = SharedFile(local_name=name, name=f"{self._instance}-{name}", size=size,
+                                       crc32=file_crc32(source))
                     uploaded += store.upload(source, f"shared/{entry.name}")
                     shared[name] = entry
                 else:

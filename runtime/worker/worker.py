@@ -33,6 +33,7 @@ from netstack.errors import (
     MethodNotFound,
     NetstackError,
     NotLeader,
+    RpcError,
 )
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
@@ -76,6 +77,9 @@ class WorkerConfig:
     # every coordinator that may lead (leader and standbys), tried in turn; empty: coordinator_host:port alone
     coordinator_addresses: tuple[tuple[str, int], ...] = ()
     register_timeout_s: float = 30.0  # at start-up, give up when no coordinator accepted us within this long
+    # a heartbeat unanswered this long makes the worker ask the other coordinators of the list whether one of them
+    # leads now: a paused leader's link stays open, and the call's own timeout would stall the job ~10 s more
+    leader_check_s: float = 1.0
 
     def coordinators(self) -> tuple[tuple[str, int], ...]:
         return self.coordinator_addresses or ((self.coordinator_host, self.coordinator_port),)
@@ -104,6 +108,8 @@ class Worker(BaseLinkHandler):
         self.network.on_link_lost = self._on_link_lost
         self.jobs: dict[str, DeployedJob] = {}
         self.coordinator: Link | None = None
+        self._coordinator_address: tuple[str, int] | None = None  # where self.coordinator leads
+        self._leader_hint: tuple[str, int] | None = None  # a coordinator that answered as the leader: tried first
         self.metrics_port: int | None = None
         self._stop = asyncio.Event()
         self._background = BackgroundTasks("worker")
@@ -184,7 +190,12 @@ class Worker(BaseLinkHandler):
             self._leaving = []
         errors = []
         transient = True  # every address refused the connection or is not the leader: worth trying again
-        for host, port in self.config.coordinators():
+        addresses = list(self.config.coordinators())
+        if self._leader_hint in addresses:  # a paused former leader would hold the dial until its timeout
+            addresses.remove(self._leader_hint)
+            addresses.insert(0, self._leader_hint)
+        self._leader_hint = None
+        for host, port in addresses:
             conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)
             try:
                 link = await dial(host, port, conn, self, ssl_context=self.network.client_ssl, timeout_s=5.0)
@@ -202,6 +213,7 @@ class Worker(BaseLinkHandler):
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             self.coordinator = link
+            self._coordinator_address = (host, port)
             return
         raise NoCoordinator(f"no coordinator took the registration ({'; '.join(errors)})", transient=transient)
 
@@ -217,7 +229,7 @@ class Worker(BaseLinkHandler):
                     assert self.coordinator is not None
                     log.info("re-registered with %s", self.coordinator.describe())
                 beat = p.Heartbeat(self.worker_id, self._task_report(), process=process_figures())
-                await self.coordinator.call("heartbeat", beat.to_wire(), timeout_s=10.0)
+                await self._heartbeat(self.coordinator, beat)
                 delays = None
             except NetstackError as exc:
                 log.warning("heartbeat to coordinator failed: %s", exc)
@@ -226,6 +238,48 @@ class Worker(BaseLinkHandler):
                 if self.coordinator is not None:
                     self.coordinator.abort()
                     self.coordinator = None
+
+    async def _heartbeat(self, link: Link, beat: p.Heartbeat) -> None:
+        """One heartbeat. While it goes unanswered, ask every `leader_check_s` whether another coordinator of the
+        list leads now (it took the lease of a paused leader): then leave the old one at once, like a failed
+        heartbeat, and register with the new leader first."""
+        call = asyncio.ensure_future(link.call("heartbeat", beat.to_wire(), timeout_s=10.0))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.config.leader_check_s)
+                if done:
+                    call.result()
+                    return
+                leader = await self._another_leader()
+                if leader is not None:
+                    self._leader_hint = leader
+                    raise ConnectionLost(f"no answer for {self.config.leader_check_s:g}s, and "
+                                         f"{leader[0]}:{leader[1]} leads now", CloseReason.TIMEOUT)
+        finally:
+            call.cancel()
+
+    async def _another_leader(self) -> tuple[str, int] | None:
+        """The first other coordinator of the list that answers as the leader (a standby answers NotLeader)."""
+        for host, port in self.config.coordinators():
+            if (host, port) == self._coordinator_address:
+                continue
+            conn = Connection(local_id=self.worker_id, role="worker", token=self.config.token, is_client=True)
+            try:
+                link = await dial(host, port, conn, self, ssl_context=self.network.client_ssl, timeout_s=2.0)
+            except NetstackError:
+                continue
+            try:
+                await link.call("status", p.Status().to_wire(), timeout_s=2.0)
+                return host, port
+            except NotLeader:
+                continue
+            except RpcError:
+                return host, port  # it served the call (and refused it): it leads
+            except NetstackError:
+                continue
+            finally:
+                link.close("leader probe")
+        return None
 
     def _task_report(self) -> list[dict[str, Any]]:
         return [task_report(job_id, task) for job_id, task in self.all_tasks()]
@@ -276,8 +330,11 @@ class Worker(BaseLinkHandler):
         try:
             await connect(deployed, self.network)
         except Exception:
-            teardown(deployed, self.network)
-            self.jobs.pop(plan.job_id, None)
+            # a peer that died before it dialed us keeps this waiting up to connect's timeout; meanwhile the
+            # coordinator may have cancelled this attempt and deployed the next: that one is not ours to drop
+            if self.jobs.get(plan.job_id) is deployed:
+                self.jobs.pop(plan.job_id)
+                teardown(deployed, self.network)
             raise
         log.info("deployed %d tasks of job %s (attempt %d)", len(deployed.tasks), plan.job_id, plan.attempt)
         return {"tasks": sorted(deployed.tasks)}
@@ -382,7 +439,8 @@ class Worker(BaseLinkHandler):
             log.error("task %s/%s failed: %s: %s", job_id, key, type(exc).__name__, exc, exc_info=exc)
             self._spawn(self._report(p.TaskFailed(job_id, deployed.plan.attempt, key,
                                                   error=f"{type(exc).__name__}: {exc}",
-                                                  traceback="".join(traceback.format_exception(exc)))))
+                                                  traceback="".join(traceback.format_exception(exc)),
+                                                  fatal=bool(getattr(exc, "unrecoverable", False)))))
         if all(t.state == TaskState.FINISHED for t in deployed.tasks.values()):
             self._spawn(self._release_when_drained(job_id, deployed))
 

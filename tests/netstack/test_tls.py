@@ -5,6 +5,7 @@ keeps serving. Each scenario runs on the standard loop and on uvloop, which prod
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -67,6 +68,18 @@ async def listen(tls: TlsFiles) -> tuple[asyncio.Server, int]:
 LOOPS = ["asyncio", "uvloop"]
 
 
+class _Watch(logging.Handler):
+    """Sets `event` when the listener logs a refused TLS handshake."""
+
+    def __init__(self, event: asyncio.Event) -> None:
+        super().__init__()
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "TLS handshake from" in record.getMessage():
+            self.event.set()
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_mutual_tls_round_trip(cas: tuple[ClusterCa, ClusterCa], loop: str) -> None:
     cluster, _ = cas
@@ -84,13 +97,16 @@ def test_mutual_tls_round_trip(cas: tuple[ClusterCa, ClusterCa], loop: str) -> N
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("client", ["no-certificate", "other-ca", "plain-tcp"])
 def test_client_without_the_right_certificate_is_refused(cas: tuple[ClusterCa, ClusterCa], loop: str,
-                                                         client: str) -> None:
+                                                         client: str, caplog: pytest.LogCaptureFixture) -> None:
     cluster, rogue = cas
     bad = {"no-certificate": files(cluster, cert=False),  # trusts the server, presents nothing
            "other-ca": files(rogue, trust=cluster),  # trusts the server, presents a rogue certificate
            "plain-tcp": None}[client]
 
     async def scenario() -> None:
+        refused = asyncio.Event()
+        watch = _Watch(refused)
+        logging.getLogger("sluice.net").addHandler(watch)
         server, port = await listen(files(cluster))
         try:
             with pytest.raises(ConnectionLost) as err:
@@ -101,11 +117,17 @@ def test_client_without_the_right_certificate_is_refused(cas: tuple[ClusterCa, C
                 assert "lost" in message or "no handshake" in message, message
             else:
                 assert "TLS" in message and ("certificate" in message.lower() or "alert" in message.lower()), message
+            # the listener says whom it refused, and why, in one line (logged as its handshake task ends)
+            await asyncio.wait_for(refused.wait(), DEADLINE_S)
+            [line] = [r.getMessage() for r in caplog.records if "TLS handshake from" in r.getMessage()]
+            assert line.startswith("rpc listener: TLS handshake from 127.0.0.1:") and "refused: " in line, line
             # the listener keeps serving the right clients
             assert (await call(port, files(cluster)))["client_cert"] is True
         finally:
             server.close()
+            logging.getLogger("sluice.net").removeHandler(watch)
 
+    caplog.set_level("WARNING", logger="sluice.net")
     run(scenario, loop)
 
 

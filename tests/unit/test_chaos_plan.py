@@ -27,3 +27,11 @@ def test_rescale_target_is_another_parallelism_in_range() -> None:
         targets = {rescale_target(current, 4, rng) for _ in range(50)}
         assert targets == set(range(1, 5)) - {current}
     assert rescale_target(1, 1, rng) == 1
+
+
+def test_fault_plan_puts_each_wipe_before_a_worker_kill_and_the_partition_last() -> None:
+    plan = fault_plan(kills=1, coordinator_kills=1, rescales=0, rng=random.Random(2), wipes=1, partitions=1)
+    assert plan.index("wipe") + 1 == plan.index("in-flight") and plan[-1] == "partition", plan
+    assert sorted(plan) == ["coordinator", "in-flight", "partition", "wipe"]
+    # more wipes than worker kills: the rest go after them
+    assert fault_plan(kills=0, coordinator_kills=0, rescales=0, rng=random.Random(1), wipes=2) == ["wipe", "wipe"]

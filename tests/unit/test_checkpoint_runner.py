@@ -99,3 +99,37 @@ def test_when_the_job_finished_stop_lets_a_write_under_way_complete_and_applies_
         assert [n for n, _ in inner.list_completed("job-1")] == [2]  # completed after all; retains 1
 
     asyncio.run(main())
+
+
+class Unreachable:
+    """The real storage behind a bucket that fails every write and delete."""
+
+    def __init__(self, inner: LocalCheckpointStorage) -> None:
+        self._inner = inner
+
+    def discard(self, path: str) -> None:
+        raise OSError(5, "bucket unreachable")
+
+    def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str:
+        raise OSError(5, "bucket unreachable")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_failing_store_leaves_one_line_per_discard_not_a_traceback(tmp_path: Path, caplog: Any) -> None:
+    async def main() -> None:
+        r = runner(Unreachable(LocalCheckpointStorage(str(tmp_path))), tolerable_failures=5)
+        r.start()
+        assert (await checkpoint(r))["status"] == "ABORTED"  # its directory is discarded, and that fails too
+        await r.stop("done")
+
+    caplog.set_level("WARNING")
+    asyncio.run(main())
+    import gc
+    gc.collect()  # an exception nobody retrieved would be reported now
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any(r.exc_info for r in caplog.records), lines
+    assert not any("never retrieved" in line or "background task failed" in line for line in lines), lines
+    [discard] = [line for line in lines if "not discarded" in line]
+    assert "checkpoint 1 at " in discard and "bucket unreachable" in discard, discard

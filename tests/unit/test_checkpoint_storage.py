@@ -192,3 +192,33 @@ def _collect_by_record(root: str, address: str, client: Any, backend_class: Any)
     assert sorted(client.hgetall(entry_key).values()) == [b"\x03", b"\x04"]
     b.close()
     client.close()
+
+
+@pytest.mark.skipif(not rocksdb.available(), reason="the rocksdb extra (rocksdict) is not installed")
+def test_rocksdb_shared_files_carry_a_crc32_that_verify_checks(tmp_path: Path) -> None:
+    import zlib
+
+    from coordinator.storage import CorruptCheckpoint
+
+    storage = LocalCheckpointStorage(str(tmp_path / "store"))
+    backend = make_backend("rocksdb", ALL, work_dir=str(tmp_path / "w"), options={})
+    backend.put_many([("1/count", key_group(f"k{i}", MAX_PAR), f"k{i}", i) for i in range(500)])
+    directory = storage.checkpoint_dir("job", 1)
+    handle = backend_snapshots.upload(backend.begin_snapshot(1), directory, savepoint=False)
+    backend.close()
+    shared = objectstore.join(storage.job_dir("job"), "shared")
+    assert handle["shared_files"] and all(len(f) == 4 for f in handle["shared_files"]), handle
+    for _, name, size, crc in handle["shared_files"]:
+        data = objectstore.read(objectstore.join(shared, name))
+        assert (len(data), zlib.crc32(data)) == (size, crc)
+    metadata = {"acks": {"1:0": {"state": {"backend": handle}}}}
+    storage.verify(directory, metadata)  # intact
+    victim = Path(objectstore.join(shared, handle["shared_files"][0][1]))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x10  # same size: only the checksum can tell
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match=f"{victim.name}: shared state file of task 1:0 is corrupt: CRC-32"):
+        storage.verify(directory, metadata)
+    # a handle written before checksums (three fields) still verifies by size
+    old = {**handle, "shared_files": [f[:3] for f in handle["shared_files"]]}
+    storage.verify(directory, {"acks": {"1:0": {"state": {"backend": old}}}})

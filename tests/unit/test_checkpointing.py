@@ -481,3 +481,33 @@ def test_a_finished_task_that_had_acknowledged_keeps_its_real_state():
     [write] = c.ack(10.3, 1, "sink-0", {"h": "s"}, fig())
     assert write.acks["map-0"]["state"] == {"h": "m"}
     assert c.task_finished(10.4, "nobody") == []
+
+
+def test_a_checkpoint_asked_for_once_every_task_finished_is_aborted_at_once_not_left_in_progress():
+    c = coordinator(tolerable_failures=0)
+    c.task_finished(1.0, "map-0")
+    c.task_finished(1.1, "sink-0")
+    n, out = c.request(2.0)
+    assert out == [NotifyAborted(n, "every task has finished: nothing left to checkpoint")]
+    assert [(h.checkpoint_id, h.status) for h in c.history()] == [(n, Status.FAILED)]
+    assert c.in_flight_id is None and c.statistics().consecutive_failures == 0  # not towards FailJob
+    assert c.tick(100.0) == []  # and no periodic one either
+
+
+def test_a_checkpoint_in_flight_when_the_job_stops_is_recorded_as_ended_not_in_progress():
+    c = coordinator()
+    assert c.tick(10.0) == [trig(1, 10.0)]
+    complete(c, 1, 10.5)  # the final checkpoint
+    _, out = c.request(11.0)
+    assert out == [trig(2, 11.0)]
+    c.task_finished(11.1, "map-0")
+    assert c.stopped(11.2, "job finished") == []
+    assert [(h.checkpoint_id, h.status) for h in c.history()] == [(1, Status.COMPLETED), (2, Status.FAILED)]
+    assert c.history()[-1].failure_reason == "job finished" and c.statistics().consecutive_failures == 0
+    assert c.ack(11.3, 2, "sink-0", {}, fig()) == []  # nothing happens after the stop
+    # a checkpoint writing its _metadata as the job stops is left to complete (its commit ends the job)
+    w = coordinator()
+    w.tick(10.0)
+    ack_all(w, 1, 10.1)
+    assert w.stopped(10.2, "job finished") == [] and w.in_flight_id == 1
+    assert NotifyComplete(1) in w.metadata_written(10.3, 1)

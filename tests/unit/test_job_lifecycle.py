@@ -4,6 +4,7 @@ after the end, only legal transitions)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,8 @@ from coordinator.lifecycle import (
     RescaleAsked,
     RescaleCheckpointDone,
     RestartDelayElapsed,
+    RestoreChoice,
+    RestoreMissing,
     ScheduleRestart,
     StartCheckpoints,
     StartTasks,
@@ -48,11 +51,12 @@ from coordinator.lifecycle import (
     TasksStarted,
     UsePlan,
     WorkerLost,
+    choose_restore,
 )
 from coordinator.restarts import RestartStrategy
 from runtime.graph.enums import JobState
 
-FIXED = RestartStrategy("fixed", max_attempts=2, delay_s=1.0, slot_wait_s=10.0)
+FIXED = RestartStrategy("fixed", max_attempts=2, delay_s=1.0, slot_wait_s=10.0, failure_window_s=None)
 
 
 def running(strategy: RestartStrategy | None = FIXED) -> JobLifecycle:
@@ -140,7 +144,7 @@ def test_worker_lost_is_a_failure_named_after_the_worker():
 
 
 def test_exponential_strategy_delays_double_and_the_last_failure_fails_the_job():
-    job = running(RestartStrategy("exponential", max_attempts=2, delay_s=0.5, max_delay_s=30.0))
+    job = running(RestartStrategy("exponential", max_attempts=2, delay_s=0.5, max_delay_s=30.0, failure_window_s=None))
     assert job.handle(TaskFailed(0, "a"), 1.0)[-1] == ScheduleRestart(0, 0.5, restart=1, of=2)
     restarted(job, 2.0)
     assert job.handle(TaskFailed(1, "b"), 3.0)[-1] == ScheduleRestart(1, 1.0, restart=2, of=2)
@@ -228,7 +232,7 @@ def test_restarts_older_than_the_window_no_longer_count_and_the_backoff_starts_a
 
 
 def test_without_a_window_every_restart_of_the_jobs_life_counts():
-    job = running(RestartStrategy("fixed", max_attempts=1, delay_s=1.0))
+    job = running(RestartStrategy("fixed", max_attempts=1, delay_s=1.0, failure_window_s=None))
     job.handle(TaskFailed(0, "a"), 0.0)
     restarted(job, 1.0)
     assert job.handle(TaskFailed(1, "b"), 10_000.0) == [
@@ -251,6 +255,41 @@ def test_plan_failing_for_slots_is_retried_until_slot_wait_then_counts_as_a_fail
     assert job.handle(PlanFailed(2, "cannot restore: corrupt", retriable=False), 13.1) == [
         RecordFailure("cannot restore: corrupt"),
         MoveTo(JobState.FAILED, "cannot restore: corrupt (restart attempts exhausted)")]
+
+
+def test_a_missing_checkpoint_fails_the_job_at_once_without_another_restart():
+    job = running()
+    job.handle(TaskFailed(0, "worker lost"), 1.0)
+    job.handle(RestartDelayElapsed(0), 2.0)
+    assert job.handle(RestoreMissing(0, "late"), 2.1) == []  # fenced by attempt
+    assert job.handle(RestoreMissing(1, "checkpoint 4 (/c/chk-4): missing"), 2.1) == [
+        RecordFailure("checkpoint 4 (/c/chk-4): missing"),
+        MoveTo(JobState.FAILED, "cannot restart: checkpoint 4 (/c/chk-4): missing")]
+    assert job.handle(AttemptPlanned(1), 2.2) == []  # nothing deploys after
+
+
+def test_restore_choice_takes_the_newest_checkpoint_the_store_or_the_record_holds():
+    listed = [(3, "/s/chk-3"), (5, "/s/chk-5")]
+    assert choose_restore(listed, (5, "/s/chk-5"), True, "", False, "/s") == RestoreChoice(("/s/chk-5", "/s/chk-3"))
+    # the coordinator restarted with another --checkpoint-dir: the recorded path is still there, and newer
+    assert choose_restore([], (7, "/old/chk-7"), True, "/sp", True, "/new") == RestoreChoice(("/old/chk-7", "/sp"))
+    assert choose_restore(listed, (7, "/old/chk-7"), True, "", False, "/s").candidates[0] == "/old/chk-7"
+    # a wiped store that was written to again: the newer listed checkpoint wins, the recorded one is gone
+    assert choose_restore([(9, "/s/chk-9")], (7, "/s/chk-7"), False, "", False, "/s") == RestoreChoice(("/s/chk-9",))
+    # never checkpointed, never restored: from scratch is exact
+    assert choose_restore([], None, False, "", False, "/s") == RestoreChoice(())
+
+
+def test_restore_choice_refuses_to_start_from_scratch_once_output_is_committed():
+    choice = choose_restore([], (7, "/s/chk-7"), False, "", False, "/s")
+    assert choice.candidates == () and "\n" not in choice.missing
+    assert choice.missing.startswith("checkpoint 7 (/s/chk-7), the latest it completed: missing, and /s holds no")
+    assert "not replaying its input over committed output" in choice.missing
+    # the savepoint it was submitted with is gone as well: both are named
+    both = choose_restore([], (7, "/s/chk-7"), False, "/sp/savepoint-1", False, "/s").missing
+    assert "checkpoint 7" in both and "/sp/savepoint-1" in both
+    # submitted with a savepoint that vanished before any checkpoint completed: its state must not be lost either
+    assert "/sp/savepoint-1" in choose_restore([], None, False, "/sp/savepoint-1", False, "/s").missing
 
 
 def test_a_plan_result_of_another_attempt_is_ignored():
@@ -463,6 +502,50 @@ def test_cancel_during_a_rescale_answers_it():
         StopCheckpoints("by user", failed=True), CancelTasks(0)]
 
 
+# -- the default restart strategy against outages and real faults ---------------------------------------------------
+
+
+def ride_out(healthy_after_s: float, strategy: RestartStrategy, *, horizon_s: float = 900.0) -> tuple[str, float]:
+    """Drive a job with `strategy` through a dependency that is down from t=0 until `healthy_after_s`: every
+    attempt deployed meanwhile fails 0.5 s after it started (the worst case for the budget: failures come as
+    fast as restarts). Returns the job's state once it ran 10 s healthy or ended, and the time then."""
+    job = running(strategy)
+    now = 0.0
+    pending = job.handle(TaskFailed(0, "state store unreachable"), now)
+    while not job.terminal:
+        follow: list = []
+        for ins in pending:
+            if isinstance(ins, ScheduleRestart):
+                now += ins.delay_s
+                follow += job.handle(RestartDelayElapsed(ins.attempt), now)
+            elif isinstance(ins, PlanAttempt):
+                follow += job.handle(AttemptPlanned(ins.attempt), now)
+            elif isinstance(ins, Deploy):
+                now += 0.2
+                follow += job.handle(DeployAcked(ins.attempt), now)
+            elif isinstance(ins, StartTasks):
+                follow += job.handle(TasksStarted(ins.attempt), now)
+                if now >= healthy_after_s:
+                    return job.state, now
+                now += 0.5
+                follow += job.handle(TaskFailed(ins.attempt, "state store unreachable"), now)
+        pending = follow
+        assert now < horizon_s, "the job neither ran nor ended"
+    return job.state, now
+
+
+def test_the_default_strategy_rides_out_a_minute_long_outage_and_a_20s_partition():
+    assert ride_out(60.0, RestartStrategy()) == (JobState.RUNNING, pytest.approx(61.0 + 6 * 0.7 + 0.2, abs=1.0))
+    assert ride_out(20.0, RestartStrategy())[0] == JobState.RUNNING
+    # what the default was before: three restarts 1 s apart are spent in seconds
+    assert ride_out(60.0, RestartStrategy("fixed", max_attempts=3, failure_window_s=None))[0] == JobState.FAILED
+
+
+def test_the_default_strategy_still_fails_a_job_that_fails_again_and_again():
+    state, at = ride_out(float("inf"), RestartStrategy())
+    assert state == JobState.FAILED and 100 < at < 150, at
+
+
 # -- properties ------------------------------------------------------------------------------------------------------
 
 ATTEMPTS = st.integers(min_value=0, max_value=4)
@@ -475,7 +558,8 @@ STIMULI = st.one_of(
     st.builds(RescaleAsked, st.booleans(), st.booleans()),
     st.builds(RescaleCheckpointDone, ATTEMPTS, st.sampled_from(["", "refused"])),
     st.builds(RestartDelayElapsed, ATTEMPTS), st.builds(AttemptPlanned, ATTEMPTS),
-    st.builds(PlanFailed, ATTEMPTS, st.just("p"), st.booleans()), st.builds(CancelAsked, st.just("c")),
+    st.builds(PlanFailed, ATTEMPTS, st.just("p"), st.booleans()), st.builds(RestoreMissing, ATTEMPTS, st.just("m")),
+    st.builds(CancelAsked, st.just("c")),
     st.builds(ExecutionFailed, st.just("x")), st.just(LeaseLost()))
 
 
@@ -520,3 +604,11 @@ def test_no_sequence_deploys_twice_at_once_or_after_the_end_or_moves_illegally(s
             assert job.restarts <= strategy.max_attempts or strategy.kind == "none"
     # every ask is answered once at most (the shell's own refusal of a second concurrent ask aside)
     assert rescale_answers <= rescale_asks
+
+
+def test_a_failure_no_restart_can_repair_fails_the_job_at_once():
+    job = running(RestartStrategy())  # the default: eight restarts in five minutes
+    cause = "task 1:0 failed: OutputGone: pre-committed file .part is gone"
+    assert job.handle(TaskFailed(0, cause, fatal=True), 1.0) == [
+        RecordFailure(cause), StopCheckpoints(cause, failed=True),
+        MoveTo(JobState.FAILED, f"{cause} (not restarted: a restart cannot repair it)"), CancelTasks(0)]

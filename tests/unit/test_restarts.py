@@ -12,8 +12,9 @@ def delays(strategy: RestartStrategy, n: int) -> list[float | None]:
     return [strategy.delay_before(i) for i in range(1, n + 1)]
 
 
-def test_defaults_are_a_fixed_delay_with_three_restarts() -> None:
-    assert delays(RestartStrategy(), 5) == [1.0, 1.0, 1.0, None, None]
+def test_defaults_back_off_exponentially_eight_times_in_five_minutes() -> None:
+    assert delays(RestartStrategy(), 9) == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, None]
+    assert RestartStrategy().failure_window_s == 300.0
 
 
 def test_fixed_gives_up_after_max_attempts() -> None:
