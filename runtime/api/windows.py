@@ -460,12 +460,18 @@ class WindowOperator(KeyedProcessFunction):
                     table[key] = ((start, end, first(record)),)
                     opened(key, end)
                     continue
-                s, e, acc = entries[-1]  # the newest window: the one a record in order adds to
-                if s == start and e == end:
-                    acc = acc + 1 if counting else add(acc, record)
-                    table[key] = ((s, e, acc),) if len(entries) == 1 else (*entries[:-1], (s, e, acc))
-                    continue
-                add_to(key, entries, [(start, end)], record)
+                i = len(entries) - 1
+                while i >= 0:  # newest first: the window a record in order adds to is the last one
+                    s, e, acc = entries[i]
+                    if s == start and e == end:
+                        acc = acc + 1 if counting else add(acc, record)
+                        table[key] = ((s, e, acc),) if len(entries) == 1 else \
+                            (*entries[:i], (s, e, acc), *entries[i + 1:])
+                        break
+                    i -= 1
+                else:
+                    table[key] = (*entries, (start, end, first(record)))
+                    opened(key, end)
             after()
 
         def run_sliding(elements: list[Any]) -> None:
