@@ -9,7 +9,9 @@ credit.
 
 The consumer side is a `CreditLedger` per input gate: each channel owns
 `exclusive` buffers, and the gate lends `floating` buffers to channels whose
-sender reports a backlog. The invariant, checked by the tests, is
+sender reports a backlog (with each data buffer). A sender left without credit
+cannot report one, so a floating buffer it frees stays with it unless another
+channel wants it. The invariant, checked by the tests, is
 
     granted[ch] + held[ch] == exclusive + floating_held[ch]   for each channel
     sum(floating_held) + floating_free == floating

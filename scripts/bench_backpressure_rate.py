@@ -3,7 +3,7 @@
 
 An unbounded GeneratorSource (parallelism 1, 50 keys) -> key_by -> the keyed count -> a discard sink slowed
 to --sink-delay-us per record (the throttle sleeps), on a fresh local cluster of a coordinator and 2 workers
-(2 slots each). After --warmup s the workers' Prometheus counters are read every second: the source's
+(2 slots each). After --warmup s (default 10) the workers' Prometheus counters are read every second: the source's
 `records_out` and the sink's, and the source's backpressured seconds. A source throttled only by its
 sink should move at the sink's pace every second; the figures are the per-second rates' median, min, max and
 coefficient of variation (stdev / mean), for each side, and how far the source ran ahead of the sink.
@@ -108,7 +108,7 @@ async def measure(cluster: LocalCluster, workdir: str, config: dict[str, Any], w
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=30)
-    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=10.0, help="s before measuring (default 10)")
     parser.add_argument("--sink-delay-us", type=float, default=200.0, help="sink time per record (default 200)")
     parser.add_argument("--config", default="{}", help="job config as JSON (e.g. buffer_bytes)")
     parser.add_argument("--json", action="store_true")
