@@ -9,7 +9,9 @@ credit.
 
 The consumer side is a `CreditLedger` per input gate: each channel owns
 `exclusive` buffers, and the gate lends `floating` buffers to channels whose
-sender reports a backlog. The invariant, checked by the tests, is
+sender reports a backlog (with each data buffer). A sender left without credit
+cannot report one, so a floating buffer it frees stays with it unless another
+channel wants it. The invariant, checked by the tests, is
 
     granted[ch] + held[ch] == exclusive + floating_held[ch]   for each channel
     sum(floating_held) + floating_free == floating
@@ -204,6 +206,7 @@ class CreditLedger:
     _channels: dict[int, _ChannelCredit] = field(init=False)
     floating_free: int = field(init=False)
     blocked: set[int] = field(init=False, default_factory=set)  # channels that lend no floating buffer now
+    lent: bool = field(init=False, default=False)  # floating credit lent since the last take_announcements
 
     def __post_init__(self) -> None:
         if self.exclusive < 1:
@@ -261,6 +264,14 @@ class CreditLedger:
             ch.floating_held -= 1
             self.floating_free += 1
             self._lend_floating()
+            if ch.granted == 0 and self.floating_free and channel_id not in self.blocked:
+                # Nobody else wants it, and this sender has no credit left: then it cannot tell us about data
+                # it queued since its last buffer (whose backlog said 0 because credit covered its queue), and
+                # would wait, with a buffer free here, until an exclusive one frees, then send in a burst.
+                self.floating_free -= 1
+                ch.floating_held += 1
+                ch.granted += 1
+                ch.unannounced += 1
         else:
             ch.granted += 1
             ch.unannounced += 1
@@ -298,9 +309,11 @@ class CreditLedger:
                 ch.floating_held += 1
                 ch.granted += 1
                 ch.unannounced += 1
+                self.lent = True
 
     def take_announcements(self) -> dict[int, int]:
         """Credits to send to the producers now, by channel; clears them."""
+        self.lent = False
         out = {}
         for cid, ch in self._channels.items():
             if ch.unannounced:

@@ -9,11 +9,16 @@ granularity 10 ms) -> key_by -> one of
   ten records per window, so a tenth as many rows out as the keyed count);
 - sliding: SlidingEventTimeWindows(60 s, 10 s).count(): every record is in six windows;
 each into a chained DiscardSink, parallelism 2. The jobs run alternating, --repeat times each.
+With --flink-python PYTHON (a Python with PyFlink 2.x, or the env var SLUICE_FLINK_PYTHON), the job `flink`
+joins the rotation: the tumbling job of the same shape on Apache Flink (scripts/flink_windows_job.py, Flink
+SQL inside the JVM, records / the job's net run time, which includes deploying its tasks: --flink-records
+larger than --records amortises that), and ratios are given against its median as well.
 
 Records/s = records / job wall time, the wall time from the task statistics (the longest task's busy + idle +
 backpressured time), as scripts/bench_throughput.py measures it. Ratios are windowed / keyed medians.
 
     .venv/bin/python scripts/bench_windows.py --records 2000000 --repeat 3
+    .venv/bin/python scripts/bench_windows.py --jobs tumbling,keyed --repeat 5 --flink-python FLINK_VENV/bin/python
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +82,18 @@ def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float) -> dict[
     return result
 
 
+def run_flink(python: str, records: int, timeout_s: float) -> dict[str, Any]:
+    """The tumbling job on Flink in a process of its own (its mini cluster starts and stops with it)."""
+    script = os.path.join(ROOT, "scripts", "flink_windows_job.py")
+    done = subprocess.run([python, script, "--records", str(records)], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the Flink job failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    doc = json.loads(lines[-1])
+    return {"wall_s": doc["net_runtime_s"], "rows_out": None, "records_per_s": doc["records_per_s"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=2_000_000, help="records per run (default 2,000,000)")
@@ -84,28 +102,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"which jobs (default {','.join(JOBS)})")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on a job after this many s")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    parser.add_argument("--flink-python", default=os.environ.get("SLUICE_FLINK_PYTHON"),
+                        help="a Python with PyFlink: adds the Flink tumbling job to the rotation")
+    parser.add_argument("--flink-records", type=int, default=None,
+                        help="records of the Flink job (default --records; more amortise its job start-up)")
     args = parser.parse_args(argv)
     names = args.jobs.split(",")
     unknown = [n for n in names if n not in JOBS]
     if unknown:
         parser.error(f"unknown --jobs {unknown}; known: {', '.join(JOBS)}")
+    if args.flink_python:
+        names.append("flink")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.repeat):
         for name in names:
-            r = run_one(JOBS[name], args.records, args.jitter_ms, args.timeout)
+            if name == "flink":
+                r = run_flink(args.flink_python, args.flink_records or args.records, args.timeout)
+            else:
+                r = run_one(JOBS[name], args.records, args.jitter_ms, args.timeout)
             runs[name].append(r)
             if not args.json:
-                print(f"{name:>9}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s, "
-                      f"{r['rows_out']:,} rows out)", flush=True)
+                rows = "" if r["rows_out"] is None else f", {r['rows_out']:,} rows out"
+                print(f"{name:>9}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows})", flush=True)
     medians = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
+    slowest = {n: min(r["records_per_s"] for r in rs) for n, rs in runs.items()}
     if args.json:
         print(json.dumps({"benchmark": "windows", "records": args.records, "jitter_ms": args.jitter_ms,
-                          "runs": runs, "median_records_per_s": medians}, indent=2))
+                          "runs": runs, "median_records_per_s": medians, "slowest_records_per_s": slowest},
+                         indent=2))
         return 0
-    base = medians.get("keyed")
+    base, flink = medians.get("keyed"), medians.get("flink")
     for name, m in medians.items():
-        ratio = f"  {m / base:.2f}x the keyed count" if base and name != "keyed" else ""
-        print(f"median {name:>9}: {m:>10,.0f} records/s{ratio}")
+        ratio = f"  {m / base:.2f}x the keyed count" if base and name not in ("keyed", "flink") else ""
+        if flink and name != "flink":
+            ratio += f"  {m / flink:.2f}x Flink"
+        print(f"median {name:>9}: {m:>10,.0f} records/s (slowest {slowest[name]:,.0f}){ratio}")
     return 0
 
 

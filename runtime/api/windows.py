@@ -171,6 +171,8 @@ class CountAggregate(AggregateFunction[Any, int, int]):
 
 
 class _Contents:
+    needs_window = False  # result() reads its window (a `process` window): the others get None, not a new Window
+
     def first(self, record: Any) -> Any:
         raise NotImplementedError
 
@@ -180,7 +182,7 @@ class _Contents:
     def merge(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
-    def result(self, key: Any, window: Window, acc: Any) -> Any:
+    def result(self, key: Any, window: Window | None, acc: Any) -> Any:
         raise NotImplementedError
 
 
@@ -197,7 +199,7 @@ class _Reduced(_Contents):
     def merge(self, a: Any, b: Any) -> Any:
         return self.fn(a, b)
 
-    def result(self, key: Any, window: Window, acc: Any) -> Any:
+    def result(self, key: Any, window: Window | None, acc: Any) -> Any:
         return acc
 
 
@@ -214,12 +216,14 @@ class _Aggregated(_Contents):
     def merge(self, a: Any, b: Any) -> Any:
         return self.agg.merge(a, b)
 
-    def result(self, key: Any, window: Window, acc: Any) -> Any:
+    def result(self, key: Any, window: Window | None, acc: Any) -> Any:
         return self.agg.get_result(acc)
 
 
 class _Elements(_Contents):
     """All elements, as a list of chunks of at most _CHUNK (so adding one copies one chunk, not all)."""
+
+    needs_window = True
 
     def __init__(self, fn: Callable[[Any, Window, list[Any]], Any]) -> None:
         self.fn = fn
@@ -236,7 +240,8 @@ class _Elements(_Contents):
     def merge(self, a: Any, b: Any) -> Any:
         return [*a, *b]
 
-    def result(self, key: Any, window: Window, acc: Any) -> Any:
+    def result(self, key: Any, window: Window | None, acc: Any) -> Any:
+        assert window is not None
         return self.fn(key, window, [r for chunk in acc for r in chunk])
 
 
@@ -362,6 +367,13 @@ class WindowOperator(KeyedProcessFunction):
         if not entries:
             return
         lateness = self.lateness if self.assigner.event_time else 0
+        if len(entries) == 1:  # the common case of tumbling windows: one open window per key
+            start, end, acc = entries[0]
+            if end - 1 == timestamp:
+                self._emit(ctx, start, end, acc)
+            if end - 1 + lateness <= timestamp:
+                self.windows.clear()
+            return
         for start, end, acc in entries:
             if end - 1 == timestamp:
                 self._emit(ctx, start, end, acc)
@@ -374,7 +386,106 @@ class WindowOperator(KeyedProcessFunction):
 
     def _emit(self, ctx: Any, start: int, end: int, acc: Any) -> None:
         key = ctx.current_key
-        ctx.emit((key, start, end, self.contents.result(key, Window(start, end), acc)))
+        contents = self.contents
+        window = Window(start, end) if contents.needs_window else None
+        ctx.emit((key, start, end, contents.result(key, window, acc)))
+
+    # -- a batch at once (event time, windows that do not merge) --------------------------------------------
+
+    def timed_batch_runner(self, key_fn: Callable[[Any], Any], ctx: Any,
+                           after: Callable[[], None]) -> Callable[[list[Any]], None] | None:
+        """For the runtime (runtime/execution/operators/kinds.py): a loop over a list of (timestamp, record)
+        elements that does what `process` per element does, or None where only `process` applies (sessions,
+        processing time, assigners of the user's).
+
+        Why: `process` rebuilds the key's window list through several calls per record. The loop handles the
+        common record in line: none of its windows has been passed by the watermark, so it is not late, fires
+        nothing and only adds to (or opens) windows. Any other record (one the watermark passed some window of,
+        one without a timestamp) goes through `process` with the context set as the per-record loop sets it, in
+        its place in the batch. The watermark does not move within a batch (markers are between batches), and
+        results are the same as `process` per record, in the same order: the state entries differ only in
+        being tuples (values are immutable by contract either way)."""
+        assigner = self.assigner
+        kind = type(assigner)
+        if kind is not TumblingEventTimeWindows and kind is not SlidingEventTimeWindows:
+            return None  # sessions, processing time, an assigner of the user's: per record
+        table = ctx.value_state(_WINDOWS, default=())._table  # the table `open` reads through self.windows
+        get = table.get
+        contents = self.contents
+        first, add = contents.first, contents.add
+        counting = isinstance(contents, _Aggregated) and type(contents.agg) is CountAggregate
+        lateness = self.lateness
+        process = self.process
+        size, offset = assigner.size_ms, assigner.offset_ms  # type: ignore[attr-defined]
+        assign = assigner.assign
+
+        def slow(t: Any, record: Any, key: Any) -> None:
+            ctx.current_key = key
+            ctx.timestamp = t
+            process(record, ctx)
+
+        def opened(key: Any, end: int) -> None:
+            ctx.current_key = key  # timers are per current key
+            register = ctx.timers.register_event_time
+            register(end - 1)  # fire
+            if lateness:
+                register(end - 1 + lateness)  # clean up
+
+        def add_to(key: Any, entries: Any, windows: list[tuple[int, int]], record: Any) -> None:
+            new = list(entries)
+            for start, end in windows:
+                for i, (s, e, acc) in enumerate(new):
+                    if s == start and e == end:
+                        new[i] = (s, e, acc + 1 if counting else add(acc, record))
+                        break
+                else:
+                    new.append((start, end, first(record)))
+                    opened(key, end)
+            table[key] = tuple(new)
+
+        def run_tumbling(elements: list[Any]) -> None:
+            after_wm = ctx.current_watermark + 1  # a window whose end is at most this has been passed
+            for t, record in elements:
+                key = key_fn(record)
+                if t is None:
+                    slow(t, record, key)
+                    continue
+                start = t - (t - offset) % size
+                end = start + size
+                if end <= after_wm:
+                    slow(t, record, key)
+                    continue
+                entries = get(key)
+                if not entries:
+                    table[key] = ((start, end, first(record)),)
+                    opened(key, end)
+                    continue
+                i = len(entries) - 1
+                while i >= 0:  # newest first: the window a record in order adds to is the last one
+                    s, e, acc = entries[i]
+                    if s == start and e == end:
+                        acc = acc + 1 if counting else add(acc, record)
+                        table[key] = ((s, e, acc),) if len(entries) == 1 else \
+                            (*entries[:i], (s, e, acc), *entries[i + 1:])
+                        break
+                    i -= 1
+                else:
+                    table[key] = (*entries, (start, end, first(record)))
+                    opened(key, end)
+            after()
+
+        def run_sliding(elements: list[Any]) -> None:
+            after_wm = ctx.current_watermark + 1
+            for t, record in elements:
+                key = key_fn(record)
+                windows = None if t is None else assign(t)
+                if not windows or windows[0][1] <= after_wm:  # sliding, oldest first: the first ends first
+                    slow(t, record, key)
+                    continue
+                add_to(key, get(key, ()), windows, record)
+            after()
+
+        return run_tumbling if kind is TumblingEventTimeWindows else run_sliding
 
 
 class WindowedStream:

@@ -228,6 +228,8 @@ class InputGate:
         if recorder is not None:
             recorder.append(buffer)
         self._enqueue(channel_id, seq, buffer)
+        if self.ledger.lent:  # its backlog won floating credit: announce it now, not with the next consumed buffer
+            self.announce_credit()
 
     def deliver_event(self, channel_id: int, seq: int, event: Event, priority: bool) -> None:
         body = event.body

@@ -186,7 +186,12 @@ class KeyedProcessOperator(_FunctionOperator):
         super().__init__(node, nxt, setup, ctx)
         self.timers = _install_timers(self.function, ctx, state, self.flush)
         assert node.key_fn is not None
-        self.inputs = (setup.shape.each_keyed(node.key_fn, self.function.process, ctx, self.flush),)
+        run = setup.shape.each_keyed(node.key_fn, self.function.process, ctx, self.flush)
+        # a window operator's loop over a whole batch of timed elements (runtime/api/windows.py), where it has one
+        batch_runner = getattr(self.function, "timed_batch_runner", None)
+        if batch_runner is not None and setup.shape.timed:
+            run = batch_runner(node.key_fn, ctx, self.flush) or run
+        self.inputs = (run,)
 
 
 def _unset_emit(record: Any) -> None:

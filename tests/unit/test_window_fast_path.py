@@ -1,0 +1,214 @@
+"""The window operator's batch loop (WindowOperator.timed_batch_runner) against `process` per record and a
+brute-force model: random out-of-order inputs cut into batches between watermarks, late records, allowed
+lateness, tumbling, sliding and session windows, count/reduce/process contents, and a checkpoint taken in the
+middle and restored into a new chain."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.api import (
+    LATE_DATA,
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    BoundedOutOfOrderness,
+    EventTimeSessionWindows,
+    GeneratorSource,
+    Job,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
+from runtime.api.windows import CountAggregate, WindowAssigner, WindowOperator, _Aggregated, _Elements, _Reduced
+from runtime.execution.operators import Chain, RecordWriter
+from tests.support.buffers import make_subs, sent
+from tests.support.models import window_model
+
+
+class PerRecordWindows(WindowOperator):
+    """The same operator without its batch loop: every record through `process`."""
+
+    def timed_batch_runner(self, key_fn: Any, ctx: Any, after: Any) -> None:
+        return None
+
+
+def contents_of(kind: str) -> Any:
+    if kind == "count":
+        return _Aggregated(CountAggregate())
+    if kind == "reduce":  # order-sensitive: the sequence numbers in the order they were added
+        return _Reduced(lambda a, b: (a[0], f"{a[1]},{b[1]}", a[2]))
+    return _Elements(lambda key, w, rs: (w.start, w.end, [r[1] for r in rs]))
+
+
+class Harness:
+    """source -> key_by -> window operator, driven by hand; outputs and late records decoded in order."""
+
+    def __init__(self, operator: WindowOperator) -> None:
+        job = Job()
+        src = job.source(GeneratorSource(count=1),
+                         watermarks=BoundedOutOfOrderness(max_delay_ms=0, timestamp=lambda r: r[2]))
+        windowed = src.key_by(lambda r: r[0]).process(operator, name="windows")
+        windowed.side_output(LATE_DATA).map(lambda r: r, name="late")
+        self.main, self.late = make_subs(1, 1 << 20), make_subs(1, 1 << 20)
+        main_w = RecordWriter(self.main, "forward", None, job.max_parallelism, 0)
+        late_w = RecordWriter(self.late, "forward", None, job.max_parallelism, 0)
+        late_w.side_output = (windowed.node_id, LATE_DATA.name)
+        self.chain = Chain(job, [windowed.node_id], subtask_index=0, parallelism=1, attempt=0,
+                           outputs=[main_w, late_w])
+        self.chain.open()
+        self.node_id = windowed.node_id
+
+    def batch(self, records: list[tuple[str, int, int]]) -> None:
+        self.chain.process_batch([(r[2], r) for r in records])
+
+    def watermark(self, wm: int) -> None:
+        timers = self.chain.timers
+        assert timers is not None
+        timers.set_watermark(wm)
+        while timers.fire_event(wm, 5):
+            pass
+        self.chain.forward_watermark(wm)
+
+    def outputs(self) -> list[Any]:
+        return [x for x in _decode(self.main[0]) if isinstance(x, tuple)]
+
+    def late_records(self) -> list[Any]:
+        return [x for x in _decode(self.late[0]) if isinstance(x, tuple)]
+
+    def snapshot(self) -> dict[int, dict[str, dict[Any, Any]]]:
+        """The keyed state as a checkpoint carries it (serialised and read back)."""
+        raw = msgpack.unpackb(msgpack.packb(self.chain.keyed_state), strict_map_key=False, use_list=False)
+        return {int(n): {name: dict(t) for name, t in tables.items()} for n, tables in raw.items()}
+
+
+def _decode(sub: Any) -> list[Any]:
+    unpacker = msgpack.Unpacker(use_list=False, raw=False)
+    for data, _, _ in sent(sub):
+        unpacker.feed(data)
+    return list(unpacker)
+
+
+def _events(records: list[tuple[str, int]], delay: int, cuts: list[int]) -> list[tuple[Any, ...]]:
+    """Batches of records between watermarks (delay behind the highest timestamp), each run of records cut at
+    the positions in `cuts` as well."""
+    events: list[tuple[Any, ...]] = []
+    batch: list[tuple[str, int, int]] = []
+    max_ts = wm = MIN_WATERMARK
+    for seq, (key, ts) in enumerate(records):
+        batch.append((key, seq, ts))
+        max_ts = max(max_ts, ts)
+        if max_ts - delay - 1 > wm or seq in cuts:
+            events.append(("b", batch))
+            batch = []
+        if max_ts - delay - 1 > wm:
+            wm = max_ts - delay - 1
+            events.append(("w", wm))
+    if batch:
+        events.append(("b", batch))
+    return events
+
+
+def _run(h: Harness, events: list[tuple[Any, ...]]) -> None:
+    for event in events:
+        if event[0] == "b":
+            h.batch(event[1])
+        else:
+            h.watermark(event[1])
+
+
+ASSIGNERS: list[WindowAssigner] = [TumblingEventTimeWindows(10), TumblingEventTimeWindows(12, offset_ms=5),
+                                   SlidingEventTimeWindows(20, 5), SlidingEventTimeWindows(12, 5),
+                                   SlidingEventTimeWindows(5, 10), EventTimeSessionWindows(gap_ms=6)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 150)), max_size=80),
+       st.integers(0, 30), st.sampled_from([0, 7, 25]), st.sampled_from(range(len(ASSIGNERS))),
+       st.sampled_from(["count", "reduce", "process"]), st.lists(st.integers(0, 80), max_size=6),
+       st.integers(0, 40))
+def test_batches_give_what_process_per_record_gives_and_survive_a_restore(
+        records: list[tuple[str, int]], delay: int, lateness: int, which: int, kind: str, cuts: list[int],
+        checkpoint_at: int) -> None:
+    assigner = ASSIGNERS[which]
+    events = _events(records, delay, cuts)
+
+    reference = Harness(PerRecordWindows(assigner, contents_of(kind), lateness))
+    for event in events:  # one record per call: `process`, as before the batch loop existed
+        if event[0] == "b":
+            for r in event[1]:
+                reference.batch([r])
+        else:
+            reference.watermark(event[1])
+    reference.watermark(MAX_WATERMARK)
+
+    fast = Harness(WindowOperator(assigner, contents_of(kind), lateness))
+    cut = min(checkpoint_at, len(events))
+    _run(fast, events[:cut])
+    wm = max([MIN_WATERMARK] + [e[1] for e in events[:cut] if e[0] == "w"])
+    # a checkpoint between two batches, restored into a new chain that takes the rest of the input
+    restored = Harness(WindowOperator(assigner, contents_of(kind), lateness))
+    restored.chain.restore_state(fast.snapshot(), None)
+    restored.chain.restore_watermarks(wm, wm)
+    _run(restored, events[cut:])
+    restored.watermark(MAX_WATERMARK)
+
+    rows, late_rows = reference.outputs(), reference.late_records()  # (each drains its buffers)
+    assert fast.outputs() + restored.outputs() == rows  # the same rows, with the same stamps, in the same order
+    assert fast.late_records() + restored.late_records() == late_rows
+    assert restored.chain.keyed_state[restored.node_id].get("windows", {}) == {}  # every window dropped
+    if kind == "count":
+        model_events: list[tuple[Any, ...]] = []
+        for event in events:
+            if event[0] == "b":
+                model_events += [("r", k, ts, (k, seq, ts)) for k, seq, ts in event[1]]
+            else:
+                model_events.append(event)
+        if not assigner.merging:
+            expected, late = window_model(model_events, assigner, lateness)
+            assert Counter(r for _, r in rows) == expected
+            assert [r for _, r in late_rows] == late
+
+
+def test_a_batch_mixing_late_on_time_and_late_firing_records_keeps_their_order() -> None:
+    """One batch: a record for an open window, one for a window the watermark passed but within the
+    allowed lateness (fires again at once), one too late (side output), then the open window again."""
+    for operator in (WindowOperator, PerRecordWindows):
+        h = Harness(operator(TumblingEventTimeWindows(10), contents_of("reduce"), 5))
+        h.batch([("a", 0, 3), ("a", 1, 12)])
+        h.watermark(11)  # [0, 10) fired; its clean-up is at 14
+        assert h.outputs() == [(9, ("a", 0, 10, ("a", 0, 3)))]
+        h.batch([("a", 2, 15), ("a", 3, 4), ("b", 4, 1), ("a", 5, 16)])
+        h.watermark(14)
+        h.batch([("a", 6, 5)])  # past the clean-up: late
+        h.watermark(MAX_WATERMARK)
+        # ("b", 4, 1): b's [0, 10) was never opened but is within the lateness: it opens and fires at once
+        assert h.outputs() == [(4, ("a", 0, 10, ("a", "0,3", 3))), (1, ("b", 0, 10, ("b", 4, 1))),
+                               (19, ("a", 10, 20, ("a", "1,2,5", 12)))]
+        assert [r for _, r in h.late_records()] == [("a", 6, 5)]
+        assert h.chain.keyed_state[h.node_id].get("windows", {}) == {}
+
+
+def test_a_window_ends_for_the_batch_loop_exactly_when_the_watermark_reaches_its_last_millisecond() -> None:
+    for lateness in (0, 3):
+        for operator in (WindowOperator, PerRecordWindows):
+            h = Harness(operator(TumblingEventTimeWindows(10), contents_of("count"), lateness))
+            h.batch([("a", 0, 7)])
+            h.watermark(9)  # [0, 10) fires
+            h.batch([("a", 1, 8), ("b", 2, 9), ("a", 3, 10)])  # late (lateness 0), or fires again at once
+            h.watermark(MAX_WATERMARK)
+            again = [(8, ("a", 0, 10, 2)), (9, ("b", 0, 10, 1))] if lateness else []
+            assert h.outputs() == [(9, ("a", 0, 10, 1)), *again, (19, ("a", 10, 20, 1))]
+            assert [r for _, r in h.late_records()] == ([] if lateness else [("a", 1, 8), ("b", 2, 9)])
+
+            h = Harness(operator(SlidingEventTimeWindows(10, 5), contents_of("count"), lateness))
+            h.batch([("a", 0, 7)])  # [0, 10) and [5, 15)
+            h.watermark(9)  # [0, 10) fires
+            h.batch([("a", 1, 8), ("b", 2, 9)])  # [0, 10) passed: dropped from it, or fires again at once
+            h.watermark(MAX_WATERMARK)
+            again = [(8, ("a", 0, 10, 2)), (9, ("b", 0, 10, 1))] if lateness else []
+            assert h.outputs() == [(9, ("a", 0, 10, 1)), *again, (14, ("a", 5, 15, 2)), (14, ("b", 5, 15, 1))]
+            assert h.late_records() == []  # each is still in time for [5, 15)
