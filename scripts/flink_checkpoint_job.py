@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--debloat", action="store_true", help="turn Flink's buffer debloating on (1 s target)")
+    parser.add_argument("--verbose", action="store_true", help="print the whole checkpoint history to stderr")
     args = parser.parse_args(argv)
 
     from pyflink.common import Configuration, Types, WatermarkStrategy  # only in the Flink venv
@@ -99,6 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     client = env.execute_async("flink-checkpoint-bench")
     job_id = str(client.get_job_id())
     try:
+        deadline = time.time() + 120
+        while True:  # the warm-up starts once every task runs (PyFlink starts its Python workers first)
+            try:
+                vertices = rest(port, f"/jobs/{job_id}")["vertices"]
+            except OSError:
+                vertices = []
+            if vertices and all(v["status"] == "RUNNING" for v in vertices):
+                break
+            if time.time() > deadline:
+                raise RuntimeError("the Flink job's tasks were not all RUNNING within 120 s")
+            time.sleep(0.2)
         started = time.time()
         window_start_ms = (started + args.warmup) * 1000
         window_end_ms = window_start_ms + args.seconds * 1000
@@ -116,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         client.cancel()
     durations = [h["end_to_end_duration"] / 1000 for h in window if h["status"] == "COMPLETED"]
     failed = sum(1 for h in window if h["status"] == "FAILED")
+    if args.verbose:
+        print(json.dumps(rest(port, f"/jobs/{job_id}/checkpoints")["counts"]), file=sys.stderr)
+        for h in history:
+            print(h["id"], h["status"], h["trigger_timestamp"], h.get("end_to_end_duration"), file=sys.stderr)
     print(json.dumps({"engine": "flink", "mode": args.mode, "completed": len(durations), "failed": failed,
                       "durations_s": sorted(durations), "warmup_s": args.warmup, "seconds": args.seconds,
                       "cost_us": args.cost_us, "debloat": args.debloat}))
