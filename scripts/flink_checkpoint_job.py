@@ -109,7 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             if vertices and all(v["status"] == "RUNNING" for v in vertices):
                 break
             if time.time() > deadline:
-                raise RuntimeError("the Flink job's tasks were not all RUNNING within 120 s")
+                try:
+                    state = rest(port, f"/jobs/{job_id}")["state"]
+                    causes = rest(port, f"/jobs/{job_id}/exceptions").get("exceptionHistory", {})
+                except OSError as exc:
+                    state, causes = f"unknown ({exc})", {}
+                raise RuntimeError(f"the Flink job's tasks were not all RUNNING within 120 s: job {state}, "
+                                   f"vertices {[(v['name'], v['status']) for v in vertices]}, "
+                                   f"exceptions {json.dumps(causes)[:3000]}")
             time.sleep(0.2)
         started = time.time()
         window_start_ms = (started + args.warmup) * 1000
