@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     conf.set_string("rest.port", str(port))
     conf.set_string("parallelism.default", str(args.parallelism))
     conf.set_string("web.checkpoints.history", "1000")  # the REST history keeps only 10 by default
+    conf.set_string("python.executable", sys.executable)  # the Python workers need this venv's pyflink
     if args.debloat:
         conf.set_string("taskmanager.network.memory.buffer-debloat.enabled", "true")
     env = StreamExecutionEnvironment.get_execution_environment(conf)
