@@ -330,6 +330,28 @@ def run_one(mode: str, buffers: int, seconds: float, warmup: float, max_warmup: 
     return result
 
 
+def run_flink(python: str, mode: str, cost_us: float, seconds: float, warmup: float) -> dict[str, Any]:
+    """The same job on Flink (scripts/flink_checkpoint_job.py, run by the Flink venv's `python`): the durations
+    of the checkpoints triggered in its measured window."""
+    import subprocess
+
+    cmd = [python, os.path.join(SCRIPTS, "flink_checkpoint_job.py"), "--mode", mode, "--cost-us", repr(cost_us),
+           "--seconds", repr(seconds), "--warmup", repr(warmup), "--interval", repr(INTERVAL_S)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup + seconds + 300)
+        if done.returncode != 0:
+            raise RuntimeError(f"the Flink job failed ({done.returncode}): {done.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, RuntimeError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
+        # the Sluice runs of the matrix are kept: a Flink failure is reported in its place
+        return {"engine": "flink", "mode": mode, "error": str(exc), "completed": 0, "failed": 0, "durations_s": [],
+                "median_s": None, "max_s": None}
+    durations = result["durations_s"]
+    result["median_s"] = statistics.median(durations) if durations else None
+    result["max_s"] = max(durations) if durations else None
+    return result
+
+
 # -- report -----------------------------------------------------------------------------------
 
 
@@ -460,6 +482,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="inflight_target_s of the job (default: the runtime's, 1 s; 0 = fixed-size buffers)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the run without checkpoints (the throughput columns then compare with nothing)")
+    parser.add_argument("--flink-python", default=os.environ.get("SLUICE_FLINK_PYTHON"), metavar="PATH",
+                        help="the Python of a venv with apache-flink: each round also runs the same job on Flink "
+                             "(scripts/flink_checkpoint_job.py) for the aligned and unaligned modes "
+                             "(default: $SLUICE_FLINK_PYTHON; none: Sluice only)")
+    parser.add_argument("--flink-warmup", type=float, default=10.0, help="the Flink job's warm-up, s (default 10)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -493,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         f"aligned_timeout {ALIGNED_TIMEOUT_S:g} s; {info['nproc']} cpus ({info['cpu_model']}), "
         f"Python {info['python']}, {info['event_loop']}; revision {info['revision']}")
     runs: list[dict[str, Any]] = []
+    flink: list[dict[str, Any]] = []
     started = time.monotonic()
     matrix = [(rnd, b, mode) for rnd in range(args.rounds) for b in buffers
               for mode in ([] if args.no_baseline else ["none"]) + modes]
@@ -528,10 +556,18 @@ def main(argv: list[str] | None = None) -> int:
         best["attempts"] = len(attempts)
         best["other_cores_attempts"] = [x["other_cores"] for x in attempts]
         runs.append(best)
+        if args.flink_python and b == buffers[-1] and mode in ("aligned", "unaligned"):
+            f = run_flink(args.flink_python, mode, args.cost_us, args.seconds, args.flink_warmup)
+            f["round"] = rnd
+            flink.append(f)
+            say(f"  round {rnd + 1} Flink {mode:<15} checkpoints {f['completed']} ok, {f['failed']} failed; "
+                f"duration median {'-' if f['median_s'] is None else format(f['median_s'], '.3f')} "
+                f"max {'-' if f['max_s'] is None else format(f['max_s'], '.3f')} s"
+                + (f"; error: {f['error'][-300:]}" if "error" in f else ""))
     result = {"benchmark": "checkpoint", "entry": ENTRY, "seconds": args.seconds, "warmup_s": args.warmup,
               "max_warmup_s": args.max_warmup, "cost_us": args.cost_us, "interval_s": INTERVAL_S,
               "checkpoint_timeout_s": CHECKPOINT_TIMEOUT_S, "aligned_timeout_s": ALIGNED_TIMEOUT_S,
-              "machine": info, "elapsed_s": time.monotonic() - started, "runs": runs,
+              "machine": info, "elapsed_s": time.monotonic() - started, "runs": runs, "flink": flink,
               "targets": verdicts(runs, buffers)}
     if args.json:
         print(json.dumps(result, indent=2))
@@ -547,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"pooled over {args.rounds} rounds: buffers {b} {mode}: median "
                       f"{'-' if m is None else format(m, '.3f')} s")
         print()
+    for mode in ("aligned", "unaligned"):
+        pooled = [d for f in flink if f["mode"] == mode for d in f["durations_s"]]
+        if pooled:
+            print(f"Flink {mode}: {len(pooled)} checkpoints over {len(flink) // 2 or 1} round(s), median "
+                  f"{statistics.median(pooled):.3f} s, slowest {max(pooled):.3f} s")
     for v in result["targets"]:
         print(f"{'met    ' if v['met'] else 'NOT met'}  {v['target']}: {v['detail']}")
     other = max((r["other_cores"] for r in runs if r["other_cores"] is not None), default=None)

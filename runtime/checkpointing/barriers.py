@@ -17,7 +17,12 @@ back a list of actions to carry out:
 - at_least_once: nothing is blocked, nothing recorded; snapshot when every
   channel has delivered the barrier.
 
-Ended channels count as having delivered every later barrier.
+Ended channels count as having delivered every later barrier. A channel whose
+end of partition has reached the gate but waits there behind data (its
+producer finished while this task was backpressured) counts too, once a
+checkpoint is unaligned: the data before the end is recorded as channel state,
+as for a queued barrier (Flink's FLIP-147). An aligned checkpoint still waits
+until the end is taken, since its snapshot must follow that data.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ class BarrierHandler:
         self.pending: _Pending | None = None
         self.last_finished = 0  # highest checkpoint id completed or abandoned here
         self.queued: dict[int, int] = {}  # channel -> id of an in-band barrier in the gate, not yet taken
+        self.end_queued: set[int] = set()  # channels whose end of partition is in the gate, not yet taken
 
     @property
     def blocking(self) -> bool:
@@ -156,8 +162,24 @@ class BarrierHandler:
         p.early.add(channel_id)
         return self._check_complete(p)
 
+    def on_end_arrival(self, channel_id: int) -> list[Action]:
+        """Channel `channel_id`'s end of partition reached the gate: no barrier will follow on it.
+
+        An unaligned checkpoint records the data queued before the end and
+        counts the channel as delivered now, not when the end is taken.
+        """
+        if channel_id not in self.channels:
+            raise ValueError(f"end of partition on channel {channel_id}, not an input of this task")
+        self.end_queued.add(channel_id)
+        p = self.pending
+        if p is None or not p.unaligned or channel_id in p.seen:
+            return []
+        p.seen.add(channel_id)
+        return self._check_complete(p)
+
     def on_channel_ended(self, channel_id: int) -> list[Action]:
         self.ended.add(channel_id)
+        self.end_queued.discard(channel_id)
         p = self.pending
         return self._check_complete(p) if p is not None else []
 
@@ -199,6 +221,7 @@ class BarrierHandler:
             if checkpoint_id == p.spec.checkpoint_id and channel_id not in p.seen:
                 p.seen.add(channel_id)
                 p.early.add(channel_id)
+        p.seen |= self.end_queued  # ends already in the gate: the data before them is recorded too
         return [Snapshot(p.spec, unaligned=True), UnblockAll()]
 
     def _abandon(self, p: _Pending) -> list[Action]:

@@ -48,11 +48,16 @@ class CheckpointRun:
     first_barrier_wall: float
     sync_s: float = 0.0
     inputs_done: bool = False
-    outputs_waiting: list[Subpartition] = field(default_factory=list)
+    # subpartitions whose in-band barrier (or, past the end of input, end of partition) is still queued, each
+    # with that event: aligned_timeout promotes them at the deadline
+    outputs_waiting: list[tuple[Subpartition, Event]] = field(default_factory=list)
     in_prefix: dict[int, bytes] = field(default_factory=dict)
     in_buffers: dict[int, list[Buffer]] = field(default_factory=dict)
     out_state: dict[str, bytes] = field(default_factory=dict)
     writes: list[asyncio.Task[Written]] = field(default_factory=list)
+    # writes whose done callback has run: a write may be done before its callback has added its bytes (and the
+    # backend handle), so the ack waits for the callbacks, not only for the writes
+    settled: int = 0
     files: dict[str, Any] = field(default_factory=dict)
     state_bytes: int = 0
     inflight_bytes: int = 0
@@ -108,8 +113,10 @@ class TaskCheckpointer:
         if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
             run.async_captured = sum(1 for doc in async_inflight.values() for e in doc["replay"] if e[0] == "r")
         self.run = run
-        # a task past its end of input sent "end" on every output: no barrier may follow it
-        for sub in [] if task.end_of_input else task.subpartitions:
+        for sub in task.subpartitions:
+            if task.end_of_input:
+                self._overtake_end(run, sub)
+                continue
             if unaligned:
                 stream = overtaken_records(sub.add_event(barrier, priority=True))
                 if stream:
@@ -117,7 +124,7 @@ class TaskCheckpointer:
             else:
                 sub.add_event(barrier)
                 if spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
-                    run.outputs_waiting.append(sub)
+                    run.outputs_waiting.append((sub, barrier))
         if unaligned and task.gate is not None:
             run.in_buffers = task.gate.start_recording(spec.checkpoint_id)
             run.in_prefix = task.unprocessed_bytes()
@@ -139,6 +146,22 @@ class TaskCheckpointer:
         if task.gate is None:
             run.inputs_done = True
         self.poll_outputs(time.time())
+
+    def _overtake_end(self, run: CheckpointRun, sub: Subpartition) -> None:
+        """A task past its end of input put "end" on every output, and no barrier may follow it. While the end
+        still waits in the queue behind data (downstream is backpressured), an unaligned barrier overtakes both
+        and the data becomes output channel state, as in Flink's FLIP-147: the checkpoint does not wait until
+        downstream has taken the backlog. Once the end has left, downstream counts it when it arrives
+        (BarrierHandler.on_end_arrival). Aligned: downstream takes the data and the end, then counts it."""
+        end = sub.end_event
+        if end is None or not sub.sender.holds(end):
+            return
+        if run.unaligned:
+            stream = overtaken_records(sub.add_event(run.barrier, priority=True))
+            if stream:
+                run.out_state[sub.key] = stream
+        elif run.spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
+            run.outputs_waiting.append((sub, end))
 
     def inputs_complete(self, spec: BarrierSpec, *, unaligned: bool) -> None:
         run = self.run
@@ -172,10 +195,11 @@ class TaskCheckpointer:
         run = self.run
         if run is None or run.out_written:
             return
-        still = [sub for sub in run.outputs_waiting if sub.sender.holds(run.barrier)]
+        still = [(sub, ev) for sub, ev in run.outputs_waiting if sub.sender.holds(ev)]
         if still and run.spec.deadline is not None and now >= run.spec.deadline:
-            for sub in still:
-                overtaken = sub.promote(run.barrier)
+            for sub, ev in still:
+                # the barrier itself, or (past the end of input) a priority barrier ahead of the queued end
+                overtaken = sub.promote(ev) if ev is run.barrier else sub.add_event(run.barrier, priority=True)
                 run.unaligned = True  # this checkpoint now carries in-flight data
                 if overtaken:
                     stream = overtaken_records(overtaken)
@@ -215,6 +239,7 @@ class TaskCheckpointer:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
                 return
             written = fut.result()
+            run.settled += 1
             if kind == "state":
                 run.state_bytes += written.bytes
                 if run.backend is not None:
@@ -227,7 +252,7 @@ class TaskCheckpointer:
         write.add_done_callback(done)
 
     def _maybe_finish(self, run: CheckpointRun) -> None:
-        if run.acked or not run.inputs_done or not run.out_written or not all(w.done() for w in run.writes):
+        if run.acked or not run.inputs_done or not run.out_written or run.settled < len(run.writes):
             return
         run.acked = True
         async_s = max(0.0, time.monotonic() - run.started - run.sync_s)

@@ -16,6 +16,10 @@ such a checkpoint has completed and its sinks have published it, so the end
 of a bounded job is a checkpoint like any other: no separate final commit,
 and restoring that checkpoint re-publishes exactly the same files. Once the
 coordinator hears the task finished, later checkpoints record it as finished.
+While a task past its end still has data queued before its "end" (downstream
+backpressured), an unaligned checkpoint overtakes both and stores that data as
+output channel state; downstream counts an "end" waiting in its gate as a
+delivered barrier. So a finished input never holds unaligned checkpoints back.
 """
 
 from __future__ import annotations
@@ -83,7 +87,11 @@ class TaskCheckpoints:
 
     def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None:
         """An aligned barrier reached the input gate (it may wait there behind data): start its clock, and let
-        the barrier handler know, so that it counts once the checkpoint switches to unaligned."""
+        the barrier handler know, so that it counts once the checkpoint switches to unaligned. The same for a
+        channel's end of partition: unaligned checkpoints count it at once (FLIP-147)."""
+        if body.get("t") == "end":
+            self.task.post(Mail(lambda: self._on_end_arrival(channel_id), "end of partition queued"))
+            return
         if body.get("mode") != CheckpointMode.ALIGNED_TIMEOUT:
             return
         spec = BarrierSpec.from_body(body)
@@ -138,7 +146,8 @@ class TaskCheckpoints:
         if self._final_id is None:
             self._final_id = spec.checkpoint_id
         self.checkpointer.mark_first_barrier()
-        self.checkpointer.snapshot(spec, unaligned=False)
+        # unaligned: data still queued before its "end" is overtaken and stored (TaskCheckpointer._overtake_end)
+        self.checkpointer.snapshot(spec, unaligned=spec.mode == CheckpointMode.UNALIGNED)
         run = self.checkpointer.run
         if run is not None:
             run.files["ended"] = "true"  # a marker among its files: restored, the task must not finish() again
@@ -155,6 +164,10 @@ class TaskCheckpoints:
     def _on_arrival(self, channel_id: int, spec: BarrierSpec) -> None:
         if self.barriers is not None:
             self._carry_out(self.barriers.on_arrival(channel_id, spec))
+
+    def _on_end_arrival(self, channel_id: int) -> None:
+        if self.barriers is not None:
+            self._carry_out(self.barriers.on_end_arrival(channel_id))
 
     def _carry_out(self, actions: list[Action]) -> None:
         gate = self.task.gate

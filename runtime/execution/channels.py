@@ -33,7 +33,8 @@ class GateListener(Protocol):
 
     def on_priority_event(self, channel_id: int, seq: int, event: Event) -> None: ...
 
-    def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None: ...
+    def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None:
+        """An in-band barrier, or the channel's end of partition, reached the gate (it may wait behind data)."""
 
 
 class Wakeable(Protocol):
@@ -61,7 +62,7 @@ class OutputGate:
 
 class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
-                 "continued", "key")
+                 "continued", "key", "end_event")
 
     def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -76,6 +77,7 @@ class Subpartition:
         self.buffers_out = 0
         self.continued: bytes | None = None  # the record the buffer being built begins by continuing
         self.key = ""  # "<edge>:<producer>:<consumer>", stable across attempts (checkpoint files use it)
+        self.end_event: Event | None = None  # the end of partition, once queued (a checkpoint may overtake it)
 
     def append(self, data: bytes) -> None:
         buf = self.buf
@@ -135,6 +137,8 @@ class Subpartition:
         overtaken = self.sender.add_priority_event(event) if priority else []
         if not priority:
             self.sender.add_event(event)
+            if event.body.get("t") == "end":
+                self.end_event = event
         if self.link is not None:
             self.link.wake(self.sender)
         return overtaken
@@ -240,6 +244,9 @@ class InputGate:
                 self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
             if not priority:
                 self.listener.on_barrier_queued(channel_id, body)
+        elif body.get("t") == "end":  # nothing follows it: the channel's recording is complete
+            self.recorders.pop(channel_id, None)
+            self.listener.on_barrier_queued(channel_id, body)  # the checkpoints count it as delivered (FLIP-147)
         if priority:
             self.listener.on_priority_event(channel_id, seq, event)
         else:

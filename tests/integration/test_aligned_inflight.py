@@ -4,7 +4,7 @@ The job is the checkpoint tests' word count with a sink of 200 us a record (~5k 
 below the sources). With fixed 32 KiB buffers an aligned barrier waits behind two sender queues of 4
 buffers and the receiver's credits, ~20 buffers of ~1600 records: over 3 s (see test_checkpoints.py, which
 keeps fixed buffers for that reason). With the default 1 s in-flight target the buffers shrink to the
-measured throughput, so once the excess queued at the start has drained every aligned checkpoint completes
+measured throughput (starting small until it is measured), so every aligned checkpoint completes
 in about a second (3 s allowed on a shared machine; fixed buffers take over 3 s), and every count is still
 written exactly once.
 """
@@ -31,7 +31,7 @@ def wordcount(job: Job) -> None:
 '''
 
 WORDS, KEYS, SEED = 240_000, 200, 7  # long enough for several checkpoints after the warm-up, even on a loaded machine
-WARMUP_S = 8.0  # the queues the sources filled with full-size buffers before any throughput was measured
+WARMUP_S = 8.0  # the estimates settle over their 3 s window after the start (buffers start small, see inflight.py)
 # Fixed 32 KiB buffers (16 per channel) hold many seconds of this job's sink-bound rate: aligned checkpoints
 # take 6-13 s on a quiet machine. The 1 s target gives 0.3-1.5 s there, and up to about 5.5 s when other
 # processes take most of the two cores (parallel test runs): the bound sits between the two.

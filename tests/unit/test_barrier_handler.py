@@ -154,6 +154,48 @@ def test_unaligned_in_band_barrier_reaching_the_gate_counts_as_delivered_and_is_
     assert h.on_arrival(2, s) == [InputsComplete(s, True)]
 
 
+# --- an end of partition waiting in the gate (FLIP-147: a finished input) ----------------------------
+
+
+def test_unaligned_end_waiting_in_the_gate_counts_as_delivered_for_this_and_later_checkpoints():
+    h, s1, s2 = handler(), spec(1, "unaligned"), spec(2, "unaligned")
+    assert h.on_end_arrival(2) == []  # no checkpoint yet
+    assert h.on_barrier(0, s1, priority=True, now=0.0) == [Snapshot(s1, unaligned=True), UnblockAll()]
+    assert h.on_barrier(1, s1, priority=True, now=0.1) == [InputsComplete(s1, True)]  # channel 2 not waited for
+    assert h.on_barrier(0, s2, priority=True, now=1.0) == [Snapshot(s2, unaligned=True), UnblockAll()]
+    assert h.on_channel_ended(2) == []  # taken at last: ended from now on
+    assert h.on_barrier(1, s2, priority=True, now=1.1) == [InputsComplete(s2, True)]
+
+
+def test_unaligned_end_arriving_after_the_snapshot_completes_the_inputs():
+    h, s = handler(), spec(mode="unaligned")
+    assert h.on_barrier(0, s, priority=True, now=0.0) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_barrier(1, s, priority=True, now=0.0) == []
+    assert h.on_end_arrival(2) == [InputsComplete(s, True)]
+    assert h.on_end_arrival(1) == []  # its barrier came first (it overtook the end at the producer)
+
+
+def test_aligned_waits_for_an_end_waiting_in_the_gate_to_be_taken():
+    h, s = handler(), spec()
+    assert h.on_end_arrival(2) == []
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, s, priority=False, now=0.0) == [Block(1)]  # the data before the end comes first
+    assert h.on_channel_ended(2) == done(s)
+
+
+def test_aligned_timeout_counts_an_end_waiting_in_the_gate_when_it_switches():
+    h, s = handler(), spec(mode="aligned_timeout", deadline=5.0)
+    assert h.on_end_arrival(2) == []
+    assert h.on_barrier(0, s, priority=False, now=1.0) == [Block(0)]
+    assert h.on_time(5.0, s) == [Snapshot(s, unaligned=True), UnblockAll()]
+    assert h.on_barrier(1, s, priority=False, now=5.1) == [InputsComplete(s, True)]
+
+
+def test_end_of_partition_on_an_unknown_channel_is_an_error():
+    with pytest.raises(ValueError, match="not an input"):
+        handler().on_end_arrival(9)
+
+
 # --- aligned with timeout --------------------------------------------------------------------------
 
 

@@ -24,9 +24,12 @@ def test_buffer_size_stays_within_its_bounds() -> None:
     assert buffer_size_for(10.0, 1.0, 74, max_bytes=512, min_bytes=1024) == 512  # never above the maximum
 
 
-def test_no_estimate_or_no_target_keeps_the_configured_size() -> None:
-    assert buffer_size_for(None, 1.0, 74, max_bytes=32768) == 32768
+def test_no_target_keeps_the_configured_size_and_no_estimate_starts_small() -> None:
     assert buffer_size_for(1000.0, 0.0, 74, max_bytes=32768) == 32768
+    assert buffer_size_for(None, 0.0, 74, max_bytes=32768) == 32768
+    # before any estimate: the minimum, so that a job's start does not queue seconds of full-size buffers
+    assert buffer_size_for(None, 1.0, 74, max_bytes=32768) == 1024
+    assert buffer_size_for(None, 1.0, 74, max_bytes=512) == 512
     with pytest.raises(ValueError):
         buffer_size_for(1000.0, 1.0, 0, max_bytes=32768)
 
@@ -120,8 +123,9 @@ def test_bound_shrinks_a_slow_channel_and_leaves_a_fast_one() -> None:
     slow = Subpartition(ChannelSender(1), limit=64, capacity=32768)
     fast = Subpartition(ChannelSender(2), limit=64, capacity=32768)
     bound = InflightBound([slow, fast], target_s=1.0, buffers_in_path=74, max_bytes=32768)
+    assert slow.capacity == fast.capacity == 1024  # nothing measured yet: start small
     bound.adjust(0.0)
-    assert slow.capacity == fast.capacity == 32768  # nothing measured yet
+    assert slow.capacity == fast.capacity == 1024
     slow.bytes_out += 310_000  # the counters the record writer keeps, one second later
     fast.bytes_out += 50_000_000
     bound.adjust(1.0)
