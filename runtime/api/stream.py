@@ -194,6 +194,14 @@ class DataStream:
         stream._unioned = [*self._unioned, *others]
         return stream
 
+    def join(self, other: DataStream) -> TwoStreams:
+        """A window join: `a.join(b).where(ka).equal_to(kb).window(assigner).apply(fn)` (runtime/api/joins.py)."""
+        return TwoStreams(self, other, "join")
+
+    def co_group(self, other: DataStream) -> TwoStreams:
+        """A window co-group: `a.co_group(b).where(ka).equal_to(kb).window(assigner).apply(fn)`."""
+        return TwoStreams(self, other, "co_group")
+
     def sink(self, sink: Sink, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
         """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
@@ -228,4 +236,5 @@ class KeyedStream(DataStream):
         return self._then("reduce", fn, parallelism, name or "reduce", self._key_fn)
 
 
+from runtime.api.joins import TwoStreams  # noqa: E402 - joins build on the classes above
 from runtime.api.windows import WindowAssigner, WindowedStream  # noqa: E402 - windows build on the classes above
