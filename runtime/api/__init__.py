@@ -5,6 +5,17 @@ import a job module needs; the names below are the public interface.
 """
 
 from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncOpenContext
+from runtime.api.co_functions import (
+    BroadcastContext,
+    BroadcastProcessFunction,
+    BroadcastState,
+    BroadcastStateError,
+    CoProcessFunction,
+    KeyedBroadcastContext,
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    MapStateDescriptor,
+)
 from runtime.api.functions import (
     Context,
     KeyedContext,
@@ -16,6 +27,7 @@ from runtime.api.functions import (
     TimerService,
     ValueState,
 )
+from runtime.api.interval_join import LATE_LEFT, LATE_RIGHT, IntervalJoinFunction
 from runtime.api.state import (
     AggregateFunction,
     AggregatingState,
@@ -27,6 +39,8 @@ from runtime.api.state import (
 from runtime.api.stream import (
     DEFAULT_MAX_PARALLELISM,
     PARTITIONERS,
+    BroadcastStream,
+    ConnectedStreams,
     DataStream,
     Job,
     JobDefinitionError,
@@ -63,4 +77,8 @@ __all__ = [
     "SlidingEventTimeWindows", "EventTimeSessionWindows", "TumblingProcessingTimeWindows",
     "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
     "AggregateFunction", "AggregatingState", "KeyedListState", "MapState", "ReducingState", "TtlValueState",
+    "CoProcessFunction", "KeyedCoProcessFunction", "BroadcastProcessFunction", "KeyedBroadcastProcessFunction",
+    "MapStateDescriptor", "BroadcastState", "BroadcastStateError", "BroadcastContext", "KeyedBroadcastContext",
+    "BroadcastStream", "ConnectedStreams",
+    "LATE_LEFT", "LATE_RIGHT", "IntervalJoinFunction",
 ]

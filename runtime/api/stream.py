@@ -10,9 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from runtime.api.async_functions import AsyncKeyedProcessFunction
+from runtime.api.co_functions import (
+    BroadcastProcessFunction,
+    CoProcessFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    MapStateDescriptor,
+)
 from runtime.api.functions import KeyedProcessFunction, OutputTag, ProcessFunction
 from runtime.api.time import BoundedOutOfOrderness
 from runtime.connectors.sinks import Sink
@@ -35,6 +42,7 @@ class Input:
     partitioner: str | None  # None: forward when parallelism matches, else rebalance
     key_fn: Callable[[Any], Any] | None = None
     tag: str | None = None  # a side output of `node` (OutputTag name), not its main output
+    side: int = 0  # which input of a two-input operator this edge feeds (0: first, 1: second); 0 otherwise
 
 
 @dataclass
@@ -49,6 +57,13 @@ class Node:
     inputs: list[Input] = field(default_factory=list)
     key_fn: Callable[[Any], Any] | None = None  # for keyed operators: the key of the records they receive
     watermarks: BoundedOutOfOrderness | None = None  # for sources with event time
+    # a broadcast process function: the broadcast states its broadcast input was made with
+    broadcast_descriptors: tuple[MapStateDescriptor, ...] = ()
+
+    @property
+    def two_input(self) -> bool:
+        """An operator with two inputs (connect): its edges say which one they feed (Input.side)."""
+        return self.kind in TWO_INPUT_KINDS
 
 
 class Job:
@@ -112,7 +127,10 @@ class Job:
         return any(n.watermarks is not None for n in self.nodes)
 
 
-SIDE_OUTPUT_KINDS = ("process", "keyed_process")  # operators whose context has `output(tag, value)`
+# two-input operators (runtime/api/co_functions.py); the keyed ones key both inputs
+TWO_INPUT_KINDS = ("co_process", "keyed_co_process", "broadcast_process", "keyed_broadcast_process")
+# operators whose context has `output(tag, value)`
+SIDE_OUTPUT_KINDS = ("process", "keyed_process", *TWO_INPUT_KINDS)
 
 
 class DataStream:
@@ -127,9 +145,9 @@ class DataStream:
         self._tag = tag
         self._unioned: list[DataStream] = []
 
-    def _inputs(self) -> list[Input]:
+    def _inputs(self, side: int = 0) -> list[Input]:
         streams = [self, *self._unioned]
-        return [Input(s.node_id, s._partitioner, s._key_fn, s._tag) for s in streams]
+        return [Input(s.node_id, s._partitioner, s._key_fn, s._tag, side) for s in streams]
 
     def side_output(self, tag: OutputTag) -> DataStream:
         """The values this stream's operator sent to `tag` with `ctx.output(tag, value)` (late records of a
@@ -164,12 +182,15 @@ class DataStream:
         """A non-keyed ProcessFunction (with operator list state: `ctx.list_state`, `ctx.union_list_state`)."""
         if isinstance(fn, KeyedProcessFunction | AsyncKeyedProcessFunction):
             raise JobDefinitionError(f"a {type(fn).__name__} needs a keyed stream: call key_by() first")
+        if isinstance(fn, CoProcessFunction | BroadcastProcessFunction):
+            raise JobDefinitionError(f"a {type(fn).__name__} has two inputs: a.connect(b).process(fn)")
         return self._then("process", fn, parallelism, name or type(fn).__name__)
 
-    def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
+    def key_by(self, key_fn: Callable[[Any], Any], *, key_type: Any = None) -> KeyedStream:
         """Partition the stream by `key_fn(record)` (hash of the key over key groups): the next operator is
-        keyed."""
-        return KeyedStream(self.job, self.node_id, "hash", key_fn, self._unioned, self._tag)
+        keyed. `key_type` (optional, any value: a type, a name) declares what the key is; `connect` refuses
+        two keyed streams whose declared key types differ."""
+        return KeyedStream(self.job, self.node_id, "hash", key_fn, self._unioned, self._tag, key_type=key_type)
 
     def rebalance(self) -> DataStream:
         """Spread the records round robin over the next operator's subtasks."""
@@ -179,9 +200,31 @@ class DataStream:
         """Subtask i sends to subtask i of the next operator (needs equal parallelism)."""
         return self._with_partitioner("forward")
 
-    def broadcast(self) -> DataStream:
-        """Every record to every subtask of the next operator."""
-        return self._with_partitioner("broadcast")
+    @overload
+    def broadcast(self) -> DataStream: ...
+
+    @overload
+    def broadcast(self, descriptor: MapStateDescriptor, /, *more: MapStateDescriptor) -> BroadcastStream: ...
+
+    def broadcast(self, *descriptors: MapStateDescriptor) -> DataStream | BroadcastStream:
+        """Every record to every subtask of the next operator. With MapStateDescriptors: a BroadcastStream for
+        the broadcast state pattern, `stream.connect(rules.broadcast(descriptor))` (runtime/api/co_functions.py)."""
+        if not descriptors:
+            return self._with_partitioner("broadcast")
+        for d in descriptors:
+            if not isinstance(d, MapStateDescriptor):
+                raise JobDefinitionError(f"broadcast() takes MapStateDescriptors, got {d!r}")
+        return BroadcastStream(self._with_partitioner("broadcast"), tuple(descriptors))
+
+    def connect(self, other: DataStream | BroadcastStream) -> ConnectedStreams:
+        """This stream and `other` as the two inputs of one function: `.process(CoProcessFunction)` (or, on
+        `a.key_by(f).connect(b.key_by(g))`, a KeyedCoProcessFunction; on a BroadcastStream a
+        BroadcastProcessFunction or KeyedBroadcastProcessFunction)."""
+        if not isinstance(other, DataStream | BroadcastStream):
+            raise JobDefinitionError(f"connect() takes a DataStream or a BroadcastStream, got {other!r}")
+        if other.job is not self.job:
+            raise JobDefinitionError("connect() needs two streams of the same job")
+        return ConnectedStreams(self, other)
 
     def _with_partitioner(self, partitioner: str) -> DataStream:
         stream = DataStream(self.job, self.node_id, partitioner, tag=self._tag)
@@ -202,6 +245,17 @@ class DataStream:
         """A window co-group: `a.co_group(b).where(ka).equal_to(kb).window(assigner).apply(fn)`."""
         return TwoStreams(self, other, "co_group")
 
+    def interval_join(self, other: DataStream) -> IntervalJoin:
+        """An interval join of two keyed streams: `a.key_by(f).interval_join(b.key_by(g)).between(lo, hi)
+        .process(fn)` (runtime/api/interval_join.py)."""
+        for which, stream in (("left", self), ("right", other)):
+            if not isinstance(stream, KeyedStream):
+                raise JobDefinitionError(f"interval_join: the {which} stream is not keyed; an interval join needs "
+                                         "two keyed streams: a.key_by(f).interval_join(b.key_by(g))")
+        if other.job is not self.job:
+            raise JobDefinitionError("interval_join needs two streams of the same job")
+        return IntervalJoin(self, other)  # type: ignore[arg-type]
+
     def sink(self, sink: Sink, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
         """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
@@ -213,9 +267,10 @@ class KeyedStream(DataStream):
     """A stream partitioned by key: keyed process functions, reduce and windows run on it."""
 
     def __init__(self, job: Job, node_id: int, partitioner: str, key_fn: Callable[[Any], Any],
-                 unioned: list[DataStream], tag: str | None = None) -> None:
+                 unioned: list[DataStream], tag: str | None = None, *, key_type: Any = None) -> None:
         super().__init__(job, node_id, partitioner, key_fn, tag)
         self._unioned = [KeyedStream(job, s.node_id, partitioner, key_fn, [], s._tag) for s in unioned]
+        self.key_type = key_type
 
     def window(self, assigner: WindowAssigner, *, allowed_lateness_ms: int = 0) -> WindowedStream:
         """Group the records of each key into windows (runtime/api/windows.py): tumbling, sliding or session
@@ -236,5 +291,81 @@ class KeyedStream(DataStream):
         return self._then("reduce", fn, parallelism, name or "reduce", self._key_fn)
 
 
+class BroadcastStream:
+    """`stream.broadcast(descriptor, ...)`: a stream every subtask of the next operator receives whole, whose
+    records a broadcast process function turns into broadcast state. Only `connect` takes it."""
+
+    def __init__(self, stream: DataStream, descriptors: tuple[MapStateDescriptor, ...]) -> None:
+        self.job = stream.job
+        self.stream = stream
+        self.descriptors = descriptors
+
+
+class ConnectedStreams:
+    """`a.connect(b)`: two streams feeding one two-input function (runtime/api/co_functions.py).
+
+    Key agreement: both sides keyed (KeyedCoProcessFunction) or neither; a keyed side beside an unkeyed one is
+    refused, and so are two keyed sides whose `key_by(..., key_type=...)` declarations differ (a side that
+    declares none is not checked). Records of the two sides meet in the subtask that owns their key group, so
+    the two key functions must give equal keys for records that belong together."""
+
+    def __init__(self, first: DataStream, second: DataStream | BroadcastStream) -> None:
+        self.job = first.job
+        self.first = first
+        self.second = second
+
+    def process(self, fn: Any, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
+        """Run `fn` over both inputs: records of the first go to `process1` (`process_element`), of the second
+        to `process2` (`process_broadcast_element`)."""
+        first, second = self.first, self.second
+        label = name or type(fn).__name__
+        if isinstance(second, BroadcastStream):
+            kind, key_fn = self._broadcast_kind(fn, label)
+            inputs = [*first._inputs(0), *second.stream._inputs(1)]
+            node = self.job._add(kind, fn, parallelism, label, inputs, key_fn)
+            node.broadcast_descriptors = second.descriptors
+            return DataStream(self.job, node.id)
+        if isinstance(fn, BroadcastProcessFunction):
+            raise JobDefinitionError(
+                f"{label}: a {type(fn).__name__} needs a broadcast stream with a state descriptor as the second "
+                "input: stream.connect(rules.broadcast(MapStateDescriptor('rules')))" +
+                (" (rules.broadcast() without a descriptor only sets the partitioning)"
+                 if second._partitioner == "broadcast" else ""))
+        if not isinstance(fn, CoProcessFunction):
+            raise JobDefinitionError(f"{label}: connected streams run a CoProcessFunction or a "
+                                     f"KeyedCoProcessFunction, got {fn!r}")
+        keyed = [isinstance(s, KeyedStream) for s in (first, second)]
+        if keyed[0] != keyed[1]:
+            which = "first" if keyed[0] else "second"
+            raise JobDefinitionError(f"{label}: the keys of the connected streams differ: only the {which} input "
+                                     "is keyed; key both with key_by() (the same key on both sides) or neither")
+        if isinstance(fn, KeyedCoProcessFunction) and not keyed[0]:
+            raise JobDefinitionError(f"{label}: a KeyedCoProcessFunction needs keyed inputs: "
+                                     "a.key_by(f).connect(b.key_by(g))")
+        types = [s.key_type if isinstance(s, KeyedStream) else None for s in (first, second)]
+        if None not in types and types[0] != types[1]:
+            raise JobDefinitionError(f"{label}: the keys of the connected streams differ: key_type "
+                                     f"{types[0]!r} on the first input, {types[1]!r} on the second")
+        kind = "keyed_co_process" if isinstance(fn, KeyedCoProcessFunction) else "co_process"
+        key_fn = first._key_fn if kind == "keyed_co_process" else None
+        node = self.job._add(kind, fn, parallelism, label, [*first._inputs(0), *second._inputs(1)], key_fn)
+        return DataStream(self.job, node.id)
+
+    def _broadcast_kind(self, fn: Any, label: str) -> tuple[str, Callable[[Any], Any] | None]:
+        keyed = isinstance(self.first, KeyedStream)
+        if isinstance(fn, KeyedBroadcastProcessFunction):
+            if not keyed:
+                raise JobDefinitionError(f"{label}: a KeyedBroadcastProcessFunction needs a keyed main input: "
+                                         "stream.key_by(f).connect(rules.broadcast(descriptor))")
+            return "keyed_broadcast_process", self.first._key_fn
+        if isinstance(fn, BroadcastProcessFunction):
+            if keyed:
+                raise JobDefinitionError(f"{label}: on a keyed main input use a KeyedBroadcastProcessFunction")
+            return "broadcast_process", None
+        raise JobDefinitionError(f"{label}: a stream connected to a broadcast stream runs a "
+                                 f"BroadcastProcessFunction or a KeyedBroadcastProcessFunction, got {fn!r}")
+
+
+from runtime.api.interval_join import IntervalJoin  # noqa: E402 - joins build on the classes above
 from runtime.api.joins import TwoStreams  # noqa: E402 - joins build on the classes above
 from runtime.api.windows import WindowAssigner, WindowedStream  # noqa: E402 - windows build on the classes above

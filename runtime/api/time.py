@@ -8,7 +8,7 @@ see the same watermarks at the same records; see docs/ARCHITECTURE.md, "Event ti
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # Watermarks are msgpack ints: the signed 64-bit range, as Flink's Long.MIN_VALUE / Long.MAX_VALUE.
@@ -41,3 +41,9 @@ class BoundedOutOfOrderness:
             raise ValueError(f"idle_timeout_ms must be a positive integer or None, got {self.idle_timeout_ms!r}")
         if not isinstance(self.granularity_ms, int) or self.granularity_ms < 1:
             raise ValueError(f"granularity_ms must be an integer >= 1, got {self.granularity_ms!r}")
+
+    def with_idleness(self, idle_timeout_ms: int) -> BoundedOutOfOrderness:
+        """The same strategy with `idle_timeout_ms`: a source subtask without records for that long is idle,
+        and an idle input does not hold back the watermark of what it feeds (a union, a two-input operator:
+        its watermark is the minimum over the inputs that are active)."""
+        return replace(self, idle_timeout_ms=idle_timeout_ms)
