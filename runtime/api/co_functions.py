@@ -25,6 +25,12 @@ from runtime.api.functions import KeyedContext, OperatorContext
 BROADCAST_MODE = "broadcast"  # the list-state mode that holds a broadcast state (a dict) in a task's lists
 
 
+def copy_items(items: list[Any] | dict[Any, Any]) -> list[Any] | dict[Any, Any]:
+    """A copy of a list state's items, or of a broadcast state's map (mode BROADCAST_MODE): snapshots, restores
+    and rescales copy the container, never the (immutable) values."""
+    return dict(items) if isinstance(items, dict) else list(items)
+
+
 class CoProcessFunction:
     """Per-record logic over two inputs; override `process1` and `process2`."""
 

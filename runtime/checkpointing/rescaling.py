@@ -23,6 +23,7 @@ from typing import Any
 
 import msgpack
 
+from runtime.api.co_functions import BROADCAST_MODE, copy_items
 from runtime.api.time import MIN_WATERMARK
 from runtime.connectors.source import position_lanes, rescale_lanes
 from runtime.execution.channels import split_records
@@ -143,8 +144,16 @@ def redistribute_broadcast(streams: dict[tuple[int, int], bytes], *, consumer: i
 # every item lands in exactly one new subtask. "union" lists (ctx.union_list_state) go whole to every new
 # subtask, which picks what it needs. A vertex fed by a broadcast edge is replicated instead (see above): its
 # lists are its replica's, whatever their mode, because they pair with the replica's channel state.
+# Broadcast state (runtime/api/co_functions.py) is a list-state entry of mode BROADCAST_MODE whose items are a
+# map; its vertex always has a broadcast input, so it is always its replica's.
 
 Lists = dict[int, dict[str, list[Any]]]  # node id -> name -> [mode, items]
+
+
+def only_broadcast_state(old: Sequence[Lists | None]) -> bool:
+    """Whether the old subtasks' lists are all broadcast state (which replicates also beside another input)."""
+    return all(mode == BROADCAST_MODE for lists in old for tables in (lists or {}).values()
+               for mode, _ in tables.values())
 
 
 def rescale_lists(old: Sequence[Lists | None], new_parallelism: int, subtask: int, *,
@@ -152,7 +161,7 @@ def rescale_lists(old: Sequence[Lists | None], new_parallelism: int, subtask: in
     """New subtask `subtask`'s list state from the old subtasks' (None for one without any)."""
     if replicated:
         mine = old[replica_of(subtask, len(old))] if old else None
-        return {node: {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+        return {node: {name: [mode, copy_items(items)] for name, (mode, items) in tables.items()}
                 for node, tables in (mine or {}).items()}
     merged: dict[int, dict[str, list[Any]]] = {}
     for lists in old:

@@ -23,6 +23,7 @@ from runtime.api import Job
 from runtime.checkpointing.rescaling import (
     RescaleError,
     merge_keyed,
+    only_broadcast_state,
     overlapping_subtasks,
     redistribute_broadcast,
     redistribute_edge,
@@ -391,7 +392,9 @@ def _redistributed_state(state: RestoredState, plan: OperatorStatePlan, parts: S
     elif plan.source is SourceRule.SPLITS:
         state.source = deal_splits(each("source"), plan.parallelism)[plan.subtask]
     state.sinks = rescale_sinks(each("sinks"), plan.parallelism, plan.subtask, plan.checkpoint_id)
-    if plan.lists_conflict and any(each("lists")):
+    # broadcast state (the broadcast state pattern) is the replica's even beside another input: it reflects the
+    # broadcast input only, and the replica's channel state of that input completes it
+    if plan.lists_conflict and any(each("lists")) and not only_broadcast_state(each("lists")):
         raise RescaleError("its list state reflects a broadcast input and another one: a broadcast input "
                            "needs it replicated, the other split, so it cannot be redistributed")
     state.lists = rescale_lists(each("lists"), plan.parallelism, plan.subtask, replicated=plan.replicated)

@@ -99,8 +99,10 @@ def keyed_tables(state: dict[str, Any], key_groups: range | None = None) -> dict
 
 
 def list_tables(state: dict[str, Any]) -> dict[int, dict[str, list[Any]]]:
-    """The functions' list state as {node: {name: [mode, items]}} (empty in checkpoints without any)."""
-    return {int(node): {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+    """The functions' list state as {node: {name: [mode, items]}} (empty in checkpoints without any); a broadcast
+    state's items are a map (its keys hashable again, as keyed state's)."""
+    return {int(node): {name: [mode, {_hashable(k): v for k, v in items.items()} if isinstance(items, dict)
+                               else list(items)] for name, (mode, items) in tables.items()}
             for node, tables in (state.get("lists") or {}).items()}
 
 

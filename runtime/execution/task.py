@@ -214,6 +214,9 @@ class Task:
         self._generator: WatermarkGenerator | None = None  # a source with watermarks
         self._combiner: WatermarkCombiner | None = None  # a task with inputs
         self._channel_keys = {cid: ch.key for cid, ch in self.gate.channels.items()} if self.gate else {}
+        # the chain input each channel feeds: a two-input head takes its two inputs' channels on two paths
+        self._batch_of = ({cid: chain.input_batch(ch.input_index) for cid, ch in self.gate.channels.items()}
+                          if self.gate else {})
         self._forwarded = MIN_WATERMARK  # the last watermark sent downstream
         self._idle_forwarded = False  # the status last sent downstream
         self._processing_timers_posted = False
@@ -617,7 +620,7 @@ class Task:
             await self._process_timed(reader, channel_id)
             return
         take = reader.take
-        process = self.chain.process_batch
+        process = self._batch_of.get(channel_id, self.chain.process_batch)
         output = self.output
         mailbox = self.mailbox
         op = self._async_op
@@ -780,7 +783,7 @@ class Task:
         the records after it as channel state, and the unfired timers are in the keyed state.
         """
         take = reader.take
-        process = self.chain.process_batch
+        process = self._batch_of.get(channel_id, self.chain.process_batch)
         output = self.output
         mailbox = self.mailbox
         monotonic = time.monotonic

@@ -78,7 +78,9 @@ def rescale_refusal(job: Job, vertices: list[Vertex], edges: list[Edge], old: di
                     "lanes, or subtask_splits = True when its subtasks read independent inputs, see "
                     "runtime/connectors/); keep it at its checkpointed parallelism")
         inputs = [e for e in edges if e.down == vertex.id]
-        stateful = [job.nodes[n].name for n in vertex.nodes if job.nodes[n].kind == "process"]
+        # a broadcast state pattern's own state restores: broadcast state from the replica, keyed state by key
+        # group; a process function in its chain would still hold list state of both inputs
+        stateful = [job.nodes[n].name for n in vertex.nodes if job.nodes[n].kind in ("process", "co_process")]
         if len(inputs) > 1 and any(e.partitioner == "broadcast" for e in inputs) and stateful:
             return (f"{stateful[0]} reads a broadcast input and another one: its list state would have to be "
                     f"replicated for the one and split for the other, so it cannot be restored at parallelism "

@@ -1,9 +1,24 @@
-"""Subpartitions with unlimited credit and the buffers they sent, for tests of what operators emit."""
+"""Subpartitions with unlimited credit and the buffers they sent, and a sink that keeps what it got, for tests of
+what operators emit."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from netstack.credit import ChannelSender, SendData
+from runtime.connectors.sinks import Sink
 from runtime.execution.channels import Subpartition
+
+
+class ListSink(Sink):
+    """Keeps the records written to it, in order (`out`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out: list[Any] = []
+
+    def write(self, record: Any) -> None:
+        self.out.append(record)
 
 
 def make_subs(n: int, capacity: int) -> list[Subpartition]:

@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.api import Job, Node
+from runtime.api.co_functions import copy_items
 from runtime.connectors.sinks import Sink
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.operators.kinds import (
     AsyncKeyedOperator,
-    KeyedProcessOperator,
     Operator,
     OperatorSetup,
     SinkOperator,
@@ -27,6 +27,7 @@ from runtime.execution.operators.kinds import (
 )
 from runtime.execution.operators.record_writer import EmitBatch, RecordWriter
 from runtime.execution.operators.shapes import shape_of
+from runtime.execution.operators.two_input import TWO_INPUT_OPERATORS
 from runtime.state.backend import PendingSnapshot, StateBackend
 from runtime.state.tables import BackendTables
 
@@ -100,20 +101,30 @@ class Chain:
         operators: list[Operator] = []
         start = 1 if self.nodes[0].kind == "source" else 0
         for node in reversed(self.nodes[start:]):
-            nxt = make_operator(node, nxt, setup)
+            two_input = TWO_INPUT_OPERATORS.get(node.kind)
+            nxt = two_input(node, nxt, setup) if two_input is not None else make_operator(node, nxt, setup)
             operators.append(nxt)
         self.operators = operators[::-1]  # in chain order
         self._head = nxt
         self.process_batch: EmitBatch = nxt.inputs[0]
         self.sinks: list[Sink] = [op.sink for op in self.operators if isinstance(op, SinkOperator)]
-        keyed = [op for op in self.operators if isinstance(op, KeyedProcessOperator)]
         # the timers of the keyed operator, if the chain has one (the task fires them)
-        self.timers: TimerFiring | None = keyed[0].timers if keyed else None
+        keyed = [op.timers for op in self.operators if op.timers is not None]
+        self.timers: TimerFiring | None = keyed[0] if keyed else None
         asynchronous = [op.async_operator for op in self.operators if isinstance(op, AsyncKeyedOperator)]
         if len(asynchronous) > 1:
             raise ValueError("a chain runs at most one asynchronous keyed operator")
         # the keyed operator when its function is an AsyncKeyedProcessFunction (runtime/execution/async_operator.py)
         self.async_operator: AsyncOperator | None = asynchronous[0] if asynchronous else None
+
+    def input_batch(self, input_index: int) -> EmitBatch:
+        """The per-batch path of the records of the head's input edge `input_index` (Edge.input_index): a
+        two-input head takes the edges of its first input on `inputs[0]`, of its second on `inputs[1]`
+        (Input.side); any other head takes every edge (a union) on its one input."""
+        head = self.nodes[0]
+        if head.two_input:
+            return self._head.inputs[head.inputs[input_index].side]
+        return self.process_batch
 
     @property
     def records_out(self) -> int:
@@ -208,7 +219,7 @@ class Chain:
 
     def snapshot_lists(self) -> dict[int, dict[str, list[Any]]]:
         """Copies of the list states (items are immutable by contract), for a snapshot."""
-        return {node: {name: [mode, list(items)] for name, (mode, items) in tables.items()}
+        return {node: {name: [mode, copy_items(items)] for name, (mode, items) in tables.items()}
                 for node, tables in self.list_state.items() if tables}
 
     def restore_lists(self, lists: dict[int, dict[str, list[Any]]]) -> None:
@@ -216,7 +227,7 @@ class Chain:
         for node, tables in lists.items():
             table = self.list_state.setdefault(node, {})
             table.clear()
-            table.update({name: [mode, list(items)] for name, (mode, items) in tables.items()})
+            table.update({name: [mode, copy_items(items)] for name, (mode, items) in tables.items()})
 
     # -- life cycle -------------------------------------------------------------
 

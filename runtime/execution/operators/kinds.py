@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api import Context, KeyedContext, KeyedProcessFunction, Node, OperatorContext, ProcessFunction
+from runtime.api import Context, KeyedContext, Node, OperatorContext, ProcessFunction
 from runtime.connectors.sinks import Sink
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.async_state import AsyncKeyedProcessFunction
@@ -51,6 +51,7 @@ class Operator:
 
     ctx: Context | None = None  # the context of a process function (its watermark follows the operator's)
     records_out = 0  # records it sends out of the chain itself (side outputs, a sink's writes)
+    timers: TimerFiring | None = None  # a keyed operator's timers (the task fires them)
 
     def __init__(self, node: Node | None, nxt: Operator | None) -> None:
         self.node = node
@@ -313,13 +314,14 @@ class TimerFiring:
         self.timers.processing.rebuild()
 
 
-def _install_timers(fn: ProcessFunction, kctx: KeyedContext, state: dict[str, Any],
+def _install_timers(fn: Any, kctx: KeyedContext, state: dict[str, Any],
                     flush: Callable[[], None]) -> TimerFiring:
     event = TimerQueue(state.setdefault(TIMER_TABLES[EVENT_TIME], {}))
     processing = TimerQueue(state.setdefault(TIMER_TABLES[PROCESSING_TIME], {}))
     timers = KeyedTimers(event, processing, lambda: kctx.current_key)
     kctx.timers = timers
-    on_timer = fn.on_timer if isinstance(fn, KeyedProcessFunction) else None
+    # a KeyedProcessFunction's, a KeyedCoProcessFunction's...; a plain ProcessFunction on a keyed stream has none
+    on_timer = getattr(fn, "on_timer", None)
 
     def fire(queue: TimerQueue, domain: str, upto: int, limit: int) -> int:
         n = 0

@@ -1,0 +1,189 @@
+"""Two-input tasks on a real cluster (two workers, two slots each, real TCP): connect and broadcast state.
+
+1. Orders joined with payments (KeyedCoProcessFunction), the pairs enriched with rules broadcast to a keyed
+   KeyedBroadcastProcessFunction, into a slow file sink: rescaled 2 -> 3 -> 1 while backpressured, through
+   unaligned checkpoints with data in flight on both inputs of both two-input tasks. Every order id comes out
+   exactly once, and every subtask of every attempt opens with all the rules (the new ones get a copy).
+2. One input far slower than the other, the other backpressured: unaligned checkpoints complete in well under
+   a second (the barrier overtakes what is queued on both inputs) while an aligned one waits behind the fast
+   input's queue until it times out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.connectors.generator import generate_block, key_names
+from runtime.graph.enums import JobState
+from tests.support.checkpoints import history_entry
+from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+
+JOBS = '''
+from runtime.api import DiscardSink, FileSink, GeneratorSource, Job, KeyedBroadcastProcessFunction
+from runtime.api import KeyedCoProcessFunction
+from runtime.examples.connect import RULES, OrderPaymentJoin
+
+
+class Enrich(KeyedBroadcastProcessFunction):
+    """A joined order with the number of rules known and the names of those its id breaks; an "opened" row per
+    subtask and attempt with the rules it started with."""
+
+    def open(self, ctx):
+        ctx.emit(["opened", ctx.subtask_index, ctx.parallelism, sorted(ctx.broadcast_state(RULES).keys())])
+
+    def process_broadcast_element(self, rule, ctx):
+        ctx.broadcast_state(RULES).put(rule[0], rule[1])
+
+    def process_element(self, joined, ctx):
+        rules = ctx.broadcast_state(RULES)
+        broken = sorted(name for name, limit in rules.items() if joined[0] % 1000 > limit)
+        ctx.emit(["joined", *joined, len(rules), broken])
+
+
+class CountBoth(KeyedCoProcessFunction):
+    def open(self, ctx):
+        self.n = ctx.value_state("n", default=0)
+
+    def process1(self, record, ctx):
+        self.n.update(self.n.value() + 1)
+        ctx.emit((record[0], 1, self.n.value()))
+
+    def process2(self, record, ctx):
+        self.n.update(self.n.value() + 1)
+        ctx.emit((record[0], 2, self.n.value()))
+
+
+def pipeline(job: Job) -> None:
+    orders = job.source(GeneratorSource(count={ids}, keys=100, seed=1), name="orders", parallelism=2) \\
+        .map(lambda r: (r[1], r[0]), name="order")
+    payments = job.source(GeneratorSource(count={ids}, keys=3, seed=2), name="payments", parallelism=2) \\
+        .map(lambda r: (r[1], r[0]), name="payment")
+    rules = job.source(GeneratorSource(count=5, keys=5, seed=0), name="rules", parallelism=1) \\
+        .map(lambda r: ("over-%d" % (r[1] * 200), r[1] * 200), name="rule")
+    joined = orders.key_by(lambda o: o[0]).connect(payments.key_by(lambda p: p[0])) \\
+        .process(OrderPaymentJoin(), name="join", parallelism=2)
+    (joined.key_by(lambda j: j[0]).connect(rules.broadcast(RULES))
+        .process(Enrich(), name="enrich", parallelism=2)
+        .sink(FileSink({out!r}, delay_per_record_s=0.0005), name="sink"))
+
+
+def slow_input(job: Job) -> None:
+    fast = job.source(GeneratorSource(count=None, keys=1000, seed=3), name="fast", parallelism=2)
+    slow = job.source(GeneratorSource(count=None, keys=1000, seed=4, records_per_second=50), name="slow",
+                      parallelism=2)
+    (fast.key_by(lambda r: r[0]).connect(slow.key_by(lambda r: r[0]))
+        .process(CountBoth(), name="count", parallelism=2)
+        .sink(DiscardSink(delay_per_record_s=0.0002), name="sink"))
+'''
+
+IDS = 24_000
+CHANNELS = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4, "inflight_target_s": 0}
+
+
+def config(mode: str, interval_s: float | None) -> dict[str, Any]:
+    return {"checkpoint": {"interval_s": interval_s, "mode": mode, "timeout_s": 30.0, "min_pause_s": 0,
+                           "tolerable_failures": 3, "retain": 3}, **CHANNELS}
+
+
+def submit(cluster: Cluster, entry: str, cfg: dict[str, Any]) -> tuple[str, Path]:
+    out = cluster.tmp_path / "out"
+    write_module(cluster.tmp_path, "twoinputjobs", JOBS.format(ids=IDS, out=str(out)))
+    result = cluster.call("submit", {"entry": f"twoinputjobs:{entry}", "config": cfg,
+                                     "sys_path": str(cluster.tmp_path)})
+    return str(result["job_id"]), out
+
+
+def tasks_by_operator(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for t in status["tasks"]:
+        out.setdefault(t["name"].rsplit(" (", 1)[0], []).append(t)
+    return out
+
+
+def wait_backpressured(cluster: Cluster, job_id: str, operator: str, tasks: int) -> None:
+    def running() -> bool:
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] in (JobState.DEPLOYING, JobState.RESTARTING, JobState.RUNNING), (st, logs(cluster))
+        return st["state"] == JobState.RUNNING and len(tasks_by_operator(st).get(operator, [])) == tasks
+
+    poll(running, 60, f"job {job_id} to run {tasks} {operator} tasks")
+    poll(lambda: sum(t["backpressured_s"] for t in tasks_by_operator(
+        cluster.call("status", {"job_id": job_id}))[operator]) >= 0.3, 60, f"{operator} to be backpressured")
+
+
+def rescale(cluster: Cluster, job_id: str, parallelism: int) -> dict[str, Any]:
+    result = cluster.call("rescale", {"job_id": job_id, "parallelism": {"*": parallelism}})
+    assert result["mode"] == "unaligned" and result["inflight_bytes"] > 0, result
+    assert {v["parallelism"] for v in result["vertices"] if v["name"] != "rules -> rule"} == {parallelism}, result
+    return result
+
+
+def expected_pairs() -> dict[int, tuple[str, str]]:
+    customers, methods = key_names(100), key_names(3)
+    orders = [r for b in range(-(-IDS // 1024))
+              for r in generate_block(b, seed=1, keys=customers, cum_weights=None, count=IDS)]
+    payments = [r for b in range(-(-IDS // 1024))
+                for r in generate_block(b, seed=2, keys=methods, cum_weights=None, count=IDS)]
+    return {o[1]: (o[0], p[0]) for o, p in zip(orders, payments, strict=True)}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(running_cluster: Cluster) -> None:
+    cluster = running_cluster
+    job_id, out = submit(cluster, "pipeline", config("unaligned", 0.5))
+    wait_backpressured(cluster, job_id, "join", 2)
+    poll(lambda: sum(t["records_out"] for t in tasks_by_operator(
+        cluster.call("status", {"job_id": job_id}))["rules -> rule"]) == 5, 30, "the rules to be sent")
+    done = cluster.call("status", {"job_id": job_id})["checkpoints_completed"]
+    poll(lambda: cluster.call("status", {"job_id": job_id})["checkpoints_completed"] >= done + 2, 30,
+         "two checkpoints after the rules (every subtask has taken them in by then)")
+    downtimes = [rescale(cluster, job_id, 3)["downtime_s"]]
+    wait_backpressured(cluster, job_id, "join", 3)
+    downtimes.append(rescale(cluster, job_id, 1)["downtime_s"])
+    final = cluster.wait_job(job_id, timeout_s=120)
+    assert final["state"] == JobState.FINISHED and final["attempt"] == 2 and final["restarts"] == 0, (
+        final, logs(cluster))
+    poll(lambda: not committed_rows(out)[1], 15, "the final commit (no in-progress files left)")
+    rows = [json.loads(line) for line, n in committed_rows(out)[0].items() for _ in range(n)]
+    joined = [r for r in rows if r[0] == "joined"]
+    opened = [r for r in rows if r[0] == "opened"]
+    print(f"rescale downtimes {downtimes}, {len(joined)} joined rows, opened {opened}")
+    # every order id once, with its own customer and payment method
+    pairs = expected_pairs()
+    ids = [r[1] for r in joined]
+    assert len(ids) == len(set(ids)) == IDS, (len(ids), len(set(ids)))
+    assert all(pairs[r[1]] == (r[2], r[3]) for r in joined)
+    # the new subtasks of both rescales opened with all five rules; and with them every row is right
+    rules = [f"over-{n * 200}" for n in range(5)]
+    assert sorted((r[1], r[2]) for r in opened) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)], opened
+    assert all(r[3] == rules for r in opened if r[2] != 2), opened
+    assert all(r[5] == sorted(n for n in rules if r[1] % 1000 > int(n[5:])) for r in joined if r[4] == 5)
+    assert sum(r[4] == 5 for r in joined) > IDS // 2, "most rows were joined after the rules arrived"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_slow_input_beside_a_backpressured_one_unaligned_is_fast_aligned_waits(running_cluster: Cluster) -> None:
+    cluster = running_cluster
+    job_id, _ = submit(cluster, "slow_input", {**config("unaligned", None),
+                                               "checkpoint": {**config("unaligned", None)["checkpoint"],
+                                                              "timeout_s": 3.0}})
+    wait_backpressured(cluster, job_id, "fast", 2)
+    for _ in range(2):
+        result = cluster.call("checkpoint", {"job_id": job_id})
+        assert result["status"] == "COMPLETED", (result, logs(cluster))
+        entry = history_entry(cluster, job_id, result["checkpoint_id"])
+        assert entry["mode"] == "unaligned" and entry["duration_s"] < 1.0 and entry["inflight_bytes"] > 0, entry
+    t0 = time.monotonic()
+    result = cluster.call("checkpoint", {"job_id": job_id, "mode": "aligned"})
+    waited = time.monotonic() - t0
+    # the slow input's barrier is there at once; the fast one's waits behind seconds of queued records
+    assert result["status"] == "ABORTED" and "timeout" in result["reason"], result
+    assert waited > 2.5, waited
+    assert cluster.call("cancel", {"job_id": job_id})["state"] == JobState.CANCELLED
