@@ -262,6 +262,15 @@ def window_count_expected(records: Any, o: EventTimeOptions) -> tuple[Any, Any]:
     return firings, late.select("key", F.col("seq").alias("v0"), F.col("event_time_ms").alias("v1"))
 
 
+def records_behind(records: Any) -> tuple[int, Any]:
+    """How many records (that carry their watermark `wm`) arrive behind it, and the first of them in read order."""
+    from pyspark.sql import functions as F
+
+    behind = records.filter(F.col("wm").isNotNull() & (F.col("event_time_ms") <= F.col("wm")))
+    count = behind.count()
+    return count, behind.orderBy("file_index", "row_index").first() if count else None
+
+
 def session_count_expected(records: Any, o: EventTimeOptions) -> Any:
     """Firings (key, start, end, count) of event-time sessions over records that carry their watermark `wm`;
     DataError if a record arrives behind the watermark (then sessions could fire more than once)."""
@@ -269,10 +278,8 @@ def session_count_expected(records: Any, o: EventTimeOptions) -> Any:
     from pyspark.sql import functions as F
 
     assert o.gap_ms is not None
-    behind = records.filter(F.col("wm").isNotNull() & (F.col("event_time_ms") <= F.col("wm")))
-    count = behind.count()
+    count, first = records_behind(records)
     if count:
-        first = behind.orderBy("file_index", "row_index").first()
         raise DataError(
             f"session-count needs an input where no record is behind the watermark (event time <= max event "
             f"time read before it - max delay - 1); {count:,} records are, the first seq {first['seq']} "

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.data.spark import DataError
-from runtime.data.verify import EventTimeOptions, read_in_source_order, with_watermark
+from runtime.data.verify import EventTimeOptions, read_in_source_order, records_behind, with_watermark
 
 JOIN_QUERIES = ("interval-join", "window-join")
 
@@ -69,12 +69,8 @@ def window_join_expected(left: Any, right: Any, o: EventTimeOptions) -> Any:
 
 
 def _refuse_records_behind(records: Any, query: str, flag: str, max_delay_ms: int) -> None:
-    from pyspark.sql import functions as F
-
-    behind = records.filter(F.col("wm").isNotNull() & (F.col("event_time_ms") <= F.col("wm")))
-    count = behind.count()
+    count, first = records_behind(records)
     if count:
-        first = behind.orderBy("file_index", "row_index").first()
         raise DataError(
             f"{query} needs inputs where no record is behind its source's watermark (event time <= max event "
             f"time read before it - max delay - 1): in {flag}, {count:,} records are, the first seq {first['seq']} "
