@@ -10,9 +10,10 @@ the key a fixed hash of seq over --keys keys (different hashes on the two sides)
 sink. Both engines run on this machine with the same records: Sluice on a local cluster (a coordinator and 2
 workers with 2 slots each), Flink on its local mini cluster.
 
-- throughput: --records per side, bounded, no checkpoints. Sluice: both sides' records over the time from
-  the moment every task reports running to the job's end (status polled every 0.1 s). Flink: over the job's
-  net run time (JobExecutionResult). Median and slowest of --repeat runs.
+- throughput: --records per side, bounded, no checkpoints: both sides' records over the job's run time.
+  Sluice: from the submit call to the job's end (status polled every 0.1 s; deployment included). Flink: the
+  job's net run time (JobExecutionResult; its deployment and Python workers' start included). Median and
+  slowest of --repeat runs.
 - checkpoints: unbounded sources, a per-pair cost that backpressures them (--checkpoint-cost-us), unaligned
   checkpoints every 1 s; after --warmup s, the durations (trigger to last acknowledgement) of the checkpoints
   triggered in the next --seconds s. Median and slowest over all of them, from --repeat runs.
@@ -117,9 +118,10 @@ def _sluice(job_settings: dict[str, Any], measure: Any) -> dict[str, Any]:
         cluster.stop()
 
 
-async def _submit(cluster: Any, config: dict[str, Any]) -> tuple[str, float]:
-    """Submit the job; returns its id and the time at which every task reported running."""
+async def _submit(cluster: Any, config: dict[str, Any]) -> tuple[str, float, float]:
+    """Submit the job; returns its id, when it was submitted and when every task reported running."""
     await cluster.wait_workers()
+    submitted = time.monotonic()
     job_id = (await cluster.call("submit", {"entry": "bench_joins:build", "name": "bench-joins", "config": config,
                                             "sys_path": SCRIPTS}))["job_id"]
     deadline = time.monotonic() + 60
@@ -128,19 +130,19 @@ async def _submit(cluster: Any, config: dict[str, Any]) -> tuple[str, float]:
         if st["state"] in ("FAILED", "CANCELLED"):
             raise RuntimeError(f"job {job_id} {st['state']}: {st.get('error')}")
         if st["state"] in ("RUNNING", "FINISHED") and len(st["tasks"]) == st["tasks_total"]:
-            return job_id, time.monotonic()
+            return job_id, submitted, time.monotonic()
         await asyncio.sleep(0.05)
     raise RuntimeError(f"job {job_id} did not report its tasks within 60 s")
 
 
 def sluice_throughput(records: int, keys: int, lower: int, upper: int) -> dict[str, Any]:
     async def measure(cluster: Any) -> dict[str, Any]:
-        job_id, running = await _submit(cluster, {})
+        job_id, submitted, _ = await _submit(cluster, {})
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             st = await cluster.call("status", {"job_id": job_id})
             if st["state"] == "FINISHED":
-                seconds = time.monotonic() - running
+                seconds = time.monotonic() - submitted
                 return {"engine": "sluice", "records": 2 * records, "seconds": seconds,
                         "records_per_s": 2 * records / seconds}
             if st["state"] in ("FAILED", "CANCELLED"):
@@ -156,7 +158,7 @@ def sluice_checkpoints(keys: int, lower: int, upper: int, cost_us: float, warmup
     async def measure(cluster: Any) -> dict[str, Any]:
         config = {"checkpoint": {"interval_s": 1.0, "mode": "unaligned", "timeout_s": 10.0,
                                  "tolerable_failures": 1000, "min_pause_s": 0}}
-        job_id, running = await _submit(cluster, config)
+        job_id, _, running = await _submit(cluster, config)
         await asyncio.sleep(warmup)
         t0 = time.monotonic()
         await asyncio.sleep(seconds)
@@ -183,13 +185,15 @@ def sluice_checkpoints(keys: int, lower: int, upper: int, cost_us: float, warmup
 # -- Flink runs -------------------------------------------------------------------------------------------
 
 
-def flink(python: str, *args: str) -> dict[str, Any]:
+def flink(python: str, *args: str) -> list[dict[str, Any]]:
+    """The Flink job's figures as a one-item list; empty (and the reason on stderr) when it failed."""
     proc = subprocess.run([python, os.path.join(SCRIPTS, "flink_interval_join_job.py"), *args],
                           capture_output=True, text=True, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the Flink job failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return dict(json.loads(lines[-1]))
+        print(f"the Flink job failed ({proc.returncode}): {proc.stderr[-3000:]}", file=sys.stderr)
+        return []
+    return [dict(json.loads(lines[-1]))]
 
 
 # -- report -----------------------------------------------------------------------------------------------
@@ -215,14 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.repeat):
         runs["sluice throughput"].append(sluice_throughput(args.records, args.keys, args.lower, args.upper))
         if args.flink_python:
-            runs["flink throughput"].append(flink(args.flink_python, "--mode", "throughput", "--records",
-                                                  str(args.records), *shape))
+            runs["flink throughput"] += flink(args.flink_python, "--mode", "throughput", "--records",
+                                              str(args.records), *shape)
         runs["sluice checkpoints"].append(sluice_checkpoints(args.keys, args.lower, args.upper,
                                                              args.checkpoint_cost_us, args.warmup, args.seconds))
         if args.flink_python:
-            runs["flink checkpoints"].append(flink(
+            runs["flink checkpoints"] += flink(
                 args.flink_python, "--mode", "checkpoint", "--cost-us", str(args.checkpoint_cost_us), "--warmup",
-                str(args.warmup), "--seconds", str(args.seconds), *shape))
+                str(args.warmup), "--seconds", str(args.seconds), *shape)
         print(f"round {i + 1}/{args.repeat} done", file=sys.stderr)
 
     print(f"interval join, {args.records:,} records per side, {args.keys} keys, bounds [{args.lower}, {args.upper}] "

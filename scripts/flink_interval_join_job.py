@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     conf.set_string("rest.port", str(port))
     conf.set_string("parallelism.default", str(args.parallelism))
     conf.set_string("web.checkpoints.history", "1000")
+    conf.set_string("python.executable", sys.executable)  # the Python workers: this venv's, which has pyflink
+    conf.set_string("python.client.executable", sys.executable)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(args.parallelism)
     if args.mode == "checkpoint":
