@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from runtime.api import (
     BoundedOutOfOrderness,
     BroadcastStateError,
+    CoProcessFunction,
     GeneratorSource,
     Job,
     KeyedBroadcastProcessFunction,
@@ -26,6 +27,7 @@ from runtime.checkpointing.restore_plan import assemble, plan_restore
 from runtime.checkpointing.snapshots import channel_key, decode_operator_state, encode_operator_state
 from runtime.examples.connect import RULES, ApplyRules, OrderPaymentJoin
 from runtime.execution.operators import Chain
+from runtime.execution.watermarks import IDLE, WatermarkCombiner
 from runtime.graph.job_config import JobConfig
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.graph.plan import Plan, apply_parallelism, chain_graph
@@ -221,3 +223,37 @@ def test_a_rescaled_keyed_broadcast_task_takes_keys_by_group_and_its_replicas_ru
                 seen_events += [tuple(r) for r in msgpack.Unpacker(BytesIO(stream))]
     assert sorted(seen_keys) == sorted(keys)
     assert sorted(seen_events) == sorted(tuple(r) for rs in events_in_flight.values() for r in rs)
+
+
+def test_the_watermark_is_the_minimum_over_both_inputs_and_an_idle_input_does_not_hold_it_back() -> None:
+    """A two-input task combines the channels of both inputs (edge 0: orders from two producers, edge 1:
+    payments from one); the operator gets the result."""
+    combiner = WatermarkCombiner(["0:0:0", "0:1:0", "1:0:0"])
+    assert combiner.on_marker("0:0:0", 100).watermark is None
+    assert combiner.on_marker("0:1:0", 120).watermark is None  # the payments input has no watermark yet
+    assert combiner.on_marker("1:0:0", 90).watermark == 90
+    assert combiner.on_marker("1:0:0", 300).watermark == 100  # now the orders hold it back
+    assert combiner.on_marker("0:0:0", 500).watermark == 120
+    assert combiner.on_marker("1:0:0", IDLE).watermark is None  # idle payments: the orders alone decide
+    assert combiner.on_marker("0:1:0", 700).watermark == 500
+    chain, _, _ = join_chain(timed=True, fn=Expire())
+    chain.forward_watermark(combiner.current)
+    assert chain.operators[0].ctx is not None and chain.operators[0].ctx.current_watermark == 500
+
+
+def test_list_state_beside_a_broadcast_input_is_still_refused_on_a_rescale() -> None:
+    """A CoProcessFunction fed by a broadcast stream and another one: its list state would need both rules."""
+    class Both(CoProcessFunction):
+        def process1(self, record: Any, ctx: Any) -> None:
+            pass
+
+        def process2(self, record: Any, ctx: Any) -> None:
+            pass
+
+    job = Job("co")
+    a = job.source(GeneratorSource(count=1), name="a", parallelism=2)
+    b = job.source(GeneratorSource(count=1), name="b", parallelism=2)
+    a.connect(b.broadcast()).process(Both(), name="both").sink(ListSink(), name="out")
+    vertices, edges = chain_graph(job)
+    refusal = rescale_refusal(job, vertices, edges, {0: 2, 1: 2, 2: 3, 3: 3})
+    assert refusal is not None and refusal.startswith("both reads a broadcast input and another one"), refusal
