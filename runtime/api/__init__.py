@@ -27,6 +27,7 @@ from runtime.api.functions import (
     TimerService,
     ValueState,
 )
+from runtime.api.interval_join import LATE_LEFT, LATE_RIGHT, IntervalJoinFunction
 from runtime.api.state import (
     AggregateFunction,
     AggregatingState,
@@ -79,4 +80,5 @@ __all__ = [
     "CoProcessFunction", "KeyedCoProcessFunction", "BroadcastProcessFunction", "KeyedBroadcastProcessFunction",
     "MapStateDescriptor", "BroadcastState", "BroadcastStateError", "BroadcastContext", "KeyedBroadcastContext",
     "BroadcastStream", "ConnectedStreams",
+    "LATE_LEFT", "LATE_RIGHT", "IntervalJoinFunction",
 ]

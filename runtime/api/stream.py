@@ -237,6 +237,25 @@ class DataStream:
         stream._unioned = [*self._unioned, *others]
         return stream
 
+    def join(self, other: DataStream) -> TwoStreams:
+        """A window join: `a.join(b).where(ka).equal_to(kb).window(assigner).apply(fn)` (runtime/api/joins.py)."""
+        return TwoStreams(self, other, "join")
+
+    def co_group(self, other: DataStream) -> TwoStreams:
+        """A window co-group: `a.co_group(b).where(ka).equal_to(kb).window(assigner).apply(fn)`."""
+        return TwoStreams(self, other, "co_group")
+
+    def interval_join(self, other: DataStream) -> IntervalJoin:
+        """An interval join of two keyed streams: `a.key_by(f).interval_join(b.key_by(g)).between(lo, hi)
+        .process(fn)` (runtime/api/interval_join.py)."""
+        for which, stream in (("left", self), ("right", other)):
+            if not isinstance(stream, KeyedStream):
+                raise JobDefinitionError(f"interval_join: the {which} stream is not keyed; an interval join needs "
+                                         "two keyed streams: a.key_by(f).interval_join(b.key_by(g))")
+        if other.job is not self.job:
+            raise JobDefinitionError("interval_join needs two streams of the same job")
+        return IntervalJoin(self, other)  # type: ignore[arg-type]
+
     def sink(self, sink: Sink, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
         """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
@@ -347,4 +366,6 @@ class ConnectedStreams:
                                  f"BroadcastProcessFunction or a KeyedBroadcastProcessFunction, got {fn!r}")
 
 
+from runtime.api.interval_join import IntervalJoin  # noqa: E402 - joins build on the classes above
+from runtime.api.joins import TwoStreams  # noqa: E402 - joins build on the classes above
 from runtime.api.windows import WindowAssigner, WindowedStream  # noqa: E402 - windows build on the classes above

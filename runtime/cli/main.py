@@ -420,8 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
     dv.add_argument("--output", required=True, help="the job's FileSink directory")
-    dv.add_argument("--query", choices=["wordcount", "window-count", "session-count"], default="wordcount")
-    dv.add_argument("--window-ms", type=_positive, help="window-count: window size")
+    dv.add_argument("--query", choices=["wordcount", "window-count", "session-count", "interval-join", "window-join"],
+                    default="wordcount")
+    dv.add_argument("--right-input", help="interval-join, window-join: the second (right) Parquet input")
+    dv.add_argument("--lower-ms", type=int, help="interval-join: lower bound of right time - left time (inclusive)")
+    dv.add_argument("--upper-ms", type=int, help="interval-join: upper bound of right time - left time (inclusive)")
+    dv.add_argument("--window-ms", type=_positive, help="window-count, window-join: window size")
     dv.add_argument("--slide-ms", type=_positive, help="window-count: slide of sliding windows (default: tumbling)")
     dv.add_argument("--max-delay-ms", type=int, default=0,
                     help="window-count, session-count: the source's bounded out-of-orderness (default 0)")

@@ -54,7 +54,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     options = EventTimeOptions(window_ms=args.window_ms, slide_ms=args.slide_ms, max_delay_ms=args.max_delay_ms,
                                allowed_lateness_ms=args.allowed_lateness_ms, gap_ms=args.gap_ms,
-                               late_output=args.late_output)
+                               late_output=args.late_output, right_input=args.right_input,
+                               lower_ms=args.lower_ms, upper_ms=args.upper_ms)
     check_verify_args(args.input, args.output, args.query, options)
     spark = _session(args)
     try:

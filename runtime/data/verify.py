@@ -6,7 +6,8 @@ its visible part files (`part-*`; in-progress files start with a dot and are
 never read). Output rows are compared as a multiset, and every output line
 falls in exactly one class:
 
-- the first copy of an expected row: correct;
+- the first copy of an expected row: correct (the first n, for a row
+  expected n times: window-join);
 - a further copy of an expected row: a duplicate (N copies count N - 1);
 - a row that is not expected at all (including lines that do not parse as
   a row of the query's shape): wrong, every copy counted.
@@ -28,6 +29,8 @@ Queries (rows are JSON arrays, as FileSink writes tuples):
 - session-count (--gap-ms G [--max-delay-ms D]): every firing
   [key, session_start, session_end, count] of event-time session windows.
   Needs an input where no record arrives behind the watermark.
+- interval-join, window-join (--right-input R ...): rows [key, left_seq,
+  right_seq] of a join of two inputs; see runtime/data/verify_joins.py.
 
 The rules of the windowed queries (watermarks, window assignment, lateness,
 firing) are stated and simulated in runtime/data/event_time.py; here they
@@ -51,7 +54,7 @@ from runtime.data.spark import DataError
 
 EXAMPLES = 5  # rows shown per kind of difference
 KINDS = ("missing", "duplicate", "wrong")
-QUERIES = ("wordcount", "window-count", "session-count")
+QUERIES = ("wordcount", "window-count", "session-count", "interval-join", "window-join")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class EventTimeOptions:
     allowed_lateness_ms: int = 0
     gap_ms: int | None = None
     late_output: str | None = None  # the late-records side output's FileSink directory, if it is to be checked
+    right_input: str | None = None  # the joins: the second input (--input is the left one)
+    lower_ms: int | None = None  # interval-join: the bounds, inclusive
+    upper_ms: int | None = None
 
     def describe(self, query: str) -> str:
         """The parameters that shape `query`'s result, for the summary line ('' for wordcount)."""
@@ -72,6 +78,11 @@ class EventTimeOptions:
             return f" ({shape}, max delay {self.max_delay_ms} ms, lateness {self.allowed_lateness_ms} ms)"
         if query == "session-count":
             return f" (gap {self.gap_ms} ms, max delay {self.max_delay_ms} ms)"
+        if query == "interval-join":
+            return f" (bounds [{self.lower_ms}, {self.upper_ms}] ms, max delay {self.max_delay_ms} ms)"
+        if query == "window-join":
+            shape = f"window {self.window_ms} ms" + (f", slide {self.slide_ms} ms" if self.slide_ms else "")
+            return f" ({shape}, max delay {self.max_delay_ms} ms)"
         return ""
 
 
@@ -90,24 +101,34 @@ def check_verify_args(input: str, output: str, query: str, options: EventTimeOpt
         raise DataError(f"no output directory at {output}")
     if opts.late_output is not None and not os.path.isdir(opts.late_output):
         raise DataError(f"no late-output directory at {opts.late_output}")
+    if opts.right_input is not None and not list_input_files(opts.right_input, (".parquet",)):
+        raise DataError(f"no Parquet files under {opts.right_input} (--right-input)")
 
 
 def _check_options(query: str, o: EventTimeOptions) -> None:
     given = {"--window-ms": o.window_ms is not None, "--slide-ms": o.slide_ms is not None,
              "--max-delay-ms": o.max_delay_ms != 0, "--allowed-lateness-ms": o.allowed_lateness_ms != 0,
-             "--gap-ms": o.gap_ms is not None, "--late-output": o.late_output is not None}
+             "--gap-ms": o.gap_ms is not None, "--late-output": o.late_output is not None,
+             "--right-input": o.right_input is not None, "--lower-ms": o.lower_ms is not None,
+             "--upper-ms": o.upper_ms is not None}
     allowed = {"wordcount": set(),
                "window-count": {"--window-ms", "--slide-ms", "--max-delay-ms", "--allowed-lateness-ms",
                                 "--late-output"},
-               "session-count": {"--gap-ms", "--max-delay-ms", "--late-output"}}[query]
+               "session-count": {"--gap-ms", "--max-delay-ms", "--late-output"},
+               "interval-join": {"--right-input", "--lower-ms", "--upper-ms", "--max-delay-ms"},
+               "window-join": {"--right-input", "--window-ms", "--slide-ms", "--max-delay-ms"}}[query]
     extra = [name for name, set_ in given.items() if set_ and name not in allowed]
     if extra:
         raise DataError(f"--query {query} takes no {', '.join(extra)}")
     if o.max_delay_ms < 0 or o.allowed_lateness_ms < 0:
         raise DataError("--max-delay-ms and --allowed-lateness-ms must be >= 0")
-    if query == "window-count":
+    if query.endswith("-join") and o.right_input is None:
+        raise DataError(f"--query {query} joins two inputs: give the second with --right-input")
+    if query == "interval-join" and (o.lower_ms is None or o.upper_ms is None or o.lower_ms > o.upper_ms):
+        raise DataError("--query interval-join needs --lower-ms and --upper-ms with lower <= upper")
+    if query in ("window-count", "window-join"):
         if o.window_ms is None or o.window_ms <= 0:
-            raise DataError("--query window-count needs --window-ms > 0")
+            raise DataError(f"--query {query} needs --window-ms > 0")
         if o.slide_ms is not None and not 0 < o.slide_ms <= o.window_ms:
             raise DataError(f"--slide-ms must be > 0 and at most --window-ms ({o.window_ms}), got {o.slide_ms}")
     if query == "session-count" and (o.gap_ms is None or o.gap_ms <= 0):
@@ -241,6 +262,15 @@ def window_count_expected(records: Any, o: EventTimeOptions) -> tuple[Any, Any]:
     return firings, late.select("key", F.col("seq").alias("v0"), F.col("event_time_ms").alias("v1"))
 
 
+def records_behind(records: Any) -> tuple[int, Any]:
+    """How many records (that carry their watermark `wm`) arrive behind it, and the first of them in read order."""
+    from pyspark.sql import functions as F
+
+    behind = records.filter(F.col("wm").isNotNull() & (F.col("event_time_ms") <= F.col("wm")))
+    count = behind.count()
+    return count, behind.orderBy("file_index", "row_index").first() if count else None
+
+
 def session_count_expected(records: Any, o: EventTimeOptions) -> Any:
     """Firings (key, start, end, count) of event-time sessions over records that carry their watermark `wm`;
     DataError if a record arrives behind the watermark (then sessions could fire more than once)."""
@@ -248,10 +278,8 @@ def session_count_expected(records: Any, o: EventTimeOptions) -> Any:
     from pyspark.sql import functions as F
 
     assert o.gap_ms is not None
-    behind = records.filter(F.col("wm").isNotNull() & (F.col("event_time_ms") <= F.col("wm")))
-    count = behind.count()
+    count, first = records_behind(records)
     if count:
-        first = behind.orderBy("file_index", "row_index").first()
         raise DataError(
             f"session-count needs an input where no record is behind the watermark (event time <= max event "
             f"time read before it - max delay - 1); {count:,} records are, the first seq {first['seq']} "
@@ -310,14 +338,20 @@ def read_output(spark: Any, files: list[str], width: int = 1) -> Any:
     return out
 
 
-def compare(spark: Any, expected: Any, files: list[str], width: int) -> dict[str, Any]:
+def compare(spark: Any, expected: Any, files: list[str], width: int, *, repeats: bool = False) -> dict[str, Any]:
     """Counts (expected_rows, output_rows, missing, duplicate, wrong) and examples of comparing the rows in
-    `files` with `expected` (key, v0, ...) as multisets."""
+    `files` with `expected` (key, v0, ...) as multisets. `repeats`: an expected row may be there n > 1 times
+    (window-join: a pair in several sliding windows); then n copies are correct, fewer are missing ones and
+    more duplicates. Without it expected rows are distinct, which spares an aggregation."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     names = [f"v{i}" for i in range(width)]
     exp = expected.select(F.col("key").alias("e_key"), *(F.col(n).alias(f"e_{n}") for n in names))
+    if repeats:
+        exp = exp.groupBy(*exp.columns).agg(F.count(F.lit(1)).alias("e_copies"))
+    else:
+        exp = exp.withColumn("e_copies", F.lit(1).cast("long"))
     out = read_output(spark, files, width)
     # Unparsable lines (a null value) are grouped by their text, so each distinct one is its own wrong row.
     unparsed = F.lit(False)
@@ -333,13 +367,15 @@ def compare(spark: Any, expected: Any, files: list[str], width: int) -> dict[str
     rows = (exp.join(got, on, "full_outer")
             .select(F.coalesce("e_key", "key").alias("key"), *(F.coalesce(f"e_{n}", n).alias(n) for n in names),
                     F.col(f"e_{names[0]}").isNotNull().alias("expected"),
-                    F.coalesce("copies", F.lit(0)).alias("copies"), "line"))
-    kinds = {"missing": F.col("expected") & (F.col("copies") == 0),
-             "duplicate": F.col("expected") & (F.col("copies") > 1),
+                    F.coalesce("copies", F.lit(0)).alias("copies"), F.coalesce("e_copies", F.lit(0)).alias("wanted"),
+                    "line"))
+    copies, wanted = F.col("copies"), F.col("wanted")
+    kinds = {"missing": F.col("expected") & (copies < wanted),
+             "duplicate": F.col("expected") & (copies > wanted),
              "wrong": ~F.col("expected")}
-    weights = {"missing": F.lit(1), "duplicate": F.col("copies") - 1, "wrong": F.col("copies")}
+    weights = {"missing": wanted - copies, "duplicate": copies - wanted, "wrong": copies}
     totals = rows.agg(
-        F.sum(F.when(F.col("expected"), 1).otherwise(0)).alias("expected_rows"),
+        F.sum("wanted").alias("expected_rows"),
         F.sum("copies").alias("output_rows"),
         *(F.sum(F.when(cond, weights[kind]).otherwise(0)).alias(kind) for kind, cond in kinds.items()),
     ).first()
@@ -376,6 +412,15 @@ def verify(spark: Any, input: str, output: str, query: str = "wordcount",
         found = compare(spark, wordcount_expected(spark.read.parquet(input)), files, 1)
         return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
                             output_files=len(files), seconds=time.monotonic() - started, **found)
+    if query.endswith("-join"):
+        from runtime.data.verify_joins import join_expected  # it builds on this module
+
+        assert opts.right_input is not None
+        files = output_files(output)
+        found = compare(spark, join_expected(spark, query, input, opts.right_input, opts), files, 2,
+                        repeats=query == "window-join")
+        return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
+                            output_files=len(files), seconds=time.monotonic() - started, params=params, **found)
     # The watermark pass is the expensive one; both comparisons and the session check read its result.
     records = with_watermark(read_in_source_order(spark, input), opts.max_delay_ms).persist(
         StorageLevel.MEMORY_AND_DISK)

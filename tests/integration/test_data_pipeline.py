@@ -23,9 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from runtime.cli.main import main
 from runtime.cli.processes import child_env
 from runtime.connectors.files import ParquetSource
 from runtime.connectors.generator import EVENT_TIME_START_MS, key_names, zipf_cum_weights
+from runtime.data import commands
 from runtime.data.event_time import session_count, window_count
 from runtime.data.generate import generate
 from runtime.data.spark import DataError, find_java, start_session, stop_session
@@ -284,6 +286,54 @@ def test_windowed_verify_on_a_hand_computed_input(spark: Any, tmp_path: Path) ->
         verify(spark, inp, str(tmp_path / "sessions"), "session-count", EventTimeOptions(gap_ms=5))
 
 
+def test_join_verify_counts_a_missing_and_a_duplicated_pair_and_exits_1(
+        spark: Any, uniform: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Left: the shared uniform input (in order); right: another seed, event times up to 30 ms out of order.
+    right = tmp_path / "right"
+    generate(spark, str(right), rows=5000, keys=KEYS, partitions=2, seed=9, jitter_ms=30)
+    lefts, rights = read_rows(uniform), read_rows(right)
+    by_key: dict[str, list[tuple[int, int]]] = {}
+    for seq, key, ts in rights:
+        by_key.setdefault(key, []).append((ts, seq))
+    interval = [(key, ls, rs) for ls, key, lt in lefts for rt, rs in by_key.get(key, ()) if lt - 3 <= rt <= lt + 5]
+
+    def starts(ts: int) -> range:  # sliding 20 ms windows every 10 ms
+        return range(ts - ts % 10 - 10, ts - ts % 10 + 1, 10)
+
+    windows: dict[tuple[str, int], list[int]] = {}
+    for seq, key, ts in rights:
+        for start in starts(ts):
+            windows.setdefault((key, start), []).append(seq)
+    window = [(key, ls, rs) for ls, key, lt in lefts for start in starts(lt) for rs in windows.get((key, start), ())]
+    assert len(interval) > 500 and len(window) > len(set(window)) > 500  # sliding: a pair in two windows
+
+    interval_opts = EventTimeOptions(right_input=str(right), lower_ms=-3, upper_ms=5, max_delay_ms=30)
+    window_opts = EventTimeOptions(right_input=str(right), window_ms=20, slide_ms=10, max_delay_ms=30)
+    for query, rows, opts in (("interval-join", interval, interval_opts), ("window-join", window, window_opts)):
+        ok = verify(spark, str(uniform), str(write_rows(tmp_path / query, [rows[::2], rows[1::2]])), query, opts)
+        assert ok.ok and ok.expected_rows == len(rows), ok.report()
+    assert ok.summary().startswith(f"verify window-join (window 20 ms, slide 10 ms, max delay 30 ms): "
+                                   f"{len(window):,} expected rows")
+
+    # The CLI's exit status and line, in this process (the shared session stays up).
+    monkeypatch.setattr(commands, "stop_session", lambda session: None)
+    args = ["data", "verify", "--input", str(uniform), "--query", "interval-join", "--right-input", str(right),
+            "--lower-ms", "-3", "--upper-ms", "5", "--max-delay-ms", "30", "--output"]
+    missing = write_rows(tmp_path / "missing", [interval[:7] + interval[8:]])
+    assert main([*args, str(missing)]) == 1
+    line = capsys.readouterr().out.splitlines()[0]
+    assert re.match(rf"verify interval-join \(bounds \[-3, 5\] ms, max delay 30 ms\): {len(interval):,} expected "
+                    rf"rows, {len(interval) - 1:,} output rows: 1 missing, 0 duplicate, 0 wrong -> FAILED", line), line
+    duplicated = write_rows(tmp_path / "duplicated", [interval + [interval[3]]])
+    assert main([*args, str(duplicated)]) == 1
+    assert ": 0 missing, 1 duplicate, 0 wrong -> FAILED" in capsys.readouterr().out
+    # With max delay 0 the right input has records behind its watermark: refused, exit status 2.
+    assert main([*args[:-2], "0", "--output", str(missing)]) == 2
+    assert re.match(r"sluice data verify: interval-join needs inputs where no record is behind its source's "
+                    r"watermark \(.*\): in --right-input, [0-9,]+ records are", capsys.readouterr().err)
+
+
 def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runtime.cli", "data", *args], cwd=cwd,
                           env=env or child_env("unused", None), capture_output=True, text=True, timeout=180)
@@ -329,6 +379,10 @@ def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
     r = _cli(["verify", "--input", "missing", "--output", "out", "--query", "session-count", "--gap-ms", "5",
               "--allowed-lateness-ms", "3"], tmp_path)
     assert r.returncode == 2 and "--query session-count takes no --allowed-lateness-ms" in r.stderr, r.stderr
+    r = _cli(["verify", "--input", "missing", "--output", "out", "--query", "interval-join", "--lower-ms", "0",
+              "--upper-ms", "5"], tmp_path)
+    assert r.returncode == 2 and "--query interval-join joins two inputs: give the second with --right-input" \
+        in r.stderr, r.stderr
 
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "notes.txt").write_text("keep me")

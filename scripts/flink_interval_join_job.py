@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""The join benchmark's interval join on Apache Flink (PyFlink 2.x), for side-by-side figures.
+
+Run with the Python of a venv that has `apache-flink` installed (never Sluice's); scripts/bench_joins.py
+starts it as a subprocess with `--flink-python`. The same shape and records as `bench_joins:build`: two
+sources (parallelism 2; NumberSequenceSource mapped in Python to (key, seq, event_time_ms) with the same fixed
+hashes as Sluice's job, event time 1_700_000_000_000 + seq, monotonous watermarks), keyed by key, joined by a
+KeyedCoProcessFunction in Python (parallelism 2) that is Flink's IntervalJoinOperator algorithm (MapState
+buffers per side, event-time clean-up timers; PyFlink's DataStream API has no interval_join of its own), into
+a discarding sink. Each pair costs a busy-wait of `--cost-us`.
+
+--mode throughput: `--records` per side, no checkpoints; prints records (both sides) per second of the job's
+net run time. --mode checkpoint: unbounded sources, unaligned checkpoints every `--interval` s under the
+backpressure the per-pair cost makes; after `--warmup` s, the durations of the checkpoints triggered in the
+next `--seconds` s (trigger to last acknowledgement) from the mini cluster's REST API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+import urllib.request
+from typing import Any
+
+T0 = 1_700_000_000_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rest(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("throughput", "checkpoint"), default="throughput")
+    parser.add_argument("--records", type=int, default=200_000, help="per side (throughput)")
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--lower", type=int, default=-5)
+    parser.add_argument("--upper", type=int, default=5)
+    parser.add_argument("--cost-us", type=float, default=0.0)
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--warmup", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--parallelism", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    from pyflink.common import Configuration, Duration, Types, WatermarkStrategy  # only in the Flink venv
+    from pyflink.common.watermark_strategy import TimestampAssigner
+    from pyflink.datastream import CheckpointingMode, KeyedCoProcessFunction, StreamExecutionEnvironment
+    from pyflink.datastream.connectors.base import Sink
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+    from pyflink.datastream.state import MapStateDescriptor
+    from pyflink.java_gateway import get_gateway
+
+    port = free_port()
+    conf = Configuration()
+    conf.set_string("rest.port", str(port))
+    conf.set_string("parallelism.default", str(args.parallelism))
+    conf.set_string("web.checkpoints.history", "1000")
+    conf.set_string("python.executable", sys.executable)  # the Python workers: this venv's, which has pyflink
+    conf.set_string("python.client.executable", sys.executable)
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.set_parallelism(args.parallelism)
+    if args.mode == "checkpoint":
+        env.enable_checkpointing(int(args.interval * 1000), CheckpointingMode.EXACTLY_ONCE)
+        cp = env.get_checkpoint_config()
+        cp.enable_unaligned_checkpoints(True)
+        cp.set_checkpoint_timeout(10_000)
+        cp.set_tolerable_checkpoint_failure_number(1000)
+        cp.set_max_concurrent_checkpoints(1)
+        cp.set_min_pause_between_checkpoints(0)
+    keys, lower, upper, cost_s = args.keys, args.lower, args.upper, args.cost_us / 1e6
+    left_keep, right_keep = max(upper, 0), max(-lower, 0)
+    row = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])
+
+    def left_record(seq: int) -> tuple[str, int, int]:
+        return f"k{(seq * 2654435761) % keys:03d}", seq, T0 + seq
+
+    def right_record(seq: int) -> tuple[str, int, int]:
+        return f"k{(seq * 40503 + 17) % keys:03d}", seq, T0 + seq
+
+    class EventTime(TimestampAssigner):  # type: ignore[misc]
+        def extract_timestamp(self, value: Any, record_timestamp: int) -> int:
+            return int(value[2])
+
+    class IntervalJoin(KeyedCoProcessFunction):  # type: ignore[misc]
+        """Flink's IntervalJoinOperator in Python: buffer per side by timestamp, join on arrival, clean up
+        when the watermark passes the end of a record's interval."""
+
+        def open(self, runtime_context: Any) -> None:
+            entries = Types.PICKLED_BYTE_ARRAY()  # a list of records per timestamp
+            self.left = runtime_context.get_map_state(MapStateDescriptor("left", Types.LONG(), entries))
+            self.right = runtime_context.get_map_state(MapStateDescriptor("right", Types.LONG(), entries))
+
+        def _join(self, value: Any, ctx: Any, is_left: bool) -> Any:
+            ts = value[2]
+            if ts <= ctx.timer_service().current_watermark():
+                return
+            own, other = (self.left, self.right) if is_left else (self.right, self.left)
+            low, high = (ts + lower, ts + upper) if is_left else (ts - upper, ts - lower)
+            for other_ts, entries in other.items():
+                if low <= other_ts <= high:
+                    for o in entries:
+                        end = time.perf_counter() + cost_s
+                        while time.perf_counter() < end:
+                            pass
+                        yield (value[0], value[1], o[1]) if is_left else (value[0], o[1], value[1])
+            own.put(ts, [*(own.get(ts) or []), value])
+            ctx.timer_service().register_event_time_timer(ts + (left_keep if is_left else right_keep))
+
+        def process_element1(self, value: Any, ctx: Any) -> Any:
+            yield from self._join(value, ctx, True)
+
+        def process_element2(self, value: Any, ctx: Any) -> Any:
+            yield from self._join(value, ctx, False)
+
+        def on_timer(self, timestamp: int, ctx: Any) -> Any:
+            self.left.remove(timestamp - left_keep)
+            self.right.remove(timestamp - right_keep)
+            return iter(())
+
+    end = args.records - 1 if args.mode == "throughput" else 2**62
+    watermarks = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)) \
+        .with_timestamp_assigner(EventTime())
+    left = env.from_source(NumberSequenceSource(0, end), WatermarkStrategy.no_watermarks(), "left") \
+        .map(left_record, output_type=row).assign_timestamps_and_watermarks(watermarks)
+    right = env.from_source(NumberSequenceSource(0, end), WatermarkStrategy.no_watermarks(), "right") \
+        .map(right_record, output_type=row).assign_timestamps_and_watermarks(watermarks)
+    discard = Sink(get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink())
+    (left.key_by(lambda r: r[0], key_type=Types.STRING())
+        .connect(right.key_by(lambda r: r[0], key_type=Types.STRING()))
+        .process(IntervalJoin(), output_type=Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()]))
+        .sink_to(discard))
+
+    if args.mode == "throughput":
+        result = env.execute("flink-interval-join-throughput")
+        net_s = result.get_net_runtime() / 1000.0
+        print(json.dumps({"engine": "flink", "mode": "throughput", "records": 2 * args.records, "net_runtime_s": net_s,
+                          "records_per_s": 2 * args.records / net_s}))
+        return 0
+    client = env.execute_async("flink-interval-join-checkpoints")
+    job_id = str(client.get_job_id())
+    try:
+        started = time.time()
+        window_start_ms = (started + args.warmup) * 1000
+        window_end_ms = window_start_ms + args.seconds * 1000
+        while time.time() * 1000 < window_end_ms:
+            time.sleep(0.5)
+        deadline = time.time() + 12
+        while True:
+            history = rest(port, f"/jobs/{job_id}/checkpoints")["history"]
+            window = [h for h in history if window_start_ms <= h["trigger_timestamp"] < window_end_ms]
+            if all(h["status"] in ("COMPLETED", "FAILED") for h in window) or time.time() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        client.cancel()
+    durations = [h["end_to_end_duration"] / 1000 for h in window if h["status"] == "COMPLETED"]
+    print(json.dumps({"engine": "flink", "mode": "checkpoint", "completed": len(durations),
+                      "failed": sum(1 for h in window if h["status"] == "FAILED"),
+                      "durations_s": sorted(durations), "inflight_bytes": [h.get("persisted_data") for h in window]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

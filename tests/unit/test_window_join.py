@@ -1,0 +1,252 @@
+"""Window joins and co-groups (runtime/api/joins.py) through a real Chain (keyed state, timer queues, the real
+tag maps of the job graph), against an incremental brute-force model of the documented semantics over random
+out-of-order inputs with late records, on tumbling, sliding and session windows."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.api import (
+    LATE_DATA,
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    BoundedOutOfOrderness,
+    EventTimeSessionWindows,
+    GeneratorSource,
+    Job,
+    JobDefinitionError,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
+from runtime.api.windows import WindowAssigner
+from runtime.execution.operators import Chain, RecordWriter
+from runtime.state.registry import make_backend
+from runtime.state.rocksdb import available as rocksdb_available
+from tests.support.buffers import make_subs, sent
+
+Rec = tuple[str, int, int]  # (key, timestamp, id)
+
+
+def decode(sub: Any) -> list[Any]:
+    unpacker = msgpack.Unpacker(use_list=False, raw=False)
+    for data, _, _ in sent(sub):
+        unpacker.feed(data)
+    return [x for x in unpacker if isinstance(x, tuple)]
+
+
+class JoinHarness:
+    """Two event-time sources -> a window join or co-group, its keyed operator in a Chain driven by hand. Records
+    enter through the job graph's own tag maps, as the task running them would send them on."""
+
+    def __init__(self, build: Any, state_backend: Any = None) -> None:
+        job = Job()
+        strategy = BoundedOutOfOrderness(max_delay_ms=0, timestamp=lambda r: r[1])
+        left = job.source(GeneratorSource(count=1), watermarks=strategy)
+        right = job.source(GeneratorSource(count=1), watermarks=strategy)
+        joined = build(left, right)
+        joined.side_output(LATE_DATA).map(lambda r: r, name="late")
+        node = job.nodes[joined.node_id]
+        self.tag = {side: job.nodes[inp.node].payload for side, inp in zip("lr", node.inputs, strict=True)}
+        self.main, self.late = make_subs(1, 1 << 20), make_subs(1, 1 << 20)
+        main_w = RecordWriter(self.main, "forward", None, job.max_parallelism, 0)
+        late_w = RecordWriter(self.late, "forward", None, job.max_parallelism, 0)
+        late_w.side_output = (joined.node_id, LATE_DATA.name)
+        self.chain = Chain(job, [joined.node_id], subtask_index=0, parallelism=1, attempt=0,
+                           outputs=[main_w, late_w], state_backend=state_backend)
+        self.chain.open()
+
+    def record(self, side: str, rec: Rec) -> None:
+        self.chain.process_batch([(rec[1], self.tag[side](rec))])
+
+    def watermark(self, wm: int) -> None:
+        timers = self.chain.timers
+        assert timers is not None
+        timers.set_watermark(wm)
+        while timers.fire_event(wm, 5):
+            pass
+        self.chain.forward_watermark(wm)
+
+    def outputs(self) -> list[Any]:
+        return decode(self.main[0])
+
+    def late_records(self) -> list[Any]:
+        return [x[1] for x in decode(self.late[0])]
+
+
+def join_of(assigner: WindowAssigner, fn: Any = None) -> Any:
+    return lambda a, b: a.join(b).where(lambda r: r[0]).equal_to(lambda r: r[0]).window(assigner).apply(fn)
+
+
+def sorted_groups(lefts: list[Rec], rights: list[Rec]) -> list[Any]:
+    return [(tuple(sorted(lefts)), tuple(sorted(rights)))]
+
+
+def co_group_of(assigner: WindowAssigner) -> Any:
+    return lambda a, b: (a.co_group(b).where(lambda r: r[0]).equal_to(lambda r: r[0]).window(assigner)
+                         .apply(sorted_groups))
+
+
+def test_join_pairs_the_records_of_both_sides_in_a_window_and_stamps_them_with_its_end() -> None:
+    h = JoinHarness(join_of(TumblingEventTimeWindows(10)))
+    h.record("l", ("a", 1, 1))
+    h.record("r", ("a", 4, 2))
+    h.record("r", ("a", 8, 3))
+    h.record("l", ("b", 2, 4))  # no right record of b: nothing
+    h.record("r", ("a", 12, 5))  # next window, no left record there
+    h.watermark(9)
+    assert h.outputs() == [(9, (("a", 1, 1), ("a", 4, 2))), (9, (("a", 1, 1), ("a", 8, 3)))]
+    h.record("l", ("a", 3, 6))  # its window fired: late, tagged as a left record
+    h.watermark(MAX_WATERMARK)
+    assert h.outputs() == []
+    assert h.late_records() == [(0, ("a", 3, 6))]
+
+
+def test_co_group_fires_for_one_sided_windows_too() -> None:
+    h = JoinHarness(co_group_of(TumblingEventTimeWindows(10)))
+    h.record("l", ("a", 1, 1))
+    h.record("r", ("b", 2, 2))
+    h.record("r", ("a", 3, 3))
+    h.watermark(MAX_WATERMARK)
+    assert sorted(h.outputs()) == [(9, ((), (("b", 2, 2),))), (9, ((("a", 1, 1),), (("a", 3, 3),)))]
+
+
+def test_join_with_a_custom_function_and_sessions_that_a_right_record_bridges() -> None:
+    h = JoinHarness(join_of(EventTimeSessionWindows(5), lambda left, right: left[2] * 100 + right[2]))
+    h.record("l", ("a", 0, 1))
+    h.record("l", ("a", 8, 2))  # a session of its own: [8, 13)
+    h.record("r", ("a", 4, 3))  # [4, 9) bridges [0, 5) and [8, 13): one session [0, 13)
+    h.watermark(MAX_WATERMARK)
+    assert sorted(h.outputs()) == [(12, 103), (12, 203)]
+
+
+def test_bad_join_definitions_are_refused_when_the_job_is_built() -> None:
+    job, other = Job(), Job()
+    a = job.source(GeneratorSource(count=1))
+    with pytest.raises(JobDefinitionError, match="same job"):
+        a.join(other.source(GeneratorSource(count=1)))
+    with pytest.raises(JobDefinitionError, match="window assigner"):
+        a.join(a).where(len).equal_to(len).window(10)  # type: ignore[arg-type]
+    with pytest.raises(JobDefinitionError, match="key function"):
+        a.co_group(a).where(3)  # type: ignore[arg-type]
+    with pytest.raises(JobDefinitionError, match="co_group.apply needs"):
+        a.co_group(a).where(len).equal_to(len).window(TumblingEventTimeWindows(5)).apply()
+
+
+# -- the model ---------------------------------------------------------------------------------------------
+
+
+def window_join_model(events: list[tuple[Any, ...]], assigner: WindowAssigner) -> tuple[Counter, list]:
+    """The documented semantics, incrementally and naively: per key the open windows with their records; a
+    record is late for a window whose end - 1 <= watermark; overlapping sessions merge; a window fires (and
+    goes) when the watermark reaches end - 1. Returns (Counter of (ts, lefts, rights) groups, late records)."""
+    wm = MIN_WATERMARK
+    open_windows: dict[str, list[list[Any]]] = {}  # key -> [start, end, lefts, rights]
+    groups: Counter = Counter()
+    late = []
+
+    def fire(upto: int) -> None:
+        for windows in open_windows.values():
+            for w in [w for w in windows if w[1] - 1 <= upto]:
+                groups[(w[1] - 1, tuple(sorted(w[2])), tuple(sorted(w[3])))] += 1
+                windows.remove(w)
+
+    for event in events:
+        if event[0] == "w":
+            wm = max(wm, event[1])
+            fire(wm)
+            continue
+        side, rec = event
+        windows = open_windows.setdefault(rec[0], [])
+        added = False
+        for start, end in assigner.assign(rec[1]):
+            if end - 1 <= wm:
+                continue
+            added = True
+            lefts, rights = [], []
+            if assigner.merging:  # absorb every open session the new one overlaps
+                for w in [w for w in windows if w[0] < end and start < w[1]]:
+                    windows.remove(w)
+                    start, end = min(start, w[0]), max(end, w[1])
+                    lefts += w[2]
+                    rights += w[3]
+            match = next((w for w in windows if w[0] == start and w[1] == end), None)
+            if match is None:
+                match = [start, end, lefts, rights]
+                windows.append(match)
+            match[2 if side == "l" else 3].append(rec)
+        if not added:
+            late.append((0 if side == "l" else 1, rec))
+    fire(MAX_WATERMARK)
+    return groups, late
+
+
+@st.composite
+def streams(draw: Any) -> list[tuple[Any, ...]]:
+    """Records of two sides over two keys, out of order, with watermarks that overtake some of them."""
+    n = draw(st.integers(1, 40))
+    events: list[tuple[Any, ...]] = []
+    wm = MIN_WATERMARK
+    for i in range(n):
+        if draw(st.integers(0, 4)) == 0:
+            wm = max(wm, draw(st.integers(0, 60)))
+            events.append(("w", wm))
+        rec = (draw(st.sampled_from("ab")), draw(st.integers(0, 60)), i)
+        events.append((draw(st.sampled_from("lr")), rec))
+    return events
+
+
+ASSIGNERS = st.sampled_from([TumblingEventTimeWindows(10), TumblingEventTimeWindows(7, 3),
+                             SlidingEventTimeWindows(10, 5), SlidingEventTimeWindows(9, 4),
+                             EventTimeSessionWindows(4), EventTimeSessionWindows(9)])
+
+
+def drive(h: JoinHarness, events: list[tuple[Any, ...]]) -> None:
+    for event in events:
+        if event[0] == "w":
+            h.watermark(event[1])
+        else:
+            h.record(*event)
+    h.watermark(MAX_WATERMARK)
+
+
+@settings(max_examples=120, deadline=None)
+@given(events=streams(), assigner=ASSIGNERS)
+def test_co_group_matches_the_model(events: list[tuple[Any, ...]], assigner: WindowAssigner) -> None:
+    h = JoinHarness(co_group_of(assigner))
+    drive(h, events)
+    expected, late = window_join_model(events, assigner)
+    got = Counter((ts, lefts, rights) for ts, (lefts, rights) in h.outputs())
+    assert got == expected
+    assert h.late_records() == late
+
+
+@settings(max_examples=120, deadline=None)
+@given(events=streams(), assigner=ASSIGNERS)
+def test_join_matches_the_model(events: list[tuple[Any, ...]], assigner: WindowAssigner) -> None:
+    h = JoinHarness(join_of(assigner))
+    drive(h, events)
+    groups, late = window_join_model(events, assigner)
+    expected = Counter((ts, (left, right)) for (ts, lefts, rights), n in groups.items()
+                       for left in lefts for right in rights for _ in range(n))
+    assert Counter(h.outputs()) == expected
+    assert h.late_records() == late
+
+
+@pytest.mark.skipif(not rocksdb_available(), reason="rocksdict is not installed")
+def test_window_join_on_rocksdb_matches_the_memory_path(tmp_path: Any) -> None:
+    events: list[tuple[Any, ...]] = [("l", ("a", 1, 1)), ("r", ("a", 3, 2)), ("w", 5), ("r", ("a", 7, 3)),
+                                     ("l", ("a", 12, 4)), ("r", ("b", 2, 5)), ("l", ("a", 4, 6))]
+    outputs = []
+    for backend in (None, make_backend("rocksdb", range(128), work_dir=str(tmp_path / "w"), options={})):
+        h = JoinHarness(join_of(SlidingEventTimeWindows(10, 5)), state_backend=backend)
+        drive(h, events)
+        outputs.append(Counter(h.outputs()))
+        h.chain.close()
+    assert outputs[0] == outputs[1]
+    assert outputs[0][(9, (("a", 1, 1), ("a", 3, 2)))] == 1
