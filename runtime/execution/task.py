@@ -603,8 +603,10 @@ class Task:
                 gate.consumed(channel_id)
                 await asyncio.sleep(0)  # fairness between tasks of this worker
             else:
-                if op is not None and op.drain and item.body.get("t") == "barrier":
-                    await self._quiesce()  # drain: the records before an aligned barrier finish first
+                if op is not None and op.drain and item.body.get("t") in ("barrier", "end"):
+                    # drain: the records before an aligned barrier finish first; so do those before a
+                    # channel's end, which completes an alignment waiting only for that channel
+                    await self._quiesce()
                 self._on_inband_event(channel_id, item)
 
     async def _process_buffer(self, channel_id: int, buffer: Buffer) -> None:
