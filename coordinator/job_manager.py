@@ -350,8 +350,10 @@ class JobManager:
         assert plan is not None
         involved = sorted(set(plan.placement.values()))
         tasks = frozenset(f"{v.id}:{i}" for v in plan.vertices for i in range(v.parallelism))
+        # the graph by operator uid (runtime/graph/operator_ids.py): what a restore into another version maps by
         job_info = {"entry": job.entry, "name": job.name,
-                    "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism} for v in plan.vertices]}
+                    "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism, "nodes": list(v.nodes)}
+                                 for v in plan.vertices], **plan.graph}
 
         def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
             job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from runtime.api import JobDefinitionError
 from runtime.graph.job_config import JobConfig
+from runtime.graph.operator_ids import graph_document
 from runtime.graph.plan import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
 
 
@@ -35,7 +36,7 @@ def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str
         job_id=job_id, attempt=attempt, entry=entry, name=name, sys_path=sys_path, channel_base=channel_base,
         vertices=vertices, edges=edges, placement=placement,
         workers={w.worker_id: [w.host, w.data_port] for w in workers if w.worker_id in used},
-        config=config,
+        config=config, graph=graph_document(job, vertices, edges),
     )
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runtime.api import Job, JobDefinitionError, Node
 from runtime.graph.job_config import JobConfig
+from runtime.graph.operator_ids import assign_uids
 from runtime.graph.restore_spec import RestoreSpec
 
 
@@ -51,6 +52,7 @@ def build_job(entry: str, name: str | None = None, parallelism: Mapping[str, int
         raise JobLoadError(f"{entry} raised while building the job: {type(exc).__name__}: {exc}") from exc
     if not job.nodes:
         raise JobDefinitionError(f"{entry} defined no operators")
+    assign_uids(job)
     if parallelism:
         apply_parallelism(job, parallelism)
     return job
@@ -58,15 +60,15 @@ def build_job(entry: str, name: str | None = None, parallelism: Mapping[str, int
 
 def apply_parallelism(job: Job, overrides: Mapping[str, int]) -> None:
     """`--parallelism N` ("*": N) sets every operator's parallelism, `--parallelism NAME=N` one operator's
-    (by name, winning over "*"). Raises JobDefinitionError for an unknown name or a graph that no longer fits
+    (by name or uid, winning over "*"). Raises JobDefinitionError for an unknown name or a graph that no longer fits
     (a forward edge between operators of different parallelism)."""
     names = {n.name for n in job.nodes}
-    unknown = sorted(set(overrides) - names - {"*"})
+    unknown = sorted(set(overrides) - names - {n.uid for n in job.nodes} - {"*"})
     if unknown:
         raise JobDefinitionError(f"--parallelism names no operator {', '.join(unknown)}; the job has "
                                  f"{', '.join(sorted(names))}")
-    for node in job.nodes:
-        p = overrides.get(node.name, overrides.get("*"))
+    for node in job.nodes:  # by uid or by name (the uid wins), else "*"
+        p = overrides.get(node.uid, overrides.get(node.name, overrides.get("*")))
         if p is None:
             continue
         if not isinstance(p, int) or p < 1 or p > job.max_parallelism:
@@ -214,6 +216,8 @@ class Plan:
     workers: dict[str, list[Any]]  # worker id -> [host, data_port]
     config: JobConfig
     restore: RestoreSpec | None = None  # the checkpoint this attempt starts from
+    # the coordinator's record of the graph for checkpoints' `_metadata` (operator_ids.graph_document); not sent
+    graph: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "entry": self.entry, "name": self.name,
