@@ -394,7 +394,8 @@ class Coordinator(BaseLinkHandler):
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
         if restore_path:
-            plan.restore = await self.manager.restore_spec(restore_path, plan)
+            plan = await self.manager.restored_plan(job, restore_path, plan)
+            assert plan.restore is not None
             job.restored_from = restore_path
             job.restored_checkpoint_id = plan.restore.checkpoint_id
             # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore

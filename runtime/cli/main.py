@@ -129,6 +129,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
     c.add_argument("--retain", type=_positive, default=3, help="completed checkpoints kept (3)")
     c.add_argument("--restore", metavar="PATH", help="start from this checkpoint or savepoint directory")
+    c.add_argument("--allow-non-restored-state", action="store_true",
+                   help="with --restore: drop the state of operators (by uid) the job no longer has, instead of "
+                        "refusing the checkpoint (README: Evolving a job)")
     p.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", default=[],
                    help="run every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism; "
                         "with --restore the checkpoint is redistributed to it")
@@ -223,7 +226,8 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
             **_async_state_config(args),
-            **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {})}
+            **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {}),
+            **({"allow_non_restored_state": True} if getattr(args, "allow_non_restored_state", False) else {})}
 
 
 def _state_config(args: argparse.Namespace) -> dict[str, Any]:
