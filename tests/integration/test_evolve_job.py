@@ -1,4 +1,5 @@
-"""A job that changes, on a real cluster: `sluice upgrade` stops version 1 with a savepoint and starts version 2
+"""A job that changes, on a real cluster. A rescale to one parallelism of a job whose operators ran at different
+ones keeps its tasks apart (issue 20 item 3). And `sluice upgrade` stops version 1 with a savepoint and starts version 2
 from it. Version 2 adds a keyed operator, renames the count (its uid kept; its node id changes and lands on the
 removed operator's) and removes a stateful operator, which is refused until --allow-non-restored-state. The
 committed output is exact: every key's counts 1..N once across both versions, and the added operator counts
@@ -14,7 +15,15 @@ import pytest
 
 from netstack.errors import RpcError
 from tests.support.checkpoints import checkpoint_config, read_metadata
-from tests.support.cluster import Cluster, generator_counts, logs, poll, sluice, write_module
+from tests.support.cluster import (
+    Cluster,
+    assert_running_counts,
+    generator_counts,
+    logs,
+    poll,
+    sluice,
+    write_module,
+)
 
 WORDS, KEYS, SEED = 12_000, 40, 5
 
@@ -55,6 +64,13 @@ def v1(job: Job) -> None:
     src.key_by(lambda r: r[0]).process(Audit(), name="Audit").uid("audit").sink(DiscardSink()).uid("audit-out")
     (src.key_by(lambda r: r[0]).process(Count(), name="Count").uid("count")
         .sink(FileSink(OUT)).uid("out"))
+
+
+def uneven(job: Job) -> None:
+    # the source at 1 and the parse at 2: two tasks joined by a rebalance; at one parallelism they would chain
+    (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}, records_per_second=3000), parallelism=1)
+        .map(lambda r: r, parallelism=2, name="parse")
+        .key_by(lambda r: r[0]).process(Count(), parallelism=2).sink(FileSink(OUT), parallelism=2))
 
 
 def v2(job: Job) -> None:
@@ -115,3 +131,24 @@ def test_upgrade_adds_renames_and_removes_operators_with_exact_output(running_cl
     for key, pairs in since.items():  # the added operator started empty: 1, 2, ... from its first record
         first = min(n for n, _ in pairs)
         assert sorted(pairs) == [(first + i, i + 1) for i in range(len(pairs))], key
+
+
+@pytest.mark.integration
+def test_a_rescale_to_one_parallelism_keeps_tasks_that_ran_at_different_ones_apart(running_cluster: Cluster) -> None:
+    """`sluice rescale JOB --parallelism 3` of GeneratorSource (1) -> parse (2): at 3 they would chain, which used
+    to be refused ("would be chained into one ... cannot enter a chain in its middle"); they stay two tasks, what
+    was in flight between them restored onto their edge, and the output is exact."""
+    cluster = running_cluster
+    out = cluster.tmp_path / "out"
+    write_module(cluster.tmp_path, "evolvejobs", JOBS.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
+    config = checkpoint_config("unaligned", timeout_s=30.0, interval_s=0.3)
+    job = str(cluster.call("submit", {"entry": "evolvejobs:uneven", "name": "uneven", "config": config,
+                                      "sys_path": str(cluster.tmp_path)})["job_id"])
+    poll(lambda: committed(out)[0], 60, "the job to commit output")
+    proc = sluice(cluster, "rescale", job, "--parallelism", "3")
+    assert proc.returncode == 0 and "downtime" in proc.stdout, (proc.stdout, proc.stderr, logs(cluster))
+    assert [(v["name"], v["parallelism"]) for v in cluster.call("status", {"job_id": job})["vertices"]] == [
+        ("GeneratorSource", 3), ("parse", 3), ("Count -> FileSink", 3)]
+    final = cluster.wait_job(job, timeout_s=120)
+    assert final["state"] == "FINISHED", (final, logs(cluster))
+    assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))
