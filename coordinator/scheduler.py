@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from runtime.api import JobDefinitionError
 from runtime.graph.job_config import JobConfig
+from runtime.graph.operator_ids import graph_document
 from runtime.graph.plan import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
 
 
@@ -19,14 +20,14 @@ class WorkerSlots:
 
 
 def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: JobConfig,
-              workers: list[WorkerSlots], channel_base: int) -> Plan:
+              workers: list[WorkerSlots], channel_base: int, groups: Mapping[int, int] | None = None) -> Plan:
     """Build the job graph from the entry point and place its subtasks on `workers`.
 
     Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
     """
     ensure_on_path(sys_path)  # the submitter's directory, as on the workers
     job = build_job(entry, name, config.parallelism)
-    vertices, edges = chain_graph(job)
+    vertices, edges = chain_graph(job, groups)
     if not workers:
         raise JobDefinitionError("no workers are registered")
     placement = place_subtasks(vertices, [(w.worker_id, w.slots) for w in workers])
@@ -35,7 +36,7 @@ def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str
         job_id=job_id, attempt=attempt, entry=entry, name=name, sys_path=sys_path, channel_base=channel_base,
         vertices=vertices, edges=edges, placement=placement,
         workers={w.worker_id: [w.host, w.data_port] for w in workers if w.worker_id in used},
-        config=config,
+        config=config, graph=graph_document(job, vertices, edges),
     )
 
 

@@ -59,6 +59,9 @@ class Node:
     watermarks: BoundedOutOfOrderness | None = None  # for sources with event time
     # a broadcast process function: the broadcast states its broadcast input was made with
     broadcast_descriptors: tuple[MapStateDescriptor, ...] = ()
+    # the operator's stable id (`.uid("...")`): its state in a checkpoint belongs to it across versions of the
+    # job; "" until set, then build_job fills in the default (runtime/graph/operator_ids.py)
+    uid: str = ""
 
     @property
     def two_input(self) -> bool:
@@ -148,6 +151,21 @@ class DataStream:
     def _inputs(self, side: int = 0) -> list[Input]:
         streams = [self, *self._unioned]
         return [Input(s.node_id, s._partitioner, s._key_fn, s._tag, side) for s in streams]
+
+    def uid(self, uid: str) -> DataStream:
+        """Name the operator that produced this stream for good: its state in a checkpoint or savepoint belongs
+        to this id, so a later version of the job restores it even when the operator's name, its neighbours or
+        the chaining changed (README, Evolving a job). Unique within the job, non-empty. Without one, an id
+        derived from the operator's position is used (runtime/graph/operator_ids.py)."""
+        if not isinstance(uid, str) or not uid.strip():
+            raise JobDefinitionError(f"uid must be a non-empty string, got {uid!r}")
+        node = self.job.nodes[self.node_id]
+        taken = next((n for n in self.job.nodes if n.uid == uid and n is not node), None)
+        if taken is not None:
+            raise JobDefinitionError(f"uid {uid!r} of {node.name} is already the uid of {taken.name}: uids are "
+                                     "unique within a job")
+        node.uid = uid
+        return self
 
     def side_output(self, tag: OutputTag) -> DataStream:
         """The values this stream's operator sent to `tag` with `ctx.output(tag, value)` (late records of a

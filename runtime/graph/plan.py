@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runtime.api import Job, JobDefinitionError, Node
 from runtime.graph.job_config import JobConfig
+from runtime.graph.operator_ids import assign_uids
 from runtime.graph.restore_spec import RestoreSpec
 
 
@@ -51,6 +52,7 @@ def build_job(entry: str, name: str | None = None, parallelism: Mapping[str, int
         raise JobLoadError(f"{entry} raised while building the job: {type(exc).__name__}: {exc}") from exc
     if not job.nodes:
         raise JobDefinitionError(f"{entry} defined no operators")
+    assign_uids(job)
     if parallelism:
         apply_parallelism(job, parallelism)
     return job
@@ -58,15 +60,15 @@ def build_job(entry: str, name: str | None = None, parallelism: Mapping[str, int
 
 def apply_parallelism(job: Job, overrides: Mapping[str, int]) -> None:
     """`--parallelism N` ("*": N) sets every operator's parallelism, `--parallelism NAME=N` one operator's
-    (by name, winning over "*"). Raises JobDefinitionError for an unknown name or a graph that no longer fits
+    (by name or uid, winning over "*"). Raises JobDefinitionError for an unknown name or a graph that no longer fits
     (a forward edge between operators of different parallelism)."""
     names = {n.name for n in job.nodes}
-    unknown = sorted(set(overrides) - names - {"*"})
+    unknown = sorted(set(overrides) - names - {n.uid for n in job.nodes} - {"*"})
     if unknown:
         raise JobDefinitionError(f"--parallelism names no operator {', '.join(unknown)}; the job has "
                                  f"{', '.join(sorted(names))}")
-    for node in job.nodes:
-        p = overrides.get(node.name, overrides.get("*"))
+    for node in job.nodes:  # by uid or by name (the uid wins), else "*"
+        p = overrides.get(node.uid, overrides.get(node.name, overrides.get("*")))
         if p is None:
             continue
         if not isinstance(p, int) or p < 1 or p > job.max_parallelism:
@@ -115,7 +117,15 @@ def _resolve_partitioner(up: Node, down: Node, explicit: str | None) -> str:
     return "forward" if up.parallelism == down.parallelism else "rebalance"
 
 
-def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
+def chain_graph(job: Job, groups: Mapping[int, int] | None = None) -> tuple[list[Vertex], list[Edge]]:
+    """Chain the job's operators into vertices and join them with edges.
+
+    `groups` (node id -> the task it ran in when a checkpoint was taken, for the operators the checkpoint
+    holds) keeps the checkpoint's task boundaries: a chain never holds operators of two old tasks, so a former
+    network edge stays one whatever the parallelisms now, and a restore never has to push what was in flight
+    between two tasks into the middle of a chain. A chain may still split (its ends now run at different
+    parallelisms): nothing was in flight inside it. Operators added since (no group) chain as usual."""
+    groups = groups or {}
     nodes = job.nodes
     consumers: dict[int, list[int]] = {n.id: [] for n in nodes}  # of the main output (side outputs are edges)
     for n in nodes:
@@ -133,14 +143,20 @@ def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
 
     head_of: dict[int, int] = {}
     chains: dict[int, list[int]] = {}
+    group_of_chain: dict[int, int | None] = {}
     for n in nodes:  # creation order is topological
-        if chains_to_upstream(n):
-            head = head_of[n.inputs[0].node]
-            head_of[n.id] = head
-            chains[head].append(n.id)
-        else:
-            head_of[n.id] = n.id
+        head = head_of[n.inputs[0].node] if chains_to_upstream(n) else n.id
+        group = groups.get(n.id)
+        if head != n.id and None not in (group, group_of_chain[head]) and group != group_of_chain[head]:
+            head = n.id  # it ran in another task than the chain's operators: keep the network edge
+        head_of[n.id] = head
+        if head == n.id:
             chains[n.id] = [n.id]
+            group_of_chain[n.id] = group
+        else:
+            chains[head].append(n.id)
+            if group_of_chain[head] is None:
+                group_of_chain[head] = group
     vertex_of_head = {head: i for i, head in enumerate(chains)}
     vertices = [Vertex(i, ids, nodes[ids[0]].parallelism, " -> ".join(nodes[x].name for x in ids))
                 for i, ids in enumerate(chains.values())]
@@ -214,6 +230,8 @@ class Plan:
     workers: dict[str, list[Any]]  # worker id -> [host, data_port]
     config: JobConfig
     restore: RestoreSpec | None = None  # the checkpoint this attempt starts from
+    # the coordinator's record of the graph for checkpoints' `_metadata` (operator_ids.graph_document); not sent
+    graph: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "entry": self.entry, "name": self.name,
