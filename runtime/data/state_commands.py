@@ -97,6 +97,17 @@ def _bootstrap(args: argparse.Namespace) -> int:
         raise DataError("--parallelism must be at least 1")
     graph, max_parallelism = graph_of_job(args.job)
     target_in(graph, args.uid, max_parallelism, f"job {args.job}")
+    if "://" not in args.source:  # a local input's columns are checked before Spark starts
+        import pyarrow.dataset as ds
+
+        from runtime.data.state_processor import check_columns
+
+        try:
+            names = ds.dataset(args.source, format="parquet").schema.names
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{args.source}: cannot read it as Parquet ({exc})") from None
+        check_columns(names, args.source, key_col=args.key_col, value_col=args.value_col,
+                      state_name=args.state_name)
     spark = _session(args)
     try:
         result = bootstrap(spark, args.source, args.out, uid=args.uid, job=args.job, key_col=args.key_col,
