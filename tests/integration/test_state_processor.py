@@ -21,7 +21,7 @@ import pytest
 
 from runtime.checkpointing.snapshots import decode_channel_state
 from runtime.connectors.generator import key_names
-from runtime.data.checkpoint_state import open_checkpoint, split_records
+from runtime.data.checkpoint_state import open_checkpoint, split_records, state_rows
 from runtime.data.spark import find_java, start_session, stop_session
 from runtime.data.state_processor import bootstrap, read_state
 from tests.support.checkpoints import checkpoint_config, checkpoint_dir, install_jobs, start_backpressured
@@ -109,8 +109,10 @@ def test_bootstrapped_counts_continue_exactly_through_a_kill(spark: Any, cluster
                       f"{dict(list(wrong.items())[:3])}"
 
 
-def test_read_lists_the_in_flight_records_of_an_unaligned_checkpoint(spark: Any, cluster: Cluster) -> None:
+def test_read_lists_the_in_flight_records_of_an_unaligned_checkpoint_and_round_trips_its_state(
+        spark: Any, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     install_jobs(cluster)
+    monkeypatch.syspath_prepend(str(cluster.tmp_path))
     cluster.start(2)
     job_id = start_backpressured(cluster, "cpjobs:slow", checkpoint_config("unaligned"))
     result = cluster.call("checkpoint", {"job_id": job_id})
@@ -139,6 +141,16 @@ def test_read_lists_the_in_flight_records_of_an_unaligned_checkpoint(spark: Any,
     # every persisted record is listed once, and the files holding them are what the checkpoint accounted
     assert listed == records > 0
     assert file_bytes == figures
+
+    # read -> Parquet -> bootstrap: the new savepoint holds exactly the keyed state that was read
+    count = next(op["uid"] for op in cp.metadata["operators"] if op["name"] == "Count")
+    rows = cluster.tmp_path / "rows"
+    read_state(spark, path, count).write.parquet(str(rows))
+    again = cluster.tmp_path / "again"
+    bootstrap(spark, str(rows), str(again), uid=count, job="cpjobs:slow", key_col="key")
+    original = sorted(map(repr, state_rows(cp, count, "value")))
+    assert len(original) > 100
+    assert sorted(map(repr, state_rows(open_checkpoint(str(again)), count, "value"))) == original
 
 
 def sluice_state(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

