@@ -214,14 +214,6 @@ class TaskCheckpointer:
             if exc is not None:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
                 return
-            written = fut.result()
-            if kind == "state":
-                run.state_bytes += written.bytes
-                if run.backend is not None:
-                    run.files["backend"] = run.backend
-                    run.state_bytes += int(run.backend.get("uploaded_bytes", 0))
-            else:
-                run.inflight_bytes += written.bytes
             self._maybe_finish(run)
 
         write.add_done_callback(done)
@@ -230,6 +222,15 @@ class TaskCheckpointer:
         if run.acked or not run.inputs_done or not run.out_written or not all(w.done() for w in run.writes):
             return
         run.acked = True
+        # figures and the backend's handle from the writes themselves, as the checksums below: the done callback
+        # that acks may run before another write's own callback (the in-flight figure came out short, and the
+        # handle could be missing from the ack)
+        written = [w.result() for w in run.writes if not w.cancelled() and w.exception() is None]
+        run.inflight_bytes = sum(w.bytes for w in written if not w.path.endswith(".state"))
+        run.state_bytes = sum(w.bytes for w in written if w.path.endswith(".state"))
+        if run.backend is not None:  # set on the writer thread before the state file's write completed
+            run.files["backend"] = run.backend
+            run.state_bytes += int(run.backend.get("uploaded_bytes", 0))
         async_s = max(0.0, time.monotonic() - run.started - run.sync_s)
         first_barrier_s = max(0.0, run.first_barrier_wall - run.spec.started_at)
         backend = run.backend

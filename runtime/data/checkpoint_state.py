@@ -27,6 +27,7 @@ backend restores those), so the new savepoint is self-contained.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import shutil
 import tempfile
@@ -37,7 +38,6 @@ from typing import Any
 
 import msgpack
 
-from coordinator.storage import CorruptCheckpoint, LocalCheckpointStorage
 from runtime.checkpointing import backend_snapshots
 from runtime.checkpointing.snapshots import (
     CorruptState,
@@ -47,7 +47,7 @@ from runtime.checkpointing.snapshots import (
     read_file,
 )
 from runtime.common import objectstore
-from runtime.common.checksums import checksum
+from runtime.common.checksums import checksum, mismatch
 from runtime.data.spark import DataError
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -100,12 +100,51 @@ class Checkpoint:
 
 def open_checkpoint(path: str) -> Checkpoint:
     """A checkpoint or savepoint directory (or its `_metadata`), local or `s3://`; DataError if it is not one."""
-    storage = LocalCheckpointStorage(path)
+    directory = objectstore.absolute(path)
+    if objectstore.basename(directory) == METADATA_FILE:
+        directory = objectstore.dirname(directory)
+    return Checkpoint(directory, read_metadata(directory))
+
+
+# `_metadata` as coordinator/storage.py writes and checks it (format 2: JSON, sorted keys, a CRC-32 of the body
+# without its `checksum` field); runtime code does not import the coordinator, so the few lines are here too.
+METADATA_FILE = "_metadata"
+METADATA_FORMAT = 2
+
+
+def _body(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
+
+
+def read_metadata(directory: str) -> dict[str, Any]:
+    path = objectstore.join(directory, METADATA_FILE)
     try:
-        metadata = storage.read_metadata(path)
-    except CorruptCheckpoint as exc:
-        raise DataError(str(exc)) from None
-    return Checkpoint(storage.directory_of(path), metadata)
+        doc = json.loads(objectstore.read(path))
+    except FileNotFoundError:
+        raise DataError(f"{directory}: not a completed checkpoint or savepoint (no {METADATA_FILE})") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise DataError(f"{path}: checkpoint metadata is truncated or not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != METADATA_FORMAT or not isinstance(doc.get("acks"), dict):
+        raise DataError(f"{path}: not checkpoint metadata of format {METADATA_FORMAT}")
+    problem = mismatch(_body(doc), doc.pop("checksum", None))
+    if problem is not None:
+        raise DataError(f"{path}: checkpoint metadata is corrupt: {problem}")
+    return dict(doc)
+
+
+def write_metadata(directory: str, metadata: Mapping[str, Any]) -> str:
+    """Write `_metadata` last and whole (local: temp file and rename; object store: a PUT that never replaces)."""
+    doc = {**metadata, "format": METADATA_FORMAT}
+    doc["checksum"] = checksum(_body(doc))
+    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    path = objectstore.join(directory, METADATA_FILE)
+    if objectstore.is_url(path):
+        objectstore.write_new(path, data)
+    else:
+        objectstore.write(path, data)
+    return path
 
 
 def _operator_state(cp: Checkpoint, name: str) -> dict[str, Any]:
@@ -331,7 +370,7 @@ def write_savepoint(out: str, files: Mapping[str, bytes], metadata: dict[str, An
     objectstore.make_dir(out)
     for name, data in files.items():
         objectstore.write(objectstore.join(out, name), data)
-    return LocalCheckpointStorage(out).write_metadata(out, metadata)
+    return write_metadata(out, metadata)
 
 
 def savepoint_from_entries(out: str, entries: Iterable[tuple[str, Any, Any]], target: Target,

@@ -250,3 +250,14 @@ def test_remote_state_is_read_as_checkpointed_without_fencing_the_writer(tmp_pat
         backend.close()
     finally:
         server.stop()
+
+
+def test_savepoint_metadata_is_what_the_coordinator_reads_and_verifies(tmp_path: Path, job: str) -> None:
+    from coordinator.storage import LocalCheckpointStorage
+
+    out = write(tmp_path, job, [("count", f"k{i}", i) for i in range(50)])
+    storage = LocalCheckpointStorage(str(tmp_path))
+    metadata = storage.read_metadata(str(out))
+    storage.verify(str(out), metadata)  # every task file against its recorded checksum
+    assert metadata == open_checkpoint(str(out)).metadata
+    assert metadata["savepoint"] is True and len(metadata["acks"]) == 3
