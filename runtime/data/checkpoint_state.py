@@ -339,6 +339,17 @@ def target_in(graph: Mapping[str, Any], uid: str, max_parallelism: int, what: st
     return Target(uid, node, int(vertex["id"]), int(vertex["parallelism"]), max_parallelism)
 
 
+def at_parallelism(graph: Mapping[str, Any], target: Target, parallelism: int) -> tuple[dict[str, Any], Target]:
+    """The graph and target with the target's task (and its operators) at `parallelism`, as if it had run so:
+    a restore at the job's own parallelism then redistributes the state by key group."""
+    def rescaled(record: dict[str, Any], vertex: int) -> dict[str, Any]:
+        return {**record, "parallelism": parallelism} if vertex == target.vertex else record
+
+    doc = {**graph, "vertices": [rescaled(v, int(v["id"])) for v in graph["vertices"]],
+           "operators": [rescaled(o, int(o["vertex"])) for o in graph["operators"]]}
+    return doc, Target(target.uid, target.node, target.vertex, parallelism, target.max_parallelism)
+
+
 def cut_by_subtask(entries: Iterable[tuple[str, Any, Any]], target: Target
                    ) -> list[dict[str, dict[int, dict[Any, Any]]]]:
     """(state, key, value) entries as per-subtask {state: {group: {key: value}}}, by the runtime's key groups.

@@ -27,7 +27,7 @@ import msgpack
 
 from runtime.data.checkpoint_state import (
     ROW_FIELDS,
-    Target,
+    at_parallelism,
     graph_of_job,
     open_checkpoint,
     savepoint_from_entries,
@@ -143,10 +143,7 @@ def bootstrap(spark: Any, source: str, out: str, *, uid: str, job: str, key_col:
     graph, max_parallelism = graph_of_job(job)
     target = target_in(graph, uid, max_parallelism, f"job {job}")
     if parallelism is not None:
-        target = Target(target.uid, target.node, target.vertex, parallelism, max_parallelism)
-        for v in graph["vertices"]:
-            if int(v["id"]) == target.vertex:
-                v["parallelism"] = parallelism
+        graph, target = at_parallelism(graph, target, parallelism)
     try:
         frame = spark.read.parquet(source)
     except Exception as exc:  # Spark's AnalysisException for a missing or unreadable path

@@ -21,6 +21,7 @@ from runtime.checkpointing.snapshots import (
 )
 from runtime.common.checksums import checksum
 from runtime.data.checkpoint_state import (
+    at_parallelism,
     graph_of_job,
     open_checkpoint,
     savepoint_from_entries,
@@ -79,10 +80,7 @@ def write(tmp_path: Path, job: str, entries: list[tuple[str, Any, Any]], name: s
     graph, mp = graph_of_job(job)
     target = target_in(graph, "counts", mp, f"job {job}")
     if parallelism is not None:
-        target = type(target)(target.uid, target.node, target.vertex, parallelism, mp)
-        for v in graph["vertices"]:
-            if v["id"] == target.vertex:
-                v["parallelism"] = parallelism
+        graph, target = at_parallelism(graph, target, parallelism)
     out = tmp_path / name
     savepoint_from_entries(str(out), entries, target, graph, entry=job, name=job)
     return out
@@ -112,6 +110,7 @@ def test_bootstrap_then_read_is_exact_and_cut_by_the_runtimes_key_groups(
         assert keyed_tables(state, key_groups=mine).get(node, {}).get("count", {}) == whole
         seen += len(whole)
     assert seen == len(table) and len(cp.task_files(vertex)) == parallelism
+    assert {o["parallelism"] for o in cp.metadata["operators"] if o["vertex"] == vertex} == {parallelism}
     # and through Arrow columns (what Parquet holds) back to the same entries, types included
     arrow = rows_table("value", rows)
     again = list(table_entries(arrow, key_col="key", value_col="value", state_name=None))
