@@ -52,7 +52,9 @@ from runtime.api import JobDefinitionError
 from runtime.common import objectstore
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
+from runtime.graph.evolution import evolution_refusal, inflight_edges, match_operators
 from runtime.graph.job_config import JobConfig
+from runtime.graph.operator_ids import recorded_operators
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
 from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
 from runtime.graph.restore_spec import RestoreSpec, TaskFiles
@@ -124,35 +126,72 @@ class JobManager:
         return [WorkerSlots(w.worker_id, w.slots, w.host, w.data_port)
                 for w in sorted(self.workers.values(), key=lambda w: w.registered_at)]
 
-    def plan(self, job: JobRecord, config: JobConfig | None = None) -> Plan:
+    def plan(self, job: JobRecord, config: JobConfig | None = None, groups: Mapping[int, int] | None = None) -> Plan:
         """Raises RpcError for a job module that does not import or a graph the cluster cannot run.
-        `config` (default: the job's) lets a rescale try its new parallelism before it stops anything."""
+        `config` (default: the job's) lets a rescale try its new parallelism before it stops anything; `groups`
+        keeps a checkpoint's task boundaries (plan.chain_graph)."""
         try:
             return make_plan(job_id=job.job_id, attempt=job.attempt, entry=job.entry, name=job.name,
                              sys_path=job.sys_path, config=job.config if config is None else config,
-                             workers=self.worker_slots(), channel_base=next(self._channel_base))
+                             workers=self.worker_slots(), channel_base=next(self._channel_base), groups=groups)
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
-    async def restore_spec(self, path: str, plan: Plan) -> RestoreSpec:
-        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
+    async def _read_checkpoint(self, path: str) -> dict[str, Any]:
         try:
             metadata = await asyncio.to_thread(self.storage.read_metadata, path)
             await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
-        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
+        return metadata
+
+    async def restored_plan(self, job: JobRecord, path: str, plan: Plan) -> Plan:
+        """`plan` with the checkpoint at `path` attached, re-planned if needed so that it keeps the checkpoint's
+        task boundaries (a former network edge stays one: issue 20 item 3); RpcError if it cannot be restored."""
+        metadata = await self._read_checkpoint(path)
+        if recorded_operators(metadata):
+            try:
+                built = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
+            except (JobLoadError, JobDefinitionError) as exc:
+                raise RpcError(str(exc), type(exc).__name__) from None
+            groups = match_operators(metadata, built).old_vertex_of_new
+            if [v.nodes for v in chain_graph(built, groups)[0]] != [v.nodes for v in plan.vertices]:
+                plan = self.plan(job, plan.config, groups=groups)
+        plan.restore = await self.restore_spec(path, plan, metadata)
+        return plan
+
+    async def restore_spec(self, path: str, plan: Plan, metadata: dict[str, Any] | None = None) -> RestoreSpec:
+        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
+        if metadata is None:
+            metadata = await self._read_checkpoint(path)
         saved = metadata.get("vertices", [])
         old = {int(v["id"]): int(v["parallelism"]) for v in saved}
         nodes: dict[int, int] = {}
-        if [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
+        graph: dict[str, Any] = {}
+        acks = {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}
+        try:
+            job = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+        if recorded_operators(metadata):  # operators matched by uid (runtime/graph/evolution.py)
+            graph = {k: metadata.get(k) or [] for k in ("operators", "vertices", "edges")}
+            refusal = evolution_refusal(graph, job, allow_non_restored_state=plan.config.allow_non_restored_state,
+                                        inflight_edges=inflight_edges(graph, acks),
+                                        new_edges=plan.graph.get("edges") or [])
+            if refusal:
+                raise RpcError(f"checkpoint {path} {refusal}", "IncompatibleCheckpoint")
+            match = match_operators(graph, job)
+            by_node = {int(op["node"]): int(op["parallelism"]) for op in graph["operators"]}
+            nodes = {new: by_node[was] for new, was in match.old_of_new.items()}
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes)
+            if refusal:
+                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
+        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
+        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
+        elif [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
                 old.get(v.id) != v.parallelism for v in plan.vertices):
             try:
-                job = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
                 nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
-            except (JobLoadError, JobDefinitionError) as exc:
-                raise RpcError(str(exc), type(exc).__name__) from None
             except NotRestorable as exc:
                 raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
                                f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
@@ -161,9 +200,8 @@ class JobManager:
                 raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
         return RestoreSpec(path=directory, checkpoint_id=int(metadata["checkpoint_id"]),
-                           tasks={task: TaskFiles.from_wire(ack.get("state", {}))
-                                  for task, ack in metadata["acks"].items()},
-                           parallelism=old, nodes=nodes)
+                           tasks={task: TaskFiles.from_wire(files) for task, files in acks.items()},
+                           parallelism=old, nodes=nodes, graph=graph)
 
     # -- jobs in and out ---------------------------------------------------------------
 
@@ -422,24 +460,25 @@ class JobManager:
             self.handle(job, lc.PlanFailed(ins.attempt, str(exc), retriable=True))
             return
         try:
-            await self._attach_latest_checkpoint(job, plan)
+            plan = await self._attach_latest_checkpoint(job, plan)
         except RpcError as exc:
             self.handle(job, lc.PlanFailed(ins.attempt, f"cannot restore: {exc}", retriable=False))
             return
         self._plans[job.job_id] = plan
         self.handle(job, lc.AttemptPlanned(ins.attempt))
 
-    async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> None:
-        """The newest retained checkpoint that is intact; a corrupt one is skipped (and logged) for the one
-        before it, down to the checkpoint the job was submitted with."""
+    async def _attach_latest_checkpoint(self, job: JobRecord, plan: Plan) -> Plan:
+        """The plan with the newest retained checkpoint that is intact attached (re-planned to keep its task
+        boundaries); a corrupt one is skipped (and logged) for the one before it, down to the checkpoint the
+        job was submitted with."""
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         candidates = [p for _, p in reversed(completed)] + ([job.restored_from] if job.restored_from else [])
         if not candidates:
             job.restored_checkpoint_id = None
-            return  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
+            return plan  # no checkpoint yet: start from scratch; sinks drop the earlier attempt's uncommitted files
         for path in candidates[:-1]:
             try:
-                plan.restore = await self.restore_spec(path, plan)
+                plan = await self.restored_plan(job, path, plan)
                 break
             except RpcError as exc:
                 if exc.remote_type != "CorruptCheckpoint":
@@ -447,9 +486,11 @@ class JobManager:
                 log.error("job %s: skipping checkpoint %s for an older one: %s", job.job_id, path, exc)
         else:
             path = candidates[-1]
-            plan.restore = await self.restore_spec(path, plan)
+            plan = await self.restored_plan(job, path, plan)
+        assert plan.restore is not None
         job.restored_checkpoint_id = plan.restore.checkpoint_id
         log.info("job %s: attempt %d restores checkpoint %s", job.job_id, job.attempt, path)
+        return plan
 
     # -- rescaling a running job -------------------------------------------------------
 
@@ -503,7 +544,8 @@ class JobManager:
                 raise RpcError(f"job {job.job_id} not rescaled: checkpoint {call.checkpoint_id} did not complete "
                                f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
                                "RescaleCheckpointFailed")
-            await self.restore_spec(str(result["path"]), trial)  # the restore refusals (sources, broadcast edges)
+            # the restore refusals (sources, broadcast edges), at the task boundaries the restart will keep
+            trial = await self.restored_plan(job, str(result["path"]), trial)
         except RpcError as exc:
             self.handle(job, lc.RescaleCheckpointDone(attempt, str(exc), exc.remote_type or "RescaleFailed"))
             return

@@ -20,14 +20,14 @@ class WorkerSlots:
 
 
 def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: JobConfig,
-              workers: list[WorkerSlots], channel_base: int) -> Plan:
+              workers: list[WorkerSlots], channel_base: int, groups: Mapping[int, int] | None = None) -> Plan:
     """Build the job graph from the entry point and place its subtasks on `workers`.
 
     Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
     """
     ensure_on_path(sys_path)  # the submitter's directory, as on the workers
     job = build_job(entry, name, config.parallelism)
-    vertices, edges = chain_graph(job)
+    vertices, edges = chain_graph(job, groups)
     if not workers:
         raise JobDefinitionError("no workers are registered")
     placement = place_subtasks(vertices, [(w.worker_id, w.slots) for w in workers])

@@ -38,6 +38,7 @@ from coordinator.rest_views import process_sample, task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
+from coordinator.upgrade import upgrade, upgraded_config
 from netstack.connection import Connection
 from netstack.errors import (
     CloseReason,
@@ -62,7 +63,7 @@ from runtime.graph import protocol as p
 from runtime.graph.admission import SubmissionRefused, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
-from runtime.graph.plan import build_job
+from runtime.graph.plan import Plan, build_job
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -324,6 +325,7 @@ class Coordinator(BaseLinkHandler):
             (p.TakeCheckpoint, self.rpc_checkpoint),
             (p.Checkpoints, self.rpc_checkpoints),
             (p.Rescale, self.rpc_rescale),
+            (p.Upgrade, self.rpc_upgrade),
             (p.Probe, self.rpc_probe),
             (p.WorkerLog, self.rpc_worker_log),
         ]
@@ -369,8 +371,6 @@ class Coordinator(BaseLinkHandler):
         return {"ok": True}
 
     async def rpc_submit(self, link: Link, args: p.Submit) -> Any:
-        entry = args.entry
-        job_id = f"job-{secrets.token_hex(4)}"
         submitted = dict(args.config or {})
         try:
             settings = checkpoint_settings(submitted.pop("checkpoint", None) or {})
@@ -378,32 +378,68 @@ class Coordinator(BaseLinkHandler):
             config = JobConfig.from_document(submitted)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
-        sys_path = args.sys_path or ""
+        job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
+                                  restore=args.restore)
+        if args.restore:
+            plan = await self.manager.restored_plan(job, args.restore, plan)
+            self._restored(job, args.restore, plan)
+        self._admit(job, plan)
+        return {"job_id": job.job_id, "tasks": job.total_tasks()}
+
+    def _new_job(self, entry: str, name: str | None, sys_path: str | None, config: JobConfig,
+                 settings: CheckpointSettings, strategy: RestartStrategy,
+                 restore: str | None) -> tuple[JobRecord, Plan]:
+        """A job record and its first plan; every refusal (a path not allowed, a module that does not import,
+        a missing extra) is raised before anything runs."""
+        job_id = f"job-{secrets.token_hex(4)}"
         try:
-            sys_path = self.trust.check_job_path(os.path.realpath(sys_path) if sys_path else "")  # noqa: ASYNC240
+            sys_path = self.trust.check_job_path(os.path.realpath(sys_path) if sys_path else "")
         except TrustError as exc:
             raise Forbidden(str(exc)) from None
-        job = JobRecord(job_id, entry, args.name or entry, sys_path, config)
+        job = JobRecord(job_id, entry, name or entry, sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
-        restore_path = args.restore
         try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
             check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
-                         restore=str(restore_path) if restore_path else None)
+                         restore=str(restore) if restore else None)
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
-        if restore_path:
-            plan.restore = await self.manager.restore_spec(restore_path, plan)
-            job.restored_from = restore_path
-            job.restored_checkpoint_id = plan.restore.checkpoint_id
-            # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore
-            # deletes those of ids after it, so an id must never be reused along one line of restores
-            job.next_checkpoint_id = job.restored_checkpoint_id + 1
+        return job, plan
+
+    @staticmethod
+    def _restored(job: JobRecord, restore_path: str, plan: Plan) -> None:
+        assert plan.restore is not None
+        job.restored_from = restore_path
+        job.restored_checkpoint_id = plan.restore.checkpoint_id
+        # ids go on after the restored one: sinks name committed files by checkpoint id, and a later restore
+        # deletes those of ids after it, so an id must never be reused along one line of restores
+        job.next_checkpoint_id = job.restored_checkpoint_id + 1
+
+    def _admit(self, job: JobRecord, plan: Plan) -> None:
         job.plan = plan
-        log.info("job %s (%s) submitted: %d tasks", job_id, entry, job.total_tasks())
+        log.info("job %s (%s) submitted: %d tasks", job.job_id, job.entry, job.total_tasks())
         self.manager.add(job)
-        return {"job_id": job_id, "tasks": job.total_tasks()}
+
+    async def rpc_upgrade(self, link: Link, args: p.Upgrade) -> Any:
+        """Stop a running job with a savepoint and start a new version of it from that savepoint (README,
+        Evolving a job); every refusal comes before the running job is stopped. Answers with the downtime."""
+        old = self._job(args)
+        if old.state != JobState.RUNNING or old.checkpoints is None:
+            raise Conflict(f"job {old.job_id} is {old.state}, not RUNNING: nothing to upgrade")
+        requested = dict(args.parallelism or {})
+        if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                   for k, v in requested.items()):
+            raise InvalidRequest("upgrade needs parallelism {NAME or '*': N >= 1, ...}", "BadSettings")
+        try:
+            directory = self.trust.check_savepoint_dir(_resolved(args.directory) if args.directory else None)
+        except TrustError as exc:
+            raise Forbidden(str(exc)) from None
+        config = upgraded_config(old.config, requested, args.allow_non_restored_state)
+        new, plan = self._new_job(args.entry, args.name or old.name, args.sys_path or old.sys_path, config,
+                                  old.checkpoint_settings, old.restart_strategy, restore=directory)
+        return await upgrade(self.manager, old, new, plan, directory=directory, timeout_s=args.timeout_s,
+                             restored=self._restored, admit=self._admit)
 
     def _job(self, args: p.JobQuery) -> JobRecord:
         job = self.jobs.get(args.job_id)

@@ -29,6 +29,11 @@ sends; the CLI's own start-up is not counted), waiting --between s of backpressu
   new parallelism, i.e. emitted; committed would add the sink's next checkpoint) minus the request time;
 - stop -> first output: the same from the stop (the answer's time minus the downtime): the time with no output.
 
+With --upgrade, each step is `sluice upgrade` to the same module at the next parallelism instead (the
+coordinator's `upgrade` RPC): an aligned savepoint while the job runs (its "checkpoint" figure), then the job is
+cancelled and a new job submitted from the savepoint; downtime is the coordinator's figure (cancel -> the new job
+RUNNING), first output the new job's first `first` line after the cancel.
+
 With --cli, every configuration starts with one more rescale that runs the real `sluice rescale` command and
 checks that it prints one line with the downtime, and that a refused rescale (too many slots) prints one line on
 stderr; its times include the commands' start-up, so it is left out of the medians.
@@ -129,6 +134,13 @@ def first_output(progress: str, attempt: int) -> tuple[float | None, float | Non
     return (min(opened) if opened else None), (min(firsts) if firsts else None)
 
 
+def first_after(progress: str, t: float) -> float | None:
+    """time.time() of the first `first` line after `t` (of whichever job), or None."""
+    with open(progress, encoding="ascii") as f:
+        firsts = [float(line.split()[0]) for line in f if line.endswith(" first\n") and float(line.split()[0]) > t]
+    return min(firsts) if firsts else None
+
+
 # -- one configuration -------------------------------------------------------------------------------------
 
 
@@ -214,8 +226,35 @@ async def _one_rescale(cluster: LocalCluster, job_id: str, progress: str, parall
             **({"cli": True, "cli_line": answer["cli_line"], "cli_refusal": answer["cli_refusal"]} if use_cli else {})}
 
 
+async def _one_upgrade(cluster: LocalCluster, job_id: str, progress: str, parallelism: int,
+                       timeout_s: float) -> dict[str, Any]:
+    t_req = time.time()
+    host, port = cluster.rpc
+    answer = await call_coordinator(host, port, cluster.token, "upgrade",
+                                    {"job_id": job_id, "entry": ENTRY, "parallelism": {"*": parallelism},
+                                     "timeout_s": timeout_s}, timeout_s=timeout_s + 30.0)
+    t_answer = time.time()
+    t_stop = t_answer - answer["downtime_s"]
+    deadline = time.monotonic() + timeout_s
+    while True:  # the new job's attempts count from 0 again: its first output is the first one after the stop
+        first = first_after(progress, t_stop)
+        if first is not None:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no output from the upgraded job within {timeout_s}s")
+        await asyncio.sleep(0.01)
+    history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
+    chk = next(h for h in history if h["checkpoint_id"] == answer["checkpoint_id"])
+    return {"to": parallelism, "attempt": 0, "checkpoint_id": answer["checkpoint_id"], "mode": "savepoint",
+            "job_id": answer["job_id"], "state_bytes": chk["state_bytes"], "inflight_bytes": chk["inflight_bytes"],
+            "checkpoint_s": answer["savepoint_s"], "downtime_s": answer["downtime_s"],
+            "request_to_running_s": t_answer - t_req, "request_to_first_output_s": first - t_req,
+            "stop_to_first_output_s": first - t_stop, "stop_to_sink_open_s": None}
+
+
 async def _measure(cluster: LocalCluster, workdir: str, progress: str, mode: str, buffers: int, repeat: int,
-                   warmup_s: float, between_s: float, use_cli: bool, timeout_s: float) -> list[dict[str, Any]]:
+                   warmup_s: float, between_s: float, use_cli: bool, timeout_s: float,
+                   upgrade: bool = False) -> list[dict[str, Any]]:
     await cluster.wait_workers()
     submitted = await cluster.call("submit", {"entry": ENTRY, "name": f"bench-rescale-{mode}-{buffers}",
                                               "config": job_config(mode, buffers, timeout_s), "sys_path": workdir})
@@ -225,7 +264,11 @@ async def _measure(cluster: LocalCluster, workdir: str, progress: str, mode: str
         await _wait_backpressured(cluster, job_id, 2, warmup_s, timeout_s)
         for i in range(repeat + use_cli):
             to = SHAPES[i % len(SHAPES)]
-            r = await _one_rescale(cluster, job_id, progress, to, use_cli and i == 0, timeout_s)
+            if upgrade:
+                r = await _one_upgrade(cluster, job_id, progress, to, timeout_s)
+                job_id = r["job_id"]
+            else:
+                r = await _one_rescale(cluster, job_id, progress, to, use_cli and i == 0, timeout_s)
             rescales.append(r)
             await _wait_backpressured(cluster, job_id, to, between_s, timeout_s)
     finally:
@@ -238,7 +281,7 @@ async def _measure(cluster: LocalCluster, workdir: str, progress: str, mode: str
 
 def run_config(mode: str, keys: int, buffers: int, *, repeat: int, pad: int, sink_delay_s: float, warmup_s: float,
                between_s: float, use_cli: bool, timeout_s: float, keep: bool,
-               say: Any) -> list[dict[str, Any]]:
+               say: Any, upgrade: bool = False) -> list[dict[str, Any]]:
     workdir = tempfile.mkdtemp(prefix="sluice-bench-rescale-")
     with open(os.path.join(workdir, f"{MODULE}.py"), "w", encoding="utf-8") as f:
         f.write(JOB)
@@ -258,7 +301,7 @@ def run_config(mode: str, keys: int, buffers: int, *, repeat: int, pad: int, sin
         for _ in range(WORKERS):
             cluster.start_worker()
         runs = asyncio.run(_measure(cluster, workdir, progress, mode, buffers, repeat, warmup_s, between_s,
-                                    use_cli, timeout_s))
+                                    use_cli and not upgrade, timeout_s, upgrade))
     except BaseException as exc:
         exc.add_note(f"cluster logs and progress file kept in {workdir}")
         raise
@@ -266,7 +309,8 @@ def run_config(mode: str, keys: int, buffers: int, *, repeat: int, pad: int, sin
         cluster.stop()
         os.chdir(cwd)
     for i, r in enumerate(runs):
-        r.update({"mode_asked": mode, "keys": keys, "buffers": buffers, "load_before": load})
+        r.update({"mode_asked": f"{mode} upgrade" if upgrade else mode, "keys": keys, "buffers": buffers,
+                  "load_before": load})
         say(_run_line(r, i))
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -295,7 +339,7 @@ def _s(v: float | None) -> str:
 
 
 def _run_line(r: dict[str, Any], i: int) -> str:
-    label = "CLI rescale" if r.get("cli") else f"rescale {i + 1}"
+    label = "CLI rescale" if r.get("cli") else f"{'upgrade' if 'upgrade' in r['mode_asked'] else 'rescale'} {i + 1}"
     line = (f"  {r['mode_asked']:<9} keys {r['keys']:>9,} buffers {r['buffers']:>2} {label} -> {r['to']}: "
             f"chk #{r['checkpoint_id']} ({r['mode']}) state {_bytes(r['state_bytes'])} in-flight "
             f"{_bytes(r['inflight_bytes'])}; checkpoint {_s(r['checkpoint_s'])}, downtime {_s(r['downtime_s'])}, "
@@ -361,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--between", type=float, default=1.0, help="backpressured seconds between rescales")
     parser.add_argument("--cli", action="store_true", help="one more rescale per configuration, first, runs "
                         "`sluice rescale` (and a refused one) and checks what it prints; not in the medians")
+    parser.add_argument("--upgrade", action="store_true", help="measure `sluice upgrade` (savepoint, cancel, "
+                        "submit from it) at each step instead of `sluice rescale`")
     parser.add_argument("--keep", action="store_true", help="keep each configuration's temp dir (logs, progress)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up on a phase after this many s")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
@@ -385,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runs += run_config(mode, k, b, repeat=args.repeat, pad=args.pad, sink_delay_s=args.sink_delay_us / 1e6,
                                warmup_s=args.warmup, between_s=args.between, use_cli=args.cli,
-                               timeout_s=args.timeout, keep=args.keep, say=say)
+                               timeout_s=args.timeout, keep=args.keep, say=say, upgrade=args.upgrade)
         except Exception as exc:  # noqa: BLE001 - report it, keep measuring the rest
             err = f"{type(exc).__name__}: {exc} {list(getattr(exc, '__notes__', []))}"
             runs.append({"mode_asked": mode, "keys": k, "buffers": b, "error": err})

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from runtime.api.schema import Schema, schema_of
 from runtime.api.state import AggregatingState, KeyedListState, MapState, ReducingState, TtlValueState
 from runtime.api.time import MIN_WATERMARK
 
@@ -33,6 +34,30 @@ class ValueState(Generic[T]):
     def clear(self) -> None:
         """Remove the value of the current key (`value()` gives the default again)."""
         self._table.pop(self._ctx.current_key, None)
+
+
+_ABSENT = object()
+
+
+class SchemaValueState(ValueState[T]):
+    """A value state whose default is a record (a dataclass instance or a dict): values that gained a field since
+    the checkpoint read back with its default, incompatible ones are refused (runtime/api/schema.py)."""
+
+    __slots__ = ("_schema",)
+
+    def __init__(self, table: dict[Any, Any], default: T, ctx: KeyedContext, schema: Schema) -> None:
+        super().__init__(table, default, ctx)
+        self._schema = schema
+        if type(table) is dict:  # restored in memory: every value is checked (and filled) now, at open
+            for key, stored in list(table.items()):
+                table[key] = schema.dump(schema.load(stored))
+
+    def value(self) -> T:
+        stored = self._table.get(self._ctx.current_key, _ABSENT)
+        return self._default if stored is _ABSENT else self._schema.load(stored)  # type: ignore[no-any-return]
+
+    def update(self, value: T) -> None:
+        self._table[self._ctx.current_key] = self._schema.dump(value)
 
 
 @dataclass(frozen=True)
@@ -93,7 +118,8 @@ class KeyedContext(Context):
         table = self._state.setdefault(name, {})
         if ttl_ms is not None:
             return TtlValueState(table, default, self, ttl_ms=ttl_ms)
-        return ValueState(table, default, self)
+        schema = schema_of(name, default)  # a record default: its values may gain fields (runtime/api/schema.py)
+        return ValueState(table, default, self) if schema is None else SchemaValueState(table, default, self, schema)
 
     # -- more state kinds (runtime/api/state.py), on every state backend ---------------------------------
 

@@ -34,6 +34,7 @@ from runtime.checkpointing.rescaling import (
 from runtime.checkpointing.snapshots import async_documents, keyed_tables, list_tables
 from runtime.connectors.splits import deal_splits
 from runtime.execution.task import RestoredState
+from runtime.graph.evolution import match_operators
 from runtime.graph.partitioning import key_group_range
 from runtime.graph.plan import Edge, Plan, Vertex, chain_graph, edge_key_fn
 from runtime.graph.restore_spec import RestoreSpec, TaskFiles
@@ -43,41 +44,70 @@ Channels = dict[str, bytes]  # a decoded channel-state file: channel key "edge:p
 
 
 class OldPlan:
-    """The checkpoint's tasks and edges, as the job chained them at its checkpointed parallelisms.
+    """The checkpoint's tasks and edges, and which of its operators each operator of the job continues.
 
-    The same operators, maybe chained otherwise: a forward pair whose ends now run at different parallelisms
-    ran as one task then (RestoreSpec.nodes: each node's checkpointed parallelism, from the coordinator). Every
-    new task's operators lie in one old task; an edge is an old one when its ends were in different old tasks,
-    new (it was inside a chain, with nothing in flight) when they were in the same one."""
+    A checkpoint that records its graph by uid (RestoreSpec.graph, runtime/graph/operator_ids.py) is read as
+    recorded: its tasks, edges and node ids, matched with the job's operators by uid (runtime/graph/evolution.py;
+    an operator added since matches none). Older checkpoints hold the same operators under the same node ids,
+    maybe chained otherwise: a forward pair whose ends now run at different parallelisms ran as one task then
+    (RestoreSpec.nodes: each node's checkpointed parallelism, from the coordinator).
+
+    The plan keeps the checkpoint's task boundaries (plan.chain_graph groups), so every new task's matched
+    operators lie in one old task; an edge is an old one when its ends were in different old tasks, new (it
+    was inside a chain, with nothing in flight) when they were in the same one."""
 
     def __init__(self, restore: RestoreSpec, plan: Plan, job: Job) -> None:
-        if restore.nodes:
-            then = Job(job.name, max_parallelism=job.max_parallelism)
-            then.nodes = [replace(n, parallelism=restore.nodes.get(n.id, n.parallelism)) for n in job.nodes]
-            self.vertices, self.edges = chain_graph(then)
-        else:  # chained as now (a checkpoint restored before the coordinator sent node parallelisms)
-            old = restore.parallelism
-            self.vertices = [replace(v, parallelism=old.get(v.id, v.parallelism)) for v in plan.vertices]
-            self.edges = list(plan.edges)
+        graph = restore.graph
+        if graph.get("operators"):
+            self.vertices = [Vertex(int(v["id"]), [int(n) for n in v["nodes"]], int(v["parallelism"]), str(v["name"]))
+                             for v in graph["vertices"]]
+            self.edges = [Edge(int(e["id"]), int(e["up"]), int(e["down"]), str(e["partitioner"]),
+                               int(e["input_index"]), int(e["channel_base"]), e.get("tag"), int(e.get("tag_node", -1)))
+                          for e in graph["edges"]]
+            self.kinds = {int(op["node"]): str(op["kind"]) for op in graph["operators"]}
+            self.old_of_new = match_operators(graph, job).old_of_new
+        else:
+            if restore.nodes:
+                then = Job(job.name, max_parallelism=job.max_parallelism)
+                then.nodes = [replace(n, parallelism=restore.nodes.get(n.id, n.parallelism)) for n in job.nodes]
+                self.vertices, self.edges = chain_graph(then)
+            else:  # chained as now (a checkpoint restored before the coordinator sent node parallelisms)
+                old = restore.parallelism
+                self.vertices = [replace(v, parallelism=old.get(v.id, v.parallelism)) for v in plan.vertices]
+                self.edges = list(plan.edges)
+            self.kinds = {n.id: n.kind for n in job.nodes}
+            self.old_of_new = {n.id: n.id for n in job.nodes}
         self.plan = plan
         self.vertex_of_node = {n: v for v in self.vertices for n in v.nodes}
 
-    def vertex(self, vertex: Vertex) -> Vertex:
-        return self.vertex_of_node[vertex.nodes[0]]
+    def vertex(self, vertex: Vertex) -> Vertex | None:
+        """The old task that ran this task's operators (None: they were all added since)."""
+        olds = {self.vertex_of_node[self.old_of_new[n]].id for n in vertex.nodes if n in self.old_of_new}
+        if len(olds) > 1:  # the plan keeps task boundaries (chain_graph groups): a bug if this happens
+            raise RescaleError(f"{vertex.name} would hold operators of {len(olds)} checkpointed tasks")
+        return self.vertices[olds.pop()] if olds else None
+
+    def _ends(self, edge: Edge, vertices: Sequence[Vertex]) -> tuple[int, int]:
+        """(producing operator, consuming operator) of an edge: the up task's tail (or the side output's
+        operator) and the down task's head."""
+        return (edge.tag_node if edge.tag is not None else vertices[edge.up].nodes[-1], vertices[edge.down].nodes[0])
 
     def edge(self, edge: Edge) -> Edge | None:
-        """The old edge a new one continues (same producing and consuming operator and input), or None."""
-        tail = self.plan.vertices[edge.up].nodes[-1]
-        head = self.plan.vertices[edge.down].nodes[0]
+        """The old edge a new one continues (the same producing and consuming operator, input and side output),
+        or None."""
+        up, down = self._ends(edge, self.plan.vertices)
+        if up not in self.old_of_new or down not in self.old_of_new:
+            return None
+        ends = (self.old_of_new[up], self.old_of_new[down])
         for old in self.edges:
-            if (self.vertices[old.up].nodes[-1] == tail and self.vertices[old.down].nodes[0] == head
-                    and old.input_index == edge.input_index):
+            if self._ends(old, self.vertices) == ends and old.input_index == edge.input_index and old.tag == edge.tag:
                 return old
         return None
 
     def same_vertex(self, vertex: Vertex) -> bool:
         old = self.vertex(vertex)
-        return old.id == vertex.id and old.nodes == vertex.nodes and old.parallelism == vertex.parallelism
+        return (old is not None and old.id == vertex.id and old.parallelism == vertex.parallelism
+                and old.nodes == [self.old_of_new.get(n) for n in vertex.nodes])
 
     def same_edge(self, edge: Edge) -> bool:
         """The edge, its channels and both its ends are as checkpointed: its channel state stays where it is."""
@@ -100,10 +130,15 @@ class SourceRule(enum.Enum):
 class Cut:
     """Which part of an old task's operator state belongs to the new task's operators."""
 
-    nodes: frozenset[int]  # the new task's operators: keyed tables, lists and async documents of these
-    sinks: tuple[bool, ...]  # per sink of the old chain, in its order: is it one of ours
+    nodes: frozenset[int]  # the old node ids of the new task's operators: keyed tables, lists, async documents
+    sinks: tuple[int | None, ...]  # per sink of the new chain, in its order: its index among the old chain's
     source: bool  # the old chain's source heads the new task: its position goes with it
     backend: bool  # the new task has a keyed operator: the state backend's handle goes with it
+    # (old node id, new node id) of the operators whose node id changed (by uid: runtime/graph/evolution.py)
+    renamed: tuple[tuple[int, int], ...] = ()
+    # a state backend's entries to move (old node id -> new one) or drop (None) after its restore: renamed
+    # operators, and old operators whose node id a new operator of the task now has
+    backend_moves: tuple[tuple[int, int | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +229,13 @@ def plan_restore(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int,
     then = OldPlan(restore, plan, job)
     rescaled_edges = frozenset(e.id for e in plan.edges if not then.same_edge(e))
     old = then.vertex(vertex)
+    if old is None:
+        return NOTHING  # operators added since the checkpoint: they start empty
     entries = [restore.tasks.get(f"{old.id}:{j}") for j in range(old.parallelism)]
     if old.parallelism == vertex.parallelism:
-        steps = _own_state(entries[subtask], plan, old, vertex, job, rescaled_edges)
+        steps = _own_state(entries[subtask], plan, old, vertex, job, rescaled_edges, then)
     else:
-        steps = _rescaled_state(restore, plan, old, vertex, subtask, job, entries)
+        steps = _rescaled_state(restore, plan, old, vertex, subtask, job, entries, then)
     if steps.nothing or steps.finished:
         return steps
     parts = (_inputs(restore, plan, then, edge, subtask, job, rescaled_edges) for edge in plan.edges
@@ -207,13 +244,13 @@ def plan_restore(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int,
 
 
 def _own_state(own: TaskFiles | None, plan: Plan, old: Vertex, vertex: Vertex, job: Job,
-               rescaled_edges: frozenset[int]) -> RestorePlan:
+               rescaled_edges: frozenset[int], then: OldPlan) -> RestorePlan:
     """Only a neighbour (or the chain) changed, or nothing: the operator state is the task's own."""
     if own is None:
         return NOTHING
     if own.finished:
         return FINISHED
-    cut = _cut(old, vertex, job)
+    cut = _cut(old, vertex, job, then)
     operator = OperatorStatePlan((own.state,), cut, source=SourceRule.OWN if cut.source else SourceRule.NONE)
     # output channel state of a rescaled edge is taken by its new consumers; the rest is re-sent as always
     kept = frozenset(e.id for e in plan.edges if e.up == vertex.id and e.id not in rescaled_edges)
@@ -221,31 +258,38 @@ def _own_state(own: TaskFiles | None, plan: Plan, old: Vertex, vertex: Vertex, j
 
 
 def _rescaled_state(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Vertex, subtask: int, job: Job,
-                    entries: Sequence[TaskFiles | None]) -> RestorePlan:
+                    entries: Sequence[TaskFiles | None], then: OldPlan) -> RestorePlan:
     """The vertex runs at another parallelism: its state is redistributed from every old subtask."""
     if all(e is not None and e.finished for e in entries):
         return FINISHED
     return RestorePlan(ended=all(e is not None and (e.ended or e.finished) for e in entries),
-                       operator=_rescaled_operator(restore, plan, old, vertex, subtask, job, entries))
+                       operator=_rescaled_operator(restore, plan, old, vertex, subtask, job, entries, then))
 
 
-def _cut(old: Vertex, vertex: Vertex, job: Job) -> Cut:
-    mine = frozenset(vertex.nodes)
-    return Cut(nodes=mine, sinks=tuple(n in mine for n in old.nodes if job.nodes[n].kind == "sink"),
-               source=vertex.nodes[0] == old.nodes[0] and job.nodes[old.nodes[0]].kind == "source",
-               backend=any(job.nodes[n].key_fn is not None for n in mine))
+def _cut(old: Vertex, vertex: Vertex, job: Job, then: OldPlan) -> Cut:
+    ours = {then.old_of_new[n]: n for n in vertex.nodes if then.old_of_new.get(n) in old.nodes}
+    old_sinks = [n for n in old.nodes if then.kinds[n] == "sink"]
+    sinks = tuple(old_sinks.index(then.old_of_new[n]) if then.old_of_new.get(n) in old_sinks else None
+                  for n in vertex.nodes if job.nodes[n].kind == "sink")
+    renamed = tuple(sorted((o, n) for o, n in ours.items() if o != n))
+    collisions = tuple((o, None) for o in old.nodes if o not in ours and o in vertex.nodes)
+    return Cut(nodes=frozenset(ours), sinks=sinks,
+               source=then.old_of_new.get(vertex.nodes[0]) == old.nodes[0] and then.kinds[old.nodes[0]] == "source",
+               backend=any(job.nodes[n].key_fn is not None for n in ours.values()), renamed=renamed,
+               backend_moves=(*renamed, *collisions) if renamed or collisions else ())
 
 
 def _rescaled_operator(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Vertex, subtask: int, job: Job,
-                       entries: Sequence[TaskFiles | None]) -> OperatorStatePlan:
+                       entries: Sequence[TaskFiles | None], then: OldPlan) -> OperatorStatePlan:
     p, q, mp = old.parallelism, vertex.parallelism, job.max_parallelism
     groups = key_group_range(mp, q, subtask)
     inputs_of = [e for e in plan.edges if e.down == vertex.id]
     # fed by a broadcast edge: each new subtask continues one old one (its replica), state and channels together
     replicated = any(e.partitioner == "broadcast" for e in inputs_of)
     head = job.nodes[vertex.nodes[0]]
+    cut = _cut(old, vertex, job, then)
     source, lanes_of = SourceRule.NONE, None
-    if head.kind == "source":  # a source heads its chain, then and now
+    if cut.source:  # a source heads its chain, then and now
         if getattr(head.payload, "rescalable", False):
             source, lanes_of = SourceRule.LANES, head.payload.lanes
         elif getattr(head.payload, "subtask_splits", False):
@@ -253,7 +297,7 @@ def _rescaled_operator(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Ve
         else:
             raise RescaleError(f"source {type(head.payload).__name__} cannot be split at another parallelism")
     return OperatorStatePlan(
-        tuple(e.state if e is not None else None for e in entries), _cut(old, vertex, job), key_groups=groups,
+        tuple(e.state if e is not None else None for e in entries), cut, key_groups=groups,
         overlapping=tuple(overlapping_subtasks(mp, p, groups)), source=source, subtask=subtask, parallelism=q,
         checkpoint_id=restore.checkpoint_id, replicated=replicated,
         lists_conflict=replicated and len(inputs_of) > 1, max_parallelism=mp, lanes_of=lanes_of)
@@ -264,7 +308,7 @@ def _inputs(restore: RestoreSpec, plan: Plan, then: OldPlan, edge: Edge, subtask
     old_edge = then.edge(edge)
     if old_edge is None:
         return None  # inside a chain when checkpointed: nothing was in flight on it
-    consumer = then.vertex(plan.vertices[edge.down])
+    consumer = then.vertices[old_edge.down]
     if edge.id not in rescaled_edges:
         own = restore.tasks.get(f"{consumer.id}:{subtask}")
         return OwnInputs(edge.id, own.inputs if own is not None else None)
@@ -326,17 +370,18 @@ def own_part(operator: Operator, cut: Cut, key_groups: range | None = None) -> O
     """An old task's operator state cut to the new task's operators: keyed tables and lists by node, sinks by
     their place in the old chain, the source if it heads both."""
     sinks = list(operator.get("sinks") or [])
+    new = dict(cut.renamed)
     return OperatorPart(
         max_parallelism=operator.get("max_parallelism"),
-        keyed={n: t for n, t in keyed_tables(operator, key_groups=key_groups).items() if n in cut.nodes},
-        lists={n: t for n, t in list_tables(operator).items() if n in cut.nodes},
-        sinks=[s for ours, s in zip(cut.sinks, sinks, strict=False) if ours],
+        keyed={new.get(n, n): t for n, t in keyed_tables(operator, key_groups=key_groups).items() if n in cut.nodes},
+        lists={new.get(n, n): t for n, t in list_tables(operator).items() if n in cut.nodes},
+        sinks=[sinks[i] if i is not None and i < len(sinks) else None for i in cut.sinks],
         source=operator.get("source") if cut.source else None,
         time=operator.get("time"),  # a task's watermark state (event time), whole
         # a state backend's handle goes with the keyed operators (restore clips it to the task's key groups)
         backend=operator.get("backend") if cut.backend else None,
         # an asynchronous operator's in-flight input and pending writes (restore clips them to key groups)
-        async_docs={n: doc for n, doc in async_documents(operator).items() if n in cut.nodes})
+        async_docs={new.get(n, n): doc for n, doc in async_documents(operator).items() if n in cut.nodes})
 
 
 def _operator_state(state: RestoredState, plan: OperatorStatePlan, files: Mapping[str, Operator]) -> None:
@@ -344,10 +389,12 @@ def _operator_state(state: RestoredState, plan: OperatorStatePlan, files: Mappin
     parts = [None if doc is None else own_part(doc, plan.cut) for doc in docs]
     if plan.key_groups is None:  # the task's own state, as it is
         _own_operator_state(state, parts[0])
-        return
-    _check_max_parallelism(parts, plan.max_parallelism)
-    _key_group_state(state, plan, docs, parts)
-    _redistributed_state(state, plan, parts)
+    else:
+        _check_max_parallelism(parts, plan.max_parallelism)
+        _key_group_state(state, plan, docs, parts)
+        _redistributed_state(state, plan, parts)
+    if state.backend and plan.cut.backend_moves:
+        state.backend_moves = dict(plan.cut.backend_moves)
 
 
 def _own_operator_state(state: RestoredState, own: OperatorPart | None) -> None:

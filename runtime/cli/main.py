@@ -129,6 +129,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
     c.add_argument("--retain", type=_positive, default=3, help="completed checkpoints kept (3)")
     c.add_argument("--restore", metavar="PATH", help="start from this checkpoint or savepoint directory")
+    c.add_argument("--allow-non-restored-state", action="store_true",
+                   help="with --restore: drop the state of operators (by uid) the job no longer has, instead of "
+                        "refusing the checkpoint (README: Evolving a job)")
     p.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", default=[],
                    help="run every operator (N) or the one named NAME (NAME=N, repeatable) at this parallelism; "
                         "with --restore the checkpoint is redistributed to it")
@@ -223,7 +226,8 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
             **_async_state_config(args),
-            **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {})}
+            **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {}),
+            **({"allow_non_restored_state": True} if getattr(args, "allow_non_restored_state", False) else {})}
 
 
 def _state_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -358,6 +362,21 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--timeout", type=_duration, default=600.0, help="give up waiting after (600s)")
     rs.add_argument("--token-file")
 
+    up = sub.add_parser("upgrade", help="stop a running job with a savepoint and start a new version of it from "
+                        "that savepoint; print the downtime (README: Evolving a job)")
+    up.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
+    up.add_argument("job_id")
+    up.add_argument("entry", help="the new version, package.module:function (imported from this directory)")
+    up.add_argument("--parallelism", metavar="N|NAME=N", type=_parallelism, action="append", default=[],
+                    help="as in rescale; default: the running job's")
+    up.add_argument("--allow-non-restored-state", action="store_true",
+                    help="drop the state of operators (by uid) the new version no longer has")
+    up.add_argument("--dir", help="where the savepoint goes, inside one of the coordinator's --savepoint-root "
+                    "(default: the first root)")
+    up.add_argument("--name", help="the new job's name (default: the running job's)")
+    up.add_argument("--timeout", type=_duration, default=600.0, help="give up waiting after (600s)")
+    up.add_argument("--token-file")
+
     cl = sub.add_parser("checkpoints", help="list a job's recent checkpoints with their figures")
     cl.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     cl.add_argument("job_id")
@@ -423,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
 
     add_state_parser(dsub)
-    for client in (s, st, ca, cp, sp, rs, cl, pr):
+    for client in (s, st, ca, cp, sp, rs, up, cl, pr):
         client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
                                                 "writes and prints)")
         _add_tls_options(client, listens=False)
@@ -575,6 +594,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result["vertices"])
         print(f"job {result['job_id']} rescaled to {shape} (attempt {result['attempt']}) from checkpoint "
               f"{result['checkpoint_id']}{inflight}: downtime {result['downtime_s']:.3f}s")
+        return 0
+    if args.command == "upgrade":
+        result = _client_call(args, "upgrade", {
+            "job_id": args.job_id, "entry": args.entry, "name": args.name, "sys_path": os.getcwd(),
+            "parallelism": dict(args.parallelism), "allow_non_restored_state": args.allow_non_restored_state,
+            "directory": _abs(args.dir), "timeout_s": args.timeout}, timeout_s=args.timeout + 60.0)
+        shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result["vertices"])
+        print(f"job {result['previous_job_id']} upgraded to {result['job_id']} ({shape}) from savepoint "
+              f"{result['savepoint']} (taken in {result['savepoint_s']:.3f}s): downtime {result['downtime_s']:.3f}s")
         return 0
     if args.command == "checkpoints":
         result = _client_call(args, "checkpoints", {"job_id": args.job_id})

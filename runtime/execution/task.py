@@ -130,6 +130,9 @@ class RestoredState:
     # runtime/checkpointing/backend_snapshots.py): one, or several old subtasks' when rescaled; the worker
     # restores them into the task's backend before the task runs
     backend: list[dict[str, Any]] | None = None
+    # after the backend's restore: entries of old node id k move to node id v (None: dropped), for operators
+    # matched by uid under another node id (runtime/checkpointing/restore_plan.py Cut.backend_moves)
+    backend_moves: dict[int, int | None] | None = None
     source: Any = None  # [position before the batch, records of it already emitted]
     sinks: list[Any] | None = None  # the sinks' pre-committed state, in chain order
     inputs: dict[int, bytes] | None = None  # channel id -> whole records

@@ -103,7 +103,8 @@ class StateConfig:
 
 _CHANNEL_KEYS = tuple(f.name for f in fields(ChannelConfig))
 _STATE_KEYS = ("backend", "remote_address", "work_dir", "options")
-KNOWN_KEYS = frozenset({*_CHANNEL_KEYS, "parallelism", "state", "async_state", "scale_down_after_s"})
+KNOWN_KEYS = frozenset({*_CHANNEL_KEYS, "parallelism", "state", "async_state", "scale_down_after_s",
+                        "allow_non_restored_state"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,8 @@ class JobConfig:
     # AsyncStateSettings' fields as given (runtime/execution/async_operator.py checks them); empty: defaults
     async_state: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     scale_down_after_s: float | None = None  # None: the coordinator's default; NEVER (0): never scale down
+    # a restore may drop the state of operators the job no longer has (runtime/graph/evolution.py)
+    allow_non_restored_state: bool = False
 
     def __post_init__(self) -> None:
         for name, n in self.parallelism.items():
@@ -125,6 +128,9 @@ class JobConfig:
                                      f"got {name!r}: {n!r}")
         if not isinstance(self.async_state, Mapping):
             raise JobConfigError(f"async_state must be an object, got {self.async_state!r}")
+        if not isinstance(self.allow_non_restored_state, bool):
+            raise JobConfigError("allow_non_restored_state must be true or false, got "
+                                 f"{self.allow_non_restored_state!r}")
         object.__setattr__(self, "parallelism", MappingProxyType(dict(self.parallelism)))
         object.__setattr__(self, "async_state", MappingProxyType(dict(self.async_state)))
 
@@ -153,7 +159,8 @@ class JobConfig:
             return cls(channels=ChannelConfig(**channels), parallelism=_object(doc, "parallelism"),
                        state=StateConfig(**{k: v for k, v in state.items() if k in _STATE_KEYS}),
                        async_state=_object(doc, "async_state"),
-                       scale_down_after_s=parse_scale_down_after(after) if after is not None else None)
+                       scale_down_after_s=parse_scale_down_after(after) if after is not None else None,
+                       allow_non_restored_state=doc.get("allow_non_restored_state", False))
         except TypeError as exc:  # a wrongly typed value a comparison in a check tripped over
             raise JobConfigError(f"bad job settings: {exc}") from None
 
@@ -168,6 +175,8 @@ class JobConfig:
             doc["async_state"] = dict(self.async_state)
         if self.scale_down_after_s is not None:
             doc["scale_down_after_s"] = self.scale_down_after_s
+        if self.allow_non_restored_state:
+            doc["allow_non_restored_state"] = True
         return doc
 
     # the deploy RPC carries the same document, msgpack-encoded
@@ -179,7 +188,8 @@ class JobConfig:
 
     def with_parallelism(self, parallelism: Mapping[str, int]) -> JobConfig:
         return JobConfig(channels=self.channels, parallelism=parallelism, state=self.state,
-                         async_state=self.async_state, scale_down_after_s=self.scale_down_after_s)
+                         async_state=self.async_state, scale_down_after_s=self.scale_down_after_s,
+                         allow_non_restored_state=self.allow_non_restored_state)
 
 
 def _object(doc: Mapping[str, Any], key: str) -> dict[str, Any]:

@@ -117,7 +117,15 @@ def _resolve_partitioner(up: Node, down: Node, explicit: str | None) -> str:
     return "forward" if up.parallelism == down.parallelism else "rebalance"
 
 
-def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
+def chain_graph(job: Job, groups: Mapping[int, int] | None = None) -> tuple[list[Vertex], list[Edge]]:
+    """Chain the job's operators into vertices and join them with edges.
+
+    `groups` (node id -> the task it ran in when a checkpoint was taken, for the operators the checkpoint
+    holds) keeps the checkpoint's task boundaries: a chain never holds operators of two old tasks, so a former
+    network edge stays one whatever the parallelisms now, and a restore never has to push what was in flight
+    between two tasks into the middle of a chain. A chain may still split (its ends now run at different
+    parallelisms): nothing was in flight inside it. Operators added since (no group) chain as usual."""
+    groups = groups or {}
     nodes = job.nodes
     consumers: dict[int, list[int]] = {n.id: [] for n in nodes}  # of the main output (side outputs are edges)
     for n in nodes:
@@ -135,14 +143,20 @@ def chain_graph(job: Job) -> tuple[list[Vertex], list[Edge]]:
 
     head_of: dict[int, int] = {}
     chains: dict[int, list[int]] = {}
+    group_of_chain: dict[int, int | None] = {}
     for n in nodes:  # creation order is topological
-        if chains_to_upstream(n):
-            head = head_of[n.inputs[0].node]
-            head_of[n.id] = head
-            chains[head].append(n.id)
-        else:
-            head_of[n.id] = n.id
+        head = head_of[n.inputs[0].node] if chains_to_upstream(n) else n.id
+        group = groups.get(n.id)
+        if head != n.id and None not in (group, group_of_chain[head]) and group != group_of_chain[head]:
+            head = n.id  # it ran in another task than the chain's operators: keep the network edge
+        head_of[n.id] = head
+        if head == n.id:
             chains[n.id] = [n.id]
+            group_of_chain[n.id] = group
+        else:
+            chains[head].append(n.id)
+            if group_of_chain[head] is None:
+                group_of_chain[head] = group
     vertex_of_head = {head: i for i, head in enumerate(chains)}
     vertices = [Vertex(i, ids, nodes[ids[0]].parallelism, " -> ".join(nodes[x].name for x in ids))
                 for i, ids in enumerate(chains.values())]

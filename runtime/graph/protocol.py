@@ -223,6 +223,20 @@ class Rescale(JobQuery):
 
 
 @dataclass(frozen=True, slots=True)
+class Upgrade(JobQuery):
+    """Stop the job with a savepoint and start `entry` from it (coordinator/upgrade.py)."""
+
+    method = "upgrade"
+    entry: str = ""
+    name: str | None = None  # None: the running job's
+    sys_path: str | None = None  # None: the running job's
+    parallelism: Mapping[str, Any] | None = None  # NAME/uid or "*" -> N >= 1, merged as a rescale's
+    allow_non_restored_state: bool = False
+    directory: str | None = None  # the savepoint's (None: the configured savepoint directory)
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLog(Message):
     method = "worker_log"
     worker_id: str

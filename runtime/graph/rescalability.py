@@ -69,7 +69,7 @@ def rescale_refusal(job: Job, vertices: list[Vertex], edges: list[Edge], old: di
             continue
         was = "/".join(str(p) for p in sorted(before))
         head = job.nodes[vertex.nodes[0]]
-        if head.kind == "source" and old.get(head.id) != vertex.parallelism and not (
+        if head.kind == "source" and old.get(head.id, vertex.parallelism) != vertex.parallelism and not (
                 getattr(head.payload, "rescalable", False)
                                           or getattr(head.payload, "subtask_splits", False)):
             return (f"source {head.name} ({type(head.payload).__name__}) cannot be restored at parallelism "

@@ -49,16 +49,20 @@ class RestoreSpec:
     parallelism: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))  # vertex id -> then
     # operator (node) id -> its parallelism then; empty for a checkpoint restored before nodes were sent
     nodes: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    # the checkpoint's job graph by operator uid ("operators", "vertices", "edges" of its `_metadata`, see
+    # runtime/graph/operator_ids.py); empty for a checkpoint taken before uids were recorded
+    graph: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_wire(self) -> dict[str, Any]:
         return {"path": self.path, "checkpoint_id": self.checkpoint_id,
                 "tasks": {k: v.to_wire() for k, v in self.tasks.items()},
                 "parallelism": {str(k): v for k, v in self.parallelism.items()},
-                "nodes": {str(k): v for k, v in self.nodes.items()}}
+                "nodes": {str(k): v for k, v in self.nodes.items()}, "graph": dict(self.graph)}
 
     @classmethod
     def from_wire(cls, doc: Mapping[str, Any]) -> RestoreSpec:
         return cls(path=str(doc["path"]), checkpoint_id=int(doc["checkpoint_id"]),
                    tasks={str(k): TaskFiles.from_wire(v) for k, v in (doc.get("tasks") or {}).items()},
                    parallelism={int(k): int(v) for k, v in (doc.get("parallelism") or {}).items()},
-                   nodes={int(k): int(v) for k, v in (doc.get("nodes") or {}).items()})
+                   nodes={int(k): int(v) for k, v in (doc.get("nodes") or {}).items()},
+                   graph=dict(doc.get("graph") or {}))

@@ -29,7 +29,8 @@ def load_restored(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int
         channels = {name: read_channel_state(restore.path, name) for name in steps.channel_files()}
         state = assemble(steps, operators, channels, {ch.key: ch.channel_id for ch in inputs})
     except RescaleError as exc:
-        old = OldPlan(restore, plan, job).vertex(vertex).parallelism
+        then = OldPlan(restore, plan, job).vertex(vertex)
+        old = then.parallelism if then is not None else "-"
         raise RescaleError(f"cannot restore {vertex.name} subtask {subtask} at parallelism {vertex.parallelism} "
                            f"(checkpointed at {old}): {exc}") from None
     return _split_positions_whole(state)

@@ -29,6 +29,7 @@ from runtime.graph.plan import Plan, Vertex
 from runtime.state.backend import StateBackend, StateBackendError
 from runtime.state.latency import LatencyBackend
 from runtime.state.registry import DEFAULT, MEMORY, ROCKSDB, check_kind, make_backend
+from runtime.state.tables import state_name
 
 
 def backend_kind(plan: Plan, job: Job) -> str:
@@ -73,8 +74,12 @@ def restore_backend(backend: StateBackend | None, restored: RestoredState | None
         return
     assert plan.restore is not None  # restored state comes from the plan's checkpoint
     path = plan.restore.path
+    groups = key_group_range(job.max_parallelism, vertex.parallelism, subtask)
+    moves = restored.backend_moves or {}
     if backend is not None:
         backend_snapshots.restore(backend, restored.backend, path)
+        if moves:
+            renumber(backend, groups, moves)
         restored.backend = None
         return
     # the job runs on the memory backend now: read the snapshot out into the dict tables
@@ -82,15 +87,28 @@ def restore_backend(backend: StateBackend | None, restored: RestoredState | None
     if kinds != {ROCKSDB}:
         raise StateBackendError(f"the checkpoint holds {'/'.join(sorted(kinds))} state; restore it with "
                                 f"--state-backend {'/'.join(sorted(kinds))}")
-    groups = key_group_range(job.max_parallelism, vertex.parallelism, subtask)
     scratch = _make(ROCKSDB, groups, plan, f"{vertex.id}-{subtask}-import", namespace="")
     try:
         backend_snapshots.restore(scratch, restored.backend, path)
         keyed = restored.keyed if restored.keyed is not None else {}
         for name, _, key, value in scratch.scan(groups):
             node, _, state = name.partition("/")
-            keyed.setdefault(int(node), {}).setdefault(state, {})[key] = value
+            target = moves.get(int(node), int(node))
+            if target is not None:
+                keyed.setdefault(target, {}).setdefault(state, {})[key] = value
         restored.keyed = keyed
         restored.backend = None
     finally:
         scratch.close()
+
+
+def renumber(backend: StateBackend, groups: range, moves: dict[int, int | None]) -> None:
+    """Move a restored backend's entries of old node id k to node id `moves[k]` (state names are
+    "<node>/<name>", runtime/state/tables.py), or drop them (None): operators matched by uid under another
+    node id, and old operators whose node id a new one now has. One pass over the task's entries, at restore."""
+    moved = [(name, group, key, value) for name, group, key, value in backend.scan(groups)
+             if name.partition("/")[0].isdigit() and int(name.partition("/")[0]) in moves]
+    backend.delete_many([(name, group, key) for name, group, key, _ in moved])
+    backend.put_many([(state_name(target, name.partition("/")[2]), group, key, value)
+                      for name, group, key, value in moved
+                      if (target := moves[int(name.partition("/")[0])]) is not None])

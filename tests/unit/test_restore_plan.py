@@ -61,7 +61,7 @@ SPEC = RestoreSpec(path="/c/chk-7", checkpoint_id=CHECKPOINT_ID,
                    tasks={"0:0": files(0, 0, "out"), "0:1": files(0, 1, "out"),
                           "1:0": files(1, 0, "in"), "1:1": files(1, 1, "in")},
                    parallelism={0: 2, 1: 2}, nodes={0: 2, 1: 2, 2: 2})
-COUNT_CUT = Cut(nodes=frozenset({1, 2}), sinks=(True,), source=False, backend=True)
+COUNT_CUT = Cut(nodes=frozenset({1, 2}), sinks=(0,), source=False, backend=True)
 SOURCE_CUT = Cut(nodes=frozenset({0}), sinks=(), source=True, backend=False)
 
 

@@ -1,0 +1,88 @@
+"""`sluice upgrade`: stop a running job with a savepoint and start a new version of it from that savepoint.
+
+One call, in this order, so that every refusal comes while the old version still runs unchanged:
+
+1. the new version's module is imported and planned (server._new_job: path, import, graph, extras);
+2. a savepoint of the running job is taken (aligned, self-contained; the job keeps running meanwhile);
+3. the new version is checked against it: operators matched by uid, removed ones refused without
+   `allow_non_restored_state`, changed state kinds refused (runtime/graph/evolution.py);
+4. the old job is cancelled, and the new one submitted from the savepoint;
+5. the answer comes once the new job runs: the downtime is 4's cancel to the new job's RUNNING.
+
+Exactly once across the switch as with any restore: output the old job committed after the savepoint (a
+periodic checkpoint completing between 2 and 4) carries checkpoint ids after the savepoint's, and the new
+job's sinks delete those files on restore (the ids go on after the savepoint's along the line of restores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from coordinator.jobs import JobRecord
+from coordinator.scheduler import describe_parallelism, merge_parallelism
+from netstack.errors import RpcError
+from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
+from runtime.graph.plan import Plan
+
+if TYPE_CHECKING:
+    from coordinator.job_manager import JobManager
+
+log = logging.getLogger("sluice.coordinator")
+
+POLL_S = 0.005  # how often the wait for the new job's RUNNING looks (bounded by the call's timeout)
+
+
+def upgraded_config(old: JobConfig, requested: Mapping[str, int], allow_non_restored_state: bool) -> JobConfig:
+    """The new version's configuration: the old one's, with parallelism requests merged as a rescale's."""
+    config = old.with_parallelism(merge_parallelism(old.parallelism, requested))
+    return replace(config, allow_non_restored_state=allow_non_restored_state)
+
+
+async def upgrade(manager: JobManager, old: JobRecord, new: JobRecord, plan: Plan, *, directory: str,
+                  timeout_s: float, restored: Callable[[JobRecord, str, Plan], None],
+                  admit: Callable[[JobRecord, Plan], None]) -> dict[str, Any]:
+    """Steps 2-5 of the module docstring; RpcError (the old job still running) for every refusal before 4."""
+    runner = old.checkpoints
+    if runner is None:
+        raise RpcError(f"job {old.job_id} is {old.state}, not RUNNING: nothing to upgrade", "JobNotRunning")
+    started = time.monotonic()
+    try:
+        checkpoint_id, fut = runner.request(savepoint=True, directory=directory)
+        result = await asyncio.wait_for(fut, timeout_s)
+    except (ValueError, TimeoutError) as exc:
+        raise RpcError(f"job {old.job_id} not upgraded: its savepoint failed ({exc or 'timed out'}); it keeps "
+                       "running unchanged", "RescaleCheckpointFailed") from None
+    if result.get("status") != "COMPLETED":
+        raise RpcError(f"job {old.job_id} not upgraded: savepoint {checkpoint_id} did not complete "
+                       f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
+                       "RescaleCheckpointFailed")
+    path = str(result["path"])
+    savepoint_s = time.monotonic() - started
+    try:
+        plan = await manager.restored_plan(new, path, plan)
+    except RpcError as exc:
+        raise RpcError(f"job {old.job_id} not upgraded (it keeps running unchanged; savepoint {path} taken): "
+                       f"{exc}", exc.remote_type or "IncompatibleCheckpoint") from None
+    stopped_at = time.monotonic()
+    await manager.cancel(old, f"upgraded to {new.job_id} ({new.entry}) from savepoint {checkpoint_id}")
+    restored(new, path, plan)
+    admit(new, plan)
+    deadline = stopped_at + timeout_s
+    while new.state != JobState.RUNNING:
+        if new.terminal or time.monotonic() > deadline:
+            raise RpcError(f"job {old.job_id} was stopped with savepoint {path}, but its new version {new.job_id} "
+                           f"is {new.state}: {new.error or 'it did not start in time'}", "RescaleFailed")
+        await asyncio.sleep(POLL_S)
+    downtime_s = time.monotonic() - stopped_at
+    log.info("job %s upgraded to %s (%s, %s) from savepoint %s: down %.3fs", old.job_id, new.job_id, new.entry,
+             describe_parallelism(new.plan), path, downtime_s)
+    return {"job_id": new.job_id, "previous_job_id": old.job_id, "savepoint": path, "checkpoint_id": checkpoint_id,
+            "savepoint_s": savepoint_s, "downtime_s": downtime_s,
+            "vertices": [{"name": v.name, "parallelism": v.parallelism} for v in (new.plan.vertices if new.plan
+                                                                                  else [])]}
