@@ -21,7 +21,14 @@ import pytest
 
 from runtime.checkpointing.snapshots import decode_channel_state
 from runtime.connectors.generator import key_names
-from runtime.data.checkpoint_state import open_checkpoint, split_records, state_rows
+from runtime.data.checkpoint_state import (
+    graph_of_job,
+    open_checkpoint,
+    savepoint_from_entries,
+    split_records,
+    state_rows,
+    target_in,
+)
 from runtime.data.spark import find_java, start_session, stop_session
 from runtime.data.state_processor import bootstrap, read_state
 from tests.support.checkpoints import checkpoint_config, checkpoint_dir, install_jobs, start_backpressured
@@ -159,10 +166,16 @@ def sluice_state(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
-def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path) -> None:
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "jobs.py").write_text(JOB.format(words=10, keys=2, seed=1, out=str(tmp_path / "o")))
     (tmp_path / "other.py").write_text(JOB.replace('.uid("counts")', '.uid("tallies")').format(
         words=10, keys=2, seed=1, out=str(tmp_path / "o")))
+    (tmp_path / "fixes.py").write_text("def double(key, state, value):\n    return 2 * value\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph, mp = graph_of_job("jobs:counts")
+    savepoint_from_entries(str(tmp_path / "base"), [("count", f"k{i}", i) for i in range(20)],
+                           target_in(graph, "counts", mp, "job"), graph, entry="jobs:counts", name="jobs")
+    base = {p: p.read_bytes() for p in (tmp_path / "base").iterdir()}
     pq.write_table(pa.table({"word": ["a"], "n": [1]}), tmp_path / "d.parquet")
     common = ["--from", "d.parquet", "--state-name", "count", "--value-col", "n", "-o", "sp"]
     cases = {
@@ -172,10 +185,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path) -> Non
         "did you mean 'counts'": ["bootstrap", "--uid", "count", "--job", "jobs:counts", "--key-col", "word",
                                   *common],
         "not a completed checkpoint": ["read", str(tmp_path), "--uid", "counts", "-o", "rows"],
+        "has no operator with uid 'tallies'": ["read", "base", "--uid", "tallies", "-o", "rows"],
+        "did you mean 'counts'?": ["transform", "base", "--drop", "countz", "-o", "t"],
+        "--rewrite takes A=B": ["transform", "base", "--rewrite", "counts", "-o", "t"],
+        "base exists": ["transform", "base", "--drop", "counts", "-o", "base"],
     }
     for message, args in cases.items():
         proc = sluice_state(tmp_path, *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0] and lines[0].startswith("sluice data state"), proc.stderr
-    assert not (tmp_path / "sp").exists() and not (tmp_path / "rows").exists()
+    assert not (tmp_path / "sp").exists() and not (tmp_path / "rows").exists() and not (tmp_path / "t").exists()
+    proc = sluice_state(tmp_path, "transform", "base", "--rewrite", "counts=fixes:double", "-o", "t2")
+    assert proc.returncode == 0 and "20 rewritten" in proc.stdout, proc.stderr
+    assert {k: v for k, _, _, v in state_rows(open_checkpoint(str(tmp_path / "t2")), "counts", "value")} == {
+        f"k{i}": 2 * i for i in range(20)}
+    assert {p: p.read_bytes() for p in (tmp_path / "base").iterdir()} == base  # the input is only read
