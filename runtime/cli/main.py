@@ -454,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="window-count, session-count: also verify the late records' FileSink directory")
     dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
+    from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
+
+    add_state_parser(dsub)
     for client in (s, st, ca, cp, sp, rs, up, cl, pr):
         client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
                                                 "writes and prints)")

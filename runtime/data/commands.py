@@ -1,4 +1,4 @@
-"""`sluice data generate|verify`: argument checks, one SparkSession per command, the printed result.
+"""`sluice data generate|verify|state`: argument checks, one SparkSession per command, the printed result.
 
 Exit status: 0 on success (verify: output matches), 1 when verify finds a
 difference, 2 on a bad argument, a missing input, or missing Java/PySpark.
@@ -25,8 +25,14 @@ def run(args: argparse.Namespace) -> int:
             return _generate(args)
         if command == "verify":
             return _verify(args)
+        if command == "state":
+            from runtime.data.state_commands import run_state
+
+            return run_state(args)
     except DataError as exc:
         text = str(exc)
+        if command == "state":
+            command = f"state {args.state_command}"
         print(text if text.startswith("sluice ") else f"sluice data {command}: {text}", file=sys.stderr)
         return 2
     raise AssertionError(command)
