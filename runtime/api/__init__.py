@@ -5,6 +5,7 @@ import a job module needs; the names below are the public interface.
 """
 
 from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncOpenContext
+from runtime.api.async_io import RetryPolicy
 from runtime.api.functions import (
     Context,
     KeyedContext,
@@ -63,4 +64,5 @@ __all__ = [
     "SlidingEventTimeWindows", "EventTimeSessionWindows", "TumblingProcessingTimeWindows",
     "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
     "AggregateFunction", "AggregatingState", "KeyedListState", "MapState", "ReducingState", "TtlValueState",
+    "RetryPolicy",
 ]
