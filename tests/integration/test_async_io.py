@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 from typing import Any
 
 import pytest
@@ -19,7 +17,15 @@ from runtime.connectors.http_client import HttpClient
 from runtime.examples.lookup_service import score
 from runtime.execution.async_io import AsyncIOFailed, AsyncIOOperator
 from tests.support.cluster import Cluster, poll, write_module
-from tests.support.failover import WORKER_ARGS, Setup, assert_recovered, part_order, sink_placement, start, worker_id_of
+from tests.support.failover import (
+    Setup,
+    assert_recovered,
+    kill_worker_running,
+    part_order,
+    restart_worker,
+    sink_placement,
+    start,
+)
 from tests.support.lookup_service import lookup_service
 from tests.support.scrape import scrape
 
@@ -85,11 +91,7 @@ def test_ordered_enrichment_survives_kill_9_exactly_and_in_order(cluster: Cluste
                     and metric(cluster, "sluice_async_io_requests_retried_total") > 0)
 
         poll(ready, 60, "a checkpoint with calls in flight, and a retried call")
-        victim_id = sink_placement(status)[0]
-        victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.proc.wait(10)
-        cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
+        restart_worker(cluster, kill_worker_running(cluster, status, 0))
         final = setup.wait_finished(job_id, timeout_s=120)
     assert_recovered(final, 1)
     assert final["restored_checkpoint_id"] is not None, final

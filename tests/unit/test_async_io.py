@@ -20,12 +20,12 @@ from runtime.graph.partitioning import key_group, key_group_range
 class Harness:
     def __init__(self, fn: Any, *, capacity: int = 4, ordered: bool = True, timeout_s: float | None = 1.0,
                  retry: RetryPolicy | None = None, key_fn: Any = None, subtask: int = 0,
-                 parallelism: int = 1) -> None:
+                 parallelism: int = 1, timed: bool = False) -> None:
         self.out: list[Any] = []
         self.failures: list[BaseException] = []
         self.op = AsyncIOOperator(AsyncMap(fn, capacity, timeout_s, ordered, retry or RetryPolicy(max_attempts=1)),
                                   node_id=2, name="enrich", key_fn=key_fn, subtask_index=subtask,
-                                  parallelism=parallelism, max_parallelism=128, timed=False, emit=self.out.extend,
+                                  parallelism=parallelism, max_parallelism=128, timed=timed, emit=self.out.extend,
                                   forward_watermark=lambda ts: self.out.append(("wm", ts)))
         self.op.bind(wake=lambda: None, on_failure=self.failures.append)
 
@@ -79,6 +79,19 @@ async def test_unordered_keeps_watermarks_between_their_records() -> None:
     h.op.feed([2, 3])
     await h.finish()
     assert h.out[:2] == [1, 0] and h.out[2] == ("wm", 10) and sorted(h.out[3:]) == [2, 3]
+
+
+async def test_with_event_time_results_keep_their_timestamps_and_watermarks_their_place() -> None:
+    async def fn(x: int) -> int:
+        await asyncio.sleep(0.01 * (x % 2))
+        return -x
+
+    h = Harness(fn, capacity=8, timed=True)
+    h.op.feed([(100, 1), (101, 2)])
+    h.op.feed_watermark(101)
+    h.op.feed([(105, 3)])
+    await h.finish()
+    assert h.out == [(100, -1), (101, -2), ("wm", 101), (105, -3)]
 
 
 async def test_timeouts_are_retried_with_backoff_then_succeed() -> None:
