@@ -5,6 +5,7 @@ import a job module needs; the names below are the public interface.
 """
 
 from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncOpenContext
+from runtime.api.async_io import RetryPolicy
 from runtime.api.co_functions import (
     BroadcastContext,
     BroadcastProcessFunction,
@@ -81,4 +82,5 @@ __all__ = [
     "MapStateDescriptor", "BroadcastState", "BroadcastStateError", "BroadcastContext", "KeyedBroadcastContext",
     "BroadcastStream", "ConnectedStreams",
     "LATE_LEFT", "LATE_RIGHT", "IntervalJoinFunction",
+    "RetryPolicy",
 ]

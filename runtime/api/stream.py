@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from runtime.api.async_functions import AsyncKeyedProcessFunction
+from runtime.api.async_io import NO_RETRY, AsyncFn, AsyncMap, RetryPolicy
 from runtime.api.co_functions import (
     BroadcastProcessFunction,
     CoProcessFunction,
@@ -50,7 +51,7 @@ class Node:
     """One operator of the job graph, with its user function (or source, or sink) and its input edges."""
 
     id: int
-    kind: str  # source | map | filter | flat_map | process | keyed_process | reduce | sink
+    kind: str  # source | map | filter | flat_map | async_map | process | keyed_process | reduce | sink
     name: str
     parallelism: int
     payload: Any  # the user function, source or sink
@@ -196,6 +197,18 @@ class DataStream:
         """Every item of the iterable `fn(record)`, in order."""
         return self._then("flat_map", fn, parallelism, name)
 
+    def async_map(self, fn: AsyncFn, *, capacity: int = 100, timeout_s: float | None = 10.0, ordered: bool = True,
+                  retry: RetryPolicy = NO_RETRY, parallelism: int | None = None,
+                  name: str | None = None) -> DataStream:
+        """One output per record: `await fn(record)`, with up to `capacity` calls in flight per subtask (README,
+        Async I/O). `ordered`: outputs in input order, else as calls finish (never across a watermark). A call
+        over `timeout_s` or raising is retried by `retry`; one failing for good fails the task."""
+        return self._then("async_map", AsyncMap(fn, capacity, timeout_s, ordered, retry), parallelism,
+                          name or "async_map", self._async_key_fn())
+
+    def _async_key_fn(self) -> Callable[[Any], Any] | None:
+        return None
+
     def process(self, fn: ProcessFunction, *, parallelism: int | None = None, name: str | None = None) -> DataStream:
         """A non-keyed ProcessFunction (with operator list state: `ctx.list_state`, `ctx.union_list_state`)."""
         if isinstance(fn, KeyedProcessFunction | AsyncKeyedProcessFunction):
@@ -302,6 +315,10 @@ class KeyedStream(DataStream):
         if not isinstance(fn, ProcessFunction | AsyncKeyedProcessFunction):
             raise JobDefinitionError(f"{fn!r} is not a ProcessFunction or an AsyncKeyedProcessFunction")
         return self._then("keyed_process", fn, parallelism, name or type(fn).__name__, self._key_fn)
+
+    def _async_key_fn(self) -> Callable[[Any], Any] | None:
+        # keyed async_map: a key's records are called one after the other, so per key the order is kept
+        return self._key_fn
 
     def reduce(self, fn: Callable[[Any, Any], Any], *, parallelism: int | None = None,
                name: str | None = None) -> DataStream:

@@ -11,7 +11,8 @@ j mod q_up (Flink's "virtual channels"): on a hash edge each record goes to the 
 key group, on a rebalance edge record n of old producer j goes to new consumer (j + n) mod q_down, on a
 forward edge everything of old pair (j, j) goes to new pair (j mod q, j mod q). A broadcast edge is not split
 but replicated: each new consumer continues one old consumer, state and channel state together (below).
-Non-keyed list state is split round robin, or given whole to every subtask (union lists). See
+Non-keyed list state is split round robin, or given whole to every subtask (union lists); so are the records
+an async_map had in flight (keyed: they go by key group, as keyed state). See
 docs/ARCHITECTURE.md, "Rescaling", for why this keeps every record exactly once and the order per (upstream
 subtask, key).
 """
@@ -26,6 +27,8 @@ import msgpack
 from runtime.api.co_functions import BROADCAST_MODE, copy_items
 from runtime.api.time import MIN_WATERMARK
 from runtime.connectors.source import position_lanes, rescale_lanes
+from runtime.execution.async_io import FORMAT as ASYNC_IO_FORMAT
+from runtime.execution.async_io import KIND as ASYNC_IO
 from runtime.execution.channels import split_records
 from runtime.graph.partitioning import key_group, subtask_for_key_group
 
@@ -233,3 +236,16 @@ def rescale_sinks(states: Sequence[Sequence[Any] | None], new_parallelism: int, 
         out.append({"pending": [entry for p in parts for entry in p["pending"]], "checkpoint": checkpoint_id,
                     "subtasks": mine})
     return out
+
+
+def rescale_async_io(docs: Sequence[dict[str, Any] | None], new_parallelism: int,
+                     subtask: int) -> dict[str, Any] | None:
+    """A non-keyed async_map's in-flight records: those of every old subtask's document (in subtask order) dealt
+    round robin; new `subtask`'s share as a document of its own, or None. Watermarks stay behind: another
+    subtask's watermark says nothing about this one's records (runtime/execution/async_io.py)."""
+    records = [item for doc in docs if doc is not None for item in doc["replay"] if item[0] == "r"]
+    mine = records[subtask::new_parallelism]
+    if not mine:
+        return None
+    return {"format": ASYNC_IO_FORMAT, "kind": ASYNC_IO, "keyed": False, "subtask": None, "parallelism": None,
+            "replay": mine}

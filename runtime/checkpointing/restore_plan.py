@@ -27,6 +27,7 @@ from runtime.checkpointing.rescaling import (
     overlapping_subtasks,
     redistribute_broadcast,
     redistribute_edge,
+    rescale_async_io,
     rescale_lists,
     rescale_sinks,
     rescale_source,
@@ -424,8 +425,14 @@ def _key_group_state(state: RestoredState, plan: OperatorStatePlan, docs: Sequen
     inflight: dict[int, list[dict[str, Any]]] = {}
     for part in overlapping:
         for n, doc in part.async_docs.items():
-            inflight.setdefault(n, []).append(doc)
+            if not _round_robin(doc):
+                inflight.setdefault(n, []).append(doc)
     state.async_inflight = inflight or None
+
+
+def _round_robin(doc: dict[str, Any]) -> bool:
+    """A non-keyed async_map's in-flight document: dealt from every old subtask, not cut by key group."""
+    return doc.get("kind") == "io" and not doc.get("keyed")
 
 
 def _redistributed_state(state: RestoredState, plan: OperatorStatePlan, parts: Sequence[OperatorPart | None]) -> None:
@@ -446,6 +453,11 @@ def _redistributed_state(state: RestoredState, plan: OperatorStatePlan, parts: S
                            "needs it replicated, the other split, so it cannot be redistributed")
     state.lists = rescale_lists(each("lists"), plan.parallelism, plan.subtask, replicated=plan.replicated)
     state.time = rescale_time(each("time"))
+    docs = each("async_docs")
+    for n in sorted({n for d in docs if d for n, doc in d.items() if _round_robin(doc)}):
+        share = rescale_async_io([d.get(n) if d else None for d in docs], plan.parallelism, plan.subtask)
+        if share is not None:
+            state.async_inflight = {**(state.async_inflight or {}), n: [share]}
 
 
 def _input_channels(part: InputPlan, files: Mapping[str, Channels]) -> dict[str, bytes]:

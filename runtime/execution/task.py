@@ -546,10 +546,11 @@ class Task:
         chunk = self._chunk
         last_yield = monotonic()
         idle_since: float | None = None
+        op = self._async_op  # an async_map chained to the source: its admission queue holds input back too
         while True:
             self._batch_position = source.position()
             self._batch_emitted = 0
-            if mailbox or output.blocked:
+            if mailbox or output.blocked or (op is not None and op.backlog):
                 await self._between_records()
                 self._batch_position = source.position()
             batch = source.read_batch(SOURCE_BATCH)
@@ -568,7 +569,7 @@ class Task:
                 self.chain.forward_status(ACTIVE)
             i, n = 0, len(batch)
             while i < n:
-                if output.blocked or mailbox:
+                if output.blocked or mailbox or (op is not None and op.backlog):
                     self._batch_emitted = i  # a checkpoint taken now resumes at record i of this batch
                     await self._between_records()
                 j = i + chunk

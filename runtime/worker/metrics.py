@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from netstack.metrics_http import link_timeouts, protocol_failures
+from runtime.execution.async_io import LATENCY_BUCKETS_S, AsyncIOOperator
 from runtime.graph.enums import TaskState
 
 if TYPE_CHECKING:
@@ -65,9 +66,14 @@ class WorkerCollector(Collector):
         async_captured = CounterMetricFamily("sluice_task_async_state_captured_records",
                                              "Records in flight that capture-mode checkpoints stored for replay",
                                              labels=labels)
+        io = _AsyncIOFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
+            op = task.chain.async_operator
+            if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
+                io.add(values, op)
+                st.async_in_flight = None
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
             rout.add_metric(values, st.records_out)
@@ -91,6 +97,7 @@ class WorkerCollector(Collector):
                 async_captured.add_metric(values, st.async_captured_records)
         yield from (rin, wm_in, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
                     persisted_total, watermark, async_in_flight, async_blocked, async_captured)
+        yield from io.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -120,3 +127,48 @@ class WorkerCollector(Collector):
         running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
         running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == TaskState.RUNNING))
         yield from (slots, running, protocol_failures(), link_timeouts())
+
+
+class _AsyncIOFamilies:
+    """The metric families of async_map operators (docs/METRICS.md, Async I/O), one sample set per task."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.in_flight = GaugeMetricFamily("sluice_async_io_requests_in_flight",
+                                           "Calls an async_map has started and not finished (at most its capacity)",
+                                           labels=labels)
+        self.completed = CounterMetricFamily("sluice_async_io_requests_completed",
+                                             "Calls that succeeded (after their retries)", labels=labels)
+        self.timed_out = CounterMetricFamily("sluice_async_io_requests_timed_out",
+                                             "Call attempts that ran over timeout_s", labels=labels)
+        self.retried = CounterMetricFamily("sluice_async_io_requests_retried",
+                                           "Call attempts after the first (RetryPolicy)", labels=labels)
+        self.failed = CounterMetricFamily("sluice_async_io_requests_failed",
+                                          "Calls that failed for good; each fails the task", labels=labels)
+        self.blocked = CounterMetricFamily("sluice_async_io_blocked_seconds",
+                                           "Time the task's input waited because capacity calls were in flight",
+                                           labels=labels)
+        self.captured = CounterMetricFamily("sluice_async_io_captured_records",
+                                            "Records not yet emitted that checkpoints stored, to call again after "
+                                            "a restore", labels=labels)
+        self.latency = HistogramMetricFamily("sluice_async_io_request_latency_seconds",
+                                             "Time from a call's first attempt to its success, retries included",
+                                             labels=labels)
+
+    def add(self, values: list[str], op: AsyncIOOperator) -> None:
+        stats = op.stats
+        self.in_flight.add_metric(values, op.in_flight)
+        self.completed.add_metric(values, stats.completed)
+        self.timed_out.add_metric(values, stats.timed_out)
+        self.retried.add_metric(values, stats.retried)
+        self.failed.add_metric(values, stats.failed)
+        self.blocked.add_metric(values, op.blocked_s)
+        self.captured.add_metric(values, stats.captured)
+        cumulative, buckets = 0, []
+        for bound, n in zip([*map(str, LATENCY_BUCKETS_S), "+Inf"], stats.latency_buckets, strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        self.latency.add_metric(values, buckets, stats.latency_sum_s)
+
+    def families(self) -> list[Metric]:
+        return [self.in_flight, self.completed, self.timed_out, self.retried, self.failed, self.blocked,
+                self.captured, self.latency]

@@ -142,3 +142,34 @@ def test_assembled_rescale_puts_every_key_and_every_record_in_flight_in_exactly_
             seen_records += [tuple(r) for r in got]
     assert sorted(seen_keys) == sorted(keys)
     assert sorted(seen_records) == sorted(tuple(r) for rs in records.values() for r in rs)
+
+
+def test_a_rescaled_non_keyed_async_map_deals_its_records_in_flight_round_robin() -> None:
+    async def lookup(record: Any) -> Any:
+        return record
+
+    job = Job("t")
+    (job.source(GeneratorSource(count=10), parallelism=2).rebalance()
+        .async_map(lookup, parallelism=2).sink(DiscardSink()))
+    operators = {}
+    for j in range(2):  # old subtask j had 5 records (and a watermark) not yet emitted
+        doc = {"format": 1, "kind": "io", "keyed": False, "subtask": j, "parallelism": 2,
+               "replay": [["r", None, [j, n]] for n in range(5)] + [["w", 100]]}
+        operators[f"1-{j}.state"] = decode_operator_state(encode_operator_state(
+            {}, max_parallelism=128, source=None, sinks=[None], async_inflight={1: doc}), "test")
+    apply_parallelism(job, {"async_map": 3, "DiscardSink": 3})
+    vertices, edges = chain_graph(job)
+    plan = Plan(job_id="j", attempt=1, entry="m:f", name="t", sys_path="", channel_base=0, vertices=vertices,
+                edges=edges, placement={}, workers={}, config=JobConfig())
+    spec = RestoreSpec(path="/c/chk-7", checkpoint_id=CHECKPOINT_ID,
+                       tasks={"0:0": files(0, 0), "0:1": files(0, 1), "1:0": files(1, 0), "1:1": files(1, 1)},
+                       parallelism={0: 2, 1: 2}, nodes={0: 2, 1: 2, 2: 2})
+    shares = []
+    for i in range(3):
+        state = assemble(plan_restore(spec, plan, plan.vertices[1], i, job), operators, {}, {})
+        assert state is not None and state.async_inflight is not None
+        [doc] = state.async_inflight[1]
+        assert all(e[0] == "r" for e in doc["replay"])  # another subtask's watermark stays behind
+        shares.append([tuple(e[2]) for e in doc["replay"]])
+    assert sorted(r for share in shares for r in share) == [(j, n) for j in range(2) for n in range(5)]
+    assert [len(share) for share in shares] == [4, 3, 3]

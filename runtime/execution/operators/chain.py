@@ -16,9 +16,11 @@ from typing import Any
 from runtime.api import Job, Node
 from runtime.api.co_functions import copy_items
 from runtime.connectors.sinks import Sink
+from runtime.execution.async_io import AsyncIOOperator
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.operators.kinds import (
     AsyncKeyedOperator,
+    AsyncMapOperator,
     Operator,
     OperatorSetup,
     SinkOperator,
@@ -111,11 +113,16 @@ class Chain:
         # the timers of the keyed operator, if the chain has one (the task fires them)
         keyed = [op.timers for op in self.operators if op.timers is not None]
         self.timers: TimerFiring | None = keyed[0] if keyed else None
-        asynchronous = [op.async_operator for op in self.operators if isinstance(op, AsyncKeyedOperator)]
+        asynchronous = [op.async_operator for op in self.operators
+                        if isinstance(op, AsyncKeyedOperator | AsyncMapOperator)]
         if len(asynchronous) > 1:
-            raise ValueError("a chain runs at most one asynchronous keyed operator")
-        # the keyed operator when its function is an AsyncKeyedProcessFunction (runtime/execution/async_operator.py)
-        self.async_operator: AsyncOperator | None = asynchronous[0] if asynchronous else None
+            names = " and ".join(op.node.name for op in self.operators
+                                 if isinstance(op, AsyncKeyedOperator | AsyncMapOperator) and op.node is not None)
+            raise ValueError(f"a chain runs at most one asynchronous operator, this one has {names}: put "
+                             "rebalance() between them")
+        # the keyed operator when its function is an AsyncKeyedProcessFunction (runtime/execution/async_operator.py),
+        # or an async_map (runtime/execution/async_io.py): the task waits on it the same way
+        self.async_operator: AsyncOperator | AsyncIOOperator | None = asynchronous[0] if asynchronous else None
 
     def input_batch(self, input_index: int) -> EmitBatch:
         """The per-batch path of the records of the head's input edge `input_index` (Edge.input_index): a
@@ -181,7 +188,8 @@ class Chain:
         if self.async_operator is not None:
             pending, doc = self.async_operator.snapshot(checkpoint_id)
             self._async_inflight = {self.async_operator.node_id: doc}
-            return pending
+            if pending is not None:
+                return pending
         return None if self.state_backend is None else self.state_backend.begin_snapshot(checkpoint_id)
 
     def take_async_inflight(self) -> dict[int, Any] | None:

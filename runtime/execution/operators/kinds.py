@@ -20,6 +20,7 @@ from typing import Any
 
 from runtime.api import Context, KeyedContext, Node, OperatorContext, ProcessFunction
 from runtime.connectors.sinks import Sink
+from runtime.execution.async_io import AsyncIOOperator
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.async_state import AsyncKeyedProcessFunction
 from runtime.execution.operators.record_writer import EmitBatch
@@ -266,6 +267,23 @@ class AsyncKeyedOperator(Operator):
         self.async_operator.function.close()
 
 
+class AsyncMapOperator(Operator):
+    """`async_map`: elements go to its AsyncIOOperator, which hands results to the next operator as the calls
+    finish (in order, or as they come within a watermark's segment), and a watermark once the records before it
+    have left (runtime/execution/async_io.py)."""
+
+    def __init__(self, node: Node, nxt: Operator, setup: OperatorSetup) -> None:
+        super().__init__(node, nxt)
+        self.async_operator = AsyncIOOperator(
+            node.payload, node_id=node.id, name=node.name, key_fn=node.key_fn, subtask_index=setup.subtask_index,
+            parallelism=node.parallelism, max_parallelism=setup.max_parallelism, timed=setup.shape.timed,
+            emit=nxt.inputs[0], forward_watermark=nxt.process_watermark)
+        self.inputs = (self.async_operator.feed,)
+
+    def process_watermark(self, watermark: int, input_index: int = 0) -> None:
+        self.async_operator.feed_watermark(watermark)  # in line with the records; passed on in the queue's order
+
+
 def make_operator(node: Node, nxt: Operator, setup: OperatorSetup) -> Operator:
     kind = node.kind
     if kind == "keyed_process" and isinstance(node.payload, AsyncKeyedProcessFunction):
@@ -279,6 +297,7 @@ def make_operator(node: Node, nxt: Operator, setup: OperatorSetup) -> Operator:
 _KINDS: dict[str, Callable[[Node, Operator, OperatorSetup], Operator]] = {
     "map": MapOperator, "filter": FilterOperator, "flat_map": FlatMapOperator, "process": ProcessOperator,
     "keyed_process": KeyedProcessOperator, "reduce": ReduceOperator, "sink": SinkOperator,
+    "async_map": AsyncMapOperator,
 }
 
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Async I/O benchmark: an enrichment job calling an HTTP service with 20 ms latency, async vs synchronous.
+
+Starts the lookup service (runtime/examples/lookup_service.py, --latency-ms per lookup) and, for each mode, a
+fresh local cluster of one worker running runtime/examples/enrich.py at parallelism 1
+(GeneratorSource -> lookup -> DiscardSink):
+- sync: `map(lookup_blocking)`, a synchronous HTTP client (http.client, one keep-alive connection);
+- async: `async_map(lookup, capacity=C)` for each --capacity, the runtime's asyncio client.
+Records/s = records over the coordinator's submit -> FINISHED time (deployment included, so the record
+counts are chosen to run several seconds each). Medians of --repeats runs; the ratio is async over sync.
+
+    .venv/bin/python scripts/bench_async_io.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.support.lookup_service import lookup_service  # noqa: E402
+
+
+def cluster_run(entry: str, records: int, capacity: int) -> float:
+    """Records/s of one job on a fresh local cluster of one worker (submit -> FINISHED)."""
+    from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster
+
+    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
+    os.environ["SLUICE_BENCH_CAPACITY"] = str(capacity)
+    log_dir = tempfile.mkdtemp(prefix="sluice-bench-async-io-")
+    cluster = LocalCluster(workers=1, slots=2, log_dir=log_dir)
+    try:
+        cluster.start()
+        summary = asyncio.run(run_job_on_cluster(cluster, entry, config={}, name="bench-async-io", progress=None,
+                                                 timeout_s=600))
+        if summary["state"] != "FINISHED" or summary["restarts"]:
+            raise RuntimeError(f"{entry} ended {summary['state']} after {summary['restarts']} restarts: "
+                               f"{summary.get('error', '')} {summary.get('failures', [])}")
+        return records / (summary["ended_at"] - summary["submitted_at"])
+    finally:
+        cluster.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--sync-records", type=int, default=300)
+    parser.add_argument("--async-records", type=int, default=30_000)
+    parser.add_argument("--capacity", type=int, nargs="+", default=[100])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    with lookup_service(latency_ms=args.latency_ms) as port:
+        os.environ["SLUICE_LOOKUP_PORT"] = str(port)
+        runs = [("sync", "runtime.examples.enrich:build_bench_sync", args.sync_records, 1)]
+        runs += [("async", "runtime.examples.enrich:build_bench_async", args.async_records, c) for c in args.capacity]
+        for mode, entry, records, capacity in runs:
+            rates = [cluster_run(entry, records, capacity) for _ in range(args.repeats)]
+            rows.append({"mode": mode, "capacity": capacity if mode == "async" else None, "records": records,
+                         "records_per_s": statistics.median(rates), "runs": rates})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    sync = rows[0]["records_per_s"]
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"service latency {args.latency_ms:g} ms, medians of {args.repeats} runs")
+    print("| mode | capacity | records | records/s | vs sync |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        cap = row["capacity"] if row["capacity"] is not None else "-"
+        print(f"| {row['mode']} | {cap} | {row['records']:,} | {row['records_per_s']:,.0f} | "
+              f"{row['records_per_s'] / sync:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The async_map operator (runtime/execution/async_io.py) on a real event loop, without a cluster: the capacity
+bound as admission backpressure, ordered output under random latencies, timeouts and retries by the policy, a
+call failing for good, and a snapshot taken mid-flight whose replay (also rescaled) gives every result once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from runtime.api import GeneratorSource, Job, RetryPolicy
+from runtime.api.async_io import AsyncMap
+from runtime.checkpointing.rescaling import rescale_async_io
+from runtime.execution.async_io import AsyncIOFailed, AsyncIOOperator
+from runtime.graph.partitioning import key_group, key_group_range
+
+
+class Harness:
+    def __init__(self, fn: Any, *, capacity: int = 4, ordered: bool = True, timeout_s: float | None = 1.0,
+                 retry: RetryPolicy | None = None, key_fn: Any = None, subtask: int = 0,
+                 parallelism: int = 1, timed: bool = False) -> None:
+        self.out: list[Any] = []
+        self.failures: list[BaseException] = []
+        self.op = AsyncIOOperator(AsyncMap(fn, capacity, timeout_s, ordered, retry or RetryPolicy(max_attempts=1)),
+                                  node_id=2, name="enrich", key_fn=key_fn, subtask_index=subtask,
+                                  parallelism=parallelism, max_parallelism=128, timed=timed, emit=self.out.extend,
+                                  forward_watermark=lambda ts: self.out.append(("wm", ts)))
+        self.op.bind(wake=lambda: None, on_failure=self.failures.append)
+
+    async def feed_all(self, records: list[Any], chunk: int = 3) -> None:
+        """What the task does: hand over a chunk, then wait (here: poll) until the operator admitted it."""
+        for i in range(0, len(records), chunk):
+            self.op.feed(records[i:i + chunk])
+            await poll(lambda: not self.op.backlog)
+
+    async def finish(self) -> None:
+        await asyncio.wait_for(self.op.finish(), 10)
+
+
+async def poll(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
+
+
+async def test_ordered_output_under_random_latency_within_capacity() -> None:
+    rng = random.Random(5)
+    running, peak = 0, 0
+
+    async def slow_double(x: int) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(rng.random() * 0.01)
+        running -= 1
+        return 2 * x
+
+    h = Harness(slow_double, capacity=5)
+    h.op.feed(list(range(20)))
+    assert h.op.backlog and h.op.in_flight == 5  # the rest waits: the task takes no more input meanwhile
+    await poll(lambda: not h.op.backlog)
+    await h.feed_all(list(range(20, 60)))
+    await h.finish()
+    assert h.out == [2 * x for x in range(60)] and peak == 5
+    assert h.op.stats.completed == 60 and sum(h.op.stats.latency_buckets) == 60
+
+
+async def test_unordered_keeps_watermarks_between_their_records() -> None:
+    async def fn(x: int) -> int:
+        await asyncio.sleep(0.02 if x == 0 else 0)
+        return x
+
+    h = Harness(fn, capacity=8, ordered=False)
+    h.op.feed([0, 1])
+    h.op.feed_watermark(10)
+    h.op.feed([2, 3])
+    await h.finish()
+    assert h.out[:2] == [1, 0] and h.out[2] == ("wm", 10) and sorted(h.out[3:]) == [2, 3]
+
+
+async def test_with_event_time_results_keep_their_timestamps_and_watermarks_their_place() -> None:
+    async def fn(x: int) -> int:
+        await asyncio.sleep(0.01 * (x % 2))
+        return -x
+
+    h = Harness(fn, capacity=8, timed=True)
+    h.op.feed([(100, 1), (101, 2)])
+    h.op.feed_watermark(101)
+    h.op.feed([(105, 3)])
+    await h.finish()
+    assert h.out == [(100, -1), (101, -2), ("wm", 101), (105, -3)]
+
+
+async def test_timeouts_are_retried_with_backoff_then_succeed() -> None:
+    attempts: list[float] = []
+
+    async def flaky(x: int) -> int:
+        attempts.append(asyncio.get_running_loop().time())
+        if len(attempts) <= 2:
+            await asyncio.sleep(1)  # over the timeout
+        return x
+
+    retry = RetryPolicy(max_attempts=4, initial_backoff_s=0.02, multiplier=2)
+    h = Harness(flaky, timeout_s=0.03, retry=retry)
+    h.op.feed([7])
+    await h.finish()
+    assert h.out == [7] and h.failures == []
+    stats = h.op.stats
+    assert (stats.timed_out, stats.retried, stats.completed) == (2, 2, 1)
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert gaps[0] >= 0.03 + 0.02 - 0.005 and gaps[1] >= 0.03 + 0.04 - 0.005  # timeout, then the backoff
+
+
+async def test_a_call_failing_for_good_fails_the_task() -> None:
+    async def broken(x: int) -> int:
+        raise ConnectionError("service down")
+
+    h = Harness(broken, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.001))
+    h.op.feed([1, 2])
+    with pytest.raises(AsyncIOFailed, match="after 2 attempt"):
+        await h.finish()
+    assert len(h.failures) == 1 and isinstance(h.failures[0].__cause__, ConnectionError)
+    await h.op.aclose()
+
+
+async def test_a_snapshot_mid_flight_replays_to_exactly_once() -> None:
+    release = asyncio.Event()
+
+    async def gated(x: int) -> int:
+        if x % 3 == 0:
+            await release.wait()
+        return x * 10
+
+    h = Harness(gated, capacity=4, ordered=False)
+    h.op.feed(list(range(6)))  # 0 and 3 hang; the rest finish; 4 and 5 may still wait for room
+    await poll(lambda: len(h.out) >= 2)
+    _, doc = h.op.snapshot(1)
+    emitted = list(h.out)
+    kept = [e[2] for e in doc["replay"] if e[0] == "r"]
+    assert sorted([x // 10 for x in emitted] + kept) == list(range(6))
+    await h.op.aclose()  # the task dies here; a new one restores the document
+    release.set()
+    again = Harness(gated, capacity=4, ordered=False)
+    again.op.restore([doc])
+    await again.op.open()
+    await again.finish()
+    assert sorted(emitted + again.out) == [x * 10 for x in range(6)]
+
+
+async def test_keyed_replay_follows_the_key_groups_and_round_robin_deals_the_rest() -> None:
+    async def ident(x: Any) -> Any:
+        await asyncio.sleep(1)
+        return x
+
+    records = [[f"k{i}", i] for i in range(40)]
+    h = Harness(ident, capacity=100, key_fn=lambda r: r[0])
+    h.op.feed(records)
+    _, doc = h.op.snapshot(1)
+    await h.op.aclose()
+    restored: list[Any] = []
+    for subtask in range(3):  # rescaled 1 -> 3: each new subtask keeps the records of its key groups
+        new = Harness(ident, key_fn=lambda r: r[0], subtask=subtask, parallelism=3)
+        new.op.restore([doc])
+        mine = list(new.op._admission)
+        groups = key_group_range(128, 3, subtask)
+        assert all(key_group(r[0], 128) in groups for r in mine)
+        restored += mine
+    assert sorted(restored) == sorted(records)
+    # the non-keyed variant: every old subtask's records dealt round robin, none lost or doubled
+    docs = [{"replay": [["r", None, i] for i in range(n, n + 5)]} for n in (0, 5)]
+    shares = [rescale_async_io(docs, 3, s) for s in range(3)]
+    assert sorted(e[2] for s in shares if s for e in s["replay"]) == list(range(10))
+
+
+def test_async_map_needs_an_async_function_and_sane_settings() -> None:
+    job = Job("j")
+    stream = job.source(GeneratorSource(count=1))
+    with pytest.raises(TypeError, match="async def"):
+        stream.async_map(lambda r: r)
+
+    async def fn(r: Any) -> Any:
+        return r
+
+    with pytest.raises(ValueError, match="capacity"):
+        stream.async_map(fn, capacity=0)
+    keyed = stream.key_by(lambda r: r[0]).async_map(fn)
+    assert job.nodes[keyed.node_id].key_fn is not None and job.nodes[stream.async_map(fn).node_id].key_fn is None
+    assert RetryPolicy(initial_backoff_s=0.1, multiplier=3, max_backoff_s=0.5).backoff_s(3) == 0.5
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
