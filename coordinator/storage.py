@@ -28,10 +28,15 @@ from typing import Any, Protocol
 
 from runtime.common import objectstore as files
 from runtime.common import retention
-from runtime.common.checksums import checksum, mismatch
+from runtime.common.checkpoint_metadata import (
+    FORMAT_VERSION,
+    METADATA_FILE,
+    encode_metadata,
+    metadata_body,
+    write_metadata_file,
+)
+from runtime.common.checksums import mismatch
 
-METADATA_FILE = "_metadata"
-FORMAT_VERSION = 2
 TASK_FILES = ("state", "in", "out")  # the keys of an ack's state that name a file in the checkpoint
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
 
@@ -117,14 +122,7 @@ class LocalCheckpointStorage:
         if problem is not None:
             raise ValueError(f"refusing to write checkpoint metadata to {directory}: {problem}")
         # Serialise before touching the disk, so unserialisable state leaves nothing behind.
-        doc["checksum"] = checksum(_body(doc))
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        final = files.join(directory, METADATA_FILE)
-        if files.is_url(final):
-            files.write_new(final, data)
-        else:
-            files.write(final, data)
-        return final
+        return write_metadata_file(directory, encode_metadata(doc))
 
     def directory_of(self, path: str) -> str:
         """A checkpoint's directory (absolute), given the directory or its `_metadata` file."""
@@ -154,7 +152,7 @@ class LocalCheckpointStorage:
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: {problem}")
         recorded = doc.pop("checksum", None)
-        problem = mismatch(_body(doc), recorded)
+        problem = mismatch(metadata_body(doc), recorded)
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: checkpoint metadata is corrupt: {problem}")
         return doc
@@ -273,12 +271,6 @@ def shared_files(metadata: dict[str, Any]) -> set[str]:
         if isinstance(handle, dict) and handle.get("store", "job") == "job":
             out.update(f"shared/{entry[1]}" for entry in handle.get("shared_files") or ())
     return out
-
-
-def _body(doc: dict[str, Any]) -> bytes:
-    """What the metadata's own checksum covers: the document without its `checksum` field, serialised the one
-    way `write_metadata` does (sorted keys), so a reader recomputes exactly the bytes that were summed."""
-    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
 
 
 def _safe_name(job_id: str) -> str:

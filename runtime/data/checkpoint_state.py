@@ -47,6 +47,13 @@ from runtime.checkpointing.snapshots import (
     read_file,
 )
 from runtime.common import objectstore
+from runtime.common.checkpoint_metadata import (
+    FORMAT_VERSION,
+    METADATA_FILE,
+    encode_metadata,
+    metadata_body,
+    write_metadata_file,
+)
 from runtime.common.checksums import checksum, mismatch
 from runtime.data.spark import DataError
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
@@ -106,16 +113,6 @@ def open_checkpoint(path: str) -> Checkpoint:
     return Checkpoint(directory, read_metadata(directory))
 
 
-# `_metadata` as coordinator/storage.py writes and checks it (format 2: JSON, sorted keys, a CRC-32 of the body
-# without its `checksum` field); runtime code does not import the coordinator, so the few lines are here too.
-METADATA_FILE = "_metadata"
-METADATA_FORMAT = 2
-
-
-def _body(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
-
-
 def read_metadata(directory: str) -> dict[str, Any]:
     path = objectstore.join(directory, METADATA_FILE)
     try:
@@ -126,25 +123,17 @@ def read_metadata(directory: str) -> dict[str, Any]:
         raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     except ValueError as exc:
         raise DataError(f"{path}: checkpoint metadata is truncated or not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != METADATA_FORMAT or not isinstance(doc.get("acks"), dict):
-        raise DataError(f"{path}: not checkpoint metadata of format {METADATA_FORMAT}")
-    problem = mismatch(_body(doc), doc.pop("checksum", None))
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION or not isinstance(doc.get("acks"), dict):
+        raise DataError(f"{path}: not checkpoint metadata of format {FORMAT_VERSION}")
+    problem = mismatch(metadata_body(doc), doc.pop("checksum", None))
     if problem is not None:
         raise DataError(f"{path}: checkpoint metadata is corrupt: {problem}")
     return dict(doc)
 
 
 def write_metadata(directory: str, metadata: Mapping[str, Any]) -> str:
-    """Write `_metadata` last and whole (local: temp file and rename; object store: a PUT that never replaces)."""
-    doc = {**metadata, "format": METADATA_FORMAT}
-    doc["checksum"] = checksum(_body(doc))
-    data = json.dumps(doc, indent=1, sort_keys=True).encode()
-    path = objectstore.join(directory, METADATA_FILE)
-    if objectstore.is_url(path):
-        objectstore.write_new(path, data)
-    else:
-        objectstore.write(path, data)
-    return path
+    """Write `_metadata` last and whole (runtime/common/checkpoint_metadata.py)."""
+    return write_metadata_file(directory, encode_metadata({**metadata, "format": FORMAT_VERSION}))
 
 
 def _operator_state(cp: Checkpoint, name: str) -> dict[str, Any]:
