@@ -15,40 +15,24 @@ counts are chosen to run several seconds each). Medians of --repeats runs; the r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bench_state  # noqa: E402 - its cluster_run, from this directory
 
 from tests.support.lookup_service import lookup_service  # noqa: E402
 
 
 def cluster_run(entry: str, records: int, capacity: int) -> float:
     """Records/s of one job on a fresh local cluster of one worker (submit -> FINISHED)."""
-    from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster
-
-    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
-    os.environ["SLUICE_BENCH_CAPACITY"] = str(capacity)
-    log_dir = tempfile.mkdtemp(prefix="sluice-bench-async-io-")
-    cluster = LocalCluster(workers=1, slots=2, log_dir=log_dir)
-    try:
-        cluster.start()
-        summary = asyncio.run(run_job_on_cluster(cluster, entry, config={}, name="bench-async-io", progress=None,
-                                                 timeout_s=600))
-        if summary["state"] != "FINISHED" or summary["restarts"]:
-            raise RuntimeError(f"{entry} ended {summary['state']} after {summary['restarts']} restarts: "
-                               f"{summary.get('error', '')} {summary.get('failures', [])}")
-        return records / (summary["ended_at"] - summary["submitted_at"])
-    finally:
-        cluster.stop()
-        shutil.rmtree(log_dir, ignore_errors=True)
+    os.environ["SLUICE_BENCH_CAPACITY"] = str(capacity)  # inherited by the cluster's processes
+    return bench_state.cluster_run(entry, records, {}, workers=1, name="bench-async-io")
 
 
 def main() -> None:

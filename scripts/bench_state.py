@@ -445,16 +445,18 @@ def task_checkpoints(sizes: list[int], value_bytes: int, root: str) -> list[dict
     return rows
 
 
-def cluster_run(entry: str, records: int, config: dict[str, Any]) -> float:
-    """Records/s of one job on a fresh local cluster of 2 workers (submit -> FINISHED)."""
+def cluster_run(entry: str, records: int, config: dict[str, Any], *, workers: int = 2,
+                name: str = "bench-state") -> float:
+    """Records/s of one job on a fresh local cluster of `workers` workers (submit -> FINISHED); the job reads its
+    record count from SLUICE_BENCH_RECORDS (scripts/bench_async_io.py runs its jobs through this too)."""
     from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster
 
     os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
-    log_dir = tempfile.mkdtemp(prefix="sluice-bench-state-")
-    cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
+    log_dir = tempfile.mkdtemp(prefix=f"sluice-{name}-")
+    cluster = LocalCluster(workers=workers, slots=2, log_dir=log_dir)
     try:
         cluster.start()
-        summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name="bench-state", progress=None,
+        summary = asyncio.run(run_job_on_cluster(cluster, entry, config=config, name=name, progress=None,
                                                  timeout_s=900))
         if summary["state"] != "FINISHED" or summary["restarts"]:
             raise RuntimeError(f"{entry} ended {summary['state']} after {summary['restarts']} restarts: "

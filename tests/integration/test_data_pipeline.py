@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +29,13 @@ from runtime.connectors.generator import EVENT_TIME_START_MS, key_names, zipf_cu
 from runtime.data import commands
 from runtime.data.event_time import session_count, window_count
 from runtime.data.generate import generate
-from runtime.data.spark import DataError, find_java, start_session, stop_session
+from runtime.data.spark import DataError
 from runtime.data.verify import EventTimeOptions, verify
 
 pytestmark = pytest.mark.integration
 
 ROWS = 20_000
 KEYS = 50
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    if find_java() is None:
-        pytest.skip("no Java: the Spark data pipeline needs Java 17")
-    session = start_session("local[2]", "sluice-data-tests")
-    yield session
-    stop_session(session)
 
 
 @pytest.fixture(scope="module")

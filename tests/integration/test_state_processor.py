@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from runtime.data.checkpoint_state import (
     state_rows,
     target_in,
 )
-from runtime.data.spark import find_java, start_session, stop_session
 from runtime.data.state_processor import bootstrap, read_state
 from tests.support.checkpoints import checkpoint_config, checkpoint_dir, install_jobs, start_backpressured
 from tests.support.cluster import Cluster, generator_counts, write_module
@@ -58,16 +56,6 @@ def counts(job: Job) -> None:
         .process(Count(), parallelism=2).uid("counts")
         .sink(FileSink({out!r}, delay_per_record_s=0.00005), parallelism=2))
 '''
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    if find_java() is None:
-        pytest.skip("no Java: the state processor needs Java 17")
-    session = start_session("local[2]", "sluice-state-tests")
-    yield session
-    stop_session(session)
 
 
 def initial_counts() -> dict[str, int]:

@@ -19,11 +19,10 @@ from hypothesis import strategies as st
 
 from netstack.credit import Buffer
 from runtime.api import Job, KeyedProcessFunction, ProcessFunction
-from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 from runtime.execution.channels import ChannelReader, split_records
 from runtime.execution.operators import Chain, RecordWriter
-from tests.support.buffers import make_subs, sent
+from tests.support.buffers import ListSink, make_subs, sent
 
 records_st = st.lists(
     st.tuples(st.text(max_size=12), st.integers(min_value=-(2**40), max_value=2**40),
@@ -107,15 +106,6 @@ def test_take_when_a_buffer_ends_inside_a_record():
     reader.feed(stream[-5:])
     assert reader.take(100) == [("k", 9, "x" * 20)]
     assert reader.fetched == len(stream)
-
-
-class ListSink(Sink):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out: list[Any] = []
-
-    def write(self, record: Any) -> None:
-        self.out.append(record)
 
 
 class RunningCount(KeyedProcessFunction):

@@ -16,9 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.api import BoundedOutOfOrderness, GeneratorSource, Job, KeyedProcessFunction, OutputTag, ProcessFunction
-from runtime.connectors.sinks import Sink
 from runtime.execution.operators import Chain, RecordWriter
-from tests.support.buffers import make_subs, sent
+from tests.support.buffers import ListSink, make_subs, sent
 
 ODD = OutputTag("odd")
 
@@ -29,15 +28,6 @@ def decode(sub: Any) -> list[Any]:
     for data, _, _ in sent(sub):
         unpacker.feed(data)
     return list(unpacker)
-
-
-class ListSink(Sink):
-    def __init__(self) -> None:
-        super().__init__()
-        self.out: list[Any] = []
-
-    def write(self, record: Any) -> None:
-        self.out.append(record)
 
 
 class Remember(ProcessFunction):
