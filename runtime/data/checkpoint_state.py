@@ -41,9 +41,10 @@ import msgpack
 from runtime.checkpointing import backend_snapshots
 from runtime.checkpointing.snapshots import (
     CorruptState,
-    decode_channel_state,
     decode_operator_state,
+    encode_channel_state,
     encode_operator_state,
+    read_channel_state,
     read_file,
 )
 from runtime.common import objectstore
@@ -267,7 +268,7 @@ def channel_rows(cp: Checkpoint, uid: str) -> Iterator[tuple[Any, ...]]:
             if not name:
                 continue
             try:
-                channels = decode_channel_state(read_file(cp.directory, name), objectstore.join(cp.directory, name))
+                channels = read_channel_state(cp.directory, name, objectstore.join(cp.directory, name))
             except CorruptState as exc:
                 raise DataError(str(exc)) from None
             for channel in sorted(channels, key=lambda c: tuple(int(p) for p in c.split(":"))):
@@ -421,9 +422,14 @@ def transform(cp: Checkpoint, out: str, *, drop: Iterable[str] = (), rename: Map
         state = dict(ack.get("state") or {})
         state.pop("backend", None)
         sums: dict[str, Any] = {}
-        for kind in ("in", "out"):
+        state.pop("segments", None)
+        for kind in ("in", "out"):  # inline: a savepoint is self-contained, it references no shared segment
             if state.get(kind):
-                files[state[kind]] = read_file(cp.directory, state[kind])
+                try:
+                    channels = read_channel_state(cp.directory, state[kind])
+                except CorruptState as exc:
+                    raise DataError(str(exc)) from None
+                files[state[kind]] = encode_channel_state(kind, channels)
                 sums[state[kind]] = checksum(files[state[kind]])
         if state.get("state"):
             data = _transformed_state(cp, state["state"], nodes, drop, rewrite, remote_address, counts)
