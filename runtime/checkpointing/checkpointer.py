@@ -73,7 +73,7 @@ class CheckpointRun:
 
 class TaskCheckpointer:
     def __init__(self, task: Task, writer: CheckpointWriter, *, task_key: str, max_parallelism: int,
-                 on_ack: AckCallback, on_decline: DeclineCallback) -> None:
+                 on_ack: AckCallback, on_decline: DeclineCallback, incremental_channel_state: bool = True) -> None:
         self.task = task
         self.writer = writer
         self.task_key = task_key
@@ -81,7 +81,7 @@ class TaskCheckpointer:
         self.on_ack = on_ack
         self.on_decline = on_decline
         # channel state written incrementally: buffers still queued at the next checkpoint are referenced
-        self.channel_files = ChannelStateFiles(task_key)
+        self.channel_files = ChannelStateFiles(task_key, incremental=incremental_channel_state)
         self.run: CheckpointRun | None = None
         self._first_barrier: tuple[float, float] | None = None  # (monotonic, wall) of the pending checkpoint
         self.last_alignment_s = 0.0

@@ -65,7 +65,8 @@ def test_aligned_times_out_under_backpressure_unaligned_completes_fast(running_c
         assert sum(f["inflight_bytes"] for f in figures) == entry["inflight_bytes"], figures
         assert all(f["unaligned"] for f in figures), figures
         # the persisted in-flight data is really there: channel-state files beside the state files
-        files = {name for a in meta["acks"].values() for kind, name in a["state"].items() if kind in ("state", "in", "out")}
+        files = {name for a in meta["acks"].values() for kind, name in a["state"].items()
+                 if kind in ("state", "in", "out")}
         assert any(name.endswith((".in", ".out")) for name in files), files
         for name in files:
             assert (Path(result["path"]) / name).is_file(), name
@@ -206,7 +207,8 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     meta = read_metadata(path)
     assert meta["savepoint"] is True and meta["checkpoint_id"] == result["checkpoint_id"], meta
     assert len(meta["acks"]) == 4, meta["acks"]
-    files = {name for a in meta["acks"].values() for kind, name in a["state"].items() if kind in ("state", "in", "out")}
+    files = {name for a in meta["acks"].values() for kind, name in a["state"].items()
+             if kind in ("state", "in", "out")}
     assert files, meta["acks"]
     for name in files:
         assert (path / name).is_file(), (name, sorted(p.name for p in path.iterdir()))
