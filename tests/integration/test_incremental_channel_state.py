@@ -69,4 +69,7 @@ def test_kill_under_backpressure_restores_shared_segments_exactly_and_leaves_no_
         return present == listed
 
     poll(no_orphans, 10, "the shared segments to be exactly those the retained checkpoints list")
-    assert len(_completed(job_dir)) <= 3, sorted(_completed(job_dir))  # retain 2 (+ one from before the restart)
+    kept = _completed(job_dir)
+    assert len(kept) <= 4, sorted(kept)  # retain 2, and the restored attempt's 2 from before the restart
+    restored = kept.get(st["restored_checkpoint_id"])
+    assert restored is None or _segments(restored), "the restored checkpoint held no shared segment"
