@@ -141,6 +141,7 @@ class ChannelStateFiles:
     def _forget(self, checkpoint_id: int) -> None:
         for n in [n for n in self._used if n <= checkpoint_id]:
             del self._used[n]
-        live = self.tracker.referenced() | {s for used in self._used.values() for s in used}
-        for name in [n for n in self._sums if n not in live]:
-            del self._sums[name]
+        live = self.tracker.referenced() | {s for used in list(self._used.values()) for s in list(used)}
+        for name in list(self._sums):  # a copy: the writer thread may add a segment meanwhile
+            if name not in live:
+                self._sums.pop(name, None)

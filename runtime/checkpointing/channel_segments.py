@@ -13,7 +13,8 @@ buffers, so a buffer cut at the last whole record in one checkpoint can be refer
 Buffers are identified by the caller's key: the worker passes the buffer objects themselves, compared by
 identity (a buffer is immutable and stays the same object while it waits in a queue; sequence numbers are
 not assigned to a producer's buffers before they are sent). A key stays valid because the tracker holds the
-keys it may reuse.
+keys it may reuse: the buffers of the base capture and of pending ones, no more than those checkpoints' channel
+state.
 
 Safety of references (checked by tests/unit/test_channel_segments.py over random histories):
 - A checkpoint references only segments of the newest checkpoint this task knows *completed*, and only if the
