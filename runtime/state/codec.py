@@ -75,9 +75,19 @@ def _pack_other(obj: Any) -> Any:
     """msgpack's `default` under strict_types: exact types pack natively, the rest comes here."""
     if isinstance(obj, tuple):  # a namedtuple too: it reads back as a plain tuple
         return [_TUPLE_MARK, *obj]
-    for base in (dict, list, str, bytes, int, float):  # subclasses (OrderedDict, IntEnum, ...) as their base
-        if isinstance(obj, base):
-            return base(obj)
+    # subclasses (OrderedDict, IntEnum, ...) as their base
+    if isinstance(obj, dict):
+        return dict(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, bytes):
+        return bytes(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
     raise TypeError(f"can not serialize {type(obj).__name__!r} object")
 
 
