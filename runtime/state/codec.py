@@ -69,25 +69,16 @@ def decode_key(data: bytes) -> tuple[str, int, Any]:
 TUPLE_EXT = 1
 _TUPLE_MARK = msgpack.ExtType(TUPLE_EXT, b"")
 _TUPLE = object()  # what the marker decodes to, before list_hook turns its array into a tuple
+_NATIVE: tuple[type, ...] = (dict, list, str, bytes, int, float)
 
 
 def _pack_other(obj: Any) -> Any:
     """msgpack's `default` under strict_types: exact types pack natively, the rest comes here."""
     if isinstance(obj, tuple):  # a namedtuple too: it reads back as a plain tuple
         return [_TUPLE_MARK, *obj]
-    # subclasses (OrderedDict, IntEnum, ...) as their base
-    if isinstance(obj, dict):
-        return dict(obj)
-    if isinstance(obj, list):
-        return list(obj)
-    if isinstance(obj, str):
-        return str(obj)
-    if isinstance(obj, bytes):
-        return bytes(obj)
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return float(obj)
+    for base in _NATIVE:  # subclasses (OrderedDict, IntEnum, ...) as their base
+        if isinstance(obj, base):
+            return base(obj)
     raise TypeError(f"can not serialize {type(obj).__name__!r} object")
 
 
