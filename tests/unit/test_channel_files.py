@@ -106,3 +106,13 @@ def test_a_missing_or_corrupt_segment_is_one_clear_error(tmp_path: Path, damage:
         read_channel_state(directory, "1-0.out")
     with pytest.raises(CorruptCheckpoint, match=f"{segment.name}: channel state segment of task 1:0"):
         storage.verify(directory, storage.read_metadata(directory))
+
+
+def test_the_switch_is_a_job_setting() -> None:
+    from runtime.graph.job_config import JobConfig, JobConfigError
+
+    assert JobConfig.from_document({}).channels.incremental_channel_state is True
+    off = JobConfig.from_document({"incremental_channel_state": False})
+    assert JobConfig.from_wire(off.to_wire()).channels.incremental_channel_state is False
+    with pytest.raises(JobConfigError, match="incremental_channel_state must be true or false"):
+        JobConfig.from_document({"incremental_channel_state": "no"})
