@@ -38,7 +38,8 @@ ROOT = os.path.dirname(SCRIPTS)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction  # noqa: E402
+from runtime.api import DiscardSink, GeneratorSource, Job  # noqa: E402
+from runtime.examples.wordcount import Count  # noqa: E402
 
 ENTRY = "bench_scale:build"
 PARALLELISM_ENV = "SLUICE_BENCH_SCALE_P"
@@ -47,16 +48,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- the job (runs in the cluster's processes) ---------------------------------------------
-
-
-class Count(KeyedProcessFunction):
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.value_state("count", default=0)
-
-    def process(self, record: Any, ctx: Any) -> None:
-        n = self.count.value() + 1
-        self.count.update(n)
-        ctx.emit((record[0], n))
 
 
 def build(job: Job) -> None:
