@@ -11,16 +11,35 @@ from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, logs, poll, sluice, write_module
 
+# The sink of the jobs that are rescaled while they run: slow, so the job stays backpressured (data in flight for
+# the rescales' unaligned checkpoints) until the test has checked all it checks while the job runs; then the test
+# creates the file RELEASE (`release`) and the sink writes at full speed, so the rest of the input drains in a
+# moment instead of at the slow rate (tens of seconds of the suite per test). Paste it into a job module that
+# defines RELEASE and imports FileSink; it has no braces, so it can go into a str.format template.
+RELEASABLE_SINK = """
+import os
+
+
+class ReleasableSink(FileSink):
+    def throttle(self):
+        self._written = getattr(self, "_written", 0) + 1
+        if self._written % 512 == 0 and self.delay_per_record_s and os.path.exists(RELEASE):
+            self.delay_per_record_s = 0.0
+        super().throttle()
+"""
+
 JOBS = """
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
+RELEASE = {release!r}
+""" + RELEASABLE_SINK + """
 
 def wordcount(job: Job) -> None:
     (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
-        .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
+        .sink(ReleasableSink({out!r}, delay_per_record_s=0.0002)))
 """
 WORDS, KEYS, SEED = 300_000, 200, 13  # long enough that no source subtask finishes before the last rescale
 ONE_RESCALE_WORDS = 200_000  # a test that rescales once, early, ends sooner
@@ -31,10 +50,21 @@ CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30
 
 def submit(cluster: Cluster, config: dict[str, Any] = CONFIG, words: int = WORDS) -> tuple[str, Path]:
     out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=words, keys=KEYS, seed=SEED))
+    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=words, keys=KEYS, seed=SEED,
+                                                              release=release_path(cluster)))
     result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": config,
                                      "sys_path": str(cluster.tmp_path)})
     return str(result["job_id"]), out
+
+
+def release_path(cluster: Cluster) -> str:
+    """The file whose existence lets a job's ReleasableSink write at full speed."""
+    return str(cluster.tmp_path / "release")
+
+
+def release(cluster: Cluster) -> None:
+    """Let the job's ReleasableSink write at full speed (within its next 512 records)."""
+    Path(release_path(cluster)).touch()
 
 
 def wait_backpressured(cluster: Cluster, job_id: str, tasks: int) -> None:
