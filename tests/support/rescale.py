@@ -22,8 +22,8 @@ import os
 
 class ReleasableSink(FileSink):
     def throttle(self):
-        self._written = getattr(self, "_written", 0) + 1
-        if self._written % 512 == 0 and self.delay_per_record_s and os.path.exists(RELEASE):
+        self._throttled = getattr(self, "_throttled", 0) + 1
+        if self._throttled % 512 == 0 and self.delay_per_record_s and os.path.exists(RELEASE):
             self.delay_per_record_s = 0.0
         super().throttle()
 """
