@@ -18,7 +18,8 @@ import statistics
 import pytest
 
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, write_module
-from tests.support.rescale import JOBS, release, release_path
+from tests.support.releasable_sink import release, release_path
+from tests.support.rescale import JOBS
 
 WORDS, KEYS, SEED = 240_000, 200, 7  # long enough for several checkpoints after the warm-up, even on a loaded machine
 WARMUP_S = 8.0  # the estimates settle over their 3 s window after the start (buffers start small, see inflight.py)

@@ -28,7 +28,7 @@ from tests.support.failover import (
     start,
     worker_id_of,
 )
-from tests.support.rescale import RELEASABLE_SINK, release, release_path
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 

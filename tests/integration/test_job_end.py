@@ -20,7 +20,7 @@ import pytest
 from tests.support.cluster import Cluster, poll
 from tests.support.failover import CHANNELS, KEYS, SEED, WORKER_ARGS, assert_exact_output, install
 from tests.support.faulty_coordinator import launcher
-from tests.support.rescale import RELEASABLE_SINK, release, release_path
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 

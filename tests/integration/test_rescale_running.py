@@ -12,13 +12,13 @@ import pytest
 from runtime.graph.enums import JobState
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, logs, sluice
 from tests.support.faulty_coordinator import launcher
+from tests.support.releasable_sink import release
 from tests.support.rescale import (
     CONFIG,
     KEYS,
     ONE_RESCALE_WORDS,
     SEED,
     WORDS,
-    release,
     rescale,
     submit,
     wait_backpressured,

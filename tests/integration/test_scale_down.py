@@ -18,7 +18,8 @@ import pytest
 from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, sluice, write_module
-from tests.support.rescale import CONFIG, JOBS, release, release_path, wait_backpressured
+from tests.support.releasable_sink import release, release_path
+from tests.support.rescale import CONFIG, JOBS, wait_backpressured
 
 # The sink bounds the sources: they run ahead of it by what the channels hold, which 8 KiB buffers keep to
 # ~40k records at parallelism 3. 350k records (~25 s of the sink) leave the sources reading until the scale-up.

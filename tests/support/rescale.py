@@ -10,23 +10,7 @@ from typing import Any
 from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, logs, poll, sluice, write_module
-
-# The sink of the jobs that are rescaled while they run: slow, so the job stays backpressured (data in flight for
-# the rescales' unaligned checkpoints) until the test has checked all it checks while the job runs; then the test
-# creates the file RELEASE (`release`) and the sink writes at full speed, so the rest of the input drains in a
-# moment instead of at the slow rate (tens of seconds of the suite per test). Paste it into a job module that
-# defines RELEASE and imports FileSink; it has no braces, so it can go into a str.format template.
-RELEASABLE_SINK = """
-import os
-
-
-class ReleasableSink(FileSink):
-    def throttle(self):
-        self._throttled = getattr(self, "_throttled", 0) + 1
-        if self._throttled % 512 == 0 and self.delay_per_record_s and os.path.exists(RELEASE):
-            self.delay_per_record_s = 0.0
-        super().throttle()
-"""
+from tests.support.releasable_sink import RELEASABLE_SINK, release_path
 
 JOBS = """
 from runtime.api import FileSink, GeneratorSource, Job
@@ -55,16 +39,6 @@ def submit(cluster: Cluster, config: dict[str, Any] = CONFIG, words: int = WORDS
     result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": config,
                                      "sys_path": str(cluster.tmp_path)})
     return str(result["job_id"]), out
-
-
-def release_path(cluster: Cluster) -> str:
-    """The file whose existence lets a job's ReleasableSink write at full speed."""
-    return str(cluster.tmp_path / "release")
-
-
-def release(cluster: Cluster) -> None:
-    """Let the job's ReleasableSink write at full speed (within its next 512 records)."""
-    Path(release_path(cluster)).touch()
 
 
 def wait_backpressured(cluster: Cluster, job_id: str, tasks: int) -> None:
