@@ -31,6 +31,7 @@ from tests.support.failover import (
     worker_id_of,
 )
 from tests.support.object_store import completed, in_bucket, running_s3
+from tests.support.releasable_sink import release
 from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
@@ -96,6 +97,7 @@ def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait(10)
     setup.replace_dead_workers()
+    release(cluster)  # the restored attempt at full speed: the restore, not the data, is under test
 
     st = setup.wait_finished(job_id, 180)
     assert st["restarts"] == 1, st

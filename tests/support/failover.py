@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.cluster import Cluster, generator_counts, kill_worker, poll, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 # Count is chained with its sink (same parallelism, forward), so the vertex "Count -> <sink>" hosts both.
 # `once(name)` is true exactly once per test, across processes and attempts (O_EXCL on a marker file), which is
@@ -42,6 +43,9 @@ def once(name, content=""):
 
 from runtime.examples.wordcount import Count  # the README's keyed word count
 
+RELEASE = {release!r}
+''' + RELEASABLE_SINK + '''
+
 
 class FailOnce(Count):
     def process(self, record, ctx):
@@ -57,7 +61,7 @@ class AlwaysFail(Count):
         super().process(record, ctx)
 
 
-class CrashingSink(FileSink):
+class CrashingSink(ReleasableSink):
     """Kills its own worker at two precise points of the two-phase protocol.
 
     in flight: attempt 0, subtask 1, at the first pre-commit after a checkpoint has completed: the files are
@@ -96,15 +100,15 @@ def _pipeline(job, count, sink):
 
 
 def wordcount(job: Job) -> None:
-    _pipeline(job, Count(), FileSink(OUT, delay_per_record_s=SINK_DELAY))
+    _pipeline(job, Count(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
 
 
 def fail_once(job: Job) -> None:
-    _pipeline(job, FailOnce(), FileSink(OUT, delay_per_record_s=SINK_DELAY))
+    _pipeline(job, FailOnce(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
 
 
 def always_fail(job: Job) -> None:
-    _pipeline(job, AlwaysFail(), FileSink(OUT, delay_per_record_s=SINK_DELAY))
+    _pipeline(job, AlwaysFail(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
 
 
 def crashing_sink(job: Job) -> None:
@@ -172,7 +176,7 @@ def install(cluster: Cluster, *, words: int, sink_delay: float = 0.00005, fail_s
     setup = Setup(cluster, words)
     write_module(cluster.tmp_path, "failjobs",
                  JOBS.format(out=str(setup.out), markers=str(setup.markers), words=words, keys=KEYS, seed=SEED,
-                             sink_delay=sink_delay, fail_seq=fail_seq))
+                             sink_delay=sink_delay, fail_seq=fail_seq, release=release_path(cluster)))
     return setup
 
 
@@ -268,6 +272,7 @@ def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0, *,
     killed_after = st["last_checkpoint"]["checkpoint_id"]
     victim_id = kill_worker_running(setup.cluster, st, sink_subtask)
     restart_worker(setup.cluster, victim_id)
+    release(setup.cluster)  # the restored attempt's sink at full speed: the recovery is what is under test
     st = setup.wait_finished(job_id, finish_timeout_s)
     assert_recovered(st, 1)
     assert victim_id in st["failures"][0], st
