@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,39 @@ def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0, *,
 def committed_by(setup: Setup) -> list[int]:
     """The checkpoint ids in the committed part files' names (part-<subtask>-<checkpoint>-<attempt>-<n>)."""
     return sorted(int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-"))
+
+
+def fall_back_from_a_corrupt_latest_checkpoint(setup: Setup, job_id: str, corrupt: Callable[[str], str]) -> None:
+    """Two manual checkpoints 10k records apart while the job (manual checkpoints only) runs; `corrupt(path)`
+    damages a state file of the second (its path) and returns the file's name; the worker of sink subtask 0 is
+    killed and replaced. The restart must skip the second, saying so in the coordinator's log with the file's
+    name, restore the first, and leave exact output."""
+    cluster = setup.cluster
+    seen = {"records": 0}
+
+    def flowing(at_least: int) -> bool:
+        st = setup.status(job_id)
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
+        seen["records"] = sum(t["records_in"] for t in st["tasks"])
+        return len(st["tasks"]) == 4 and seen["records"] >= at_least
+
+    poll(lambda: flowing(10_000), 60, "records to flow")
+    first = cluster.call("checkpoint", {"job_id": job_id})
+    assert first["status"] == "COMPLETED", first
+    more = seen["records"] + 10_000  # once: the lambda would move the mark on every poll
+    poll(lambda: flowing(more), 60, "more records after the first checkpoint")
+    second = cluster.call("checkpoint", {"job_id": job_id})
+    assert second["status"] == "COMPLETED", second
+    poll(lambda: second["checkpoint_id"] in committed_by(setup), 30, "the second checkpoint's commit")
+    assert setup.status(job_id)["state"] == "RUNNING", "the job must still run for this test"
+
+    damaged = corrupt(second["path"])
+    kill_worker(cluster, sink_placement(setup.status(job_id))[0])
+    setup.replace_dead_workers()
+    release(cluster)  # the restored attempt at full speed: the restore, not the data, is under test
+    st = setup.wait_finished(job_id, 180)
+    assert st["restarts"] == 1, st
+    assert st["restored_checkpoint_id"] == first["checkpoint_id"], st
+    log = cluster.log("coordinator")
+    assert f"skipping checkpoint {second['path']}" in log and damaged in log, log[-3000:]
+    assert_exact_output(setup)
