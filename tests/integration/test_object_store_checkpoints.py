@@ -27,6 +27,7 @@ from tests.support.failover import (
     wait_first_checkpoint,
 )
 from tests.support.object_store import completed, in_bucket, running_s3
+from tests.support.releasable_sink import release
 from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
@@ -99,6 +100,7 @@ def test_a_savepoint_in_the_bucket_restores_a_cancelled_job_exactly(cluster: Clu
     poll(lambda: setup.status(job_id)["state"] == "CANCELLED", 30, "the job to be cancelled")
 
     config = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned"}}
+    release(cluster)  # the restored job at full speed: the restore, not the data, is under test
     restored = cluster.call("submit", {"entry": "failjobs:wordcount", "config": config,
                                        "sys_path": str(cluster.tmp_path), "restore": path})["job_id"]
     st = setup.wait_finished(restored, 180)
