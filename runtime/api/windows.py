@@ -513,8 +513,12 @@ class WindowOperator(KeyedProcessFunction):
                     acc = last[2] + 1 if counting else add(last[2], record)
                     table[key] = ((start, end, acc),) if len(entries) == 1 else (*entries[:-1], (start, end, acc))
                     continue
+                if entries[0][1] == end:  # behind: the oldest window (a source subtask that lags the others)
+                    acc = entries[0][2] + 1 if counting else add(entries[0][2], record)
+                    table[key] = ((start, end, acc), *entries[1:])
+                    continue
                 i = len(entries) - 2
-                while i >= 0:
+                while i > 0:
                     entry = entries[i]
                     if entry[1] == end:
                         acc = entry[2] + 1 if counting else add(entry[2], record)
