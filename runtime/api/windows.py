@@ -285,8 +285,8 @@ class WindowOperator(KeyedProcessFunction):
         if legacy:
             for key, entries in list(table.items()):
                 stamps = legacy.get(key, ())
-                table[key] = tuple(tuple(e[:3]) if len(e) > 3 or e[1] - 1 in stamps else (e[0], e[1], e[2], True)
-                                   for e in entries)
+                table[key] = tuple(tuple(e) if len(e) > 3 else (e[0], e[1], e[2]) if e[1] - 1 in stamps
+                                   else (e[0], e[1], e[2], True) for e in entries)
             legacy.clear()
         lateness = self.lateness
         out = []
