@@ -113,10 +113,10 @@ class TaskThread:
     def _run(self) -> None:
         calls = self._calls
         while True:
-            item = calls.get()
-            if item is _STOP:
+            fn, args, loop, future = calls.get()
+            if fn is _STOP:
+                self._resolve(loop, future, None, None)
                 return
-            fn, args, loop, future = item
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the awaiting task, which fails as it would inline
@@ -143,6 +143,12 @@ class TaskThread:
     async def stop(self, timeout_s: float = 10.0) -> bool:
         """Let the running call finish (a cancelled task's call may still run), then end the thread. False if
         the call did not finish within `timeout_s` (user code stuck: the daemon thread is left behind)."""
-        self._calls.put(_STOP)
-        await asyncio.to_thread(self._thread.join, timeout_s)
-        return not self._thread.is_alive()
+        loop = asyncio.get_running_loop()
+        stopped: asyncio.Future[Any] = loop.create_future()
+        self._calls.put((_STOP, (), loop, stopped))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await stopped
+        except TimeoutError:
+            return False
+        return True

@@ -238,6 +238,7 @@ class Task:
         self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
         self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
         self._tick_due = False  # the periodic flush came during a call: it runs when the call returns
+        self._processing_timers_due = False  # an isolated task's processing-time timers wait for its thread
         self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
     # -- signals from outside (network callbacks, the worker) -----------------
@@ -450,6 +451,7 @@ class Task:
         if op is not None and op.drain and not op.quiet() and any(_may_snapshot(m) for m in self.mailbox):
             await self._quiesce()
         self._serve_mailbox()
+        await self._timers_on_thread()
 
     async def _quiesce(self) -> None:
         """Wait until the asynchronous operator has nothing queued or in flight (drain checkpoints). The
@@ -981,13 +983,29 @@ class Task:
             await self._run_timer_burst()
 
     def _fire_processing_timers(self) -> None:
-        """Mail: fire due processing-time timers, a chunk per turn of the mailbox."""
+        """Mail: fire due processing-time timers, a chunk per turn of the mailbox (an isolated task: on its
+        thread, right after this turn of the mailbox, see `_timers_on_thread`)."""
+        if self.isolation.isolated:
+            self._processing_timers_due = True
+            return
         timers = self.chain.timers
         assert timers is not None
-        if timers.fire_processing(current_time_ms(), TIMER_CHUNK):
+        self._after_processing_timers(timers.fire_processing(current_time_ms(), TIMER_CHUNK))
+
+    def _after_processing_timers(self, more: bool) -> None:
+        if more:
             self.post(Mail(self._fire_processing_timers, "processing-time timers"))
         else:
             self._processing_timers_posted = False
+
+    async def _timers_on_thread(self) -> None:
+        """After a turn of the mailbox: the processing-time timers its mail found due, on the task's thread."""
+        if self._processing_timers_due:
+            self._processing_timers_due = False
+            timers = self.chain.timers
+            assert timers is not None
+            self._after_processing_timers(
+                await self._offload(timers.fire_processing, current_time_ms(), TIMER_CHUNK))
 
     async def _wait_final_checkpoint(self) -> None:
         """Stay (serving the mailbox) until a checkpoint taken after the end of input has completed and the
@@ -997,6 +1015,7 @@ class Task:
         while not self.checkpoints.final_committed():
             if self.mailbox:
                 self._serve_mailbox()
+                await self._timers_on_thread()
                 continue
             await self._wait_as(IDLE_TIME)
 
@@ -1007,6 +1026,7 @@ class Task:
                 raise TimeoutError(f"task {self.task_id}: outputs not drained within {timeout_s}s")
             if self.mailbox:
                 self._serve_mailbox()
+                await self._timers_on_thread()
             await self._wait(0.05)
 
 
