@@ -13,9 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netstack.credit import ChannelSender
-from runtime.connectors.sinks import DiscardSink
-from runtime.execution.channels import Subpartition, split_records
+from runtime.api import DiscardSink, GeneratorSource, Job, Sink
+from runtime.execution.channels import OutputGate, Subpartition, split_records
 from runtime.execution.isolation import BLOCKING_CALL_S, QUIET_S, SLOW_CALLS, IsolationPolicy, TaskThread, mode_from_env
+from runtime.execution.operators import Chain
+from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
 SLOW = BLOCKING_CALL_S * 2
 FAST = BLOCKING_CALL_S / 10
@@ -183,3 +185,58 @@ def test_deferred_buffers_are_the_same_buffers_queued_later(records: list[bytes]
     assert deferred == direct
     assert (s.bytes_out, s.buffers_out) == (d.bytes_out, d.buffers_out)
     assert split_records(b"".join(data for data, _, _ in deferred)) == packed
+
+
+# -- real tasks on one event loop, in this process ---------------------------------------------------------
+
+class SleepingSink(Sink):
+    """A blocking client that does not say so: 1 ms a record."""
+
+    def write(self, record: object) -> None:
+        time.sleep(0.001)
+
+
+def _task(job: Job, node_ids: list[int], mode: str) -> Task:
+    chain = Chain(job, node_ids, subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    name = job.nodes[node_ids[0]].name
+    return Task(key=TaskKey("job", node_ids[0], 0, name, 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                inputs=[], credits=Credits(2, 8), source=job.nodes[node_ids[0]].payload, flush_timeout_s=0.05,
+                isolation=mode)
+
+
+async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
+    """A fast source -> map -> discard task runs to its end beside an unbounded source -> `slow_sink` task;
+    the longest the event loop was late for a 5 ms timer meanwhile, and the slow task."""
+    job = Job()
+    job.source(GeneratorSource(count=300_000, keys=100, seed=1), name="fast").map(lambda r: r).sink(DiscardSink())
+    job.source(GeneratorSource(count=None, keys=10, seed=2), name="slow").sink(slow_sink)
+    fast, slow = _task(job, [0, 1, 2], mode), _task(job, [3, 4], mode)
+    slow_run = asyncio.create_task(slow.run())
+    lag = 0.0
+
+    async def ticker() -> None:
+        nonlocal lag
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.005)
+            lag = max(lag, time.monotonic() - t0 - 0.005)
+
+    ticking = asyncio.create_task(ticker())
+    await fast.run()
+    ticking.cancel()
+    slow.cancel()
+    with pytest.raises((TaskCancelled, asyncio.CancelledError)):
+        await slow_run
+    return lag, slow
+
+
+@pytest.mark.parametrize("sink", ["undeclared", "declared"])
+def test_a_blocking_sink_does_not_hold_up_the_loop(sink: str) -> None:
+    """Inline, the sleeping sink held the loop for a whole source batch (512 records, half a second);
+    isolated, the loop is never late by more than a few ms (the first three records of an undeclared
+    blocking sink still run inline: that is how `auto` finds it)."""
+    slow_sink = SleepingSink() if sink == "undeclared" else DiscardSink(delay_per_record_s=0.001)
+    lag, slow = asyncio.run(_fast_next_to(slow_sink, "auto"))
+    assert slow.isolation.isolated
+    assert slow.records_in > 0
+    assert lag < 0.2, f"the event loop was {lag * 1000:.0f} ms late"
