@@ -14,6 +14,11 @@ The chunk size adapts to the cost of a record: it doubles while a chunk takes
 less than CHUNK_S / 4 and halves when one takes more than CHUNK_S, up to
 MAX_CHUNK. Cheap records go a few hundred per call; slow ones (a throttled
 sink) one at a time, exactly as before, so mail is never kept waiting.
+
+A task whose chain blocks (runtime/execution/isolation.py) makes the same
+calls on a thread of its own and awaits each one (`_offload`): everything
+between the calls (mailbox, snapshots, credit, waiting for output) stays
+here on the event loop, in the same order as inline.
 """
 
 from __future__ import annotations
