@@ -31,8 +31,8 @@ from runtime.common import retention
 from runtime.common.checkpoint_metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
+    body_mismatch,
     encode_metadata,
-    metadata_body,
     write_metadata_file,
 )
 from runtime.common.checksums import mismatch
@@ -152,7 +152,7 @@ class LocalCheckpointStorage:
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: {problem}")
         recorded = doc.pop("checksum", None)
-        problem = mismatch(metadata_body(doc), recorded)
+        problem = body_mismatch(doc, recorded)
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: checkpoint metadata is corrupt: {problem}")
         return doc

@@ -50,11 +50,11 @@ from runtime.common import objectstore
 from runtime.common.checkpoint_metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
+    body_mismatch,
     encode_metadata,
-    metadata_body,
     write_metadata_file,
 )
-from runtime.common.checksums import checksum, mismatch
+from runtime.common.checksums import checksum
 from runtime.data.spark import DataError
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -125,7 +125,7 @@ def read_metadata(directory: str) -> dict[str, Any]:
         raise DataError(f"{path}: checkpoint metadata is truncated or not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION or not isinstance(doc.get("acks"), dict):
         raise DataError(f"{path}: not checkpoint metadata of format {FORMAT_VERSION}")
-    problem = mismatch(metadata_body(doc), doc.pop("checksum", None))
+    problem = body_mismatch(doc, doc.pop("checksum", None))
     if problem is not None:
         raise DataError(f"{path}: checkpoint metadata is corrupt: {problem}")
     return dict(doc)

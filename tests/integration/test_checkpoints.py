@@ -27,6 +27,7 @@ from tests.support.checkpoints import (
     wait_running,
 )
 from tests.support.cluster import Cluster, assert_running_counts, committed_output, holds_for, logs, poll
+from tests.support.releasable_sink import release
 
 # -- 1: aligned vs unaligned under backpressure --------------------------------------------------------------
 
@@ -136,6 +137,7 @@ def test_restore_from_checkpoint_with_inflight_data_gives_exact_output(running_c
     committed_before = sum(len(v) for v in before.values())
     assert 0 < committed_before < WORDS, committed_before
 
+    release(cluster)  # the restored job at full speed: the restore, not the data, is under test
     second = submit(cluster, "cpjobs:wordcount", config, restore=result["path"])
     final = cluster.wait_job(second, timeout_s=120)
     assert final["state"] == "FINISHED", (final, logs(cluster))
