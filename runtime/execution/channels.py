@@ -62,7 +62,7 @@ class OutputGate:
 
 class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
-                 "continued", "key", "end_event")
+                 "continued", "key", "end_event", "deferred")
 
     def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -78,6 +78,9 @@ class Subpartition:
         self.continued: bytes | None = None  # the record the buffer being built begins by continuing
         self.key = ""  # "<edge>:<producer>:<consumer>", stable across attempts (checkpoint files use it)
         self.end_event: Event | None = None  # the end of partition, once queued (a checkpoint may overtake it)
+        # while the task's chain runs on its own thread (runtime/execution/isolation.py): buffers cut meanwhile
+        # wait here, and `hand_over` queues them on the loop, where the sender, credit and links live
+        self.deferred: list[tuple[Subpartition, Buffer]] | None = None
 
     def append(self, data: bytes) -> None:
         buf = self.buf
@@ -121,10 +124,17 @@ class Subpartition:
             self.continued = None
 
     def _enqueue(self, buffer: Buffer) -> None:
+        self.bytes_out += len(buffer.data)
+        self.buffers_out += 1  # at the cut, also when deferred: the record writer counts cuts with it
+        if self.deferred is not None:
+            self.deferred.append((self, buffer))
+            return
+        self.hand_over(buffer)
+
+    def hand_over(self, buffer: Buffer) -> None:
+        """Queue a cut buffer for sending (on the event loop)."""
         sender = self.sender
         sender.add_buffer(buffer)
-        self.bytes_out += len(buffer.data)
-        self.buffers_out += 1
         if not self.full and sender.queued_buffers >= self.limit:
             self.full = True
             self.gate.blocked += 1
