@@ -148,9 +148,8 @@ class TimerIndex(TimerQueue):
         keys.discard(key)
         return True
 
-    def peek(self) -> int | None:
-        if self._next < len(self._due):
-            return self._due_ts
+    def _earliest_pending(self) -> int | None:
+        """The earliest timestamp with keys in `_keys` (not the one being fired)."""
         heap, by_ts = self._stamps, self._keys
         while heap:
             ts = heap[0]
@@ -160,7 +159,30 @@ class TimerIndex(TimerQueue):
             by_ts.pop(ts, None)
         return None
 
+    def _resume_in_order(self) -> None:
+        """A timer registered, between two chunks, for a timestamp before the one being fired fires first (as the
+        per-key queue does): put the rest of the current timestamp's keys back and start over from the heap."""
+        if self._next < len(self._due):
+            earliest, due_ts = self._earliest_pending(), self._due_ts
+            assert due_ts is not None
+            if earliest is not None and earliest < due_ts:
+                rest = self._due[self._next:]
+                keys = self._keys.get(due_ts)
+                if keys is None:
+                    self._keys[due_ts] = set(rest)
+                    heapq.heappush(self._stamps, due_ts)
+                else:
+                    keys.update(rest)
+                self._due, self._next, self._due_ts = [], 0, None
+
+    def peek(self) -> int | None:
+        self._resume_in_order()
+        if self._next < len(self._due):
+            return self._due_ts
+        return self._earliest_pending()
+
     def pop_due(self, upto: int) -> tuple[int, Any] | None:
+        self._resume_in_order()
         if self._next >= len(self._due):
             ts = self.peek()
             if ts is None or ts > upto:
