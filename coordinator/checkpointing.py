@@ -81,9 +81,32 @@ class CheckpointSettings:
     mode: str = CheckpointMode.ALIGNED  # aligned | unaligned | aligned_timeout | at_least_once
     aligned_timeout_s: float | None = None  # used with mode aligned_timeout
     retain: int = 3  # completed checkpoints kept
+    # aligned checkpoints whose channels switch to unaligned one by one (runtime/checkpointing/barriers.py):
+    # at a barrier's wait behind data, or at the bytes ahead of it; and the cap on a task's persisted
+    # in-flight bytes per checkpoint that bounds those switches
+    channel_timeout_s: float | None = None
+    channel_inflight_bytes: int | None = None
+    max_inflight_bytes: int | None = None
+    max_concurrent: int = 1  # periodic checkpoints in flight at once (more than one: unaligned only)
 
     def __post_init__(self) -> None:
         check_mode(self.mode, self.aligned_timeout_s)
+        switching = self.channel_timeout_s is not None or self.channel_inflight_bytes is not None
+        if switching and self.mode != CheckpointMode.ALIGNED:
+            raise ValueError(f"channel_timeout_s / channel_inflight_bytes switch aligned checkpoints channel by "
+                             f"channel; they do not apply to mode {self.mode!r}")
+        for name in ("channel_timeout_s", "channel_inflight_bytes", "max_inflight_bytes"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive or None, got {value}")
+        if self.max_inflight_bytes is not None and not switching:
+            raise ValueError("max_inflight_bytes caps the channel switches of an aligned checkpoint: set "
+                             "channel_timeout_s or channel_inflight_bytes too")
+        if self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        if self.max_concurrent > 1 and self.mode != CheckpointMode.UNALIGNED:
+            raise ValueError("max_concurrent > 1 needs mode 'unaligned': an aligned checkpoint is subsumed by the "
+                             "next one's barriers, so they cannot overlap")
         if self.interval_s is not None and self.interval_s <= 0:
             raise ValueError(f"interval_s must be positive or None, got {self.interval_s}")
         if self.timeout_s <= 0:
@@ -116,6 +139,10 @@ class Trigger:
     savepoint: bool
     directory: str | None
     started_at: float
+    # per-channel switching (mode aligned, not for savepoints): see CheckpointSettings
+    channel_timeout_s: float | None = None
+    channel_inflight_bytes: int | None = None
+    max_inflight_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -492,7 +519,11 @@ class CheckpointCoordinator:
             reason = "every task has finished: nothing left to checkpoint"
             self._end_blameless(now, cp, reason)
             return [NotifyAborted(req.checkpoint_id, reason), *self._start_queued(now)]
-        timeout = self.settings.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
+        s = self.settings
+        timeout = s.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
+        if req.mode == CheckpointMode.ALIGNED and not req.savepoint:  # savepoints never switch channels
+            return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now,
+                            s.channel_timeout_s, s.channel_inflight_bytes, s.max_inflight_bytes)]
         return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now)]
 
     def _start_queued(self, now: float) -> list[Instruction]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from netstack.credit import Buffer, Event
 from runtime.checkpointing import backend_snapshots
-from runtime.checkpointing.barriers import BarrierSpec
+from runtime.checkpointing.barriers import BarrierSpec, InflightBudget
 from runtime.checkpointing.snapshots import encode_channel_state, encode_operator_state
 from runtime.checkpointing.writer import CheckpointWriter, Written
 from runtime.execution.channels import Subpartition, overtaken_records, whole_records
@@ -49,8 +49,9 @@ class CheckpointRun:
     sync_s: float = 0.0
     inputs_done: bool = False
     # subpartitions whose in-band barrier (or, past the end of input, end of partition) is still queued, each
-    # with that event: aligned_timeout promotes them at the deadline
-    outputs_waiting: list[tuple[Subpartition, Event]] = field(default_factory=list)
+    # with that event and when it was queued (wall clock): aligned_timeout promotes them at the deadline, a
+    # switching checkpoint each one at its channel timeout or byte threshold
+    outputs_waiting: list[tuple[Subpartition, Event, float]] = field(default_factory=list)
     in_prefix: dict[int, bytes] = field(default_factory=dict)
     in_buffers: dict[int, list[Buffer]] = field(default_factory=dict)
     out_state: dict[str, bytes] = field(default_factory=dict)
@@ -84,6 +85,7 @@ class TaskCheckpointer:
         self.last_start_delay_s = 0.0
         self.last_inflight_bytes = 0
         self.inflight_bytes_total = 0
+        self.budget = InflightBudget()  # shared with the task's BarrierHandler (the input side)
 
     def statistics(self) -> CheckpointStatistics:
         return CheckpointStatistics(self.last_alignment_s, self.last_start_delay_s, self.last_inflight_bytes,
@@ -95,7 +97,9 @@ class TaskCheckpointer:
         """The first barrier (or trigger) of the next checkpoint reached the task: its clocks start now."""
         self._first_barrier = (time.monotonic(), time.time())
 
-    def snapshot(self, spec: BarrierSpec, *, unaligned: bool) -> None:
+    def snapshot(self, spec: BarrierSpec, *, unaligned: bool, record_inputs: bool = False) -> None:
+        """Snapshot for `spec`; `unaligned`: barriers overtake the outputs and the inputs are recorded;
+        `record_inputs` alone: a mixed checkpoint (switched channels recorded, outputs aligned)."""
         task = self.task
         if self.run is not None and not self.run.acked:
             self.abandon(self.run.spec.checkpoint_id, "superseded by a newer checkpoint")
@@ -107,6 +111,8 @@ class TaskCheckpointer:
         lists = task.chain.snapshot_lists()
         time_state = task.time_state()
         barrier = Event(spec.to_body())
+        waits = spec.mode == CheckpointMode.ALIGNED_TIMEOUT or spec.switching  # outputs may be promoted later
+        now_wall = time.time()
         started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
         self._first_barrier = None
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
@@ -123,9 +129,9 @@ class TaskCheckpointer:
                     run.out_state[sub.key] = stream
             else:
                 sub.add_event(barrier)
-                if spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
-                    run.outputs_waiting.append((sub, barrier))
-        if unaligned and task.gate is not None:
+                if waits:
+                    run.outputs_waiting.append((sub, barrier, now_wall))
+        if (unaligned or record_inputs) and task.gate is not None:
             run.in_buffers = task.gate.start_recording(spec.checkpoint_id)
             run.in_prefix = task.unprocessed_bytes()
         run.sync_s = time.perf_counter() - t0
@@ -160,8 +166,8 @@ class TaskCheckpointer:
             stream = overtaken_records(sub.add_event(run.barrier, priority=True))
             if stream:
                 run.out_state[sub.key] = stream
-        elif run.spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
-            run.outputs_waiting.append((sub, end))
+        elif run.spec.mode == CheckpointMode.ALIGNED_TIMEOUT or run.spec.switching:
+            run.outputs_waiting.append((sub, end, time.time()))
 
     def inputs_complete(self, spec: BarrierSpec, *, unaligned: bool) -> None:
         run = self.run
@@ -172,6 +178,7 @@ class TaskCheckpointer:
         if self.task.gate is not None:
             self.task.gate.stop_recording()
         if unaligned and (run.in_prefix or any(run.in_buffers.values())):
+            run.unaligned = True  # a mixed checkpoint (switched channels) carries in-flight data too
             gate = self.task.gate
             assert gate is not None
             keys = {cid: gate.channels[cid].key for cid in run.in_buffers}
@@ -191,21 +198,22 @@ class TaskCheckpointer:
         self._maybe_finish(run)
 
     def poll_outputs(self, now: float) -> None:
-        """Outputs are complete when every barrier has left its queue; at the deadline, promote the rest."""
+        """Outputs are complete when every barrier has left its queue. At the deadline (aligned_timeout),
+        promote the rest; with per-channel switching, each one that is due and fits the in-flight cap."""
         run = self.run
         if run is None or run.out_written:
             return
-        still = [(sub, ev) for sub, ev in run.outputs_waiting if sub.sender.holds(ev)]
-        if still and run.spec.deadline is not None and now >= run.spec.deadline:
-            for sub, ev in still:
-                # the barrier itself, or (past the end of input) a priority barrier ahead of the queued end
-                overtaken = sub.promote(ev) if ev is run.barrier else sub.add_event(run.barrier, priority=True)
-                run.unaligned = True  # this checkpoint now carries in-flight data
-                if overtaken:
-                    stream = overtaken_records(overtaken)
-                    if stream:
-                        run.out_state[sub.key] = stream
-            still = []
+        spec = run.spec
+        still = []
+        for sub, ev, since in run.outputs_waiting:
+            ahead = sub.sender.bytes_before(ev)
+            if ahead is None:
+                continue  # sent
+            at_deadline = spec.deadline is not None and now >= spec.deadline  # aligned_timeout: all of them
+            if at_deadline or (spec.channel_due(now - since, ahead) and self.budget.charge(spec, ahead)):
+                self._promote(run, sub, ev)
+            else:
+                still.append((sub, ev, since))  # a channel the cap refused is asked again at the next poll
         run.outputs_waiting = still
         if still:
             return
@@ -216,6 +224,16 @@ class TaskCheckpointer:
             run.files["out"] = os.path.basename(path)
             self._write(run, path, lambda: encode_channel_state("out", out_state), "out")
         self._maybe_finish(run)
+
+    def _promote(self, run: CheckpointRun, sub: Subpartition, ev: Event) -> None:
+        """Let the barrier overtake the data queued ahead of it, which becomes output channel state: the
+        barrier itself, or (past the end of input) a priority barrier ahead of the queued end."""
+        overtaken = sub.promote(ev) if ev is run.barrier else sub.add_event(run.barrier, priority=True)
+        run.unaligned = True  # this checkpoint now carries in-flight data
+        if overtaken:
+            stream = overtaken_records(overtaken)
+            if stream:
+                run.out_state[sub.key] = stream
 
     def waiting_outputs(self) -> bool:
         return self.run is not None and not self.run.out_written

@@ -114,12 +114,16 @@ def test_aligned_timeout_switches_to_unaligned_only_when_it_has_to(running_clust
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("mode", ["unaligned", "aligned_timeout"])
+@pytest.mark.parametrize("mode", ["unaligned", "aligned_timeout", "switch"])
 def test_restore_from_checkpoint_with_inflight_data_gives_exact_output(running_cluster: Cluster, mode: str) -> None:
+    """"switch": an aligned checkpoint whose channels switch to unaligned one by one (a mixed checkpoint)."""
     cluster = running_cluster
     out = install_jobs(cluster)
     expected = expected_counts()
-    config = checkpoint_config(mode, timeout_s=30.0)
+    if mode == "switch":
+        config = checkpoint_config("aligned", timeout_s=30.0, channel_timeout_s=0.01, max_inflight_bytes=8 << 20)
+    else:
+        config = checkpoint_config(mode, timeout_s=30.0)
 
     first = start_backpressured(cluster, "cpjobs:wordcount", config, blocked_s=0.5)
     result = cluster.call("checkpoint", {"job_id": first})

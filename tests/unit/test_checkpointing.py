@@ -511,3 +511,27 @@ def test_a_checkpoint_in_flight_when_the_job_stops_is_recorded_as_ended_not_in_p
     ack_all(w, 1, 10.1)
     assert w.stopped(10.2, "job finished") == [] and w.in_flight_id == 1
     assert NotifyComplete(1) in w.metadata_written(10.3, 1)
+
+
+# -- per-channel switching and the in-flight cap ---------------------------------------------------------
+
+
+def test_switching_settings_travel_with_aligned_checkpoints_but_not_savepoints():
+    c = coordinator(channel_timeout_s=0.01, channel_inflight_bytes=4096, max_inflight_bytes=1 << 20)
+    assert c.tick(10.0) == [Trigger(1, "aligned", None, False, None, 10.0, 0.01, 4096, 1 << 20)]
+    ack_all(c, 1, 10.5)
+    c.metadata_written(10.6, 1)
+    _, out = c.request(11.0, savepoint=True, directory="/sp")
+    assert out == [trig(2, 11.0, savepoint=True, directory="/sp")]  # a savepoint is always fully aligned
+
+
+@pytest.mark.parametrize("settings_kw, message", [
+    ({"mode": "unaligned", "channel_timeout_s": 0.01}, "do not apply to mode"),
+    ({"max_inflight_bytes": 100}, "set channel_timeout_s or channel_inflight_bytes"),
+    ({"channel_inflight_bytes": 0}, "must be positive"),
+    ({"max_concurrent": 2}, "needs mode 'unaligned'"),
+    ({"max_concurrent": 0, "mode": "unaligned"}, "at least 1"),
+])
+def test_switching_and_concurrency_settings_are_checked(settings_kw, message):
+    with pytest.raises(ValueError, match=message):
+        CheckpointSettings(interval_s=1.0, **settings_kw)
