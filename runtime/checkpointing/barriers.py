@@ -31,6 +31,15 @@ back a list of actions to carry out:
   aligned, so a checkpoint's channel state is bounded and its alignment is
   bounded by the in-flight bound of the channels that stayed aligned.
 
+Concurrent checkpoints: a barrier of a newer checkpoint that arrives while
+an unaligned one is still recording here (its snapshot is taken, some of its
+barriers are missing) is held back: its channel is blocked, and the barrier
+is handled as soon as the older checkpoint's inputs are complete, which for
+unaligned barriers (on the priority lane) is soon. The older one then goes on
+persisting while the newer one is taken (TaskCheckpointer keeps a run per
+checkpoint). A newer barrier still abandons an aligned checkpoint that is
+aligning: it is subsumed, as in Flink.
+
 Ended channels count as having delivered every later barrier. A channel whose
 end of partition has reached the gate but waits there behind data (its
 producer finished while this task was backpressured) counts too, once a
@@ -191,6 +200,9 @@ class BarrierHandler:
         self.last_finished = 0  # highest checkpoint id completed or abandoned here
         self.queued: dict[int, int] = {}  # channel -> id of an in-band barrier in the gate, not yet taken
         self.end_queued: set[int] = set()  # channels whose end of partition is in the gate, not yet taken
+        # barriers of newer checkpoints held back while an unaligned one records: (channel, spec, priority, bytes)
+        self.deferred: list[tuple[int, BarrierSpec, bool, int]] = []
+        self.aborted: set[int] = set()  # newer checkpoints aborted while an older one was in progress
 
     @property
     def blocking(self) -> bool:
@@ -210,7 +222,7 @@ class BarrierHandler:
         if not priority:
             self.queued.pop(channel_id, None)
             self.arrived.pop(channel_id, None)
-        if spec.checkpoint_id <= self.last_finished:
+        if spec.checkpoint_id <= self.last_finished or spec.checkpoint_id in self.aborted:
             return []  # a late barrier of a checkpoint this task already finished or gave up
         actions: list[Action] = []
         p = self.pending
@@ -222,6 +234,9 @@ class BarrierHandler:
             self.budget.refund(p.spec, p.switched.pop(channel_id, 0))
             return [Block(channel_id)]
         if p is not None and spec.checkpoint_id > p.spec.checkpoint_id:
+            if p.snapshotted and p.unaligned:  # concurrent: wait until the older one's inputs are complete
+                self.deferred.append((channel_id, spec, priority, queued_bytes))
+                return [Block(channel_id)]
             actions += self._abandon(p)
             p = None
         if p is None:
@@ -304,6 +319,8 @@ class BarrierHandler:
         actions: list[Action] = []
         p = self.pending
         if p is not None and spec.checkpoint_id > p.spec.checkpoint_id:
+            if p.snapshotted and p.unaligned:
+                return []  # concurrent: the older one records; this one's barriers wait for it (on_barrier)
             actions += self._abandon(p)
             p = None
         if p is None:
@@ -315,6 +332,9 @@ class BarrierHandler:
     def abort(self, checkpoint_id: int) -> list[Action]:
         """The coordinator aborted `checkpoint_id`: stop aligning for it."""
         p = self.pending
+        if p is not None and p.spec.checkpoint_id < checkpoint_id:
+            self.aborted.add(checkpoint_id)  # a newer one: the older one in progress goes on
+            return []
         if p is None or p.spec.checkpoint_id != checkpoint_id:
             self.last_finished = max(self.last_finished, checkpoint_id)
             return []
@@ -356,7 +376,19 @@ class BarrierHandler:
     def _abandon(self, p: _Pending) -> list[Action]:
         self.pending = None
         self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
-        return [Abandon(p.spec.checkpoint_id), UnblockAll()]
+        replay = self._replay_deferred(p.spec.checkpoint_id)
+        return [Abandon(p.spec.checkpoint_id), *(replay or [UnblockAll()])]
+
+    def _replay_deferred(self, ended_id: int) -> list[Action]:
+        """Handle the barriers held back while checkpoint `ended_id` recorded, in arrival order."""
+        deferred, self.deferred = self.deferred, []
+        if not deferred:
+            return []
+        # their channels were blocked while held back: unblock, then handle them (which may block again)
+        actions: list[Action] = [UnblockAll()]
+        for channel_id, spec, priority, nbytes in deferred:
+            actions += self.on_barrier(channel_id, spec, priority=priority, now=spec.started_at, queued_bytes=nbytes)
+        return actions
 
     def _check_complete(self, p: _Pending) -> list[Action]:
         if not (self.channels - self.ended) <= p.seen:
@@ -371,5 +403,6 @@ class BarrierHandler:
                 actions += [Snapshot(p.spec, unaligned=False), UnblockAll()]
         actions.append(InputsComplete(p.spec, p.unaligned))
         self.pending = None
-        self.last_finished = p.spec.checkpoint_id
-        return actions
+        self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
+        self.aborted = {n for n in self.aborted if n > self.last_finished}
+        return actions + self._replay_deferred(p.spec.checkpoint_id)

@@ -7,6 +7,10 @@ lane for unaligned checkpoints, which hands back the overtaken buffers) and
 capture the input buffers that precede the barrier. Encoding and writing
 happen in the worker's checkpoint writer thread while processing goes on.
 
+Concurrent checkpoints: a run per checkpoint. A newer snapshot gives up an
+older run only while that one's inputs are still incomplete (an aligned
+checkpoint subsumed by the next); one that is persisting goes on beside it.
+
 The task acknowledges when its inputs are complete (every barrier arrived),
 its outputs are complete (every barrier left its queue, or was promoted to
 the priority lane at the aligned-timeout deadline), and every file is
@@ -79,13 +83,18 @@ class TaskCheckpointer:
         self.max_parallelism = max_parallelism
         self.on_ack = on_ack
         self.on_decline = on_decline
-        self.run: CheckpointRun | None = None
+        self.runs: dict[int, CheckpointRun] = {}  # by checkpoint id: those not acknowledged, and the latest
         self._first_barrier: tuple[float, float] | None = None  # (monotonic, wall) of the pending checkpoint
         self.last_alignment_s = 0.0
         self.last_start_delay_s = 0.0
         self.last_inflight_bytes = 0
         self.inflight_bytes_total = 0
         self.budget = InflightBudget()  # shared with the task's BarrierHandler (the input side)
+
+    @property
+    def run(self) -> CheckpointRun | None:
+        """The latest checkpoint's run."""
+        return self.runs[max(self.runs)] if self.runs else None
 
     def statistics(self) -> CheckpointStatistics:
         return CheckpointStatistics(self.last_alignment_s, self.last_start_delay_s, self.last_inflight_bytes,
@@ -101,8 +110,9 @@ class TaskCheckpointer:
         """Snapshot for `spec`; `unaligned`: barriers overtake the outputs and the inputs are recorded;
         `record_inputs` alone: a mixed checkpoint (switched channels recorded, outputs aligned)."""
         task = self.task
-        if self.run is not None and not self.run.acked:
-            self.abandon(self.run.spec.checkpoint_id, "superseded by a newer checkpoint")
+        for older in list(self.runs.values()):
+            if not older.inputs_done:
+                self.abandon(older.spec.checkpoint_id, "superseded by a newer checkpoint")
         t0 = time.perf_counter()
         pending = task.chain.begin_state_snapshot(spec.checkpoint_id)  # a state backend's synchronous part
         async_inflight = task.chain.take_async_inflight()  # an asynchronous operator's records in flight
@@ -118,7 +128,9 @@ class TaskCheckpointer:
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
         if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
             run.async_captured = sum(1 for doc in async_inflight.values() for e in doc["replay"] if e[0] == "r")
-        self.run = run
+        self.runs[spec.checkpoint_id] = run
+        for done in [r for r in self.runs.values() if r.acked and r is not run]:
+            del self.runs[done.spec.checkpoint_id]
         for sub in task.subpartitions:
             if task.end_of_input:
                 self._overtake_end(run, sub)
@@ -170,8 +182,8 @@ class TaskCheckpointer:
             run.outputs_waiting.append((sub, end, time.time()))
 
     def inputs_complete(self, spec: BarrierSpec, *, unaligned: bool) -> None:
-        run = self.run
-        if run is None or run.spec.checkpoint_id != spec.checkpoint_id:
+        run = self.runs.get(spec.checkpoint_id)
+        if run is None:
             return
         run.inputs_done = True
         run.alignment_s = time.monotonic() - run.started
@@ -200,9 +212,11 @@ class TaskCheckpointer:
     def poll_outputs(self, now: float) -> None:
         """Outputs are complete when every barrier has left its queue. At the deadline (aligned_timeout),
         promote the rest; with per-channel switching, each one that is due and fits the in-flight cap."""
-        run = self.run
-        if run is None or run.out_written:
-            return
+        for run in list(self.runs.values()):
+            if not run.out_written:
+                self._poll_run(run, now)
+
+    def _poll_run(self, run: CheckpointRun, now: float) -> None:
         spec = run.spec
         still = []
         for sub, ev, since in run.outputs_waiting:
@@ -236,7 +250,7 @@ class TaskCheckpointer:
                 run.out_state[sub.key] = stream
 
     def waiting_outputs(self) -> bool:
-        return self.run is not None and not self.run.out_written
+        return any(not run.out_written for run in self.runs.values())
 
     # -- completion -------------------------------------------------------------
 
@@ -251,7 +265,7 @@ class TaskCheckpointer:
             if fut.cancelled():
                 return
             exc = fut.exception()  # retrieved even for an abandoned run: asyncio would log it as never retrieved
-            if self.run is not run:
+            if self.runs.get(run.spec.checkpoint_id) is not run:
                 return
             if exc is not None:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
@@ -297,11 +311,10 @@ class TaskCheckpointer:
         self.on_ack(self.task, run.spec, files, figures)
 
     def abandon(self, checkpoint_id: int, reason: str) -> None:
-        run = self.run
-        if run is None or run.spec.checkpoint_id != checkpoint_id:
+        run = self.runs.pop(checkpoint_id, None)
+        if run is None:
             return
-        self.run = None
-        if self.task.gate is not None:
+        if self.task.gate is not None and not run.inputs_done:  # it was the one recording (if any)
             self.task.gate.stop_recording()
         for write in run.writes:
             write.cancel()

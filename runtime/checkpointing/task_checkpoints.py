@@ -244,6 +244,4 @@ class TaskCheckpoints:
     def _on_aborted(self, checkpoint_id: int) -> None:
         if self.barriers is not None:
             self._carry_out(self.barriers.abort(checkpoint_id))
-        run = self.checkpointer.run
-        if run is not None and run.spec.checkpoint_id == checkpoint_id and not run.acked:
-            self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")
+        self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")  # its run, if not acked yet

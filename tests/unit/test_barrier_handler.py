@@ -346,3 +346,34 @@ def test_savepoints_never_switch_channels():
 def test_a_switching_spec_survives_the_wire():
     s = switching(timeout=0.01, nbytes=4096, cap=1 << 20)
     assert BarrierSpec.from_body(s.to_body()) == s
+
+
+# --- concurrent checkpoints -----------------------------------------------------------------------------------
+
+
+def test_a_newer_barrier_waits_blocked_until_the_older_unaligned_checkpoint_has_its_inputs():
+    h, u1, u2 = handler(), spec(1, "unaligned"), spec(2, "unaligned")
+    assert h.on_barrier(0, u1, priority=True, now=0.0) == [Snapshot(u1, unaligned=True), UnblockAll()]
+    assert h.on_barrier(0, u2, priority=True, now=0.1) == [Block(0)]  # 1 still records channels 1 and 2
+    assert h.on_barrier(1, u1, priority=True, now=0.2) == []
+    # 1's inputs are complete: 2 is handled at once, as its first barrier
+    assert h.on_barrier(2, u1, priority=True, now=0.3) == [
+        InputsComplete(u1, True), UnblockAll(), Snapshot(u2, unaligned=True), UnblockAll()]
+    assert h.pending is not None and h.pending.spec == u2 and h.pending.seen == {0}
+
+
+def test_a_savepoint_barrier_during_an_unaligned_checkpoint_aligns_after_it():
+    h, u1, sp = handler([0, 1]), spec(1, "unaligned"), BarrierSpec(2, "aligned", 0.0, savepoint=True)
+    assert h.on_barrier(0, u1, priority=True, now=0.0) == [Snapshot(u1, unaligned=True), UnblockAll()]
+    assert h.on_barrier(0, sp, priority=False, now=0.1) == [Block(0)]
+    assert h.on_barrier(1, u1, priority=True, now=0.2) == [InputsComplete(u1, True), UnblockAll(), Block(0)]
+    assert h.on_barrier(1, sp, priority=False, now=0.3) == [Block(1), *done(sp)]
+
+
+def test_a_held_back_barrier_of_an_aborted_checkpoint_unblocks_its_channel():
+    h, u1, u2 = handler([0, 1]), spec(1, "unaligned"), spec(2, "unaligned")
+    h.on_barrier(0, u1, priority=True, now=0.0)
+    assert h.on_barrier(0, u2, priority=True, now=0.1) == [Block(0)]
+    assert h.abort(2) == []
+    assert h.on_barrier(1, u1, priority=True, now=0.2) == [InputsComplete(u1, True), UnblockAll()]
+    assert h.pending is None
