@@ -518,6 +518,7 @@ def verdicts(runs: list[dict[str, Any]], buffers: list[int]) -> list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CAP_BYTES, SAVEPOINT_EVERY_S  # set from --cap-bytes and --savepoint-every for the runs below
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds of each run, after the "
                         "warm-up (default 15)")
@@ -556,7 +557,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flink-warmup", type=float, default=10.0, help="the Flink job's warm-up, s (default 10)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args(argv)
-    global CAP_BYTES, SAVEPOINT_EVERY_S
     CAP_BYTES, SAVEPOINT_EVERY_S = args.cap_bytes, args.savepoint_every
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
