@@ -278,19 +278,16 @@ async def _measure(cluster: Any, mode: str, buffers: int, seconds: float, warmup
 async def _savepoints_during(cluster: Any, job_id: str, seconds: float, out: list[dict[str, Any]]) -> None:
     """Request a savepoint every SAVEPOINT_EVERY_S for `seconds`, one at a time, while the periodic checkpoints
     run; each one's latency is what its client waits (request -> COMPLETED or ABORTED)."""
-    directory = os.path.join(tempfile.gettempdir(), f"sluice-bench-sp-{os.getpid()}")
+    directory = os.path.join(cluster.state_dir, "savepoints")  # the local cluster's savepoint root
     end = time.monotonic() + seconds
-    try:
-        while time.monotonic() + SAVEPOINT_EVERY_S <= end:
-            await asyncio.sleep(SAVEPOINT_EVERY_S / 2)
-            t0 = time.monotonic()
-            result = await cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": directory})
-            out.append({"latency_s": time.monotonic() - t0, "status": result["status"],
-                        "checkpoint_id": result["checkpoint_id"]})
-            await asyncio.sleep(max(0.0, t0 + SAVEPOINT_EVERY_S - time.monotonic()))
-        await asyncio.sleep(max(0.0, end - time.monotonic()))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    while time.monotonic() + SAVEPOINT_EVERY_S <= end:
+        await asyncio.sleep(SAVEPOINT_EVERY_S / 2)
+        t0 = time.monotonic()
+        result = await cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": directory})
+        out.append({"latency_s": time.monotonic() - t0, "status": result["status"],
+                    "checkpoint_id": result["checkpoint_id"]})
+        await asyncio.sleep(max(0.0, t0 + SAVEPOINT_EVERY_S - time.monotonic()))
+    await asyncio.sleep(max(0.0, end - time.monotonic()))
 
 
 def _nearest_rank(values: list[tuple[float, bool]], q: float) -> tuple[float, bool] | None:
