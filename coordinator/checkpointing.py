@@ -292,6 +292,14 @@ class _Checkpoint:
     acks: dict[str, TaskAck] = field(default_factory=dict)
     ended_at: float | None = None  # when the last ack arrived, or when it was aborted
     failure_reason: str = ""
+    # (acks counted, their figures): acks are only ever added, so the figures change only when their count does;
+    # history() summarises every retained checkpoint on each REST call and completion, O(history x tasks) without
+    _figures: tuple[int, CheckpointFigures] | None = None
+
+    def figures(self) -> CheckpointFigures:
+        if self._figures is None or self._figures[0] != len(self.acks):
+            self._figures = (len(self.acks), CheckpointFigures.of(ack.figures for ack in self.acks.values()))
+        return self._figures[1]
 
     def summary(self) -> CheckpointSummary:
         return CheckpointSummary(
@@ -301,7 +309,7 @@ class _Checkpoint:
             savepoint=self.request.savepoint,
             started_at=self.started_at,
             duration_s=None if self.ended_at is None else self.ended_at - self.started_at,
-            figures=CheckpointFigures.of(ack.figures for ack in self.acks.values()),
+            figures=self.figures(),
             failure_reason=self.failure_reason,
         )
 

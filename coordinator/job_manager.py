@@ -56,7 +56,12 @@ from runtime.graph.evolution import evolution_refusal, inflight_edges, match_ope
 from runtime.graph.job_config import JobConfig
 from runtime.graph.operator_ids import recorded_operators
 from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
-from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, rescale_refusal
+from runtime.graph.rescalability import (
+    NotRestorable,
+    checkpointed_node_parallelism,
+    ended_operators,
+    rescale_refusal,
+)
 from runtime.graph.restore_spec import RestoreSpec, TaskFiles
 
 if TYPE_CHECKING:
@@ -183,7 +188,9 @@ class JobManager:
             match = match_operators(graph, job)
             by_node = {int(op["node"]): int(op["parallelism"]) for op in graph["operators"]}
             nodes = {new: by_node[was] for new, was in match.old_of_new.items()}
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes)
+            ended = ended_operators(graph["vertices"], acks)
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes,
+                                      ended=frozenset(new for new, was in match.old_of_new.items() if was in ended))
             if refusal:
                 raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
@@ -195,7 +202,7 @@ class JobManager:
             except NotRestorable as exc:
                 raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
                                f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes)
+            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes, ended=ended_operators(saved, acks))
             if refusal:
                 raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
@@ -526,7 +533,7 @@ class JobManager:
         else:
             call.answer.set_result(lc.AnswerRescale(f"job {job.job_id} is being rescaled already", "JobNotRunning"))
         if not answer.done():
-            self.handle(job, lc.RescaleAsked(bool(job.ended_tasks or job.finished_tasks), scale_up=run_at is not None))
+            self.handle(job, lc.RescaleAsked(_finishing(job), scale_up=run_at is not None))
         result = await answer
         if result.error:
             raise RpcError(result.error, result.error_type)
@@ -657,7 +664,7 @@ class JobManager:
     def _maybe_scale_up(self, job: JobRecord) -> None:
         scaling = self.scaling.get(job.job_id)
         if scaling is None or not scaling.reason or job.state != JobState.RUNNING or job.plan is None \
-                or job.checkpoints is None or job.ended_tasks or job.finished_tasks or job.job_id in self._rescales:
+                or job.checkpoints is None or _finishing(job) or job.job_id in self._rescales:
             return
         now = time.monotonic()
         if now < scaling.next_scale_up_at:
@@ -700,6 +707,13 @@ class JobManager:
         for r in results:
             if isinstance(r, Exception):
                 log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+
+
+def _finishing(job: JobRecord) -> bool:
+    """Every task reached its end: the final checkpoint is due, the job is not rescaled any more. Some tasks at
+    their end are no reason not to rescale: the checkpoint records them, the restore keeps them at their end."""
+    total = job.total_tasks()
+    return total > 0 and len(job.ended_tasks | job.finished_tasks) >= total
 
 
 def _completed_at(path: str) -> bool:

@@ -43,7 +43,10 @@ the attempt stopped and the next one planned at the new parallelism, through
 the same restart path but not counted as a restart. One answer
 (`AnswerRescale`) ends every rescale: refused before anything stopped, done
 once the new attempt's tasks started, or failed when the job failed, was
-cancelled or had to restart on the way.
+cancelled or had to restart on the way. A job some of whose tasks reached
+their end is rescaled like any other (the checkpoint records them, and the
+restore keeps fully finished operators finished); one all of whose tasks did
+is finishing, and a rescale is refused.
 """
 
 from __future__ import annotations
@@ -134,7 +137,10 @@ class CheckpointCompleted:
 class RescaleAsked:
     """`sluice rescale`, or a scale-up back towards the ask (`scale_up`: plan at the shell's target)."""
 
-    tasks_ended: bool  # a task reached the end of its input: the job is finishing, not rescaled
+    # every task reached the end of its input (a final checkpoint is due): the job is finishing, not rescaled.
+    # Some tasks at their end do not stop a rescale: the restore keeps finished operators finished
+    # (runtime/checkpointing/restore_plan.py), as Flink's FLIP-147 does.
+    finishing: bool
     scale_up: bool = False
 
 
@@ -558,7 +564,7 @@ class JobLifecycle:
     def _on_RescaleAsked(self, s: RescaleAsked, now: float) -> list[Instruction]:
         if self.rescale is not None:
             return [AnswerRescale(f"job {self.job_id} is being rescaled already", "JobNotRunning")]
-        if self.state != JobState.RUNNING or s.tasks_ended:
+        if self.state != JobState.RUNNING or s.finishing or self.final_requested:
             why = "finishing" if self.state == JobState.RUNNING else self.state
             return [AnswerRescale(f"job {self.job_id} is {why}, not RUNNING: nothing to rescale", "JobNotRunning")]
         self.rescale = _Rescale(s.scale_up)

@@ -14,12 +14,23 @@ lists, strings, numbers and bytes, not Python classes. A value state whose defau
 
 Renaming a field, or changing its type, is not detected: give such a value state a new name (it starts empty),
 or rewrite the stored values with the state processor (`sluice data state transform`).
+
+A state's kind (value, list, map, reducing, aggregating; operator list or union list state) must not change
+under its name: a map read where a value was stored means nothing. `declared_state_kinds` reads the kinds a
+function declares from its class's source, without running it (a call such as `ctx.map_state("seen")` with the
+name written out); the checkpoint records them per operator (runtime/graph/operator_ids.py) and a restore into a
+version that declares another kind under the same name is refused (runtime/graph/evolution.py). A name built at
+run time is not seen, and not checked.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
+import inspect
+import textwrap
+import weakref
 from typing import Any
 
 
@@ -91,3 +102,43 @@ def schema_of(name: str, default: Any) -> Schema | None:
     if isinstance(default, dict) and default:
         return DictSchema(name, default)
     return None
+
+
+# the context methods that declare state, and the kind each declares (runtime/api/functions.py, async_functions.py)
+STATE_KINDS = {"value_state": "value", "list_state": "list", "map_state": "map", "reducing_state": "reducing",
+               "aggregating_state": "aggregating", "operator_list_state": "list", "union_list_state": "union list"}
+
+
+def declared_state_kinds(function: Any) -> dict[str, str]:
+    """State name -> kind for every state `function` (a user function object) declares with its name written
+    out, in its class or a base class of the job's own code; {} when its source cannot be read (a lambda, a class
+    built at run time). Pure: the function is not run."""
+    if inspect.isroutine(function) or not hasattr(function, "__class__"):
+        return {}
+    cls = type(function)
+    kinds = _KINDS_OF.get(cls)
+    if kinds is None:
+        kinds = _KINDS_OF[cls] = _class_state_kinds(cls)
+    return dict(kinds)
+
+
+_KINDS_OF: weakref.WeakKeyDictionary[type, dict[str, str]] = weakref.WeakKeyDictionary()  # parsed once per class
+
+
+def _class_state_kinds(cls: type) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's declaration wins over its base's
+        if klass.__module__ == "builtins" or klass.__module__.startswith("runtime.api."):
+            continue  # the API's own bases declare nothing of the user's
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr in STATE_KINDS):
+                continue
+            named = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+            if isinstance(named, ast.Constant) and isinstance(named.value, str):
+                found[named.value] = STATE_KINDS[call.func.attr]
+    return found

@@ -30,9 +30,11 @@ from typing import Any
 from netstack.credit import Buffer, Event
 from runtime.checkpointing import backend_snapshots
 from runtime.checkpointing.barriers import BarrierSpec, InflightBudget
-from runtime.checkpointing.snapshots import encode_channel_state, encode_operator_state
-from runtime.checkpointing.writer import CheckpointWriter, Written
-from runtime.execution.channels import Subpartition, overtaken_records, whole_records
+from runtime.checkpointing.channel_files import ChannelStateFiles, input_capture, output_capture
+from runtime.checkpointing.channel_segments import ChannelCapture
+from runtime.checkpointing.snapshots import encode_operator_state
+from runtime.checkpointing.writer import CheckpointWriter, Encoded, Written
+from runtime.execution.channels import Subpartition
 from runtime.execution.task import CheckpointStatistics, Task
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CheckpointMode
@@ -58,7 +60,7 @@ class CheckpointRun:
     outputs_waiting: list[tuple[Subpartition, Event, float]] = field(default_factory=list)
     in_prefix: dict[int, bytes] = field(default_factory=dict)
     in_buffers: dict[int, list[Buffer]] = field(default_factory=dict)
-    out_state: dict[str, bytes] = field(default_factory=dict)
+    out_state: dict[str, ChannelCapture] = field(default_factory=dict)
     writes: list[asyncio.Task[Written]] = field(default_factory=list)
     # writes whose done callback has run: a write may be done before its callback has added its bytes (and the
     # backend handle), so the ack waits for the callbacks, not only for the writes
@@ -76,13 +78,15 @@ class CheckpointRun:
 
 class TaskCheckpointer:
     def __init__(self, task: Task, writer: CheckpointWriter, *, task_key: str, max_parallelism: int,
-                 on_ack: AckCallback, on_decline: DeclineCallback) -> None:
+                 on_ack: AckCallback, on_decline: DeclineCallback, incremental_channel_state: bool = True) -> None:
         self.task = task
         self.writer = writer
         self.task_key = task_key
         self.max_parallelism = max_parallelism
         self.on_ack = on_ack
         self.on_decline = on_decline
+        # channel state written incrementally: buffers still queued at the next checkpoint are referenced
+        self.channel_files = ChannelStateFiles(task_key, incremental=incremental_channel_state)
         self.runs: dict[int, CheckpointRun] = {}  # by checkpoint id: those not acknowledged, and the latest
         self._first_barrier: tuple[float, float] | None = None  # (monotonic, wall) of the pending checkpoint
         self.last_alignment_s = 0.0
@@ -126,6 +130,7 @@ class TaskCheckpointer:
         started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
         self._first_barrier = None
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
+        self.channel_files.begin(spec.checkpoint_id, savepoint=spec.savepoint)
         if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
             run.async_captured = sum(1 for doc in async_inflight.values() for e in doc["replay"] if e[0] == "r")
         self.runs[spec.checkpoint_id] = run
@@ -136,9 +141,9 @@ class TaskCheckpointer:
                 self._overtake_end(run, sub)
                 continue
             if unaligned:
-                stream = overtaken_records(sub.add_event(barrier, priority=True))
-                if stream:
-                    run.out_state[sub.key] = stream
+                capture = output_capture(sub.add_event(barrier, priority=True))
+                if capture is not None:
+                    run.out_state[sub.key] = capture
             else:
                 sub.add_event(barrier)
                 if waits:
@@ -175,9 +180,9 @@ class TaskCheckpointer:
         if end is None or not sub.sender.holds(end):
             return
         if run.unaligned:
-            stream = overtaken_records(sub.add_event(run.barrier, priority=True))
-            if stream:
-                run.out_state[sub.key] = stream
+            capture = output_capture(sub.add_event(run.barrier, priority=True))
+            if capture is not None:
+                run.out_state[sub.key] = capture
         elif run.spec.mode == CheckpointMode.ALIGNED_TIMEOUT or run.spec.switching:
             run.outputs_waiting.append((sub, end, time.time()))
 
@@ -193,17 +198,11 @@ class TaskCheckpointer:
             run.unaligned = True  # a mixed checkpoint (switched channels) carries in-flight data too
             gate = self.task.gate
             assert gate is not None
-            keys = {cid: gate.channels[cid].key for cid in run.in_buffers}
-            prefix, buffers = run.in_prefix, run.in_buffers
-
-            def encode_inputs() -> bytes:
-                channels = {}
-                for cid, key in keys.items():
-                    stream = whole_records(prefix.get(cid, b""), buffers[cid])
-                    if stream:
-                        channels[key] = stream
-                return encode_channel_state("in", channels)
-
+            captures, ends = {}, {}
+            for cid, buffers in run.in_buffers.items():
+                key = gate.channels[cid].key
+                captures[key], ends[key] = input_capture(run.in_prefix.get(cid, b""), buffers)
+            encode_inputs = self.channel_files.produce(spec.directory, spec.checkpoint_id, "in", captures, ends)
             path = self._path(spec, "in")
             run.files["in"] = os.path.basename(path)
             self._write(run, path, encode_inputs, "in")
@@ -233,10 +232,11 @@ class TaskCheckpointer:
             return
         run.out_written = True
         if run.out_state:
-            out_state = dict(run.out_state)
+            encode_outputs = self.channel_files.produce(run.spec.directory, run.spec.checkpoint_id, "out",
+                                                        dict(run.out_state))
             path = self._path(run.spec, "out")
             run.files["out"] = os.path.basename(path)
-            self._write(run, path, lambda: encode_channel_state("out", out_state), "out")
+            self._write(run, path, encode_outputs, "out")
         self._maybe_finish(run)
 
     def _promote(self, run: CheckpointRun, sub: Subpartition, ev: Event) -> None:
@@ -244,10 +244,9 @@ class TaskCheckpointer:
         barrier itself, or (past the end of input) a priority barrier ahead of the queued end."""
         overtaken = sub.promote(ev) if ev is run.barrier else sub.add_event(run.barrier, priority=True)
         run.unaligned = True  # this checkpoint now carries in-flight data
-        if overtaken:
-            stream = overtaken_records(overtaken)
-            if stream:
-                run.out_state[sub.key] = stream
+        capture = output_capture(overtaken or [])
+        if capture is not None:
+            run.out_state[sub.key] = capture
 
     def waiting_outputs(self) -> bool:
         return any(not run.out_written for run in self.runs.values())
@@ -257,7 +256,7 @@ class TaskCheckpointer:
     def _path(self, spec: BarrierSpec, kind: str) -> str:
         return os.path.join(spec.directory, f"{self.task_key.replace(':', '-')}.{kind}")
 
-    def _write(self, run: CheckpointRun, path: str, produce: Callable[[], bytes], kind: str) -> None:
+    def _write(self, run: CheckpointRun, path: str, produce: Callable[[], bytes | Encoded], kind: str) -> None:
         write = asyncio.ensure_future(self.writer.write(path, produce))
         run.writes.append(write)
 
@@ -308,6 +307,9 @@ class TaskCheckpointer:
                      if not w.cancelled() and w.exception() is None}
         if checksums:
             files["checksums"] = checksums
+        segments = self.channel_files.segments(run.spec.checkpoint_id)
+        if segments:  # the shared channel-state segments its files reference (retention keeps them)
+            files["segments"] = segments
         self.on_ack(self.task, run.spec, files, figures)
 
     def abandon(self, checkpoint_id: int, reason: str) -> None:

@@ -261,11 +261,26 @@ def _own_state(own: TaskFiles | None, plan: Plan, old: Vertex, vertex: Vertex, j
 
 def _rescaled_state(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Vertex, subtask: int, job: Job,
                     entries: Sequence[TaskFiles | None], then: OldPlan) -> RestorePlan:
-    """The vertex runs at another parallelism: its state is redistributed from every old subtask."""
-    if all(e is not None and e.finished for e in entries):
+    """The vertex runs at another parallelism: its state is redistributed from every old subtask.
+
+    Finished subtasks (FLIP-147) follow `at_end`: an operator all of whose subtasks finished stays finished at
+    any parallelism; one all of whose subtasks reached their end restores at its end (it commits, never reads
+    or finishes again); a partly finished one restores like a running one, its finished subtasks having no
+    state (their source lanes or splits are read, nothing of theirs is redistributed)."""
+    finished, ended = subtasks_at_end(entries)
+    if finished:
         return FINISHED
-    return RestorePlan(ended=all(e is not None and (e.ended or e.finished) for e in entries),
-                       operator=_rescaled_operator(restore, plan, old, vertex, subtask, job, entries, then))
+    return RestorePlan(ended=ended, operator=_rescaled_operator(restore, plan, old, vertex, subtask, job, entries,
+                                                                then, at_end=ended))
+
+
+def subtasks_at_end(entries: Sequence[TaskFiles | None]) -> tuple[bool, bool]:
+    """(every old subtask had finished, every one had reached its end of input or finished): a checkpoint
+    records both per task (RestoreSpec: "finished", "ended"), an operator's are those of its task's subtasks."""
+    present = [e for e in entries if e is not None]
+    if len(present) != len(entries) or not present:
+        return False, False
+    return all(e.finished for e in present), all(e.ended or e.finished for e in present)
 
 
 def _cut(old: Vertex, vertex: Vertex, job: Job, then: OldPlan) -> Cut:
@@ -282,7 +297,7 @@ def _cut(old: Vertex, vertex: Vertex, job: Job, then: OldPlan) -> Cut:
 
 
 def _rescaled_operator(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Vertex, subtask: int, job: Job,
-                       entries: Sequence[TaskFiles | None], then: OldPlan) -> OperatorStatePlan:
+                       entries: Sequence[TaskFiles | None], then: OldPlan, *, at_end: bool) -> OperatorStatePlan:
     p, q, mp = old.parallelism, vertex.parallelism, job.max_parallelism
     groups = key_group_range(mp, q, subtask)
     inputs_of = [e for e in plan.edges if e.down == vertex.id]
@@ -291,7 +306,7 @@ def _rescaled_operator(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Ve
     head = job.nodes[vertex.nodes[0]]
     cut = _cut(old, vertex, job, then)
     source, lanes_of = SourceRule.NONE, None
-    if cut.source:  # a source heads its chain, then and now
+    if cut.source and not at_end:  # a source heads its chain, then and now (at its end it reads nothing more)
         if getattr(head.payload, "rescalable", False):
             source, lanes_of = SourceRule.LANES, head.payload.lanes
         elif getattr(head.payload, "subtask_splits", False):

@@ -167,6 +167,7 @@ class TaskCheckpoints:
         self.checkpointer.inputs_complete(spec, unaligned=False)
 
     def _on_complete(self, checkpoint_id: int) -> None:
+        self.checkpointer.channel_files.completed(checkpoint_id)  # later checkpoints may reference its segments
         self.task.chain.commit_sinks(checkpoint_id)
         if self._final_id is not None and checkpoint_id >= self._final_id:
             self._final_committed = True
@@ -242,6 +243,7 @@ class TaskCheckpoints:
         self.checkpointer.poll_outputs(now)
 
     def _on_aborted(self, checkpoint_id: int) -> None:
+        self.checkpointer.channel_files.aborted(checkpoint_id)
         if self.barriers is not None:
             self._carry_out(self.barriers.abort(checkpoint_id))
         self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")  # its run, if not acked yet

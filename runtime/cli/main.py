@@ -134,6 +134,9 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-interval", type=_duration, help="take a checkpoint every INTERVAL (e.g. 1s)")
     c.add_argument("--checkpoint-mode", choices=["aligned", "unaligned", "at-least-once"], default="aligned")
+    c.add_argument("--no-incremental-channel-state", dest="incremental_channel_state", action="store_false",
+                   help="unaligned checkpoints write every captured buffer, also those an earlier checkpoint "
+                        "already persisted (default: reference those)")
     c.add_argument("--aligned-timeout", type=_duration,
                    help="aligned checkpoints switch to unaligned after this long (e.g. 100ms)")
     c.add_argument("--channel-timeout", type=_duration,
@@ -240,6 +243,7 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"buffer_bytes": args.buffer_bytes, "buffers_per_channel": args.buffers_per_channel,
             "exclusive_credits": args.exclusive_credits, "floating_credits": args.floating_credits,
             "flush_timeout_s": args.flush_timeout, "inflight_target_s": args.inflight_target,
+            "incremental_channel_state": args.incremental_channel_state,
             "checkpoint": {"interval_s": args.checkpoint_interval, "mode": checkpoint_mode(args),
                            "aligned_timeout_s": args.aligned_timeout, "timeout_s": args.checkpoint_timeout,
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,

@@ -8,7 +8,9 @@ restores it when its operators can be matched by uid:
   state (a source, sink, process or keyed operator) is refused, unless the user allows dropping its state
   (`--allow-non-restored-state`); a stateless one (map, filter, flat_map) has nothing to lose;
 - an operator whose kind of state changed (keyed, operator list state, source position, sink files) is refused
-  with a line naming it: the state would not mean anything to it;
+  with a line naming it: the state would not mean anything to it; so is a state declared under the same name as
+  another kind (value, list, map, reducing, aggregating: `kind_change`, from the kinds the checkpoint recorded
+  and those the new version's function declares, runtime/api/schema.py);
 - the checkpoint's task boundaries are kept (groups for plan.chain_graph), so state always belongs to one old
   task per new one, whatever the chaining would be now; channel state belongs to an edge by (producing uid,
   consuming uid, input index): in-flight data of an unaligned checkpoint on an edge the job no longer has
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.api import Job
+from runtime.api.schema import declared_state_kinds
 
 # what an operator of each kind keeps in a checkpoint ("" nothing); two kinds with the same class restore into
 # each other (a keyed process function and a reduce both hold keyed tables)
@@ -78,6 +81,9 @@ def evolution_refusal(graph: Mapping[str, Any], job: Job, *, allow_non_restored_
                     f"({node.kind}), which keeps {now or 'no state'}: its state cannot be restored into it; give "
                     "the new operator another uid (and restore with --allow-non-restored-state to drop the old "
                     "state)")
+        changed = kind_change(was, node.payload)
+        if changed:
+            return changed
     stateful = [old[uid] for uid in match.removed if STATE_CLASS.get(str(old[uid]["kind"]), "?")]
     if stateful and not allow_non_restored_state:
         return (f"holds state of {', '.join(_describe(op) for op in stateful)}, which the job no longer has: give "
@@ -92,6 +98,26 @@ def evolution_refusal(graph: Mapping[str, Any], job: Job, *, allow_non_restored_
                     "around it): restore from a savepoint (sluice savepoint, or sluice upgrade, which takes one) "
                     "or an aligned checkpoint")
     return None
+
+
+def kind_change(was: Mapping[str, Any], payload: Any) -> str | None:
+    """A state the checkpoint's operator `was` recorded under a name that the job's function (`payload`) now
+    declares as another kind, in one line naming the uid, the state and both kinds; None when there is none
+    (or the checkpoint recorded no kinds: taken before they were recorded)."""
+    before = was.get("states") or {}
+    if not before:
+        return None
+    now = declared_state_kinds(payload)
+    for name in sorted(set(before) & set(now)):
+        if before[name] != now[name]:
+            return (f"operator uid {was['uid']!r}: state {name!r} was {_a(before[name])} state and is declared as "
+                    f"{_a(now[name])} state now: its stored values cannot be read as that; keep its kind, or give "
+                    "the new state another name (it starts empty)")
+    return None
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
 def inflight_edges(graph: Mapping[str, Any], acks: Mapping[str, Mapping[str, Any]]) -> set[int]:

@@ -14,7 +14,8 @@ uids on jobs that will change. An explicit uid upstream anchors the defaults dow
 
 A checkpoint's `_metadata` records, besides the tasks' acknowledgements (coordinator/checkpoint_runner.py):
 
-    "operators": [{"uid", "name", "kind", "node", "vertex", "parallelism"}]  one per operator, node id order
+    "operators": [{"uid", "name", "kind", "node", "vertex", "parallelism",  one per operator, node id order
+                   "states": {name: kind}}]   (only when its function declares state, runtime/api/schema.py)
     "vertices":  [{"id", "name", "parallelism", "nodes": [node ids]}]        the tasks, as chained then
     "edges":     [{"id", "up", "down", "input_index", "partitioner", "channel_base", "tag", "tag_node",
                    "up_uid", "down_uid"}]                                      the network edges then
@@ -32,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runtime.api import Job, JobDefinitionError, Node
+from runtime.api.schema import declared_state_kinds
 
 
 class UnknownUid(KeyError):
@@ -76,7 +78,7 @@ def graph_document(job: Job, vertices: Sequence[Any], edges: Sequence[Any]) -> d
     tail_of = {v.id: v.nodes[-1] for v in vertices}
     return {
         "operators": [{"uid": n.uid, "name": n.name, "kind": n.kind, "node": n.id, "vertex": vertex_of[n.id],
-                       "parallelism": n.parallelism} for n in job.nodes],
+                       "parallelism": n.parallelism, **_states(n.payload)} for n in job.nodes],
         "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism, "nodes": list(v.nodes)}
                      for v in vertices],
         "edges": [{"id": e.id, "up": e.up, "down": e.down, "input_index": e.input_index,
@@ -84,6 +86,13 @@ def graph_document(job: Job, vertices: Sequence[Any], edges: Sequence[Any]) -> d
                    "tag_node": e.tag_node, "up_uid": job.nodes[tail_of[e.up] if e.tag is None else e.tag_node].uid,
                    "down_uid": job.nodes[head_of[e.down]].uid} for e in edges],
     }
+
+
+def _states(payload: Any) -> dict[str, Any]:
+    """The state kinds an operator's function declares, by name (runtime/api/schema.py), when it declares any:
+    a restore into a version that declares another kind under a name is refused (runtime/graph/evolution.py)."""
+    kinds = declared_state_kinds(payload)
+    return {"states": kinds} if kinds else {}
 
 
 def recorded_operators(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ flight between them would have to enter the chain in its middle.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -60,18 +61,36 @@ def checkpointed_node_parallelism(checkpointed: list[dict[str, Any]], job: Job,
     return parallelism
 
 
-def rescale_refusal(job: Job, vertices: list[Vertex], edges: list[Edge], old: dict[int, int]) -> str | None:
+def ended_operators(vertices: Sequence[Mapping[str, Any]], acks: Mapping[str, Mapping[str, Any]]) -> frozenset[int]:
+    """The checkpoint's operators (old node ids) every subtask of which had reached its end of input: its
+    task's ack is marked "finished" (the coordinator's, for a task that finished before the checkpoint) or
+    "ended" (the task's own, past its end and waiting for its last commit). Such an operator restores at any
+    parallelism without reading its input again: its new subtasks start at their end (restore_plan.py), so
+    what its position would say about splitting its input does not matter. `vertices`: the checkpoint's
+    `_metadata` vertices (id, parallelism, nodes); `acks`: task "vertex:subtask" -> its ack's state."""
+    out: set[int] = set()
+    for v in vertices:
+        marks = [acks.get(f"{v['id']}:{j}") or {} for j in range(int(v["parallelism"]))]
+        if marks and all(m.get("finished") or m.get("ended") for m in marks):
+            out.update(int(n) for n in v.get("nodes") or ())
+    return frozenset(out)
+
+
+def rescale_refusal(job: Job, vertices: list[Vertex], edges: list[Edge], old: dict[int, int], *,
+                    ended: frozenset[int] = frozenset()) -> str | None:
     """Why the checkpoint (taken at parallelisms `old`, by node id) cannot be restored at the plan's
-    parallelisms, in one line naming the operator; None when it can."""
+    parallelisms, in one line naming the operator; None when it can. `ended`: the job's operators (node ids)
+    that were at their end in the checkpoint (`ended_operators`): a source among them reads nothing more, so
+    it restores at any parallelism."""
     for vertex in vertices:
         before = {old.get(n, vertex.parallelism) for n in vertex.nodes}
         if before == {vertex.parallelism}:
             continue
         was = "/".join(str(p) for p in sorted(before))
         head = job.nodes[vertex.nodes[0]]
-        if head.kind == "source" and old.get(head.id, vertex.parallelism) != vertex.parallelism and not (
-                getattr(head.payload, "rescalable", False)
-                                          or getattr(head.payload, "subtask_splits", False)):
+        splittable = getattr(head.payload, "rescalable", False) or getattr(head.payload, "subtask_splits", False)
+        if head.kind == "source" and old.get(head.id, vertex.parallelism) != vertex.parallelism \
+                and head.id not in ended and not splittable:
             return (f"source {head.name} ({type(head.payload).__name__}) cannot be restored at parallelism "
                     f"{vertex.parallelism} (checkpointed at {was}): its position does not say how to "
                     "split its input (a Source declares rescalable = True and describes what it has left as "

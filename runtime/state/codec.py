@@ -4,6 +4,9 @@ A stored key is `key group (2 bytes, big-endian) | state name length (1 byte) |
 state name | msgpack(key)`. Big-endian key group first means the byte order of
 stored keys sorts by key group, so "every entry of groups [a, b)" is one range
 scan from `prefix(a)` to `prefix(b)`: what restore and rescale read.
+
+A stored value is msgpack too, with tuples kept apart from lists (`encode_value`): a backend returns the types
+it was given, as the heap path does.
 """
 
 from __future__ import annotations
@@ -56,15 +59,47 @@ def decode_key(data: bytes) -> tuple[str, int, Any]:
     return name, group, key
 
 
+# Values keep tuples and lists apart. Plain msgpack packs both as an array, which reads back as a list (or, with
+# use_list=False, everything as a tuple, the list state's own list included). But the heap path (memory) hands
+# back the very objects it was given, and records come off the network with their arrays as tuples, so a buffered
+# record is a tuple there. So a tuple is packed as an array whose first item is a marker (an empty msgpack
+# extension of code TUPLE_EXT, 3 bytes) and read back as a tuple, at any depth (inside a list, as a map key); a
+# list reads back as a list. Both hooks run in msgpack's C loop, one Python call per tuple (about 3x plain msgpack
+# for a list of tuples, about the same for anything else). Values stored before read back as they did (lists).
+TUPLE_EXT = 1
+_TUPLE_MARK = msgpack.ExtType(TUPLE_EXT, b"")
+_TUPLE = object()  # what the marker decodes to, before list_hook turns its array into a tuple
+_NATIVE: tuple[type, ...] = (dict, list, str, bytes, int, float)
+
+
+def _pack_other(obj: Any) -> Any:
+    """msgpack's `default` under strict_types: exact types pack natively, the rest comes here."""
+    if isinstance(obj, tuple):  # a namedtuple too: it reads back as a plain tuple
+        return [_TUPLE_MARK, *obj]
+    for base in _NATIVE:  # subclasses (OrderedDict, IntEnum, ...) as their base
+        if isinstance(obj, base):
+            return base(obj)
+    raise TypeError(f"can not serialize {type(obj).__name__!r} object")
+
+
+def _unpack_ext(code: int, data: bytes) -> Any:
+    return _TUPLE if code == TUPLE_EXT and not data else msgpack.ExtType(code, data)
+
+
+def _unpack_array(items: list[Any]) -> Any:
+    return tuple(items[1:]) if items and items[0] is _TUPLE else items
+
+
 def encode_value(value: Any) -> bytes:
     try:
-        return msgpack.packb(value, use_bin_type=True)
+        return msgpack.packb(value, use_bin_type=True, strict_types=True, default=_pack_other)
     except (TypeError, ValueError, OverflowError) as e:
         raise StateCodecError(f"state value {value!r:.80} cannot be stored: {e}") from e
 
 
 def decode_value(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)  # maps keyed by ints are values too
+    # maps keyed by ints are values too
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_unpack_ext, list_hook=_unpack_array)
 
 
 def hashable(key: Any) -> Any:

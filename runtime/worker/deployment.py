@@ -85,7 +85,8 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
     def listener(task: Task) -> TaskCheckpoints:
         checkpointer = TaskCheckpointer(task, hooks.writer, task_key=key.vertex_subtask,
                                         max_parallelism=job.max_parallelism, on_ack=hooks.on_ack,
-                                        on_decline=hooks.on_decline)
+                                        on_decline=hooks.on_decline,
+                                        incremental_channel_state=cfg.incremental_channel_state)
         checkpoints.append(TaskCheckpoints(task, checkpointer))
         return checkpoints[0]
 

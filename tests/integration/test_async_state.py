@@ -28,6 +28,7 @@ from tests.support.failover import (
     start,
     worker_id_of,
 )
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 
@@ -220,12 +221,14 @@ RUNNING_JOB = """
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import AsyncCount
 
+RELEASE = {release!r}
+""" + RELEASABLE_SINK + """
 
 def wordcount(job: Job) -> None:
     (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
         .key_by(lambda r: r[0])
         .process(AsyncCount(), parallelism=2, name="Count")  # the name test_rescale_running's helpers expect
-        .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
+        .sink(ReleasableSink({out!r}, delay_per_record_s=0.0002)))
 """
 
 
@@ -249,8 +252,8 @@ def rescale_async(cluster: Cluster, job_id: str, parallelism: int) -> int:
 
 # Both rescales come as soon as the job is backpressured (a few seconds in all). The sink bounds the sources:
 # they are ahead of it by what the channels hold, which 8 KiB buffers keep to ~20k records, so 150k records
-# (15 s of the sink at parallelism 2) leave every source subtask running until the last rescale, and the rest
-# at parallelism 1 takes a fraction of the minute that 300k records in 32 KiB buffers took.
+# (15 s of the sink at parallelism 2) leave every source subtask running until the last rescale; the rest then
+# drains with the sink released (full speed).
 RESCALED_WORDS = 150_000
 
 
@@ -265,7 +268,8 @@ def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output
     cluster = running_cluster
     out = cluster.tmp_path / "out"
     write_module(cluster.tmp_path, "runningasync", RUNNING_JOB.format(out=str(out), words=RESCALED_WORDS,
-                                                                        keys=KEYS, seed=SEED))
+                                                                        keys=KEYS, seed=SEED,
+                                                                        release=release_path(cluster)))
     # every checkpoint kept: the ones the rescales restored are read after later ones completed
     config = {**CONFIG, "buffer_bytes": 8 * 1024, "checkpoint": {**CONFIG["checkpoint"], "retain": 1000},
               "state": {"backend": "memory", "options": {"round_trip_ms": ROUND_TRIP_MS}},
@@ -277,6 +281,7 @@ def test_a_running_async_count_in_capture_mode_rescaled_2_3_1_gives_exact_output
         wait_backpressured(cluster, job_id, 2 * before)
         restored_from = rescale_async(cluster, job_id, after)
         captured_at_rescale.append(captured(checkpoints(cluster, job_id)[restored_from]))
+    release(cluster)  # the rest of the input at full speed
     final = cluster.wait_job(job_id, timeout_s=300)
     assert final["state"] == JobState.FINISHED, final
     assert final["attempt"] == 2 and final["restarts"] == 0, final

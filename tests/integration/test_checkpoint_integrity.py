@@ -4,9 +4,7 @@ before it, with exact output."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,9 @@ from tests.support.failover import (
     Setup,
     assert_exact_output,
     committed_by,
+    fall_back_from_a_corrupt_latest_checkpoint,
     install,
-    sink_placement,
     start,
-    worker_id_of,
 )
 
 pytestmark = pytest.mark.integration
@@ -117,38 +114,13 @@ def test_failover_skips_a_corrupt_latest_checkpoint_for_the_one_before_and_outpu
     setup = install(cluster, words=100_000, sink_delay=0.0003)  # ~15 s, sink-bound: runs on after ~30k
     start(cluster, 3)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
-    wait_first = {"records": 0}
 
-    def flowing(at_least: int) -> bool:
-        st = setup.status(job_id)
-        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
-        wait_first["records"] = sum(t["records_in"] for t in st["tasks"])
-        return len(st["tasks"]) == 4 and wait_first["records"] >= at_least
+    def corrupt(path: str) -> str:
+        state = sorted(Path(path).glob("*.state"))[-1]
+        flip_bit(state, len(state.read_bytes()) // 2)
+        return state.name
 
-    poll(lambda: flowing(10_000), 60, "records to flow")
-    first = cluster.call("checkpoint", {"job_id": job_id})
-    assert first["status"] == "COMPLETED", first
-    more = wait_first["records"] + 10_000  # once: the lambda would move the mark on every poll
-    poll(lambda: flowing(more), 60, "more records after the first checkpoint")
-    second = cluster.call("checkpoint", {"job_id": job_id})
-    assert second["status"] == "COMPLETED", second
-    poll(lambda: second["checkpoint_id"] in committed_by(setup), 30, "the second checkpoint's commit")
-    assert setup.status(job_id)["state"] == "RUNNING", "the job must still run for this test"
-
-    state = sorted(Path(second["path"]).glob("*.state"))[-1]
-    flip_bit(state, len(state.read_bytes()) // 2)
-    victim_id = sink_placement(setup.status(job_id))[0]
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    setup.replace_dead_workers()
-
-    st = setup.wait_finished(job_id, 180)
-    assert st["restarts"] == 1, st
-    assert st["restored_checkpoint_id"] == first["checkpoint_id"], st
-    log = cluster.log("coordinator")
-    assert f"skipping checkpoint {second['path']}" in log and state.name in log, log[-3000:]
-    assert_exact_output(setup)
+    fall_back_from_a_corrupt_latest_checkpoint(setup, job_id, corrupt)
 
 
 # -- an unwritable checkpoint directory --------------------------------------------------------------------------

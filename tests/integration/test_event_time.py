@@ -22,8 +22,9 @@ import pytest
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK, BoundedOutOfOrderness
 from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.execution.watermarks import WatermarkGenerator
-from tests.support.cluster import Cluster, committed_rows, kill_worker, logs, poll, write_module
-from tests.support.failover import WORKER_ARGS, restart_worker
+from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+from tests.support.event_time_kill import assert_committed_exactly, run_killed
+from tests.support.failover import WORKER_ARGS
 from tests.support.models import jittered
 
 pytestmark = pytest.mark.integration
@@ -102,33 +103,9 @@ def test_watermarks_and_timers_are_exact_across_kill_9_with_unaligned_checkpoint
                                                        delay=MAX_DELAY_MS, granularity=GRANULARITY_MS,
                                                        sink_delay=0.0002))
     expected = expected_output(WORDS)
-    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
-    job_id = cluster.submit("etjob:build", {
-        "buffer_bytes": 8 * 1024, "buffers_per_channel": 4,
-        "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
-        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})
-
-    found: dict[str, Any] = {}
-
-    def checkpointed_and_placed() -> bool:
-        st = cluster.call("status", {"job_id": job_id})
-        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
-        found.update(st)
-        return st["last_checkpoint"] is not None and any("DropLate" in t["name"] for t in st["tasks"])
-
-    poll(checkpointed_and_placed, 90, "a completed checkpoint")
-    victim = next(t["worker"] for t in found["tasks"] if "DropLate" in t["name"])
-    kill_worker(cluster, victim)
-    restart_worker(cluster, victim)
-
-    st = cluster.wait_job(job_id, 240)
-    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
-    assert st["restarts"] >= 1, st
-    poll(lambda: not committed_rows(out)[1], 15, "the final commit (no in-progress files left)")
-    rows, _ = committed_rows(out)
-    missing, extra = expected - rows, rows - expected
-    assert not missing and not extra, (f"{sum(missing.values())} rows missing, e.g. {list(missing)[:5]}; "
-                                       f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")
+    run_killed(cluster, "etjob:build", 8 * 1024, lambda _, st: st["last_checkpoint"] is not None, "DropLate",
+               what="a completed checkpoint")
+    assert_committed_exactly({"rows": (out, expected)})
 
 
 # -- a timer storm: the mailbox is served between timers, and a checkpoint can be taken in the middle --------

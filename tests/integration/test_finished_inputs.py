@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, logs, poll, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +26,15 @@ JOBS = '''
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
+RELEASE = {release!r}
+''' + RELEASABLE_SINK + '''
 
 def short_and_long(job: Job) -> None:
     short = job.source(GeneratorSource(count={short}, keys={keys}, seed={seed}), parallelism=1, name="short")
     long = job.source(GeneratorSource(count={long}, keys={keys}, seed={seed2}), parallelism=1, name="long")
     (short.union(long).key_by(lambda r: r[0])
         .process(Count(), parallelism=1)
-        .sink(FileSink({out!r}, delay_per_record_s=0.0001)))
+        .sink(ReleasableSink({out!r}, delay_per_record_s=0.0001)))
 '''
 
 SHORT, LONG, KEYS, SEED, SEED2 = 50_000, 90_000, 50, 5, 6
@@ -41,7 +44,8 @@ BOUND_S = 1.0
 def test_a_finished_source_does_not_hold_unaligned_checkpoints_back(cluster: Cluster) -> None:
     out = cluster.tmp_path / "out"
     write_module(cluster.tmp_path, "finishedjobs", JOBS.format(short=SHORT, long=LONG, keys=KEYS, seed=SEED,
-                                                               seed2=SEED2, out=str(out)))
+                                                               seed2=SEED2, out=str(out),
+                                                               release=release_path(cluster)))
     cluster.start(2, worker_args=("--heartbeat-interval", "0.25s"), worker_ids=True)
     config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 8, "inflight_target_s": 0,
               "checkpoint": {"interval_s": 0.2, "mode": "unaligned", "timeout_s": 20, "min_pause_s": 0,
@@ -85,6 +89,7 @@ def test_a_finished_source_does_not_hold_unaligned_checkpoints_back(cluster: Clu
     os.kill(victim.pid, signal.SIGKILL)
     victim.proc.wait(10)
     cluster.start_worker("--heartbeat-interval", "0.25s", worker_id=count_worker)
+    release(cluster)  # the restored attempt at full speed
 
     final = cluster.wait_job(job_id, 180)
     assert final["state"] == "FINISHED", (final, logs(cluster))

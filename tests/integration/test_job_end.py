@@ -20,6 +20,7 @@ import pytest
 from tests.support.cluster import Cluster, poll
 from tests.support.failover import CHANNELS, KEYS, SEED, WORKER_ARGS, assert_exact_output, install
 from tests.support.faulty_coordinator import launcher
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +87,8 @@ from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
 KEYS, SEED = {keys}, {seed}
+RELEASE = {release!r}
+""" + RELEASABLE_SINK + """
 
 
 def short_and_long(job: Job) -> None:
@@ -93,7 +96,7 @@ def short_and_long(job: Job) -> None:
         .key_by(lambda r: r[0]).process(Count(), parallelism=2).sink(FileSink({short_out!r})))
     (job.source(GeneratorSource(count={long}, keys=KEYS, seed=SEED), parallelism=2, name="long")
         .key_by(lambda r: r[0]).process(Count(), parallelism=2)
-        .sink(FileSink({long_out!r}, delay_per_record_s=0.00005)))
+        .sink(ReleasableSink({long_out!r}, delay_per_record_s=0.00005)))
 """
 
 
@@ -101,7 +104,8 @@ def test_checkpoints_go_on_after_tasks_finished_and_restore_treats_them_as_finis
     short_out, long_out = cluster.tmp_path / "short", cluster.tmp_path / "long"
     short, long = 5_000, 400_000
     (cluster.tmp_path / "twojobs.py").write_text(TWO_PIPELINES.format(
-        keys=KEYS, seed=SEED, short=short, long=long, short_out=str(short_out), long_out=str(long_out)))
+        keys=KEYS, seed=SEED, short=short, long=long, short_out=str(short_out), long_out=str(long_out),
+        release=release_path(cluster)))
     start_faulty(cluster, 2)
     config = {**CHANNELS, "checkpoint": {"interval_s": 0.3, "mode": "aligned", "timeout_s": 20},
               "restart": {"kind": "fixed", "max_attempts": 2, "delay_s": 0.2, "slot_wait_s": 60}}
@@ -139,6 +143,7 @@ def test_checkpoints_go_on_after_tasks_finished_and_restore_treats_them_as_finis
 
     poll(restored_and_checkpointed, 90, "a checkpoint of the restored attempt")
     kill_and_replace(cluster, cluster.workers[1])
+    release(cluster)  # the rest of the long pipeline's input at full speed
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", st
     assert st["restarts"] == 2, st

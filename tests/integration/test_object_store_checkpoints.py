@@ -6,13 +6,11 @@ before, as with local files. Nothing lands in the local state directory's checkp
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,15 +20,14 @@ from runtime.common import objectstore
 from tests.support.cluster import Cluster, poll
 from tests.support.failover import (
     assert_exact_output,
-    committed_by,
+    fall_back_from_a_corrupt_latest_checkpoint,
     install,
     kill_once_and_recover,
-    sink_placement,
     start,
     wait_first_checkpoint,
-    worker_id_of,
 )
 from tests.support.object_store import completed, in_bucket, running_s3
+from tests.support.releasable_sink import release
 from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
@@ -69,40 +66,16 @@ def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(
     setup = install(cluster, words=100_000, sink_delay=0.0003)  # ~15 s, sink-bound: runs on after ~30k
     start(cluster, 3, "--checkpoint-dir", root)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
-    seen = {"records": 0}
 
-    def flowing(at_least: int) -> bool:
-        st = setup.status(job_id)
-        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
-        seen["records"] = sum(t["records_in"] for t in st["tasks"])
-        return len(st["tasks"]) == 4 and seen["records"] >= at_least
+    def corrupt(path: str) -> str:
+        assert path.startswith(root), path
+        state = sorted(n for n in objectstore.list_children(path) if n.endswith(".state"))[-1]
+        key = f"{path}/{state}"
+        data = objectstore.read(key)
+        objectstore.write(key, data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
+        return state
 
-    poll(lambda: flowing(10_000), 60, "records to flow")
-    first: dict[str, Any] = cluster.call("checkpoint", {"job_id": job_id})
-    assert first["status"] == "COMPLETED" and first["path"].startswith(root), first
-    more = seen["records"] + 10_000  # once: the lambda would move the mark on every poll
-    poll(lambda: flowing(more), 60, "more records after the first checkpoint")
-    second: dict[str, Any] = cluster.call("checkpoint", {"job_id": job_id})
-    assert second["status"] == "COMPLETED", second
-    poll(lambda: second["checkpoint_id"] in committed_by(setup), 30, "the second checkpoint's commit")
-    assert setup.status(job_id)["state"] == "RUNNING", "the job must still run for this test"
-
-    state = sorted(n for n in objectstore.list_children(second["path"]) if n.endswith(".state"))[-1]
-    key = f"{second['path']}/{state}"
-    data = objectstore.read(key)
-    objectstore.write(key, data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
-    victim_id = sink_placement(setup.status(job_id))[0]
-    victim = next(w for w in cluster.workers if worker_id_of(w) == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    setup.replace_dead_workers()
-
-    st = setup.wait_finished(job_id, 180)
-    assert st["restarts"] == 1, st
-    assert st["restored_checkpoint_id"] == first["checkpoint_id"], st
-    log = cluster.log("coordinator")
-    assert f"skipping checkpoint {second['path']}" in log and state in log, log[-3000:]
-    assert_exact_output(setup)
+    fall_back_from_a_corrupt_latest_checkpoint(setup, job_id, corrupt)
 
 
 def test_a_savepoint_in_the_bucket_restores_a_cancelled_job_exactly(cluster: Cluster, s3: S3Server) -> None:
@@ -127,6 +100,7 @@ def test_a_savepoint_in_the_bucket_restores_a_cancelled_job_exactly(cluster: Clu
     poll(lambda: setup.status(job_id)["state"] == "CANCELLED", 30, "the job to be cancelled")
 
     config = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned"}}
+    release(cluster)  # the restored job at full speed: the restore, not the data, is under test
     restored = cluster.call("submit", {"entry": "failjobs:wordcount", "config": config,
                                        "sys_path": str(cluster.tmp_path), "restore": path})["job_id"]
     st = setup.wait_finished(restored, 180)

@@ -12,6 +12,7 @@ import pytest
 from runtime.graph.enums import JobState
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, logs, sluice
 from tests.support.faulty_coordinator import launcher
+from tests.support.releasable_sink import release
 from tests.support.rescale import (
     CONFIG,
     KEYS,
@@ -48,6 +49,7 @@ def test_impossible_rescales_are_refused_then_2_3_1_2_with_the_cli_gives_exact_o
     print(f"rescale downtimes (stop -> running): {', '.join(f'{d:.3f}s' for d in downtimes)}")
     # a cancelled task that waited for its outputs to drain used to run on for the worker's 10 s cancel limit
     assert max(downtimes) < 5.0, (downtimes, logs(cluster))
+    release(cluster)  # the rest of the input at full speed
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED, (final, logs(cluster))
     assert final["attempt"] == 3 and final["restarts"] == 0 and len(final["rescale_s"]) == 3, final
@@ -77,6 +79,7 @@ def test_rescale_whose_checkpoint_fails_is_refused_and_the_job_goes_on(cluster: 
     assert st["state"] == JobState.RUNNING and st["attempt"] == 0, st
     assert [v["parallelism"] for v in st["vertices"]] == [2, 2], st
     rescale(cluster, job_id, 3)
+    release(cluster)
     final = cluster.wait_job(job_id, timeout_s=240)
     assert final["state"] == JobState.FINISHED and final["attempt"] == 1, (final, logs(cluster))
     assert_running_counts(out, generator_counts(ONE_RESCALE_WORDS, KEYS, SEED))

@@ -18,6 +18,7 @@ import pytest
 from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, sluice, write_module
+from tests.support.releasable_sink import release, release_path
 from tests.support.rescale import CONFIG, JOBS, wait_backpressured
 
 # The sink bounds the sources: they run ahead of it by what the channels hold, which 8 KiB buffers keep to
@@ -51,7 +52,8 @@ def test_lost_worker_scales_the_job_down_and_a_new_one_scales_it_back_up(cluster
     cluster.wait_workers(3)
     out = cluster.tmp_path / "out"
     job_module = JOBS.replace("parallelism=2", "parallelism=3")
-    write_module(cluster.tmp_path, "scaledjobs", job_module.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
+    write_module(cluster.tmp_path, "scaledjobs", job_module.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED,
+                                                                    release=release_path(cluster)))
     job_id = cluster.call("submit", {"entry": "scaledjobs:wordcount", "name": "wordcount",
                                      "config": {**CONFIG, "buffer_bytes": BUFFER_BYTES,
                                                 "scale_down_after_s": SCALE_DOWN_AFTER_S},
@@ -103,6 +105,7 @@ def test_lost_worker_scales_the_job_down_and_a_new_one_scales_it_back_up(cluster
     assert metric(cluster, "sluice_job_scale_ups_total", job_id) == 1
     assert metric(cluster, "sluice_job_scaled_down", job_id) == 0
 
+    release(cluster)  # the rest of the input at full speed
     final = cluster.wait_job(job_id, timeout_s=300)
     assert final["state"] == JobState.FINISHED, (final, logs(cluster))
     assert_running_counts(out, generator_counts(WORDS, KEYS, SEED))

@@ -19,8 +19,8 @@ import pytest
 from runtime.api import BoundedOutOfOrderness, TumblingEventTimeWindows
 from runtime.connectors.generator import BLOCK, generate_block, key_names
 from runtime.execution.watermarks import WatermarkGenerator
-from tests.support.cluster import Cluster, committed_rows, kill_worker, logs, poll, write_module
-from tests.support.failover import WORKER_ARGS, restart_worker
+from tests.support.cluster import Cluster, write_module
+from tests.support.event_time_kill import assert_committed_exactly, run_killed
 from tests.support.models import jittered, window_model
 
 pytestmark = pytest.mark.integration
@@ -76,32 +76,11 @@ def test_windows_late_firings_and_late_records_are_exact_across_kill_9(cluster: 
         out=str(out), late=str(late), words=WORDS, keys=KEYS, seed=SEED, delay=MAX_DELAY_MS,
         granularity=GRANULARITY_MS, window=WINDOW_MS, lateness=LATENESS_MS, sink_delay=0.002))
     expected_rows, expected_late = expected_windows()
-    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
-    job_id = cluster.submit("winjob:build", {
-        "buffer_bytes": 4 * 1024, "buffers_per_channel": 4,
-        "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 3},
-        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})
 
-    found: dict[str, Any] = {}
-
-    def checkpointed_with_inflight_data() -> bool:
-        st = cluster.call("status", {"job_id": job_id})
-        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
-        found.update(st)
+    def checkpointed_with_inflight_data(job_id: str, st: dict[str, Any]) -> bool:
         history = cluster.call("checkpoints", {"job_id": job_id})["history"]
         return any(h["status"] == "COMPLETED" and h["inflight_bytes"] > 0 for h in history)
 
-    poll(checkpointed_with_inflight_data, 90, "a completed checkpoint holding in-flight data")
-    victim = next(t["worker"] for t in found["tasks"] if "window-count" in t["name"])
-    kill_worker(cluster, victim)
-    restart_worker(cluster, victim)
-
-    st = cluster.wait_job(job_id, 300)
-    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
-    assert st["restarts"] >= 1, st
-    poll(lambda: not committed_rows(out)[1] and not committed_rows(late)[1], 15, "the final commits")
-    for name, expected, directory in (("window rows", expected_rows, out), ("late records", expected_late, late)):
-        rows, _ = committed_rows(directory)
-        missing, extra = expected - rows, rows - expected
-        assert not missing and not extra, (f"{name}: {sum(missing.values())} missing, e.g. {list(missing)[:5]}; "
-                                           f"{sum(extra.values())} extra, e.g. {list(extra)[:5]}")
+    run_killed(cluster, "winjob:build", 4 * 1024, checkpointed_with_inflight_data, "window-count",
+               what="a completed checkpoint holding in-flight data", timeout_s=300)
+    assert_committed_exactly({"window rows": (out, expected_rows), "late records": (late, expected_late)})

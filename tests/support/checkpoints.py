@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.cluster import Cluster, generator_counts, poll, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release_path
 
 # Count is chained with its sink. The slow sink costs 200 us a record: ~5k records/s per subtask, against a
 # source that makes several hundred thousand a second when unhindered. What sits in front of one Count
@@ -24,6 +25,9 @@ SEED = {seed}
 
 
 from runtime.examples.wordcount import Count  # the README's keyed word count
+
+RELEASE = {release!r}
+''' + RELEASABLE_SINK + '''
 
 
 def slow(job: Job) -> None:
@@ -44,7 +48,7 @@ def wordcount(job: Job) -> None:
     (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=2)
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
-        .sink(FileSink(OUT, delay_per_record_s=0.0002)))
+        .sink(ReleasableSink(OUT, delay_per_record_s=0.0002)))
 '''
 
 # Fixed-size buffers (no in-flight bound): these tests need an aligned barrier to wait seconds behind the
@@ -65,7 +69,7 @@ def checkpoint_config(mode: str, **overrides: Any) -> dict[str, Any]:
 def install_jobs(cluster: Cluster) -> Path:
     out = cluster.tmp_path / "out"
     write_module(cluster.tmp_path, "cpjobs",
-                 JOBS.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED))
+                 JOBS.format(out=str(out), words=WORDS, keys=KEYS, seed=SEED, release=release_path(cluster)))
     return out
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.support.cluster import Cluster, generator_counts, kill_worker, poll, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 # Count is chained with its sink (same parallelism, forward), so the vertex "Count -> <sink>" hosts both.
 # `once(name)` is true exactly once per test, across processes and attempts (O_EXCL on a marker file), which is
@@ -42,6 +44,9 @@ def once(name, content=""):
 
 from runtime.examples.wordcount import Count  # the README's keyed word count
 
+RELEASE = {release!r}
+''' + RELEASABLE_SINK + '''
+
 
 class FailOnce(Count):
     def process(self, record, ctx):
@@ -57,7 +62,7 @@ class AlwaysFail(Count):
         super().process(record, ctx)
 
 
-class CrashingSink(FileSink):
+class CrashingSink(ReleasableSink):
     """Kills its own worker at two precise points of the two-phase protocol.
 
     in flight: attempt 0, subtask 1, at the first pre-commit after a checkpoint has completed: the files are
@@ -96,15 +101,15 @@ def _pipeline(job, count, sink):
 
 
 def wordcount(job: Job) -> None:
-    _pipeline(job, Count(), FileSink(OUT, delay_per_record_s=SINK_DELAY))
+    _pipeline(job, Count(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
 
 
 def fail_once(job: Job) -> None:
-    _pipeline(job, FailOnce(), FileSink(OUT, delay_per_record_s=SINK_DELAY))
+    _pipeline(job, FailOnce(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
 
 
 def always_fail(job: Job) -> None:
-    _pipeline(job, AlwaysFail(), FileSink(OUT, delay_per_record_s=SINK_DELAY))
+    _pipeline(job, AlwaysFail(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
 
 
 def crashing_sink(job: Job) -> None:
@@ -172,7 +177,7 @@ def install(cluster: Cluster, *, words: int, sink_delay: float = 0.00005, fail_s
     setup = Setup(cluster, words)
     write_module(cluster.tmp_path, "failjobs",
                  JOBS.format(out=str(setup.out), markers=str(setup.markers), words=words, keys=KEYS, seed=SEED,
-                             sink_delay=sink_delay, fail_seq=fail_seq))
+                             sink_delay=sink_delay, fail_seq=fail_seq, release=release_path(cluster)))
     return setup
 
 
@@ -279,3 +284,39 @@ def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0, *,
 def committed_by(setup: Setup) -> list[int]:
     """The checkpoint ids in the committed part files' names (part-<subtask>-<checkpoint>-<attempt>-<n>)."""
     return sorted(int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-"))
+
+
+def fall_back_from_a_corrupt_latest_checkpoint(setup: Setup, job_id: str, corrupt: Callable[[str], str]) -> None:
+    """Two manual checkpoints 10k records apart while the job (manual checkpoints only) runs; `corrupt(path)`
+    damages a state file of the second (its path) and returns the file's name; the worker of sink subtask 0 is
+    killed and replaced. The restart must skip the second, saying so in the coordinator's log with the file's
+    name, restore the first, and leave exact output."""
+    cluster = setup.cluster
+    seen = {"records": 0}
+
+    def flowing(at_least: int) -> bool:
+        st = setup.status(job_id)
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), st
+        seen["records"] = sum(t["records_in"] for t in st["tasks"])
+        return len(st["tasks"]) == 4 and seen["records"] >= at_least
+
+    poll(lambda: flowing(10_000), 60, "records to flow")
+    first = cluster.call("checkpoint", {"job_id": job_id})
+    assert first["status"] == "COMPLETED", first
+    more = seen["records"] + 10_000  # once: the lambda would move the mark on every poll
+    poll(lambda: flowing(more), 60, "more records after the first checkpoint")
+    second = cluster.call("checkpoint", {"job_id": job_id})
+    assert second["status"] == "COMPLETED", second
+    poll(lambda: second["checkpoint_id"] in committed_by(setup), 30, "the second checkpoint's commit")
+    assert setup.status(job_id)["state"] == "RUNNING", "the job must still run for this test"
+
+    damaged = corrupt(second["path"])
+    kill_worker(cluster, sink_placement(setup.status(job_id))[0])
+    setup.replace_dead_workers()
+    release(cluster)  # the restored attempt at full speed: the restore, not the data, is under test
+    st = setup.wait_finished(job_id, 180)
+    assert st["restarts"] == 1, st
+    assert st["restored_checkpoint_id"] == first["checkpoint_id"], st
+    log = cluster.log("coordinator")
+    assert f"skipping checkpoint {second['path']}" in log and damaged in log, log[-3000:]
+    assert_exact_output(setup)

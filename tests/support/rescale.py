@@ -10,17 +10,20 @@ from typing import Any
 from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, logs, poll, sluice, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release_path
 
 JOBS = """
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
+RELEASE = {release!r}
+""" + RELEASABLE_SINK + """
 
 def wordcount(job: Job) -> None:
     (job.source(GeneratorSource(count={words}, keys={keys}, seed={seed}), parallelism=2)
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
-        .sink(FileSink({out!r}, delay_per_record_s=0.0002)))
+        .sink(ReleasableSink({out!r}, delay_per_record_s=0.0002)))
 """
 WORDS, KEYS, SEED = 300_000, 200, 13  # long enough that no source subtask finishes before the last rescale
 ONE_RESCALE_WORDS = 200_000  # a test that rescales once, early, ends sooner
@@ -31,7 +34,8 @@ CONFIG = {"checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 30
 
 def submit(cluster: Cluster, config: dict[str, Any] = CONFIG, words: int = WORDS) -> tuple[str, Path]:
     out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=words, keys=KEYS, seed=SEED))
+    write_module(cluster.tmp_path, "runningjobs", JOBS.format(out=str(out), words=words, keys=KEYS, seed=SEED,
+                                                              release=release_path(cluster)))
     result = cluster.call("submit", {"entry": "runningjobs:wordcount", "name": "wordcount", "config": config,
                                      "sys_path": str(cluster.tmp_path)})
     return str(result["job_id"]), out

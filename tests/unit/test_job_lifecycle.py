@@ -345,7 +345,7 @@ def test_a_finished_job_ignores_late_failures_cancels_and_rescales():
     assert job.handle(TaskFailed(0, "late"), 2.1) == []
     assert job.handle(WorkerLost(0, "w-1", "gone"), 2.2) == []
     assert job.handle(CancelAsked("by user"), 2.3) == []
-    assert job.handle(RescaleAsked(tasks_ended=False), 2.4) == [
+    assert job.handle(RescaleAsked(finishing=False), 2.4) == [
         AnswerRescale("job j is FINISHED, not RUNNING: nothing to rescale", "JobNotRunning")]
     assert job.state == JobState.FINISHED
 
@@ -397,7 +397,7 @@ def test_lease_lost_stops_checkpoints_and_then_nothing_is_touched():
 
 def test_lease_lost_during_a_rescale_answers_it():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     assert job.handle(LeaseLost(), 1.1) == [AnswerRescale("the coordinator lost its lease", "NotLeader"),
                                             StopCheckpoints("leadership lost", failed=False)]
 
@@ -407,7 +407,7 @@ def test_lease_lost_during_a_rescale_answers_it():
 
 def test_rescale_checkpoints_then_stops_and_redeploys_without_counting_a_restart():
     job = running()
-    assert job.handle(RescaleAsked(tasks_ended=False), 1.0) == [TakeRescaleCheckpoint(0)]
+    assert job.handle(RescaleAsked(finishing=False), 1.0) == [TakeRescaleCheckpoint(0)]
     assert job.handle(RescaleCheckpointDone(0), 2.0) == [
         CommitRescale(), StopCheckpoints("rescale", failed=False), MoveTo(JobState.RESTARTING), CancelTasks(0),
         PlanAttempt(1, 0.0, 2.0)]
@@ -419,7 +419,7 @@ def test_rescale_checkpoints_then_stops_and_redeploys_without_counting_a_restart
 
 def test_scale_up_plans_at_its_target_while_waiting_for_slots_then_falls_back():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False, scale_up=True), 1.0)
+    job.handle(RescaleAsked(finishing=False, scale_up=True), 1.0)
     assert job.handle(RescaleCheckpointDone(0), 2.0)[-1] == PlanAttempt(1, 0.0, 2.0, scale_up=True)
     assert job.handle(PlanFailed(1, "slots", retriable=True), 2.1) == [
         PlanAttempt(1, PLAN_RETRY_S, 2.0, scale_up=True)]
@@ -434,28 +434,39 @@ def test_scale_up_plans_at_its_target_while_waiting_for_slots_then_falls_back():
 def test_rescale_refused_when_not_running_or_finishing_or_already_rescaling():
     job = JobLifecycle("j", FIXED)
     job.handle(Submitted(), 0.0)
-    assert job.handle(RescaleAsked(tasks_ended=False), 0.1) == [
+    assert job.handle(RescaleAsked(finishing=False), 0.1) == [
         AnswerRescale("job j is DEPLOYING, not RUNNING: nothing to rescale", "JobNotRunning")]
     job = running()
-    assert job.handle(RescaleAsked(tasks_ended=True), 1.0) == [
+    assert job.handle(RescaleAsked(finishing=True), 1.0) == [
         AnswerRescale("job j is finishing, not RUNNING: nothing to rescale", "JobNotRunning")]
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
-    assert job.handle(RescaleAsked(tasks_ended=False), 1.1) == [
+    job.handle(RescaleAsked(finishing=False), 1.0)
+    assert job.handle(RescaleAsked(finishing=False), 1.1) == [
         AnswerRescale("job j is being rescaled already", "JobNotRunning")]
+
+
+def test_rescale_with_some_tasks_at_their_end_is_taken_but_not_once_every_task_ended():
+    """Some finished tasks (a rules source that ended) are recorded by the checkpoint and kept finished by the
+    restore; once every task ended the final checkpoint is due and the job is finishing."""
+    job = running()
+    assert job.handle(RescaleAsked(finishing=False), 1.0) == [TakeRescaleCheckpoint(0)]
+    job = running()
+    job.handle(AllTasksEnded(0), 1.0)
+    assert job.handle(RescaleAsked(finishing=False), 1.1) == [
+        AnswerRescale("job j is finishing, not RUNNING: nothing to rescale", "JobNotRunning")]
 
 
 def test_rescale_whose_checkpoint_failed_is_refused_and_the_job_runs_on():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     assert job.handle(RescaleCheckpointDone(0, "checkpoint 1 did not complete", "RescaleCheckpointFailed"), 2.0) == [
         AnswerRescale("checkpoint 1 did not complete", "RescaleCheckpointFailed")]
     assert job.state == JobState.RUNNING and job.attempt == 0
-    assert job.handle(RescaleAsked(tasks_ended=False), 3.0) == [TakeRescaleCheckpoint(0)]
+    assert job.handle(RescaleAsked(finishing=False), 3.0) == [TakeRescaleCheckpoint(0)]
 
 
 def test_failure_while_the_rescale_checkpoint_is_taken_restarts_and_the_rescale_is_refused_after():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     assert job.handle(TaskFailed(0, "boom"), 1.5) == [
         RecordFailure("boom"), StopCheckpoints("boom", failed=True), MoveTo(JobState.RESTARTING), CancelTasks(0),
         ScheduleRestart(0, 1.0, restart=1, of=2)]
@@ -466,7 +477,7 @@ def test_failure_while_the_rescale_checkpoint_is_taken_restarts_and_the_rescale_
 
 def test_job_restarted_before_the_rescale_checkpoint_reported_is_not_rescaled():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     job.handle(TaskFailed(0, "boom"), 1.5)
     assert job.handle(RescaleCheckpointDone(0), 1.6) == [
         AnswerRescale("job j is RESTARTING (attempt 0) after the checkpoint: not rescaled", "JobNotRunning")]
@@ -474,7 +485,7 @@ def test_job_restarted_before_the_rescale_checkpoint_reported_is_not_rescaled():
 
 def test_failure_of_the_rescaled_attempt_while_it_deploys_fails_the_rescale_and_restarts_counted():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     job.handle(RescaleCheckpointDone(0), 2.0)
     job.handle(AttemptPlanned(1), 2.1)
     assert job.handle(DeployFailed(1, "worker-2 gone"), 2.2) == [
@@ -486,7 +497,7 @@ def test_failure_of_the_rescaled_attempt_while_it_deploys_fails_the_rescale_and_
 
 def test_rescale_whose_restart_runs_out_of_attempts_fails_with_the_cause():
     job = running(RestartStrategy("none"))
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     job.handle(RescaleCheckpointDone(0), 2.0)
     assert job.handle(PlanFailed(1, "needs 6 slots", retriable=False), 3.0) == [
         RecordFailure("needs 6 slots"), MoveTo(JobState.FAILED, "needs 6 slots (restart attempts exhausted)"),
@@ -496,7 +507,7 @@ def test_rescale_whose_restart_runs_out_of_attempts_fails_with_the_cause():
 
 def test_cancel_during_a_rescale_answers_it():
     job = running()
-    job.handle(RescaleAsked(tasks_ended=False), 1.0)
+    job.handle(RescaleAsked(finishing=False), 1.0)
     assert job.handle(CancelAsked("by user"), 1.5) == [
         MoveTo(JobState.CANCELLED, "by user"), AnswerRescale("job j is CANCELLED now: not rescaled", "JobNotRunning"),
         StopCheckpoints("by user", failed=True), CancelTasks(0)]
