@@ -221,6 +221,9 @@ class InputGate:
         self.buffers_in = 0
         self.queued = 0
         self.arrivals: dict[int, BarrierArrival] = {}  # latest barrier to reach the gate, per channel
+        # the last few, per channel: with concurrent checkpoints a later barrier may arrive before the snapshot
+        # of an earlier one, which must still end at its own barrier
+        self.arrival_log: dict[int, deque[BarrierArrival]] = {c.channel_id: deque(maxlen=4) for c in channels}
         self.recording_id: int | None = None
         self.recorders: dict[int, list[Buffer]] = {}
 
@@ -249,7 +252,8 @@ class InputGate:
         body = event.body
         if body.get("t") == "barrier":
             checkpoint_id = int(body["id"])
-            self.arrivals[channel_id] = BarrierArrival(checkpoint_id, seq, priority)
+            self.arrivals[channel_id] = arrival = BarrierArrival(checkpoint_id, seq, priority)
+            self.arrival_log[channel_id].append(arrival)
             if self.recording_id is not None and checkpoint_id >= self.recording_id:
                 self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
             if not priority:
@@ -320,8 +324,9 @@ class InputGate:
         self.recorders = {}
         captured: dict[int, list[Buffer]] = {}
         for channel_id, queue in self.queues.items():
-            arrival = self.arrivals.get(channel_id)
-            if arrival is not None and arrival.checkpoint_id >= checkpoint_id:
+            # the first barrier of this checkpoint or a later one to reach the gate on that channel
+            arrival = next((a for a in self.arrival_log[channel_id] if a.checkpoint_id >= checkpoint_id), None)
+            if arrival is not None:
                 if arrival.priority:
                     captured[channel_id] = [b for seq, b in queue if isinstance(b, Buffer) and seq <= arrival.seq]
                 else:
