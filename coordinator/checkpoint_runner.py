@@ -101,6 +101,8 @@ class CheckpointRunner:
         if self._discards:
             log.warning("job %s: %d checkpoint discards did not end within %.0fs", self.job_id,
                         len(self._discards), SETTLE_S)
+        elif job_finished and not self._writes:
+            await self._sweep_shared()
         await self._tasks.cancel_and_wait()
         self._closed = True
 
@@ -155,6 +157,17 @@ class CheckpointRunner:
                     self._spawn(self._discard(ins.checkpoint_id, path), self._discards)
             elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
+
+    async def _sweep_shared(self) -> None:
+        """The job finished and every discard ended: shared files nothing completed references go (storage)."""
+        try:
+            swept = await asyncio.to_thread(self.storage.sweep_shared, self.job_id)
+        except OSError as exc:
+            log.warning("job %s: shared checkpoint files not swept: %s", self.job_id, exc)
+            return
+        if swept:
+            log.info("job %s: swept %d shared checkpoint files no completed checkpoint references", self.job_id,
+                     swept)
 
     async def _discard(self, checkpoint_id: int, path: str) -> None:
         """Delete a retired or aborted checkpoint. A store that fails (an unreachable bucket) leaves it behind

@@ -68,6 +68,8 @@ class CheckpointStorage(Protocol):
 
     def discard(self, path: str) -> None: ...
 
+    def sweep_shared(self, job_id: str) -> int: ...
+
 
 def check_shape(metadata: Any) -> str | None:
     """What is wrong with a metadata document, or None if it is usable."""
@@ -226,6 +228,25 @@ class LocalCheckpointStorage:
     # Channel-state segments (`shared/chan-<n>-...`, runtime/checkpointing/channel_segments.py) are shared the
     # same way; a discard also sweeps those written by it or earlier that nothing completed references (an
     # aborted checkpoint's, which no acknowledgement listed).
+
+    def sweep_shared(self, job_id: str) -> int:
+        """Once a job has ended (no task writes any more): delete every shared file no completed checkpoint of
+        the job references, returning how many. Discards release what a retired checkpoint referenced, but the
+        new SST files or segments of a checkpoint that was aborted (a task killed while uploading) or discarded
+        before a late write landed are referenced by nothing and known to no discard: this is their sweep.
+        Unsure means keep: nothing is deleted if a completed checkpoint's metadata cannot be read."""
+        job_dir = self.job_dir(job_id)
+        referenced: set[str] = set()
+        for _, path in self.list_completed(job_id):
+            try:
+                referenced |= shared_files(self.read_metadata(path))
+            except CorruptCheckpoint:
+                return 0
+        stray = [f"{SHARED_DIR}/{n}" for n in files.list_children(files.join(job_dir, SHARED_DIR))]
+        stray = sorted(set(stray) - referenced)
+        for relative in stray:
+            files.delete(files.join(job_dir, relative))
+        return len(stray)
 
     def _shared_files_of(self, path: str) -> set[str]:
         try:

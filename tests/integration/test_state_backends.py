@@ -3,17 +3,19 @@ state five times larger than the worker's memory limit. Every job must commit ea
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from typing import Any
 
 import pytest
 
+from coordinator.storage import shared_files
 from runtime.cli.processes import Managed, start_process
 from runtime.graph.enums import JobState
 from runtime.state.rocksdb import available
 from tests.support.checkpoints import backend_handles, checkpoint_metadata, taken_while_running
-from tests.support.cluster import Cluster, assert_running_counts, generator_counts, write_module
+from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, write_module
 from tests.support.failover import (
     install,
     kill_once_and_recover,
@@ -29,16 +31,17 @@ def rocksdb(cluster: Cluster) -> dict[str, Any]:
 
 
 def assert_shared_files_are_those_referenced(cluster: Cluster, job_id: str) -> None:
-    """Retention deleted every shared file no retained checkpoint references, and none that one does."""
+    """After the job ended, retention and the end-of-job sweep left exactly the shared files (SST files and
+    channel-state segments) the retained checkpoints reference: none of a discarded or an aborted checkpoint."""
     job_dir = cluster.tmp_path / "state" / "checkpoints" / job_id
-    referenced = {f[1] for m in checkpoint_metadata(cluster, job_id) for h in backend_handles(m)
-                  for f in h["shared_files"]}
-    present = set(os.listdir(job_dir / "shared"))
+
+    def listing() -> tuple[set[str], set[str]]:
+        referenced = {f.split("/", 1)[1] for m in checkpoint_metadata(cluster, job_id) for f in shared_files(m)}
+        return referenced, set(os.listdir(job_dir / "shared"))
+
+    referenced, present = listing()
     assert referenced <= present, sorted(referenced - present)[:5]
-    # files of a checkpoint still in flight at the end (or aborted) may remain; none of a discarded one
-    in_progress = [d for d in job_dir.glob("chk-*") if not (d / "_metadata").exists()]
-    if not in_progress:
-        assert present == referenced, sorted(present - referenced)[:5]
+    poll(lambda: operator.eq(*listing()), 20, "the end-of-job sweep of unreferenced shared files")
 
 
 # -- kill -9 of a worker ---------------------------------------------------------------------------------------

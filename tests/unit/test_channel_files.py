@@ -116,3 +116,27 @@ def test_the_switch_is_a_job_setting() -> None:
     assert JobConfig.from_wire(off.to_wire()).channels.incremental_channel_state is False
     with pytest.raises(JobConfigError, match="incremental_channel_state must be true or false"):
         JobConfig.from_document({"incremental_channel_state": "no"})
+
+
+def test_the_end_of_job_sweep_deletes_only_what_no_completed_checkpoint_references(tmp_path: Path) -> None:
+    storage = LocalCheckpointStorage(str(tmp_path))
+    files = ChannelStateFiles("1:0")
+    queue = _buffers(1, 2, 3)
+    _checkpoint(storage, files, 1, queue)
+    _, s2 = _checkpoint(storage, files, 2, [*queue[1:], *_buffers(4)])
+    storage.discard(storage.checkpoint_dir("job", 1))
+    shared = Path(storage.job_dir("job")) / "shared"
+    listed = {s[0] for s in s2["segments"]}
+    assert _shared(storage) == listed
+    # what discards cannot know: an aborted checkpoint's new SST file and a segment written after its discard
+    (shared / "a5c1efdd6104-000023.sst").write_bytes(b"sst")
+    (shared / "chan-3-1-0-0-deadbeef-out.seg").write_bytes(b"late")
+    Path(storage.checkpoint_dir("job", 3))  # aborted: a directory without _metadata
+    assert storage.sweep_shared("job") == 2
+    assert {p.name for p in shared.iterdir()} == listed
+    assert read_channel_state(str(Path(storage.job_dir("job")) / "chk-2"), "1-0.out") == {
+        "1:0:0": b"".join(b.data for b in _buffers(2, 3, 4))}
+    # unsure means keep: with a completed checkpoint's metadata unreadable nothing is deleted
+    (shared / "b-000001.sst").write_bytes(b"sst")
+    (Path(storage.job_dir("job")) / "chk-2" / "_metadata").write_text("{")
+    assert storage.sweep_shared("job") == 0 and (shared / "b-000001.sst").exists()
