@@ -659,6 +659,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         for h in result["history"]:
             duration = f"{h['duration_s']:.3f}s" if h["duration_s"] is not None else "-"
             kind = "savepoint " if h["savepoint"] else ""
+            # per-channel switching: the channels the tasks switched to unaligned (their ack figures)
+            switched = sum(t.get("switched_channels") or 0 for t in h.get("tasks", []))
+            kind += f"switched {switched} channels " if switched else ""
             print(f"{h['checkpoint_id']:>5} {h['status']:<11} {h['mode']:<15} {duration:>9} "
                   f"{h['alignment_s']:>8.3f}s {h['state_bytes']:>10,} {h['inflight_bytes']:>10,}  "
                   f"{kind}{h['failure_reason']}")

@@ -49,6 +49,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("backend_uploaded_bytes", "bytes", "uploaded", optional=True),
     Figure("backend_total_bytes", "bytes", "backend total", optional=True),
     Figure("async_captured_records", "records", "async captured", optional=True),  # in flight, for replay
+    # an aligned checkpoint with per-channel switching (checkpoint.channel_timeout_s / channel_inflight_bytes):
+    # the task's channels (input and output) that switched to unaligned for it
+    Figure("switched_channels", "records", "switched channels", optional=True),
 )
 AGGREGATED: tuple[Figure, ...] = tuple(f for f in FIGURES if f.aggregate)
 
@@ -70,6 +73,7 @@ class TaskCheckpointFigures:
     backend_uploaded_bytes: int | None = None
     backend_total_bytes: int | None = None
     async_captured_records: int | None = None
+    switched_channels: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The figures as a JSON/msgpack document; optional ones only when measured."""
