@@ -50,8 +50,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("backend_total_bytes", "bytes", "backend total", optional=True),
     Figure("async_captured_records", "records", "async captured", optional=True),  # in flight, for replay
     # an aligned checkpoint with per-channel switching (checkpoint.channel_timeout_s / channel_inflight_bytes):
-    # the task's channels (input and output) that switched to unaligned for it
-    Figure("switched_channels", "records", "switched channels", optional=True),
+    # the task's channels (input and output) that switched to unaligned for it; the checkpoint's: over its tasks
+    Figure("switched_channels", "records", "switched channels", SUM, optional=True),
 )
 AGGREGATED: tuple[Figure, ...] = tuple(f for f in FIGURES if f.aggregate)
 
@@ -95,6 +95,7 @@ class CheckpointFigures:
     alignment_s: float = 0.0  # max over tasks
     state_bytes: int = 0  # sum over tasks
     inflight_bytes: int = 0  # sum over tasks
+    switched_channels: int = 0  # sum over tasks (per-channel switching)
 
     @classmethod
     def of(cls, tasks: Iterable[TaskCheckpointFigures]) -> CheckpointFigures:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from runtime.checkpointing.barriers import BarrierHandler, BarrierSpec
 from runtime.execution.task import CheckpointStatistics, TaskStatistics
-from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
 from runtime.worker.metrics import WorkerCollector
 
 
@@ -86,3 +86,6 @@ def test_the_ack_figure_travels_on_the_wire():
     f = TaskCheckpointFigures(switched_channels=3)
     assert f.to_wire()["switched_channels"] == 3 and TaskCheckpointFigures.from_wire(f.to_wire()) == f
     assert "switched_channels" not in TaskCheckpointFigures().to_wire()  # optional: absent when not switching
+    # the checkpoint's own figure (history, `sluice checkpoints`): the sum over the tasks that measured it
+    assert CheckpointFigures.of([f, TaskCheckpointFigures(), TaskCheckpointFigures(switched_channels=2)]
+                                ).switched_channels == 5
