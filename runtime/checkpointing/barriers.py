@@ -113,8 +113,12 @@ class InflightBudget:
 
     def __init__(self) -> None:
         self.used: dict[int, int] = {}
-        self.refused = 0  # captures refused by the cap, over the task's life (a metric)
-        self.switched = 0  # channels switched to unaligned, input and output side, over the task's life
+        self.channels: dict[int, int] = {}  # checkpoint id -> channels switched for it (the ack reports it)
+        # over the task's life, monotonic (exported as counters, runtime/worker/metrics.py): captures refused by
+        # the cap, and channels switched to unaligned on the input and output side (a refund, a switched channel
+        # found aligned after all, is taken off the checkpoint's count in `channels`, not off this one)
+        self.refused = 0
+        self.switched = 0
 
     def charge(self, spec: BarrierSpec, nbytes: int) -> bool:
         used = self.used.get(spec.checkpoint_id, 0)
@@ -126,14 +130,17 @@ class InflightBudget:
 
     def force(self, spec: BarrierSpec, nbytes: int) -> None:
         self.used[spec.checkpoint_id] = self.used.get(spec.checkpoint_id, 0) + nbytes
+        self.channels[spec.checkpoint_id] = self.channels.get(spec.checkpoint_id, 0) + 1
         self.switched += 1
         while len(self.used) > self.KEEP:
-            del self.used[min(self.used)]
+            oldest = min(self.used)
+            del self.used[oldest]
+            self.channels.pop(oldest, None)
 
     def refund(self, spec: BarrierSpec, nbytes: int) -> None:
         if spec.checkpoint_id in self.used:
             self.used[spec.checkpoint_id] = max(0, self.used[spec.checkpoint_id] - nbytes)
-            self.switched -= 1
+            self.channels[spec.checkpoint_id] = max(0, self.channels.get(spec.checkpoint_id, 0) - 1)
 
 
 @dataclass(frozen=True)

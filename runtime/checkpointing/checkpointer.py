@@ -102,7 +102,7 @@ class TaskCheckpointer:
 
     def statistics(self) -> CheckpointStatistics:
         return CheckpointStatistics(self.last_alignment_s, self.last_start_delay_s, self.last_inflight_bytes,
-                                    self.inflight_bytes_total)
+                                    self.inflight_bytes_total, self.budget.switched, self.budget.refused)
 
     # -- snapshot ---------------------------------------------------------------
 
@@ -296,7 +296,8 @@ class TaskCheckpointer:
             backend_sync_s=run.backend_sync_s if backend is not None else None,
             backend_uploaded_bytes=int(backend.get("uploaded_bytes", 0)) if backend is not None else None,
             backend_total_bytes=int(backend.get("total_bytes", 0)) if backend is not None else None,
-            async_captured_records=run.async_captured)
+            async_captured_records=run.async_captured,
+            switched_channels=self.budget.channels.get(run.spec.checkpoint_id, 0) if run.spec.switching else None)
         self.last_alignment_s = run.alignment_s
         self.last_start_delay_s = figures.start_delay_s
         self.last_inflight_bytes = run.inflight_bytes

@@ -659,6 +659,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         for h in result["history"]:
             duration = f"{h['duration_s']:.3f}s" if h["duration_s"] is not None else "-"
             kind = "savepoint " if h["savepoint"] else ""
+            switched = h.get("switched_channels") or 0  # per-channel switching: channels switched to unaligned
+            kind += f"switched {switched} channels " if switched else ""
             print(f"{h['checkpoint_id']:>5} {h['status']:<11} {h['mode']:<15} {duration:>9} "
                   f"{h['alignment_s']:>8.3f}s {h['state_bytes']:>10,} {h['inflight_bytes']:>10,}  "
                   f"{kind}{h['failure_reason']}")

@@ -98,6 +98,9 @@ class CheckpointStatistics:
     last_start_delay_s: float = 0.0
     last_inflight_bytes: int = 0
     inflight_bytes_total: int = 0
+    # per-channel switching (InflightBudget): channels switched to unaligned, switches the in-flight cap refused
+    channels_switched: int = 0
+    switches_refused: int = 0
 
 
 @dataclass
@@ -125,6 +128,8 @@ class TaskStatistics:
     async_in_flight: int | None = None
     async_blocked_s: float = 0.0
     async_captured_records: int = 0
+    channels_switched: int = 0  # over the task's life: channels switched to unaligned (input and output side)
+    switches_refused: int = 0  # switches the checkpoint's in-flight cap refused
 
 
 @dataclass
@@ -297,6 +302,8 @@ class Task:
             async_in_flight=self._async_op.in_flight if self._async_op is not None else None,
             async_blocked_s=self._async_op.blocked_s if self._async_op is not None else 0.0,
             async_captured_records=self._async_op.captured_records if self._async_op is not None else 0,
+            channels_switched=cp.channels_switched,
+            switches_refused=cp.switches_refused,
         )
 
     # -- the loop -----------------------------------------------------------------

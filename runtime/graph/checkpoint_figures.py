@@ -49,6 +49,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("backend_uploaded_bytes", "bytes", "uploaded", optional=True),
     Figure("backend_total_bytes", "bytes", "backend total", optional=True),
     Figure("async_captured_records", "records", "async captured", optional=True),  # in flight, for replay
+    # an aligned checkpoint with per-channel switching (checkpoint.channel_timeout_s / channel_inflight_bytes):
+    # the task's channels (input and output) that switched to unaligned for it; the checkpoint's: over its tasks
+    Figure("switched_channels", "records", "switched channels", SUM, optional=True),
 )
 AGGREGATED: tuple[Figure, ...] = tuple(f for f in FIGURES if f.aggregate)
 
@@ -70,6 +73,7 @@ class TaskCheckpointFigures:
     backend_uploaded_bytes: int | None = None
     backend_total_bytes: int | None = None
     async_captured_records: int | None = None
+    switched_channels: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The figures as a JSON/msgpack document; optional ones only when measured."""
@@ -91,6 +95,7 @@ class CheckpointFigures:
     alignment_s: float = 0.0  # max over tasks
     state_bytes: int = 0  # sum over tasks
     inflight_bytes: int = 0  # sum over tasks
+    switched_channels: int = 0  # sum over tasks (per-channel switching)
 
     @classmethod
     def of(cls, tasks: Iterable[TaskCheckpointFigures]) -> CheckpointFigures:

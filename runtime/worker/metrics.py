@@ -54,6 +54,13 @@ class WorkerCollector(Collector):
         persisted_total = CounterMetricFamily("sluice_task_checkpoint_persisted_inflight_bytes",
                                               "In-flight data the task persisted over all checkpoints",
                                               labels=labels)
+        switched = CounterMetricFamily("sluice_task_checkpoint_channels_switched",
+                                       "Channels an aligned checkpoint switched to unaligned at the task (input and "
+                                       "output side; checkpoint.channel_timeout_s / channel_inflight_bytes)",
+                                       labels=labels)
+        refused = CounterMetricFamily("sluice_task_checkpoint_switches_refused",
+                                      "Channel switches the task's in-flight cap (checkpoint.max_inflight_bytes) "
+                                      "refused: the channel stayed aligned", labels=labels)
         watermark = GaugeMetricFamily("sluice_task_current_watermark",
                                       "The task's event-time watermark in ms (jobs with event time only; "
                                       "-2^63 before the first one)", labels=labels)
@@ -94,6 +101,8 @@ class WorkerCollector(Collector):
             delay.add_metric(values, st.last_start_delay_s)
             persisted.add_metric(values, st.last_inflight_bytes)
             persisted_total.add_metric(values, st.inflight_bytes_total)
+            switched.add_metric(values, st.channels_switched)
+            refused.add_metric(values, st.switches_refused)
             if st.current_watermark is not None:
                 watermark.add_metric(values, st.current_watermark)
             if st.async_in_flight is not None:
@@ -101,7 +110,8 @@ class WorkerCollector(Collector):
                 async_blocked.add_metric(values, st.async_blocked_s)
                 async_captured.add_metric(values, st.async_captured_records)
         yield from (rin, wm_in, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
-                    persisted_total, watermark, async_in_flight, async_blocked, async_captured, isolated)
+                    persisted_total, switched, refused, watermark, async_in_flight, async_blocked, async_captured,
+                    isolated)
         yield from io.families()
 
         peer = ["peer"]
