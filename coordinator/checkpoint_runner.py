@@ -204,7 +204,10 @@ class CheckpointRunner:
         self.directories[ins.checkpoint_id] = directory
         args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": ins.checkpoint_id,
                 "mode": ins.mode, "aligned_timeout_s": ins.aligned_timeout_s, "savepoint": ins.savepoint,
-                "directory": directory, "started_at": time.time()}
+                "directory": directory, "started_at": time.time(),
+                **{k: v for k, v in (("channel_timeout_s", ins.channel_timeout_s),
+                                     ("channel_inflight_bytes", ins.channel_inflight_bytes),
+                                     ("max_inflight_bytes", ins.max_inflight_bytes)) if v is not None}}
         try:
             await asyncio.gather(*(link.call("trigger_checkpoint", args, timeout_s=10.0) for link in self._links()))
         except NetstackError as exc:

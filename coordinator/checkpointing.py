@@ -8,24 +8,38 @@ shell executes (RPCs to tasks, writing `_metadata` through
 coordinator/storage.py, deleting directories, failing the job), in the manner
 of dask's `WorkerState.handle_stimulus`.
 
-Life of one checkpoint (at most one is in flight at a time):
+Life of one checkpoint:
 
-    PENDING --last ack--> WRITING --metadata_written--> COMPLETED
-       |                     '-----metadata_failed----> FAILED
-       '--decline | timeout | task_failed-------------> FAILED
+    PENDING --last ack--> READY --older ones ended--> WRITING --metadata_written--> COMPLETED
+       |                                                 '-----metadata_failed----> FAILED
+       '--decline | timeout | task_failed | subsumed---------------------------------> FAILED
+
+Concurrent checkpoints: several may be in flight, but only unaligned ones
+overlap (an aligned checkpoint's barriers would be overtaken, and at the
+tasks a newer barrier subsumes an aligned checkpoint still aligning). Tasks
+take a newer barrier only once the older checkpoint's inputs are complete
+there, and persist both at once (runtime/checkpointing/barriers.py).
+Completion stays in id order: a checkpoint whose acks are all in is READY
+and writes its `_metadata` only when every older one has ended, so the
+latest completed checkpoint is always the newest one (recovery uses it).
+When a checkpoint (not a savepoint) has all its acks, the older checkpoints
+(not savepoints) still collecting acks are subsumed: aborted without
+counting as failures, as Flink does; a savepoint is never subsumed and
+completes on its own.
 
 Scheduling:
 - Periodic checkpoints: `tick` triggers one when `interval_s` has passed
   since the last trigger (of any kind), `min_pause_s` has passed since the
-  last checkpoint ended, and none is in flight. Periodic triggers that fall
-  due while one is in flight are skipped, not queued: the next one fires at
-  the first tick after the in-flight one has ended and the pause has passed.
+  last checkpoint ended, and fewer than `max_concurrent` are in flight, all
+  of them unaligned (with the default of 1: none is in flight). Periodic
+  triggers that fall due meanwhile are skipped, not queued.
 - Manual checkpoints and savepoints (`request`) start at once when none is in
-  flight. Otherwise they are queued, FIFO, and the first queued one starts
-  as soon as the in-flight one ends (`min_pause_s` does not apply to them).
-  The id is assigned at request time; since the queue only exists while a
-  checkpoint is in flight and is drained before any periodic trigger, ids
-  still increase in trigger order.
+  flight, or when every one in flight is an unaligned periodic checkpoint
+  (so a savepoint never waits behind periodic unaligned checkpoints).
+  Otherwise they are queued, FIFO, and start as soon as that allows
+  (`min_pause_s` does not apply to them). The id is assigned at request
+  time, so ids increase in request order; a queued request is started before
+  any later periodic trigger.
 - The timeout covers collecting acknowledgements only. Once every task has
   acknowledged, the tasks' state is durable and the checkpoint waits for the
   shell to report `metadata_written` or `metadata_failed`; a task failure
@@ -81,9 +95,32 @@ class CheckpointSettings:
     mode: str = CheckpointMode.ALIGNED  # aligned | unaligned | aligned_timeout | at_least_once
     aligned_timeout_s: float | None = None  # used with mode aligned_timeout
     retain: int = 3  # completed checkpoints kept
+    # aligned checkpoints whose channels switch to unaligned one by one (runtime/checkpointing/barriers.py):
+    # at a barrier's wait behind data, or at the bytes ahead of it; and the cap on a task's persisted
+    # in-flight bytes per checkpoint that bounds those switches
+    channel_timeout_s: float | None = None
+    channel_inflight_bytes: int | None = None
+    max_inflight_bytes: int | None = None
+    max_concurrent: int = 1  # periodic checkpoints in flight at once (more than one: unaligned only)
 
     def __post_init__(self) -> None:
         check_mode(self.mode, self.aligned_timeout_s)
+        switching = self.channel_timeout_s is not None or self.channel_inflight_bytes is not None
+        if switching and self.mode != CheckpointMode.ALIGNED:
+            raise ValueError(f"channel_timeout_s / channel_inflight_bytes switch aligned checkpoints channel by "
+                             f"channel; they do not apply to mode {self.mode!r}")
+        for name in ("channel_timeout_s", "channel_inflight_bytes", "max_inflight_bytes"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive or None, got {value}")
+        if self.max_inflight_bytes is not None and not switching:
+            raise ValueError("max_inflight_bytes caps the channel switches of an aligned checkpoint: set "
+                             "channel_timeout_s or channel_inflight_bytes too")
+        if self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        if self.max_concurrent > 1 and self.mode != CheckpointMode.UNALIGNED:
+            raise ValueError("max_concurrent > 1 needs mode 'unaligned': an aligned checkpoint is subsumed by the "
+                             "next one's barriers, so they cannot overlap")
         if self.interval_s is not None and self.interval_s <= 0:
             raise ValueError(f"interval_s must be positive or None, got {self.interval_s}")
         if self.timeout_s <= 0:
@@ -116,6 +153,10 @@ class Trigger:
     savepoint: bool
     directory: str | None
     started_at: float
+    # per-channel switching (mode aligned, not for savepoints): see CheckpointSettings
+    channel_timeout_s: float | None = None
+    channel_inflight_bytes: int | None = None
+    max_inflight_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +261,7 @@ class CheckpointStatistics:
 
 class Phase(enum.Enum):
     PENDING = "PENDING"  # collecting acknowledgements
+    READY = "READY"  # every task acked; waits for the older checkpoints in flight to end
     WRITING = "WRITING"  # every task acked; the shell is writing _metadata
 
 
@@ -227,6 +269,7 @@ class Phase(enum.Enum):
 # (a late ack after an abort, a second metadata_written) is stale and ignored.
 ACCEPTS: dict[Phase, frozenset[str]] = {
     Phase.PENDING: frozenset({"ack", "decline", "timeout", "task_failed"}),
+    Phase.READY: frozenset(),
     Phase.WRITING: frozenset({"metadata_written", "metadata_failed"}),
 }
 
@@ -237,6 +280,7 @@ class _Request:
     mode: str
     savepoint: bool
     directory: str | None
+    manual: bool = False  # asked for (sluice checkpoint / savepoint), not periodic
 
 
 @dataclass
@@ -248,6 +292,14 @@ class _Checkpoint:
     acks: dict[str, TaskAck] = field(default_factory=dict)
     ended_at: float | None = None  # when the last ack arrived, or when it was aborted
     failure_reason: str = ""
+    # (acks counted, their figures): acks are only ever added, so the figures change only when their count does;
+    # history() summarises every retained checkpoint on each REST call and completion, O(history x tasks) without
+    _figures: tuple[int, CheckpointFigures] | None = None
+
+    def figures(self) -> CheckpointFigures:
+        if self._figures is None or self._figures[0] != len(self.acks):
+            self._figures = (len(self.acks), CheckpointFigures.of(ack.figures for ack in self.acks.values()))
+        return self._figures[1]
 
     def summary(self) -> CheckpointSummary:
         return CheckpointSummary(
@@ -257,7 +309,7 @@ class _Checkpoint:
             savepoint=self.request.savepoint,
             started_at=self.started_at,
             duration_s=None if self.ended_at is None else self.ended_at - self.started_at,
-            figures=CheckpointFigures.of(ack.figures for ack in self.acks.values()),
+            figures=self.figures(),
             failure_reason=self.failure_reason,
         )
 
@@ -282,7 +334,7 @@ class CheckpointCoordinator:
         self._next_id = first_id
         self._last_trigger_at = now  # the first periodic checkpoint falls due one interval after start
         self._last_end_at: float | None = None
-        self._in_flight: _Checkpoint | None = None
+        self._pending: dict[int, _Checkpoint] = {}  # in flight, by id (oldest first)
         self._queue: deque[_Request] = deque()
         self._retained: deque[int] = deque(retained)  # completed checkpoints (not savepoints), oldest first
         self._history: deque[_Checkpoint] = deque(maxlen=HISTORY_SIZE)
@@ -297,9 +349,9 @@ class CheckpointCoordinator:
 
     def tick(self, now: float) -> list[Instruction]:
         out: list[Instruction] = []
-        cp = self._accepting(None, "timeout")
-        if cp is not None and now - cp.started_at >= self.settings.timeout_s:
-            out += self._abort(now, cp, f"timeout after {self.settings.timeout_s:g} s")
+        for cp in self._all_accepting("timeout"):
+            if now - cp.started_at >= self.settings.timeout_s and self._pending.get(cp.request.checkpoint_id) is cp:
+                out += self._abort(now, cp, f"timeout after {self.settings.timeout_s:g} s")
         if self._periodic_due(now):
             out += self._trigger(now, self._new_request(self.settings.mode, savepoint=False, directory=None))
         return out
@@ -318,10 +370,10 @@ class CheckpointCoordinator:
             raise ValueError("a directory is only for savepoints; checkpoints go to the job's checkpoint storage")
         mode = self.settings.mode if mode is None else mode
         check_mode(mode, self.settings.aligned_timeout_s)
-        req = self._new_request(mode, savepoint=savepoint, directory=directory)
+        req = self._new_request(mode, savepoint=savepoint, directory=directory, manual=True)
         if self._job_failed:
             return req.checkpoint_id, [NotifyAborted(req.checkpoint_id, "job failed")]
-        if self._in_flight is not None:
+        if self._queue or not self._may_start_request():
             self._queue.append(req)
             return req.checkpoint_id, []
         return req.checkpoint_id, self._trigger(now, req)
@@ -335,12 +387,7 @@ class CheckpointCoordinator:
         cp.acks[task] = TaskAck(state, figures)
         if len(cp.acks) < len(self.tasks):
             return []
-        cp.phase = Phase.WRITING
-        cp.ended_at = now
-        req = cp.request
-        return [WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode,
-                              {task: ack.to_wire() for task, ack in cp.acks.items()},
-                              cp.started_at, now)]
+        return self._all_acked(now, cp)
 
     def decline(self, now: float, checkpoint_id: int, task: str, reason: str) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "decline")
@@ -358,6 +405,34 @@ class CheckpointCoordinator:
         so it is aborted now rather than at its timeout, and counts as failed like any abort."""
         return self._abort_in_flight(now, checkpoint_id, f"trigger failed: {reason}")
 
+    def _all_acked(self, now: float, cp: _Checkpoint) -> list[Instruction]:
+        """Every task acknowledged `cp`: subsume the older checkpoints still collecting acks (unless `cp` or
+        they are savepoints), then write its `_metadata` once every older one has ended."""
+        cp.phase = Phase.READY
+        cp.ended_at = now
+        out: list[Instruction] = []
+        n = cp.request.checkpoint_id
+        if not cp.request.savepoint:
+            for older in [o for o in self._pending.values() if o.request.checkpoint_id < n]:
+                if older.phase == Phase.PENDING and not older.request.savepoint:
+                    reason = f"subsumed by checkpoint {n}"
+                    self._end_blameless(now, older, reason)
+                    out += [NotifyAborted(older.request.checkpoint_id, reason),
+                            DiscardCheckpoint(older.request.checkpoint_id, reason)]
+        return out + self._write_ready()
+
+    def _write_ready(self) -> list[Instruction]:
+        """The oldest checkpoint in flight writes its `_metadata` if all its acks are in (one at a time)."""
+        oldest = next(iter(self._pending.values()), None)
+        if oldest is None or oldest.phase != Phase.READY:
+            return []
+        oldest.phase = Phase.WRITING
+        req = oldest.request
+        assert oldest.ended_at is not None
+        return [WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode,
+                              {task: ack.to_wire() for task, ack in oldest.acks.items()},
+                              oldest.started_at, oldest.ended_at)]
+
     def _abort_in_flight(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "decline")
         return [] if cp is None else self._abort(now, cp, reason)
@@ -368,9 +443,9 @@ class CheckpointCoordinator:
         # Take the queue first so the abort below does not start a queued request on a failed execution.
         dropped, self._queue = list(self._queue), deque()
         out: list[Instruction] = []
-        cp = self._accepting(None, "task_failed")
-        if cp is not None:
-            out += self._abort(now, cp, f"task failure: {reason}")
+        for cp in self._all_accepting("task_failed"):
+            if not self._job_failed:
+                out += self._abort(now, cp, f"task failure: {reason}")
         out += [NotifyAborted(req.checkpoint_id, f"task failure: {reason}") for req in dropped]
         return out
 
@@ -378,17 +453,17 @@ class CheckpointCoordinator:
         if task not in self.tasks or task in self._finished:
             return []
         self._finished.add(task)
-        cp = self._accepting(None, "ack")
-        if cp is None or task in cp.acks:
-            return []
-        return self.ack(now, cp.request.checkpoint_id, task, dict(FINISHED_STATE), TaskCheckpointFigures())
+        out: list[Instruction] = []
+        for cp in self._all_accepting("ack"):
+            if task not in cp.acks:
+                out += self.ack(now, cp.request.checkpoint_id, task, dict(FINISHED_STATE), TaskCheckpointFigures())
+        return out
 
     def stopped(self, now: float, reason: str) -> list[Instruction]:
         """The runner stops (the job finished, is rescaled, or the lease is lost): a checkpoint still waiting for
         acks never completes, and is recorded as ended with `reason` rather than left IN_PROGRESS; it is no
         failure of the job's. One writing its `_metadata` is left to complete: a finishing job's commit."""
-        cp = self._accepting(None, "timeout")
-        if cp is not None:
+        for cp in self._all_accepting("timeout"):
             self._end_blameless(now, cp, reason)
         return []
 
@@ -398,7 +473,7 @@ class CheckpointCoordinator:
         cp.status = Status.FAILED
         cp.failure_reason = reason
         cp.ended_at = now
-        self._in_flight = None
+        self._pending.pop(cp.request.checkpoint_id, None)
         self._last_end_at = now
         self._failed += 1
 
@@ -407,7 +482,7 @@ class CheckpointCoordinator:
         if cp is None:
             return []
         cp.status = Status.COMPLETED
-        self._in_flight = None
+        self._pending.pop(checkpoint_id, None)
         self._last_end_at = now
         self._completed += 1
         self._last_completed = cp
@@ -417,7 +492,7 @@ class CheckpointCoordinator:
             self._retained.append(checkpoint_id)
             while len(self._retained) > self.settings.retain:
                 out.append(DiscardCheckpoint(self._retained.popleft(), "retention"))
-        return out + self._start_queued(now)
+        return out + self._write_ready() + self._start_queued(now)
 
     def metadata_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "metadata_failed")
@@ -434,7 +509,12 @@ class CheckpointCoordinator:
 
     @property
     def in_flight_id(self) -> int | None:
-        return None if self._in_flight is None else self._in_flight.request.checkpoint_id
+        """The newest checkpoint in flight (`in_flight_ids` lists them all)."""
+        return max(self._pending, default=None)
+
+    @property
+    def in_flight_ids(self) -> list[int]:
+        return list(self._pending)
 
     def statistics(self) -> CheckpointStatistics:
         last = self._last_completed
@@ -460,43 +540,65 @@ class CheckpointCoordinator:
 
     # -- internals --------------------------------------------------------------
 
-    def _accepting(self, checkpoint_id: int | None, stimulus: str) -> _Checkpoint | None:
-        """The in-flight checkpoint if it is `checkpoint_id` (None = any) and its phase accepts `stimulus`."""
-        cp = self._in_flight
+    def _accepting(self, checkpoint_id: int, stimulus: str) -> _Checkpoint | None:
+        """The in-flight checkpoint `checkpoint_id` if its phase accepts `stimulus`."""
+        cp = self._pending.get(checkpoint_id)
         if cp is None or self._job_failed or stimulus not in ACCEPTS[cp.phase]:
-            return None
-        if checkpoint_id is not None and cp.request.checkpoint_id != checkpoint_id:
             return None
         return cp
 
+    def _all_accepting(self, stimulus: str) -> list[_Checkpoint]:
+        """Every in-flight checkpoint whose phase accepts `stimulus`, oldest first (a copy: callers end them)."""
+        if self._job_failed:
+            return []
+        return [cp for cp in self._pending.values() if stimulus in ACCEPTS[cp.phase]]
+
+    def _overlappable(self) -> bool:
+        """Whether another checkpoint may start beside those in flight: only unaligned ones overlap."""
+        return all(cp.request.mode == CheckpointMode.UNALIGNED and not cp.request.savepoint
+                   for cp in self._pending.values())
+
+    def _may_start_request(self) -> bool:
+        return not self._pending or (self._overlappable() and not any(cp.request.manual
+                                                                      for cp in self._pending.values()))
+
     def _periodic_due(self, now: float) -> bool:
         s = self.settings
-        if self._job_failed or s.interval_s is None or self._in_flight is not None or self._finished == self.tasks:
+        if self._job_failed or s.interval_s is None or self._finished == self.tasks or self._queue:
+            return False
+        if self._pending and (len(self._pending) >= s.max_concurrent or not self._overlappable()):
             return False
         if now - self._last_trigger_at < s.interval_s:
             return False
         return self._last_end_at is None or now - self._last_end_at >= s.min_pause_s
 
-    def _new_request(self, mode: str, *, savepoint: bool, directory: str | None) -> _Request:
-        req = _Request(self._next_id, mode, savepoint, directory)
+    def _new_request(self, mode: str, *, savepoint: bool, directory: str | None, manual: bool = False) -> _Request:
+        req = _Request(self._next_id, mode, savepoint, directory, manual)
         self._next_id += 1
         return req
 
     def _trigger(self, now: float, req: _Request) -> list[Instruction]:
         cp = _Checkpoint(req, started_at=now)
         cp.acks = {task: TaskAck(dict(FINISHED_STATE), TaskCheckpointFigures()) for task in self._finished}
-        self._in_flight = cp
+        self._pending[req.checkpoint_id] = cp
         self._last_trigger_at = now
         self._history.append(cp)
         if len(cp.acks) == len(self.tasks):  # no task left to take it (asked for after the final checkpoint)
             reason = "every task has finished: nothing left to checkpoint"
             self._end_blameless(now, cp, reason)
             return [NotifyAborted(req.checkpoint_id, reason), *self._start_queued(now)]
-        timeout = self.settings.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
+        s = self.settings
+        timeout = s.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
+        if req.mode == CheckpointMode.ALIGNED and not req.savepoint:  # savepoints never switch channels
+            return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now,
+                            s.channel_timeout_s, s.channel_inflight_bytes, s.max_inflight_bytes)]
         return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now)]
 
     def _start_queued(self, now: float) -> list[Instruction]:
-        return self._trigger(now, self._queue.popleft()) if self._queue else []
+        out: list[Instruction] = []
+        while self._queue and not self._job_failed and self._may_start_request():
+            out += self._trigger(now, self._queue.popleft())
+        return out
 
     def _abort(self, now: float, cp: _Checkpoint, reason: str) -> list[Instruction]:
         req = cp.request
@@ -508,12 +610,15 @@ class CheckpointCoordinator:
         if not req.savepoint:
             self._consecutive_failures += 1
             if self._consecutive_failures > self.settings.tolerable_failures:
-                return out + self._fail_job(req.checkpoint_id, reason)
-        return out + self._start_queued(now)
+                return out + self._fail_job(now, req.checkpoint_id, reason)
+        return out + self._write_ready() + self._start_queued(now)
 
-    def _fail_job(self, checkpoint_id: int, reason: str) -> list[Instruction]:
+    def _fail_job(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
+        others = [cp for cp in self._pending.values() if cp.phase == Phase.PENDING]
+        for cp in others:  # concurrent ones still collecting acks end with the job
+            self._end_blameless(now, cp, "job failed")
         self._job_failed = True
-        dropped, self._queue = list(self._queue), deque()
+        dropped, self._queue = [cp.request for cp in others] + list(self._queue), deque()
         n, limit = self._consecutive_failures, self.settings.tolerable_failures
         out: list[Instruction] = [FailJob(
             f"checkpoint {checkpoint_id} failed ({reason}); "

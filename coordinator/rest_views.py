@@ -70,7 +70,7 @@ def _slide(previous: Mapping[str, Any] | None, point: list[float]) -> list[list[
     """The window of [measured_at, *counters] points ending at `point`: the reports of the last RATE_WINDOW_S
     seconds plus the one just before them; afresh when the clock or a counter went backwards (a new attempt or
     process)."""
-    window = [list(p) for p in previous.get("window", [])] if previous is not None else []
+    window = list(previous.get("window", [])) if previous is not None else []  # its points are never changed
     if window and (point[0] <= window[-1][0] or any(v < w for v, w in zip(point[1:], window[-1][1:], strict=True))):
         window = []
     window.append(point)

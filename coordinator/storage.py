@@ -31,11 +31,13 @@ from runtime.common import retention
 from runtime.common.checkpoint_metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
+    body_mismatch,
     encode_metadata,
-    metadata_body,
     write_metadata_file,
 )
 from runtime.common.checksums import mismatch
+
+SHARED_DIR = "shared"  # files later checkpoints reference again (RocksDB SST files, channel-state segments)
 
 TASK_FILES = ("state", "in", "out")  # the keys of an ack's state that name a file in the checkpoint
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
@@ -152,7 +154,7 @@ class LocalCheckpointStorage:
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: {problem}")
         recorded = doc.pop("checksum", None)
-        problem = mismatch(metadata_body(doc), recorded)
+        problem = body_mismatch(doc, recorded)
         if problem is not None:
             raise CorruptCheckpoint(f"{path}: checkpoint metadata is corrupt: {problem}")
         return doc
@@ -178,6 +180,7 @@ class LocalCheckpointStorage:
                 if problem is not None:
                     raise CorruptCheckpoint(f"{file}: checkpoint file of task {task} is corrupt: {problem}")
             _verify_backend_files(directory, task, state.get("backend"))
+            _verify_segments(directory, task, state.get("segments"))
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]:
         """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""
@@ -209,8 +212,9 @@ class LocalCheckpointStorage:
         released = self._shared_files_of(path) if name.startswith("chk-") else set()
         # _metadata goes first: if the removal stops half-way, what remains is not a completed checkpoint.
         files.remove_tree(path, first=METADATA_FILE)
-        if released:
-            self._release_shared(files.dirname(path), released)
+        m = _CHECKPOINT_DIR.fullmatch(name)
+        if m:
+            self._release_shared(files.dirname(path), released, int(m.group(1)))
 
     # -- shared state files (incremental RocksDB checkpoints) -------------------------------------------------
     #
@@ -219,6 +223,9 @@ class LocalCheckpointStorage:
     # shared files are deleted when no remaining completed checkpoint references them: reference counting
     # recomputed from the retained `_metadata` files, so a coordinator restart needs no registry of its own.
     # Unsure means keep: a file is deleted only if every remaining checkpoint's metadata could be read.
+    # Channel-state segments (`shared/chan-<n>-...`, runtime/checkpointing/channel_segments.py) are shared the
+    # same way; a discard also sweeps those written by it or earlier that nothing completed references (an
+    # aborted checkpoint's, which no acknowledgement listed).
 
     def _shared_files_of(self, path: str) -> set[str]:
         try:
@@ -226,19 +233,28 @@ class LocalCheckpointStorage:
         except CorruptCheckpoint:
             return set()
 
-    def _release_shared(self, job_dir: str, released: set[str]) -> None:
-        unreferenced = set(released)
+    def _release_shared(self, job_dir: str, released: set[str], discarded: int) -> None:
+        segments = [n for n in files.list_children(files.join(job_dir, SHARED_DIR))
+                    if retention.segment_writer(n) is not None]
+        if not released and not segments:
+            return
+        referenced: set[str] = set()
+        present: set[int] = set()
         for name in files.list_children(job_dir):
-            if not _CHECKPOINT_DIR.fullmatch(name):
+            m = _CHECKPOINT_DIR.fullmatch(name)
+            if not m:
                 continue
+            present.add(int(m.group(1)))
             path = files.join(job_dir, name)
             if not files.exists(files.join(path, METADATA_FILE)):
                 continue  # in progress or aborted: its files are not in `released` (they were uploaded later)
             try:
-                unreferenced -= shared_files(self.read_metadata(path))
+                referenced |= shared_files(self.read_metadata(path))
             except CorruptCheckpoint:
                 return
-        for relative in sorted(unreferenced):
+        swept = {f"{SHARED_DIR}/{n}" for n in retention.unneeded_segments(
+            segments, (r.removeprefix(f"{SHARED_DIR}/") for r in referenced), discarded, present)}
+        for relative in sorted((released - referenced) | swept):
             files.delete(files.join(job_dir, relative))
 
 
@@ -263,13 +279,30 @@ def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
                 raise CorruptCheckpoint(f"{path}: shared state file of task {task} is corrupt: {problem}")
 
 
+def _verify_segments(directory: str, task: str, segments: Any) -> None:
+    """The shared channel-state segments a task's files reference exist and match their CRC-32."""
+    for entry in segments or ():
+        path = files.join(files.dirname(directory), SHARED_DIR, str(entry[0]))
+        try:
+            data = files.read(path)
+        except OSError as e:
+            raise CorruptCheckpoint(f"{path}: channel state segment of task {task} cannot be read: "
+                                    f"{e.strerror or e}") from None
+        problem = mismatch(data, {"size": int(entry[1]), "crc32": int(entry[2])})
+        if problem is not None:
+            raise CorruptCheckpoint(f"{path}: channel state segment of task {task} is corrupt: {problem}")
+
+
 def shared_files(metadata: dict[str, Any]) -> set[str]:
-    """The shared state files (paths relative to the job's checkpoint directory) a checkpoint references."""
+    """The shared files (paths relative to the job's checkpoint directory) a checkpoint references: a state
+    backend's and channel-state segments."""
     out: set[str] = set()
     for ack in metadata.get("acks", {}).values():
-        handle = (ack.get("state") or {}).get("backend")
+        state = ack.get("state") or {}
+        handle = state.get("backend")
         if isinstance(handle, dict) and handle.get("store", "job") == "job":
-            out.update(f"shared/{entry[1]}" for entry in handle.get("shared_files") or ())
+            out.update(f"{SHARED_DIR}/{entry[1]}" for entry in handle.get("shared_files") or ())
+        out.update(f"{SHARED_DIR}/{entry[0]}" for entry in state.get("segments") or ())
     return out
 
 

@@ -127,6 +127,16 @@ class ChannelSender:
                 return overtaken
         return None
 
+    def bytes_before(self, event: Event) -> int | None:
+        """The data bytes queued ahead of in-band `event`, or None when it is no longer queued."""
+        total = 0
+        for item in self._lane:
+            if item is event:
+                return total
+            if isinstance(item, Buffer):
+                total += len(item.data)
+        return None
+
     def holds(self, event: Event) -> bool:
         """Is `event` still queued in the in-band lane?"""
         return any(item is event for item in self._lane)

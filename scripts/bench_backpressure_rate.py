@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,6 +29,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from runtime.cli.local_cluster import LocalCluster  # noqa: E402
+from tests.support.scrape import scrape  # noqa: E402
 
 JOB = '''
 import os
@@ -44,17 +44,6 @@ def build(job: Job) -> None:
         .process(Count(), parallelism=1)
         .sink(DiscardSink(delay_per_record_s=delay)))
 '''
-
-
-def scrape(address: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("sluice_"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def counters(cluster: LocalCluster) -> dict[str, float]:

@@ -26,7 +26,14 @@ without checkpoints and then each checkpoint mode (--modes) with a 1 s interval.
   run the script waits (up to --quiet-wait s) for the machine to be quiet; a run with more than
   --max-other-load cores of other load is repeated up to --retries times, and the quietest run is kept.
 
+Modes beyond Flink's (issue 20): `switch` is aligned with per-channel switching (`channel_timeout_s` 10 ms:
+a barrier that has waited 10 ms behind data overtakes it on that channel only); `switch_cap` the same with
+the in-flight cap (`max_inflight_bytes`, --cap-bytes, per task per checkpoint); `concurrent` is unaligned
+with `max_concurrent` 2 and a savepoint requested every --savepoint-every s during the window, whose latency
+(request -> COMPLETED, as the client sees it) is reported beside the periodic checkpoints' durations.
+
     .venv/bin/python scripts/bench_checkpoint.py
+    .venv/bin/python scripts/bench_checkpoint.py --modes aligned,unaligned,switch,switch_cap,concurrent --buffers 4
 """
 
 from __future__ import annotations
@@ -53,7 +60,11 @@ from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction 
 ENTRY = "bench_checkpoint:build"
 COST_ENV = "SLUICE_BENCH_COST_US"
 DEFAULT_COST_US = 30.0
-MODES = ("aligned", "unaligned", "aligned_timeout")
+MODES = ("aligned", "unaligned", "aligned_timeout", "switch", "switch_cap", "concurrent")
+DEFAULT_MODES = ("aligned", "unaligned", "aligned_timeout")
+CHANNEL_TIMEOUT_S = 0.01  # seed 000: "barrier overtakes buffers if not flushed within 10 ms"
+CAP_BYTES = 256 * 1024  # --cap-bytes
+SAVEPOINT_EVERY_S = 3.0  # --savepoint-every
 INTERVAL_S = 1.0
 ALIGNED_TIMEOUT_S = 0.1
 CHECKPOINT_TIMEOUT_S = 10.0
@@ -101,10 +112,17 @@ def job_config(mode: str, buffers: int, inflight_target_s: float | None = None) 
         config["inflight_target_s"] = inflight_target_s
     if mode != "none":
         # every checkpoint is retained, so that the barrier timeline of each can be read from its _metadata
-        cp: dict[str, Any] = {"interval_s": INTERVAL_S, "mode": mode, "timeout_s": CHECKPOINT_TIMEOUT_S,
+        real = {"switch": "aligned", "switch_cap": "aligned", "concurrent": "unaligned"}.get(mode, mode)
+        cp: dict[str, Any] = {"interval_s": INTERVAL_S, "mode": real, "timeout_s": CHECKPOINT_TIMEOUT_S,
                               "tolerable_failures": 1000, "retain": 1000}
         if mode == "aligned_timeout":
             cp["aligned_timeout_s"] = ALIGNED_TIMEOUT_S
+        if mode in ("switch", "switch_cap"):
+            cp["channel_timeout_s"] = CHANNEL_TIMEOUT_S
+        if mode == "switch_cap":
+            cp["max_inflight_bytes"] = CAP_BYTES
+        if mode == "concurrent":
+            cp["max_concurrent"] = 2
         config["checkpoint"] = cp
     return config
 
@@ -223,7 +241,11 @@ async def _measure(cluster: Any, mode: str, buffers: int, seconds: float, warmup
         warmup_s = measure_from - running_at
         pids = [w.pid for w in cluster.worker_procs] + ([cluster.coordinator.pid] if cluster.coordinator else [])
         meter = CpuMeter(pids)
-        await asyncio.sleep(seconds)
+        savepoints: list[dict[str, Any]] = []
+        if mode == "concurrent":
+            await _savepoints_during(cluster, job_id, seconds, savepoints)
+        else:
+            await asyncio.sleep(seconds)
         last = _snapshot(await _status(cluster, job_id))
         measure_to = time.monotonic()
         cpu = meter.stop()
@@ -248,8 +270,24 @@ async def _measure(cluster: Any, mode: str, buffers: int, seconds: float, warmup
                    "cpu_cores": cpu["cpu_s"] / window if cpu["cpu_s"] is not None else None,
                    "checkpoints": summarise_checkpoints(history, measure_from, measure_to)
                    if mode != "none" else None,
+                   "savepoints": savepoints,
                    "history": history})
     return result
+
+
+async def _savepoints_during(cluster: Any, job_id: str, seconds: float, out: list[dict[str, Any]]) -> None:
+    """Request a savepoint every SAVEPOINT_EVERY_S for `seconds`, one at a time, while the periodic checkpoints
+    run; each one's latency is what its client waits (request -> COMPLETED or ABORTED)."""
+    directory = os.path.join(cluster.state_dir, "savepoints")  # the local cluster's savepoint root
+    end = time.monotonic() + seconds
+    while time.monotonic() + SAVEPOINT_EVERY_S <= end:
+        await asyncio.sleep(SAVEPOINT_EVERY_S / 2)
+        t0 = time.monotonic()
+        result = await cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": directory})
+        out.append({"latency_s": time.monotonic() - t0, "status": result["status"],
+                    "checkpoint_id": result["checkpoint_id"]})
+        await asyncio.sleep(max(0.0, t0 + SAVEPOINT_EVERY_S - time.monotonic()))
+    await asyncio.sleep(max(0.0, end - time.monotonic()))
 
 
 def _nearest_rank(values: list[tuple[float, bool]], q: float) -> tuple[float, bool] | None:
@@ -404,6 +442,27 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def new_modes_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Per-channel switching, the cap and concurrent checkpoints: alignment, in-flight bytes, savepoints."""
+    lines = ["| buffers/channel | mode | alignment median (s) | in-flight median | in-flight max "
+             "| checkpoints with in-flight data | savepoint latency median (s) | max (s) | savepoints ok |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        cp = r["checkpoints"]
+        if cp is None:
+            continue
+        sps = r.get("savepoints") or []
+        lat = [sp["latency_s"] for sp in sps if sp["status"] == "COMPLETED"]
+        align = cp["alignment_s_median"]
+        lines.append(
+            f"| {r['buffers_per_channel']} | {r['mode']} | {'-' if align is None else format(align, '.3f')} "
+            f"| {_bytes(cp['inflight_bytes_median'])} | {_bytes(cp['inflight_bytes_max'])} "
+            f"| {cp['with_inflight_data']} / {cp['completed']} "
+            f"| {format(statistics.median(lat), '.3f') if lat else '-'} | {format(max(lat), '.3f') if lat else '-'} "
+            f"| {f'{len(lat)} / {len(sps)}' if sps else '-'} |")
+    return lines
+
+
 def pooled_median(runs: list[dict[str, Any]], mode: str, buffers: int) -> float | None:
     """Median duration over every checkpoint of every round of one configuration (timed-out ones count as the
     timeout)."""
@@ -456,15 +515,21 @@ def verdicts(runs: list[dict[str, Any]], buffers: list[int]) -> list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CAP_BYTES, SAVEPOINT_EVERY_S  # set from --cap-bytes and --savepoint-every for the runs below
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds of each run, after the "
                         "warm-up (default 15)")
     parser.add_argument("--warmup", type=float, default=2.0, help="minimum warm-up in seconds (default 2)")
     parser.add_argument("--max-warmup", type=float, default=30.0,
                         help="longest warm-up while waiting for a steady state (default 30)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated checkpoint modes (default {','.join(MODES)}); a run without "
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"comma-separated checkpoint modes (default {','.join(DEFAULT_MODES)}; also "
+                             f"{', '.join(m for m in MODES if m not in DEFAULT_MODES)}); a run without "
                              "checkpoints is always added")
+    parser.add_argument("--cap-bytes", type=int, default=CAP_BYTES,
+                        help=f"switch_cap: in-flight bytes persisted per task per checkpoint (default {CAP_BYTES})")
+    parser.add_argument("--savepoint-every", type=float, default=SAVEPOINT_EVERY_S,
+                        help=f"concurrent: a savepoint every this many seconds (default {SAVEPOINT_EVERY_S:g})")
     parser.add_argument("--buffers", default="4,64", help="comma-separated buffers_per_channel settings (default 4,64)")
     parser.add_argument("--cost-us", type=float, default=DEFAULT_COST_US,
                         help=f"busy-wait per record in the keyed count, microseconds (default {DEFAULT_COST_US:g})")
@@ -489,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flink-warmup", type=float, default=10.0, help="the Flink job's warm-up, s (default 10)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args(argv)
+    CAP_BYTES, SAVEPOINT_EVERY_S = args.cap_bytes, args.savepoint_every
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -576,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in table(runs):
         print(line)
     print()
+    if any(r["mode"] not in DEFAULT_MODES + ("none",) for r in runs):
+        for line in new_modes_table(runs):
+            print(line)
+        print()
     if args.rounds > 1:
         for b in buffers:
             for mode in modes:

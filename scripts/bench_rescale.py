@@ -63,7 +63,7 @@ for path in (ROOT, SCRIPTS):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from bench_recovery import JOB_MODULE, machine_load  # noqa: E402
+from bench_recovery import JOB_MODULE, _bytes, _median, _s, machine_load  # noqa: E402
 from bench_throughput import machine  # noqa: E402
 
 from runtime.cli.client import call_coordinator  # noqa: E402
@@ -318,24 +318,6 @@ def run_config(mode: str, keys: int, buffers: int, *, repeat: int, pad: int, sin
 
 
 # -- driver ------------------------------------------------------------------------------------------------
-
-
-def _median(values: list[Any]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _s(v: float | None) -> str:
-    return "?" if v is None else f"{v:.2f} s"
 
 
 def _run_line(r: dict[str, Any], i: int) -> str:

@@ -10,10 +10,14 @@ ceil(tasks / --slots) workers) and measures:
 
 - deploy time: submit RPC -> the job RUNNING with every task reporting statistics (the tasks report with
   their 1 s heartbeat, so this is an upper bound by up to about 1 s);
-- coordinator CPU per second while idle (heartbeats and task reports only), over --idle s;
+- the coordinator's CPU seconds over the deployment;
+- coordinator CPU per second while idle (heartbeats and task reports only), over --idle s before the
+  checkpoints and again after them (the mean of the two is the idle rate);
 - --checkpoints checkpoints triggered one after another by RPC (interval off): the median duration the
-  coordinator records (trigger -> last acknowledgement), and the coordinator's CPU seconds per checkpoint
-  (utime+stime from /proc/<pid>/stat before and after, minus the idle rate over the same wall time).
+  coordinator records (trigger -> last acknowledgement), the median round trip of the RPC (request ->
+  `_metadata` written and the tasks told), and the coordinator's CPU seconds per checkpoint (utime+stime from
+  /proc/<pid>/stat before and after, raw and minus the idle rate over the same wall time);
+- the load average before and after, and the resident memory of the coordinator and of all workers.
 
 Every process is stopped by PID (terminate -> wait -> kill) in a finally.
 
@@ -38,7 +42,8 @@ ROOT = os.path.dirname(SCRIPTS)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction  # noqa: E402
+from runtime.api import DiscardSink, GeneratorSource, Job  # noqa: E402
+from runtime.examples.wordcount import Count  # noqa: E402
 
 ENTRY = "bench_scale:build"
 PARALLELISM_ENV = "SLUICE_BENCH_SCALE_P"
@@ -47,16 +52,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- the job (runs in the cluster's processes) ---------------------------------------------
-
-
-class Count(KeyedProcessFunction):
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.value_state("count", default=0)
-
-    def process(self, record: Any, ctx: Any) -> None:
-        n = self.count.value() + 1
-        self.count.update(n)
-        ctx.emit((record[0], n))
 
 
 def build(job: Job) -> None:
@@ -78,6 +73,25 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """A field of /proc/<pid>/status in MiB (VmRSS now, VmHWM the peak); 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+async def idle_rate(pid: int, seconds: float) -> float:
+    """The process's CPU seconds per second over `seconds`."""
+    c0, w0 = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - w0)
 
 
 async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffers: int,
@@ -107,6 +121,8 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         config = {"buffers_per_channel": buffers,
                   "checkpoint": {"interval_s": None, "mode": "aligned", "timeout_s": 120.0,
                                  "tolerable_failures": 100, "min_pause_s": 0}}
+        result["load_before"] = os.getloadavg()[0]
+        deploy_cpu0 = cpu_seconds(coordinator_pid)
         submit_at = time.monotonic()
         submitted = await cluster.call("submit", {"entry": ENTRY, "name": f"bench-scale-{tasks}",
                                                   "config": config, "sys_path": SCRIPTS})
@@ -123,22 +139,31 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
                 raise RuntimeError(f"job {job_id} did not run all its tasks within 600 s")
             await asyncio.sleep(0.1)  # a 1,000-task status answer is large: do not poll the coordinator harder
         result["deploy_s"] = time.monotonic() - submit_at
+        result["coordinator_deploy_cpu_s"] = cpu_seconds(coordinator_pid) - deploy_cpu0
 
-        # idle: heartbeats and task reports only
+        # idle: heartbeats and task reports only, before the checkpoints and again after them (their mean is
+        # subtracted: at 1,000 tasks a checkpoint lasts seconds, so the heartbeats' share is most of its CPU)
         await asyncio.sleep(2.0)
-        c0, w0 = cpu_seconds(coordinator_pid), time.monotonic()
-        await asyncio.sleep(idle_s)
-        idle_rate = (cpu_seconds(coordinator_pid) - c0) / (time.monotonic() - w0)
-        result["coordinator_idle_cpu_per_s"] = idle_rate
+        idle_before = await idle_rate(coordinator_pid, idle_s)
 
         durations: list[float] = []
+        cycles: list[float] = []
         c0, w0 = cpu_seconds(coordinator_pid), time.monotonic()
         for _ in range(checkpoints):
+            asked = time.monotonic()
             done = await cluster.call("checkpoint", {"job_id": job_id, "timeout_s": 150.0})
+            cycles.append(time.monotonic() - asked)
             if isinstance(done, dict) and done.get("duration_s") is not None:
                 durations.append(float(done["duration_s"]))
         wall = time.monotonic() - w0
         cpu = cpu_seconds(coordinator_pid) - c0
+        idle_after = await idle_rate(coordinator_pid, idle_s)
+        idle = (idle_before + idle_after) / 2
+        result.update({"coordinator_idle_cpu_per_s": idle, "idle_before": idle_before, "idle_after": idle_after,
+                       "checkpoint_rpc_median_s": statistics.median(cycles),
+                       "coordinator_rss_mib": rss_mib(coordinator_pid),
+                       "workers_rss_mib": sum(rss_mib(w.pid) for w in cluster.worker_procs),
+                       "load_after": os.getloadavg()[0]})
         history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
         completed = [h for h in history if h["status"] == "COMPLETED" and h["duration_s"] is not None]
         if len(durations) < checkpoints:  # the RPC's answer did not carry the duration: read the history
@@ -148,7 +173,8 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
             "checkpoint_median_s": statistics.median(durations) if durations else None,
             "checkpoint_max_s": max(durations) if durations else None,
             "coordinator_cpu_per_checkpoint_s": cpu / checkpoints,
-            "coordinator_cpu_per_checkpoint_net_s": max(0.0, cpu - idle_rate * wall) / checkpoints,
+            "coordinator_cpu_per_checkpoint_net_s": max(0.0, cpu - idle * wall) / checkpoints,
+            "coordinator_cpu_during_checkpoints_per_s": cpu / wall,
         })
         try:
             await cluster.call("cancel", {"job_id": job_id})
@@ -164,13 +190,15 @@ def show(rows: list[dict[str, Any]]) -> None:
         return "-" if v is None else format(v, fmt)
 
     print(f"{'tasks':>6} {'workers':>7} {'start s':>8} {'deploy s':>9} {'cp med s':>9} {'cp max s':>9} "
-          f"{'coord cpu/cp s':>15} {'net cpu/cp s':>13} {'idle cpu/s':>11}")
+          f"{'rpc med s':>9} {'coord cpu/cp s':>15} {'net cpu/cp s':>13} {'idle cpu/s':>11} {'cp cpu/s':>9}")
     for r in rows:
         print(f"{r.get('tasks', r['tasks_asked']):>6} {r['workers']:>7} {f(r.get('cluster_start_s'), '.1f'):>8} "
               f"{f(r.get('deploy_s'), '.2f'):>9} {f(r.get('checkpoint_median_s'), '.3f'):>9} "
-              f"{f(r.get('checkpoint_max_s'), '.3f'):>9} {f(r.get('coordinator_cpu_per_checkpoint_s'), '.3f'):>15} "
+              f"{f(r.get('checkpoint_max_s'), '.3f'):>9} {f(r.get('checkpoint_rpc_median_s'), '.3f'):>9} "
+              f"{f(r.get('coordinator_cpu_per_checkpoint_s'), '.3f'):>15} "
               f"{f(r.get('coordinator_cpu_per_checkpoint_net_s'), '.3f'):>13} "
-              f"{f(r.get('coordinator_idle_cpu_per_s'), '.3f'):>11}"
+              f"{f(r.get('coordinator_idle_cpu_per_s'), '.3f'):>11} "
+              f"{f(r.get('coordinator_cpu_during_checkpoints_per_s'), '.3f'):>9}"
               + (f"  ERROR {r['error']}" if "error" in r else ""))
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,22 +205,29 @@ async def _run_job(cluster: LocalCluster, records: int, timeout_s: float) -> dic
             "other_cores": cpu["other_cores"], "tasks": per_task}
 
 
-def run_runtime(records: int, timeout_s: float) -> dict[str, Any]:
-    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
-    log_dir = tempfile.mkdtemp(prefix="sluice-bench-")
-    cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
+@contextlib.contextmanager
+def logs_kept_on_failure(cluster: LocalCluster, log_dir: str) -> Iterator[LocalCluster]:
+    """Stop `cluster` (by PID) however the block ends; remove its `log_dir` if the block succeeded, else keep it
+    and say where in the exception."""
     try:
-        cluster.start()
-        result = asyncio.run(_run_job(cluster, records, timeout_s))
-        hwm = {w.fields.get("id", str(w.pid)): _vm_hwm_kib(w.pid) for w in cluster.worker_procs}
-        result["worker_peak_rss_kib"] = hwm
-        result["coordinator_peak_rss_kib"] = _vm_hwm_kib(cluster.coordinator.pid) if cluster.coordinator else None
+        yield cluster
     except BaseException as exc:
         exc.add_note(f"cluster logs kept in {log_dir}")
         raise
     finally:
         cluster.stop()
     shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def run_runtime(records: int, timeout_s: float) -> dict[str, Any]:
+    os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
+    log_dir = tempfile.mkdtemp(prefix="sluice-bench-")
+    with logs_kept_on_failure(LocalCluster(workers=2, slots=2, log_dir=log_dir), log_dir) as cluster:
+        cluster.start()
+        result = asyncio.run(_run_job(cluster, records, timeout_s))
+        hwm = {w.fields.get("id", str(w.pid)): _vm_hwm_kib(w.pid) for w in cluster.worker_procs}
+        result["worker_peak_rss_kib"] = hwm
+        result["coordinator_peak_rss_kib"] = _vm_hwm_kib(cluster.coordinator.pid) if cluster.coordinator else None
     return result
 
 

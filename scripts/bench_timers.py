@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -147,6 +146,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_one(mode: str, interval_s: float, params: dict[str, Any]) -> dict[str, Any]:
+    from bench_throughput import logs_kept_on_failure  # here, not at the top: the cluster's processes import us
+
     from runtime.cli.local_cluster import LocalCluster
 
     log_dir = tempfile.mkdtemp(prefix="sluice-bench-timers-")
@@ -155,15 +156,9 @@ def run_one(mode: str, interval_s: float, params: dict[str, Any]) -> dict[str, A
     os.environ[DIR_ENV] = marks
     os.environ[PARAMS_ENV] = json.dumps(params)
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir, state_dir=os.path.join(log_dir, "state"))
-    try:
+    with logs_kept_on_failure(cluster, log_dir):
         cluster.start()
         result = summarise(asyncio.run(_run_job(cluster, mode, interval_s, marks)))
-    except BaseException as exc:
-        exc.add_note(f"cluster logs kept in {log_dir}")
-        raise
-    finally:
-        cluster.stop()
-    shutil.rmtree(log_dir, ignore_errors=True)
     return result
 
 

@@ -51,22 +51,41 @@ def chain_for(kind: str) -> Chain:
     return chain
 
 
-def run(kind: str, records: int, step: int) -> tuple[float, int]:
-    source = GeneratorSource(count=records, keys=1000, seed=7)
-    source.open(0, 1)
+def _read(source: GeneratorSource) -> list[Any]:
     elements: list[Any] = []
     while (batch := source.read_batch(512)) is not None:
         elements += [(r[2], r) for r in batch]
+    return elements
+
+
+def run(kind: str, records: int, step: int, sources: int) -> tuple[float, int]:
+    """`sources` > 1: the subtasks of a source of that parallelism (each its own blocks of event time, so one
+    runs a block ahead of the other), `step` records of each in turn, as a task reading both channels sees
+    them; each subtask's watermark follows its records (10 ms granularity), the task's is their minimum."""
+    streams = []
+    for i in range(sources):
+        source = GeneratorSource(count=records, keys=1000, seed=7)
+        source.open(i, sources)
+        streams.append(_read(source))
+    events: list[tuple[list[Any], int | None]] = []
+    marks = [-1] * sources
+    watermark = -1
+    for i in range(0, max(map(len, streams)), step):
+        for j, stream in enumerate(streams):
+            part = stream[i:i + step]
+            if not part:
+                continue
+            marks[j] = part[-1][0] // 10 * 10 - 1
+            low = min(marks)
+            advanced = low if low > watermark else None
+            watermark = max(watermark, low)
+            events.append((part, advanced))
     chain = chain_for(kind)
     timers = chain.timers
-    watermark = -1
     t0 = time.process_time()
-    for i in range(0, len(elements), step):
-        part = elements[i:i + step]
+    for part, w in events:
         chain.process_batch(part)
-        w = part[-1][0] // 10 * 10 - 1
-        if w > watermark:
-            watermark = w
+        if w is not None:
             if timers is not None:
                 timers.set_watermark(w)
                 while timers.fire_event(w, 64):
@@ -84,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--step", type=int, default=10, help="records between two watermarks (default 10)")
     parser.add_argument("--jobs", default="keyed,tumbling,sliding")
+    parser.add_argument("--sources", type=int, default=1, help="source subtasks interleaved (default 1)")
     args = parser.parse_args(argv)
     for kind in args.jobs.split(","):
-        cpu, out = run(kind, args.records, args.step)
+        cpu, out = run(kind, args.records, args.step, args.sources)
         print(f"{kind:>9}: {cpu * 1e6 / args.records:.2f} CPU us/record ({out:,} rows out)")
     return 0
 

@@ -64,9 +64,10 @@ async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str,
     return {"wall_s": wall_s, "rows_out": out}
 
 
-def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float) -> dict[str, Any]:
+def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain_ms: int = 10) -> dict[str, Any]:
     os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
     os.environ["SLUICE_BENCH_JITTER_MS"] = str(jitter_ms)
+    os.environ["SLUICE_BENCH_GRAIN_MS"] = str(grain_ms)
     log_dir = tempfile.mkdtemp(prefix="sluice-bench-windows-")
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
     try:
@@ -82,10 +83,11 @@ def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float) -> dict[
     return result
 
 
-def run_flink(python: str, records: int, timeout_s: float) -> dict[str, Any]:
+def run_flink(python: str, records: int, timeout_s: float, interval_ms: int | None = None) -> dict[str, Any]:
     """The tumbling job on Flink in a process of its own (its mini cluster starts and stops with it)."""
     script = os.path.join(ROOT, "scripts", "flink_windows_job.py")
-    done = subprocess.run([python, script, "--records", str(records)], capture_output=True, text=True,
+    extra = [] if interval_ms is None else ["--watermark-interval-ms", str(interval_ms)]
+    done = subprocess.run([python, script, "--records", str(records), *extra], capture_output=True, text=True,
                           timeout=timeout_s, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -106,24 +108,35 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Python with PyFlink: adds the Flink tumbling job to the rotation")
     parser.add_argument("--flink-records", type=int, default=None,
                         help="records of the Flink job (default --records; more amortise its job start-up)")
+    parser.add_argument("--grain-ms", default="10",
+                        help="event time between two watermarks of a source subtask (granularity_ms; default 10); "
+                             "a comma-separated list runs each Sluice job once per grain, named job@grain")
+    parser.add_argument("--flink-watermark-interval-ms", type=int, default=None,
+                        help="Flink's periodic watermark interval (pipeline.auto-watermark-interval; its default "
+                             "200 ms of wall-clock time)")
     args = parser.parse_args(argv)
     names = args.jobs.split(",")
     unknown = [n for n in names if n not in JOBS]
     if unknown:
         parser.error(f"unknown --jobs {unknown}; known: {', '.join(JOBS)}")
+    grains = [int(g) for g in args.grain_ms.split(",")]
+    if len(grains) > 1:
+        names = [f"{n}@{g}" for n in names for g in grains]
     if args.flink_python:
         names.append("flink")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.repeat):
         for name in names:
             if name == "flink":
-                r = run_flink(args.flink_python, args.flink_records or args.records, args.timeout)
+                r = run_flink(args.flink_python, args.flink_records or args.records, args.timeout,
+                              args.flink_watermark_interval_ms)
             else:
-                r = run_one(JOBS[name], args.records, args.jitter_ms, args.timeout)
+                job, _, grain = name.partition("@")
+                r = run_one(JOBS[job], args.records, args.jitter_ms, args.timeout, int(grain or grains[0]))
             runs[name].append(r)
             if not args.json:
                 rows = "" if r["rows_out"] is None else f", {r['rows_out']:,} rows out"
-                print(f"{name:>9}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows})", flush=True)
+                print(f"{name:>13}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows})", flush=True)
     medians = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
     slowest = {n: min(r["records_per_s"] for r in rs) for n, rs in runs.items()}
     if args.json:
@@ -131,12 +144,14 @@ def main(argv: list[str] | None = None) -> int:
                           "runs": runs, "median_records_per_s": medians, "slowest_records_per_s": slowest},
                          indent=2))
         return 0
-    base, flink = medians.get("keyed"), medians.get("flink")
+    flink = medians.get("flink")
     for name, m in medians.items():
-        ratio = f"  {m / base:.2f}x the keyed count" if base and name not in ("keyed", "flink") else ""
+        job, at, grain = name.partition("@")
+        base = medians.get(f"keyed{at}{grain}")  # the keyed count at the same grain
+        ratio = f"  {m / base:.2f}x the keyed count" if base and job not in ("keyed", "flink") else ""
         if flink and name != "flink":
             ratio += f"  {m / flink:.2f}x Flink"
-        print(f"median {name:>9}: {m:>10,.0f} records/s (slowest {slowest[name]:,.0f}){ratio}")
+        print(f"median {name:>13}: {m:>10,.0f} records/s (slowest {slowest[name]:,.0f}){ratio}")
     return 0
 
 

@@ -20,22 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
-import urllib.request
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rest(port: int, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-        return json.loads(response.read())
+from flink_common import checkpoints_in_window, discarding_sink, enable_checkpoints, local_environment, rest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,30 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print the whole checkpoint history to stderr")
     args = parser.parse_args(argv)
 
-    from pyflink.common import Configuration, Types, WatermarkStrategy  # only in the Flink venv
-    from pyflink.datastream import CheckpointingMode, KeyedProcessFunction, RuntimeContext, StreamExecutionEnvironment
-    from pyflink.datastream.connectors.base import Sink
+    from pyflink.common import Types, WatermarkStrategy  # only in the Flink venv
+    from pyflink.datastream import KeyedProcessFunction, RuntimeContext
     from pyflink.datastream.connectors.number_seq import NumberSequenceSource
     from pyflink.datastream.state import ValueStateDescriptor
-    from pyflink.java_gateway import get_gateway
 
-    port = free_port()
-    conf = Configuration()
-    conf.set_string("rest.port", str(port))
-    conf.set_string("parallelism.default", str(args.parallelism))
-    conf.set_string("web.checkpoints.history", "1000")  # the REST history keeps only 10 by default
-    conf.set_string("python.executable", sys.executable)  # the Python workers need this venv's pyflink
-    if args.debloat:
-        conf.set_string("taskmanager.network.memory.buffer-debloat.enabled", "true")
-    env = StreamExecutionEnvironment.get_execution_environment(conf)
-    env.set_parallelism(args.parallelism)
-    env.enable_checkpointing(int(args.interval * 1000), CheckpointingMode.EXACTLY_ONCE)
-    cp = env.get_checkpoint_config()
-    cp.enable_unaligned_checkpoints(args.mode == "unaligned")
-    cp.set_checkpoint_timeout(10_000)
-    cp.set_tolerable_checkpoint_failure_number(1000)
-    cp.set_max_concurrent_checkpoints(1)
-    cp.set_min_pause_between_checkpoints(0)
+    debloat = {"taskmanager.network.memory.buffer-debloat.enabled": "true"} if args.debloat else {}
+    env, port = local_environment(args.parallelism, debloat)
+    enable_checkpoints(env, args.interval, unaligned=args.mode == "unaligned")
     cost_s = args.cost_us / 1e6
 
     class SlowCount(KeyedProcessFunction):  # type: ignore[misc]
@@ -92,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return f"k{(seq * 2654435761) % 1000:03d}", seq  # a fixed hash: uniform over the 1000 keys
 
     source = NumberSequenceSource(0, 2**62)
-    discard = Sink(get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink())
+    discard = discarding_sink()
     (env.from_source(source, WatermarkStrategy.no_watermarks(), "gen")
         .map(keyed, output_type=Types.TUPLE([Types.STRING(), Types.LONG()]))
         .key_by(lambda r: r[0], key_type=Types.STRING())
@@ -119,19 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                    f"vertices {[(v['name'], v['status']) for v in vertices]}, "
                                    f"exceptions {json.dumps(causes)[:3000]}")
             time.sleep(0.2)
-        started = time.time()
-        window_start_ms = (started + args.warmup) * 1000
-        window_end_ms = window_start_ms + args.seconds * 1000
-        while time.time() * 1000 < window_end_ms:
-            time.sleep(0.5)
-        # the window's last checkpoint may still be running: wait for it, bounded by the checkpoint timeout
-        deadline = time.time() + 12
-        while True:
-            history = rest(port, f"/jobs/{job_id}/checkpoints")["history"]
-            window = [h for h in history if window_start_ms <= h["trigger_timestamp"] < window_end_ms]
-            if all(h["status"] in ("COMPLETED", "FAILED") for h in window) or time.time() > deadline:
-                break
-            time.sleep(0.2)
+        window, history = checkpoints_in_window(port, job_id, time.time(), args.warmup, args.seconds)
     finally:
         client.cancel()
     durations = [h["end_to_end_duration"] / 1000 for h in window if h["status"] == "COMPLETED"]

@@ -19,24 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
-import urllib.request
 from typing import Any
 
+from flink_common import checkpoints_in_window, discarding_sink, enable_checkpoints, local_environment
+
 T0 = 1_700_000_000_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rest(port: int, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-        return json.loads(response.read())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,31 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from pyflink.common import Configuration, Duration, Types, WatermarkStrategy  # only in the Flink venv
+    from pyflink.common import Duration, Types, WatermarkStrategy  # only in the Flink venv
     from pyflink.common.watermark_strategy import TimestampAssigner
-    from pyflink.datastream import CheckpointingMode, KeyedCoProcessFunction, StreamExecutionEnvironment
-    from pyflink.datastream.connectors.base import Sink
+    from pyflink.datastream import KeyedCoProcessFunction
     from pyflink.datastream.connectors.number_seq import NumberSequenceSource
     from pyflink.datastream.state import MapStateDescriptor
-    from pyflink.java_gateway import get_gateway
 
-    port = free_port()
-    conf = Configuration()
-    conf.set_string("rest.port", str(port))
-    conf.set_string("parallelism.default", str(args.parallelism))
-    conf.set_string("web.checkpoints.history", "1000")
-    conf.set_string("python.executable", sys.executable)  # the Python workers: this venv's, which has pyflink
-    conf.set_string("python.client.executable", sys.executable)
-    env = StreamExecutionEnvironment.get_execution_environment(conf)
-    env.set_parallelism(args.parallelism)
+    env, port = local_environment(args.parallelism, {"python.client.executable": sys.executable})
     if args.mode == "checkpoint":
-        env.enable_checkpointing(int(args.interval * 1000), CheckpointingMode.EXACTLY_ONCE)
-        cp = env.get_checkpoint_config()
-        cp.enable_unaligned_checkpoints(True)
-        cp.set_checkpoint_timeout(10_000)
-        cp.set_tolerable_checkpoint_failure_number(1000)
-        cp.set_max_concurrent_checkpoints(1)
-        cp.set_min_pause_between_checkpoints(0)
+        enable_checkpoints(env, args.interval, unaligned=True)
     keys, lower, upper, cost_s = args.keys, args.lower, args.upper, args.cost_us / 1e6
     left_keep, right_keep = max(upper, 0), max(-lower, 0)
     row = Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()])
@@ -135,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         .map(left_record, output_type=row).assign_timestamps_and_watermarks(watermarks)
     right = env.from_source(NumberSequenceSource(0, end), WatermarkStrategy.no_watermarks(), "right") \
         .map(right_record, output_type=row).assign_timestamps_and_watermarks(watermarks)
-    discard = Sink(get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink())
+    discard = discarding_sink()
     (left.key_by(lambda r: r[0], key_type=Types.STRING())
         .connect(right.key_by(lambda r: r[0], key_type=Types.STRING()))
         .process(IntervalJoin(), output_type=Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()]))
@@ -150,18 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     client = env.execute_async("flink-interval-join-checkpoints")
     job_id = str(client.get_job_id())
     try:
-        started = time.time()
-        window_start_ms = (started + args.warmup) * 1000
-        window_end_ms = window_start_ms + args.seconds * 1000
-        while time.time() * 1000 < window_end_ms:
-            time.sleep(0.5)
-        deadline = time.time() + 12
-        while True:
-            history = rest(port, f"/jobs/{job_id}/checkpoints")["history"]
-            window = [h for h in history if window_start_ms <= h["trigger_timestamp"] < window_end_ms]
-            if all(h["status"] in ("COMPLETED", "FAILED") for h in window) or time.time() > deadline:
-                break
-            time.sleep(0.2)
+        window, _ = checkpoints_in_window(port, job_id, time.time(), args.warmup, args.seconds)
     finally:
         client.cancel()
     durations = [h["end_to_end_duration"] / 1000 for h in window if h["status"] == "COMPLETED"]

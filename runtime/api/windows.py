@@ -263,6 +263,42 @@ class WindowOperator(KeyedProcessFunction):
         """Keeps the key's open windows in one value state."""
         self.windows = ctx.value_state(_WINDOWS, default=())
 
+    # -- event-time timers as one index per timestamp, derived from the windows ---------------------------
+
+    def event_timers_from_state(self, ctx: Any) -> Callable[[dict[Any, Any]], list[tuple[Any, int]]] | None:
+        """For the runtime (runtime/execution/operators/kinds.py): event-time windows that do not merge keep no
+        timer table, their timers follow from the windows (`_derive_timers`), and the task fires them from an
+        index per timestamp (runtime/execution/timers.py, TimerIndex). None: per-key timers (sessions,
+        processing time)."""
+        if not self.assigner.event_time or self.assigner.merging:
+            return None
+        table = ctx.value_state(_WINDOWS, default=())._table
+        return lambda legacy: self._derive_timers(table, legacy)
+
+    def _derive_timers(self, table: Any, legacy: dict[Any, tuple[int, ...]]) -> list[tuple[Any, int]]:
+        """Every (key, timestamp) of a timer the windows in `table` imply: `end - 1` for a window not fired yet
+        (an entry of three), `end - 1 + allowed_lateness_ms` for every window when there is a lateness.
+
+        A checkpoint of the earlier form (one timer per key and window, in `legacy`, entries of three whether
+        fired or not) is converted here: a window whose `end - 1` timer is still registered has not fired (or
+        fires again at that timer, as `on_timer` did); any other one has, and gets its fired mark."""
+        if legacy:
+            for key, entries in list(table.items()):
+                stamps = legacy.get(key, ())
+                table[key] = tuple(tuple(e) if len(e) > 3 else (e[0], e[1], e[2]) if e[1] - 1 in stamps
+                                   else (e[0], e[1], e[2], True) for e in entries)
+            legacy.clear()
+        lateness = self.lateness
+        out = []
+        for key, entries in table.items():
+            for entry in entries:
+                end = entry[1]
+                if len(entry) == 3:
+                    out.append((key, end - 1))
+                if lateness:
+                    out.append((key, end - 1 + lateness))
+        return out
+
     # -- records --------------------------------------------------------------------------
 
     def process(self, record: Any, ctx: Any) -> None:
@@ -290,22 +326,25 @@ class WindowOperator(KeyedProcessFunction):
     def _is_late(self, end: int, watermark: int) -> bool:
         return self.assigner.event_time and end - 1 + self.lateness <= watermark
 
-    def _add_to_windows(self, entries: list[list[Any]], record: Any, ts: int, watermark: int, ctx: Any) -> bool:
+    def _add_to_windows(self, entries: list[Any], record: Any, ts: int, watermark: int, ctx: Any) -> bool:
         added = False
         contents = self.contents
+        fired_mark = self.assigner.event_time  # event time: a window opened after the watermark passed it is fired
         for start, end in self.assigner.assign(ts):
             if self._is_late(end, watermark):
                 continue
             added = True
-            for i, (s, e, acc) in enumerate(entries):
-                if s == start and e == end:
-                    entries[i] = [s, e, contents.add(acc, record)]
+            for i, entry in enumerate(entries):
+                if entry[0] == start and entry[1] == end:
+                    acc = contents.add(entry[2], record)
+                    entries[i] = (start, end, acc, *entry[3:])
                     break
             else:
-                entries.append([start, end, contents.first(record)])
+                acc = contents.first(record)
+                entries.append((start, end, acc, True) if fired_mark and end - 1 <= watermark else (start, end, acc))
                 self._register(ctx, end, watermark)
             if end - 1 <= watermark:  # the watermark passed it already: fire again with this record (late firing)
-                self._emit(ctx, start, end, next(acc for s, e, acc in entries if s == start and e == end))
+                self._emit(ctx, start, end, acc)
         return added
 
     def _add_to_session(self, entries: list[list[Any]], record: Any, ts: int, watermark: int, ctx: Any) -> bool:
@@ -362,27 +401,34 @@ class WindowOperator(KeyedProcessFunction):
             ctx.timers.delete_processing_time(ts)
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
-        """Fire the key's windows whose last millisecond is `timestamp`; drop those past their allowed lateness."""
+        """Fire the key's windows whose last millisecond is `timestamp`; drop those past their allowed lateness.
+        An event-time window kept for its lateness after firing gets its fired mark (a fourth item)."""
         entries = self.windows.value()
         if not entries:
             return
-        lateness = self.lateness if self.assigner.event_time else 0
+        event_time = self.assigner.event_time
+        lateness = self.lateness if event_time else 0
+        mark = event_time and not self.assigner.merging
         if len(entries) == 1:  # the common case of tumbling windows: one open window per key
-            start, end, acc = entries[0]
+            entry = entries[0]
+            end = entry[1]
             if end - 1 == timestamp:
-                self._emit(ctx, start, end, acc)
+                self._emit(ctx, entry[0], end, entry[2])
             if end - 1 + lateness <= timestamp:
                 self.windows.clear()
+            elif mark and end - 1 == timestamp and len(entry) == 3:
+                self.windows.update(((entry[0], end, entry[2], True),))
             return
-        for start, end, acc in entries:
-            if end - 1 == timestamp:
-                self._emit(ctx, start, end, acc)
-        kept = [entry for entry in entries if entry[1] - 1 + lateness > timestamp]
-        if len(kept) != len(entries):
-            if kept:
+        for entry in entries:
+            if entry[1] - 1 == timestamp:
+                self._emit(ctx, entry[0], entry[1], entry[2])
+        kept = [(e[0], e[1], e[2], True) if mark and e[1] - 1 == timestamp and len(e) == 3 else e
+                for e in entries if e[1] - 1 + lateness > timestamp]
+        if kept:
+            if kept != list(entries):
                 self.windows.update(kept)
-            else:
-                self.windows.clear()
+        else:
+            self.windows.clear()
 
     def _emit(self, ctx: Any, start: int, end: int, acc: Any) -> None:
         key = ctx.current_key
@@ -424,19 +470,20 @@ class WindowOperator(KeyedProcessFunction):
             ctx.timestamp = t
             process(record, ctx)
 
+        register = ctx.timers.event.register  # the operator's TimerIndex (kinds.py puts it in place first)
+
         def opened(key: Any, end: int) -> None:
-            ctx.current_key = key  # timers are per current key
-            register = ctx.timers.register_event_time
-            register(end - 1)  # fire
+            register(key, end - 1)  # fire
             if lateness:
-                register(end - 1 + lateness)  # clean up
+                register(key, end - 1 + lateness)  # clean up
 
         def add_to(key: Any, entries: Any, windows: list[tuple[int, int]], record: Any) -> None:
             new = list(entries)
             for start, end in windows:
-                for i, (s, e, acc) in enumerate(new):
-                    if s == start and e == end:
-                        new[i] = (s, e, acc + 1 if counting else add(acc, record))
+                for i, entry in enumerate(new):
+                    if entry[1] == end:  # a window not passed yet: not fired, an entry of three
+                        acc = entry[2]
+                        new[i] = (start, end, acc + 1 if counting else add(acc, record))
                         break
                 else:
                     new.append((start, end, first(record)))
@@ -460,13 +507,22 @@ class WindowOperator(KeyedProcessFunction):
                     table[key] = ((start, end, first(record)),)
                     opened(key, end)
                     continue
-                i = len(entries) - 1
-                while i >= 0:  # newest first: the window a record in order adds to is the last one
-                    s, e, acc = entries[i]
-                    if s == start and e == end:
-                        acc = acc + 1 if counting else add(acc, record)
-                        table[key] = ((s, e, acc),) if len(entries) == 1 else \
-                            (*entries[:i], (s, e, acc), *entries[i + 1:])
+                # the end names the window (one size); one not passed yet has no fired mark: three items
+                last = entries[-1]
+                if last[1] == end:  # in order: the newest window
+                    acc = last[2] + 1 if counting else add(last[2], record)
+                    table[key] = ((start, end, acc),) if len(entries) == 1 else (*entries[:-1], (start, end, acc))
+                    continue
+                if entries[0][1] == end:  # behind: the oldest window (a source subtask that lags the others)
+                    acc = entries[0][2] + 1 if counting else add(entries[0][2], record)
+                    table[key] = ((start, end, acc), *entries[1:])
+                    continue
+                i = len(entries) - 2
+                while i > 0:
+                    entry = entries[i]
+                    if entry[1] == end:
+                        acc = entry[2] + 1 if counting else add(entry[2], record)
+                        table[key] = (*entries[:i], (start, end, acc), *entries[i + 1:])
                         break
                     i -= 1
                 else:

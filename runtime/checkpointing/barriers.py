@@ -16,6 +16,29 @@ back a list of actions to carry out:
   too.
 - at_least_once: nothing is blocked, nothing recorded; snapshot when every
   channel has delivered the barrier.
+- aligned with per-channel switching (`BarrierSpec.switching`: a channel
+  timeout and/or a channel byte threshold): aligned, except that a channel
+  whose barrier waits in the gate behind data is released from the alignment
+  when it has waited `channel_timeout_s` there or the data ahead of it exceeds
+  `channel_inflight_bytes` (seed 000: "barrier overtakes buffers if not
+  flushed within 10 ms"). That data becomes input channel state; the other
+  channels stay aligned, and the snapshot is taken once every channel is
+  either aligned or switched. A barrier that arrives on the priority lane (its
+  sender switched that channel at its output) switches its channel: the
+  channel is blocked and what the gate holds before the barrier is recorded.
+  The task's persisted in-flight bytes per checkpoint are capped
+  (`max_inflight_bytes`, `InflightBudget`): a switch that does not fit stays
+  aligned, so a checkpoint's channel state is bounded and its alignment is
+  bounded by the in-flight bound of the channels that stayed aligned.
+
+Concurrent checkpoints: a barrier of a newer checkpoint that arrives while
+an unaligned one is still recording here (its snapshot is taken, some of its
+barriers are missing) is held back: its channel is blocked, and the barrier
+is handled as soon as the older checkpoint's inputs are complete, which for
+unaligned barriers (on the priority lane) is soon. The older one then goes on
+persisting while the newer one is taken (TaskCheckpointer keeps a run per
+checkpoint). A newer barrier still abandons an aligned checkpoint that is
+aligning: it is subsumed, as in Flink.
 
 Ended channels count as having delivered every later barrier. A channel whose
 end of partition has reached the gate but waits there behind data (its
@@ -43,16 +66,74 @@ class BarrierSpec:
     deadline: float | None = None  # aligned_timeout: when to switch to unaligned
     savepoint: bool = False
     directory: str = ""
+    # per-channel switching of an aligned checkpoint (see the module docstring); None = off
+    channel_timeout_s: float | None = None
+    channel_inflight_bytes: int | None = None
+    max_inflight_bytes: int | None = None  # the cap on one task's persisted in-flight bytes
+
+    @property
+    def switching(self) -> bool:
+        """Whether channels of this (aligned) checkpoint switch to unaligned one by one."""
+        return (self.mode == CheckpointMode.ALIGNED and not self.savepoint
+                and (self.channel_timeout_s is not None or self.channel_inflight_bytes is not None))
+
+    def channel_due(self, waited_s: float, bytes_ahead: int) -> bool:
+        """Whether a barrier that has waited `waited_s` behind `bytes_ahead` bytes should overtake them."""
+        if not self.switching or bytes_ahead <= 0:
+            return False
+        return ((self.channel_inflight_bytes is not None and bytes_ahead > self.channel_inflight_bytes)
+                or (self.channel_timeout_s is not None and waited_s >= self.channel_timeout_s))
 
     def to_body(self) -> dict[str, Any]:
-        return {"t": "barrier", "id": self.checkpoint_id, "mode": self.mode, "start": self.started_at,
+        body = {"t": "barrier", "id": self.checkpoint_id, "mode": self.mode, "start": self.started_at,
                 "deadline": self.deadline, "sp": self.savepoint, "dir": self.directory}
+        if self.switching:
+            body.update(ct=self.channel_timeout_s, cb=self.channel_inflight_bytes, cap=self.max_inflight_bytes)
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> BarrierSpec:
-        return cls(int(body["id"]), str(body["mode"]), float(body["start"]),
-                   None if body.get("deadline") is None else float(body["deadline"]), bool(body.get("sp")),
-                   str(body.get("dir", "")))
+        def opt(key: str, kind: type) -> Any:
+            return None if body.get(key) is None else kind(body[key])
+
+        return cls(int(body["id"]), str(body["mode"]), float(body["start"]), opt("deadline", float),
+                   bool(body.get("sp")), str(body.get("dir", "")), opt("ct", float), opt("cb", int), opt("cap", int))
+
+
+class InflightBudget:
+    """One task's persisted in-flight bytes per checkpoint, against the checkpoint's cap.
+
+    Shared by the input side (BarrierHandler's channel switches) and the output
+    side (TaskCheckpointer's promoted barriers) of the same task. `charge`
+    refuses what would exceed the cap; `force` counts what cannot be refused
+    (what the gate holds before a barrier that arrived on the priority lane).
+    """
+
+    KEEP = 8  # checkpoints remembered (concurrent checkpoints each have their own account)
+
+    def __init__(self) -> None:
+        self.used: dict[int, int] = {}
+        self.refused = 0  # captures refused by the cap, over the task's life (a metric)
+        self.switched = 0  # channels switched to unaligned, input and output side, over the task's life
+
+    def charge(self, spec: BarrierSpec, nbytes: int) -> bool:
+        used = self.used.get(spec.checkpoint_id, 0)
+        if spec.max_inflight_bytes is not None and used + nbytes > spec.max_inflight_bytes:
+            self.refused += 1
+            return False
+        self.force(spec, nbytes)
+        return True
+
+    def force(self, spec: BarrierSpec, nbytes: int) -> None:
+        self.used[spec.checkpoint_id] = self.used.get(spec.checkpoint_id, 0) + nbytes
+        self.switched += 1
+        while len(self.used) > self.KEEP:
+            del self.used[min(self.used)]
+
+    def refund(self, spec: BarrierSpec, nbytes: int) -> None:
+        if spec.checkpoint_id in self.used:
+            self.used[spec.checkpoint_id] = max(0, self.used[spec.checkpoint_id] - nbytes)
+            self.switched -= 1
 
 
 @dataclass(frozen=True)
@@ -67,10 +148,16 @@ class UnblockAll:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Snapshot operator state and forward the barrier: on the priority lane if `unaligned`."""
+    """Snapshot operator state and forward the barrier: on the priority lane if `unaligned`.
+
+    `record_inputs`: some channels switched (an aligned checkpoint with
+    per-channel switching): record what the gate holds before their barriers,
+    though the outputs stay aligned.
+    """
 
     spec: BarrierSpec
     unaligned: bool
+    record_inputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,35 +186,57 @@ class _Pending:
     early: set[int] = field(default_factory=set)  # counted while their in-band barrier still waits in the gate
     snapshotted: bool = False
     unaligned: bool = False
+    switched: dict[int, int] = field(default_factory=dict)  # channel -> bytes charged when it switched
 
 
 class BarrierHandler:
-    def __init__(self, channel_ids: list[int]) -> None:
+    def __init__(self, channel_ids: list[int], *, budget: InflightBudget | None = None) -> None:
         self.channels = frozenset(channel_ids)
+        self.budget = budget if budget is not None else InflightBudget()
+        # channel -> (when its in-band barrier reached the gate, bytes queued ahead of it): for switching
+        self.arrived: dict[int, tuple[float, int]] = {}
         self.ended: set[int] = set()
         self.pending: _Pending | None = None
         self.last_finished = 0  # highest checkpoint id completed or abandoned here
         self.queued: dict[int, int] = {}  # channel -> id of an in-band barrier in the gate, not yet taken
         self.end_queued: set[int] = set()  # channels whose end of partition is in the gate, not yet taken
+        # barriers of newer checkpoints held back while an unaligned one records: (channel, spec, priority, bytes)
+        self.deferred: list[tuple[int, BarrierSpec, bool, int]] = []
+        self.aborted: set[int] = set()  # newer checkpoints aborted while an older one was in progress
 
     @property
     def blocking(self) -> bool:
         p = self.pending
         return p is not None and not p.snapshotted
 
-    def on_barrier(self, channel_id: int, spec: BarrierSpec, *, priority: bool, now: float) -> list[Action]:
+    def on_barrier(self, channel_id: int, spec: BarrierSpec, *, priority: bool, now: float,
+                   queued_bytes: int = 0) -> list[Action]:
+        """Barrier `spec` taken from channel `channel_id` (in-band), or arrived on its priority lane.
+
+        `queued_bytes`: what the gate holds on that channel (the data before a
+        priority barrier), charged to the budget when a switching checkpoint
+        records it.
+        """
         if channel_id not in self.channels:
             raise ValueError(f"barrier {spec.checkpoint_id} on channel {channel_id}, not an input of this task")
         if not priority:
             self.queued.pop(channel_id, None)
-        if spec.checkpoint_id <= self.last_finished:
+            self.arrived.pop(channel_id, None)
+        if spec.checkpoint_id <= self.last_finished or spec.checkpoint_id in self.aborted:
             return []  # a late barrier of a checkpoint this task already finished or gave up
         actions: list[Action] = []
         p = self.pending
         if p is not None and not priority and channel_id in p.early and spec.checkpoint_id == p.spec.checkpoint_id:
             p.early.discard(channel_id)  # counted when it reached the gate, after the switch to unaligned
-            return []
+            if p.snapshotted:
+                return []
+            # a switched channel whose data was all processed before the snapshot: aligned after all
+            self.budget.refund(p.spec, p.switched.pop(channel_id, 0))
+            return [Block(channel_id)]
         if p is not None and spec.checkpoint_id > p.spec.checkpoint_id:
+            if p.snapshotted and p.unaligned:  # concurrent: wait until the older one's inputs are complete
+                self.deferred.append((channel_id, spec, priority, queued_bytes))
+                return [Block(channel_id)]
             actions += self._abandon(p)
             p = None
         if p is None:
@@ -138,6 +247,11 @@ class BarrierHandler:
         mode = p.spec.mode
         if mode == CheckpointMode.AT_LEAST_ONCE:
             pass
+        elif p.spec.switching and not p.snapshotted:
+            if priority:  # its sender switched the channel: record what the gate holds before the barrier
+                self.budget.force(p.spec, queued_bytes)
+                p.switched[channel_id] = queued_bytes
+            actions.append(Block(channel_id))
         elif mode == CheckpointMode.UNALIGNED or priority or p.unaligned:
             if not p.snapshotted:
                 actions += self._go_unaligned(p)
@@ -145,16 +259,22 @@ class BarrierHandler:
             actions.append(Block(channel_id))
         return actions + self._check_complete(p)
 
-    def on_arrival(self, channel_id: int, spec: BarrierSpec) -> list[Action]:
-        """An in-band barrier reached the gate and waits there behind data.
+    def on_arrival(self, channel_id: int, spec: BarrierSpec, *, now: float = 0.0,
+                   bytes_ahead: int = 0) -> list[Action]:
+        """An in-band barrier reached the gate (at `now`) and waits there behind `bytes_ahead` bytes of data.
 
         Once the checkpoint is unaligned, the data before it is recorded as
         channel state, so the channel counts as delivered now rather than when
-        the barrier is taken, seconds later under backpressure.
+        the barrier is taken, seconds later under backpressure. With
+        per-channel switching, the channel switches now if the data ahead is
+        over the threshold (later, at its timeout: `on_time`).
         """
         if channel_id not in self.channels or spec.checkpoint_id <= self.last_finished:
             return []
         self.queued[channel_id] = spec.checkpoint_id
+        if spec.switching:
+            self.arrived[channel_id] = (now, bytes_ahead)
+            return self._switch_due(spec, now)
         p = self.pending
         if p is None or not p.unaligned or p.spec.checkpoint_id != spec.checkpoint_id or channel_id in p.seen:
             return []
@@ -190,6 +310,8 @@ class BarrierHandler:
         backpressure they can sit in the input queues behind data, which is
         exactly when the switch matters.
         """
+        if spec.switching:
+            return self._switch_due(spec, now)
         if spec.mode != CheckpointMode.ALIGNED_TIMEOUT or spec.deadline is None or now < spec.deadline:
             return []
         if spec.checkpoint_id <= self.last_finished:
@@ -197,6 +319,8 @@ class BarrierHandler:
         actions: list[Action] = []
         p = self.pending
         if p is not None and spec.checkpoint_id > p.spec.checkpoint_id:
+            if p.snapshotted and p.unaligned:
+                return []  # concurrent: the older one records; this one's barriers wait for it (on_barrier)
             actions += self._abandon(p)
             p = None
         if p is None:
@@ -208,10 +332,35 @@ class BarrierHandler:
     def abort(self, checkpoint_id: int) -> list[Action]:
         """The coordinator aborted `checkpoint_id`: stop aligning for it."""
         p = self.pending
+        if p is not None and p.spec.checkpoint_id < checkpoint_id:
+            self.aborted.add(checkpoint_id)  # a newer one: the older one in progress goes on
+            return []
         if p is None or p.spec.checkpoint_id != checkpoint_id:
             self.last_finished = max(self.last_finished, checkpoint_id)
             return []
         return self._abandon(p)
+
+    def _switch_due(self, spec: BarrierSpec, now: float) -> list[Action]:
+        """Switch every channel of `spec` whose barrier waits in the gate and is due (time or bytes), while the
+        budget lasts; then snapshot if nothing else is missing."""
+        if spec.checkpoint_id <= self.last_finished:
+            return []
+        p = self.pending
+        if p is not None and (p.spec.checkpoint_id != spec.checkpoint_id or p.snapshotted):
+            return []  # another checkpoint is aligning: this one's barriers are handled when taken
+        for channel_id, checkpoint_id in sorted(self.queued.items()):
+            if checkpoint_id != spec.checkpoint_id or (p is not None and channel_id in p.seen):
+                continue
+            arrived_at, nbytes = self.arrived.get(channel_id, (now, 0))
+            # a channel the cap refused stays aligned; it is asked again at its next timer
+            if not spec.channel_due(now - arrived_at, nbytes) or not self.budget.charge(spec, nbytes):
+                continue
+            if p is None:
+                p = self.pending = _Pending(spec, now)
+            p.seen.add(channel_id)
+            p.early.add(channel_id)  # its in-band barrier is taken later: it counts now
+            p.switched[channel_id] = nbytes
+        return self._check_complete(p) if p is not None else []
 
     def _go_unaligned(self, p: _Pending) -> list[Action]:
         p.unaligned = True
@@ -227,7 +376,19 @@ class BarrierHandler:
     def _abandon(self, p: _Pending) -> list[Action]:
         self.pending = None
         self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
-        return [Abandon(p.spec.checkpoint_id), UnblockAll()]
+        replay = self._replay_deferred(p.spec.checkpoint_id)
+        return [Abandon(p.spec.checkpoint_id), *(replay or [UnblockAll()])]
+
+    def _replay_deferred(self, ended_id: int) -> list[Action]:
+        """Handle the barriers held back while checkpoint `ended_id` recorded, in arrival order."""
+        deferred, self.deferred = self.deferred, []
+        if not deferred:
+            return []
+        # their channels were blocked while held back: unblock, then handle them (which may block again)
+        actions: list[Action] = [UnblockAll()]
+        for channel_id, spec, priority, nbytes in deferred:
+            actions += self.on_barrier(channel_id, spec, priority=priority, now=spec.started_at, queued_bytes=nbytes)
+        return actions
 
     def _check_complete(self, p: _Pending) -> list[Action]:
         if not (self.channels - self.ended) <= p.seen:
@@ -235,8 +396,13 @@ class BarrierHandler:
         actions: list[Action] = []
         if not p.snapshotted:
             p.snapshotted = True
-            actions += [Snapshot(p.spec, unaligned=False), UnblockAll()]
+            if p.switched:  # a mixed checkpoint: outputs stay aligned, the switched channels are recorded
+                p.unaligned = True
+                actions += [Snapshot(p.spec, unaligned=False, record_inputs=True), UnblockAll()]
+            else:
+                actions += [Snapshot(p.spec, unaligned=False), UnblockAll()]
         actions.append(InputsComplete(p.spec, p.unaligned))
         self.pending = None
-        self.last_finished = p.spec.checkpoint_id
-        return actions
+        self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
+        self.aborted = {n for n in self.aborted if n > self.last_finished}
+        return actions + self._replay_deferred(p.spec.checkpoint_id)

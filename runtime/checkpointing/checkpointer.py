@@ -7,6 +7,10 @@ lane for unaligned checkpoints, which hands back the overtaken buffers) and
 capture the input buffers that precede the barrier. Encoding and writing
 happen in the worker's checkpoint writer thread while processing goes on.
 
+Concurrent checkpoints: a run per checkpoint. A newer snapshot gives up an
+older run only while that one's inputs are still incomplete (an aligned
+checkpoint subsumed by the next); one that is persisting goes on beside it.
+
 The task acknowledges when its inputs are complete (every barrier arrived),
 its outputs are complete (every barrier left its queue, or was promoted to
 the priority lane at the aligned-timeout deadline), and every file is
@@ -25,10 +29,12 @@ from typing import Any
 
 from netstack.credit import Buffer, Event
 from runtime.checkpointing import backend_snapshots
-from runtime.checkpointing.barriers import BarrierSpec
-from runtime.checkpointing.snapshots import encode_channel_state, encode_operator_state
-from runtime.checkpointing.writer import CheckpointWriter, Written
-from runtime.execution.channels import Subpartition, overtaken_records, whole_records
+from runtime.checkpointing.barriers import BarrierSpec, InflightBudget
+from runtime.checkpointing.channel_files import ChannelStateFiles, input_capture, output_capture
+from runtime.checkpointing.channel_segments import ChannelCapture
+from runtime.checkpointing.snapshots import encode_operator_state
+from runtime.checkpointing.writer import CheckpointWriter, Encoded, Written
+from runtime.execution.channels import Subpartition
 from runtime.execution.task import CheckpointStatistics, Task
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CheckpointMode
@@ -49,11 +55,12 @@ class CheckpointRun:
     sync_s: float = 0.0
     inputs_done: bool = False
     # subpartitions whose in-band barrier (or, past the end of input, end of partition) is still queued, each
-    # with that event: aligned_timeout promotes them at the deadline
-    outputs_waiting: list[tuple[Subpartition, Event]] = field(default_factory=list)
+    # with that event and when it was queued (wall clock): aligned_timeout promotes them at the deadline, a
+    # switching checkpoint each one at its channel timeout or byte threshold
+    outputs_waiting: list[tuple[Subpartition, Event, float]] = field(default_factory=list)
     in_prefix: dict[int, bytes] = field(default_factory=dict)
     in_buffers: dict[int, list[Buffer]] = field(default_factory=dict)
-    out_state: dict[str, bytes] = field(default_factory=dict)
+    out_state: dict[str, ChannelCapture] = field(default_factory=dict)
     writes: list[asyncio.Task[Written]] = field(default_factory=list)
     # writes whose done callback has run: a write may be done before its callback has added its bytes (and the
     # backend handle), so the ack waits for the callbacks, not only for the writes
@@ -71,19 +78,27 @@ class CheckpointRun:
 
 class TaskCheckpointer:
     def __init__(self, task: Task, writer: CheckpointWriter, *, task_key: str, max_parallelism: int,
-                 on_ack: AckCallback, on_decline: DeclineCallback) -> None:
+                 on_ack: AckCallback, on_decline: DeclineCallback, incremental_channel_state: bool = True) -> None:
         self.task = task
         self.writer = writer
         self.task_key = task_key
         self.max_parallelism = max_parallelism
         self.on_ack = on_ack
         self.on_decline = on_decline
-        self.run: CheckpointRun | None = None
+        # channel state written incrementally: buffers still queued at the next checkpoint are referenced
+        self.channel_files = ChannelStateFiles(task_key, incremental=incremental_channel_state)
+        self.runs: dict[int, CheckpointRun] = {}  # by checkpoint id: those not acknowledged, and the latest
         self._first_barrier: tuple[float, float] | None = None  # (monotonic, wall) of the pending checkpoint
         self.last_alignment_s = 0.0
         self.last_start_delay_s = 0.0
         self.last_inflight_bytes = 0
         self.inflight_bytes_total = 0
+        self.budget = InflightBudget()  # shared with the task's BarrierHandler (the input side)
+
+    @property
+    def run(self) -> CheckpointRun | None:
+        """The latest checkpoint's run."""
+        return self.runs[max(self.runs)] if self.runs else None
 
     def statistics(self) -> CheckpointStatistics:
         return CheckpointStatistics(self.last_alignment_s, self.last_start_delay_s, self.last_inflight_bytes,
@@ -95,10 +110,13 @@ class TaskCheckpointer:
         """The first barrier (or trigger) of the next checkpoint reached the task: its clocks start now."""
         self._first_barrier = (time.monotonic(), time.time())
 
-    def snapshot(self, spec: BarrierSpec, *, unaligned: bool) -> None:
+    def snapshot(self, spec: BarrierSpec, *, unaligned: bool, record_inputs: bool = False) -> None:
+        """Snapshot for `spec`; `unaligned`: barriers overtake the outputs and the inputs are recorded;
+        `record_inputs` alone: a mixed checkpoint (switched channels recorded, outputs aligned)."""
         task = self.task
-        if self.run is not None and not self.run.acked:
-            self.abandon(self.run.spec.checkpoint_id, "superseded by a newer checkpoint")
+        for older in list(self.runs.values()):
+            if not older.inputs_done:
+                self.abandon(older.spec.checkpoint_id, "superseded by a newer checkpoint")
         t0 = time.perf_counter()
         pending = task.chain.begin_state_snapshot(spec.checkpoint_id)  # a state backend's synchronous part
         async_inflight = task.chain.take_async_inflight()  # an asynchronous operator's records in flight
@@ -107,25 +125,30 @@ class TaskCheckpointer:
         lists = task.chain.snapshot_lists()
         time_state = task.time_state()
         barrier = Event(spec.to_body())
+        waits = spec.mode == CheckpointMode.ALIGNED_TIMEOUT or spec.switching  # outputs may be promoted later
+        now_wall = time.time()
         started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
         self._first_barrier = None
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
+        self.channel_files.begin(spec.checkpoint_id, savepoint=spec.savepoint)
         if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
             run.async_captured = sum(1 for doc in async_inflight.values() for e in doc["replay"] if e[0] == "r")
-        self.run = run
+        self.runs[spec.checkpoint_id] = run
+        for done in [r for r in self.runs.values() if r.acked and r is not run]:
+            del self.runs[done.spec.checkpoint_id]
         for sub in task.subpartitions:
             if task.end_of_input:
                 self._overtake_end(run, sub)
                 continue
             if unaligned:
-                stream = overtaken_records(sub.add_event(barrier, priority=True))
-                if stream:
-                    run.out_state[sub.key] = stream
+                capture = output_capture(sub.add_event(barrier, priority=True))
+                if capture is not None:
+                    run.out_state[sub.key] = capture
             else:
                 sub.add_event(barrier)
-                if spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
-                    run.outputs_waiting.append((sub, barrier))
-        if unaligned and task.gate is not None:
+                if waits:
+                    run.outputs_waiting.append((sub, barrier, now_wall))
+        if (unaligned or record_inputs) and task.gate is not None:
             run.in_buffers = task.gate.start_recording(spec.checkpoint_id)
             run.in_prefix = task.unprocessed_bytes()
         run.sync_s = time.perf_counter() - t0
@@ -157,75 +180,83 @@ class TaskCheckpointer:
         if end is None or not sub.sender.holds(end):
             return
         if run.unaligned:
-            stream = overtaken_records(sub.add_event(run.barrier, priority=True))
-            if stream:
-                run.out_state[sub.key] = stream
-        elif run.spec.mode == CheckpointMode.ALIGNED_TIMEOUT:
-            run.outputs_waiting.append((sub, end))
+            capture = output_capture(sub.add_event(run.barrier, priority=True))
+            if capture is not None:
+                run.out_state[sub.key] = capture
+        elif run.spec.mode == CheckpointMode.ALIGNED_TIMEOUT or run.spec.switching:
+            run.outputs_waiting.append((sub, end, time.time()))
 
     def inputs_complete(self, spec: BarrierSpec, *, unaligned: bool) -> None:
-        run = self.run
-        if run is None or run.spec.checkpoint_id != spec.checkpoint_id:
+        run = self.runs.get(spec.checkpoint_id)
+        if run is None:
             return
         run.inputs_done = True
         run.alignment_s = time.monotonic() - run.started
         if self.task.gate is not None:
             self.task.gate.stop_recording()
         if unaligned and (run.in_prefix or any(run.in_buffers.values())):
+            run.unaligned = True  # a mixed checkpoint (switched channels) carries in-flight data too
             gate = self.task.gate
             assert gate is not None
-            keys = {cid: gate.channels[cid].key for cid in run.in_buffers}
-            prefix, buffers = run.in_prefix, run.in_buffers
-
-            def encode_inputs() -> bytes:
-                channels = {}
-                for cid, key in keys.items():
-                    stream = whole_records(prefix.get(cid, b""), buffers[cid])
-                    if stream:
-                        channels[key] = stream
-                return encode_channel_state("in", channels)
-
+            captures, ends = {}, {}
+            for cid, buffers in run.in_buffers.items():
+                key = gate.channels[cid].key
+                captures[key], ends[key] = input_capture(run.in_prefix.get(cid, b""), buffers)
+            encode_inputs = self.channel_files.produce(spec.directory, spec.checkpoint_id, "in", captures, ends)
             path = self._path(spec, "in")
             run.files["in"] = os.path.basename(path)
             self._write(run, path, encode_inputs, "in")
         self._maybe_finish(run)
 
     def poll_outputs(self, now: float) -> None:
-        """Outputs are complete when every barrier has left its queue; at the deadline, promote the rest."""
-        run = self.run
-        if run is None or run.out_written:
-            return
-        still = [(sub, ev) for sub, ev in run.outputs_waiting if sub.sender.holds(ev)]
-        if still and run.spec.deadline is not None and now >= run.spec.deadline:
-            for sub, ev in still:
-                # the barrier itself, or (past the end of input) a priority barrier ahead of the queued end
-                overtaken = sub.promote(ev) if ev is run.barrier else sub.add_event(run.barrier, priority=True)
-                run.unaligned = True  # this checkpoint now carries in-flight data
-                if overtaken:
-                    stream = overtaken_records(overtaken)
-                    if stream:
-                        run.out_state[sub.key] = stream
-            still = []
+        """Outputs are complete when every barrier has left its queue. At the deadline (aligned_timeout),
+        promote the rest; with per-channel switching, each one that is due and fits the in-flight cap."""
+        for run in list(self.runs.values()):
+            if not run.out_written:
+                self._poll_run(run, now)
+
+    def _poll_run(self, run: CheckpointRun, now: float) -> None:
+        spec = run.spec
+        still = []
+        for sub, ev, since in run.outputs_waiting:
+            ahead = sub.sender.bytes_before(ev)
+            if ahead is None:
+                continue  # sent
+            at_deadline = spec.deadline is not None and now >= spec.deadline  # aligned_timeout: all of them
+            if at_deadline or (spec.channel_due(now - since, ahead) and self.budget.charge(spec, ahead)):
+                self._promote(run, sub, ev)
+            else:
+                still.append((sub, ev, since))  # a channel the cap refused is asked again at the next poll
         run.outputs_waiting = still
         if still:
             return
         run.out_written = True
         if run.out_state:
-            out_state = dict(run.out_state)
+            encode_outputs = self.channel_files.produce(run.spec.directory, run.spec.checkpoint_id, "out",
+                                                        dict(run.out_state))
             path = self._path(run.spec, "out")
             run.files["out"] = os.path.basename(path)
-            self._write(run, path, lambda: encode_channel_state("out", out_state), "out")
+            self._write(run, path, encode_outputs, "out")
         self._maybe_finish(run)
 
+    def _promote(self, run: CheckpointRun, sub: Subpartition, ev: Event) -> None:
+        """Let the barrier overtake the data queued ahead of it, which becomes output channel state: the
+        barrier itself, or (past the end of input) a priority barrier ahead of the queued end."""
+        overtaken = sub.promote(ev) if ev is run.barrier else sub.add_event(run.barrier, priority=True)
+        run.unaligned = True  # this checkpoint now carries in-flight data
+        capture = output_capture(overtaken or [])
+        if capture is not None:
+            run.out_state[sub.key] = capture
+
     def waiting_outputs(self) -> bool:
-        return self.run is not None and not self.run.out_written
+        return any(not run.out_written for run in self.runs.values())
 
     # -- completion -------------------------------------------------------------
 
     def _path(self, spec: BarrierSpec, kind: str) -> str:
         return os.path.join(spec.directory, f"{self.task_key.replace(':', '-')}.{kind}")
 
-    def _write(self, run: CheckpointRun, path: str, produce: Callable[[], bytes], kind: str) -> None:
+    def _write(self, run: CheckpointRun, path: str, produce: Callable[[], bytes | Encoded], kind: str) -> None:
         write = asyncio.ensure_future(self.writer.write(path, produce))
         run.writes.append(write)
 
@@ -233,7 +264,7 @@ class TaskCheckpointer:
             if fut.cancelled():
                 return
             exc = fut.exception()  # retrieved even for an abandoned run: asyncio would log it as never retrieved
-            if self.run is not run:
+            if self.runs.get(run.spec.checkpoint_id) is not run:
                 return
             if exc is not None:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
@@ -276,14 +307,16 @@ class TaskCheckpointer:
                      if not w.cancelled() and w.exception() is None}
         if checksums:
             files["checksums"] = checksums
+        segments = self.channel_files.segments(run.spec.checkpoint_id)
+        if segments:  # the shared channel-state segments its files reference (retention keeps them)
+            files["segments"] = segments
         self.on_ack(self.task, run.spec, files, figures)
 
     def abandon(self, checkpoint_id: int, reason: str) -> None:
-        run = self.run
-        if run is None or run.spec.checkpoint_id != checkpoint_id:
+        run = self.runs.pop(checkpoint_id, None)
+        if run is None:
             return
-        self.run = None
-        if self.task.gate is not None:
+        if self.task.gate is not None and not run.inputs_done:  # it was the one recording (if any)
             self.task.gate.stop_recording()
         for write in run.writes:
             write.cancel()

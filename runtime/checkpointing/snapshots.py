@@ -23,21 +23,30 @@ version, written by the checkpoint writer off the event loop:
 - `<vertex>-<subtask>.out`: output channel state, per channel: the whole
   records of the buffers the barrier overtook.
 
+A channel-state file holds its channels inline ("channels": key -> bytes), or, written incrementally
+(runtime/checkpointing/channel_segments.py), as pieces ("pieces": key -> [bytes | [segment, offset, length]])
+with "segments": name -> CRC-32 and size of every shared segment (`<job dir>/shared/<name>`) they name.
+`read_channel_state` gives both as key -> bytes.
+
 Channels are named `<edge>:<producer subtask>:<consumer subtask>`, which
 stays the same across attempts (channel ids do not).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgpack
 
+from runtime.checkpointing.channel_segments import Piece, Ref, resolve, segments_of
 from runtime.common import objectstore
+from runtime.common.checksums import mismatch
 from runtime.common.gcpause import gc_paused
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
+SHARED_DIR = "shared"  # in the job's checkpoint directory: files later checkpoints reference again
 
 
 class CorruptState(ValueError):
@@ -122,6 +131,51 @@ def decode_channel_state(data: bytes, origin: str) -> dict[str, bytes]:
     return channels
 
 
+def encode_channel_pieces(kind: str, pieces: dict[str, list[Piece]], segments: dict[str, dict[str, int]]) -> bytes:
+    """A channel-state file whose channels are pieces; inline (the older shape) when no piece is a reference."""
+    if not segments:
+        return encode_channel_state(kind, {key: b"".join(p for p in ps if isinstance(p, bytes))
+                                           for key, ps in pieces.items()})
+    doc = {key: [p if isinstance(p, bytes) else [p.segment, p.offset, p.length] for p in ps]
+           for key, ps in pieces.items()}
+    return msgpack.packb({"format": FORMAT, "kind": kind, "channels": {}, "pieces": doc, "segments": segments},
+                         use_bin_type=True)
+
+
+def read_channel_state(directory: str, name: str, origin: str | None = None) -> dict[str, bytes]:
+    """A task's channel-state file as channel -> bytes, its shared segments read and checked (CRC-32): a missing
+    or corrupt segment is a CorruptState naming it."""
+    origin = origin or name
+    state = _decode(read_file(directory, name), origin)
+    channels = state.get("channels")
+    if not isinstance(channels, dict) or not all(isinstance(v, bytes) for v in channels.values()):
+        raise CorruptState(f"{origin}: channel state is not a map of channel -> bytes")
+    if "pieces" not in state:
+        return channels
+    try:
+        pieces = {str(key): [p if isinstance(p, bytes) else Ref(str(p[0]), int(p[1]), int(p[2])) for p in ps]
+                  for key, ps in state["pieces"].items()}
+        sums = dict(state["segments"])
+    except (TypeError, ValueError, IndexError, AttributeError, KeyError):
+        raise CorruptState(f"{origin}: channel state pieces are malformed") from None
+    segments: dict[str, bytes] = {}
+    for segment in sorted(segments_of(pieces)):
+        path = segment_path(directory, segment)
+        try:
+            data = objectstore.read(path)
+        except OSError as exc:
+            raise CorruptState(f"{path}: channel state segment of {origin} cannot be read "
+                               f"({exc.strerror or exc})") from None
+        problem = mismatch(data, sums.get(segment))
+        if problem is not None:
+            raise CorruptState(f"{path}: channel state segment of {origin} is corrupt: {problem}")
+        segments[segment] = data
+    try:
+        return {**channels, **{key: resolve(ps, segments) for key, ps in pieces.items()}}
+    except (KeyError, ValueError) as exc:
+        raise CorruptState(f"{origin}: channel state names a missing range: {exc}") from None
+
+
 def _decode(data: bytes, origin: str) -> dict[str, Any]:
     try:
         with gc_paused():  # one container per key, none of them garbage: collections would only walk them
@@ -131,6 +185,15 @@ def _decode(data: bytes, origin: str) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CorruptState(f"{origin}: not a sluice state file of format {FORMAT}")
     return state
+
+
+def segment_path(directory: str, name: str) -> str:
+    """A segment's path, given the checkpoint directory that references it: `<job dir>/shared/<name>`."""
+    if objectstore.basename(directory) == "_metadata":
+        directory = objectstore.dirname(directory)
+    parent = objectstore.dirname(directory) if objectstore.is_url(directory) else os.path.dirname(
+        os.path.normpath(directory))
+    return objectstore.join(parent, SHARED_DIR, name)
 
 
 def read_file(directory: str, name: str) -> bytes:

@@ -28,6 +28,7 @@ import asyncio
 import time
 from typing import Any
 
+from netstack.credit import Buffer
 from runtime.checkpointing.barriers import (
     Abandon,
     Action,
@@ -48,7 +49,8 @@ class TaskCheckpoints:
     def __init__(self, task: Task, checkpointer: TaskCheckpointer) -> None:
         self.task = task
         self.checkpointer = checkpointer
-        self.barriers = BarrierHandler(list(task.gate.channels)) if task.gate is not None else None
+        self.barriers = (BarrierHandler(list(task.gate.channels), budget=checkpointer.budget)
+                         if task.gate is not None else None)
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_spec: BarrierSpec | None = None
         self.latest_spec: BarrierSpec | None = None  # the job's latest trigger on this worker (set by the worker)
@@ -82,7 +84,9 @@ class TaskCheckpoints:
         spec = BarrierSpec.from_body(body)
         if self.barriers.pending is None:
             self.checkpointer.mark_first_barrier()
-        self._carry_out(self.barriers.on_barrier(channel_id, spec, priority=priority, now=time.time()))
+        queued = self._queued_bytes(channel_id) if priority and spec.switching else 0
+        self._carry_out(self.barriers.on_barrier(channel_id, spec, priority=priority, now=time.time(),
+                                                 queued_bytes=queued))
         self._arm_deadline(spec)
 
     def on_barrier_queued(self, channel_id: int, body: dict[str, Any]) -> None:
@@ -92,9 +96,15 @@ class TaskCheckpoints:
         if body.get("t") == "end":
             self.task.post(Mail(lambda: self._on_end_arrival(channel_id), "end of partition queued"))
             return
+        spec = BarrierSpec.from_body(body)
+        if spec.switching:  # called before the barrier is queued: the gate holds exactly the data ahead of it
+            arrived_at, ahead = time.time(), self._queued_bytes(channel_id)
+            self._arm_channel_timer(spec)
+            self.task.post(Mail(lambda: self._on_arrival(channel_id, spec, arrived_at, ahead), "barrier queued",
+                                may_snapshot=True))
+            return
         if body.get("mode") != CheckpointMode.ALIGNED_TIMEOUT:
             return
-        spec = BarrierSpec.from_body(body)
         if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
             self._arm_deadline(spec)
         self.task.post(Mail(lambda: self._on_arrival(channel_id, spec), "barrier queued", may_snapshot=True))
@@ -136,6 +146,7 @@ class TaskCheckpoints:
         self.checkpointer.mark_first_barrier()
         self.checkpointer.snapshot(spec, unaligned=spec.mode == CheckpointMode.UNALIGNED)
         self._arm_deadline(spec)
+        self._arm_channel_timer(spec)
 
     def _snapshot_ended(self, spec: BarrierSpec) -> None:
         """A checkpoint of a task past its end of input: state only. Its inputs have all ended and were
@@ -156,14 +167,15 @@ class TaskCheckpoints:
         self.checkpointer.inputs_complete(spec, unaligned=False)
 
     def _on_complete(self, checkpoint_id: int) -> None:
+        self.checkpointer.channel_files.completed(checkpoint_id)  # later checkpoints may reference its segments
         self.task.chain.commit_sinks(checkpoint_id)
         if self._final_id is not None and checkpoint_id >= self._final_id:
             self._final_committed = True
             self.task.wake()
 
-    def _on_arrival(self, channel_id: int, spec: BarrierSpec) -> None:
+    def _on_arrival(self, channel_id: int, spec: BarrierSpec, arrived_at: float = 0.0, ahead: int = 0) -> None:
         if self.barriers is not None:
-            self._carry_out(self.barriers.on_arrival(channel_id, spec))
+            self._carry_out(self.barriers.on_arrival(channel_id, spec, now=arrived_at, bytes_ahead=ahead))
 
     def _on_end_arrival(self, channel_id: int) -> None:
         if self.barriers is not None:
@@ -181,7 +193,8 @@ class TaskCheckpoints:
                     gate.unblock_all()
             elif isinstance(action, Snapshot):
                 self._last_snapshot_id = max(self._last_snapshot_id, action.spec.checkpoint_id)
-                checkpointer.snapshot(action.spec, unaligned=action.unaligned)
+                checkpointer.snapshot(action.spec, unaligned=action.unaligned, record_inputs=action.record_inputs)
+                self._arm_channel_timer(action.spec)
             elif isinstance(action, InputsComplete):
                 checkpointer.inputs_complete(action.spec, unaligned=action.unaligned)
             elif isinstance(action, Abandon):
@@ -200,6 +213,26 @@ class TaskCheckpoints:
                     may_snapshot=True)
         self._deadline_timer = asyncio.get_running_loop().call_later(delay, self.task.post, mail)
 
+    def _queued_bytes(self, channel_id: int) -> int:
+        gate = self.task.gate
+        return 0 if gate is None else sum(len(b.data) for _, b in gate.queues[channel_id] if isinstance(b, Buffer))
+
+    def _arm_channel_timer(self, spec: BarrierSpec) -> None:
+        """Per-channel switching: at the channel timeout, switch the input channels and promote the output
+        barriers that are due (`_on_channel_timer`)."""
+        if not spec.switching or spec.channel_timeout_s is None:
+            return
+        mail = Mail(lambda: self._on_channel_timer(spec), f"channel timeout of checkpoint {spec.checkpoint_id}",
+                    may_snapshot=True)
+        # a little late rather than early: the timer's clock is not the wall clock the handler compares
+        asyncio.get_running_loop().call_later(spec.channel_timeout_s + 0.001, self.task.post, mail)
+
+    def _on_channel_timer(self, spec: BarrierSpec) -> None:
+        now = time.time()
+        if self.barriers is not None:
+            self._carry_out(self.barriers.on_time(now, spec))
+        self.checkpointer.poll_outputs(now)
+
     def _on_deadline(self) -> None:
         now = time.time()
         spec = self._deadline_spec
@@ -210,8 +243,7 @@ class TaskCheckpoints:
         self.checkpointer.poll_outputs(now)
 
     def _on_aborted(self, checkpoint_id: int) -> None:
+        self.checkpointer.channel_files.aborted(checkpoint_id)
         if self.barriers is not None:
             self._carry_out(self.barriers.abort(checkpoint_id))
-        run = self.checkpointer.run
-        if run is not None and run.spec.checkpoint_id == checkpoint_id and not run.acked:
-            self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")
+        self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")  # its run, if not acked yet

@@ -25,24 +25,34 @@ from runtime.common.checksums import checksum
 
 
 @dataclass(frozen=True)
+class Encoded:
+    """What a `produce` function may return instead of bytes: the file's bytes, and how many bytes it wrote
+    elsewhere on the way (a channel-state file's new shared segment), counted in `Written.bytes`."""
+
+    data: bytes
+    side_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class Written:
     path: str
-    bytes: int
-    seconds: float
+    bytes: int  # the file's and what its producer wrote beside it (Encoded.side_bytes)
+    seconds: float  # producing (encoding, side writes) and writing
     checksum: dict[str, int]  # CRC-32 and size, recorded in `_metadata` so a restore can verify the file
 
 
 class CheckpointWriter:
     def __init__(self, *, max_pending: int = 64) -> None:
-        self._queue: queue.Queue[tuple[str, Callable[[], bytes], asyncio.Future[Written],
+        self._queue: queue.Queue[tuple[str, Callable[[], bytes | Encoded], asyncio.Future[Written],
                                        asyncio.AbstractEventLoop] | None] = queue.Queue()
         self._slots = asyncio.Semaphore(max_pending)
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
         self._thread.start()
         self.bytes_written = 0
         self.files_written = 0
+        self.seconds_busy = 0.0  # time spent producing and writing, over the worker's life
 
-    async def write(self, path: str, produce: Callable[[], bytes]) -> Written:
+    async def write(self, path: str, produce: Callable[[], bytes | Encoded]) -> Written:
         """Persist `produce()` at `path` durably; waits for a free slot, never blocks the loop."""
         await self._slots.acquire()
         loop = asyncio.get_running_loop()
@@ -65,12 +75,14 @@ class CheckpointWriter:
             path, produce, fut, loop = item
             t0 = time.monotonic()
             try:
-                data = produce()
+                produced = produce()
+                data, side = (produced.data, produced.side_bytes) if isinstance(produced, Encoded) else (produced, 0)
                 _durable_write(path, data)
-                result: Written | BaseException = Written(path, len(data), time.monotonic() - t0,
-                                                               checksum(data))
-                self.bytes_written += len(data)
+                seconds = time.monotonic() - t0
+                result: Written | BaseException = Written(path, len(data) + side, seconds, checksum(data))
+                self.bytes_written += len(data) + side
                 self.files_written += 1
+                self.seconds_busy += seconds
             except BaseException as exc:  # handed to the waiting task
                 result = exc
             loop.call_soon_threadsafe(_resolve, fut, result)

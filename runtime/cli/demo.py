@@ -65,8 +65,10 @@ def run_demo(*, records: int, directory: str) -> int:
                        "SLUICE_SINK_DELAY_S": str(SINK_DELAY_S), "SLUICE_PARALLELISM": "2"})
     print("2. The job: Parquet source x2 -> key_by -> count x2 (keyed state) -> two-phase file sink x2")
     print(f"   The sink costs {SINK_DELAY_S * 1e6:.0f} us a record, far slower than the source: credit runs")
-    print("   out, queues stay bounded, the sources are throttled. Unaligned checkpoints every second; one")
-    print("   aligned checkpoint midway for contrast; a worker killed with SIGKILL after a few checkpoints.\n")
+    print("   out, queues stay bounded, the sources are throttled. The sink blocks (it sleeps), so its tasks run")
+    print("   on threads of their own and the workers' event loops keep moving data, barriers and heartbeats.")
+    print("   Unaligned checkpoints every second; one aligned checkpoint midway for contrast; a worker killed")
+    print("   with SIGKILL after a few checkpoints.\n")
     config = {"checkpoint": {"interval_s": 1.0, "mode": "unaligned", "timeout_s": 5.0, "tolerable_failures": 5},
               "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.2}}
     cluster = LocalCluster(workers=3, slots=2, log_dir=os.path.join(directory, "logs"),

@@ -22,7 +22,7 @@ from netstack.transport import run
 from runtime.common import objectstore
 from runtime.common.addresses import check_advertise, check_host
 from runtime.execution.async_operator import AsyncStateSettings
-from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_duration
+from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, load_token, parse_address, parse_bytes, parse_duration
 from runtime.state import registry as state_registry
 
 if TYPE_CHECKING:
@@ -33,6 +33,13 @@ def _duration(text: str, *, allow_zero: bool = False) -> float:
     """Every duration flag goes through here: more than zero, except those that say otherwise."""
     try:
         return parse_duration(text, allow_zero=allow_zero)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -127,8 +134,22 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-interval", type=_duration, help="take a checkpoint every INTERVAL (e.g. 1s)")
     c.add_argument("--checkpoint-mode", choices=["aligned", "unaligned", "at-least-once"], default="aligned")
+    c.add_argument("--no-incremental-channel-state", dest="incremental_channel_state", action="store_false",
+                   help="unaligned checkpoints write every captured buffer, also those an earlier checkpoint "
+                        "already persisted (default: reference those)")
     c.add_argument("--aligned-timeout", type=_duration,
                    help="aligned checkpoints switch to unaligned after this long (e.g. 100ms)")
+    c.add_argument("--channel-timeout", type=_duration,
+                   help="with aligned: a channel whose barrier has waited this long behind data switches to "
+                        "unaligned on its own, the others stay aligned (e.g. 10ms)")
+    c.add_argument("--channel-inflight", type=_bytes, metavar="BYTES",
+                   help="with aligned: a channel whose barrier waits behind more than this much data switches to "
+                        "unaligned on its own (e.g. 256KiB)")
+    c.add_argument("--max-inflight", type=_bytes, metavar="BYTES",
+                   help="with --channel-timeout/--channel-inflight: the most in-flight data a task persists per "
+                        "checkpoint; a switch that does not fit stays aligned (e.g. 4MiB)")
+    c.add_argument("--max-concurrent", type=_positive, default=1,
+                   help="with unaligned: periodic checkpoints in flight at once (1)")
     c.add_argument("--checkpoint-timeout", type=_duration, default=60.0, help="abort a checkpoint after (60s)")
     c.add_argument("--min-pause", type=_duration_or_zero, default=0.0, help="pause between checkpoints (0)")
     c.add_argument("--tolerable-failures", type=int, default=3, help="consecutive failed checkpoints tolerated (3)")
@@ -222,16 +243,25 @@ def _job_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"buffer_bytes": args.buffer_bytes, "buffers_per_channel": args.buffers_per_channel,
             "exclusive_credits": args.exclusive_credits, "floating_credits": args.floating_credits,
             "flush_timeout_s": args.flush_timeout, "inflight_target_s": args.inflight_target,
+            "incremental_channel_state": args.incremental_channel_state,
             "checkpoint": {"interval_s": args.checkpoint_interval, "mode": checkpoint_mode(args),
                            "aligned_timeout_s": args.aligned_timeout, "timeout_s": args.checkpoint_timeout,
                            "min_pause_s": args.min_pause, "tolerable_failures": args.tolerable_failures,
-                           "retain": args.retain},
+                           "retain": args.retain, **_switch_config(args)},
             "restart": _restart_config(args),
             **({"parallelism": dict(args.parallelism)} if args.parallelism else {}),
             **_state_config(args),
             **_async_state_config(args),
             **({"scale_down_after_s": args.scale_down_after} if args.scale_down_after is not None else {}),
             **({"allow_non_restored_state": True} if getattr(args, "allow_non_restored_state", False) else {})}
+
+
+def _switch_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-channel switching, the in-flight cap and concurrency: only the ones given (CheckpointSettings)."""
+    given = {"channel_timeout_s": args.channel_timeout, "channel_inflight_bytes": args.channel_inflight,
+             "max_inflight_bytes": args.max_inflight,
+             "max_concurrent": args.max_concurrent if args.max_concurrent != 1 else None}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _restart_config(args: argparse.Namespace) -> dict[str, Any]:

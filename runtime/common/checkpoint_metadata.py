@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runtime.common import objectstore
-from runtime.common.checksums import checksum
+from runtime.common.checksums import checksum, mismatch
 
 METADATA_FILE = "_metadata"
 FORMAT_VERSION = 2
@@ -19,13 +19,28 @@ FORMAT_VERSION = 2
 
 def metadata_body(doc: Mapping[str, Any]) -> bytes:
     """What the metadata's own checksum covers: the document without its `checksum` field, serialised the one
-    way `encode_metadata` does (sorted keys), so a reader recomputes exactly the bytes that were summed."""
-    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=1, sort_keys=True).encode()
+    way `encode_metadata` does (sorted keys, compact), so a reader recomputes exactly the bytes that were summed.
+    Compact because json encodes it in C then: indented, it takes the pure-Python encoder, about 35 µs per task
+    and checkpoint, the largest share of the coordinator's work in a 1,000-task checkpoint (docs/BENCHMARKS.md)."""
+    return _body(doc, indent=None)
+
+
+def _body(doc: Mapping[str, Any], indent: int | None) -> bytes:
+    return json.dumps({k: v for k, v in doc.items() if k != "checksum"}, indent=indent, sort_keys=True).encode()
+
+
+def body_mismatch(doc: Mapping[str, Any], recorded: Any) -> str | None:
+    """Why `doc` (without its checksum) does not match the checksum `recorded` for it, or None if it does. Files
+    written before the body was compact were indented by one space: they still verify."""
+    problem = mismatch(metadata_body(doc), recorded)
+    if problem is not None and mismatch(_body(doc, indent=1), recorded) is None:
+        return None
+    return problem
 
 
 def encode_metadata(doc: Mapping[str, Any]) -> bytes:
     """The file's bytes: `doc` with its checksum."""
-    return json.dumps({**doc, "checksum": checksum(metadata_body(doc))}, indent=1, sort_keys=True).encode()
+    return json.dumps({**doc, "checksum": checksum(metadata_body(doc))}, sort_keys=True).encode()
 
 
 def write_metadata_file(directory: str, data: bytes) -> str:

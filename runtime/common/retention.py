@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable
 from runtime.common import objectstore
 
 RETAINED_FILE = "_retained"
+# a channel-state segment in the job's shared directory, named by the checkpoint that wrote it
+# (runtime/checkpointing/channel_segments.py)
+_SEGMENT = re.compile(r"chan-(\d+)-.+\.seg")
 FORMAT = 1
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
 
@@ -81,3 +84,22 @@ class RetentionView:
         if job_dir not in self._records:
             self._records[job_dir] = self._read(job_dir)
         return keeps(self._records[job_dir], checkpoint_id)
+
+
+def segment_writer(name: str) -> int | None:
+    """The id of the checkpoint that wrote channel-state segment `name` (a file name in `shared/`), or None when
+    `name` is not a segment (a state backend's file)."""
+    m = _SEGMENT.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def unneeded_segments(names: Iterable[str], referenced: Iterable[str], discarded: int,
+                      present: Iterable[int]) -> set[str]:
+    """The channel-state segments among `names` to delete once checkpoint `discarded` is gone: those written by it
+    or an earlier checkpoint whose directory is gone too (`present`: the ids of the checkpoint directories that
+    remain, completed or in progress) and that no remaining completed checkpoint references (`referenced`). A
+    segment of a checkpoint still in progress stays; its own discard (or a later one) sweeps it if it never
+    completes."""
+    keep, live = set(referenced), set(present)
+    return {n for n in names
+            if n not in keep and (w := segment_writer(n)) is not None and w <= discarded and w not in live}

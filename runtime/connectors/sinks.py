@@ -29,6 +29,13 @@ class Sink:
         self.delay_per_record_s = delay_per_record_s
         self._debt_s = 0.0
 
+    @property
+    def blocking(self) -> bool:
+        """Whether `write` may block (sleep, wait on I/O): the task then runs the chain on a thread of its own
+        from the start, not on the worker's event loop (runtime/execution/isolation.py). A throttled sink
+        does; a subclass that writes through a blocking client sets `blocking = True`."""
+        return self.delay_per_record_s > 0
+
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         self.subtask_index = subtask_index
         self.parallelism = parallelism

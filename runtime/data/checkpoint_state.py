@@ -41,20 +41,21 @@ import msgpack
 from runtime.checkpointing import backend_snapshots
 from runtime.checkpointing.snapshots import (
     CorruptState,
-    decode_channel_state,
     decode_operator_state,
+    encode_channel_state,
     encode_operator_state,
+    read_channel_state,
     read_file,
 )
 from runtime.common import objectstore
 from runtime.common.checkpoint_metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
+    body_mismatch,
     encode_metadata,
-    metadata_body,
     write_metadata_file,
 )
-from runtime.common.checksums import checksum, mismatch
+from runtime.common.checksums import checksum
 from runtime.data.spark import DataError
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -125,7 +126,7 @@ def read_metadata(directory: str) -> dict[str, Any]:
         raise DataError(f"{path}: checkpoint metadata is truncated or not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION or not isinstance(doc.get("acks"), dict):
         raise DataError(f"{path}: not checkpoint metadata of format {FORMAT_VERSION}")
-    problem = mismatch(metadata_body(doc), doc.pop("checksum", None))
+    problem = body_mismatch(doc, doc.pop("checksum", None))
     if problem is not None:
         raise DataError(f"{path}: checkpoint metadata is corrupt: {problem}")
     return dict(doc)
@@ -267,7 +268,7 @@ def channel_rows(cp: Checkpoint, uid: str) -> Iterator[tuple[Any, ...]]:
             if not name:
                 continue
             try:
-                channels = decode_channel_state(read_file(cp.directory, name), objectstore.join(cp.directory, name))
+                channels = read_channel_state(cp.directory, name, objectstore.join(cp.directory, name))
             except CorruptState as exc:
                 raise DataError(str(exc)) from None
             for channel in sorted(channels, key=lambda c: tuple(int(p) for p in c.split(":"))):
@@ -421,9 +422,14 @@ def transform(cp: Checkpoint, out: str, *, drop: Iterable[str] = (), rename: Map
         state = dict(ack.get("state") or {})
         state.pop("backend", None)
         sums: dict[str, Any] = {}
-        for kind in ("in", "out"):
+        state.pop("segments", None)
+        for kind in ("in", "out"):  # inline: a savepoint is self-contained, it references no shared segment
             if state.get(kind):
-                files[state[kind]] = read_file(cp.directory, state[kind])
+                try:
+                    channels = read_channel_state(cp.directory, state[kind])
+                except CorruptState as exc:
+                    raise DataError(str(exc)) from None
+                files[state[kind]] = encode_channel_state(kind, channels)
                 sums[state[kind]] = checksum(files[state[kind]])
         if state.get("state"):
             data = _transformed_state(cp, state["state"], nodes, drop, rewrite, remote_address, counts)

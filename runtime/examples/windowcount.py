@@ -29,7 +29,8 @@ def _event_time(record: tuple) -> int:
 def _bench_stream(job: Job):
     records = int(os.environ.get("SLUICE_BENCH_RECORDS", "2000000"))
     jitter = int(os.environ.get("SLUICE_BENCH_JITTER_MS", "0"))
-    watermarks = BoundedOutOfOrderness(max_delay_ms=jitter, timestamp=_event_time, granularity_ms=10)
+    grain = int(os.environ.get("SLUICE_BENCH_GRAIN_MS", "10"))  # event time between two watermarks
+    watermarks = BoundedOutOfOrderness(max_delay_ms=jitter, timestamp=_event_time, granularity_ms=grain)
     source = GeneratorSource(count=records, keys=1000, seed=7, jitter_ms=jitter)
     return job.source(source, parallelism=2, watermarks=watermarks).key_by(lambda r: r[0])
 

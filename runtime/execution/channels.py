@@ -62,7 +62,7 @@ class OutputGate:
 
 class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
-                 "continued", "key", "end_event")
+                 "continued", "key", "end_event", "deferred")
 
     def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -78,6 +78,9 @@ class Subpartition:
         self.continued: bytes | None = None  # the record the buffer being built begins by continuing
         self.key = ""  # "<edge>:<producer>:<consumer>", stable across attempts (checkpoint files use it)
         self.end_event: Event | None = None  # the end of partition, once queued (a checkpoint may overtake it)
+        # while the task's chain runs on its own thread (runtime/execution/isolation.py): buffers cut meanwhile
+        # wait here, and `hand_over` queues them on the loop, where the sender, credit and links live
+        self.deferred: list[tuple[Subpartition, Buffer]] | None = None
 
     def append(self, data: bytes) -> None:
         buf = self.buf
@@ -121,10 +124,17 @@ class Subpartition:
             self.continued = None
 
     def _enqueue(self, buffer: Buffer) -> None:
+        self.bytes_out += len(buffer.data)
+        self.buffers_out += 1  # at the cut, also when deferred: the record writer counts cuts with it
+        if self.deferred is not None:
+            self.deferred.append((self, buffer))
+            return
+        self.hand_over(buffer)
+
+    def hand_over(self, buffer: Buffer) -> None:
+        """Queue a cut buffer for sending (on the event loop)."""
         sender = self.sender
         sender.add_buffer(buffer)
-        self.bytes_out += len(buffer.data)
-        self.buffers_out += 1
         if not self.full and sender.queued_buffers >= self.limit:
             self.full = True
             self.gate.blocked += 1
@@ -211,6 +221,9 @@ class InputGate:
         self.buffers_in = 0
         self.queued = 0
         self.arrivals: dict[int, BarrierArrival] = {}  # latest barrier to reach the gate, per channel
+        # the last few, per channel: with concurrent checkpoints a later barrier may arrive before the snapshot
+        # of an earlier one, which must still end at its own barrier
+        self.arrival_log: dict[int, deque[BarrierArrival]] = {c.channel_id: deque(maxlen=4) for c in channels}
         self.recording_id: int | None = None
         self.recorders: dict[int, list[Buffer]] = {}
 
@@ -239,7 +252,8 @@ class InputGate:
         body = event.body
         if body.get("t") == "barrier":
             checkpoint_id = int(body["id"])
-            self.arrivals[channel_id] = BarrierArrival(checkpoint_id, seq, priority)
+            self.arrivals[channel_id] = arrival = BarrierArrival(checkpoint_id, seq, priority)
+            self.arrival_log[channel_id].append(arrival)
             if self.recording_id is not None and checkpoint_id >= self.recording_id:
                 self.recorders.pop(channel_id, None)  # everything before the barrier is recorded
             if not priority:
@@ -310,8 +324,9 @@ class InputGate:
         self.recorders = {}
         captured: dict[int, list[Buffer]] = {}
         for channel_id, queue in self.queues.items():
-            arrival = self.arrivals.get(channel_id)
-            if arrival is not None and arrival.checkpoint_id >= checkpoint_id:
+            # the first barrier of this checkpoint or a later one to reach the gate on that channel
+            arrival = next((a for a in self.arrival_log[channel_id] if a.checkpoint_id >= checkpoint_id), None)
+            if arrival is not None:
                 if arrival.priority:
                     captured[channel_id] = [b for seq, b in queue if isinstance(b, Buffer) and seq <= arrival.seq]
                 else:

@@ -12,7 +12,9 @@ holds about `target_s` of the channel's measured throughput.
 The rules are pure (`buffer_size_for`, `RateEstimate`); `InflightBound`
 applies them to a worker's subpartitions from a timer on the event loop. It
 changes a subpartition only between records (the loop runs one callback at a
-time), never inside the record write path.
+time), never inside the record write path; a subpartition that an isolated
+task's thread is writing (runtime/execution/isolation.py) is left for the next
+period.
 
 Before a channel has an estimate its buffers start at the minimum size, not
 the configured one: at a job's start (or restart) the sources fill every
@@ -126,6 +128,8 @@ class InflightBound:
     def adjust(self, now: float) -> None:
         for sub, estimate in self.channels:
             rate = estimate.sample(sub.bytes_out, now)
+            if sub.deferred is not None:  # its task's thread is writing into it: resize at the next period
+                continue
             resize(sub, buffer_size_for(rate, self.target_s, self.buffers_in_path, max_bytes=self.max_bytes,
                                         min_bytes=self.min_bytes))
 

@@ -14,6 +14,11 @@ The chunk size adapts to the cost of a record: it doubles while a chunk takes
 less than CHUNK_S / 4 and halves when one takes more than CHUNK_S, up to
 MAX_CHUNK. Cheap records go a few hundred per call; slow ones (a throttled
 sink) one at a time, exactly as before, so mail is never kept waiting.
+
+A task whose chain blocks (runtime/execution/isolation.py) makes the same
+calls on a thread of its own and awaits each one (`_offload`): everything
+between the calls (mailbox, snapshots, credit, waiting for output) stays
+here on the event loop, in the same order as inline.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from netstack.credit import Buffer, Event
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK
 from runtime.connectors.source import Source
 from runtime.execution.channels import ChannelReader, InputChannel, InputGate, OutputGate, Subpartition, event
+from runtime.execution.isolation import IsolationPolicy, TaskThread
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
 from runtime.execution.operators import Chain
 from runtime.execution.probes import ProbeTracker
@@ -179,7 +185,7 @@ class Task:
     def __init__(self, *, key: TaskKey, chain: Chain, outputs: list[Subpartition], output_gate: OutputGate,
                  inputs: list[InputChannel], credits: Credits, source: Source | None, flush_timeout_s: float,
                  restore: RestoredState | None = None,
-                 checkpoints: Callable[[Task], CheckpointListener] | None = None) -> None:
+                 checkpoints: Callable[[Task], CheckpointListener] | None = None, isolation: str = "auto") -> None:
         self.key = key
         self.task_id = key.task_id
         self.name = key.display_name
@@ -229,6 +235,15 @@ class Task:
         self._async_op = chain.async_operator
         if self._async_op is not None:
             self._async_op.bind(wake=self.wake, on_failure=self._async_failed)
+        # blocking user code: the chain's calls on a thread of the task's own (runtime/execution/isolation.py)
+        self.isolation = IsolationPolicy(
+            isolation, declared_blocking=any(getattr(node.payload, "blocking", False) is True for node in chain.nodes),
+            asynchronous=self._async_op is not None)
+        self._thread: TaskThread | None = None
+        self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
+        self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
+        self._tick_due = False  # the periodic flush came during a call: it runs when the call returns
+        self._processing_timers_due = False  # an isolated task's processing-time timers wait for its thread
         self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
     # -- signals from outside (network callbacks, the worker) -----------------
@@ -307,7 +322,7 @@ class Task:
                 await self._run_inputs()  # when it had ended, so had its upstream: only "end" arrives
             if not ended_before:  # operators that emit at the end (aggregates) must not emit twice
                 await self._finish_async()
-                self.chain.finish()
+                await self._call(self.chain.finish)
             for sub in self.subpartitions:
                 sub.add_event(event("end"))
             # From here on a checkpoint records this task as at its end: no barrier follows "end" downstream.
@@ -328,6 +343,9 @@ class Task:
         finally:
             self.times.finish(time.monotonic())
             flusher.cancel()
+            # a cancelled task's call may still run on its thread: closing must wait for it
+            if self._thread is not None and not await self._thread.stop():
+                log.warning("task %s: its thread is still in a call after it stopped", self.task_id)
             if self.checkpoints is not None:
                 self.checkpoints.close()
             if self._async_op is not None:
@@ -349,16 +367,65 @@ class Task:
         # bounds latency: a partly filled buffer waits at most flush_timeout_s
         while True:
             await asyncio.sleep(self.flush_timeout_s)
-            for sub in self.subpartitions:
-                if sub.buf:
-                    sub.flush()
-            if self.checkpoints is not None:
-                self.checkpoints.poll(time.time())
-            timers = self.chain.timers
-            if (timers is not None and not self._processing_timers_posted
-                    and timers.processing_due(current_time_ms())):
-                self._processing_timers_posted = True
-                self.post(Mail(self._fire_processing_timers, "processing-time timers"))
+            if self._on_thread:
+                self._tick_due = True  # the thread writes the builders now: the tick runs when its call returns
+            else:
+                self._tick()
+
+    def _tick(self) -> None:
+        """The periodic work on the task's outputs and timers (never while a call is on the task's thread)."""
+        for sub in self.subpartitions:
+            if sub.buf:
+                sub.flush()
+        if self.checkpoints is not None:
+            self.checkpoints.poll(time.time())
+        timers = self.chain.timers
+        if (timers is not None and not self._processing_timers_posted
+                and timers.processing_due(current_time_ms())):
+            self._processing_timers_posted = True
+            self.post(Mail(self._fire_processing_timers, "processing-time timers"))
+
+    # -- isolation (runtime/execution/isolation.py) -------------------------------------
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`: on the task's thread when the task is isolated, else here."""
+        if self.isolation.isolated:
+            return await self._offload(fn, *args)
+        return fn(*args)
+
+    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` (chain work) on the task's thread and wait for it. The buffers it cuts are queued for
+        sending when it returns, in order, before anything else of the task runs."""
+        thread = self._thread
+        if thread is None:
+            thread = self._thread = TaskThread(f"sluice-task {self.task_id}")
+        deferred = self._deferred
+        subs = self.subpartitions
+        for sub in subs:
+            sub.deferred = deferred
+        self._on_thread = True
+        try:
+            result = await thread.call(fn, *args)
+        except asyncio.CancelledError:
+            raise  # the call may still be running: everything stays deferred, run() waits for the thread
+        except BaseException:
+            self._end_offload()
+            raise
+        self._end_offload()
+        return result
+
+    def _end_offload(self) -> None:
+        for sub in self.subpartitions:
+            sub.deferred = None
+        self._on_thread = False
+        deferred = self._deferred
+        if deferred:
+            for sub, buffer in deferred:
+                sub.hand_over(buffer)
+            deferred.clear()
+        if self._tick_due:
+            self._tick_due = False
+            self._tick()
 
     async def _wait(self, timeout_s: float | None = None) -> None:
         self._wakeup.clear()
@@ -389,6 +456,7 @@ class Task:
         if op is not None and op.drain and not op.quiet() and any(_may_snapshot(m) for m in self.mailbox):
             await self._quiesce()
         self._serve_mailbox()
+        await self._timers_on_thread()
 
     async def _quiesce(self) -> None:
         """Wait until the asynchronous operator has nothing queued or in flight (drain checkpoints). The
@@ -547,6 +615,8 @@ class Task:
         last_yield = monotonic()
         idle_since: float | None = None
         op = self._async_op  # an async_map chained to the source: its admission queue holds input back too
+        isolation = self.isolation
+        isolated = isolation.isolated
         while True:
             self._batch_position = source.position()
             self._batch_emitted = 0
@@ -574,8 +644,14 @@ class Task:
                     await self._between_records()
                 j = i + chunk
                 t0 = monotonic()
-                emit(batch[i:j] if i or j < n else batch)
-                chunk = _next_chunk(chunk, monotonic() - t0)
+                if isolated:
+                    await self._offload(emit, batch[i:j] if i or j < n else batch)
+                else:
+                    emit(batch[i:j] if i or j < n else batch)
+                now = monotonic()
+                if chunk == 1 or isolated:
+                    isolated = isolation.observe(min(j, n) - i, now - t0, now)
+                chunk = _next_chunk(chunk, now - t0)
                 # counted as emitted, not at the batch's end: a throttled source may take seconds over a batch
                 self.records_in += min(j, n) - i
                 i = j
@@ -631,6 +707,9 @@ class Task:
         mailbox = self.mailbox
         op = self._async_op
         monotonic = time.monotonic
+        isolation = self.isolation
+        isolated = isolation.isolated
+        offload = self._offload
         chunk = self._chunk
         n = 0
         # Yield to the event loop about every YIELD_AFTER_S of work, so network callbacks (credit, priority
@@ -645,10 +724,15 @@ class Task:
                 self._chunk = chunk
                 await self._between_records()
             t0 = monotonic()
-            process(records)
+            if isolated:
+                await offload(process, records)
+            else:
+                process(records)
             now = monotonic()
             reader.consumed = reader.fetched
             n += len(records)
+            if chunk == 1 or isolated:  # only one-record calls can make an inline task isolated
+                isolated = isolation.observe(len(records), now - t0, now)
             chunk = _next_chunk(chunk, now - t0)
             if now - last_yield > YIELD_AFTER_S:
                 self.records_in += n
@@ -795,6 +879,9 @@ class Task:
         monotonic = time.monotonic
         key = self._channel_keys.get(channel_id, "")
         op = self._async_op
+        isolation = self.isolation
+        isolated = isolation.isolated
+        timed_chunk = self._timed_chunk
         chunk = self._chunk
         leftover: list[Any] = []
         last_yield = monotonic()
@@ -807,38 +894,49 @@ class Task:
                 await self._between_records()
             leftover = []
             t0 = monotonic()
-            start = 0
-            markers = 0
-            burst = False
-            for k, item in enumerate(items):
-                if item.__class__ is tuple:
-                    continue
-                markers += 1
-                if k > start:
-                    process(items[start:k])
-                start = k + 1
-                if self._on_marker(key, item):
-                    reader.consumed = _position_after(reader, k + 1)
-                    leftover = items[k + 1:]
-                    burst = True
-                    break
+            if isolated:
+                start, markers, burst = await self._offload(timed_chunk, items, process, key, reader)
+            else:
+                start, markers, burst = timed_chunk(items, process, key, reader)
             if burst:
+                leftover = items[start:]
                 self.records_in += start - markers
                 self.watermarks_in += markers
                 await self._run_timer_burst()
                 continue
-            if start < len(items):
-                process(items[start:] if start else items)
             reader.consumed = reader.fetched
             self.records_in += len(items) - markers
             self.watermarks_in += markers
             now = monotonic()
+            if chunk == 1 or isolated:
+                isolated = isolation.observe(len(items), now - t0, now)
             chunk = _next_chunk(chunk, now - t0)
             if now - last_yield > YIELD_AFTER_S:
                 self._chunk = chunk
                 await asyncio.sleep(0)
                 last_yield = monotonic()
         self._chunk = chunk
+
+    def _timed_chunk(self, items: list[Any], process: Callable[[list[Any]], None], key: str,
+                     reader: ChannelReader) -> tuple[int, int, bool]:
+        """One chunk of `_process_timed` (inline or on the task's thread): the records through the chain, the
+        markers to the combiner, in order. Returns (items handled, markers among them, a timer burst is left
+        to run); at a burst it stops after the marker and sets the reader's position there."""
+        start = 0
+        markers = 0
+        for k, item in enumerate(items):
+            if item.__class__ is tuple:
+                continue
+            markers += 1
+            if k > start:
+                process(items[start:k])
+            start = k + 1
+            if self._on_marker(key, item):
+                reader.consumed = _position_after(reader, k + 1)
+                return start, markers, True
+        if start < len(items):
+            process(items[start:] if start else items)
+        return len(items), markers, False
 
     def _on_marker(self, channel_key: str, marker: Any) -> bool:
         """A watermark or status marker from one input channel; True when a timer burst is left to run."""
@@ -880,9 +978,9 @@ class Task:
                 await asyncio.sleep(0)  # let the network in: a barrier reaches the mailbox from a callback
                 last_yield = monotonic()
             await self._between_records()
-            if not timers.fire_event(combiner.current, TIMER_CHUNK):
+            if not await self._call(timers.fire_event, combiner.current, TIMER_CHUNK):
                 break
-        self._advance()
+        await self._call(self._advance)
 
     async def _resume_watermark(self) -> None:
         """After a restore: finish what the checkpoint caught half done (a burst, an unsent watermark)."""
@@ -890,13 +988,29 @@ class Task:
             await self._run_timer_burst()
 
     def _fire_processing_timers(self) -> None:
-        """Mail: fire due processing-time timers, a chunk per turn of the mailbox."""
+        """Mail: fire due processing-time timers, a chunk per turn of the mailbox (an isolated task: on its
+        thread, right after this turn of the mailbox, see `_timers_on_thread`)."""
+        if self.isolation.isolated:
+            self._processing_timers_due = True
+            return
         timers = self.chain.timers
         assert timers is not None
-        if timers.fire_processing(current_time_ms(), TIMER_CHUNK):
+        self._after_processing_timers(timers.fire_processing(current_time_ms(), TIMER_CHUNK))
+
+    def _after_processing_timers(self, more: bool) -> None:
+        if more:
             self.post(Mail(self._fire_processing_timers, "processing-time timers"))
         else:
             self._processing_timers_posted = False
+
+    async def _timers_on_thread(self) -> None:
+        """After a turn of the mailbox: the processing-time timers its mail found due, on the task's thread."""
+        if self._processing_timers_due:
+            self._processing_timers_due = False
+            timers = self.chain.timers
+            assert timers is not None
+            self._after_processing_timers(
+                await self._offload(timers.fire_processing, current_time_ms(), TIMER_CHUNK))
 
     async def _wait_final_checkpoint(self) -> None:
         """Stay (serving the mailbox) until a checkpoint taken after the end of input has completed and the
@@ -906,6 +1020,7 @@ class Task:
         while not self.checkpoints.final_committed():
             if self.mailbox:
                 self._serve_mailbox()
+                await self._timers_on_thread()
                 continue
             await self._wait_as(IDLE_TIME)
 
@@ -916,6 +1031,7 @@ class Task:
                 raise TimeoutError(f"task {self.task_id}: outputs not drained within {timeout_s}s")
             if self.mailbox:
                 self._serve_mailbox()
+                await self._timers_on_thread()
             await self._wait(0.05)
 
 

@@ -108,7 +108,8 @@ class WatermarkCombiner:
         ch.watermark = watermark
         if not ch.aligned and watermark >= self.current:
             ch.aligned = True
-        return Advance(self._new_min())
+        low = self._new_min()
+        return NOTHING if low is None else Advance(low)  # most markers do not move the minimum
 
     def on_idle(self, channel: str) -> Advance:
         ch = self.channels[channel]

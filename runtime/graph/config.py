@@ -25,6 +25,20 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
     return value
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {None: 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """'64KiB', '1MiB', '500000', '2mb' -> bytes, more than zero. Raises ValueError with the accepted forms."""
+    match = _SIZE.match(str(text))
+    value = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower() or None] if match else 0
+    if value <= 0:
+        raise ValueError(f"not a size of more than zero bytes: {text!r} (use e.g. 64KiB, 1MiB, 500000)")
+    return value
+
+
 DEFAULT_INFLIGHT_TARGET_S = 1.0
 
 

@@ -49,6 +49,8 @@ class ChannelConfig:
     flush_timeout_s: float = 0.05
     # in-flight data per channel, in seconds of its throughput: buffers shrink to fit (0 = fixed buffer_bytes)
     inflight_target_s: float = DEFAULT_INFLIGHT_TARGET_S
+    # unaligned checkpoints reference the buffers an earlier one already wrote instead of writing them again
+    incremental_channel_state: bool = True
 
     def __post_init__(self) -> None:
         for name, least in (("buffer_bytes", 1), ("buffers_per_channel", 1), ("exclusive_credits", 1),
@@ -58,6 +60,9 @@ class ChannelConfig:
                 raise JobConfigError(f"{name} must be an integer >= {least}, got {value!r}")
         if not _is_number(self.flush_timeout_s) or not 0 < self.flush_timeout_s < math.inf:
             raise JobConfigError(f"flush_timeout_s must be seconds > 0, got {self.flush_timeout_s!r}")
+        if not isinstance(self.incremental_channel_state, bool):
+            raise JobConfigError(f"incremental_channel_state must be true or false, "
+                                 f"got {self.incremental_channel_state!r}")
 
     @property
     def buffers_in_path(self) -> int:

@@ -284,6 +284,10 @@ class TriggerCheckpoint(JobQuery):
     directory: str
     savepoint: bool = False
     aligned_timeout_s: float | None = None
+    # per-channel switching of an aligned checkpoint (runtime/checkpointing/barriers.py)
+    channel_timeout_s: float | None = None
+    channel_inflight_bytes: int | None = None
+    max_inflight_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

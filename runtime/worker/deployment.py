@@ -22,6 +22,7 @@ from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.async_operator import AsyncStateSettings
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
 from runtime.execution.inflight import InflightBound
+from runtime.execution.isolation import mode_from_env
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.enums import TaskState
@@ -85,7 +86,8 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
     def listener(task: Task) -> TaskCheckpoints:
         checkpointer = TaskCheckpointer(task, hooks.writer, task_key=key.vertex_subtask,
                                         max_parallelism=job.max_parallelism, on_ack=hooks.on_ack,
-                                        on_decline=hooks.on_decline)
+                                        on_decline=hooks.on_decline,
+                                        incremental_channel_state=cfg.incremental_channel_state)
         checkpoints.append(TaskCheckpoints(task, checkpointer))
         return checkpoints[0]
 
@@ -93,7 +95,7 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
                 credits=Credits(cfg.exclusive_credits, cfg.floating_credits),
                 source=source_for(head.payload, restored) if head.kind == "source" else None,
                 flush_timeout_s=cfg.flush_timeout_s,
-                restore=restored, checkpoints=listener)
+                restore=restored, checkpoints=listener, isolation=mode_from_env())
     return task, checkpoints[0]
 
 

@@ -66,6 +66,10 @@ class WorkerCollector(Collector):
         async_captured = CounterMetricFamily("sluice_task_async_state_captured_records",
                                              "Records in flight that capture-mode checkpoints stored for replay",
                                              labels=labels)
+        isolated = GaugeMetricFamily("sluice_task_isolated",
+                                     "1 while the task runs its operators on a thread of its own (blocking user "
+                                     "code, runtime/execution/isolation.py), 0 while on the worker's event loop",
+                                     labels=labels)
         io = _AsyncIOFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
@@ -74,6 +78,7 @@ class WorkerCollector(Collector):
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
+            isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
             rout.add_metric(values, st.records_out)
@@ -96,7 +101,7 @@ class WorkerCollector(Collector):
                 async_blocked.add_metric(values, st.async_blocked_s)
                 async_captured.add_metric(values, st.async_captured_records)
         yield from (rin, wm_in, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
-                    persisted_total, watermark, async_in_flight, async_blocked, async_captured)
+                    persisted_total, watermark, async_in_flight, async_blocked, async_captured, isolated)
         yield from io.families()
 
         peer = ["peer"]

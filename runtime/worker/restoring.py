@@ -8,9 +8,10 @@ read functions below) and hands them back to the plan's `assemble`.
 from __future__ import annotations
 
 from runtime.api import Job
+from runtime.checkpointing import snapshots
 from runtime.checkpointing.rescaling import RescaleError
 from runtime.checkpointing.restore_plan import Channels, OldPlan, Operator, assemble, plan_restore
-from runtime.checkpointing.snapshots import decode_channel_state, decode_operator_state, read_file
+from runtime.checkpointing.snapshots import decode_operator_state, read_file
 from runtime.connectors.source import Source
 from runtime.connectors.splits import SplitReader, fold_emitted, is_split_position
 from runtime.execution.channels import InputChannel
@@ -41,7 +42,7 @@ def read_operator_state(directory: str, name: str) -> Operator:
 
 
 def read_channel_state(directory: str, name: str) -> Channels:
-    return decode_channel_state(read_file(directory, name), name)
+    return snapshots.read_channel_state(directory, name)  # with its shared segments, checked
 
 
 def _split_positions_whole(state: RestoredState | None) -> RestoredState | None:

@@ -354,7 +354,8 @@ class Worker(BaseLinkHandler):
         deadline = None
         if args.mode == CheckpointMode.ALIGNED_TIMEOUT:
             deadline = args.started_at + (args.aligned_timeout_s or 0.0)
-        spec = BarrierSpec(args.checkpoint_id, args.mode, args.started_at, deadline, args.savepoint, args.directory)
+        spec = BarrierSpec(args.checkpoint_id, args.mode, args.started_at, deadline, args.savepoint, args.directory,
+                           args.channel_timeout_s, args.channel_inflight_bytes, args.max_inflight_bytes)
         # Running sources start the checkpoint; tasks past their end of input get no barrier any more, so they are
         # triggered directly; finished tasks are recorded as finished by the coordinator.
         triggered = 0

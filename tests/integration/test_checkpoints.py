@@ -66,7 +66,8 @@ def test_aligned_times_out_under_backpressure_unaligned_completes_fast(running_c
         assert sum(f["inflight_bytes"] for f in figures) == entry["inflight_bytes"], figures
         assert all(f["unaligned"] for f in figures), figures
         # the persisted in-flight data is really there: channel-state files beside the state files
-        files = {name for a in meta["acks"].values() for kind, name in a["state"].items() if kind != "checksums"}
+        files = {name for a in meta["acks"].values() for kind, name in a["state"].items()
+                 if kind in ("state", "in", "out")}
         assert any(name.endswith((".in", ".out")) for name in files), files
         for name in files:
             assert (Path(result["path"]) / name).is_file(), name
@@ -115,12 +116,16 @@ def test_aligned_timeout_switches_to_unaligned_only_when_it_has_to(running_clust
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("mode", ["unaligned", "aligned_timeout"])
+@pytest.mark.parametrize("mode", ["unaligned", "aligned_timeout", "switch"])
 def test_restore_from_checkpoint_with_inflight_data_gives_exact_output(running_cluster: Cluster, mode: str) -> None:
+    """"switch": an aligned checkpoint whose channels switch to unaligned one by one (a mixed checkpoint)."""
     cluster = running_cluster
     out = install_jobs(cluster)
     expected = expected_counts()
-    config = checkpoint_config(mode, timeout_s=30.0)
+    if mode == "switch":
+        config = checkpoint_config("aligned", timeout_s=30.0, channel_timeout_s=0.01, max_inflight_bytes=8 << 20)
+    else:
+        config = checkpoint_config(mode, timeout_s=30.0)
 
     first = start_backpressured(cluster, "cpjobs:wordcount", config, blocked_s=0.5)
     result = cluster.call("checkpoint", {"job_id": first})
@@ -208,7 +213,8 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     meta = read_metadata(path)
     assert meta["savepoint"] is True and meta["checkpoint_id"] == result["checkpoint_id"], meta
     assert len(meta["acks"]) == 4, meta["acks"]
-    files = {name for a in meta["acks"].values() for kind, name in a["state"].items() if kind != "checksums"}
+    files = {name for a in meta["acks"].values() for kind, name in a["state"].items()
+             if kind in ("state", "in", "out")}
     assert files, meta["acks"]
     for name in files:
         assert (path / name).is_file(), (name, sorted(p.name for p in path.iterdir()))
@@ -227,3 +233,35 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     status = cluster.call("status", {"job_id": restored})
     assert status["state"] == "RUNNING", (status, logs(cluster))
     cancel(cluster, restored)
+
+
+# -- 6: concurrent checkpoints ------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_savepoints_and_concurrent_unaligned_checkpoints_complete_in_order(running_cluster: Cluster) -> None:
+    """Whether two really overlap depends on timing here (they take a few ms on this job); the pure coordinator
+    and barrier handler tests pin the overlapping cases down exactly."""
+    cluster = running_cluster
+    install_jobs(cluster)
+    config = checkpoint_config("unaligned", interval_s=0.02, max_concurrent=2, tolerable_failures=0)
+    job_id = submit(cluster, "cpjobs:fast", config)
+    wait_running(cluster, job_id)
+    wait_flowing(cluster, job_id)
+    poll(lambda: cluster.call("status", {"job_id": job_id})["checkpoints_completed"] >= 3, 30, "periodic checkpoints")
+
+    sp_root = cluster.tmp_path / "state" / "savepoints"
+    for _ in range(2):  # a savepoint starts beside the periodic checkpoints in flight, not behind them
+        result = cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": str(sp_root)})
+        assert result["status"] == "COMPLETED", (result, logs(cluster))
+        assert read_metadata(result["path"])["savepoint"] is True
+    history = cluster.call("checkpoints", {"job_id": job_id})["history"]
+    status = cluster.call("status", {"job_id": job_id})
+    assert status["state"] == "RUNNING", (status, logs(cluster))  # tolerable_failures=0: nothing failed for real
+    ended = [h for h in history if h["status"] != "IN_PROGRESS"]
+    assert all(h["status"] == "COMPLETED" or h["failure_reason"].startswith("subsumed by checkpoint") for h in ended), \
+        ended
+    # completion in id order: the latest completed checkpoint is the newest completed one
+    completed = [h["checkpoint_id"] for h in ended if h["status"] == "COMPLETED" and not h["savepoint"]]
+    assert status["last_checkpoint"]["checkpoint_id"] >= max(completed), (status, completed)
+    cancel(cluster, job_id)

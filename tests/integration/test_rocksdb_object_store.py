@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.storage import METADATA_FILE
+from coordinator.storage import METADATA_FILE, shared_files
 from runtime.common import objectstore
 from runtime.state.rocksdb import available
 from tests.support.checkpoints import backend_handles, taken_while_running
@@ -50,6 +50,8 @@ def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpo
             metadata["acks"]
     referenced = {f[1] for m in retained for h in backend_handles(m) for f in h["shared_files"]}
     present = set(objectstore.list_children(f"{job_dir}/shared"))
+    # besides the SST files, the retained checkpoints' channel-state segments (incremental channel state)
+    referenced |= {relative.split("/", 1)[1] for m in retained for relative in shared_files(m)}
     assert referenced and referenced <= present, sorted(referenced - present)[:5]
     in_progress = [n for n in objectstore.list_children(job_dir)
                    if n.startswith("chk-") and not objectstore.exists(f"{job_dir}/{n}/{METADATA_FILE}")]

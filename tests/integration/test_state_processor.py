@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from runtime.checkpointing.snapshots import decode_channel_state
+from runtime.checkpointing.snapshots import read_channel_state
+from runtime.common.retention import segment_writer
 from runtime.connectors.generator import key_names
 from runtime.data.checkpoint_state import (
     graph_of_job,
@@ -127,13 +128,15 @@ def test_read_lists_the_in_flight_records_of_an_unaligned_checkpoint_and_round_t
         for _, files in cp.task_files(int(op["vertex"])):
             for name in (files.inputs, files.outputs):
                 if name:
-                    data = (Path(cp.directory) / name).read_bytes()
-                    file_bytes += len(data)
-                    for stream in decode_channel_state(data, name).values():
+                    file_bytes += len((Path(cp.directory) / name).read_bytes())
+                    for stream in read_channel_state(cp.directory, name).values():  # with its shared segments
                         records += sum(1 for _ in split_records(stream))
                         stream_bytes += len(stream)
         assert sum(rows) <= stream_bytes
-    # every persisted record is listed once, and the files holding them are what the checkpoint accounted
+    # every persisted record is listed once, and the files holding them (and the segments this checkpoint
+    # wrote) are what the checkpoint accounted
+    file_bytes += sum(int(seg[1]) for a in cp.metadata["acks"].values() for seg in a["state"].get("segments") or ()
+                      if segment_writer(seg[0]) == result["checkpoint_id"])
     assert listed == records > 0
     assert file_bytes == figures
 

@@ -274,3 +274,106 @@ def test_at_least_once_newer_barrier_abandons_without_blocking():
     s1, s2 = spec(1, "at_least_once"), spec(2, "at_least_once")
     assert h.on_barrier(0, s1, priority=False, now=0.0) == []
     assert h.on_barrier(0, s2, priority=False, now=0.0) == [Abandon(1), UnblockAll()]
+
+
+# --- aligned with per-channel switching --------------------------------------------------------------
+
+
+def switching(*, timeout: float | None = 0.01, nbytes: int | None = None, cap: int | None = None) -> BarrierSpec:
+    return BarrierSpec(1, "aligned", 0.0, channel_timeout_s=timeout, channel_inflight_bytes=nbytes,
+                       max_inflight_bytes=cap)
+
+
+def mixed(s: BarrierSpec) -> list:
+    return [Snapshot(s, unaligned=False, record_inputs=True), UnblockAll(), InputsComplete(s, True)]
+
+
+def test_a_barrier_behind_too_much_data_switches_its_channel_and_the_others_stay_aligned():
+    h, s = handler(), switching(timeout=None, nbytes=100)
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.on_arrival(1, s, now=0.0, bytes_ahead=100) == []  # not over the threshold: stays aligned
+    assert h.on_arrival(2, s, now=0.0, bytes_ahead=101) == []  # switched, but channel 1 is still aligning
+    assert h.pending is not None and h.pending.switched == {2: 101}
+    assert h.on_barrier(1, s, priority=False, now=0.1) == [Block(1), *mixed(s)]
+    assert h.on_barrier(2, s, priority=False, now=0.2) == []  # the switched channel's barrier, taken later
+
+
+def test_a_barrier_that_waited_its_channel_timeout_switches_at_the_timer():
+    h, s = handler([0, 1]), switching(timeout=0.01)
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+    assert h.on_arrival(1, s, now=0.0, bytes_ahead=5000) == []
+    assert h.on_time(0.005, s) == []
+    assert h.on_time(0.010, s) == mixed(s)
+
+
+def test_a_switched_channel_whose_barrier_is_taken_before_the_snapshot_is_aligned_after_all():
+    h, s = handler(), switching(timeout=None, nbytes=10, cap=1000)
+    assert h.on_arrival(1, s, now=0.0, bytes_ahead=500) == []  # switched: its data is still processed
+    assert h.budget.used[1] == 500
+    assert h.on_barrier(1, s, priority=False, now=0.1) == [Block(1)]  # its data all went before the snapshot
+    assert h.budget.used[1] == 0 and h.pending is not None and h.pending.switched == {}
+    assert h.on_barrier(0, s, priority=False, now=0.2) == [Block(0)]
+    assert h.on_barrier(2, s, priority=False, now=0.3) == [Block(2), *done(s)]  # aligned: nothing recorded
+
+
+def test_the_cap_keeps_a_channel_aligned_when_its_data_does_not_fit():
+    h, s = handler(), switching(timeout=0.01, cap=1000)
+    assert h.on_arrival(0, s, now=0.0, bytes_ahead=600) == []
+    assert h.on_arrival(1, s, now=0.0, bytes_ahead=600) == []
+    assert h.on_time(0.02, s) == []  # channel 0 switched (600), channel 1 would exceed the cap
+    assert h.pending is not None and h.pending.switched == {0: 600} and h.budget.refused == 1
+    assert h.on_barrier(1, s, priority=False, now=0.1) == [Block(1)]  # aligned: its data was processed
+    assert h.on_barrier(2, s, priority=False, now=0.1) == [Block(2), *mixed(s)]
+
+
+def test_a_priority_barrier_of_a_switching_checkpoint_blocks_its_channel_until_the_snapshot():
+    h, s = handler([0, 1]), switching(timeout=0.01)
+    # its sender promoted it: what the gate holds before it is recorded, what follows must wait
+    assert h.on_barrier(0, s, priority=True, now=0.0, queued_bytes=300) == [Block(0)]
+    assert h.budget.used[1] == 300
+    assert h.on_barrier(1, s, priority=False, now=0.1) == [Block(1), *mixed(s)]
+
+
+def test_savepoints_never_switch_channels():
+    s = BarrierSpec(1, "aligned", 0.0, savepoint=True, channel_timeout_s=0.01, channel_inflight_bytes=1)
+    assert not s.switching and BarrierSpec.from_body(s.to_body()) == BarrierSpec(1, "aligned", 0.0, savepoint=True)
+    h = handler([0, 1])
+    assert h.on_arrival(1, s, now=0.0, bytes_ahead=10_000) == []
+    assert h.on_time(5.0, s) == []
+    assert h.on_barrier(0, s, priority=False, now=0.0) == [Block(0)]
+
+
+def test_a_switching_spec_survives_the_wire():
+    s = switching(timeout=0.01, nbytes=4096, cap=1 << 20)
+    assert BarrierSpec.from_body(s.to_body()) == s
+
+
+# --- concurrent checkpoints -----------------------------------------------------------------------------------
+
+
+def test_a_newer_barrier_waits_blocked_until_the_older_unaligned_checkpoint_has_its_inputs():
+    h, u1, u2 = handler(), spec(1, "unaligned"), spec(2, "unaligned")
+    assert h.on_barrier(0, u1, priority=True, now=0.0) == [Snapshot(u1, unaligned=True), UnblockAll()]
+    assert h.on_barrier(0, u2, priority=True, now=0.1) == [Block(0)]  # 1 still records channels 1 and 2
+    assert h.on_barrier(1, u1, priority=True, now=0.2) == []
+    # 1's inputs are complete: 2 is handled at once, as its first barrier
+    assert h.on_barrier(2, u1, priority=True, now=0.3) == [
+        InputsComplete(u1, True), UnblockAll(), Snapshot(u2, unaligned=True), UnblockAll()]
+    assert h.pending is not None and h.pending.spec == u2 and h.pending.seen == {0}
+
+
+def test_a_savepoint_barrier_during_an_unaligned_checkpoint_aligns_after_it():
+    h, u1, sp = handler([0, 1]), spec(1, "unaligned"), BarrierSpec(2, "aligned", 0.0, savepoint=True)
+    assert h.on_barrier(0, u1, priority=True, now=0.0) == [Snapshot(u1, unaligned=True), UnblockAll()]
+    assert h.on_barrier(0, sp, priority=False, now=0.1) == [Block(0)]
+    assert h.on_barrier(1, u1, priority=True, now=0.2) == [InputsComplete(u1, True), UnblockAll(), Block(0)]
+    assert h.on_barrier(1, sp, priority=False, now=0.3) == [Block(1), *done(sp)]
+
+
+def test_a_held_back_barrier_of_an_aborted_checkpoint_unblocks_its_channel():
+    h, u1, u2 = handler([0, 1]), spec(1, "unaligned"), spec(2, "unaligned")
+    h.on_barrier(0, u1, priority=True, now=0.0)
+    assert h.on_barrier(0, u2, priority=True, now=0.1) == [Block(0)]
+    assert h.abort(2) == []
+    assert h.on_barrier(1, u1, priority=True, now=0.2) == [InputsComplete(u1, True), UnblockAll()]
+    assert h.pending is None

@@ -511,3 +511,84 @@ def test_a_checkpoint_in_flight_when_the_job_stops_is_recorded_as_ended_not_in_p
     ack_all(w, 1, 10.1)
     assert w.stopped(10.2, "job finished") == [] and w.in_flight_id == 1
     assert NotifyComplete(1) in w.metadata_written(10.3, 1)
+
+
+# -- per-channel switching and the in-flight cap ---------------------------------------------------------
+
+
+def test_switching_settings_travel_with_aligned_checkpoints_but_not_savepoints():
+    c = coordinator(channel_timeout_s=0.01, channel_inflight_bytes=4096, max_inflight_bytes=1 << 20)
+    assert c.tick(10.0) == [Trigger(1, "aligned", None, False, None, 10.0, 0.01, 4096, 1 << 20)]
+    ack_all(c, 1, 10.5)
+    c.metadata_written(10.6, 1)
+    _, out = c.request(11.0, savepoint=True, directory="/sp")
+    assert out == [trig(2, 11.0, savepoint=True, directory="/sp")]  # a savepoint is always fully aligned
+
+
+@pytest.mark.parametrize("settings_kw, message", [
+    ({"mode": "unaligned", "channel_timeout_s": 0.01}, "do not apply to mode"),
+    ({"max_inflight_bytes": 100}, "set channel_timeout_s or channel_inflight_bytes"),
+    ({"channel_inflight_bytes": 0}, "must be positive"),
+    ({"max_concurrent": 2}, "needs mode 'unaligned'"),
+    ({"max_concurrent": 0, "mode": "unaligned"}, "at least 1"),
+])
+def test_switching_and_concurrency_settings_are_checked(settings_kw, message):
+    with pytest.raises(ValueError, match=message):
+        CheckpointSettings(interval_s=1.0, **settings_kw)
+
+
+# -- concurrent checkpoints -------------------------------------------------------------------------------
+
+
+def test_a_savepoint_starts_beside_a_periodic_unaligned_checkpoint_and_completion_stays_in_order():
+    c = coordinator(mode="unaligned")
+    assert c.tick(10.0) == [trig(1, 10.0, "unaligned")]
+    sp, out = c.request(10.1, savepoint=True, directory="/sp")
+    assert (sp, out) == (2, [trig(2, 10.1, savepoint=True, directory="/sp")])  # not queued behind 1
+    assert c.in_flight_ids == [1, 2]
+    assert ack_all(c, 2, 10.2) == []  # READY: its _metadata waits until checkpoint 1 has ended
+    [write] = ack_all(c, 1, 10.3)  # a savepoint subsumes nothing: 1 completes too
+    assert isinstance(write, WriteMetadata) and write.checkpoint_id == 1
+    out = c.metadata_written(10.4, 1)
+    assert out[0] == NotifyComplete(1)
+    assert isinstance(out[1], WriteMetadata) and out[1].checkpoint_id == 2 and out[1].savepoint
+    assert c.metadata_written(10.5, 2) == [NotifyComplete(2)]
+    assert c.in_flight_ids == [] and c.statistics().last_completed_id == 2
+
+
+def test_a_second_request_waits_for_the_first_and_an_aligned_checkpoint_never_overlaps():
+    c = coordinator(mode="unaligned")
+    assert c.tick(10.0) == [trig(1, 10.0, "unaligned")]
+    assert c.request(10.1)[1] == [trig(2, 10.1, "unaligned")]
+    assert c.request(10.2) == (3, [])  # one request at a time
+    assert c.tick(20.0) == []  # nor does a periodic one start while a request is queued
+    complete(c, 1, 20.1)
+    out = complete(c, 2, 20.2)
+    assert out[-1] == trig(3, 20.2, "unaligned")
+    a = coordinator()  # aligned
+    assert a.tick(10.0) == [trig(1, 10.0)]
+    assert a.request(10.1) == (2, [])
+
+
+def test_max_concurrent_unaligned_checkpoints_and_a_newer_completed_one_subsumes_the_older():
+    c = coordinator(mode="unaligned", max_concurrent=2, tolerable_failures=0)
+    assert c.tick(10.0) == [trig(1, 10.0, "unaligned")]
+    assert c.tick(20.0) == [trig(2, 20.0, "unaligned")]
+    assert c.tick(30.0) == []  # two in flight already
+    assert c.ack(30.1, 1, "map-0", {"h": "m"}, fig(100)) == []
+    out = ack_all(c, 2, 30.2)
+    assert out[:2] == [NotifyAborted(1, "subsumed by checkpoint 2"), DiscardCheckpoint(1, "subsumed by checkpoint 2")]
+    assert isinstance(out[2], WriteMetadata) and out[2].checkpoint_id == 2 and len(out) == 3
+    assert not any(isinstance(i, FailJob) for i in out)  # subsumed is no failure
+    assert c.metadata_written(30.3, 2) == [NotifyComplete(2)]
+    assert c.statistics().consecutive_failures == 0 and c.retained == [2]
+    assert c.ack(30.4, 1, "sink-0", {"h": "s"}, fig(20)) == []  # a late ack of the subsumed one
+
+
+def test_a_task_failure_aborts_every_concurrent_checkpoint_still_collecting_acks():
+    c = coordinator(mode="unaligned", max_concurrent=3, tolerable_failures=5)
+    c.tick(10.0)
+    c.tick(20.0)
+    out = c.task_failed(20.5, "boom")
+    assert [i.checkpoint_id for i in out if isinstance(i, NotifyAborted)] == [1, 2]
+    assert c.in_flight_ids == []

@@ -132,3 +132,13 @@ def test_async_state_options_go_into_the_job_config() -> None:
     assert _job_config(given)["async_state"] == {"max_in_flight": 64, "batch_size": 16, "batch_timeout_ms": 5.0,
                                                  "key_order": "first-state-access", "epochs": "out-of-order",
                                                  "checkpoint": "capture"}
+
+
+def test_parse_bytes_units() -> None:
+    from runtime.graph.config import parse_bytes
+
+    assert parse_bytes("500000") == 500_000 and parse_bytes("64KiB") == 65_536 and parse_bytes("2mb") == 2_000_000
+    assert parse_bytes("1M") == 1 << 20
+    for bad in ("0", "-1", "1.5MiB", "lots", ""):
+        with pytest.raises(ValueError, match="64KiB"):
+            parse_bytes(bad)

@@ -1,7 +1,9 @@
-"""The window operator's batch loop (WindowOperator.timed_batch_runner) against `process` per record and a
-brute-force model: random out-of-order inputs cut into batches between watermarks, late records, allowed
-lateness, tumbling, sliding and session windows, count/reduce/process contents, and a checkpoint taken in the
-middle and restored into a new chain."""
+"""The window operator's batch loop (WindowOperator.timed_batch_runner) and its timer index (TimerIndex: one
+index per timestamp, derived from the windows) against the operator as it was (`process` per record, one timer
+per key and window in a timer table) and a brute-force model: random out-of-order inputs cut into batches
+between watermarks, late records, allowed lateness, tumbling, sliding and session windows, count/reduce/process
+contents, and a checkpoint taken in the middle and restored into a new chain, from the current form and from
+the earlier one (a checkpoint of a version with per-key timers)."""
 
 from __future__ import annotations
 
@@ -30,10 +32,20 @@ from tests.support.models import window_model
 
 
 class PerRecordWindows(WindowOperator):
-    """The same operator without its batch loop: every record through `process`."""
+    """The operator as it was: every record through `process`, a timer per key and window in the timer table."""
 
     def timed_batch_runner(self, key_fn: Any, ctx: Any, after: Any) -> None:
         return None
+
+    def event_timers_from_state(self, ctx: Any) -> None:
+        return None
+
+
+def earlier_form(keyed: dict[int, dict[str, dict[Any, Any]]]) -> dict[int, dict[str, dict[Any, Any]]]:
+    """A PerRecordWindows snapshot as the version with per-key timers wrote it: entries of three, no fired
+    mark (its timer table is already that version's)."""
+    return {node: {name: ({k: tuple(tuple(e[:3]) for e in v) for k, v in table.items()} if name == "windows"
+                          else table) for name, table in tables.items()} for node, tables in keyed.items()}
 
 
 def contents_of(kind: str) -> Any:
@@ -156,10 +168,28 @@ def test_batches_give_what_process_per_record_gives_and_survive_a_restore(
     _run(restored, events[cut:])
     restored.watermark(MAX_WATERMARK)
 
+    # a checkpoint of the earlier form (per-key timers), restored into this version
+    before = Harness(PerRecordWindows(assigner, contents_of(kind), lateness))
+    for event in events[:cut]:
+        if event[0] == "b":
+            for r in event[1]:
+                before.batch([r])
+        else:
+            before.watermark(event[1])
+    upgraded = Harness(WindowOperator(assigner, contents_of(kind), lateness))
+    upgraded.chain.restore_state(earlier_form(before.snapshot()), None)
+    upgraded.chain.restore_watermarks(wm, wm)
+    _run(upgraded, events[cut:])
+    upgraded.watermark(MAX_WATERMARK)
+
     rows, late_rows = reference.outputs(), reference.late_records()  # (each drains its buffers)
     assert fast.outputs() + restored.outputs() == rows  # the same rows, with the same stamps, in the same order
     assert fast.late_records() + restored.late_records() == late_rows
-    assert restored.chain.keyed_state[restored.node_id].get("windows", {}) == {}  # every window dropped
+    assert before.outputs() + upgraded.outputs() == rows
+    assert before.late_records() + upgraded.late_records() == late_rows
+    for h in (restored, upgraded):
+        tables = h.chain.keyed_state[h.node_id]
+        assert tables.get("windows", {}) == {} and not tables.get("\0timers:event")  # every window dropped
     if kind == "count":
         model_events: list[tuple[Any, ...]] = []
         for event in events:

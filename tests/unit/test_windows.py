@@ -209,6 +209,8 @@ def test_windows_on_rocksdb_keep_their_contents_in_the_backend(tmp_path: Any) ->
     for key, ts in records:
         h.record(key, ts)
     assert sum(1 for _ in backend.scan(range(128))) == 2  # one entry per key, in the backend
+    assert h.chain.timers is not None
+    h.chain.timers.rebuild()  # as a restore does: the window timers derived again, from the backend's entries
     h.watermark(9)
     h.record("a", 6)  # [0, 10) fired at 9 but is within the lateness: fires again
     h.watermark(MAX_WATERMARK)

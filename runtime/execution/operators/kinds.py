@@ -25,7 +25,7 @@ from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.async_state import AsyncKeyedProcessFunction
 from runtime.execution.operators.record_writer import EmitBatch
 from runtime.execution.operators.shapes import Plain
-from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerQueue
+from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerIndex, TimerQueue
 from runtime.state.backend import StateBackend
 
 _MISSING = object()
@@ -186,6 +186,12 @@ class KeyedProcessOperator(_FunctionOperator):
         ctx = KeyedContext(_unset_emit, setup.subtask_index, node.parallelism, node.name, state)
         super().__init__(node, nxt, setup, ctx)
         self.timers = _install_timers(self.function, ctx, state, self.flush)
+        # a window operator's event-time timers follow from its windows: one index per timestamp, no table
+        derive = getattr(self.function, "event_timers_from_state", None)
+        derive = derive(ctx) if derive is not None else None
+        if derive is not None:
+            timers = self.timers.timers
+            timers.event = TimerIndex(timers.event.table, derive)
         assert node.key_fn is not None
         run = setup.shape.each_keyed(node.key_fn, self.function.process, ctx, self.flush)
         # a window operator's loop over a whole batch of timed elements (runtime/api/windows.py), where it has one
@@ -322,6 +328,8 @@ class TimerFiring:
 
     def fire_event(self, watermark: int, limit: int) -> bool:
         """Fire up to `limit` event-time timers due at `watermark`; True when more are due."""
+        if not self.event_due(watermark):  # most watermarks: nothing due, no firing set up
+            return False
         self._fire(self.timers.event, EVENT_TIME, watermark, limit)
         return self.event_due(watermark)
 

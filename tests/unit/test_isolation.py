@@ -1,0 +1,242 @@
+"""Task isolation's pure parts: the policy that picks inline or the task's thread, the thread hand-off, and the
+subpartition's deferred buffers (runtime/execution/isolation.py, runtime/execution/channels.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from netstack.credit import ChannelSender
+from runtime.api import DiscardSink, GeneratorSource, Job, Sink
+from runtime.execution.channels import OutputGate, Subpartition, split_records
+from runtime.execution.isolation import BLOCKING_CALL_S, QUIET_S, SLOW_CALLS, IsolationPolicy, TaskThread, mode_from_env
+from runtime.execution.operators import Chain
+from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
+
+SLOW = BLOCKING_CALL_S * 2
+FAST = BLOCKING_CALL_S / 10
+
+
+def test_modes_and_declared_blocking() -> None:
+    assert IsolationPolicy("thread", declared_blocking=False, asynchronous=False).isolated
+    assert not IsolationPolicy("inline", declared_blocking=True, asynchronous=False).isolated
+    assert IsolationPolicy("auto", declared_blocking=True, asynchronous=False).isolated
+    assert not IsolationPolicy("auto", declared_blocking=False, asynchronous=False).isolated
+    # an asynchronous operator needs the loop, whatever the mode
+    assert not IsolationPolicy("thread", declared_blocking=True, asynchronous=True).isolated
+    with pytest.raises(ValueError):
+        IsolationPolicy("threads", declared_blocking=False, asynchronous=False)
+    assert mode_from_env({}) == "auto"
+    assert mode_from_env({"SLUICE_TASK_ISOLATION": " Thread "}) == "thread"
+    with pytest.raises(ValueError):
+        mode_from_env({"SLUICE_TASK_ISOLATION": "sometimes"})
+
+
+def test_slow_one_record_calls_in_a_row_isolate_an_auto_task_and_quiet_brings_it_back() -> None:
+    policy = IsolationPolicy("auto", declared_blocking=False, asynchronous=False)
+    now = 100.0
+    for _ in range(SLOW_CALLS - 1):
+        assert not policy.observe(1, SLOW, now)
+    assert not policy.observe(1, FAST, now)  # the run is broken: it starts again
+    for _ in range(SLOW_CALLS - 1):
+        assert not policy.observe(1, SLOW, now)
+    assert policy.observe(1, SLOW, now)
+    assert policy.switches == 1
+    assert policy.observe(64, FAST, now + QUIET_S / 2)  # records got cheap, but not for long enough yet
+    assert not policy.observe(64, FAST, now + QUIET_S * 1.1)
+    assert policy.switches == 2
+
+
+def test_slow_calls_of_many_records_do_not_isolate() -> None:
+    """A chunk of cheap records that took long (the process was preempted) says nothing of one record."""
+    policy = IsolationPolicy("auto", declared_blocking=False, asynchronous=False)
+    for i in range(100):
+        assert not policy.observe(8, SLOW * 10, float(i))
+
+
+def test_fixed_modes_never_switch() -> None:
+    for mode, declared in (("thread", False), ("inline", False), ("auto", True)):
+        policy = IsolationPolicy(mode, declared_blocking=declared, asynchronous=False)
+        before = policy.isolated
+        for i in range(10):
+            policy.observe(1, SLOW, float(i))
+        policy.observe(100, FAST, 1000.0)
+        assert policy.isolated == before and policy.switches == 0
+
+
+def test_a_throttled_sink_declares_itself_blocking() -> None:
+    assert DiscardSink(delay_per_record_s=0.001).blocking
+    assert not DiscardSink().blocking
+
+
+def test_task_thread_runs_calls_off_the_loop_in_order_and_returns_errors() -> None:
+    async def main() -> None:
+        thread = TaskThread("test")
+        seen: list[tuple[int, str]] = []
+
+        def work(i: int) -> int:
+            seen.append((i, threading.current_thread().name))
+            return i * 2
+
+        assert [await thread.call(work, i) for i in range(5)] == [0, 2, 4, 6, 8]
+        assert [i for i, _ in seen] == list(range(5)) and {name for _, name in seen} == {"test"}
+
+        def fail() -> None:
+            raise KeyError("boom")
+
+        with pytest.raises(KeyError):
+            await thread.call(fail)
+        assert await thread.call(work, 7) == 14  # a failed call does not end the thread
+        assert await thread.stop(timeout_s=5)
+
+    asyncio.run(main())
+
+
+def test_the_loop_keeps_running_while_a_call_blocks() -> None:
+    async def main() -> None:
+        thread = TaskThread("blocker")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        running = asyncio.create_task(ticker())
+        await thread.call(time.sleep, 0.2)
+        running.cancel()
+        assert ticks >= 20, ticks  # about 200 when nothing else runs; inline it would be 1
+        assert await thread.stop(timeout_s=5)
+
+    asyncio.run(main())
+
+
+def test_stop_waits_for_a_call_its_caller_abandoned() -> None:
+    async def main() -> None:
+        thread = TaskThread("abandoned")
+        finished = threading.Event()
+
+        def slow() -> None:
+            time.sleep(0.1)
+            finished.set()
+
+        call = asyncio.create_task(thread.call(slow))
+        await asyncio.sleep(0.01)
+        call.cancel()  # the task was cancelled while its chain ran
+        assert await thread.stop(timeout_s=5)
+        assert finished.is_set()
+
+    asyncio.run(main())
+
+
+class Link:
+    def __init__(self) -> None:
+        self.woken = 0
+
+    def wake(self, sender: ChannelSender) -> None:
+        self.woken += 1
+
+
+@given(st.lists(st.binary(min_size=0, max_size=90), max_size=60), st.integers(min_value=1, max_value=7))
+def test_deferred_buffers_are_the_same_buffers_queued_later(records: list[bytes], defer_every: int) -> None:
+    """Writing with the cut buffers deferred, handed over at times, queues exactly what writing directly does:
+    same buffers, same record starts, same order; nothing reaches the sender or the link while deferred."""
+    packed = [msgpack.packb(r) for r in records]
+
+    def write(deferring: bool) -> tuple[list[tuple[bytes, int, bytes | None]], Subpartition]:
+        sub = Subpartition(ChannelSender(1), limit=1000, capacity=64)
+        link = Link()
+        sub.link = link
+        pending: list[tuple[Subpartition, object]] = []
+        for i, data in enumerate(packed):
+            if deferring and i % defer_every == 0:
+                sub.deferred = pending  # type: ignore[assignment]
+            queued, woken = sub.sender.queued_buffers, link.woken
+            sub.append(data)
+            if sub.deferred is not None:
+                assert (sub.sender.queued_buffers, link.woken) == (queued, woken)
+            if deferring and i % defer_every == defer_every - 1:
+                sub.deferred = None
+                for s, buffer in pending:
+                    s.hand_over(buffer)  # type: ignore[arg-type]
+                pending.clear()
+        sub.deferred = None
+        for s, buffer in pending:
+            s.hand_over(buffer)  # type: ignore[arg-type]
+        sub.flush()
+        out = []
+        while (item := sub.sender.pop_sendable()) is not None or sub.sender.queued_buffers:
+            if item is None:
+                sub.sender.add_credit(100)
+                continue
+            buffer = item.buffer  # type: ignore[union-attr]
+            out.append((buffer.data, buffer.first_record_offset, buffer.continued_record))
+        return out, sub
+
+    direct, d = write(False)
+    deferred, s = write(True)
+    assert deferred == direct
+    assert (s.bytes_out, s.buffers_out) == (d.bytes_out, d.buffers_out)
+    assert split_records(b"".join(data for data, _, _ in deferred)) == packed
+
+
+# -- real tasks on one event loop, in this process ---------------------------------------------------------
+
+class SleepingSink(Sink):
+    """A blocking client that does not say so: 1 ms a record."""
+
+    def write(self, record: object) -> None:
+        time.sleep(0.001)
+
+
+def _task(job: Job, node_ids: list[int], mode: str) -> Task:
+    chain = Chain(job, node_ids, subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    name = job.nodes[node_ids[0]].name
+    return Task(key=TaskKey("job", node_ids[0], 0, name, 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                inputs=[], credits=Credits(2, 8), source=job.nodes[node_ids[0]].payload, flush_timeout_s=0.05,
+                isolation=mode)
+
+
+async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
+    """A fast source -> map -> discard task runs to its end beside an unbounded source -> `slow_sink` task;
+    the longest the event loop was late for a 5 ms timer meanwhile, and the slow task."""
+    job = Job()
+    job.source(GeneratorSource(count=300_000, keys=100, seed=1), name="fast").map(lambda r: r).sink(DiscardSink())
+    job.source(GeneratorSource(count=None, keys=10, seed=2), name="slow").sink(slow_sink)
+    fast, slow = _task(job, [0, 1, 2], mode), _task(job, [3, 4], mode)
+    slow_run = asyncio.create_task(slow.run())
+    lag = 0.0
+
+    async def ticker() -> None:
+        nonlocal lag
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.005)
+            lag = max(lag, time.monotonic() - t0 - 0.005)
+
+    ticking = asyncio.create_task(ticker())
+    await fast.run()
+    ticking.cancel()
+    slow.cancel()
+    with pytest.raises((TaskCancelled, asyncio.CancelledError)):
+        await slow_run
+    return lag, slow
+
+
+@pytest.mark.parametrize("sink", ["undeclared", "declared"])
+def test_a_blocking_sink_does_not_hold_up_the_loop(sink: str) -> None:
+    """Inline, the sleeping sink held the loop for a whole source batch (512 records, half a second);
+    isolated, the loop is never late by more than a few ms (the first three records of an undeclared
+    blocking sink still run inline: that is how `auto` finds it)."""
+    slow_sink = SleepingSink() if sink == "undeclared" else DiscardSink(delay_per_record_s=0.001)
+    lag, slow = asyncio.run(_fast_next_to(slow_sink, "auto"))
+    assert slow.isolation.isolated
+    assert slow.records_in > 0
+    assert lag < 0.2, f"the event loop was {lag * 1000:.0f} ms late"
