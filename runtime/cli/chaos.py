@@ -112,13 +112,21 @@ def sluice_cli(*args: str, timeout_s: float = 600.0) -> subprocess.CompletedProc
                           timeout=timeout_s)
 
 
-def generate_input(settings: ChaosSettings, log: Callable[[str], None]) -> str:
-    """Generate the Parquet input once per (rows, keys, seed, partitions, jitter): later runs reuse it."""
+def generate_input(settings: ChaosSettings, log: Callable[[str], None], spark: Any = None) -> str:
+    """Generate the Parquet input once per (rows, keys, seed, partitions, jitter): later runs reuse it. With a
+    SparkSession, in it (the tests share one: its JVM starts once), else with `sluice data generate`."""
     path = os.path.join(settings.workdir, f"input-{settings.rows}-{settings.keys}-{settings.seed}-"
                                           f"{settings.partitions}-{settings.jitter_ms}")
     if os.path.exists(os.path.join(path, "_SUCCESS")):
         return path
     t0 = time.monotonic()
+    if spark is not None:
+        from runtime.data.generate import generate
+
+        generate(spark, path, rows=settings.rows, keys=settings.keys, partitions=settings.partitions,
+                 seed=settings.seed, jitter_ms=settings.jitter_ms)
+        log(f"generated {settings.rows:,} rows with Spark in {time.monotonic() - t0:.1f}s: {path}")
+        return path
     proc = sluice_cli("data", "generate", path, "--rows", str(settings.rows), "--keys", str(settings.keys),
                       "--partitions", str(settings.partitions), "--seed", str(settings.seed),
                       "--jitter-ms", str(settings.jitter_ms))
@@ -129,7 +137,17 @@ def generate_input(settings: ChaosSettings, log: Callable[[str], None]) -> str:
 
 
 def verify_output(input_path: str, output_path: str, settings: ChaosSettings | None = None,
-                  late_path: str | None = None) -> dict[str, Any]:
+                  late_path: str | None = None, spark: Any = None) -> dict[str, Any]:
+    """`sluice data verify --json`'s result; with a SparkSession, computed in it (the same function)."""
+    if spark is not None:
+        from runtime.data.verify import EventTimeOptions, verify
+
+        options = EventTimeOptions()
+        if settings is not None and settings.window_ms:
+            options = EventTimeOptions(window_ms=settings.window_ms, max_delay_ms=settings.max_delay_ms,
+                                       allowed_lateness_ms=settings.allowed_lateness_ms, late_output=late_path)
+        return verify(spark, input_path, output_path, "window-count" if options.window_ms else "wordcount",
+                      options).to_json()
     query = ["--query", "wordcount"]
     if settings is not None and settings.window_ms:
         query = ["--query", "window-count", "--window-ms", str(settings.window_ms),
@@ -490,11 +508,13 @@ def _netns_for_link_cuts(settings: ChaosSettings, cluster: LocalCluster) -> Netn
     return lab
 
 
-def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, seed: int | None = None) -> ChaosResult:
-    """One chaos run; the result says whether the committed output verified exactly."""
+def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, seed: int | None = None,
+              spark: Any = None) -> ChaosResult:
+    """One chaos run; the result says whether the committed output verified exactly. Spark generates the input
+    and verifies the output in `spark` when given (a session the caller keeps), else in `sluice data` commands."""
     rng = random.Random(seed)
     os.makedirs(settings.workdir, exist_ok=True)
-    input_path = generate_input(settings, log)
+    input_path = generate_input(settings, log, spark)
     output_path = os.path.join(settings.workdir, "out")
     shutil.rmtree(output_path, ignore_errors=True)
     state_dir = os.path.join(settings.workdir, "state")
@@ -519,8 +539,13 @@ def run_chaos(settings: ChaosSettings, *, log: Callable[[str], None] = print, se
         cluster.stop()
         if lab is not None:
             lab.teardown()
+    log(f"job {result.state} after {result.job_s:.1f}s; {result.restarts} restarts, "
+        f"{result.checkpoints_completed} checkpoints completed")
     if result.state != "FINISHED":
         return result
-    result.verify = verify_output(input_path, output_path, settings, late_path if settings.window_ms else None)
+    started = time.monotonic()
+    result.verify = verify_output(input_path, output_path, settings, late_path if settings.window_ms else None,
+                                  spark)
+    log(f"verified with Spark in {time.monotonic() - started:.1f}s: {result.verify.get('summary')}")
     result.ok = bool(result.verify.get("ok"))
     return result

@@ -4,12 +4,14 @@ Spark must find the windows, their late firings and the late records exact.
 The small variant of the windowed runs of scripts/chaos.sh: tumbling 500 ms event-time windows with 100 ms of
 allowed lateness, the input out of order by up to 400 ms and the watermark 150 ms behind, so a good share of
 the records are late for their window or fire it again. One source subtask, so that lateness is a function of
-the input (what `sluice data verify --query window-count` recomputes). Requires Java 17.
+the input (what `sluice data verify --query window-count` recomputes, here in the session's SparkSession).
+Requires Java 17.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,13 +20,13 @@ from runtime.cli.chaos import ChaosSettings, run_chaos
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_windowed_count_with_late_data_is_exact_across_worker_kills(chaos_workdir: Path) -> None:
+def test_windowed_count_with_late_data_is_exact_across_worker_kills(chaos_workdir: Path, spark: Any) -> None:
     settings = ChaosSettings(workdir=str(chaos_workdir), rows=100_000, keys=50, partitions=2, mode="unaligned",
-                             interval_s=0.5, kills=2, workers=3, parallelism=2, sink_delay_s=0.002,
+                             interval_s=0.5, kills=2, workers=3, parallelism=2, sink_delay_s=0.001,
                              job_timeout_s=300.0, window_ms=500, jitter_ms=400, max_delay_ms=150,
                              allowed_lateness_ms=100)
     lines: list[str] = []
-    result = run_chaos(settings, log=lines.append, seed=5)
+    result = run_chaos(settings, log=lines.append, seed=5, spark=spark)
     report = "\n".join(lines)
     assert result.state == "FINISHED", f"{result.error}\n{report}"
     assert len(result.kills) == 2 and result.restarts >= 2, (result.kills, result.restarts, report)

@@ -22,20 +22,23 @@ from netstack.errors import ConnectionLost
 from runtime.cli.client import call_leader
 from runtime.cli.processes import Managed, start_process, stop_process
 from tests.support.cluster import Cluster, assert_running_counts, generator_counts, poll, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 
 WORDS, KEYS, SEED = 90_000, 50, 11  # long enough for two checkpoints before the end on a loaded machine
-JOB = f'''
+JOB = '''
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
+RELEASE = {release!r}
+''' + RELEASABLE_SINK + f'''
 
 def wordcount(job: Job) -> None:
     (job.source(GeneratorSource(count={WORDS}, keys={KEYS}, seed={SEED}), parallelism=2)
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
-        .sink(FileSink({{out!r}}, delay_per_record_s=0.00015)))
+        .sink(ReleasableSink({{out!r}}, delay_per_record_s=0.00015)))
 '''
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
 # small buffers: the slow sink backpressures the whole job, and unaligned checkpoints persist in-flight data
@@ -45,7 +48,7 @@ JOB_FLAGS = ["--buffer-bytes", "4096", "--buffers-per-channel", "2", "--checkpoi
 
 def install(cluster: Cluster) -> Path:
     out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "failover_jobs", JOB.format(out=str(out)))
+    write_module(cluster.tmp_path, "failover_jobs", JOB.format(out=str(out), release=release_path(cluster)))
     return out
 
 
@@ -94,6 +97,14 @@ def test_restarted_coordinator_recovers_a_running_job(cluster: Cluster) -> None:
         cluster.start_coordinator("--port", str(address[1]))  # same state directory and port; nothing resubmitted
         assert cluster.rpc[1] == address[1]
         cluster.wait_workers(2, timeout_s=60)  # the workers found it on their own
+
+        def recovered() -> bool:
+            st = cluster.call("status", {"job_id": job_id})
+            return st["state"] == "FINISHED" or (st["state"] == "RUNNING" and st["attempt"] > before["attempt"]
+                                                 and st["checkpoints_completed"] > before["checkpoints_completed"])
+
+        poll(recovered, 120, "the recovered job to complete a checkpoint")
+        release(cluster)  # the rest of the input at full speed
         try:
             output, _ = submit.communicate(timeout=240)
         except subprocess.TimeoutExpired:
@@ -169,6 +180,9 @@ def test_standby_takes_over_when_the_leader_dies(cluster: Cluster) -> None:
 
         def ended() -> bool:
             result.update(leader_call(addresses, cluster.token, "status", {"job_id": job_id}))
+            if (result["state"] == "RUNNING" and result["attempt"] > before["attempt"]
+                    and result["checkpoints_completed"] > before["checkpoints_completed"]):
+                release(cluster)  # the new leader runs the job and checkpoints it: the rest at full speed
             return result["state"] in ("FINISHED", "FAILED", "CANCELLED")
 
         try:

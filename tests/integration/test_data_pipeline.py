@@ -328,8 +328,9 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
                           env=env or child_env("unused", None), capture_output=True, text=True, timeout=180)
 
 
-def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
-    # `spark` only to skip without Java/PySpark; the CLI starts its own Spark.
+def test_cli_generate_then_verify(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # generate as a command of its own, which starts its own Spark (quiet, nothing left in the current directory)
     gen = _cli(["generate", "in", "--rows", "5000", "--keys", "20", "--skew", "zipf", "--partitions", "2",
                 "--seed", "1", "--jitter-ms", "40"], tmp_path)
     assert gen.returncode == 0, gen.stdout + gen.stderr
@@ -337,17 +338,20 @@ def test_cli_generate_then_verify(spark: Any, tmp_path: Path) -> None:
                         r"groups at "
                         rf"{re.escape(str(tmp_path / 'in'))} in [0-9.]+ s\n", gen.stdout), gen.stdout
     assert "Traceback" not in gen.stderr and " INFO " not in gen.stderr, gen.stderr  # Spark stays quiet
-    # The wordcount query's verdict through the CLI is the chaos tests' (tests/chaos/test_chaos.py checks its
-    # summary line); here the windowed query as a windowed chaos test calls it: the simulated job's firings
-    # and late records, one late record missing.
+    # verify through the CLI in this process (the shared session stays up: one JVM start less), the windowed query
+    # as scripts/chaos.sh calls it: the simulated job's firings and late records, one late record missing. (The
+    # wordcount verdict's summary line: tests/chaos/test_chaos.py.)
     fired, late = window_count(read_in_order(tmp_path / "in"), size=50, max_delay_ms=10, allowed_lateness_ms=5)
     assert late, "a jitter of 40 ms behind a 10 ms delay must leave late records"
     write_rows(tmp_path / "windows", [fired])
     write_rows(tmp_path / "late", [late[1:]])  # one late record is missing
-    ver = _cli(["verify", "--input", "in", "--output", "windows", "--query", "window-count", "--window-ms", "50",
-                "--max-delay-ms", "10", "--allowed-lateness-ms", "5", "--late-output", "late", "--json"], tmp_path)
-    assert ver.returncode == 1, ver.stdout + ver.stderr
-    result = json.loads(ver.stdout)
+    monkeypatch.setattr(commands, "stop_session", lambda session: None)
+    status = main(["data", "verify", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "windows"),
+                   "--query", "window-count", "--window-ms", "50", "--max-delay-ms", "10", "--allowed-lateness-ms",
+                   "5", "--late-output", str(tmp_path / "late"), "--json"])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    result = json.loads(out)
     assert (result["ok"], result["missing"], result["wrong"], result["expected_rows"]) == (False, 0, 0, len(fired))
     assert (result["late"]["ok"], result["late"]["missing"]) == (False, 1)
     assert result["late"]["examples"]["missing"][0]["row"] == list(late[0])

@@ -36,10 +36,10 @@ def remote(server: RedisServer) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 def test_remote_keyed_count_survives_kill_9_with_unaligned_checkpoints(cluster: Cluster, server: RedisServer) -> None:
-    # runs past its first checkpoint (~10 s: the first may time out, a finished source's backlog holds it, issue
-    # 20 item 2); every record is a round trip to Valkey, so on a loaded machine (each hop waiting for the
-    # scheduler) the count crawled at ~330 records/s: a generous deadline for the end
-    setup = install(cluster, words=100_000)
+    # the kill comes once the first checkpoint has completed (~2 s in, ~4k records read); every record is a round
+    # trip to Valkey (2.5k records/s here), so on a loaded machine (each hop waiting for the scheduler) the count
+    # crawled at ~330 records/s: a generous deadline for the end
+    setup = install(cluster, words=25_000)
     start(cluster)
     job_id = setup.submit("wordcount", extra=remote(server))
     # the killed worker hosts a Count subtask: the restart restores its groups

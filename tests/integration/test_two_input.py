@@ -2,8 +2,10 @@
 
 1. Orders joined with payments (KeyedCoProcessFunction), the pairs enriched with rules broadcast to a keyed
    KeyedBroadcastProcessFunction, into a slow file sink: rescaled 2 -> 3 -> 1 while backpressured, through
-   unaligned checkpoints with data in flight on both inputs of both two-input tasks. Every order id comes out
-   exactly once, and every subtask of every attempt opens with all the rules (the new ones get a copy).
+   unaligned checkpoints with data in flight on both inputs of both two-input tasks. The rules source is short
+   and has finished before the rescales, which rescale it too (the idea of Flink's FLIP-147: the checkpoint
+   records it as finished, its new subtasks start finished). Every order id comes out exactly once, and every
+   subtask of every attempt opens with all the rules (the new ones get a copy).
 2. One input far slower than the other, the other backpressured: unaligned checkpoints complete in well under
    a second (the barrier overtakes what is queued on both inputs) while an aligned one waits behind the fast
    input's queue until it times out.
@@ -22,11 +24,15 @@ from runtime.connectors.generator import generate_block, key_names
 from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
 from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 JOBS = '''
 from runtime.api import DiscardSink, FileSink, GeneratorSource, Job, KeyedBroadcastProcessFunction
 from runtime.api import KeyedCoProcessFunction
 from runtime.examples.connect import RULES, OrderPaymentJoin
+
+RELEASE = {release!r}
+''' + RELEASABLE_SINK + '''
 
 
 class Enrich(KeyedBroadcastProcessFunction):
@@ -63,16 +69,15 @@ def pipeline(job: Job) -> None:
         .map(lambda r: (r[1], r[0]), name="order")
     payments = job.source(GeneratorSource(count={ids}, keys=3, seed=2), name="payments", parallelism=2) \\
         .map(lambda r: (r[1], r[0]), name="payment")
-    # rule k<i>: order ids over i * 200 (mod 1000) break it; sent again and again, until after the rescales (a
-    # job with an ended task is finishing and is not rescaled); all five are out after 26 records
-    rules = job.source(GeneratorSource(count={rules}, keys=5, seed=0, records_per_second=20), name="rules",
-                       parallelism=1) \\
+    # rule k<i>: order ids over i * 200 (mod 1000) break it; all five are out after 26 records, and the source
+    # ends long before the rescales (which rescale it, finished, too)
+    rules = job.source(GeneratorSource(count={rules}, keys=5, seed=0), name="rules", parallelism=1) \\
         .map(lambda r: (r[0], int(r[0][1:]) * 200), name="rule")
     joined = orders.key_by(lambda o: o[0]).connect(payments.key_by(lambda p: p[0])) \\
         .process(OrderPaymentJoin(), name="join", parallelism=2)
     (joined.key_by(lambda j: j[0]).connect(rules.broadcast(RULES))
         .process(Enrich(), name="enrich", parallelism=2)
-        .sink(FileSink({out!r}, delay_per_record_s=0.0005), name="sink"))
+        .sink(ReleasableSink({out!r}, delay_per_record_s=0.0005), name="sink"))
 
 
 def slow_input(job: Job) -> None:
@@ -85,7 +90,7 @@ def slow_input(job: Job) -> None:
 '''
 
 IDS = 40_000  # the sources run ~10k ids ahead of the sink (queues, join state): they must not end before the rescales
-RULES_SENT = 240  # 12 s of rules
+RULES_SENT = 40
 RULE_NAMES = [f"k{i}" for i in range(5)]
 # small buffers for the pipeline: a few thousand rows fill its queues, so its two-input tasks are backpressured
 # and a rescale's checkpoint has data in flight on both of their inputs; big ones for the slow-input job, so
@@ -101,7 +106,8 @@ def config(mode: str, interval_s: float | None, channels: dict[str, Any], timeou
 
 def submit(cluster: Cluster, entry: str, cfg: dict[str, Any]) -> tuple[str, Path]:
     out = cluster.tmp_path / "out"
-    write_module(cluster.tmp_path, "twoinputjobs", JOBS.format(ids=IDS, rules=RULES_SENT, out=str(out)))
+    write_module(cluster.tmp_path, "twoinputjobs", JOBS.format(ids=IDS, rules=RULES_SENT, out=str(out),
+                                                                    release=release_path(cluster)))
     result = cluster.call("submit", {"entry": f"twoinputjobs:{entry}", "config": cfg,
                                      "sys_path": str(cluster.tmp_path)})
     return str(result["job_id"]), out
@@ -130,11 +136,12 @@ def wait_backpressured(cluster: Cluster, job_id: str, operator: str, tasks: int)
 
 
 def rescale(cluster: Cluster, job_id: str, parallelism: int) -> dict[str, Any]:
-    """Every operator but the rules source to `parallelism`, through an unaligned checkpoint with data in flight."""
-    result = cluster.call("rescale", {"job_id": job_id, "parallelism": {"*": parallelism, "rules": 1, "rule": 1}})
+    """Every operator, the finished rules source too, to `parallelism`, through an unaligned checkpoint with data
+    in flight."""
+    result = cluster.call("rescale", {"job_id": job_id, "parallelism": {"*": parallelism}})
     assert result["mode"] == "unaligned" and result["inflight_bytes"] > 0, result
     assert {v["name"]: v["parallelism"] for v in result["vertices"]} == {
-        "orders -> order": parallelism, "payments -> payment": parallelism, "rules -> rule": 1,
+        "orders -> order": parallelism, "payments -> payment": parallelism, "rules -> rule": parallelism,
         "join": parallelism, "enrich -> sink": parallelism}, result
     return result
 
@@ -152,24 +159,32 @@ def expected_pairs() -> dict[int, tuple[str, str]]:
 @pytest.mark.timeout(300)
 def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(running_cluster: Cluster) -> None:
     cluster = running_cluster
+    t0 = time.monotonic()
     job_id, out = submit(cluster, "pipeline", config("unaligned", 0.5, SMALL))
     wait_backpressured(cluster, job_id, "join", 2)
-    poll(lambda: sum(t["records_out"] for t in tasks_by_operator(
-        cluster.call("status", {"job_id": job_id}))["rules -> rule"]) >= 30, 30, "the five rules to be sent")
+    poll(lambda: cluster.call("status", {"job_id": job_id})["tasks_finished"] >= 1, 30, "the rules task to finish")
     done = cluster.call("status", {"job_id": job_id})["checkpoints_completed"]
     poll(lambda: cluster.call("status", {"job_id": job_id})["checkpoints_completed"] >= done + 2, 30,
          "two checkpoints after the rules (every subtask has taken them in by then)")
+    st = cluster.call("status", {"job_id": job_id})
+    # only the rules task has finished: the orders and payments go on (the rescales find data in flight)
+    assert st["state"] == JobState.RUNNING and st["tasks_finished"] == 1, st
+    phases = [f"rules finished {time.monotonic() - t0:.1f}s"]
     downtimes = [rescale(cluster, job_id, 3)["downtime_s"]]
     wait_backpressured(cluster, job_id, "join", 3)
+    phases.append(f"rescaled to 3 and backpressured {time.monotonic() - t0:.1f}s")
     downtimes.append(rescale(cluster, job_id, 1)["downtime_s"])
+    phases.append(f"rescaled to 1 {time.monotonic() - t0:.1f}s")
+    release(cluster)  # the rest of the input at full speed
     final = cluster.wait_job(job_id, timeout_s=120)
+    phases.append(f"finished {time.monotonic() - t0:.1f}s")
     assert final["state"] == JobState.FINISHED and final["attempt"] == 2 and final["restarts"] == 0, (
         final, logs(cluster))
     poll(lambda: not committed_rows(out)[1], 15, "the final commit (no in-progress files left)")
     rows = [json.loads(line) for line, n in committed_rows(out)[0].items() for _ in range(n)]
     joined = [r for r in rows if r[0] == "joined"]
     opened = [r for r in rows if r[0] == "opened"]
-    print(f"rescale downtimes {downtimes}, {len(joined)} joined rows, opened {opened}")
+    print(f"{phases}; rescale downtimes {downtimes}, {len(joined)} joined rows, opened {opened}")
     # every order id once, with its own customer and payment method
     pairs = expected_pairs()
     ids = [r[1] for r in joined]
