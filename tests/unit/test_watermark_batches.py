@@ -113,13 +113,16 @@ def run(chunks: list[tuple[int, list[Any]]], reference: bool) -> tuple[Host, lis
     return host, trace
 
 
-record = st.builds(lambda ts, k: (ts, k), st.integers(0, 300), st.sampled_from("pqrst"))
+record = st.builds(lambda ts, k: (ts, k), st.integers(0, 300), st.integers(0, 40))
 marker = st.one_of(st.integers(0, 300), st.sampled_from([IDLE, ACTIVE]))
 chunk = st.lists(st.one_of(record, record, record, marker), min_size=1, max_size=120)
+# more timers than one chunk at one timestamp: a watermark past it leaves a burst to run
+flood = st.builds(lambda ts, tail: [(ts, k) for k in range(2 * TIMER_CHUNK)] + tail, st.integers(0, 300), chunk)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, len(CHANNELS) - 1), chunk), min_size=1, max_size=12))
+@given(st.lists(st.tuples(st.integers(0, len(CHANNELS) - 1), st.one_of(chunk, chunk, flood)), min_size=1,
+                max_size=12))
 def test_same_outputs_watermarks_and_positions_as_cutting_at_every_marker(chunks: list[tuple[int, list[Any]]]
                                                                           ) -> None:
     new, new_trace = run(chunks, reference=False)
