@@ -928,30 +928,45 @@ class Task:
                      reader: ChannelReader) -> tuple[int, int, bool]:
         """One chunk of `_process_timed` (inline or on the task's thread): the records through the chain, the
         markers to the combiner, in order. Returns (items handled, markers among them, a timer burst is left
-        to run); at a burst it stops after the marker and sets the reader's position there."""
+        to run); at a burst it stops after the marker and sets the reader's position there.
+
+        Only a marker that moves the combined watermark or status cuts the batch: one that does not (most of
+        them, one input channel ahead of another) changes nothing the operators can see, so the records on
+        both sides of it go through the chain as one batch (per-batch costs are paid per cut)."""
+        combiner = self._combiner
+        assert combiner is not None
+        on_marker = combiner.on_marker
         start = 0
         markers = 0
+        held: list[Any] | None = None  # records before markers that moved nothing, not yet processed
         for k, item in enumerate(items):
             if item.__class__ is tuple:
                 continue
             markers += 1
-            if k > start:
+            if on_marker(key, item) is NOTHING:
+                if k > start:
+                    if held is None:
+                        held = items[start:k]
+                    else:
+                        held += items[start:k]
+                start = k + 1
+                continue
+            if held is not None:
+                held += items[start:k]
+                process(held)
+                held = None
+            elif k > start:
                 process(items[start:k])
             start = k + 1
-            if self._on_marker(key, item):
+            if self._advance():
                 reader.consumed = _position_after(reader, k + 1)
                 return start, markers, True
-        if start < len(items):
+        if held is not None:
+            held += items[start:]
+            process(held)
+        elif start < len(items):
             process(items[start:] if start else items)
         return len(items), markers, False
-
-    def _on_marker(self, channel_key: str, marker: Any) -> bool:
-        """A watermark or status marker from one input channel; True when a timer burst is left to run."""
-        combiner = self._combiner
-        assert combiner is not None
-        if combiner.on_marker(channel_key, marker) is NOTHING:
-            return False
-        return self._advance()
 
     def _advance(self) -> bool:
         """Bring the output up to the combined watermark: fire due timers (one chunk), then forward it and the
