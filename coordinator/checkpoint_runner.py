@@ -69,8 +69,8 @@ class CheckpointRunner:
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._tasks = BackgroundTasks(f"checkpoints of {job_id}")
         self._ticker: asyncio.Future[None] | None = None
-        # discards (and writes, when the job finished) outlive `stop_nowait`: a checkpoint that completes as the
-        # job ends still has retention applied
+        # discards and writes outlive `stop_nowait`: a checkpoint that completes as the job ends or restarts is
+        # recorded COMPLETED and still has retention applied
         self._discards: set[asyncio.Future[Any]] = set()
         self._writes: set[asyncio.Future[Any]] = set()
         self._closed = False  # `stop` has ended every task: nothing more is started
@@ -89,12 +89,14 @@ class CheckpointRunner:
                 fut.set_result({"status": "ABORTED", "reason": reason})
 
     async def stop(self, reason: str, *, job_finished: bool = False) -> None:
-        """`stop_nowait`, then wait for retention discards (and `_metadata` writes if `job_finished`), bounded;
-        then cancel and await every other task."""
+        """`stop_nowait`, then wait for retention discards and `_metadata` writes under way, bounded (a finished
+        job's runner then sweeps unreferenced shared files); then cancel and await every other task."""
         self.stop_nowait(reason)
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
-            settling = self._discards | self._writes if job_finished else self._discards
+            # a `_metadata` write under way lands in storage whatever happens (a thread), so it is always
+            # awaited: a restart may restore it, and its history entry must say COMPLETED, not IN_PROGRESS
+            settling = self._discards | self._writes
             if not settling:
                 break
             await asyncio.wait(settling, timeout=max(0.0, deadline - time.monotonic()))  # a write adds discards

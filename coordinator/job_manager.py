@@ -401,7 +401,11 @@ class JobManager:
                                  for v in plan.vertices], **plan.graph}
 
         def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
-            job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            stale = job.checkpoints is not runner  # the attempt restarted while this `_metadata` write was under way
+            if stale:
+                job.complete_archived(summary)
+            if not stale or checkpoint_id > (job.last_checkpoint or {}).get("checkpoint_id", 0):
+                job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
             job.next_checkpoint_id = max(job.next_checkpoint_id, checkpoint_id + 1)
             if summary.get("duration_s") is not None:
                 self.checkpoint_durations.observe(summary["duration_s"])
@@ -412,12 +416,12 @@ class JobManager:
             busy = {w for t, w in plan.placement.items() if t not in job.finished_tasks}
             return [self.workers[w].link for w in involved if w in self.workers and w in busy]
 
-        job.checkpoints = CheckpointRunner(
+        job.checkpoints = runner = CheckpointRunner(
             job_id=job.job_id, attempt=attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
             tasks=tasks, storage=self.storage, links=links, job_info=job_info,
             fail_job=lambda reason: self.task_failed(job, attempt, reason), on_complete=on_complete,
             first_id=job.next_checkpoint_id)
-        job.checkpoints.start()
+        runner.start()
 
     def _stop_checkpoints(self, job: JobRecord, reason: str, *, failed: bool) -> None:
         runner = job.checkpoints

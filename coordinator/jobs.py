@@ -119,6 +119,13 @@ class JobRecord:
                                    self.checkpoints_before[1] + sum(h["status"] == JobState.FAILED for h in dropped))
         self.earlier_checkpoints = history[-limit:]
 
+    def complete_archived(self, summary: dict[str, Any]) -> None:
+        """A checkpoint of an attempt whose runner is gone completed after its history was archived (its
+        `_metadata` write was under way at the restart): its archived entry says so from now on."""
+        for i, entry in enumerate(self.earlier_checkpoints):
+            if entry["checkpoint_id"] == summary.get("checkpoint_id"):
+                self.earlier_checkpoints[i] = {**entry, **summary}
+
     def note_failure(self, cause: str, *, now: float | None = None) -> None:
         """A failover begins: the cause goes to `failures` and, with its traceback, to the exception history."""
         self.failures.append(cause)
