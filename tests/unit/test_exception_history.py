@@ -50,3 +50,15 @@ def test_archived_checkpoints_are_counted_when_trimmed() -> None:
     job.earlier_checkpoints = [{"checkpoint_id": n, "status": "COMPLETED"} for n in range(10)]
     job.archive_checkpoints(limit=4)
     assert len(job.earlier_checkpoints) == 4 and job.checkpoint_counts() == (10, 0)
+
+
+def test_a_checkpoint_completed_after_its_attempt_restarted_is_archived_as_completed() -> None:
+    job = JobRecord("job-1", "m:b", "m:b", "", JobConfig())
+    job.earlier_checkpoints = [{"checkpoint_id": 1, "status": "COMPLETED"},
+                               {"checkpoint_id": 2, "status": "IN_PROGRESS", "duration_s": None}]
+    assert job.checkpoint_counts() == (1, 0)
+    job.complete_archived({"checkpoint_id": 2, "status": "COMPLETED", "duration_s": 0.4})
+    assert job.checkpoint_history()[-1] == {"checkpoint_id": 2, "status": "COMPLETED", "duration_s": 0.4}
+    assert job.checkpoint_counts() == (2, 0)
+    job.complete_archived({"checkpoint_id": 9, "status": "COMPLETED"})  # not archived: nothing changes
+    assert [h["checkpoint_id"] for h in job.checkpoint_history()] == [1, 2]
