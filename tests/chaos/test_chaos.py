@@ -32,7 +32,7 @@ def test_worker_and_coordinator_kills_and_rescales_leave_committed_output_exact(
     settings = ChaosSettings(workdir=str(chaos_workdir), rows=300_000, keys=500, partitions=4, mode="unaligned",
                              interval_s=0.5, kills=3, coordinator_kills=1, rescales=1, wipes=1, workers=3,
                              parallelism=2,
-                             sink_delay_s=0.00015, job_timeout_s=300.0)
+                             sink_delay_s=0.0002, job_timeout_s=300.0)  # the schedule (3 kills) must fit the run
     lines: list[str] = []
     result = run_chaos(settings, log=lines.append, seed=3, spark=spark)
     report = "\n".join(lines)
