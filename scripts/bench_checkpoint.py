@@ -43,7 +43,6 @@ import asyncio
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -352,19 +351,15 @@ def run_one(mode: str, buffers: int, seconds: float, warmup: float, max_warmup: 
     log_dir = tempfile.mkdtemp(prefix="sluice-bench-cp-")
     state_dir = os.path.join(log_dir, "state")
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir, state_dir=state_dir)
-    try:
+    from bench_throughput import logs_kept_on_failure
+
+    with logs_kept_on_failure(cluster, log_dir):
         cluster.start()
         result = asyncio.run(_measure(cluster, mode, buffers, seconds, warmup, max_warmup, inflight_target_s))
         if result["checkpoints"] is not None:
             ids = [h["checkpoint_id"] for h in result["history"] if h["status"] == "COMPLETED"
                    and result["measure_from"] <= h["started_at"] <= result["measure_to"]]
             result["checkpoints"]["timeline"] = barrier_timeline(state_dir, result["job_id"], ids)
-    except BaseException as exc:
-        exc.add_note(f"cluster logs kept in {log_dir}")
-        raise
-    finally:
-        cluster.stop()
-    shutil.rmtree(log_dir, ignore_errors=True)
     return result
 
 

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -70,15 +69,11 @@ def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain_ms
     os.environ["SLUICE_BENCH_GRAIN_MS"] = str(grain_ms)
     log_dir = tempfile.mkdtemp(prefix="sluice-bench-windows-")
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
-    try:
+    from bench_throughput import logs_kept_on_failure  # same directory
+
+    with logs_kept_on_failure(cluster, log_dir):
         cluster.start()
         result = asyncio.run(_run(cluster, entry, timeout_s))
-    except BaseException as exc:
-        exc.add_note(f"cluster logs kept in {log_dir}")
-        raise
-    finally:
-        cluster.stop()
-    shutil.rmtree(log_dir, ignore_errors=True)
     result["records_per_s"] = records / result["wall_s"]
     return result
 
