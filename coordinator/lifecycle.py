@@ -388,6 +388,12 @@ class JobLifecycle:
         return self.state in TERMINAL
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
+        if self.terminal and isinstance(stimulus, LeaseLost):
+            self.fenced = True  # an ended job writes its record no more either
+        if self.terminal and not self.fenced and isinstance(stimulus, CheckpointCompleted):
+            # a checkpoint whose `_metadata` write was under way as the job ended completed after the record
+            # was written FINISHED: the record counts it too, or a coordinator that reads it shows one less
+            return [Persist()]
         if self.fenced or self.terminal:
             if isinstance(stimulus, RescaleAsked):  # every ask is answered, once
                 why = "the coordinator lost its lease" if self.fenced else f"job {self.job_id} is {self.state}"
@@ -541,7 +547,9 @@ class JobLifecycle:
                 StopCheckpoints("job finished", failed=False), *self._move(JobState.FINISHED)]
 
     def _on_CheckpointCompleted(self, s: CheckpointCompleted, now: float) -> list[Instruction]:
-        return [Persist()] if s.attempt == self.attempt else []  # the record names its latest checkpoint
+        # the record names its latest checkpoint and counts every one, also one an earlier attempt's `_metadata`
+        # write completed after a restart began
+        return [Persist()]
 
     def _on_CancelAsked(self, s: CancelAsked, now: float) -> list[Instruction]:
         return [*self._move(JobState.CANCELLED, s.why), StopCheckpoints(s.why, failed=True),

@@ -361,10 +361,25 @@ def test_a_final_checkpoint_after_a_restart_is_asked_again_from_the_first_pause(
     assert job.handle(FinalCheckpointDone(1, False, "declined"), 4.1) == [RequestFinalCheckpoint(1, 0.05)]
 
 
-def test_checkpoint_completed_persists_the_record_for_the_current_attempt_only():
+def test_checkpoint_completed_persists_the_record_whichever_attempt_wrote_it():
     job = running()
     assert job.handle(CheckpointCompleted(0, 4), 1.0) == [Persist()]
-    assert job.handle(CheckpointCompleted(9, 4), 1.0) == []
+    job.handle(TaskFailed(0, "x"), 1.1)
+    # attempt 0's `_metadata` write landed after the restart began: its archived entry is COMPLETED, recorded
+    assert job.handle(CheckpointCompleted(0, 5), 1.2) == [Persist()]
+
+
+def test_a_checkpoint_completed_after_the_job_finished_is_recorded():
+    """Issue 30: the last periodic checkpoint completes once every task finished, after the record was written
+    FINISHED; a coordinator that read that record showed checkpoints_completed one less than the live status."""
+    job = running()
+    job.handle(AllTasksEnded(0), 1.0)
+    assert job.handle(AllTasksFinished(0), 2.0) == [
+        MoveTo(JobState.FINISHING), RecordFinalCheckpoint(), StopCheckpoints("job finished", failed=False),
+        MoveTo(JobState.FINISHED)]
+    assert job.handle(CheckpointCompleted(0, 30), 2.1) == [Persist()]
+    job.handle(LeaseLost(), 2.2)
+    assert job.handle(CheckpointCompleted(0, 31), 2.3) == []  # another leader may write the record now
 
 
 # -- cancel and lease -----------------------------------------------------------------------------------------------
@@ -591,9 +606,10 @@ def test_no_sequence_deploys_twice_at_once_or_after_the_end_or_moves_illegally(s
             rescale_asks += 1
         before = job.attempt
         out = job.handle(stimulus, float(now))
-        if ended:  # an ended job does nothing more (it answers a rescale: no)
-            assert all(isinstance(i, AnswerRescale) and i.error for i in out), (stimulus, out)
-            rescale_answers += len(out)
+        if ended:  # an ended job does nothing more (it answers a rescale: no; it records a late checkpoint)
+            assert all((isinstance(i, AnswerRescale) and i.error) or isinstance(i, Persist) for i in out), (
+                stimulus, out)
+            rescale_answers += sum(isinstance(i, AnswerRescale) for i in out)
             continue
         for ins in out:
             if isinstance(ins, MoveTo):
