@@ -78,6 +78,7 @@ class JobRecord:
     checkpoints: Any = None  # coordinator.checkpoint_runner.CheckpointRunner while running
     last_checkpoint: dict[str, Any] | None = None
     restored_from: str = ""
+    upgrade_of: str = ""  # the job this one replaced in `sluice upgrade`: a new leader finishes that upgrade
     restart_strategy: Any = None  # coordinator.restarts.RestartStrategy
     restarts: int = 0
     failures: list[str] = field(default_factory=list)  # causes of every failure, oldest first

@@ -19,6 +19,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from coordinator.autoscale import AutoscaleSettings
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.exception_history import Detail
 from coordinator.job_manager import JobManager
-from coordinator.job_store import JobStore
+from coordinator.job_store import JobStore, superseded
 from coordinator.jobs import JobRecord
 from coordinator.lease import Leadership, LeaseHeld
 from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
@@ -115,7 +116,8 @@ class PendingProbe:
 
 
 class Coordinator(BaseLinkHandler):
-    def __init__(self, config: CoordinatorConfig, *, storage: CheckpointStorage | None = None) -> None:
+    def __init__(self, config: CoordinatorConfig, *, storage: CheckpointStorage | None = None,
+                 on_step: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.config = config
         self.trust = config.trust_policy()
         self.workers = WorkerRegistry()
@@ -134,10 +136,18 @@ class Coordinator(BaseLinkHandler):
         self.holder_id = f"c-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
         self.leadership: Leadership | None = None  # made once the RPC port is known (the lease names it)
         self.store = JobStore(config.state_dir, may_write=self.leading)
+        self._on_step = on_step  # tests/support/faulty_coordinator.py: stop at a step of an upgrade or rescale
         self.manager = JobManager(workers=self.workers, storage=self.storage, autoscale=config.autoscale,
-                                  persist=self.store.save)
+                                  persist=self.store.save, record_written=self.store.written,
+                                  on_step=self._step if on_step is not None else None)
         self.lost_leadership = ""
         self.rpc = self._handlers()
+
+    async def _step(self, name: str) -> None:
+        """A step of an upgrade or rescale: the records queued so far are written, then the tests' hook runs."""
+        await self.store.flush()
+        assert self._on_step is not None
+        await self._on_step(name)
 
     async def _rest_call(self, method: str, args: dict[str, Any]) -> Any:
         """The REST API calls the RPC handlers themselves (no link: the token was checked by the API); a
@@ -259,8 +269,9 @@ class Coordinator(BaseLinkHandler):
         for problem in problems:
             log.error("skipping a job record: %s", problem)
         self._spawn(self.store.run())
+        successors = superseded(jobs)
         for job in jobs:
-            self.manager.adopt(job)
+            self.manager.adopt(job, superseded_by=successors.get(job.job_id, ""))
         if jobs:
             log.info("recovered %d job records from %s (%d to restart)", len(jobs), state_dir, self.manager.recovered)
 
@@ -629,8 +640,9 @@ def checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
     return CheckpointSettings(**{"interval_s": None, **raw})
 
 
-async def run_coordinator(config: CoordinatorConfig, *, storage: CheckpointStorage | None = None) -> None:
-    coordinator = Coordinator(config, storage=storage)
+async def run_coordinator(config: CoordinatorConfig, *, storage: CheckpointStorage | None = None,
+                          on_step: Callable[[str], Awaitable[None]] | None = None) -> None:
+    coordinator = Coordinator(config, storage=storage, on_step=on_step)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.stop)

@@ -6,8 +6,16 @@ One call, in this order, so that every refusal comes while the old version still
 2. a savepoint of the running job is taken (aligned, self-contained; the job keeps running meanwhile);
 3. the new version is checked against it: operators matched by uid, removed ones refused without
    `allow_non_restored_state`, changed state kinds refused (runtime/graph/evolution.py);
-4. the old job is cancelled, and the new one submitted from the savepoint;
-5. the answer comes once the new job runs: the downtime is 4's cancel to the new job's RUNNING.
+4. the new job's record is written (CREATED, restoring the savepoint, `upgrade_of` the old job) and waited for;
+5. the old job is cancelled, and the new one submitted from the savepoint;
+6. the answer comes once the new job runs: the downtime is 5's cancel to the new job's RUNNING.
+
+One step in the job lifecycle whoever leads: 4 is the commit point. A leader that dies before it leaves the old
+job's record as it was, and the next leader recovers the old job (the savepoint is left unused); from 4 on the
+next leader finds the new record, cancels the old job if its record does not say so yet
+(job_store.superseded, lifecycle `Recovered(superseded_by)`) and starts the new one from the savepoint
+(`restored_from`, like any recovered job). Each step is a `JobManager.step`, where the tests' launcher kills the
+coordinator (tests/integration/test_lifecycle_failover.py).
 
 Exactly once across the switch as with any restore: output the old job committed after the savepoint (a
 periodic checkpoint completing between 2 and 4) carries checkpoint ids after the savepoint's, and the new
@@ -47,7 +55,7 @@ def upgraded_config(old: JobConfig, requested: Mapping[str, int], allow_non_rest
 async def upgrade(manager: JobManager, old: JobRecord, new: JobRecord, plan: Plan, *, directory: str,
                   timeout_s: float, restored: Callable[[JobRecord, str, Plan], None],
                   admit: Callable[[JobRecord, Plan], None]) -> dict[str, Any]:
-    """Steps 2-5 of the module docstring; RpcError (the old job still running) for every refusal before 4."""
+    """Steps 2-6 of the module docstring; RpcError (the old job still running) for every refusal before 5."""
     runner = old.checkpoints
     if runner is None:
         raise RpcError(f"job {old.job_id} is {old.state}, not RUNNING: nothing to upgrade", "JobNotRunning")
@@ -69,9 +77,19 @@ async def upgrade(manager: JobManager, old: JobRecord, new: JobRecord, plan: Pla
     except RpcError as exc:
         raise RpcError(f"job {old.job_id} not upgraded (it keeps running unchanged; savepoint {path} taken): "
                        f"{exc}", exc.remote_type or "IncompatibleCheckpoint") from None
+    await manager.step("upgrade:savepoint-taken")
+    restored(new, path, plan)
+    new.upgrade_of = old.job_id
+    try:
+        await manager.write_ahead(new)
+    except OSError as exc:
+        raise RpcError(f"job {old.job_id} not upgraded (it keeps running unchanged; savepoint {path} taken): "
+                       f"the record of its new version {new.job_id} could not be written: {exc}",
+                       "JobRecordFailed") from None
+    await manager.step("upgrade:successor-recorded")
     stopped_at = time.monotonic()
     await manager.cancel(old, f"upgraded to {new.job_id} ({new.entry}) from savepoint {checkpoint_id}")
-    restored(new, path, plan)
+    await manager.step("upgrade:predecessor-cancelled")
     admit(new, plan)
     deadline = stopped_at + timeout_s
     while new.state != JobState.RUNNING:
