@@ -39,7 +39,7 @@ from coordinator.rest_views import process_sample, task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
-from coordinator.upgrade import upgrade, upgraded_config
+from coordinator.upgrade import stop_with_savepoint, upgrade, upgraded_config
 from netstack.connection import Connection
 from netstack.errors import (
     CloseReason,
@@ -532,6 +532,14 @@ class Coordinator(BaseLinkHandler):
 
     async def rpc_cancel(self, link: Link, args: p.Cancel) -> Any:
         job = self._job(args)
+        if args.savepoint:
+            if job.state != JobState.RUNNING or job.checkpoints is None:
+                raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING: no savepoint to stop it with")
+            try:
+                directory = self.trust.check_savepoint_dir(_resolved(args.directory) if args.directory else None)
+            except TrustError as exc:
+                raise Forbidden(str(exc)) from None
+            return await stop_with_savepoint(self.manager, job, directory=directory, timeout_s=args.timeout_s)
         if job.terminal:
             return {"state": job.state}
         await self.manager.cancel(job, "cancelled by user")

@@ -377,9 +377,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--token-file")
 
-    ca = sub.add_parser("cancel", help="cancel a job")
+    ca = sub.add_parser("cancel", help="cancel a job (with --savepoint: stop it with a savepoint)")
     ca.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ca.add_argument("job_id")
+    ca.add_argument("--savepoint", action="store_true",
+                    help="take a savepoint first and cancel the job only once it completed; print its path")
+    ca.add_argument("--dir", help="where the savepoint goes, inside one of the coordinator's --savepoint-root "
+                    "(default: the first root)")
+    ca.add_argument("--timeout", type=_duration, default=600.0, help="give up waiting after (600s)")
     ca.add_argument("--token-file")
 
     cp = sub.add_parser("checkpoint", help="take a checkpoint of a running job now and wait for it")
@@ -617,6 +622,12 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"  {j['job_id']}  {j['state']:<10} {j['name']}{err}")
         return 0
     if args.command == "cancel":
+        if args.savepoint:
+            result = _client_call(args, "cancel", {"job_id": args.job_id, "savepoint": True,
+                                                   "directory": _abs(args.dir), "timeout_s": args.timeout},
+                                  timeout_s=args.timeout + 60.0)
+            print(f"job {args.job_id}: {result['state']}, stopped with savepoint {result['savepoint']}")
+            return 0
         result = _client_call(args, "cancel", {"job_id": args.job_id})
         print(f"job {args.job_id}: {result['state']}")
         return 0

@@ -11,7 +11,10 @@ One job line, one cluster, one kill per step (each next coordinator is started t
 - upgrade, killed once the old version is cancelled (the reported case: the standby recovered 0 jobs and the old
   record pointed at a job never written): the new one starts from the savepoint;
 - rescale, killed once its checkpoint is taken: the job runs on at its old parallelism;
-- rescale, killed once the attempt is stopped: the job runs at the new parallelism.
+- rescale, killed once the attempt is stopped: the job runs at the new parallelism;
+- stop with a savepoint, killed once the savepoint is taken: the job is recovered and runs on;
+- stop with a savepoint, killed once the job is stopped: it stays CANCELLED, naming its savepoint, from which
+  the line is resubmitted and runs to its end.
 """
 
 from __future__ import annotations
@@ -146,10 +149,24 @@ def test_a_leader_killed_at_each_step_of_an_upgrade_and_a_rescale(cluster: Clust
 
     # 5. the attempt is stopped for the rescale: the next leader runs the job at the new parallelism
     dies_during(cluster, "rescale", {"job_id": job, "parallelism": {"*": 1}}, "rescale:stopped")
-    started(cluster, port, "")
+    started(cluster, port, "stop:savepoint-taken")
     st = running(cluster, job, st["last_checkpoint"]["checkpoint_id"])
     assert parallelism(st) == {1}, st
 
+    # 6. stop with a savepoint, the savepoint taken but the job not stopped: it runs on
+    dies_during(cluster, "cancel", {"job_id": job, "savepoint": True}, "stop:savepoint-taken")
+    started(cluster, port, "stop:stopped")
+    st = running(cluster, job, st["last_checkpoint"]["checkpoint_id"])
+
+    # 7. stopped: the next leader shows it so, and the line goes on from the savepoint it names
+    dies_during(cluster, "cancel", {"job_id": job, "savepoint": True}, "stop:stopped")
+    started(cluster, port, "")
+    st = cluster.call("status", {"job_id": job})
+    assert st["state"] == "CANCELLED" and st["error"].startswith("stopped with savepoint "), st
+    savepoint = st["error"].split("stopped with savepoint ", 1)[1]
+    assert Path(savepoint, "_metadata").exists(), savepoint
+    job = cluster.call("submit", {"entry": "linejobs:v3", "sys_path": str(cluster.tmp_path), "config": CONFIG,
+                                  "restore": savepoint})["job_id"]
     release(cluster)
     final = cluster.wait_job(job, timeout_s=120)
     assert final["state"] == "FINISHED", (final, logs(cluster))
