@@ -29,6 +29,7 @@ from tests.support.failover import (
     wait_first_checkpoint,
     worker_id_of,
 )
+from tests.support.releasable_sink import release
 
 pytestmark = pytest.mark.integration
 
@@ -187,6 +188,7 @@ def test_worker_killed_during_aligned_checkpoint_output_is_exact(cluster: Cluste
     thread.join(30)
     assert results and results[0].get("status") == "ABORTED", results
     cluster.start_worker(*WORKER_ARGS, worker_id=victim_id)
+    release(cluster)  # the restored attempt at full speed: the abort and the restore are under test
 
     st = setup.wait_finished(job_id)
     assert_recovered(st, 1)

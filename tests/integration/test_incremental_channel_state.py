@@ -20,6 +20,7 @@ from tests.support.failover import (
     restart_worker,
     start,
 )
+from tests.support.releasable_sink import release
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +59,7 @@ def test_kill_under_backpressure_restores_shared_segments_exactly_and_leaves_no_
     poll(a_checkpoint_references_an_earlier_ones_segment, 30, "a checkpoint referencing an earlier one's segment")
     victim = kill_worker_running(cluster, reused["status"], 0)
     restart_worker(cluster, victim)
+    release(cluster)  # the restored attempt at full speed: the restore of shared segments is under test
     st = setup.wait_finished(job_id, 90)
     assert_recovered(st, 1)
     assert_exact_output(setup)

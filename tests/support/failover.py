@@ -273,6 +273,7 @@ def kill_once_and_recover(setup: Setup, job_id: str, sink_subtask: int = 0, *,
     killed_after = st["last_checkpoint"]["checkpoint_id"]
     victim_id = kill_worker_running(setup.cluster, st, sink_subtask)
     restart_worker(setup.cluster, victim_id)
+    release(setup.cluster)  # the restored attempt at full speed: the restore, not the data, is under test
     st = setup.wait_finished(job_id, finish_timeout_s)
     assert_recovered(st, 1)
     assert victim_id in st["failures"][0], st
