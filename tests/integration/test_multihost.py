@@ -22,6 +22,7 @@ from runtime.cli.netns import HostLab, NetnsUnavailable
 from runtime.cli.processes import start_process
 from tests.support.cluster import Cluster, poll
 from tests.support.failover import assert_exact_output, install
+from tests.support.releasable_sink import release
 from tests.support.s3_server import S3Server, S3ServerUnavailable, client_env
 
 pytestmark = pytest.mark.integration
@@ -107,6 +108,7 @@ def test_three_hosts_one_unplugged_job_restores_from_the_object_store_and_output
     poll(lost, HEARTBEAT_TIMEOUT_S + 20, "the coordinator to declare the unplugged host's worker lost")
     detected_s = time.monotonic() - cut_at
     start_worker(cluster, lab, 1, "worker-3", port)  # the replacement, on a host that is still up
+    release(cluster)  # the restored attempt at full speed: the detection and the restore are under test
 
     st: dict[str, Any] = setup.wait_finished(job_id, timeout_s=240)
     assert st["restarts"] >= 1 and st["restored_checkpoint_id"] is not None, st
