@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from runtime.common import extras
-from runtime.connectors.sinks import OutputGone, Sink
+from runtime.connectors.sinks import ForgedSinkState, OutputGone, Sink
 from runtime.connectors.source import LaneReader, Source, position_lanes
 
 
@@ -330,7 +330,8 @@ class FileSink(Sink):
 
     def restore_state(self, state: Any) -> None:
         state = state or {}
-        for _, hidden, final in state.get("pending", []):
+        pending = [self._confined(entry) for entry in state.get("pending", [])]  # every one, before any rename
+        for _, hidden, final in pending:
             self._publish(hidden, final)  # that checkpoint completed: its commit is (re)done
         restored = state.get("checkpoint")
         # after a rescale this subtask also cleans up for the old subtasks whose pending files it took over
@@ -344,6 +345,22 @@ class FileSink(Sink):
             # its records come after the restored checkpoint and will be produced again
             if checkpoint is None or (restored is not None and checkpoint > restored):
                 os.remove(os.path.join(self.path, name))
+
+    def _confined(self, entry: Any) -> tuple[int, str, str]:
+        """A pre-committed file of the restored state, refused (ForgedSinkState) unless both of its names are part
+        files of this sink's directory: a forged checkpoint must not make the worker rename files elsewhere.
+        The refusal names the sink's directory only, nothing about what the entry points at."""
+        try:
+            checkpoint, hidden, final = entry
+            names = (os.path.basename(hidden), os.path.basename(final))
+            inside = all(os.path.abspath(os.path.dirname(p)) == os.path.abspath(self.path) for p in (hidden, final))
+        except (TypeError, ValueError):
+            inside, names = False, ("", "")
+        if not (inside and type(checkpoint) is int and names[0].startswith(".part-")
+                and names[0].endswith(".inprogress") and names[1].startswith("part-")):
+            raise ForgedSinkState(f"FileSink {self.path}: the restored state names a pending file that is not one of "
+                             "this sink's part files in its directory: refused, nothing renamed")
+        return checkpoint, hidden, final
 
     def finish(self) -> None:
         self._close_current()
