@@ -43,10 +43,12 @@ from runtime.checkpointing.channel_segments import Piece, Ref, resolve, segments
 from runtime.common import objectstore
 from runtime.common.checksums import CorruptFile, read_checked, read_segments
 from runtime.common.gcpause import gc_paused
+from runtime.common.values import packer_default, unpack_ext
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
 SHARED_DIR = "shared"  # in the job's checkpoint directory: files later checkpoints reference again
+_STATE_DEFAULT = packer_default("a checkpoint's operator state")
 
 
 class CorruptState(CorruptFile):
@@ -78,7 +80,7 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
         state["backend"] = backend
     if async_inflight:
         state["async"] = async_inflight
-    return msgpack.packb(state, use_bin_type=True)
+    return msgpack.packb(state, use_bin_type=True, default=_STATE_DEFAULT)
 
 
 def async_documents(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -170,7 +172,7 @@ def read_channel_state(directory: str, name: str, expected: Any,
 def _decode(data: bytes, origin: str) -> dict[str, Any]:
     try:
         with gc_paused():  # one container per key, none of them garbage: collections would only walk them
-            state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+            state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=unpack_ext)
     except Exception as exc:
         raise CorruptState(f"{origin}: does not decode ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

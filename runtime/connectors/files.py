@@ -12,9 +12,13 @@ visible by an atomic rename when it is committed.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
 import glob
 import json
 import os
+import uuid
 from typing import Any
 
 from runtime.common import extras
@@ -219,7 +223,7 @@ class FileSink(Sink):
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         super().open(subtask_index, parallelism, attempt)
         os.makedirs(self.path, exist_ok=True)
-        self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=json_value).encode
         self._part = self._next_free_part()
         self._lines: list[str] = []
         self._rows: list[Any] = []
@@ -376,6 +380,24 @@ class FileSink(Sink):
             except FileNotFoundError:
                 pass
         self._written = []
+
+
+def json_value(value: Any) -> Any:
+    """What a JSON-lines file holds for a value JSON has no type for (records carry any picklable value):
+    dates and times in ISO 8601, a Decimal as its exact string, a set as a sorted list, a dataclass as an
+    object; anything else is a TypeError naming the type, failing the task."""
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"FileSink(format='jsonl') cannot write a value of type {type(value).__module__}."
+                    f"{type(value).__qualname__}: map it to JSON types (or a dataclass, date, Decimal, set) first")
 
 
 def _parse_part(name: str, subtask: int) -> tuple[int | None, int] | None:

@@ -56,6 +56,7 @@ from runtime.common.checkpoint_metadata import (
     write_metadata_file,
 )
 from runtime.common.checksums import CorruptFile, checksum
+from runtime.common.values import unpack_ext
 from runtime.data.spark import DataError
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -306,7 +307,7 @@ def channel_rows(cp: Checkpoint, uid: str) -> Iterator[tuple[Any, ...]]:
 
 def split_records(stream: bytes) -> Iterator[tuple[int, Any]]:
     """(encoded size, record) of each whole msgpack record of a channel's stream."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=unpack_ext)
     unpacker.feed(stream)
     start = 0
     for record in unpacker:
