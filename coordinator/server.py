@@ -368,7 +368,7 @@ class Coordinator(BaseLinkHandler):
             record.process = process_sample(record.process, args.process, now)
         for st in args.tasks:
             job = self.jobs.get(st.get("job"))
-            if job is not None and st.get("attempt") == job.attempt:
+            if job is not None and st.get("attempt") == job.attempt and not job.terminal:
                 # with rates since the previous heartbeat, for the REST API's graph
                 job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
                                                          {**st, "worker": link.peer_id}, time.monotonic())

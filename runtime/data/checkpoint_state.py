@@ -72,6 +72,7 @@ ROW_FIELDS = {
     "timers": ("key", "key_group", "domain", "timestamp"),
     "channels": ("edge", "producer", "consumer", "side", "index", "size", "record"),
 }
+SINGLE_VALUE_KINDS = ("value", "reducing", "aggregating")  # one value per key: rows of --kind value
 INTERNAL_PREFIX = "\0"  # tables of the runtime's own (timers), not a user's state
 TIMER_DOMAINS = {"\0timers:event": "event_time", "\0timers:processing": "processing_time"}
 BOOTSTRAP_CHECKPOINT_ID = 1
@@ -272,7 +273,13 @@ def state_rows(cp: Checkpoint, uid: str, kind: str, *, state_name: str | None = 
     if kind == "channels":
         yield from channel_rows(cp, uid)
         return
+    # the kinds the operator's function declares, as the checkpoint recorded them (runtime/api/schema.py): a
+    # map or list state is not value state, whatever its values look like; undeclared names go by their values
+    declared = cp.operator(uid).get("states") or {}
+    wanted = {"value": SINGLE_VALUE_KINDS, "list": ("list", "union list"), "map": ("map",)}.get(kind, ())
     for name, group, key, value in keyed_entries(cp, uid, remote_address=remote_address):
+        if name in declared and declared[name] not in wanted and kind != "timers":
+            continue
         if kind == "timers":
             if name in TIMER_DOMAINS:
                 for ts in value:
