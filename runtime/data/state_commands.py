@@ -51,7 +51,8 @@ def add_state_parser(dsub: Any) -> None:
         p.add_argument("--state-remote-address", metavar="HOST:PORT",
                        help="the state server, for a checkpoint of the remote backend")
     for p in (rd, bs):
-        p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+        p.add_argument("--master", default="local[2]",
+                         help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
 
 
 def run_state(args: argparse.Namespace) -> int:
@@ -68,7 +69,7 @@ def run_state(args: argparse.Namespace) -> int:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    check_environment()
+    check_environment(args.master)
     return start_session(args.master, f"sluice-data-state-{args.state_command}")
 
 

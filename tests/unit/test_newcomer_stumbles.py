@@ -97,3 +97,17 @@ def test_an_ended_job_lists_no_running_task() -> None:
     assert [t["state"] for t in job.summary()["tasks"]] == ["cancelled", "finished"]
     job.state = JobState.FAILED
     assert [t["state"] for t in job.summary()["tasks"]] == ["failed", "finished"]
+
+
+def test_a_spark_connect_master_needs_the_connect_client_not_java(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.data import spark
+
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent-java-home")  # the server has the JVM: no Java needed here
+    missing = [m for m in spark.CONNECT_MODULES if not spark._importable(m)]
+    if not missing:
+        pytest.skip("the Spark Connect client is installed here: nothing is missing to report")
+    with pytest.raises(spark.DataError, match=r"sc://localhost:15002 needs the Spark Connect client .*"
+                                              r"pip install 'sluice-dataflow\[spark-connect\]'"):
+        spark.check_environment("sc://localhost:15002")
+    with pytest.raises(spark.DataError, match="Java 17"):
+        spark.check_environment("local[2]")
