@@ -45,11 +45,12 @@ from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
-from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint
+from coordinator.storage import METADATA_FILE, CheckpointStorage
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.common import objectstore
+from runtime.common.checksums import CorruptFile
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
 from runtime.graph.evolution import evolution_refusal, inflight_edges, match_operators
@@ -152,7 +153,7 @@ class JobManager:
         try:
             metadata = await asyncio.to_thread(self.storage.read_metadata, path)
             await asyncio.to_thread(self.storage.verify, path, metadata)
-        except CorruptCheckpoint as exc:
+        except CorruptFile as exc:  # CorruptCheckpoint, or a task file's verified read (runtime/common/checksums)
             raise RpcError(str(exc), "CorruptCheckpoint") from None
         return metadata
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coordinator.exception_history import ExceptionHistory
-from runtime.graph.enums import JobState
+from runtime.graph.enums import JobState, TaskState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan
 
@@ -178,6 +178,10 @@ class JobRecord:
 
     def summary(self) -> dict[str, Any]:
         tasks = sorted(self.task_stats.values(), key=lambda t: t["task"])
+        if self.terminal:  # an ended job runs nothing: tasks last seen running were stopped with it (an upgrade)
+            stopped = TaskState.FAILED if self.state == JobState.FAILED else TaskState.CANCELLED
+            tasks = [t if t.get("state") in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
+                     else {**t, "state": str(stopped)} for t in tasks]
         return {
             "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,

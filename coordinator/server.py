@@ -54,7 +54,7 @@ from netstack.errors import (
 from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
-from netstack.tls import TlsFiles, server_context
+from netstack.tls import TlsFiles, http_server_context, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
@@ -172,6 +172,8 @@ class Coordinator(BaseLinkHandler):
 
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
+        # REST and metrics over TLS with RPC's certificate when TLS is configured: no plain-text port
+        self._http_ssl = http_server_context(self.config.tls) if self.config.tls else None
         os.makedirs(state_dir, exist_ok=True)
         await asyncio.to_thread(self._check_object_stores)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
@@ -181,13 +183,15 @@ class Coordinator(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
             registry.register(LeadershipCollector(self.leadership_statistics))
-            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port,
+                                                     ssl_context=self._http_ssl)).port
         if self.config.http_port is not None:
             # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
             api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
-                          call=self._rest_call)
+                          call=self._rest_call, scheme="https" if self._http_ssl else "http")
             self._rest = HttpServer(api, REST_LIMITS, name="rest")
-            self.http_port = await self._rest.start(self.config.host, self.config.http_port)
+            self.http_port = await self._rest.start(self.config.host, self.config.http_port,
+                                                    ssl_context=self._http_ssl)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
         ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
@@ -375,7 +379,7 @@ class Coordinator(BaseLinkHandler):
             record.process = process_sample(record.process, args.process, now)
         for st in args.tasks:
             job = self.jobs.get(st.get("job"))
-            if job is not None and st.get("attempt") == job.attempt:
+            if job is not None and st.get("attempt") == job.attempt and not job.terminal:
                 # with rates since the previous heartbeat, for the REST API's graph
                 job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
                                                          {**st, "worker": link.peer_id}, time.monotonic())

@@ -470,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--jitter-ms", type=int, default=0,
                     help="out-of-order event times: each row's is up to this much behind 1_700_000_000_000 + seq, "
                          "deterministically for the seed (default 0: in order)")
-    dg.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dg.add_argument("--master", default="local[2]",
+                      help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
     dv.add_argument("--output", required=True, help="the job's FileSink directory")
@@ -487,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--gap-ms", type=_positive, help="session-count: session gap")
     dv.add_argument("--late-output", metavar="DIR",
                     help="window-count, session-count: also verify the late records' FileSink directory")
-    dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dv.add_argument("--master", default="local[2]",
+                      help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
     from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
 

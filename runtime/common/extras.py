@@ -27,7 +27,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 
 # why a job needs the extra, for the message
 USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "remote": "the remote state backend",
-        "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data"}
+        "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data",
+        "spark-connect": "sluice data against a running Spark (--master sc://...)"}
 
 
 class MissingExtra(RuntimeError):
