@@ -97,3 +97,22 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
     subtasks[0].write({"k": "a"})
     with pytest.raises(TableConfigError, match="no column 'missing'"):
         subtasks[0].snapshot_state(1)
+
+
+def test_rescaled_sink_states_commit_every_file_once(tmp_path: Path) -> None:
+    """Two subtasks' pending files (checkpoint 1 completed, its commit never happened) are dealt to three
+    (checkpointing/rescaling.py): the new subtask 0 commits them with its first checkpoint, once."""
+    from runtime.checkpointing.rescaling import rescale_sinks
+
+    table = str(tmp_path / "t")
+    old = sinks(table, columns=["k", "n"])
+    for s in old:
+        s.write(("a", s.subtask_index))
+    states = [[s.snapshot_state(1)] for s in old]  # completed; the job failed before the commit
+    new = sinks(table, n=3, columns=["k", "n"])
+    for s in new:
+        s.restore_state(rescale_sinks(states, 3, s.subtask_index, 1)[0])
+        s.write(("b", s.subtask_index))
+    checkpoint(new, 2)
+    assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)]
+    assert delta_transactions(table) == [[("sluice-job-1-sink-x", 2)]]

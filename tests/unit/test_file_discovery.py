@@ -104,3 +104,35 @@ def test_bounded_csv_ends_after_what_is_there(tmp_path: Path) -> None:
     rows, _ = read_all(source)
     assert rows == [{"key": "x", "n": "1"}, {"key": "y", "n": "2"}]
     assert source.read_batch(10) is None
+
+
+def test_every_file_is_read_once_across_a_rescale_from_two_to_three(tmp_path: Path) -> None:
+    """Two subtasks read part of their files; their positions are dealt to three (connectors/splits.py) and the
+    readers go on, new files included: every record once."""
+    from runtime.connectors.splits import SplitReader, deal_splits
+
+    expected = []
+    for i in range(6):
+        rows = [[i, n] for n in range(10)]
+        write(tmp_path, f"in-{i}.json", rows)
+        expected += [tuple(r) for r in rows]
+    states, first = [], []
+    for subtask in range(2):
+        source = FileSource(str(tmp_path), monitor_interval=0.001)
+        source.open(subtask, 2)
+        got, position = read_all(source, limit=13)
+        first += got
+        states.append([position, 0])
+    write(tmp_path, "in-7.json", [[7, 0]])
+    expected.append((7, 0))
+    rest = []
+    for subtask, state in enumerate(deal_splits(states, 3)):
+        reader = SplitReader(FileSource(str(tmp_path), monitor_interval=0.001))
+        reader.open(subtask, 3)
+        reader.restore(state[0])
+        for _ in range(1000):
+            batch = reader.read_batch(7)
+            if batch is None or (not batch and all(s.files_pending() == 0 for s in reader.sources())):
+                break
+            rest += batch
+    assert sorted(first + rest) == sorted(expected)
