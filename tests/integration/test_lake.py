@@ -142,7 +142,7 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         in_dir = cluster.tmp_path / "in"
         records = write_input_files(in_dir, 2, 3000)
         markers = install(cluster, table=table, sink_delay=0.0001)
-        cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
+        cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
         job_id = submit(cluster, "continuous_to_delta")
         poll(lambda: delta_rows_now(table) > 0, 60, "the first Delta commit", interval_s=0.5)
         records += write_input_files(in_dir, 2, 3000, first=2)  # discovered while running
@@ -185,7 +185,7 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     make_counts_table(catalog)
     records = write_input_files(cluster.tmp_path / "in", 4, 3000)
     markers = install(cluster, sink_delay=0.0001, catalog=catalog)
-    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
+    cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
     (markers / "blocker").write_text("a file where the table's parent directory should be")
     for entry, expected in [("unwritable_delta", f"{markers}/blocker/table is not writable"),
                             ("missing_iceberg_table", "no table 'db.missing' in the catalog")]:
