@@ -60,8 +60,11 @@ from runtime.api.windows import (
     Window,
     WindowedStream,
 )
+from runtime.connectors.delta import DeltaSink
+from runtime.connectors.file_source import FileSource
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
+from runtime.connectors.iceberg import IcebergSink
 from runtime.connectors.nats import NatsSink, NatsSource
 from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
 from runtime.connectors.source import Source
@@ -71,7 +74,7 @@ __all__ = [
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction",
     "AsyncKeyedProcessFunction", "AsyncKeyedContext", "AsyncOpenContext", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
-    "NatsSink",
+    "NatsSink", "DeltaSink", "IcebergSink", "FileSource",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
     "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",

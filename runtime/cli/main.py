@@ -474,7 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
-    dv.add_argument("--output", required=True, help="the job's FileSink directory")
+    dv.add_argument("--output", required=True, help="the job's FileSink directory, or its table: a Delta table's "
+                                                    "path or s3:// URL, an Iceberg table's namespace.table")
+    dv.add_argument("--output-format", choices=["files", "delta", "iceberg"], default="files",
+                    help="what --output is (default files: a FileSink's part files); tables are read through Arrow")
+    dv.add_argument("--catalog", help="--output-format iceberg: pyiceberg catalog properties as JSON, e.g. "
+                                      "'{\"type\": \"sql\", \"uri\": \"sqlite:///cat.db\", \"warehouse\": \"file:///wh\"}'")
     dv.add_argument("--query", choices=["wordcount", "window-count", "session-count", "interval-join", "window-join"],
                     default="wordcount")
     dv.add_argument("--right-input", help="interval-join, window-join: the second (right) Parquet input")

@@ -5,6 +5,8 @@ not fail on every worker and restart until its attempts run out. Two checks:
 
 - extras: the job's sources and sinks name the install's extras they need (`Source.extras`, `Sink.extras`),
   its state backend too (rocksdb, remote), and a restore from s3:// needs the `s3` extra;
+- connectors: a source or sink with a `check_config()` (the table sinks, the file source) checks what it
+  will use (a path it can write, a catalog and table that exist) and raises ValueError with one line;
 - earlier output: a FileSink directory that already holds visible files (the output of an earlier run) is
   refused for a new job, unless the sink says `if_exists="append"`; a restore goes on writing where the run
   it restores left off, so it is not checked.
@@ -59,8 +61,21 @@ def check_earlier_output(job: Job) -> None:
                     "OutputExists")
 
 
+def check_connectors(job: Job) -> None:
+    """Ask every source and sink that can check its configuration (`check_config()`) to do so."""
+    for node in job.nodes:
+        check = getattr(node.payload, "check_config", None)
+        if check is None:
+            continue
+        try:
+            check()
+        except (ValueError, OSError, extras.MissingExtra) as exc:
+            raise SubmissionRefused(f"job {job.name}: {node.name}: {exc}", "BadConnectorConfig") from None
+
+
 def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
     """Every check of a new submission; raises SubmissionRefused."""
     check_extras(job, backend=backend, restore=restore)
+    check_connectors(job)
     if not restore:
         check_earlier_output(job)

@@ -8,12 +8,15 @@ nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from netstack.metrics_http import link_timeouts, protocol_failures
+from runtime.connectors.file_source import FileSource
+from runtime.connectors.splits import SplitReader
+from runtime.connectors.table_sink import TableSink
 from runtime.execution.async_io import LATENCY_BUCKETS_S, AsyncIOOperator
 from runtime.graph.enums import TaskState
 
@@ -78,10 +81,12 @@ class WorkerCollector(Collector):
                                      "code, runtime/execution/isolation.py), 0 while on the worker's event loop",
                                      labels=labels)
         io = _AsyncIOFamilies(labels)
+        lake = _LakeFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
             op = task.chain.async_operator
+            lake.add(values, task)
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
@@ -113,6 +118,7 @@ class WorkerCollector(Collector):
                     persisted_total, switched, refused, watermark, async_in_flight, async_blocked, async_captured,
                     isolated)
         yield from io.families()
+        yield from lake.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -187,3 +193,48 @@ class _AsyncIOFamilies:
     def families(self) -> list[Metric]:
         return [self.in_flight, self.completed, self.timed_out, self.retried, self.failed, self.blocked,
                 self.captured, self.latency]
+
+
+class _LakeFamilies:
+    """The table sinks' and the file source's figures (docs/METRICS.md, Tables and files), one sample set per
+    task that has one."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.pending = GaugeMetricFamily("sluice_table_sink_files_pending",
+                                         "Data files a table sink subtask wrote and has not seen committed",
+                                         labels=labels)
+        self.commits = CounterMetricFamily("sluice_table_sink_commits",
+                                           "Table commits (Delta commits, Iceberg snapshots) the subtask made",
+                                           labels=labels)
+        self.skipped = CounterMetricFamily("sluice_table_sink_files_already_committed",
+                                           "Files listed again (after a restore) that the table already had: "
+                                           "not added twice", labels=labels)
+        self.last_commit = GaugeMetricFamily("sluice_table_sink_last_commit_seconds",
+                                             "Duration of the subtask's last table commit", labels=labels)
+        self.rows = CounterMetricFamily("sluice_table_sink_rows_written", "Rows written to data files",
+                                        labels=labels)
+        self.source_pending = GaugeMetricFamily("sluice_file_source_files_pending",
+                                                "Files a FileSource subtask discovered and has not finished",
+                                                labels=labels)
+        self.source_read = CounterMetricFamily("sluice_file_source_files_read",
+                                               "Files a FileSource subtask read to their end", labels=labels)
+
+    def add(self, values: list[str], task: Any) -> None:
+        for sink in task.chain.sinks:
+            if isinstance(sink, TableSink) and hasattr(sink, "stats"):
+                st = sink.statistics()
+                self.pending.add_metric(values, st.files_pending)
+                self.commits.add_metric(values, st.commits)
+                self.skipped.add_metric(values, st.files_already_committed)
+                self.last_commit.add_metric(values, st.last_commit_s)
+                self.rows.add_metric(values, st.rows_written)
+        source = task.source
+        readers = source.sources() if isinstance(source, SplitReader) else [source]
+        files = [r for r in readers if isinstance(r, FileSource) and hasattr(r, "discovery")]
+        if files:
+            self.source_pending.add_metric(values, sum(r.files_pending() for r in files))
+            self.source_read.add_metric(values, sum(r.files_read for r in files))
+
+    def families(self) -> list[Metric]:
+        return [self.pending, self.commits, self.skipped, self.last_commit, self.rows, self.source_pending,
+                self.source_read]
