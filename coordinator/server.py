@@ -60,7 +60,7 @@ from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
-from runtime.graph.admission import SubmissionRefused, check_extras
+from runtime.graph.admission import SubmissionRefused, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan, build_job
@@ -380,6 +380,7 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
+        await self._check_connectors(job, restore=bool(args.restore))
         if args.restore:
             plan = await self.manager.restored_plan(job, args.restore, plan)
             self._restored(job, args.restore, plan)
@@ -406,6 +407,18 @@ class Coordinator(BaseLinkHandler):
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
+
+    @staticmethod
+    async def _check_connectors(job: JobRecord, *, restore: bool) -> None:
+        """Connectors that check their configuration against their system (a database's table, privileges)
+        say what is wrong now, in one line; on a thread, since they wait on the network."""
+        definition = build_job(job.entry, job.name, job.config.parallelism)
+        if not any(hasattr(node.payload, "check_submission") for node in definition.nodes):
+            return
+        try:
+            await asyncio.to_thread(check_connectors, definition, restore=restore)
+        except SubmissionRefused as exc:
+            raise InvalidRequest(str(exc), exc.kind) from None
 
     @staticmethod
     def _restored(job: JobRecord, restore_path: str, plan: Plan) -> None:

@@ -63,6 +63,8 @@ from runtime.api.windows import (
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.nats import NatsSink, NatsSource
+from runtime.connectors.postgres_cdc import PostgresCdcSource
+from runtime.connectors.postgres_sink import PostgresSink
 from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
 from runtime.connectors.source import Source
 
@@ -71,7 +73,7 @@ __all__ = [
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction",
     "AsyncKeyedProcessFunction", "AsyncKeyedContext", "AsyncOpenContext", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
-    "NatsSink",
+    "NatsSink", "PostgresCdcSource", "PostgresSink",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
     "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",

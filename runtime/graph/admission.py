@@ -1,10 +1,12 @@
 """What a submitted job needs from the install and the machine, checked once at submit.
 
 A job that cannot run here should be refused when it is submitted, with the one line that says what to do,
-not fail on every worker and restart until its attempts run out. Two checks:
+not fail on every worker and restart until its attempts run out. Three checks:
 
 - extras: the job's sources and sinks name the install's extras they need (`Source.extras`, `Sink.extras`),
   its state backend too (rocksdb, remote), and a restore from s3:// needs the `s3` extra;
+- connectors that check their configuration against their system (`check_submission`: the PostgreSQL
+  source and sink) say in one line what is wrong (wrong DSN, no such table, missing privileges);
 - earlier output: a FileSink directory that already holds visible files (the output of an earlier run) is
   refused for a new job, unless the sink says `if_exists="append"`; a restore goes on writing where the run
   it restores left off, so it is not checked.
@@ -59,8 +61,21 @@ def check_earlier_output(job: Job) -> None:
                     "OutputExists")
 
 
+def check_connectors(job: Job, *, restore: bool) -> None:
+    """A connector that can check its configuration against its external system (`check_submission`: the
+    PostgreSQL source and sink reach the server, find the table, the publication, the privileges) says what
+    is wrong in one line."""
+    for node in job.nodes:
+        check = getattr(node.payload, "check_submission", None)
+        if check is not None:
+            problem = check(restore=restore)
+            if problem:
+                raise SubmissionRefused(f"job {job.name}: {problem}", "BadConnectorConfig")
+
+
 def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
     """Every check of a new submission; raises SubmissionRefused."""
     check_extras(job, backend=backend, restore=restore)
     if not restore:
         check_earlier_output(job)
+    check_connectors(job, restore=bool(restore))
