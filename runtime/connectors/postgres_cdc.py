@@ -246,11 +246,11 @@ class PostgresCdcSource(Source):
     def statistics(self) -> dict[str, float]:
         """Replication lag: bytes of WAL the server has beyond the last change handed to the task, and the age
         of that change's commit while there are more (0 when caught up)."""
-        reader, position = self._reader, self._position
+        reader, position = getattr(self, "_reader", None), getattr(self, "_position", None)
         if reader is None or position is None or position.snapshot is not None:
             return {}
         lag_bytes = max(0, reader.wal_end - position.lsn) if reader.wal_end else 0
-        behind = bool(self._entries) or not reader.out.empty()
+        behind = bool(self._entries) or not reader.out.empty() or lag_bytes > 0
         lag_s = (time.time() - self._last_commit_ms / 1000.0) if behind and self._last_commit_ms else 0.0
         return {"replication_lag_bytes": float(lag_bytes), "replication_lag_seconds": max(0.0, lag_s),
                 "confirmed_lsn": float(reader.confirmed)}

@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.cluster import Cluster, logs, poll, write_module
 from tests.support.postgres_server import PostgresServer, postgres_bin_dir
+from tests.support.scrape import scrape
 
 psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is not installed (the `postgres` extra)")
 
@@ -401,6 +402,15 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         assert versions[-1][1] == total
     st = cluster.call("status", {"job_id": job_id})
     assert st["state"] == "RUNNING" and st["restarts"] == 1, f"{st}\n{logs(cluster)}"
+    metrics: dict[str, float] = {}
+    for w in cluster.workers:
+        if w.proc.poll() is None:
+            metrics.update(scrape(w.fields["metrics"]))
+    lag = [k for k in metrics if k.startswith("sluice_postgres_replication_lag_seconds{")]
+    assert len(lag) == 1 and 'task="PostgresCdcSource"' in lag[0], sorted(metrics)
+    prepared = {k: v for k, v in metrics.items() if k.startswith("sluice_postgres_open_prepared_transactions{")}
+    assert len(prepared) == 4 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 2 subtasks
+    assert sum(v for k, v in metrics.items() if k.startswith("sluice_postgres_rows_written_total{")) > 0
     cluster.call("cancel", {"job_id": job_id})
     cluster.wait_job(job_id, 60)
     assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] <= 2  # at most the last checkpoint's
