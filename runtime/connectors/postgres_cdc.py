@@ -419,6 +419,7 @@ class _Reader(threading.Thread):
         start = parse_lsn(consistent_point)
         log.info("postgres cdc: created slot %s at %s", src.slot, consistent_point)
         position = CdcPosition(Regions(((0, None, start),)), (0, None) if src.snapshot else None, start, 0)
+        self._put([(_NO_RECORD, position)])  # from here on a checkpoint has a position: the slot's start
         self._queued_position = position
         if src.snapshot:
             position = self._read_snapshot(infos, position, snapshot_name)
