@@ -61,7 +61,7 @@ from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
-from runtime.graph.admission import SubmissionRefused, check_connectors, check_extras
+from runtime.graph.admission import SubmissionRefused, SubmitContext, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan, build_job
@@ -395,10 +395,7 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
-        try:  # a table or path the job cannot use is refused now (I/O: off the loop)
-            await asyncio.to_thread(check_connectors, build_job(args.entry, job.name, config.parallelism))
-        except SubmissionRefused as exc:
-            raise InvalidRequest(str(exc), exc.kind) from None
+        await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
         if args.restore:
             plan = await self.manager.restored_plan(job, args.restore, plan)
             self._restored(job, args.restore, plan)
@@ -425,6 +422,18 @@ class Coordinator(BaseLinkHandler):
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
+
+    @staticmethod
+    async def _check_connectors(job: JobRecord, context: SubmitContext) -> None:
+        """Connectors that check their configuration against their system (a path, a table, privileges, a
+        broker) say what is wrong now, in one line; on a thread, since they wait on the network."""
+        definition = build_job(job.entry, job.name, job.config.parallelism)
+        if not any(hasattr(node.payload, "check_at_submit") for node in definition.nodes):
+            return
+        try:
+            await asyncio.to_thread(check_connectors, definition, context)
+        except SubmissionRefused as exc:
+            raise InvalidRequest(str(exc), exc.kind) from None
 
     @staticmethod
     def _restored(job: JobRecord, restore_path: str, plan: Plan) -> None:

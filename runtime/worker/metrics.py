@@ -82,6 +82,7 @@ class WorkerCollector(Collector):
                                      labels=labels)
         io = _AsyncIOFamilies(labels)
         lake = _LakeFamilies(labels)
+        connectors = _ConnectorFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
@@ -90,6 +91,7 @@ class WorkerCollector(Collector):
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
+            connectors.add(values, [task.source, *task.chain.sinks])
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
@@ -119,6 +121,7 @@ class WorkerCollector(Collector):
                     isolated)
         yield from io.families()
         yield from lake.families()
+        yield from connectors.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -148,6 +151,46 @@ class WorkerCollector(Collector):
         running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
         running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == TaskState.RUNNING))
         yield from (slots, running, protocol_failures(), link_timeouts())
+
+
+class _ConnectorFamilies:
+    """Figures connectors report through `statistics()` (a dict of the names below): the PostgreSQL source's
+    replication lag, the PostgreSQL sink's prepared transactions (docs/METRICS.md, Connectors)."""
+
+    GAUGES = {
+        "replication_lag_bytes": ("sluice_postgres_replication_lag_bytes",
+                                  "WAL bytes the server has beyond the last change the CDC source handed on"),
+        "replication_lag_seconds": ("sluice_postgres_replication_lag_seconds",
+                                    "Age of the last change the CDC source handed on while more are waiting (0 "
+                                    "when caught up)"),
+        "confirmed_lsn": ("sluice_postgres_confirmed_lsn",
+                          "The replication slot's confirmed LSN as the source last sent it (a completed "
+                          "checkpoint's position)"),
+        "open_prepared_transactions": ("sluice_postgres_open_prepared_transactions",
+                                       "Checkpoints the PostgreSQL sink prepared (or deferred) and has not committed"),
+    }
+    COUNTERS = {"rows_written": ("sluice_postgres_rows_written", "Rows the PostgreSQL sink wrote in transactions")}
+
+    def __init__(self, labels: list[str]) -> None:
+        self.gauges = {k: GaugeMetricFamily(name, text, labels=labels) for k, (name, text) in self.GAUGES.items()}
+        self.counters = {k: CounterMetricFamily(name, text, labels=labels)
+                         for k, (name, text) in self.COUNTERS.items()}
+
+    def add(self, values: list[str], parts: list[object]) -> None:
+        for part in parts:
+            statistics = getattr(part, "statistics", None)
+            if statistics is None:
+                continue
+            figures = statistics()
+            if not isinstance(figures, dict):
+                continue  # a user's connector with statistics of its own shape
+            for key, value in figures.items():
+                family = self.gauges.get(key) or self.counters.get(key)
+                if family is not None:
+                    family.add_metric(values, value)
+
+    def families(self) -> list[Metric]:
+        return [*self.gauges.values(), *self.counters.values()]
 
 
 class _AsyncIOFamilies:
