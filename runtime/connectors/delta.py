@@ -26,7 +26,7 @@ from runtime.connectors.lake_commits import CommitPlan
 from runtime.connectors.table_sink import TableConfigError, TableSink, ensure_writable, local_path
 
 if TYPE_CHECKING:
-    from runtime.graph.admission import SubmitContext
+    from runtime.connectors.submit import SubmitContext
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # Hive's (and Spark's) directory name for a null partition value
 

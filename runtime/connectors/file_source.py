@@ -33,7 +33,7 @@ from runtime.common import objectstore
 from runtime.connectors.source import Source
 
 if TYPE_CHECKING:
-    from runtime.graph.admission import SubmitContext
+    from runtime.connectors.submit import SubmitContext
 
 FORMATS = {"json": (".json", ".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
 

@@ -24,7 +24,7 @@ from runtime.connectors.lake_commits import CommitPlan
 from runtime.connectors.table_sink import TableConfigError, TableSink, ensure_writable, local_path
 
 if TYPE_CHECKING:
-    from runtime.graph.admission import SubmitContext
+    from runtime.connectors.submit import SubmitContext
 
 SUMMARY_CHECKPOINT = "sluice.checkpoint"
 SUMMARY_APP = "sluice.app"

@@ -44,7 +44,7 @@ from runtime.connectors.postgres import PostgresConfigError, PostgresError, Tabl
 from runtime.connectors.source import Source
 
 if TYPE_CHECKING:
-    from runtime.graph.admission import SubmitContext
+    from runtime.connectors.submit import SubmitContext
 
 log = logging.getLogger("sluice.postgres")
 

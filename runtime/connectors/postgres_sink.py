@@ -33,7 +33,7 @@ from runtime.connectors.postgres import PostgresConfigError, PostgresError
 from runtime.connectors.sinks import Sink
 
 if TYPE_CHECKING:
-    from runtime.graph.admission import SubmitContext
+    from runtime.connectors.submit import SubmitContext
 
 log = logging.getLogger("sluice.postgres")
 

@@ -16,11 +16,10 @@ not fail on every worker and restart until its attempts run out. Three checks:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from runtime.api import Job
 from runtime.common import extras, objectstore
 from runtime.connectors.files import FileSink
+from runtime.connectors.submit import SubmitContext
 
 
 class SubmissionRefused(Exception):
@@ -63,14 +62,6 @@ def check_earlier_output(job: Job) -> None:
                     f"job {job.name}: the FileSink directory {sink.path} already holds output ({found[0]}{more}): "
                     "remove it or choose another directory, or give the sink if_exists='append' to add to it",
                     "OutputExists")
-
-
-@dataclass(frozen=True)
-class SubmitContext:
-    """What a connector's submit check may need to know about the submission."""
-
-    checkpoint_interval_s: float | None = None
-    restore: bool = False  # a restore goes on where the run it restores left off (prepared transactions...)
 
 
 def check_connectors(job: Job, context: SubmitContext) -> None:
