@@ -62,6 +62,9 @@ from runtime.api.windows import (
 )
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
+from runtime.connectors.kafka_core import KafkaRecord
+from runtime.connectors.kafka_sink import KafkaSink
+from runtime.connectors.kafka_source import KafkaSource
 from runtime.connectors.nats import NatsSink, NatsSource
 from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
 from runtime.connectors.source import Source
@@ -71,7 +74,7 @@ __all__ = [
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction",
     "AsyncKeyedProcessFunction", "AsyncKeyedContext", "AsyncOpenContext", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
-    "NatsSink",
+    "NatsSink", "KafkaSource", "KafkaSink", "KafkaRecord",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
     "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",

@@ -169,6 +169,9 @@ class TaskCheckpoints:
     def _on_complete(self, checkpoint_id: int) -> None:
         self.checkpointer.channel_files.completed(checkpoint_id)  # later checkpoints may reference its segments
         self.task.chain.commit_sinks(checkpoint_id)
+        source_committed = getattr(self.task.source, "checkpoint_complete", None)
+        if source_committed is not None:  # a source that reports its progress somewhere (Kafka: the group)
+            source_committed(checkpoint_id)
         if self._final_id is not None and checkpoint_id >= self._final_id:
             self._final_committed = True
             self.task.wake()

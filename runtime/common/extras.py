@@ -22,12 +22,14 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "remote": ("valkey",),
     "s3": ("obstore",),
     "nats": ("nats.js",),
+    "kafka": ("aiokafka",),
     "spark": ("pyspark", "pyarrow.parquet"),
 }
 
 # why a job needs the extra, for the message
 USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "remote": "the remote state backend",
-        "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data"}
+        "s3": "s3:// paths", "nats": "the NATS connector", "kafka": "the Kafka connector",
+        "spark": "sluice data"}
 
 
 class MissingExtra(RuntimeError):

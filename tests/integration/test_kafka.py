@@ -1,0 +1,193 @@
+"""The Kafka connector against a real Kafka-protocol broker (noida-db's Kafka service, or a real Apache Kafka
+when SLUICE_KAFKA_BOOTSTRAP is set): a job Kafka topic -> keyed count -> Kafka exactly-once whose worker is
+killed with SIGKILL mid-run under unaligned checkpoints, read back read_committed exactly (every key's counts
+1..n, each once), and its output then read by a second Sluice job through the topic; the connector's own
+exact replay from a position; a malformed record; a broker down at submit."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import Cluster, logs, wait_for, write_module
+from tests.support.kafka_broker import KafkaBroker, noida_binary
+
+pytest.importorskip("aiokafka", reason="aiokafka is not installed (the `kafka` extra)")
+
+from runtime.connectors.kafka_sink import KafkaSink  # noqa: E402
+from runtime.connectors.kafka_source import KafkaSource, MalformedRecord  # noqa: E402
+from tests.support.kafka_topics import create_topics, produce, read_source, read_topic, run  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+KEYS = 40
+PARTITIONS = 4
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    if not os.environ.get("SLUICE_KAFKA_BOOTSTRAP") and noida_binary() is None:
+        pytest.skip("noida-db not found: install the test dependencies (noida-db)")
+    server = KafkaBroker(tmp_path / "kafka")
+    try:
+        yield server
+    finally:
+        server.stop()
+        assert server.proc is None or server.proc.poll() is not None, f"broker {server.pid} survived the test"
+
+
+def input_records(n: int, seed: int = 5) -> list[list[Any]]:
+    rng = random.Random(seed)
+    return [[f"k{rng.randrange(KEYS):02d}", i] for i in range(n)]
+
+
+# -- the connector on its own ----------------------------------------------------------------------------------
+
+
+def test_source_reads_its_partitions_and_replays_exactly_from_a_position(broker: KafkaBroker) -> None:
+    bs, topic = broker.bootstrap, broker.topic("in")
+    run(create_topics(bs, {topic: PARTITIONS}))
+    records = input_records(4000)
+    run(produce(bs, topic, records, partitions=PARTITIONS))
+
+    def source() -> KafkaSource:
+        return KafkaSource(bs, [topic], bounded=True)
+
+    parts = [read_source(source(), s, 3)[0] for s in range(3)]  # 4 partitions over 3 subtasks
+    assert sorted(r for p in parts for r in p) == sorted(tuple(r) for r in records)
+    assert sorted(len(p) for p in parts) == [1000, 1000, 2000]
+    first, position = read_source(source(), 0, 1, limit=1777)
+    rest, end = read_source(source(), 0, 1, position=position)
+    assert sorted(first + rest) == sorted(tuple(r) for r in records)
+    assert [p[2] for p in end["parts"]] == [1000] * PARTITIONS == [p[3] for p in end["parts"]]  # the bound
+    # records produced after the bound are not read by a bounded source restored from its position
+    run(produce(bs, topic, [["late", 1]], partitions=1))
+    again, _ = read_source(source(), 0, 1, position=position)
+    assert again == rest
+    # more subtasks than partitions: the extra one reads nothing and ends
+    assert [len(read_source(source(), s, 6)[0]) for s in range(6)].count(0) == 2
+
+
+def test_a_malformed_record_fails_naming_where_it_is_or_goes_where_the_user_says(broker: KafkaBroker) -> None:
+    bs, topic = broker.bootstrap, broker.topic("bad")
+    run(create_topics(bs, {topic: 1}))
+    run(produce(bs, topic, [], partitions=1, raw=[b'["a",1]', b'{"not json', b'["b",2]']))
+    with pytest.raises(MalformedRecord, match=rf"malformed record at {topic}/0/1: JSONDecodeError"):
+        read_source(KafkaSource(bs, [topic], bounded=True), 0, 1)
+    tagged, _ = read_source(KafkaSource(bs, [topic], bounded=True,
+                                        on_malformed=lambda rec, exc: ("malformed", rec.offset, rec.value.decode())),
+                            0, 1)
+    assert tagged == [("a", 1), ("malformed", 1, '{"not json'), ("b", 2)]
+
+
+def test_unreachable_broker_is_one_clear_error() -> None:
+    source = KafkaSource("127.0.0.1:9", ["t"], connect_timeout_s=2.0)
+    with pytest.raises(Exception, match="cannot connect to Kafka at 127.0.0.1:9") as info:
+        source.open(0, 1)
+    source.close()
+    assert type(info.value).__name__ == "KafkaError"
+    sink = KafkaSink("127.0.0.1:9", "t", transactional_id_prefix="x", connect_timeout_s=2.0)
+    with pytest.raises(Exception, match="cannot connect to Kafka at 127.0.0.1:9"):
+        sink.open(0, 1, 0)
+    sink.close()
+
+
+# -- jobs --------------------------------------------------------------------------------------------------------
+
+JOB = '''
+from runtime.api import Job, KafkaSink, KafkaSource
+from runtime.examples.wordcount import Count
+
+BOOTSTRAP, IN, OUT, COPY, SINK_DELAY = {bootstrap!r}, {topic_in!r}, {topic_out!r}, {topic_copy!r}, {sink_delay}
+
+
+def counted(job: Job) -> None:
+    (job.source(KafkaSource(BOOTSTRAP, [IN], group_id="counted-" + IN, bounded=True), parallelism=2).uid("in")
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=2)
+        .sink(KafkaSink(BOOTSTRAP, OUT, delivery="exactly-once", transactional_id_prefix="counted-" + OUT,
+                        key=lambda r: r[0], delay_per_record_s=SINK_DELAY)))
+
+
+def copied(job: Job) -> None:
+    """A second job reading the first one's exactly-once output (read_committed, the default)."""
+    (job.source(KafkaSource(BOOTSTRAP, [OUT], bounded=True), parallelism=3)
+        .sink(KafkaSink(BOOTSTRAP, COPY, delivery="exactly-once", transactional_id_prefix="copied-" + COPY),
+              parallelism=1))
+'''
+
+WORKER_ARGS = ("--heartbeat-interval", "0.25s")
+
+
+def submit(cluster: Cluster, entry: str, interval_s: float = 0.5) -> str:
+    config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
+              "checkpoint": {"interval_s": interval_s, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3},
+              "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}}
+    return cluster.submit(f"kafkajobs:{entry}", config)
+
+
+def assert_exact_counts(out: list[tuple[int, int, Any]], records: list[list[Any]]) -> None:
+    counts: dict[str, list[int]] = defaultdict(list)
+    for _, _, (key, n) in out:
+        counts[key].append(n)
+    expected = Counter(k for k, _ in records)
+    wrong = {}
+    for key, n in expected.items():
+        got = Counter(counts[key])
+        if sorted(counts[key]) != list(range(1, n + 1)):
+            wrong[key] = {"expected": n, "got": len(counts[key]),
+                          "duplicated": sorted(c for c, m in got.items() if m > 1)[:10],
+                          "missing": sorted(set(range(1, n + 1)) - set(got))[:10]}
+    assert set(counts) == set(expected), sorted(set(counts) ^ set(expected))
+    assert not wrong, f"{len(wrong)} keys wrong, e.g. {dict(list(wrong.items())[:3])}"
+    assert len(out) == len(records)
+
+
+@pytest.mark.slow
+def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(cluster: Cluster,
+                                                                          broker: KafkaBroker) -> None:
+    """The worker running sink subtask 0 is SIGKILLed once a checkpoint completed (unaligned checkpoints every
+    0.5 s). The restart restores the checkpoint: the source resumes at its partitions' offsets, batches whose
+    transaction committed are not produced again and the others are. A second job then copies the output
+    through the topic, reading only committed records."""
+    bs = broker.bootstrap
+    topic_in, topic_out, topic_copy = broker.topic("in"), broker.topic("out"), broker.topic("copy")
+    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2}))
+    records = input_records(30_000)
+    run(produce(bs, topic_in, records, partitions=PARTITIONS))
+    write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
+                                                           topic_copy=topic_copy, sink_delay=0.0001))
+    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
+    job_id = submit(cluster, "counted")
+    found: dict[str, Any] = {}
+
+    def checkpointed() -> bool:
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
+        found.update(st)
+        return st["last_checkpoint"] is not None and any("Sink" in t["name"] for t in st["tasks"])
+
+    wait_for(checkpointed, 60, "a completed checkpoint")
+    victim_id = next(t["worker"] for t in found["tasks"] if "Sink" in t["name"] and t["task"].endswith(":0"))
+    victim = next(w for w in cluster.workers if w.fields["id"] == victim_id)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    cluster.start_worker(*WORKER_ARGS, worker_id=str(victim_id))
+
+    st = cluster.wait_job(job_id, 180)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert st["restarts"] == 1, st
+    out = run(read_topic(bs, topic_out))
+    assert_exact_counts(out, records)
+
+    copy_id = submit(cluster, "copied")
+    st = cluster.wait_job(copy_id, 120)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert sorted(tuple(v) for _, _, v in run(read_topic(bs, topic_copy))) == sorted(tuple(v) for _, _, v in out)
