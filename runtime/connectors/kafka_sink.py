@@ -251,10 +251,15 @@ class KafkaSink(Sink):
         if self.delivery != "exactly-once" or not state:
             return
         pending = list(state.get("pending", []))
+        own = [e for e in pending if int(e[1]) == self.subtask_index]
+        # the token of this subtask's group: the state's (not rescaled), else that of the batches this subtask
+        # wrote before a rescale (its old subtask's batches always come to it), so one group never holds
+        # batches of two tokens; a subtask without either starts a token of its own (its group has nothing
+        # of this run pending)
         if state.get("token"):
             self._token = state["token"]
-        elif pending:
-            self._token = pending[-1][2]
+        elif own:
+            self._token = own[-1][2]
         gone = [j for j in state.get("subtasks", []) if j != self.subtask_index and j >= self.parallelism]
         future = self._thread.submit(self._recover(pending, gone))
         future.add_done_callback(self._failed)

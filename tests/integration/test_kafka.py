@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import Cluster, logs, wait_for, write_module
+from tests.support.cluster import Cluster, logs, sluice, wait_for, write_module
 from tests.support.kafka_broker import KafkaBroker, noida_binary
 
 pytest.importorskip("aiokafka", reason="aiokafka is not installed (the `kafka` extra)")
@@ -102,10 +102,13 @@ def test_unreachable_broker_is_one_clear_error() -> None:
 # -- jobs --------------------------------------------------------------------------------------------------------
 
 JOB = '''
+import os
+
 from runtime.api import Job, KafkaSink, KafkaSource
 from runtime.examples.wordcount import Count
 
 BOOTSTRAP, IN, OUT, COPY, SINK_DELAY = {bootstrap!r}, {topic_in!r}, {topic_out!r}, {topic_copy!r}, {sink_delay}
+RELEASE = {release!r}
 
 
 def counted(job: Job) -> None:
@@ -114,6 +117,24 @@ def counted(job: Job) -> None:
         .process(Count(), parallelism=2)
         .sink(KafkaSink(BOOTSTRAP, OUT, delivery="exactly-once", transactional_id_prefix="counted-" + OUT,
                         key=lambda r: r[0], delay_per_record_s=SINK_DELAY)))
+
+
+class ReleasableKafkaSink(KafkaSink):
+    """Slow until the test creates RELEASE, so the job is still running at its last rescale."""
+
+    def throttle(self):
+        self._throttled = getattr(self, "_throttled", 0) + 1
+        if self._throttled % 256 == 0 and self.delay_per_record_s and os.path.exists(RELEASE):
+            self.delay_per_record_s = 0.0
+        super().throttle()
+
+
+def rescaled(job: Job) -> None:
+    (job.source(KafkaSource(BOOTSTRAP, [IN], bounded=True), parallelism=2).uid("in")
+        .key_by(lambda r: r[0])
+        .process(Count()).uid("count")
+        .sink(ReleasableKafkaSink(BOOTSTRAP, OUT, transactional_id_prefix="rescaled-" + OUT,
+                                  delay_per_record_s=SINK_DELAY)).uid("out"))
 
 
 def copied(job: Job) -> None:
@@ -163,7 +184,7 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     records = input_records(30_000)
     run(produce(bs, topic_in, records, partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy=topic_copy, sink_delay=0.0001))
+                                                           topic_copy=topic_copy, sink_delay=0.0001, release=""))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     job_id = submit(cluster, "counted")
     found: dict[str, Any] = {}
@@ -191,3 +212,40 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     st = cluster.wait_job(copy_id, 120)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert sorted(tuple(v) for _, _, v in run(read_topic(bs, topic_copy))) == sorted(tuple(v) for _, _, v in out)
+
+
+@pytest.mark.slow
+def test_rescale_2_3_1_of_a_kafka_fed_job_moves_partitions_exactly(cluster: Cluster, broker: KafkaBroker) -> None:
+    """5 partitions read by 2, then 3, then 1 source subtasks while the job runs (`sluice rescale`, from
+    unaligned checkpoints): each rescale deals the partitions with their offsets to their new owners and the
+    exactly-once sink's pending batches to the new sink subtasks; the output is exact."""
+    bs = broker.bootstrap
+    topic_in, topic_out = broker.topic("in"), broker.topic("out")
+    run(create_topics(bs, {topic_in: 5, topic_out: 2}))
+    records = input_records(20_000, seed=11)
+    run(produce(bs, topic_in, records, partitions=5))
+    release = cluster.tmp_path / "release"
+    write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
+                                                           topic_copy="", sink_delay=0.001, release=str(release)))
+    cluster.start(2)
+    job_id = submit(cluster, "rescaled")
+    for parallelism in (3, 1):
+        attempt = cluster.call("status", {"job_id": job_id})["attempt"]
+
+        def checkpointed_running() -> bool:
+            st = cluster.call("status", {"job_id": job_id})
+            assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
+            return st["state"] == "RUNNING" and st["last_checkpoint"] is not None and st["attempt"] == attempt
+
+        wait_for(checkpointed_running, 60, "a completed checkpoint of the running job")
+        proc = sluice(cluster, "rescale", job_id, "--parallelism", str(parallelism))
+        assert proc.returncode == 0, (proc.stdout, proc.stderr, logs(cluster))
+        assert f"KafkaSource={parallelism}" in proc.stdout, proc.stdout
+    st = cluster.call("status", {"job_id": job_id})
+    assert st["state"] == "RUNNING" and [v["parallelism"] for v in st["vertices"]] == [1, 1], st
+    assert len(run(read_topic(bs, topic_out))) < len(records)  # rescaled mid-run: not all of it committed yet
+    release.touch()
+    st = cluster.wait_job(job_id, 180)
+    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    assert st["restarts"] == 0, st
+    assert_exact_counts(run(read_topic(bs, topic_out)), records)
