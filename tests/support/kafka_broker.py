@@ -10,12 +10,11 @@ instead (topics get unique names per test), and the tests that kill the broker a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -26,10 +25,13 @@ EXTERNAL = "SLUICE_KAFKA_BOOTSTRAP"
 
 
 def noida_binary() -> str | None:
-    here = Path(sys.executable).parent / "noida-db"
-    if here.exists():
-        return str(here)
-    return shutil.which("noida-db")
+    """The binary itself, inside the noida_db package: the `noida-db` command is a Python wrapper that runs it
+    as a child, so a signal to the wrapper's PID would leave the broker running."""
+    spec = importlib.util.find_spec("noida_db")
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "noida-db"
+    return str(binary) if binary.exists() else None
 
 
 class KafkaBroker:
@@ -55,6 +57,7 @@ class KafkaBroker:
         if binary is None:
             raise FileNotFoundError("noida-db not found (install the test dependencies: noida-db)")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_lines.clear()
         proc = subprocess.Popen(
             [binary, "start", "--data-dir", str(self.data_dir), "--only", "kafka", "--kafka-port", str(self.port)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
@@ -90,6 +93,15 @@ class KafkaBroker:
         os.kill(self.pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    def pause(self) -> None:
+        """SIGSTOP: the broker hangs (connections stay open, nothing is answered) until `resume`."""
+        assert not self.external and self.proc is not None
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert not self.external and self.proc is not None
+        os.kill(self.pid, signal.SIGCONT)
+
     def restart(self) -> None:
         """Start again on the same port and data directory."""
         assert not self.external
@@ -100,6 +112,7 @@ class KafkaBroker:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
+        os.kill(proc.pid, signal.SIGCONT)  # a paused broker cannot act on SIGTERM
         proc.terminate()
         try:
             proc.wait(10)
