@@ -233,7 +233,7 @@ def test_rescale_2_3_1_of_a_kafka_fed_job_moves_partitions_exactly(cluster: Clus
     for parallelism in (3, 1):
         attempt = cluster.call("status", {"job_id": job_id})["attempt"]
 
-        def checkpointed_running() -> bool:
+        def checkpointed_running(attempt: int = attempt) -> bool:
             st = cluster.call("status", {"job_id": job_id})
             assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
             return st["state"] == "RUNNING" and st["last_checkpoint"] is not None and st["attempt"] == attempt
