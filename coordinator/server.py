@@ -60,7 +60,7 @@ from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
-from runtime.graph.admission import SubmissionRefused, check_extras
+from runtime.graph.admission import SubmissionRefused, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan, build_job
@@ -380,6 +380,11 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
+        try:  # a connector that cannot work (a broker down, a topic missing) is refused now, in one line
+            await asyncio.to_thread(check_connectors, build_job(args.entry, job.name, config.parallelism),
+                                    checkpoint_interval_s=settings.interval_s)
+        except SubmissionRefused as exc:
+            raise InvalidRequest(str(exc), exc.kind) from None
         if args.restore:
             plan = await self.manager.restored_plan(job, args.restore, plan)
             self._restored(job, args.restore, plan)

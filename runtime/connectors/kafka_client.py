@@ -93,3 +93,43 @@ async def connect_checked(start: Coroutine[Any, Any, Any], bootstrap_servers: st
         raise KafkaError(f"cannot connect to Kafka at {bootstrap_servers}: no answer within {timeout_s:g}s") from None
     except Exception as exc:
         raise KafkaError(f"cannot connect to Kafka at {bootstrap_servers}: {describe(exc)}") from None
+
+
+# -- checks at submit ------------------------------------------------------------------------------------------
+
+
+async def _broker_facts(bootstrap_servers: str, timeout_s: float) -> tuple[set[str], int | None]:
+    """The broker's topics and its transaction.max.timeout.ms (None when it does not report it)."""
+    kafka = aiokafka()
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = kafka.admin.AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="sluice-submit",
+                                            request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await connect_checked(admin.start(), bootstrap_servers, timeout_s)
+        topics = set(await asyncio.wait_for(admin.list_topics(), timeout_s))
+        cluster = await asyncio.wait_for(admin.describe_cluster(), timeout_s)
+        max_ms = None
+        for broker in cluster.get("brokers", [])[:1]:
+            resource = ConfigResource(ConfigResourceType.BROKER, str(broker["node_id"]),
+                                      {"transaction.max.timeout.ms": None})
+            for response in await asyncio.wait_for(admin.describe_configs([resource]), timeout_s):
+                for entry in response.resources:
+                    for name, value, *_ in entry[4]:
+                        if name == "transaction.max.timeout.ms" and value:
+                            max_ms = int(value)
+        return topics, max_ms
+    finally:
+        await admin.close()
+
+
+def broker_facts(bootstrap_servers: str, timeout_s: float) -> tuple[set[str], int | None]:
+    """`_broker_facts` from synchronous code (the coordinator runs it in a thread at submit)."""
+    try:
+        return asyncio.run(asyncio.wait_for(_broker_facts(bootstrap_servers, timeout_s), timeout_s * 3))
+    except KafkaError:
+        raise
+    except TimeoutError:
+        raise KafkaError(f"cannot connect to Kafka at {bootstrap_servers}: no answer within {timeout_s:g}s") from None
+    except Exception as exc:
+        raise KafkaError(f"Kafka at {bootstrap_servers}: {describe(exc)}") from None

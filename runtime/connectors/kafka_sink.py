@@ -29,6 +29,7 @@ from runtime.connectors.kafka_client import (
     KafkaError,
     LoopThread,
     aiokafka,
+    broker_facts,
     connect_checked,
     describe,
     log,
@@ -86,6 +87,17 @@ class KafkaSink(Sink):
         self.cancel_wait_s = cancel_wait_s
         self.retry_s = retry_s
         self.client_options = dict(client_options or {})
+
+    def check_at_submit(self, checkpoint_interval_s: float | None) -> None:
+        """Refuse the job now, in one line: the broker cannot be reached, the topic is missing, or (exactly
+        once) the transaction timeout does not fit the checkpoint interval or the broker's maximum."""
+        topics, max_ms = broker_facts(self.bootstrap_servers, self.connect_timeout_s)
+        for topic in (self.topic, self.marker_topic):
+            if isinstance(topic, str) and topic not in topics:
+                raise KafkaError(f"KafkaSink: topic {topic!r} not found at {self.bootstrap_servers}")
+        if self.delivery == "exactly-once":
+            core.check_transaction_timeout(self.transaction_timeout_ms, max_ms, checkpoint_interval_s,
+                                           topic=str(self.topic))
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 

@@ -25,7 +25,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.connectors import kafka_core as core
-from runtime.connectors.kafka_client import KafkaError, LoopThread, aiokafka, connect_checked, describe, log
+from runtime.connectors.kafka_client import (
+    KafkaError,
+    LoopThread,
+    aiokafka,
+    broker_facts,
+    connect_checked,
+    describe,
+    log,
+)
 from runtime.connectors.kafka_core import KafkaRecord
 from runtime.connectors.source import Source
 
@@ -87,6 +95,13 @@ class KafkaSource(Source):
         self.client_options = dict(client_options or {})
 
     redistribute = staticmethod(core.redistribute)
+
+    def check_at_submit(self, checkpoint_interval_s: float | None) -> None:
+        """Refuse the job now, in one line, when the broker cannot be reached or a named topic is missing."""
+        topics, _ = broker_facts(self.bootstrap_servers, self.connect_timeout_s)
+        missing = sorted(set(self.topics) - topics)
+        if missing:
+            raise KafkaError(f"KafkaSource: topic(s) {missing} not found at {self.bootstrap_servers}")
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ class SubmissionRefused(Exception):
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
-        self.kind = kind  # MissingExtra or OutputExists
+        self.kind = kind  # MissingExtra, OutputExists or ConnectorCheck
 
 
 def needed_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> set[str]:
@@ -57,6 +57,19 @@ def check_earlier_output(job: Job) -> None:
                     f"job {job.name}: the FileSink directory {sink.path} already holds output ({found[0]}{more}): "
                     "remove it or choose another directory, or give the sink if_exists='append' to add to it",
                     "OutputExists")
+
+
+def check_connectors(job: Job, *, checkpoint_interval_s: float | None) -> None:
+    """Ask every source and sink that can check itself (`check_at_submit`: Kafka's reach the broker, find
+    their topics, fit the transaction timeout to the checkpoint interval). Blocking network I/O: run it in a
+    thread."""
+    for node in job.nodes:
+        check = getattr(node.payload, "check_at_submit", None)
+        if check is not None:
+            try:
+                check(checkpoint_interval_s)
+            except (RuntimeError, ValueError) as exc:
+                raise SubmissionRefused(f"job {job.name}: {exc}", "ConnectorCheck") from None
 
 
 def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter, defaultdict
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from netstack.errors import RpcError
 from tests.support.cluster import Cluster, logs, sluice, wait_for, write_module
 from tests.support.kafka_broker import KafkaBroker, noida_binary
 
@@ -138,6 +140,16 @@ def rescaled(job: Job) -> None:
                                   delay_per_record_s=SINK_DELAY)).uid("out"))
 
 
+def broker_down(job: Job) -> None:
+    (job.source(KafkaSource("127.0.0.1:9", [IN], bounded=True, connect_timeout_s=2.0))
+        .sink(KafkaSink(BOOTSTRAP, OUT, transactional_id_prefix="down-" + OUT)))
+
+
+def short_transactions(job: Job) -> None:
+    (job.source(KafkaSource(BOOTSTRAP, [IN], bounded=True))
+        .sink(KafkaSink(BOOTSTRAP, OUT, transactional_id_prefix="short-" + OUT, transaction_timeout_ms=100)))
+
+
 def copied(job: Job) -> None:
     """A second job reading the first one's exactly-once output (read_committed, the default)."""
     (job.source(KafkaSource(BOOTSTRAP, [OUT], bounded=True), parallelism=3)
@@ -187,6 +199,15 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
                                                            topic_copy=topic_copy, sink_delay=0.0001, release=""))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
+    # refused at submit, in one line, before anything runs: a broker that is down, a transaction timeout
+    # shorter than the checkpoint interval
+    for entry, message in [("broker_down", "cannot connect to Kafka at 127.0.0.1:9"),
+                           ("short_transactions", "transaction_timeout_ms=100 is shorter than the checkpoint "
+                                                  "interval (0.5s)")]:
+        with pytest.raises(RpcError, match=re.escape(message)) as refused:
+            submit(cluster, entry)
+        assert refused.value.remote_type == "ConnectorCheck", refused.value
+    assert cluster.call("status")["jobs"] == [], "nothing was deployed"
     job_id = submit(cluster, "counted")
     found: dict[str, Any] = {}
 
