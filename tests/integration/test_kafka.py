@@ -26,7 +26,14 @@ pytest.importorskip("aiokafka", reason="aiokafka is not installed (the `kafka` e
 
 from runtime.connectors.kafka_sink import KafkaSink  # noqa: E402
 from runtime.connectors.kafka_source import KafkaSource, MalformedRecord  # noqa: E402
-from tests.support.kafka_topics import create_topics, produce, read_source, read_topic, run  # noqa: E402
+from tests.support.kafka_topics import (  # noqa: E402
+    add_partitions,
+    create_topics,
+    produce,
+    read_source,
+    read_topic,
+    run,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +83,48 @@ def test_source_reads_its_partitions_and_replays_exactly_from_a_position(broker:
     assert again == rest
     # more subtasks than partitions: the extra one reads nothing and ends
     assert [len(read_source(source(), s, 6)[0]) for s in range(6)].count(0) == 2
+
+
+def test_partitions_and_topics_that_appear_while_running_are_read(broker: KafkaBroker) -> None:
+    """An unbounded source on a topic pattern: partitions added to its topic and a new topic that matches are
+    claimed by their owners from their earliest offset, each partition by exactly one of the subtasks."""
+    bs = broker.bootstrap
+    first, second = broker.topic("disc-a"), broker.topic("disc-b")
+    run(create_topics(bs, {first: 2}))
+    run(produce(bs, first, [["a", i] for i in range(200)], partitions=2))
+    sources = [KafkaSource(bs, topic_pattern=rf"disc-.*-{broker.suffix}", discovery_interval_s=0.2)
+               for _ in range(2)]
+    for subtask, source in enumerate(sources):
+        source.open(subtask, 2)
+    got: list[Any] = []
+
+    def read_until(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+            for source in sources:
+                source.position()
+                got.extend(source.read_batch(100) or [])
+            time.sleep(0.005)
+
+    try:
+        read_until(200)
+        run(add_partitions(bs, first, 4))
+        run(create_topics(bs, {second: 3}))
+        run(produce(bs, first, [["a", i] for i in range(200, 400)], partitions=4))
+        run(produce(bs, second, [["b", i] for i in range(300)], partitions=3))
+        read_until(700)
+        time.sleep(0.5)
+        for source in sources:
+            source.position()
+            assert not source.read_batch(100)
+    finally:
+        for source in sources:
+            source.close()
+    assert sorted(got) == sorted([("a", i) for i in range(400)] + [("b", i) for i in range(300)])
+    owned = [sorted(p[:2] for p in source.position()["parts"]) for source in sources]
+    assert sorted(tp for o in owned for tp in o) == sorted([[first, p] for p in range(4)] +
+                                                           [[second, p] for p in range(3)])
 
 
 def test_a_malformed_record_fails_naming_where_it_is_or_goes_where_the_user_says(broker: KafkaBroker) -> None:
