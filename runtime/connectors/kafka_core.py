@@ -254,7 +254,14 @@ def key_value(record: KafkaRecord) -> Any:
     return (record.key.decode() if record.key is not None else None, json_value(record))
 
 
-DESERIALIZERS = {"json": json_value, "msgpack": msgpack_value, "raw": raw_value, "key_value": key_value}
+def timestamped_value(record: KafkaRecord) -> Any:
+    """(the record's Kafka timestamp in ms, value as JSON): for event time from the broker's timestamps,
+    `BoundedOutOfOrderness(..., timestamp=lambda r: r[0])`."""
+    return (record.timestamp_ms, json_value(record))
+
+
+DESERIALIZERS = {"json": json_value, "msgpack": msgpack_value, "raw": raw_value, "key_value": key_value,
+                 "timestamped": timestamped_value}
 
 
 def encode_json(value: Any) -> bytes:
@@ -282,3 +289,59 @@ def encode_key(key: Any) -> bytes | None:
     if key is None or isinstance(key, bytes):
         return key
     return str(key).encode()
+
+
+# -- event time: watermarks per partition --------------------------------------------------------------------
+
+MIN_WATERMARK = -(2**63)
+
+
+class PartitionWatermarks:
+    """A source subtask's watermark generator (runtime/execution/watermarks.py's WatermarkGenerator interface:
+    on_timestamp, snapshot, max_ts, last_emitted, idle) that keeps bounded out-of-orderness per partition and
+    emits the minimum over the partitions that are not idle, as Flink's KafkaSource does: one partition far
+    ahead of another does not make the other's records late. `current()` names the partition of the record
+    being timed (the source hands out one partition per batch), `partitions()` the subtask's partitions and
+    `idle()` those without a record for the strategy's idle timeout; both are read, never the clock. A
+    partition that has had no record yet holds the watermark back until it is idle. The state is
+    [max_ts, last_emitted, idle, {partition: max_ts}]: its first three as WatermarkGenerator's, so a rescale
+    (which keeps the lowest of those) treats it alike; the per-partition maxima start again then."""
+
+    __slots__ = ("max_delay_ms", "granularity_ms", "max_ts", "last_emitted", "idle", "partition_max", "_current",
+                 "_partitions", "_idle")
+
+    def __init__(self, max_delay_ms: int, granularity_ms: int, state: Any, *, current: Any, partitions: Any,
+                 idle: Any) -> None:
+        self.max_delay_ms = max_delay_ms
+        self.granularity_ms = granularity_ms
+        self.max_ts = MIN_WATERMARK
+        self.last_emitted = MIN_WATERMARK
+        self.idle = False
+        self.partition_max: dict[str, int] = {}
+        self._current, self._partitions, self._idle = current, partitions, idle
+        if state:
+            self.max_ts, self.last_emitted, idle_flag = state[0], state[1], state[2]
+            self.idle = bool(idle_flag)
+            if len(state) > 3 and state[3]:
+                self.partition_max = {str(k): int(v) for k, v in state[3].items()}
+
+    def on_timestamp(self, ts: int) -> int | None:
+        tp = self._current()
+        key = f"{tp[0]}:{tp[1]}" if tp is not None else ""
+        if ts > self.partition_max.get(key, MIN_WATERMARK):
+            self.partition_max[key] = ts
+        self.max_ts = max(self.max_ts, ts)
+        idle = self._idle()
+        keys = [f"{t}:{p}" for t, p in self._partitions() if (t, p) not in idle] or [key]
+        low = min(self.partition_max.get(k, MIN_WATERMARK) for k in keys)
+        if low == MIN_WATERMARK:
+            return None
+        w = low - self.max_delay_ms - 1
+        w -= w % self.granularity_ms
+        if w > self.last_emitted:
+            self.last_emitted = w
+            return w
+        return None
+
+    def snapshot(self) -> list[Any]:
+        return [self.max_ts, self.last_emitted, self.idle, dict(self.partition_max)]

@@ -125,6 +125,8 @@ class KafkaSource(Source):
         self._fetcher: concurrent.futures.Future[Any] | None = None
         self._fetch_task: asyncio.Task[Any] | None = None
         self.records_read: dict[TP, int] = {}
+        self._opened_at = time.monotonic()
+        self._last_record_at: dict[TP, float] = {}
         self.end_offsets: dict[TP, int] = {}  # the broker's, refreshed by the fetch thread (for lag)
         self._thread = LoopThread(f"kafka-source-{subtask_index}")
         self._consumer: Any = None
@@ -301,6 +303,7 @@ class KafkaSource(Source):
                 self._batch_from = None
             return []
         self._last_read = tp
+        self._last_record_at[tp] = time.monotonic()
         self._batch_from = None
         self.records_read[tp] = self.records_read.get(tp, 0) + n
         return [self._deserialize(m) for m in raw]
@@ -462,6 +465,24 @@ class KafkaSource(Source):
             self._fetch_task = None
             self._stopping = False
             self._assignment_changed = True
+
+    # -- event time -----------------------------------------------------------------------------------------
+
+    def watermark_generator(self, strategy: Any, state: Any) -> core.PartitionWatermarks:
+        """Watermarks per partition, combined in the source (the task asks for this instead of its own
+        generator); a partition without a record for the strategy's idle_timeout_ms does not hold them back."""
+        idle_s = strategy.idle_timeout_ms / 1000 if strategy.idle_timeout_ms is not None else None
+        return core.PartitionWatermarks(strategy.max_delay_ms, strategy.granularity_ms, state,
+                                        current=lambda: self._last_read, partitions=lambda: list(self._next),
+                                        idle=lambda: self._idle_partitions(idle_s))
+
+    def _idle_partitions(self, idle_s: float | None) -> set[TP]:
+        if idle_s is None:
+            return set()
+        now = time.monotonic()
+        with self._lock:
+            return {tp for tp in self._next if not self._buffers[tp]
+                    and now - self._last_record_at.get(tp, self._opened_at) >= idle_s}
 
     # -- checkpoints and metrics ----------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ def test_unreachable_broker_is_one_clear_error() -> None:
 JOB = '''
 import os
 
-from runtime.api import Job, KafkaSink, KafkaSource
+from runtime.api import BoundedOutOfOrderness, Job, KafkaSink, KafkaSource
 from runtime.examples.wordcount import Count
 
 BOOTSTRAP, IN, OUT, COPY, SINK_DELAY = {bootstrap!r}, {topic_in!r}, {topic_out!r}, {topic_copy!r}, {sink_delay}
@@ -200,8 +200,11 @@ def short_transactions(job: Job) -> None:
 
 
 def copied(job: Job) -> None:
-    """A second job reading the first one's exactly-once output (read_committed, the default)."""
-    (job.source(KafkaSource(BOOTSTRAP, [OUT], bounded=True), parallelism=3)
+    """A second job reading the first one's exactly-once output (read_committed, the default), in event time
+    from the records' Kafka timestamps with watermarks per partition (3 partitions over 3 subtasks)."""
+    (job.source(KafkaSource(BOOTSTRAP, [OUT], bounded=True, deserializer="timestamped"), parallelism=3,
+                watermarks=BoundedOutOfOrderness(1000, timestamp=lambda r: r[0]).with_idleness(500))
+        .map(lambda r: r[1])
         .sink(KafkaSink(BOOTSTRAP, COPY, delivery="exactly-once", transactional_id_prefix="copied-" + COPY),
               parallelism=1))
 '''

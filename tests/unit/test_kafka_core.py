@@ -105,3 +105,29 @@ def test_lag_and_serde() -> None:
     assert core.encode_key(12) == b"12" and core.encode_key(None) is None
     with pytest.raises(TypeError, match="raw serializer"):
         core.encode_raw(1)
+
+
+def test_watermarks_per_partition_take_the_minimum_over_the_partitions_that_are_not_idle() -> None:
+    state: dict[str, object] = {"current": ("t", 0), "idle": set()}
+    partitions = [("t", 0), ("t", 1)]
+    gen = core.PartitionWatermarks(10, 1, None, current=lambda: state["current"], partitions=lambda: partitions,
+                                   idle=lambda: state["idle"])
+    assert gen.on_timestamp(1000) is None  # t/1 has had no record: it holds the watermark back
+    state["current"] = ("t", 1)
+    assert gen.on_timestamp(500) == 489  # min(1000, 500) - 10 - 1
+    assert gen.on_timestamp(400) is None  # late within t/1: nothing new
+    state["current"] = ("t", 0)
+    assert gen.on_timestamp(5000) is None  # t/0 far ahead does not advance it: t/1 is at 500
+    state["idle"] = {("t", 1)}
+    assert gen.on_timestamp(5001) == 4990  # t/1 idle: only t/0 counts
+    state["idle"] = set()
+    state["current"] = ("t", 1)
+    assert gen.on_timestamp(600) is None  # t/1 active again: the watermark never goes back
+    snap = gen.snapshot()
+    assert snap == [5001, 4990, False, {"t:0": 5001, "t:1": 600}]
+    restored: dict[str, object] = {"current": ("t", 1)}
+    again = core.PartitionWatermarks(10, 1, snap, current=lambda: restored["current"],
+                                     partitions=lambda: partitions, idle=lambda: set())
+    assert again.on_timestamp(6000) is None  # t/0's restored maximum, 5001, still holds it at 4990
+    restored["current"] = ("t", 0)
+    assert again.on_timestamp(5100) == 5089
