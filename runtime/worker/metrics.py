@@ -7,7 +7,7 @@ nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -78,9 +78,11 @@ class WorkerCollector(Collector):
                                      "code, runtime/execution/isolation.py), 0 while on the worker's event loop",
                                      labels=labels)
         io = _AsyncIOFamilies(labels)
+        kafka = _KafkaFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
+            kafka.add(values, task.source, task.chain.sinks)
             op = task.chain.async_operator
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
@@ -113,6 +115,7 @@ class WorkerCollector(Collector):
                     persisted_total, switched, refused, watermark, async_in_flight, async_blocked, async_captured,
                     isolated)
         yield from io.families()
+        yield from kafka.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -187,3 +190,40 @@ class _AsyncIOFamilies:
     def families(self) -> list[Metric]:
         return [self.in_flight, self.completed, self.timed_out, self.retried, self.failed, self.blocked,
                 self.captured, self.latency]
+
+
+class _KafkaFamilies:
+    """Kafka sources' per-partition progress and Kafka sinks' open transactions (docs/METRICS.md, Kafka), read
+    from the connectors' own counters (`partition_statistics`, `open_transaction_age_s`)."""
+
+    def __init__(self, labels: list[str]) -> None:
+        part = [*labels, "topic", "partition"]
+        self.read = CounterMetricFamily("sluice_kafka_source_records_read",
+                                        "Records a Kafka source subtask handed to the job, per partition "
+                                        "(rate(): records/s)", labels=part)
+        self.lag = GaugeMetricFamily("sluice_kafka_source_lag_records",
+                                     "Records of a partition after the next one the source reads, from the end "
+                                     "the broker last reported (its last stable offset under read_committed)",
+                                     labels=part)
+        self.age = GaugeMetricFamily("sluice_kafka_sink_open_transaction_age_seconds",
+                                     "How long the Kafka sink's transaction in progress has been open (0: none)",
+                                     labels=labels)
+        self.committed = CounterMetricFamily("sluice_kafka_sink_transactions",
+                                             "Transactions an exactly-once Kafka sink committed (one per "
+                                             "checkpoint with records, and replays after a recovery)",
+                                             labels=labels)
+
+    def add(self, values: list[str], source: object, sinks: Sequence[object]) -> None:
+        statistics = getattr(source, "partition_statistics", None)
+        if statistics is not None and hasattr(source, "_next"):
+            for (topic, partition), (read, lag) in sorted(statistics().items()):
+                self.read.add_metric([*values, topic, str(partition)], read)
+                self.lag.add_metric([*values, topic, str(partition)], lag)
+        for sink in sinks:
+            age = getattr(sink, "open_transaction_age_s", None)
+            if age is not None and hasattr(sink, "transactions"):
+                self.age.add_metric(values, age())
+                self.committed.add_metric(values, getattr(sink, "transactions", 0))
+
+    def families(self) -> list[Metric]:
+        return [self.read, self.lag, self.age, self.committed]

@@ -21,6 +21,7 @@ import pytest
 from netstack.errors import RpcError
 from tests.support.cluster import Cluster, logs, sluice, wait_for, write_module
 from tests.support.kafka_broker import KafkaBroker, noida_binary
+from tests.support.scrape import scrape
 
 pytest.importorskip("aiokafka", reason="aiokafka is not installed (the `kafka` extra)")
 
@@ -356,6 +357,15 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     finally:
         broker.resume()
     assert cluster.call("status", {"job_id": job_id})["state"] == "RUNNING"  # it was hung mid-run
+    metrics: dict[str, float] = {}
+    for w in cluster.workers:
+        metrics.update(scrape(w.fields["metrics"]))
+    read = {k: v for k, v in metrics.items() if k.startswith("sluice_kafka_source_records_read_total{")}
+    assert sorted(k.split('partition="')[1].split('"')[0] for k in read) == ["0", "1", "2", "3"], read
+    assert sum(read.values()) > 0
+    assert all(f'topic="{topic_in}"' in k for k in read)
+    assert len([k for k in metrics if k.startswith("sluice_kafka_source_lag_records{")]) == PARTITIONS
+    assert len([k for k in metrics if k.startswith("sluice_kafka_sink_open_transaction_age_seconds{")]) == 2
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert_exact_counts(run(read_topic(bs, topic_out)), records)
