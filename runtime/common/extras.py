@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "delta": ("deltalake",),
     "iceberg": ("pyiceberg.catalog.sql",),
     "postgres": ("psycopg2.extras",),
+    "kafka": ("aiokafka",),
     "spark": ("pyspark", "pyarrow.parquet"),
 }
 
@@ -33,7 +34,8 @@ USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "rem
         "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data",
         "delta": "the Delta Lake sink", "iceberg": "the Iceberg sink",
         "spark-connect": "sluice data against a running Spark (--master sc://...)",
-        "postgres": "the PostgreSQL connectors"}
+        "postgres": "the PostgreSQL connectors",
+        "kafka": "the Kafka connector"}
 
 
 class MissingExtra(RuntimeError):

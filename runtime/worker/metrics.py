@@ -7,7 +7,7 @@ nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -83,9 +83,11 @@ class WorkerCollector(Collector):
         io = _AsyncIOFamilies(labels)
         lake = _LakeFamilies(labels)
         connectors = _ConnectorFamilies(labels)
+        kafka = _KafkaFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
+            kafka.add(values, task.source, task.chain.sinks)
             op = task.chain.async_operator
             lake.add(values, task)
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
@@ -122,6 +124,7 @@ class WorkerCollector(Collector):
         yield from io.families()
         yield from lake.families()
         yield from connectors.families()
+        yield from kafka.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -281,3 +284,38 @@ class _LakeFamilies:
     def families(self) -> list[Metric]:
         return [self.pending, self.commits, self.skipped, self.last_commit, self.rows, self.source_pending,
                 self.source_read]
+class _KafkaFamilies:
+    """Kafka sources' per-partition progress and Kafka sinks' open transactions (docs/METRICS.md, Kafka), read
+    from the connectors' own counters (`partition_statistics`, `open_transaction_age_s`)."""
+
+    def __init__(self, labels: list[str]) -> None:
+        part = [*labels, "topic", "partition"]
+        self.read = CounterMetricFamily("sluice_kafka_source_records_read",
+                                        "Records a Kafka source subtask handed to the job, per partition "
+                                        "(rate(): records/s)", labels=part)
+        self.lag = GaugeMetricFamily("sluice_kafka_source_lag_records",
+                                     "Records of a partition after the next one the source reads, from the end "
+                                     "the broker last reported (its last stable offset under read_committed)",
+                                     labels=part)
+        self.age = GaugeMetricFamily("sluice_kafka_sink_open_transaction_age_seconds",
+                                     "How long the Kafka sink's transaction in progress has been open (0: none)",
+                                     labels=labels)
+        self.committed = CounterMetricFamily("sluice_kafka_sink_transactions",
+                                             "Transactions an exactly-once Kafka sink committed (one per "
+                                             "checkpoint with records, and replays after a recovery)",
+                                             labels=labels)
+
+    def add(self, values: list[str], source: object, sinks: Sequence[object]) -> None:
+        statistics = getattr(source, "partition_statistics", None)
+        if statistics is not None and hasattr(source, "_next"):
+            for (topic, partition), (read, lag) in sorted(statistics().items()):
+                self.read.add_metric([*values, topic, str(partition)], read)
+                self.lag.add_metric([*values, topic, str(partition)], lag)
+        for sink in sinks:
+            age = getattr(sink, "open_transaction_age_s", None)
+            if age is not None and hasattr(sink, "transactions"):
+                self.age.add_metric(values, age())
+                self.committed.add_metric(values, getattr(sink, "transactions", 0))
+
+    def families(self) -> list[Metric]:
+        return [self.read, self.lag, self.age, self.committed]
