@@ -27,7 +27,7 @@ class SubmissionRefused(Exception):
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
-        self.kind = kind  # MissingExtra, OutputExists or ConnectorCheck
+        self.kind = kind  # MissingExtra, OutputExists or BadConnectorConfig
 
 
 def needed_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> set[str]:
