@@ -72,7 +72,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
+from runtime.graph.config import parse_bytes, parse_duration, parse_duration_or_zero, parse_positive
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode
+from runtime.graph.flags import flag
+from runtime.graph.job_config import CHECKPOINTS as GROUP
 
 HISTORY_SIZE = 50
 FINISHED_STATE = {"finished": True}  # what a finished task "acknowledges" (workers restore it as finished)
@@ -86,22 +89,49 @@ def check_mode(mode: str, aligned_timeout_s: float | None) -> None:
         raise ValueError("checkpoint mode 'aligned_timeout' needs aligned_timeout_s")
 
 
+def _cli_mode(text: str) -> str:
+    return text.replace("-", "_")
+
+
 @dataclass(frozen=True)
 class CheckpointSettings:
-    interval_s: float | None  # None = no periodic checkpoints
-    timeout_s: float = 60.0
-    min_pause_s: float = 0.0  # between the end of one checkpoint and the start of the next
-    tolerable_failures: int = 0  # consecutive failed checkpoints tolerated; one more -> FailJob
-    mode: str = CheckpointMode.ALIGNED  # aligned | unaligned | aligned_timeout | at_least_once
-    aligned_timeout_s: float | None = None  # used with mode aligned_timeout
-    retain: int = 3  # completed checkpoints kept
+    """A job's checkpoint settings (README, Checkpoints); each field's flag is its `sluice submit` option."""
+
+    interval_s: float | None = field(metadata=flag(  # None = no periodic checkpoints
+        "--checkpoint-interval", "take a checkpoint every INTERVAL (e.g. 1s)", parse=parse_duration, group=GROUP))
+    timeout_s: float = field(default=60.0, metadata=flag(
+        "--checkpoint-timeout", "abort a checkpoint after (60s)", parse=parse_duration, group=GROUP))
+    # between the end of one checkpoint and the start of the next
+    min_pause_s: float = field(default=0.0, metadata=flag(
+        "--min-pause", "pause between checkpoints (0)", parse=parse_duration_or_zero, group=GROUP))
+    # consecutive failed checkpoints tolerated; one more -> FailJob (the command line's default is 3)
+    tolerable_failures: int = field(default=0, metadata=flag(
+        "--tolerable-failures", "consecutive failed checkpoints tolerated (3)", parse=int, default=3, group=GROUP))
+    # aligned | unaligned | aligned_timeout (the command line's --aligned-timeout) | at_least_once
+    mode: str = field(default=CheckpointMode.ALIGNED, metadata=flag(
+        "--checkpoint-mode", choices=("aligned", "unaligned", "at-least-once"), to_field=_cli_mode, group=GROUP))
+    aligned_timeout_s: float | None = field(default=None, metadata=flag(  # used with mode aligned_timeout
+        "--aligned-timeout", "aligned checkpoints switch to unaligned after this long (e.g. 100ms)",
+        parse=parse_duration, group=GROUP))
+    retain: int = field(default=3, metadata=flag(  # completed checkpoints kept
+        "--retain", "completed checkpoints kept (3)", parse=parse_positive, group=GROUP))
     # aligned checkpoints whose channels switch to unaligned one by one (runtime/checkpointing/barriers.py):
     # at a barrier's wait behind data, or at the bytes ahead of it; and the cap on a task's persisted
     # in-flight bytes per checkpoint that bounds those switches
-    channel_timeout_s: float | None = None
-    channel_inflight_bytes: int | None = None
-    max_inflight_bytes: int | None = None
-    max_concurrent: int = 1  # periodic checkpoints in flight at once (more than one: unaligned only)
+    channel_timeout_s: float | None = field(default=None, metadata=flag(
+        "--channel-timeout", "with aligned: a channel whose barrier has waited this long behind data switches to "
+        "unaligned on its own, the others stay aligned (e.g. 10ms)", parse=parse_duration, group=GROUP))
+    channel_inflight_bytes: int | None = field(default=None, metadata=flag(
+        "--channel-inflight", "with aligned: a channel whose barrier waits behind more than this much data "
+        "switches to unaligned on its own (e.g. 256KiB)", parse=parse_bytes, metavar="BYTES", group=GROUP))
+    max_inflight_bytes: int | None = field(default=None, metadata=flag(
+        "--max-inflight", "with --channel-timeout/--channel-inflight: the most in-flight data a task persists "
+        "per checkpoint; a switch that does not fit stays aligned (e.g. 4MiB)", parse=parse_bytes,
+        metavar="BYTES", group=GROUP))
+    # periodic checkpoints in flight at once (more than one: unaligned only)
+    max_concurrent: int = field(default=1, metadata=flag(
+        "--max-concurrent", "with unaligned: periodic checkpoints in flight at once (1)", parse=parse_positive,
+        group=GROUP))
 
     def __post_init__(self) -> None:
         check_mode(self.mode, self.aligned_timeout_s)
