@@ -44,6 +44,7 @@ from coordinator.storage import CheckpointStorage
 from netstack.errors import NetstackError
 from netstack.transport import Link
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 
 log = logging.getLogger("sluice.checkpoints")
@@ -217,14 +218,11 @@ class CheckpointRunner:
             self.execute(self.coordinator.storage_failed(time.monotonic(), ins.checkpoint_id, why))
             return
         self.directories[ins.checkpoint_id] = directory
-        args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": ins.checkpoint_id,
-                "mode": ins.mode, "aligned_timeout_s": ins.aligned_timeout_s, "savepoint": ins.savepoint,
-                "directory": directory, "started_at": time.time(),
-                **{k: v for k, v in (("channel_timeout_s", ins.channel_timeout_s),
-                                     ("channel_inflight_bytes", ins.channel_inflight_bytes),
-                                     ("max_inflight_bytes", ins.max_inflight_bytes)) if v is not None}}
+        message = p.TriggerCheckpoint(job_id=self.job_id, attempt=self.attempt, checkpoint_id=ins.checkpoint_id,
+                                      options=ins.options, started_at=time.time(), directory=directory)
+        wire = message.to_wire()
         try:
-            await asyncio.gather(*(link.call("trigger_checkpoint", args, timeout_s=10.0) for link in self._links()))
+            await asyncio.gather(*(link.call(message.method, wire, timeout_s=10.0) for link in self._links()))
         except NetstackError as exc:
             self.execute(self.coordinator.trigger_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
 

@@ -37,9 +37,9 @@ from typing import Any
 
 from runtime.execution.async_checkpoint import decode_inflight, inflight_document, restore_inflight
 from runtime.execution.async_controller import (
-    CheckpointMode,
     ControllerConfig,
     EpochMode,
+    InFlightAtBarrier,
     KeyOrder,
     Record,
     Timer,
@@ -112,7 +112,7 @@ class AsyncStateSettings:
         # the controller always snapshots at once; drain waits for quiet before asking (module docstring)
         return ControllerConfig(max_in_flight=self.max_in_flight, batch_size=self.batch_size,
                                 batch_timeout_s=self.batch_timeout_ms / 1000, key_order=key_order,
-                                epoch_mode=epochs, checkpoint_mode=CheckpointMode.CAPTURE,
+                                epoch_mode=epochs, checkpoint_mode=InFlightAtBarrier.CAPTURE,
                                 max_parallelism=max_parallelism)
 
 
