@@ -42,27 +42,22 @@ from coordinator import lifecycle as lc
 from coordinator.autoscale import AutoscaleSettings, Scaling, ScalingStatistics, Shape
 from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
+from coordinator.job_graphs import JobGraphs
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
 from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
-from runtime.api import JobDefinitionError
+from runtime.api import Job, JobDefinitionError
 from runtime.common import objectstore
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
-from runtime.graph.evolution import evolution_refusal, inflight_edges, match_operators
+from runtime.graph.evolution import match_operators
 from runtime.graph.job_config import JobConfig
 from runtime.graph.operator_ids import recorded_operators
-from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
-from runtime.graph.rescalability import (
-    NotRestorable,
-    checkpointed_node_parallelism,
-    ended_operators,
-    rescale_refusal,
-)
-from runtime.graph.restore_spec import RestoreSpec, TaskFiles
+from runtime.graph.plan import JobLoadError, Plan, chain_graph
+from runtime.graph.restore_compatibility import IncompatibleCheckpoint, restore_spec
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -106,6 +101,7 @@ class JobManager:
         self.restart_durations = DurationHistogram()
         self.autoscale = autoscale or AutoscaleSettings()
         self.scaling: dict[str, Scaling] = {}  # job id -> its scale-downs and scale-ups (coordinator/autoscale.py)
+        self.graphs = JobGraphs()
 
     def statistics(self) -> JobsStatistics:
         return JobsStatistics(tuple(j.statistics() for j in self.jobs.values()),
@@ -135,10 +131,24 @@ class JobManager:
         """Raises RpcError for a job module that does not import or a graph the cluster cannot run.
         `config` (default: the job's) lets a rescale try its new parallelism before it stops anything; `groups`
         keeps a checkpoint's task boundaries (plan.chain_graph)."""
+        config = job.config if config is None else config
         try:
             return make_plan(job_id=job.job_id, attempt=job.attempt, entry=job.entry, name=job.name,
-                             sys_path=job.sys_path, config=job.config if config is None else config,
+                             sys_path=job.sys_path, config=config, job=self.graph(job, config.parallelism),
                              workers=self.worker_slots(), channel_base=next(self._channel_base), groups=groups)
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+
+    def graph(self, job: JobRecord, parallelism: Mapping[str, int] | None = None) -> Job:
+        """The job's graph at `parallelism` (default: its configured overrides), built once (JobGraphs);
+        raises JobLoadError or JobDefinitionError."""
+        return self.graphs.get(job.job_id, entry=job.entry, name=job.name, sys_path=job.sys_path,
+                               parallelism=job.config.parallelism if parallelism is None else parallelism)
+
+    def _built(self, job: JobRecord, parallelism: Mapping[str, int] | None = None) -> Job:
+        """`graph`, with a job that no longer builds as an RpcError."""
+        try:
+            return self.graph(job, parallelism)
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
@@ -154,61 +164,17 @@ class JobManager:
         """`plan` with the checkpoint at `path` attached, re-planned if needed so that it keeps the checkpoint's
         task boundaries (a former network edge stays one: issue 20 item 3); RpcError if it cannot be restored."""
         metadata = await self._read_checkpoint(path)
+        built = self._built(job, plan.config.parallelism)
         if recorded_operators(metadata):
-            try:
-                built = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
-            except (JobLoadError, JobDefinitionError) as exc:
-                raise RpcError(str(exc), type(exc).__name__) from None
             groups = match_operators(metadata, built).old_vertex_of_new
             if [v.nodes for v in chain_graph(built, groups)[0]] != [v.nodes for v in plan.vertices]:
                 plan = self.plan(job, plan.config, groups=groups)
-        plan.restore = await self.restore_spec(path, plan, metadata)
-        return plan
-
-    async def restore_spec(self, path: str, plan: Plan, metadata: dict[str, Any] | None = None) -> RestoreSpec:
-        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
-        if metadata is None:
-            metadata = await self._read_checkpoint(path)
-        saved = metadata.get("vertices", [])
-        old = {int(v["id"]): int(v["parallelism"]) for v in saved}
-        nodes: dict[int, int] = {}
-        graph: dict[str, Any] = {}
-        acks = {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}
-        try:
-            job = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
-        except (JobLoadError, JobDefinitionError) as exc:
-            raise RpcError(str(exc), type(exc).__name__) from None
-        if recorded_operators(metadata):  # operators matched by uid (runtime/graph/evolution.py)
-            graph = {k: metadata.get(k) or [] for k in ("operators", "vertices", "edges")}
-            refusal = evolution_refusal(graph, job, allow_non_restored_state=plan.config.allow_non_restored_state,
-                                        inflight_edges=inflight_edges(graph, acks),
-                                        new_edges=plan.graph.get("edges") or [])
-            if refusal:
-                raise RpcError(f"checkpoint {path} {refusal}", "IncompatibleCheckpoint")
-            match = match_operators(graph, job)
-            by_node = {int(op["node"]): int(op["parallelism"]) for op in graph["operators"]}
-            nodes = {new: by_node[was] for new, was in match.old_of_new.items()}
-            ended = ended_operators(graph["vertices"], acks)
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes,
-                                      ended=frozenset(new for new, was in match.old_of_new.items() if was in ended))
-            if refusal:
-                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
-        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
-        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
-        elif [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
-                old.get(v.id) != v.parallelism for v in plan.vertices):
-            try:
-                nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
-            except NotRestorable as exc:
-                raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
-                               f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes, ended=ended_operators(saved, acks))
-            if refusal:
-                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
-        return RestoreSpec(path=directory, checkpoint_id=int(metadata["checkpoint_id"]),
-                           tasks={task: TaskFiles.from_wire(files) for task, files in acks.items()},
-                           parallelism=old, nodes=nodes, graph=graph)
+        try:
+            plan.restore = restore_spec(metadata, built, plan, path=path, directory=directory)
+        except IncompatibleCheckpoint as exc:
+            raise RpcError(str(exc), "IncompatibleCheckpoint") from None
+        return plan
 
     # -- jobs in and out ---------------------------------------------------------------
 
@@ -590,14 +556,14 @@ class JobManager:
     def _shape(self, job: JobRecord) -> Shape:
         """The job's operators at their asked parallelism; RpcError if the job no longer builds."""
         try:
-            return policy.shape_of(build_job(job.entry, job.name, job.config.parallelism))
+            return policy.shape_of(self.graph(job))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
     def _asked_vertices(self, job: JobRecord) -> dict[str, int]:
         """Task type name -> asked parallelism (the chaining of a shrunk job is the same: autoscale.py)."""
         try:
-            vertices, _ = chain_graph(build_job(job.entry, job.name, job.config.parallelism))
+            vertices, _ = chain_graph(self.graph(job))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
         return {v.name: v.parallelism for v in vertices}

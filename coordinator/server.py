@@ -63,7 +63,7 @@ from runtime.graph import protocol as p
 from runtime.graph.admission import SubmissionRefused, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
-from runtime.graph.plan import Plan, build_job
+from runtime.graph.plan import Plan
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -401,7 +401,7 @@ class Coordinator(BaseLinkHandler):
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
+            check_extras(self.manager.graph(job), backend=config.state.backend,
                          restore=str(restore) if restore else None)
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
