@@ -23,12 +23,13 @@ from runtime.api.co_functions import (
 )
 from runtime.api.functions import KeyedProcessFunction, OutputTag, ProcessFunction
 from runtime.api.time import BoundedOutOfOrderness
+from runtime.common import state_backends
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
 DEFAULT_MAX_PARALLELISM = 128
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
-STATE_BACKENDS = ("memory", "rocksdb", "remote")  # runtime/state/registry.py builds them
+STATE_BACKENDS = state_backends.NAMES  # runtime/state/registry.py builds them
 
 
 class JobDefinitionError(ValueError):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.common.extras import install_line
+
 
 @dataclass(frozen=True, slots=True)
 class BackendDescriptor:
@@ -27,6 +29,10 @@ class BackendDescriptor:
     needs_address: bool = False  # a server's HOST:PORT (state.remote_address)
 
     @property
+    def install_line(self) -> str:
+        return install_line(self.extra) if self.extra else ""
+
+    @property
     def module(self) -> str:
         return self.factory.partition(":")[0]
 
@@ -35,13 +41,15 @@ class BackendDescriptor:
         return taken_by == self.name or taken_by in self.restores_from
 
 
+# A memory checkpoint's keyed state is dict tables, which a task on any backend writes through its state tables
+# as it starts; a rocksdb one is read out into dict tables by a task on memory (runtime/worker/state_backends.py).
 BACKENDS = (
     BackendDescriptor("memory", "dicts in the task (the default)", "runtime.state.memory:create",
                       restores_from=("rocksdb",)),
     BackendDescriptor("rocksdb", "on local disk, larger than memory, incremental checkpoints",
                       "runtime.state.rocksdb:create", extra="rocksdb", restores_from=("memory",)),
     BackendDescriptor("remote", "a Redis-protocol state server (--state-remote-address)",
-                      "runtime.state.remote:create", extra="remote", needs_address=True),
+                      "runtime.state.remote:create", extra="remote", restores_from=("memory",), needs_address=True),
 )
 BY_NAME = {d.name: d for d in BACKENDS}
 NAMES = tuple(BY_NAME)

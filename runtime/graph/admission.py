@@ -4,7 +4,7 @@ A job that cannot run here should be refused when it is submitted, with the one 
 not fail on every worker and restart until its attempts run out. Two checks:
 
 - extras: the job's sources and sinks name the install's extras they need (`Source.extras`, `Sink.extras`),
-  its state backend too (rocksdb, remote), and a restore from s3:// needs the `s3` extra;
+  its state backend too (its descriptor names the extra), and a restore from s3:// needs the `s3` extra;
 - earlier output: a FileSink directory that already holds visible files (the output of an earlier run) is
   refused for a new job, unless the sink says `if_exists="append"`; a restore goes on writing where the run
   it restores left off, so it is not checked.
@@ -13,7 +13,7 @@ not fail on every worker and restart until its attempts run out. Two checks:
 from __future__ import annotations
 
 from runtime.api import Job
-from runtime.common import extras, objectstore
+from runtime.common import extras, objectstore, state_backends
 from runtime.connectors.files import FileSink
 
 
@@ -31,9 +31,9 @@ def needed_extras(job: Job, *, backend: str | None = None, restore: str | None =
     needed: set[str] = set()
     for node in job.nodes:
         needed.update(getattr(node.payload, "extras", ()))
-    backend = backend or job.state_backend
-    if backend in ("rocksdb", "remote") and any(n.key_fn is not None for n in job.nodes):
-        needed.add(str(backend))
+    descriptor = state_backends.BY_NAME.get(str(backend or job.state_backend))
+    if descriptor is not None and descriptor.extra and any(n.key_fn is not None for n in job.nodes):
+        needed.add(descriptor.extra)
     if restore and objectstore.is_url(restore):
         needed.add("s3")
     return needed
