@@ -32,6 +32,7 @@ from typing import Any
 from coordinator.checkpointing import (
     CheckpointCoordinator,
     CheckpointSettings,
+    CompletedCheckpoint,
     DiscardCheckpoint,
     FailJob,
     Instruction,
@@ -55,7 +56,7 @@ SETTLE_S = 10.0  # how long `stop` waits for `_metadata` writes and retention di
 class CheckpointRunner:
     def __init__(self, *, job_id: str, attempt: int, settings: CheckpointSettings, tasks: frozenset[str],
                  storage: CheckpointStorage, links: Callable[[], list[Link]], job_info: dict[str, Any],
-                 fail_job: Callable[[str], None], on_complete: Callable[[int, str, dict[str, Any]], None],
+                 fail_job: Callable[[str], None], on_complete: Callable[[CompletedCheckpoint], None],
                  first_id: int = 1) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -246,7 +247,7 @@ class CheckpointRunner:
             await self._record_retained()
         summary = next((s for s in reversed(self.coordinator.history()) if s.checkpoint_id == ins.checkpoint_id),
                        None)
-        self._on_complete(ins.checkpoint_id, directory, summary.to_document() if summary else {})
+        self._on_complete(CompletedCheckpoint(ins.checkpoint_id, directory, summary))
         self.execute(instructions)
 
     def _notify(self, method: str, checkpoint_id: int) -> None:

@@ -281,6 +281,33 @@ class CheckpointSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class CompletedCheckpoint:
+    """A job's latest completed checkpoint: where it is and, while this coordinator saw it complete, its summary
+    (a job record keeps only the pointer: its figures are not needed to restore it)."""
+
+    checkpoint_id: int
+    path: str
+    summary: CheckpointSummary | None = None
+
+    def pointer(self) -> dict[str, Any]:
+        """What a job record keeps."""
+        return {"checkpoint_id": self.checkpoint_id, "path": self.path}
+
+    def to_document(self) -> dict[str, Any]:
+        """As `sluice status` and the REST API show it: the pointer and the summary's fields."""
+        return {"checkpoint_id": self.checkpoint_id, "path": self.path,
+                **(self.summary.to_document() if self.summary is not None else {})}
+
+    @classmethod
+    def from_pointer(cls, doc: Any) -> CompletedCheckpoint:
+        """From a job record's pointer; ValueError names what is wrong with it."""
+        if not (isinstance(doc, dict) and isinstance(doc.get("checkpoint_id"), int)
+                and not isinstance(doc.get("checkpoint_id"), bool) and isinstance(doc.get("path"), str)):
+            raise ValueError(f"'last_checkpoint' must name a checkpoint_id and a path, got {doc!r}")
+        return cls(doc["checkpoint_id"], doc["path"])
+
+
+@dataclass(frozen=True, slots=True)
 class TaskAck:
     """One task's acknowledgement: its files (written to _metadata as they came) and its figures."""
 

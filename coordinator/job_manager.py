@@ -41,7 +41,7 @@ from coordinator import autoscale as policy
 from coordinator import lifecycle as lc
 from coordinator.autoscale import AutoscaleSettings, Scaling, ScalingStatistics, Shape
 from coordinator.checkpoint_runner import CheckpointRunner
-from coordinator.checkpointing import CheckpointSettings
+from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
 from coordinator.job_graphs import JobGraphs
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
@@ -366,15 +366,17 @@ class JobManager:
                     "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism, "nodes": list(v.nodes)}
                                  for v in plan.vertices], **plan.graph}
 
-        def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
+        def on_complete(completed: CompletedCheckpoint) -> None:
+            checkpoint_id, summary = completed.checkpoint_id, completed.summary
             stale = job.checkpoints is not runner  # the attempt restarted while this `_metadata` write was under way
-            if stale:
-                job.complete_archived(summary)
-            if not stale or checkpoint_id > (job.last_checkpoint or {}).get("checkpoint_id", 0):
-                job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            if stale and summary is not None:
+                job.complete_archived(summary.to_document())
+            last = job.last_checkpoint
+            if not stale or checkpoint_id > (last.checkpoint_id if last is not None else 0):
+                job.last_checkpoint = completed
             job.next_checkpoint_id = max(job.next_checkpoint_id, checkpoint_id + 1)
-            if summary.get("duration_s") is not None:
-                self.checkpoint_durations.observe(summary["duration_s"])
+            if summary is not None and summary.duration_s is not None:
+                self.checkpoint_durations.observe(summary.duration_s)
             self.handle(job, lc.CheckpointCompleted(attempt, checkpoint_id))
 
         def links() -> list[Link]:
@@ -477,8 +479,8 @@ class JobManager:
 
     def _restore_choice(self, job: JobRecord) -> lc.RestoreChoice:
         """What the store holds and whether the record's checkpoints still exist (blocking: in a thread)."""
-        last = job.last_checkpoint or {}
-        recorded = (int(last["checkpoint_id"]), str(last["path"])) if last.get("path") else None
+        last = job.last_checkpoint
+        recorded = (last.checkpoint_id, last.path) if last is not None and last.path else None
         job_dir = getattr(self.storage, "job_dir", None)
         return lc.choose_restore(
             self.storage.list_completed(job.job_id), recorded,

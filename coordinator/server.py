@@ -482,7 +482,7 @@ class Coordinator(BaseLinkHandler):
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
                 "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
-                "last_completed": job.last_checkpoint}
+                "last_completed": job.last_checkpoint_document()}
 
     def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
         """The report's job while the attempt it is about is the current one (None: a stale report)."""
