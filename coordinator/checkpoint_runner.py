@@ -47,6 +47,7 @@ from netstack.transport import Link
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 
 log = logging.getLogger("sluice.checkpoints")
 
@@ -232,11 +233,13 @@ class CheckpointRunner:
         if directory is None:
             self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, "no directory"))
             return
-        metadata = {
-            "checkpoint_id": ins.checkpoint_id, "job_id": self.job_id, "attempt": self.attempt,
-            "savepoint": ins.savepoint, "mode": ins.mode, "created_at": time.time(),
-            "duration_s": ins.completed_at - ins.started_at, "acks": ins.acks, **self._job_info,
-        }
+        info = self._job_info
+        metadata = CheckpointMetadata(
+            ins.checkpoint_id, ins.acks, job_id=self.job_id, attempt=self.attempt, savepoint=ins.savepoint,
+            mode=ins.mode.value, created_at=time.time(), duration_s=ins.completed_at - ins.started_at,
+            entry=str(info.get("entry", "")), name=str(info.get("name", "")),
+            vertices=tuple(info.get("vertices", ())), operators=tuple(info.get("operators", ())),
+            edges=tuple(info.get("edges", ()))).to_document()
         try:
             await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
         except (OSError, ValueError) as exc:

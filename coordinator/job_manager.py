@@ -52,10 +52,10 @@ from netstack.transport import Link
 from runtime.api import Job, JobDefinitionError
 from runtime.common import objectstore
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.enums import JobState
 from runtime.graph.evolution import match_operators
 from runtime.graph.job_config import JobConfig
-from runtime.graph.operator_ids import recorded_operators
 from runtime.graph.plan import JobLoadError, Plan, chain_graph
 from runtime.graph.restore_compatibility import IncompatibleCheckpoint, restore_spec
 
@@ -152,21 +152,23 @@ class JobManager:
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
-    async def _read_checkpoint(self, path: str) -> dict[str, Any]:
+    async def _read_checkpoint(self, path: str) -> CheckpointMetadata:
         try:
-            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
-            await asyncio.to_thread(self.storage.verify, path, metadata)
+            document = await asyncio.to_thread(self.storage.read_metadata, path)
+            await asyncio.to_thread(self.storage.verify, path, document)
+            return CheckpointMetadata.from_document(document)
         except CorruptCheckpoint as exc:
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        return metadata
+        except ValueError as exc:
+            raise RpcError(f"checkpoint {path}: its metadata cannot be used: {exc}", "CorruptCheckpoint") from None
 
     async def restored_plan(self, job: JobRecord, path: str, plan: Plan) -> Plan:
         """`plan` with the checkpoint at `path` attached, re-planned if needed so that it keeps the checkpoint's
         task boundaries (a former network edge stays one: issue 20 item 3); RpcError if it cannot be restored."""
         metadata = await self._read_checkpoint(path)
         built = self._built(job, plan.config.parallelism)
-        if recorded_operators(metadata):
-            groups = match_operators(metadata, built).old_vertex_of_new
+        if metadata.operators:
+            groups = match_operators(metadata.graph, built).old_vertex_of_new
             if [v.nodes for v in chain_graph(built, groups)[0]] != [v.nodes for v in plan.vertices]:
                 plan = self.plan(job, plan.config, groups=groups)
         directory = await asyncio.to_thread(self.storage.directory_of, path)

@@ -16,35 +16,33 @@ operator:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from runtime.api import Job
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.evolution import evolution_refusal, inflight_edges, match_operators
-from runtime.graph.operator_ids import recorded_operators
 from runtime.graph.plan import Plan
 from runtime.graph.rescalability import NotRestorable, checkpointed_node_parallelism, ended_operators, rescale_refusal
-from runtime.graph.restore_spec import RestoreSpec, TaskFiles
+from runtime.graph.restore_spec import RestoreSpec
 
 
 class IncompatibleCheckpoint(ValueError):
     """The checkpoint cannot be restored by this plan; the message is one line naming the checkpoint."""
 
 
-def restore_spec(metadata: Mapping[str, Any], job: Job, plan: Plan, *, path: str, directory: str) -> RestoreSpec:
+def restore_spec(metadata: CheckpointMetadata, job: Job, plan: Plan, *, path: str, directory: str) -> RestoreSpec:
     """The RestoreSpec of the checkpoint whose `_metadata` is `metadata` (read from `path`, in `directory`) for
     `plan`, whose operators `job` is; raises IncompatibleCheckpoint."""
-    saved = list(metadata.get("vertices", []))
-    acks = {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}
+    saved = list(metadata.vertices)
+    acks = metadata.task_states()
     graph: dict[str, Any] = {}
     nodes: dict[int, int] = {}
-    if recorded_operators(metadata):
-        graph = {k: metadata.get(k) or [] for k in ("operators", "vertices", "edges")}
+    if metadata.operators:
+        graph = metadata.graph
         nodes = _by_uid(graph, acks, job, plan, path)
     elif _reshaped(saved, plan):
         nodes = _by_name(saved, acks, job, plan, path)
-    return RestoreSpec(path=directory, checkpoint_id=int(metadata["checkpoint_id"]),
-                       tasks={task: TaskFiles.from_wire(files) for task, files in acks.items()},
+    return RestoreSpec(path=directory, checkpoint_id=metadata.checkpoint_id, tasks=metadata.task_files(),
                        parallelism={int(v["id"]): int(v["parallelism"]) for v in saved}, nodes=nodes, graph=graph)
 
 

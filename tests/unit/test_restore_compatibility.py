@@ -14,6 +14,7 @@ from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.sinks import DiscardSink
 from runtime.connectors.source import Source
 from runtime.examples.wordcount import Count
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.job_config import JobConfig
 from runtime.graph.operator_ids import assign_uids, graph_document
 from runtime.graph.plan import Plan, apply_parallelism, chain_graph
@@ -53,7 +54,7 @@ def plan_of(job: Job, *, allow_non_restored_state: bool = False) -> Plan:
                      workers=[WorkerSlots("w", 64, "127.0.0.1", 1)], channel_base=1)
 
 
-def metadata_of(job: Job, *, uids: bool = True) -> dict[str, Any]:
+def metadata_of(job: Job, *, uids: bool = True) -> CheckpointMetadata:
     """The `_metadata` of a checkpoint of `job`: every task acknowledged with a state file."""
     vertices, edges = chain_graph(job)
     graph = graph_document(job, vertices, edges)
@@ -62,7 +63,7 @@ def metadata_of(job: Job, *, uids: bool = True) -> dict[str, Any]:
                            "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism} for v in vertices]}
     if uids:
         doc.update(operators=graph["operators"], vertices=graph["vertices"], edges=graph["edges"])
-    return doc
+    return CheckpointMetadata.from_document(doc)
 
 
 def test_the_same_job_restores_with_every_task_s_files_and_the_old_parallelisms() -> None:
@@ -117,3 +118,25 @@ def test_a_checkpoint_without_uids_matches_by_name_and_checks_the_rescale() -> N
     old, new = built(lambda j: counting(j, Fixed())), built(lambda j: counting(j, Fixed()), {"*": 3})
     with pytest.raises(IncompatibleCheckpoint, match=r"^checkpoint /c/chk-7/_metadata: source "):
         restore_spec(metadata_of(old, uids=False), new, plan_of(new), path=PATH, directory=DIRECTORY)
+
+
+def test_metadata_round_trips_with_the_keys_it_does_not_know() -> None:
+    doc = {"checkpoint_id": 3, "acks": {"0:0": {"state": {"state": "f"}, "figures": {}}}, "job_id": "j",
+           "attempt": 2, "savepoint": True, "mode": "aligned", "created_at": 1.5, "duration_s": 0.25, "entry": "m:f",
+           "name": "t", "vertices": [{"id": 0}], "operators": [], "edges": [], "bootstrapped": {"uid": "u"},
+           "format": 2, "checksum": "x"}
+    metadata = CheckpointMetadata.from_document(doc)
+    assert metadata.extra == {"bootstrapped": {"uid": "u"}} and metadata.task_files() == {"0:0": TaskFiles("f")}
+    assert metadata.to_document() == {k: v for k, v in doc.items() if k not in ("format", "checksum")}
+
+
+@pytest.mark.parametrize(("doc", "reason"), [
+    ({"acks": {}}, "'checkpoint_id' must be an integer, got None"),
+    ({"checkpoint_id": "7", "acks": {}}, "'checkpoint_id' must be an integer, got '7'"),
+    ({"checkpoint_id": 7, "acks": {"0:0": 1}}, "'acks' must be an object of task -> object"),
+    ({"checkpoint_id": 7, "acks": {}, "operators": {"uid": "x"}}, "'operators' must be a list of objects"),
+])
+def test_metadata_a_reader_cannot_use_is_refused_naming_the_field(doc: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ValueError) as info:
+        CheckpointMetadata.from_document(doc)
+    assert str(info.value) == reason
