@@ -116,7 +116,22 @@ def _job_id_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_id")
 
 
+def _cancel_arguments(ca: argparse.ArgumentParser) -> None:
+    ca.add_argument("job_id")
+    ca.add_argument("--savepoint", action="store_true",
+                    help="take a savepoint first and cancel the job only once it completed; print its path")
+    ca.add_argument("--dir", help="where the savepoint goes, inside one of the coordinator's --savepoint-root "
+                    "(default: the first root)")
+    ca.add_argument("--timeout", type=a.duration, default=600.0, help="give up waiting after (600s)")
+
+
 def run_cancel(args: argparse.Namespace) -> int:
+    if args.savepoint:
+        message = p.Cancel(job_id=args.job_id, savepoint=True, directory=a.absolute(args.dir),
+                           timeout_s=args.timeout)
+        result = request(args, message, timeout_s=args.timeout + 60.0)
+        print(f"job {args.job_id}: {result['state']}, stopped with savepoint {result['savepoint']}")
+        return 0
     result = request(args, p.Cancel(job_id=args.job_id))
     print(f"job {args.job_id}: {result['state']}")
     return 0
@@ -240,7 +255,8 @@ def run_probe(args: argparse.Namespace) -> int:
 COMMANDS = (
     Command("submit", "submit a job to a running coordinator", _submit_arguments, run_submit, client=True),
     Command("status", "show workers and jobs, or one job in detail", _status_arguments, run_status, client=True),
-    Command("cancel", "cancel a job", _job_id_argument, run_cancel, client=True),
+    Command("cancel", "cancel a job (with --savepoint: stop it with a savepoint)", _cancel_arguments, run_cancel,
+            client=True),
     Command("checkpoint", "take a checkpoint of a running job now and wait for it", _checkpoint_arguments,
             run_checkpoint, client=True),
     Command("savepoint", "take an aligned, self-contained savepoint of a running job", _savepoint_arguments,

@@ -74,10 +74,16 @@ def _data_arguments(da: argparse.ArgumentParser) -> None:
     dg.add_argument("--jitter-ms", type=int, default=0,
                     help="out-of-order event times: each row's is up to this much behind 1_700_000_000_000 + seq, "
                          "deterministically for the seed (default 0: in order)")
-    dg.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dg.add_argument("--master", default="local[2]",
+                    help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
-    dv.add_argument("--output", required=True, help="the job's FileSink directory")
+    dv.add_argument("--output", required=True, help="the job's FileSink directory, or its table: a Delta table's "
+                                                    "path or s3:// URL, an Iceberg table's namespace.table")
+    dv.add_argument("--output-format", choices=["files", "delta", "iceberg"], default="files",
+                    help="what --output is (default files: a FileSink's part files); tables are read through Arrow")
+    dv.add_argument("--catalog", help="--output-format iceberg: pyiceberg catalog properties as JSON, e.g. "
+                                      "'{\"type\": \"sql\", \"uri\": \"sqlite:///cat.db\", \"warehouse\": \"file:///wh\"}'")
     dv.add_argument("--query", choices=["wordcount", "window-count", "session-count", "interval-join", "window-join"],
                     default="wordcount")
     dv.add_argument("--right-input", help="interval-join, window-join: the second (right) Parquet input")
@@ -91,7 +97,8 @@ def _data_arguments(da: argparse.ArgumentParser) -> None:
     dv.add_argument("--gap-ms", type=a.positive, help="session-count: session gap")
     dv.add_argument("--late-output", metavar="DIR",
                     help="window-count, session-count: also verify the late records' FileSink directory")
-    dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dv.add_argument("--master", default="local[2]",
+                    help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
     from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
 
