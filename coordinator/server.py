@@ -54,17 +54,17 @@ from netstack.errors import (
 from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
-from netstack.tls import TlsFiles, server_context
+from netstack.tls import TlsFiles, http_server_context, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
-from runtime.graph.admission import SubmissionRefused, check_extras
+from runtime.graph.admission import SubmissionRefused, SubmitContext, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
-from runtime.graph.plan import Plan, build_job
+from runtime.graph.plan import Plan
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -172,6 +172,8 @@ class Coordinator(BaseLinkHandler):
 
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
+        # REST and metrics over TLS with RPC's certificate when TLS is configured: no plain-text port
+        self._http_ssl = http_server_context(self.config.tls) if self.config.tls else None
         os.makedirs(state_dir, exist_ok=True)
         await asyncio.to_thread(self._check_object_stores)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
@@ -181,13 +183,15 @@ class Coordinator(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
             registry.register(LeadershipCollector(self.leadership_statistics))
-            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port,
+                                                     ssl_context=self._http_ssl)).port
         if self.config.http_port is not None:
             # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
             api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
-                          call=self._rest_call)
+                          call=self._rest_call, scheme="https" if self._http_ssl else "http")
             self._rest = HttpServer(api, REST_LIMITS, name="rest")
-            self.http_port = await self._rest.start(self.config.host, self.config.http_port)
+            self.http_port = await self._rest.start(self.config.host, self.config.http_port,
+                                                    ssl_context=self._http_ssl)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
         ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
@@ -375,7 +379,7 @@ class Coordinator(BaseLinkHandler):
             record.process = process_sample(record.process, args.process, now)
         for st in args.tasks:
             job = self.jobs.get(st.get("job"))
-            if job is not None and st.get("attempt") == job.attempt:
+            if job is not None and st.get("attempt") == job.attempt and not job.terminal:
                 # with rates since the previous heartbeat, for the REST API's graph
                 job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
                                                          {**st, "worker": link.peer_id}, time.monotonic())
@@ -391,6 +395,7 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
+        await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
         if args.restore:
             plan = await self.manager.restored_plan(job, args.restore, plan)
             self._restored(job, args.restore, plan)
@@ -412,11 +417,23 @@ class Coordinator(BaseLinkHandler):
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
+            check_extras(self.manager.graph(job), backend=config.state.backend,
                          restore=str(restore) if restore else None)
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
+
+    async def _check_connectors(self, job: JobRecord, context: SubmitContext) -> None:
+        """Connectors that check their configuration against their system (a path, a table, privileges, a
+        broker) say what is wrong now, in one line; on a thread, since they wait on the network. The graph is
+        the one planning built (coordinator/job_graphs.py): the coordinator never runs its operators."""
+        definition = self.manager.graph(job)
+        if not any(hasattr(node.payload, "check_at_submit") for node in definition.nodes):
+            return
+        try:
+            await asyncio.to_thread(check_connectors, definition, context)
+        except SubmissionRefused as exc:
+            raise InvalidRequest(str(exc), exc.kind) from None
 
     @staticmethod
     def _restored(job: JobRecord, restore_path: str, plan: Plan) -> None:
@@ -493,7 +510,7 @@ class Coordinator(BaseLinkHandler):
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
                 "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
-                "last_completed": job.last_checkpoint}
+                "last_completed": job.last_checkpoint_document()}
 
     def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
         """The report's job while the attempt it is about is the current one (None: a stale report)."""
