@@ -42,8 +42,11 @@ class TimedSink(DiscardSink):
         self.opened = time.time()
 
     def finish(self):
-        with open(os.path.join(TIMES, f"{{self.opened}}.json"), "w") as f:
+        # written aside and renamed: the test reads the file as soon as it is there
+        path = os.path.join(TIMES, f"{{self.opened}}.json")
+        with open(path + ".tmp", "w") as f:
             json.dump({{"opened": self.opened, "finished": time.time(), "records": self.records}}, f)
+        os.replace(path + ".tmp", path)
 
 
 class SleepingSink(Sink):
@@ -109,9 +112,9 @@ def test_a_pipeline_beside_a_blocking_sink_on_the_same_worker_keeps_running(clus
         oldest_heartbeat = max(oldest_heartbeat, *(w["last_heartbeat_s_ago"] for w in workers))
         return status
 
-    poll(lambda: look() and bool(list(times.iterdir())), 120, "the fast pipeline to finish beside the blocking sink",
-         interval_s=0.2)
-    (written,) = list(times.iterdir())
+    poll(lambda: look() and bool(list(times.glob("*.json"))), 120,
+         "the fast pipeline to finish beside the blocking sink", interval_s=0.2)
+    (written,) = list(times.glob("*.json"))
     run = json.loads(written.read_text())
     assert run["records"] == FAST_RECORDS, run
     rate = FAST_RECORDS / (run["finished"] - run["opened"])
