@@ -81,7 +81,10 @@ def test_source_reads_its_partitions_and_replays_exactly_from_a_position(broker:
     # records produced after the bound are not read by a bounded source restored from its position
     run(produce(bs, topic, [["late", 1]], partitions=1))
     again, _ = read_source(source(), 0, 1, position=position)
-    assert again == rest
+    assert sorted(again) == sorted(rest)  # partitions interleave as fetches come back; each keeps its order:
+    for partition in range(PARTITIONS):
+        mine = [i for _, i in again if i % PARTITIONS == partition]
+        assert mine == sorted(mine) and mine == [i for _, i in rest if i % PARTITIONS == partition]
     # more subtasks than partitions: the extra one reads nothing and ends
     assert [len(read_source(source(), s, 6)[0]) for s in range(6)].count(0) == 2
 
@@ -247,7 +250,7 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     bs = broker.bootstrap
     topic_in, topic_out, topic_copy = broker.topic("in"), broker.topic("out"), broker.topic("copy")
     run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2}))
-    records = input_records(30_000)
+    records = input_records(24_000)
     run(produce(bs, topic_in, records, partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
                                                            topic_copy=topic_copy, sink_delay=0.0001, release=""))
@@ -297,7 +300,7 @@ def test_rescale_2_3_1_of_a_kafka_fed_job_moves_partitions_exactly(cluster: Clus
     bs = broker.bootstrap
     topic_in, topic_out = broker.topic("in"), broker.topic("out")
     run(create_topics(bs, {topic_in: 5, topic_out: 2}))
-    records = input_records(20_000, seed=11)
+    records = input_records(15_000, seed=11)
     run(produce(bs, topic_in, records, partitions=5))
     release = cluster.tmp_path / "release"
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
@@ -338,7 +341,7 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     bs = broker.bootstrap
     topic_in, topic_out = broker.topic("in"), broker.topic("out")
     run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3}))
-    records = input_records(20_000, seed=3)
+    records = input_records(12_000, seed=3)
     run(produce(bs, topic_in, records, partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
                                                            topic_copy="", sink_delay=0.0005, release=""))
