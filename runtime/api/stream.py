@@ -291,6 +291,9 @@ class DataStream:
         """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
             raise JobDefinitionError(f"{sink!r} is not a Sink")
+        bind_job = getattr(sink, "bind_job", None)
+        if bind_job is not None:  # a transactional sink names its transactions after the job (PostgresSink)
+            bind_job(self.job.name)
         return self._then("sink", sink, parallelism, name or type(sink).__name__)
 
 

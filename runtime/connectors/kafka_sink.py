@@ -22,7 +22,7 @@ import concurrent.futures
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.connectors import kafka_core as core
 from runtime.connectors.kafka_client import (
@@ -36,6 +36,9 @@ from runtime.connectors.kafka_client import (
     retriable,
 )
 from runtime.connectors.sinks import Sink
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 DELIVERIES = ("exactly-once", "at-least-once", "none")
 SEND_AHEAD = 2000  # at-least-once/none: records handed to the producer thread in chunks of this many
@@ -88,7 +91,7 @@ class KafkaSink(Sink):
         self.retry_s = retry_s
         self.client_options = dict(client_options or {})
 
-    def check_at_submit(self, checkpoint_interval_s: float | None) -> None:
+    def check_at_submit(self, context: SubmitContext) -> None:
         """Refuse the job now, in one line: the broker cannot be reached, the topic is missing, or (exactly
         once) the transaction timeout does not fit the checkpoint interval or the broker's maximum."""
         topics, max_ms = broker_facts(self.bootstrap_servers, self.connect_timeout_s)
@@ -96,7 +99,7 @@ class KafkaSink(Sink):
             if isinstance(topic, str) and topic not in topics:
                 raise KafkaError(f"KafkaSink: topic {topic!r} not found at {self.bootstrap_servers}")
         if self.delivery == "exactly-once":
-            core.check_transaction_timeout(self.transaction_timeout_ms, max_ms, checkpoint_interval_s,
+            core.check_transaction_timeout(self.transaction_timeout_ms, max_ms, context.checkpoint_interval_s,
                                            topic=str(self.topic))
 
     # -- lifecycle -------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.connectors import kafka_core as core
 from runtime.connectors.kafka_client import (
@@ -36,6 +36,9 @@ from runtime.connectors.kafka_client import (
 )
 from runtime.connectors.kafka_core import KafkaRecord
 from runtime.connectors.source import Source
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 TP = tuple[str, int]
 
@@ -96,7 +99,7 @@ class KafkaSource(Source):
 
     redistribute = staticmethod(core.redistribute)
 
-    def check_at_submit(self, checkpoint_interval_s: float | None) -> None:
+    def check_at_submit(self, context: SubmitContext) -> None:
         """Refuse the job now, in one line, when the broker cannot be reached or a named topic is missing."""
         topics, _ = broker_facts(self.bootstrap_servers, self.connect_timeout_s)
         missing = sorted(set(self.topics) - topics)
@@ -486,7 +489,7 @@ class KafkaSource(Source):
 
     # -- checkpoints and metrics ----------------------------------------------------------------------------
 
-    def checkpoint_complete(self, checkpoint_id: int) -> None:
+    def checkpoint_complete(self, checkpoint_id: int, position: Any = None) -> None:
         """Commit the offsets handed out to the group, for lag monitoring (a restore uses the checkpoint)."""
         if not self.commit_offsets or self.group_id is None or self._consumer is None:
             return

@@ -262,7 +262,7 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
                                                   "interval (0.5s)")]:
         with pytest.raises(RpcError, match=re.escape(message)) as refused:
             submit(cluster, entry)
-        assert refused.value.remote_type == "ConnectorCheck", refused.value
+        assert refused.value.remote_type == "BadConnectorConfig", refused.value
     assert cluster.call("status")["jobs"] == [], "nothing was deployed"
     job_id = submit(cluster, "counted")
     found: dict[str, Any] = {}
