@@ -30,6 +30,7 @@ from runtime.connectors.kafka_source import KafkaSource, MalformedRecord  # noqa
 from tests.support.kafka_topics import (  # noqa: E402
     add_partitions,
     create_topics,
+    group_offsets,
     produce,
     read_source,
     read_topic,
@@ -285,6 +286,10 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     assert st["restarts"] == 1, st
     out = run(read_topic(bs, topic_out))
     assert_exact_counts(out, records)
+    # the source committed completed checkpoints' offsets to its group (monitoring): within each partition
+    committed = run(group_offsets(bs, "counted-" + topic_in))
+    assert sorted(committed) == [(topic_in, p) for p in range(PARTITIONS)], committed
+    assert all(0 < offset <= len(records) // PARTITIONS for offset in committed.values()), committed
 
     copy_id = submit(cluster, "copied")
     st = cluster.wait_job(copy_id, 120)
