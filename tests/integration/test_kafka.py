@@ -144,6 +144,50 @@ def test_a_malformed_record_fails_naming_where_it_is_or_goes_where_the_user_says
     assert tagged == [("a", 1), ("malformed", 1, '{"not json'), ("b", 2)]
 
 
+def test_sink_modes_and_topic_and_partition_from_the_record(broker: KafkaBroker) -> None:
+    """at-least-once: a snapshot returns once the broker acknowledged everything written, each record in the
+    partition its function chose; none: sent, not waited for (close flushes at the end of input);
+    exactly-once with a topic chosen per record: the commit marker goes to `marker_topic`."""
+    bs = broker.bootstrap
+    alo, fire, even, odd = (broker.topic(n) for n in ("alo", "none", "even", "odd"))
+    run(create_topics(bs, {alo: 2, fire: 2, even: 2, odd: 1}))
+
+    def headers_of(record: Any) -> list[tuple[str, bytes]]:
+        return [("n", str(record[1]).encode())]
+
+    sink = KafkaSink(bs, alo, delivery="at-least-once", key=lambda r: r[0], partition=lambda r: r[1] % 2,
+                     headers=headers_of)
+    sink.open(0, 1, 0)
+    for i in range(3000):
+        sink.write(["k", i])
+    assert sink.snapshot_state(1) is None
+    assert len(run(read_topic(bs, alo))) == 3000  # acknowledged before the snapshot returned
+    sink.close()
+    out = run(read_topic(bs, alo))
+    assert [(p, v[1] % 2) for p, _, v in out] == [(v[1] % 2, v[1] % 2) for _, _, v in out]
+
+    sink = KafkaSink(bs, fire, delivery="none")
+    sink.open(0, 1, 0)
+    for i in range(500):
+        sink.write(["k", i])
+    sink.finish()
+    sink.close()
+    assert sorted(v[1] for _, _, v in run(read_topic(bs, fire))) == list(range(500))
+
+    sink = KafkaSink(bs, lambda r: even if r[1] % 2 == 0 else odd, transactional_id_prefix=broker.topic("split"),
+                     marker_topic=even)
+    sink.open(0, 1, 0)
+    for i in range(100):
+        sink.write(["k", i])
+    sink.snapshot_state(1)
+    sink.commit(1)
+    sink.finish()
+    sink.close()
+    assert sorted(v[1] for _, _, v in run(read_topic(bs, even))) == list(range(0, 100, 2))
+    assert [v[1] for _, _, v in run(read_topic(bs, odd))] == list(range(1, 100, 2))
+    assert run(group_offsets(bs, f"{broker.topic('split')}-sluice-sink-0")) == {(even, 0): 1}
+
+
 def test_unreachable_broker_is_one_clear_error() -> None:
     source = KafkaSource("127.0.0.1:9", ["t"], connect_timeout_s=2.0)
     with pytest.raises(Exception, match="cannot connect to Kafka at 127.0.0.1:9") as info:
