@@ -140,8 +140,9 @@ class PostgresServer:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     return
             except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"postgres on port {self.port} does not accept connections") from None
+                if time.monotonic() > deadline or (self.proc is not None and self.proc.poll() is not None):
+                    raise RuntimeError(f"postgres on port {self.port} does not accept connections: "
+                                       f"{self.log_lines[-10:]}") from None
                 time.sleep(0.02)
 
     @property
