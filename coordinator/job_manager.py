@@ -33,7 +33,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +45,12 @@ from coordinator.checkpointing import CheckpointSettings
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
-from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint
+from coordinator.storage import METADATA_FILE, CheckpointStorage
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import JobDefinitionError
 from runtime.common import objectstore
+from runtime.common.checksums import CorruptFile
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph.enums import JobState
 from runtime.graph.evolution import evolution_refusal, inflight_edges, match_operators
@@ -71,7 +72,7 @@ log = logging.getLogger("sluice.jobs")
 
 # instructions that wait: the rest of their list runs as a background task
 WAITING = (lc.Deploy, lc.StartTasks, lc.CancelTasks, lc.ScheduleRestart, lc.PlanAttempt, lc.RequestFinalCheckpoint,
-           lc.TakeRescaleCheckpoint)
+           lc.TakeRescaleCheckpoint, lc.StepReached)
 RUNNER_STOP_S = 10.0  # how long stopping waits for checkpoint runners (their retention discards) to end
 
 
@@ -90,10 +91,16 @@ class _RescaleCall:
 class JobManager:
     def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
                  autoscale: AutoscaleSettings | None = None,
-                 persist: Callable[[JobRecord], None] = lambda job: None) -> None:
+                 persist: Callable[[JobRecord], None] = lambda job: None,
+                 record_written: Callable[[str], Awaitable[None]] | None = None,
+                 on_step: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.workers = workers
         self.storage = storage
         self.persist = persist  # writes the job's record (coordinator/job_store.py) after every change
+        # waits until a job's record as queued now is on disk (JobStore.written): an upgrade's write-ahead
+        self.record_written = record_written
+        # called at each step of an upgrade or rescale (`step`): a test's launcher may stop the process there
+        self.on_step = on_step
         self.recovered = 0  # jobs a previous coordinator left running, restarted by this one
         self.jobs: dict[str, JobRecord] = {}
         self.lifecycles: dict[str, lc.JobLifecycle] = {}
@@ -146,7 +153,7 @@ class JobManager:
         try:
             metadata = await asyncio.to_thread(self.storage.read_metadata, path)
             await asyncio.to_thread(self.storage.verify, path, metadata)
-        except CorruptCheckpoint as exc:
+        except CorruptFile as exc:  # CorruptCheckpoint, or a task file's verified read (runtime/common/checksums)
             raise RpcError(str(exc), "CorruptCheckpoint") from None
         return metadata
 
@@ -219,14 +226,32 @@ class JobManager:
         self.persist(job)
         self.handle(job, lc.Submitted())
 
-    def adopt(self, job: JobRecord) -> None:
+    async def write_ahead(self, job: JobRecord) -> None:
+        """Write the record of a job not yet added and wait until it is on disk: what a new leader needs to
+        finish a step begun here (an upgrade's new version). OSError if it could not be written."""
+        self.persist(job)
+        if self.record_written is not None:
+            await self.record_written(job.job_id)
+
+    async def step(self, name: str) -> None:
+        """A point of an upgrade or rescale that a new leader carries on from; the hook (tests only) may stop
+        the process here, as a kill -9 at this exact point would."""
+        if self.on_step is not None:
+            await self.on_step(name)
+
+    def adopt(self, job: JobRecord, *, superseded_by: str = "") -> None:
         """A job from the previous coordinator's records: an ended one is shown as it ended, an unfinished one
-        runs again (`recover`) once enough workers have registered."""
+        runs again (`recover`) once enough workers have registered; one an upgrade replaced (`superseded_by`,
+        job_store.superseded) is cancelled, the upgrade finished."""
         self.jobs[job.job_id] = job
         self.lifecycles[job.job_id] = lc.JobLifecycle(job.job_id, job.restart_strategy, state=job.state,
                                                       attempt=job.attempt, restarts=job.restarts)
         job.on_change = self.persist
-        if not job.terminal:
+        if superseded_by and not job.terminal:
+            log.warning("job %s was being upgraded to %s when the previous coordinator stopped: finishing the "
+                        "upgrade", job.job_id, superseded_by)
+            self.handle(job, lc.Recovered(superseded_by))
+        elif not job.terminal:
             self.recovered += 1
             self._tasks.spawn(self.recover(job), name=f"recover {job.job_id}")
 
@@ -362,6 +387,8 @@ class JobManager:
             await self._final_checkpoint(job, ins)
         elif isinstance(ins, lc.TakeRescaleCheckpoint):
             await self._rescale_checkpoint(job, ins.attempt)
+        elif isinstance(ins, lc.StepReached):
+            await self.step(ins.step)
 
     # -- deploying ------------------------------------------------------------------
 
@@ -581,6 +608,7 @@ class JobManager:
             self.handle(job, lc.RescaleCheckpointDone(attempt, f"job {job.job_id} not rescaled: checkpoint "
                                                                f"{call.checkpoint_id} timed out", "Timeout"))
             return
+        await self.step("rescale:checkpoint-taken")
         log.info("job %s: stopping attempt %d to rescale it to %s from checkpoint %d", job.job_id, attempt,
                  describe_parallelism(trial), call.checkpoint_id)
         self.handle(job, lc.RescaleCheckpointDone(attempt))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coordinator.exception_history import ExceptionHistory
-from runtime.graph.enums import JobState
+from runtime.graph.enums import JobState, TaskState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan
 
@@ -78,6 +78,7 @@ class JobRecord:
     checkpoints: Any = None  # coordinator.checkpoint_runner.CheckpointRunner while running
     last_checkpoint: dict[str, Any] | None = None
     restored_from: str = ""
+    upgrade_of: str = ""  # the job this one replaced in `sluice upgrade`: a new leader finishes that upgrade
     restart_strategy: Any = None  # coordinator.restarts.RestartStrategy
     restarts: int = 0
     failures: list[str] = field(default_factory=list)  # causes of every failure, oldest first
@@ -177,6 +178,10 @@ class JobRecord:
 
     def summary(self) -> dict[str, Any]:
         tasks = sorted(self.task_stats.values(), key=lambda t: t["task"])
+        if self.terminal:  # an ended job runs nothing: tasks last seen running were stopped with it (an upgrade)
+            stopped = TaskState.FAILED if self.state == JobState.FAILED else TaskState.CANCELLED
+            tasks = [t if t.get("state") in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
+                     else {**t, "state": str(stopped)} for t in tasks]
         return {
             "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,

@@ -377,9 +377,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--token-file")
 
-    ca = sub.add_parser("cancel", help="cancel a job")
+    ca = sub.add_parser("cancel", help="cancel a job (with --savepoint: stop it with a savepoint)")
     ca.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
     ca.add_argument("job_id")
+    ca.add_argument("--savepoint", action="store_true",
+                    help="take a savepoint first and cancel the job only once it completed; print its path")
+    ca.add_argument("--dir", help="where the savepoint goes, inside one of the coordinator's --savepoint-root "
+                    "(default: the first root)")
+    ca.add_argument("--timeout", type=_duration, default=600.0, help="give up waiting after (600s)")
     ca.add_argument("--token-file")
 
     cp = sub.add_parser("checkpoint", help="take a checkpoint of a running job now and wait for it")
@@ -465,10 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--jitter-ms", type=int, default=0,
                     help="out-of-order event times: each row's is up to this much behind 1_700_000_000_000 + seq, "
                          "deterministically for the seed (default 0: in order)")
-    dg.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dg.add_argument("--master", default="local[2]",
+                      help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv = dsub.add_parser("verify", help="compare a job's committed output with the query computed by Spark")
     dv.add_argument("--input", required=True, help="the job's Parquet input")
-    dv.add_argument("--output", required=True, help="the job's FileSink directory")
+    dv.add_argument("--output", required=True, help="the job's FileSink directory, or its table: a Delta table's "
+                                                    "path or s3:// URL, an Iceberg table's namespace.table")
+    dv.add_argument("--output-format", choices=["files", "delta", "iceberg"], default="files",
+                    help="what --output is (default files: a FileSink's part files); tables are read through Arrow")
+    dv.add_argument("--catalog", help="--output-format iceberg: pyiceberg catalog properties as JSON, e.g. "
+                                      "'{\"type\": \"sql\", \"uri\": \"sqlite:///cat.db\", \"warehouse\": \"file:///wh\"}'")
     dv.add_argument("--query", choices=["wordcount", "window-count", "session-count", "interval-join", "window-join"],
                     default="wordcount")
     dv.add_argument("--right-input", help="interval-join, window-join: the second (right) Parquet input")
@@ -482,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--gap-ms", type=_positive, help="session-count: session gap")
     dv.add_argument("--late-output", metavar="DIR",
                     help="window-count, session-count: also verify the late records' FileSink directory")
-    dv.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    dv.add_argument("--master", default="local[2]",
+                      help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
     dv.add_argument("--json", action="store_true", help="print the result as JSON")
     from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
 
@@ -617,6 +629,12 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"  {j['job_id']}  {j['state']:<10} {j['name']}{err}")
         return 0
     if args.command == "cancel":
+        if args.savepoint:
+            result = _client_call(args, "cancel", {"job_id": args.job_id, "savepoint": True,
+                                                   "directory": _abs(args.dir), "timeout_s": args.timeout},
+                                  timeout_s=args.timeout + 60.0)
+            print(f"job {args.job_id}: {result['state']}, stopped with savepoint {result['savepoint']}")
+            return 0
         result = _client_call(args, "cancel", {"job_id": args.job_id})
         print(f"job {args.job_id}: {result['state']}")
         return 0

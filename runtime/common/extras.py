@@ -22,14 +22,20 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "remote": ("valkey",),
     "s3": ("obstore",),
     "nats": ("nats.js",),
+    "delta": ("deltalake",),
+    "iceberg": ("pyiceberg.catalog.sql",),
     "postgres": ("psycopg2.extras",),
+    "kafka": ("aiokafka",),
     "spark": ("pyspark", "pyarrow.parquet"),
 }
 
 # why a job needs the extra, for the message
 USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "remote": "the remote state backend",
-        "s3": "s3:// paths", "nats": "the NATS connector",
-        "postgres": "the PostgreSQL connectors", "spark": "sluice data"}
+        "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data",
+        "delta": "the Delta Lake sink", "iceberg": "the Iceberg sink",
+        "spark-connect": "sluice data against a running Spark (--master sc://...)",
+        "postgres": "the PostgreSQL connectors",
+        "kafka": "the Kafka connector"}
 
 
 class MissingExtra(RuntimeError):

@@ -36,12 +36,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.connectors import postgres as pgc
 from runtime.connectors.pgoutput import ChangeDecoder, convert, lsn_text, parse_lsn
 from runtime.connectors.postgres import PostgresConfigError, PostgresError, TableInfo
 from runtime.connectors.source import Source
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 log = logging.getLogger("sluice.postgres")
 
@@ -142,6 +145,12 @@ class PostgresCdcSource(Source):
         self.connect_timeout_s = connect_timeout_s
 
     # -- configuration checks (at submit) ------------------------------------------------------------------
+
+    def check_at_submit(self, context: SubmitContext) -> None:
+        """The coordinator's submit check (runtime/graph/admission.py): one line, raised."""
+        problem = self.check_submission(restore=context.restore)
+        if problem:
+            raise ValueError(problem)
 
     def check_submission(self, *, restore: bool) -> str | None:
         try:

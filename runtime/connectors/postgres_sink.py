@@ -29,11 +29,14 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.connectors import postgres as pgc
 from runtime.connectors.postgres import PostgresConfigError, PostgresError
 from runtime.connectors.sinks import Sink
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 log = logging.getLogger("sluice.postgres")
 
@@ -161,6 +164,12 @@ class PostgresSink(Sink):
         return gid_prefix(self.job_name, self.name)
 
     # -- configuration checks (at submit) ------------------------------------------------------------------
+
+    def check_at_submit(self, context: SubmitContext) -> None:
+        """The coordinator's submit check (runtime/graph/admission.py): one line, raised."""
+        problem = self.check_submission(restore=context.restore)
+        if problem:
+            raise ValueError(problem)
 
     def check_submission(self, *, restore: bool) -> str | None:
         """One line saying why this sink cannot work against its server, or None. A new job (not a restore)

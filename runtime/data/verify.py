@@ -3,8 +3,10 @@
 The expected result comes from the job's input (the Parquet data set
 `generate` wrote); the actual result is what the job's FileSink committed:
 its visible part files (`part-*`; in-progress files start with a dot and are
-never read). Output rows are compared as a multiset, and every output line
-falls in exactly one class:
+never read), or the rows of the Delta or Iceberg table its DeltaSink or
+IcebergSink committed to (`--output-format`; runtime/data/tables.py).
+Output rows are compared as a multiset, and every output line falls in
+exactly one class:
 
 - the first copy of an expected row: correct (the first n, for a row
   expected n times: window-join);
@@ -51,6 +53,7 @@ from typing import Any
 
 from runtime.connectors.files import list_input_files
 from runtime.data.spark import DataError
+from runtime.data.tables import OutputTable, table_frame
 
 EXAMPLES = 5  # rows shown per kind of difference
 KINDS = ("missing", "duplicate", "wrong")
@@ -86,9 +89,10 @@ class EventTimeOptions:
         return ""
 
 
-def check_verify_args(input: str, output: str, query: str, options: EventTimeOptions | None = None) -> None:
+def check_verify_args(input: str, output: str, query: str, options: EventTimeOptions | None = None, *,
+                      table: OutputTable | None = None) -> None:
     """Raise DataError for a missing input or output, an unknown query or options that do not fit it;
-    runs before Spark starts."""
+    runs before Spark starts. `table`: the output is that table, not part files."""
     opts = options or EventTimeOptions()
     if query not in QUERIES:
         raise DataError(f"unknown --query {query!r}; known: {', '.join(QUERIES)}")
@@ -97,7 +101,7 @@ def check_verify_args(input: str, output: str, query: str, options: EventTimeOpt
         raise DataError(f"no input at {input}")
     if not list_input_files(input, (".parquet",)):
         raise DataError(f"no Parquet files under {input}")
-    if not os.path.isdir(output):
+    if table is None and not os.path.isdir(output):
         raise DataError(f"no output directory at {output}")
     if opts.late_output is not None and not os.path.isdir(opts.late_output):
         raise DataError(f"no late-output directory at {opts.late_output}")
@@ -303,11 +307,13 @@ def _row_pattern(width: int) -> str:
     return r'^\["([^"\\]*)"' + r",(-?[0-9]{1,18})" * width + r"\]$"
 
 
-def read_output(spark: Any, files: list[str], width: int = 1) -> Any:
+def read_output(spark: Any, files: list[str] | OutputTable, width: int = 1) -> Any:
     """(key, v0, ..., v{width-1}, line) per committed output row; a line that is not [string, integer * width]
-    has a null key or values."""
+    has a null key or values. `files` may be a table instead (its rows, through Arrow)."""
     from pyspark.sql import functions as F
 
+    if isinstance(files, OutputTable):
+        return table_frame(spark, files, width)
     names = [f"v{i}" for i in range(width)]
     frames = []
     jsonl = [f for f in files if not f.endswith(".parquet")]
@@ -338,7 +344,8 @@ def read_output(spark: Any, files: list[str], width: int = 1) -> Any:
     return out
 
 
-def compare(spark: Any, expected: Any, files: list[str], width: int, *, repeats: bool = False) -> dict[str, Any]:
+def compare(spark: Any, expected: Any, files: list[str] | OutputTable, width: int, *,
+            repeats: bool = False) -> dict[str, Any]:
     """Counts (expected_rows, output_rows, missing, duplicate, wrong) and examples of comparing the rows in
     `files` with `expected` (key, v0, ...) as multisets. `repeats`: an expected row may be there n > 1 times
     (window-join: a pair in several sliding windows); then n copies are correct, fewer are missing ones and
@@ -397,30 +404,38 @@ def compare(spark: Any, expected: Any, files: list[str], width: int, *, repeats:
     return {**counts, "examples": examples}
 
 
+def _outputs(output: str, table: OutputTable | None) -> tuple[list[str] | OutputTable, int, str]:
+    """What to compare (part files or the table), how many data files that is, and the output's name."""
+    if table is None:
+        files = output_files(output)
+        return files, len(files), os.path.abspath(output)
+    return table, table.data_files(), table.location if table.format == "iceberg" else os.path.abspath(output)
+
+
 def verify(spark: Any, input: str, output: str, query: str = "wordcount",
-           options: EventTimeOptions | None = None) -> VerifyResult:
-    """Compare the committed output under `output` (and the late records under options.late_output) with
-    `query` computed over the Parquet input `input`."""
+           options: EventTimeOptions | None = None, *, table: OutputTable | None = None) -> VerifyResult:
+    """Compare the committed output under `output` (or in `table`; and the late records under
+    options.late_output) with `query` computed over the Parquet input `input`."""
     from pyspark import StorageLevel
 
     opts = options or EventTimeOptions()
-    check_verify_args(input, output, query, opts)
+    check_verify_args(input, output, query, opts, table=table)
     started = time.monotonic()
     params = opts.describe(query)
     if query == "wordcount":
-        files = output_files(output)
+        files, count, name = _outputs(output, table)
         found = compare(spark, wordcount_expected(spark.read.parquet(input)), files, 1)
-        return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
-                            output_files=len(files), seconds=time.monotonic() - started, **found)
+        return VerifyResult(query=query, input=os.path.abspath(input), output=name, output_files=count,
+                            seconds=time.monotonic() - started, **found)
     if query.endswith("-join"):
         from runtime.data.verify_joins import join_expected  # it builds on this module
 
         assert opts.right_input is not None
-        files = output_files(output)
+        files, count, name = _outputs(output, table)
         found = compare(spark, join_expected(spark, query, input, opts.right_input, opts), files, 2,
                         repeats=query == "window-join")
-        return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
-                            output_files=len(files), seconds=time.monotonic() - started, params=params, **found)
+        return VerifyResult(query=query, input=os.path.abspath(input), output=name, output_files=count,
+                            seconds=time.monotonic() - started, params=params, **found)
     # The watermark pass is the expensive one; both comparisons and the session check read its result.
     records = with_watermark(read_in_source_order(spark, input), opts.max_delay_ms).persist(
         StorageLevel.MEMORY_AND_DISK)
@@ -431,7 +446,7 @@ def verify(spark: Any, input: str, output: str, query: str = "wordcount",
             firings = session_count_expected(records, opts)
             late = records.filter("false").select("key", records["seq"].alias("v0"),
                                                   records["event_time_ms"].alias("v1"))
-        files = output_files(output)
+        files, count, name = _outputs(output, table)
         found = compare(spark, firings, files, 3)
         late_result = None
         if opts.late_output is not None:
@@ -443,6 +458,5 @@ def verify(spark: Any, input: str, output: str, query: str = "wordcount",
                                        seconds=time.monotonic() - late_started, **late_found)
     finally:
         records.unpersist()
-    return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
-                        output_files=len(files), seconds=time.monotonic() - started, params=params, late=late_result,
-                        **found)
+    return VerifyResult(query=query, input=os.path.abspath(input), output=name, output_files=count,
+                        seconds=time.monotonic() - started, params=params, late=late_result, **found)

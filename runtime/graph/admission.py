@@ -5,8 +5,10 @@ not fail on every worker and restart until its attempts run out. Three checks:
 
 - extras: the job's sources and sinks name the install's extras they need (`Source.extras`, `Sink.extras`),
   its state backend too (rocksdb, remote), and a restore from s3:// needs the `s3` extra;
-- connectors that check their configuration against their system (`check_submission`: the PostgreSQL
-  source and sink) say in one line what is wrong (wrong DSN, no such table, missing privileges);
+- connectors: a source or sink with `check_at_submit(context)` checks what it will use against its system
+  (a path it can write, a catalog and table, a database's table and privileges, a broker and its topics, a
+  transaction timeout that fits the checkpoint interval) and raises ValueError, RuntimeError or OSError with
+  one line; network I/O, so the coordinator runs it on a thread;
 - earlier output: a FileSink directory that already holds visible files (the output of an earlier run) is
   refused for a new job, unless the sink says `if_exists="append"`; a restore goes on writing where the run
   it restores left off, so it is not checked.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from runtime.api import Job
 from runtime.common import extras, objectstore
 from runtime.connectors.files import FileSink
+from runtime.connectors.submit import SubmitContext
 
 
 class SubmissionRefused(Exception):
@@ -24,7 +27,7 @@ class SubmissionRefused(Exception):
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
-        self.kind = kind  # MissingExtra or OutputExists
+        self.kind = kind  # MissingExtra, OutputExists or BadConnectorConfig
 
 
 def needed_extras(job: Job, *, backend: str | None = None, restore: str | None = None) -> set[str]:
@@ -61,21 +64,21 @@ def check_earlier_output(job: Job) -> None:
                     "OutputExists")
 
 
-def check_connectors(job: Job, *, restore: bool) -> None:
-    """A connector that can check its configuration against its external system (`check_submission`: the
-    PostgreSQL source and sink reach the server, find the table, the publication, the privileges) says what
-    is wrong in one line."""
+def check_connectors(job: Job, context: SubmitContext) -> None:
+    """Ask every source and sink that can check its configuration (`check_at_submit(context)`) to do so."""
     for node in job.nodes:
-        check = getattr(node.payload, "check_submission", None)
-        if check is not None:
-            problem = check(restore=restore)
-            if problem:
-                raise SubmissionRefused(f"job {job.name}: {problem}", "BadConnectorConfig")
+        check = getattr(node.payload, "check_at_submit", None)
+        if check is None:
+            continue
+        try:
+            check(context)
+        except (ValueError, RuntimeError, OSError, extras.MissingExtra) as exc:
+            raise SubmissionRefused(f"job {job.name}: {node.name}: {exc}", "BadConnectorConfig") from None
 
 
 def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
     """Every check of a new submission; raises SubmissionRefused."""
     check_extras(job, backend=backend, restore=restore)
+    check_connectors(job, SubmitContext(restore=bool(restore)))
     if not restore:
         check_earlier_output(job)
-    check_connectors(job, restore=bool(restore))

@@ -181,7 +181,12 @@ class JobQuery(Message):
 
 @dataclass(frozen=True, slots=True)
 class Cancel(JobQuery):
+    """Cancel the job; with `savepoint`, stop it with a savepoint first (coordinator/upgrade.py)."""
+
     method = "cancel"
+    savepoint: bool = False
+    directory: str | None = None  # the savepoint's (None: the configured savepoint directory)
+    timeout_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -315,6 +315,9 @@ def _download(store: SnapshotStore, handle: SnapshotHandle, target: str) -> None
                 raise StateBackendError(f"checkpoint {handle.checkpoint_id}: shared file {store.path(relative)} is "
                                         f"missing or not {f.size} bytes")
             store.download(relative, os.path.join(target, f.local_name))
+            if f.crc32 is not None and file_crc32(os.path.join(target, f.local_name)) != f.crc32:
+                raise StateBackendError(f"checkpoint {handle.checkpoint_id}: shared file {store.path(relative)} is "
+                                        f"corrupt: its CRC-32 differs from the one recorded")
         for relative in handle.private_files:
             local_name = objectstore.basename(relative).split("-", 1)[1]
             try:

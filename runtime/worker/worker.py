@@ -37,7 +37,7 @@ from netstack.errors import (
 )
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
-from netstack.tls import TlsFiles
+from netstack.tls import TlsFiles, http_server_context
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
@@ -139,7 +139,11 @@ class Worker(BaseLinkHandler):
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
-            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+            # over TLS with the data links' certificate when TLS is configured (Prometheus scrapes https)
+            tls = self.config.tls
+            self.metrics_port = (await serve_metrics(
+                registry, self.config.host, self.config.metrics_port,
+                ssl_context=http_server_context(tls) if tls and tls.cert else None)).port
         self.advertised = advertised_host(self.config.host, self.config.advertise, fallback=lambda: (
             local_address_towards(self.config.coordinator_host, self.config.coordinator_port)))
         await self._first_registration(data_port)
