@@ -128,7 +128,6 @@ class PostgresSink(Sink):
     (default: the table), unique among the sinks of a job that write to one table.
     """
 
-    blocking = True  # writes wait on the server: the task runs the chain on a thread of its own
     extras = ("postgres",)
 
     def __init__(self, dsn: str, table: str, *, key: Sequence[str] = (), mode: str = "upsert",
