@@ -361,7 +361,7 @@ class Totals(KeyedProcessFunction):
 
 
 def build(job: Job) -> None:
-    totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=1)
+    totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=2)
               .key_by(lambda change: (change["after"] or change["before"])["customer"])
               .process(Totals(), parallelism=2))
     totals.sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
@@ -445,7 +445,7 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         cluster.call("rescale", {"job_id": job_id, "parallelism": {"Totals": 3, "totals": 3, "history": 3}})
         wait_until(lambda: writer.transactions >= before_rescale + 200, 60, "the writer to go on after the rescale")
         rescaled_at = last_checkpoint()
-        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == 10, 90, "a checkpoint at parallelism 3")
+        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == 11, 90, "a checkpoint at parallelism 3")
     finally:
         writer.stop()
 
@@ -478,7 +478,7 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         if w.proc.poll() is None:
             metrics.update(scrape(w.fields["metrics"]))
     lag = [k for k in metrics if k.startswith("sluice_postgres_replication_lag_seconds{")]
-    assert len(lag) == 1 and 'task="PostgresCdcSource"' in lag[0], sorted(metrics)
+    assert len(lag) == 2 and all('task="PostgresCdcSource"' in k for k in lag), sorted(metrics)  # per subtask
     prepared = {k: v for k, v in metrics.items() if k.startswith("sluice_postgres_open_prepared_transactions{")}
     assert len(prepared) == 6 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 3 subtasks
     assert sum(v for k, v in metrics.items() if k.startswith("sluice_postgres_rows_written_total{")) > 0
