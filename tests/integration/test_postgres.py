@@ -3,10 +3,11 @@
 The change-capture source: its snapshot and stream meet exactly, also when it is restored mid-snapshot and
 mid-transaction (a strict replica fails on a missed or repeated change), and the slot's confirmed LSN moves
 only when a checkpoint completes. The sink: rows invisible while prepared, published on commit, prepared
-transactions resolved by id on restore, also at another parallelism. Bad configuration is one line. And a
-job CDC -> keyed totals -> PostgresSink (upsert and append, exactly once) with unaligned checkpoints whose
-source worker is killed with SIGKILL mid-run, whose PostgreSQL server is killed and restarted mid-run, and
-whose sinks are rescaled from 2 to 3 subtasks mid-run: the tables end exact.
+transactions resolved by id on restore, also at another parallelism. A parallel source deals keys to its
+subtasks. Bad configuration is one line. And a job CDC (2 subtasks) -> keyed totals -> PostgresSink (upsert
+and append, exactly once) with unaligned checkpoints whose source worker is killed with SIGKILL mid-run,
+whose PostgreSQL server is killed and restarted mid-run, and which is rescaled from 2 to 3 subtasks (source,
+aggregation, sinks) mid-run: the tables end exact.
 """
 
 from __future__ import annotations
@@ -377,6 +378,14 @@ def bad_dsn(job: Job) -> None:
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
 
 
+def scrape_workers(cluster: Cluster) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for w in cluster.workers:
+        if w.proc.poll() is None:
+            metrics.update(scrape(w.fields["metrics"]))
+    return metrics
+
+
 def expected_totals(dsn: str) -> dict[str, tuple[int, int]]:
     return {c: (int(t), int(n)) for c, t, n in execute(
         dsn, "SELECT customer, sum(amount), count(*) FROM orders GROUP BY customer")}
@@ -439,13 +448,17 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         crashed_at = last_checkpoint()
         poll(lambda: checkpointed(crashed_at), 90, "a checkpoint after the server restart")
 
-        # the aggregation and both sinks rescaled from 2 to 3 subtasks while changes flow: the sinks' prepared
-        # transactions and deferred rows are dealt to the new subtasks and resolved there
+        # the source, the aggregation and both sinks rescaled from 2 to 3 subtasks while changes flow: each
+        # source subtask's slot and position moves whole to a new subtask, the sinks' batches are dealt to the
+        # new subtasks and resolved there
+        lag = [k for k in scrape_workers(cluster) if k.startswith("sluice_postgres_replication_lag_seconds{")]
+        assert len(lag) == 2 and all('task="PostgresCdcSource"' in k for k in lag), lag  # one per subtask
         before_rescale = writer.transactions
-        cluster.call("rescale", {"job_id": job_id, "parallelism": {"Totals": 3, "totals": 3, "history": 3}})
+        cluster.call("rescale", {"job_id": job_id, "parallelism": {"PostgresCdcSource": 3, "Totals": 3, "totals": 3,
+                                                                   "history": 3}})
         wait_until(lambda: writer.transactions >= before_rescale + 200, 60, "the writer to go on after the rescale")
         rescaled_at = last_checkpoint()
-        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == 11, 90, "a checkpoint at parallelism 3")
+        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == 12, 90, "a checkpoint at parallelism 3")
     finally:
         writer.stop()
 
@@ -473,12 +486,7 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         assert versions[-1][1] == total
     st = cluster.call("status", {"job_id": job_id})
     assert st["state"] == "RUNNING" and st["restarts"] == 1, f"{st}\n{logs(cluster)}"
-    metrics: dict[str, float] = {}
-    for w in cluster.workers:
-        if w.proc.poll() is None:
-            metrics.update(scrape(w.fields["metrics"]))
-    lag = [k for k in metrics if k.startswith("sluice_postgres_replication_lag_seconds{")]
-    assert len(lag) == 2 and all('task="PostgresCdcSource"' in k for k in lag), sorted(metrics)  # per subtask
+    metrics = scrape_workers(cluster)
     prepared = {k: v for k, v in metrics.items() if k.startswith("sluice_postgres_open_prepared_transactions{")}
     assert len(prepared) == 6 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 3 subtasks
     assert sum(v for k, v in metrics.items() if k.startswith("sluice_postgres_rows_written_total{")) > 0
