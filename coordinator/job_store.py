@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from coordinator.checkpointing import CheckpointSettings
+from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
 from coordinator.exception_history import ExceptionEntry, ExceptionHistory
 from coordinator.jobs import TERMINAL, JobRecord
 from coordinator.restarts import RestartStrategy
@@ -72,19 +72,13 @@ def record_of(job: JobRecord, *, wall_offset: float = 0.0) -> dict[str, Any]:
         "attempt": job.attempt, "restarts": job.restarts,
         "error": job.error,
         "failures": job.failures[-10:], "submitted_at": job.submitted_at, "ended_at": job.ended_at,
-        "next_checkpoint_id": job.next_checkpoint_id, "last_checkpoint": _pointer(job.last_checkpoint),
+        "next_checkpoint_id": job.next_checkpoint_id,
+        "last_checkpoint": job.last_checkpoint.pointer() if job.last_checkpoint else None,
         "final_checkpoint_id": job.final_checkpoint_id, "restored_checkpoint_id": job.restored_checkpoint_id,
         "restart_s": job.restart_s[-50:], "rescale_s": job.rescale_s[-50:],
         "checkpoint_history": history, "checkpoint_counts": list(job.checkpoint_counts()),
         "exceptions": [e.to_dict() for e in job.exceptions.entries()], "graph": job.graph_snapshot(),
     }
-
-
-def _pointer(last: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The latest completed checkpoint: its id and path (its figures are not needed to restore it)."""
-    if not last:
-        return None
-    return {"checkpoint_id": last.get("checkpoint_id"), "path": last.get("path")}
 
 
 def encode(job: JobRecord, *, offset: float | None = None) -> bytes:
@@ -147,9 +141,7 @@ def job_from_record(doc: dict[str, Any], *, wall_offset: float = 0.0) -> JobReco
     job.ended_at = float(ended_at) if ended_at is not None else None
     job.next_checkpoint_id = typed("next_checkpoint_id", int)
     last = typed("last_checkpoint", dict, optional=True)
-    if last is not None and not (isinstance(last.get("checkpoint_id"), int) and isinstance(last.get("path"), str)):
-        raise ValueError(f"'last_checkpoint' must name a checkpoint_id and a path, got {last!r}")
-    job.last_checkpoint = last
+    job.last_checkpoint = CompletedCheckpoint.from_pointer(last) if last is not None else None
     job.final_checkpoint_id = typed("final_checkpoint_id", int, optional=True)
     job.restored_checkpoint_id = typed("restored_checkpoint_id", int, optional=True)
     job.restored_from = typed("restored_from", str)

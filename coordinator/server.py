@@ -64,7 +64,7 @@ from runtime.graph import protocol as p
 from runtime.graph.admission import SubmissionRefused, SubmitContext, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
-from runtime.graph.plan import Plan, build_job
+from runtime.graph.plan import Plan
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -417,17 +417,17 @@ class Coordinator(BaseLinkHandler):
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
+            check_extras(self.manager.graph(job), backend=config.state.backend,
                          restore=str(restore) if restore else None)
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
 
-    @staticmethod
-    async def _check_connectors(job: JobRecord, context: SubmitContext) -> None:
+    async def _check_connectors(self, job: JobRecord, context: SubmitContext) -> None:
         """Connectors that check their configuration against their system (a path, a table, privileges, a
-        broker) say what is wrong now, in one line; on a thread, since they wait on the network."""
-        definition = build_job(job.entry, job.name, job.config.parallelism)
+        broker) say what is wrong now, in one line; on a thread, since they wait on the network. The graph is
+        the one planning built (coordinator/job_graphs.py): the coordinator never runs its operators."""
+        definition = self.manager.graph(job)
         if not any(hasattr(node.payload, "check_at_submit") for node in definition.nodes):
             return
         try:
@@ -510,7 +510,7 @@ class Coordinator(BaseLinkHandler):
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
                 "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
-                "last_completed": job.last_checkpoint}
+                "last_completed": job.last_checkpoint_document()}
 
     def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
         """The report's job while the attempt it is about is the current one (None: a stale report)."""

@@ -106,7 +106,7 @@ class TaskCheckpoints:
             self.task.post(Mail(lambda: self._on_arrival(channel_id, spec, arrived_at, ahead), "barrier queued",
                                 may_snapshot=True))
             return
-        if body.get("mode") != CheckpointMode.ALIGNED_TIMEOUT:
+        if spec.mode != CheckpointMode.ALIGNED_TIMEOUT:
             return
         if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
             self._arm_deadline(spec)

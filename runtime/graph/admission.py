@@ -4,7 +4,7 @@ A job that cannot run here should be refused when it is submitted, with the one 
 not fail on every worker and restart until its attempts run out. Three checks:
 
 - extras: the job's sources and sinks name the install's extras they need (`Source.extras`, `Sink.extras`),
-  its state backend too (rocksdb, remote), and a restore from s3:// needs the `s3` extra;
+  its state backend too (its descriptor names the extra), and a restore from s3:// needs the `s3` extra;
 - connectors: a source or sink with `check_at_submit(context)` checks what it will use against its system
   (a path it can write, a catalog and table, a database's table and privileges, a broker and its topics, a
   transaction timeout that fits the checkpoint interval) and raises ValueError, RuntimeError or OSError with
@@ -17,7 +17,7 @@ not fail on every worker and restart until its attempts run out. Three checks:
 from __future__ import annotations
 
 from runtime.api import Job
-from runtime.common import extras, objectstore
+from runtime.common import extras, objectstore, state_backends
 from runtime.connectors.files import FileSink
 from runtime.connectors.submit import SubmitContext
 
@@ -36,9 +36,9 @@ def needed_extras(job: Job, *, backend: str | None = None, restore: str | None =
     needed: set[str] = set()
     for node in job.nodes:
         needed.update(getattr(node.payload, "extras", ()))
-    backend = backend or job.state_backend
-    if backend in ("rocksdb", "remote") and any(n.key_fn is not None for n in job.nodes):
-        needed.add(str(backend))
+    descriptor = state_backends.BY_NAME.get(str(backend or job.state_backend))
+    if descriptor is not None and descriptor.extra and any(n.key_fn is not None for n in job.nodes):
+        needed.add(descriptor.extra)
     if restore and objectstore.is_url(restore):
         needed.add("s3")
     return needed
@@ -73,7 +73,7 @@ def check_connectors(job: Job, context: SubmitContext) -> None:
         try:
             check(context)
         except (ValueError, RuntimeError, OSError, extras.MissingExtra) as exc:
-            raise SubmissionRefused(f"job {job.name}: {node.name}: {exc}", "BadConnectorConfig") from None
+            raise SubmissionRefused(f"job {job.name}: {exc}", "BadConnectorConfig") from None
 
 
 def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.checkpointing import CheckpointSettings
+from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
 from coordinator.job_store import CorruptJobRecord, JobStore, decode, encode, needs_recovery, superseded
 from coordinator.jobs import JobRecord
 from coordinator.restarts import RestartStrategy
@@ -27,7 +27,7 @@ def a_job(job_id: str = "job-0001", state: str = JobState.RUNNING) -> JobRecord:
     job.restart_strategy = RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
     job.state = state
     job.attempt, job.restarts, job.next_checkpoint_id = 3, 2, 12
-    job.last_checkpoint = {"checkpoint_id": 11, "path": "/state/checkpoints/job-0001/chk-11", "duration_s": 0.2}
+    job.last_checkpoint = CompletedCheckpoint(11, "/state/checkpoints/job-0001/chk-11")
     job.restored_from = "/sp/savepoint-x-4"
     job.failures = ["worker w-1 lost: heartbeat timeout"]
     return job
@@ -41,7 +41,7 @@ def test_round_trip_keeps_what_recovery_needs() -> None:
     assert job.restart_strategy == RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
     assert (job.state, job.attempt, job.restarts, job.next_checkpoint_id) == (JobState.RUNNING, 3, 2, 12)
     # the pointer only: the figures of the checkpoint are not needed to restore it
-    assert job.last_checkpoint == {"checkpoint_id": 11, "path": "/state/checkpoints/job-0001/chk-11"}
+    assert job.last_checkpoint == CompletedCheckpoint(11, "/state/checkpoints/job-0001/chk-11")
     assert job.restored_from == "/sp/savepoint-x-4"
     assert needs_recovery(job)
 
