@@ -403,7 +403,7 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
             "CREATE TABLE history (customer text, version int, total bigint)")
     write_module(cluster.tmp_path, "pgjobs", JOB.format(dsn=dsn))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
-    refused = "job pgjobs:bad_dsn: PostgresSink: PostgresSink public.nosuchtable: no such table"
+    refused = "job pgjobs:bad_dsn: PostgresSink public.nosuchtable: no such table"
     with pytest.raises(RpcError, match=refused):
         cluster.submit("pgjobs:bad_dsn")
 
