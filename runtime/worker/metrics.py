@@ -93,7 +93,7 @@ class WorkerCollector(Collector):
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
-            connectors.add(values, [task.source, *task.chain.sinks])
+            connectors.add(values, [getattr(task, "source", None), *getattr(task.chain, "sinks", ())])
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
