@@ -109,3 +109,9 @@ def test_json_lines_write_the_common_value_types() -> None:
         {"sku": "x-1", "placed": datetime.datetime(2026, 1, 1, tzinfo=UTC), "amount": decimal.Decimal("9.99")}]
     with pytest.raises(TypeError, match="cannot write a value of type _thread.lock"):
         json_value(threading.Lock())
+
+
+def test_an_unpicklable_value_in_memory_state_names_the_state_at_the_checkpoint() -> None:
+    keyed = {3: {"count": {"k": 1}, "cache": {"k": threading.Lock()}}}
+    with pytest.raises(UnpicklableValue, match=r"^keyed state 'cache' of operator 3: .*type _thread\.lock"):
+        encode_operator_state(keyed, max_parallelism=128, source=None, sinks=[])
