@@ -115,3 +115,22 @@ def test_an_unpicklable_value_in_memory_state_names_the_state_at_the_checkpoint(
     keyed = {3: {"count": {"k": 1}, "cache": {"k": threading.Lock()}}}
     with pytest.raises(UnpicklableValue, match=r"^keyed state 'cache' of operator 3: .*type _thread\.lock"):
         encode_operator_state(keyed, max_parallelism=128, source=None, sinks=[])
+
+
+def helper_function() -> str:
+    return "a function of a job module"
+
+
+def test_functions_load_only_from_modules_the_operator_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.common import values
+
+    data = pickle.dumps(helper_function)
+    with pytest.raises(RefusedPickle, match=f"refusing to load {__name__}.helper_function"):
+        loads(data)
+    monkeypatch.setenv(values.ALLOW_ENV, f"json, {__name__}")
+    values._allowed_modules.cache_clear()
+    try:
+        assert loads(data)() == "a function of a job module"
+    finally:
+        monkeypatch.delenv(values.ALLOW_ENV)
+        values._allowed_modules.cache_clear()
