@@ -118,7 +118,7 @@ def job_brief(job: JobRecord) -> dict[str, Any]:
     return {"job_id": job.job_id, "name": job.name, "entry": job.entry, "state": job.state, "attempt": job.attempt,
             "error": job.error, "submitted_at": job.submitted_at, "ended_at": job.ended_at,
             "tasks_total": job.total_tasks(), "restarts": job.restarts, "checkpoints_completed": done,
-            "checkpoints_failed": failed, "last_checkpoint_id": (job.last_checkpoint or {}).get("checkpoint_id")}
+            "checkpoints_failed": failed, "last_checkpoint_id": job.last_checkpoint_id}
 
 
 def job_detail(job: JobRecord) -> dict[str, Any]:
@@ -217,7 +217,7 @@ def checkpoints_view(job: JobRecord, history: Iterable[Mapping[str, Any]],
     items = [checkpoint_view(h, figures.get(int(h["checkpoint_id"])), wall_offset) for h in history]
     done, failed = job.checkpoint_counts()
     return {"job_id": job.job_id, "completed": done, "failed": failed,
-            "last_completed": job.last_checkpoint, "figures": declaration(), "history": items}
+            "last_completed": job.last_checkpoint_document(), "figures": declaration(), "history": items}
 
 
 def restarts_view(job: JobRecord) -> dict[str, Any]:

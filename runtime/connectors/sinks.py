@@ -44,6 +44,10 @@ class Sink:
         does; a subclass that writes through a blocking client sets `blocking = True`."""
         return self.delay_per_record_s > 0
 
+    def bind(self, job_id: str, uid: str) -> None:
+        """Which job and operator this sink is, set by the worker before `open`: a sink that must tell its own
+        earlier commits from another run's (the table sinks' application ids) keeps them."""
+
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         self.subtask_index = subtask_index
         self.parallelism = parallelism

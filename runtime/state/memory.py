@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -141,3 +141,8 @@ def _read_tables(store: SnapshotStore, relative: str) -> Iterator[tuple[str, int
         raise StateBackendError(f"{path}: memory state snapshot file is missing") from e
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
         raise StateBackendError(f"{path}: memory state snapshot does not decode: {e}") from e
+
+
+def create(key_groups: range, *, work_dir: str, options: Mapping[str, Any]) -> MemoryBackend:
+    """The descriptor's factory (runtime/common/state_backends.py): nothing to configure."""
+    return MemoryBackend(key_groups)
