@@ -48,8 +48,9 @@ def test_records_carry_any_picklable_value_and_known_types_stay_plain_msgpack() 
     for value in VALUES:
         reader.feed(pack(value))
     got = reader.take(len(VALUES))
-    assert [repr(v) for v in got] == [repr(tuple(v) if isinstance(v, tuple) else v) for v in VALUES[:-1]] + [
-        "('key', (datetime.date(2020, 2, 29), {'nested': Decimal('-0')}))"]
+    # records come off the wire with their arrays as tuples; a set's order is its own (compared as sets)
+    expected = [*VALUES[:-1], ("key", (datetime.date(2020, 2, 29), {"nested": decimal.Decimal("-0")}))]
+    assert got == expected and [type(v) for v in got] == [type(v) for v in expected]
     # the fast path: what msgpack knows is packed exactly as before, with no pickle in it
     assert pack(("k", 1, 2.5, None, b"x", {"a": [1]})) == msgpack.packb(("k", 1, 2.5, None, b"x", {"a": [1]}))
     marked = msgpack.unpackb(pack(decimal.Decimal(1)))
