@@ -73,7 +73,7 @@ def check_connectors(job: Job, context: SubmitContext) -> None:
         try:
             check(context)
         except (ValueError, RuntimeError, OSError, extras.MissingExtra) as exc:
-            raise SubmissionRefused(f"job {job.name}: {node.name}: {exc}", "BadConnectorConfig") from None
+            raise SubmissionRefused(f"job {job.name}: {exc}", "BadConnectorConfig") from None
 
 
 def check_submission(job: Job, *, backend: str | None = None, restore: str | None = None) -> None:
