@@ -116,3 +116,29 @@ def test_rescaled_sink_states_commit_every_file_once(tmp_path: Path) -> None:
     checkpoint(new, 2)
     assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)]
     assert delta_transactions(table) == [[("sluice-job-1-sink-x", 2)]]
+
+
+def test_the_worker_reports_the_table_sink_and_file_source_figures(tmp_path: Path) -> None:
+    """The worker's collector turns a task's DeltaSink and FileSource figures into the documented metrics."""
+    from types import SimpleNamespace
+
+    from runtime.connectors.file_source import FileSource
+    from runtime.worker.metrics import _LakeFamilies
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text('["a", 1]\n')
+    source = FileSource(str(tmp_path / "in"), bounded=True)
+    source.open(0, 1)
+    while source.read_batch(10) is not None:
+        pass
+    subtasks = sinks(str(tmp_path / "t"), n=1, columns=["k", "n"])
+    subtasks[0].write(("a", 1))
+    checkpoint(subtasks, 1)
+    families = _LakeFamilies(["job_id", "task", "subtask"])
+    families.add(["job-1", "t", "0"], SimpleNamespace(chain=SimpleNamespace(sinks=subtasks), source=source))
+    samples = {s.name: s.value for family in families.families() for s in family.samples}
+    assert samples == {"sluice_table_sink_files_pending": 0, "sluice_table_sink_commits_total": 1,
+                       "sluice_table_sink_files_already_committed_total": 0,
+                       "sluice_table_sink_last_commit_seconds": subtasks[0].statistics().last_commit_s,
+                       "sluice_table_sink_rows_written_total": 1, "sluice_file_source_files_pending": 0,
+                       "sluice_file_source_files_read_total": 1}
