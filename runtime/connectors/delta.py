@@ -119,9 +119,9 @@ class DeltaSink(TableSink):
                 raise TableConfigError(f"DeltaSink {self.uri}: the table is partitioned by {existing}, the sink "
                                        f"by {self.partition_by}: give the sink partition_by={existing}")
 
-    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
+    def prepare(self) -> None:
+        super().prepare()
         self._deltalake = deltalake_module()
-        super().open(subtask_index, parallelism, attempt)
         objectstore.make_dir(self.uri)
 
     def write_data_files(self, table: Any) -> list[dict[str, Any]]:

@@ -82,8 +82,8 @@ class IcebergSink(TableSink):
         table = self._load()
         ensure_writable(local_path(table.location()), f"IcebergSink {self.table}")
 
-    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
-        super().open(subtask_index, parallelism, attempt)
+    def prepare(self) -> None:
+        super().prepare()
         self._table = self._load()
         self._root = local_path(self._table.location()).rstrip("/")
         schema = self._table.schema().as_arrow()

@@ -405,6 +405,8 @@ def test_verify_reads_delta_and_iceberg_tables_through_arrow(spark: Any, uniform
             sink.write(row)
         sink.snapshot_state(1)
         sink.commit(1)
+        sink.drain()
+        sink.close()
     delta = verify(spark, str(uniform), str(tmp_path / "delta"), table=OutputTable("delta", str(tmp_path / "delta")))
     assert delta.ok and (delta.output_rows, delta.output_files) == (ROWS, 1), delta.report()
     iceberg = verify(spark, str(uniform), "db.counts", table=OutputTable.parse("iceberg", "db.counts",

@@ -107,6 +107,19 @@ def replace_dead_workers(cluster: Cluster, replaced: set[int]) -> int:
     return started
 
 
+def wait_killed(cluster: Cluster, job_id: str, markers: Path, what: str) -> None:
+    """Until the sink has killed its worker (the marker); fails at once if the job ended first."""
+
+    def killed() -> bool:
+        if (markers / "killed").exists():
+            return True
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] not in ("FINISHED", "FAILED", "CANCELLED"), f"ended before {what}: {st}\n{logs(cluster)}"
+        return False
+
+    poll(killed, 90, what, interval_s=0.25)
+
+
 def wait_finished(cluster: Cluster, job_id: str, timeout_s: float = 120) -> dict:
     try:
         st = cluster.wait_job(job_id, timeout_s)
@@ -146,7 +159,7 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         job_id = submit(cluster, "continuous_to_delta")
         poll(lambda: delta_rows_now(table) > 0, 60, "the first Delta commit", interval_s=0.5)
         records += write_input_files(in_dir, 2, 3000, first=2)  # discovered while running
-        poll((markers / "killed").exists, 90, "the sink to kill its worker after a Delta commit")
+        wait_killed(cluster, job_id, markers, "the sink to kill its worker after a Delta commit")
         replaced: set[int] = set()
         poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
         records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
@@ -184,7 +197,7 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     catalog = sqlite_catalog(cluster.tmp_path / "iceberg")
     make_counts_table(catalog)
     records = write_input_files(cluster.tmp_path / "in", 4, 3000)
-    markers = install(cluster, sink_delay=0.0001, catalog=catalog)
+    markers = install(cluster, sink_delay=0.0003, catalog=catalog)  # a few checkpoints long
     cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
     (markers / "blocker").write_text("a file where the table's parent directory should be")
     for entry, expected in [("unwritable_delta", f"{markers}/blocker/table is not writable"),
@@ -196,7 +209,7 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     assert cluster.call("status")["jobs"] == [], "nothing was deployed"
 
     job_id = submit(cluster, "files_to_iceberg")
-    poll((markers / "killed").exists, 90, "the sink to kill its worker after an Iceberg snapshot")
+    wait_killed(cluster, job_id, markers, "the sink to kill its worker after an Iceberg snapshot")
     replaced: set[int] = set()
     poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
     st = wait_finished(cluster, job_id)

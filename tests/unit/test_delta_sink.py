@@ -33,6 +33,8 @@ def checkpoint(subtasks: list[DeltaSink], checkpoint_id: int, *, complete: bool 
     if complete:
         for s in subtasks:
             s.commit(checkpoint_id)
+        for s in subtasks:
+            s.drain()  # the commit runs on the committer's thread
     return states
 
 
@@ -142,3 +144,33 @@ def test_the_worker_reports_the_table_sink_and_file_source_figures(tmp_path: Pat
                        "sluice_table_sink_last_commit_seconds": subtasks[0].statistics().last_commit_s,
                        "sluice_table_sink_rows_written_total": 1, "sluice_file_source_files_pending": 0,
                        "sluice_file_source_files_read_total": 1}
+
+
+def test_a_failed_commit_fails_the_next_barrier_and_close_waits_for_commits(tmp_path: Path) -> None:
+    """The commit runs on subtask 0's commit thread: its failure comes back at the next barrier (the task then
+    fails and the restore lists the files again); at the end of a bounded input close waits for it."""
+
+    class Refused(DeltaSink):
+        def commit_files(self, plan: Any, checkpoint_id: int) -> None:
+            raise OSError("the store refused the commit")
+
+    sink = Refused(str(tmp_path / "t"), columns=["k", "n"])
+    sink.open(0, 1, 0)
+    sink.write(("a", 1))
+    sink.snapshot_state(1)
+    sink.commit(1)
+    with pytest.raises(OSError, match="refused the commit"):
+        sink.drain()
+    with pytest.raises(OSError, match="refused the commit"):
+        sink.snapshot_state(2)
+    sink.close()
+
+    table = str(tmp_path / "u")
+    ok = DeltaSink(table, columns=["k", "n"])
+    ok.open(0, 1, 0)
+    ok.write(("a", 1))
+    ok.finish()
+    ok.snapshot_state(1)
+    ok.commit(1)
+    ok.close()  # finished: waits for the commit
+    assert delta_rows(table, ["k", "n"]) == [("a", 1)]

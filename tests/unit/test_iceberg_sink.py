@@ -37,6 +37,8 @@ def checkpoint(subtasks: list[IcebergSink], checkpoint_id: int) -> list[Any]:
     states = [s.snapshot_state(checkpoint_id) for s in subtasks]
     for s in subtasks:
         s.commit(checkpoint_id)
+    for s in subtasks:
+        s.drain()  # the commit runs on the committer's thread
     return states
 
 
