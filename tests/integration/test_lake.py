@@ -12,7 +12,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.common import objectstore
-from tests.support.cluster import Cluster, poll, write_module
+from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, write_module
 from tests.support.lake import delta_rows, delta_transactions, write_input_files, wrong_counts
 from tests.support.object_store import in_bucket, running_s3
 
@@ -31,29 +31,26 @@ INPUT, TABLE, MARKERS, SINK_DELAY = {input!r}, {table!r}, {markers!r}, {sink_del
 CATALOG = {catalog!r}
 
 
-class KillAfterTableCommit(DeltaSink):
-    """In the first attempt, the committer kills its own worker right after its second Delta commit, before it
+def kill_after_second_commit(sink, checkpoint_id):
+    """In the first attempt, the committer kills its own worker right after its second table commit, before it
     notes the commit anywhere: the restore from that checkpoint lists the same files again."""
+    sink.table_commits = getattr(sink, "table_commits", 0) + 1
+    if sink.attempt == 0 and sink.table_commits == 2:
+        with open(os.path.join(MARKERS, "killed"), "w") as f:
+            f.write(str(checkpoint_id))
+        os.kill(os.getpid(), signal.SIGKILL)
 
+
+class KillAfterTableCommit(DeltaSink):
     def commit_files(self, plan, checkpoint_id):
         super().commit_files(plan, checkpoint_id)
-        self.table_commits = getattr(self, "table_commits", 0) + 1
-        if self.attempt == 0 and self.table_commits == 2:
-            with open(os.path.join(MARKERS, "killed"), "w") as f:
-                f.write(str(checkpoint_id))
-            os.kill(os.getpid(), signal.SIGKILL)
+        kill_after_second_commit(self, checkpoint_id)
 
 
 class KillAfterSnapshot(IcebergSink):
-    """The same for Iceberg: the committer dies right after the table's second snapshot of this run."""
-
     def commit_files(self, plan, checkpoint_id):
         super().commit_files(plan, checkpoint_id)
-        self.table_commits = getattr(self, "table_commits", 0) + 1
-        if self.attempt == 0 and self.table_commits == 2:
-            with open(os.path.join(MARKERS, "killed"), "w") as f:
-                f.write(str(checkpoint_id))
-            os.kill(os.getpid(), signal.SIGKILL)
+        kill_after_second_commit(self, checkpoint_id)
 
 
 def _pipeline(job, source, sink):
@@ -90,21 +87,6 @@ def submit(cluster: Cluster, entry: str) -> str:
               "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3},
               "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.3, "slot_wait_s": 60}}
     return cluster.submit(f"lakejobs:{entry}", config)
-
-
-def logs(cluster: Cluster) -> str:
-    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
-    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in names)
-
-
-def replace_dead_workers(cluster: Cluster, replaced: set[int]) -> int:
-    started = 0
-    for w in list(cluster.workers):
-        if w.proc.poll() is not None and w.pid not in replaced:
-            replaced.add(w.pid)
-            cluster.start_worker(*WORKER_ARGS, worker_id=str(w.fields["id"]))
-            started += 1
-    return started
 
 
 def wait_killed(cluster: Cluster, job_id: str, markers: Path, what: str) -> None:
@@ -161,7 +143,7 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         records += write_input_files(in_dir, 2, 3000, first=2)  # discovered while running
         wait_killed(cluster, job_id, markers, "the sink to kill its worker after a Delta commit")
         replaced: set[int] = set()
-        poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
+        poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
         records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
         poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the table", interval_s=0.5)
 
@@ -211,7 +193,7 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     job_id = submit(cluster, "files_to_iceberg")
     wait_killed(cluster, job_id, markers, "the sink to kill its worker after an Iceberg snapshot")
     replaced: set[int] = set()
-    poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
+    poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
     st = wait_finished(cluster, job_id)
     assert st["restarts"] == 1, st
     rows = iceberg_rows(catalog)
