@@ -1,6 +1,9 @@
 """What the table sinks (Delta, Iceberg) share: Parquet data files written while a checkpoint runs, pending
 entries in the checkpoint and in staging manifests, and one table commit per completed checkpoint made by
-subtask 0 (the protocol and its invariant: runtime/connectors/lake_commits.py).
+subtask 0, or when it finished before that checkpoint (a bounded input whose subtasks end at different
+checkpoints) by the lowest-numbered subtask still running: each subtask writes a finish marker
+(`finished/<attempt>-<subtask>.json`) at the checkpoint it takes at its end of input, and all read them the
+same way (`committer_of`). The protocol and its invariant: runtime/connectors/lake_commits.py.
 
 Staging manifests live beside the table, under `<table>/_sluice/<app id>/` (readers of Delta and Iceberg
 tables ignore what the table's log or metadata does not name, and `_`-prefixed directories by convention):
@@ -38,6 +41,9 @@ from runtime.connectors.lake_commits import (
     Entry,
     app_id_of,
     apps_of,
+    committer_of,
+    finish_marker_name,
+    finished_in_attempt,
     manifest_name,
     manifests_of,
     manifests_up_to,
@@ -62,7 +68,7 @@ class TableSinkStatistics:
     files_pending: int = 0  # data files pre-committed and not yet seen in the table
     files_written: int = 0
     rows_written: int = 0
-    commits: int = 0  # table commits this subtask made (subtask 0 only)
+    commits: int = 0  # table commits this subtask made (the committer: subtask 0 while it runs)
     commits_skipped: int = 0  # checkpoints with nothing new for the table (no files, or all in it already)
     files_already_committed: int = 0  # files listed again and found in the table (a replay, or a note not seen yet)
     last_commit_s: float = 0.0  # duration of the last table commit
@@ -137,13 +143,14 @@ class TableSink(Sink):
         self._file_counter = 0
         self.stats = TableSinkStatistics()
         self._lock = threading.Lock()  # _pending: the barrier (task) and the commit thread both change it
-        # one thread per subtask: the set-up, then (subtask 0) the commits, in checkpoint order
+        # one thread per subtask: the set-up, then (the committer) the commits, in checkpoint order
         thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"table-sink-{subtask_index}")
         self._thread: concurrent.futures.ThreadPoolExecutor | None = thread
         self._prepared = thread.submit(self.prepare)
         self._commits: list[concurrent.futures.Future[None]] = []
         self._error: BaseException | None = None
         self._finished = False
+        self._marked = False  # the finish marker is written
 
     def prepare(self) -> None:
         """The set-up a subclass needs before the first barrier (on the sink's thread)."""
@@ -205,26 +212,29 @@ class TableSink(Sink):
         self._check()
         self._ready()
         self._flush()
-        # subtask 0 knows what it committed; the others learn it from the note
-        note = self._read_note() if self.subtask_index != 0 else None
+        note = self._read_note()  # what the committer saw in the table (it may be another subtask)
         with self._lock:
             self._pending += [[checkpoint_id, self.app_id, f] for f in self._written]
             self._written = []
-            if note is not None:
-                self._pending = still_pending(self._pending, note)
+            self._pending = still_pending(self._pending, note)
             pending = [list(e) for e in self._pending]
+        if self._finished and not self._marked:  # the checkpoint at its end of input: say so (committer_of)
+            objectstore.write(objectstore.join(self.staging, "finished",
+                                              finish_marker_name(self.attempt, self.subtask_index)),
+                              json.dumps({"checkpoint": checkpoint_id}).encode())
+            self._marked = True
         manifest = json.dumps({"app": self.app_id, "checkpoint": checkpoint_id, "subtask": self.subtask_index,
                                "pending": pending}, separators=(",", ":")).encode()
         objectstore.write(objectstore.join(self.staging, manifest_name(checkpoint_id, self.subtask_index)), manifest)
         return {"pending": pending, "checkpoint": checkpoint_id}
 
     def commit(self, checkpoint_id: int) -> None:
-        """Subtask 0: hand the checkpoint's commit to the commit thread (module docstring) and return."""
-        if self.subtask_index != 0:
-            return
+        """The committer of the checkpoint (subtask 0 while it runs; `committer_of`) hands its commit to the
+        sink's thread (module docstring) and returns."""
         self._check()
-        assert self._thread is not None, "commit after close"
-        future = self._thread.submit(self.commit_checkpoint, checkpoint_id)
+        if self._thread is None:  # finished and closed: it finished before this checkpoint, another commits it
+            return
+        future = self._thread.submit(self._commit_if_mine, checkpoint_id)
         future.add_done_callback(self._committed)
         self._commits = [f for f in self._commits if not f.done()] + [future]
 
@@ -237,6 +247,16 @@ class TableSink(Sink):
         """Wait until every commit handed to the commit thread is done; false if one is still running."""
         done, running = concurrent.futures.wait(self._commits, timeout=timeout_s)
         return not running
+
+    def finished_subtasks(self) -> dict[int, int]:
+        """This attempt's finish markers: subtask -> the checkpoint it took at its end of input."""
+        directory = objectstore.join(self.staging, "finished")
+        return {subtask: int(json.loads(objectstore.read(objectstore.join(directory, name)))["checkpoint"])
+                for subtask, name in finished_in_attempt(objectstore.list_children(directory), self.attempt)}
+
+    def _commit_if_mine(self, checkpoint_id: int) -> None:
+        if committer_of(checkpoint_id, self.parallelism, self.finished_subtasks()) == self.subtask_index:
+            self.commit_checkpoint(checkpoint_id)
 
     def commit_checkpoint(self, checkpoint_id: int) -> None:
         """The one table commit of checkpoint `checkpoint_id` from every subtask's manifest of it, then the

@@ -64,6 +64,8 @@ def test_a_commit_replayed_after_a_restore_is_skipped_and_an_aborted_checkpoint_
     for s in subtasks:
         s.write(("a", s.subtask_index))
     states = checkpoint(subtasks, 1)  # committed; the job then restores checkpoint 1 (it never heard)
+    # the committer died right after the table commit, before its note
+    (Path(table) / "_sluice" / "sluice-job-1-sink-x" / "committed.json").unlink()
     restored = sinks(table, columns=["k", "n"])
     for s, state in zip(restored, states, strict=True):
         s.restore_state(state)
@@ -75,10 +77,10 @@ def test_a_commit_replayed_after_a_restore_is_skipped_and_an_aborted_checkpoint_
     app = "sluice-job-1-sink-x"
     assert delta_transactions(table) == [[(app, 1)], [(app, 3)]]
     assert sorted(delta_rows(table, ["k", "n"])) == [(k, i) for k in "abc" for i in range(2)]
-    # subtask 0 listed its file of checkpoint 1 again; subtask 1 read the committer's note and dropped its own
-    assert restored[0].statistics().files_already_committed == 1
+    # both subtasks listed their files of checkpoint 1 again: the table's txn version says they are in
+    assert restored[0].statistics().files_already_committed == 2
     # the committer knows at once; the others see the note at their next barrier
-    assert (restored[0].statistics().files_pending, restored[1].statistics().files_pending) == (0, 2)
+    assert (restored[0].statistics().files_pending, restored[1].statistics().files_pending) == (0, 3)
     checkpoint(restored, 4)
     assert restored[1].statistics().files_pending == 0 and len(delta_transactions(table)) == 2
 
@@ -174,3 +176,23 @@ def test_a_failed_commit_fails_the_next_barrier_and_close_waits_for_commits(tmp_
     ok.commit(1)
     ok.close()  # finished: waits for the commit
     assert delta_rows(table, ["k", "n"]) == [("a", 1)]
+
+
+def test_when_subtask_0_finished_first_the_next_subtask_commits_the_later_checkpoints(tmp_path: Path) -> None:
+    """A bounded input whose sink subtasks end at different checkpoints: subtask 0 finishes at checkpoint 1
+    and takes no part later; subtask 1's files of checkpoint 2 are committed by subtask 1, once."""
+    table = str(tmp_path / "t")
+    first, second = sinks(table, columns=["k", "n"])
+    first.write(("a", 0))
+    first.finish()
+    second.write(("a", 1))
+    checkpoint([first, second], 1)
+    first.close()  # finished: its task ended after checkpoint 1's commit
+    second.write(("b", 1))
+    second.finish()
+    checkpoint([first, second][1:], 2)
+    first.commit(2)  # a finished task may still hear of later checkpoints: it does nothing
+    assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 1)]
+    app = "sluice-job-1-sink-x"
+    assert delta_transactions(table) == [[(app, 1)], [(app, 2)]]
+    assert (first.statistics().commits, second.statistics().commits) == (1, 1)
