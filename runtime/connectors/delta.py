@@ -2,7 +2,8 @@
 
 Each subtask writes Parquet data files into the table's directory (under `col=value/` directories for
 partition columns) while a checkpoint runs; at the barrier its files are finished and listed in its state and
-its staging manifest. When the checkpoint completes, subtask 0 makes the checkpoint's one Delta commit: add
+its staging manifest. When the checkpoint completes, the committer (subtask 0 while it runs; table_sink.py)
+makes the checkpoint's one Delta commit: add
 actions for every subtask's files, and an application transaction `txn(appId = sluice-<job>-<sink uid>,
 version = checkpoint id)` in the same commit. A commit replayed after a restore finds its version in the
 table's `txn` and is skipped (runtime/connectors/lake_commits.py has the protocol, table_sink.py the shared
