@@ -32,11 +32,13 @@ CATALOG = {catalog!r}
 
 
 def kill_after_second_commit(sink, checkpoint_id):
-    """In the first attempt, the committer kills its own worker right after its second table commit, before it
-    notes the commit anywhere: the restore from that checkpoint lists the same files again."""
+    """Once per test (the marker file), the committer kills its own worker right after its second table commit
+    of an attempt, before it notes the commit anywhere: the restore from that checkpoint lists the same files
+    again. (Not "in attempt 0": a busy machine may restart the job once before, for a late heartbeat.)"""
     sink.table_commits = getattr(sink, "table_commits", 0) + 1
-    if sink.attempt == 0 and sink.table_commits == 2:
-        with open(os.path.join(MARKERS, "killed"), "w") as f:
+    marker = os.path.join(MARKERS, "killed")
+    if sink.table_commits == 2 and not os.path.exists(marker):
+        with open(marker, "w") as f:
             f.write(str(checkpoint_id))
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -148,7 +150,7 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the table", interval_s=0.5)
 
         st = cluster.call("status", {"job_id": job_id})
-        assert st["restarts"] == 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
+        assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
         cluster.call("cancel", {"job_id": job_id})
 
         rows = delta_rows(table, ["key", "n"])
@@ -195,7 +197,7 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     replaced: set[int] = set()
     poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
     st = wait_finished(cluster, job_id)
-    assert st["restarts"] == 1, st
+    assert st["restarts"] >= 1, st
     rows = iceberg_rows(catalog)
     assert not wrong_counts(rows, records), wrong_counts(rows, records)
     assert len(rows) == len(records)
