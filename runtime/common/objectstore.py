@@ -93,6 +93,23 @@ def is_within(path: str, root: str) -> bool:
     return path == root or path.startswith(root + "/")
 
 
+class OutsideDirectory(ValueError):
+    """A checkpoint names a file outside the directory it belongs to (an absolute name, or one with `..`)."""
+
+
+def confined_join(root: str, relative: Any, *, what: str, error: type[ValueError] = OutsideDirectory) -> str:
+    """`relative` (a name recorded in a checkpoint) joined under `root`, or `error` before anything is touched
+    when it could name a file elsewhere: not a string, empty, absolute, or with an empty, `.` or `..` segment,
+    a backslash or a NUL. The message names `root` and the recorded name only: nothing is read, so nothing is
+    said about whatever file the name points at."""
+    text = relative if isinstance(relative, str) else ""
+    parts = text.split("/")
+    if not text or "\\" in text or "\0" in text or any(p in ("", ".", "..") for p in parts) \
+            or os.path.isabs(text) or re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", text):
+        raise error(f"{root}: refusing {what} {str(relative)[:200]!r}: it is not a name inside this directory")
+    return join(root, *parts)
+
+
 def describe_backend(path: str) -> str:
     return f"object store (bucket {split_url(path)[0]})" if is_url(path) else "local filesystem"
 

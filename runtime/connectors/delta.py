@@ -19,11 +19,14 @@ import json
 import os
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.common import extras, objectstore
 from runtime.connectors.lake_commits import CommitPlan
 from runtime.connectors.table_sink import TableConfigError, TableSink, ensure_writable, local_path
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # Hive's (and Spark's) directory name for a null partition value
 
@@ -104,6 +107,10 @@ class DeltaSink(TableSink):
             return None
         self._cached_table = table
         return table
+
+    def check_at_submit(self, context: SubmitContext) -> None:
+        """The coordinator's submit check (runtime/graph/admission.py)."""
+        self.check_config()
 
     def check_config(self) -> None:
         """At submit: the path can be written, and an existing table has the same partition columns."""

@@ -26,11 +26,14 @@ import io
 import time
 import zlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.common import objectstore
 from runtime.connectors.files import json_records
 from runtime.connectors.source import Source
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 FORMATS = {"json": (".json", ".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
 
@@ -126,6 +129,10 @@ class FileSource(Source):
         self.extras = ("parquet",) if format == "parquet" else ()
         if objectstore.is_url(self.path):
             self.extras += ("s3",)
+
+    def check_at_submit(self, context: SubmitContext) -> None:
+        """The coordinator's submit check (runtime/graph/admission.py)."""
+        self.check_config()
 
     def check_config(self) -> None:
         """At submit: the root can be listed (a bounded source also needs it to exist)."""

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.common import extras, objectstore
 from runtime.connectors.lake_commits import CommitPlan
 from runtime.connectors.table_sink import TableConfigError, TableSink, ensure_writable, local_path
+
+if TYPE_CHECKING:
+    from runtime.connectors.submit import SubmitContext
 
 SUMMARY_CHECKPOINT = "sluice.checkpoint"
 SUMMARY_APP = "sluice.app"
@@ -78,6 +81,10 @@ class IcebergSink(TableSink):
 
     def _describe(self) -> str:
         return self.catalog.get("uri") or self.catalog.get("name") or str(self.catalog.get("type", "?"))
+
+    def check_at_submit(self, context: SubmitContext) -> None:
+        """The coordinator's submit check (runtime/graph/admission.py)."""
+        self.check_config()
 
     def check_config(self) -> None:
         table = self._load()

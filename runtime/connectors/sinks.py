@@ -14,6 +14,14 @@ class OutputGone(FileNotFoundError):
     unrecoverable = True
 
 
+class ForgedSinkState(ValueError):
+    """A sink's restored state names something outside what the sink owns (a file in another directory, a
+    subject it does not publish to): refused before anything is touched, and no restart changes the checkpoint,
+    so the job fails at once."""
+
+    unrecoverable = True
+
+
 class Sink:
     """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.
 

@@ -72,7 +72,7 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
             sub.gate = output_gate
         subpartitions += ordered
         writer = RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
-                              job.max_parallelism, subtask)
+                              job.max_parallelism, subtask, producer=vertex.name)
         if edge.tag is not None:
             writer.side_output = (edge.tag_node, edge.tag)
         writers.append(writer)

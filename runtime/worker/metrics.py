@@ -7,7 +7,7 @@ nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -82,14 +82,18 @@ class WorkerCollector(Collector):
                                      labels=labels)
         io = _AsyncIOFamilies(labels)
         lake = _LakeFamilies(labels)
+        connectors = _ConnectorFamilies(labels)
+        kafka = _KafkaFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
+            kafka.add(values, task.source, task.chain.sinks)
             op = task.chain.async_operator
             lake.add(values, task)
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
+            connectors.add(values, [task.source, *task.chain.sinks])
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
@@ -119,6 +123,8 @@ class WorkerCollector(Collector):
                     isolated)
         yield from io.families()
         yield from lake.families()
+        yield from connectors.families()
+        yield from kafka.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -148,6 +154,46 @@ class WorkerCollector(Collector):
         running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
         running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == TaskState.RUNNING))
         yield from (slots, running, protocol_failures(), link_timeouts())
+
+
+class _ConnectorFamilies:
+    """Figures connectors report through `statistics()` (a dict of the names below): the PostgreSQL source's
+    replication lag, the PostgreSQL sink's prepared transactions (docs/METRICS.md, Connectors)."""
+
+    GAUGES = {
+        "replication_lag_bytes": ("sluice_postgres_replication_lag_bytes",
+                                  "WAL bytes the server has beyond the last change the CDC source handed on"),
+        "replication_lag_seconds": ("sluice_postgres_replication_lag_seconds",
+                                    "Age of the last change the CDC source handed on while more are waiting (0 "
+                                    "when caught up)"),
+        "confirmed_lsn": ("sluice_postgres_confirmed_lsn",
+                          "The replication slot's confirmed LSN as the source last sent it (a completed "
+                          "checkpoint's position)"),
+        "open_prepared_transactions": ("sluice_postgres_open_prepared_transactions",
+                                       "Checkpoints the PostgreSQL sink prepared (or deferred) and has not committed"),
+    }
+    COUNTERS = {"rows_written": ("sluice_postgres_rows_written", "Rows the PostgreSQL sink wrote in transactions")}
+
+    def __init__(self, labels: list[str]) -> None:
+        self.gauges = {k: GaugeMetricFamily(name, text, labels=labels) for k, (name, text) in self.GAUGES.items()}
+        self.counters = {k: CounterMetricFamily(name, text, labels=labels)
+                         for k, (name, text) in self.COUNTERS.items()}
+
+    def add(self, values: list[str], parts: list[object]) -> None:
+        for part in parts:
+            statistics = getattr(part, "statistics", None)
+            if statistics is None:
+                continue
+            figures = statistics()
+            if not isinstance(figures, dict):
+                continue  # a user's connector with statistics of its own shape
+            for key, value in figures.items():
+                family = self.gauges.get(key) or self.counters.get(key)
+                if family is not None:
+                    family.add_metric(values, value)
+
+    def families(self) -> list[Metric]:
+        return [*self.gauges.values(), *self.counters.values()]
 
 
 class _AsyncIOFamilies:
@@ -238,3 +284,38 @@ class _LakeFamilies:
     def families(self) -> list[Metric]:
         return [self.pending, self.commits, self.skipped, self.last_commit, self.rows, self.source_pending,
                 self.source_read]
+class _KafkaFamilies:
+    """Kafka sources' per-partition progress and Kafka sinks' open transactions (docs/METRICS.md, Kafka), read
+    from the connectors' own counters (`partition_statistics`, `open_transaction_age_s`)."""
+
+    def __init__(self, labels: list[str]) -> None:
+        part = [*labels, "topic", "partition"]
+        self.read = CounterMetricFamily("sluice_kafka_source_records_read",
+                                        "Records a Kafka source subtask handed to the job, per partition "
+                                        "(rate(): records/s)", labels=part)
+        self.lag = GaugeMetricFamily("sluice_kafka_source_lag_records",
+                                     "Records of a partition after the next one the source reads, from the end "
+                                     "the broker last reported (its last stable offset under read_committed)",
+                                     labels=part)
+        self.age = GaugeMetricFamily("sluice_kafka_sink_open_transaction_age_seconds",
+                                     "How long the Kafka sink's transaction in progress has been open (0: none)",
+                                     labels=labels)
+        self.committed = CounterMetricFamily("sluice_kafka_sink_transactions",
+                                             "Transactions an exactly-once Kafka sink committed (one per "
+                                             "checkpoint with records, and replays after a recovery)",
+                                             labels=labels)
+
+    def add(self, values: list[str], source: object, sinks: Sequence[object]) -> None:
+        statistics = getattr(source, "partition_statistics", None)
+        if statistics is not None and hasattr(source, "_next"):
+            for (topic, partition), (read, lag) in sorted(statistics().items()):
+                self.read.add_metric([*values, topic, str(partition)], read)
+                self.lag.add_metric([*values, topic, str(partition)], lag)
+        for sink in sinks:
+            age = getattr(sink, "open_transaction_age_s", None)
+            if age is not None and hasattr(sink, "transactions"):
+                self.age.add_metric(values, age())
+                self.committed.add_metric(values, getattr(sink, "transactions", 0))
+
+    def families(self) -> list[Metric]:
+        return [self.read, self.lag, self.age, self.committed]
