@@ -196,3 +196,19 @@ def test_when_subtask_0_finished_first_the_next_subtask_commits_the_later_checkp
     app = "sluice-job-1-sink-x"
     assert delta_transactions(table) == [[(app, 1)], [(app, 2)]]
     assert (first.statistics().commits, second.statistics().commits) == (1, 1)
+
+
+def test_restored_state_naming_a_data_file_outside_the_table_is_refused(tmp_path: Path) -> None:
+    from runtime.connectors.sinks import ForgedSinkState
+
+    table = str(tmp_path / "t")
+    (s,) = sinks(table, n=1, columns=["k", "n"])
+    s.write(("a", 1))
+    (state,) = checkpoint([s], 1, complete=False)
+    good = state["pending"][0]
+    for path in ("../../outside.parquet", str(tmp_path / "outside.parquet"), None):
+        forged = {"pending": [good, [1, good[1], {**good[2], "path": path}]], "checkpoint": 1}
+        again = sinks(table, n=1, columns=["k", "n"])[0]
+        with pytest.raises(ForgedSinkState, match="not inside the table: refused"):
+            again.restore_state(forged)
+    again.restore_state(state)  # its own files restore
