@@ -77,6 +77,10 @@ class WorkerCollector(Collector):
                                      "1 while the task runs its operators on a thread of its own (blocking user "
                                      "code, runtime/execution/isolation.py), 0 while on the worker's event loop",
                                      labels=labels)
+        slow = CounterMetricFamily("sluice_task_slow_user_calls",
+                                   "User calls of the task found running past the worker's --slow-call threshold "
+                                   "(each reported once, with its stack, in the log and the job's exception history)",
+                                   labels=labels)
         io = _AsyncIOFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
@@ -86,6 +90,7 @@ class WorkerCollector(Collector):
                 io.add(values, op)
                 st.async_in_flight = None
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
+            slow.add_metric(values, task.slow_calls)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
             rout.add_metric(values, st.records_out)
@@ -111,7 +116,7 @@ class WorkerCollector(Collector):
                 async_captured.add_metric(values, st.async_captured_records)
         yield from (rin, wm_in, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
                     persisted_total, switched, refused, watermark, async_in_flight, async_blocked, async_captured,
-                    isolated)
+                    isolated, slow)
         yield from io.families()
 
         peer = ["peer"]
