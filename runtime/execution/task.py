@@ -109,6 +109,7 @@ class TaskStatistics:
     async_captured_records: int = 0
     channels_switched: int = 0  # over the task's life: channels switched to unaligned (input and output side)
     switches_refused: int = 0  # switches the checkpoint's in-flight cap refused
+    slow_user_calls: int = 0  # user calls the worker's watchdog found running past its threshold
 
 
 @dataclass
@@ -279,6 +280,7 @@ class Task:
             async_captured_records=self._async_op.captured_records if self._async_op is not None else 0,
             channels_switched=cp.channels_switched,
             switches_refused=cp.switches_refused,
+            slow_user_calls=self.slow_calls,
         )
 
     # -- the loop -----------------------------------------------------------------

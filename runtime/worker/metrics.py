@@ -90,7 +90,7 @@ class WorkerCollector(Collector):
                 io.add(values, op)
                 st.async_in_flight = None
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
-            slow.add_metric(values, task.slow_calls)
+            slow.add_metric(values, st.slow_user_calls)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
             rout.add_metric(values, st.records_out)

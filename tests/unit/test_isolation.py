@@ -19,6 +19,7 @@ from runtime.execution.isolation import IsolationPolicy, TaskThread, mode_from_e
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
+
 def test_modes() -> None:
     assert IsolationPolicy("thread", asynchronous=False).isolated
     assert IsolationPolicy("auto", asynchronous=False).isolated  # the old default's name: the same as thread
@@ -202,3 +203,18 @@ def test_a_blocking_sink_does_not_hold_up_the_loop(sink: str) -> None:
     assert slow.isolation.isolated
     assert slow.records_in > 0
     assert lag < 0.2, f"the event loop was {lag * 1000:.0f} ms late"
+
+
+def test_buffers_cut_on_the_thread_say_when_they_will_fill_the_queue() -> None:
+    """A run on the task's thread stops where an inline one would stop at a blocked output: when the buffers it
+    cut (deferred) and those queued reach the subpartition's limit."""
+    gate = OutputGate()
+    sub = Subpartition(ChannelSender(1), limit=3, capacity=64)
+    sub.gate = gate
+    sub.append(msgpack.packb(b"x" * 70))  # one cut, queued: 1 of 3
+    sub.deferred = []
+    sub.append(msgpack.packb(b"y" * 70))  # one cut, deferred: 2 of 3
+    assert not gate.would_block and not gate.blocked
+    sub.append(msgpack.packb(b"z" * 70))  # 3 of 3 once queued
+    assert gate.would_block and not gate.blocked
+    assert sub.sender.queued_buffers == 1 and sub.deferred_n == 2
