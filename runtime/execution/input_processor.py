@@ -25,6 +25,8 @@ from runtime.execution.operators import Chain
 from runtime.execution.task_time import TaskTime
 from runtime.execution.turns import YIELD_AFTER_S, RunEnd, TaskTurns, next_chunk
 
+BUFFERS_PER_TAKE = 8  # buffers taken from the gate for one run: a hand-off per take, credit returned after it
+
 # a chunk through the chain: (items handled, markers among them, a timer burst is left to run)
 ChunkRun = Callable[[list[Any], ChannelReader], tuple[int, int, bool]]
 
@@ -68,7 +70,12 @@ class InputProcessor:
         return _timed(self.time, process, key) if self.time is not None else _plain(process)
 
     async def run(self, on_event: Callable[[int, Event], Awaitable[None]]) -> None:
-        """Until every input channel has ended: buffers through the chain, in-band events to `on_event`."""
+        """Until every input channel has ended: buffers through the chain, in-band events to `on_event`.
+
+        The buffers queued in the gate up to the next event (at most BUFFERS_PER_TAKE) are fed to their
+        channels' readers together and processed in one run per channel: an isolated task pays its thread
+        hand-off per take, not per buffer. Fed and not processed, they are the readers' unprocessed bytes, so
+        a snapshot taken at a turn in between keeps them as channel state."""
         gate = self.gate
         turns = self.turns
         gate.announce_credit()
@@ -79,18 +86,29 @@ class InputProcessor:
             if taken is None:
                 await turns.wait_idle()
                 continue
-            channel_id, item = taken
-            if isinstance(item, Buffer):
+            fed: list[int] = []  # the channel of each buffer fed, in order
+            event: tuple[int, Event] | None = None  # the event that ended the take
+            while taken is not None:
+                channel_id, item = taken
+                if not isinstance(item, Buffer):
+                    event = channel_id, item
+                    break
                 reader = self._readers.get(channel_id)
                 if reader is None:
                     reader = self._readers[channel_id] = ChannelReader()
                 reader.feed(item.data)
+                fed.append(channel_id)
+                taken = gate.poll() if len(fed) < BUFFERS_PER_TAKE else None
+            for channel_id in dict.fromkeys(fed):
+                reader = self._readers[channel_id]
                 await self.process_records(reader, channel_id)
                 reader.trim()
+            for channel_id in fed:
                 gate.consumed(channel_id)
+            if fed:
                 await asyncio.sleep(0)  # fairness between tasks of this worker
-            else:
-                await on_event(channel_id, item)
+            if event is not None:
+                await on_event(*event)
 
     async def restore(self, inputs: dict[int, bytes]) -> None:
         """Process restored input channel state before anything new arrives on those channels."""
