@@ -189,18 +189,31 @@ class InputProcessor:
             self._chunk = chunk
 
     async def _fire_timer_burst(self) -> None:
-        """Fire the due event-time timers a chunk at a time, serving the mailbox (barriers, RPC mail) and
+        """Fire the due event-time timers in runs of chunks, serving the mailbox (barriers, RPC mail) and
         waiting for output in between; then forward the watermark."""
         time_ = self.time
         assert time_ is not None
         turns = self.turns
-        monotonic = time.monotonic
-        last_yield = monotonic()
         while True:
-            if monotonic() - last_yield > YIELD_AFTER_S:
-                await asyncio.sleep(0)  # let the network in: a barrier reaches the mailbox from a callback
-                last_yield = monotonic()
             await turns.between_records()
-            if not await turns.call(time_.fire_timers):
+            end = await turns.call(self.fire_timers)
+            if end is RunEnd.DRAINED:
                 break
+            if end is RunEnd.YIELD:
+                await asyncio.sleep(0)  # let the network in: a barrier reaches the mailbox from a callback
         await turns.call(time_.advance)
+
+    def fire_timers(self) -> RunEnd:
+        """Chunks of due event-time timers until none is left, the task must take a turn, or YIELD_AFTER_S
+        have passed (inline or on the task's thread)."""
+        time_ = self.time
+        assert time_ is not None
+        turns = self.turns
+        monotonic = time.monotonic
+        deadline = monotonic() + YIELD_AFTER_S
+        while time_.fire_timers():
+            if turns.turn_due():
+                return RunEnd.TURN
+            if monotonic() > deadline:
+                return RunEnd.YIELD
+        return RunEnd.DRAINED
