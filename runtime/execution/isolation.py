@@ -94,14 +94,15 @@ class TaskThread:
                 self._resolve(loop, future, None, None)
                 return
             self.call_started = monotonic()
+            result: Any = None
+            error: BaseException | None = None
             try:
                 result = fn(*args)
             except SystemExit as exc:  # sys.exit() in user code: its task fails, the worker stays
-                self._resolve(loop, future, None, UserCodeExit.of(exc))
+                error = UserCodeExit.of(exc)
             except BaseException as exc:  # handed to the awaiting task, which fails as it would inline
-                self._resolve(loop, future, None, exc)
-            else:
-                self._resolve(loop, future, result, None)
+                error = exc
+            self._resolve(loop, future, result, error)
             self.call_started = None
             self.calls += 1
 
