@@ -290,6 +290,26 @@ class InputGate:
             return channel_id, item
         return None
 
+    def poll_buffer(self) -> tuple[int, Buffer] | None:
+        """`poll`, but only when the next item is a buffer: an event stays queued where it is (the checkpoint
+        layer finds an in-band barrier in the gate until the task takes it)."""
+        while self.ready:
+            channel_id = self.ready[0]
+            queue = self.queues[channel_id]
+            if channel_id in self.blocked or not queue:
+                self.ready.popleft()
+                continue
+            item = queue[0][1]
+            if not isinstance(item, Buffer):
+                return None
+            self.ready.popleft()
+            queue.popleft()
+            self.queued -= 1
+            if queue:
+                self.ready.append(channel_id)
+            return channel_id, item
+        return None
+
     def block(self, channel_id: int) -> None:
         self.blocked.add(channel_id)
         self.ledger.block(channel_id)  # a blocked channel borrows no floating credit

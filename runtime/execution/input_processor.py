@@ -72,10 +72,11 @@ class InputProcessor:
     async def run(self, on_event: Callable[[int, Event], Awaitable[None]]) -> None:
         """Until every input channel has ended: buffers through the chain, in-band events to `on_event`.
 
-        The buffers queued in the gate up to the next event (at most BUFFERS_PER_TAKE) are fed to their
-        channels' readers together and processed in one run per channel: an isolated task pays its thread
-        hand-off per take, not per buffer. Fed and not processed, they are the readers' unprocessed bytes, so
-        a snapshot taken at a turn in between keeps them as channel state."""
+        The buffers queued in the gate up to the next event (at most BUFFERS_PER_TAKE; the event stays in
+        the gate: `InputGate.poll_buffer`) are fed to their channels' readers together and processed in one
+        run per channel: a task on its thread pays the hand-off per take, not per buffer. Fed and not
+        processed, they are the readers' unprocessed bytes, so a snapshot taken at a turn in between keeps
+        them as channel state."""
         gate = self.gate
         turns = self.turns
         gate.announce_credit()
@@ -86,29 +87,27 @@ class InputProcessor:
             if taken is None:
                 await turns.wait_idle()
                 continue
+            channel_id, item = taken
+            if not isinstance(item, Buffer):
+                await on_event(channel_id, item)
+                continue
             fed: list[int] = []  # the channel of each buffer fed, in order
-            event: tuple[int, Event] | None = None  # the event that ended the take
-            while taken is not None:
-                channel_id, item = taken
-                if not isinstance(item, Buffer):
-                    event = channel_id, item
-                    break
+            buffer: tuple[int, Buffer] | None = channel_id, item
+            while buffer is not None:
+                channel_id, data = buffer[0], buffer[1].data
                 reader = self._readers.get(channel_id)
                 if reader is None:
                     reader = self._readers[channel_id] = ChannelReader()
-                reader.feed(item.data)
+                reader.feed(data)
                 fed.append(channel_id)
-                taken = gate.poll() if len(fed) < BUFFERS_PER_TAKE else None
+                buffer = gate.poll_buffer() if len(fed) < BUFFERS_PER_TAKE else None
             for channel_id in dict.fromkeys(fed):
                 reader = self._readers[channel_id]
                 await self.process_records(reader, channel_id)
                 reader.trim()
             for channel_id in fed:
                 gate.consumed(channel_id)
-            if fed:
-                await asyncio.sleep(0)  # fairness between tasks of this worker
-            if event is not None:
-                await on_event(*event)
+            await asyncio.sleep(0)  # fairness between tasks of this worker
 
     async def restore(self, inputs: dict[int, bytes]) -> None:
         """Process restored input channel state before anything new arrives on those channels."""
