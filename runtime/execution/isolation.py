@@ -15,9 +15,9 @@ awaits the result:
   buffers it cuts wait in a list (`Subpartition.deferred`) until the run returns: credit, the output queues,
   the links and the backpressure counters are touched on the loop only.
 
-The hand-off costs a few tens of microseconds (a thread wake-up, the GIL, a loop wake-up) once per run, not
-per chunk: about 1 % of a run of cheap records (the per-chunk hand-off of the first version cost half the
-throughput; docs/BENCHMARKS.md). Modes (the worker's SLUICE_TASK_ISOLATION):
+The hand-off (a thread wake-up, the GIL, a loop wake-up) is paid once per run, not per chunk: the per-chunk
+hand-off of the first version cost half the keyed count's throughput, a run about a tenth in CPU per record
+on a loaded machine (docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
 
 - `thread` (the default; `auto` is the same): every task on its thread, but one whose chain has an
   asynchronous operator (async state, async_map: it awaits on the loop, so it runs there);
