@@ -16,8 +16,8 @@ awaits the result:
   the links and the backpressure counters are touched on the loop only.
 
 The hand-off (a thread wake-up, the GIL, a loop wake-up) is paid once per run, not per chunk: the per-chunk
-hand-off of the first version cost half the keyed count's throughput, a run about a tenth in CPU per record
-on a loaded machine (docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
+hand-off of the first version cost half the keyed count's throughput, a run a tenth to a fifth in CPU per
+record on a loaded machine (docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
 
 - `thread` (the default; `auto` is the same): every task on its thread, but one whose chain has an
   asynchronous operator (async state, async_map: it awaits on the loop, so it runs there);
