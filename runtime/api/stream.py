@@ -21,18 +21,19 @@ from runtime.api.co_functions import (
     KeyedCoProcessFunction,
     MapStateDescriptor,
 )
+from runtime.api.errors import JobDefinitionError
 from runtime.api.functions import KeyedProcessFunction, OutputTag, ProcessFunction
+from runtime.api.interval_join import IntervalJoin
+from runtime.api.joins import TwoStreams
 from runtime.api.time import BoundedOutOfOrderness
+from runtime.api.windows import WindowAssigner, WindowedStream
+from runtime.common import state_backends
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
 DEFAULT_MAX_PARALLELISM = 128
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
-STATE_BACKENDS = ("memory", "rocksdb", "remote")  # runtime/state/registry.py builds them
-
-
-class JobDefinitionError(ValueError):
-    """The job graph the user built cannot run (bad parallelism, bad partitioning...)."""
+STATE_BACKENDS = state_backends.NAMES  # runtime/state/registry.py builds them
 
 
 @dataclass
@@ -291,6 +292,9 @@ class DataStream:
         """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
             raise JobDefinitionError(f"{sink!r} is not a Sink")
+        bind_job = getattr(sink, "bind_job", None)
+        if bind_job is not None:  # a transactional sink names its transactions after the job (PostgresSink)
+            bind_job(self.job.name)
         return self._then("sink", sink, parallelism, name or type(sink).__name__)
 
 
@@ -400,7 +404,3 @@ class ConnectedStreams:
         raise JobDefinitionError(f"{label}: a stream connected to a broadcast stream runs a "
                                  f"BroadcastProcessFunction or a KeyedBroadcastProcessFunction, got {fn!r}")
 
-
-from runtime.api.interval_join import IntervalJoin  # noqa: E402 - joins build on the classes above
-from runtime.api.joins import TwoStreams  # noqa: E402 - joins build on the classes above
-from runtime.api.windows import WindowAssigner, WindowedStream  # noqa: E402 - windows build on the classes above

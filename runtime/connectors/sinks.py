@@ -14,6 +14,14 @@ class OutputGone(FileNotFoundError):
     unrecoverable = True
 
 
+class ForgedSinkState(ValueError):
+    """A sink's restored state names something outside what the sink owns (a file in another directory, a
+    subject it does not publish to): refused before anything is touched, and no restart changes the checkpoint,
+    so the job fails at once."""
+
+    unrecoverable = True
+
+
 class Sink:
     """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.
 
@@ -35,6 +43,10 @@ class Sink:
         through a blocking client may set `blocking = True`. Informational: every task runs its chain on a
         thread of its own, whatever it declares (runtime/execution/isolation.py)."""
         return self.delay_per_record_s > 0
+
+    def bind(self, job_id: str, uid: str) -> None:
+        """Which job and operator this sink is, set by the worker before `open`: a sink that must tell its own
+        earlier commits from another run's (the table sinks' application ids) keeps them."""
 
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         self.subtask_index = subtask_index

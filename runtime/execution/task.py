@@ -206,7 +206,7 @@ class Task:
         self.event_time = chain.event_time
         self.time: TaskTime | None = None
         if self.event_time:
-            self.time = TaskTime(chain, is_source=source is not None,
+            self.time = TaskTime(chain, source=source,
                                  channel_keys=[ch.key for ch in self.gate.channels.values()] if self.gate else [],
                                  state=restore.time if restore is not None else None)
         # what runs the records: a source's driver, or the input processor of a task with inputs

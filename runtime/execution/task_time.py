@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from runtime.api.time import MAX_WATERMARK, MIN_WATERMARK
+from runtime.connectors.source import Source
 from runtime.execution.channels import ChannelReader
 from runtime.execution.operators import Chain
 from runtime.execution.watermarks import ACTIVE, IDLE, NOTHING, WatermarkCombiner, WatermarkGenerator
@@ -25,9 +26,10 @@ TIMER_CHUNK = 64  # timers fired between two turns of the mailbox (a timer storm
 
 
 class TaskTime:
-    """Event time of one task: a source's generator (`generator`) or an input task's combiner (`combiner`)."""
+    """Event time of one task: a source's generator (`generator`; the source's own `watermark_generator` when
+    it has one) or an input task's combiner (`combiner`)."""
 
-    def __init__(self, chain: Chain, *, is_source: bool, channel_keys: list[str],
+    def __init__(self, chain: Chain, *, source: Source | None, channel_keys: list[str],
                  state: dict[str, Any] | None = None) -> None:
         state = state or {}
         self.chain = chain
@@ -37,10 +39,12 @@ class TaskTime:
         self.idle_forwarded = False  # the status last sent downstream
         self._timestamp_of: Callable[[Any], int] = lambda record: 0
         self._idle_timeout_s: float | None = None
-        if is_source:
+        if source is not None:
             strategy = chain.watermarks
             if strategy is not None:
-                self.generator = WatermarkGenerator(strategy, state.get("generator"))
+                own = getattr(source, "watermark_generator", None)  # a source that combines its own (Kafka)
+                self.generator = (own(strategy, state.get("generator")) if own is not None
+                                  else WatermarkGenerator(strategy, state.get("generator")))
                 self._timestamp_of = strategy.timestamp
                 self._idle_timeout_s = (strategy.idle_timeout_ms / 1000
                                         if strategy.idle_timeout_ms is not None else None)

@@ -44,7 +44,7 @@ class Host:
         self.chain = Chain(job, [1], subtask_index=0, parallelism=1, attempt=0,
                            outputs=[RecordWriter(self.subs, "forward", None, job.max_parallelism, 0)])
         self.chain.open()
-        self.time = TaskTime(self.chain, is_source=False, channel_keys=CHANNELS)
+        self.time = TaskTime(self.chain, source=None, channel_keys=CHANNELS)
         self.batches: list[int] = []
 
     def process(self, batch: list[Any]) -> None:
