@@ -36,7 +36,7 @@ from runtime.connectors.lake_commits import (
     plan_commit,
     still_pending,
 )
-from runtime.connectors.sinks import Sink
+from runtime.connectors.sinks import ForgedSinkState, Sink
 
 log = logging.getLogger("sluice.tables")
 
@@ -219,8 +219,18 @@ class TableSink(Sink):
     def restore_state(self, state: Any) -> None:
         """The restored checkpoint's pending entries stay pending: they go into this subtask's next manifest,
         and the next commit adds those the table does not have (a commit of the restored checkpoint that
-        happened before the failure is thereby skipped, not repeated)."""
-        self._pending = [list(e) for e in (state or {}).get("pending", [])]
+        happened before the failure is thereby skipped, not repeated). Every entry's data file must be a path
+        inside the table (ForgedSinkState otherwise, before anything is pending): a forged checkpoint must not
+        add a file from elsewhere to the table."""
+        pending = [list(e) for e in (state or {}).get("pending", [])]
+        for entry in pending:
+            described = entry[2] if len(entry) == 3 and isinstance(entry[2], dict) else {}
+            try:
+                objectstore.confined_join(self.table_root(), described.get("path"), what="data file")
+            except objectstore.OutsideDirectory:
+                raise ForgedSinkState(f"{type(self).__name__} {self.table_root()}: the restored state names a "
+                                      "data file that is not inside the table: refused") from None
+        self._pending = pending
 
     def finish(self) -> None:
         self._flush()

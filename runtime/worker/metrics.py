@@ -91,13 +91,13 @@ class WorkerCollector(Collector):
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
-            kafka.add(values, task.source, task.chain.sinks)
+            kafka.add(values, getattr(task, "source", None), getattr(getattr(task, "chain", None), "sinks", ()))
             op = task.chain.async_operator
             lake.add(values, task)
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
-            connectors.add(values, [task.source, *task.chain.sinks])
+            connectors.add(values, [getattr(task, "source", None), *getattr(task.chain, "sinks", ())])
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
             slow.add_metric(values, st.slow_user_calls)
             rin.add_metric(values, st.records_in)
@@ -289,6 +289,8 @@ class _LakeFamilies:
     def families(self) -> list[Metric]:
         return [self.pending, self.commits, self.skipped, self.last_commit, self.rows, self.source_pending,
                 self.source_read]
+
+
 class _KafkaFamilies:
     """Kafka sources' per-partition progress and Kafka sinks' open transactions (docs/METRICS.md, Kafka), read
     from the connectors' own counters (`partition_statistics`, `open_transaction_age_s`)."""

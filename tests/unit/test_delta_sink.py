@@ -116,3 +116,19 @@ def test_rescaled_sink_states_commit_every_file_once(tmp_path: Path) -> None:
     checkpoint(new, 2)
     assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)]
     assert delta_transactions(table) == [[("sluice-job-1-sink-x", 2)]]
+
+
+def test_restored_state_naming_a_data_file_outside_the_table_is_refused(tmp_path: Path) -> None:
+    from runtime.connectors.sinks import ForgedSinkState
+
+    table = str(tmp_path / "t")
+    (s,) = sinks(table, n=1, columns=["k", "n"])
+    s.write(("a", 1))
+    (state,) = checkpoint([s], 1, complete=False)
+    good = state["pending"][0]
+    for path in ("../../outside.parquet", str(tmp_path / "outside.parquet"), None):
+        forged = {"pending": [good, [1, good[1], {**good[2], "path": path}]], "checkpoint": 1}
+        again = sinks(table, n=1, columns=["k", "n"])[0]
+        with pytest.raises(ForgedSinkState, match="not inside the table: refused"):
+            again.restore_state(forged)
+    again.restore_state(state)  # its own files restore
