@@ -46,5 +46,5 @@ echo "sluice: installing dependencies into .venv" >&2
 if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
   .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,s3,rocksdb,remote]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,s3,rocksdb,remote,sql]'
 touch "$stamp"

@@ -124,6 +124,27 @@ class Job:
         node.watermarks = watermarks
         return DataStream(self, node.id)
 
+    # -- SQL (runtime/sql): statements and tables of the job's SQL session ---------------------------------------
+
+    def sql(self, text: str) -> None:
+        """Run Flink SQL statements into this job: CREATE TABLE/VIEW/FUNCTION, SET, INSERT INTO, statement sets
+        (README, SQL). Raises runtime.sql.SqlError (line, column) for bad SQL, before any operator is added."""
+        from runtime.sql.session import session_of
+
+        session_of(self).execute(text)
+
+    def table(self, name: str) -> DataStream:
+        """The rows (tuples) of a SQL table or view of this job as a DataStream."""
+        from runtime.sql.session import session_of
+
+        return session_of(self).table(name)
+
+    def from_stream(self, name: str, stream: DataStream, schema: Any) -> None:
+        """Make a DataStream of tuples a SQL table `name` with `schema` ('a BIGINT, b STRING')."""
+        from runtime.sql.session import session_of
+
+        session_of(self).from_stream(name, stream, schema)
+
     @property
     def event_time(self) -> bool:
         """True when some source has watermarks: then every edge of the job carries record timestamps and

@@ -364,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="submit a job to a running coordinator")
     s.add_argument("--coordinator", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]")
-    s.add_argument("entry", metavar="MODULE:FUNCTION")
+    s.add_argument("entry", metavar="MODULE:FUNCTION", nargs="?")
+    s.add_argument("--sql", metavar="FILE.sql", help="submit a Flink SQL script instead of a job module")
     s.add_argument("--wait", action="store_true", help="wait for the job to end; exit non-zero unless it FINISHED")
     s.add_argument("--wait-timeout", type=_duration, default=None, metavar="DURATION",
                    help="with --wait: give up after this long (exit 1, the job keeps running); default: no limit")
@@ -445,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="workers close a data link silent this long and fail its tasks (default 10s; 0 disables)")
     _add_job_options(lo)
     _add_tls_options(lo, listens=True)
+
+    from runtime.cli.sql_command import add_sql_parser  # `sluice sql` (runtime/cli/sql_command.py)
+
+    add_sql_parser(sub, _add_job_options, _add_tls_options, _port, _positive, _duration_or_zero)
 
     d = sub.add_parser("demo", help="the word count under backpressure on a local cluster")
     d.add_argument("--records", type=_positive, default=400_000)
@@ -546,6 +551,7 @@ def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.parser = parser
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_nofile_limit()  # every socket counts against it; the usual soft 1024 is too few for a busy port
@@ -592,6 +598,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         run(run_worker(wconfig))
         return 0
     if args.command == "submit":
+        if (args.sql is None) == (args.entry is None):
+            print("sluice submit: give a job entry MODULE:FUNCTION or --sql FILE.sql", file=sys.stderr)
+            return 2
+        if args.sql is not None:
+            from runtime.cli.sql_command import prepare
+
+            problem = prepare(args, args.parser, "submit")
+            if problem:
+                print(f"sluice submit: {problem}", file=sys.stderr)
+                return 2
         result = _client_call(args, "submit", {"entry": args.entry, "name": args.name, "config": _job_config(args),
                                                "sys_path": os.getcwd(), "restore": _abs(args.restore)})
         print(f"submitted {result['job_id']} ({result['tasks']} tasks)")
@@ -676,7 +692,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"  {r['task']:<24} at {r['arrival_s'] * 1000:8.1f} ms  overtook {r['overtaken_output_buffers']} "
                   f"output and {r['overtaken_input_buffers']} input buffers")
         return 0 if result["complete"] else 1
-    if args.command == "local":
+    if args.command == "sql":
+        from runtime.cli.sql_command import run_sql
+
+        status = run_sql(args, args.parser)  # None: the script is planned, run it as `local` runs a job
+        if status is not None:
+            return status
+    if args.command in ("local", "sql"):
         from runtime.cli.local_cluster import run_local
 
         return run_local(args.entry, workers=args.workers, slots=args.slots, config=_job_config(args),

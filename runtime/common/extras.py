@@ -23,11 +23,13 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "s3": ("obstore",),
     "nats": ("nats.js",),
     "spark": ("pyspark", "pyarrow.parquet"),
+    "sql": ("sqlglot",),
 }
 
 # why a job needs the extra, for the message
 USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "remote": "the remote state backend",
-        "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data"}
+        "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data",
+        "sql": "SQL jobs"}
 
 
 class MissingExtra(RuntimeError):
