@@ -55,13 +55,25 @@ class Scope:
         if len(hits) == 1:
             return hits[0]
         where = f"{table}.{name}" if table else name
+        line, col = position(column)
         if not hits:
             known = ", ".join(f.name for f in self.fields)
-            raise SqlError(f"Column '{where}' not found in any table; the columns here are: {known}")
-        raise SqlError(f"Column '{where}' is ambiguous: qualify it with its table")
+            raise SqlError(f"Column '{where}' not found in any table; the columns here are: {known}", line=line,
+                           column=col)
+        raise SqlError(f"Column '{where}' is ambiguous: qualify it with its table", line=line, column=col)
 
     def names(self) -> list[str]:
         return [f.name for f in self.fields]
+
+
+def position(node: exp.Expr) -> tuple[int | None, int | None]:
+    """Where a parsed identifier (or the first one inside `node`) starts: (line, column), or (None, None)."""
+    for sub in node.walk():
+        meta = sub.meta if isinstance(sub, exp.Identifier) else {}
+        if "line" in meta and "col" in meta:
+            width = meta.get("end", 0) - meta.get("start", 0)
+            return meta["line"], max(1, meta["col"] - width)
+    return None, None
 
 
 @dataclass
@@ -167,6 +179,12 @@ class ExpressionCompiler:
     # -- nodes -----------------------------------------------------------------------------------------------
 
     def compile(self, node: exp.Expr) -> Code:
+        try:
+            return self._compile(node)
+        except SqlError as exc:
+            raise exc.at(*position(node)) from None  # the innermost node with a place names it
+
+    def _compile(self, node: exp.Expr) -> Code:
         key = node.sql()
         if key in self.substitutions:
             i = self.substitutions[key]

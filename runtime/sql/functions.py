@@ -64,7 +64,7 @@ def _strftime_pattern(java: str) -> str:
         token = m.group(0)
         if token.startswith("'"):
             return token[1:-1].replace("%", "%%")
-        return "\0" if token == "SSS" else _PATTERN_PARTS[token]
+        return "\x01" if token == "SSS" else _PATTERN_PARTS[token]
     return _JAVA_PATTERN.sub(part, java)
 
 
@@ -72,13 +72,13 @@ def _date_format(ms: Any, pattern: str = "yyyy-MM-dd HH:mm:ss") -> str:
     if isinstance(ms, str):
         ms = T.parse_timestamp(ms)
     moment = dt.datetime(1970, 1, 1) + dt.timedelta(milliseconds=ms)
-    return moment.strftime(_strftime_pattern(pattern)).replace("\0", f"{ms % 1000:03d}")
+    return moment.strftime(_strftime_pattern(pattern)).replace("\x01", f"{ms % 1000:03d}")
 
 
 def _to_timestamp(text: str, pattern: str | None = None) -> int:
     if pattern is None:
         return T.parse_timestamp(text)
-    fmt = _strftime_pattern(pattern).replace("\0", "%f")
+    fmt = _strftime_pattern(pattern).replace("\x01", "%f")
     parsed = dt.datetime.strptime(text, fmt)
     return T.parse_timestamp(parsed.isoformat())
 

@@ -41,10 +41,12 @@ def parse_script(text: str) -> list[Statement]:
         nodes = [n for n in sqlglot.parse(text, read=Flink) if n is not None]
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
-        description = str(first.get("description", exc)).split("\n")[0]
-        near = first.get("highlight") or ""
-        raise SqlError(f"{description}" + (f" (near '{near}')" if near else ""), line=first.get("line"),
-                       column=first.get("col")) from None
+        near = str(first.get("highlight") or "")
+        col = first.get("col")
+        if isinstance(col, int) and near:
+            col = max(1, col - len(near) + 1)  # sqlglot names the token's last column
+        raise SqlError(_expected(str(first.get("description", exc)).split("\n")[0], near), line=first.get("line"),
+                       column=col) from None
     statements: list[Statement] = []
     current: list[exp.Expr] | None = None
     opened: tuple[int, int] = (1, 1)
@@ -64,12 +66,30 @@ def parse_script(text: str) -> list[Statement]:
     return statements
 
 
+def _expected(description: str, near: str) -> str:
+    """sqlglot's description of a parse error in the words of a SQL user: what was expected, what came."""
+    got = f"'{near}'" if near else "the end of the script"
+    if description.startswith("Required keyword:"):
+        return f"an expression is missing near {got}"
+    if description.startswith("Invalid expression") or description.startswith("Unexpected token"):
+        return f"unexpected {got}"
+    if description.startswith("Expected ") and " but got " in description:
+        return f"expected {description[9:].split(' but got ')[0]}, got {got}"
+    if description.startswith("Expecting "):
+        return f"expected {description[10:]}, got {got}"
+    if description.startswith("Expected "):
+        return f"expected {description[9:].split(' after ')[0]}, got {got}"
+    return f"{description} (at {got})"
+
+
 def _token_error(text: str, exc: TokenError) -> SqlError:
     message = str(exc)
     # sqlglot names the text around the failure; find where it starts for a line and column
     fragment = message.split("'", 1)[1].rsplit("'", 1)[0] if "'" in message else ""
     where = text.find(fragment) if fragment else -1
+    if where >= 0 and "'" in fragment:  # the string that is never closed starts at the context's last quote
+        where += fragment.rfind("'")
     line = text.count("\n", 0, where) + 1 if where >= 0 else None
     column = where - (text.rfind("\n", 0, where) + 1) + 1 if where >= 0 else None
-    return SqlError("cannot read the text here (an unclosed quote or an unknown character)", line=line,
+    return SqlError("a string literal is not closed (a ' is missing), or a character is not SQL", line=line,
                     column=column)

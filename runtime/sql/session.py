@@ -21,7 +21,7 @@ from runtime.sql.changelog import check_sink
 from runtime.sql.dialect import StatementSet
 from runtime.sql.errors import SqlError
 from runtime.sql.expressions import Field
-from runtime.sql.logical import INSERT_ONLY, Planner, SinkNode, StreamScan, original
+from runtime.sql.logical import INSERT_ONLY, Planner, PlanNode, SinkNode, StreamScan, original
 from runtime.sql.parse import Statement, parse_script
 from runtime.sql.physical import Translator
 
@@ -96,8 +96,7 @@ class SqlSession:
     def _insert(self, node: exp.Insert, statement: Statement) -> Planned:
         sink = self.planner.plan_insert(node)
         check_sink(sink.table.name, sink.table.connector, sink.table.primary_key, sink.mode,
-                   original(sink.input).digest() if sink.mode != INSERT_ONLY else "")
-        _check_updating_source(sink)
+                   _update_producer(sink.input).digest() if sink.mode != INSERT_ONLY else "")
         return Planned(sink, statement)
 
     def _translate(self, planned: Planned) -> None:
@@ -154,8 +153,14 @@ def _schema(schema: Any) -> list[tuple[str, T.SqlType]]:
     return [(n, t if isinstance(t, T.SqlType) else T.SqlType(str(t).upper())) for n, t in schema]
 
 
-def _check_updating_source(sink: SinkNode) -> None:
-    """Placeholder for the rules of updating inputs beyond the first slice (none yet: every source appends)."""
+def _update_producer(node: PlanNode) -> PlanNode:
+    """The node that turns an insert-only input into updates (what Flink's message names): the deepest updating
+    node on the way down."""
+    node = original(node)
+    for child in node.inputs():
+        if not child.mode.insert_only:
+            return _update_producer(child)
+    return node
 
 
 def session_of(job: Job) -> SqlSession:
