@@ -34,6 +34,7 @@ class ChangelogMode:
 INSERT_ONLY = ChangelogMode(frozenset({INSERT}))
 UPDATING = ChangelogMode(frozenset({INSERT, UPDATE_BEFORE, UPDATE_AFTER}))
 ALL = ChangelogMode(frozenset({INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE}))
+RETRACTING = ChangelogMode(frozenset({INSERT, DELETE}))  # outer joins, Top-N: rows inserted and retracted
 
 
 def sink_accepts(connector: str, primary_key: tuple[str, ...]) -> ChangelogMode:

@@ -22,10 +22,12 @@ from sqlglot import exp
 from runtime.sql import types as T
 from runtime.sql.aggregates import AggregateCall, CompiledAggregate, describe_call, find_aggregates
 from runtime.sql.catalog import Catalog, TableDef
-from runtime.sql.changelog import INSERT_ONLY, UPDATING, ChangelogMode, require_insert_only
+from runtime.sql.changelog import INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
 from runtime.sql.dialect import Descriptor, TableArgument, WindowTableFunction
 from runtime.sql.errors import SqlError
 from runtime.sql.expressions import ExpressionCompiler, Field, Scope, interval_ms
+from runtime.sql.join_conditions import conjuncts, side_of
+from runtime.sql.join_conditions import split as split_condition
 
 WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
 
@@ -155,6 +157,62 @@ class Aggregate(PlanNode):
 
 
 @dataclass(eq=False)
+class Join(PlanNode):
+    """An equi-join of two inputs: an interval join when the condition bounds the distance of their rowtimes
+    (`interval` = (lower, upper) on right_time - left_time), else a regular join keeping both sides in state.
+    Output rows are the left row's fields then the right row's."""
+
+    left: PlanNode = None  # type: ignore[assignment]
+    right: PlanNode = None  # type: ignore[assignment]
+    how: str = "inner"
+    left_keys: list[exp.Expr] = field(default_factory=list)
+    right_keys: list[exp.Expr] = field(default_factory=list)
+    left_key_fn: Callable[[Any], Any] | None = None
+    right_key_fn: Callable[[Any], Any] | None = None
+    interval: tuple[int, int] | None = None
+    condition: exp.Expr | None = None  # the rest of the ON condition, checked per joined pair
+    predicate: Callable[[Any], Any] | None = None
+    ttl_ms: int | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.left, self.right]
+
+    def digest(self) -> str:
+        kind = {"inner": "InnerJoin", "left": "LeftOuterJoin", "right": "RightOuterJoin",
+                "full": "FullOuterJoin"}[self.how]
+        keys = " AND ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(self.left_keys, self.right_keys, strict=True))
+        extra = f" AND {self.condition.sql()}" if self.condition is not None else ""
+        if self.interval is not None:
+            lo, hi = self.interval
+            return f"IntervalJoin(joinType=[{kind}], where=[{keys}{extra}], " \
+                   f"bounds=[right.rowtime - left.rowtime in [{lo}, {hi}] ms])"
+        ttl = f", stateTtl=[{self.ttl_ms} ms]" if self.ttl_ms else ""
+        return f"Join(joinType=[{kind}], where=[{keys}{extra}]{ttl})"
+
+
+@dataclass(eq=False)
+class Rank(PlanNode):
+    """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    partition: list[exp.Expr] = field(default_factory=list)
+    order: list[exp.Ordered] = field(default_factory=list)
+    limit: int = 1
+    with_rank: bool = False
+    key_fn: Callable[[Any], Any] | None = None
+    sort_key: Callable[[Any], Any] | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        name = "Deduplicate" if self.limit == 1 else "Rank"
+        order = ", ".join(o.sql() for o in self.order)
+        return f"{name}(partitionBy=[{', '.join(p.sql() for p in self.partition)}], orderBy=[{order}], " \
+               f"rankRange=[1..{self.limit}], outputRank=[{str(self.with_rank).lower()}])"
+
+
+@dataclass(eq=False)
 class Union(PlanNode):
     branches: list[PlanNode] = field(default_factory=list)
 
@@ -265,13 +323,21 @@ class Planner:
     # -- SELECT ----------------------------------------------------------------------------------------------
 
     def _select(self, select: exp.Select) -> PlanNode:
-        for unsupported in ("order", "limit", "joins", "distinct", "qualify"):
+        for unsupported in ("order", "limit", "distinct", "qualify"):
             if select.args.get(unsupported):
                 what = {"order": "ORDER BY", "limit": "LIMIT", "joins": "JOIN", "distinct": "SELECT DISTINCT",
                         "qualify": "QUALIFY"}[unsupported]
                 raise SqlError(f"{what} is not supported yet in Sluice SQL (README, SQL: what is not yet)")
-        source = self._from(select.args.get("from_"))
         where = select.args.get("where")
+        ranked = self._top_n(select.args.get("from_"), where.this if where else None)
+        if ranked is not None:
+            source, rest = ranked
+            where = exp.Where(this=exp.and_(*rest)) if rest else None
+        else:
+            source = self._from(select.args.get("from_"))
+        if select.args.get("joins"):
+            source, rest = self._joins(source, select.args["joins"], conjuncts(where.this if where else None))
+            where = exp.Where(this=exp.and_(*rest)) if rest else None
         items = self._expand_star(select.expressions, source)
         group = select.args.get("group")
         having = select.args.get("having")
@@ -419,6 +485,114 @@ class Planner:
                   Field("window_end", T.TIMESTAMP.not_null()), Field("window_time", T.TIMESTAMP.not_null()))
         return WindowAssign(fields, INSERT_ONLY, len(fields) - 1, input=source, window=spec)
 
+    # -- JOIN ----------------------------------------------------------------------------------------------
+
+    def _joins(self, left: PlanNode, joins: list[exp.Join], where: list[exp.Expr]) -> tuple[PlanNode, list[exp.Expr]]:
+        """Fold the FROM's joins left to right; WHERE conjuncts over both sides of an inner join become its
+        condition. Returns the joined node and the WHERE conjuncts left."""
+        for join in joins:
+            right = self._relation(join.this)
+            side = (join.side or "").upper()
+            how = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}[side]
+            if join.args.get("using"):
+                raise SqlError("JOIN ... USING is not supported yet: write ON a.x = b.x")
+            conditions = conjuncts(join.args.get("on"))
+            if how == "inner":
+                both = [c for c in where if side_of(c, left.scope, right.scope) == "both"]
+                where = [c for c in where if not any(c is b for b in both)]
+                conditions += both
+            left = self._join(left, right, how, conditions)
+        return left, where
+
+    def _join(self, left: PlanNode, right: PlanNode, how: str, conditions: list[exp.Expr]) -> PlanNode:
+        cond = split_condition(conditions, left.scope, right.scope, left.rowtime, right.rowtime)
+        if not cond.left_keys:
+            raise SqlError("a join needs an equality between a column of each side (an equi-join); "
+                           "cross joins and non-equi joins are not supported")
+        for name, node in (("left", left), ("right", right)):
+            require_insert_only(f"Join ({name} input)", node.mode, source_digest(original(node)))
+        left_c = ExpressionCompiler(left.scope, self.catalog.functions)
+        right_c = ExpressionCompiler(right.scope, self.catalog.functions)
+        left_key_fn = _key_function(left_c, cond.left_keys)
+        right_key_fn = _key_function(right_c, cond.right_keys)
+        fields = (*left.fields, *(Field(f.name, f.type.or_null() if how in ("left", "full") else f.type, f.table)
+                                  for f in right.fields))
+        if how in ("right", "full"):
+            fields = (*(Field(f.name, f.type.or_null(), f.table) for f in left.fields), *fields[len(left.fields):])
+        joined = Scope(tuple(fields))
+        rest = exp.and_(*cond.rest) if cond.rest else None
+        predicate = ExpressionCompiler(joined, self.catalog.functions).predicate(rest)[0] if rest is not None \
+            else None
+        if cond.interval:
+            assert cond.lower is not None and cond.upper is not None
+            if cond.lower > cond.upper:
+                raise SqlError(f"the interval join's time bounds are empty: [{cond.lower}, {cond.upper}] ms")
+            if rest is not None and how != "inner":
+                raise SqlError("an outer interval join supports key equalities and time bounds only in ON")
+            return Join(fields, INSERT_ONLY, None, left=left, right=right, how=how, left_keys=cond.left_keys,
+                        right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
+                        interval=(cond.lower, cond.upper), condition=rest, predicate=predicate)
+        if cond.lower is not None or cond.upper is not None:
+            raise SqlError("an interval join needs both a lower and an upper bound on the rowtimes (e.g. "
+                           "a.t BETWEEN b.t - INTERVAL '1' HOUR AND b.t)")
+        mode = INSERT_ONLY if how == "inner" else RETRACTING
+        return Join(fields, mode, None, left=left, right=right, how=how, left_keys=cond.left_keys,
+                    right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
+                    condition=rest, predicate=predicate, ttl_ms=state_ttl_ms(self.catalog.options))
+
+    # -- Top-N ---------------------------------------------------------------------------------------------
+
+    def _top_n(self, from_: exp.From | None, where: exp.Expr | None
+               ) -> tuple[PlanNode, list[exp.Expr]] | None:
+        """`FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) AS rn FROM x) WHERE rn <= N`: the
+        Rank node and the outer WHERE's other conjuncts; None when the FROM is not that pattern."""
+        if from_ is None or not isinstance(from_.this, exp.Subquery) or not isinstance(from_.this.this, exp.Select):
+            return None
+        inner = from_.this.this
+        ranked = [(i, item) for i, item in enumerate(inner.expressions)
+                  if isinstance(item, exp.Alias) and isinstance(item.this, exp.Window)
+                  and isinstance(item.this.this, exp.RowNumber)]
+        if not ranked:
+            return None
+        (position, item), = ranked
+        window = item.this
+        alias = item.alias
+        limit = None
+        rest = []
+        for c in conjuncts(where):
+            bound = _rank_bound(c, alias)
+            if bound is not None and limit is None:
+                limit = bound
+            else:
+                rest.append(c)
+        if limit is None:
+            raise SqlError(f"ROW_NUMBER() needs a filter on it in the outer WHERE ({alias} <= N): other uses of "
+                           "OVER are not supported yet")
+        body = inner.copy()
+        body.set("expressions", [e for i, e in enumerate(inner.expressions) if i != position])
+        base = self._select(body)
+        require_insert_only("Rank", base.mode, source_digest(original(base)))
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        partition = list(window.args.get("partition_by") or [])
+        order = list((window.args.get("order") or exp.Order(expressions=[])).expressions)
+        if not order:
+            raise SqlError("ROW_NUMBER() OVER needs an ORDER BY")
+        key_fn = _key_function(compiler, partition) if partition else compiler.build("lambda r: 0")
+        values = [compiler.compile(o.this) for o in order]
+        descending = tuple(bool(o.args.get("desc")) for o in order)
+        from runtime.sql.operators import SortKey
+
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = descending
+        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        time_first = (limit == 1 and len(order) == 1 and not descending[0] and base.rowtime is not None
+                      and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
+        mode = INSERT_ONLY if time_first else RETRACTING
+        # the rank is a column of the output; an outer query that does not select it drops it in its Calc
+        fields = (*base.fields, Field(alias, T.BIGINT.not_null()))
+        return Rank(fields, mode, base.rowtime if time_first else None, input=base, partition=partition,
+                    order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key), rest
+
     # -- GROUP BY --------------------------------------------------------------------------------------------
 
     def _aggregate(self, source: PlanNode, where: exp.Expr | None, group: exp.Group | None,
@@ -502,6 +676,45 @@ class Planner:
                                 and item.unalias().name == "window_time"), None)
         return Calc(fields, mode, out_rowtime, input=node, projection=items, condition=having, project=project,
                     predicate=predicate, source=text + ("  having " + having_text if having_text else ""))
+
+
+def _key_function(compiler: ExpressionCompiler, keys: list[exp.Expr]) -> Callable[[Any], Any]:
+    codes = [compiler.compile(k) for k in keys]
+    if len(codes) == 1:
+        return compiler.build(f"lambda r: {codes[0].text}")  # type: ignore[no-any-return]
+    return compiler.build("lambda r: (" + "".join(c.text + ", " for c in codes) + ")")  # type: ignore[no-any-return]
+
+
+def _rank_bound(c: exp.Expr, alias: str) -> int | None:
+    """`rn <= N`, `rn < N`, `rn = 1` -> N (the largest rank kept); None for anything else."""
+    if not isinstance(c, exp.LTE | exp.LT | exp.EQ) or not isinstance(c.this, exp.Column) \
+            or c.this.name != alias or not isinstance(c.expression, exp.Literal) or c.expression.is_string:
+        return None
+    n = int(c.expression.this)
+    if isinstance(c, exp.LT):
+        n -= 1
+    if isinstance(c, exp.EQ) and n != 1:
+        return None
+    if n < 1:
+        raise SqlError(f"{c.sql()} keeps no row")
+    return n
+
+
+_TTL_UNITS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "min": 60_000, "minute": 60_000,
+              "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000,
+              "day": 86_400_000, "days": 86_400_000}
+
+
+def state_ttl_ms(options: dict[str, str]) -> int | None:
+    """SET 'table.exec.state.ttl' = '1 h' (Flink's duration text; 0: forever) -> ms, or None."""
+    text = options.get("table.exec.state.ttl", "").strip().lower()
+    if not text:
+        return None
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz ").strip()
+    unit = text[len(number):].strip() or "ms"
+    if not number.isdigit() or unit not in _TTL_UNITS:
+        raise SqlError(f"SET 'table.exec.state.ttl' = '{text}': a duration such as '1 h' or '30 min' expected")
+    return int(number) * _TTL_UNITS[unit] or None
 
 
 def _key_name(key: exp.Expr, i: int) -> str:

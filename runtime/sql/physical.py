@@ -29,7 +29,9 @@ from runtime.sql.errors import SqlError
 from runtime.sql.logical import (
     Aggregate,
     Calc,
+    Join,
     PlanNode,
+    Rank,
     SinkNode,
     StreamScan,
     TableScan,
@@ -40,6 +42,8 @@ from runtime.sql.logical import (
 from runtime.sql.operators import (
     CumulativeEventTimeWindows,
     GroupAggregateFunction,
+    RegularJoinFunction,
+    TopNFunction,
     tumble_row,
     window_output,
     window_rows,
@@ -168,6 +172,40 @@ class Translator:
         fn = GroupAggregateFunction(node.aggregate, key_arity)
         out = stream.key_by(node.key_fn).process(fn, name=name)
         return self._added(out, uid, ops, keys=keys, state=f"per key: {state}")
+
+    def _t_Join(self, node: Join, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        left, right = inputs
+        assert node.left_key_fn is not None and node.right_key_fn is not None
+        name = self._name(node)
+        keys = ", ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(node.left_keys, node.right_keys, strict=True))
+        left_nulls = (None,) * len(node.left.fields)
+        right_nulls = (None,) * len(node.right.fields)
+        if node.interval is not None:
+            lower, upper = node.interval
+            joined = left.key_by(node.left_key_fn).interval_join(right.key_by(node.right_key_fn)).between(lower, upper)
+            joined = {"inner": joined, "left": joined.left_outer(), "right": joined.right_outer(),
+                      "full": joined.full_outer()}[node.how]
+
+            def pair(l_row: Any, r_row: Any, ctx: Any) -> None:
+                ctx.emit((*(left_nulls if l_row is None else l_row), *(right_nulls if r_row is None else r_row)))
+            out = self._added(joined.process(pair, name=name), uid, ops, keys=keys,
+                              state=f"both sides' rows within [{lower}, {upper}] ms of the watermark")
+            if node.predicate is not None:
+                out = self._added(out.filter(node.predicate, name=f"{name} (where)"), f"{uid}-where", ops)
+            return out
+        fn = RegularJoinFunction(node.how, len(node.left.fields), len(node.right.fields), node.predicate,
+                                 node.ttl_ms)
+        out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(fn, name=name)
+        ttl = f" (expiring after {node.ttl_ms} ms)" if node.ttl_ms else " (kept forever: SET 'table.exec.state.ttl')"
+        return self._added(out, uid, ops, keys=keys, state=f"both sides' rows per key{ttl}")
+
+    def _t_Rank(self, node: Rank, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.key_fn is not None and node.sort_key is not None
+        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only)
+        out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
+        return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
+                           state=f"the top {node.limit} rows per key")
 
     def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         first, *rest = inputs
