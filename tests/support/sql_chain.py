@@ -27,8 +27,9 @@ class SqlTailChain:
         self.chain = Chain(job, nodes, subtask_index=0, parallelism=1, attempt=0, outputs=[])
         self.chain.open()
 
-    def feed(self, rows: list[tuple[int | None, Any]]) -> None:
-        self.chain.process_batch(list(rows))
+    def feed(self, rows: list[tuple[int | None, Any]], input_index: int = 0) -> None:
+        """Rows to the head operator's input `input_index` (a join: 0 its left side, 1 its right)."""
+        self.chain.input_batch(input_index)(list(rows))
 
     def watermark(self, wm: int) -> None:
         timers = self.chain.timers
