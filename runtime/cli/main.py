@@ -492,6 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
 
     add_state_parser(dsub)
+    from runtime.data.nexmark import add_nexmark_parser  # the Nexmark tables (issue 28)
+
+    add_nexmark_parser(dsub)
     for client in (s, st, ca, cp, sp, rs, up, cl, pr):
         client.add_argument("--state-dir", help="read the cluster token from STATE_DIR/token (what `sluice local` "
                                                 "writes and prints)")
