@@ -102,7 +102,7 @@ def nexmark_frames(spark: Any, events: int, seed: int) -> dict[str, Any]:
     def word(draw: int, length: int) -> str:  # a lowercase string of `length` letters
         return "concat(" + ", ".join(f"char(97 + {below(draw * 100 + i, 26)})" for i in range(length)) + ")"
 
-    stamp = f"(BASE + id DIV 10)"
+    stamp = "(BASE + id DIV 10)"
     date_time = f"date_format(timestamp_millis({stamp}), 'yyyy-MM-dd HH:mm:ss.SSS')"
     kinds = f"CASE WHEN {offset} < {PERSON_PROPORTION} THEN 'person' WHEN {offset} < " \
             f"{PERSON_PROPORTION + AUCTION_PROPORTION} THEN 'auction' ELSE 'bid' END"
