@@ -139,11 +139,12 @@ class Job:
 
         return session_of(self).table(name)
 
-    def from_stream(self, name: str, stream: DataStream, schema: Any) -> None:
-        """Make a DataStream of tuples a SQL table `name` with `schema` ('a BIGINT, b STRING')."""
+    def from_stream(self, name: str, stream: DataStream, schema: Any, *, rowtime: str | None = None) -> None:
+        """Make a DataStream of tuples a SQL table `name` with `schema` ('a BIGINT, t TIMESTAMP(3)'); `rowtime`
+        names the column that is the records' event time (their source's watermarks come from it)."""
         from runtime.sql.session import session_of
 
-        session_of(self).from_stream(name, stream, schema)
+        session_of(self).from_stream(name, stream, schema, rowtime)
 
     @property
     def event_time(self) -> bool:

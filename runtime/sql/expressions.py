@@ -468,7 +468,7 @@ class ExpressionCompiler:
         t = builtin.result([c.type for c in codes])
         if builtin.null_safe:
             return Code(f"{ref}({', '.join(c.text for c in codes)})", t)
-        nullable = any(c.type.nullable for c in codes)
+        nullable = builtin.may_be_null or any(c.type.nullable for c in codes)
         t = t.or_null() if nullable else t.not_null()
         return Code(self._guarded(codes, lambda n: f"{ref}({', '.join(n)})"), t)
 

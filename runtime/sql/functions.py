@@ -30,6 +30,7 @@ class Builtin:
     result: Callable[[list[SqlType]], SqlType]
     null_safe: bool = False
     arity: tuple[int, int] = (1, 1)
+    may_be_null: bool = False  # NULL even from non-NULL arguments (no match, no such part)
 
 
 def _same(types: list[SqlType]) -> SqlType:
@@ -115,6 +116,18 @@ def _split_index(text: str, sep: str, index: int) -> Any:
     return parts[index] if 0 <= index < len(parts) else None
 
 
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _regexp_extract(text: str, pattern: str, index: int = 1) -> Any:
+    """Flink's REGEXP_EXTRACT: group `index` of the first match (Java's Matcher.find), NULL without one."""
+    compiled = _PATTERNS.get(pattern)
+    if compiled is None:
+        compiled = _PATTERNS[pattern] = re.compile(pattern)
+    match = compiled.search(text)
+    return None if match is None else match.group(index)
+
+
 BUILTINS: dict[str, Builtin] = {
     "UPPER": Builtin(str.upper, _const(T.STRING)),
     "LOWER": Builtin(str.lower, _const(T.STRING)),
@@ -129,7 +142,9 @@ BUILTINS: dict[str, Builtin] = {
     "CONCAT": Builtin(lambda *a: "".join(str(x) for x in a), _const(T.STRING), arity=(1, 255)),
     "CONCAT_WS": Builtin(_concat_ws, _const(T.STRING), null_safe=True, arity=(2, 255)),
     "INITCAP": Builtin(lambda s: " ".join(w.capitalize() for w in s.split(" ")), _const(T.STRING)),
-    "SPLIT_INDEX": Builtin(_split_index, _const(T.STRING), arity=(3, 3)),
+    "SPLIT_INDEX": Builtin(_split_index, _const(T.STRING), arity=(3, 3), may_be_null=True),
+    "REGEXP_EXTRACT": Builtin(_regexp_extract, _const(T.STRING), arity=(2, 3), may_be_null=True),
+    "REGEXP_REPLACE": Builtin(lambda s, p, r: re.sub(p, r.replace("$", "\\"), s), _const(T.STRING), arity=(3, 3)),
     "ABS": Builtin(abs, _same),
     "MOD": Builtin(lambda a, b: math.fmod(a, b) if isinstance(a, float) or isinstance(b, float)
                    else (abs(a) % abs(b)) * (1 if a >= 0 else -1), _same, arity=(2, 2)),

@@ -201,6 +201,7 @@ class Rank(PlanNode):
     with_rank: bool = False
     key_fn: Callable[[Any], Any] | None = None
     sort_key: Callable[[Any], Any] | None = None
+    newest_wins_ties: bool = False
 
     def inputs(self) -> list[PlanNode]:
         return [self.input]
@@ -587,11 +588,14 @@ class Planner:
         sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
         time_first = (limit == 1 and len(order) == 1 and not descending[0] and base.rowtime is not None
                       and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
+        time_last = (limit == 1 and len(order) == 1 and descending[0] and base.rowtime is not None
+                     and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
         mode = INSERT_ONLY if time_first else RETRACTING
         # the rank is a column of the output; an outer query that does not select it drops it in its Calc
         fields = (*base.fields, Field(alias, T.BIGINT.not_null()))
         return Rank(fields, mode, base.rowtime if time_first else None, input=base, partition=partition,
-                    order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key), rest
+                    order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
+                    newest_wins_ties=time_last), rest
 
     # -- GROUP BY --------------------------------------------------------------------------------------------
 

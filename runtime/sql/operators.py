@@ -148,11 +148,15 @@ class TopNFunction(KeyedProcessFunction):
     and emitted again. Ties keep the earlier row first. N = 1 ordered by rowtime ascending is deduplication keeping
     the first row: insert-only (plain rows)."""
 
-    def __init__(self, limit: int, sort_key: Callable[[Any], Any], with_rank: bool, insert_only: bool) -> None:
+    def __init__(self, limit: int, sort_key: Callable[[Any], Any], with_rank: bool, insert_only: bool,
+                 newest_wins_ties: bool = False) -> None:
         self.limit = limit
         self.sort_key = sort_key
         self.with_rank = with_rank
         self.insert_only = insert_only
+        # deduplication keeping the last row (ORDER BY rowtime DESC, N = 1): a row as late as the kept one
+        # replaces it, as Flink's row-time deduplication does
+        self.newest_wins_ties = newest_wins_ties
 
     def open(self, ctx: Any) -> None:
         self.top = ctx.value_state("top-n", ())
@@ -163,8 +167,9 @@ class TopNFunction(KeyedProcessFunction):
         before = [tuple(r) for r in self.top.value()]
         keys = [self.sort_key(r) for r in before]
         position = len(keys)
+        newest = self.newest_wins_ties
         for i, k in enumerate(keys):
-            if key < k:  # after every equal key: ties keep the earlier row first
+            if key < k or (newest and not k < key):  # else after every equal key: the earlier row stays first
                 position = i
                 break
         if position >= self.limit:

@@ -70,6 +70,9 @@ class Translator:
     uids: dict[int, str] = field(default_factory=dict)
     operators: dict[int, list[Operator]] = field(default_factory=dict)
     _taken: dict[str, int] = field(default_factory=dict)
+    # a window aggregation's output is (key, start, end, results): the Calc above it builds its rows from that in
+    # the same map, so no operator of its own turns them into (*keys, start, end, time, *results) first
+    _row_builders: dict[int, Any] = field(default_factory=dict)
 
     def translate(self, node: PlanNode) -> DataStream:
         node = original(node)
@@ -135,14 +138,15 @@ class Translator:
         (stream,) = inputs
         name = self._name(node)
         updating = not node.input.mode.insert_only
+        build = self._row_builders.get(id(original(node.input)))
         if node.predicate is not None:
-            pred = node.predicate
-            fn = (lambda e: pred(e[1])) if updating else pred
+            fn = _over_rows(node.predicate, updating, build, keep_kind=False)
             stream = self._added(stream.filter(fn, name=f"{name} (filter)"), f"{uid}-filter", ops)
         if node.projection is not None and node.project is not None:
-            project = node.project
-            fn2 = (lambda e: (e[0], project(e[1]))) if updating else project
+            fn2 = _over_rows(node.project, updating, build, keep_kind=True)
             stream = self._added(stream.map(fn2, name=name), uid, ops)
+        elif build is not None:
+            stream = self._added(stream.map(build, name=name), uid, ops)
         return stream
 
     def _t_WindowAssign(self, node: WindowAssign, inputs: list[DataStream], uid: str,
@@ -167,8 +171,8 @@ class Translator:
         if node.window is not None:
             wnode = _WindowOf(node)
             windowed = stream.key_by(node.key_fn).window(_assigner(wnode)).aggregate(node.aggregate, name=name)
-            self._added(windowed, uid, ops, keys=keys, state=f"per key and window: {state}")
-            return self._added(windowed.map(window_output(key_arity), name=f"{name} (rows)"), f"{uid}-rows", ops)
+            self._row_builders[id(node)] = window_output(key_arity)  # the Calc above makes the rows (see there)
+            return self._added(windowed, uid, ops, keys=keys, state=f"per key and window: {state}")
         fn = GroupAggregateFunction(node.aggregate, key_arity)
         out = stream.key_by(node.key_fn).process(fn, name=name)
         return self._added(out, uid, ops, keys=keys, state=f"per key: {state}")
@@ -202,7 +206,7 @@ class Translator:
     def _t_Rank(self, node: Rank, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         (stream,) = inputs
         assert node.key_fn is not None and node.sort_key is not None
-        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only)
+        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
@@ -220,6 +224,18 @@ class Translator:
             stream = self._added(stream.map(fn, name=f"Sink cast: {node.table.name}"), f"{uid}-cast", ops)
         sink = make_sink(node.table, changelog=changelog)
         return self._added(stream.sink(sink, name=f"Sink: {node.table.name}"), uid, ops)
+
+
+def _over_rows(fn: Any, updating: bool, build: Any, *, keep_kind: bool) -> Any:
+    """`fn` of a row, applied to what the stream carries: a row, a (kind, row) pair (a projection keeps the
+    kind), or a window operator's (key, start, end, results) that `build` makes the row of."""
+    if build is not None:
+        return lambda e: fn(build(e))
+    if not updating:
+        return fn
+    if keep_kind:
+        return lambda e: (e[0], fn(e[1]))
+    return lambda e: fn(e[1])
 
 
 @dataclass

@@ -129,12 +129,21 @@ class SqlSession:
         node = self.planner.plan_query(exp.select("*").from_(exp.to_table(name)))
         return self.translator.translate(node)
 
-    def from_stream(self, name: str, stream: DataStream, schema: Any) -> None:
-        """Register `stream` (tuples) as table `name`: `schema` is 'a BIGINT, b STRING' or [(name, type)]."""
+    def from_stream(self, name: str, stream: DataStream, schema: Any, rowtime: str | None = None) -> None:
+        """Register `stream` (tuples) as table `name`: `schema` is 'a BIGINT, b STRING' or [(name, type)].
+        `rowtime`: the TIMESTAMP column equal to every record's event timestamp (the stream's source has
+        watermarks from it), so window table functions can use it."""
         if self.catalog.relation_exists(name) or name in self.streams:
             raise SqlError(f"Object '{name}' already exists")
         fields = tuple(Field(n, t, name) for n, t in _schema(schema))
-        self.streams[name] = StreamScan(fields, INSERT_ONLY, None, name=name, stream=stream)
+        index = None
+        if rowtime is not None:
+            index = next((i for i, f in enumerate(fields) if f.name == rowtime), None)
+            if index is None or not fields[index].type.timestamp:
+                raise SqlError(f"from_stream {name}: rowtime {rowtime!r} is not a TIMESTAMP column of the schema")
+            if not self.job.event_time:
+                raise SqlError(f"from_stream {name}: a rowtime needs a source with watermarks= (event time)")
+        self.streams[name] = StreamScan(fields, INSERT_ONLY, index, name=name, stream=stream)
 
 
 def _schema(schema: Any) -> list[tuple[str, T.SqlType]]:

@@ -31,15 +31,14 @@ def job_of(text: str) -> Job:
     return job
 
 
-def test_a_window_aggregation_becomes_source_window_rows_calc_and_sink_with_uids_from_the_plan() -> None:
+def test_a_window_aggregation_becomes_source_window_calc_and_sink_with_uids_from_the_plan() -> None:
     text = BIDS + PRINT.format(cols="auction BIGINT, ws TIMESTAMP(3), c BIGINT") + """
         INSERT INTO out1 SELECT auction, window_start, COUNT(*)
         FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end;
     """
     job = job_of(text)
     assert [(n.kind, n.name.split("(")[0]) for n in job.nodes] == [
-        ("source", "Source: bids"), ("keyed_process", "WindowAggregate"), ("map", "WindowAggregate"),
-        ("map", "Calc"), ("sink", "Sink: out1")]
+        ("source", "Source: bids"), ("keyed_process", "WindowAggregate"), ("map", "Calc"), ("sink", "Sink: out1")]
     assert job.nodes[0].watermarks is not None and job.nodes[0].watermarks.max_delay_ms == 999
     uids = [n.uid for n in job.nodes]
     assert all(u.startswith("sql-") for u in uids) and len(set(uids)) == len(uids)
