@@ -238,7 +238,7 @@ class SinkNode(PlanNode):
 
 
 def _named(node: exp.Expr, name: str) -> str:
-    text = node.sql()
+    text = node.unalias().sql()
     return text if text == name else f"{text} AS {name}"
 
 

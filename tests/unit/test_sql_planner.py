@@ -203,3 +203,39 @@ def test_views_udfs_case_and_cast_in_one_projection(capsys: Any, tmp_path: Path,
                                    "+I[1, 80, high, 1970-01-01 00:00:00.003]"]
     finally:
         sys.modules.pop("sql_udfs_x", None)
+
+
+def test_streams_cross_into_sql_and_tables_back_out() -> None:
+    from runtime.api import BoundedOutOfOrderness, GeneratorSource
+
+    job = Job("cross")
+    stream = job.source(GeneratorSource(count=10), watermarks=BoundedOutOfOrderness(0, lambda r: r[2]))
+    job.from_stream("gen", stream, "word STRING, seq BIGINT, ts TIMESTAMP(3)", rowtime="ts")
+    job.sql("""CREATE VIEW counts AS SELECT word, window_start, COUNT(*) AS n
+               FROM TABLE(TUMBLE(TABLE gen, DESCRIPTOR(ts), INTERVAL '1' SECOND))
+               GROUP BY word, window_start, window_end;""")
+    rows = job.table("counts")
+    assert job.nodes[rows.node_id].name.startswith("Calc(select=[word, window_start, COUNT(*) AS n])")
+    with pytest.raises(SqlError, match="rowtime 'seq' is not a TIMESTAMP column"):
+        job.from_stream("other", stream, "word STRING, seq BIGINT", rowtime="seq")
+
+
+def test_set_options_reach_the_job_and_the_checkpoint_flags() -> None:
+    import argparse
+
+    from runtime.cli.sql_command import apply_set_options
+
+    job = job_of("SET 'parallelism.default' = '3'; SET 'pipeline.name' = 'nightly'; "
+                 "SET 'state.backend.type' = 'rocksdb';" + BIDS
+                 + PRINT.format(cols="auction BIGINT") + "INSERT INTO out1 SELECT auction FROM bids;")
+    assert (job.default_parallelism, job.name, job.state_backend) == (3, "nightly", "rocksdb")
+    defaults = {"checkpoint_interval": None, "checkpoint_mode": "aligned"}
+    args = argparse.Namespace(**defaults)
+    assert apply_set_options(args, {"execution.checkpointing.interval": "30 s",
+                                    "execution.checkpointing.unaligned.enabled": "true"}, defaults) is None
+    assert (args.checkpoint_interval, args.checkpoint_mode) == (30.0, "unaligned")
+    flagged = argparse.Namespace(checkpoint_interval=5.0, checkpoint_mode="aligned")  # --checkpoint-interval 5s
+    apply_set_options(flagged, {"execution.checkpointing.interval": "30s"}, defaults)
+    assert flagged.checkpoint_interval == 5.0  # the command line wins
+    assert apply_set_options(argparse.Namespace(**defaults), {"execution.checkpointing.mode": "MAYBE"},
+                             defaults) == "SET 'execution.checkpointing.mode' = 'MAYBE': EXACTLY_ONCE or AT_LEAST_ONCE"
