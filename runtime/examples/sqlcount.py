@@ -55,7 +55,9 @@ def build_bench_datastream(job: Job) -> None:
 
 def build_bench_sql(job: Job) -> None:
     """The same query in SQL over the same stream."""
-    job.from_stream("gen", _stream(job), "word STRING, seq BIGINT, ts TIMESTAMP(3)", rowtime="ts")
+    # NOT NULL as the generator's fields are (the hand-written job assumes it as well)
+    job.from_stream("gen", _stream(job), "word STRING NOT NULL, seq BIGINT NOT NULL, ts TIMESTAMP(3) NOT NULL",
+                    rowtime="ts")
     job.sql("""
         SET 'parallelism.default' = '2';
         CREATE TABLE counts (word STRING, window_start TIMESTAMP(3), window_end TIMESTAMP(3), n BIGINT, total BIGINT)

@@ -106,7 +106,7 @@ class CompiledAggregate(AggregateFunction):
                 results.append(a)
             elif call.kind == "COUNT":
                 slots.append("0")
-                add = f"{a} + ({text} is not None)"
+                add = f"{a} + 1" if arg is not None and not arg.type.nullable else f"{a} + ({text} is not None)"
                 merges.append(f"a[{i}] + b[{i}]")
                 results.append(a)
             elif call.kind == "COUNT_DISTINCT":
@@ -116,7 +116,10 @@ class CompiledAggregate(AggregateFunction):
                 results.append(f"len({a})")
             elif call.kind == "SUM":
                 slots.append("None")
-                add = f"({a} if ({v} := {text}) is None else {first} if {a} is None else {plus(a, v)})"
+                if arg is not None and not arg.type.nullable and not decimal:  # a NOT NULL argument: no check
+                    add = f"(({text}) if {a} is None else {a} + ({text}))"  # one branch runs: text once
+                else:
+                    add = f"({a} if ({v} := {text}) is None else {first} if {a} is None else {plus(a, v)})"
                 merges.append(merge_sum)
                 results.append(f"(None if {a} is None else _Decimal({a}))" if decimal else a)
             elif call.kind in ("MIN", "MAX"):

@@ -181,6 +181,11 @@ def _text(node: exp.Expr) -> str:
     return node.name or node.sql()
 
 
+def column_of(item: exp.ColumnDef) -> Column:
+    """A column definition of DDL (or of a from_stream schema) as a Column."""
+    return _column(item)
+
+
 def _column(item: exp.ColumnDef) -> Column:
     name = item.name
     constraints = item.args.get("constraints") or []

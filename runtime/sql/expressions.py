@@ -108,8 +108,12 @@ class ExpressionCompiler:
 
     def __init__(self, scope: Scope, functions: Mapping[str, PythonFunction] | None = None, *,
                  substitutions: Mapping[str, int] | None = None,
-                 grouping: tuple[Scope, Mapping[int, int]] | None = None) -> None:
+                 grouping: tuple[Scope, Mapping[int, int]] | None = None,
+                 field_source: list[str] | None = None) -> None:
         self.scope = scope
+        # where each field of the scope is read from, when the rows are not the scope's tuples themselves (a
+        # window operator's (key, start, end, results) read as the aggregated row); default r[i]
+        self.field_source = field_source
         self.functions = dict(functions or {})
         self.substitutions = dict(substitutions or {})
         # after a GROUP BY: a column of the rows before it is allowed when it is a group key (its field here)
@@ -188,7 +192,7 @@ class ExpressionCompiler:
         key = node.sql()
         if key in self.substitutions:
             i = self.substitutions[key]
-            return Code(f"r[{i}]", self.scope.fields[i].type)
+            return Code(self._field(i), self.scope.fields[i].type)
         method = getattr(self, f"_c_{type(node).__name__}", None)
         if method is None:
             if isinstance(node, AGGREGATES):
@@ -205,9 +209,12 @@ class ExpressionCompiler:
             i = keys.get(before.resolve(node), -1)
             if i < 0:
                 raise SqlError(f"Expression '{node.sql()}' is not being grouped")
-            return Code(f"r[{i}]", self.scope.fields[i].type)
+            return Code(self._field(i), self.scope.fields[i].type)
         i = self.scope.resolve(node)
-        return Code(f"r[{i}]", self.scope.fields[i].type)
+        return Code(self._field(i), self.scope.fields[i].type)
+
+    def _field(self, i: int) -> str:
+        return f"r[{i}]" if self.field_source is None else self.field_source[i]
 
     def _c_Paren(self, node: exp.Paren) -> Code:
         return self.compile(node.this)

@@ -82,6 +82,7 @@ class Calc(PlanNode):
     project: Callable[[Any], tuple[Any, ...]] | None = None
     predicate: Callable[[Any], Any] | None = None
     source: str = ""
+    reads_window_elements: bool = False  # over a window aggregation: compiled over its (key, start, end, results)
 
     def inputs(self) -> list[PlanNode]:
         return [self.input]
@@ -666,8 +667,12 @@ class Planner:
         if windowed:
             for j, n in enumerate(WINDOW_COLUMNS):
                 substitutions[exp.column(n).sql()] = len(group_keys) + j
+        field_source = None
+        if windowed:  # the Calc reads the window operator's (key, start, end, results) itself: no row between
+            keys_source = ["r[0]"] if len(group_keys) == 1 else [f"r[0][{i}]" for i in range(len(group_keys))]
+            field_source = [*keys_source, "r[1]", "r[2]", "(r[2] - 1)", *(f"r[3][{j}]" for j in range(len(calls)))]
         post = ExpressionCompiler(node.scope, self.catalog.functions, substitutions=substitutions,
-                                  grouping=(scope, key_columns))
+                                  grouping=(scope, key_columns), field_source=field_source)
         predicate = None
         having_text = ""
         if having is not None:
@@ -679,7 +684,8 @@ class Planner:
             out_rowtime = next((i for i, item in enumerate(items) if isinstance(item.unalias(), exp.Column)
                                 and item.unalias().name == "window_time"), None)
         return Calc(fields, mode, out_rowtime, input=node, projection=items, condition=having, project=project,
-                    predicate=predicate, source=text + ("  having " + having_text if having_text else ""))
+                    predicate=predicate, source=text + ("  having " + having_text if having_text else ""),
+                    reads_window_elements=windowed)
 
 
 def _key_function(compiler: ExpressionCompiler, keys: list[exp.Expr]) -> Callable[[Any], Any]:

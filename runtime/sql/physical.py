@@ -138,7 +138,7 @@ class Translator:
         (stream,) = inputs
         name = self._name(node)
         updating = not node.input.mode.insert_only
-        build = self._row_builders.get(id(original(node.input)))
+        build = None if node.reads_window_elements else self._row_builders.get(id(original(node.input)))
         if node.predicate is not None:
             fn = _over_rows(node.predicate, updating, build, keep_kind=False)
             stream = self._added(stream.filter(fn, name=f"{name} (filter)"), f"{uid}-filter", ops)

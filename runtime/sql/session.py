@@ -153,11 +153,15 @@ def _schema(schema: Any) -> list[tuple[str, T.SqlType]]:
 
     if isinstance(schema, str):
         parsed = sqlglot.parse_one(f"CREATE TABLE x ({schema}) WITH ('connector' = 'x')", read=Flink)
+        from runtime.sql.catalog import column_of
+
         out = []
         for col in parsed.this.expressions:
             if not isinstance(col, exp.ColumnDef) or col.args.get("kind") is None:
                 raise SqlError(f"schema {schema!r}: 'name TYPE, ...' expected")
-            out.append((col.name, T.from_datatype(col.args["kind"])))
+            column = column_of(col)
+            assert column.type is not None
+            out.append((column.name, column.type))
         return out
     return [(n, t if isinstance(t, T.SqlType) else T.SqlType(str(t).upper())) for n, t in schema]
 
