@@ -115,10 +115,13 @@ class CompiledAggregate(AggregateFunction):
                 merges.append(f"{{**a[{i}], **b[{i}]}}")
                 results.append(f"len({a})")
             elif call.kind == "SUM":
-                slots.append("None")
-                if arg is not None and not arg.type.nullable and not decimal:  # a NOT NULL argument: no check
-                    add = f"(({text}) if {a} is None else {a} + ({text}))"  # one branch runs: text once
+                if arg is not None and not arg.type.nullable and not decimal and call.condition is None:
+                    # every row adds a value and a group (a window) has a row before its result is read: the sum
+                    # is never NULL, so it starts at 0 with no checks at all, as a hand-written one would
+                    slots.append("0")
+                    add = f"{a} + {text}"
                 else:
+                    slots.append("None")
                     add = f"({a} if ({v} := {text}) is None else {first} if {a} is None else {plus(a, v)})"
                 merges.append(merge_sum)
                 results.append(f"(None if {a} is None else _Decimal({a}))" if decimal else a)
