@@ -158,13 +158,22 @@ class CompiledAggregate(AggregateFunction):
         self.merge_source = "lambda a, b: (" + "".join(s + ", " for s in merges) + ")"
         self.result_source = "lambda a: (" + "".join(s + ", " for s in results) + ")"
         build = compiler.build
-        self._initial = build(f"lambda: {self.initial_source}")
+        # accumulators are never changed in place (every add builds a new tuple, a distinct set a new dict), so
+        # all groups can start from the one initial value
+        self._initial = build(f"lambda: {self.initial_source}")()
         self.add = build(self.add_source)  # type: ignore[method-assign]
         self.merge = build(self.merge_source)  # type: ignore[method-assign]
-        self.get_result = build(self.result_source)  # type: ignore[method-assign]
+        if results == [f"a[{i}]" for i in range(len(slots))]:
+            self.get_result = _same  # type: ignore[method-assign]  # each slot is its result: no new tuple
+        else:
+            self.get_result = build(self.result_source)  # type: ignore[method-assign]
 
     def create_accumulator(self) -> Any:
-        return self._initial()
+        return self._initial
+
+
+def _same(accumulator: Any) -> Any:
+    return accumulator
 
 
 def _dsum(a: Any, b: Any) -> str:

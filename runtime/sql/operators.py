@@ -51,10 +51,10 @@ class GroupAggregateFunction(KeyedProcessFunction):
             self.accumulators.update(acc)
             ctx.emit((INSERT, (*prefix, *agg.get_result(acc))))
             return
-        before = agg.get_result(acc)
+        before = tuple(agg.get_result(acc))  # a restored accumulator is a list: compare values, not types
         acc = agg.add(record, acc)
         self.accumulators.update(acc)
-        after = agg.get_result(acc)
+        after = tuple(agg.get_result(acc))
         if after != before:
             ctx.emit((UPDATE_BEFORE, (*prefix, *before)))
             ctx.emit((UPDATE_AFTER, (*prefix, *after)))
