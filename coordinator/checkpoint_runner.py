@@ -32,6 +32,7 @@ from typing import Any
 from coordinator.checkpointing import (
     CheckpointCoordinator,
     CheckpointSettings,
+    CompletedCheckpoint,
     DiscardCheckpoint,
     FailJob,
     Instruction,
@@ -44,7 +45,9 @@ from coordinator.storage import CheckpointStorage
 from netstack.errors import NetstackError
 from netstack.transport import Link
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 
 log = logging.getLogger("sluice.checkpoints")
 
@@ -54,7 +57,7 @@ SETTLE_S = 10.0  # how long `stop` waits for `_metadata` writes and retention di
 class CheckpointRunner:
     def __init__(self, *, job_id: str, attempt: int, settings: CheckpointSettings, tasks: frozenset[str],
                  storage: CheckpointStorage, links: Callable[[], list[Link]], job_info: dict[str, Any],
-                 fail_job: Callable[[str], None], on_complete: Callable[[int, str, dict[str, Any]], None],
+                 fail_job: Callable[[str], None], on_complete: Callable[[CompletedCheckpoint], None],
                  first_id: int = 1) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -217,14 +220,11 @@ class CheckpointRunner:
             self.execute(self.coordinator.storage_failed(time.monotonic(), ins.checkpoint_id, why))
             return
         self.directories[ins.checkpoint_id] = directory
-        args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": ins.checkpoint_id,
-                "mode": ins.mode, "aligned_timeout_s": ins.aligned_timeout_s, "savepoint": ins.savepoint,
-                "directory": directory, "started_at": time.time(),
-                **{k: v for k, v in (("channel_timeout_s", ins.channel_timeout_s),
-                                     ("channel_inflight_bytes", ins.channel_inflight_bytes),
-                                     ("max_inflight_bytes", ins.max_inflight_bytes)) if v is not None}}
+        message = p.TriggerCheckpoint(job_id=self.job_id, attempt=self.attempt, checkpoint_id=ins.checkpoint_id,
+                                      options=ins.options, started_at=time.time(), directory=directory)
+        wire = message.to_wire()
         try:
-            await asyncio.gather(*(link.call("trigger_checkpoint", args, timeout_s=10.0) for link in self._links()))
+            await asyncio.gather(*(link.call(message.method, wire, timeout_s=10.0) for link in self._links()))
         except NetstackError as exc:
             self.execute(self.coordinator.trigger_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
 
@@ -233,11 +233,13 @@ class CheckpointRunner:
         if directory is None:
             self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, "no directory"))
             return
-        metadata = {
-            "checkpoint_id": ins.checkpoint_id, "job_id": self.job_id, "attempt": self.attempt,
-            "savepoint": ins.savepoint, "mode": ins.mode, "created_at": time.time(),
-            "duration_s": ins.completed_at - ins.started_at, "acks": ins.acks, **self._job_info,
-        }
+        info = self._job_info
+        metadata = CheckpointMetadata(
+            ins.checkpoint_id, ins.acks, job_id=self.job_id, attempt=self.attempt, savepoint=ins.savepoint,
+            mode=ins.mode.value, created_at=time.time(), duration_s=ins.completed_at - ins.started_at,
+            entry=str(info.get("entry", "")), name=str(info.get("name", "")),
+            vertices=tuple(info.get("vertices", ())), operators=tuple(info.get("operators", ())),
+            edges=tuple(info.get("edges", ()))).to_document()
         try:
             await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
         except (OSError, ValueError) as exc:
@@ -248,7 +250,7 @@ class CheckpointRunner:
             await self._record_retained()
         summary = next((s for s in reversed(self.coordinator.history()) if s.checkpoint_id == ins.checkpoint_id),
                        None)
-        self._on_complete(ins.checkpoint_id, directory, summary.to_document() if summary else {})
+        self._on_complete(CompletedCheckpoint(ins.checkpoint_id, directory, summary))
         self.execute(instructions)
 
     def _notify(self, method: str, checkpoint_id: int) -> None:

@@ -72,39 +72,71 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
+from runtime.graph.checkpoint_options import CheckpointOptions
+from runtime.graph.config import parse_bytes, parse_duration, parse_duration_or_zero, parse_positive
 from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode
+from runtime.graph.flags import flag
+from runtime.graph.job_config import CHECKPOINTS as GROUP
 
 HISTORY_SIZE = 50
 FINISHED_STATE = {"finished": True}  # what a finished task "acknowledges" (workers restore it as finished)
 
 
-def check_mode(mode: str, aligned_timeout_s: float | None) -> None:
-    """Raise ValueError for an unknown mode or an aligned_timeout mode without its timeout."""
+def check_mode(mode: str, aligned_timeout_s: float | None) -> CheckpointMode:
+    """The mode named `mode`; ValueError for an unknown one or an aligned_timeout mode without its timeout."""
     if mode not in CHECKPOINT_MODES:
         raise ValueError(f"unknown checkpoint mode {mode!r}; accepted modes: {', '.join(CHECKPOINT_MODES)}")
     if mode == CheckpointMode.ALIGNED_TIMEOUT and aligned_timeout_s is None:
         raise ValueError("checkpoint mode 'aligned_timeout' needs aligned_timeout_s")
+    return CheckpointMode(mode)
+
+
+def _cli_mode(text: str) -> str:
+    return text.replace("-", "_")
 
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    interval_s: float | None  # None = no periodic checkpoints
-    timeout_s: float = 60.0
-    min_pause_s: float = 0.0  # between the end of one checkpoint and the start of the next
-    tolerable_failures: int = 0  # consecutive failed checkpoints tolerated; one more -> FailJob
-    mode: str = CheckpointMode.ALIGNED  # aligned | unaligned | aligned_timeout | at_least_once
-    aligned_timeout_s: float | None = None  # used with mode aligned_timeout
-    retain: int = 3  # completed checkpoints kept
+    """A job's checkpoint settings (README, Checkpoints); each field's flag is its `sluice submit` option."""
+
+    interval_s: float | None = field(metadata=flag(  # None = no periodic checkpoints
+        "--checkpoint-interval", "take a checkpoint every INTERVAL (e.g. 1s)", parse=parse_duration, group=GROUP))
+    timeout_s: float = field(default=60.0, metadata=flag(
+        "--checkpoint-timeout", "abort a checkpoint after (60s)", parse=parse_duration, group=GROUP))
+    # between the end of one checkpoint and the start of the next
+    min_pause_s: float = field(default=0.0, metadata=flag(
+        "--min-pause", "pause between checkpoints (0)", parse=parse_duration_or_zero, group=GROUP))
+    # consecutive failed checkpoints tolerated; one more -> FailJob (the command line's default is 3)
+    tolerable_failures: int = field(default=0, metadata=flag(
+        "--tolerable-failures", "consecutive failed checkpoints tolerated (3)", parse=int, default=3, group=GROUP))
+    # aligned | unaligned | aligned_timeout (the command line's --aligned-timeout) | at_least_once
+    mode: CheckpointMode = field(default=CheckpointMode.ALIGNED, metadata=flag(
+        "--checkpoint-mode", choices=("aligned", "unaligned", "at-least-once"), to_field=_cli_mode, group=GROUP))
+    aligned_timeout_s: float | None = field(default=None, metadata=flag(  # used with mode aligned_timeout
+        "--aligned-timeout", "aligned checkpoints switch to unaligned after this long (e.g. 100ms)",
+        parse=parse_duration, group=GROUP))
+    retain: int = field(default=3, metadata=flag(  # completed checkpoints kept
+        "--retain", "completed checkpoints kept (3)", parse=parse_positive, group=GROUP))
     # aligned checkpoints whose channels switch to unaligned one by one (runtime/checkpointing/barriers.py):
     # at a barrier's wait behind data, or at the bytes ahead of it; and the cap on a task's persisted
     # in-flight bytes per checkpoint that bounds those switches
-    channel_timeout_s: float | None = None
-    channel_inflight_bytes: int | None = None
-    max_inflight_bytes: int | None = None
-    max_concurrent: int = 1  # periodic checkpoints in flight at once (more than one: unaligned only)
+    channel_timeout_s: float | None = field(default=None, metadata=flag(
+        "--channel-timeout", "with aligned: a channel whose barrier has waited this long behind data switches to "
+        "unaligned on its own, the others stay aligned (e.g. 10ms)", parse=parse_duration, group=GROUP))
+    channel_inflight_bytes: int | None = field(default=None, metadata=flag(
+        "--channel-inflight", "with aligned: a channel whose barrier waits behind more than this much data "
+        "switches to unaligned on its own (e.g. 256KiB)", parse=parse_bytes, metavar="BYTES", group=GROUP))
+    max_inflight_bytes: int | None = field(default=None, metadata=flag(
+        "--max-inflight", "with --channel-timeout/--channel-inflight: the most in-flight data a task persists "
+        "per checkpoint; a switch that does not fit stays aligned (e.g. 4MiB)", parse=parse_bytes,
+        metavar="BYTES", group=GROUP))
+    # periodic checkpoints in flight at once (more than one: unaligned only)
+    max_concurrent: int = field(default=1, metadata=flag(
+        "--max-concurrent", "with unaligned: periodic checkpoints in flight at once (1)", parse=parse_positive,
+        group=GROUP))
 
     def __post_init__(self) -> None:
-        check_mode(self.mode, self.aligned_timeout_s)
+        object.__setattr__(self, "mode", check_mode(self.mode, self.aligned_timeout_s))
         switching = self.channel_timeout_s is not None or self.channel_inflight_bytes is not None
         if switching and self.mode != CheckpointMode.ALIGNED:
             raise ValueError(f"channel_timeout_s / channel_inflight_bytes switch aligned checkpoints channel by "
@@ -134,29 +166,43 @@ class CheckpointSettings:
         if self.retain < 1:
             raise ValueError(f"retain must be at least 1, got {self.retain}")
 
+    def options(self, mode: str | None = None, *, savepoint: bool = False) -> CheckpointOptions:
+        """How one checkpoint of this job is taken: in `mode` (None: the job's), as a savepoint (always aligned,
+        never switching channels) or not; only the settings its mode uses are set. ValueError for a bad mode."""
+        if savepoint:
+            if mode not in (None, CheckpointMode.ALIGNED):
+                raise ValueError(f"savepoints are always aligned; cannot take one in mode {mode!r}")
+            mode = CheckpointMode.ALIGNED
+        chosen = self.mode if mode is None else check_mode(mode, self.aligned_timeout_s)
+        switching = chosen == CheckpointMode.ALIGNED and not savepoint
+        return CheckpointOptions(
+            chosen, savepoint,
+            aligned_timeout_s=self.aligned_timeout_s if chosen == CheckpointMode.ALIGNED_TIMEOUT else None,
+            channel_timeout_s=self.channel_timeout_s if switching else None,
+            channel_inflight_bytes=self.channel_inflight_bytes if switching else None,
+            max_inflight_bytes=self.max_inflight_bytes if switching else None)
+
 
 # -- instructions for the shell ---------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Trigger:
-    """Tell the sources to start checkpoint `checkpoint_id`.
+    """Tell the sources to start checkpoint `checkpoint_id`, taken as `options` say (the shell sends them on as
+    they are: the `trigger_checkpoint` message, then every barrier, carries the same value).
 
     `directory` is the user's savepoint directory (None for checkpoints, which
-    go to the job's checkpoint storage); `aligned_timeout_s` is set only for
-    mode aligned_timeout.
+    go to the job's checkpoint storage).
     """
 
     checkpoint_id: int
-    mode: str
-    aligned_timeout_s: float | None
-    savepoint: bool
+    options: CheckpointOptions
     directory: str | None
     started_at: float
-    # per-channel switching (mode aligned, not for savepoints): see CheckpointSettings
-    channel_timeout_s: float | None = None
-    channel_inflight_bytes: int | None = None
-    max_inflight_bytes: int | None = None
+
+    @property
+    def savepoint(self) -> bool:
+        return self.options.savepoint
 
 
 @dataclass(frozen=True)
@@ -166,7 +212,7 @@ class WriteMetadata:
     checkpoint_id: int
     directory: str | None
     savepoint: bool
-    mode: str
+    mode: CheckpointMode
     acks: dict[str, dict[str, Any]] = field(hash=False)  # task -> TaskAck.to_wire(), as _metadata holds it
     started_at: float
     completed_at: float
@@ -220,7 +266,7 @@ class CheckpointSummary:
 
     checkpoint_id: int
     status: Status
-    mode: str
+    mode: CheckpointMode
     savepoint: bool
     started_at: float
     duration_s: float | None  # until every task acked, or until the abort; None while in progress
@@ -232,6 +278,33 @@ class CheckpointSummary:
         return {"checkpoint_id": self.checkpoint_id, "status": self.status, "mode": self.mode,
                 "savepoint": self.savepoint, "started_at": self.started_at, "duration_s": self.duration_s,
                 **self.figures.to_wire(), "failure_reason": self.failure_reason}
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedCheckpoint:
+    """A job's latest completed checkpoint: where it is and, while this coordinator saw it complete, its summary
+    (a job record keeps only the pointer: its figures are not needed to restore it)."""
+
+    checkpoint_id: int
+    path: str
+    summary: CheckpointSummary | None = None
+
+    def pointer(self) -> dict[str, Any]:
+        """What a job record keeps."""
+        return {"checkpoint_id": self.checkpoint_id, "path": self.path}
+
+    def to_document(self) -> dict[str, Any]:
+        """As `sluice status` and the REST API show it: the pointer and the summary's fields."""
+        return {"checkpoint_id": self.checkpoint_id, "path": self.path,
+                **(self.summary.to_document() if self.summary is not None else {})}
+
+    @classmethod
+    def from_pointer(cls, doc: Any) -> CompletedCheckpoint:
+        """From a job record's pointer; ValueError names what is wrong with it."""
+        if not (isinstance(doc, dict) and isinstance(doc.get("checkpoint_id"), int)
+                and not isinstance(doc.get("checkpoint_id"), bool) and isinstance(doc.get("path"), str)):
+            raise ValueError(f"'last_checkpoint' must name a checkpoint_id and a path, got {doc!r}")
+        return cls(doc["checkpoint_id"], doc["path"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,10 +350,17 @@ ACCEPTS: dict[Phase, frozenset[str]] = {
 @dataclass(frozen=True)
 class _Request:
     checkpoint_id: int
-    mode: str
-    savepoint: bool
+    options: CheckpointOptions  # decided when it was requested (or fell due), carried to the barriers
     directory: str | None
     manual: bool = False  # asked for (sluice checkpoint / savepoint), not periodic
+
+    @property
+    def mode(self) -> CheckpointMode:
+        return self.options.mode
+
+    @property
+    def savepoint(self) -> bool:
+        return self.options.savepoint
 
 
 @dataclass
@@ -353,24 +433,18 @@ class CheckpointCoordinator:
             if now - cp.started_at >= self.settings.timeout_s and self._pending.get(cp.request.checkpoint_id) is cp:
                 out += self._abort(now, cp, f"timeout after {self.settings.timeout_s:g} s")
         if self._periodic_due(now):
-            out += self._trigger(now, self._new_request(self.settings.mode, savepoint=False, directory=None))
+            out += self._trigger(now, self._new_request(self.settings.options(), directory=None))
         return out
 
     def request(
         self, now: float, *, savepoint: bool = False, directory: str | None = None, mode: str | None = None
     ) -> tuple[int, list[Instruction]]:
         """A manual checkpoint or, with `savepoint=True`, a savepoint into `directory`."""
-        if savepoint:
-            if directory is None:
-                raise ValueError("a savepoint needs a directory")
-            if mode not in (None, CheckpointMode.ALIGNED):
-                raise ValueError(f"savepoints are always aligned; cannot take one in mode {mode!r}")
-            mode = CheckpointMode.ALIGNED
-        elif directory is not None:
+        if savepoint and directory is None:
+            raise ValueError("a savepoint needs a directory")
+        if not savepoint and directory is not None:
             raise ValueError("a directory is only for savepoints; checkpoints go to the job's checkpoint storage")
-        mode = self.settings.mode if mode is None else mode
-        check_mode(mode, self.settings.aligned_timeout_s)
-        req = self._new_request(mode, savepoint=savepoint, directory=directory, manual=True)
+        req = self._new_request(self.settings.options(mode, savepoint=savepoint), directory=directory, manual=True)
         if self._job_failed:
             return req.checkpoint_id, [NotifyAborted(req.checkpoint_id, "job failed")]
         if self._queue or not self._may_start_request():
@@ -572,8 +646,8 @@ class CheckpointCoordinator:
             return False
         return self._last_end_at is None or now - self._last_end_at >= s.min_pause_s
 
-    def _new_request(self, mode: str, *, savepoint: bool, directory: str | None, manual: bool = False) -> _Request:
-        req = _Request(self._next_id, mode, savepoint, directory, manual)
+    def _new_request(self, options: CheckpointOptions, *, directory: str | None, manual: bool = False) -> _Request:
+        req = _Request(self._next_id, options, directory, manual)
         self._next_id += 1
         return req
 
@@ -587,12 +661,7 @@ class CheckpointCoordinator:
             reason = "every task has finished: nothing left to checkpoint"
             self._end_blameless(now, cp, reason)
             return [NotifyAborted(req.checkpoint_id, reason), *self._start_queued(now)]
-        s = self.settings
-        timeout = s.aligned_timeout_s if req.mode == CheckpointMode.ALIGNED_TIMEOUT else None
-        if req.mode == CheckpointMode.ALIGNED and not req.savepoint:  # savepoints never switch channels
-            return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now,
-                            s.channel_timeout_s, s.channel_inflight_bytes, s.max_inflight_bytes)]
-        return [Trigger(req.checkpoint_id, req.mode, timeout, req.savepoint, req.directory, now)]
+        return [Trigger(req.checkpoint_id, req.options, req.directory, now)]
 
     def _start_queued(self, now: float) -> list[Instruction]:
         out: list[Instruction] = []

@@ -33,7 +33,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,28 +41,24 @@ from coordinator import autoscale as policy
 from coordinator import lifecycle as lc
 from coordinator.autoscale import AutoscaleSettings, Scaling, ScalingStatistics, Shape
 from coordinator.checkpoint_runner import CheckpointRunner
-from coordinator.checkpointing import CheckpointSettings
+from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
+from coordinator.job_graphs import JobGraphs
 from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
-from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint
+from coordinator.storage import METADATA_FILE, CheckpointStorage
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
-from runtime.api import JobDefinitionError
+from runtime.api import Job, JobDefinitionError
 from runtime.common import objectstore
+from runtime.common.checksums import CorruptFile
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.enums import JobState
-from runtime.graph.evolution import evolution_refusal, inflight_edges, match_operators
+from runtime.graph.evolution import match_operators
 from runtime.graph.job_config import JobConfig
-from runtime.graph.operator_ids import recorded_operators
-from runtime.graph.plan import JobLoadError, Plan, build_job, chain_graph
-from runtime.graph.rescalability import (
-    NotRestorable,
-    checkpointed_node_parallelism,
-    ended_operators,
-    rescale_refusal,
-)
-from runtime.graph.restore_spec import RestoreSpec, TaskFiles
+from runtime.graph.plan import JobLoadError, Plan, chain_graph
+from runtime.graph.restore_compatibility import IncompatibleCheckpoint, restore_spec
 
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
@@ -71,7 +67,7 @@ log = logging.getLogger("sluice.jobs")
 
 # instructions that wait: the rest of their list runs as a background task
 WAITING = (lc.Deploy, lc.StartTasks, lc.CancelTasks, lc.ScheduleRestart, lc.PlanAttempt, lc.RequestFinalCheckpoint,
-           lc.TakeRescaleCheckpoint)
+           lc.TakeRescaleCheckpoint, lc.StepReached)
 RUNNER_STOP_S = 10.0  # how long stopping waits for checkpoint runners (their retention discards) to end
 
 
@@ -90,10 +86,16 @@ class _RescaleCall:
 class JobManager:
     def __init__(self, *, workers: Mapping[str, WorkerRecord], storage: CheckpointStorage,
                  autoscale: AutoscaleSettings | None = None,
-                 persist: Callable[[JobRecord], None] = lambda job: None) -> None:
+                 persist: Callable[[JobRecord], None] = lambda job: None,
+                 record_written: Callable[[str], Awaitable[None]] | None = None,
+                 on_step: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.workers = workers
         self.storage = storage
         self.persist = persist  # writes the job's record (coordinator/job_store.py) after every change
+        # waits until a job's record as queued now is on disk (JobStore.written): an upgrade's write-ahead
+        self.record_written = record_written
+        # called at each step of an upgrade or rescale (`step`): a test's launcher may stop the process there
+        self.on_step = on_step
         self.recovered = 0  # jobs a previous coordinator left running, restarted by this one
         self.jobs: dict[str, JobRecord] = {}
         self.lifecycles: dict[str, lc.JobLifecycle] = {}
@@ -106,6 +108,7 @@ class JobManager:
         self.restart_durations = DurationHistogram()
         self.autoscale = autoscale or AutoscaleSettings()
         self.scaling: dict[str, Scaling] = {}  # job id -> its scale-downs and scale-ups (coordinator/autoscale.py)
+        self.graphs = JobGraphs()
 
     def statistics(self) -> JobsStatistics:
         return JobsStatistics(tuple(j.statistics() for j in self.jobs.values()),
@@ -135,80 +138,53 @@ class JobManager:
         """Raises RpcError for a job module that does not import or a graph the cluster cannot run.
         `config` (default: the job's) lets a rescale try its new parallelism before it stops anything; `groups`
         keeps a checkpoint's task boundaries (plan.chain_graph)."""
+        config = job.config if config is None else config
         try:
             return make_plan(job_id=job.job_id, attempt=job.attempt, entry=job.entry, name=job.name,
-                             sys_path=job.sys_path, config=job.config if config is None else config,
+                             sys_path=job.sys_path, config=config, job=self.graph(job, config.parallelism),
                              workers=self.worker_slots(), channel_base=next(self._channel_base), groups=groups)
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
-    async def _read_checkpoint(self, path: str) -> dict[str, Any]:
+    def graph(self, job: JobRecord, parallelism: Mapping[str, int] | None = None) -> Job:
+        """The job's graph at `parallelism` (default: its configured overrides), built once (JobGraphs);
+        raises JobLoadError or JobDefinitionError."""
+        return self.graphs.get(job.job_id, entry=job.entry, name=job.name, sys_path=job.sys_path,
+                               parallelism=job.config.parallelism if parallelism is None else parallelism)
+
+    def _built(self, job: JobRecord, parallelism: Mapping[str, int] | None = None) -> Job:
+        """`graph`, with a job that no longer builds as an RpcError."""
         try:
-            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
-            await asyncio.to_thread(self.storage.verify, path, metadata)
-        except CorruptCheckpoint as exc:
+            return self.graph(job, parallelism)
+        except (JobLoadError, JobDefinitionError) as exc:
+            raise RpcError(str(exc), type(exc).__name__) from None
+
+    async def _read_checkpoint(self, path: str) -> CheckpointMetadata:
+        try:
+            document = await asyncio.to_thread(self.storage.read_metadata, path)
+            await asyncio.to_thread(self.storage.verify, path, document)
+        except CorruptFile as exc:  # CorruptCheckpoint, or a task file's verified read (runtime/common/checksums)
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        return metadata
+        try:
+            return CheckpointMetadata.from_document(document)
+        except ValueError as exc:
+            raise RpcError(f"checkpoint {path}: its metadata cannot be used: {exc}", "CorruptCheckpoint") from None
 
     async def restored_plan(self, job: JobRecord, path: str, plan: Plan) -> Plan:
         """`plan` with the checkpoint at `path` attached, re-planned if needed so that it keeps the checkpoint's
         task boundaries (a former network edge stays one: issue 20 item 3); RpcError if it cannot be restored."""
         metadata = await self._read_checkpoint(path)
-        if recorded_operators(metadata):
-            try:
-                built = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
-            except (JobLoadError, JobDefinitionError) as exc:
-                raise RpcError(str(exc), type(exc).__name__) from None
-            groups = match_operators(metadata, built).old_vertex_of_new
+        built = self._built(job, plan.config.parallelism)
+        if metadata.operators:
+            groups = match_operators(metadata.graph, built).old_vertex_of_new
             if [v.nodes for v in chain_graph(built, groups)[0]] != [v.nodes for v in plan.vertices]:
                 plan = self.plan(job, plan.config, groups=groups)
-        plan.restore = await self.restore_spec(path, plan, metadata)
-        return plan
-
-    async def restore_spec(self, path: str, plan: Plan, metadata: dict[str, Any] | None = None) -> RestoreSpec:
-        """Check that a checkpoint or savepoint fits the plan; return what workers need to restore it."""
-        if metadata is None:
-            metadata = await self._read_checkpoint(path)
-        saved = metadata.get("vertices", [])
-        old = {int(v["id"]): int(v["parallelism"]) for v in saved}
-        nodes: dict[int, int] = {}
-        graph: dict[str, Any] = {}
-        acks = {task: ack.get("state", {}) for task, ack in metadata["acks"].items()}
-        try:
-            job = build_job(plan.entry, plan.name, plan.config.parallelism)  # imported already: cheap
-        except (JobLoadError, JobDefinitionError) as exc:
-            raise RpcError(str(exc), type(exc).__name__) from None
-        if recorded_operators(metadata):  # operators matched by uid (runtime/graph/evolution.py)
-            graph = {k: metadata.get(k) or [] for k in ("operators", "vertices", "edges")}
-            refusal = evolution_refusal(graph, job, allow_non_restored_state=plan.config.allow_non_restored_state,
-                                        inflight_edges=inflight_edges(graph, acks),
-                                        new_edges=plan.graph.get("edges") or [])
-            if refusal:
-                raise RpcError(f"checkpoint {path} {refusal}", "IncompatibleCheckpoint")
-            match = match_operators(graph, job)
-            by_node = {int(op["node"]): int(op["parallelism"]) for op in graph["operators"]}
-            nodes = {new: by_node[was] for new, was in match.old_of_new.items()}
-            ended = ended_operators(graph["vertices"], acks)
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes,
-                                      ended=frozenset(new for new, was in match.old_of_new.items() if was in ended))
-            if refusal:
-                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
-        # the same operators, maybe at other parallelisms (and so chained otherwise): the workers redistribute
-        # the state (checkpointing/rescaling.py); what they cannot is refused here, naming the operator
-        elif [v["name"] for v in saved] != [v.name for v in plan.vertices] or any(
-                old.get(v.id) != v.parallelism for v in plan.vertices):
-            try:
-                nodes = checkpointed_node_parallelism(saved, job, plan.vertices)
-            except NotRestorable as exc:
-                raise RpcError(f"checkpoint {path} {exc}" if str(exc).startswith("was taken") else
-                               f"checkpoint {path}: {exc}", "IncompatibleCheckpoint") from None
-            refusal = rescale_refusal(job, plan.vertices, plan.edges, nodes, ended=ended_operators(saved, acks))
-            if refusal:
-                raise RpcError(f"checkpoint {path}: {refusal}", "IncompatibleCheckpoint")
         directory = await asyncio.to_thread(self.storage.directory_of, path)
-        return RestoreSpec(path=directory, checkpoint_id=int(metadata["checkpoint_id"]),
-                           tasks={task: TaskFiles.from_wire(files) for task, files in acks.items()},
-                           parallelism=old, nodes=nodes, graph=graph)
+        try:
+            plan.restore = restore_spec(metadata, built, plan, path=path, directory=directory)
+        except IncompatibleCheckpoint as exc:
+            raise RpcError(str(exc), "IncompatibleCheckpoint") from None
+        return plan
 
     # -- jobs in and out ---------------------------------------------------------------
 
@@ -219,14 +195,32 @@ class JobManager:
         self.persist(job)
         self.handle(job, lc.Submitted())
 
-    def adopt(self, job: JobRecord) -> None:
+    async def write_ahead(self, job: JobRecord) -> None:
+        """Write the record of a job not yet added and wait until it is on disk: what a new leader needs to
+        finish a step begun here (an upgrade's new version). OSError if it could not be written."""
+        self.persist(job)
+        if self.record_written is not None:
+            await self.record_written(job.job_id)
+
+    async def step(self, name: str) -> None:
+        """A point of an upgrade or rescale that a new leader carries on from; the hook (tests only) may stop
+        the process here, as a kill -9 at this exact point would."""
+        if self.on_step is not None:
+            await self.on_step(name)
+
+    def adopt(self, job: JobRecord, *, superseded_by: str = "") -> None:
         """A job from the previous coordinator's records: an ended one is shown as it ended, an unfinished one
-        runs again (`recover`) once enough workers have registered."""
+        runs again (`recover`) once enough workers have registered; one an upgrade replaced (`superseded_by`,
+        job_store.superseded) is cancelled, the upgrade finished."""
         self.jobs[job.job_id] = job
         self.lifecycles[job.job_id] = lc.JobLifecycle(job.job_id, job.restart_strategy, state=job.state,
                                                       attempt=job.attempt, restarts=job.restarts)
         job.on_change = self.persist
-        if not job.terminal:
+        if superseded_by and not job.terminal:
+            log.warning("job %s was being upgraded to %s when the previous coordinator stopped: finishing the "
+                        "upgrade", job.job_id, superseded_by)
+            self.handle(job, lc.Recovered(superseded_by))
+        elif not job.terminal:
             self.recovered += 1
             self._tasks.spawn(self.recover(job), name=f"recover {job.job_id}")
 
@@ -362,6 +356,8 @@ class JobManager:
             await self._final_checkpoint(job, ins)
         elif isinstance(ins, lc.TakeRescaleCheckpoint):
             await self._rescale_checkpoint(job, ins.attempt)
+        elif isinstance(ins, lc.StepReached):
+            await self.step(ins.step)
 
     # -- deploying ------------------------------------------------------------------
 
@@ -400,15 +396,17 @@ class JobManager:
                     "vertices": [{"id": v.id, "name": v.name, "parallelism": v.parallelism, "nodes": list(v.nodes)}
                                  for v in plan.vertices], **plan.graph}
 
-        def on_complete(checkpoint_id: int, path: str, summary: dict[str, Any]) -> None:
+        def on_complete(completed: CompletedCheckpoint) -> None:
+            checkpoint_id, summary = completed.checkpoint_id, completed.summary
             stale = job.checkpoints is not runner  # the attempt restarted while this `_metadata` write was under way
-            if stale:
-                job.complete_archived(summary)
-            if not stale or checkpoint_id > (job.last_checkpoint or {}).get("checkpoint_id", 0):
-                job.last_checkpoint = {"checkpoint_id": checkpoint_id, "path": path, **summary}
+            if stale and summary is not None:
+                job.complete_archived(summary.to_document())
+            last = job.last_checkpoint
+            if not stale or checkpoint_id > (last.checkpoint_id if last is not None else 0):
+                job.last_checkpoint = completed
             job.next_checkpoint_id = max(job.next_checkpoint_id, checkpoint_id + 1)
-            if summary.get("duration_s") is not None:
-                self.checkpoint_durations.observe(summary["duration_s"])
+            if summary is not None and summary.duration_s is not None:
+                self.checkpoint_durations.observe(summary.duration_s)
             self.handle(job, lc.CheckpointCompleted(attempt, checkpoint_id))
 
         def links() -> list[Link]:
@@ -511,8 +509,8 @@ class JobManager:
 
     def _restore_choice(self, job: JobRecord) -> lc.RestoreChoice:
         """What the store holds and whether the record's checkpoints still exist (blocking: in a thread)."""
-        last = job.last_checkpoint or {}
-        recorded = (int(last["checkpoint_id"]), str(last["path"])) if last.get("path") else None
+        last = job.last_checkpoint
+        recorded = (last.checkpoint_id, last.path) if last is not None and last.path else None
         job_dir = getattr(self.storage, "job_dir", None)
         return lc.choose_restore(
             self.storage.list_completed(job.job_id), recorded,
@@ -581,6 +579,7 @@ class JobManager:
             self.handle(job, lc.RescaleCheckpointDone(attempt, f"job {job.job_id} not rescaled: checkpoint "
                                                                f"{call.checkpoint_id} timed out", "Timeout"))
             return
+        await self.step("rescale:checkpoint-taken")
         log.info("job %s: stopping attempt %d to rescale it to %s from checkpoint %d", job.job_id, attempt,
                  describe_parallelism(trial), call.checkpoint_id)
         self.handle(job, lc.RescaleCheckpointDone(attempt))
@@ -590,14 +589,14 @@ class JobManager:
     def _shape(self, job: JobRecord) -> Shape:
         """The job's operators at their asked parallelism; RpcError if the job no longer builds."""
         try:
-            return policy.shape_of(build_job(job.entry, job.name, job.config.parallelism))
+            return policy.shape_of(self.graph(job))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
 
     def _asked_vertices(self, job: JobRecord) -> dict[str, int]:
         """Task type name -> asked parallelism (the chaining of a shrunk job is the same: autoscale.py)."""
         try:
-            vertices, _ = chain_graph(build_job(job.entry, job.name, job.config.parallelism))
+            vertices, _ = chain_graph(self.graph(job))
         except (JobLoadError, JobDefinitionError) as exc:
             raise RpcError(str(exc), type(exc).__name__) from None
         return {v.name: v.parallelism for v in vertices}

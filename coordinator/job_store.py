@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from coordinator.checkpointing import CheckpointSettings
+from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
 from coordinator.exception_history import ExceptionEntry, ExceptionHistory
 from coordinator.jobs import TERMINAL, JobRecord
 from coordinator.restarts import RestartStrategy
@@ -68,22 +68,17 @@ def record_of(job: JobRecord, *, wall_offset: float = 0.0) -> dict[str, Any]:
         "config": job.config.to_document(),
         "checkpoint": asdict(job.checkpoint_settings) if job.checkpoint_settings is not None else None,
         "restart": asdict(job.restart_strategy) if job.restart_strategy is not None else None,
-        "restored_from": job.restored_from, "state": job.state, "attempt": job.attempt, "restarts": job.restarts,
+        "restored_from": job.restored_from, "upgrade_of": job.upgrade_of, "state": job.state,
+        "attempt": job.attempt, "restarts": job.restarts,
         "error": job.error,
         "failures": job.failures[-10:], "submitted_at": job.submitted_at, "ended_at": job.ended_at,
-        "next_checkpoint_id": job.next_checkpoint_id, "last_checkpoint": _pointer(job.last_checkpoint),
+        "next_checkpoint_id": job.next_checkpoint_id,
+        "last_checkpoint": job.last_checkpoint.pointer() if job.last_checkpoint else None,
         "final_checkpoint_id": job.final_checkpoint_id, "restored_checkpoint_id": job.restored_checkpoint_id,
         "restart_s": job.restart_s[-50:], "rescale_s": job.rescale_s[-50:],
         "checkpoint_history": history, "checkpoint_counts": list(job.checkpoint_counts()),
         "exceptions": [e.to_dict() for e in job.exceptions.entries()], "graph": job.graph_snapshot(),
     }
-
-
-def _pointer(last: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The latest completed checkpoint: its id and path (its figures are not needed to restore it)."""
-    if not last:
-        return None
-    return {"checkpoint_id": last.get("checkpoint_id"), "path": last.get("path")}
 
 
 def encode(job: JobRecord, *, offset: float | None = None) -> bytes:
@@ -146,12 +141,14 @@ def job_from_record(doc: dict[str, Any], *, wall_offset: float = 0.0) -> JobReco
     job.ended_at = float(ended_at) if ended_at is not None else None
     job.next_checkpoint_id = typed("next_checkpoint_id", int)
     last = typed("last_checkpoint", dict, optional=True)
-    if last is not None and not (isinstance(last.get("checkpoint_id"), int) and isinstance(last.get("path"), str)):
-        raise ValueError(f"'last_checkpoint' must name a checkpoint_id and a path, got {last!r}")
-    job.last_checkpoint = last
+    job.last_checkpoint = CompletedCheckpoint.from_pointer(last) if last is not None else None
     job.final_checkpoint_id = typed("final_checkpoint_id", int, optional=True)
     job.restored_checkpoint_id = typed("restored_checkpoint_id", int, optional=True)
     job.restored_from = typed("restored_from", str)
+    upgrade_of = doc.get("upgrade_of") or ""  # absent from records of older versions
+    if not isinstance(upgrade_of, str):
+        raise TypeError(f"'upgrade_of' must be str, got {upgrade_of!r}")
+    job.upgrade_of = upgrade_of
     job.restart_s = [float(x) for x in typed("restart_s", list)]
     job.rescale_s = [float(x) for x in typed("rescale_s", list)]
     _history_from_record(job, doc, wall_offset)
@@ -184,6 +181,14 @@ def needs_recovery(job: JobRecord) -> bool:
     return job.state not in TERMINAL
 
 
+def superseded(jobs: list[JobRecord]) -> dict[str, str]:
+    """Unfinished jobs an upgrade replaced, each with the job that replaces it: the new version's record is
+    written before the old version is cancelled (coordinator/upgrade.py), so a leader that finds it finishes
+    the upgrade (the old version is cancelled, the new one starts from the savepoint) instead of running both."""
+    unfinished = {j.job_id for j in jobs if needs_recovery(j)}
+    return {j.upgrade_of: j.job_id for j in jobs if j.upgrade_of in unfinished}
+
+
 class JobStore:
     """The job records of one state directory; `save` from the event loop, `load` once at start-up."""
 
@@ -194,6 +199,10 @@ class JobStore:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # callers of `written`: for the next write of a job still pending, and for the write under way
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._writing = ""
+        self._writing_waiters: list[asyncio.Future[None]] = []
         self.writes = 0
         self.failed_writes = 0
 
@@ -249,18 +258,46 @@ class JobStore:
             while self._pending:
                 job_id, data = next(iter(self._pending.items()))
                 del self._pending[job_id]
-                if not self._may_write():
-                    log.error("not writing the record of job %s: this coordinator is no longer the leader", job_id)
-                    continue
+                self._writing, self._writing_waiters = job_id, self._waiters.pop(job_id, [])
+                failure: OSError | None = None
                 try:
-                    await asyncio.to_thread(write_atomically, self.path(job_id), data)
-                    self.writes += 1
-                except OSError as exc:
-                    # the job goes on; a crash now would recover it from its previous record
-                    self.failed_writes += 1
-                    log.error("cannot write the record of job %s: %s", job_id, exc)
+                    if not self._may_write():
+                        log.error("not writing the record of job %s: this coordinator is no longer the leader",
+                                  job_id)
+                        failure = OSError(f"job {job_id}: this coordinator is no longer the leader")
+                        continue
+                    try:
+                        await asyncio.to_thread(write_atomically, self.path(job_id), data)
+                        self.writes += 1
+                    except OSError as exc:
+                        # the job goes on; a crash now would recover it from its previous record
+                        self.failed_writes += 1
+                        log.error("cannot write the record of job %s: %s", job_id, exc)
+                        failure = exc
+                finally:
+                    for fut in self._writing_waiters:
+                        if not fut.done():
+                            if failure is not None:
+                                fut.set_exception(failure)
+                            else:
+                                fut.set_result(None)
+                    self._writing, self._writing_waiters = "", []
             if not self._pending:
                 self._idle.set()
+
+    async def written(self, job_id: str) -> None:
+        """Wait until the job's record as queued now is on disk (at once if nothing of it is queued); OSError
+        if that write failed or this coordinator may no longer write. What a step that must not be lost in a
+        crash waits for before the next one (coordinator/upgrade.py: the new version's record first)."""
+        if job_id in self._pending:
+            waiters = self._waiters.setdefault(job_id, [])
+        elif job_id == self._writing:
+            waiters = self._writing_waiters
+        else:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
+        await fut
 
     async def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until every queued record is written (at shutdown)."""

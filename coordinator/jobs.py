@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coordinator.exception_history import ExceptionHistory
-from runtime.graph.enums import JobState
+from runtime.graph.enums import JobState, TaskState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan
 
 if TYPE_CHECKING:
-    from coordinator.checkpointing import CheckpointStatistics
+    from coordinator.checkpointing import CheckpointStatistics, CompletedCheckpoint
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     JobState.CREATED: frozenset({JobState.DEPLOYING, JobState.FAILED, JobState.CANCELLED}),
@@ -76,8 +76,9 @@ class JobRecord:
     task_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoint_settings: Any = None  # coordinator.checkpointing.CheckpointSettings
     checkpoints: Any = None  # coordinator.checkpoint_runner.CheckpointRunner while running
-    last_checkpoint: dict[str, Any] | None = None
+    last_checkpoint: CompletedCheckpoint | None = None
     restored_from: str = ""
+    upgrade_of: str = ""  # the job this one replaced in `sluice upgrade`: a new leader finishes that upgrade
     restart_strategy: Any = None  # coordinator.restarts.RestartStrategy
     restarts: int = 0
     failures: list[str] = field(default_factory=list)  # causes of every failure, oldest first
@@ -175,13 +176,24 @@ class JobRecord:
         return {"vertices": vertices,
                 "edges": [{"from": e.up, "to": e.down, "partitioner": e.partitioner} for e in self.plan.edges]}
 
+    def last_checkpoint_document(self) -> dict[str, Any] | None:
+        return self.last_checkpoint.to_document() if self.last_checkpoint is not None else None
+
+    @property
+    def last_checkpoint_id(self) -> int | None:
+        return self.last_checkpoint.checkpoint_id if self.last_checkpoint is not None else None
+
     def summary(self) -> dict[str, Any]:
         tasks = sorted(self.task_stats.values(), key=lambda t: t["task"])
+        if self.terminal:  # an ended job runs nothing: tasks last seen running were stopped with it (an upgrade)
+            stopped = TaskState.FAILED if self.state == JobState.FAILED else TaskState.CANCELLED
+            tasks = [t if t.get("state") in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
+                     else {**t, "state": str(stopped)} for t in tasks]
         return {
             "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,
             "ended_at": self.ended_at, "tasks_total": self.total_tasks(), "tasks_finished": len(self.finished_tasks),
-            "tasks": tasks, "last_checkpoint": self.last_checkpoint, "restored_from": self.restored_from,
+            "tasks": tasks, "last_checkpoint": self.last_checkpoint_document(), "restored_from": self.restored_from,
             "restarts": self.restarts, "failures": self.failures[-10:], "last_restart_s": self.last_restart_s,
             "restart_s": self.restart_s[-50:], "rescale_s": self.rescale_s[-50:],
             "restored_checkpoint_id": self.restored_checkpoint_id, "final_checkpoint_id": self.final_checkpoint_id,

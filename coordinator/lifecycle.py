@@ -73,7 +73,10 @@ class Submitted:
 
 @dataclass(frozen=True)
 class Recovered:
-    """A job the previous coordinator left unfinished: restart it as a new attempt (not counted)."""
+    """A job the previous coordinator left unfinished: restart it as a new attempt (not counted); or, when an
+    upgrade's new version was recorded already (`superseded_by`), finish that upgrade: the job is cancelled."""
+
+    superseded_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,14 @@ class CommitRescale:
 
 
 @dataclass(frozen=True)
+class StepReached:
+    """A point of a rescale a new leader carries on from (the record as of here); a test's launcher may stop
+    the coordinator here (tests/support/faulty_coordinator.py). Nothing else to do."""
+
+    step: str
+
+
+@dataclass(frozen=True)
 class AnswerRescale:
     error: str = ""  # empty: rescaled, down `downtime_s`
     error_type: str = ""
@@ -314,7 +325,7 @@ class AnswerRescale:
 
 Instruction = (MoveTo | Adopt | Persist | RecordFailure | Deploy | StartTasks | CancelTasks | StartCheckpoints
                | StopCheckpoints | RecordFinalCheckpoint | RequestFinalCheckpoint | ScheduleRestart | PlanAttempt
-               | UsePlan | RecordRestart | TakeRescaleCheckpoint | CommitRescale | AnswerRescale)
+               | UsePlan | RecordRestart | TakeRescaleCheckpoint | CommitRescale | StepReached | AnswerRescale)
 
 
 # -- which checkpoint a restart restores ---------------------------------------------------------
@@ -388,6 +399,12 @@ class JobLifecycle:
         return self.state in TERMINAL
 
     def handle(self, stimulus: Stimulus, now: float) -> list[Instruction]:
+        if self.terminal and isinstance(stimulus, LeaseLost):
+            self.fenced = True  # an ended job writes its record no more either
+        if self.terminal and not self.fenced and isinstance(stimulus, CheckpointCompleted):
+            # a checkpoint whose `_metadata` write was under way as the job ended completed after the record
+            # was written FINISHED: the record counts it too, or a coordinator that reads it shows one less
+            return [Persist()]
         if self.fenced or self.terminal:
             if isinstance(stimulus, RescaleAsked):  # every ask is answered, once
                 why = "the coordinator lost its lease" if self.fenced else f"job {self.job_id} is {self.state}"
@@ -408,6 +425,9 @@ class JobLifecycle:
     def _on_Recovered(self, s: Recovered, now: float) -> list[Instruction]:
         if self.handled:
             return []
+        if s.superseded_by:  # its tasks went with the previous coordinator: nothing to stop, nothing to restart
+            return self._move(JobState.CANCELLED, f"upgraded to {s.superseded_by} (the upgrade was finished by "
+                                                  "a new leader after a coordinator failover)")
         self.state = JobState.RESTARTING
         self.failed_at = None
         return [RecordFailure("coordinator failover"), Adopt(JobState.RESTARTING), Persist(),
@@ -541,7 +561,9 @@ class JobLifecycle:
                 StopCheckpoints("job finished", failed=False), *self._move(JobState.FINISHED)]
 
     def _on_CheckpointCompleted(self, s: CheckpointCompleted, now: float) -> list[Instruction]:
-        return [Persist()] if s.attempt == self.attempt else []  # the record names its latest checkpoint
+        # the record names its latest checkpoint and counts every one, also one an earlier attempt's `_metadata`
+        # write completed after a restart began
+        return [Persist()]
 
     def _on_CancelAsked(self, s: CancelAsked, now: float) -> list[Instruction]:
         return [*self._move(JobState.CANCELLED, s.why), StopCheckpoints(s.why, failed=True),
@@ -583,8 +605,11 @@ class JobLifecycle:
                                   "checkpoint: not rescaled", "JobNotRunning")]
         stopped = self.attempt
         self.failed_at = None  # the downtime is the rescale's own figure, not a restart's
+        # one step: the record that says RESTARTING carries the new parallelism, so a leader that takes over
+        # from here on restarts the job at it (before, it restarts it as it ran: the checkpoint is a usual one)
         out: list[Instruction] = [CommitRescale(), StopCheckpoints("rescale", failed=False),
                                   *self._move(JobState.RESTARTING), CancelTasks(stopped),
+                                  StepReached("rescale:stopped"),
                                   *self._next_attempt(now, counted=False, scale_up=rescale.scale_up)]
         rescale.stopped_at = now  # from here on, the end of this restart is the rescale's answer
         return out

@@ -58,6 +58,7 @@ ERROR_STATUS = {"UnknownJob": 404, "JobNotRunning": 409, "PathNotAllowed": 403, 
                 "BadRescaleRequest": 400, "BadArgs": 400, "BadRequest": 400,
                 "NotLeader": 503}  # a standby coordinator: ask the leader
 
+MAX_NUMBER_DIGITS = 18  # a query number longer than this is no count of anything: 400, not int() on 5,000 digits
 DEFAULT_HISTORY = 100  # checkpoints per answer unless ?limit= says otherwise (earlier attempts' add up)
 LOG_LINES = 200  # a worker's log lines per answer unless ?lines= says otherwise
 MAX_LOG_LINES = 1000
@@ -136,17 +137,28 @@ def error(status: int, message: str, kind: str) -> HttpResponse:
     return json_response(status, {"error": message, "type": kind}, *extra)
 
 
+
+def whole_number(text: str) -> int | None:
+    """A query parameter's ASCII digits as an int, or None: `str.isdigit` alone also passes a superscript two
+    (which `int` refuses) and a 5,000-digit number (which `int` refuses past its digit limit)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_NUMBER_DIGITS:
+        return None
+    return int(text)
+
+
 class RestApi:
     """The handler netstack/http.py calls for every request on the REST port."""
 
     def __init__(self, *, jobs: Callable[[], Mapping[str, JobRecord]], workers: WorkerRegistry, token: str, call: Call,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 scheme: str = "http") -> None:
         self._jobs = jobs  # read at every request: the job table may be replaced (a recovered coordinator)
         self.workers = workers
         self.token = token
         self.call = call  # (rpc method, args) -> the coordinator's own RPC handler's answer
         self.clock = clock
         self.wall_clock = wall_clock
+        self.scheme = scheme  # of the metrics URLs it gives: "https" when the cluster runs TLS
         self._static: dict[str, bytes] = {}
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -167,15 +179,17 @@ class RestApi:
             if not isinstance(body, dict):
                 return error(400, "the body must be a JSON object", "BadRequest")
             return await self._mutate(route.name, params["job_id"], body)
-        limit = request.query.get("limit", str(DEFAULT_HISTORY))
-        if not limit.isdigit() or int(limit) < 1:
-            return error(400, f"limit must be a positive whole number, got {limit!r}", "BadRequest")
+        limit = whole_number(request.query.get("limit", str(DEFAULT_HISTORY)))
+        if limit is None or limit < 1:
+            return error(400, f"limit must be a positive whole number, got {request.query['limit'][:40]!r}",
+                         "BadRequest")
         if route.name == "worker":
-            lines = request.query.get("lines", str(LOG_LINES))
-            if not lines.isdigit() or not 0 <= int(lines) <= MAX_LOG_LINES:
-                return error(400, f"lines must be a whole number up to {MAX_LOG_LINES}, got {lines!r}", "BadRequest")
-            return await self._worker(params["worker_id"], int(lines))
-        return self._read(route.name, params.get("job_id"), int(limit))
+            lines = whole_number(request.query.get("lines", str(LOG_LINES)))
+            if lines is None or not 0 <= lines <= MAX_LOG_LINES:
+                return error(400, f"lines must be a whole number up to {MAX_LOG_LINES}, got "
+                                  f"{request.query['lines'][:40]!r}", "BadRequest")
+            return await self._worker(params["worker_id"], lines)
+        return self._read(route.name, params.get("job_id"), limit)
 
     def _serve_static(self, path: str) -> HttpResponse:
         name, content_type = STATIC[path]
@@ -200,7 +214,7 @@ class RestApi:
         if name == "workers":
             now = self.clock()
             return json_response(200, {"workers": [
-                views.worker_view(w, now, len(views.tasks_on(self.jobs.values(), w.worker_id)))
+                views.worker_view(w, now, len(views.tasks_on(self.jobs.values(), w.worker_id)), self.scheme)
                 for w in self.workers.values()]})
         job = self.jobs.get(job_id or "")
         if job is None:
@@ -234,7 +248,7 @@ class RestApi:
                 log = list((await self.call("worker_log", {"worker_id": worker_id, "lines": lines}))["lines"])
             except RpcError as exc:  # the page shows the figures all the same, and why there is no log
                 log_error = str(exc)
-        return json_response(200, {**views.worker_view(w, self.clock(), len(tasks)), "task_list": tasks,
+        return json_response(200, {**views.worker_view(w, self.clock(), len(tasks), self.scheme), "task_list": tasks,
                                    "log": log, "log_error": log_error})
 
     async def _mutate(self, name: str, job_id: str, body: dict[str, Any]) -> HttpResponse:

@@ -118,7 +118,7 @@ def job_brief(job: JobRecord) -> dict[str, Any]:
     return {"job_id": job.job_id, "name": job.name, "entry": job.entry, "state": job.state, "attempt": job.attempt,
             "error": job.error, "submitted_at": job.submitted_at, "ended_at": job.ended_at,
             "tasks_total": job.total_tasks(), "restarts": job.restarts, "checkpoints_completed": done,
-            "checkpoints_failed": failed, "last_checkpoint_id": (job.last_checkpoint or {}).get("checkpoint_id")}
+            "checkpoints_failed": failed, "last_checkpoint_id": job.last_checkpoint_id}
 
 
 def job_detail(job: JobRecord) -> dict[str, Any]:
@@ -217,7 +217,7 @@ def checkpoints_view(job: JobRecord, history: Iterable[Mapping[str, Any]],
     items = [checkpoint_view(h, figures.get(int(h["checkpoint_id"])), wall_offset) for h in history]
     done, failed = job.checkpoint_counts()
     return {"job_id": job.job_id, "completed": done, "failed": failed,
-            "last_completed": job.last_checkpoint, "figures": declaration(), "history": items}
+            "last_completed": job.last_checkpoint_document(), "figures": declaration(), "history": items}
 
 
 def restarts_view(job: JobRecord) -> dict[str, Any]:
@@ -248,12 +248,12 @@ def config_view(job: JobRecord) -> dict[str, Any]:
             "checkpoint": _plain(job.checkpoint_settings), "restart": _plain(job.restart_strategy)}
 
 
-def worker_view(w: WorkerRecord, now: float, tasks: int = 0) -> dict[str, Any]:
+def worker_view(w: WorkerRecord, now: float, tasks: int = 0, scheme: str = "http") -> dict[str, Any]:
     """A worker with its process figures (from heartbeats) and how many of its slots hold tasks."""
     process = w.process or {}
     return {"worker_id": w.worker_id, "host": w.host, "data_port": w.data_port, "slots": w.slots,
             "metrics_port": w.metrics_port, "pid": w.pid,
-            "metrics_url": f"http://{w.host}:{w.metrics_port}/metrics" if w.metrics_port else None,
+            "metrics_url": f"{scheme}://{w.host}:{w.metrics_port}/metrics" if w.metrics_port else None,
             "last_heartbeat_s_ago": round(max(0.0, now - w.last_heartbeat), 3),
             "rss_bytes": process.get("rss_bytes"), "cpu_s": process.get("cpu_s"),
             "cpu_ratio": process.get("cpu_ratio"), "tasks": tasks}

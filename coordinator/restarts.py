@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from runtime.graph.config import LIFE, parse_duration, parse_duration_or_life
+from runtime.graph.flags import flag
+from runtime.graph.job_config import RESTARTS
 
 KINDS = ("fixed", "exponential", "none")
+
+
+def _window(value: float | str) -> float | None:
+    return None if value == LIFE else float(value)
 
 
 @dataclass(frozen=True)
@@ -14,15 +22,26 @@ class RestartStrategy:
     again and again (a real fault: FAILED after the 8th restart within five minutes, about two minutes in), in
     the manner of Flink's exponential-delay and failure-rate strategies."""
 
-    kind: str = "exponential"
-    max_attempts: int = 8  # restarts allowed within failure_window_s (over the job's life when it is None)
-    delay_s: float = 1.0  # fixed delay, or the first delay of the exponential backoff
+    kind: str = field(default="exponential", metadata=flag(
+        "--restart-strategy", "delay between restarts: fixed, exponential (the default: 1s, doubling up to 30s) "
+        "or none", choices=KINDS, group=RESTARTS))
+    # restarts allowed within failure_window_s (over the job's life when it is None)
+    max_attempts: int = field(default=8, metadata=flag(
+        "--restart-attempts", "restarts allowed within --restart-window (8): a job that fails more often ends "
+        "FAILED", parse=int, group=RESTARTS))
+    delay_s: float = field(default=1.0, metadata=flag(  # fixed delay, or the first delay of the exponential backoff
+        "--restart-delay", "delay before a restart; the first one for exponential backoff (1s)",
+        parse=parse_duration, group=RESTARTS))
     max_delay_s: float = 30.0
     slot_wait_s: float = 60.0  # how long one restart may wait for enough free slots
     # None: max_attempts counts every restart of the job's life. A window: only the restarts of the last
     # failure_window_s count (and the exponential backoff grows with them), so a job that fails again and again
     # (a real fault) still ends FAILED, while one that rides out a dependency's outage now and then does not
-    failure_window_s: float | None = 300.0
+    failure_window_s: float | None = field(default=300.0, metadata=flag(
+        "--restart-window", "count only the restarts of this last while against --restart-attempts (and grow "
+        "the exponential backoff with them), or of the job's whole life: the default, 5m, rides out a "
+        "minute-long outage of a dependency and still fails a job that fails again and again",
+        parse=parse_duration_or_life, metavar="DURATION|life", to_field=_window, group=RESTARTS))
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from runtime.api import JobDefinitionError
+from runtime.api import Job, JobDefinitionError
 from runtime.graph.job_config import JobConfig
 from runtime.graph.operator_ids import graph_document
-from runtime.graph.plan import Plan, build_job, chain_graph, ensure_on_path, place_subtasks
+from runtime.graph.plan import Plan, chain_graph, place_subtasks
 
 
 @dataclass(frozen=True)
@@ -19,14 +19,10 @@ class WorkerSlots:
     data_port: int
 
 
-def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: JobConfig,
+def make_plan(*, job_id: str, attempt: int, entry: str, name: str, sys_path: str, config: JobConfig, job: Job,
               workers: list[WorkerSlots], channel_base: int, groups: Mapping[int, int] | None = None) -> Plan:
-    """Build the job graph from the entry point and place its subtasks on `workers`.
-
-    Raises JobLoadError (module does not import) or JobDefinitionError (bad graph, too few slots).
-    """
-    ensure_on_path(sys_path)  # the submitter's directory, as on the workers
-    job = build_job(entry, name, config.parallelism)
+    """Chain the job graph `job` (built from the entry point at `config`'s parallelism) into tasks and place its
+    subtasks on `workers`. Raises JobDefinitionError (bad graph, too few slots)."""
     vertices, edges = chain_graph(job, groups)
     if not workers:
         raise JobDefinitionError("no workers are registered")

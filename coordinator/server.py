@@ -19,6 +19,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from coordinator.autoscale import AutoscaleSettings
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.exception_history import Detail
 from coordinator.job_manager import JobManager
-from coordinator.job_store import JobStore
+from coordinator.job_store import JobStore, superseded
 from coordinator.jobs import JobRecord
 from coordinator.lease import Leadership, LeaseHeld
 from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
@@ -38,7 +39,7 @@ from coordinator.rest_views import process_sample, task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
-from coordinator.upgrade import upgrade, upgraded_config
+from coordinator.upgrade import stop_with_savepoint, upgrade, upgraded_config
 from netstack.connection import Connection
 from netstack.errors import (
     CloseReason,
@@ -53,17 +54,17 @@ from netstack.errors import (
 from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
-from netstack.tls import TlsFiles, server_context
+from netstack.tls import TlsFiles, http_server_context, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
-from runtime.graph.admission import SubmissionRefused, check_extras
+from runtime.graph.admission import SubmissionRefused, SubmitContext, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
-from runtime.graph.plan import Plan, build_job
+from runtime.graph.plan import Plan
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -115,7 +116,8 @@ class PendingProbe:
 
 
 class Coordinator(BaseLinkHandler):
-    def __init__(self, config: CoordinatorConfig, *, storage: CheckpointStorage | None = None) -> None:
+    def __init__(self, config: CoordinatorConfig, *, storage: CheckpointStorage | None = None,
+                 on_step: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.config = config
         self.trust = config.trust_policy()
         self.workers = WorkerRegistry()
@@ -134,10 +136,18 @@ class Coordinator(BaseLinkHandler):
         self.holder_id = f"c-{socket.gethostname()[:12]}-{os.getpid()}-{secrets.token_hex(2)}"
         self.leadership: Leadership | None = None  # made once the RPC port is known (the lease names it)
         self.store = JobStore(config.state_dir, may_write=self.leading)
+        self._on_step = on_step  # tests/support/faulty_coordinator.py: stop at a step of an upgrade or rescale
         self.manager = JobManager(workers=self.workers, storage=self.storage, autoscale=config.autoscale,
-                                  persist=self.store.save)
+                                  persist=self.store.save, record_written=self.store.written,
+                                  on_step=self._step if on_step is not None else None)
         self.lost_leadership = ""
         self.rpc = self._handlers()
+
+    async def _step(self, name: str) -> None:
+        """A step of an upgrade or rescale: the records queued so far are written, then the tests' hook runs."""
+        await self.store.flush()
+        assert self._on_step is not None
+        await self._on_step(name)
 
     async def _rest_call(self, method: str, args: dict[str, Any]) -> Any:
         """The REST API calls the RPC handlers themselves (no link: the token was checked by the API); a
@@ -162,6 +172,8 @@ class Coordinator(BaseLinkHandler):
 
     async def run(self) -> None:
         state_dir = os.path.abspath(self.config.state_dir)  # noqa: ASYNC240 - once, at start-up
+        # REST and metrics over TLS with RPC's certificate when TLS is configured: no plain-text port
+        self._http_ssl = http_server_context(self.config.tls) if self.config.tls else None
         os.makedirs(state_dir, exist_ok=True)
         await asyncio.to_thread(self._check_object_stores)
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
@@ -171,13 +183,15 @@ class Coordinator(BaseLinkHandler):
             registry = CollectorRegistry()
             registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
             registry.register(LeadershipCollector(self.leadership_statistics))
-            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port,
+                                                     ssl_context=self._http_ssl)).port
         if self.config.http_port is not None:
             # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
             api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
-                          call=self._rest_call)
+                          call=self._rest_call, scheme="https" if self._http_ssl else "http")
             self._rest = HttpServer(api, REST_LIMITS, name="rest")
-            self.http_port = await self._rest.start(self.config.host, self.config.http_port)
+            self.http_port = await self._rest.start(self.config.host, self.config.http_port,
+                                                    ssl_context=self._http_ssl)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
         ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
@@ -259,8 +273,9 @@ class Coordinator(BaseLinkHandler):
         for problem in problems:
             log.error("skipping a job record: %s", problem)
         self._spawn(self.store.run())
+        successors = superseded(jobs)
         for job in jobs:
-            self.manager.adopt(job)
+            self.manager.adopt(job, superseded_by=successors.get(job.job_id, ""))
         if jobs:
             log.info("recovered %d job records from %s (%d to restart)", len(jobs), state_dir, self.manager.recovered)
 
@@ -364,7 +379,7 @@ class Coordinator(BaseLinkHandler):
             record.process = process_sample(record.process, args.process, now)
         for st in args.tasks:
             job = self.jobs.get(st.get("job"))
-            if job is not None and st.get("attempt") == job.attempt:
+            if job is not None and st.get("attempt") == job.attempt and not job.terminal:
                 # with rates since the previous heartbeat, for the REST API's graph
                 job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
                                                          {**st, "worker": link.peer_id}, time.monotonic())
@@ -380,6 +395,7 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
+        await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
         if args.restore:
             plan = await self.manager.restored_plan(job, args.restore, plan)
             self._restored(job, args.restore, plan)
@@ -401,11 +417,23 @@ class Coordinator(BaseLinkHandler):
         job.restart_strategy = strategy
         plan = self.manager.plan(job)
         try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(build_job(entry, job.name, config.parallelism), backend=config.state.backend,
+            check_extras(self.manager.graph(job), backend=config.state.backend,
                          restore=str(restore) if restore else None)
         except SubmissionRefused as exc:
             raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
+
+    async def _check_connectors(self, job: JobRecord, context: SubmitContext) -> None:
+        """Connectors that check their configuration against their system (a path, a table, privileges, a
+        broker) say what is wrong now, in one line; on a thread, since they wait on the network. The graph is
+        the one planning built (coordinator/job_graphs.py): the coordinator never runs its operators."""
+        definition = self.manager.graph(job)
+        if not any(hasattr(node.payload, "check_at_submit") for node in definition.nodes):
+            return
+        try:
+            await asyncio.to_thread(check_connectors, definition, context)
+        except SubmissionRefused as exc:
+            raise InvalidRequest(str(exc), exc.kind) from None
 
     @staticmethod
     def _restored(job: JobRecord, restore_path: str, plan: Plan) -> None:
@@ -482,7 +510,7 @@ class Coordinator(BaseLinkHandler):
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
         return {"job_id": job.job_id, "history": history,
                 "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
-                "last_completed": job.last_checkpoint}
+                "last_completed": job.last_checkpoint_document()}
 
     def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
         """The report's job while the attempt it is about is the current one (None: a stale report)."""
@@ -521,6 +549,14 @@ class Coordinator(BaseLinkHandler):
 
     async def rpc_cancel(self, link: Link, args: p.Cancel) -> Any:
         job = self._job(args)
+        if args.savepoint:
+            if job.state != JobState.RUNNING or job.checkpoints is None:
+                raise Conflict(f"job {job.job_id} is {job.state}, not RUNNING: no savepoint to stop it with")
+            try:
+                directory = self.trust.check_savepoint_dir(_resolved(args.directory) if args.directory else None)
+            except TrustError as exc:
+                raise Forbidden(str(exc)) from None
+            return await stop_with_savepoint(self.manager, job, directory=directory, timeout_s=args.timeout_s)
         if job.terminal:
             return {"state": job.state}
         await self.manager.cancel(job, "cancelled by user")
@@ -629,8 +665,9 @@ def checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
     return CheckpointSettings(**{"interval_s": None, **raw})
 
 
-async def run_coordinator(config: CoordinatorConfig, *, storage: CheckpointStorage | None = None) -> None:
-    coordinator = Coordinator(config, storage=storage)
+async def run_coordinator(config: CoordinatorConfig, *, storage: CheckpointStorage | None = None,
+                          on_step: Callable[[str], Awaitable[None]] | None = None) -> None:
+    coordinator = Coordinator(config, storage=storage, on_step=on_step)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.stop)

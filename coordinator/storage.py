@@ -35,7 +35,7 @@ from runtime.common.checkpoint_metadata import (
     encode_metadata,
     write_metadata_file,
 )
-from runtime.common.checksums import mismatch
+from runtime.common.checksums import CorruptFile, read_checked, read_segments
 
 SHARED_DIR = "shared"  # files later checkpoints reference again (RocksDB SST files, channel-state segments)
 
@@ -43,7 +43,7 @@ TASK_FILES = ("state", "in", "out")  # the keys of an ack's state that name a fi
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
 
 
-class CorruptCheckpoint(ValueError):
+class CorruptCheckpoint(CorruptFile):
     """A checkpoint or savepoint whose `_metadata` is missing or cannot be used; the message names the path."""
 
 
@@ -172,15 +172,10 @@ class LocalCheckpointStorage:
                 name = state.get(kind)
                 if not name:
                     continue
-                file = files.join(directory, str(name))
-                try:
-                    data = files.read(file)
-                except OSError as e:
-                    raise CorruptCheckpoint(f"{file}: cannot read checkpoint file of task {task}: "
-                                            f"{e.strerror or e}") from None
-                problem = mismatch(data, sums.get(name))
-                if problem is not None:
-                    raise CorruptCheckpoint(f"{file}: checkpoint file of task {task} is corrupt: {problem}")
+                file = files.confined_join(directory, name, what=f"checkpoint file of task {task}",
+                                           error=CorruptCheckpoint)
+                read_checked(file, sums.get(name), what=f"checkpoint file of task {task}",
+                             error=CorruptCheckpoint)
             _verify_backend_files(directory, task, state.get("backend"))
             _verify_segments(directory, task, state.get("segments"))
 
@@ -281,49 +276,59 @@ class LocalCheckpointStorage:
 
 def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
     """A state backend's files (runtime/checkpointing/backend_snapshots.py) exist, shared ones at their size:
-    SST files are immutable and named uniquely, so their size is the check that matters."""
+    SST files are immutable and named uniquely, so their size is the check that matters. Every name is confined
+    to the store it belongs to before anything is looked at."""
     if not isinstance(handle, dict):
         return
     root = directory if handle.get("store") == "self" else files.dirname(directory)
+    what = f"state file of task {task}"
     for relative in handle.get("private_files") or ():
-        if not files.exists(files.join(root, str(relative))):
-            raise CorruptCheckpoint(f"{files.join(root, str(relative))}: state file of task {task} is missing")
+        path = files.confined_join(root, relative, what=what, error=CorruptCheckpoint)
+        if not files.exists(path):
+            raise CorruptCheckpoint(f"{path}: state file of task {task} is missing")
     for entry in handle.get("shared_files") or ():
-        path = files.join(root, "shared", str(entry[1]))
+        path = files.confined_join(files.join(root, SHARED_DIR), _entry_field(entry, 1), what=f"shared {what}",
+                                   error=CorruptCheckpoint)
         size = files.size(path)
         if size != int(entry[2]):
             raise CorruptCheckpoint(f"{path}: shared state file of task {task} is "
                                     f"{'missing' if size is None else f'{size} bytes, not {entry[2]}'}")
         if len(entry) > 3:  # its CRC-32, like every other checkpoint file's (older checkpoints have none)
-            problem = mismatch(files.read(path), {"crc32": entry[3], "size": int(entry[2])})
-            if problem is not None:
-                raise CorruptCheckpoint(f"{path}: shared state file of task {task} is corrupt: {problem}")
+            read_checked(path, {"crc32": entry[3], "size": int(entry[2])}, what=f"shared {what}",
+                         error=CorruptCheckpoint)
 
 
 def _verify_segments(directory: str, task: str, segments: Any) -> None:
     """The shared channel-state segments a task's files reference exist and match their CRC-32."""
-    for entry in segments or ():
-        path = files.join(files.dirname(directory), SHARED_DIR, str(entry[0]))
-        try:
-            data = files.read(path)
-        except OSError as e:
-            raise CorruptCheckpoint(f"{path}: channel state segment of task {task} cannot be read: "
-                                    f"{e.strerror or e}") from None
-        problem = mismatch(data, {"size": int(entry[1]), "crc32": int(entry[2])})
-        if problem is not None:
-            raise CorruptCheckpoint(f"{path}: channel state segment of task {task} is corrupt: {problem}")
+    try:
+        sums = {str(e[0]): {"size": int(e[1]), "crc32": int(e[2])} for e in segments or ()}
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise CorruptCheckpoint(f"{directory}: the segments of task {task} are malformed") from None
+    read_segments(files.join(files.dirname(directory), SHARED_DIR), sums, sums, owner=f"task {task}",
+                  error=CorruptCheckpoint)
+
+
+def _entry_field(entry: Any, index: int) -> Any:
+    return entry[index] if isinstance(entry, list | tuple) and len(entry) > index else None
 
 
 def shared_files(metadata: dict[str, Any]) -> set[str]:
     """The shared files (paths relative to the job's checkpoint directory) a checkpoint references: a state
-    backend's and channel-state segments."""
+    backend's and channel-state segments. A name that is not a plain file name (`..`, `/`) is a
+    CorruptCheckpoint: the callers keep every file then, so a forged `_metadata` deletes nothing outside."""
     out: set[str] = set()
     for ack in metadata.get("acks", {}).values():
         state = ack.get("state") or {}
         handle = state.get("backend")
+        names = []
         if isinstance(handle, dict) and handle.get("store", "job") == "job":
-            out.update(f"{SHARED_DIR}/{entry[1]}" for entry in handle.get("shared_files") or ())
-        out.update(f"{SHARED_DIR}/{entry[0]}" for entry in state.get("segments") or ())
+            names += [_entry_field(entry, 1) for entry in handle.get("shared_files") or ()]
+        names += [_entry_field(entry, 0) for entry in state.get("segments") or ()]
+        for name in names:
+            if not isinstance(name, str) or "/" in name:
+                raise CorruptCheckpoint(f"refusing shared file {str(name)[:200]!r}: not a plain file name")
+            files.confined_join(SHARED_DIR, name, what="shared file", error=CorruptCheckpoint)
+            out.add(f"{SHARED_DIR}/{name}")
     return out
 
 

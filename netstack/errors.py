@@ -115,7 +115,8 @@ class Conflict(RpcError):
     under way; it may work later."""
 
     code = "JobNotRunning"
-    codes = ("WrongAttempt", "RescaleFailed", "RescaleCheckpointFailed", "NotRegistered", "WorkerLogUnavailable")
+    codes = ("WrongAttempt", "RescaleFailed", "RescaleCheckpointFailed", "NotRegistered", "WorkerLogUnavailable",
+             "JobRecordFailed")
 
 
 class NotLeader(RpcError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -116,8 +117,10 @@ class HttpServer:
         self._warned_at = -1e9
         self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD_BYTES, backlog=1024)
+    async def start(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen (HTTPS with `ssl_context`); returns the bound port."""
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD_BYTES, backlog=1024,
+                                                  ssl=ssl_context, ssl_handshake_timeout=10.0 if ssl_context else None)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
@@ -58,13 +59,14 @@ class _NetstackCollector(Collector):
         yield family
 
 
-async def serve_metrics(registry: CollectorRegistry, host: str, port: int,
-                        limits: HttpLimits | None = None) -> HttpServer:
-    """Serve /metrics on the running loop; the server's `port` is the bound one (port 0 picks one)."""
+async def serve_metrics(registry: CollectorRegistry, host: str, port: int, limits: HttpLimits | None = None, *,
+                        ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    """Serve /metrics on the running loop (HTTPS with `ssl_context`); the server's `port` is the bound one (port 0
+    picks one)."""
     registry.register(_NetstackCollector())
     ProcessCollector(registry=registry)  # process_*: resident memory, CPU seconds, open and max fds
     server = HttpServer(MetricsHandler(registry), limits or HttpLimits(), name="metrics")
-    await server.start(host, port)
+    await server.start(host, port, ssl_context=ssl_context)
     return server
 
 

@@ -72,6 +72,15 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
     return ctx
 
 
+def http_server_context(files: TlsFiles) -> ssl.SSLContext:
+    """For the REST and metrics listeners: the same certificate as RPC, but a client certificate is optional
+    (a browser has none; the REST API checks the token, and Prometheus may present one: with `ca` it must then
+    be signed by it)."""
+    ctx = server_context(files)
+    ctx.verify_mode = ssl.CERT_OPTIONAL if files.ca else ssl.CERT_NONE
+    return ctx
+
+
 def client_context(files: TlsFiles) -> ssl.SSLContext:
     """For a dialer: presents `cert` if given; checks the listener against `ca`, or the system CAs."""
     ctx = _base(ssl.Purpose.SERVER_AUTH, files)

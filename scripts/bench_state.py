@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction  # noqa: E402
 from runtime.checkpointing.snapshots import encode_operator_state  # noqa: E402
-from runtime.execution.async_controller import CheckpointMode, ControllerConfig, EpochMode  # noqa: E402
+from runtime.execution.async_controller import ControllerConfig, EpochMode, InFlightAtBarrier  # noqa: E402
 from runtime.execution.async_state import (  # noqa: E402
     AsyncKeyedContext,
     AsyncKeyedProcessFunction,
@@ -538,7 +538,7 @@ def main() -> None:
     print(json.dumps(epochs), file=sys.stderr)
 
     checkpoints = []
-    for mode in CheckpointMode if "checkpoints" in args.parts else ():
+    for mode in InFlightAtBarrier if "checkpoints" in args.parts else ():
         config = ControllerConfig(max_in_flight=bound, batch_size=args.batch_size, checkpoint_mode=mode,
                                   max_parallelism=MAX_PAR)
         seconds = median(lambda config=config: asyncio.run(

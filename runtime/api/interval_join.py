@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runtime.api.co_functions import KeyedCoProcessFunction
+from runtime.api.errors import JobDefinitionError
 from runtime.api.functions import OutputTag
 
 if TYPE_CHECKING:
@@ -139,10 +140,10 @@ class IntervalJoin:
         """Join a left record at `l` with the right records in [l + lower_ms, l + upper_ms] (both inclusive)."""
         for name, value in (("lower_ms", lower_ms), ("upper_ms", upper_ms)):
             if not isinstance(value, int) or isinstance(value, bool):
-                raise _definition_error(f"interval_join.between: {name} must be an integer of milliseconds, "
+                raise JobDefinitionError(f"interval_join.between: {name} must be an integer of milliseconds, "
                                         f"got {value!r}")
         if lower_ms > upper_ms:
-            raise _definition_error(f"interval_join.between: lower_ms {lower_ms} > upper_ms {upper_ms}: "
+            raise JobDefinitionError(f"interval_join.between: lower_ms {lower_ms} > upper_ms {upper_ms}: "
                                     "the interval is empty")
         return IntervalJoined(self._left, self._right, lower_ms, upper_ms)
 
@@ -162,7 +163,7 @@ class IntervalJoined:
         lower = self._lower if lower is None else lower
         upper = self._upper if upper is None else upper
         if lower > upper:
-            raise _definition_error(f"interval_join: the bounds [{lower}, {upper}] are empty")
+            raise JobDefinitionError(f"interval_join: the bounds [{lower}, {upper}] are empty")
         return IntervalJoined(self._left, self._right, lower, upper, how or self._how)
 
     def lower_bound_exclusive(self) -> IntervalJoined:
@@ -190,16 +191,11 @@ class IntervalJoined:
                 name: str | None = None) -> DataStream:
         """Run the join: `fn(left, right, ctx)` per pair emits with `ctx.emit(...)` (default: `(left, right)`)."""
         if fn is not None and not callable(fn):
-            raise _definition_error(f"interval_join.process: {fn!r} is not callable as fn(left, right, ctx)")
+            raise JobDefinitionError(f"interval_join.process: {fn!r} is not callable as fn(left, right, ctx)")
         label = name or "interval-join"
         if not self._left.job.event_time:
-            raise _definition_error(f"{label}: an interval join runs on event time only: give its sources "
+            raise JobDefinitionError(f"{label}: an interval join runs on event time only: give its sources "
                                     "watermarks=BoundedOutOfOrderness(...) (runtime/api/time.py)")
         function = IntervalJoinFunction(self._lower, self._upper, fn or emit_pair, self._how)
         return self._left.connect(self._right).process(function, parallelism=parallelism, name=label)
 
-
-def _definition_error(message: str) -> Exception:
-    from runtime.api.stream import JobDefinitionError  # stream imports this module at its end
-
-    return JobDefinitionError(message)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from runtime.api.errors import JobDefinitionError
 from runtime.api.windows import Window, WindowAssigner, WindowOperator, _Elements
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class TwoStreams:
 
     def __init__(self, left: DataStream, right: DataStream, kind: str) -> None:
         if left.job is not right.job:
-            raise _definition_error(f"{kind}: both streams must belong to the same job")
+            raise JobDefinitionError(f"{kind}: both streams must belong to the same job")
         self._left = left
         self._right = right
         self._kind = kind
@@ -74,7 +75,7 @@ class TwoStreams:
     def where(self, key_left: Callable[[Any], Any]) -> _Where:
         """The key of a left record."""
         if not callable(key_left):
-            raise _definition_error(f"{self._kind}.where needs a key function, got {key_left!r}")
+            raise JobDefinitionError(f"{self._kind}.where needs a key function, got {key_left!r}")
         return _Where(self, key_left)
 
 
@@ -86,7 +87,7 @@ class _Where:
     def equal_to(self, key_right: Callable[[Any], Any]) -> _EqualTo:
         """The key of a right record: records of both sides whose keys are equal meet in the same windows."""
         if not callable(key_right):
-            raise _definition_error(f"{self._streams._kind}.equal_to needs a key function, got {key_right!r}")
+            raise JobDefinitionError(f"{self._streams._kind}.equal_to needs a key function, got {key_right!r}")
         return _EqualTo(self._streams, self._key_left, key_right)
 
 
@@ -99,7 +100,7 @@ class _EqualTo:
     def window(self, assigner: WindowAssigner) -> WindowedJoin:
         """Tumbling, sliding or session windows (event or processing time), as for `KeyedStream.window`."""
         if not isinstance(assigner, WindowAssigner):
-            raise _definition_error(f"{assigner!r} is not a window assigner (e.g. TumblingEventTimeWindows(60_000))")
+            raise JobDefinitionError(f"{assigner!r} is not a window assigner (e.g. TumblingEventTimeWindows(60_000))")
         return WindowedJoin(self._streams, self._key_left, self._key_right, assigner)
 
 
@@ -121,7 +122,7 @@ class WindowedJoin:
             group = _pairs(_default_pair if fn is None else _callable(fn, "fn(left, right)"))
         else:
             if fn is None:
-                raise _definition_error("co_group.apply needs a function fn(lefts, rights) -> iterable")
+                raise JobDefinitionError("co_group.apply needs a function fn(lefts, rights) -> iterable")
             group = _callable(fn, "fn(lefts, rights)")
         left, right = self._streams._left, self._streams._right
         key_left, key_right = self._key_left, self._key_right
@@ -148,12 +149,7 @@ def _tag_right(record: Any) -> Any:
 
 def _callable(fn: Any, shape: str) -> Callable[..., Any]:
     if not callable(fn):
-        raise _definition_error(f"{fn!r} is not callable as {shape}")
+        raise JobDefinitionError(f"{fn!r} is not callable as {shape}")
     return fn  # type: ignore[no-any-return]
 
-
-def _definition_error(message: str) -> Exception:
-    from runtime.api.stream import JobDefinitionError  # stream imports this module at its end
-
-    return JobDefinitionError(message)
 

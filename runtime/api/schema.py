@@ -35,7 +35,10 @@ from typing import Any
 
 
 class StateSchemaError(ValueError):
-    """A stored value the state's declared type cannot read; the message names the state and what differs."""
+    """A stored value the state's declared type cannot read; the message names the state and what differs. No
+    restart changes what is stored, so the job fails at once with it (not after its restarts)."""
+
+    unrecoverable = True
 
 
 class DataclassSchema:

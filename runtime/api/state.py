@@ -13,11 +13,13 @@ BackendTable on rocksdb or remote, so the same code runs on every backend. Two r
 
 TTL (`ttl_ms=` on every kind) is processing-time based, Flink's default policy: a write (create or update)
 sets the entry's expiry to now + ttl_ms, a read does not extend it; an expired entry is invisible to every
-read and is deleted when a read comes across it (lazily: an entry nobody reads again stays stored until its
-key is written or read). List and map state expire per element and per map entry; value, reducing and
-aggregating state as a whole. Expiry times are wall-clock milliseconds stored with the value, so they
-survive a checkpoint unchanged: after a restore, an entry that expired while the job was down is invisible,
-exactly as if the job had kept running.
+read and is deleted when a read comes across it, or when the operator's cleanup reaches it
+(runtime/execution/ttl_cleanup.py: a few entries for every record processed and a larger share at every
+checkpoint, Flink's incremental cleanup; on RocksDB and remote a key group at a time, as a compaction filter
+would), so keys nobody reads again do not stay stored for ever. List and map state expire per element and
+per map entry; value, reducing and aggregating state as a whole. Expiry times are wall-clock milliseconds
+stored with the value, so they survive a checkpoint unchanged: after a restore, an entry that expired while
+the job was down is invisible, exactly as if the job had kept running.
 """
 
 from __future__ import annotations
@@ -32,6 +34,32 @@ V = TypeVar("V")
 ACC = TypeVar("ACC")
 
 _MISSING: Any = object()
+
+
+# the shape of a TTL state's stored values, for the cleanup: one [expires, value], a list of [expires, item], a
+# map of map key -> [expires, value]
+WHOLE, LIST, MAP = "whole", "list", "map"
+KEEP: Any = object()  # `expired_action`: the stored value stays as it is
+DELETE: Any = object()  # `expired_action`: the key's entry goes
+
+
+def expired_action(shape: str, stored: Any, now_ms: int) -> Any:
+    """What the cleanup does with one stored value of a TTL state of `shape` at `now_ms`: KEEP, DELETE, or the
+    value to store instead (a list or map with its expired elements dropped). Pure; a value not shaped as TTL
+    state stores it (written before the state had a TTL) is kept."""
+    alive: list[Any] | dict[Any, Any]
+    try:
+        if shape == WHOLE:
+            return DELETE if stored[0] <= now_ms else KEEP
+        if shape == LIST:
+            alive = [pair for pair in stored if pair[0] > now_ms]
+        else:
+            alive = {k: pair for k, pair in stored.items() if pair[0] > now_ms}
+    except (TypeError, IndexError, KeyError, AttributeError):
+        return KEEP
+    if len(alive) == len(stored):
+        return KEEP
+    return alive if alive else DELETE
 
 
 def wall_clock_ms() -> int:

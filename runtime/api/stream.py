@@ -8,6 +8,7 @@ creation order, which is what makes the graphs agree.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -21,18 +22,19 @@ from runtime.api.co_functions import (
     KeyedCoProcessFunction,
     MapStateDescriptor,
 )
+from runtime.api.errors import JobDefinitionError
 from runtime.api.functions import KeyedProcessFunction, OutputTag, ProcessFunction
+from runtime.api.interval_join import IntervalJoin
+from runtime.api.joins import TwoStreams
 from runtime.api.time import BoundedOutOfOrderness
+from runtime.api.windows import WindowAssigner, WindowedStream
+from runtime.common import state_backends
 from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
 DEFAULT_MAX_PARALLELISM = 128
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
-STATE_BACKENDS = ("memory", "rocksdb", "remote")  # runtime/state/registry.py builds them
-
-
-class JobDefinitionError(ValueError):
-    """The job graph the user built cannot run (bad parallelism, bad partitioning...)."""
+STATE_BACKENDS = state_backends.NAMES  # runtime/state/registry.py builds them
 
 
 @dataclass
@@ -129,28 +131,28 @@ class Job:
     def sql(self, text: str) -> None:
         """Run Flink SQL statements into this job: CREATE TABLE/VIEW/FUNCTION, SET, INSERT INTO, statement sets
         (README, SQL). Raises runtime.sql.SqlError (line, column) for bad SQL, before any operator is added."""
-        from runtime.sql.session import session_of
-
-        session_of(self).execute(text)
+        _sql_session(self).execute(text)
 
     def table(self, name: str) -> DataStream:
         """The rows (tuples) of a SQL table or view of this job as a DataStream."""
-        from runtime.sql.session import session_of
-
-        return session_of(self).table(name)
+        return _sql_session(self).table(name)
 
     def from_stream(self, name: str, stream: DataStream, schema: Any, *, rowtime: str | None = None) -> None:
         """Make a DataStream of tuples a SQL table `name` with `schema` ('a BIGINT, t TIMESTAMP(3)'); `rowtime`
         names the column that is the records' event time (their source's watermarks come from it)."""
-        from runtime.sql.session import session_of
-
-        session_of(self).from_stream(name, stream, schema, rowtime)
+        _sql_session(self).from_stream(name, stream, schema, rowtime)
 
     @property
     def event_time(self) -> bool:
         """True when some source has watermarks: then every edge of the job carries record timestamps and
         watermarks (runtime/execution/watermarks.py)."""
         return any(n.watermarks is not None for n in self.nodes)
+
+
+def _sql_session(job: Job) -> Any:
+    """The job's SQL session (runtime/sql/session.py). runtime.sql plans onto this module's classes, so it is
+    loaded by name, as a job module is, and the two never import each other (tests/unit/test_layering.py)."""
+    return importlib.import_module("runtime.sql.session").session_of(job)
 
 
 # two-input operators (runtime/api/co_functions.py); the keyed ones key both inputs
@@ -313,6 +315,9 @@ class DataStream:
         """Write the records to `sink`; exactly once when the sink is transactional (runtime/connectors)."""
         if not isinstance(sink, Sink):
             raise JobDefinitionError(f"{sink!r} is not a Sink")
+        bind_job = getattr(sink, "bind_job", None)
+        if bind_job is not None:  # a transactional sink names its transactions after the job (PostgresSink)
+            bind_job(self.job.name)
         return self._then("sink", sink, parallelism, name or type(sink).__name__)
 
 
@@ -422,7 +427,3 @@ class ConnectedStreams:
         raise JobDefinitionError(f"{label}: a stream connected to a broadcast stream runs a "
                                  f"BroadcastProcessFunction or a KeyedBroadcastProcessFunction, got {fn!r}")
 
-
-from runtime.api.interval_join import IntervalJoin  # noqa: E402 - joins build on the classes above
-from runtime.api.joins import TwoStreams  # noqa: E402 - joins build on the classes above
-from runtime.api.windows import WindowAssigner, WindowedStream  # noqa: E402 - windows build on the classes above

@@ -53,29 +53,52 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.graph.checkpoint_options import CheckpointOptions
 from runtime.graph.enums import CheckpointMode
 
 
 @dataclass(frozen=True)
 class BarrierSpec:
-    """What a barrier carries: which checkpoint, how to take it, and when it started."""
+    """What a barrier carries: which checkpoint, when it started, where it goes and how to take it."""
 
     checkpoint_id: int
-    mode: str
     started_at: float  # coordinator wall clock at trigger
-    deadline: float | None = None  # aligned_timeout: when to switch to unaligned
-    savepoint: bool = False
+    options: CheckpointOptions = CheckpointOptions()
     directory: str = ""
-    # per-channel switching of an aligned checkpoint (see the module docstring); None = off
-    channel_timeout_s: float | None = None
-    channel_inflight_bytes: int | None = None
-    max_inflight_bytes: int | None = None  # the cap on one task's persisted in-flight bytes
+
+    # the options' fields, read by name where barriers are handled
+    @property
+    def mode(self) -> CheckpointMode:
+        return self.options.mode
+
+    @property
+    def savepoint(self) -> bool:
+        return self.options.savepoint
+
+    @property
+    def channel_timeout_s(self) -> float | None:
+        return self.options.channel_timeout_s
+
+    @property
+    def channel_inflight_bytes(self) -> int | None:
+        return self.options.channel_inflight_bytes
+
+    @property
+    def max_inflight_bytes(self) -> int | None:
+        return self.options.max_inflight_bytes
+
+    @property
+    def deadline(self) -> float | None:
+        """aligned_timeout: when the task switches to unaligned (wall clock)."""
+        timeout_s = self.options.aligned_timeout_s
+        if self.options.mode != CheckpointMode.ALIGNED_TIMEOUT or timeout_s is None:
+            return None
+        return self.started_at + timeout_s
 
     @property
     def switching(self) -> bool:
         """Whether channels of this (aligned) checkpoint switch to unaligned one by one."""
-        return (self.mode == CheckpointMode.ALIGNED and not self.savepoint
-                and (self.channel_timeout_s is not None or self.channel_inflight_bytes is not None))
+        return self.options.switching
 
     def channel_due(self, waited_s: float, bytes_ahead: int) -> bool:
         """Whether a barrier that has waited `waited_s` behind `bytes_ahead` bytes should overtake them."""
@@ -85,19 +108,13 @@ class BarrierSpec:
                 or (self.channel_timeout_s is not None and waited_s >= self.channel_timeout_s))
 
     def to_body(self) -> dict[str, Any]:
-        body = {"t": "barrier", "id": self.checkpoint_id, "mode": self.mode, "start": self.started_at,
-                "deadline": self.deadline, "sp": self.savepoint, "dir": self.directory}
-        if self.switching:
-            body.update(ct=self.channel_timeout_s, cb=self.channel_inflight_bytes, cap=self.max_inflight_bytes)
-        return body
+        return {"t": "barrier", "id": self.checkpoint_id, "start": self.started_at, "dir": self.directory,
+                "options": self.options.to_wire()}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> BarrierSpec:
-        def opt(key: str, kind: type) -> Any:
-            return None if body.get(key) is None else kind(body[key])
-
-        return cls(int(body["id"]), str(body["mode"]), float(body["start"]), opt("deadline", float),
-                   bool(body.get("sp")), str(body.get("dir", "")), opt("ct", float), opt("cb", int), opt("cap", int))
+        return cls(int(body["id"]), float(body["start"]), CheckpointOptions.from_wire(body["options"]),
+                   str(body.get("dir", "")))
 
 
 class InflightBudget:

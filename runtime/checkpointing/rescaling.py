@@ -26,6 +26,7 @@ import msgpack
 
 from runtime.api.co_functions import BROADCAST_MODE, copy_items
 from runtime.api.time import MIN_WATERMARK
+from runtime.common.values import unpack_ext
 from runtime.connectors.source import position_lanes, rescale_lanes
 from runtime.execution.async_io import FORMAT as ASYNC_IO_FORMAT
 from runtime.execution.async_io import KIND as ASYNC_IO
@@ -86,11 +87,12 @@ def redistribute_edge(partitioner: str, streams: dict[tuple[int, int], bytes], *
         for stream in parts:
             for record in split_records(stream):
                 if timestamped and partitioner != "forward":
-                    pair = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
+                    pair = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False, ext_hook=unpack_ext)
                     if pair.__class__ is not tuple:
                         continue  # a marker
                 if partitioner == "hash":
-                    value = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False)
+                    value = msgpack.unpackb(record, use_list=False, raw=False, strict_map_key=False,
+                                           ext_hook=unpack_ext)
                     group = key_group(key_fn(value[1] if timestamped else value), max_parallelism)
                     target = subtask_for_key_group(group, max_parallelism, new_down)
                 elif partitioner == "rebalance":

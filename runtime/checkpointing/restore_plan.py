@@ -126,6 +126,7 @@ class SourceRule(enum.Enum):
     OWN = "own"  # one old subtask's position, as it is
     LANES = "lanes"  # a rescalable source: what every old subtask had left, dealt as lanes
     SPLITS = "splits"  # a source with per-subtask splits: every old subtask's splits, dealt round robin
+    DEALT = "dealt"  # a source that deals its own positions (`redistribute`, e.g. Kafka partitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,8 @@ class OperatorStatePlan:
     replicated: bool = False  # fed by a broadcast edge: lists are the replica's, whole
     lists_conflict: bool = False  # broadcast-fed and fed by another input: list state cannot be redistributed
     max_parallelism: int = 128
-    # a rescalable source's own `lanes` (its position format -> lanes); not part of what the plan says
+    # a rescalable source's own `lanes` (its position format -> lanes), or for DEALT its `redistribute`
+    # (old subtasks' states, new parallelism -> new states); not part of what the plan says
     lanes_of: Callable[..., Any] | None = field(default=None, compare=False)
 
 
@@ -307,7 +309,9 @@ def _rescaled_operator(restore: RestoreSpec, plan: Plan, old: Vertex, vertex: Ve
     cut = _cut(old, vertex, job, then)
     source, lanes_of = SourceRule.NONE, None
     if cut.source and not at_end:  # a source heads its chain, then and now (at its end it reads nothing more)
-        if getattr(head.payload, "rescalable", False):
+        if getattr(head.payload, "redistributes_positions", False):
+            source, lanes_of = SourceRule.DEALT, head.payload.redistribute
+        elif getattr(head.payload, "rescalable", False):
             source, lanes_of = SourceRule.LANES, head.payload.lanes
         elif getattr(head.payload, "subtask_splits", False):
             source = SourceRule.SPLITS
@@ -460,6 +464,9 @@ def _redistributed_state(state: RestoredState, plan: OperatorStatePlan, parts: S
         state.source = rescale_source(each("source"), plan.parallelism, plan.lanes_of)[plan.subtask]
     elif plan.source is SourceRule.SPLITS:
         state.source = deal_splits(each("source"), plan.parallelism)[plan.subtask]
+    elif plan.source is SourceRule.DEALT:
+        assert plan.lanes_of is not None  # the planner takes the source's own `redistribute`
+        state.source = plan.lanes_of(each("source"), plan.parallelism)[plan.subtask]
     state.sinks = rescale_sinks(each("sinks"), plan.parallelism, plan.subtask, plan.checkpoint_id)
     # broadcast state (the broadcast state pattern) is the replica's even beside another input: it reflects the
     # broadcast input only, and the replica's channel state of that input completes it

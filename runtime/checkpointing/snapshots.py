@@ -41,15 +41,17 @@ import msgpack
 
 from runtime.checkpointing.channel_segments import Piece, Ref, resolve, segments_of
 from runtime.common import objectstore
-from runtime.common.checksums import mismatch
+from runtime.common.checksums import CorruptFile, read_checked, read_segments
 from runtime.common.gcpause import gc_paused
+from runtime.common.values import packer_default, unpack_ext
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
 SHARED_DIR = "shared"  # in the job's checkpoint directory: files later checkpoints reference again
+_STATE_DEFAULT = packer_default("a checkpoint's operator state")
 
 
-class CorruptState(ValueError):
+class CorruptState(CorruptFile):
     """A checkpoint file is missing, truncated or not what it claims to be."""
 
 
@@ -78,7 +80,7 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
         state["backend"] = backend
     if async_inflight:
         state["async"] = async_inflight
-    return msgpack.packb(state, use_bin_type=True)
+    return msgpack.packb(state, use_bin_type=True, default=_STATE_DEFAULT)
 
 
 def async_documents(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -142,11 +144,13 @@ def encode_channel_pieces(kind: str, pieces: dict[str, list[Piece]], segments: d
                          use_bin_type=True)
 
 
-def read_channel_state(directory: str, name: str, origin: str | None = None) -> dict[str, bytes]:
-    """A task's channel-state file as channel -> bytes, its shared segments read and checked (CRC-32): a missing
-    or corrupt segment is a CorruptState naming it."""
+def read_channel_state(directory: str, name: str, expected: Any,
+                       origin: str | None = None) -> dict[str, bytes]:
+    """A task's channel-state file as channel -> bytes, checked against its recorded checksum `expected`, its
+    shared segments read and checked too (CRC-32): a missing or corrupt file or segment is a CorruptFile
+    naming it."""
     origin = origin or name
-    state = _decode(read_file(directory, name), origin)
+    state = _decode(read_task_file(directory, name, expected), origin)
     channels = state.get("channels")
     if not isinstance(channels, dict) or not all(isinstance(v, bytes) for v in channels.values()):
         raise CorruptState(f"{origin}: channel state is not a map of channel -> bytes")
@@ -158,18 +162,7 @@ def read_channel_state(directory: str, name: str, origin: str | None = None) -> 
         sums = dict(state["segments"])
     except (TypeError, ValueError, IndexError, AttributeError, KeyError):
         raise CorruptState(f"{origin}: channel state pieces are malformed") from None
-    segments: dict[str, bytes] = {}
-    for segment in sorted(segments_of(pieces)):
-        path = segment_path(directory, segment)
-        try:
-            data = objectstore.read(path)
-        except OSError as exc:
-            raise CorruptState(f"{path}: channel state segment of {origin} cannot be read "
-                               f"({exc.strerror or exc})") from None
-        problem = mismatch(data, sums.get(segment))
-        if problem is not None:
-            raise CorruptState(f"{path}: channel state segment of {origin} is corrupt: {problem}")
-        segments[segment] = data
+    segments = read_segments(shared_dir(directory), sums, segments_of(pieces), owner=origin, error=CorruptState)
     try:
         return {**channels, **{key: resolve(ps, segments) for key, ps in pieces.items()}}
     except (KeyError, ValueError) as exc:
@@ -179,7 +172,7 @@ def read_channel_state(directory: str, name: str, origin: str | None = None) -> 
 def _decode(data: bytes, origin: str) -> dict[str, Any]:
     try:
         with gc_paused():  # one container per key, none of them garbage: collections would only walk them
-            state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+            state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=unpack_ext)
     except Exception as exc:
         raise CorruptState(f"{origin}: does not decode ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -187,19 +180,27 @@ def _decode(data: bytes, origin: str) -> dict[str, Any]:
     return state
 
 
-def segment_path(directory: str, name: str) -> str:
-    """A segment's path, given the checkpoint directory that references it: `<job dir>/shared/<name>`."""
+def shared_dir(directory: str) -> str:
+    """The job's shared directory, given the checkpoint directory that references it: `<job dir>/shared`."""
     if objectstore.basename(directory) == "_metadata":
         directory = objectstore.dirname(directory)
     parent = objectstore.dirname(directory) if objectstore.is_url(directory) else os.path.dirname(
         os.path.normpath(directory))
-    return objectstore.join(parent, SHARED_DIR, name)
+    return objectstore.join(parent, SHARED_DIR)
 
 
-def read_file(directory: str, name: str) -> bytes:
-    """A checkpoint file, from a local directory or an object store (`s3://` directory)."""
-    path = objectstore.join(directory, name)
-    try:
-        return objectstore.read(path)
-    except OSError as exc:
-        raise CorruptState(f"{path}: cannot read ({exc.strerror or exc})") from None
+def task_file_path(directory: str, name: Any) -> str:
+    """The path of a task file a checkpoint names, confined to the checkpoint's directory (a name with `..` or
+    an absolute one is refused before anything is read)."""
+    return objectstore.confined_join(directory, name, what="task file", error=CorruptState)
+
+
+def read_task_file(directory: str, name: str, expected: Any) -> bytes:
+    """A task file of a checkpoint (local directory or `s3://`), confined to it and checked against the
+    checksum `_metadata` recorded for it: the one verified read of restore, rescale and the state processor."""
+    return read_checked(task_file_path(directory, name), expected, error=CorruptState)
+
+
+def segment_path(directory: str, name: str) -> str:
+    """A segment's path, given the checkpoint directory that references it: `<job dir>/shared/<name>`."""
+    return objectstore.confined_join(shared_dir(directory), name, what="channel state segment", error=CorruptState)

@@ -57,6 +57,9 @@ class TaskCheckpoints:
         self._last_snapshot_id = 0
         self._final_id: int | None = None  # the first checkpoint snapshotted after the end of input
         self._final_committed = False
+        # a source that confirms its input when a checkpoint completes (a replication slot's position): the
+        # positions of its checkpoints still in flight, by id
+        self._source_positions: dict[int, Any] = {}
 
     # -- from the worker (any time) ----------------------------------------------------
 
@@ -103,7 +106,7 @@ class TaskCheckpoints:
             self.task.post(Mail(lambda: self._on_arrival(channel_id, spec, arrived_at, ahead), "barrier queued",
                                 may_snapshot=True))
             return
-        if body.get("mode") != CheckpointMode.ALIGNED_TIMEOUT:
+        if spec.mode != CheckpointMode.ALIGNED_TIMEOUT:
             return
         if self._deadline_spec is None or spec.checkpoint_id > self._deadline_spec.checkpoint_id:
             self._arm_deadline(spec)
@@ -145,6 +148,8 @@ class TaskCheckpoints:
         self._last_snapshot_id = spec.checkpoint_id
         self.checkpointer.mark_first_barrier()
         self.checkpointer.snapshot(spec, unaligned=spec.mode == CheckpointMode.UNALIGNED)
+        if hasattr(self.task.source, "checkpoint_complete"):
+            self._source_positions[spec.checkpoint_id] = self.task.source_position()
         self._arm_deadline(spec)
         self._arm_channel_timer(spec)
 
@@ -169,6 +174,13 @@ class TaskCheckpoints:
     def _on_complete(self, checkpoint_id: int) -> None:
         self.checkpointer.channel_files.completed(checkpoint_id)  # later checkpoints may reference its segments
         self.task.chain.commit_sinks(checkpoint_id)
+        done = [c for c in self._source_positions if c <= checkpoint_id]
+        if done:
+            position = self._source_positions[max(done)]
+            for c in done:
+                del self._source_positions[c]
+            source: Any = self.task.source  # one with checkpoint_complete (_trigger kept its positions)
+            source.checkpoint_complete(max(done), position[0] if position else None)
         if self._final_id is not None and checkpoint_id >= self._final_id:
             self._final_committed = True
             self.task.wake()

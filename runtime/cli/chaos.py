@@ -371,8 +371,7 @@ async def rescale_job(cluster: LocalCluster, job_id: str, status: dict[str, Any]
     return record
 
 
-async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
-                   log: Callable[[str], None], lab: NetnsLab | None = None) -> ChaosResult:
+def _submission_config(settings: ChaosSettings) -> dict[str, Any]:
     checkpoint = {"interval_s": settings.interval_s, "mode": settings.mode, "timeout_s": 30.0,
                   "tolerable_failures": 100}
     if settings.mode == "aligned_timeout":
@@ -381,108 +380,161 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     config: dict[str, Any] = {"checkpoint": checkpoint}
     if not settings.partition_s:
         config["restart"] = {"kind": "fixed", "max_attempts": settings.kills + 5, "delay_s": 0.2}
+    return config
+
+
+JOB_ENDED = ("FINISHED", "FAILED", "CANCELLED")
+
+
+@dataclass
+class FaultLoop:
+    """Watches one job and injects the faults of `plan` in order, each once the job runs and has completed a
+    checkpoint since the last fault (of its current attempt), no link cut or partition is under way, and the
+    fault's time has come. `FAULTS` maps a fault's kind to the method that injects it."""
+
+    settings: ChaosSettings
+    cluster: LocalCluster
+    rng: random.Random
+    log: Callable[[str], None]
+    job_id: str
+    t0: float
+    plan: list[str]
+    result: ChaosResult
+    next_fault_at: float
+    link_cut: LinkCutFault | None = None
+    partition: PartitionFault | None = None
+    seen_checkpoints: int = 0  # completed when the last fault came: the next one waits for a newer checkpoint
+    attempt: int = 0
+
+    async def watch(self) -> dict[str, Any]:
+        """Until the job ends (or is cancelled at the run's timeout); the job's last status."""
+        while True:
+            status: dict[str, Any] = await self.cluster.call("status", {"job_id": self.job_id})
+            now = time.monotonic()
+            if status["state"] in JOB_ENDED:
+                return status
+            if now - self.t0 > self.settings.job_timeout_s:
+                await self.cluster.call("cancel", {"job_id": self.job_id})
+                self.result.error = f"job did not finish within {self.settings.job_timeout_s}s"
+                return status
+            for line in await asyncio.to_thread(self.cluster.supervise):
+                self.log(f"  [{now - self.t0:5.1f}s] {line}")
+            self._observe(status, now)
+            if self._fault_due(status, now):
+                await FAULTS.get(self.plan[0], FaultLoop._kill_worker)(self, status, now)
+            await asyncio.sleep(0.05)
+
+    def _observe(self, status: dict[str, Any], now: float) -> None:
+        if status.get("attempt", 0) != self.attempt:  # a new attempt: its own checkpoints count
+            self.attempt, self.seen_checkpoints = status.get("attempt", 0), status.get("checkpoints_completed", 0)
+        if self.link_cut is not None:
+            self.link_cut.tick(status, now, self.t0, self.log)
+        if self.partition is not None and self.partition.tick(status, now, self.t0, self.log):
+            assert self.partition.record is not None
+            self.result.partitions.append(self.partition.record)
+            self.next_fault_at = now + self.rng.uniform(1.5, 3.5)
+
+    def _fault_due(self, status: dict[str, Any], now: float) -> bool:
+        busy = (self.link_cut is not None and self.link_cut.busy) or (self.partition is not None
+                                                                       and self.partition.busy)
+        return (bool(self.plan) and status["state"] == "RUNNING" and now >= self.next_fault_at
+                and status.get("checkpoints_completed", 0) > self.seen_checkpoints and not busy)
+
+    def _last_checkpoint(self, status: dict[str, Any]) -> int | None:
+        return (status.get("last_checkpoint") or {}).get("checkpoint_id")
+
+    async def _wipe(self, status: dict[str, Any], now: float) -> None:
+        assert self.cluster.state_dir is not None
+        held = await asyncio.to_thread(wipe_checkpoints, self.cluster.state_dir, self.job_id)
+        last = self._last_checkpoint(status)
+        self.result.wipes.append({"at_s": round(now - self.t0, 2), "deleted": held, "last_checkpoint": last})
+        self.log(f"  [{now - self.t0:5.1f}s] wiped the checkpoint store of {self.job_id} "
+                 f"({', '.join(held) or 'empty'}); last completed checkpoint #{last}")
+        self.plan.pop(0)
+        # the next fault waits for a checkpoint triggered after the wipe: one in flight during it may
+        # complete with files the wipe took (its restore would find it corrupt)
+        self.seen_checkpoints = status.get("checkpoints_completed", 0) + 1
+
+    async def _partition(self, status: dict[str, Any], now: float) -> None:
+        assert self.partition is not None
+        hosts = sink_workers(status) or sorted(set(status["placement"].values()))
+        self.partition.start(self.rng.choice(hosts), status, now, self.t0, self.log)
+        self.plan.pop(0)
+
+    async def _rescale(self, status: dict[str, Any], now: float) -> None:
+        record = await rescale_job(self.cluster, self.job_id, status, self.settings.max_rescale_parallelism,
+                                   self.rng, self.log, self.t0)
+        if record is None:  # refused: try again a little later
+            self.result.rescales_refused += 1
+            self.next_fault_at = time.monotonic() + 1.0
+            return
+        self.result.rescales.append(record)
+        self.plan.pop(0)
+        self.next_fault_at = time.monotonic() + self.rng.uniform(1.5, 3.5)
+
+    async def _kill_coordinator(self, status: dict[str, Any], now: float) -> None:
+        self.result.kills.append(await kill_coordinator(self.cluster, self.job_id, self.log, self.t0))
+        self.plan.pop(0)
+        self.attempt = -1  # the new coordinator counts checkpoints afresh: take its counts as the baseline
+        self.next_fault_at = time.monotonic() + self.rng.uniform(1.5, 3.5)
+
+    async def _kill_worker(self, status: dict[str, Any], now: float) -> None:
+        """A worker kill of kind sink (a worker hosting a sink), in-flight (while a checkpoint is in flight:
+        not yet, when none is) or random; victims host tasks of the job: an idle standby would test nothing."""
+        kind = self.plan[0]
+        hosts = sorted(set(status.get("placement", {}).values())) or [w.fields["id"]
+                                                                       for w in self.cluster.worker_procs]
+        victim_id = None
+        if kind == "sink":
+            victim_id = self.rng.choice(sink_workers(status) or hosts)
+        elif kind == "in-flight":
+            history = (await self.cluster.call("checkpoints", {"job_id": self.job_id}))["history"]
+            if history and history[-1]["status"] == "IN_PROGRESS":
+                victim_id = self.rng.choice(hosts)
+        else:
+            victim_id = self.rng.choice(hosts)
+        if victim_id is None:
+            return
+        victim = next(w for w in self.cluster.worker_procs if w.fields["id"] == victim_id)
+        os.kill(victim.pid, signal.SIGKILL)
+        self.plan.pop(0)
+        self.result.kills.append({"at_s": round(now - self.t0, 2), "worker": victim_id, "kind": kind,
+                                  "last_checkpoint": self._last_checkpoint(status)})
+        self.log(f"  [{now - self.t0:5.1f}s] kill -9 {victim_id} (pid {victim.pid}; {kind}); "
+                 f"last completed checkpoint #{self.result.kills[-1]['last_checkpoint']}")
+        self.next_fault_at = now + self.rng.uniform(1.5, 3.5)
+        self.seen_checkpoints = status.get("checkpoints_completed", 0)
+
+
+FAULTS = {"wipe": FaultLoop._wipe, "partition": FaultLoop._partition, "rescale": FaultLoop._rescale,
+          "coordinator": FaultLoop._kill_coordinator}  # any other kind is a worker kill
+
+
+async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.Random,
+                   log: Callable[[str], None], lab: NetnsLab | None = None) -> ChaosResult:
     await cluster.wait_workers()
-    submitted = await cluster.call("submit", {"entry": settings.entry,
-                                              "name": f"chaos-{settings.entry.rsplit(':')[0].rsplit('.')[-1]}",
-                                              "config": config,
-                                              "sys_path": os.getcwd()})
-    job_id = submitted["job_id"]
+    name = f"chaos-{settings.entry.rsplit(':')[0].rsplit('.')[-1]}"
+    submitted = await cluster.call("submit", {"entry": settings.entry, "name": name,
+                                              "config": _submission_config(settings), "sys_path": os.getcwd()})
     t0 = time.monotonic()
     plan = fault_plan(settings.kills, settings.coordinator_kills, settings.rescales, rng, wipes=settings.wipes,
                       partitions=1 if settings.partition_s else 0)
     partition = PartitionFault(lab, settings.partition_s) if lab is not None and settings.partition_s else None
     result = ChaosResult(ok=False, verify={}, state="RUNNING")
-    next_kill_after = t0 + rng.uniform(1.0, 2.5)
+    next_fault_at = t0 + rng.uniform(1.0, 2.5)
     link_cut = (LinkCutFault(lab, settings.link_cuts, settings.link_timeout_s, rng, t0 + rng.uniform(1.0, 2.5))
                 if lab is not None and settings.link_cuts else None)
-    seen_checkpoints = 0
-    attempt = 0
-    while True:
-        status = await cluster.call("status", {"job_id": job_id})
-        now = time.monotonic()
-        if status["state"] in ("FINISHED", "FAILED", "CANCELLED"):
-            break
-        if now - t0 > settings.job_timeout_s:
-            await cluster.call("cancel", {"job_id": job_id})
-            result.error = f"job did not finish within {settings.job_timeout_s}s"
-            break
-        for line in await asyncio.to_thread(cluster.supervise):
-            log(f"  [{now - t0:5.1f}s] {line}")
-        # the next kill waits for a checkpoint completed by the current attempt
-        done = status.get("checkpoints_completed", 0)
-        if status.get("attempt", 0) != attempt:
-            attempt, seen_checkpoints = status.get("attempt", 0), done
-        if link_cut is not None:
-            link_cut.tick(status, now, t0, log)
-        if partition is not None and partition.tick(status, now, t0, log):
-            assert partition.record is not None
-            result.partitions.append(partition.record)
-            next_kill_after = now + rng.uniform(1.5, 3.5)
-        if (plan and status["state"] == "RUNNING" and now >= next_kill_after and done > seen_checkpoints
-                and not (link_cut and link_cut.busy) and not (partition and partition.busy)):
-            kind = plan[0]
-            victim_id = None
-            if kind == "wipe":
-                assert cluster.state_dir is not None
-                held = await asyncio.to_thread(wipe_checkpoints, cluster.state_dir, job_id)
-                last = (status.get("last_checkpoint") or {}).get("checkpoint_id")
-                result.wipes.append({"at_s": round(now - t0, 2), "deleted": held, "last_checkpoint": last})
-                log(f"  [{now - t0:5.1f}s] wiped the checkpoint store of {job_id} ({', '.join(held) or 'empty'}); "
-                    f"last completed checkpoint #{last}")
-                plan.pop(0)
-                # the next fault waits for a checkpoint triggered after the wipe: one in flight during it may
-                # complete with files the wipe took (its restore would find it corrupt)
-                seen_checkpoints = done + 1
-                await asyncio.sleep(0.05)
-                continue
-            if kind == "partition":
-                assert partition is not None
-                partition.start(rng.choice(sink_workers(status) or sorted(set(status["placement"].values()))),
-                                status, now, t0, log)
-                plan.pop(0)
-                await asyncio.sleep(0.05)
-                continue
-            if kind == "rescale":
-                record = await rescale_job(cluster, job_id, status, settings.max_rescale_parallelism, rng, log, t0)
-                if record is None:
-                    result.rescales_refused += 1
-                    next_kill_after = time.monotonic() + 1.0
-                else:
-                    result.rescales.append(record)
-                    plan.pop(0)
-                    next_kill_after = time.monotonic() + rng.uniform(1.5, 3.5)
-                await asyncio.sleep(0.05)
-                continue
-            if kind == "coordinator":
-                record = await kill_coordinator(cluster, job_id, log, t0)
-                result.kills.append(record)
-                plan.pop(0)
-                attempt = -1  # the new coordinator counts checkpoints afresh: take its counts as the baseline
-                next_kill_after = time.monotonic() + rng.uniform(1.5, 3.5)
-                await asyncio.sleep(0.05)
-                continue
-            # victims host tasks of the job: killing an idle standby would not test recovery
-            hosts = sorted(set(status.get("placement", {}).values())) or [w.fields["id"] for w in cluster.worker_procs]
-            if kind == "sink":
-                victim_id = rng.choice(sink_workers(status) or hosts)
-            elif kind == "in-flight":
-                history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
-                if history and history[-1]["status"] == "IN_PROGRESS":
-                    victim_id = rng.choice(hosts)
-            else:
-                victim_id = rng.choice(hosts)
-            if victim_id is not None:
-                victim = next(w for w in cluster.worker_procs if w.fields["id"] == victim_id)
-                os.kill(victim.pid, signal.SIGKILL)
-                plan.pop(0)
-                result.kills.append({"at_s": round(now - t0, 2), "worker": victim_id, "kind": kind,
-                                     "last_checkpoint": (status.get("last_checkpoint") or {}).get("checkpoint_id")})
-                log(f"  [{now - t0:5.1f}s] kill -9 {victim_id} (pid {victim.pid}; {kind}); "
-                    f"last completed checkpoint #{result.kills[-1]['last_checkpoint']}")
-                next_kill_after = now + rng.uniform(1.5, 3.5)
-                seen_checkpoints = done
-        await asyncio.sleep(0.05)
+    faults = FaultLoop(settings, cluster, rng, log, submitted["job_id"], t0, plan, result, next_fault_at,
+                       link_cut=link_cut, partition=partition)
+    status = await faults.watch()
     result.job_s = time.monotonic() - t0
+    history = (await cluster.call("checkpoints", {"job_id": faults.job_id}))["history"]
+    _record_end(result, status, history, link_cut)
+    return result
+
+
+def _record_end(result: ChaosResult, status: dict[str, Any], history: list[dict[str, Any]],
+                link_cut: LinkCutFault | None) -> None:
     if link_cut is not None:
         result.link_cuts = link_cut.cuts
     result.state = status["state"]
@@ -490,12 +542,11 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     result.restart_s = list(status.get("restart_s", []))
     if status["state"] != "FINISHED":
         result.error = result.error or status.get("error", "")
-    history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
-    result.checkpoint_s = [h["duration_s"] for h in history if h["status"] == "COMPLETED"]
-    result.inflight_bytes = [h["inflight_bytes"] for h in history if h["status"] == "COMPLETED"]
+    completed = [h for h in history if h["status"] == "COMPLETED"]
+    result.checkpoint_s = [h["duration_s"] for h in completed]
+    result.inflight_bytes = [h["inflight_bytes"] for h in completed]
     result.checkpoints_completed = status.get("checkpoints_completed", 0)
     result.checkpoints_failed = status.get("checkpoints_failed", 0)
-    return result
 
 
 def _netns_for_link_cuts(settings: ChaosSettings, cluster: LocalCluster) -> NetnsLab | None:

@@ -176,13 +176,18 @@ class LocalCluster:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"{self.workers} workers did not register within {timeout_s}s")
 
+    @property
+    def scheme(self) -> str:
+        """Of the REST API, the UI and metrics: HTTPS with the cluster's certificate when TLS is on."""
+        return "https" if self.tls else "http"
+
     def describe(self) -> list[str]:
         lines = []
         if self.coordinator:
             lines.append(f"  coordinator pid {self.coordinator.pid:>7}  rpc {self.coordinator.fields['rpc']}"
                          f"  metrics {self.coordinator.fields['metrics']}")
             if self.coordinator.fields.get("http", "off") != "off":
-                lines.append(f"  web UI and REST API  http://{self.coordinator.fields['http']}/")
+                lines.append(f"  web UI and REST API  {self.scheme}://{self.coordinator.fields['http']}/")
         for w in self.worker_procs:
             lines.append(f"  {w.fields['id']:<11} pid {w.pid:>7}  data {w.fields['data']}"
                          f"  metrics {w.fields['metrics']}")
@@ -277,7 +282,7 @@ def check_entry(entry: str, config: dict[str, Any] | None = None, restore: str |
 def ui_hint(cluster: LocalCluster) -> str:
     """Where the web UI is, for the lines `sluice local` prints ("" when the coordinator serves none)."""
     http = cluster.coordinator.fields.get("http", "off") if cluster.coordinator else "off"
-    return "" if http == "off" else f" with its web UI at http://{http}/"
+    return "" if http == "off" else f" with its web UI at {cluster.scheme}://{http}/"
 
 
 def run_local(entry: str, *, workers: int, slots: int, config: dict[str, Any], metrics_port_base: int | None,

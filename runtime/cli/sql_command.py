@@ -11,22 +11,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
+from runtime.cli import arguments as a
+from runtime.cli.command import Command
+from runtime.cli.job_options import add_job_options
 from runtime.common import extras
 
 
-def add_sql_parser(sub: Any, add_job_options: Callable[[argparse.ArgumentParser], None],
-                   add_tls_options: Callable[..., None], port_type: Callable[[str], int],
-                   positive: Callable[[str], int], duration_or_zero: Callable[[str], float]) -> None:
-    q = sub.add_parser("sql", help="run a Flink SQL script on a local cluster (or --explain its plan)")
+def _sql_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("file", metavar="FILE.sql")
     q.add_argument("--explain", action="store_true", help="print the plan (operators, keys, state, watermarks, "
                                                           "changelog kinds) and start nothing")
-    q.add_argument("--workers", type=positive, default=2)
-    q.add_argument("--slots", type=positive, default=2)
-    q.add_argument("--metrics-port-base", type=port_type, default=0,
+    q.add_argument("--workers", type=a.positive, default=2)
+    q.add_argument("--slots", type=a.positive, default=2)
+    q.add_argument("--metrics-port-base", type=a.port, default=0,
                    help="coordinator metrics on BASE, worker i on BASE+i (default: free ports, printed)")
     q.add_argument("--state-dir", help="coordinator state and the cluster token (default: in the log directory)")
     q.add_argument("--keep-logs", action="store_true", help="keep the log directory at exit (default: removed)")
@@ -34,10 +33,10 @@ def add_sql_parser(sub: Any, add_job_options: Callable[[argparse.ArgumentParser]
                    help="keep the cluster and its web UI up after the job ends, until Ctrl-C or SIGTERM")
     q.add_argument("--no-restart-workers", action="store_true", help="do not start a worker process again when "
                                                                      "it dies")
-    q.add_argument("--link-timeout", type=duration_or_zero, default=10.0,
+    q.add_argument("--link-timeout", type=a.duration_or_zero, default=10.0,
                    help="workers close a data link silent this long and fail its tasks (default 10s; 0 disables)")
     add_job_options(q)
-    add_tls_options(q, listens=True)
+    a.add_tls_options(q, listens=True)
 
 
 def load_script(path: str) -> tuple[str | None, str | None]:
@@ -74,17 +73,15 @@ def default_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0] or "sql"
 
 
-def apply_set_options(args: argparse.Namespace, options: dict[str, str], parser_defaults: dict[str, Any]) -> str | None:
-    """SET 'execution.checkpointing.*' onto the checkpoint flags the command line left at their defaults."""
-    from runtime.cli.main import _duration
-
+def apply_set_options(args: argparse.Namespace, options: dict[str, str]) -> str | None:
+    """SET 'execution.checkpointing.*' onto the checkpoint flags the command line did not give."""
     def untouched(dest: str) -> bool:
-        return getattr(args, dest) == parser_defaults.get(dest)
+        return getattr(args, dest, None) is None
 
     interval = options.get("execution.checkpointing.interval")
     if interval and untouched("checkpoint_interval"):
         try:
-            args.checkpoint_interval = _duration(interval.replace(" ", ""))
+            args.checkpoint_interval = a.duration(interval.replace(" ", ""))
         except (argparse.ArgumentTypeError, ValueError):
             return f"SET 'execution.checkpointing.interval' = '{interval}': a duration expected (e.g. 10s)"
     mode = options.get("execution.checkpointing.mode")
@@ -99,11 +96,10 @@ def apply_set_options(args: argparse.Namespace, options: dict[str, str], parser_
     return None
 
 
-def prepare(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> str | None:
-    """Read and plan args.file (or args.sql): set args.entry, args.name and the SET options; the problem or None."""
+def prepare(args: argparse.Namespace, path: str) -> str | None:
+    """Read and plan the script at `path`: set args.entry, args.name and the SET options; the problem or None."""
     from runtime.sql.entry import entry_for
 
-    path = args.file if command == "sql" else args.sql
     text, problem = load_script(path)
     if text is None:
         return problem
@@ -113,26 +109,16 @@ def prepare(args: argparse.Namespace, parser: argparse.ArgumentParser, command: 
     args.entry = entry_for(text)
     if not args.name:
         args.name = job.name
-    sub = _subparser(parser, command)
-    defaults = {a.dest: a.default for a in sub._actions} if sub is not None else {}
-    problem = apply_set_options(args, job._sql_session.catalog.options, defaults)
+    problem = apply_set_options(args, job._sql_session.catalog.options)
     if problem:
         return f"{path}: {problem}"
     args.sql_job = job
     return None
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices.get(command)  # type: ignore[no-any-return]
-    return None
-
-
-def run_sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int | None:
-    """`sluice sql`: the exit status (bad SQL, --explain), or None: args.entry is set, run it as `sluice local`
-    runs a job."""
-    problem = prepare(args, parser, "sql")
+def run_sql(args: argparse.Namespace) -> int:
+    """`sluice sql`: bad SQL and --explain end here; a planned script runs as `sluice local` runs a job."""
+    problem = prepare(args, args.file)
     if problem:
         print(f"sluice sql: {problem}", file=sys.stderr, flush=True)
         return 2
@@ -141,4 +127,11 @@ def run_sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int | 
 
         sys.stdout.write(explain(args.sql_job._sql_session))
         return 0
-    return None
+    from runtime.cli.local_commands import run_local
+
+    return run_local(args)
+
+
+COMMANDS = (
+    Command("sql", "run a Flink SQL script on a local cluster (or --explain its plan)", _sql_arguments, run_sql),
+)

@@ -2,10 +2,10 @@
 
 A plain `pip install sluice-dataflow` runs jobs with the generator and JSON-lines sources, the JSON-lines
 file sink and the memory state backend. Everything else needs an extra: Parquet (pyarrow, most of the
-install's size), the RocksDB and remote state backends, s3:// checkpoints, the NATS connector, and PySpark
-for `sluice data`. Each connector imports its library lazily; the coordinator asks `missing_for` at submit,
-so a job that needs an absent extra is refused then, with the install line, instead of failing on the
-workers and restarting until its attempts run out.
+install's size), the RocksDB and remote state backends, s3:// checkpoints, the NATS and PostgreSQL
+connectors, and PySpark for `sluice data`. Each connector imports its library lazily; the coordinator asks
+`missing_for` at submit, so a job that needs an absent extra is refused then, with the install line, instead
+of failing on the workers and restarting until its attempts run out.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "remote": ("valkey",),
     "s3": ("obstore",),
     "nats": ("nats.js",),
+    "delta": ("deltalake",),
+    "iceberg": ("pyiceberg.catalog.sql",),
+    "postgres": ("psycopg2.extras",),
+    "kafka": ("aiokafka",),
     "spark": ("pyspark", "pyarrow.parquet"),
     "sql": ("sqlglot",),
 }
@@ -29,6 +33,10 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 # why a job needs the extra, for the message
 USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "remote": "the remote state backend",
         "s3": "s3:// paths", "nats": "the NATS connector", "spark": "sluice data",
+        "delta": "the Delta Lake sink", "iceberg": "the Iceberg sink",
+        "spark-connect": "sluice data against a running Spark (--master sc://...)",
+        "postgres": "the PostgreSQL connectors",
+        "kafka": "the Kafka connector",
         "sql": "SQL jobs"}
 
 

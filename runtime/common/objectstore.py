@@ -5,7 +5,7 @@ Every byte of a checkpoint goes through here: task files (channel and operator s
 checkpoint writer thread), state backend snapshots (RocksDB SST and private files, memory tables, remote-state
 manifests: runtime/state/files.py), `_metadata` and the retention record (coordinator/storage.py).
 A path is either a local path or an `s3://bucket/prefix/...` URL, and each operation (read, write, write_new,
-exists, size, list_children, upload_file, download_file, delete, remove_tree) picks the implementation from
+exists, size, list_children, list_tree, upload_file, download_file, delete, remove_tree) picks the implementation from
 the path. So a job can checkpoint to a bucket and be restored from a local savepoint, or the other way round.
 
 Object stores have no directories and no rename: a "directory" is a key prefix, a write is one PUT (whole
@@ -91,6 +91,23 @@ def is_within(path: str, root: str) -> bool:
     if any(part in ("", ".", "..") for part in path[len(S3_SCHEME):].split("/")):
         return False
     return path == root or path.startswith(root + "/")
+
+
+class OutsideDirectory(ValueError):
+    """A checkpoint names a file outside the directory it belongs to (an absolute name, or one with `..`)."""
+
+
+def confined_join(root: str, relative: Any, *, what: str, error: type[ValueError] = OutsideDirectory) -> str:
+    """`relative` (a name recorded in a checkpoint) joined under `root`, or `error` before anything is touched
+    when it could name a file elsewhere: not a string, empty, absolute, or with an empty, `.` or `..` segment,
+    a backslash or a NUL. The message names `root` and the recorded name only: nothing is read, so nothing is
+    said about whatever file the name points at."""
+    text = relative if isinstance(relative, str) else ""
+    parts = text.split("/")
+    if not text or "\\" in text or "\0" in text or any(p in ("", ".", "..") for p in parts) \
+            or os.path.isabs(text) or re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", text):
+        raise error(f"{root}: refusing {what} {str(relative)[:200]!r}: it is not a name inside this directory")
+    return join(root, *parts)
 
 
 def describe_backend(path: str) -> str:
@@ -205,6 +222,24 @@ def list_children(path: str) -> list[str]:
     names = [posixpath.basename(p.rstrip("/")) for p in listing["common_prefixes"]]
     names += [posixpath.basename(o["path"]) for o in listing["objects"]]
     return names
+
+
+def list_tree(path: str) -> list[str]:
+    """Every file under a directory/prefix, as paths relative to it ("a/b.json"), sorted; [] if there is none."""
+    if not is_url(path):
+        found = []
+        for root, _dirs, files in os.walk(path):
+            rel = os.path.relpath(root, path)
+            found += [f if rel == "." else f"{rel}/{f}" for f in files]
+        return sorted(found)
+    store, key = _store_and_key(path)
+    import obstore
+
+    prefix = key + "/" if key else ""
+    try:
+        return sorted(o["path"][len(prefix):] for batch in obstore.list(store, prefix or None) for o in batch)
+    except Exception as exc:
+        raise _os_error(path, "cannot list", exc) from None
 
 
 def remove_tree(path: str, *, first: str | None = None) -> None:

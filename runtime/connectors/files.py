@@ -12,13 +12,17 @@ visible by an atomic rename when it is committed.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
 import glob
 import json
 import os
+import uuid
 from typing import Any
 
 from runtime.common import extras
-from runtime.connectors.sinks import OutputGone, Sink
+from runtime.connectors.sinks import ForgedSinkState, OutputGone, Sink
 from runtime.connectors.source import LaneReader, Source, position_lanes
 
 
@@ -219,7 +223,7 @@ class FileSink(Sink):
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         super().open(subtask_index, parallelism, attempt)
         os.makedirs(self.path, exist_ok=True)
-        self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        self._encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=json_value).encode
         self._part = self._next_free_part()
         self._lines: list[str] = []
         self._rows: list[Any] = []
@@ -330,7 +334,8 @@ class FileSink(Sink):
 
     def restore_state(self, state: Any) -> None:
         state = state or {}
-        for _, hidden, final in state.get("pending", []):
+        pending = [self._confined(entry) for entry in state.get("pending", [])]  # every one, before any rename
+        for _, hidden, final in pending:
             self._publish(hidden, final)  # that checkpoint completed: its commit is (re)done
         restored = state.get("checkpoint")
         # after a rescale this subtask also cleans up for the old subtasks whose pending files it took over
@@ -344,6 +349,22 @@ class FileSink(Sink):
             # its records come after the restored checkpoint and will be produced again
             if checkpoint is None or (restored is not None and checkpoint > restored):
                 os.remove(os.path.join(self.path, name))
+
+    def _confined(self, entry: Any) -> tuple[int, str, str]:
+        """A pre-committed file of the restored state, refused (ForgedSinkState) unless both of its names are part
+        files of this sink's directory: a forged checkpoint must not make the worker rename files elsewhere.
+        The refusal names the sink's directory only, nothing about what the entry points at."""
+        try:
+            checkpoint, hidden, final = entry
+            names = (os.path.basename(hidden), os.path.basename(final))
+            inside = all(os.path.abspath(os.path.dirname(p)) == os.path.abspath(self.path) for p in (hidden, final))
+        except (TypeError, ValueError):
+            inside, names = False, ("", "")
+        if not (inside and type(checkpoint) is int and names[0].startswith(".part-")
+                and names[0].endswith(".inprogress") and names[1].startswith("part-")):
+            raise ForgedSinkState(f"FileSink {self.path}: the restored state names a pending file that is not one of "
+                             "this sink's part files in its directory: refused, nothing renamed")
+        return checkpoint, hidden, final
 
     def finish(self) -> None:
         self._close_current()
@@ -359,6 +380,24 @@ class FileSink(Sink):
             except FileNotFoundError:
                 pass
         self._written = []
+
+
+def json_value(value: Any) -> Any:
+    """What a JSON-lines file holds for a value JSON has no type for (records carry any picklable value):
+    dates and times in ISO 8601, a Decimal as its exact string, a set as a sorted list, a dataclass as an
+    object; anything else is a TypeError naming the type, failing the task."""
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"FileSink(format='jsonl') cannot write a value of type {type(value).__module__}."
+                    f"{type(value).__qualname__}: map it to JSON types (or a dataclass, date, Decimal, set) first")
 
 
 def _parse_part(name: str, subtask: int) -> tuple[int | None, int] | None:

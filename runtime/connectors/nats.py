@@ -46,7 +46,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from runtime.common import extras
-from runtime.connectors.sinks import Sink
+from runtime.connectors.sinks import ForgedSinkState, Sink
 from runtime.connectors.source import Source
 
 log = logging.getLogger("sluice.nats")
@@ -475,8 +475,25 @@ class NatsSink(Sink):
 
     def restore_state(self, state: Any) -> None:
         # the restored checkpoint completed: its batches are published (again); the stream drops the ids it has
-        for entry in (state or {}).get("pending", []):
+        pending = (state or {}).get("pending", [])
+        for entry in pending:  # every batch checked before any is published
+            self._check_restored(entry)
+        for entry in pending:
             self._publish_later(entry)
+
+    def _check_restored(self, entry: Any) -> None:
+        """A restored batch is [checkpoint id, token, [[subject, payload bytes], ...]], and with a fixed subject
+        every message goes to that subject: a forged checkpoint must not publish elsewhere (ForgedSinkState)."""
+        try:
+            checkpoint_id, token, items = entry
+            shaped = type(checkpoint_id) is int and isinstance(token, str) and all(
+                isinstance(subject, str) and isinstance(payload, bytes) for subject, payload in items)
+            foreign = isinstance(self.subject, str) and any(subject != self.subject for subject, _ in items)
+        except (TypeError, ValueError):
+            shaped, foreign = False, False
+        if not shaped or foreign:
+            raise ForgedSinkState(f"NatsSink {self.subtask_index}: the restored state holds a batch that is not one "
+                                  "this sink pre-committed (malformed, or for another subject): refused")
 
     def _publish_later(self, entry: list[Any]) -> None:
         self._publishing = [(f, e) for f, e in self._publishing if not _acknowledged(f)]

@@ -14,6 +14,14 @@ class OutputGone(FileNotFoundError):
     unrecoverable = True
 
 
+class ForgedSinkState(ValueError):
+    """A sink's restored state names something outside what the sink owns (a file in another directory, a
+    subject it does not publish to): refused before anything is touched, and no restart changes the checkpoint,
+    so the job fails at once."""
+
+    unrecoverable = True
+
+
 class Sink:
     """A parallel sink. `write` gets every record; `finish` runs at the end of a bounded input.
 
@@ -35,6 +43,10 @@ class Sink:
         from the start, not on the worker's event loop (runtime/execution/isolation.py). A throttled sink
         does; a subclass that writes through a blocking client sets `blocking = True`."""
         return self.delay_per_record_s > 0
+
+    def bind(self, job_id: str, uid: str) -> None:
+        """Which job and operator this sink is, set by the worker before `open`: a sink that must tell its own
+        earlier commits from another run's (the table sinks' application ids) keeps them."""
 
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
         self.subtask_index = subtask_index

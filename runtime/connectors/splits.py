@@ -98,6 +98,10 @@ class SplitReader(Source):
         return {"splits": [[i, p, source.position(), skip] for i, p, source, skip in self._readers],
                 "next": self._next % len(self._readers) if self._readers else 0}
 
+    def sources(self) -> list[Source]:
+        """The split sources being read (their figures go to the metrics)."""
+        return [reader[2] for reader in self._readers]
+
     def close(self) -> None:
         for reader in self._readers:
             reader[2].close()

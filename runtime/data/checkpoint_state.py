@@ -40,12 +40,12 @@ import msgpack
 
 from runtime.checkpointing import backend_snapshots
 from runtime.checkpointing.snapshots import (
-    CorruptState,
     decode_operator_state,
     encode_channel_state,
     encode_operator_state,
     read_channel_state,
-    read_file,
+    read_task_file,
+    task_file_path,
 )
 from runtime.common import objectstore
 from runtime.common.checkpoint_metadata import (
@@ -55,7 +55,8 @@ from runtime.common.checkpoint_metadata import (
     encode_metadata,
     write_metadata_file,
 )
-from runtime.common.checksums import checksum
+from runtime.common.checksums import CorruptFile, checksum
+from runtime.common.values import unpack_ext
 from runtime.data.spark import DataError
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
 from runtime.graph.partitioning import key_group, subtask_for_key_group
@@ -71,6 +72,7 @@ ROW_FIELDS = {
     "timers": ("key", "key_group", "domain", "timestamp"),
     "channels": ("edge", "producer", "consumer", "side", "index", "size", "record"),
 }
+SINGLE_VALUE_KINDS = ("value", "reducing", "aggregating")  # one value per key: rows of --kind value
 INTERNAL_PREFIX = "\0"  # tables of the runtime's own (timers), not a user's state
 TIMER_DOMAINS = {"\0timers:event": "event_time", "\0timers:processing": "processing_time"}
 BOOTSTRAP_CHECKPOINT_ID = 1
@@ -92,6 +94,14 @@ class Checkpoint:
         except UnknownUid as exc:
             raise DataError(str(exc)) from None
         return next(op for op in self.metadata["operators"] if int(op["node"]) == node)
+
+    def expected(self, name: str) -> Any:
+        """The checksum `_metadata` recorded for task file `name` (None: none was, and the read refuses it)."""
+        for ack in self.metadata["acks"].values():
+            sums = (ack.get("state") or {}).get("checksums") or {}
+            if name in sums:
+                return sums[name]
+        return None
 
     def vertex(self, vertex_id: int) -> dict[str, Any]:
         return next(v for v in self.metadata.get("vertices", []) if int(v["id"]) == vertex_id)
@@ -138,10 +148,32 @@ def write_metadata(directory: str, metadata: Mapping[str, Any]) -> str:
 
 
 def _operator_state(cp: Checkpoint, name: str) -> dict[str, Any]:
+    """A task's operator state, read as a restore reads it: confined to the checkpoint and checked against the
+    checksum `_metadata` recorded (a state the runtime would refuse is refused here too, never read or copied)."""
     try:
-        return decode_operator_state(read_file(cp.directory, name), objectstore.join(cp.directory, name))
-    except CorruptState as exc:
+        data = read_task_file(cp.directory, name, cp.expected(name))
+        return decode_operator_state(data, task_file_path(cp.directory, name))
+    except CorruptFile as exc:
         raise DataError(str(exc)) from None
+
+
+def _channel_state(cp: Checkpoint, name: str) -> dict[str, bytes]:
+    """A task's channel state with its shared segments, each checked as a restore checks them."""
+    try:
+        return read_channel_state(cp.directory, name, cp.expected(name), task_file_path(cp.directory, name))
+    except CorruptFile as exc:
+        raise DataError(str(exc)) from None
+
+
+def verify_operator_files(cp: Checkpoint, uid: str) -> None:
+    """Every task file of operator `uid`'s tasks (and the shared segments they name) read and checked as a
+    restore reads them; DataError naming the first that is missing, corrupt or outside the checkpoint."""
+    for _, files in cp.task_files(int(cp.operator(uid)["vertex"])):
+        if files.state:
+            _operator_state(cp, files.state)
+        for name in (files.inputs, files.outputs):
+            if name:
+                _channel_state(cp, name)
 
 
 # -- reading keyed state ---------------------------------------------------------------------------------------
@@ -187,7 +219,7 @@ def _backend_entries(cp: Checkpoint, handle: dict[str, Any], max_parallelism: in
             yield from backend.scan(groups)
         finally:
             backend.close()
-    except StateBackendError as exc:
+    except (StateBackendError, objectstore.OutsideDirectory) as exc:
         raise DataError(str(exc)) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -241,7 +273,13 @@ def state_rows(cp: Checkpoint, uid: str, kind: str, *, state_name: str | None = 
     if kind == "channels":
         yield from channel_rows(cp, uid)
         return
+    # the kinds the operator's function declares, as the checkpoint recorded them (runtime/api/schema.py): a
+    # map or list state is not value state, whatever its values look like; undeclared names go by their values
+    declared = cp.operator(uid).get("states") or {}
+    wanted = {"value": SINGLE_VALUE_KINDS, "list": ("list", "union list"), "map": ("map",)}.get(kind, ())
     for name, group, key, value in keyed_entries(cp, uid, remote_address=remote_address):
+        if name in declared and declared[name] not in wanted and kind != "timers":
+            continue
         if kind == "timers":
             if name in TIMER_DOMAINS:
                 for ts in value:
@@ -267,10 +305,7 @@ def channel_rows(cp: Checkpoint, uid: str) -> Iterator[tuple[Any, ...]]:
         for side, name in (("in", files.inputs), ("out", files.outputs)):
             if not name:
                 continue
-            try:
-                channels = read_channel_state(cp.directory, name, objectstore.join(cp.directory, name))
-            except CorruptState as exc:
-                raise DataError(str(exc)) from None
+            channels = _channel_state(cp, name)
             for channel in sorted(channels, key=lambda c: tuple(int(p) for p in c.split(":"))):
                 edge, producer, consumer = (int(p) for p in channel.split(":"))
                 for i, (size, record) in enumerate(split_records(channels[channel])):
@@ -279,7 +314,7 @@ def channel_rows(cp: Checkpoint, uid: str) -> Iterator[tuple[Any, ...]]:
 
 def split_records(stream: bytes) -> Iterator[tuple[int, Any]]:
     """(encoded size, record) of each whole msgpack record of a channel's stream."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=unpack_ext)
     unpacker.feed(stream)
     start = 0
     for record in unpacker:
@@ -425,10 +460,7 @@ def transform(cp: Checkpoint, out: str, *, drop: Iterable[str] = (), rename: Map
         state.pop("segments", None)
         for kind in ("in", "out"):  # inline: a savepoint is self-contained, it references no shared segment
             if state.get(kind):
-                try:
-                    channels = read_channel_state(cp.directory, state[kind])
-                except CorruptState as exc:
-                    raise DataError(str(exc)) from None
+                channels = _channel_state(cp, state[kind])
                 files[state[kind]] = encode_channel_state(kind, channels)
                 sums[state[kind]] = checksum(files[state[kind]])
         if state.get("state"):

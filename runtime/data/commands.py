@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from runtime.data.generate import check_generate_args, generate
-from runtime.data.spark import DataError, check_environment, start_session, stop_session
+from runtime.data.spark import DataError, check_environment, is_connect, start_session, stop_session
+from runtime.data.tables import OutputTable
 from runtime.data.verify import EventTimeOptions, check_verify_args, verify
+
+PATH_ARGS = ("out", "input", "output", "late_output", "source", "checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:
     command = args.data_command
+    if is_connect(getattr(args, "master", "")):  # a Connect server resolves paths in its own working directory
+        for name in PATH_ARGS:
+            value = getattr(args, name, None)
+            if isinstance(value, str) and value and "://" not in value:
+                setattr(args, name, os.path.abspath(value))
     try:
         if command == "generate":
             return _generate(args)
@@ -41,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    check_environment()
+    check_environment(args.master)
     return start_session(args.master, f"sluice-data-{args.data_command}")
 
 
@@ -77,10 +86,11 @@ def _verify(args: argparse.Namespace) -> int:
                                allowed_lateness_ms=args.allowed_lateness_ms, gap_ms=args.gap_ms,
                                late_output=args.late_output, right_input=args.right_input,
                                lower_ms=args.lower_ms, upper_ms=args.upper_ms)
-    check_verify_args(args.input, args.output, args.query, options)
+    table = OutputTable.parse(args.output_format, args.output, args.catalog)
+    check_verify_args(args.input, args.output, args.query, options, table=table)
     spark = _session(args)
     try:
-        result = verify(spark, args.input, args.output, args.query, options)
+        result = verify(spark, args.input, args.output, args.query, options, table=table)
     finally:
         stop_session(spark)
     print(json.dumps(result.to_json(), indent=2) if args.json else result.report())

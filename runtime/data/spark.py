@@ -30,6 +30,8 @@ JAVA_HINT = ("sluice data needs Java 17: install a JDK 17 (apt-get install openj
 PYSPARK_HINT = (f"sluice data needs PySpark and pyarrow, the `spark` extra: {install_line('spark')} "
                 "(scripts/bootstrap.sh does)")
 MIN_JAVA = 17  # Spark 4 is built for Java 17
+CONNECT_SCHEME = "sc://"
+CONNECT_MODULES = ("grpc", "grpc_status", "google.rpc", "pandas")  # what pyspark's Connect client imports
 
 # Spark's own logging goes to stderr at WARN. Two warnings printed on every start, both harmless here, are
 # silenced: Hadoop's "no native library", and SparkConf's note that a cluster manager may override
@@ -80,11 +82,30 @@ def java_major_version(java: str) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
-def check_environment() -> None:
-    """Raise DataError naming what to install if Java (17 or later) or PySpark is missing."""
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a dotted name whose parent package is not there
+        return False
+
+
+def is_connect(master: str) -> bool:
+    """A running Spark Connect server (`sc://host:port`): the session is a client of it, no JVM of ours."""
+    return master.startswith(CONNECT_SCHEME)
+
+
+def check_environment(master: str = "local[2]") -> None:
+    """Raise DataError naming what to install if Java (17 or later) or PySpark is missing (for a Spark Connect
+    master: the Connect client's modules; the server has the JVM)."""
     # PySpark and pyarrow first: the cheap check, and a plain install leaves them out.
     if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
         raise DataError(PYSPARK_HINT)
+    if is_connect(master):
+        missing = [m for m in CONNECT_MODULES if not _importable(m)]
+        if missing:
+            raise DataError(f"--master {master} needs the Spark Connect client ({', '.join(missing)} missing): "
+                            f"{install_line('spark-connect')}")
+        return
     java = find_java()
     if java is None:
         home = os.environ.get("JAVA_HOME")
@@ -97,8 +118,20 @@ def check_environment() -> None:
 
 def start_session(master: str = "local[2]", app_name: str = "sluice-data", *,
                   shuffle_partitions: int = 8) -> Any:
-    """A SparkSession on `master`, quiet on stderr, with its scratch space in a fresh temporary directory."""
-    check_environment()
+    """A SparkSession on `master`, quiet on stderr, with its scratch space in a fresh temporary directory; for
+    `sc://host:port`, a Spark Connect session on that running server (started once and kept warm: no JVM start
+    per command; the server reads and writes the paths, so they must be the same on its machine)."""
+    check_environment(master)
+    if is_connect(master):
+        from pyspark.sql import SparkSession
+
+        try:
+            session = SparkSession.builder.remote(master).appName(app_name).getOrCreate()
+            session.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        except Exception as exc:  # the client's errors (gRPC unavailable, a bad URL) as one line
+            raise DataError(f"Spark Connect server {master}: {type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'unreachable'}") from None
+        return session
     tmp = tempfile.mkdtemp(prefix="sluice-spark-")
     log_config = os.path.join(tmp, "log4j2.properties")
     with open(log_config, "w", encoding="utf-8") as f:
@@ -128,7 +161,11 @@ def start_session(master: str = "local[2]", app_name: str = "sluice-data", *,
 
 
 def stop_session(spark: Any) -> None:
-    """Stop the session and remove its temporary directory."""
+    """Stop the session and remove its temporary directory (a Spark Connect session: only the client's session
+    ends, the server stays up for the next command)."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        spark.stop()
+        return
     tmp = spark.sparkContext.getConf().get(_TMPDIR_CONF)
     spark.stop()
     if tmp and os.path.basename(tmp).startswith("sluice-spark-"):

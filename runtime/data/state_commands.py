@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from runtime.data.checkpoint_state import KINDS, check_output, open_checkpoint, transform
+from runtime.data.checkpoint_state import KINDS, check_output, open_checkpoint, transform, verify_operator_files
 from runtime.data.spark import DataError, check_environment, start_session, stop_session
 
 
@@ -50,11 +51,14 @@ def add_state_parser(dsub: Any) -> None:
         p.add_argument("--state-remote-address", metavar="HOST:PORT",
                        help="the state server, for a checkpoint of the remote backend")
     for p in (rd, bs):
-        p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+        p.add_argument("--master", default="local[2]",
+                         help="Spark master (default local[2]; sc://HOST:PORT: a running Spark Connect server)")
 
 
 def run_state(args: argparse.Namespace) -> int:
     command = args.state_command
+    if os.getcwd() not in sys.path:  # job modules (--job, --rewrite) import from here, as `sluice local` does
+        sys.path.insert(0, os.getcwd())
     if command == "read":
         return _read(args)
     if command == "bootstrap":
@@ -65,7 +69,7 @@ def run_state(args: argparse.Namespace) -> int:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    check_environment()
+    check_environment(args.master)
     return start_session(args.master, f"sluice-data-state-{args.state_command}")
 
 
@@ -73,7 +77,8 @@ def _read(args: argparse.Namespace) -> int:
     from runtime.data.state_processor import read_state
 
     check_output(args.out)
-    open_checkpoint(args.checkpoint).operator(args.uid)  # a typo fails here, in well under a second
+    # a typo, and a file the restore would refuse, fail here, in well under a second and before Spark starts
+    verify_operator_files(open_checkpoint(args.checkpoint), args.uid)
     spark = _session(args)
     try:
         frame = read_state(spark, args.checkpoint, args.uid, args.kind, state_name=args.state_name,

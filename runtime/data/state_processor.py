@@ -25,6 +25,7 @@ from typing import Any
 
 import msgpack
 
+from runtime.common.values import packer_default, unpack_ext
 from runtime.data.checkpoint_state import (
     ROW_FIELDS,
     at_parallelism,
@@ -38,6 +39,7 @@ from runtime.data.spark import DataError
 from runtime.state.codec import hashable
 
 MSGPACK_SUFFIX = "_msgpack"
+_DEFAULT = packer_default("a state processor column")
 # columns whose values are not always of one exact Arrow type: the others are ints and strings by construction
 _OPAQUE = {"key", "value", "map_key", "record"}
 
@@ -65,7 +67,8 @@ def column(name: str, values: Sequence[Any]) -> tuple[str, Any]:
                 return name, array
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             pass
-        return name + MSGPACK_SUFFIX, pa.array([msgpack.packb(v, use_bin_type=True) for v in values], pa.binary())
+        return name + MSGPACK_SUFFIX, pa.array([msgpack.packb(v, use_bin_type=True, default=_DEFAULT)
+                                                   for v in values], pa.binary())
     return name, pa.array(values)
 
 
@@ -92,7 +95,8 @@ def column_values(table: Any, name: str) -> list[Any]:
         return list(table.column(name).to_pylist())
     packed = name + MSGPACK_SUFFIX
     if packed in table.column_names:
-        return [msgpack.unpackb(v, raw=False, strict_map_key=False) for v in table.column(packed).to_pylist()]
+        return [msgpack.unpackb(v, raw=False, strict_map_key=False, ext_hook=unpack_ext)
+                for v in table.column(packed).to_pylist()]
     raise DataError(f"no column {name!r} (there are {', '.join(table.column_names)})")
 
 

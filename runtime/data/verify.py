@@ -3,8 +3,10 @@
 The expected result comes from the job's input (the Parquet data set
 `generate` wrote); the actual result is what the job's FileSink committed:
 its visible part files (`part-*`; in-progress files start with a dot and are
-never read). Output rows are compared as a multiset, and every output line
-falls in exactly one class:
+never read), or the rows of the Delta or Iceberg table its DeltaSink or
+IcebergSink committed to (`--output-format`; runtime/data/tables.py).
+Output rows are compared as a multiset, and every output line falls in
+exactly one class:
 
 - the first copy of an expected row: correct (the first n, for a row
   expected n times: window-join);
@@ -51,44 +53,19 @@ from typing import Any
 
 from runtime.connectors.files import list_input_files
 from runtime.data.spark import DataError
+from runtime.data.tables import OutputTable, table_frame
+from runtime.data.verify_input import EventTimeOptions, read_in_source_order, records_behind, with_watermark
+from runtime.data.verify_joins import join_expected
 
 EXAMPLES = 5  # rows shown per kind of difference
 KINDS = ("missing", "duplicate", "wrong")
 QUERIES = ("wordcount", "window-count", "session-count", "interval-join", "window-join")
 
 
-@dataclass(frozen=True)
-class EventTimeOptions:
-    """The windowed queries' parameters, as the job was configured (milliseconds)."""
-
-    window_ms: int | None = None
-    slide_ms: int | None = None  # None: tumbling windows
-    max_delay_ms: int = 0
-    allowed_lateness_ms: int = 0
-    gap_ms: int | None = None
-    late_output: str | None = None  # the late-records side output's FileSink directory, if it is to be checked
-    right_input: str | None = None  # the joins: the second input (--input is the left one)
-    lower_ms: int | None = None  # interval-join: the bounds, inclusive
-    upper_ms: int | None = None
-
-    def describe(self, query: str) -> str:
-        """The parameters that shape `query`'s result, for the summary line ('' for wordcount)."""
-        if query == "window-count":
-            shape = f"window {self.window_ms} ms" + (f", slide {self.slide_ms} ms" if self.slide_ms else "")
-            return f" ({shape}, max delay {self.max_delay_ms} ms, lateness {self.allowed_lateness_ms} ms)"
-        if query == "session-count":
-            return f" (gap {self.gap_ms} ms, max delay {self.max_delay_ms} ms)"
-        if query == "interval-join":
-            return f" (bounds [{self.lower_ms}, {self.upper_ms}] ms, max delay {self.max_delay_ms} ms)"
-        if query == "window-join":
-            shape = f"window {self.window_ms} ms" + (f", slide {self.slide_ms} ms" if self.slide_ms else "")
-            return f" ({shape}, max delay {self.max_delay_ms} ms)"
-        return ""
-
-
-def check_verify_args(input: str, output: str, query: str, options: EventTimeOptions | None = None) -> None:
+def check_verify_args(input: str, output: str, query: str, options: EventTimeOptions | None = None, *,
+                      table: OutputTable | None = None) -> None:
     """Raise DataError for a missing input or output, an unknown query or options that do not fit it;
-    runs before Spark starts."""
+    runs before Spark starts. `table`: the output is that table, not part files."""
     opts = options or EventTimeOptions()
     if query not in QUERIES:
         raise DataError(f"unknown --query {query!r}; known: {', '.join(QUERIES)}")
@@ -97,7 +74,7 @@ def check_verify_args(input: str, output: str, query: str, options: EventTimeOpt
         raise DataError(f"no input at {input}")
     if not list_input_files(input, (".parquet",)):
         raise DataError(f"no Parquet files under {input}")
-    if not os.path.isdir(output):
+    if table is None and not os.path.isdir(output):
         raise DataError(f"no output directory at {output}")
     if opts.late_output is not None and not os.path.isdir(opts.late_output):
         raise DataError(f"no late-output directory at {opts.late_output}")
@@ -203,33 +180,6 @@ def wordcount_expected(inp: Any) -> Any:
     return counts.select("key", F.explode(F.sequence(F.lit(1).cast("long"), F.col("c"))).alias("v0"))
 
 
-def read_in_source_order(spark: Any, input: str) -> Any:
-    """(key, seq, event_time_ms, file_index, row_index): the input with the position at which ParquetSource at
-    parallelism 1 reads each row, (file_index, row_index) ascending: files sorted by path as list_input_files
-    sorts them, rows in file order (row groups are read in order)."""
-    from functools import reduce
-
-    from pyspark.sql import functions as F
-
-    files = list_input_files(input, (".parquet",))
-    frames = [spark.read.parquet(path).select("key", "seq", "event_time_ms", F.lit(i).alias("file_index"),
-                                              F.col("_metadata.row_index").alias("row_index"))
-              for i, path in enumerate(files)]
-    return reduce(lambda a, b: a.unionByName(b), frames)
-
-
-def with_watermark(records: Any, max_delay_ms: int) -> Any:
-    """Adds `wm`: the watermark in force when each record arrives, max(event time of the records read before
-    it) - max_delay_ms - 1; null for the first record (no watermark yet)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    # One ordered pass over the whole input: a window without partitions (Spark moves it to one partition;
-    # a running max over 1e6 rows takes a second or two).
-    before = Window.orderBy("file_index", "row_index").rowsBetween(Window.unboundedPreceding, -1)
-    return records.withColumn("wm", F.max("event_time_ms").over(before) - F.lit(max_delay_ms + 1))
-
-
 def window_count_expected(records: Any, o: EventTimeOptions) -> tuple[Any, Any]:
     """(firings (key, start, end, count), late records (key, seq, event_time_ms)) of a window count over
     records that carry their watermark `wm` (event_time.py states the rules; this is their closed form)."""
@@ -260,15 +210,6 @@ def window_count_expected(records: Any, o: EventTimeOptions) -> tuple[Any, Any]:
     # Dropped from all its windows = dropped from the one that ends last (the drop rule is monotone in the end).
     late = records.filter(wm.isNotNull() & (last_start + size - 1 + o.allowed_lateness_ms <= wm))
     return firings, late.select("key", F.col("seq").alias("v0"), F.col("event_time_ms").alias("v1"))
-
-
-def records_behind(records: Any) -> tuple[int, Any]:
-    """How many records (that carry their watermark `wm`) arrive behind it, and the first of them in read order."""
-    from pyspark.sql import functions as F
-
-    behind = records.filter(F.col("wm").isNotNull() & (F.col("event_time_ms") <= F.col("wm")))
-    count = behind.count()
-    return count, behind.orderBy("file_index", "row_index").first() if count else None
 
 
 def session_count_expected(records: Any, o: EventTimeOptions) -> Any:
@@ -303,11 +244,13 @@ def _row_pattern(width: int) -> str:
     return r'^\["([^"\\]*)"' + r",(-?[0-9]{1,18})" * width + r"\]$"
 
 
-def read_output(spark: Any, files: list[str], width: int = 1) -> Any:
+def read_output(spark: Any, files: list[str] | OutputTable, width: int = 1) -> Any:
     """(key, v0, ..., v{width-1}, line) per committed output row; a line that is not [string, integer * width]
-    has a null key or values."""
+    has a null key or values. `files` may be a table instead (its rows, through Arrow)."""
     from pyspark.sql import functions as F
 
+    if isinstance(files, OutputTable):
+        return table_frame(spark, files, width)
     names = [f"v{i}" for i in range(width)]
     frames = []
     jsonl = [f for f in files if not f.endswith(".parquet")]
@@ -338,7 +281,8 @@ def read_output(spark: Any, files: list[str], width: int = 1) -> Any:
     return out
 
 
-def compare(spark: Any, expected: Any, files: list[str], width: int, *, repeats: bool = False) -> dict[str, Any]:
+def compare(spark: Any, expected: Any, files: list[str] | OutputTable, width: int, *,
+            repeats: bool = False) -> dict[str, Any]:
     """Counts (expected_rows, output_rows, missing, duplicate, wrong) and examples of comparing the rows in
     `files` with `expected` (key, v0, ...) as multisets. `repeats`: an expected row may be there n > 1 times
     (window-join: a pair in several sliding windows); then n copies are correct, fewer are missing ones and
@@ -397,30 +341,36 @@ def compare(spark: Any, expected: Any, files: list[str], width: int, *, repeats:
     return {**counts, "examples": examples}
 
 
+def _outputs(output: str, table: OutputTable | None) -> tuple[list[str] | OutputTable, int, str]:
+    """What to compare (part files or the table), how many data files that is, and the output's name."""
+    if table is None:
+        files = output_files(output)
+        return files, len(files), os.path.abspath(output)
+    return table, table.data_files(), table.location if table.format == "iceberg" else os.path.abspath(output)
+
+
 def verify(spark: Any, input: str, output: str, query: str = "wordcount",
-           options: EventTimeOptions | None = None) -> VerifyResult:
-    """Compare the committed output under `output` (and the late records under options.late_output) with
-    `query` computed over the Parquet input `input`."""
+           options: EventTimeOptions | None = None, *, table: OutputTable | None = None) -> VerifyResult:
+    """Compare the committed output under `output` (or in `table`; and the late records under
+    options.late_output) with `query` computed over the Parquet input `input`."""
     from pyspark import StorageLevel
 
     opts = options or EventTimeOptions()
-    check_verify_args(input, output, query, opts)
+    check_verify_args(input, output, query, opts, table=table)
     started = time.monotonic()
     params = opts.describe(query)
     if query == "wordcount":
-        files = output_files(output)
+        files, count, name = _outputs(output, table)
         found = compare(spark, wordcount_expected(spark.read.parquet(input)), files, 1)
-        return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
-                            output_files=len(files), seconds=time.monotonic() - started, **found)
+        return VerifyResult(query=query, input=os.path.abspath(input), output=name, output_files=count,
+                            seconds=time.monotonic() - started, **found)
     if query.endswith("-join"):
-        from runtime.data.verify_joins import join_expected  # it builds on this module
-
         assert opts.right_input is not None
-        files = output_files(output)
+        files, count, name = _outputs(output, table)
         found = compare(spark, join_expected(spark, query, input, opts.right_input, opts), files, 2,
                         repeats=query == "window-join")
-        return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
-                            output_files=len(files), seconds=time.monotonic() - started, params=params, **found)
+        return VerifyResult(query=query, input=os.path.abspath(input), output=name, output_files=count,
+                            seconds=time.monotonic() - started, params=params, **found)
     # The watermark pass is the expensive one; both comparisons and the session check read its result.
     records = with_watermark(read_in_source_order(spark, input), opts.max_delay_ms).persist(
         StorageLevel.MEMORY_AND_DISK)
@@ -431,7 +381,7 @@ def verify(spark: Any, input: str, output: str, query: str = "wordcount",
             firings = session_count_expected(records, opts)
             late = records.filter("false").select("key", records["seq"].alias("v0"),
                                                   records["event_time_ms"].alias("v1"))
-        files = output_files(output)
+        files, count, name = _outputs(output, table)
         found = compare(spark, firings, files, 3)
         late_result = None
         if opts.late_output is not None:
@@ -443,6 +393,5 @@ def verify(spark: Any, input: str, output: str, query: str = "wordcount",
                                        seconds=time.monotonic() - late_started, **late_found)
     finally:
         records.unpersist()
-    return VerifyResult(query=query, input=os.path.abspath(input), output=os.path.abspath(output),
-                        output_files=len(files), seconds=time.monotonic() - started, params=params, late=late_result,
-                        **found)
+    return VerifyResult(query=query, input=os.path.abspath(input), output=name, output_files=count,
+                        seconds=time.monotonic() - started, params=params, late=late_result, **found)

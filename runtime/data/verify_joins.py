@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.data.spark import DataError
-from runtime.data.verify import EventTimeOptions, read_in_source_order, records_behind, with_watermark
+from runtime.data.verify_input import EventTimeOptions, read_in_source_order, records_behind, with_watermark
 
 JOIN_QUERIES = ("interval-join", "window-join")
 

@@ -26,12 +26,14 @@ from typing import Any
 
 import msgpack
 
+from runtime.common.values import packer_default, unpack_ext
 from runtime.execution.async_controller import Record, TakeSnapshot, Watermark
 from runtime.graph.partitioning import key_group
 from runtime.state.backend import SnapshotHandle, StateBackend, StateBackendError
 from runtime.state.codec import hashable
 from runtime.state.files import SnapshotStore
 
+_DEFAULT = packer_default("an asynchronous operator's in-flight state")
 FORMAT = 1
 
 
@@ -50,7 +52,8 @@ def _replay_items(replay: Sequence[Record | Watermark]) -> list[list[Any]]:
 def encode_async_state(snapshot: TakeSnapshot, handle: SnapshotHandle) -> bytes:
     return msgpack.packb({"format": FORMAT, "handle": handle.to_dict(), "replay": _replay_items(snapshot.replay),
                           "puts": [list(p) for p in snapshot.puts],
-                          "deletes": [list(d) for d in snapshot.deletes]}, use_bin_type=True)
+                          "deletes": [list(d) for d in snapshot.deletes]}, use_bin_type=True,
+                         default=_DEFAULT)
 
 
 def inflight_document(snapshot: TakeSnapshot, queued: Sequence[Record | Watermark] = ()) -> dict[str, Any]:
@@ -64,7 +67,7 @@ def inflight_document(snapshot: TakeSnapshot, queued: Sequence[Record | Watermar
 def decode_inflight(doc: dict[str, Any], origin: str) -> AsyncStateCheckpoint:
     """An `inflight_document` read back (its handle is the chain's, elsewhere: an empty one here)."""
     return decode_async_state(msgpack.packb({**doc, "handle": SnapshotHandle("none", 0, range(0), ()).to_dict()},
-                                            use_bin_type=True), origin)
+                                            use_bin_type=True, default=_DEFAULT), origin)
 
 
 def restore_inflight(backend: StateBackend, checkpoints: Sequence[AsyncStateCheckpoint], *,
@@ -85,7 +88,7 @@ def restore_inflight(backend: StateBackend, checkpoints: Sequence[AsyncStateChec
 
 def decode_async_state(data: bytes, origin: str) -> AsyncStateCheckpoint:
     try:
-        doc = msgpack.unpackb(data, raw=False)
+        doc = msgpack.unpackb(data, raw=False, ext_hook=unpack_ext)
         if doc.get("format") != FORMAT:
             raise StateBackendError(f"{origin}: async state format {doc.get('format')!r}, expected {FORMAT}")
         replay: list[Record | Watermark] = []

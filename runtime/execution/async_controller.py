@@ -22,16 +22,16 @@ returns, as dask's WorkerState does. The controller decides:
 Writes are held per record and committed when the record finishes. The key
 is held from first access to finish, so no other record could have seen them
 earlier: deferring them changes nothing, and it means a record in flight has
-no visible effect — which is what makes `CheckpointMode.CAPTURE` exact.
+no visible effect — which is what makes `InFlightAtBarrier.CAPTURE` exact.
 Reads see the record's own writes, then committed writes not yet
 acknowledged by the backend, then the backend.
 
 Epochs: a watermark closes the current epoch; it is emitted once every
 record before it has finished. `EpochMode.STRICT` also holds back the records
 after it until then (Flink's only mode); `EpochMode.OUT_OF_ORDER` lets them
-start. Checkpoint barriers: `CheckpointMode.DRAIN` treats a barrier as a
+start. Checkpoint barriers: `InFlightAtBarrier.DRAIN` treats a barrier as a
 strict epoch boundary (Flink: the snapshot waits for every record before
-it); `CheckpointMode.CAPTURE` snapshots at once, and the records (and
+it); `InFlightAtBarrier.CAPTURE` snapshots at once, and the records (and
 watermarks) still in flight become input to replay after a restore; the
 committed writes the backend has not acknowledged go into the checkpoint too
 (they are absolute values, so applying them again on restore is harmless).
@@ -60,7 +60,9 @@ class EpochMode(enum.Enum):
     OUT_OF_ORDER = "out-of-order"
 
 
-class CheckpointMode(enum.Enum):
+class InFlightAtBarrier(enum.Enum):
+    """What a barrier does with the records in flight (not the job's checkpoint mode, runtime/graph/enums.py)."""
+
     DRAIN = "drain"
     CAPTURE = "capture"
 
@@ -72,7 +74,7 @@ class ControllerConfig:
     batch_timeout_s: float = 0.001
     key_order: KeyOrder = KeyOrder.RECORD
     epoch_mode: EpochMode = EpochMode.STRICT
-    checkpoint_mode: CheckpointMode = CheckpointMode.DRAIN
+    checkpoint_mode: InFlightAtBarrier = InFlightAtBarrier.DRAIN
     max_parallelism: int = 128
     timers: bool = False  # say FireTimers before each watermark and run its timers as records of its epoch
 
@@ -397,7 +399,7 @@ class AsyncExecutionController:
         return out
 
     def barrier(self, checkpoint_id: int, *, now: float) -> list[Instruction]:
-        if self.config.checkpoint_mode is CheckpointMode.DRAIN:
+        if self.config.checkpoint_mode is InFlightAtBarrier.DRAIN:
             return self._close_epoch(checkpoint_id, now)
         return [self._snapshot(checkpoint_id, replay=True)]
 

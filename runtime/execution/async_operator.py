@@ -32,20 +32,23 @@ import dataclasses
 import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.execution.async_checkpoint import decode_inflight, inflight_document, restore_inflight
 from runtime.execution.async_controller import (
-    CheckpointMode,
     ControllerConfig,
     EpochMode,
+    InFlightAtBarrier,
     KeyOrder,
     Record,
     Timer,
     Watermark,
 )
 from runtime.execution.async_state import AsyncKeyedProcessFunction, AsyncOpenContext, AsyncStateRunner
+from runtime.graph.config import parse_duration_or_zero, parse_positive
+from runtime.graph.flags import flag
+from runtime.graph.job_config import ASYNC_STATE
 from runtime.graph.partitioning import key_group
 from runtime.state.backend import PendingSnapshot, StateBackend
 from runtime.state.codec import hashable
@@ -54,16 +57,34 @@ DRAIN = "drain"
 CAPTURE = "capture"
 
 
+def _milliseconds(seconds: float) -> float:
+    return seconds * 1000
+
+
 @dataclass(frozen=True)
 class AsyncStateSettings:
     """A job's `async_state` settings (README, Asynchronous state), built once from the job configuration."""
 
-    max_in_flight: int = 1000
-    batch_size: int = 100
-    batch_timeout_ms: float = 1.0
-    key_order: str = KeyOrder.RECORD.value  # record | first-state-access
-    epochs: str = EpochMode.STRICT.value  # strict | out-of-order
-    checkpoint: str = DRAIN  # drain | capture
+    max_in_flight: int = field(default=1000, metadata=flag(
+        "--async-max-in-flight", "records in flight per task before input waits (1000)", parse=parse_positive,
+        metavar="N", group=ASYNC_STATE))
+    batch_size: int = field(default=100, metadata=flag(
+        "--async-batch-size", "state requests per backend round trip at most (100)", parse=parse_positive,
+        metavar="N", group=ASYNC_STATE))
+    batch_timeout_ms: float = field(default=1.0, metadata=flag(
+        "--async-batch-timeout", "a partial batch waits this long for more requests (1ms)",
+        parse=parse_duration_or_zero, metavar="DURATION", to_field=_milliseconds, group=ASYNC_STATE))
+    key_order: str = field(default=KeyOrder.RECORD.value, metadata=flag(  # record | first-state-access
+        "--async-key-order", "records of one key: whole-record order (record, the default) or from their first "
+        "state access on (first-state-access)", choices=("record", "first-state-access"), group=ASYNC_STATE))
+    epochs: str = field(default=EpochMode.STRICT.value, metadata=flag(  # strict | out-of-order
+        "--async-epochs", "records after a watermark wait for the ones before it (strict, the default) or start "
+        "at once (out-of-order); the watermark is forwarded after the ones before it either way",
+        choices=("strict", "out-of-order"), group=ASYNC_STATE))
+    checkpoint: str = field(default=DRAIN, metadata=flag(  # drain | capture
+        "--async-checkpoint", "at a barrier: wait for the records in flight (drain, the default, as Flink) or "
+        "snapshot at once and store them as input to replay (capture)", choices=(DRAIN, CAPTURE),
+        group=ASYNC_STATE))
 
     def __post_init__(self) -> None:
         if self.checkpoint not in (DRAIN, CAPTURE):
@@ -91,7 +112,7 @@ class AsyncStateSettings:
         # the controller always snapshots at once; drain waits for quiet before asking (module docstring)
         return ControllerConfig(max_in_flight=self.max_in_flight, batch_size=self.batch_size,
                                 batch_timeout_s=self.batch_timeout_ms / 1000, key_order=key_order,
-                                epoch_mode=epochs, checkpoint_mode=CheckpointMode.CAPTURE,
+                                epoch_mode=epochs, checkpoint_mode=InFlightAtBarrier.CAPTURE,
                                 max_parallelism=max_parallelism)
 
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import msgpack
 
 from netstack.credit import Buffer, ChannelSender, CreditLedger, Event, SendData
+from runtime.common.values import unpack_ext
 
 
 class GateListener(Protocol):
@@ -353,7 +354,7 @@ class ChannelReader:
     __slots__ = ("unpacker", "consumed", "fetched", "_fed", "_recent")
 
     def __init__(self) -> None:
-        self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
+        self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False, ext_hook=unpack_ext)
         # Stream position after the last record the task *processed*. Not unpacker.tell(): that moves into a
         # partly parsed record at the end of a buffer, and past a record fetched but not yet processed.
         self.consumed = 0

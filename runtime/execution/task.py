@@ -793,7 +793,9 @@ class Task:
         if self.source is not None:
             strategy = self.chain.watermarks
             if strategy is not None:
-                self._generator = WatermarkGenerator(strategy, state.get("generator"))
+                own = getattr(self.source, "watermark_generator", None)  # a source that combines its own (Kafka)
+                self._generator = (own(strategy, state.get("generator")) if own is not None
+                                   else WatermarkGenerator(strategy, state.get("generator")))
                 self._timestamp_of = strategy.timestamp
                 self._idle_timeout_s = (strategy.idle_timeout_ms / 1000
                                         if strategy.idle_timeout_ms is not None else None)

@@ -27,17 +27,18 @@ from typing import Any
 import msgpack
 
 from runtime.api.functions import TimerService
+from runtime.common.values import packer_default, unpack_ext
 
 EVENT_TIME = "event_time"
 PROCESSING_TIME = "processing_time"
 # keyed-state table names (a user's value_state cannot clash: names from users do not start with "\0")
 TIMER_TABLES = {EVENT_TIME: "\0timers:event", PROCESSING_TIME: "\0timers:processing"}
 
-_pack = msgpack.Packer(use_bin_type=True).pack
+_pack = msgpack.Packer(use_bin_type=True, default=packer_default("a timer's key")).pack
 
 
 def _unpack_key(data: bytes) -> Any:
-    return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False)
+    return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False, ext_hook=unpack_ext)
 
 
 class TimerQueue:

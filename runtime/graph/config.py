@@ -1,4 +1,8 @@
-"""Parsing of command-line values shared by every process: durations, addresses, the cluster token."""
+"""Parsing of command-line values shared by every process: durations, sizes, addresses, the cluster token.
+
+Each parser takes the text of a flag and returns its value or raises ValueError with a one-line reason; the
+settings dataclasses name them in their fields' flags (runtime/graph/flags.py).
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,46 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+def parse_duration_or_zero(text: str) -> float:
+    return parse_duration(text, allow_zero=True)
+
+
+def parse_positive(text: str) -> int:
+    """An integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_never_or_duration(text: str) -> float:
+    """A duration, or 0 / 'never' (0.0): never (scale_down_after_s)."""
+    return 0.0 if text.strip().lower() == "never" else parse_duration(text, allow_zero=True)
+
+
+LIFE = "life"
+
+
+def parse_duration_or_life(text: str) -> float | str:
+    """A duration, or 'life' (LIFE): the job's whole life (a restart window)."""
+    return LIFE if text.strip().lower() == LIFE else parse_duration(text)
+
+
+def parse_parallelism(text: str) -> tuple[str, int]:
+    """'N' (every operator: '*') or 'NAME=N', N >= 1."""
+    name, sep, value = text.rpartition("=")
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1 or (sep and not name):
+        raise ValueError(f"expected N or NAME=N with N a positive integer, got {text!r}")
+    return (name if sep else "*"), n
+
+
 DEFAULT_INFLIGHT_TARGET_S = 1.0
 
 
@@ -56,6 +100,12 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"not a HOST:PORT address: {text!r}")
     return host, int(port)
+
+
+def parse_address_text(text: str) -> str:
+    """A HOST:PORT address, checked and kept as text."""
+    host, port = parse_address(text)
+    return f"{host}:{port}"
 
 
 def load_token(token_file: str | None) -> str:

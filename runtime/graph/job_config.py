@@ -15,12 +15,27 @@ on deploy), since its choices belong to the asynchronous state controller.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from runtime.graph.config import DEFAULT_INFLIGHT_TARGET_S, parse_inflight_target
+from runtime.common import state_backends
+from runtime.graph.config import (
+    DEFAULT_INFLIGHT_TARGET_S,
+    parse_address_text,
+    parse_duration,
+    parse_duration_or_zero,
+    parse_inflight_target,
+    parse_never_or_duration,
+    parse_parallelism,
+    parse_positive,
+)
+from runtime.graph.flags import flag
+
+# the groups of a job's flags in `sluice submit --help` (runtime/cli/job_options.py titles them)
+NETWORK, CHECKPOINTS, STATE, ASYNC_STATE, RESTARTS = "network", "checkpoints", "state", "async_state", "restarts"
 
 NEVER = 0.0  # scale_down_after_s that disables scaling down
 
@@ -42,15 +57,27 @@ def parse_scale_down_after(value: object) -> float:
 class ChannelConfig:
     """The network settings of every channel of the job (README, Tuning)."""
 
-    buffer_bytes: int = 32 * 1024
-    buffers_per_channel: int = 4  # producer queue limit per subpartition
-    exclusive_credits: int = 2
-    floating_credits: int = 8
-    flush_timeout_s: float = 0.05
+    buffer_bytes: int = field(default=32 * 1024, metadata=flag(
+        "--buffer-bytes", "network buffer size (default 32768)", parse=parse_positive, group=NETWORK))
+    buffers_per_channel: int = field(default=4, metadata=flag(  # producer queue limit per subpartition
+        "--buffers-per-channel", "output buffers a channel may queue before its task is backpressured (default 4)",
+        parse=parse_positive, group=NETWORK))
+    exclusive_credits: int = field(default=2, metadata=flag(
+        "--exclusive-credits", "receiver buffers per channel (default 2)", parse=parse_positive, group=NETWORK))
+    floating_credits: int = field(default=8, metadata=flag(
+        "--floating-credits", "receiver buffers per gate lent on backlog (8)", parse=int, group=NETWORK))
+    flush_timeout_s: float = field(default=0.05, metadata=flag(
+        "--flush-timeout", "latency bound of a partial buffer (50ms)", parse=parse_duration, group=NETWORK))
     # in-flight data per channel, in seconds of its throughput: buffers shrink to fit (0 = fixed buffer_bytes)
-    inflight_target_s: float = DEFAULT_INFLIGHT_TARGET_S
+    inflight_target_s: float = field(default=DEFAULT_INFLIGHT_TARGET_S, metadata=flag(
+        "--inflight-target", "in-flight data per channel in seconds of its throughput; buffers shrink to fit, "
+        "which bounds how long an aligned barrier waits (1s; 0 = fixed --buffer-bytes)",
+        parse=parse_duration_or_zero, group=NETWORK))
     # unaligned checkpoints reference the buffers an earlier one already wrote instead of writing them again
-    incremental_channel_state: bool = True
+    incremental_channel_state: bool = field(default=True, metadata=flag(
+        "--no-incremental-channel-state", "unaligned checkpoints write every captured buffer, also those an "
+        "earlier checkpoint already persisted (default: reference those)", action="store_false",
+        group=CHECKPOINTS))
 
     def __post_init__(self) -> None:
         for name, least in (("buffer_bytes", 1), ("buffers_per_channel", 1), ("exclusive_credits", 1),
@@ -74,9 +101,15 @@ class ChannelConfig:
 class StateConfig:
     """Where keyed state lives (README, State backends); None: the job module's choice, else memory."""
 
-    backend: str | None = None
-    remote_address: str | None = None  # HOST:PORT of the remote backend's server
-    work_dir: str | None = None  # local working files (RocksDB); default: the temporary directory
+    backend: str | None = field(default=None, metadata=flag(
+        "--state-backend", f"where keyed state lives: {state_backends.help_text()}; default: the job's "
+        "Job.state_backend, else memory", choices=state_backends.NAMES, group=STATE))
+    remote_address: str | None = field(default=None, metadata=flag(  # HOST:PORT of the remote backend's server
+        "--state-remote-address", "the state server of --state-backend remote", parse=parse_address_text,
+        metavar="HOST:PORT", group=STATE))
+    work_dir: str | None = field(default=None, metadata=flag(  # local working files (RocksDB)
+        "--state-work-dir", "where workers keep local state (RocksDB instances; default: the system temp "
+        "directory)", metavar="DIR", to_field=os.path.abspath, group=STATE))
     # backend options passed through to the backend; `round_trip_ms` (tests, benchmarks) adds a fixed delay
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -118,13 +151,23 @@ class JobConfig:
 
     channels: ChannelConfig = field(default_factory=ChannelConfig)
     # parallelism overrides: operator name (or "*" for every operator) -> parallelism; empty: the job's own
-    parallelism: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    parallelism: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}), metadata=flag(
+        "--parallelism", "run every operator (N) or the one named NAME (NAME=N, repeatable) at this "
+        "parallelism; with --restore the checkpoint is redistributed to it", parse=parse_parallelism,
+        metavar="N|NAME=N", action="append", to_field=dict))
     state: StateConfig = field(default_factory=StateConfig)
     # AsyncStateSettings' fields as given (runtime/execution/async_operator.py checks them); empty: defaults
     async_state: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    scale_down_after_s: float | None = None  # None: the coordinator's default; NEVER (0): never scale down
+    # None: the coordinator's default; NEVER (0): never scale down
+    scale_down_after_s: float | None = field(default=None, metadata=flag(
+        "--scale-down-after", "a restart that waited this long for the slots the job asks for restarts at the "
+        "largest parallelism the free slots allow (default: the coordinator's, 10s; 0 or never: wait)",
+        parse=parse_never_or_duration, metavar="DURATION|never", group=RESTARTS))
     # a restore may drop the state of operators the job no longer has (runtime/graph/evolution.py)
-    allow_non_restored_state: bool = False
+    allow_non_restored_state: bool = field(default=False, metadata=flag(
+        "--allow-non-restored-state", "with --restore: drop the state of operators (by uid) the job no longer "
+        "has, instead of refusing the checkpoint (README: Evolving a job)", action="store_true",
+        group=CHECKPOINTS))
 
     def __post_init__(self) -> None:
         for name, n in self.parallelism.items():

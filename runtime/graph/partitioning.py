@@ -13,13 +13,26 @@ from typing import Any
 
 import msgpack
 
+from runtime.common.values import packer_default
+
+_PICKLED = packer_default("a key")
+
+
+def _key_default(obj: Any) -> Any:
+    """A key msgpack does not know hashes by its pickle (runtime/common/values.py), the same in every process;
+    except a set, whose iteration order (and so its pickle) depends on the process's string hash seed: it hashes
+    by its elements' packed bytes, sorted."""
+    if isinstance(obj, set | frozenset):
+        return sorted(msgpack.packb(item, default=_key_default) for item in obj)
+    return _PICKLED(obj)
+
 
 def stable_hash(key: Any) -> int:
     if isinstance(key, str):
         return zlib.crc32(key.encode("utf-8"))
     if isinstance(key, bytes):
         return zlib.crc32(key)
-    return zlib.crc32(msgpack.packb(key))
+    return zlib.crc32(msgpack.packb(key, default=_key_default))
 
 
 def key_group(key: Any, max_parallelism: int) -> int:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from runtime.common.dispatch import BadArguments
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph.checkpoint_options import CheckpointOptions
 
 M = TypeVar("M", bound="Message")
 
@@ -52,6 +53,7 @@ def _items(value: Any) -> list[Any]:
 _DECODE: dict[str, Callable[[Any], Any]] = {
     "str": _text, "int": _integer, "float": _number, "bool": bool, "Mapping[str, Any]": _document,
     "list[Any]": _items, "TaskCheckpointFigures": TaskCheckpointFigures.from_wire,
+    "CheckpointOptions": CheckpointOptions.from_wire,
 }
 
 
@@ -181,7 +183,12 @@ class JobQuery(Message):
 
 @dataclass(frozen=True, slots=True)
 class Cancel(JobQuery):
+    """Cancel the job; with `savepoint`, stop it with a savepoint first (coordinator/upgrade.py)."""
+
     method = "cancel"
+    savepoint: bool = False
+    directory: str | None = None  # the savepoint's (None: the configured savepoint directory)
+    timeout_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,15 +286,9 @@ class TriggerCheckpoint(JobQuery):
     method = "trigger_checkpoint"
     attempt: int
     checkpoint_id: int
-    mode: str
+    options: CheckpointOptions  # how to take it, as the coordinator decided at the request
     started_at: float  # wall clock of the trigger
     directory: str
-    savepoint: bool = False
-    aligned_timeout_s: float | None = None
-    # per-channel switching of an aligned checkpoint (runtime/checkpointing/barriers.py)
-    channel_timeout_s: float | None = None
-    channel_inflight_bytes: int | None = None
-    max_inflight_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

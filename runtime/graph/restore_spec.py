@@ -53,6 +53,11 @@ class RestoreSpec:
     # runtime/graph/operator_ids.py); empty for a checkpoint taken before uids were recorded
     graph: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
+    def file_checksums(self) -> dict[str, Any]:
+        """The checksum `_metadata` recorded for each task file of the checkpoint, by file name (a rescaled task
+        reads other tasks' files)."""
+        return {name: sums for files in self.tasks.values() for name, sums in files.checksums.items()}
+
     def to_wire(self) -> dict[str, Any]:
         return {"path": self.path, "checkpoint_id": self.checkpoint_id,
                 "tasks": {k: v.to_wire() for k, v in self.tasks.items()},

@@ -98,6 +98,9 @@ def _shared_file(entry: Any) -> SharedFile:
     if len(entry) not in (3, 4):
         raise ValueError(f"a shared file is [local name, name, size(, crc32)], not {entry!r}")
     crc = int(entry[3]) if len(entry) == 4 else None
+    for name in entry[:2]:  # both are file names (local, shared): a path could reach outside either directory
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"a shared file's names are plain file names, not {str(name)[:200]!r}")
     return SharedFile(str(entry[0]), str(entry[1]), int(entry[2]), crc)
 
 

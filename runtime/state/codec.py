@@ -15,6 +15,8 @@ from typing import Any
 
 import msgpack
 
+from runtime.common.values import UnpicklableValue, packer_default, unpack_ext
+
 MAX_KEY_GROUPS = 1 << 16  # the prefix is two bytes
 MAX_NAME_BYTES = 255
 
@@ -42,7 +44,9 @@ def encode_key(name: str, group: int, key: Any) -> bytes:
     if len(raw) > MAX_NAME_BYTES:
         raise StateCodecError(f"state name {name!r} is longer than {MAX_NAME_BYTES} bytes")
     try:
-        packed = msgpack.packb(key, use_bin_type=True)
+        packed = msgpack.packb(key, use_bin_type=True, default=_KEY_DEFAULT)
+    except UnpicklableValue:
+        raise
     except (TypeError, ValueError, OverflowError) as e:
         raise StateCodecError(f"state key {key!r:.80} cannot be stored: {e}") from e
     return group_prefix(group) + bytes((len(raw),)) + raw + packed
@@ -53,7 +57,7 @@ def decode_key(data: bytes) -> tuple[str, int, Any]:
         group = int.from_bytes(data[:2], "big")
         length = data[2]
         name = data[3:3 + length].decode("utf-8")
-        key = msgpack.unpackb(data[3 + length:], raw=False, use_list=False)
+        key = msgpack.unpackb(data[3 + length:], raw=False, use_list=False, ext_hook=unpack_ext)
     except (IndexError, UnicodeDecodeError, ValueError, msgpack.UnpackException) as e:
         raise StateCodecError(f"stored state key {data[:40]!r} does not decode: {e}") from e
     return name, group, key
@@ -70,6 +74,8 @@ TUPLE_EXT = 1
 _TUPLE_MARK = msgpack.ExtType(TUPLE_EXT, b"")
 _TUPLE = object()  # what the marker decodes to, before list_hook turns its array into a tuple
 _NATIVE: tuple[type, ...] = (dict, list, str, bytes, int, float)
+_KEY_DEFAULT = packer_default("a keyed state's key")
+_VALUE_DEFAULT = packer_default("a keyed state's value")
 
 
 def _pack_other(obj: Any) -> Any:
@@ -79,11 +85,11 @@ def _pack_other(obj: Any) -> Any:
     for base in _NATIVE:  # subclasses (OrderedDict, IntEnum, ...) as their base
         if isinstance(obj, base):
             return base(obj)
-    raise TypeError(f"can not serialize {type(obj).__name__!r} object")
+    return _VALUE_DEFAULT(obj)  # anything else pickled (runtime/common/values.py)
 
 
 def _unpack_ext(code: int, data: bytes) -> Any:
-    return _TUPLE if code == TUPLE_EXT and not data else msgpack.ExtType(code, data)
+    return _TUPLE if code == TUPLE_EXT and not data else unpack_ext(code, data)
 
 
 def _unpack_array(items: list[Any]) -> Any:
@@ -93,6 +99,8 @@ def _unpack_array(items: list[Any]) -> Any:
 def encode_value(value: Any) -> bytes:
     try:
         return msgpack.packb(value, use_bin_type=True, strict_types=True, default=_pack_other)
+    except UnpicklableValue:
+        raise
     except (TypeError, ValueError, OverflowError) as e:
         raise StateCodecError(f"state value {value!r:.80} cannot be stored: {e}") from e
 

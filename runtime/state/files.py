@@ -42,10 +42,12 @@ class SnapshotStore:
         return path
 
     def path(self, relative: str) -> str:
-        return objectstore.join(self.root, relative)
+        """`relative` under the root; a name from a snapshot handle that could point elsewhere (absolute, `..`)
+        is refused before anything is touched (objectstore.OutsideDirectory)."""
+        return objectstore.confined_join(self.root, relative, what="state snapshot file")
 
     def shared_path(self, name: str) -> str:
-        return objectstore.join(self.root, SHARED_DIR, name)
+        return objectstore.confined_join(objectstore.join(self.root, SHARED_DIR), name, what="shared state file")
 
     def upload(self, source: str, relative: str) -> int:
         """Copy the local file `source` to `relative` under the root durably; returns the bytes copied."""

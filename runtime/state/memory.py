@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import msgpack
 
 from runtime.common import objectstore
+from runtime.common.values import packer_default, unpack_ext
 from runtime.state.backend import (
     MISSING,
     PendingSnapshot,
@@ -30,6 +31,7 @@ from runtime.state.codec import hashable
 from runtime.state.files import SnapshotStore
 
 FORMAT = 1
+_DEFAULT = packer_default("a memory state snapshot")
 
 
 class MemoryBackend(StateBackend):
@@ -118,7 +120,7 @@ class _MemorySnapshot(PendingSnapshot):
     def upload(self, store: SnapshotStore) -> SnapshotHandle:
         tables = {group: [[name, key, value] for (name, key), value in table.items()]
                   for group, table in self._frozen.items()}
-        data = msgpack.packb({"format": FORMAT, "groups": tables}, use_bin_type=True)
+        data = msgpack.packb({"format": FORMAT, "groups": tables}, use_bin_type=True, default=_DEFAULT)
         relative = f"{objectstore.basename(store.private_dir(self.checkpoint_id))}/{self._owner}-memory.state"
         store.write(relative, data)
         return SnapshotHandle(backend=MemoryBackend.name, checkpoint_id=self.checkpoint_id,
@@ -129,7 +131,7 @@ class _MemorySnapshot(PendingSnapshot):
 def _read_tables(store: SnapshotStore, relative: str) -> Iterator[tuple[str, int, Any, Any]]:
     path = store.path(relative)
     try:
-        data = msgpack.unpackb(store.read(relative), raw=False, strict_map_key=False)
+        data = msgpack.unpackb(store.read(relative), raw=False, strict_map_key=False, ext_hook=unpack_ext)
         if data.get("format") != FORMAT:
             raise StateBackendError(f"{path}: memory state format {data.get('format')!r}, expected {FORMAT}")
         for group, entries in data["groups"].items():
@@ -139,3 +141,8 @@ def _read_tables(store: SnapshotStore, relative: str) -> Iterator[tuple[str, int
         raise StateBackendError(f"{path}: memory state snapshot file is missing") from e
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
         raise StateBackendError(f"{path}: memory state snapshot does not decode: {e}") from e
+
+
+def create(key_groups: range, *, work_dir: str, options: Mapping[str, Any]) -> MemoryBackend:
+    """The descriptor's factory (runtime/common/state_backends.py): nothing to configure."""
+    return MemoryBackend(key_groups)

@@ -1,8 +1,9 @@
-"""The state backends: the one table of their names, what each needs installed, and the place that builds one.
+"""The state backends the worker builds: each is its descriptor's entry (runtime/common/state_backends.py).
 
-Every list of backend names derives from `BACKENDS`: the CLI's `--state-backend` choices and help, the
-worker's validation, the error naming the extra to install. (runtime/api sits below this layer and keeps its
-own tuple for `Job.state_backend`; a unit test holds it equal to `KINDS`.)
+A descriptor names the backend, the extra its libraries come from, its factory ("module:function") and the
+backends whose checkpoints it restores; every list of backend names derives from that table: the CLI's
+`--state-backend` choices and help, `Job.state_backend`, admission's extras, the worker's validation, the error
+naming the extra to install. A new backend is a descriptor and its module's `create`; nothing here changes.
 
 `memory` is the default and needs no backend object in a task (keyed state stays plain dicts, the fast
 path); `make_backend` still builds a MemoryBackend for the callers that want the batched interface (the
@@ -13,52 +14,27 @@ worker without their client libraries runs every other job as before.
 from __future__ import annotations
 
 import importlib
-import os
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from runtime.common.extras import install_line
+from runtime.common.state_backends import BACKENDS, BY_NAME, DEFAULT, NAMES, BackendDescriptor, help_text
 from runtime.state.backend import StateBackend, StateBackendError
 
-
-@dataclass(frozen=True)
-class BackendSpec:
-    name: str
-    module: str  # defines the backend class and `available()`
-    summary: str  # one line for --help
-    extra: str | None = None  # the pyproject extra its libraries come from (None: always installed)
-
-    @property
-    def install_line(self) -> str:
-        return install_line(self.extra) if self.extra else ""
-
-
-BACKENDS = (
-    BackendSpec("memory", "runtime.state.memory", "dicts in the task (the default)"),
-    BackendSpec("rocksdb", "runtime.state.rocksdb", "on local disk, larger than memory, incremental checkpoints",
-                extra="rocksdb"),
-    BackendSpec("remote", "runtime.state.remote", "a Redis-protocol state server (--state-remote-address)",
-                extra="remote"),
-)
-_BY_NAME = {spec.name: spec for spec in BACKENDS}
-KINDS = tuple(_BY_NAME)
-MEMORY, ROCKSDB, REMOTE = KINDS
-DEFAULT = MEMORY
+KINDS = NAMES
+MEMORY, ROCKSDB, REMOTE = "memory", "rocksdb", "remote"
+__all__ = ["BACKENDS", "DEFAULT", "KINDS", "MEMORY", "REMOTE", "ROCKSDB", "check_kind", "help_text", "make_backend",
+           "missing_extra", "spec"]
 
 
 def check_kind(kind: str) -> str:
     """`kind` if it names a backend; a one-line error naming the choices otherwise."""
-    if kind not in _BY_NAME:
+    if kind not in BY_NAME:
         raise StateBackendError(f"unknown state backend {kind!r}: choose one of {', '.join(KINDS)}")
     return kind
 
 
-def spec(kind: str) -> BackendSpec:
-    return _BY_NAME[check_kind(kind)]
-
-
-def help_text() -> str:
-    return ", ".join(f"{s.name} ({s.summary})" for s in BACKENDS)
+def spec(kind: str) -> BackendDescriptor:
+    return BY_NAME[check_kind(kind)]
 
 
 def missing_extra(kind: str) -> str | None:
@@ -76,32 +52,20 @@ def missing_extra(kind: str) -> str | None:
     return None
 
 
-def make_backend(kind: str, key_groups: range, *, work_dir: str, options: dict[str, Any]) -> StateBackend:
-    """A backend of `kind` for the key groups of one task.
+def make_backend(kind: str, key_groups: range, *, work_dir: str, options: Mapping[str, Any]) -> StateBackend:
+    """A backend of `kind` for the key groups of one task, built by its descriptor's factory.
 
-    `work_dir`: a directory this backend may own (RocksDB keeps its instance there). `options`:
-    `write_buffer_bytes` (rocksdb), `remote_address` HOST:PORT and `namespace` (remote: keeps jobs and their
-    keyed operators apart on one server; `job_id` when absent).
+    `work_dir`: a directory this backend may own (RocksDB keeps its instance there). `options`: the backend's
+    own (`write_buffer_bytes` for rocksdb; `remote_address` HOST:PORT and `namespace` for remote).
     """
-    check_kind(kind)
-    if kind == REMOTE and not options.get("remote_address"):
-        raise StateBackendError("the remote state backend needs the server's address: "
+    backend = spec(kind)
+    if backend.needs_address and not options.get("remote_address"):
+        raise StateBackendError(f"the {kind} state backend needs the server's address: "
                                 "--state-remote-address HOST:PORT")
     problem = missing_extra(kind)
     if problem is not None:
         raise StateBackendError(problem)
-    if kind == MEMORY:
-        from runtime.state.memory import MemoryBackend
-
-        return MemoryBackend(key_groups)
-    if kind == ROCKSDB:
-        from runtime.state.rocksdb import DEFAULT_WRITE_BUFFER_BYTES, RocksDBBackend
-
-        os.makedirs(work_dir, exist_ok=True)
-        return RocksDBBackend(key_groups, directory=work_dir,
-                              write_buffer_bytes=int(options.get("write_buffer_bytes") or DEFAULT_WRITE_BUFFER_BYTES))
-    from runtime.state.remote import RemoteBackend  # type: ignore[import-not-found,unused-ignore]
-
-    namespace = str(options.get("namespace") or options.get("job_id") or "")
-    backend: StateBackend = RemoteBackend(key_groups, address=options["remote_address"], namespace=namespace)
-    return backend
+    module, _, function = backend.factory.partition(":")
+    created: StateBackend = getattr(importlib.import_module(module), function)(key_groups, work_dir=work_dir,
+                                                                                options=options)
+    return created

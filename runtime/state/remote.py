@@ -81,8 +81,8 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from runtime.common import objectstore
 from runtime.common.extras import install_line
@@ -300,7 +300,7 @@ class RemoteBackend(StateBackend):
             self._pending[checkpoint_id] = views
         self._version = self._next_version()
         self._stats.snapshots += 1
-        return _RemoteSnapshot(self, checkpoint_id, cut, views, time.perf_counter() - started)
+        return _RemoteSnapshot(self, checkpoint_id, cut, views, self.key_groups, time.perf_counter() - started)
 
     def restore(self, store: SnapshotStore, handles: Sequence[SnapshotHandle]) -> None:
         history: dict[int, versions.Lineage] = {g: () for g in self.key_groups}
@@ -320,16 +320,26 @@ class RemoteBackend(StateBackend):
                         history[group] = lineage
         self._claim(history)
         if paths:
-            self._register(paths)  # a savepoint restored from stays protected while its files exist
+            self.register_manifests(paths)  # a savepoint restored from stays protected while its files exist
 
     def close(self) -> None:
         self._client.close()
 
     # -- garbage collection ---------------------------------------------------------------------------
 
-    def _register(self, manifest_paths: list[str]) -> None:
+    # -- what a pending snapshot asks of its backend (SnapshotHost) ------------------------------------
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    def register_manifests(self, manifest_paths: list[str]) -> None:
         """List manifests in the namespace's registry on the server: every writer's collection reads it."""
         self._call("registering manifests", self._client.sadd, self._prefix + b"manifests", *manifest_paths)
+
+    def snapshot_ended(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self._pending.pop(checkpoint_id, None)
 
     def _views(self) -> dict[int, list[versions.Lineage]]:
         """Per owned group, every lineage a reader may still use.
@@ -374,12 +384,11 @@ class RemoteBackend(StateBackend):
         """
         views = self._views()
         groups = sorted(views)
-        dropped = self._collect_fresh(views, groups)
+        dropped = self._collect_fresh(views, groups)  # the fields of dead versions, then the marked entries'
         marks = self._pipeline("collection", (("smembers", (self._group_key(b"c", g),)) for g in groups))
         by_common: dict[versions.Lineage, list[tuple[int, bytes]]] = {}
         for group, members in zip(groups, marks, strict=True):
             by_common.setdefault(versions.common(views[group]), []).extend((group, m) for m in sorted(members))
-        dropped = 0
         for common, marked in by_common.items():
             bounds = [bound for interval in common for bound in interval]
             for start in range(0, len(marked), SCAN_CHUNK):
@@ -447,36 +456,50 @@ class RemoteBackend(StateBackend):
         return int(self._call("collection", self._collect_script, keys, args)) if keys else 0
 
 
+class SnapshotHost(Protocol):
+    """What a pending snapshot asks of its backend, and nothing else of it."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def owner(self) -> str: ...  # names this writer's manifests apart from another subtask's
+
+    def register_manifests(self, manifest_paths: list[str]) -> None: ...
+
+    def snapshot_ended(self, checkpoint_id: int) -> None: ...  # no longer a view that collection must keep
+
+    def collect_garbage(self) -> int: ...
+
+
 class _RemoteSnapshot(PendingSnapshot):
-    def __init__(self, backend: RemoteBackend, checkpoint_id: int, cut: int,
-                 lineages: dict[int, versions.Lineage], sync_seconds: float) -> None:
+    def __init__(self, host: SnapshotHost, checkpoint_id: int, cut: int, lineages: dict[int, versions.Lineage],
+                 key_groups: range, sync_seconds: float) -> None:
         self.checkpoint_id = checkpoint_id
         self.sync_seconds = sync_seconds
         self.cut = cut
         self.collected_fields = 0
-        self._backend = backend
+        self._host = host
         self._lineages = lineages
-        self._key_groups = backend.key_groups
+        self._key_groups = key_groups
 
     def upload(self, store: SnapshotStore) -> SnapshotHandle:
-        backend = self._backend
-        data = json.dumps({"format": MANIFEST_FORMAT, "namespace": backend.namespace, "cut": self.cut,
+        host = self._host
+        data = json.dumps({"format": MANIFEST_FORMAT, "namespace": host.namespace, "cut": self.cut,
                            "key_groups": [self._key_groups.start, self._key_groups.stop],
                            "lineages": _runs(self._lineages)}, separators=(",", ":")).encode()
-        relative = f"{objectstore.basename(store.private_dir(self.checkpoint_id))}/{backend._owner}{MANIFEST_SUFFIX}"
+        relative = f"{objectstore.basename(store.private_dir(self.checkpoint_id))}/{host.owner}{MANIFEST_SUFFIX}"
         store.write(relative, data)
         # registered before it stops being pending: a view is never unknown to collection
-        backend._register([store.path(relative)])
-        with backend._lock:
-            backend._pending.pop(self.checkpoint_id, None)
-        self.collected_fields = backend.collect_garbage()
+        host.register_manifests([store.path(relative)])
+        host.snapshot_ended(self.checkpoint_id)
+        self.collected_fields = host.collect_garbage()
         return SnapshotHandle(backend=RemoteBackend.name, checkpoint_id=self.checkpoint_id,
                               key_groups=self._key_groups, private_files=(relative,),
                               uploaded_bytes=len(data), total_bytes=len(data))
 
     def abort(self) -> None:
-        with self._backend._lock:
-            self._backend._pending.pop(self.checkpoint_id, None)
+        self._host.snapshot_ended(self.checkpoint_id)
 
 
 def _runs(lineages: dict[int, versions.Lineage]) -> list[list[Any]]:
@@ -505,3 +528,10 @@ def read_manifest(path: str) -> dict[str, Any]:
         raise StateBackendError(f"{path}: remote state manifest is missing") from e
     except (ValueError, KeyError, TypeError) as e:
         raise StateBackendError(f"{path}: remote state manifest does not decode: {e}") from e
+
+
+def create(key_groups: range, *, work_dir: str, options: Mapping[str, Any]) -> RemoteBackend:
+    """The descriptor's factory (runtime/common/state_backends.py): the options `remote_address` HOST:PORT and
+    `namespace` (keeps jobs and their keyed operators apart on one server; `job_id` when absent)."""
+    namespace = str(options.get("namespace") or options.get("job_id") or "")
+    return RemoteBackend(key_groups, address=str(options["remote_address"]), namespace=namespace)

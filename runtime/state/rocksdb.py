@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from runtime.common import objectstore
@@ -73,9 +73,7 @@ class RocksDBBackend(StateBackend):
         super().__init__(key_groups)
         self._base = os.path.abspath(directory)
         self._write_buffer_bytes = write_buffer_bytes
-        self._lock = threading.Lock()  # guards _uploaded, read and replaced by uploads on other threads
-        self._uploaded: dict[str, SharedFile] = {}
-        self._uploaded_to: str | None = None  # the store root of those uploads: another store has none of them
+        self._uploads = SharedUploads()  # what the snapshots share with the backend, and nothing else of it
         self._snapshot_seq = 0
         self._open_fresh()
 
@@ -186,18 +184,8 @@ class RocksDBBackend(StateBackend):
             shutil.rmtree(local, ignore_errors=True)
             raise StateBackendError(f"RocksDB checkpoint {checkpoint_id} into {local} failed: {e}") from e
         self._stats.snapshots += 1
-        return _RocksSnapshot(self, checkpoint_id, local, time.perf_counter() - started)
-
-    def _previous_uploads(self, root: str) -> dict[str, SharedFile]:
-        """The SST files already in the store at `root` (none when the last upload went to another store, as a
-        savepoint's does: a savepoint copies everything, and the checkpoint after it does too)."""
-        with self._lock:
-            return dict(self._uploaded) if self._uploaded_to == root else {}
-
-    def _remember_uploads(self, files: dict[str, SharedFile], root: str | None) -> None:
-        with self._lock:
-            self._uploaded = files
-            self._uploaded_to = root
+        return _RocksSnapshot(checkpoint_id, local, instance=self._instance, key_groups=self.key_groups,
+                              uploads=self._uploads, sync_seconds=time.perf_counter() - started)
 
     def restore(self, store: SnapshotStore, handles: Sequence[SnapshotHandle]) -> None:
         for handle in handles:
@@ -213,10 +201,10 @@ class RocksDBBackend(StateBackend):
             self._db = self._open(self._path)
             self._clip(handles[0].key_groups)
             # The local SST files are byte for byte the shared ones: the next checkpoint need not upload them.
-            self._remember_uploads({f.local_name: f for f in handles[0].shared_files}, store.root)
+            self._uploads.remember({f.local_name: f for f in handles[0].shared_files}, store.root)
             return
         self._open_fresh()
-        self._remember_uploads({}, None)
+        self._uploads.remember({}, None)
         for handle in handles:
             overlap = range(max(handle.key_groups.start, self.key_groups.start),
                             min(handle.key_groups.stop, self.key_groups.stop))
@@ -257,17 +245,40 @@ class RocksDBBackend(StateBackend):
             self._db.write(batch, self._write_options)
 
 
+class SharedUploads:
+    """The SST files the backend's last snapshot (or restore) has in a store: the one thing a snapshot and its
+    backend share. The next snapshot to the same store references those it still has instead of uploading
+    them again; one to another store (a savepoint's) copies everything, and so does the checkpoint after it.
+    Uploads run on other threads: read and replaced under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, SharedFile] = {}
+        self._root: str | None = None  # the store root of those uploads: another store has none of them
+
+    def previous(self, root: str) -> dict[str, SharedFile]:
+        """The SST files (by local name) already in the store at `root`."""
+        with self._lock:
+            return dict(self._files) if self._root == root else {}
+
+    def remember(self, files: dict[str, SharedFile], root: str | None) -> None:
+        with self._lock:
+            self._files = files
+            self._root = root
+
+
 class _RocksSnapshot(PendingSnapshot):
-    def __init__(self, backend: RocksDBBackend, checkpoint_id: int, local: str, sync_seconds: float) -> None:
+    def __init__(self, checkpoint_id: int, local: str, *, instance: str, key_groups: range, uploads: SharedUploads,
+                 sync_seconds: float) -> None:
         self.checkpoint_id = checkpoint_id
         self.sync_seconds = sync_seconds
-        self._backend = backend
-        self._local = local
-        self._instance = backend._instance
-        self._key_groups = backend.key_groups
+        self._local = local  # the RocksDB checkpoint's directory, which the upload consumes
+        self._instance = instance  # names the shared files apart from another instance's of the same name
+        self._key_groups = key_groups
+        self._uploads = uploads
 
     def upload(self, store: SnapshotStore) -> SnapshotHandle:
-        previous = self._backend._previous_uploads(store.root)
+        previous = self._uploads.previous(store.root)
         private_dir = objectstore.basename(store.private_dir(self.checkpoint_id))
         private: list[str] = []
         shared: dict[str, SharedFile] = {}
@@ -295,7 +306,7 @@ class _RocksSnapshot(PendingSnapshot):
                                     f"failed: {e}") from e
         finally:
             shutil.rmtree(self._local, ignore_errors=True)
-        self._backend._remember_uploads(shared, store.root)
+        self._uploads.remember(shared, store.root)
         return SnapshotHandle(backend=RocksDBBackend.name, checkpoint_id=self.checkpoint_id,
                               key_groups=self._key_groups, private_files=tuple(private),
                               shared_files=tuple(shared[n] for n in sorted(shared)),
@@ -315,6 +326,9 @@ def _download(store: SnapshotStore, handle: SnapshotHandle, target: str) -> None
                 raise StateBackendError(f"checkpoint {handle.checkpoint_id}: shared file {store.path(relative)} is "
                                         f"missing or not {f.size} bytes")
             store.download(relative, os.path.join(target, f.local_name))
+            if f.crc32 is not None and file_crc32(os.path.join(target, f.local_name)) != f.crc32:
+                raise StateBackendError(f"checkpoint {handle.checkpoint_id}: shared file {store.path(relative)} is "
+                                        f"corrupt: its CRC-32 differs from the one recorded")
         for relative in handle.private_files:
             local_name = objectstore.basename(relative).split("-", 1)[1]
             try:
@@ -344,3 +358,11 @@ def _scan(db: Any, key_groups: range) -> Iterator[tuple[str, int, Any, Any]]:
     for raw_key, raw_value in _raw_items(db, start, end):
         name, group, key = decode_key(raw_key)
         yield name, group, key, decode_value(raw_value)
+
+
+def create(key_groups: range, *, work_dir: str, options: Mapping[str, Any]) -> RocksDBBackend:
+    """The descriptor's factory (runtime/common/state_backends.py): an instance in `work_dir`, with the
+    option `write_buffer_bytes`."""
+    os.makedirs(work_dir, exist_ok=True)
+    return RocksDBBackend(key_groups, directory=work_dir,
+                          write_buffer_bytes=int(options.get("write_buffer_bytes") or DEFAULT_WRITE_BUFFER_BYTES))

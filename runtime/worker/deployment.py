@@ -72,13 +72,16 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
             sub.gate = output_gate
         subpartitions += ordered
         writer = RecordWriter(ordered, edge.partitioner, edge_key_fn(job, plan.vertices, edge),
-                              job.max_parallelism, subtask)
+                              job.max_parallelism, subtask, producer=vertex.name)
         if edge.tag is not None:
             writer.side_output = (edge.tag_node, edge.tag)
         writers.append(writer)
     chain = Chain(job, vertex.nodes, subtask_index=subtask, parallelism=vertex.parallelism, attempt=plan.attempt,
                   outputs=writers, state_backend=state_backend,
                   async_state=AsyncStateSettings.from_config(dict(plan.config.async_state)))
+    for node in chain.nodes:
+        if node.kind == "sink":
+            node.payload.bind(plan.job_id, node.uid)
     head = job.nodes[vertex.nodes[0]]
     key = TaskKey(plan.job_id, vertex.id, subtask, vertex.name, vertex.parallelism)
     checkpoints: list[TaskCheckpoints] = []

@@ -7,11 +7,13 @@ read functions below) and hands them back to the plan's `assemble`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from runtime.api import Job
 from runtime.checkpointing import snapshots
 from runtime.checkpointing.rescaling import RescaleError
 from runtime.checkpointing.restore_plan import Channels, OldPlan, Operator, assemble, plan_restore
-from runtime.checkpointing.snapshots import decode_operator_state, read_file
+from runtime.checkpointing.snapshots import decode_operator_state, read_task_file
 from runtime.connectors.source import Source
 from runtime.connectors.splits import SplitReader, fold_emitted, is_split_position
 from runtime.execution.channels import InputChannel
@@ -26,8 +28,9 @@ def load_restored(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int
                   job: Job) -> RestoredState | None:
     try:
         steps = plan_restore(restore, plan, vertex, subtask, job)
-        operators = {name: read_operator_state(restore.path, name) for name in steps.operator_files()}
-        channels = {name: read_channel_state(restore.path, name) for name in steps.channel_files()}
+        sums = restore.file_checksums()
+        operators = {name: read_operator_state(restore.path, name, sums.get(name)) for name in steps.operator_files()}
+        channels = {name: read_channel_state(restore.path, name, sums.get(name)) for name in steps.channel_files()}
         state = assemble(steps, operators, channels, {ch.key: ch.channel_id for ch in inputs})
     except RescaleError as exc:
         then = OldPlan(restore, plan, job).vertex(vertex)
@@ -37,12 +40,12 @@ def load_restored(restore: RestoreSpec, plan: Plan, vertex: Vertex, subtask: int
     return _split_positions_whole(state)
 
 
-def read_operator_state(directory: str, name: str) -> Operator:
-    return decode_operator_state(read_file(directory, name), name)
+def read_operator_state(directory: str, name: str, expected: Any) -> Operator:
+    return decode_operator_state(read_task_file(directory, name, expected), name)  # checked against `expected`
 
 
-def read_channel_state(directory: str, name: str) -> Channels:
-    return snapshots.read_channel_state(directory, name)  # with its shared segments, checked
+def read_channel_state(directory: str, name: str, expected: Any) -> Channels:
+    return snapshots.read_channel_state(directory, name, expected)  # with its shared segments, all checked
 
 
 def _split_positions_whole(state: RestoredState | None) -> RestoredState | None:

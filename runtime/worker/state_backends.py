@@ -28,7 +28,7 @@ from runtime.graph.partitioning import key_group_range
 from runtime.graph.plan import Plan, Vertex
 from runtime.state.backend import StateBackend, StateBackendError
 from runtime.state.latency import LatencyBackend
-from runtime.state.registry import DEFAULT, MEMORY, ROCKSDB, check_kind, make_backend
+from runtime.state.registry import DEFAULT, MEMORY, ROCKSDB, check_kind, make_backend, spec
 from runtime.state.tables import state_name
 
 
@@ -76,17 +76,19 @@ def restore_backend(backend: StateBackend | None, restored: RestoredState | None
     path = plan.restore.path
     groups = key_group_range(job.max_parallelism, vertex.parallelism, subtask)
     moves = restored.backend_moves or {}
+    kinds = {str(h.get("backend")) for h in restored.backend}
+    running = spec(backend_kind(plan, job))
+    if not all(running.restores(kind) for kind in kinds):
+        raise StateBackendError(f"the checkpoint holds {'/'.join(sorted(kinds))} state, which the {running.name} "
+                                f"backend cannot restore; restore it with --state-backend "
+                                f"{'/'.join(sorted(kinds))}")
     if backend is not None:
         backend_snapshots.restore(backend, restored.backend, path)
         if moves:
             renumber(backend, groups, moves)
         restored.backend = None
         return
-    # the job runs on the memory backend now: read the snapshot out into the dict tables
-    kinds = {str(h.get("backend")) for h in restored.backend}
-    if kinds != {ROCKSDB}:
-        raise StateBackendError(f"the checkpoint holds {'/'.join(sorted(kinds))} state; restore it with "
-                                f"--state-backend {'/'.join(sorted(kinds))}")
+    # the job runs on the memory backend now: read the (rocksdb) snapshot out into the dict tables
     scratch = _make(ROCKSDB, groups, plan, f"{vertex.id}-{subtask}-import", namespace="")
     try:
         backend_snapshots.restore(scratch, restored.backend, path)

@@ -37,7 +37,7 @@ from netstack.errors import (
 )
 from netstack.limits import ListenerLimits
 from netstack.metrics_http import serve_metrics
-from netstack.tls import TlsFiles
+from netstack.tls import TlsFiles, http_server_context
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
@@ -49,7 +49,7 @@ from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
 from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
-from runtime.graph.enums import CHECKPOINT_MODES, CheckpointMode, TaskState
+from runtime.graph.enums import TaskState
 from runtime.graph.plan import Plan
 from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
 from runtime.worker.log_tail import LogTail, process_figures
@@ -139,7 +139,11 @@ class Worker(BaseLinkHandler):
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(WorkerCollector(self))
-            self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port)).port
+            # over TLS with the data links' certificate when TLS is configured (Prometheus scrapes https)
+            tls = self.config.tls
+            self.metrics_port = (await serve_metrics(
+                registry, self.config.host, self.config.metrics_port,
+                ssl_context=http_server_context(tls) if tls and tls.cert else None)).port
         self.advertised = advertised_host(self.config.host, self.config.advertise, fallback=lambda: (
             local_address_towards(self.config.coordinator_host, self.config.coordinator_port)))
         await self._first_registration(data_port)
@@ -349,13 +353,7 @@ class Worker(BaseLinkHandler):
         deployed = self._running_job(args.job_id)
         if args.attempt != deployed.plan.attempt:
             raise Conflict(f"attempt {args.attempt} is not the one running here", "WrongAttempt")
-        if args.mode not in CHECKPOINT_MODES:
-            raise InvalidRequest(f"unknown checkpoint mode {args.mode!r}", "BadMode")
-        deadline = None
-        if args.mode == CheckpointMode.ALIGNED_TIMEOUT:
-            deadline = args.started_at + (args.aligned_timeout_s or 0.0)
-        spec = BarrierSpec(args.checkpoint_id, args.mode, args.started_at, deadline, args.savepoint, args.directory,
-                           args.channel_timeout_s, args.channel_inflight_bytes, args.max_inflight_bytes)
+        spec = BarrierSpec(args.checkpoint_id, args.started_at, args.options, args.directory)
         # Running sources start the checkpoint; tasks past their end of input get no barrier any more, so they are
         # triggered directly; finished tasks are recorded as finished by the coordinator.
         triggered = 0

@@ -383,3 +383,33 @@ def test_cli_errors_exit_2_before_spark_starts(tmp_path: Path) -> None:
     assert r.returncode == 2 and "refusing to overwrite" in r.stderr, r.stderr
     assert (tmp_path / "precious" / "notes.txt").exists()
     assert os.listdir(tmp_path / "precious") == ["notes.txt"]
+
+
+def test_verify_reads_delta_and_iceberg_tables_through_arrow(spark: Any, uniform: Path, tmp_path: Path) -> None:
+    """The word-count output committed to a Delta table and to an Iceberg table (by the sinks themselves, one
+    checkpoint each) verifies like part files; a row committed twice is one duplicate."""
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    from runtime.connectors.delta import DeltaSink
+    from runtime.connectors.iceberg import IcebergSink
+    from runtime.data.tables import OutputTable
+    from tests.support.iceberg_tables import make_counts_table, sqlite_catalog
+
+    pairs = [tuple(json.loads(line)) for line in write_wordcount_output(uniform, tmp_path / "files")]
+    catalog = sqlite_catalog(tmp_path / "iceberg")
+    make_counts_table(catalog)
+    for sink, rows in [(DeltaSink(str(tmp_path / "delta"), columns=["key", "n"]), pairs),
+                       (IcebergSink(catalog, "db.counts", columns=["key", "n"]), [*pairs, pairs[3]])]:
+        sink.open(0, 1, 0)
+        for row in rows:
+            sink.write(row)
+        sink.snapshot_state(1)
+        sink.commit(1)
+    delta = verify(spark, str(uniform), str(tmp_path / "delta"), table=OutputTable("delta", str(tmp_path / "delta")))
+    assert delta.ok and (delta.output_rows, delta.output_files) == (ROWS, 1), delta.report()
+    iceberg = verify(spark, str(uniform), "db.counts", table=OutputTable.parse("iceberg", "db.counts",
+                                                                                json.dumps(catalog)))
+    assert (iceberg.missing, iceberg.duplicate, iceberg.wrong) == (0, 1, 0), iceberg.report()
+    assert iceberg.examples["duplicate"][0]["row"] == list(pairs[3])
+    with pytest.raises(DataError, match="needs --catalog"):
+        OutputTable.parse("iceberg", "db.counts", None)

@@ -4,8 +4,12 @@ and with TLS a job runs exactly, while a client without the right certificate is
 from __future__ import annotations
 
 import asyncio
+import http.client
 import socket
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -173,5 +177,16 @@ def test_job_runs_exactly_over_mutual_tls_and_clients_without_the_cert_are_refus
         reply = s.recv(64)
     assert not reply.startswith(b"SL"), reply
     assert call("status")["workers"], "the cluster kept serving"
+    # REST and every metrics endpoint are HTTPS with the cluster's certificate: no plain-text port is left
+    trusting = ssl.create_default_context(cafile=ca.ca)
+    trusting.check_hostname = False
+    assert cluster.coordinator is not None
+    endpoints = [f"https://{cluster.coordinator.fields['http']}/api/v1/jobs/{job_id}/checkpoints?limit=2",
+                 *(f"https://{p.fields['metrics']}/metrics" for p in (cluster.coordinator, *cluster.workers))]
+    for url in endpoints:
+        with urllib.request.urlopen(url, context=trusting, timeout=10) as response:
+            assert response.status == 200 and response.read(), url
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(url.replace("https://", "http://"), timeout=10).read()
     for name in ("coordinator", "worker-1", "worker-2"):
         assert "Traceback" not in cluster.log(name), cluster.log(name)

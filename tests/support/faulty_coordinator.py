@@ -1,12 +1,16 @@
-"""A coordinator whose checkpoint storage fails on demand, for tests: the fault is injected here, around the
-product's storage, so the coordinator's own code reads no test hook.
+"""A coordinator whose checkpoint storage fails on demand, or that dies at a step of an upgrade or rescale, for
+tests: the fault is injected here, around the product's storage or through its step hook
+(`JobManager.step`), so the coordinator's own code reads no test setting.
 
     python -m tests.support.faulty_coordinator --metadata-fails N -- <python> -m runtime.cli coordinator ARGS...
+    python -m tests.support.faulty_coordinator --die-at upgrade:successor-recorded -- <python> -m runtime.cli ...
 
 The part after `--` is the usual command (the tests pass this module's part as the launcher `prefix` of
 `LocalCluster.start_coordinator`); the coordinator runs in this process with its storage wrapped by
 `FaultyStorage`: the first N `_metadata` writes fail as on a full disk (-1: every one), at the exact point where
-a real write would fail.
+a real write would fail. With `--die-at STEP` the process ends with `os._exit` (no cleanup, no lease released,
+as after a kill -9) when the coordinator reaches that step, right after the job records queued so far were
+written.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import sys
 from typing import Any
 
@@ -42,14 +47,30 @@ class FaultyStorage:
         return getattr(self._inner, name)
 
 
-def launcher(*, metadata_fails: int) -> list[str]:
+DIED_EXIT = 137  # what a shell reports for a kill -9
+
+
+def launcher(*, metadata_fails: int = 0, die_at: str = "") -> list[str]:
     """The `prefix` that starts a coordinator through this module."""
-    return [sys.executable, "-m", "tests.support.faulty_coordinator", "--metadata-fails", str(metadata_fails), "--"]
+    return [sys.executable, "-m", "tests.support.faulty_coordinator", "--metadata-fails", str(metadata_fails),
+            *(["--die-at", die_at] if die_at else []), "--"]
+
+
+def dying_at(step: str) -> Any:
+    async def on_step(reached: str) -> None:
+        logging.getLogger("sluice.faulty").warning("step %s reached%s", reached,
+                                                   ": dying (injected by the test)" if reached == step else "")
+        if reached == step:
+            sys.stderr.flush()
+            os._exit(DIED_EXIT)
+
+    return on_step
 
 
 def main(argv: list[str]) -> int:
     ours = argparse.ArgumentParser(prog="faulty_coordinator")
     ours.add_argument("--metadata-fails", type=int, default=0)
+    ours.add_argument("--die-at", default="", help="a step of an upgrade or rescale (JobManager.step)")
     split = argv.index("--")
     options = ours.parse_args(argv[:split])
     command = argv[split + 1:]
@@ -62,7 +83,8 @@ def main(argv: list[str]) -> int:
     raise_nofile_limit()
     config = coordinator_config(args)
     storage = FaultyStorage(LocalCheckpointStorage(config.checkpoint_root), metadata_fails=options.metadata_fails)
-    run(run_coordinator(config, storage=storage))  # type: ignore[arg-type]
+    run(run_coordinator(config, storage=storage,  # type: ignore[arg-type]
+                        on_step=dying_at(options.die_at) if options.die_at else None))
     return 0
 
 

@@ -15,7 +15,6 @@ from runtime.execution.async_controller import (
     AsyncExecutionController,
     AsyncStateProtocolError,
     BlockInput,
-    CheckpointMode,
     ControllerConfig,
     Delete,
     Drained,
@@ -24,6 +23,7 @@ from runtime.execution.async_controller import (
     ExecuteBatch,
     FireTimers,
     Get,
+    InFlightAtBarrier,
     InputBlocked,
     KeyOrder,
     Put,
@@ -162,7 +162,7 @@ def test_the_end_of_input_waits_for_the_timers_of_the_last_watermark() -> None:
 
 
 def test_a_capture_while_timers_run_replays_the_watermark_not_the_timers() -> None:
-    c = controller(timers=True, checkpoint_mode=CheckpointMode.CAPTURE, batch_size=10, batch_timeout_s=1.0)
+    c = controller(timers=True, checkpoint_mode=InFlightAtBarrier.CAPTURE, batch_size=10, batch_timeout_s=1.0)
     assert c.watermark(10, now=0) == [FireTimers(10)]
     c.fire_timers(10, [("a", "ta")], now=0)
     c.submit_record("b1", "b", now=0)
@@ -191,7 +191,7 @@ def test_drain_waits_for_records_before_the_barrier_and_holds_those_after() -> N
 
 
 def test_capture_snapshots_at_once_and_returns_what_is_in_flight_as_replay() -> None:
-    c = controller(checkpoint_mode=CheckpointMode.CAPTURE, batch_size=1)
+    c = controller(checkpoint_mode=InFlightAtBarrier.CAPTURE, batch_size=1)
     c.submit_record("a1", "a", now=0)
     c.request_state(0, 1, Put("n", 1), now=0)
     assert c.finish_record(0, now=0) == [ExecuteBatch(1, (), (("n", g("a"), "a", 1),), ())]
@@ -274,7 +274,7 @@ class Sim:
                 self.started.append((i.key, i.seq))
                 if self.config.epoch_mode is EpochMode.STRICT:
                     assert self.watermarks_out >= self.watermarks_before[i.seq], "started before its watermark"
-                if self.config.checkpoint_mode is CheckpointMode.DRAIN:
+                if self.config.checkpoint_mode is InFlightAtBarrier.DRAIN:
                     assert self.barriers_out >= self.barriers_before[i.seq], "started before the drained barrier"
             elif isinstance(i, AnswerRequest):
                 seq = self.waiting.pop(i.request_id)
@@ -421,7 +421,7 @@ def inputs_strategy(with_barrier: bool) -> st.SearchStrategy[list[Element]]:
 
 CONFIGS = st.builds(ControllerConfig, max_in_flight=st.integers(1, 6), batch_size=st.integers(1, 4),
                     batch_timeout_s=st.sampled_from([0.0, 0.001, 1.0]), key_order=st.sampled_from(KeyOrder),
-                    epoch_mode=st.sampled_from(EpochMode), checkpoint_mode=st.sampled_from(CheckpointMode),
+                    epoch_mode=st.sampled_from(EpochMode), checkpoint_mode=st.sampled_from(InFlightAtBarrier),
                     max_parallelism=st.just(MP), timers=st.booleans())
 
 
@@ -460,7 +460,7 @@ def test_a_checkpoint_then_a_restore_with_replay_gives_the_output_of_no_checkpoi
         config: ControllerConfig, inputs: list[Element], data: st.DataObject) -> None:
     sim = simulate(config, inputs, data)
     state, before, replay = sim.snapshots[1000]
-    if config.checkpoint_mode is CheckpointMode.DRAIN:
+    if config.checkpoint_mode is InFlightAtBarrier.DRAIN:
         assert replay == ()
     # a crash right after the checkpoint: restore the snapshot, process the replay, then the input after the barrier
     after_barrier = inputs[inputs.index(1000) + 1:]

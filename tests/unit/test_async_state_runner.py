@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.execution.async_controller import CheckpointMode, ControllerConfig, KeyOrder, Record, Watermark
+from runtime.execution.async_controller import ControllerConfig, InFlightAtBarrier, KeyOrder, Record, Watermark
 from runtime.execution.async_state import AsyncKeyedContext, AsyncKeyedProcessFunction, AsyncStateRunner
 from runtime.state.backend import StateBackend
 from runtime.state.files import SnapshotStore
@@ -105,9 +105,9 @@ async def test_a_failing_record_fails_the_runner_with_its_error() -> None:
 
 
 @pytest.mark.skipif(not available(), reason="the rocksdb extra is not installed")
-@pytest.mark.parametrize("mode", list(CheckpointMode))
+@pytest.mark.parametrize("mode", list(InFlightAtBarrier))
 async def test_a_restore_from_a_checkpoint_and_its_replay_loses_and_repeats_nothing(
-        mode: CheckpointMode, tmp_path: Any) -> None:
+        mode: InFlightAtBarrier, tmp_path: Any) -> None:
     inputs = records(400, 9)
     store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
     config = ControllerConfig(checkpoint_mode=mode, batch_size=8, max_in_flight=64)
@@ -119,7 +119,7 @@ async def test_a_restore_from_a_checkpoint_and_its_replay_loses_and_repeats_noth
         handle = taken.pending.upload(store)
     replay = taken.instruction.replay
     assert all(isinstance(e, Record) for e in replay)
-    if mode is CheckpointMode.DRAIN:
+    if mode is InFlightAtBarrier.DRAIN:
         assert replay == ()
     else:
         assert replay, "records were in flight at the barrier: capture returned them instead of waiting"
@@ -141,7 +141,7 @@ async def test_a_capture_checkpoint_as_bytes_restores_at_another_parallelism(tmp
 
     inputs = records(300, 11)
     store = SnapshotStore(os.path.join(str(tmp_path), "checkpoints"))
-    config = ControllerConfig(checkpoint_mode=CheckpointMode.CAPTURE, batch_size=8, max_in_flight=64)
+    config = ControllerConfig(checkpoint_mode=InFlightAtBarrier.CAPTURE, batch_size=8, max_in_flight=64)
     with LatencyBackend(RocksDBBackend(ALL, directory=os.path.join(str(tmp_path), "a")), round_trip_s=0.0005) as live:
         out, runner = await run(live, config, [*inputs[:200], Watermark(5), 3, *inputs[200:]])
         taken = runner.checkpoints[3]

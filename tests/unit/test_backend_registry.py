@@ -46,3 +46,41 @@ def test_a_backend_whose_library_is_missing_fails_with_the_install_line(monkeypa
     with pytest.raises(StateBackendError, match=r"pip install 'sluice-dataflow\[rocksdb\]'"):
         registry.make_backend("rocksdb", range(4), work_dir=str(tmp_path), options={})
     assert registry.missing_extra("memory") is None
+
+
+def test_each_descriptor_names_a_factory_its_module_defines() -> None:
+    import importlib
+
+    for descriptor in registry.BACKENDS:
+        if registry.missing_extra(descriptor.name) is not None:
+            continue  # its libraries are not installed here: the module may not import
+        module, _, function = descriptor.factory.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), descriptor.factory
+
+
+def test_what_each_backend_restores() -> None:
+    memory, rocksdb, remote = (registry.spec(k) for k in ("memory", "rocksdb", "remote"))
+    assert [memory.restores(k) for k in registry.KINDS] == [True, True, False]
+    assert [rocksdb.restores(k) for k in registry.KINDS] == [True, True, False]
+    assert [remote.restores(k) for k in registry.KINDS] == [True, False, True]
+
+
+def test_make_backend_builds_through_the_descriptor(tmp_path: Any) -> None:
+    backend = registry.make_backend("memory", range(2, 5), work_dir=str(tmp_path), options={})
+    assert backend.name == "memory" and backend.key_groups == range(2, 5)
+    with pytest.raises(StateBackendError, match="the remote state backend needs the server's address"):
+        registry.make_backend("remote", range(4), work_dir=str(tmp_path), options={})
+
+
+def test_admission_asks_for_the_extra_the_descriptor_names() -> None:
+    from runtime.api import Job
+    from runtime.connectors.generator import GeneratorSource
+    from runtime.connectors.sinks import DiscardSink
+    from runtime.examples.wordcount import Count
+    from runtime.graph.admission import needed_extras
+
+    keyed, plain = Job("keyed"), Job("plain")
+    keyed.source(GeneratorSource(count=1)).key_by(lambda r: r).process(Count()).sink(DiscardSink())
+    plain.source(GeneratorSource(count=1)).sink(DiscardSink())
+    assert [needed_extras(keyed, backend=k) for k in registry.KINDS] == [set(), {"rocksdb"}, {"remote"}]
+    assert needed_extras(plain, backend="rocksdb") == set()  # no keyed state: no backend object

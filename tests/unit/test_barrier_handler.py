@@ -17,12 +17,15 @@ from runtime.checkpointing.barriers import (
     Snapshot,
     UnblockAll,
 )
+from runtime.graph.checkpoint_options import CheckpointOptions
+from runtime.graph.enums import CheckpointMode
 
 CHANNELS = [0, 1, 2]
 
 
 def spec(checkpoint_id: int = 1, mode: str = "aligned", *, deadline: float | None = None) -> BarrierSpec:
-    return BarrierSpec(checkpoint_id, mode, started_at=0.0, deadline=deadline)
+    # aligned_timeout: started at 0, so the deadline is the timeout
+    return BarrierSpec(checkpoint_id, 0.0, CheckpointOptions(CheckpointMode(mode), aligned_timeout_s=deadline))
 
 
 def handler(channels: list[int] = CHANNELS) -> BarrierHandler:
@@ -280,8 +283,8 @@ def test_at_least_once_newer_barrier_abandons_without_blocking():
 
 
 def switching(*, timeout: float | None = 0.01, nbytes: int | None = None, cap: int | None = None) -> BarrierSpec:
-    return BarrierSpec(1, "aligned", 0.0, channel_timeout_s=timeout, channel_inflight_bytes=nbytes,
-                       max_inflight_bytes=cap)
+    return BarrierSpec(1, 0.0, CheckpointOptions(channel_timeout_s=timeout, channel_inflight_bytes=nbytes,
+                                                 max_inflight_bytes=cap))
 
 
 def mixed(s: BarrierSpec) -> list:
@@ -335,8 +338,8 @@ def test_a_priority_barrier_of_a_switching_checkpoint_blocks_its_channel_until_t
 
 
 def test_savepoints_never_switch_channels():
-    s = BarrierSpec(1, "aligned", 0.0, savepoint=True, channel_timeout_s=0.01, channel_inflight_bytes=1)
-    assert not s.switching and BarrierSpec.from_body(s.to_body()) == BarrierSpec(1, "aligned", 0.0, savepoint=True)
+    s = BarrierSpec(1, 0.0, CheckpointOptions(savepoint=True, channel_timeout_s=0.01, channel_inflight_bytes=1))
+    assert not s.switching and BarrierSpec.from_body(s.to_body()) == s
     h = handler([0, 1])
     assert h.on_arrival(1, s, now=0.0, bytes_ahead=10_000) == []
     assert h.on_time(5.0, s) == []
@@ -363,7 +366,7 @@ def test_a_newer_barrier_waits_blocked_until_the_older_unaligned_checkpoint_has_
 
 
 def test_a_savepoint_barrier_during_an_unaligned_checkpoint_aligns_after_it():
-    h, u1, sp = handler([0, 1]), spec(1, "unaligned"), BarrierSpec(2, "aligned", 0.0, savepoint=True)
+    h, u1, sp = handler([0, 1]), spec(1, "unaligned"), BarrierSpec(2, 0.0, CheckpointOptions(savepoint=True))
     assert h.on_barrier(0, u1, priority=True, now=0.0) == [Snapshot(u1, unaligned=True), UnblockAll()]
     assert h.on_barrier(0, sp, priority=False, now=0.1) == [Block(0)]
     assert h.on_barrier(1, u1, priority=True, now=0.2) == [InputsComplete(u1, True), UnblockAll(), Block(0)]

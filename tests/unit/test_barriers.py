@@ -40,6 +40,8 @@ from runtime.execution.channels import (
     whole_records,
     whole_records_length,
 )
+from runtime.graph.checkpoint_options import CheckpointOptions
+from runtime.graph.enums import CheckpointMode
 
 CAPACITY = 24  # tiny buffers, so most records span two or more of them
 
@@ -84,10 +86,12 @@ class Scenario:
         self.records = records
         self.barrier_at = barrier_at
         if mode == "switch":
-            self.spec = BarrierSpec(1, "aligned", 0.0, channel_timeout_s=1.0, channel_inflight_bytes=channel_bytes,
-                                    max_inflight_bytes=cap)
+            options = CheckpointOptions(channel_timeout_s=1.0, channel_inflight_bytes=channel_bytes,
+                                        max_inflight_bytes=cap)
+            self.spec = BarrierSpec(1, 0.0, options)
         else:
-            self.spec = BarrierSpec(1, mode, 0.0, 1.0 if mode == "aligned_timeout" else None)
+            self.spec = BarrierSpec(1, 0.0, CheckpointOptions(CheckpointMode(mode), aligned_timeout_s=1.0
+                                                              if mode == "aligned_timeout" else None))
         self.barrier = Event(self.spec.to_body())
         self.promoted = False  # a producer let its barrier overtake data (switch: its output side switched)
         self.task = ModelTask()

@@ -53,8 +53,10 @@ def test_a_later_checkpoint_references_and_retention_keeps_what_is_listed(tmp_pa
     d1, s1 = _checkpoint(storage, files, 1, queue)
     queue = [*queue[1:], *_buffers(4)]
     d2, s2 = _checkpoint(storage, files, 2, queue)
-    assert read_channel_state(d1, "1-0.out") == {"1:0:0": b"".join(b.data for b in _buffers(1, 2, 3))}
-    assert read_channel_state(d2, "1-0.out") == {"1:0:0": b"".join(b.data for b in _buffers(2, 3, 4))}
+    assert read_channel_state(d1, "1-0.out", s1["checksums"]["1-0.out"]) == {
+        "1:0:0": b"".join(b.data for b in _buffers(1, 2, 3))}
+    assert read_channel_state(d2, "1-0.out", s2["checksums"]["1-0.out"]) == {
+        "1:0:0": b"".join(b.data for b in _buffers(2, 3, 4))}
     first = {s[0] for s in s1["segments"]}
     assert first < {s[0] for s in s2["segments"]}  # 2 and 3 are referenced, not written again
     assert s2["segments"][-1][1] == 5  # only buffer 4 is new
@@ -87,7 +89,8 @@ def test_savepoints_are_self_contained(tmp_path: Path) -> None:
     _checkpoint(storage, files, 1, queue)
     sp, state = _checkpoint(storage, files, 2, queue, savepoint=True)
     assert "segments" not in state
-    assert read_channel_state(sp, "1-0.out") == {"1:0:0": b"".join(b.data for b in queue)}
+    assert read_channel_state(sp, "1-0.out", state["checksums"]["1-0.out"]) == {
+        "1:0:0": b"".join(b.data for b in queue)}
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete"])
@@ -103,8 +106,8 @@ def test_a_missing_or_corrupt_segment_is_one_clear_error(tmp_path: Path, damage:
     else:
         segment.unlink()
     with pytest.raises(CorruptState, match=segment.name):
-        read_channel_state(directory, "1-0.out")
-    with pytest.raises(CorruptCheckpoint, match=f"{segment.name}: channel state segment of task 1:0"):
+        read_channel_state(directory, "1-0.out", state["checksums"]["1-0.out"])
+    with pytest.raises(CorruptCheckpoint, match=f"{segment.name}: (cannot read )?channel state segment of task 1:0"):
         storage.verify(directory, storage.read_metadata(directory))
 
 
@@ -134,7 +137,7 @@ def test_the_end_of_job_sweep_deletes_only_what_no_completed_checkpoint_referenc
     Path(storage.checkpoint_dir("job", 3))  # aborted: a directory without _metadata
     assert storage.sweep_shared("job") == 2
     assert {p.name for p in shared.iterdir()} == listed
-    assert read_channel_state(str(Path(storage.job_dir("job")) / "chk-2"), "1-0.out") == {
+    assert read_channel_state(str(Path(storage.job_dir("job")) / "chk-2"), "1-0.out", s2["checksums"]["1-0.out"]) == {
         "1:0:0": b"".join(b.data for b in _buffers(2, 3, 4))}
     # unsure means keep: with a completed checkpoint's metadata unreadable nothing is deleted
     (shared / "b-000001.sst").write_bytes(b"sst")

@@ -38,7 +38,7 @@ def runner(storage: Any, *, retain: int = 1, tolerable_failures: int = 0) -> Che
     return CheckpointRunner(job_id="job-1", attempt=0, settings=settings,
                             tasks=frozenset({"1:0"}), storage=storage, links=lambda: [],
                             job_info={"entry": "m:f", "name": "f", "vertices": []}, fail_job=lambda reason: None,
-                            on_complete=lambda checkpoint_id, path, summary: None)
+                            on_complete=lambda completed: None)
 
 
 async def checkpoint(r: CheckpointRunner) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from coordinator.checkpointing import (
     WriteMetadata,
 )
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
+from runtime.graph.checkpoint_options import CheckpointOptions
+from runtime.graph.enums import CheckpointMode
 
 TASKS = frozenset({"map-0", "sink-0"})
 
@@ -31,7 +33,7 @@ def coordinator(now: float = 0.0, **kw) -> CheckpointCoordinator:
 
 def trig(n: int, at: float, mode: str = "aligned", *, savepoint: bool = False, directory: str | None = None,
          aligned_timeout_s: float | None = None) -> Trigger:
-    return Trigger(n, mode, aligned_timeout_s, savepoint, directory, at)
+    return Trigger(n, CheckpointOptions(CheckpointMode(mode), savepoint, aligned_timeout_s), directory, at)
 
 
 def fig(state_bytes: int = 0, inflight_bytes: int = 0, alignment_s: float = 0.0,
@@ -518,7 +520,8 @@ def test_a_checkpoint_in_flight_when_the_job_stops_is_recorded_as_ended_not_in_p
 
 def test_switching_settings_travel_with_aligned_checkpoints_but_not_savepoints():
     c = coordinator(channel_timeout_s=0.01, channel_inflight_bytes=4096, max_inflight_bytes=1 << 20)
-    assert c.tick(10.0) == [Trigger(1, "aligned", None, False, None, 10.0, 0.01, 4096, 1 << 20)]
+    assert c.tick(10.0) == [Trigger(1, CheckpointOptions(channel_timeout_s=0.01, channel_inflight_bytes=4096,
+                                                                   max_inflight_bytes=1 << 20), None, 10.0)]
     ack_all(c, 1, 10.5)
     c.metadata_written(10.6, 1)
     _, out = c.request(11.0, savepoint=True, directory="/sp")

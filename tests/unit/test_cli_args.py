@@ -142,3 +142,21 @@ def test_parse_bytes_units() -> None:
     for bad in ("0", "-1", "1.5MiB", "lots", ""):
         with pytest.raises(ValueError, match="64KiB"):
             parse_bytes(bad)
+
+
+def test_every_job_flag_is_declared_on_a_settings_field_and_documented() -> None:
+    """The job options are generated from the settings fields (runtime/graph/flags.py): each parses into the
+    document key of its field, and the README names each."""
+    from runtime.cli.job_options import SECTIONS, job_config
+    from runtime.graph.flags import flags_of
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    declared = [(key, name, spec) for key, settings in SECTIONS for name, spec in flags_of(settings)]
+    assert len(declared) == 34 and all(spec.name in readme for _, _, spec in declared)
+    args = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--retain", "4", "--restart-attempts",
+                                      "2", "--async-batch-size", "9", "--exclusive-credits", "5"])
+    doc = job_config(args)
+    assert (doc["checkpoint"]["retain"], doc["restart"]["max_attempts"], doc["async_state"]["batch_size"],
+            doc["exclusive_credits"]) == (4, 2, 9, 5)
+    # the command line's own default where it differs from the field's: the coordinator tolerates 0, sluice 3
+    assert doc["checkpoint"]["tolerable_failures"] == 3

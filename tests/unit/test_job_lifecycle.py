@@ -44,6 +44,7 @@ from coordinator.lifecycle import (
     ScheduleRestart,
     StartCheckpoints,
     StartTasks,
+    StepReached,
     StopCheckpoints,
     Submitted,
     TakeRescaleCheckpoint,
@@ -361,10 +362,25 @@ def test_a_final_checkpoint_after_a_restart_is_asked_again_from_the_first_pause(
     assert job.handle(FinalCheckpointDone(1, False, "declined"), 4.1) == [RequestFinalCheckpoint(1, 0.05)]
 
 
-def test_checkpoint_completed_persists_the_record_for_the_current_attempt_only():
+def test_checkpoint_completed_persists_the_record_whichever_attempt_wrote_it():
     job = running()
     assert job.handle(CheckpointCompleted(0, 4), 1.0) == [Persist()]
-    assert job.handle(CheckpointCompleted(9, 4), 1.0) == []
+    job.handle(TaskFailed(0, "x"), 1.1)
+    # attempt 0's `_metadata` write landed after the restart began: its archived entry is COMPLETED, recorded
+    assert job.handle(CheckpointCompleted(0, 5), 1.2) == [Persist()]
+
+
+def test_a_checkpoint_completed_after_the_job_finished_is_recorded():
+    """Issue 30: the last periodic checkpoint completes once every task finished, after the record was written
+    FINISHED; a coordinator that read that record showed checkpoints_completed one less than the live status."""
+    job = running()
+    job.handle(AllTasksEnded(0), 1.0)
+    assert job.handle(AllTasksFinished(0), 2.0) == [
+        MoveTo(JobState.FINISHING), RecordFinalCheckpoint(), StopCheckpoints("job finished", failed=False),
+        MoveTo(JobState.FINISHED)]
+    assert job.handle(CheckpointCompleted(0, 30), 2.1) == [Persist()]
+    job.handle(LeaseLost(), 2.2)
+    assert job.handle(CheckpointCompleted(0, 31), 2.3) == []  # another leader may write the record now
 
 
 # -- cancel and lease -----------------------------------------------------------------------------------------------
@@ -410,7 +426,7 @@ def test_rescale_checkpoints_then_stops_and_redeploys_without_counting_a_restart
     assert job.handle(RescaleAsked(finishing=False), 1.0) == [TakeRescaleCheckpoint(0)]
     assert job.handle(RescaleCheckpointDone(0), 2.0) == [
         CommitRescale(), StopCheckpoints("rescale", failed=False), MoveTo(JobState.RESTARTING), CancelTasks(0),
-        PlanAttempt(1, 0.0, 2.0)]
+        StepReached("rescale:stopped"), PlanAttempt(1, 0.0, 2.0)]
     assert job.handle(AttemptPlanned(1), 2.2) == [UsePlan(1), MoveTo(JobState.DEPLOYING), Deploy(1)]
     assert job.handle(DeployAcked(1), 2.3) == [MoveTo(JobState.RUNNING), StartCheckpoints(1), StartTasks(1)]
     assert job.handle(TasksStarted(1), 2.5) == [AnswerRescale(downtime_s=0.5)]
@@ -591,9 +607,10 @@ def test_no_sequence_deploys_twice_at_once_or_after_the_end_or_moves_illegally(s
             rescale_asks += 1
         before = job.attempt
         out = job.handle(stimulus, float(now))
-        if ended:  # an ended job does nothing more (it answers a rescale: no)
-            assert all(isinstance(i, AnswerRescale) and i.error for i in out), (stimulus, out)
-            rescale_answers += len(out)
+        if ended:  # an ended job does nothing more (it answers a rescale: no; it records a late checkpoint)
+            assert all((isinstance(i, AnswerRescale) and i.error) or isinstance(i, Persist) for i in out), (
+                stimulus, out)
+            rescale_answers += sum(isinstance(i, AnswerRescale) for i in out)
             continue
         for ins in out:
             if isinstance(ins, MoveTo):
@@ -623,3 +640,40 @@ def test_a_failure_no_restart_can_repair_fails_the_job_at_once():
     assert job.handle(TaskFailed(0, cause, fatal=True), 1.0) == [
         RecordFailure(cause), StopCheckpoints(cause, failed=True),
         MoveTo(JobState.FAILED, f"{cause} (not restarted: a restart cannot repair it)"), CancelTasks(0)]
+
+
+# -- a step begun by a coordinator that died (issue 31) -------------------------------------------------------------
+
+
+def test_a_job_an_upgrade_replaced_is_cancelled_not_recovered():
+    """The new version's record was written before the leader died: the old version's record still says RUNNING
+    (or whatever it was), and the new leader finishes the upgrade: no restart, no tasks to stop (they went with
+    the previous coordinator)."""
+    for state in (JobState.RUNNING, JobState.RESTARTING, JobState.DEPLOYING):
+        job = JobLifecycle("j", FIXED, state=state, attempt=2)
+        assert job.handle(Recovered(superseded_by="job-new"), 10.0) == [
+            MoveTo(JobState.CANCELLED, "upgraded to job-new (the upgrade was finished by a new leader after a "
+                                       "coordinator failover)")]
+        assert job.terminal and job.attempt == 2 and job.handle(Recovered(), 11.0) == []
+
+
+def test_the_new_version_of_an_upgrade_is_recovered_from_created_like_any_job():
+    job = JobLifecycle("j", FIXED, state=JobState.CREATED)
+    assert job.handle(Recovered(), 10.0) == [RecordFailure("coordinator failover"), Adopt(JobState.RESTARTING),
+                                             Persist(), PlanAttempt(1, 0.0, 10.0)]
+    assert job.handle(AttemptPlanned(1), 10.5) == [UsePlan(1), MoveTo(JobState.DEPLOYING), Deploy(1)]
+    assert job.restarts == 0
+
+
+def test_a_rescale_whose_leader_died_is_carried_on_as_the_record_says():
+    """Before `RescaleCheckpointDone` the record holds the old parallelism and RUNNING: a new leader recovers
+    the job as it ran. From `CommitRescale` the record that says RESTARTING holds the new one (StepReached marks
+    the point): a new leader recovers it at the new parallelism, as a recovery (not a restart)."""
+    job = running()
+    job.handle(RescaleAsked(finishing=False), 1.0)
+    out = job.handle(RescaleCheckpointDone(0), 2.0)
+    assert out.index(CommitRescale()) < out.index(MoveTo(JobState.RESTARTING)) < out.index(
+        StepReached("rescale:stopped")) < out.index(PlanAttempt(1, 0.0, 2.0))
+    successor = JobLifecycle("j", FIXED, state=JobState.RESTARTING, attempt=1)
+    assert successor.handle(Recovered(), 5.0)[-1] == PlanAttempt(2, 0.0, 5.0)
+    assert successor.restarts == 0

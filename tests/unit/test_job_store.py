@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.checkpointing import CheckpointSettings
-from coordinator.job_store import CorruptJobRecord, JobStore, decode, encode, needs_recovery
+from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
+from coordinator.job_store import CorruptJobRecord, JobStore, decode, encode, needs_recovery, superseded
 from coordinator.jobs import JobRecord
 from coordinator.restarts import RestartStrategy
 from runtime.graph.enums import JobState
@@ -27,7 +27,7 @@ def a_job(job_id: str = "job-0001", state: str = JobState.RUNNING) -> JobRecord:
     job.restart_strategy = RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
     job.state = state
     job.attempt, job.restarts, job.next_checkpoint_id = 3, 2, 12
-    job.last_checkpoint = {"checkpoint_id": 11, "path": "/state/checkpoints/job-0001/chk-11", "duration_s": 0.2}
+    job.last_checkpoint = CompletedCheckpoint(11, "/state/checkpoints/job-0001/chk-11")
     job.restored_from = "/sp/savepoint-x-4"
     job.failures = ["worker w-1 lost: heartbeat timeout"]
     return job
@@ -41,7 +41,7 @@ def test_round_trip_keeps_what_recovery_needs() -> None:
     assert job.restart_strategy == RestartStrategy("exponential", max_attempts=7, delay_s=0.25)
     assert (job.state, job.attempt, job.restarts, job.next_checkpoint_id) == (JobState.RUNNING, 3, 2, 12)
     # the pointer only: the figures of the checkpoint are not needed to restore it
-    assert job.last_checkpoint == {"checkpoint_id": 11, "path": "/state/checkpoints/job-0001/chk-11"}
+    assert job.last_checkpoint == CompletedCheckpoint(11, "/state/checkpoints/job-0001/chk-11")
     assert job.restored_from == "/sp/savepoint-x-4"
     assert needs_recovery(job)
 
@@ -130,6 +130,38 @@ async def test_a_coordinator_that_lost_its_lease_writes_nothing(tmp_path: Path) 
         writer.cancel()
     jobs, _ = store.load()
     assert [j.state for j in jobs] == [JobState.RUNNING]
+
+
+def test_an_upgrades_new_version_supersedes_the_unfinished_old_one() -> None:
+    """Issue 31: the new version's record is written before the old one is cancelled; whatever the old record
+    says then (RUNNING: the leader died before the cancel), the new leader cancels it rather than run both."""
+    old, new = a_job("job-old"), decode(encode(a_job("job-new", JobState.CREATED)), "x")
+    assert new.upgrade_of == ""  # a record of an older version without the field: no upgrade
+    new.upgrade_of = "job-old"
+    new = decode(encode(new), "job-new.json")
+    assert new.upgrade_of == "job-old"
+    assert superseded([old, new]) == {"job-old": "job-new"}
+    old.state = JobState.CANCELLED  # the cancel was recorded: nothing left to finish but the new one's start
+    assert superseded([old, new]) == {}
+    assert superseded([new]) == {}  # the old record is gone: the new one runs like any recovered job
+
+
+async def test_written_waits_for_the_record_as_queued_and_reports_a_failed_write(tmp_path: Path) -> None:
+    leading = [True]
+    store = JobStore(str(tmp_path), may_write=lambda: leading[0])
+    await store.written("job-a")  # nothing queued: at once
+    writer = asyncio.create_task(store.run())
+    try:
+        store.save(a_job("job-a", JobState.CREATED))
+        await store.written("job-a")  # awaited directly: the waiter is registered before the writer runs
+        assert [j.state for j in store.load()[0]] == [JobState.CREATED]
+        leading[0] = False
+        store.save(a_job("job-a", JobState.RUNNING))
+        with pytest.raises(OSError, match="no longer the leader"):
+            await store.written("job-a")  # awaited directly: the waiter is registered before the writer runs
+    finally:
+        writer.cancel()
+    assert [j.state for j in store.load()[0]] == [JobState.CREATED]
 
 
 def test_the_page_history_survives_a_round_trip_in_unix_time() -> None:

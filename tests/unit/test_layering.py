@@ -129,3 +129,67 @@ def test_the_checker_catches_imports_against_the_direction(importer: str, import
 ])
 def test_the_checker_allows_imports_along_the_direction(importer: str, imported: str) -> None:
     assert violation(importer, imported) is None
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The modules `path` imports when it runs: at module level and inside functions, not under TYPE_CHECKING
+    (annotations only). `from a.b import c` counts as importing a.b and, if it is one, the module a.b.c."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.update({child.module, *(f"{child.module}.{alias.name}" for alias in child.names)})
+            elif isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """A circle (even through a function-level import) means two modules are one: a name both need belongs in a
+    small module of its own (runtime/api/errors.py, runtime/data/verify_input.py)."""
+    modules = dict(all_modules())
+    graph = {m: {i for i in runtime_imports(p) if i in modules and i != m} for m, p in modules.items()}
+    assert circles(graph) == []
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

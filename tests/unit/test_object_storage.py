@@ -11,7 +11,7 @@ import pytest
 
 from coordinator.storage import METADATA_FILE, CorruptCheckpoint, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
-from runtime.checkpointing.snapshots import CorruptState, read_file
+from runtime.checkpointing.snapshots import CorruptState, read_task_file
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.common import objectstore
 from runtime.common.checksums import checksum
@@ -103,8 +103,8 @@ def test_a_corrupt_or_missing_object_is_named_by_verify_and_by_a_restore(bucket:
     with pytest.raises(CorruptCheckpoint, match=r"1-0\.in: cannot read checkpoint file of task 1:0"):
         storage.verify(path, storage.read_metadata(path))
     with pytest.raises(CorruptState, match=r"1-0\.in: cannot read"):
-        read_file(path, "1-0.in")
-    assert read_file(path, "0-0.state") == good
+        read_task_file(path, "1-0.in", doc["acks"]["1:0"]["state"]["checksums"]["1-0.in"])
+    assert read_task_file(path, "0-0.state", doc["acks"]["0:0"]["state"]["checksums"]["0-0.state"]) == good
 
     meta_key = f"{path}/{METADATA_FILE}"
     body = objectstore.read(meta_key)

@@ -15,6 +15,8 @@ from netstack.errors import InvalidRequest
 from runtime.common.dispatch import BadArguments
 from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph.checkpoint_options import CheckpointOptions
+from runtime.graph.enums import CheckpointMode
 
 MESSAGES: list[p.Message] = [
     p.Register(slots=4, host="h", data_port=7000, id="w-1", metrics_port=None, pid=12),
@@ -32,7 +34,8 @@ MESSAGES: list[p.Message] = [
     p.WaitJob("j", 2.5), p.Probe("j"), p.TakeCheckpoint("j", savepoint=True, directory="/sp"),
     p.Checkpoints("j"), p.Rescale("j", {"*": 3}),
     p.Deploy({"job_id": "j"}), p.StartJob("j"), p.CancelJob("j", 3), p.InjectProbe("j", 4),
-    p.TriggerCheckpoint("j", 1, 5, "aligned_timeout", 1700000000.5, "/c/chk-5", aligned_timeout_s=0.2),
+    p.TriggerCheckpoint("j", 1, 5, CheckpointOptions(CheckpointMode.ALIGNED_TIMEOUT, aligned_timeout_s=0.2),
+                        1700000000.5, "/c/chk-5"),
     p.CheckpointNotice("j", 5, attempt=1),
 ]
 

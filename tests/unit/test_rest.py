@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from coordinator.jobs import JobRecord
 from coordinator.registry import WorkerRegistry
-from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match, path_of
+from coordinator.rest import ROUTES, STATIC, UI_DIR, RestApi, authorized, match, path_of, whole_number
 from coordinator.rest_views import (
     RATE_WINDOW_S,
     backpressure_level,
@@ -326,3 +326,15 @@ def test_log_tail_keeps_the_last_lines() -> None:
     assert [line.rsplit(": ", 1)[1] for line in tail.tail(10)] == ["line 2", "line 3", "line 4"]
     figures = process_figures()
     assert figures["rss_bytes"] > 0 and figures["cpu_s"] >= 0
+
+
+def test_query_numbers_int_refuses_are_the_documented_400_not_a_500() -> None:
+    api = _api([])
+    for bad in ("\u00b2", "1" * 5000, "\u0663", "-1", "1.5", "", "0x10", " 5"):
+        for path, name in (("/api/v1/jobs", "limit"), ("/api/v1/workers/w-1", "lines")):
+            response = asyncio.run(api(HttpRequest("GET", path, {name: bad}, {})))
+            assert response.status == 400, (path, bad, response.status)
+            body = json.loads(response.body)
+            assert body["type"] == "BadRequest" and body["error"].startswith(f"{name} must be a"), body
+            assert len(body["error"]) < 120, body  # a 5,000-digit value is not echoed whole
+    assert whole_number("18") == 18 and whole_number("9" * 18) == 10**18 - 1 and whole_number("9" * 19) is None

@@ -229,13 +229,13 @@ def test_set_options_reach_the_job_and_the_checkpoint_flags() -> None:
                  "SET 'state.backend.type' = 'rocksdb';" + BIDS
                  + PRINT.format(cols="auction BIGINT") + "INSERT INTO out1 SELECT auction FROM bids;")
     assert (job.default_parallelism, job.name, job.state_backend) == (3, "nightly", "rocksdb")
-    defaults = {"checkpoint_interval": None, "checkpoint_mode": "aligned"}
+    defaults = {"checkpoint_interval": None, "checkpoint_mode": None}  # flags not given
     args = argparse.Namespace(**defaults)
     assert apply_set_options(args, {"execution.checkpointing.interval": "30 s",
-                                    "execution.checkpointing.unaligned.enabled": "true"}, defaults) is None
+                                    "execution.checkpointing.unaligned.enabled": "true"}) is None
     assert (args.checkpoint_interval, args.checkpoint_mode) == (30.0, "unaligned")
-    flagged = argparse.Namespace(checkpoint_interval=5.0, checkpoint_mode="aligned")  # --checkpoint-interval 5s
-    apply_set_options(flagged, {"execution.checkpointing.interval": "30s"}, defaults)
+    flagged = argparse.Namespace(checkpoint_interval=5.0, checkpoint_mode=None)  # --checkpoint-interval 5s
+    apply_set_options(flagged, {"execution.checkpointing.interval": "30s"})
     assert flagged.checkpoint_interval == 5.0  # the command line wins
-    assert apply_set_options(argparse.Namespace(**defaults), {"execution.checkpointing.mode": "MAYBE"},
-                             defaults) == "SET 'execution.checkpointing.mode' = 'MAYBE': EXACTLY_ONCE or AT_LEAST_ONCE"
+    assert apply_set_options(argparse.Namespace(**defaults), {"execution.checkpointing.mode": "MAYBE"}) == \
+        "SET 'execution.checkpointing.mode' = 'MAYBE': EXACTLY_ONCE or AT_LEAST_ONCE"

@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from runtime.checkpointing.barriers import BarrierHandler, BarrierSpec
 from runtime.execution.task import CheckpointStatistics, TaskStatistics
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
+from runtime.graph.checkpoint_options import CheckpointOptions
 from runtime.worker.metrics import WorkerCollector
 
 
 def switching(checkpoint_id: int = 1, *, nbytes: int = 10, cap: int | None = None) -> BarrierSpec:
-    return BarrierSpec(checkpoint_id, "aligned", 0.0, channel_inflight_bytes=nbytes, max_inflight_bytes=cap)
+    return BarrierSpec(checkpoint_id, 0.0, CheckpointOptions(channel_inflight_bytes=nbytes, max_inflight_bytes=cap))
 
 
 def scrape(h: BarrierHandler) -> dict[str, float]:
@@ -29,8 +30,8 @@ def scrape(h: BarrierHandler) -> dict[str, float]:
     st = TaskStatistics(0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0, 0, 0, 0.0, 0, 0, 0.0, 0.0, 0, 0,
                         channels_switched=cp.channels_switched, switches_refused=cp.switches_refused)
     task = SimpleNamespace(statistics=lambda: st, key=SimpleNamespace(operator="map", subtask=0),
-                           chain=SimpleNamespace(async_operator=None), isolation=SimpleNamespace(isolated=False),
-                           state="RUNNING")
+                           chain=SimpleNamespace(async_operator=None, sinks=[]), source=None,
+                           isolation=SimpleNamespace(isolated=False), state="RUNNING")
     net = SimpleNamespace(outbound_channels=lambda: [], links={})
     worker = SimpleNamespace(all_tasks=lambda: [("j", task)], network=net, config=SimpleNamespace(slots=1))
     registry = CollectorRegistry()
@@ -75,7 +76,7 @@ def test_a_priority_barrier_counts_as_a_switch_of_its_checkpoint():
 
 def test_aligned_without_switching_moves_nothing():
     h = BarrierHandler([0, 1])
-    s = BarrierSpec(1, "aligned", 0.0)
+    s = BarrierSpec(1, 0.0)
     h.on_arrival(1, s, now=0.0, bytes_ahead=10_000)
     h.on_barrier(0, s, priority=False, now=0.0)
     h.on_barrier(1, s, priority=False, now=5.0)

@@ -30,6 +30,7 @@ from runtime.execution.operators.kinds import (
 from runtime.execution.operators.record_writer import EmitBatch, RecordWriter
 from runtime.execution.operators.shapes import shape_of
 from runtime.execution.operators.two_input import TWO_INPUT_OPERATORS
+from runtime.execution.ttl_cleanup import AT_CHECKPOINT, GROUPS_AT_CHECKPOINT
 from runtime.state.backend import PendingSnapshot, StateBackend
 from runtime.state.tables import BackendTables
 
@@ -185,12 +186,21 @@ class Chain:
         """The synchronous part of the state backend's snapshot (None on the memory path: the task copies its
         dict tables instead). An asynchronous operator takes the backend's snapshot itself, at its own point
         between state batches, and leaves its in-flight document for `take_async_inflight`."""
+        self.clean_expired_state(AT_CHECKPOINT, GROUPS_AT_CHECKPOINT)
         if self.async_operator is not None:
             pending, doc = self.async_operator.snapshot(checkpoint_id)
             self._async_inflight = {self.async_operator.node_id: doc}
             if pending is not None:
                 return pending
         return None if self.state_backend is None else self.state_backend.begin_snapshot(checkpoint_id)
+
+    def clean_expired_state(self, budget: int, groups: int) -> None:
+        """A step of every keyed operator's TTL cleanup (runtime/execution/ttl_cleanup.py): at a checkpoint, so
+        an operator without records is cleaned too and expired entries stay out of the snapshot."""
+        for op in self.operators:
+            cleanup = getattr(op, "ttl_cleanup", None)
+            if cleanup is not None:
+                cleanup.step(budget, groups)
 
     def take_async_inflight(self) -> dict[int, Any] | None:
         """The in-flight document the last `begin_state_snapshot` left, by node id (None: no asynchronous

@@ -26,6 +26,7 @@ from runtime.execution.async_state import AsyncKeyedProcessFunction
 from runtime.execution.operators.record_writer import EmitBatch
 from runtime.execution.operators.shapes import Plain
 from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerIndex, TimerQueue
+from runtime.execution.ttl_cleanup import PER_RECORD, TtlCleanup
 from runtime.state.backend import StateBackend
 
 _MISSING = object()
@@ -198,7 +199,17 @@ class KeyedProcessOperator(_FunctionOperator):
         batch_runner = getattr(self.function, "timed_batch_runner", None)
         if batch_runner is not None and setup.shape.timed:
             run = batch_runner(node.key_fn, ctx, self.flush) or run
-        self.inputs = (run,)
+        # expired TTL state nobody reads again is cleaned a few entries per record (runtime/execution/ttl_cleanup.py);
+        # the states are declared in open(), so the check is per batch: one attribute test without TTL
+        self.ttl_cleanup = TtlCleanup(ctx.ttl_states, ctx.state_table, lambda: ctx.ttl_clock())
+        ttl_states, cleanup = ctx.ttl_states, self.ttl_cleanup.step
+
+        def run_and_clean(elements: list[Any]) -> None:
+            run(elements)
+            if ttl_states:
+                cleanup(PER_RECORD * len(elements))
+
+        self.inputs = (run_and_clean,)
 
 
 def _unset_emit(record: Any) -> None:

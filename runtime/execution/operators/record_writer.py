@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from runtime.common.values import packer_default
 from runtime.execution.channels import Subpartition
 from runtime.graph.partitioning import KeyRouter
 
@@ -29,18 +30,21 @@ class RecordWriter:
     """Serialises records once and routes them to the subpartitions of one output edge."""
 
     def __init__(self, subpartitions: list[Subpartition], partitioner: str, key_fn: Callable[[Any], Any] | None,
-                 max_parallelism: int, subtask_index: int) -> None:
+                 max_parallelism: int, subtask_index: int, *, producer: str = "an operator") -> None:
         self.subpartitions = subpartitions
         self.partitioner = partitioner
         self.key_fn = key_fn
         self.router = KeyRouter(max_parallelism, len(subpartitions))
+        # msgpack packs the types it knows in C; anything else is pickled (runtime/common/values.py), and a value
+        # pickle refuses fails the job naming `producer` and the type
+        self._default = packer_default(producer)
         self._next = subtask_index % len(subpartitions)  # rebalance: start at our own index, spread the load
         self.side_output: tuple[int, str] | None = None  # (node id, tag) for the edge of a side output
         self.emit = self._make_emit()
         self.emit_batch = self._make_emit_batch()
 
     def _make_emit(self) -> Emit:
-        pack = msgpack.Packer().pack
+        pack = msgpack.Packer(default=self._default).pack
         subs = self.subpartitions
         if self.partitioner == "forward" or len(subs) == 1:
             only = subs[0]
@@ -77,7 +81,7 @@ class RecordWriter:
         return emit_rebalance
 
     def _make_emit_batch(self) -> EmitBatch:
-        pack = msgpack.Packer().pack
+        pack = msgpack.Packer(default=self._default).pack
         subs = self.subpartitions
 
         def append_records(sub: Subpartition, records: list[Any]) -> None:

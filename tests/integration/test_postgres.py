@@ -1,0 +1,417 @@
+"""The PostgreSQL connectors against a real PostgreSQL 15 server (one per module, a database per test).
+
+The change-capture source: its snapshot and stream meet exactly, also when it is restored mid-snapshot and
+mid-transaction (a strict replica fails on a missed or repeated change), and the slot's confirmed LSN moves
+only when a checkpoint completes. The sink: rows invisible while prepared, published on commit, prepared
+transactions resolved by id on restore, also at another parallelism. Bad configuration is one line. And a
+job CDC -> keyed totals -> PostgresSink (upsert and append, exactly once) with unaligned checkpoints whose
+source worker is killed with SIGKILL mid-run and whose PostgreSQL server is killed and restarted mid-run:
+the tables end exact.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import Cluster, logs, poll, write_module
+from tests.support.postgres_server import PostgresServer, postgres_bin_dir
+from tests.support.scrape import scrape
+
+psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is not installed (the `postgres` extra)")
+
+from netstack.errors import RpcError  # noqa: E402
+from runtime.checkpointing.rescaling import rescale_sinks  # noqa: E402
+from runtime.connectors.postgres_cdc import PostgresCdcSource, SlotGone  # noqa: E402
+from runtime.connectors.postgres_sink import PostgresSink  # noqa: E402
+from tests.support.postgres_tables import (  # noqa: E402
+    OrdersWriter,
+    Replica,
+    execute,
+    make_orders,
+    new_database,
+    table_rows,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PostgresServer]:
+    if postgres_bin_dir() is None:
+        pytest.skip("PostgreSQL 15 is not installed (scripts/bootstrap.sh installs it as root: apt-get install "
+                    "postgresql)")
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.remove()
+        assert server.proc is not None and server.proc.poll() is not None, "postgres survived the tests"
+
+
+def read(source: PostgresCdcSource, replica: Replica, *, limit: int | None = None, until: Any = None,
+         timeout_s: float = 60.0) -> None:
+    """Read as the task does (never waiting inside read_batch) into `replica`: `limit` records, or until
+    `until()` holds."""
+    read_n = 0
+
+    def more() -> bool:
+        nonlocal read_n
+        batch = source.read_batch(100 if limit is None else min(100, limit - read_n))
+        assert batch is not None
+        for change in batch:
+            replica.apply(change)
+        read_n += len(batch)
+        return (limit is not None and read_n >= limit) or (until is not None and until())
+
+    wait_until(more, timeout_s, f"the source to read {limit if limit is not None else 'up to the table'}")
+
+
+def slot_confirmed(dsn: str, slot: str) -> str:
+    return execute(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                   params=(slot,))[0][0]
+
+
+# -- the source ---------------------------------------------------------------------------------------------------
+
+
+def test_snapshot_and_stream_meet_exactly_across_restores(pg: PostgresServer) -> None:
+    dsn = new_database(pg, "cdc_restore")
+    make_orders(dsn, 2000, customers=10)
+
+    def source() -> PostgresCdcSource:
+        return PostgresCdcSource(dsn, ["orders"], slot="restore_slot", chunk_rows=300)
+
+    # 700 rows of the snapshot, then a "crash": only what the checkpoint at that position holds survives
+    first = source()
+    first.open(0, 1)
+    replica = Replica()
+    read(first, replica, limit=700)
+    at_700 = first.position()
+    assert at_700["snapshot"] == [0, [700]] and len(at_700["regions"]) == 1
+    start_lsn = slot_confirmed(dsn, "restore_slot")
+    # changes on both sides of the snapshot's position, while it is down: the rows after it are read anew
+    # (as of a later snapshot) and must not come again from the stream; those before it come from the stream
+    execute(dsn, "UPDATE orders SET amount = amount + 1000 WHERE id IN (5, 1500)",
+            "DELETE FROM orders WHERE id IN (6, 1600)", "INSERT INTO orders VALUES (5000, 'c01', 7)")
+    execute(dsn, "UPDATE orders SET amount = 1 WHERE id = 5")
+    first.close()
+
+    second = source()
+    second.open(0, 1)
+    second.restore(at_700)
+    read(second, replica, until=lambda: replica.rows == table_rows(dsn))
+    assert len(second.position()["regions"]) == 2  # keys after 700 read as of the resumed snapshot
+    # one transaction of five changes, read up to its second change: the restore resumes inside it
+    execute(dsn, "INSERT INTO orders VALUES (6000, 'c02', 1), (6001, 'c02', 2)",
+            "UPDATE orders SET amount = 3 WHERE id IN (6000, 7)", "DELETE FROM orders WHERE id = 8")
+    read(second, replica, limit=2)
+    mid_transaction = second.position()
+    checkpointed_rows = copy.deepcopy(replica.rows)
+    assert mid_transaction["skip"] == 2
+    assert slot_confirmed(dsn, "restore_slot") == start_lsn  # no checkpoint completed yet
+    second.checkpoint_complete(1, mid_transaction)
+    wait_until(lambda: slot_confirmed(dsn, "restore_slot") == mid_transaction["lsn"], 10,
+               "the slot to confirm the completed checkpoint's position")
+    execute(dsn, "UPDATE orders SET amount = 4 WHERE id = 6001")
+    read(second, replica, limit=2)  # read on past it, then "crash" again
+    second.close()
+
+    third = source()
+    third.open(0, 1)
+    third.restore(mid_transaction)
+    replica.rows = checkpointed_rows  # downstream state as of that checkpoint
+    read(third, replica, until=lambda: replica.rows == table_rows(dsn))
+    assert replica.rows[6000]["amount"] == 3 and 8 not in replica.rows and replica.rows[6001]["amount"] == 4
+    third.close()
+
+
+def test_dropped_slot_and_missing_publication_are_clear_errors(pg: PostgresServer) -> None:
+    dsn = new_database(pg, "cdc_errors")
+    make_orders(dsn, 10, customers=2)
+    source = PostgresCdcSource(dsn, ["orders"], slot="gone_slot")
+    source.open(0, 1)
+    replica = Replica()
+    read(source, replica, limit=10)
+    position = source.position()
+    source.close()
+    wait_until(lambda: execute(dsn, "SELECT active FROM pg_replication_slots")[0][0] is False, 10,
+               "the slot to be released")
+    execute(dsn, "SELECT pg_drop_replication_slot('gone_slot')")
+    assert source.check_submission(restore=True) == (
+        "PostgresCdcSource: replication slot 'gone_slot' is gone: the restored position cannot be read")
+    restored = PostgresCdcSource(dsn, ["orders"], slot="gone_slot")
+    restored.open(0, 1)
+    restored.restore(position)
+    with pytest.raises(SlotGone, match="replication slot 'gone_slot' is gone"):
+        read(restored, replica, limit=1, timeout_s=30)
+    restored.close()
+    assert PostgresCdcSource(dsn, ["orders"], publication="nope").check_submission(restore=False) == (
+        "PostgresCdcSource: publication 'nope' does not exist: CREATE PUBLICATION nope FOR TABLE public.orders")
+    execute(dsn, "CREATE TABLE plain (a int)", "CREATE TABLE other (a int PRIMARY KEY)")
+    assert PostgresCdcSource(dsn, ["plain"]).check_submission(restore=False) == (
+        "PostgresCdcSource: table public.plain has no primary key (the snapshot is read in its order)")
+    assert PostgresCdcSource(dsn, ["other"]).check_submission(restore=False) == (
+        "PostgresCdcSource: publication 'sluice' does not hold public.other: ALTER PUBLICATION sluice ADD TABLE "
+        "public.other")
+
+
+# -- the sink -----------------------------------------------------------------------------------------------------
+
+
+def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(pg: PostgresServer) -> None:
+    dsn = new_database(pg, "sink_2pc")
+    execute(dsn, "CREATE TABLE events (k text, n int)", "CREATE TABLE totals (k text PRIMARY KEY, n int)")
+
+    def rows(table: str) -> list[tuple[Any, ...]]:
+        return sorted(execute(dsn, f"SELECT * FROM {table}"))  # noqa: S608 - the test's tables
+
+    def prepared() -> list[str]:
+        """The prepared transactions' ids without the token each opened sink draws."""
+        return sorted(r[0].rsplit(":", 1)[0] for r in execute(dsn, "SELECT gid FROM pg_prepared_xacts"))
+
+    def untokened(state: dict[str, Any]) -> list[list[Any]]:
+        return [[cp, gid.rsplit(":", 1)[0], rows] for cp, gid, rows in state["pending"]]
+
+    def events_sink(attempt: int) -> PostgresSink:
+        sink = PostgresSink(dsn, "events", mode="append")
+        sink.bind_job("jobA")
+        sink.open(0, 1, attempt)
+        return sink
+
+    a0, a1, a2, b9 = ("a", 0), ("a", 1), ("a", 2), ("b", 9)
+    sink = events_sink(0)
+    for row in (a0, a1, a2):
+        sink.write(row)
+    state1 = sink.snapshot_state(1)
+    assert prepared() == ["sluice:jobA:public.events:0:1"] and rows("events") == []  # durable, invisible
+    sink.write({"k": "b", "n": 9})
+    state2 = sink.snapshot_state(2)
+    # checkpoint 1 still prepared (its completion notice not here yet): checkpoint 2's rows wait in its state,
+    # since checkpoint 1's row locks could block them and the notice that releases those waits behind this
+    assert untokened(state2) == [[1, "sluice:jobA:public.events:0:1", None],
+                                 [2, "sluice:jobA:public.events:0:2", [b9]]]
+    sink.close()  # a crash: checkpoint 2 had completed, but no commit ran. The restore commits 1 and writes 2
+    restored = events_sink(1)
+    restored.restore_state(state2)
+    assert prepared() == [] and rows("events") == [a0, a1, a2, b9]
+    restored.close()
+    restored = events_sink(2)  # and a crash right after that restore: nothing is written twice
+    restored.restore_state(state2)
+    assert prepared() == [] and rows("events") == [a0, a1, a2, b9]
+
+    restored.write(("c", 1))
+    restored.snapshot_state(3)
+    restored.write(("c", 2))
+    state4 = restored.snapshot_state(4)
+    restored.commit(3)  # 3 committed, then 4's deferred rows written and prepared
+    assert rows("events") == [a0, a1, a2, b9, ("c", 1)] and prepared() == ["sluice:jobA:public.events:0:4"]
+    restored.close()  # a crash before checkpoint 4 completed: restored from 3, 4's transaction is rolled back
+    again = events_sink(3)
+    again.restore_state({"pending": [], "checkpoint": 3})
+    assert prepared() == [] and rows("events") == [a0, a1, a2, b9, ("c", 1)]
+    again.close()
+    again = events_sink(4)  # had 4 completed, its restore would commit it
+    assert untokened(state4)[1] == [4, "sluice:jobA:public.events:0:4", [("c", 2)]]
+    again.restore_state(state4)
+    assert prepared() == [] and rows("events") == [a0, a1, a2, b9, ("c", 1), ("c", 2)]
+    again.close()
+    del state1
+
+    # upsert, two subtasks prepared checkpoint 3, restored at parallelism 1: one subtask commits both
+    states = []
+    for subtask in (0, 1):
+        upsert = PostgresSink(dsn, "totals", key=["k"])
+        upsert.bind_job("jobA")
+        upsert.open(subtask, 2, 0)
+        for n in range(1, 4):
+            upsert.write((f"k{subtask}", n))  # one row per key, the last wins
+        states.append([upsert.snapshot_state(3)])
+        upsert.close()
+    assert prepared() == ["sluice:jobA:public.totals:0:3", "sluice:jobA:public.totals:1:3"]
+    merged = PostgresSink(dsn, "totals", key=["k"])
+    merged.bind_job("jobA")
+    merged.open(0, 1, 1)
+    merged.restore_state(rescale_sinks(states, 1, 0, 3)[0])
+    assert prepared() == [] and rows("totals") == [("k0", 3), ("k1", 3)]
+    merged.close()
+
+
+def test_bad_configuration_is_one_clear_line(pg: PostgresServer) -> None:
+    dsn = new_database(pg, "sink_config")
+    execute(dsn, "CREATE TABLE totals (k text PRIMARY KEY, n int)", "DROP ROLE IF EXISTS reader",
+            "CREATE ROLE reader LOGIN", "GRANT SELECT ON totals TO reader")
+    assert PostgresSink(dsn, "totals", key=["k"]).check_submission(restore=False) is None
+    closed = f"host=127.0.0.1 port={pg.port + 1 if pg.port < 65535 else 1} user=sluice dbname=x connect_timeout=2"
+    problem = PostgresSink(closed, "totals", key=["k"]).check_submission(restore=False)
+    assert problem is not None and problem.startswith("cannot connect to PostgreSQL at") and "\n" not in problem
+    assert PostgresSink(dsn, "missing", key=["k"]).check_submission(restore=False) == (
+        "PostgresSink public.missing: no such table")
+    assert PostgresSink(dsn, "totals", key=["n"]).check_submission(restore=False) == (
+        "PostgresSink public.totals: key ['n'] is not the table's primary key or a unique index (ON CONFLICT "
+        "needs one)")
+    reader = dsn.replace("user=sluice", "user=reader")
+    assert PostgresSink(reader, "totals", key=["k"]).check_submission(restore=False) == (
+        "PostgresSink public.totals: user reader has no INSERT privilege on the table")
+    # a new job while an earlier run's prepared transactions of this sink are left
+    left = PostgresSink(dsn, "totals", key=["k"])
+    left.open(0, 1, 0)
+    left.write(("a", 1))
+    left.snapshot_state(7)
+    left.close()
+    (gid,) = [r[0] for r in execute(dsn, "SELECT gid FROM pg_prepared_xacts")]
+    assert PostgresSink(dsn, "totals", key=["k"]).check_submission(restore=False) == (
+        f"PostgresSink public.totals: 1 prepared transactions of this sink are left from an earlier run ({gid}): "
+        f"restore that job from its checkpoint, or roll them back (ROLLBACK PREPARED '{gid}')")
+    assert PostgresSink(dsn, "totals", key=["k"]).check_submission(restore=True) is None
+    execute(dsn, f"ROLLBACK PREPARED '{gid}'", autocommit=True)
+
+
+# -- a job that survives kill -9 of a worker and a restart of the server ------------------------------------------
+
+CUSTOMERS = 30
+INITIAL_ORDERS = 3000
+
+JOB = '''
+from runtime.api import Job, KeyedProcessFunction, PostgresCdcSource, PostgresSink
+
+DSN = {dsn!r}
+
+
+class Totals(KeyedProcessFunction):
+    """Per customer, from the change records of its orders: the sum of the amounts, the number of orders and
+    how many changes made them (the version)."""
+
+    def open(self, ctx):
+        self.totals = ctx.value_state("totals", default=(0, 0, 0))
+
+    def process(self, change, ctx):
+        total, orders, version = self.totals.value()
+        if change["before"] is not None:
+            total, orders = total - change["before"]["amount"], orders - 1
+        if change["after"] is not None:
+            total, orders = total + change["after"]["amount"], orders + 1
+        self.totals.update((total, orders, version + 1))
+        customer = (change["after"] or change["before"])["customer"]
+        ctx.emit({{"customer": customer, "total": total, "orders": orders, "version": version + 1}})
+
+
+def build(job: Job) -> None:
+    totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=1)
+              .key_by(lambda change: (change["after"] or change["before"])["customer"])
+              .process(Totals(), parallelism=2))
+    totals.sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
+    totals.sink(PostgresSink(DSN, "history", mode="append", columns=["customer", "version", "total"]),
+                name="history")
+
+
+def bad_dsn(job: Job) -> None:
+    job.source(PostgresCdcSource(DSN, ["orders"], slot="bad_slot")).sink(PostgresSink(DSN, "nosuchtable",
+                                                                                      key=["k"]))
+'''
+
+WORKER_ARGS = ("--heartbeat-interval", "0.25s")
+
+
+def expected_totals(dsn: str) -> dict[str, tuple[int, int]]:
+    return {c: (int(t), int(n)) for c, t, n in execute(
+        dsn, "SELECT customer, sum(amount), count(*) FROM orders GROUP BY customer")}
+
+
+def job_totals(dsn: str) -> dict[str, tuple[int, int]]:
+    return {c: (int(t), int(n)) for c, t, n, _ in execute(dsn, "SELECT * FROM totals") if n > 0}
+
+
+@pytest.mark.slow
+def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: PostgresServer, cluster: Cluster) -> None:
+    dsn = new_database(pg, "cdc_job")
+    make_orders(dsn, INITIAL_ORDERS, customers=CUSTOMERS)
+    execute(dsn, "CREATE TABLE totals (customer text PRIMARY KEY, total bigint, orders int, version int)",
+            "CREATE TABLE history (customer text, version int, total bigint)")
+    write_module(cluster.tmp_path, "pgjobs", JOB.format(dsn=dsn))
+    cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
+    with pytest.raises(RpcError, match="job pgjobs:bad_dsn: PostgresSink public.nosuchtable: no such table"):
+        cluster.submit("pgjobs:bad_dsn")
+
+    writer = OrdersWriter(dsn, first_id=INITIAL_ORDERS + 1, customers=CUSTOMERS)
+    job_id = cluster.submit("pgjobs:build", {
+        "buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
+        "checkpoint": {"interval_s": 0.5, "mode": "unaligned", "timeout_s": 20, "tolerable_failures": 10},
+        "restart": {"kind": "fixed", "max_attempts": 3, "delay_s": 0.5, "slot_wait_s": 60}})
+    writer.start()
+    try:
+        found: dict[str, Any] = {}
+
+        def last_checkpoint() -> int:
+            return int((found.get("last_checkpoint") or {}).get("checkpoint_id", 0))
+
+        def checkpointed(after: int = 0) -> bool:
+            st = cluster.call("status", {"job_id": job_id})
+            assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st['state']}\n{logs(cluster)}"
+            found.update(st)
+            return last_checkpoint() > after and all(t["state"].upper() == "RUNNING" for t in st["tasks"])
+
+        try:
+            poll(checkpointed, 60, "a completed checkpoint")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {found.get('state')}\n{logs(cluster)}") from None
+        wait_until(lambda: writer.transactions >= 200, 60, "the writer's first transactions")
+        # SIGKILL the worker that runs the change stream's reader, mid-run
+        victim_id = next(t["worker"] for t in found["tasks"] if "PostgresCdcSource" in t["name"])
+        victim = next(w for w in cluster.workers if w.fields["id"] == victim_id)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.proc.wait(10)
+        cluster.start_worker(*WORKER_ARGS, worker_id=str(victim_id))
+        poll(lambda: cluster.call("status", {"job_id": job_id})["restarts"] == 1, 30, "the restart")
+        restored_from = last_checkpoint()
+        poll(lambda: checkpointed(restored_from), 90, "a checkpoint after the restart")
+
+        # the server is killed and restarted under the running job: it rides it out
+        before_crash = writer.transactions
+        pg.kill()
+        pg.start()
+        wait_until(lambda: writer.transactions >= before_crash + 200, 60, "the writer to go on after the restart")
+        crashed_at = last_checkpoint()
+        poll(lambda: checkpointed(crashed_at), 90, "a checkpoint after the server restart")
+    finally:
+        writer.stop()
+
+    expected = expected_totals(dsn)
+    assert len(expected) == CUSTOMERS
+    poll(lambda: job_totals(dsn) == expected, 120, "the totals table to match the orders")
+    totals = {c: (int(t), int(v)) for c, t, _, v in execute(dsn, "SELECT * FROM totals")}
+    history: dict[str, list[tuple[int, int]]] = defaultdict(list)
+
+    def history_complete() -> bool:
+        history.clear()
+        for customer, version, total in execute(dsn, "SELECT * FROM history"):
+            history[customer].append((int(version), int(total)))
+        return sum(len(h) for h in history.values()) >= sum(v for _, v in totals.values())
+
+    poll(history_complete, 60, "the history to hold every version")
+    for customer, (total, version) in totals.items():
+        versions = sorted(history[customer])
+        assert [v for v, _ in versions] == list(range(1, version + 1)), f"{customer}: versions not 1..{version} once"
+        assert versions[-1][1] == total
+    st = cluster.call("status", {"job_id": job_id})
+    assert st["state"] == "RUNNING" and st["restarts"] == 1, f"{st}\n{logs(cluster)}"
+    metrics: dict[str, float] = {}
+    for w in cluster.workers:
+        if w.proc.poll() is None:
+            metrics.update(scrape(w.fields["metrics"]))
+    lag = [k for k in metrics if k.startswith("sluice_postgres_replication_lag_seconds{")]
+    assert len(lag) == 1 and 'task="PostgresCdcSource"' in lag[0], sorted(metrics)
+    prepared = {k: v for k, v in metrics.items() if k.startswith("sluice_postgres_open_prepared_transactions{")}
+    assert len(prepared) == 4 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 2 subtasks
+    assert sum(v for k, v in metrics.items() if k.startswith("sluice_postgres_rows_written_total{")) > 0
+    cluster.call("cancel", {"job_id": job_id})
+    cluster.wait_job(job_id, 60)
+    assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] <= 2  # at most the last checkpoint's
+

@@ -1,0 +1,101 @@
+"""Topics for the Kafka tests (needs aiokafka: import this after `pytest.importorskip("aiokafka")`): creating
+them, producing input, reading a topic back (read_committed) and reading a source the way a task does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+
+from runtime.connectors.kafka_source import KafkaSource
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1) for name, partitions in topics.items()])
+    finally:
+        await admin.close()
+
+
+async def add_partitions(bootstrap: str, topic: str, total: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_partitions({topic: NewPartitions(total)})
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, topic: str, records: list[Any], *, partitions: int,
+                  raw: list[bytes] | None = None) -> None:
+    """Record i (JSON) goes to partition i mod `partitions`; `raw` payloads instead, the same way."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        payloads = raw if raw is not None else [json.dumps(r).encode() for r in records]
+        futures = [await producer.send(topic, value=v, partition=i % partitions) for i, v in enumerate(payloads)]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read_committed",
+                     quiet_s: float = 1.0, timeout_s: float = 60.0) -> list[tuple[int, int, Any]]:
+    """Every record of `topic` up to its end as (partition, offset, JSON value), in partition order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, group_id=None,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or
+                                                          await _partitions(consumer, topic))]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        out: list[tuple[int, int, Any]] = []
+        deadline = time.monotonic() + timeout_s
+        while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
+            assert time.monotonic() < deadline, f"read {len(out)} records of {topic} in {timeout_s}s"
+            for tp, messages in (await consumer.getmany(timeout_ms=200)).items():
+                out += [(tp.partition, m.offset, json.loads(m.value)) for m in messages]
+        return sorted(out)
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    cluster = await consumer._client.fetch_all_metadata()
+    return set(cluster.partitions_for_topic(topic) or ())
+
+
+def read_source(source: KafkaSource, subtask: int, parallelism: int, *, position: Any = None,
+                limit: int | None = None, timeout_s: float = 60.0) -> tuple[list[Any], Any]:
+    """Read like the task does (position before each batch, never waiting inside read_batch), up to the end
+    or `limit` records; returns the records and the last position."""
+    source.open(subtask, parallelism)
+    try:
+        if position is not None:
+            source.restore(position)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while limit is None or len(out) < limit:
+            assert time.monotonic() < deadline, f"read only {len(out)} records in {timeout_s}s"
+            source.position()
+            batch = source.read_batch(100 if limit is None else min(100, limit - len(out)))
+            if batch is None:
+                break
+            if not batch:
+                time.sleep(source.idle_wait_s())
+            out += batch
+        return out, source.position()
+    finally:
+        source.close()

@@ -1,0 +1,92 @@
+"""The table sinks' commit protocol (runtime/connectors/lake_commits.py): which files a checkpoint's one commit
+adds, which are skipped because the table's recorded version says they are in, and what a subtask keeps."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.connectors.lake_commits import (
+    CommitPlan,
+    app_id_of,
+    manifest_name,
+    manifests_of,
+    manifests_up_to,
+    parse_manifest_name,
+    plan_commit,
+    still_pending,
+)
+
+A, B = "sluice-job-a-sink", "sluice-job-b-sink"
+
+
+def f(path: str) -> dict[str, str]:
+    return {"path": path}
+
+
+def test_first_commit_adds_every_file_up_to_the_checkpoint_and_records_it() -> None:
+    entries = [[1, A, f("x")], [2, A, f("y")], [2, A, f("z")]]
+    assert plan_commit(entries, {A: None}, checkpoint_id=2, app_id=A) == CommitPlan(
+        (f("x"), f("y"), f("z")), ((A, 2),))
+
+
+def test_a_replayed_commit_is_skipped() -> None:
+    """The commit of checkpoint 2 happened; the job restored from 2 lists the same files again."""
+    entries = [[1, A, f("x")], [2, A, f("y")]]
+    plan = plan_commit(entries, {A: 2}, checkpoint_id=3, app_id=A)
+    assert plan.empty and plan.versions == ()
+
+
+def test_files_committed_before_are_left_out_and_the_rest_added() -> None:
+    entries = [[1, A, f("x")], [2, A, f("y")], [3, A, f("w")]]
+    assert plan_commit(entries, {A: 2}, checkpoint_id=3, app_id=A) == CommitPlan((f("w"),), ((A, 3),))
+
+
+def test_restored_files_of_an_earlier_job_keep_their_app_and_get_its_version() -> None:
+    """Job b restored job a's checkpoint 5 (a had committed up to 4): a's files of 5 are added under a's app,
+    b's own under b's, in the one commit."""
+    entries = [[4, A, f("old")], [5, A, f("restored")], [7, B, f("new")]]
+    assert plan_commit(entries, {A: 4, B: None}, checkpoint_id=7, app_id=B) == CommitPlan(
+        (f("restored"), f("new")), ((A, 5), (B, 7)))
+
+
+def test_a_file_listed_by_two_manifests_is_added_once_and_later_checkpoints_wait() -> None:
+    entries = [[1, A, f("x")], [1, A, f("x")], [4, A, f("later")]]
+    assert plan_commit(entries, {}, checkpoint_id=3, app_id=A) == CommitPlan((f("x"),), ((A, 3),))
+
+
+def test_still_pending_keeps_what_the_table_does_not_have() -> None:
+    entries = [[1, A, f("x")], [3, A, f("y")], [2, B, f("z")]]
+    assert still_pending(entries, {A: 2}) == [[3, A, f("y")], [2, B, f("z")]]
+    assert still_pending(entries, {A: 3, B: 2}) == []
+
+
+def test_manifest_names_sort_by_checkpoint_and_parse_back() -> None:
+    names = [manifest_name(12, 1), manifest_name(3, 0), manifest_name(12, 0), "committed.json", "x-y.json"]
+    assert parse_manifest_name(manifest_name(12, 1)) == (12, 1)
+    assert parse_manifest_name("committed.json") is None
+    assert manifests_of(names, 12) == [manifest_name(12, 0), manifest_name(12, 1)]
+    assert manifests_up_to(names, 11) == [manifest_name(3, 0)]
+    assert app_id_of("job-1", "sink-abc") == "sluice-job-1-sink-abc"
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.sampled_from([A, B]), st.integers(0, 30)), max_size=40),
+       st.lists(st.integers(1, 8), min_size=1, max_size=6))
+def test_after_any_sequence_of_commits_every_file_is_in_the_table_exactly_once(
+        raw: list[tuple[int, str, int]], commits: list[int]) -> None:
+    """Invariant: committing at increasing checkpoints, with every commit's manifests listing all entries
+    still pending (and replays of earlier commits mixed in), adds each file once and only at or before its
+    checkpoint's commit."""
+    entries = [[c, app, f(f"{app}-{c}-{n}")] for c, app, n in raw]
+    committed: dict[str, int | None] = {A: None, B: None}
+    table: list[str] = []
+    pending = list(entries)
+    for checkpoint in sorted(set(commits)):
+        for replay in (False, True):  # the same manifests again: a replayed commit
+            plan = plan_commit(pending if not replay else entries, committed, checkpoint_id=checkpoint, app_id=B)
+            table += [file["path"] for file in plan.files]
+            committed.update(dict(plan.versions))
+        pending = still_pending(pending, committed)
+    assert len(table) == len(set(table))
+    due = {e[2]["path"] for e in entries if e[0] <= max(commits)}
+    assert set(table) == due

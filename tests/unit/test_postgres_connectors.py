@@ -1,0 +1,96 @@
+"""The pure parts of the PostgreSQL connectors: the sink's transaction ids and its recovery decision, upsert
+batches, and the source's regions (which changes the stream emits after a resumed snapshot) and positions."""
+
+from __future__ import annotations
+
+from runtime.connectors.pgoutput import parse_lsn
+from runtime.connectors.postgres_cdc import CdcPosition, Regions, change_key
+from runtime.connectors.postgres_sink import (
+    GID_MAX,
+    gid_prefix,
+    parse_transaction_id,
+    recovery_plan,
+    transaction_id,
+    upsert_rows,
+)
+
+PREFIX = gid_prefix("orders-job", "public.totals")
+
+
+def test_transaction_ids_name_job_sink_subtask_checkpoint_and_parse_back() -> None:
+    assert PREFIX == "sluice:orders-job:public.totals:"
+    gid = transaction_id(PREFIX, 3, 41, "a1b2c3")
+    assert gid == "sluice:orders-job:public.totals:3:41:a1b2c3"
+    assert parse_transaction_id(gid, PREFIX) == (3, 41)
+    # another sink's, another job's, or not ours at all
+    assert parse_transaction_id(transaction_id(gid_prefix("orders-job", "public.other"), 3, 41, "x"), PREFIX) is None
+    assert parse_transaction_id("sluice:orders-job:public.totals:3:41", PREFIX) is None
+    assert parse_transaction_id("sluice:orders-job:public.totals:x:41:t", PREFIX) is None
+    assert parse_transaction_id("manual-fix", PREFIX) is None
+
+
+def test_long_names_are_replaced_by_a_digest_that_fits_the_server_limit() -> None:
+    prefix = gid_prefix("j" * 150, "s" * 100)
+    assert prefix.startswith("sluice:") and len(prefix) == len("sluice:") + 33
+    assert prefix == gid_prefix("j" * 150, "s" * 100) != gid_prefix("j" * 150, "s" * 99)
+    assert len(transaction_id(prefix, 9999, 10**12, "ffffff")) <= GID_MAX
+
+
+def test_recovery_commits_the_restored_pending_rolls_back_the_rest_of_its_subtasks() -> None:
+    ours = [transaction_id(PREFIX, s, cp, "t0") for s, cp in [(0, 6), (0, 7), (0, 8), (2, 7), (2, 9)]]
+    others = [transaction_id(PREFIX, 1, 8, "t0"), transaction_id(gid_prefix("other", "public.totals"), 0, 8, "t0"),
+              "manual"]
+    pending = [[6, ours[0], None], [7, ours[1], None], [7, ours[3], None]]
+    plan = recovery_plan(ours + others, PREFIX, pending=pending, committed=[], owners=[0, 2],
+                         restored_checkpoint=7)
+    assert plan.commit == tuple(sorted([ours[0], ours[1], ours[3]]))
+    assert plan.rollback == tuple(sorted([ours[2], ours[4]]))  # checkpoints 8 and 9: after the restored 7
+    assert plan.rewrite == () and plan.orphans == ()
+
+
+def test_recovery_writes_deferred_rows_only_when_neither_prepared_nor_committed() -> None:
+    gid6, gid7, gid8 = (transaction_id(PREFIX, 0, cp, "t0") for cp in (6, 7, 8))
+    pending = [[6, gid6, None], [7, gid7, [("a", 1)]], [8, gid8, [("a", 2)]]]
+    # 7 was prepared once 6 committed; 8 never was
+    plan = recovery_plan([gid7], PREFIX, pending=pending, committed=[], owners=[0], restored_checkpoint=8)
+    assert (plan.commit, plan.rollback, plan.rewrite) == ((gid7,), (), (gid8,))
+    # both were written and committed before the crash: their marker rows say so, nothing is written again
+    plan = recovery_plan([], PREFIX, pending=pending, committed=[gid7, gid8], owners=[0], restored_checkpoint=8)
+    assert (plan.commit, plan.rollback, plan.rewrite) == ((), (), ())
+
+
+def test_a_prepared_transaction_missing_from_the_restored_state_is_rolled_back_as_an_orphan() -> None:
+    stray = transaction_id(PREFIX, 0, 5, "old")
+    plan = recovery_plan([stray], PREFIX, pending=[], committed=[], owners=[0], restored_checkpoint=7)
+    assert (plan.rollback, plan.orphans) == ((stray,), (stray,))
+
+
+def test_upsert_batches_keep_the_last_row_of_each_key_in_first_seen_order() -> None:
+    rows = [("a", 1, "x"), ("b", 1, "y"), ("a", 2, "z"), ("c", 1, "w"), ("b", 1, "v")]
+    assert upsert_rows(rows, [0]) == [("a", 2, "z"), ("b", 1, "v"), ("c", 1, "w")]
+    assert upsert_rows(rows, [0, 1]) == [("a", 1, "x"), ("b", 1, "v"), ("a", 2, "z"), ("c", 1, "w")]
+
+
+def test_regions_decide_which_changes_the_stream_emits_after_resumed_snapshots() -> None:
+    # table 0 read as of LSN 100; resumed after key (500,) of table 0 as of 200; after (10,) of table 1 as of 300
+    regions = Regions(((0, None, 100),)).resumed(0, (500,), 200).resumed(1, (10,), 300)
+    assert [regions.lsn_of(t, k) for t, k in [(0, (1,)), (0, (500,)), (0, (501,)), (1, (3,)), (1, (10,)),
+                                              (1, (11,)), (2, (1,)), (0, None)]] == [
+        100, 100, 200, 200, 200, 300, 300, 100]
+    assert regions.emits(0, (7,), 150)  # key 7 was read as of 100: a change committed at 150 is new
+    assert not regions.emits(0, (700,), 150)  # key 700 was read as of 200: that change is in its row
+    assert regions.emits(0, (700,), 200)  # committed at the consistent point: after the snapshot
+
+
+def test_positions_round_trip_through_checkpoint_state() -> None:
+    position = CdcPosition(Regions(((0, None, 100), (0, (5, "x"), 200))), (1, (7,)), parse_lsn("0/1A2B"), 2)
+    state = position.to_state()
+    assert state == {"regions": [[0, None, 100], [0, [5, "x"], 200]], "snapshot": [1, [7]], "lsn": "0/1A2B",
+                     "skip": 2}
+    assert CdcPosition.from_state(state) == position
+
+
+def test_a_change_is_keyed_by_its_after_image_or_for_a_delete_its_before_image() -> None:
+    assert change_key({"after": {"id": 3, "a": 1}, "before": {"id": 2}}, ["id"]) == (3,)
+    assert change_key({"after": None, "before": {"id": 2, "k": "x"}}, ["id", "k"]) == (2, "x")
+    assert change_key({"after": None, "before": None}, ["id"]) is None
