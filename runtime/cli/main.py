@@ -4,8 +4,8 @@ The families live beside this module: server_commands.py (coordinator, worker), 
 status, cancel, checkpoint, savepoint, rescale, upgrade, checkpoints, probe), local_commands.py (local,
 demo, data) and sql_command.py (sql). A new command is one `Command` entry in its family's table. Configuration is
 parsed and checked once, while the command line is, and passed down as frozen dataclasses; a bad argument exits
-with status 2 and a one-line reason, and so does a configuration error found after parsing (a token file, a combination of
-flags).
+with status 2 and a one-line reason, and so does a configuration error found after parsing (a token file, a
+combination of flags).
 """
 
 from __future__ import annotations
