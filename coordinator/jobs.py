@@ -176,6 +176,15 @@ class JobRecord:
         return {"vertices": vertices,
                 "edges": [{"from": e.up, "to": e.down, "partitioner": e.partitioner} for e in self.plan.edges]}
 
+    def task_view(self, stats: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A task's last reported figures as status shows them: an ended job runs nothing, so a task last seen
+        running was stopped with it (an upgrade's old version, a cancel) and shows so."""
+        if stats is None or not self.terminal or stats.get("state") in (
+                TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED):
+            return stats
+        stopped = TaskState.FAILED if self.state == JobState.FAILED else TaskState.CANCELLED
+        return {**stats, "state": str(stopped)}
+
     def last_checkpoint_document(self) -> dict[str, Any] | None:
         return self.last_checkpoint.to_document() if self.last_checkpoint is not None else None
 
@@ -184,11 +193,7 @@ class JobRecord:
         return self.last_checkpoint.checkpoint_id if self.last_checkpoint is not None else None
 
     def summary(self) -> dict[str, Any]:
-        tasks = sorted(self.task_stats.values(), key=lambda t: t["task"])
-        if self.terminal:  # an ended job runs nothing: tasks last seen running were stopped with it (an upgrade)
-            stopped = TaskState.FAILED if self.state == JobState.FAILED else TaskState.CANCELLED
-            tasks = [t if t.get("state") in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
-                     else {**t, "state": str(stopped)} for t in tasks]
+        tasks = [self.task_view(t) for t in sorted(self.task_stats.values(), key=lambda t: t["task"])]
         return {
             "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,

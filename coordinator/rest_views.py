@@ -179,7 +179,7 @@ def job_graph(job: JobRecord, wall_offset: float = 0.0) -> dict[str, Any]:
     vertices = []
     for v in plan.vertices:
         subtasks = [_subtask_view(i, plan.placement.get(f"{v.id}:{i}"),
-                                  job.task_stats.get(f"{job.job_id}/{v.id}:{i}"), wall_offset)
+                                  job.task_view(job.task_stats.get(f"{job.job_id}/{v.id}:{i}")), wall_offset)
                     for i in range(v.parallelism)]
         worst = max((s["backpressured_ratio"] for s in subtasks), default=0.0)
         vertices.append({

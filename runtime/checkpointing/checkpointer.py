@@ -20,6 +20,7 @@ durable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -35,6 +36,7 @@ from runtime.checkpointing.channel_segments import ChannelCapture
 from runtime.checkpointing.snapshots import encode_operator_state
 from runtime.checkpointing.writer import CheckpointWriter, Encoded, Written
 from runtime.execution.channels import Subpartition
+from runtime.execution.mailbox import Mail
 from runtime.execution.task import CheckpointStatistics, Task
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import CheckpointMode
@@ -268,6 +270,8 @@ class TaskCheckpointer:
                 return
             if exc is not None:
                 self.abandon(run.spec.checkpoint_id, f"writing {kind} failed: {exc}")
+                if getattr(exc, "unrecoverable", False):  # a value no checkpoint can hold: fail now, not later
+                    self.task.post(Mail(functools.partial(_raise, exc), f"checkpoint {kind} cannot be written"))
                 return
             written = fut.result()
             run.settled += 1
@@ -323,3 +327,7 @@ class TaskCheckpointer:
             write.cancel()
         if not run.acked:
             self.on_decline(self.task, checkpoint_id, reason)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc

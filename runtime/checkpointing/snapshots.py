@@ -43,7 +43,7 @@ from runtime.checkpointing.channel_segments import Piece, Ref, resolve, segments
 from runtime.common import objectstore
 from runtime.common.checksums import CorruptFile, read_checked, read_segments
 from runtime.common.gcpause import gc_paused
-from runtime.common.values import packer_default, unpack_ext
+from runtime.common.values import UnpicklableValue, packer_default, unpack_ext
 from runtime.graph.partitioning import key_group
 
 FORMAT = 1
@@ -80,7 +80,23 @@ def encode_operator_state(keyed: dict[int, dict[str, dict[Any, Any]]], *, max_pa
         state["backend"] = backend
     if async_inflight:
         state["async"] = async_inflight
-    return msgpack.packb(state, use_bin_type=True, default=_STATE_DEFAULT)
+    try:
+        return msgpack.packb(state, use_bin_type=True, default=_STATE_DEFAULT)
+    except UnpicklableValue as exc:
+        raise UnpicklableValue(f"{_holder_of_unpicklable(keyed, lists)}: {exc}") from None
+
+
+def _holder_of_unpicklable(keyed: dict[int, dict[str, dict[Any, Any]]],
+                           lists: dict[int, dict[str, list[Any]]] | None) -> str:
+    """Which state holds the value pickle refused (only looked for when one did)."""
+    for kind, by_node in (("keyed state", keyed), ("list state", lists or {})):
+        for node, tables in by_node.items():
+            for name, table in tables.items():
+                try:
+                    msgpack.packb(table, use_bin_type=True, default=_STATE_DEFAULT)
+                except UnpicklableValue:
+                    return f"{kind} {name!r} of operator {node}"
+    return "operator state"
 
 
 def async_documents(state: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -14,8 +14,10 @@ of the cluster's CA); checkpoint files come from the checkpoint storage, which w
 allowlist of standard-library value types or classes defined in the job's own code (a module outside the
 standard library and site-packages: what the job module imports from its directory or PYTHONPATH). A class
 of an installed package is refused with one line saying so (allow its module with SLUICE_PICKLE_MODULES, a
-comma-separated list of module names, set on every worker). What a forger could do with a frame or a file is
-then what the job's own value classes do when constructed, not run any callable of the interpreter.
+comma-separated list of module names, set on every worker; an allowed module is trusted whole, functions
+included: numpy's scalars, for one, load through `numpy.core.multiarray.scalar`). What a forger could do with
+a frame or a file is then what the job's own value classes do when constructed, not run any callable of the
+interpreter.
 """
 
 from __future__ import annotations
@@ -114,8 +116,10 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if "." not in name and _may_load(module, name):
             found = getattr(importlib.import_module(module), name, None)
-            # a class defined where it is named: not one a job module imported (`from subprocess import Popen`)
-            if (module, name) in _STDLIB_VALUES or (isinstance(found, type) and found.__module__ == module):
+            # a class defined where it is named: not one a job module imported (`from subprocess import Popen`);
+            # a module the operator allowed is trusted whole (numpy's scalars load through a function of it)
+            if (module, name) in _STDLIB_VALUES or (isinstance(found, type) and found.__module__ == module) \
+                    or (found is not None and module in _allowed_modules()):
                 return found
         raise RefusedPickle(f"refusing to load {module}.{name} from a pickled value: only standard-library value "
                             f"types and classes of the job's own modules are loaded (allow a module with {ALLOW_ENV})")

@@ -35,7 +35,7 @@ from runtime.connectors.kafka_client import (
     log,
     retriable,
 )
-from runtime.connectors.sinks import Sink
+from runtime.connectors.sinks import ForgedSinkState, Sink
 
 if TYPE_CHECKING:
     from runtime.connectors.submit import SubmitContext
@@ -266,6 +266,8 @@ class KafkaSink(Sink):
         if self.delivery != "exactly-once" or not state:
             return
         pending = list(state.get("pending", []))
+        for entry in pending:  # every batch checked before any is produced
+            self._check_restored(entry)
         own = [e for e in pending if int(e[1]) == self.subtask_index]
         # the token of this subtask's group: the state's (not rescaled), else that of the batches this subtask
         # wrote before a rescale (its old subtask's batches always come to it), so one group never holds
@@ -281,6 +283,20 @@ class KafkaSink(Sink):
         self._recovery = future
         # the batches it may produce stay in the snapshots until it is done
         self._producing = [(future, entry) for entry in pending]
+
+    def _check_restored(self, entry: Any) -> None:
+        """A restored batch is [checkpoint id, subtask, token, records], and with a fixed topic every record goes
+        to that topic: a forged checkpoint must not produce elsewhere (ForgedSinkState)."""
+        try:
+            checkpoint_id, subtask, token, records = entry
+            shaped = type(checkpoint_id) is int and type(subtask) is int and isinstance(token, str) and all(
+                isinstance(r[0], str) for r in records)
+            foreign = isinstance(self.topic, str) and any(r[0] != self.topic for r in records)
+        except (TypeError, ValueError, IndexError):
+            shaped, foreign = False, False
+        if not shaped or foreign:
+            raise ForgedSinkState(f"KafkaSink {self.subtask_index}: the restored state holds a batch that is not "
+                                  "one this sink pre-committed (malformed, or for another topic): refused")
 
     async def _recover(self, pending: list[list[Any]], gone: list[int]) -> None:
         async with self._lock:

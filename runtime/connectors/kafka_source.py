@@ -490,11 +490,15 @@ class KafkaSource(Source):
     # -- checkpoints and metrics ----------------------------------------------------------------------------
 
     def checkpoint_complete(self, checkpoint_id: int, position: Any = None) -> None:
-        """Commit the offsets handed out to the group, for lag monitoring (a restore uses the checkpoint)."""
+        """Commit the completed checkpoint's offsets to the group (Flink's rule), for lag monitoring only: a
+        restore uses the checkpoint. Without its position, the offsets handed out so far."""
         if not self.commit_offsets or self.group_id is None or self._consumer is None:
             return
-        with self._lock:
-            offsets = dict(self._next)
+        if isinstance(position, dict) and "parts" in position:
+            offsets = {(str(t), int(p)): int(offset) for t, p, offset, *_ in position["parts"]}
+        else:
+            with self._lock:
+                offsets = dict(self._next)
         if offsets:
             future = self._thread.submit(self._commit(offsets))
             future.add_done_callback(self._committed)

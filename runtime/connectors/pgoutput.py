@@ -109,6 +109,11 @@ class Ignored:
 Message = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Ignored
 
 
+_U16 = struct.Struct("!H").unpack_from
+_I32 = struct.Struct("!i").unpack_from
+_TEXT, _BINARY, _NULL, _UNCHANGED = b"t"[0], b"b"[0], b"n"[0], b"u"[0]
+
+
 class _Reader:
     __slots__ = ("data", "at")
 
@@ -133,23 +138,36 @@ class _Reader:
         return value
 
     def tuple_data(self) -> tuple[Any, ...]:
-        count = self.take("!H")
+        """The per-row hot path: parsed inline, one bounds check per value."""
+        data, at, size = self.data, self.at, len(self.data)
+        if at + 2 > size:
+            raise PgoutputError("tuple data ends early")
+        (count,) = _U16(data, at)
+        at += 2
         values: list[Any] = []
+        append = values.append
         for _ in range(count):
-            kind = self.take("!c")
-            if kind == b"n":
-                values.append(None)
-            elif kind == b"u":
-                values.append(UNCHANGED_TOAST)
-            elif kind in (b"t", b"b"):
-                length = self.take("!i")
-                raw = self.data[self.at:self.at + length]
-                if len(raw) != length:
+            if at >= size:
+                raise PgoutputError("tuple data ends early")
+            kind = data[at]
+            at += 1
+            if kind in (_TEXT, _BINARY):
+                if at + 4 > size:
+                    raise PgoutputError("tuple data ends early")
+                (length,) = _I32(data, at)
+                at += 4
+                end = at + length
+                if end > size:
                     raise PgoutputError("tuple data ends inside a value")
-                self.at += length
-                values.append(raw.decode("utf-8") if kind == b"t" else raw)
+                append(data[at:end].decode("utf-8") if kind == _TEXT else data[at:end])
+                at = end
+            elif kind == _NULL:
+                append(None)
+            elif kind == _UNCHANGED:
+                append(UNCHANGED_TOAST)
             else:
-                raise PgoutputError(f"unknown tuple value kind {kind!r}")
+                raise PgoutputError(f"unknown tuple value kind {bytes([kind])!r}")
+        self.at = at
         return tuple(values)
 
 
@@ -207,20 +225,21 @@ def decode_message(payload: bytes) -> Message:
 BOOL, INT8, INT2, INT4, OID, FLOAT4, FLOAT8, NUMERIC = 16, 20, 21, 23, 26, 700, 701, 1700
 
 
+def _to_bool(text: str) -> bool:
+    return text == "t"
+
+
+CONVERTERS: dict[int, Any] = {INT2: int, INT4: int, INT8: int, OID: int, FLOAT4: float, FLOAT8: float,
+                              NUMERIC: decimal.Decimal, BOOL: _to_bool}
+
+
 def convert(type_oid: int, text: Any) -> Any:
     """A text-format value of type `type_oid` -> a Python value (int, float, Decimal, bool; text otherwise).
     The same conversion serves the snapshot, whose rows are read as text for that reason."""
     if text is None or text is UNCHANGED_TOAST or not isinstance(text, str):
         return text
-    if type_oid in (INT2, INT4, INT8, OID):
-        return int(text)
-    if type_oid in (FLOAT4, FLOAT8):
-        return float(text)
-    if type_oid == NUMERIC:
-        return decimal.Decimal(text)
-    if type_oid == BOOL:
-        return text == "t"
-    return text
+    converter = CONVERTERS.get(type_oid)
+    return text if converter is None else converter(text)
 
 
 def lsn_text(lsn: int) -> str:
@@ -259,6 +278,7 @@ class ChangeDecoder:
     """Messages in stream order -> whole transactions of change records (see the module docstring)."""
 
     relations: dict[int, Relation] = field(default_factory=dict)
+    _shapes: dict[int, tuple[Relation, tuple[str, ...], tuple[Any, ...]]] = field(default_factory=dict)
     _begin: Begin | None = None
     _changes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -310,12 +330,23 @@ class ChangeDecoder:
             raise PgoutputError(f"change for relation {oid} before its Relation message")
         return relation
 
-    @staticmethod
-    def _row(relation: Relation, values: tuple[Any, ...], *, key_only: bool = False) -> dict[str, Any]:
+    def _row(self, relation: Relation, values: tuple[Any, ...], *, key_only: bool = False) -> dict[str, Any]:
         if len(values) != len(relation.columns):
             raise PgoutputError(f"{relation.table}: {len(values)} values for {len(relation.columns)} columns")
-        return {c.name: convert(c.type_oid, v) for c, v in zip(relation.columns, values, strict=True)
-                if not key_only or c.key}
+        if key_only:
+            return {c.name: convert(c.type_oid, v) for c, v in zip(relation.columns, values, strict=True) if c.key}
+        names, converters = self._shape(relation)
+        return {name: v if conv is None or v is None or v is UNCHANGED_TOAST else conv(v)
+                for name, conv, v in zip(names, converters, values, strict=True)}
+
+    def _shape(self, relation: Relation) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """The relation's column names and value converters, computed once per Relation message."""
+        shape = self._shapes.get(relation.oid)
+        if shape is None or shape[0] is not relation:
+            shape = (relation, tuple(c.name for c in relation.columns),
+                     tuple(CONVERTERS.get(c.type_oid) for c in relation.columns))
+            self._shapes[relation.oid] = shape
+        return shape[1], shape[2]
 
     @staticmethod
     def _record(op: str, relation: Relation, before: dict[str, Any] | None,

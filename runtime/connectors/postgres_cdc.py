@@ -22,13 +22,19 @@ confirmed LSN (a restore from a checkpoint older than the latest) is a clear err
 missing publication.
 
 All I/O runs on a reader thread that fills a bounded queue; `read_batch` only drains it. A lost connection
-(the server restarting) is retried from the last change queued for up to `retry_s`. The stream has one reader:
-subtask 0; other subtasks of a parallel source read nothing.
+(the server restarting) is retried from the last change queued for up to `retry_s`.
+
+Parallel. Subtask i of p owns the primary keys whose md5 falls on i (`key_partition`, the same in SQL for the
+snapshot: `partition_sql`) and has a slot of its own, `<slot>_<i>`: it snapshots its keys and streams their
+changes (each subtask decodes the whole stream and keeps its keys), so the snapshot is read in parallel and a
+key's changes stay in order in one subtask. What subtask i of p reads depends only on i, p and its position,
+so at another parallelism each old subtask moves whole (`subtask_splits`, connectors/splits.py).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import queue
 import select
@@ -110,6 +116,26 @@ class CdcPosition:
                            parse_lsn(state["lsn"]), int(state["skip"]))
 
 
+def key_text(value: Any) -> str:
+    """A key value as PostgreSQL's `::text` writes it (integers, text, numeric, booleans, uuids)."""
+    if value is True or value is False:
+        return "t" if value else "f"
+    return "" if value is None else str(value)
+
+
+def key_partition(key: Sequence[Any], parallelism: int) -> int:
+    """Which subtask of a parallel source owns a primary key: the first 28 bits of the md5 of its text form
+    (columns joined by U+001F), mod the parallelism. `partition_sql` computes the same in the database."""
+    text = "\x1f".join(key_text(v) for v in key)
+    return int(hashlib.md5(text.encode()).hexdigest()[:7], 16) % parallelism
+
+
+def partition_sql(key_columns: Sequence[str], parallelism: int, subtask: int) -> str:
+    """The snapshot's filter for subtask `subtask`: `key_partition` in SQL (identifiers already quoted)."""
+    text = "concat_ws(chr(31), " + ", ".join(f"{c}::text" for c in key_columns) + ")"
+    return f"mod(('x' || substr(md5({text}), 1, 7))::bit(28)::int, {int(parallelism)}) = {int(subtask)}"
+
+
 def change_key(change: dict[str, Any], key_columns: Sequence[str]) -> tuple[Any, ...] | None:
     row = change["after"] if change["after"] is not None else change["before"]
     if row is None or not key_columns:
@@ -127,6 +153,7 @@ class PostgresCdcSource(Source):
 
     bounded = False
     extras = ("postgres",)
+    subtask_splits = True  # subtask i of p: its keys, its slot (see the module docstring)
 
     def __init__(self, dsn: str, tables: Sequence[str], *, slot: str = "sluice", publication: str = "sluice",
                  snapshot: bool = True, chunk_rows: int = 2000, max_buffered: int = 20000,
@@ -195,13 +222,18 @@ class PostgresCdcSource(Source):
         if missing:
             return [], (f"{where}: publication {self.publication!r} does not hold {', '.join(missing)}: "
                         f"ALTER PUBLICATION {self.publication} ADD TABLE {', '.join(missing)}")
-        if restore:
-            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+        if restore:  # the slot, or subtask 0's of a parallel source
+            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name IN (%s, %s)", (self.slot, f"{self.slot}_0"))
             if cur.fetchone() is None:
                 return [], f"{where}: replication slot {self.slot!r} is gone: the restored position cannot be read"
         return infos, None
 
     # -- the task's calls ------------------------------------------------------------------------------------
+
+    @property
+    def slot_name(self) -> str:
+        """The replication slot of this subtask: `slot` alone, `<slot>_<i>` for subtask i of a parallel one."""
+        return self.slot if self.parallelism == 1 else f"{self.slot}_{self.subtask_index}"
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         super().open(subtask_index, parallelism)
@@ -220,8 +252,6 @@ class PostgresCdcSource(Source):
         return None if self._position is None else self._position.to_state()
 
     def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.subtask_index != 0:
-            return []  # the stream has one reader
         reader = self._reader
         if reader is None:
             reader = self._reader = _Reader(self, self._restored)
@@ -275,7 +305,7 @@ class _Reader(threading.Thread):
     """The source's I/O: set-up, snapshot and stream, into `out` (lists of (record, position after it))."""
 
     def __init__(self, source: PostgresCdcSource, start: CdcPosition | None) -> None:
-        super().__init__(name=f"postgres-cdc-{source.slot}", daemon=True)
+        super().__init__(name=f"postgres-cdc-{source.slot_name}", daemon=True)
         self.source = source
         self.start_position = start
         self.out: queue.Queue[list[tuple[Any, CdcPosition]]] = queue.Queue(
@@ -378,7 +408,7 @@ class _Reader(threading.Thread):
                     raise PostgresError(f"PostgresCdcSource: failing for {src.retry_s:g}s: "
                                         f"{pgc.describe(exc)}") from None
                 position = self._queued_position or position
-                log.warning("postgres cdc %s: %s; reconnecting", src.slot, pgc.describe(exc))
+                log.warning("postgres cdc %s: %s; reconnecting", src.slot_name, pgc.describe(exc))
                 for conn in list(self._conns):
                     self._close(conn)
                 self._stopping.wait(0.5)
@@ -387,10 +417,10 @@ class _Reader(threading.Thread):
 
     def _check_slot(self, cur: Any, position: CdcPosition) -> None:
         cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                    (self.source.slot,))
+                    (self.source.slot_name,))
         row = cur.fetchone()
         if row is None:
-            raise SlotGone(f"PostgresCdcSource: replication slot {self.source.slot!r} is gone: the restored "
+            raise SlotGone(f"PostgresCdcSource: replication slot {self.source.slot_name!r} is gone: the restored "
                            "position cannot be read (start the job afresh for a new snapshot)")
         confirmed = parse_lsn(row[0]) if row[0] else 0
         self.confirmed = max(self.confirmed, confirmed)
@@ -399,7 +429,7 @@ class _Reader(threading.Thread):
             # received was confirmed (nothing of ours lies between), so this is no proof of a gap; a restore
             # from a checkpoint older than the latest would have one
             log.warning("postgres cdc: slot %s has confirmed %s, after the restored position %s: changes in "
-                        "between were confirmed by a later checkpoint", self.source.slot, row[0],
+                        "between were confirmed by a later checkpoint", self.source.slot_name, row[0],
                         lsn_text(position.lsn))
 
     def _create_slot_and_snapshot(self, infos: list[TableInfo]) -> CdcPosition:
@@ -409,24 +439,24 @@ class _Reader(threading.Thread):
         with conn.cursor() as cur:
             deadline = time.monotonic() + SLOT_RELEASE_S
             while True:
-                cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (src.slot,))
+                cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (src.slot_name,))
                 row = cur.fetchone()
                 if row is None or row[0] is None:
                     break
                 # a reader of an earlier attempt that just died holds it until the server notices
                 if time.monotonic() > deadline:
-                    raise PostgresConfigError(f"PostgresCdcSource: replication slot {src.slot!r} is in use by "
+                    raise PostgresConfigError(f"PostgresCdcSource: replication slot {src.slot_name!r} is in use by "
                                               f"process {row[0]}: another job reads it")
                 self._stopping.wait(0.2)
             if row is not None:
-                cur.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (src.slot_name,))
         self._close(conn)
         repl = self._connect(replication=True)
         with repl.cursor() as rcur:
-            rcur.execute(f'CREATE_REPLICATION_SLOT "{src.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
+            rcur.execute(f'CREATE_REPLICATION_SLOT "{src.slot_name}" LOGICAL pgoutput EXPORT_SNAPSHOT')
             _, consistent_point, snapshot_name, _ = rcur.fetchone()
         start = parse_lsn(consistent_point)
-        log.info("postgres cdc: created slot %s at %s", src.slot, consistent_point)
+        log.info("postgres cdc: created slot %s at %s", src.slot_name, consistent_point)
         position = CdcPosition(Regions(((0, None, start),)), (0, None) if src.snapshot else None, start, 0)
         self._put([(_NO_RECORD, position)])  # from here on a checkpoint has a position: the slot's start
         self._queued_position = position
@@ -441,7 +471,7 @@ class _Reader(threading.Thread):
         src = self.source
         repl = self._connect(replication=True)
         with repl.cursor() as rcur:
-            rcur.execute(f'CREATE_REPLICATION_SLOT "{src.slot}_resume_{int(time.time() * 1000)}" TEMPORARY '
+            rcur.execute(f'CREATE_REPLICATION_SLOT "{src.slot_name}_resume_{int(time.time() * 1000)}" TEMPORARY '
                          "LOGICAL pgoutput EXPORT_SNAPSHOT")
             _, consistent_point, snapshot_name, _ = rcur.fetchone()
         table, key = position.snapshot
@@ -474,12 +504,16 @@ class _Reader(threading.Thread):
                     sql.Identifier(schema), sql.Identifier(name))
                 keys = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in info.key)
                 order = sql.SQL(" ORDER BY {} LIMIT %s").format(keys)
-                if last_key is None:
-                    cur.execute(sql.Composed([select, order]), (src.chunk_rows,))
-                else:
-                    where = sql.SQL(" WHERE ({}) > ({})").format(keys, sql.SQL(", ").join(
-                        sql.Placeholder() * len(info.key)))
-                    cur.execute(sql.Composed([select, where, order]), (*last_key, src.chunk_rows))
+                conditions = []
+                if src.parallelism > 1:  # this subtask's share of the keys
+                    quoted = [sql.SQL("t.{}").format(sql.Identifier(k)).as_string(conn) for k in info.key]
+                    conditions.append(sql.SQL(partition_sql(quoted, src.parallelism, src.subtask_index)))
+                if last_key is not None:
+                    conditions.append(sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(
+                        sql.Placeholder() * len(info.key))))
+                where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+                cur.execute(sql.Composed([select, where, order]),
+                            (*(last_key or ()), src.chunk_rows))
                 rows = cur.fetchall()
                 entries: list[tuple[Any, CdcPosition]] = []
                 for row in rows:
@@ -500,15 +534,22 @@ class _Reader(threading.Thread):
         self._close(conn)
         return position
 
+    def _owns(self, change: dict[str, Any], key_columns: Sequence[str]) -> bool:
+        if change["op"] == "t":
+            return self.source.subtask_index == 0  # a truncate once, from the first subtask
+        key = change_key(change, key_columns)
+        return key is None or key_partition(key, self.source.parallelism) == self.source.subtask_index
+
     def _stream(self, infos: list[TableInfo], position: CdcPosition) -> CdcPosition:
         src = self.source
         by_table = {info.table: (i, info.key) for i, info in enumerate(infos)}
+        parallel = src.parallelism > 1
         repl = self._connect(replication=True)
         decoder = ChangeDecoder()
         skip = position.skip
         lsn = position.lsn
         with repl.cursor() as rcur:
-            rcur.start_replication(slot_name=src.slot, decode=False, start_lsn=lsn,
+            rcur.start_replication(slot_name=src.slot_name, decode=False, start_lsn=lsn,
                                    options={"proto_version": "1", "publication_names": src.publication},
                                    status_interval=max(1, int(src.status_interval_s)))
             last_feedback = 0.0
@@ -534,6 +575,8 @@ class _Reader(threading.Thread):
                     table_index, key_columns = by_table.get(change["table"], (None, ()))
                     if table_index is None:
                         continue  # a table of the publication this source does not read
+                    if parallel and not self._owns(change, key_columns):
+                        continue  # another subtask's key (every subtask reads the whole stream)
                     if position.regions.emits(table_index, change_key(change, key_columns), txn.commit_lsn):
                         emitted.append(change)
                 entries: list[tuple[Any, CdcPosition]] = []

@@ -1,21 +1,23 @@
 """A PostgreSQL sink: a checkpoint's rows in one transaction, exactly once by two-phase commit.
 
 Records are buffered between checkpoints (in upsert mode one row per key, the last one wins). At a checkpoint's
-snapshot the buffer is written in one transaction that is then prepared, `PREPARE TRANSACTION '<gid>'`, with
-a transaction id naming the job, the sink, the subtask and the checkpoint (`transaction_id`): the rows are
-durable in the server but invisible. When the checkpoint completes (`commit`), `COMMIT PREPARED` publishes
-them. A restore resolves the prepared transactions of this sink by their ids (`recovery_plan`): those the
-restored checkpoint lists as pending (it and older ones whose commit had not landed) are committed, every
-other one of the subtasks it takes over (later checkpoints, whose rows will be written again) is rolled back.
+snapshot the buffer becomes a batch, written in one transaction with a marker row and prepared, `PREPARE
+TRANSACTION '<gid>'`, with a transaction id naming the job, the sink, the subtask and the checkpoint
+(`transaction_id`): durable in the server, invisible. When the checkpoint completes (`commit`), `COMMIT
+PREPARED` publishes it. A batch's rows stay in every checkpoint's state until its transaction is committed. A
+restore resolves this sink's prepared transactions by id (`recovery_plan`): those of the restored state's
+batches are committed, every other one of the subtasks it takes over (later checkpoints, whose rows come
+again) is rolled back, and a batch neither prepared nor committed (its marker row absent) is written.
+
+The I/O runs on a thread of the sink's own (`_Committer`): `snapshot_state` and `commit` are called on the
+worker's event loop and return at once, so a slow or restarting server never stalls the worker (a server
+restart is retried for `retry_s`). Batches are prepared and committed in checkpoint order, and a batch is
+prepared only once the one before it is committed: an earlier checkpoint's transaction still prepared (its
+completion notice not here yet, or that checkpoint aborted) holds row locks that could block it.
 
 `mode="upsert"` writes `INSERT ... ON CONFLICT (key) DO UPDATE`, so a row per key; `mode="append"` plain
-INSERTs. `delivery="at-least-once"` commits at the snapshot instead of preparing (no prepared transactions; a
-restore writes the rows after the checkpoint again: idempotent in upsert mode, duplicated in append mode).
-
-Writes happen only at the snapshot, never in `write`: a row lock held by a prepared transaction can therefore
-only delay a snapshot, never the records flowing. A snapshot that meets such a lock (the previous
-checkpoint's transaction still prepared because its completion notice has not arrived, or that checkpoint
-was aborted) waits up to `lock_timeout_s`, then fails the checkpoint; the restore resolves it.
+INSERTs. `delivery="at-least-once"` commits each batch without preparing it (no ids, no markers; a restore
+writes the batches of its state again: idempotent in upsert mode, duplicated in append mode).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -125,7 +128,6 @@ class PostgresSink(Sink):
     (default: the table), unique among the sinks of a job that write to one table.
     """
 
-    blocking = True  # writes wait on the server: the task runs the chain on a thread of its own
     extras = ("postgres",)
 
     def __init__(self, dsn: str, table: str, *, key: Sequence[str] = (), mode: str = "upsert",
@@ -225,32 +227,34 @@ class PostgresSink(Sink):
         super().open(subtask_index, parallelism, attempt)
         self._conn: Any = None
         self._rows: list[Sequence[Any]] = []
-        self._pending: list[list[Any]] = []  # [checkpoint id, gid], prepared, not known committed
         self.rows_written = 0
         self.transactions_committed = 0
-
-        def read_table() -> Any:
-            with self._cursor() as cur:
-                return pgc.table_info(cur, self.table)
-
-        info = self._retrying("reading the table's columns", read_table)
-        if info is None:
-            raise PostgresConfigError(f"PostgresSink: no table {self.table}")
-        self._columns = self.columns or info.columns
-        self._key_positions = [self._columns.index(k) for k in self.key]
-        self._statement = self._insert_statement()
         self._token = secrets.token_hex(3)
         schema, _ = pgc.split_table(self.table)
         self._marker_table = f'"{schema}".{MARKER_TABLE}'
         self._marker_insert = f"INSERT INTO {self._marker_table} VALUES (%s, %s, %s, %s)"
         self._marker_cleanup = (f"DELETE FROM {self._marker_table} WHERE sink = %s AND subtask = %s "  # noqa: S608
                                 "AND checkpoint < %s")
-        if self.delivery == "exactly-once":
-            self._retrying("creating the transaction marker table", self._create_marker_table)
+
+        def prepare_table() -> Any:
+            with self._cursor() as cur:
+                info = pgc.table_info(cur, self.table)
+            if info is not None and self.delivery == "exactly-once":
+                self._create_marker_table()
+            return info
+
+        info = self._retrying("reading the table's columns", prepare_table)
+        if info is None:
+            raise PostgresConfigError(f"PostgresSink: no table {self.table}")
+        self._columns = self.columns or info.columns
+        self._key_positions = [self._columns.index(k) for k in self.key]
+        self._statement = self._insert_statement()
+        self._io = _Committer(self)
+        self._io.start()
 
     def _create_marker_table(self) -> None:
         """The marker rows say which transactions committed: each prepared transaction inserts its own, so a
-        restore can tell a batch that was committed from one that never was (deferred rows, below)."""
+        restore can tell a batch that was committed from one that never was."""
         pg = pgc.psycopg2()
         with self._cursor() as cur:
             try:
@@ -282,26 +286,30 @@ class PostgresSink(Sink):
             self._rows.append(tuple(record))
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
+        """Hand the checkpoint's rows to the committer thread, which prepares them at once (unless an earlier
+        checkpoint's transaction is still prepared: its row locks could block them, see the module docstring);
+        the rows stay in every checkpoint's state until their transaction is committed."""
+        self._io.check()
         if self._rows:
             rows = upsert_rows(self._rows, self._key_positions) if self.mode == "upsert" else self._rows
             self._rows = []
-            if self.delivery != "exactly-once":
-                self._retrying(f"writing checkpoint {checkpoint_id}'s {len(rows)} rows",
-                               lambda: self._write(rows, None, checkpoint_id))
-            elif self._pending:
-                # an earlier checkpoint's transaction is still prepared (its completion notice has not come,
-                # or it was aborted): its row locks could block this one's writes, and the notice that
-                # releases them waits behind this snapshot. The rows go into the checkpoint instead, and are
-                # written once the earlier transactions are committed (`commit`)
-                self._pending.append([checkpoint_id, transaction_id(self.prefix, self.subtask_index,
-                                                                    checkpoint_id, self._token), list(rows)])
-            else:
-                gid = transaction_id(self.prefix, self.subtask_index, checkpoint_id, self._token)
-                self._retrying(f"writing checkpoint {checkpoint_id}'s {len(rows)} rows",
-                               lambda: self._write(rows, gid, checkpoint_id))
-                self._pending.append([checkpoint_id, gid, None])
-            self.rows_written += len(rows)
-        return {"pending": [list(p) for p in self._pending], "checkpoint": checkpoint_id}
+            gid = transaction_id(self.prefix, self.subtask_index, checkpoint_id, self._token)
+            self._io.add(_Batch(checkpoint_id, gid if self.delivery == "exactly-once" else None, list(rows)))
+        return self._io.state(checkpoint_id)
+
+    def commit(self, checkpoint_id: int) -> None:
+        self._io.check()
+        self._io.complete(checkpoint_id)
+
+    def restore_state(self, state: Any) -> None:
+        """The restored checkpoint completed: its batches are committed (prepared ones), or written (those
+        neither prepared nor committed); this subtask's other prepared transactions (and those of the
+        subtasks it takes over after a rescale) are rolled back. On the committer thread, first."""
+        state = state or {}
+        batches = [_Batch(int(cp), gid, [tuple(r) for r in rows], completed=True)
+                   for cp, gid, rows in state.get("pending", [])]
+        owners = {self.subtask_index, *(int(s) for s in state.get("subtasks", []))}
+        self._io.restore(batches, owners, state.get("checkpoint"))
 
     def _write(self, rows: Sequence[Sequence[Any]], gid: str | None, checkpoint_id: int) -> None:
         """The rows in one transaction: prepared as `gid` with its marker row (exactly once), or committed."""
@@ -315,39 +323,20 @@ class PostgresSink(Sink):
                 pg.extras.execute_values(cur, self._statement, rows, page_size=self.page_rows)
                 if gid is None:
                     cur.execute("COMMIT")
-                    return
-                cur.execute(self._marker_insert, (gid, self.prefix, self.subtask_index, checkpoint_id))
-                cur.execute(self._marker_cleanup, (self.prefix, self.subtask_index, checkpoint_id - MARKERS_KEPT))
-                cur.execute("PREPARE TRANSACTION %s", (gid,))
+                else:
+                    cur.execute(self._marker_insert, (gid, self.prefix, self.subtask_index, checkpoint_id))
+                    cur.execute(self._marker_cleanup, (self.prefix, self.subtask_index, checkpoint_id - MARKERS_KEPT))
+                    cur.execute("PREPARE TRANSACTION %s", (gid,))
             except BaseException:
-                if not self._conn.closed:
+                if self._conn is not None and not self._conn.closed:
                     try:
                         cur.execute("ROLLBACK")
                     except pg.Error:
                         pass
                 raise
+        self.rows_written += len(rows)
 
-    def commit(self, checkpoint_id: int) -> None:
-        """Commit the prepared transactions up to `checkpoint_id`, then write what waited for them: deferred
-        rows of completed checkpoints are prepared and committed, the first of a later one prepared."""
-        try:
-            self._retrying(f"committing checkpoint {checkpoint_id}", lambda: self._commit_due(checkpoint_id),
-                           retry_s=min(self.retry_s, 2.0))
-        except PostgresError as exc:  # they stay pending: the next commit, or a restore, commits them
-            log.warning("postgres sink %d: %s (retried at the next checkpoint)", self.subtask_index, exc)
-
-    def _commit_due(self, checkpoint_id: int) -> None:
-        while self._pending:
-            entry = self._pending[0]
-            if entry[2] is not None:  # deferred rows: nothing is prepared before them any more
-                self._write(entry[2], entry[1], entry[0])
-                entry[2] = None
-            if entry[0] > checkpoint_id:
-                return  # prepared, committed when its checkpoint completes
-            self._finish_prepared([entry[1]], commit=True)
-            self._pending.pop(0)
-
-    def _finish_prepared(self, gids: list[str], *, commit: bool) -> None:
+    def _finish_prepared(self, gids: Sequence[str], *, commit: bool) -> None:
         pg = pgc.psycopg2()
         verb = "COMMIT PREPARED" if commit else "ROLLBACK PREPARED"
         with self._cursor() as cur:
@@ -361,48 +350,46 @@ class PostgresSink(Sink):
                 if commit:
                     self.transactions_committed += 1
 
-    def restore_state(self, state: Any) -> None:
-        state = state or {}
-        if self.delivery != "exactly-once":
-            return
-        pending = [list(p) for p in state.get("pending", [])]
-        owners = {self.subtask_index, *(int(s) for s in state.get("subtasks", []))}
-
-        def resolve() -> RecoveryPlan:
-            with self._cursor() as cur:
-                prepared = self._prepared(cur)
-                cur.execute(f"SELECT gid FROM {self._marker_table} WHERE gid = ANY(%s)",  # noqa: S608
-                            ([p[1] for p in pending],))
-                committed = {r[0] for r in cur.fetchall()}
-            plan = recovery_plan(prepared, self.prefix, pending=pending, committed=committed, owners=owners,
-                                 restored_checkpoint=state.get("checkpoint"))
-            self._finish_prepared(list(plan.commit), commit=True)
-            self._finish_prepared(list(plan.rollback), commit=False)
-            for entry in pending:  # after the rollbacks: their locks are gone
-                if entry[1] in plan.rewrite:
-                    self._write(entry[2], entry[1], entry[0])
-                    self._finish_prepared([entry[1]], commit=True)
-            return plan
-
-        plan = self._retrying("resolving prepared transactions", resolve)
+    def _recover(self, batches: list[_Batch], owners: set[int], restored: int | None) -> RecoveryPlan:
+        with self._cursor() as cur:
+            prepared = self._prepared(cur)
+            cur.execute(f"SELECT gid FROM {self._marker_table} WHERE gid = ANY(%s)",  # noqa: S608
+                        ([b.gid for b in batches if b.gid is not None],))
+            committed = {r[0] for r in cur.fetchall()}
+        plan = recovery_plan(prepared, self.prefix, pending=[[b.checkpoint, b.gid, b.rows] for b in batches],
+                             committed=committed, owners=owners, restored_checkpoint=restored)
+        self._finish_prepared(plan.commit, commit=True)
+        self._finish_prepared(plan.rollback, commit=False)
+        for batch in batches:  # after the rollbacks: their row locks are gone
+            if batch.gid in plan.rewrite:
+                self._write(batch.rows, batch.gid, batch.checkpoint)
+                self._finish_prepared([batch.gid], commit=True)
         if plan.commit or plan.rollback or plan.rewrite:
             log.info("postgres sink %d: restored: committed %d, rolled back %d prepared transactions, wrote %d "
-                     "deferred batches", self.subtask_index, len(plan.commit), len(plan.rollback),
-                     len(plan.rewrite))
+                     "batches again", self.subtask_index, len(plan.commit), len(plan.rollback), len(plan.rewrite))
         if plan.orphans:
             log.warning("postgres sink %d: rolled back %s, prepared for a checkpoint the restored state does not "
                         "list", self.subtask_index, ", ".join(plan.orphans))
+        return plan
+
+    def finish(self) -> None:
+        self._finished = True
 
     def close(self) -> None:
-        """Rows since the last snapshot are dropped (the restore produces them again); prepared transactions
-        stay for the commit or the restore that resolves them."""
+        """At the end of a bounded input, waits (up to `retry_s`) until every completed checkpoint's batch is
+        committed. Rows since the last snapshot are dropped (a restore produces them again); prepared
+        transactions of checkpoints not completed stay for the restore that resolves them."""
         self._rows = []
+        io = getattr(self, "_io", None)
+        if io is not None:
+            io.stop(wait_s=self.retry_s if getattr(self, "_finished", False) else 0.0)
         self._drop_connection()
 
     # -- connections ---------------------------------------------------------------------------------------
 
     def statistics(self) -> dict[str, float]:
-        return {"open_prepared_transactions": float(len(getattr(self, "_pending", []))),
+        io = getattr(self, "_io", None)
+        return {"open_prepared_transactions": float(io.open_batches() if io is not None else 0),
                 "rows_written": float(getattr(self, "rows_written", 0))}
 
     def _cursor(self) -> Any:
@@ -443,6 +430,151 @@ class PostgresSink(Sink):
                 self._drop_connection()
                 raise PostgresError(f"PostgresSink {self.table} subtask {self.subtask_index}: {what}: "
                                     f"{pgc.describe(exc)}") from None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A checkpoint's rows until their transaction is committed."""
+
+    checkpoint: int
+    gid: str | None  # None: at least once (no transaction id, no marker)
+    rows: list[Any]
+    prepared: bool = False
+    completed: bool = False  # its checkpoint completed
+
+
+class _Committer(threading.Thread):
+    """The sink's I/O, off the task's thread and the worker's loop: the task hands it batches (at the snapshot)
+    and completions (at the commit) and returns at once; it prepares, commits and recovers in checkpoint
+    order, retrying a lost server for up to `retry_s` before the error fails the task at its next call."""
+
+    def __init__(self, sink: PostgresSink) -> None:
+        super().__init__(name=f"postgres-sink-{sink.subtask_index}", daemon=True)
+        self.sink = sink
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._batches: list[_Batch] = []
+        self._recovery: tuple[list[_Batch], set[int], int | None] | None = None
+        self._owners: set[int] = set()
+        self.error: BaseException | None = None
+
+    # -- from the task ---------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def add(self, batch: _Batch) -> None:
+        with self._lock:
+            self._batches.append(batch)
+        self._wake.set()
+
+    def complete(self, checkpoint_id: int) -> None:
+        with self._lock:
+            for batch in self._batches:
+                if batch.checkpoint <= checkpoint_id:
+                    batch.completed = True
+        self._wake.set()
+
+    def restore(self, batches: list[_Batch], owners: set[int], restored: int | None) -> None:
+        with self._lock:
+            self._batches = [*batches, *self._batches]
+            self._recovery = (batches, owners, restored)
+            self._owners = owners
+        self._wake.set()
+
+    def state(self, checkpoint_id: int) -> dict[str, Any]:
+        with self._lock:
+            state: dict[str, Any] = {"pending": [[b.checkpoint, b.gid, list(b.rows)] for b in self._batches],
+                                     "checkpoint": checkpoint_id}
+            if self._recovery is not None:  # not resolved yet: a restore from this state must do it
+                state["subtasks"] = sorted(self._owners - {self.sink.subtask_index})
+        return state
+
+    def open_batches(self) -> int:
+        with self._lock:
+            return len(self._batches)
+
+    def stop(self, *, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while wait_s > 0 and self.is_alive() and self.error is None and time.monotonic() < deadline:
+            with self._lock:
+                if not any(b.completed for b in self._batches) and self._recovery is None:
+                    break
+            time.sleep(0.01)
+        self._stopping.set()
+        self._wake.set()
+        conn = self.sink._conn
+        if conn is not None and not conn.closed:
+            try:
+                conn.cancel()  # a statement waiting on the server
+            except Exception:  # broken already
+                pass
+        self.join(10)
+
+    # -- on the thread -------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        pg = pgc.psycopg2()
+        failing_since: float | None = None
+        while not self._stopping.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            try:
+                self._step()
+                failing_since = None
+            except (pg.OperationalError, pg.InterfaceError, PostgresError) as exc:
+                if self._stopping.is_set():
+                    return
+                lock_timeout = getattr(exc, "pgcode", None) == "55P03"
+                self.sink._drop_connection()
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if lock_timeout or isinstance(exc, PostgresConfigError) or now - failing_since > self.sink.retry_s:
+                    self.error = PostgresError(f"PostgresSink {self.sink.table} subtask {self.sink.subtask_index}: "
+                                               f"{pgc.describe(exc)}")
+                    return
+                log.warning("postgres sink %d: %s; retrying", self.sink.subtask_index, pgc.describe(exc))
+                self._stopping.wait(0.2)
+                self._wake.set()
+            except pg.Error as exc:
+                if not self._stopping.is_set():
+                    self.error = PostgresError(f"PostgresSink {self.sink.table} subtask {self.sink.subtask_index}: "
+                                               f"{pgc.describe(exc)}")
+                return
+
+    def _step(self) -> None:
+        sink = self.sink
+        with self._lock:
+            recovery = self._recovery
+        if recovery is not None:
+            batches, owners, restored = recovery
+            if sink.delivery == "exactly-once":
+                sink._recover(batches, owners, restored)
+            else:
+                for batch in batches:  # at least once: written again
+                    sink._write(batch.rows, None, batch.checkpoint)
+            with self._lock:
+                self._batches = [b for b in self._batches if all(b is not r for r in batches)]
+                self._recovery = None
+        while not self._stopping.is_set():
+            with self._lock:
+                if not self._batches:
+                    return
+                batch = self._batches[0]  # in checkpoint order: an earlier prepared one is committed first
+            if batch.gid is None:
+                sink._write(batch.rows, None, batch.checkpoint)
+            elif not batch.prepared:
+                sink._write(batch.rows, batch.gid, batch.checkpoint)
+                batch.prepared = True
+                continue
+            elif batch.completed:
+                sink._finish_prepared([batch.gid], commit=True)
+            else:
+                return  # prepared; committed when its checkpoint completes
+            with self._lock:
+                self._batches.pop(0)
 
 
 def _has_unique_index(cur: Any, table: str, columns: Sequence[str]) -> bool:

@@ -102,6 +102,16 @@ class SplitReader(Source):
         """The split sources being read (their figures go to the metrics)."""
         return [reader[2] for reader in self._readers]
 
+    def checkpoint_complete(self, checkpoint_id: int, position: Any) -> None:
+        """A checkpoint that stored `position` completed: each split's source that confirms its input on
+        completion (a PostgreSQL slot) is told its own position in it."""
+        if not is_split_position(position):
+            return
+        for reader, split in zip(self._readers, position["splits"], strict=False):
+            confirm = getattr(reader[2], "checkpoint_complete", None)
+            if confirm is not None and [reader[0], reader[1]] == [int(split[0]), int(split[1])]:
+                confirm(checkpoint_id, split[2])
+
     def close(self) -> None:
         for reader in self._readers:
             reader[2].close()

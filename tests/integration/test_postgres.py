@@ -3,10 +3,11 @@
 The change-capture source: its snapshot and stream meet exactly, also when it is restored mid-snapshot and
 mid-transaction (a strict replica fails on a missed or repeated change), and the slot's confirmed LSN moves
 only when a checkpoint completes. The sink: rows invisible while prepared, published on commit, prepared
-transactions resolved by id on restore, also at another parallelism. Bad configuration is one line. And a
-job CDC -> keyed totals -> PostgresSink (upsert and append, exactly once) with unaligned checkpoints whose
-source worker is killed with SIGKILL mid-run and whose PostgreSQL server is killed and restarted mid-run:
-the tables end exact.
+transactions resolved by id on restore, also at another parallelism. A parallel source deals keys to its
+subtasks. Bad configuration is one line. And a job CDC (2 subtasks) -> keyed totals -> PostgresSink (upsert
+and append, exactly once) with unaligned checkpoints whose source worker is killed with SIGKILL mid-run,
+whose PostgreSQL server is killed and restarted mid-run, and which is rescaled from 2 to 3 subtasks (source,
+aggregation, sinks) mid-run: the tables end exact.
 """
 
 from __future__ import annotations
@@ -133,13 +134,55 @@ def test_snapshot_and_stream_meet_exactly_across_restores(pg: PostgresServer) ->
     third.close()
 
 
-def test_dropped_slot_and_missing_publication_are_clear_errors(pg: PostgresServer) -> None:
+def test_a_parallel_source_splits_snapshot_and_stream_by_key(pg: PostgresServer) -> None:
+    """Two subtasks, a slot each: every key's snapshot row and changes come from exactly one of them (a key
+    read by both, or by neither, fails the strict replica)."""
+    dsn = new_database(pg, "cdc_parallel")
+    make_orders(dsn, 1000, customers=5)
+    sources = [PostgresCdcSource(dsn, ["orders"], slot="par", chunk_rows=200) for _ in range(2)]
+    for subtask, source in enumerate(sources):
+        source.open(subtask, 2)
+    try:
+        read_in_parallel(dsn, sources)
+    finally:
+        for source in sources:
+            source.close()
+
+
+def read_in_parallel(dsn: str, sources: list[PostgresCdcSource]) -> None:
+    replica = Replica()
+    snapshot_rows = []
+    for source in sources:
+        before = replica.applied
+        read(source, replica, until=lambda s=source: s.position() is not None and s.position()["snapshot"] is None)
+        snapshot_rows.append(replica.applied - before)
+    assert sum(snapshot_rows) == 1000 and min(snapshot_rows) > 400, snapshot_rows  # md5 halves the keys
+    assert sorted(r[0] for r in execute(
+        dsn, "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()")) == ["par_0", "par_1"]
+    execute(dsn, "UPDATE orders SET amount = amount + 1 WHERE id % 7 = 0", "DELETE FROM orders WHERE id % 11 = 0",
+            "INSERT INTO orders SELECT g, 'c09', 1 FROM generate_series(2000, 2100) g")
+
+    def caught_up() -> bool:
+        for source in sources:
+            for change in source.read_batch(500) or []:
+                replica.apply(change)
+        return replica.rows == table_rows(dsn)
+
+    wait_until(caught_up, 60, "both subtasks to bring the replica up to the table")
+
+
+def test_a_column_added_mid_stream_then_a_dropped_slot_and_a_missing_publication(pg: PostgresServer) -> None:
     dsn = new_database(pg, "cdc_errors")
     make_orders(dsn, 10, customers=2)
     source = PostgresCdcSource(dsn, ["orders"], slot="gone_slot")
     source.open(0, 1)
     replica = Replica()
     read(source, replica, limit=10)
+    execute(dsn, "ALTER TABLE orders ADD COLUMN note text", "INSERT INTO orders VALUES (11, 'c00', 5, 'new')")
+    execute(dsn, "UPDATE orders SET note = 'old' WHERE id = 1")
+    read(source, replica, limit=2)
+    assert replica.rows[11] == {"id": 11, "customer": "c00", "amount": 5, "note": "new"}
+    assert replica.rows[1]["note"] == "old" and set(replica.rows[1]) == {"id", "customer", "amount", "note"}
     position = source.position()
     source.close()
     wait_until(lambda: execute(dsn, "SELECT active FROM pg_replication_slots")[0][0] is False, 10,
@@ -180,6 +223,10 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
     def untokened(state: dict[str, Any]) -> list[list[Any]]:
         return [[cp, gid.rsplit(":", 1)[0], rows] for cp, gid, rows in state["pending"]]
 
+    def settles(what: Any, expected: Any) -> None:
+        """The sink's committer thread works after the call returned: wait for the database to show it."""
+        wait_until(lambda: what() == expected, 20, f"{expected}")
+
     def events_sink(attempt: int) -> PostgresSink:
         sink = PostgresSink(dsn, "events", mode="append")
         sink.bind_job("jobA")
@@ -190,40 +237,48 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
     sink = events_sink(0)
     for row in (a0, a1, a2):
         sink.write(row)
-    state1 = sink.snapshot_state(1)
-    assert prepared() == ["sluice:jobA:public.events:0:1"] and rows("events") == []  # durable, invisible
+    sink.snapshot_state(1)
+    settles(prepared, ["sluice:jobA:public.events:0:1"])
+    assert rows("events") == []  # durable, invisible
     sink.write({"k": "b", "n": 9})
     state2 = sink.snapshot_state(2)
-    # checkpoint 1 still prepared (its completion notice not here yet): checkpoint 2's rows wait in its state,
-    # since checkpoint 1's row locks could block them and the notice that releases those waits behind this
-    assert untokened(state2) == [[1, "sluice:jobA:public.events:0:1", None],
+    # checkpoint 1 is still prepared (its completion notice not here yet): checkpoint 2's rows wait, since
+    # checkpoint 1's row locks could block them; they are in the state until committed, as 1's are
+    assert untokened(state2) == [[1, "sluice:jobA:public.events:0:1", [a0, a1, a2]],
                                  [2, "sluice:jobA:public.events:0:2", [b9]]]
+    assert prepared() == ["sluice:jobA:public.events:0:1"]
     sink.close()  # a crash: checkpoint 2 had completed, but no commit ran. The restore commits 1 and writes 2
     restored = events_sink(1)
     restored.restore_state(state2)
-    assert prepared() == [] and rows("events") == [a0, a1, a2, b9]
+    settles(lambda: rows("events"), [a0, a1, a2, b9])
+    assert prepared() == []
     restored.close()
-    restored = events_sink(2)  # and a crash right after that restore: nothing is written twice
+    restored = events_sink(2)  # and a crash right after that restore: the marker rows say both are committed
     restored.restore_state(state2)
-    assert prepared() == [] and rows("events") == [a0, a1, a2, b9]
-
     restored.write(("c", 1))
     restored.snapshot_state(3)
+    settles(prepared, ["sluice:jobA:public.events:0:3"])
+    assert rows("events") == [a0, a1, a2, b9]
     restored.write(("c", 2))
-    state4 = restored.snapshot_state(4)
-    restored.commit(3)  # 3 committed, then 4's deferred rows written and prepared
-    assert rows("events") == [a0, a1, a2, b9, ("c", 1)] and prepared() == ["sluice:jobA:public.events:0:4"]
+    restored.snapshot_state(4)
+    restored.commit(3)  # 3 committed, then 4 prepared
+    settles(prepared, ["sluice:jobA:public.events:0:4"])
+    assert rows("events") == [a0, a1, a2, b9, ("c", 1)]
     restored.close()  # a crash before checkpoint 4 completed: restored from 3, 4's transaction is rolled back
     again = events_sink(3)
     again.restore_state({"pending": [], "checkpoint": 3})
-    assert prepared() == [] and rows("events") == [a0, a1, a2, b9, ("c", 1)]
+    settles(prepared, [])
+    assert rows("events") == [a0, a1, a2, b9, ("c", 1)]
     again.close()
-    again = events_sink(4)  # had 4 completed, its restore would commit it
-    assert untokened(state4)[1] == [4, "sluice:jobA:public.events:0:4", [("c", 2)]]
-    again.restore_state(state4)
-    assert prepared() == [] and rows("events") == [a0, a1, a2, b9, ("c", 1), ("c", 2)]
-    again.close()
-    del state1
+
+    # at least once: written at the snapshot, nothing prepared
+    loose = PostgresSink(dsn, "events", mode="append", delivery="at-least-once")
+    loose.open(0, 1, 0)
+    loose.write(("d", 1))
+    loose.snapshot_state(5)
+    settles(lambda: ("d", 1) in rows("events"), True)
+    assert prepared() == []
+    loose.close()
 
     # upsert, two subtasks prepared checkpoint 3, restored at parallelism 1: one subtask commits both
     states = []
@@ -234,13 +289,15 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
         for n in range(1, 4):
             upsert.write((f"k{subtask}", n))  # one row per key, the last wins
         states.append([upsert.snapshot_state(3)])
+        settles(lambda: len(prepared()), subtask + 1)
         upsert.close()
     assert prepared() == ["sluice:jobA:public.totals:0:3", "sluice:jobA:public.totals:1:3"]
     merged = PostgresSink(dsn, "totals", key=["k"])
     merged.bind_job("jobA")
     merged.open(0, 1, 1)
     merged.restore_state(rescale_sinks(states, 1, 0, 3)[0])
-    assert prepared() == [] and rows("totals") == [("k0", 3), ("k1", 3)]
+    settles(lambda: rows("totals"), [("k0", 3), ("k1", 3)])
+    assert prepared() == []
     merged.close()
 
 
@@ -265,6 +322,7 @@ def test_bad_configuration_is_one_clear_line(pg: PostgresServer) -> None:
     left.open(0, 1, 0)
     left.write(("a", 1))
     left.snapshot_state(7)
+    wait_until(lambda: execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] == 1, 20, "the prepare")
     left.close()
     (gid,) = [r[0] for r in execute(dsn, "SELECT gid FROM pg_prepared_xacts")]
     assert PostgresSink(dsn, "totals", key=["k"]).check_submission(restore=False) == (
@@ -304,7 +362,7 @@ class Totals(KeyedProcessFunction):
 
 
 def build(job: Job) -> None:
-    totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=1)
+    totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=2)
               .key_by(lambda change: (change["after"] or change["before"])["customer"])
               .process(Totals(), parallelism=2))
     totals.sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
@@ -318,6 +376,14 @@ def bad_dsn(job: Job) -> None:
 '''
 
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
+
+
+def scrape_workers(cluster: Cluster) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for w in cluster.workers:
+        if w.proc.poll() is None:
+            metrics.update(scrape(w.fields["metrics"]))
+    return metrics
 
 
 def expected_totals(dsn: str) -> dict[str, tuple[int, int]]:
@@ -337,7 +403,8 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
             "CREATE TABLE history (customer text, version int, total bigint)")
     write_module(cluster.tmp_path, "pgjobs", JOB.format(dsn=dsn))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
-    with pytest.raises(RpcError, match="job pgjobs:bad_dsn: PostgresSink public.nosuchtable: no such table"):
+    refused = "job pgjobs:bad_dsn: PostgresSink public.nosuchtable: no such table"
+    with pytest.raises(RpcError, match=refused):
         cluster.submit("pgjobs:bad_dsn")
 
     writer = OrdersWriter(dsn, first_id=INITIAL_ORDERS + 1, customers=CUSTOMERS)
@@ -380,12 +447,29 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         wait_until(lambda: writer.transactions >= before_crash + 200, 60, "the writer to go on after the restart")
         crashed_at = last_checkpoint()
         poll(lambda: checkpointed(crashed_at), 90, "a checkpoint after the server restart")
+
+        # the source, the aggregation and both sinks rescaled from 2 to 3 subtasks while changes flow: each
+        # source subtask's slot and position moves whole to a new subtask, the sinks' batches are dealt to the
+        # new subtasks and resolved there
+        lag = [k for k in scrape_workers(cluster) if k.startswith("sluice_postgres_replication_lag_seconds{")]
+        assert len(lag) == 2 and all('task="PostgresCdcSource"' in k for k in lag), lag  # one per subtask
+        before_rescale = writer.transactions
+        cluster.call("rescale", {"job_id": job_id, "parallelism": {"PostgresCdcSource": 3, "Totals": 3, "totals": 3,
+                                                                   "history": 3}})
+        wait_until(lambda: writer.transactions >= before_rescale + 200, 60, "the writer to go on after the rescale")
+        rescaled_at = last_checkpoint()
+        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == 12, 90, "a checkpoint at parallelism 3")
     finally:
         writer.stop()
 
     expected = expected_totals(dsn)
     assert len(expected) == CUSTOMERS
-    poll(lambda: job_totals(dsn) == expected, 120, "the totals table to match the orders")
+    try:
+        poll(lambda: job_totals(dsn) == expected, 120, "the totals table to match the orders")
+    except AssertionError as exc:
+        got = job_totals(dsn)
+        wrong = {c: (expected.get(c), got.get(c)) for c in set(expected) | set(got) if expected.get(c) != got.get(c)}
+        raise AssertionError(f"{exc}: (expected, got) {wrong}\n{logs(cluster)}") from None
     totals = {c: (int(t), int(v)) for c, t, _, v in execute(dsn, "SELECT * FROM totals")}
     history: dict[str, list[tuple[int, int]]] = defaultdict(list)
 
@@ -402,14 +486,9 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         assert versions[-1][1] == total
     st = cluster.call("status", {"job_id": job_id})
     assert st["state"] == "RUNNING" and st["restarts"] == 1, f"{st}\n{logs(cluster)}"
-    metrics: dict[str, float] = {}
-    for w in cluster.workers:
-        if w.proc.poll() is None:
-            metrics.update(scrape(w.fields["metrics"]))
-    lag = [k for k in metrics if k.startswith("sluice_postgres_replication_lag_seconds{")]
-    assert len(lag) == 1 and 'task="PostgresCdcSource"' in lag[0], sorted(metrics)
+    metrics = scrape_workers(cluster)
     prepared = {k: v for k, v in metrics.items() if k.startswith("sluice_postgres_open_prepared_transactions{")}
-    assert len(prepared) == 4 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 2 subtasks
+    assert len(prepared) == 6 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 3 subtasks
     assert sum(v for k, v in metrics.items() if k.startswith("sluice_postgres_rows_written_total{")) > 0
     cluster.call("cancel", {"job_id": job_id})
     cluster.wait_job(job_id, 60)

@@ -99,3 +99,13 @@ def read_source(source: KafkaSource, subtask: int, parallelism: int, *, position
         return out, source.position()
     finally:
         source.close()
+
+
+async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
+    finally:
+        await admin.close()

@@ -111,7 +111,21 @@ class PostgresServer:
         return demote
 
     def start(self) -> None:
-        """Start (or restart after `kill`) on the same port and data; returns once it accepts connections."""
+        """Start (or restart after `kill`) on the same port and data; returns once it accepts connections.
+        A restart may find its port briefly taken (another process probing for a free port got it while
+        the server was down): the server then exits at once, and is started again."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            try:
+                self._start_once()
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline or not any("could not bind" in line or "could not create any"
+                                                          in line for line in self.log_lines):
+                    raise
+                time.sleep(0.3)
+
+    def _start_once(self) -> None:
         self.log_lines = []
         self.proc = subprocess.Popen(
             [os.path.join(self.bin_dir, "postgres"), "-D", str(self.pgdata), "-p", str(self.port)],
@@ -140,8 +154,9 @@ class PostgresServer:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     return
             except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"postgres on port {self.port} does not accept connections") from None
+                if time.monotonic() > deadline or (self.proc is not None and self.proc.poll() is not None):
+                    raise RuntimeError(f"postgres on port {self.port} does not accept connections: "
+                                       f"{self.log_lines[-10:]}") from None
                 time.sleep(0.02)
 
     @property

@@ -68,6 +68,14 @@ def table_rows(dsn: str, table: str = "orders") -> dict[int, dict[str, Any]]:
         conn.close()
 
 
+def same_row(before: dict[str, Any] | None, held: dict[str, Any] | None) -> bool:
+    """A before image is the row held, but for columns added since (NULL in it)."""
+    if before is None or held is None:
+        return False
+    return all(before.get(k) == v for k, v in held.items()) and all(
+        v is None for k, v in before.items() if k not in held)
+
+
 class Replica:
     """Applies change records to a dict by primary key, strictly: a snapshot row or insert of a key it holds,
     an update or delete whose before image differs from what it holds, raise. So a change missed or repeated
@@ -85,10 +93,10 @@ class Replica:
             assert key not in self.rows, f"{op} of {key}, held already: {self.rows[key]} (a repeated change?)"
             self.rows[key] = after
         elif op == "u":
-            assert self.rows.get(key) == before, f"update of {key}: before {before}, held {self.rows.get(key)}"
+            assert same_row(before, self.rows.get(key)), f"update of {key}: before {before}, held {self.rows.get(key)}"
             self.rows[key] = after
         elif op == "d":
-            assert self.rows.get(key) == before, f"delete of {key}: before {before}, held {self.rows.get(key)}"
+            assert same_row(before, self.rows.get(key)), f"delete of {key}: before {before}, held {self.rows.get(key)}"
             del self.rows[key]
         else:
             raise AssertionError(f"unexpected op {op!r}")

@@ -3,8 +3,10 @@ batches, and the source's regions (which changes the stream emits after a resume
 
 from __future__ import annotations
 
+import hashlib
+
 from runtime.connectors.pgoutput import parse_lsn
-from runtime.connectors.postgres_cdc import CdcPosition, Regions, change_key
+from runtime.connectors.postgres_cdc import CdcPosition, Regions, change_key, key_partition, key_text, partition_sql
 from runtime.connectors.postgres_sink import (
     GID_MAX,
     gid_prefix,
@@ -13,6 +15,8 @@ from runtime.connectors.postgres_sink import (
     transaction_id,
     upsert_rows,
 )
+from runtime.connectors.source import Source
+from runtime.connectors.splits import SplitReader
 
 PREFIX = gid_prefix("orders-job", "public.totals")
 
@@ -94,3 +98,39 @@ def test_a_change_is_keyed_by_its_after_image_or_for_a_delete_its_before_image()
     assert change_key({"after": {"id": 3, "a": 1}, "before": {"id": 2}}, ["id"]) == (3,)
     assert change_key({"after": None, "before": {"id": 2, "k": "x"}}, ["id", "k"]) == (2, "x")
     assert change_key({"after": None, "before": None}, ["id"]) is None
+
+
+def test_keys_are_dealt_to_subtasks_by_the_md5_of_their_text() -> None:
+    assert [key_text(v) for v in (7, "a b", True, False, None)] == ["7", "a b", "t", "f", ""]
+    # md5("7") = 8f14e45f...: its first 7 hex digits 0x8f14e45 = 150031941
+    assert key_partition((7,), 1) == 0 and key_partition((7,), 2) == 150031941 % 2 == 1
+    assert key_partition((7, "x"), 5) == int(hashlib.md5(b"7\x1fx").hexdigest()[:7], 16) % 5
+    shares = [key_partition((k,), 3) for k in range(3000)]
+    assert all(900 < shares.count(i) < 1100 for i in range(3))
+    assert partition_sql(['"id"'], 3, 1) == (
+        "mod(('x' || substr(md5(concat_ws(chr(31), \"id\"::text)), 1, 7))::bit(28)::int, 3) = 1")
+
+
+def test_a_split_reader_passes_each_split_its_own_position_of_a_completed_checkpoint() -> None:
+    class Confirming(Source):
+        bounded = False
+
+        def open(self, subtask_index: int, parallelism: int) -> None:
+            super().open(subtask_index, parallelism)
+            self.confirmed: list[tuple[int, object]] = []
+
+        def read_batch(self, max_records: int) -> list[object]:
+            return []
+
+        def position(self) -> object:
+            return f"at-{self.subtask_index}"
+
+        def checkpoint_complete(self, checkpoint_id: int, position: object) -> None:
+            self.confirmed.append((checkpoint_id, position))
+
+    reader = SplitReader(Confirming())
+    reader.restore({"splits": [[0, 3, "p0", 0], [2, 3, "p2", 0]], "next": 0})
+    reader.checkpoint_complete(9, reader.position())
+    assert [r[2].confirmed for r in reader._readers] == [[(9, "at-0")], [(9, "at-2")]]
+    reader.checkpoint_complete(10, None)  # a position of another shape: nothing to confirm
+    assert [len(r[2].confirmed) for r in reader._readers] == [1, 1]

@@ -204,3 +204,14 @@ def test_nats_sink_restore_state_for_another_subject_is_refused() -> None:
     for entry in ([1, "tok", [["orders.other", b"{}"]]], [1, "tok", [["orders.out", "not bytes"]]], [1, "tok"]):
         with pytest.raises(ForgedSinkState, match="refused"):
             sink.restore_state({"pending": [[1, "tok", [["orders.out", b"{}"]]], entry]})
+
+
+def test_kafka_sink_restore_state_for_another_topic_is_refused() -> None:
+    from runtime.connectors.kafka_sink import KafkaSink
+
+    sink = KafkaSink("127.0.0.1:1", "orders", transactional_id_prefix="t")
+    sink.subtask_index = 0
+    own = [1, 0, "tok", [["orders", None, None, b"{}", None]]]
+    for entry in ([1, 0, "tok", [["payments", None, None, b"{}", None]]], [1, 0, "tok"], ["1", 0, "tok", []]):
+        with pytest.raises(ForgedSinkState, match="refused"):
+            sink.restore_state({"pending": [own, entry], "checkpoint": 1})
