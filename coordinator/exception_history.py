@@ -25,6 +25,7 @@ PENDING = "pending"  # the failover is under way
 RESTARTED = "restarted"
 FAILED = "failed"  # no restart left, or the restart itself failed
 CANCELLED = "cancelled"  # cancelled by the user while restarting
+REPORTED = "reported"  # not a failure: something the job should know (a user call running too long)
 
 
 @dataclass
@@ -85,6 +86,14 @@ class ExceptionHistory:
         detail = self._stash.pop(cause, Detail())
         self._stash.clear()
         entry = ExceptionEntry(now, cause, attempt, detail.task, detail.worker, detail.traceback)
+        self._entries.append(entry)
+        return entry
+
+    def report(self, cause: str, detail: Detail, *, now: float, attempt: int) -> ExceptionEntry:
+        """Something that did not stop the attempt but belongs in its history (a user call running past the
+        worker's threshold): an entry of its own, outside any failover."""
+        entry = ExceptionEntry(now, cause, attempt, detail.task, detail.worker, detail.traceback[-TRACEBACK_CHARS:],
+                               outcome=REPORTED)
         self._entries.append(entry)
         return entry
 

@@ -331,6 +331,7 @@ class Coordinator(BaseLinkHandler):
             (p.TaskFinished, self.rpc_task_finished),
             (p.TaskEnded, self.rpc_task_ended),
             (p.TaskFailed, self.rpc_task_failed),
+            (p.SlowCall, self.rpc_slow_call),
             (p.JobError, self.rpc_job_error),
             # from clients
             (p.Submit, self.rpc_submit),
@@ -627,6 +628,16 @@ class Coordinator(BaseLinkHandler):
             # the traceback waits for the failure the lifecycle records (JobRecord.note_failure) to take it
             job.exceptions.stash(cause, Detail(args.task, link.peer_id, args.traceback))
             self.manager.task_failed(job, job.attempt, cause, fatal=args.fatal)
+        return {"ok": True}
+
+    async def rpc_slow_call(self, link: Link, args: p.SlowCall) -> Any:
+        """A user call running past the worker's threshold: an entry in the job's history, not a failover."""
+        job = self._attempt(args)
+        if job is not None and not job.terminal:
+            cause = f"task {args.task}: user call {args.function} running for {args.running_s:.1f} s"
+            job.exceptions.report(cause, Detail(args.task, link.peer_id, args.stack), now=time.time(),
+                                  attempt=job.attempt)
+            log.warning("job %s: %s on %s", job.job_id, cause, link.peer_id)
         return {"ok": True}
 
     async def rpc_job_error(self, link: Link, args: p.JobError) -> Any:

@@ -59,5 +59,5 @@ echo "sluice: installing dependencies into .venv" >&2
 if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
   .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres,sql]'
 touch "$stamp"

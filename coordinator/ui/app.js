@@ -292,7 +292,8 @@ function drawExceptions(ex) {
   const outcome = (e) => e.outcome === "restarted"
     ? `restarted as attempt ${e.restarted_attempt} after ${fmt.secs(e.restart_s)}` +
       (e.restored_checkpoint_id !== null ? ` from checkpoint ${e.restored_checkpoint_id}` : " from the start")
-    : e.outcome === "pending" ? "restarting…" : e.outcome === "failed" ? "the job failed" : "cancelled while restarting";
+    : e.outcome === "pending" ? "restarting…" : e.outcome === "failed" ? "the job failed"
+    : e.outcome === "reported" ? "reported; the job ran on" : "cancelled while restarting";
   const key = (e) => `${e.time}|${e.cause}`; // the page redraws every 2 s: an opened traceback stays open
   box.replaceChildren(el("ul", { class: "exceptions" }, ex.exceptions.map((e) => el("li", { "data-outcome": e.outcome },
     el("details", { open: openExceptions.has(key(e)) ? "" : null,

@@ -8,6 +8,7 @@ creation order, which is what makes the graphs agree.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -125,11 +126,33 @@ class Job:
         node.watermarks = watermarks
         return DataStream(self, node.id)
 
+    # -- SQL (runtime/sql): statements and tables of the job's SQL session ---------------------------------------
+
+    def sql(self, text: str) -> None:
+        """Run Flink SQL statements into this job: CREATE TABLE/VIEW/FUNCTION, SET, INSERT INTO, statement sets
+        (README, SQL). Raises runtime.sql.SqlError (line, column) for bad SQL, before any operator is added."""
+        _sql_session(self).execute(text)
+
+    def table(self, name: str) -> DataStream:
+        """The rows (tuples) of a SQL table or view of this job as a DataStream."""
+        return _sql_session(self).table(name)
+
+    def from_stream(self, name: str, stream: DataStream, schema: Any, *, rowtime: str | None = None) -> None:
+        """Make a DataStream of tuples a SQL table `name` with `schema` ('a BIGINT, t TIMESTAMP(3)'); `rowtime`
+        names the column that is the records' event time (their source's watermarks come from it)."""
+        _sql_session(self).from_stream(name, stream, schema, rowtime)
+
     @property
     def event_time(self) -> bool:
         """True when some source has watermarks: then every edge of the job carries record timestamps and
         watermarks (runtime/execution/watermarks.py)."""
         return any(n.watermarks is not None for n in self.nodes)
+
+
+def _sql_session(job: Job) -> Any:
+    """The job's SQL session (runtime/sql/session.py). runtime.sql plans onto this module's classes, so it is
+    loaded by name, as a job module is, and the two never import each other (tests/unit/test_layering.py)."""
+    return importlib.import_module("runtime.sql.session").session_of(job)
 
 
 # two-input operators (runtime/api/co_functions.py); the keyed ones key both inputs

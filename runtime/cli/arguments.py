@@ -39,6 +39,7 @@ def argument_type(parse: Callable[[str], Any], strip_prefix: bool = False) -> Ca
 duration = argument_type(config.parse_duration)
 duration_or_zero = argument_type(config.parse_duration_or_zero)
 positive = argument_type(config.parse_positive)
+byte_size = argument_type(config.parse_bytes)
 parallelism = argument_type(config.parse_parallelism)
 address = argument_type(config.parse_address)
 host = argument_type(check_host, strip_prefix=True)

@@ -55,7 +55,8 @@ def print_job(summary: dict[str, Any]) -> None:
 
 
 def _submit_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument("entry", metavar="MODULE:FUNCTION")
+    s.add_argument("entry", metavar="MODULE:FUNCTION", nargs="?")
+    s.add_argument("--sql", metavar="FILE.sql", help="submit a Flink SQL script instead of a job module (README, SQL)")
     s.add_argument("--wait", action="store_true", help="wait for the job to end; exit non-zero unless it FINISHED")
     s.add_argument("--wait-timeout", type=a.duration, default=None, metavar="DURATION",
                    help="with --wait: give up after this long (exit 1, the job keeps running); default: no limit")
@@ -63,6 +64,16 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
+    if (args.sql is None) == (args.entry is None):
+        print("sluice submit: give a job entry MODULE:FUNCTION or --sql FILE.sql", file=sys.stderr)
+        return 2
+    if args.sql is not None:
+        from runtime.cli.sql_command import prepare
+
+        problem = prepare(args, args.sql)
+        if problem:
+            print(f"sluice submit: {problem}", file=sys.stderr)
+            return 2
     result = request(args, submit_message(args))
     print(f"submitted {result['job_id']} ({result['tasks']} tasks)")
     return _wait_for(args, result["job_id"]) if args.wait else 0

@@ -103,6 +103,9 @@ def _data_arguments(da: argparse.ArgumentParser) -> None:
     from runtime.data.state_commands import add_state_parser  # the state processor (issue 21)
 
     add_state_parser(dsub)
+    from runtime.data.nexmark import add_nexmark_parser  # the Nexmark tables (issue 28)
+
+    add_nexmark_parser(dsub)
 
 
 def run_data(args: argparse.Namespace) -> int:

@@ -1,11 +1,11 @@
 """The `sluice` command line: a table of commands, each a name, its arguments and what runs it.
 
 The families live beside this module: server_commands.py (coordinator, worker), client_commands.py (submit,
-status, cancel, checkpoint, savepoint, rescale, upgrade, checkpoints, probe) and local_commands.py (local,
-demo, data). A new command is one `Command` entry in its family's table. Configuration is parsed and checked
-once, while the command line is, and passed down as frozen dataclasses; a bad argument exits with status 2
-and a one-line reason, and so does a configuration error found after parsing (a token file, a combination of
-flags).
+status, cancel, checkpoint, savepoint, rescale, upgrade, checkpoints, probe), local_commands.py (local,
+demo, data) and sql_command.py (sql). A new command is one `Command` entry in its family's table. Configuration is
+parsed and checked once, while the command line is, and passed down as frozen dataclasses; a bad argument exits
+with status 2 and a one-line reason, and so does a configuration error found after parsing (a token file, a
+combination of flags).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import sys
 
 from netstack.errors import NetstackError, RpcError
 from netstack.limits import raise_nofile_limit
-from runtime.cli import arguments, client_commands, local_commands, server_commands
+from runtime.cli import arguments, client_commands, local_commands, server_commands, sql_command
 from runtime.cli.command import Command
 from runtime.cli.job_options import job_config
 
-COMMANDS: tuple[Command, ...] = (*server_commands.COMMANDS, *client_commands.COMMANDS, *local_commands.COMMANDS)
+COMMANDS: tuple[Command, ...] = (*server_commands.COMMANDS, *client_commands.COMMANDS, *local_commands.COMMANDS,
+                                  *sql_command.COMMANDS)
 BY_NAME = {command.name: command for command in COMMANDS}
 
 # the names the tests and tools import from here

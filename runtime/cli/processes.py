@@ -89,7 +89,9 @@ def start_process(role: str, args: list[str], *, env: dict[str, str] | None = No
     for part in result["line"].split():
         key, _, value = part.partition("=")
         fields[key] = value
-    threading.Thread(target=_pump, args=(proc.stdout, None), daemon=True).start()
+    # a worker's stdout is what its print sinks write (PrintSink, SQL 'print' tables): shown with ours
+    threading.Thread(target=_pump, args=(proc.stdout, sys.stdout if role == "worker" else None),
+                     daemon=True).start()
     return Managed(role, proc, fields, log_path)
 
 

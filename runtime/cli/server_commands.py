@@ -87,6 +87,15 @@ def _worker_arguments(w: argparse.ArgumentParser) -> None:
     w.add_argument("--heartbeat-interval", type=a.duration, default=1.0)
     w.add_argument("--link-timeout", type=a.duration_or_zero, default=10.0,
                    help="close a data link silent this long and fail its tasks (default 10s; 0 disables)")
+    w.add_argument("--slow-call", type=a.duration, default=5.0,
+                   help="report a user call running this long: log, metric, the job's exception history "
+                        "(default 5s)")
+    w.add_argument("--task-cancel-timeout", type=a.duration_or_zero, default=60.0,
+                   help="exit (status 70, for the supervisor to restart) when a cancelled task's user call has "
+                        "not returned this long after (default 60s; 0: leave the thread behind)")
+    w.add_argument("--memory-limit", type=a.byte_size, default=None,
+                   help="the worker process's address-space limit (RLIMIT_AS, e.g. 2GiB): a leaking function "
+                        "gets MemoryError (default: none)")
     w.add_argument("--token-file")
     a.add_listener_options(w, "data")
     a.add_tls_options(w, listens=True)
@@ -102,7 +111,8 @@ def run_worker(args: argparse.Namespace) -> int:
                           advertise=args.advertise or "", data_port=args.data_port,
                           metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                           heartbeat_interval_s=args.heartbeat_interval, limits=a.listener_limits(args),
-                          tls=a.tls(args), link_timeout_s=args.link_timeout)
+                          tls=a.tls(args), link_timeout_s=args.link_timeout, slow_call_s=args.slow_call,
+                          task_cancel_timeout_s=args.task_cancel_timeout, memory_limit_bytes=args.memory_limit)
     run(serve(config))
     return 0
 

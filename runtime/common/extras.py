@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "postgres": ("psycopg2.extras",),
     "kafka": ("aiokafka",),
     "spark": ("pyspark", "pyarrow.parquet"),
+    "sql": ("sqlglot",),
 }
 
 # why a job needs the extra, for the message
@@ -35,7 +36,8 @@ USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "rem
         "delta": "the Delta Lake sink", "iceberg": "the Iceberg sink",
         "spark-connect": "sluice data against a running Spark (--master sc://...)",
         "postgres": "the PostgreSQL connectors",
-        "kafka": "the Kafka connector"}
+        "kafka": "the Kafka connector",
+        "sql": "SQL jobs"}
 
 
 class MissingExtra(RuntimeError):

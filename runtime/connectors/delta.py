@@ -2,12 +2,12 @@
 
 Each subtask writes Parquet data files into the table's directory (under `col=value/` directories for
 partition columns) while a checkpoint runs; at the barrier its files are finished and listed in its state and
-its staging manifest. When the checkpoint completes, subtask 0 makes the checkpoint's one Delta commit: add
-actions for every subtask's files, and an application transaction `txn(appId = sluice-<job>-<sink uid>,
-version = checkpoint id)` in the same commit. A commit replayed after a restore finds its version in the
-table's `txn` and is skipped (runtime/connectors/lake_commits.py has the protocol, table_sink.py the shared
-sink). The table is created by the first commit, with the schema of the records (pyarrow's inference) and
-`partition_by`; an existing table is appended to.
+its staging manifest. When the checkpoint completes, the committer (subtask 0 while it runs; table_sink.py)
+makes the checkpoint's one Delta commit: add actions for every subtask's files, and an application transaction
+`txn(appId = sluice-<job>-<sink uid>, version = checkpoint id)` in the same commit. A commit replayed after a
+restore finds its version in the table's `txn` and is skipped (runtime/connectors/lake_commits.py has the
+protocol, table_sink.py the shared sink). The table is created by the first commit, with the schema of the
+records (pyarrow's inference) and `partition_by`; an existing table is appended to.
 
 Paths: a local directory, or `s3://bucket/prefix` with the same environment as s3:// checkpoints
 (AWS_ENDPOINT_URL, credentials; runtime/common/objectstore.py). deltalake (delta-rs) does the log.
@@ -126,9 +126,9 @@ class DeltaSink(TableSink):
                 raise TableConfigError(f"DeltaSink {self.uri}: the table is partitioned by {existing}, the sink "
                                        f"by {self.partition_by}: give the sink partition_by={existing}")
 
-    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
+    def prepare(self) -> None:
+        super().prepare()
         self._deltalake = deltalake_module()
-        super().open(subtask_index, parallelism, attempt)
         objectstore.make_dir(self.uri)
 
     def write_data_files(self, table: Any) -> list[dict[str, Any]]:

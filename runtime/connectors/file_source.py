@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from runtime.common import objectstore
+from runtime.connectors.files import json_records
 from runtime.connectors.source import Source
 
 if TYPE_CHECKING:
@@ -211,11 +211,4 @@ class FileSource(Source):
         return list(zip(*(col.to_pylist() for col in table.columns), strict=True))
 
     def _records(self, items: list[Any]) -> list[Any]:
-        if self.format != "json":
-            return items
-        out = []
-        for text in items:
-            if text.strip():
-                value = json.loads(text)
-                out.append(tuple(value) if isinstance(value, list) else value)
-        return out
+        return json_records(items) if self.format == "json" else items

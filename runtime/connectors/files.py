@@ -39,6 +39,16 @@ def _pyarrow_parquet() -> Any:
     return pq
 
 
+def json_records(lines: list[str]) -> list[Any]:
+    """The records of JSON-lines text lines: blank lines skipped, JSON arrays as tuples."""
+    out = []
+    for text in lines:
+        if text.strip():
+            value = json.loads(text)
+            out.append(tuple(value) if isinstance(value, list) else value)
+    return out
+
+
 def list_input_files(path: str, suffixes: tuple[str, ...]) -> list[str]:
     """Visible files under `path` (a file, a directory, or a glob), sorted for a stable split."""
     if os.path.isdir(path):
@@ -143,12 +153,7 @@ class JsonLinesSource(_UnitSource):
         return bool(item.strip())
 
     def _records(self, items: list[Any]) -> list[Any]:
-        out = []
-        for text in items:
-            if text.strip():
-                value = json.loads(text)
-                out.append(tuple(value) if isinstance(value, list) else value)
-        return out
+        return json_records(items)
 
 
 class ParquetSource(_UnitSource):

@@ -1,12 +1,13 @@
 """IcebergSink: an Iceberg table written exactly once, one snapshot per checkpoint.
 
 Each subtask writes Parquet data files under the table's `data/` directory while a checkpoint runs, with the
-table's own Arrow schema (so the files match its columns and types); at the barrier its files are finished
-and listed in its state and its staging manifest. When the checkpoint completes, subtask 0 adds every
-subtask's files in one append snapshot (`add_files`) whose summary carries `sluice.checkpoint` (the checkpoint
-id), `sluice.app` (sluice-<job>-<sink uid>) and `sluice.versions` (per app, the highest checkpoint whose files
-it holds). Before committing it reads the summaries of the table's snapshots: a checkpoint already there (a
-commit replayed after a restore) is skipped (runtime/connectors/lake_commits.py has the protocol).
+table's own Arrow schema (so the files match its columns and types); at the barrier its files are finished and
+listed in its state and its staging manifest. When the checkpoint completes, the committer (subtask 0 while it
+runs; table_sink.py) adds every subtask's files in one append snapshot (`add_files`) whose summary carries
+`sluice.checkpoint` (the checkpoint id), `sluice.app` (sluice-<job>-<sink uid>) and `sluice.versions` (per
+app, the highest checkpoint whose files it holds). Before committing it reads the summaries of the table's
+snapshots: a checkpoint already there (a commit replayed after a restore) is skipped
+(runtime/connectors/lake_commits.py has the protocol).
 
 The catalog is given as pyiceberg's catalog properties (`{"type": "sql", "uri": "sqlite:///...",
 "warehouse": "file:///..."}`, or a REST or Glue catalog's), the table as "namespace.table"; the table must
@@ -89,8 +90,8 @@ class IcebergSink(TableSink):
         table = self._load()
         ensure_writable(local_path(table.location()), f"IcebergSink {self.table}")
 
-    def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
-        super().open(subtask_index, parallelism, attempt)
+    def prepare(self) -> None:
+        super().prepare()
         self._table = self._load()
         self._root = local_path(self._table.location()).rstrip("/")
         schema = self._table.schema().as_arrow()

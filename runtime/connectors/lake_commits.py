@@ -73,6 +73,34 @@ def plan_commit(entries: Iterable[Entry], committed: Mapping[str, int | None], *
     return CommitPlan(tuple(files), tuple(sorted(versions.items())))
 
 
+def committer_of(checkpoint_id: int, parallelism: int, finished: Mapping[int, int]) -> int | None:
+    """Which subtask makes the table commit of `checkpoint_id`: the lowest-numbered one that had not finished
+    before it (`finished`: subtask -> the checkpoint it took at its end of input, from the subtasks' finish
+    markers). A subtask that finished earlier takes no part in later checkpoints, so it cannot commit their
+    files; every subtask reads the same markers and so names the same committer. None: all had finished."""
+    for subtask in range(parallelism):
+        final = finished.get(subtask)
+        if final is None or final >= checkpoint_id:
+            return subtask
+    return None
+
+
+def finish_marker_name(attempt: int, subtask: int) -> str:
+    """A subtask's finish marker; per attempt, since a restart runs the subtasks again from the checkpoint."""
+    return f"{attempt:05d}-{subtask:05d}.json"
+
+
+def finished_in_attempt(names: Iterable[str], attempt: int) -> list[tuple[int, str]]:
+    """(subtask, name) of the finish markers of `attempt` among a directory's names."""
+    out = []
+    for name in names:
+        stem, _, ext = name.partition(".")
+        a, _, subtask = stem.partition("-")
+        if ext == "json" and a.isdigit() and subtask.isdigit() and int(a) == attempt:
+            out.append((int(subtask), name))
+    return sorted(out)
+
+
 def still_pending(entries: Iterable[Entry], committed: Mapping[str, int | None]) -> list[Entry]:
     """The entries the table does not hold yet (a subtask keeps these in its state and manifests)."""
     out = []

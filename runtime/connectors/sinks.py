@@ -39,9 +39,9 @@ class Sink:
 
     @property
     def blocking(self) -> bool:
-        """Whether `write` may block (sleep, wait on I/O): the task then runs the chain on a thread of its own
-        from the start, not on the worker's event loop (runtime/execution/isolation.py). A throttled sink
-        does; a subclass that writes through a blocking client sets `blocking = True`."""
+        """Whether `write` may block (sleep, wait on I/O). A throttled sink does; a subclass that writes
+        through a blocking client may set `blocking = True`. Informational: every task runs its chain on a
+        thread of its own, whatever it declares (runtime/execution/isolation.py)."""
         return self.delay_per_record_s > 0
 
     def bind(self, job_id: str, uid: str) -> None:

@@ -1,6 +1,9 @@
 """What the table sinks (Delta, Iceberg) share: Parquet data files written while a checkpoint runs, pending
 entries in the checkpoint and in staging manifests, and one table commit per completed checkpoint made by
-subtask 0 (the protocol and its invariant: runtime/connectors/lake_commits.py).
+subtask 0, or when it finished before that checkpoint (a bounded input whose subtasks end at different
+checkpoints) by the lowest-numbered subtask still running: each subtask writes a finish marker
+(`finished/<attempt>-<subtask>.json`) at the checkpoint it takes at its end of input, and all read them the
+same way (`committer_of`). The protocol and its invariant: runtime/connectors/lake_commits.py.
 
 Staging manifests live beside the table, under `<table>/_sluice/<app id>/` (readers of Delta and Iceberg
 tables ignore what the table's log or metadata does not name, and `_`-prefixed directories by convention):
@@ -10,15 +13,23 @@ the committer. `committed.json` is the committer's note of the versions it last 
 subtasks read it at their barriers to forget entries the table has (a stale or missing note only makes them
 list an entry once more, which the committer then skips).
 
+The committer's work (reading the manifests, the table's versions, the commit: tens to hundreds of
+milliseconds against an object store) runs on a thread of its own, in checkpoint order, so the worker's event
+loop, which calls `commit`, is not held up; a failed commit fails the task at its next barrier or commit (the
+restore lists the files again). At the end of a bounded input `close` waits for the commits handed over, so a
+FINISHED job's table is complete.
+
 Files written and never committed (a failed attempt's) stay in the table's directory unnamed by the table:
 Delta's VACUUM and Iceberg's orphan-file removal delete them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,6 +41,9 @@ from runtime.connectors.lake_commits import (
     Entry,
     app_id_of,
     apps_of,
+    committer_of,
+    finish_marker_name,
+    finished_in_attempt,
     manifest_name,
     manifests_of,
     manifests_up_to,
@@ -54,7 +68,7 @@ class TableSinkStatistics:
     files_pending: int = 0  # data files pre-committed and not yet seen in the table
     files_written: int = 0
     rows_written: int = 0
-    commits: int = 0  # table commits this subtask made (subtask 0 only)
+    commits: int = 0  # table commits this subtask made (the committer: subtask 0 while it runs)
     commits_skipped: int = 0  # checkpoints with nothing new for the table (no files, or all in it already)
     files_already_committed: int = 0  # files listed again and found in the table (a replay, or a note not seen yet)
     last_commit_s: float = 0.0  # duration of the last table commit
@@ -84,11 +98,13 @@ class TableSink(Sink):
     """
 
     def __init__(self, *, columns: list[str] | None = None, schema: Any = None, file_rows: int = 1_000_000,
-                 **kwargs: Any) -> None:
+                 close_timeout_s: float = 120.0, cancel_wait_s: float = 2.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.columns = list(columns) if columns else None
         self.schema = schema
         self.file_rows = file_rows
+        self.close_timeout_s = close_timeout_s  # end of a bounded input: wait this long for commits under way
+        self.cancel_wait_s = cancel_wait_s  # after a cancel or failure (the restore redoes what is left)
         self.job_id = "local"
         self.uid = "sink"
 
@@ -116,14 +132,32 @@ class TableSink(Sink):
         self.job_id, self.uid = job_id, uid
 
     def open(self, subtask_index: int, parallelism: int, attempt: int) -> None:
+        """Quick: the heavy set-up (`prepare`: importing the table library, loading the table) runs on the sink's
+        thread, because open runs on the worker's event loop, which an import of seconds on a busy machine
+        would stall past its heartbeats. The first barrier waits for it."""
         super().open(subtask_index, parallelism, attempt)
         self.app_id = app_id_of(self.job_id, self.uid)
-        self._pa = pyarrow_module()
         self._rows: list[Any] = []
         self._written: list[dict[str, Any]] = []  # data files since the last barrier
         self._pending: list[Entry] = []
         self._file_counter = 0
         self.stats = TableSinkStatistics()
+        self._lock = threading.Lock()  # _pending: the barrier (task) and the commit thread both change it
+        # one thread per subtask: the set-up, then (the committer) the commits, in checkpoint order
+        thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"table-sink-{subtask_index}")
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = thread
+        self._prepared = thread.submit(self.prepare)
+        self._commits: list[concurrent.futures.Future[None]] = []
+        self._error: BaseException | None = None
+        self._finished = False
+        self._marked = False  # the finish marker is written
+
+    def prepare(self) -> None:
+        """The set-up a subclass needs before the first barrier (on the sink's thread)."""
+        self._pa = pyarrow_module()
+
+    def _ready(self) -> None:
+        self._prepared.result()
 
     @property
     def staging(self) -> str:
@@ -132,6 +166,12 @@ class TableSink(Sink):
     def statistics(self) -> TableSinkStatistics:
         self.stats.files_pending = len(self._pending) + len(self._written)
         return self.stats
+
+    def drain(self) -> None:
+        """Wait for the commits handed over (tests and benchmarks: the table is then up to date), re-raising a
+        commit's failure."""
+        self.wait_committed(self.close_timeout_s)
+        self._check()
 
     def data_file_name(self) -> str:
         self._file_counter += 1
@@ -156,6 +196,7 @@ class TableSink(Sink):
     def _flush(self) -> None:
         if not self._rows:
             return
+        self._ready()
         table = self._arrow(self._rows)
         files = self.write_data_files(table)
         self._written += files
@@ -163,20 +204,63 @@ class TableSink(Sink):
         self.stats.rows_written += len(self._rows)
         self._rows = []
 
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
     def snapshot_state(self, checkpoint_id: int) -> Any:
+        self._check()
+        self._ready()
         self._flush()
-        self._pending += [[checkpoint_id, self.app_id, f] for f in self._written]
-        self._written = []
-        if self.subtask_index != 0:  # subtask 0 knows what it committed; the others learn it from the note
-            self._pending = still_pending(self._pending, self._read_note())
+        note = self._read_note()  # what the committer saw in the table (it may be another subtask)
+        with self._lock:
+            self._pending += [[checkpoint_id, self.app_id, f] for f in self._written]
+            self._written = []
+            self._pending = still_pending(self._pending, note)
+            pending = [list(e) for e in self._pending]
+        if self._finished and not self._marked:  # the checkpoint at its end of input: say so (committer_of)
+            objectstore.write(objectstore.join(self.staging, "finished",
+                                              finish_marker_name(self.attempt, self.subtask_index)),
+                              json.dumps({"checkpoint": checkpoint_id}).encode())
+            self._marked = True
         manifest = json.dumps({"app": self.app_id, "checkpoint": checkpoint_id, "subtask": self.subtask_index,
-                               "pending": self._pending}, separators=(",", ":")).encode()
+                               "pending": pending}, separators=(",", ":")).encode()
         objectstore.write(objectstore.join(self.staging, manifest_name(checkpoint_id, self.subtask_index)), manifest)
-        return {"pending": [list(e) for e in self._pending], "checkpoint": checkpoint_id}
+        return {"pending": pending, "checkpoint": checkpoint_id}
 
     def commit(self, checkpoint_id: int) -> None:
-        if self.subtask_index != 0:
+        """The committer of the checkpoint (subtask 0 while it runs; `committer_of`) hands its commit to the
+        sink's thread (module docstring) and returns."""
+        self._check()
+        if self._thread is None:  # finished and closed: it finished before this checkpoint, another commits it
             return
+        future = self._thread.submit(self._commit_if_mine, checkpoint_id)
+        future.add_done_callback(self._committed)
+        self._commits = [f for f in self._commits if not f.done()] + [future]
+
+    def _committed(self, future: concurrent.futures.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None and self._error is None:
+            self._error = future.exception()
+            log.error("%s: commit failed: %s", type(self).__name__, self._error)
+
+    def wait_committed(self, timeout_s: float) -> bool:
+        """Wait until every commit handed to the commit thread is done; false if one is still running."""
+        done, running = concurrent.futures.wait(self._commits, timeout=timeout_s)
+        return not running
+
+    def finished_subtasks(self) -> dict[int, int]:
+        """This attempt's finish markers: subtask -> the checkpoint it took at its end of input."""
+        directory = objectstore.join(self.staging, "finished")
+        return {subtask: int(json.loads(objectstore.read(objectstore.join(directory, name)))["checkpoint"])
+                for subtask, name in finished_in_attempt(objectstore.list_children(directory), self.attempt)}
+
+    def _commit_if_mine(self, checkpoint_id: int) -> None:
+        if committer_of(checkpoint_id, self.parallelism, self.finished_subtasks()) == self.subtask_index:
+            self.commit_checkpoint(checkpoint_id)
+
+    def commit_checkpoint(self, checkpoint_id: int) -> None:
+        """The one table commit of checkpoint `checkpoint_id` from every subtask's manifest of it, then the
+        clean-up of the manifests up to it. Runs on the commit thread."""
         names = objectstore.list_children(self.staging)
         entries: list[Entry] = []
         for name in manifests_of(names, checkpoint_id):
@@ -204,7 +288,8 @@ class TableSink(Sink):
             self.stats.commits += 1
             committed.update(dict(plan.versions))
         self.stats.last_commit_s = time.monotonic() - started
-        self._pending = still_pending(self._pending, committed)
+        with self._lock:
+            self._pending = still_pending(self._pending, committed)
         note = {app: v for app, v in committed.items() if v is not None}
         objectstore.write(objectstore.join(self.staging, COMMITTED_NOTE),
                           json.dumps({"versions": note}, separators=(",", ":")).encode())
@@ -221,8 +306,10 @@ class TableSink(Sink):
         and the next commit adds those the table does not have (a commit of the restored checkpoint that
         happened before the failure is thereby skipped, not repeated). Every entry's data file must be a path
         inside the table (ForgedSinkState otherwise, before anything is pending): a forged checkpoint must not
-        add a file from elsewhere to the table."""
+        add a file from elsewhere to the table. (The table's place may come with the set-up: waited for.)"""
         pending = [list(e) for e in (state or {}).get("pending", [])]
+        if pending:
+            self._ready()
         for entry in pending:
             described = entry[2] if len(entry) == 3 and isinstance(entry[2], dict) else {}
             try:
@@ -230,13 +317,26 @@ class TableSink(Sink):
             except objectstore.OutsideDirectory:
                 raise ForgedSinkState(f"{type(self).__name__} {self.table_root()}: the restored state names a "
                                       "data file that is not inside the table: refused") from None
-        self._pending = pending
+        with self._lock:
+            self._pending = pending
 
     def finish(self) -> None:
         self._flush()
+        self._finished = True
 
     def close(self) -> None:
+        """Waits for the commits under way: long at the end of a bounded input (the job's table is then
+        complete when it is FINISHED), briefly after a cancel or failure (the restore lists the files again)."""
         self._rows = []
+        thread = getattr(self, "_thread", None)
+        if thread is None:
+            return  # never opened, or closed
+        timeout_s = self.close_timeout_s if self._finished else self.cancel_wait_s
+        if not self.wait_committed(timeout_s):
+            log.warning("%s: a table commit is still running after %gs; the restore redoes it if it does not land",
+                        type(self).__name__, timeout_s)
+        thread.shutdown(wait=False, cancel_futures=True)
+        self._thread = None
 
 
 def ensure_writable(root: str, what: str) -> None:

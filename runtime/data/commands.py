@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
             from runtime.data.state_commands import run_state
 
             return run_state(args)
+        if command == "nexmark":
+            return _nexmark(args)
     except DataError as exc:
         text = str(exc)
         if command == "state":
@@ -60,6 +62,19 @@ def _generate(args: argparse.Namespace) -> int:
     spark = _session(args)
     try:
         result = generate(spark, args.out, **options)
+    finally:
+        stop_session(spark)
+    print(result.summary())
+    return 0
+
+
+def _nexmark(args: argparse.Namespace) -> int:
+    from runtime.data.nexmark import check_nexmark_args, generate_nexmark
+
+    check_nexmark_args(args.out, args.events, args.seed)
+    spark = _session(args)
+    try:
+        result = generate_nexmark(spark, args.out, events=args.events, seed=args.seed)
     finally:
         stop_session(spark)
     print(result.summary())

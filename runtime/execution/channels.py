@@ -45,10 +45,13 @@ class Wakeable(Protocol):
 class OutputGate:
     """How many of a task's subpartitions are at their queue limit; 0 means the task may start a record."""
 
-    __slots__ = ("blocked", "_notify")
+    __slots__ = ("blocked", "would_block", "_notify")
 
     def __init__(self) -> None:
         self.blocked = 0
+        # the task's thread cut buffers that will fill a subpartition once queued (they wait in `deferred`):
+        # its run stops there, as an inline one stops at `blocked`
+        self.would_block = False
         self._notify: Callable[[], None] = lambda: None
 
     def bind(self, notify: Callable[[], None]) -> None:
@@ -63,7 +66,7 @@ class OutputGate:
 
 class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
-                 "continued", "key", "end_event", "deferred")
+                 "continued", "key", "end_event", "deferred", "deferred_n")
 
     def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -82,6 +85,7 @@ class Subpartition:
         # while the task's chain runs on its own thread (runtime/execution/isolation.py): buffers cut meanwhile
         # wait here, and `hand_over` queues them on the loop, where the sender, credit and links live
         self.deferred: list[tuple[Subpartition, Buffer]] | None = None
+        self.deferred_n = 0  # of them, this subpartition's
 
     def append(self, data: bytes) -> None:
         buf = self.buf
@@ -129,6 +133,9 @@ class Subpartition:
         self.buffers_out += 1  # at the cut, also when deferred: the record writer counts cuts with it
         if self.deferred is not None:
             self.deferred.append((self, buffer))
+            self.deferred_n += 1
+            if self.sender.queued_buffers + self.deferred_n >= self.limit:
+                self.gate.would_block = True
             return
         self.hand_over(buffer)
 
@@ -278,6 +285,26 @@ class InputGate:
             if not queue:
                 continue
             _, item = queue.popleft()
+            self.queued -= 1
+            if queue:
+                self.ready.append(channel_id)
+            return channel_id, item
+        return None
+
+    def poll_buffer(self) -> tuple[int, Buffer] | None:
+        """`poll`, but only when the next item is a buffer: an event stays queued where it is (the checkpoint
+        layer finds an in-band barrier in the gate until the task takes it)."""
+        while self.ready:
+            channel_id = self.ready[0]
+            queue = self.queues[channel_id]
+            if channel_id in self.blocked or not queue:
+                self.ready.popleft()
+                continue
+            item = queue[0][1]
+            if not isinstance(item, Buffer):
+                return None
+            self.ready.popleft()
+            queue.popleft()
             self.queued -= 1
             if queue:
                 self.ready.append(channel_id)

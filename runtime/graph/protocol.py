@@ -160,6 +160,16 @@ class TaskFailed(TaskReport):
 
 
 @dataclass(frozen=True, slots=True)
+class SlowCall(TaskReport):
+    """A user call of the task has been running past the worker's threshold (it may still return)."""
+
+    method = "slow_call"
+    function: str = "?"  # "module.function (file:line)"
+    stack: str = ""  # the task thread's stack when it was found
+    running_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class JobError(Message):
     method = "job_error"
     job_id: str
@@ -168,7 +178,7 @@ class JobError(Message):
 
 
 REPORTS: tuple[type[Message], ...] = (Register, Heartbeat, AckCheckpoint, DeclineCheckpoint, ProbeDone, TaskEnded,
-                                      TaskFinished, TaskFailed, JobError)
+                                      TaskFinished, TaskFailed, SlowCall, JobError)
 
 # -- what clients ask -------------------------------------------------------------------------------------------
 

@@ -80,6 +80,10 @@ class WorkerCollector(Collector):
                                      "1 while the task runs its operators on a thread of its own (blocking user "
                                      "code, runtime/execution/isolation.py), 0 while on the worker's event loop",
                                      labels=labels)
+        slow = CounterMetricFamily("sluice_task_slow_user_calls",
+                                   "User calls of the task found running past the worker's --slow-call threshold "
+                                   "(each reported once, with its stack, in the log and the job's exception history)",
+                                   labels=labels)
         io = _AsyncIOFamilies(labels)
         lake = _LakeFamilies(labels)
         connectors = _ConnectorFamilies(labels)
@@ -95,6 +99,7 @@ class WorkerCollector(Collector):
                 st.async_in_flight = None
             connectors.add(values, [getattr(task, "source", None), *getattr(task.chain, "sinks", ())])
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
+            slow.add_metric(values, st.slow_user_calls)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)
             rout.add_metric(values, st.records_out)
@@ -120,7 +125,7 @@ class WorkerCollector(Collector):
                 async_captured.add_metric(values, st.async_captured_records)
         yield from (rin, wm_in, rout, busy, idle, bp, bin_, bout, inq, outq, pool, align, delay, persisted,
                     persisted_total, switched, refused, watermark, async_in_flight, async_blocked, async_captured,
-                    isolated)
+                    isolated, slow)
         yield from io.families()
         yield from lake.families()
         yield from connectors.families()

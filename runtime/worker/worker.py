@@ -11,10 +11,12 @@ import asyncio
 import functools
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -47,6 +49,7 @@ from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, d
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
+from runtime.execution.user_code import CallWatchdog, RunningCall, SlowCall, stack_frames, user_function
 from runtime.graph import protocol as p
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import TaskState
@@ -57,6 +60,8 @@ from runtime.worker.metrics import WorkerCollector
 from runtime.worker.network import NetworkEnvironment
 
 log = logging.getLogger("sluice.worker")
+
+EXIT_USER_CODE_STUCK = 70  # a cancelled task's user call never returned (Flink: a fatal error of the TaskManager)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,11 @@ class WorkerConfig:
     # a heartbeat unanswered this long makes the worker ask the other coordinators of the list whether one of them
     # leads now: a paused leader's link stays open, and the call's own timeout would stall the job ~10 s more
     leader_check_s: float = 1.0
+    # user code (runtime/execution/user_code.py): a call running this long is reported (log, metric, the job's
+    # exception history); a cancelled task whose call has not returned this long after fails the worker
+    slow_call_s: float = 5.0
+    task_cancel_timeout_s: float = 60.0
+    memory_limit_bytes: int | None = None  # RLIMIT_AS of the worker process: a leaking function gets MemoryError
 
     def coordinators(self) -> tuple[tuple[str, int], ...]:
         return self.coordinator_addresses or ((self.coordinator_host, self.coordinator_port),)
@@ -151,9 +161,63 @@ class Worker(BaseLinkHandler):
         print(f"sluice worker ready id={self.worker_id} data={self.advertised}:{data_port} metrics={metrics} "
               f"bind={self.config.host}", flush=True)
         heartbeat = self._spawn(self._heartbeat_loop(data_port))
-        await self._stop.wait()
+        watchdog = self._start_watchdog()
+        try:
+            await self._stop.wait()
+        finally:
+            watchdog.stop()
         heartbeat.cancel()
         await self.shutdown()
+
+    # -- user code (runtime/execution/user_code.py) ----------------------------------------------
+
+    def _start_watchdog(self) -> CallWatchdog:
+        loop = asyncio.get_running_loop()
+
+        def running_calls() -> Iterator[RunningCall]:  # on the watchdog's thread: reads only
+            for _, task in self.all_tasks():
+                call = task.running_call()
+                if call is not None:
+                    yield call
+
+        def on_slow(slow: SlowCall) -> None:  # on the watchdog's thread
+            loop.call_soon_threadsafe(self._on_slow_call, slow)
+
+        watchdog = CallWatchdog(running_calls, slow_call_s=self.config.slow_call_s, on_slow=on_slow,
+                                loop_thread=threading.get_ident())
+
+        async def tell_alive() -> None:
+            while True:
+                watchdog.loop_alive()
+                await asyncio.sleep(min(0.25, self.config.slow_call_s / 4))
+
+        self._spawn(tell_alive())
+        watchdog.start()
+        return watchdog
+
+    def _on_slow_call(self, slow: SlowCall) -> None:
+        for job_id, task in self.all_tasks():
+            if task.task_id == slow.task_id:
+                task.slow_calls += 1
+                self._spawn(self._report(p.SlowCall(job_id, task.chain.attempt, task.key.vertex_subtask,
+                                                    function=slow.function, stack=slow.stack,
+                                                    running_s=round(slow.running_s, 1))))
+                return
+
+    def _user_code_stuck(self, task: Task) -> None:
+        """A stopped task's thread is still in a user call after the cancel timeout: Python cannot end a thread,
+        and one left behind may hold the GIL, memory or a lock for good. Fail the worker, as Flink's task
+        cancellation watchdog does; its supervisor starts a fresh process and the coordinator restarts the
+        jobs that were on it from their checkpoints."""
+        call = task.running_call()
+        frames = sys._current_frames().get(call.thread_ident) if call is not None else None
+        stack = "".join(traceback.format_stack(frames)) if frames is not None else "?"
+        function = user_function(stack_frames(frames)) if frames is not None else "?"
+        log.critical("task %s did not stop within %.0f s of its cancel: user call %s never returned; the worker "
+                     "exits (status %d) so that a fresh one takes its place. Its stack:\n%s", task.task_id,
+                     task.cancel_timeout_s, function, EXIT_USER_CODE_STUCK, stack)
+        logging.shutdown()
+        os._exit(EXIT_USER_CODE_STUCK)
 
     def stop(self) -> None:
         self._stop.set()
@@ -412,6 +476,9 @@ class Worker(BaseLinkHandler):
         for key, task in deployed.tasks.items():
             task.on_probe_complete = functools.partial(self._probe_complete, job_id, deployed.plan.attempt)
             task.on_end_of_input = functools.partial(self._task_ended, job_id, key, deployed.plan.attempt)
+            task.cancel_timeout_s = self.config.task_cancel_timeout_s
+            if self.config.task_cancel_timeout_s > 0:
+                task.on_stuck = self._user_code_stuck
             runner = asyncio.create_task(task.run(), name=task.task_id)
             deployed.running[key] = runner
             runner.add_done_callback(functools.partial(self._on_task_done, job_id, key))
@@ -508,6 +575,10 @@ async def run_worker(config: WorkerConfig) -> None:
     # The checkpoint writer thread competes with the event loop for the GIL; with the default 5 ms switch
     # interval, a checkpoint's few writes could wait up to a second behind a busy task. 0.5 ms keeps them quick.
     sys.setswitchinterval(float(os.environ.get("SLUICE_GIL_SWITCH_S", "0.0005")))
+    if config.memory_limit_bytes:
+        # the whole process's address space: a function that leaks gets MemoryError in its task before the
+        # machine runs out (the task fails and restarts; what it leaked stays in the worker, see README)
+        resource.setrlimit(resource.RLIMIT_AS, (config.memory_limit_bytes, config.memory_limit_bytes))
     worker = Worker(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

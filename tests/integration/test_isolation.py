@@ -2,7 +2,7 @@
 (runtime/execution/isolation.py).
 
 1. Two independent pipelines on one worker: a fast one (generator -> map -> discard), and one whose sink
-   blocks 1 ms per record with `time.sleep` without declaring it (the `auto` policy has to find it). The fast
+   blocks 1 ms per record with `time.sleep` without declaring it (it runs on its task's thread). The fast
    pipeline delivers every record well above what it got inline, the worker's heartbeats keep coming,
    checkpoints complete. Inline, the sleeping sink took about half the loop's time. Its speed alone and beside
    the sleeper is measured by scripts/bench_isolation.py (docs/BENCHMARKS.md).
@@ -50,7 +50,7 @@ class TimedSink(DiscardSink):
 
 
 class SleepingSink(Sink):
-    """A blocking client: 1 ms a record, not declared blocking (the `auto` policy has to find it)."""
+    """A blocking client: 1 ms a record, not declared blocking."""
 
     def write(self, record):
         time.sleep(0.001)

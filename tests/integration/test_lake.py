@@ -12,7 +12,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.common import objectstore
-from tests.support.cluster import Cluster, poll, write_module
+from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, write_module
 from tests.support.lake import delta_rows, delta_transactions, write_input_files, wrong_counts
 from tests.support.object_store import in_bucket, running_s3
 
@@ -31,29 +31,28 @@ INPUT, TABLE, MARKERS, SINK_DELAY = {input!r}, {table!r}, {markers!r}, {sink_del
 CATALOG = {catalog!r}
 
 
-class KillAfterTableCommit(DeltaSink):
-    """In the first attempt, the committer kills its own worker right after its second Delta commit, before it
-    notes the commit anywhere: the restore from that checkpoint lists the same files again."""
+def kill_after_second_commit(sink, checkpoint_id):
+    """Once per test (the marker file), the committer kills its own worker right after its second table commit
+    of an attempt, before it notes the commit anywhere: the restore from that checkpoint lists the same files
+    again. (Not "in attempt 0": a busy machine may restart the job once before, for a late heartbeat.)"""
+    sink.table_commits = getattr(sink, "table_commits", 0) + 1
+    marker = os.path.join(MARKERS, "killed")
+    if sink.table_commits == 2 and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(checkpoint_id))
+        os.kill(os.getpid(), signal.SIGKILL)
 
+
+class KillAfterTableCommit(DeltaSink):
     def commit_files(self, plan, checkpoint_id):
         super().commit_files(plan, checkpoint_id)
-        self.table_commits = getattr(self, "table_commits", 0) + 1
-        if self.attempt == 0 and self.table_commits == 2:
-            with open(os.path.join(MARKERS, "killed"), "w") as f:
-                f.write(str(checkpoint_id))
-            os.kill(os.getpid(), signal.SIGKILL)
+        kill_after_second_commit(self, checkpoint_id)
 
 
 class KillAfterSnapshot(IcebergSink):
-    """The same for Iceberg: the committer dies right after the table's second snapshot of this run."""
-
     def commit_files(self, plan, checkpoint_id):
         super().commit_files(plan, checkpoint_id)
-        self.table_commits = getattr(self, "table_commits", 0) + 1
-        if self.attempt == 0 and self.table_commits == 2:
-            with open(os.path.join(MARKERS, "killed"), "w") as f:
-                f.write(str(checkpoint_id))
-            os.kill(os.getpid(), signal.SIGKILL)
+        kill_after_second_commit(self, checkpoint_id)
 
 
 def _pipeline(job, source, sink):
@@ -92,19 +91,17 @@ def submit(cluster: Cluster, entry: str) -> str:
     return cluster.submit(f"lakejobs:{entry}", config)
 
 
-def logs(cluster: Cluster) -> str:
-    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
-    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in names)
+def wait_killed(cluster: Cluster, job_id: str, markers: Path, what: str) -> None:
+    """Until the sink has killed its worker (the marker); fails at once if the job ended first."""
 
+    def killed() -> bool:
+        if (markers / "killed").exists():
+            return True
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] not in ("FINISHED", "FAILED", "CANCELLED"), f"ended before {what}: {st}\n{logs(cluster)}"
+        return False
 
-def replace_dead_workers(cluster: Cluster, replaced: set[int]) -> int:
-    started = 0
-    for w in list(cluster.workers):
-        if w.proc.poll() is not None and w.pid not in replaced:
-            replaced.add(w.pid)
-            cluster.start_worker(*WORKER_ARGS, worker_id=str(w.fields["id"]))
-            started += 1
-    return started
+    poll(killed, 90, what, interval_s=0.25)
 
 
 def wait_finished(cluster: Cluster, job_id: str, timeout_s: float = 120) -> dict:
@@ -146,14 +143,14 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         job_id = submit(cluster, "continuous_to_delta")
         poll(lambda: delta_rows_now(table) > 0, 60, "the first Delta commit", interval_s=0.5)
         records += write_input_files(in_dir, 2, 3000, first=2)  # discovered while running
-        poll((markers / "killed").exists, 90, "the sink to kill its worker after a Delta commit")
+        wait_killed(cluster, job_id, markers, "the sink to kill its worker after a Delta commit")
         replaced: set[int] = set()
-        poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
+        poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
         records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
         poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the table", interval_s=0.5)
 
         st = cluster.call("status", {"job_id": job_id})
-        assert st["restarts"] == 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
+        assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
         cluster.call("cancel", {"job_id": job_id})
 
         rows = delta_rows(table, ["key", "n"])
@@ -184,7 +181,7 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     catalog = sqlite_catalog(cluster.tmp_path / "iceberg")
     make_counts_table(catalog)
     records = write_input_files(cluster.tmp_path / "in", 4, 3000)
-    markers = install(cluster, sink_delay=0.0001, catalog=catalog)
+    markers = install(cluster, sink_delay=0.0003, catalog=catalog)  # a few checkpoints long
     cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
     (markers / "blocker").write_text("a file where the table's parent directory should be")
     for entry, expected in [("unwritable_delta", f"{markers}/blocker/table is not writable"),
@@ -196,11 +193,11 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     assert cluster.call("status")["jobs"] == [], "nothing was deployed"
 
     job_id = submit(cluster, "files_to_iceberg")
-    poll((markers / "killed").exists, 90, "the sink to kill its worker after an Iceberg snapshot")
+    wait_killed(cluster, job_id, markers, "the sink to kill its worker after an Iceberg snapshot")
     replaced: set[int] = set()
-    poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
+    poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
     st = wait_finished(cluster, job_id)
-    assert st["restarts"] == 1, st
+    assert st["restarts"] >= 1, st
     rows = iceberg_rows(catalog)
     assert not wrong_counts(rows, records), wrong_counts(rows, records)
     assert len(rows) == len(records)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import Cluster, poll, write_module
+from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, write_module
 from tests.support.nats_server import NatsServer, nats_server_binary
 
 nats = pytest.importorskip("nats", reason="nats-py is not installed (the `nats` extra)")
@@ -244,21 +244,6 @@ def submit(cluster: Cluster, entry: str) -> str:
     return cluster.submit(f"natsjobs:{entry}", config)
 
 
-def logs(cluster: Cluster) -> str:
-    names = ["coordinator", *sorted(str(w.fields["id"]) for w in cluster.workers)]
-    return "\n".join(f"--- {n}\n{cluster.log(n)[-3000:]}" for n in names)
-
-
-def replace_dead_workers(cluster: Cluster, replaced: set[int]) -> int:
-    started = 0
-    for w in list(cluster.workers):
-        if w.proc.poll() is not None and w.pid not in replaced:
-            replaced.add(w.pid)
-            cluster.start_worker(*WORKER_ARGS, worker_id=str(w.fields["id"]))
-            started += 1
-    return started
-
-
 def assert_exact_counts(url: str, records: list[tuple[str, int]]) -> None:
     out, _ = read_source(NatsSource(url, "OUT"), 0, 1, timeout_s=120)
     counts: dict[str, list[int]] = defaultdict(list)
@@ -314,7 +299,7 @@ def test_job_nats_to_nats_survives_kill_9_with_exact_output(cluster: Cluster, na
         victim.proc.wait(10)
     else:
         poll((markers / "killed").exists, 90, "the sink to kill its worker after a published commit")
-    poll(lambda: replace_dead_workers(cluster, replaced) == 1, 10, "the killed worker to die")
+    poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
 
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"

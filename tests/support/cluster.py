@@ -116,6 +116,18 @@ def logs(cluster: Cluster, tail: int = 3000) -> str:
     return "\n".join(f"--- {n}\n{cluster.log(n)[-tail:]}" for n in names)
 
 
+def replace_dead_workers(cluster: Cluster, replaced: set[int], worker_args: tuple[str, ...] = ()) -> int:
+    """Start a worker under the id of each worker process that died and is not in `replaced` (its pid is added);
+    returns how many were started."""
+    started = 0
+    for w in list(cluster.workers):
+        if w.proc.poll() is not None and w.pid not in replaced:
+            replaced.add(w.pid)
+            cluster.start_worker(*worker_args, worker_id=str(w.fields["id"]))
+            started += 1
+    return started
+
+
 def holds_for(predicate: Callable[[], Any], duration_s: float, what: str, interval_s: float = 0.1) -> None:
     """Check that predicate() stays true for `duration_s` (how a test waits to see that nothing happens),
     failing as soon as it does not."""

@@ -33,6 +33,8 @@ def checkpoint(subtasks: list[DeltaSink], checkpoint_id: int, *, complete: bool 
     if complete:
         for s in subtasks:
             s.commit(checkpoint_id)
+        for s in subtasks:
+            s.drain()  # the commit runs on the committer's thread
     return states
 
 
@@ -62,6 +64,8 @@ def test_a_commit_replayed_after_a_restore_is_skipped_and_an_aborted_checkpoint_
     for s in subtasks:
         s.write(("a", s.subtask_index))
     states = checkpoint(subtasks, 1)  # committed; the job then restores checkpoint 1 (it never heard)
+    # the committer died right after the table commit, before its note
+    (Path(table) / "_sluice" / "sluice-job-1-sink-x" / "committed.json").unlink()
     restored = sinks(table, columns=["k", "n"])
     for s, state in zip(restored, states, strict=True):
         s.restore_state(state)
@@ -73,10 +77,10 @@ def test_a_commit_replayed_after_a_restore_is_skipped_and_an_aborted_checkpoint_
     app = "sluice-job-1-sink-x"
     assert delta_transactions(table) == [[(app, 1)], [(app, 3)]]
     assert sorted(delta_rows(table, ["k", "n"])) == [(k, i) for k in "abc" for i in range(2)]
-    # subtask 0 listed its file of checkpoint 1 again; subtask 1 read the committer's note and dropped its own
-    assert restored[0].statistics().files_already_committed == 1
+    # both subtasks listed their files of checkpoint 1 again: the table's txn version says they are in
+    assert restored[0].statistics().files_already_committed == 2
     # the committer knows at once; the others see the note at their next barrier
-    assert (restored[0].statistics().files_pending, restored[1].statistics().files_pending) == (0, 2)
+    assert (restored[0].statistics().files_pending, restored[1].statistics().files_pending) == (0, 3)
     checkpoint(restored, 4)
     assert restored[1].statistics().files_pending == 0 and len(delta_transactions(table)) == 2
 
@@ -116,6 +120,82 @@ def test_rescaled_sink_states_commit_every_file_once(tmp_path: Path) -> None:
     checkpoint(new, 2)
     assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)]
     assert delta_transactions(table) == [[("sluice-job-1-sink-x", 2)]]
+
+
+def test_the_worker_reports_the_table_sink_and_file_source_figures(tmp_path: Path) -> None:
+    """The worker's collector turns a task's DeltaSink and FileSource figures into the documented metrics."""
+    from types import SimpleNamespace
+
+    from runtime.connectors.file_source import FileSource
+    from runtime.worker.metrics import _LakeFamilies
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text('["a", 1]\n')
+    source = FileSource(str(tmp_path / "in"), bounded=True)
+    source.open(0, 1)
+    while source.read_batch(10) is not None:
+        pass
+    subtasks = sinks(str(tmp_path / "t"), n=1, columns=["k", "n"])
+    subtasks[0].write(("a", 1))
+    checkpoint(subtasks, 1)
+    families = _LakeFamilies(["job_id", "task", "subtask"])
+    families.add(["job-1", "t", "0"], SimpleNamespace(chain=SimpleNamespace(sinks=subtasks), source=source))
+    samples = {s.name: s.value for family in families.families() for s in family.samples}
+    assert samples == {"sluice_table_sink_files_pending": 0, "sluice_table_sink_commits_total": 1,
+                       "sluice_table_sink_files_already_committed_total": 0,
+                       "sluice_table_sink_last_commit_seconds": subtasks[0].statistics().last_commit_s,
+                       "sluice_table_sink_rows_written_total": 1, "sluice_file_source_files_pending": 0,
+                       "sluice_file_source_files_read_total": 1}
+
+
+def test_a_failed_commit_fails_the_next_barrier_and_close_waits_for_commits(tmp_path: Path) -> None:
+    """The commit runs on subtask 0's commit thread: its failure comes back at the next barrier (the task then
+    fails and the restore lists the files again); at the end of a bounded input close waits for it."""
+
+    class Refused(DeltaSink):
+        def commit_files(self, plan: Any, checkpoint_id: int) -> None:
+            raise OSError("the store refused the commit")
+
+    sink = Refused(str(tmp_path / "t"), columns=["k", "n"])
+    sink.open(0, 1, 0)
+    sink.write(("a", 1))
+    sink.snapshot_state(1)
+    sink.commit(1)
+    with pytest.raises(OSError, match="refused the commit"):
+        sink.drain()
+    with pytest.raises(OSError, match="refused the commit"):
+        sink.snapshot_state(2)
+    sink.close()
+
+    table = str(tmp_path / "u")
+    ok = DeltaSink(table, columns=["k", "n"])
+    ok.open(0, 1, 0)
+    ok.write(("a", 1))
+    ok.finish()
+    ok.snapshot_state(1)
+    ok.commit(1)
+    ok.close()  # finished: waits for the commit
+    assert delta_rows(table, ["k", "n"]) == [("a", 1)]
+
+
+def test_when_subtask_0_finished_first_the_next_subtask_commits_the_later_checkpoints(tmp_path: Path) -> None:
+    """A bounded input whose sink subtasks end at different checkpoints: subtask 0 finishes at checkpoint 1
+    and takes no part later; subtask 1's files of checkpoint 2 are committed by subtask 1, once."""
+    table = str(tmp_path / "t")
+    first, second = sinks(table, columns=["k", "n"])
+    first.write(("a", 0))
+    first.finish()
+    second.write(("a", 1))
+    checkpoint([first, second], 1)
+    first.close()  # finished: its task ended after checkpoint 1's commit
+    second.write(("b", 1))
+    second.finish()
+    checkpoint([first, second][1:], 2)
+    first.commit(2)  # a finished task may still hear of later checkpoints: it does nothing
+    assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 1)]
+    app = "sluice-job-1-sink-x"
+    assert delta_transactions(table) == [[(app, 1)], [(app, 2)]]
+    assert (first.statistics().commits, second.statistics().commits) == (1, 1)
 
 
 def test_restored_state_naming_a_data_file_outside_the_table_is_refused(tmp_path: Path) -> None:

@@ -70,3 +70,28 @@ def test_an_end_arriving_at_the_gate_is_announced_and_completes_the_channels_rec
     assert listener.queued == [(1, {"t": "end"})]
     assert 1 not in gate.recorders  # nothing follows an end
     assert [b.data for b in captured[1]] == [b.data for b in sent]
+
+
+def test_poll_buffer_takes_buffers_in_poll_order_and_leaves_an_event_queued() -> None:
+    gate = InputGate(Listener(), [InputChannel(1, 0, 0, "0:0"), InputChannel(2, 1, 0, "0:1")], exclusive=10,
+                     floating=0)
+    subs = {cid: Subpartition(ChannelSender(cid), limit=100, capacity=1000) for cid in (1, 2)}
+    buffers = {}
+    for cid, sub in subs.items():
+        sub.sender.add_credit(10)
+        for seq, r in enumerate(records(2), start=1):
+            sub.append(r)
+            sub.flush()
+            item = sub.sender.pop_sendable()
+            assert isinstance(item, SendData)
+            buffers[cid, seq] = item.buffer
+    gate.deliver_data(1, 1, buffers[1, 1])
+    gate.deliver_data(2, 1, buffers[2, 1])
+    gate.deliver_event(1, 2, event("end"), priority=False)
+    gate.deliver_data(2, 2, buffers[2, 2])
+    assert gate.poll_buffer() == (1, buffers[1, 1])
+    assert gate.poll_buffer() == (2, buffers[2, 1])
+    assert gate.poll_buffer() is None  # channel 1's end is next: it stays where it is
+    assert gate.poll() == (1, event("end"))  # the same order as poll alone
+    assert gate.poll() == (2, buffers[2, 2])
+    assert gate.poll() is None and gate.queued == 0

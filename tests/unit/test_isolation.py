@@ -15,59 +15,23 @@ from hypothesis import strategies as st
 from netstack.credit import ChannelSender
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.execution.channels import OutputGate, Subpartition, split_records
-from runtime.execution.isolation import BLOCKING_CALL_S, QUIET_S, SLOW_CALLS, IsolationPolicy, TaskThread, mode_from_env
+from runtime.execution.isolation import IsolationPolicy, TaskThread, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
-SLOW = BLOCKING_CALL_S * 2
-FAST = BLOCKING_CALL_S / 10
 
-
-def test_modes_and_declared_blocking() -> None:
-    assert IsolationPolicy("thread", declared_blocking=False, asynchronous=False).isolated
-    assert not IsolationPolicy("inline", declared_blocking=True, asynchronous=False).isolated
-    assert IsolationPolicy("auto", declared_blocking=True, asynchronous=False).isolated
-    assert not IsolationPolicy("auto", declared_blocking=False, asynchronous=False).isolated
+def test_modes() -> None:
+    assert IsolationPolicy("thread", asynchronous=False).isolated
+    assert IsolationPolicy("auto", asynchronous=False).isolated  # the old default's name: the same as thread
+    assert not IsolationPolicy("inline", asynchronous=False).isolated
     # an asynchronous operator needs the loop, whatever the mode
-    assert not IsolationPolicy("thread", declared_blocking=True, asynchronous=True).isolated
+    assert not IsolationPolicy("thread", asynchronous=True).isolated
     with pytest.raises(ValueError):
-        IsolationPolicy("threads", declared_blocking=False, asynchronous=False)
-    assert mode_from_env({}) == "auto"
-    assert mode_from_env({"SLUICE_TASK_ISOLATION": " Thread "}) == "thread"
+        IsolationPolicy("threads", asynchronous=False)
+    assert mode_from_env({}) == "thread"
+    assert mode_from_env({"SLUICE_TASK_ISOLATION": " Inline "}) == "inline"
     with pytest.raises(ValueError):
         mode_from_env({"SLUICE_TASK_ISOLATION": "sometimes"})
-
-
-def test_slow_one_record_calls_in_a_row_isolate_an_auto_task_and_quiet_brings_it_back() -> None:
-    policy = IsolationPolicy("auto", declared_blocking=False, asynchronous=False)
-    now = 100.0
-    for _ in range(SLOW_CALLS - 1):
-        assert not policy.observe(1, SLOW, now)
-    assert not policy.observe(1, FAST, now)  # the run is broken: it starts again
-    for _ in range(SLOW_CALLS - 1):
-        assert not policy.observe(1, SLOW, now)
-    assert policy.observe(1, SLOW, now)
-    assert policy.switches == 1
-    assert policy.observe(64, FAST, now + QUIET_S / 2)  # records got cheap, but not for long enough yet
-    assert not policy.observe(64, FAST, now + QUIET_S * 1.1)
-    assert policy.switches == 2
-
-
-def test_slow_calls_of_many_records_do_not_isolate() -> None:
-    """A chunk of cheap records that took long (the process was preempted) says nothing of one record."""
-    policy = IsolationPolicy("auto", declared_blocking=False, asynchronous=False)
-    for i in range(100):
-        assert not policy.observe(8, SLOW * 10, float(i))
-
-
-def test_fixed_modes_never_switch() -> None:
-    for mode, declared in (("thread", False), ("inline", False), ("auto", True)):
-        policy = IsolationPolicy(mode, declared_blocking=declared, asynchronous=False)
-        before = policy.isolated
-        for i in range(10):
-            policy.observe(1, SLOW, float(i))
-        policy.observe(100, FAST, 1000.0)
-        assert policy.isolated == before and policy.switches == 0
 
 
 def test_a_throttled_sink_declares_itself_blocking() -> None:
@@ -232,11 +196,25 @@ async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
 
 @pytest.mark.parametrize("sink", ["undeclared", "declared"])
 def test_a_blocking_sink_does_not_hold_up_the_loop(sink: str) -> None:
-    """Inline, the sleeping sink held the loop for a whole source batch (512 records, half a second);
-    isolated, the loop is never late by more than a few ms (the first three records of an undeclared
-    blocking sink still run inline: that is how `auto` finds it)."""
+    """Inline, the sleeping sink held the loop for a whole source batch (512 records, half a second); on
+    its thread, from its first record on, the loop is never late by more than a few ms."""
     slow_sink = SleepingSink() if sink == "undeclared" else DiscardSink(delay_per_record_s=0.001)
-    lag, slow = asyncio.run(_fast_next_to(slow_sink, "auto"))
+    lag, slow = asyncio.run(_fast_next_to(slow_sink, "thread"))
     assert slow.isolation.isolated
     assert slow.records_in > 0
     assert lag < 0.2, f"the event loop was {lag * 1000:.0f} ms late"
+
+
+def test_buffers_cut_on_the_thread_say_when_they_will_fill_the_queue() -> None:
+    """A run on the task's thread stops where an inline one would stop at a blocked output: when the buffers it
+    cut (deferred) and those queued reach the subpartition's limit."""
+    gate = OutputGate()
+    sub = Subpartition(ChannelSender(1), limit=3, capacity=64)
+    sub.gate = gate
+    sub.append(msgpack.packb(b"x" * 70))  # one cut, queued: 1 of 3
+    sub.deferred = []
+    sub.append(msgpack.packb(b"y" * 70))  # one cut, deferred: 2 of 3
+    assert not gate.would_block and not gate.blocked
+    sub.append(msgpack.packb(b"z" * 70))  # 3 of 3 once queued
+    assert gate.would_block and not gate.blocked
+    assert sub.sender.queued_buffers == 1 and sub.deferred_n == 2

@@ -90,3 +90,15 @@ def test_after_any_sequence_of_commits_every_file_is_in_the_table_exactly_once(
     assert len(table) == len(set(table))
     due = {e[2]["path"] for e in entries if e[0] <= max(commits)}
     assert set(table) == due
+
+
+def test_the_committer_is_the_lowest_subtask_that_had_not_finished_before_the_checkpoint() -> None:
+    from runtime.connectors.lake_commits import committer_of, finish_marker_name, finished_in_attempt
+
+    assert committer_of(7, 3, {}) == 0
+    assert committer_of(7, 3, {0: 7}) == 0  # its final checkpoint: it still commits that one
+    assert committer_of(8, 3, {0: 7}) == 1
+    assert committer_of(8, 3, {0: 7, 1: 5}) == 2
+    assert committer_of(8, 2, {0: 7, 1: 5}) is None
+    names = [finish_marker_name(1, 0), finish_marker_name(0, 1), finish_marker_name(1, 2), "x.json"]
+    assert finished_in_attempt(names, 1) == [(0, finish_marker_name(1, 0)), (2, finish_marker_name(1, 2))]

@@ -1,4 +1,4 @@
-"""A task's input chunk with watermark markers in it (`Task._timed_chunk`): only a marker that moves the combined
+"""A task's input chunk with watermark markers in it (`TaskTime.run_chunk`): only a marker that moves the combined
 watermark or status cuts the batch, and the outputs, timers and watermarks downstream are exactly those of
 cutting at every marker (the previous behaviour, kept here as the reference)."""
 
@@ -11,11 +11,11 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.api import MIN_WATERMARK, BoundedOutOfOrderness, GeneratorSource, Job, KeyedProcessFunction
+from runtime.api import BoundedOutOfOrderness, GeneratorSource, Job, KeyedProcessFunction
 from runtime.execution.channels import ChannelReader
 from runtime.execution.operators import Chain, RecordWriter
-from runtime.execution.task import TIMER_CHUNK, Task, _position_after
-from runtime.execution.watermarks import ACTIVE, IDLE, NOTHING, WatermarkCombiner
+from runtime.execution.task_time import TIMER_CHUNK, TaskTime, position_after
+from runtime.execution.watermarks import ACTIVE, IDLE, NOTHING
 from tests.support.buffers import make_subs, sent
 
 CHANNELS = ["a", "b", "c"]
@@ -33,10 +33,7 @@ class Timed(KeyedProcessFunction):
 
 
 class Host:
-    """What `Task._timed_chunk` and `Task._advance` use of a task: a real chain and combiner."""
-
-    _advance = Task._advance
-    _timed_chunk = Task._timed_chunk
+    """A real chain with the event time of a task with three input channels."""
 
     def __init__(self) -> None:
         job = Job()
@@ -47,9 +44,7 @@ class Host:
         self.chain = Chain(job, [1], subtask_index=0, parallelism=1, attempt=0,
                            outputs=[RecordWriter(self.subs, "forward", None, job.max_parallelism, 0)])
         self.chain.open()
-        self._combiner = WatermarkCombiner(CHANNELS)
-        self._forwarded = MIN_WATERMARK
-        self._idle_forwarded = False
+        self.time = TaskTime(self.chain, source=None, channel_keys=CHANNELS)
         self.batches: list[int] = []
 
     def process(self, batch: list[Any]) -> None:
@@ -65,7 +60,9 @@ class Host:
 
 def cut_at_every_marker(host: Host, items: list[Any], process: Callable[[list[Any]], None], key: str,
                         reader: ChannelReader) -> tuple[int, int, bool]:
-    """The reference: `_timed_chunk` as it was, processing the records before every marker first."""
+    """The reference: `run_chunk` as it was, processing the records before every marker first."""
+    combiner = host.time.combiner
+    assert combiner is not None
     start = 0
     markers = 0
     for k, item in enumerate(items):
@@ -75,8 +72,8 @@ def cut_at_every_marker(host: Host, items: list[Any], process: Callable[[list[An
         if k > start:
             process(items[start:k])
         start = k + 1
-        if host._combiner.on_marker(key, item) is not NOTHING and host._advance():
-            reader.consumed = _position_after(reader, k + 1)
+        if combiner.on_marker(key, item) is not NOTHING and host.time.advance():
+            reader.consumed = position_after(reader, k + 1)
             return start, markers, True
     if start < len(items):
         process(items[start:] if start else items)
@@ -84,7 +81,7 @@ def cut_at_every_marker(host: Host, items: list[Any], process: Callable[[list[An
 
 
 def run(chunks: list[tuple[int, list[Any]]], reference: bool) -> tuple[Host, list[Any]]:
-    """`Task._process_timed`'s loop without the mailbox: each chunk from its channel's reader, a timer burst
+    """The input processor's loop without the mailbox: each chunk from its channel's reader, a timer burst
     run to the end where one is left. Returns the host and what the task saw (positions, results)."""
     host = Host()
     readers = {key: ChannelReader() for key in CHANNELS}
@@ -98,18 +95,16 @@ def run(chunks: list[tuple[int, list[Any]]], reference: bool) -> tuple[Host, lis
             if reference:
                 start, markers, burst = cut_at_every_marker(host, items, host.process, key, reader)
             else:
-                start, markers, burst = host._timed_chunk(items, host.process, key, reader)
+                start, markers, burst = host.time.run_chunk(items, host.process, key, reader)
             trace.append((key, start, markers, burst, reader.consumed))
             if not burst:
                 reader.consumed = reader.fetched
                 break
-            timers = host.chain.timers
-            assert timers is not None
-            while timers.fire_event(host._combiner.current, TIMER_CHUNK):
+            while host.time.fire_timers():
                 pass
-            assert not host._advance()
+            assert not host.time.advance()
             items = items[start:]
-    trace.append((host._combiner.snapshot(), host._forwarded, host._idle_forwarded))
+    trace.append(host.time.snapshot())
     return host, trace
 
 

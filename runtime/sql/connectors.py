@@ -1,0 +1,318 @@
+"""Table connectors: the `connector` option of a CREATE TABLE -> a Sluice Source or Sink over rows (tuples).
+
+A table source wraps a DataStream source (runtime/connectors) and turns what it reads into rows in `read_batch`:
+physical columns in declared order, converted to the row's form (runtime/sql/types.py), then computed columns.
+Positions, restores and rescaling are the wrapped source's, untouched. A table sink turns rows back into what
+the format writes (a JSON object per row) and delegates the two-phase commit to the wrapped sink, so file
+output stays exactly once.
+
+Changelog rows (an updating query) reach a sink as (kind, row) pairs, kind one of +I -U +U -D: `print` prints
+them as Flink does (`+U[a, 3]`), `blackhole` drops them, a filesystem table with a PRIMARY KEY writes them as
+upserts (`{"op": "+U", "data": {...}}`, the -U rows dropped: the key says what a row replaces).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource, list_input_files
+from runtime.connectors.sinks import DiscardSink, Sink
+from runtime.connectors.source import Source
+from runtime.sql import types as T
+from runtime.sql.catalog import TableDef
+from runtime.sql.errors import SqlError
+
+SOURCE_CONNECTORS = ("filesystem", "datagen")
+SINK_CONNECTORS = ("filesystem", "print", "blackhole")
+FORMATS = ("json", "csv", "parquet")
+
+
+class CsvLinesSource(JsonLinesSource):
+    """CSV files (no header: Flink's csv format has none), one record per line, split by file like JSON lines."""
+
+    def __init__(self, path: str, delimiter: str = ",") -> None:
+        super().__init__(path)
+        self.delimiter = delimiter
+
+    def _list_units(self) -> list[Any]:
+        return list_input_files(self.path, (".csv",))
+
+    def _records(self, items: list[Any]) -> list[Any]:
+        lines = [t for t in items if t.strip()]
+        return [tuple(r) for r in csv.reader(lines, delimiter=self.delimiter)]
+
+
+class DatagenSource(Source):
+    """Flink's `datagen`, deterministic: row n of the table is the same at any parallelism and after a restore
+    (subtask i of p makes rows i, i+p, ...). Options as Flink's: 'number-of-rows' (unbounded without),
+    'rows-per-second', and per column 'fields.<col>.kind' = 'sequence' ('start', 'end') or 'random' ('min',
+    'max', 'length' for strings). A TIMESTAMP column is 'fields.<col>.start-ms' + n * 'fields.<col>.step-ms'
+    (Sluice's: Flink draws timestamps from the wall clock, which no replay can repeat)."""
+
+    def __init__(self, table: TableDef) -> None:
+        opts = table.options
+        self.rows = int(opts["number-of-rows"]) if "number-of-rows" in opts else None
+        self.bounded = self.rows is not None
+        self.rate = float(opts["rows-per-second"]) if "rows-per-second" in opts else None
+        self.seed = int(opts.get("seed", "0"))
+        self.columns = [(c.name, c.type) for c in table.physical]
+        self.options = dict(opts)
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self._next = 0  # rows of this subtask made so far
+        self._makers = [self._maker(name, t) for name, t in self.columns]
+        import time
+
+        self._clock = time.monotonic
+        self._started = self._clock()
+
+    def _maker(self, name: str, t: Any) -> Callable[[int], Any]:
+        o = self.options
+        prefix = f"fields.{name}."
+        kind = o.get(prefix + "kind", "random")
+        if t.timestamp:
+            start, step = int(o.get(prefix + "start-ms", "1700000000000")), int(o.get(prefix + "step-ms", "1"))
+            return lambda n: start + n * step
+        if kind == "sequence":
+            start = int(o.get(prefix + "start", "0"))
+            return lambda n: start + n if t.integral else str(start + n)
+        seed = f"{self.seed}:{name}".encode()
+
+        def draw(n: int) -> int:
+            return int.from_bytes(hashlib.blake2b(seed + n.to_bytes(8, "little"), digest_size=8).digest(), "little")
+
+        if t.integral:
+            lo, hi = int(o.get(prefix + "min", "0")), int(o.get(prefix + "max", str(2**31 - 1)))
+            return lambda n: lo + draw(n) % (hi - lo + 1)
+        if t.name in ("DOUBLE", "FLOAT"):
+            lo_f, hi_f = float(o.get(prefix + "min", "0")), float(o.get(prefix + "max", "1"))
+            return lambda n: lo_f + (draw(n) / 2**64) * (hi_f - lo_f)
+        if t.name == "BOOLEAN":
+            return lambda n: bool(draw(n) & 1)
+        length = int(o.get(prefix + "length", "10"))
+        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+        return lambda n: "".join(alphabet[(draw(n) >> (5 * i)) % 36] for i in range(min(length, 12)))
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        p, i = self.parallelism, self.subtask_index
+        if self.rate is not None:
+            allowed = int((self._clock() - self._started) * self.rate / p) - self._next
+            if allowed <= 0:
+                return []
+            max_records = min(max_records, allowed)
+        out = []
+        makers = self._makers
+        for _ in range(max_records):
+            n = i + self._next * p
+            if self.rows is not None and n >= self.rows:
+                break
+            out.append(tuple(m(n) for m in makers))
+            self._next += 1
+        if not out and self.rows is not None:
+            return None
+        return out
+
+    def position(self) -> Any:
+        return self._next
+
+    def restore(self, position: Any) -> None:
+        self._next = int(position)
+
+
+class TableSource(Source):
+    """A table over a connector's source: records in, rows (tuples) out (module docstring)."""
+
+    def __init__(self, inner: Source, to_row: Callable[[Any], tuple[Any, ...]], describe: str) -> None:
+        self.inner = inner
+        self.to_row = to_row
+        self.describe = describe
+        self.bounded = inner.bounded
+        self.rescalable = inner.rescalable
+        self.subtask_splits = inner.subtask_splits
+        self.extras = inner.extras
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self.inner.open(subtask_index, parallelism)
+
+    def read_batch(self, max_records: int) -> list[Any] | None:
+        batch = self.inner.read_batch(max_records)
+        if not batch:
+            return batch
+        to_row = self.to_row
+        try:
+            return [to_row(r) for r in batch]
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            bad = next(r for r in batch if _fails(to_row, r))
+            raise ValueError(f"{self.describe}: cannot read record {str(bad)[:200]}: {exc}") from exc
+
+    def idle_wait_s(self) -> float:
+        return self.inner.idle_wait_s()
+
+    def position(self) -> Any:
+        return self.inner.position()
+
+    def restore(self, position: Any) -> None:
+        self.inner.restore(position)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def lanes(self, position: Any, emitted: int, subtask_index: int, parallelism: int) -> list[list[int]]:
+        return self.inner.lanes(position, emitted, subtask_index, parallelism)
+
+
+def _fails(fn: Callable[[Any], Any], record: Any) -> bool:
+    try:
+        fn(record)
+    except Exception:
+        return True
+    return False
+
+
+class RowFileSink(FileSink):
+    """A FileSink of rows: each is encoded (a JSON object; None drops it) and written as FileSink writes, so
+    admission (an earlier run's files), the two-phase commit and the restore are FileSink's own."""
+
+    def __init__(self, path: str, encode: Callable[[Any], Any | None], **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.encode = encode
+
+    def write(self, record: Any) -> None:
+        value = self.encode(record)
+        if value is not None:
+            super().write(value)
+
+
+class ChangelogPrintSink(Sink):
+    """Flink's `print`: `+I[a, b]` per row (a plain row of an insert-only query is +I), prefixed `N> ` when
+    parallel, and with 'print-identifier' before that."""
+
+    def __init__(self, identifier: str, changelog: bool, fields: list[Callable[[Any], Any] | None]) -> None:
+        super().__init__()
+        self.identifier = identifier
+        self.changelog = changelog
+        self.fields = fields
+
+    def write(self, record: Any) -> None:
+        kind, row = record if self.changelog else ("+I", record)
+        values = ", ".join(_print_value(w(v) if w else v) for w, v in zip(self.fields, row, strict=True))
+        tag = f"{self.subtask_index + 1}> " if self.parallelism > 1 else ""
+        ident = f"{self.identifier}:" if self.identifier else ""
+        sys.stdout.write(f"{ident}{tag}{kind}[{values}]\n")
+
+    def finish(self) -> None:
+        sys.stdout.flush()
+
+
+def _print_value(v: Any) -> str:
+    if v is None:
+        return "<NULL>"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+# -- building them from a table's options ---------------------------------------------------------------------
+
+
+def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None) -> TableSource:
+    """The source of `table` (filesystem json/csv/parquet or datagen), its rows carrying the computed columns."""
+    connector = table.connector
+    physical = table.physical
+    readers = [T.reader(c.type) for c in physical]  # type: ignore[arg-type]
+    names = [c.name for c in physical]
+    if connector == "datagen":
+        inner: Source = DatagenSource(table)
+        base: Callable[[Any], tuple[Any, ...]] = tuple
+    elif connector == "filesystem":
+        path = _required(table, "path")
+        fmt = _format(table)
+        if fmt == "json":
+            inner = JsonLinesSource(path)
+            pairs = list(zip(names, readers, strict=True))
+
+            def base(record: Any) -> tuple[Any, ...]:
+                get = record.get
+                return tuple(read(get(name)) for name, read in pairs)
+        elif fmt == "csv":
+            inner = CsvLinesSource(path, table.options.get("csv.field-delimiter", ","))
+            base = _positional(readers, table.name)
+        else:
+            inner = ParquetSource(path, columns=names)
+            base = _positional(readers, table.name)
+    else:
+        raise SqlError(f"table {table.name}: connector '{connector}' cannot be read (sources: "
+                       f"{', '.join(SOURCE_CONNECTORS)})")
+    if computed is None:
+        to_row = base
+    else:
+        def to_row(record: Any) -> tuple[Any, ...]:
+            return computed(base(record))
+    return TableSource(inner, to_row, f"table {table.name}")
+
+
+def _positional(readers: list[Callable[[Any], Any]], name: str) -> Callable[[Any], tuple[Any, ...]]:
+    width = len(readers)
+
+    def convert(record: Any) -> tuple[Any, ...]:
+        if len(record) != width:
+            raise ValueError(f"{len(record)} fields where table {name} has {width} columns")
+        return tuple(read(v) for read, v in zip(readers, record, strict=True))
+    return convert
+
+
+def make_sink(table: TableDef, *, changelog: bool) -> Sink:
+    """The sink of `table`; `changelog`: it receives (kind, row) pairs of an updating query."""
+    connector = table.connector
+    physical = table.physical
+    writers = [T.writer(c.type) for c in physical]  # type: ignore[arg-type]
+    names = [c.name for c in physical]
+    if connector == "print":
+        return ChangelogPrintSink(table.options.get("print-identifier", ""), changelog, writers)
+    if connector == "blackhole":
+        return DiscardSink()
+    if connector != "filesystem":
+        raise SqlError(f"table {table.name}: connector '{connector}' cannot be written (sinks: "
+                       f"{', '.join(SINK_CONNECTORS)})")
+    path = _required(table, "path")
+    fmt = _format(table)
+    if fmt == "csv":
+        raise SqlError(f"table {table.name}: the csv format is read-only in Sluice SQL for now; write json or "
+                       "parquet")
+    settings = {"format": "parquet" if fmt == "parquet" else "jsonl",
+                "if_exists": table.options.get("sink.if-exists", "fail")}
+    pairs = list(zip(names, writers, strict=True))
+
+    def as_object(row: Any) -> dict[str, Any]:
+        return {name: (w(v) if w else v) for (name, w), v in zip(pairs, row, strict=True)}
+
+    if not changelog:
+        return RowFileSink(path, as_object, **settings)
+
+    def upsert(record: Any) -> Any:
+        kind, row = record
+        if kind == "-U":
+            return None  # the +U that follows replaces it by key
+        return {"op": kind, "data": as_object(row)}
+    return RowFileSink(path, upsert, **settings)
+
+
+def _required(table: TableDef, key: str) -> str:
+    value = table.options.get(key)
+    if not value:
+        raise SqlError(f"table {table.name}: the '{table.connector}' connector needs the option '{key}'")
+    return value
+
+
+def _format(table: TableDef) -> str:
+    fmt = table.options.get("format", "")
+    if fmt not in FORMATS:
+        raise SqlError(f"table {table.name}: 'format' must be one of {', '.join(FORMATS)}, got '{fmt}'")
+    return fmt
+

@@ -1,0 +1,799 @@
+"""The logical plan: a query (sqlglot tree) -> a tree of typed plan nodes, each with its fields, changelog mode
+and rowtime. Expressions are compiled here, once (runtime/sql/expressions.py); runtime/sql/physical.py turns
+the nodes into DataStream operators and runtime/sql/explain.py prints them.
+
+What is planned (Flink's streaming semantics):
+- FROM a table, a view, a subquery, or a window table function TABLE(TUMBLE|HOP|CUMULATE|SESSION(...));
+- WHERE and the SELECT list as one Calc (filter, then projection);
+- GROUP BY window_start, window_end [, keys] over a window TVF: a window aggregation, insert-only, emitted when
+  the watermark passes the window's end;
+- any other GROUP BY (or aggregates without one): an unbounded group aggregation, an updating changelog;
+- HAVING after either; UNION ALL of inputs with the same column types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlglot import exp
+
+from runtime.sql import types as T
+from runtime.sql.aggregates import AggregateCall, CompiledAggregate, describe_call, find_aggregates
+from runtime.sql.catalog import Catalog, TableDef
+from runtime.sql.changelog import INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
+from runtime.sql.dialect import Descriptor, TableArgument, WindowTableFunction
+from runtime.sql.errors import SqlError
+from runtime.sql.expressions import ExpressionCompiler, Field, Scope, interval_ms
+from runtime.sql.join_conditions import conjuncts, side_of
+from runtime.sql.join_conditions import split as split_condition
+
+WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
+
+
+@dataclass(eq=False)
+class PlanNode:
+    fields: tuple[Field, ...]
+    mode: ChangelogMode
+    rowtime: int | None  # the field equal to every row's event timestamp (a time attribute), if any
+
+    def inputs(self) -> list[PlanNode]:
+        return []
+
+    def digest(self) -> str:
+        """What the operator does, in Flink's explain style; with its inputs' digests it names its state (uid)."""
+        raise NotImplementedError
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(self.fields)
+
+
+@dataclass(eq=False)
+class TableScan(PlanNode):
+    table: TableDef = None  # type: ignore[assignment]
+    computed: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+    computed_source: str = ""
+
+    def digest(self) -> str:
+        wm = self.table.watermark
+        watermark = f", watermark=[{wm.column} - {wm.delay_ms}ms]" if wm else ""
+        return f"TableSourceScan(table=[{self.table.name}], fields=[{', '.join(f.name for f in self.fields)}]" \
+               f"{watermark})"
+
+
+@dataclass(eq=False)
+class StreamScan(PlanNode):
+    """A DataStream of rows registered with `job.from_stream(stream, schema)`."""
+
+    name: str = ""
+    stream: Any = None
+
+    def digest(self) -> str:
+        return f"DataStreamScan(table=[{self.name}], fields=[{', '.join(f.name for f in self.fields)}])"
+
+
+@dataclass(eq=False)
+class Calc(PlanNode):
+    input: PlanNode = None  # type: ignore[assignment]
+    projection: list[exp.Expr] | None = None
+    condition: exp.Expr | None = None
+    project: Callable[[Any], tuple[Any, ...]] | None = None
+    predicate: Callable[[Any], Any] | None = None
+    source: str = ""
+    reads_window_elements: bool = False  # over a window aggregation: compiled over its (key, start, end, results)
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        parts = []
+        if self.projection is not None:
+            parts.append("select=[" + ", ".join(_named(e, f.name) for e, f in zip(self.projection, self.fields,
+                                                                                   strict=True)) + "]")
+        if self.condition is not None:
+            parts.append(f"where=[{self.condition.sql()}]")
+        return f"Calc({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A window table function: `kind` TUMBLE|HOP|CUMULATE|SESSION over the rowtime field `time_index`."""
+
+    kind: str
+    time_index: int
+    time_name: str
+    size_ms: int = 0
+    slide_ms: int = 0  # HOP's slide, CUMULATE's step
+    gap_ms: int = 0  # SESSION
+    offset_ms: int = 0
+    partition: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        ms = {"TUMBLE": f"size=[{self.size_ms} ms]", "HOP": f"slide=[{self.slide_ms} ms], size=[{self.size_ms} ms]",
+              "CUMULATE": f"step=[{self.slide_ms} ms], max_size=[{self.size_ms} ms]",
+              "SESSION": f"gap=[{self.gap_ms} ms]"}[self.kind]
+        part = f", partition keys=[{', '.join(self.partition)}]" if self.partition else ""
+        return f"{self.kind}(time_col=[{self.time_name}], {ms}{part})"
+
+
+@dataclass(eq=False)
+class WindowAssign(PlanNode):
+    """A window TVF's rows: every input row once per window it is in, with window_start, window_end,
+    window_time appended."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    window: WindowSpec = None  # type: ignore[assignment]
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        return f"WindowTableFunction(window=[{self.window}])"
+
+
+@dataclass(eq=False)
+class Aggregate(PlanNode):
+    """GROUP BY: `keys` over the input, aggregate `calls` in one accumulator; output rows are
+    (*keys, [window_start, window_end, window_time,] *results)."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    keys: list[exp.Expr] = field(default_factory=list)
+    key_fn: Callable[[Any], Any] | None = None
+    key_source: str = ""
+    calls: list[AggregateCall] = field(default_factory=list)
+    aggregate: CompiledAggregate | None = None
+    window: WindowSpec | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        keys = ", ".join(k.sql() for k in self.keys)
+        select = ", ".join(c.text for c in self.calls)
+        if self.window is not None:
+            return f"WindowAggregate(groupBy=[{keys}], window=[{self.window}], select=[{select}])"
+        return f"GroupAggregate(groupBy=[{keys}], select=[{select}])"
+
+
+@dataclass(eq=False)
+class Join(PlanNode):
+    """An equi-join of two inputs: an interval join when the condition bounds the distance of their rowtimes
+    (`interval` = (lower, upper) on right_time - left_time), else a regular join keeping both sides in state.
+    Output rows are the left row's fields then the right row's."""
+
+    left: PlanNode = None  # type: ignore[assignment]
+    right: PlanNode = None  # type: ignore[assignment]
+    how: str = "inner"
+    left_keys: list[exp.Expr] = field(default_factory=list)
+    right_keys: list[exp.Expr] = field(default_factory=list)
+    left_key_fn: Callable[[Any], Any] | None = None
+    right_key_fn: Callable[[Any], Any] | None = None
+    interval: tuple[int, int] | None = None
+    condition: exp.Expr | None = None  # the rest of the ON condition, checked per joined pair
+    predicate: Callable[[Any], Any] | None = None
+    ttl_ms: int | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.left, self.right]
+
+    def digest(self) -> str:
+        kind = {"inner": "InnerJoin", "left": "LeftOuterJoin", "right": "RightOuterJoin",
+                "full": "FullOuterJoin"}[self.how]
+        keys = " AND ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(self.left_keys, self.right_keys, strict=True))
+        extra = f" AND {self.condition.sql()}" if self.condition is not None else ""
+        if self.interval is not None:
+            lo, hi = self.interval
+            return f"IntervalJoin(joinType=[{kind}], where=[{keys}{extra}], " \
+                   f"bounds=[right.rowtime - left.rowtime in [{lo}, {hi}] ms])"
+        ttl = f", stateTtl=[{self.ttl_ms} ms]" if self.ttl_ms else ""
+        return f"Join(joinType=[{kind}], where=[{keys}{extra}]{ttl})"
+
+
+@dataclass(eq=False)
+class Rank(PlanNode):
+    """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    partition: list[exp.Expr] = field(default_factory=list)
+    order: list[exp.Ordered] = field(default_factory=list)
+    limit: int = 1
+    with_rank: bool = False
+    key_fn: Callable[[Any], Any] | None = None
+    sort_key: Callable[[Any], Any] | None = None
+    newest_wins_ties: bool = False
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        name = "Deduplicate" if self.limit == 1 else "Rank"
+        order = ", ".join(o.sql() for o in self.order)
+        return f"{name}(partitionBy=[{', '.join(p.sql() for p in self.partition)}], orderBy=[{order}], " \
+               f"rankRange=[1..{self.limit}], outputRank=[{str(self.with_rank).lower()}])"
+
+
+@dataclass(eq=False)
+class Union(PlanNode):
+    branches: list[PlanNode] = field(default_factory=list)
+
+    def inputs(self) -> list[PlanNode]:
+        return list(self.branches)
+
+    def digest(self) -> str:
+        return f"Union(all=[true], fields=[{', '.join(f.name for f in self.fields)}])"
+
+
+@dataclass(eq=False)
+class SinkNode(PlanNode):
+    input: PlanNode = None  # type: ignore[assignment]
+    table: TableDef = None  # type: ignore[assignment]
+    convert: Callable[[Any], Any] | None = None  # row of the query -> row of the table (casts), None: as is
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        return f"Sink(table=[{self.table.qualified()}], fields=[{', '.join(f.name for f in self.fields)}])"
+
+
+def _named(node: exp.Expr, name: str) -> str:
+    text = node.unalias().sql()
+    return text if text == name else f"{text} AS {name}"
+
+
+def _field_name(node: exp.Expr, position: int) -> str:
+    if isinstance(node, exp.Alias):
+        return node.alias
+    if isinstance(node, exp.Column):
+        return node.name
+    return f"EXPR${position}"
+
+
+class Planner:
+    """Plans queries against a catalog (module docstring). `streams` are the tables registered from DataStreams."""
+
+    def __init__(self, catalog: Catalog, streams: dict[str, StreamScan] | None = None) -> None:
+        self.catalog = catalog
+        self.streams = streams if streams is not None else {}
+        self._scans: dict[str, TableScan] = {}  # one source per table, shared by every query of the job
+
+    # -- statements ------------------------------------------------------------------------------------------
+
+    def plan_insert(self, insert: exp.Insert) -> SinkNode:
+        target = insert.this
+        name = target.this.name if isinstance(target, exp.Schema) else target.name
+        table = self.catalog.table(name)
+        query = self.plan_query(insert.expression)
+        physical = table.physical
+        columns = target.expressions if isinstance(target, exp.Schema) else None
+        if columns:  # INSERT INTO t (a, b) SELECT ...: reorder, the others NULL
+            positions = [next((i for i, c in enumerate(physical) if c.name == col.name), None) for col in columns]
+            missing = [c.name for c, p in zip(columns, positions, strict=True) if p is None]
+            if missing:
+                raise SqlError(f"Unknown target column '{missing[0]}' of table {name}")
+            if len(columns) != len(query.fields):
+                raise SqlError(f"INSERT INTO {name}: {len(columns)} target columns, {len(query.fields)} query columns")
+            order = {p: i for i, p in enumerate(positions)}
+            pick = [order.get(i) for i in range(len(physical))]
+
+            def reorder_row(row: Any) -> Any:
+                return tuple(None if i is None else row[i] for i in pick)
+            reorder: Callable[[Any], Any] | None = reorder_row
+            produced = [query.fields[order[i]].type if i in order else T.NULL for i in range(len(physical))]
+        else:
+            if len(query.fields) != len(physical):
+                raise SqlError(
+                    f"Column types of query result and sink for 'default_catalog.default_database.{name}' do not "
+                    f"match: the query has {len(query.fields)} columns ({', '.join(f.name for f in query.fields)}), "
+                    f"the sink {len(physical)} ({', '.join(c.name for c in physical)})")
+            reorder = None
+            produced = [f.type for f in query.fields]
+        convert = _sink_casts(table, produced, reorder)
+        fields = tuple(Field(c.name, c.type) for c in physical)  # type: ignore[arg-type]
+        return SinkNode(fields, query.mode, None, input=query, table=table, convert=convert)
+
+    def plan_query(self, query: exp.Expr) -> PlanNode:
+        if isinstance(query, exp.Subquery):
+            return self.plan_query(query.this)
+        if isinstance(query, exp.Union):
+            if query.args.get("distinct"):
+                raise SqlError("UNION (distinct) is not supported yet; UNION ALL is")
+            left, right = self.plan_query(query.this), self.plan_query(query.expression)
+            return self._union([left, right])
+        if isinstance(query, exp.Select):
+            if query.args.get("with_"):
+                raise SqlError("WITH (common table expressions) is not supported yet: use CREATE VIEW")
+            return self._select(query)
+        raise SqlError(f"{type(query).__name__} is not supported as a query: {query.sql()[:60]}")
+
+    def _union(self, branches: list[PlanNode]) -> PlanNode:
+        flat: list[PlanNode] = []
+        for b in branches:
+            flat += b.branches if isinstance(b, Union) else [b]
+        width = len(flat[0].fields)
+        for b in flat[1:]:
+            if len(b.fields) != width:
+                raise SqlError(f"UNION ALL of {width} and {len(b.fields)} columns")
+        fields = tuple(Field(f.name, _union_type([b.fields[i].type for b in flat]))
+                       for i, f in enumerate(flat[0].fields))
+        mode = INSERT_ONLY if all(b.mode.insert_only for b in flat) else UPDATING
+        rowtime = flat[0].rowtime if all(b.rowtime == flat[0].rowtime for b in flat) else None
+        return Union(fields, mode, rowtime, branches=flat)
+
+    # -- SELECT ----------------------------------------------------------------------------------------------
+
+    def _select(self, select: exp.Select) -> PlanNode:
+        for unsupported in ("order", "limit", "distinct", "qualify"):
+            if select.args.get(unsupported):
+                what = {"order": "ORDER BY", "limit": "LIMIT", "joins": "JOIN", "distinct": "SELECT DISTINCT",
+                        "qualify": "QUALIFY"}[unsupported]
+                raise SqlError(f"{what} is not supported yet in Sluice SQL (README, SQL: what is not yet)")
+        where = select.args.get("where")
+        ranked = self._top_n(select.args.get("from_"), where.this if where else None)
+        if ranked is not None:
+            source, rest = ranked
+            where = exp.Where(this=exp.and_(*rest)) if rest else None
+        else:
+            source = self._from(select.args.get("from_"))
+        if select.args.get("joins"):
+            source, rest = self._joins(source, select.args["joins"], conjuncts(where.this if where else None))
+            where = exp.Where(this=exp.and_(*rest)) if rest else None
+        items = self._expand_star(select.expressions, source)
+        group = select.args.get("group")
+        having = select.args.get("having")
+        aggregates = find_aggregates(items + ([having.this] if having else []))
+        if group is not None or aggregates:
+            return self._aggregate(source, where.this if where else None, group, items, aggregates,
+                                   having.this if having else None)
+        return self._calc(source, items, where.this if where else None)
+
+    def _expand_star(self, items: list[exp.Expr], source: PlanNode) -> list[exp.Expr]:
+        out: list[exp.Expr] = []
+        for item in items:
+            if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+                qualifier = item.table if isinstance(item, exp.Column) else None
+                for f in source.fields:
+                    if qualifier is None or f.table == qualifier:
+                        out.append(exp.column(f.name, f.table))
+            else:
+                out.append(item)
+        return out
+
+    def _calc(self, source: PlanNode, items: list[exp.Expr], condition: exp.Expr | None) -> PlanNode:
+        compiler = ExpressionCompiler(source.scope, self.catalog.functions)
+        predicate = None
+        source_text = ""
+        if condition is not None:
+            predicate, source_text = compiler.predicate(condition)
+        project, types, text = compiler.row_function(items)
+        fields = tuple(Field(_field_name(item, i), t) for i, (item, t) in enumerate(zip(items, types, strict=True)))
+        positions = [source.scope.resolve(item) if isinstance(item, exp.Column) else None for item in items]
+        rowtime = None
+        if source.rowtime is not None and source.rowtime in positions:
+            rowtime = positions.index(source.rowtime)
+        if positions == list(range(len(source.fields))) and [f.name for f in fields] == source.scope.names():
+            if condition is None:  # SELECT * FROM x: nothing to compute
+                return _requalified(source, fields)
+            return Calc(source.fields, source.mode, source.rowtime, input=source, condition=condition,
+                        predicate=predicate, source="where " + source_text)  # a filter only
+        return Calc(fields, source.mode, rowtime, input=source, projection=items, condition=condition,
+                    project=project, predicate=predicate, source=(text + ("  where " + source_text if source_text
+                                                                          else "")))
+
+    # -- FROM ------------------------------------------------------------------------------------------------
+
+    def _from(self, from_: exp.From | None) -> PlanNode:
+        if from_ is None:
+            raise SqlError("a streaming query needs FROM (a table, a view or a window table function)")
+        return self._relation(from_.this)
+
+    def _relation(self, node: exp.Expr) -> PlanNode:
+        alias = node.alias_or_name if isinstance(node, exp.Table | exp.Subquery) else None
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous) and node.this.name.upper() == "TABLE":
+            (call,) = node.this.expressions
+            if not isinstance(call, WindowTableFunction):
+                raise SqlError(f"TABLE({call.sql()}): only the window functions TUMBLE, HOP, CUMULATE, SESSION are "
+                               "supported as table functions")
+            planned = self._window_tvf(call)
+            return _requalified(planned, planned.fields, node.alias or None)
+        if isinstance(node, exp.Table):
+            planned = self._named_relation(node.name)
+            return _requalified(planned, planned.fields, node.alias or node.name)
+        if isinstance(node, exp.Subquery):
+            planned = self.plan_query(node.this)
+            return _requalified(planned, planned.fields, alias or None)
+        raise SqlError(f"{node.sql()[:60]} is not supported in FROM")
+
+    def _named_relation(self, name: str) -> PlanNode:
+        if name in self.catalog.views:
+            return self.plan_query(self.catalog.views[name])
+        if name in self.streams:
+            return self.streams[name]
+        return self._scan(self.catalog.table(name))
+
+    def _scan(self, table: TableDef) -> TableScan:
+        cached = self._scans.get(table.name)
+        if cached is not None:
+            return cached
+        physical = [Field(c.name, c.type, table.name) for c in table.physical]  # type: ignore[arg-type]
+        fields = list(physical)
+        computed_fn = None
+        computed_text = ""
+        computed_cols = [c for c in table.columns if c.computed is not None]
+        if computed_cols:
+            compiler = ExpressionCompiler(Scope(tuple(physical)), self.catalog.functions)
+            exprs = [exp.column(f.name) for f in physical] + [c.computed for c in computed_cols]
+            computed_fn, types, computed_text = compiler.row_function(exprs)  # type: ignore[arg-type]
+            fields += [Field(c.name, t, table.name) for c, t in zip(computed_cols, types[len(physical):],
+                                                                     strict=True)]
+        rowtime = None
+        if table.watermark is not None:
+            rowtime = next(i for i, f in enumerate(fields) if f.name == table.watermark.column)
+            if not fields[rowtime].type.timestamp:
+                raise SqlError(f"table {table.name}: the watermark's column {table.watermark.column} is a "
+                               f"{fields[rowtime].type}; a rowtime attribute must be a TIMESTAMP(3)")
+        # the table's own column order: physical and computed interleaved as declared
+        declared = [c.name for c in table.columns]
+        order = [next(i for i, f in enumerate(fields) if f.name == n) for n in declared]
+        if order != list(range(len(fields))):
+            inner = computed_fn or tuple
+            computed_fn = (lambda fn, idx: lambda r: (lambda v: tuple(v[i] for i in idx))(fn(r)))(inner, order)
+            fields = [fields[i] for i in order]
+            if rowtime is not None:
+                rowtime = order.index(rowtime)
+        scan = TableScan(tuple(fields), INSERT_ONLY, rowtime, table=table, computed=computed_fn,
+                         computed_source=computed_text)
+        self._scans[table.name] = scan
+        return scan
+
+    def _window_tvf(self, call: WindowTableFunction) -> PlanNode:
+        kind = call.args["kind"].name.upper()
+        data = call.this
+        if isinstance(data, TableArgument):
+            source = self._relation(data.this)
+        elif isinstance(data, exp.Subquery | exp.Select):
+            source = self._relation(data if isinstance(data, exp.Subquery) else exp.Subquery(this=data))
+        else:
+            raise SqlError(f"{kind}: the first argument is TABLE t or a subquery, got {data.sql()}")
+        descriptor = call.args["descriptor"]
+        if not isinstance(descriptor, Descriptor) or len(descriptor.expressions) != 1:
+            raise SqlError(f"{kind}: the second argument is DESCRIPTOR(time column)")
+        time_index = source.scope.resolve(descriptor.expressions[0])
+        time_name = source.fields[time_index].name
+        if source.rowtime != time_index:
+            raise SqlError(f"{kind}: column {time_name} is not a time attribute: window table functions need the "
+                           "rowtime column of a table with a WATERMARK FOR it")
+        require_insert_only(f"{kind} window table function", source.mode, source_digest(source))
+        args = [interval_ms(a) for a in call.expressions]
+        partition = tuple(c.name for c in call.args.get("partition") or [])
+        needed = {"TUMBLE": (1, 2), "HOP": (2, 3), "CUMULATE": (2, 3), "SESSION": (1, 1)}[kind]
+        if not needed[0] <= len(args) <= needed[1]:
+            raise SqlError(f"{kind} takes {needed[0]}{'' if needed[0] == needed[1] else f' or {needed[1]}'} "
+                           f"interval arguments, got {len(args)}")
+        if kind == "TUMBLE":
+            spec = WindowSpec(kind, time_index, time_name, size_ms=args[0], offset_ms=args[1] if len(args) > 1 else 0)
+        elif kind in ("HOP", "CUMULATE"):
+            slide, size = args[0], args[1]
+            if size % slide:
+                raise SqlError(f"{kind}: the window size ({size} ms) must be an integral multiple of the "
+                               f"{'slide' if kind == 'HOP' else 'step'} ({slide} ms)")
+            spec = WindowSpec(kind, time_index, time_name, size_ms=size, slide_ms=slide,
+                              offset_ms=args[2] if len(args) > 2 else 0)
+        else:
+            spec = WindowSpec(kind, time_index, time_name, gap_ms=args[0], partition=partition)
+        fields = (*source.fields, Field("window_start", T.TIMESTAMP.not_null()),
+                  Field("window_end", T.TIMESTAMP.not_null()), Field("window_time", T.TIMESTAMP.not_null()))
+        return WindowAssign(fields, INSERT_ONLY, len(fields) - 1, input=source, window=spec)
+
+    # -- JOIN ----------------------------------------------------------------------------------------------
+
+    def _joins(self, left: PlanNode, joins: list[exp.Join], where: list[exp.Expr]) -> tuple[PlanNode, list[exp.Expr]]:
+        """Fold the FROM's joins left to right; WHERE conjuncts over both sides of an inner join become its
+        condition. Returns the joined node and the WHERE conjuncts left."""
+        for join in joins:
+            right = self._relation(join.this)
+            side = (join.side or "").upper()
+            how = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}[side]
+            if join.args.get("using"):
+                raise SqlError("JOIN ... USING is not supported yet: write ON a.x = b.x")
+            conditions = conjuncts(join.args.get("on"))
+            if how == "inner":
+                both = [c for c in where if side_of(c, left.scope, right.scope) == "both"]
+                where = [c for c in where if not any(c is b for b in both)]
+                conditions += both
+            left = self._join(left, right, how, conditions)
+        return left, where
+
+    def _join(self, left: PlanNode, right: PlanNode, how: str, conditions: list[exp.Expr]) -> PlanNode:
+        cond = split_condition(conditions, left.scope, right.scope, left.rowtime, right.rowtime)
+        if not cond.left_keys:
+            raise SqlError("a join needs an equality between a column of each side (an equi-join); "
+                           "cross joins and non-equi joins are not supported")
+        for name, node in (("left", left), ("right", right)):
+            require_insert_only(f"Join ({name} input)", node.mode, source_digest(original(node)))
+        left_c = ExpressionCompiler(left.scope, self.catalog.functions)
+        right_c = ExpressionCompiler(right.scope, self.catalog.functions)
+        left_key_fn = _key_function(left_c, cond.left_keys)
+        right_key_fn = _key_function(right_c, cond.right_keys)
+        fields = (*left.fields, *(Field(f.name, f.type.or_null() if how in ("left", "full") else f.type, f.table)
+                                  for f in right.fields))
+        if how in ("right", "full"):
+            fields = (*(Field(f.name, f.type.or_null(), f.table) for f in left.fields), *fields[len(left.fields):])
+        joined = Scope(tuple(fields))
+        rest = exp.and_(*cond.rest) if cond.rest else None
+        predicate = ExpressionCompiler(joined, self.catalog.functions).predicate(rest)[0] if rest is not None \
+            else None
+        if cond.interval:
+            assert cond.lower is not None and cond.upper is not None
+            if cond.lower > cond.upper:
+                raise SqlError(f"the interval join's time bounds are empty: [{cond.lower}, {cond.upper}] ms")
+            if rest is not None and how != "inner":
+                raise SqlError("an outer interval join supports key equalities and time bounds only in ON")
+            return Join(fields, INSERT_ONLY, None, left=left, right=right, how=how, left_keys=cond.left_keys,
+                        right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
+                        interval=(cond.lower, cond.upper), condition=rest, predicate=predicate)
+        if cond.lower is not None or cond.upper is not None:
+            raise SqlError("an interval join needs both a lower and an upper bound on the rowtimes (e.g. "
+                           "a.t BETWEEN b.t - INTERVAL '1' HOUR AND b.t)")
+        mode = INSERT_ONLY if how == "inner" else RETRACTING
+        return Join(fields, mode, None, left=left, right=right, how=how, left_keys=cond.left_keys,
+                    right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
+                    condition=rest, predicate=predicate, ttl_ms=state_ttl_ms(self.catalog.options))
+
+    # -- Top-N ---------------------------------------------------------------------------------------------
+
+    def _top_n(self, from_: exp.From | None, where: exp.Expr | None
+               ) -> tuple[PlanNode, list[exp.Expr]] | None:
+        """`FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) AS rn FROM x) WHERE rn <= N`: the
+        Rank node and the outer WHERE's other conjuncts; None when the FROM is not that pattern."""
+        if from_ is None or not isinstance(from_.this, exp.Subquery) or not isinstance(from_.this.this, exp.Select):
+            return None
+        inner = from_.this.this
+        ranked = [(i, item) for i, item in enumerate(inner.expressions)
+                  if isinstance(item, exp.Alias) and isinstance(item.this, exp.Window)
+                  and isinstance(item.this.this, exp.RowNumber)]
+        if not ranked:
+            return None
+        (position, item), = ranked
+        window = item.this
+        alias = item.alias
+        limit = None
+        rest = []
+        for c in conjuncts(where):
+            bound = _rank_bound(c, alias)
+            if bound is not None and limit is None:
+                limit = bound
+            else:
+                rest.append(c)
+        if limit is None:
+            raise SqlError(f"ROW_NUMBER() needs a filter on it in the outer WHERE ({alias} <= N): other uses of "
+                           "OVER are not supported yet")
+        body = inner.copy()
+        body.set("expressions", [e for i, e in enumerate(inner.expressions) if i != position])
+        base = self._select(body)
+        require_insert_only("Rank", base.mode, source_digest(original(base)))
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        partition = list(window.args.get("partition_by") or [])
+        order = list((window.args.get("order") or exp.Order(expressions=[])).expressions)
+        if not order:
+            raise SqlError("ROW_NUMBER() OVER needs an ORDER BY")
+        key_fn = _key_function(compiler, partition) if partition else compiler.build("lambda r: 0")
+        values = [compiler.compile(o.this) for o in order]
+        descending = tuple(bool(o.args.get("desc")) for o in order)
+        from runtime.sql.operators import SortKey
+
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = descending
+        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        time_first = (limit == 1 and len(order) == 1 and not descending[0] and base.rowtime is not None
+                      and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
+        time_last = (limit == 1 and len(order) == 1 and descending[0] and base.rowtime is not None
+                     and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
+        mode = INSERT_ONLY if time_first else RETRACTING
+        # the rank is a column of the output; an outer query that does not select it drops it in its Calc
+        fields = (*base.fields, Field(alias, T.BIGINT.not_null()))
+        return Rank(fields, mode, base.rowtime if time_first else None, input=base, partition=partition,
+                    order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
+                    newest_wins_ties=time_last), rest
+
+    # -- GROUP BY --------------------------------------------------------------------------------------------
+
+    def _aggregate(self, source: PlanNode, where: exp.Expr | None, group: exp.Group | None,
+                   items: list[exp.Expr], aggregates: list[exp.Expr], having: exp.Expr | None) -> PlanNode:
+        keys = list(group.expressions) if group is not None else []
+        window_node = _window_below(source)
+        window_keys = [k for k in keys if isinstance(k, exp.Column) and k.name in WINDOW_COLUMNS]
+        windowed = window_node is not None and {k.name for k in window_keys} >= {"window_start", "window_end"}
+        if windowed:
+            assert window_node is not None
+            if window_node.window.kind == "SESSION" and window_node.window.partition:
+                partition = [exp.column(p) for p in window_node.window.partition]
+                names = {k.name for k in keys if isinstance(k, exp.Column)}
+                if not all(p.name in names for p in partition):
+                    raise SqlError("SESSION window aggregation: GROUP BY must include the PARTITION BY columns")
+            inner = window_node.input
+            if where is not None:  # a filter of the window's input rows: below the window operator
+                if any(isinstance(c, exp.Column) and c.name in WINDOW_COLUMNS for c in where.find_all(exp.Column)):
+                    raise SqlError("a WHERE on window_start/window_end before a window aggregation is not supported")
+                inner = self._calc(inner, [exp.column(f.name) for f in inner.fields], where)
+            group_keys = [k for k in keys if not (isinstance(k, exp.Column) and k.name in WINDOW_COLUMNS)]
+            scope = inner.scope
+        else:
+            if window_node is not None and source is window_node:
+                raise SqlError("a GROUP BY over a window table function must group by window_start and window_end")
+            if where is not None:
+                source = self._calc(source, [exp.column(f.name) for f in source.fields], where)
+            group_keys = keys
+            inner = source
+            scope = source.scope
+        compiler = ExpressionCompiler(scope, self.catalog.functions)
+        calls = [describe_call(a, compiler) for a in aggregates]
+        for call in calls:
+            if call.argument is not None:
+                for c in call.argument.find_all(exp.Column):
+                    if c.name in WINDOW_COLUMNS and windowed:
+                        raise SqlError(f"{call.text}: aggregating a window column is not supported")
+        aggregate = CompiledAggregate(calls, compiler)
+        key_codes = [compiler.compile(k) for k in group_keys]
+        if len(key_codes) == 1:
+            key_source = f"lambda r: {key_codes[0].text}"
+        else:
+            key_source = "lambda r: (" + "".join(c.text + ", " for c in key_codes) + ")"
+        key_fn = compiler.build(key_source)
+        out_fields = [Field(_key_name(k, i), c.type) for i, (k, c) in enumerate(zip(group_keys, key_codes,
+                                                                                   strict=True))]
+        rowtime = None
+        if windowed:
+            out_fields += [Field(n, T.TIMESTAMP.not_null()) for n in WINDOW_COLUMNS]
+            rowtime = len(out_fields) - 1
+        first_call = len(out_fields)
+        out_fields += [Field(f"agg${i}", c.type) for i, c in enumerate(calls)]
+        mode = INSERT_ONLY if windowed else UPDATING
+        if not inner.mode.insert_only:
+            require_insert_only("GroupAggregate" if not windowed else "WindowAggregate", inner.mode,
+                                source_digest(inner))
+        node = Aggregate(tuple(out_fields), mode, rowtime, input=inner, keys=group_keys, key_fn=key_fn,
+                         key_source=key_source, calls=calls, aggregate=aggregate,
+                         window=window_node.window if windowed else None)  # type: ignore[union-attr]
+        # the SELECT list and HAVING over the aggregated rows
+        substitutions = {c.text: first_call + i for i, c in enumerate(calls)}
+        key_columns = {}
+        for i, k in enumerate(group_keys):
+            substitutions[k.sql()] = i
+            if isinstance(k, exp.Column):
+                key_columns[scope.resolve(k)] = i
+        if windowed:
+            for j, n in enumerate(WINDOW_COLUMNS):
+                substitutions[exp.column(n).sql()] = len(group_keys) + j
+        field_source = None
+        if windowed:  # the Calc reads the window operator's (key, start, end, results) itself: no row between
+            keys_source = ["r[0]"] if len(group_keys) == 1 else [f"r[0][{i}]" for i in range(len(group_keys))]
+            field_source = [*keys_source, "r[1]", "r[2]", "(r[2] - 1)", *(f"r[3][{j}]" for j in range(len(calls)))]
+        post = ExpressionCompiler(node.scope, self.catalog.functions, substitutions=substitutions,
+                                  grouping=(scope, key_columns), field_source=field_source)
+        predicate = None
+        having_text = ""
+        if having is not None:
+            predicate, having_text = post.predicate(having)
+        project, types, text = post.row_function(items)
+        fields = tuple(Field(_field_name(item, i), t) for i, (item, t) in enumerate(zip(items, types, strict=True)))
+        out_rowtime = None
+        if rowtime is not None:
+            out_rowtime = next((i for i, item in enumerate(items) if isinstance(item.unalias(), exp.Column)
+                                and item.unalias().name == "window_time"), None)
+        return Calc(fields, mode, out_rowtime, input=node, projection=items, condition=having, project=project,
+                    predicate=predicate, source=text + ("  having " + having_text if having_text else ""),
+                    reads_window_elements=windowed)
+
+
+def _key_function(compiler: ExpressionCompiler, keys: list[exp.Expr]) -> Callable[[Any], Any]:
+    codes = [compiler.compile(k) for k in keys]
+    if len(codes) == 1:
+        return compiler.build(f"lambda r: {codes[0].text}")  # type: ignore[no-any-return]
+    return compiler.build("lambda r: (" + "".join(c.text + ", " for c in codes) + ")")  # type: ignore[no-any-return]
+
+
+def _rank_bound(c: exp.Expr, alias: str) -> int | None:
+    """`rn <= N`, `rn < N`, `rn = 1` -> N (the largest rank kept); None for anything else."""
+    if not isinstance(c, exp.LTE | exp.LT | exp.EQ) or not isinstance(c.this, exp.Column) \
+            or c.this.name != alias or not isinstance(c.expression, exp.Literal) or c.expression.is_string:
+        return None
+    n = int(c.expression.this)
+    if isinstance(c, exp.LT):
+        n -= 1
+    if isinstance(c, exp.EQ) and n != 1:
+        return None
+    if n < 1:
+        raise SqlError(f"{c.sql()} keeps no row")
+    return n
+
+
+_TTL_UNITS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "min": 60_000, "minute": 60_000,
+              "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000,
+              "day": 86_400_000, "days": 86_400_000}
+
+
+def state_ttl_ms(options: dict[str, str]) -> int | None:
+    """SET 'table.exec.state.ttl' = '1 h' (Flink's duration text; 0: forever) -> ms, or None."""
+    text = options.get("table.exec.state.ttl", "").strip().lower()
+    if not text:
+        return None
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz ").strip()
+    unit = text[len(number):].strip() or "ms"
+    if not number.isdigit() or unit not in _TTL_UNITS:
+        raise SqlError(f"SET 'table.exec.state.ttl' = '{text}': a duration such as '1 h' or '30 min' expected")
+    return int(number) * _TTL_UNITS[unit] or None
+
+
+def _key_name(key: exp.Expr, i: int) -> str:
+    return key.name if isinstance(key, exp.Column) else f"key${i}"
+
+
+def _window_below(node: PlanNode) -> WindowAssign | None:
+    """The window TVF a GROUP BY aggregates: the FROM itself (possibly renamed by an alias)."""
+    return node if isinstance(node, WindowAssign) else None
+
+
+def _requalified(node: PlanNode, fields: tuple[Field, ...], table: str | None = None) -> PlanNode:
+    """The same node seen under another name (an alias): its fields qualified by it. Plan nodes are shared, so
+    this copies the node's header, not its operator."""
+    if table is None and fields == node.fields:
+        return node
+    renamed = tuple(Field(f.name, f.type, table if table is not None else f.table) for f in fields)
+    import copy
+
+    clone = copy.copy(node)
+    clone.fields = renamed
+    clone._original = getattr(node, "_original", node)  # type: ignore[attr-defined]
+    return clone
+
+
+def original(node: PlanNode) -> PlanNode:
+    """The node an alias copy stands for (physical planning translates each original once)."""
+    return getattr(node, "_original", node)
+
+
+def source_digest(node: PlanNode) -> str:
+    return node.digest()
+
+
+def _union_type(types: list[T.SqlType]) -> T.SqlType:
+    out = types[0]
+    for t in types[1:]:
+        out = T.common_type(out, t)
+    return out
+
+
+def _sink_casts(table: TableDef, produced: list[T.SqlType], reorder: Callable[[Any], Any] | None
+                ) -> Callable[[Any], Any] | None:
+    """Implicit casts from the query's column types to the sink's (an INT into a BIGINT is the same int; a
+    BIGINT into a DOUBLE becomes a float); refuses what Flink refuses (a STRING into a BIGINT)."""
+    casts: list[Callable[[Any], Any] | None] = []
+    for column, got in zip(table.physical, produced, strict=True):
+        want = column.type
+        assert want is not None
+        if got.name == "NULL" or got.name == want.name or (got.integral and want.integral) \
+                or (got.timestamp and want.timestamp):
+            casts.append(None)
+        elif want.name in ("DOUBLE", "FLOAT") and got.numeric:
+            casts.append(lambda v: None if v is None else float(v))
+        elif want.name == "DECIMAL" and got.numeric:
+            from decimal import Decimal
+
+            casts.append(lambda v: None if v is None else Decimal(str(v)))
+        elif want.name == "STRING" and got.name == "STRING":
+            casts.append(None)
+        else:
+            raise SqlError(f"Column types of query result and sink for '{table.qualified()}' do not match: cannot "
+                           f"write a {got} into column {column.name} {want}; CAST it")
+    if reorder is None and all(c is None for c in casts):
+        return None
+    pairs = list(enumerate(casts))
+
+    def convert(row: Any) -> Any:
+        if reorder is not None:
+            row = reorder(row)
+        return tuple(v if c is None else c(v) for (_, c), v in zip(pairs, row, strict=True))
+    return convert

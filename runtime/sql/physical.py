@@ -1,0 +1,257 @@
+"""The physical plan: logical plan nodes (runtime/sql/logical.py) -> DataStream operators of a Job.
+
+Each plan node becomes one or a few operators, translated once however many queries read it (a table read by
+two INSERTs of a statement set is one source). Every operator gets a uid derived from the plan: a hash of its
+node's digest (what it computes) and its inputs' uids, so the same query run again (a savepoint restore, an
+upgrade that changed only other statements) finds its state, and a changed query does not pick up state that
+is not its own: the restore then reports the state no operator takes (`--allow-non-restored-state` drops it).
+
+Rows are tuples. An updating stream carries (kind, row) pairs (runtime/sql/changelog.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from runtime.api import (
+    BoundedOutOfOrderness,
+    DataStream,
+    EventTimeSessionWindows,
+    Job,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
+from runtime.sql.connectors import make_sink, make_source
+from runtime.sql.errors import SqlError
+from runtime.sql.logical import (
+    Aggregate,
+    Calc,
+    Join,
+    PlanNode,
+    Rank,
+    SinkNode,
+    StreamScan,
+    TableScan,
+    Union,
+    WindowAssign,
+    original,
+)
+from runtime.sql.operators import (
+    CumulativeEventTimeWindows,
+    GroupAggregateFunction,
+    RegularJoinFunction,
+    TopNFunction,
+    tumble_row,
+    window_output,
+    window_rows,
+)
+
+
+@dataclass
+class Operator:
+    """One operator the translation added, for explain: its name, uid, parallelism, keys and state."""
+
+    name: str
+    uid: str
+    parallelism: int
+    keys: str = ""
+    state: str = ""
+    watermarks: str = ""
+
+
+@dataclass
+class Translator:
+    job: Job
+    parallelism: int | None = None
+    streams: dict[int, DataStream] = field(default_factory=dict)
+    uids: dict[int, str] = field(default_factory=dict)
+    operators: dict[int, list[Operator]] = field(default_factory=dict)
+    _taken: dict[str, int] = field(default_factory=dict)
+    # a window aggregation's output is (key, start, end, results): the Calc above it builds its rows from that in
+    # the same map, so no operator of its own turns them into (*keys, start, end, time, *results) first
+    _row_builders: dict[int, Any] = field(default_factory=dict)
+
+    def translate(self, node: PlanNode) -> DataStream:
+        node = original(node)
+        done = self.streams.get(id(node))
+        if done is not None:
+            return done
+        inputs = [self.translate(i) for i in node.inputs()]
+        uid = self._uid(node, [self.uids[id(original(i))] for i in node.inputs()])
+        self.uids[id(node)] = uid
+        ops: list[Operator] = []
+        stream = getattr(self, f"_t_{type(node).__name__}")(node, inputs, uid, ops)
+        self.streams[id(node)] = stream
+        self.operators[id(node)] = ops
+        return stream
+
+    def _uid(self, node: PlanNode, input_uids: list[str]) -> str:
+        text = node.digest() + "|" + ",".join(input_uids)
+        base = f"sql-{type(node).__name__.lower()}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        rank = self._taken.get(base, 0)
+        self._taken[base] = rank + 1
+        return base if rank == 0 else f"{base}-{rank}"
+
+    def _name(self, node: PlanNode) -> str:
+        digest = node.digest()
+        return digest if len(digest) <= 90 else digest[:87] + "..."
+
+    def _added(self, stream: DataStream, uid: str, ops: list[Operator], **info: str) -> DataStream:
+        stream.uid(uid)
+        n = self.job.nodes[stream.node_id]
+        ops.append(Operator(n.name, uid, n.parallelism, **info))
+        return stream
+
+    # -- nodes -----------------------------------------------------------------------------------------------
+
+    def _t_TableScan(self, node: TableScan, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        table = node.table
+        watermarks = None
+        info = ""
+        if table.watermark is not None:
+            assert node.rowtime is not None
+            delay = table.watermark.delay_ms
+            # Flink SQL's watermark is max(rowtime) - delay; BoundedOutOfOrderness emits max - max_delay - 1
+            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), itemgetter(node.rowtime))
+            idle = table.options.get("scan.watermark.idle-timeout")
+            if idle:
+                import sqlglot
+
+                from runtime.sql.dialect import Flink
+                from runtime.sql.expressions import interval_ms
+                watermarks = watermarks.with_idleness(interval_ms(sqlglot.parse_one(f"INTERVAL '{idle}'",
+                                                                                    read=Flink)))
+            info = f"{table.watermark.column} - {delay} ms"
+        source = make_source(table, node.computed)
+        parallelism = int(table.options["source.parallelism"]) if "source.parallelism" in table.options else None
+        stream = self.job.source(source, parallelism=parallelism or self.parallelism, name=f"Source: {table.name}",
+                                 watermarks=watermarks)
+        return self._added(stream, uid, ops, watermarks=info)
+
+    def _t_StreamScan(self, node: StreamScan, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        return node.stream  # type: ignore[no-any-return]
+
+    def _t_Calc(self, node: Calc, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        name = self._name(node)
+        updating = not node.input.mode.insert_only
+        build = None if node.reads_window_elements else self._row_builders.get(id(original(node.input)))
+        if node.predicate is not None:
+            fn = _over_rows(node.predicate, updating, build, keep_kind=False)
+            stream = self._added(stream.filter(fn, name=f"{name} (filter)"), f"{uid}-filter", ops)
+        if node.projection is not None and node.project is not None:
+            fn2 = _over_rows(node.project, updating, build, keep_kind=True)
+            stream = self._added(stream.map(fn2, name=name), uid, ops)
+        elif build is not None:
+            stream = self._added(stream.map(build, name=name), uid, ops)
+        return stream
+
+    def _t_WindowAssign(self, node: WindowAssign, inputs: list[DataStream], uid: str,
+                        ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        w = node.window
+        name = self._name(node)
+        if w.kind == "TUMBLE":
+            return self._added(stream.map(tumble_row(w.size_ms, w.offset_ms, w.time_index), name=name), uid, ops)
+        if w.kind == "SESSION":
+            raise SqlError("a SESSION window table function is supported under a window aggregation only")
+        assigner = _assigner(node)
+        return self._added(stream.flat_map(window_rows(assigner.assign, w.time_index), name=name), uid, ops)
+
+    def _t_Aggregate(self, node: Aggregate, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.key_fn is not None and node.aggregate is not None
+        name = self._name(node)
+        keys = ", ".join(k.sql() for k in node.keys) or "(none: one global group)"
+        key_arity = len(node.keys)
+        state = ", ".join(c.text for c in node.calls) or "keys"
+        if node.window is not None:
+            wnode = _WindowOf(node)
+            windowed = stream.key_by(node.key_fn).window(_assigner(wnode)).aggregate(node.aggregate, name=name)
+            self._row_builders[id(node)] = window_output(key_arity)  # the Calc above makes the rows (see there)
+            return self._added(windowed, uid, ops, keys=keys, state=f"per key and window: {state}")
+        fn = GroupAggregateFunction(node.aggregate, key_arity)
+        out = stream.key_by(node.key_fn).process(fn, name=name)
+        return self._added(out, uid, ops, keys=keys, state=f"per key: {state}")
+
+    def _t_Join(self, node: Join, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        left, right = inputs
+        assert node.left_key_fn is not None and node.right_key_fn is not None
+        name = self._name(node)
+        keys = ", ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(node.left_keys, node.right_keys, strict=True))
+        left_nulls = (None,) * len(node.left.fields)
+        right_nulls = (None,) * len(node.right.fields)
+        if node.interval is not None:
+            lower, upper = node.interval
+            joined = left.key_by(node.left_key_fn).interval_join(right.key_by(node.right_key_fn)).between(lower, upper)
+            joined = {"inner": joined, "left": joined.left_outer(), "right": joined.right_outer(),
+                      "full": joined.full_outer()}[node.how]
+
+            def pair(l_row: Any, r_row: Any, ctx: Any) -> None:
+                ctx.emit((*(left_nulls if l_row is None else l_row), *(right_nulls if r_row is None else r_row)))
+            out = self._added(joined.process(pair, name=name), uid, ops, keys=keys,
+                              state=f"both sides' rows within [{lower}, {upper}] ms of the watermark")
+            if node.predicate is not None:
+                out = self._added(out.filter(node.predicate, name=f"{name} (where)"), f"{uid}-where", ops)
+            return out
+        fn = RegularJoinFunction(node.how, len(node.left.fields), len(node.right.fields), node.predicate,
+                                 node.ttl_ms)
+        out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(fn, name=name)
+        ttl = f" (expiring after {node.ttl_ms} ms)" if node.ttl_ms else " (kept forever: SET 'table.exec.state.ttl')"
+        return self._added(out, uid, ops, keys=keys, state=f"both sides' rows per key{ttl}")
+
+    def _t_Rank(self, node: Rank, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.key_fn is not None and node.sort_key is not None
+        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
+        out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
+        return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
+                           state=f"the top {node.limit} rows per key")
+
+    def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        first, *rest = inputs
+        return first.union(*rest)
+
+    def _t_SinkNode(self, node: SinkNode, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        changelog = not node.mode.insert_only
+        if node.convert is not None:
+            convert = node.convert
+            fn = (lambda e: (e[0], convert(e[1]))) if changelog else convert
+            stream = self._added(stream.map(fn, name=f"Sink cast: {node.table.name}"), f"{uid}-cast", ops)
+        sink = make_sink(node.table, changelog=changelog)
+        return self._added(stream.sink(sink, name=f"Sink: {node.table.name}"), uid, ops)
+
+
+def _over_rows(fn: Any, updating: bool, build: Any, *, keep_kind: bool) -> Any:
+    """`fn` of a row, applied to what the stream carries: a row, a (kind, row) pair (a projection keeps the
+    kind), or a window operator's (key, start, end, results) that `build` makes the row of."""
+    if build is not None:
+        return lambda e: fn(build(e))
+    if not updating:
+        return fn
+    if keep_kind:
+        return lambda e: (e[0], fn(e[1]))
+    return lambda e: fn(e[1])
+
+
+@dataclass
+class _WindowOf:
+    window: Any
+
+    def __init__(self, node: Aggregate) -> None:
+        self.window = node.window
+
+
+def _assigner(node: Any) -> Any:
+    w = node.window
+    if w.kind == "TUMBLE":
+        return TumblingEventTimeWindows(w.size_ms, w.offset_ms % w.size_ms)
+    if w.kind == "HOP":
+        return SlidingEventTimeWindows(w.size_ms, w.slide_ms, w.offset_ms % w.slide_ms)
+    if w.kind == "CUMULATE":
+        return CumulativeEventTimeWindows(w.slide_ms, w.size_ms, w.offset_ms)
+    return EventTimeSessionWindows(w.gap_ms)

@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""The cost of running tasks on their threads, in one process: CPU per record of the keyed count's tasks.
+
+A source task (GeneratorSource -> hash writer into 2 subpartitions of 32 KiB buffers, 4 buffers a channel)
+and two count tasks (keyed Count -> DiscardSink), joined by LocalLinks with the worker's credits, all on one
+event loop with the worker's GIL switch interval (0.5 ms): the real Task, InputProcessor and SourceDriver,
+without the network. Each repetition runs the same records with every task inline on the loop
+(`SLUICE_TASK_ISOLATION=inline`, the old default for cheap chains) and with every task on its thread (the
+default), alternating; CPU time is the process's (both threads), so the figure holds on a busy machine
+better than a rate does.
+
+    .venv/bin/python scripts/bench_task_isolation.py --records 1000000 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from netstack.credit import ChannelSender  # noqa: E402
+from runtime.api import DiscardSink, GeneratorSource, Job  # noqa: E402
+from runtime.examples.wordcount import Count  # noqa: E402
+from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition  # noqa: E402
+from runtime.execution.operators import Chain, RecordWriter  # noqa: E402
+from runtime.execution.task import Credits, Task, TaskKey  # noqa: E402
+
+CAPACITY = 32 * 1024
+BUFFERS_PER_CHANNEL = 4
+CREDITS = Credits(2, 8)
+
+
+def _job(records: int) -> Job:
+    job = Job("bench")
+    (job.source(GeneratorSource(count=records, keys=1000, seed=7), parallelism=1)
+        .key_by(lambda r: r[0]).process(Count(), parallelism=2).sink(DiscardSink(), parallelism=2))
+    return job
+
+
+async def run_once(records: int, mode: str) -> tuple[float, float, int]:
+    """(CPU s, wall s, records counted) of one run of the three tasks."""
+    source_job = _job(records)
+    subs = []
+    for j in range(2):
+        sub = Subpartition(ChannelSender(j), limit=BUFFERS_PER_CHANNEL, capacity=CAPACITY)
+        subs.append(sub)
+    gate = OutputGate()
+    for sub in subs:
+        sub.gate = gate
+    writer = RecordWriter(subs, "hash", lambda r: r[0], source_job.max_parallelism, 0)
+    head = source_job.nodes[0]
+    source_chain = Chain(source_job, [head.id], subtask_index=0, parallelism=1, attempt=0, outputs=[writer])
+    source = Task(key=TaskKey("bench", 0, 0, "source", 1), chain=source_chain, outputs=subs, output_gate=gate,
+                  inputs=[], credits=CREDITS, source=head.payload, flush_timeout_s=0.05, isolation=mode)
+    counts = []
+    for j in range(2):
+        job = _job(records)  # one job graph per task, as the worker builds them
+        chain = Chain(job, [n.id for n in job.nodes[1:]], subtask_index=j, parallelism=2, attempt=0, outputs=[])
+        task = Task(key=TaskKey("bench", 1, j, "count", 2), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[InputChannel(j, 0, 0, "0:0")], credits=CREDITS, source=None, flush_timeout_s=0.05,
+                    isolation=mode)
+        assert task.gate is not None
+        link = LocalLink(j, subs[j], task.gate)
+        subs[j].link = link
+        task.gate.channels[j].send_credit = link.send_credit
+        counts.append(task)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(source.run(), *(t.run() for t in counts))
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return cpu, wall, sum(t.records_in for t in counts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each mode, alternating (default 5)")
+    args = parser.parse_args(argv)
+    sys.setswitchinterval(0.0005)  # the worker's (runtime/worker/worker.py run_worker)
+    try:
+        import uvloop
+        uvloop.install()
+        loop_name = "uvloop"
+    except ImportError:
+        loop_name = "asyncio"
+    cpu: dict[str, list[float]] = {"inline": [], "thread": []}
+    wall: dict[str, list[float]] = {"inline": [], "thread": []}
+    print(f"bench_task_isolation: {args.records:,} records x {args.repeat}; {os.cpu_count()} cpus, "
+          f"Python {sys.version.split()[0]}, {loop_name}")
+    for r in range(args.repeat):
+        for mode in ("inline", "thread"):
+            c, w, n = asyncio.run(run_once(args.records, mode))
+            assert n == args.records, (mode, n)
+            cpu[mode].append(c / n * 1e6)
+            wall[mode].append(w / n * 1e6)
+            print(f"  run {r + 1}: {mode:6s} {cpu[mode][-1]:.3f} CPU us/record, {wall[mode][-1]:.3f} wall us/record")
+    med = {m: statistics.median(v) for m, v in cpu.items()}
+    print(f"median CPU us/record: inline {med['inline']:.3f}, thread {med['thread']:.3f} "
+          f"({(med['thread'] / med['inline'] - 1) * 100:+.1f} %); slowest: inline {max(cpu['inline']):.3f}, "
+          f"thread {max(cpu['thread']):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""One Nexmark query on Apache Flink SQL (PyFlink TableEnvironment, streaming mode, the local mini cluster), for
+scripts/nexmark_compare.py: reads the tables' DDL and a SELECT, runs it over the bounded files, applies the
+changelog it emits (+I/+U add a row, -U/-D take one away) and prints the final rows as JSON lines, then one line
+`{"flink_seconds": S, "changes": N}` (S: from submitting the query to the end of its results).
+
+Runs with the Python of a venv that has `apache-flink` installed (never Sluice's): --flink-python of the
+comparison script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+
+def normal(value: Any) -> Any:
+    """A value as Sluice's JSON output writes it: timestamps 'yyyy-MM-dd HH:mm:ss[.f]', decimals as floats."""
+    if isinstance(value, dt.datetime):
+        text = value.strftime("%Y-%m-%d %H:%M:%S")
+        millis = value.microsecond // 1000
+        return text + ("." + f"{millis:03d}".rstrip("0") if millis else "")
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", required=True, help="a file of CREATE TABLE statements")
+    parser.add_argument("--query", required=True, help="the SELECT")
+    parser.add_argument("--parallelism", type=int, default=1)
+    args = parser.parse_args()
+    from pyflink.common import RowKind
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    env.get_config().set("parallelism.default", str(args.parallelism))
+    env.get_config().set("table.exec.source.idle-timeout", "1 s")
+    with open(args.tables, encoding="utf-8") as f:
+        text = "\n".join(line for line in f.read().splitlines() if not line.strip().startswith("--"))
+    for statement in text.split(";"):
+        if statement.strip():
+            env.execute_sql(statement)
+    started = time.monotonic()
+    result = env.execute_sql(args.query)
+    rows: Counter[str] = Counter()
+    changes = 0
+    with result.collect() as it:
+        for row in it:
+            changes += 1
+            key = json.dumps([normal(v) for v in row])
+            if row.get_row_kind() in (RowKind.INSERT, RowKind.UPDATE_AFTER):
+                rows[key] += 1
+            else:
+                rows[key] -= 1
+    seconds = time.monotonic() - started
+    for key, n in sorted(rows.items()):
+        for _ in range(n):
+            sys.stdout.write(key + "\n")
+    sys.stdout.write(json.dumps({"flink_seconds": seconds, "changes": changes}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

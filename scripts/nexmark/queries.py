@@ -1,0 +1,77 @@
+"""The Nexmark queries Sluice SQL runs, as Flink's nexmark suite writes them (SELECT bodies; the sink is the
+harness's): name -> (output columns, primary key of an updating result or None, SELECT).
+
+Not here yet, and why: q4, q6 (an aggregation over an updating join), q5, q7, q8 (window joins and joins of
+window aggregations), q9 (Top-N over a join), q12 (processing-time windows), q13 (a bounded side input)."""
+
+from __future__ import annotations
+
+QUERIES: dict[str, tuple[str, str | None, str]] = {
+    "q0": ("auction BIGINT, bidder BIGINT, price BIGINT, `dateTime` TIMESTAMP(3), extra STRING", None,
+           "SELECT auction, bidder, price, `dateTime`, extra FROM bid"),
+    "q1": ("auction BIGINT, bidder BIGINT, price DECIMAL(23, 3), `dateTime` TIMESTAMP(3), extra STRING", None,
+           "SELECT auction, bidder, 0.908 * price AS price, `dateTime`, extra FROM bid"),
+    "q2": ("auction BIGINT, price BIGINT", None,
+           "SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0"),
+    "q3": ("name STRING, city STRING, state STRING, id BIGINT", None,
+           "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P ON A.seller = P.id "
+           "WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"),
+    "q10": ("auction BIGINT, bidder BIGINT, price BIGINT, `dateTime` TIMESTAMP(3), extra STRING, dt STRING, "
+            "hm STRING", None,
+            "SELECT auction, bidder, price, `dateTime`, extra, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd'), "
+            "DATE_FORMAT(`dateTime`, 'HH:mm') FROM bid"),
+    "q11": ("bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)", None,
+            "SELECT bidder, COUNT(*) AS bid_count, window_start AS starttime, window_end AS endtime "
+            "FROM TABLE(SESSION(TABLE bid PARTITION BY bidder, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
+            "GROUP BY bidder, window_start, window_end"),
+    "q15": ("`day` STRING, total_bids BIGINT, rank1_bids BIGINT, rank2_bids BIGINT, rank3_bids BIGINT, "
+            "total_bidders BIGINT, rank1_bidders BIGINT, rank2_bidders BIGINT, rank3_bidders BIGINT, "
+            "total_auctions BIGINT, rank1_auctions BIGINT, rank2_auctions BIGINT, rank3_auctions BIGINT", "`day`",
+            "SELECT DATE_FORMAT(`dateTime`, 'yyyy-MM-dd') AS `day`, COUNT(*) AS total_bids, "
+            "COUNT(*) FILTER (WHERE price < 10000) AS rank1_bids, "
+            "COUNT(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
+            "COUNT(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
+            "COUNT(DISTINCT bidder) AS total_bidders, "
+            "COUNT(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, "
+            "COUNT(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, "
+            "COUNT(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, "
+            "COUNT(DISTINCT auction) AS total_auctions, "
+            "COUNT(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, "
+            "COUNT(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, "
+            "COUNT(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions "
+            "FROM bid GROUP BY DATE_FORMAT(`dateTime`, 'yyyy-MM-dd')"),
+    "q17": ("auction BIGINT, `day` STRING, total_bids BIGINT, rank1_bids BIGINT, rank2_bids BIGINT, "
+            "rank3_bids BIGINT, min_price BIGINT, max_price BIGINT, avg_price BIGINT, sum_price BIGINT",
+            "auction, `day`",
+            "SELECT auction, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd') AS `day`, COUNT(*) AS total_bids, "
+            "COUNT(*) FILTER (WHERE price < 10000) AS rank1_bids, "
+            "COUNT(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
+            "COUNT(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
+            "MIN(price) AS min_price, MAX(price) AS max_price, AVG(price) AS avg_price, SUM(price) AS sum_price "
+            "FROM bid GROUP BY auction, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd')"),
+    "q18": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), "
+            "extra STRING", "bidder, auction",
+            "SELECT auction, bidder, price, channel, url, `dateTime`, extra FROM (SELECT *, ROW_NUMBER() OVER "
+            "(PARTITION BY bidder, auction ORDER BY `dateTime` DESC) AS rank_number FROM bid) "
+            "WHERE rank_number <= 1"),
+    "q19": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), "
+            "extra STRING, rank_number BIGINT", "auction, rank_number",
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number "
+            "FROM bid) WHERE rank_number <= 10"),
+    "q20": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, bid_dateTime TIMESTAMP(3), "
+            "itemName STRING, initialBid BIGINT, reserve BIGINT, auction_dateTime TIMESTAMP(3), "
+            "expires TIMESTAMP(3), seller BIGINT, category BIGINT", None,
+            "SELECT auction, bidder, price, channel, url, B.`dateTime`, itemName, initialBid, reserve, "
+            "A.`dateTime`, expires, seller, category FROM bid AS B INNER JOIN auction AS A ON B.auction = A.id "
+            "WHERE A.category = 10"),
+    "q21": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, channel_id STRING", None,
+            "SELECT auction, bidder, price, channel, CASE WHEN LOWER(channel) = 'apple' THEN '0' "
+            "WHEN LOWER(channel) = 'google' THEN '1' WHEN LOWER(channel) = 'facebook' THEN '2' "
+            "WHEN LOWER(channel) = 'baidu' THEN '3' ELSE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) END "
+            "AS channel_id FROM bid WHERE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) IS NOT NULL OR "
+            "LOWER(channel) IN ('apple', 'google', 'facebook', 'baidu')"),
+    "q22": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, dir1 STRING, dir2 STRING, dir3 STRING",
+            None,
+            "SELECT auction, bidder, price, channel, SPLIT_INDEX(url, '/', 3) AS dir1, "
+            "SPLIT_INDEX(url, '/', 4) AS dir2, SPLIT_INDEX(url, '/', 5) AS dir3 FROM bid"),
+}
