@@ -48,9 +48,10 @@ def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cl
     st = kill_once_and_recover(setup, job_id)
     path = st["last_checkpoint"].get("path") or ""
     ids = completed(root, job_id)
-    # retention deleted the older ones in the bucket (the attempt after the restart retains 2 of its own; a
-    # checkpoint from before the restart is not its to delete)
-    assert len([i for i in ids if i > st["restored_checkpoint_id"]]) <= 2 and len(ids) < ids[-1], ids
+    # retention deletes the older ones in the bucket: each attempt retains 2 of its own (a checkpoint from before
+    # the restart is not the new attempt's to delete); how many were taken depends on the machine's speed
+    restored = st["restored_checkpoint_id"]
+    assert len([i for i in ids if i <= restored]) <= 2 and len([i for i in ids if i > restored]) <= 2, ids
     assert not path or path.startswith(f"{root}/{job_id}/chk-"), path  # not {root}/checkpoints/...
     # every retained checkpoint is complete; those taken while tasks ran hold their state files (a bounded job's
     # final checkpoint, taken when every task had finished, holds only _metadata)
