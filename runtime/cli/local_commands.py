@@ -13,6 +13,11 @@ from runtime.cli.job_options import add_job_options, job_config
 
 def _local_arguments(lo: argparse.ArgumentParser) -> None:
     lo.add_argument("entry", metavar="MODULE:FUNCTION")
+    add_local_cluster_options(lo)
+
+
+def add_local_cluster_options(lo: argparse.ArgumentParser) -> None:
+    """The flags of a run on a local cluster, declared once for `sluice local` and `sluice sql`."""
     lo.add_argument("--workers", type=a.positive, default=2)
     lo.add_argument("--slots", type=a.positive, default=2)
     lo.add_argument("--metrics-port-base", type=a.port, default=0,

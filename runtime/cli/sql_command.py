@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime.cli import arguments as a
 from runtime.cli.command import Command
-from runtime.cli.job_options import add_job_options
+from runtime.cli.local_commands import add_local_cluster_options
 from runtime.common import extras
 
 
@@ -23,20 +23,7 @@ def _sql_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("file", metavar="FILE.sql")
     q.add_argument("--explain", action="store_true", help="print the plan (operators, keys, state, watermarks, "
                                                           "changelog kinds) and start nothing")
-    q.add_argument("--workers", type=a.positive, default=2)
-    q.add_argument("--slots", type=a.positive, default=2)
-    q.add_argument("--metrics-port-base", type=a.port, default=0,
-                   help="coordinator metrics on BASE, worker i on BASE+i (default: free ports, printed)")
-    q.add_argument("--state-dir", help="coordinator state and the cluster token (default: in the log directory)")
-    q.add_argument("--keep-logs", action="store_true", help="keep the log directory at exit (default: removed)")
-    q.add_argument("--keep-running", action="store_true",
-                   help="keep the cluster and its web UI up after the job ends, until Ctrl-C or SIGTERM")
-    q.add_argument("--no-restart-workers", action="store_true", help="do not start a worker process again when "
-                                                                     "it dies")
-    q.add_argument("--link-timeout", type=a.duration_or_zero, default=10.0,
-                   help="workers close a data link silent this long and fail its tasks (default 10s; 0 disables)")
-    add_job_options(q)
-    a.add_tls_options(q, listens=True)
+    add_local_cluster_options(q)
 
 
 def load_script(path: str) -> tuple[str | None, str | None]:
