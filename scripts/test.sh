@@ -3,6 +3,9 @@
 #   lint (ruff, mypy); unit + netstack (seconds; if they fail, nothing else runs); integration; chaos.
 # Arguments go to one pytest run instead of the tiers: scripts/test.sh tests/unit -k foo runs just that.
 # SLUICE_SKIP_LINT=1 skips ruff and mypy (e.g. when iterating on one test).
+# Each tier runs in SLUICE_TEST_PROCESSES pytest processes (pytest-xdist; default 2, one per core: most of a
+# test's time is spent waiting on its processes, not computing); a file's tests stay in one process, so do all
+# Spark tests (tests/conftest.py). SLUICE_TEST_PROCESSES=0 runs each tier in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -42,8 +45,11 @@ if [ "$#" -gt 0 ]; then
   exit "$failed"
 fi
 
-tier unit+netstack .venv/bin/python -m pytest tests/unit tests/netstack || { summary; exit 1; }
-tier integration .venv/bin/python -m pytest tests/integration || failed=1
-tier chaos .venv/bin/python -m pytest tests/chaos || failed=1
+processes=${SLUICE_TEST_PROCESSES:-2}
+spread=(-n "$processes")
+[ "$processes" = 0 ] || spread+=(--dist loadgroup --no-loadscope-reorder)
+tier unit+netstack .venv/bin/python -m pytest "${spread[@]}" tests/unit tests/netstack || { summary; exit 1; }
+tier integration .venv/bin/python -m pytest "${spread[@]}" tests/integration || failed=1
+tier chaos .venv/bin/python -m pytest "${spread[@]}" tests/chaos || failed=1
 summary
 exit "$failed"

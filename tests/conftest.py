@@ -1,5 +1,6 @@
 """The shared fixtures of the integration and chaos tiers: the cluster (tests/support/cluster.py has the
-harness) and one Spark session for every test that uses Spark in-process."""
+harness) and one Spark session for every test that uses Spark in-process; and how the tiers split over
+pytest-xdist's processes (scripts/test.sh runs them with `-n 2 --dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,25 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, reaped_cluster
+
+# The groups that take longest (seconds on a quiet two-core machine), started first so that the two xdist
+# processes finish together; every other file follows in collection order.
+HEAVY_FIRST = ("spark", "test_state_backends.py", "test_async_state.py", "test_rescale_restore.py",
+               "test_interval_join.py", "test_rescale_running.py", "test_failover.py", "test_checkpoints.py")
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """A file's tests run in one process (its module-scoped servers and clusters start once); every test
+    that uses Spark runs in one process too (one JVM, started once)."""
+    return "spark" if "spark" in getattr(item, "fixturenames", ()) else item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+    items.sort(key=lambda item: rank.get(xdist_group_of(item), len(rank)))  # stable: file order kept
 
 
 @pytest.fixture

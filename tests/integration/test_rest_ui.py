@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,37 +330,37 @@ def test_web_ui_shows_the_job_and_acts_on_it_in_chromium(live: Live) -> None:
     try:
         driver.set_page_load_timeout(60)
         driver.get(live.url("/"))
-        wait = WebDriverWait(driver, 60, poll_frequency=0.25)
+        # the page redraws every 2 s: an element found may be gone when it is read, so every wait looks again
+        wait = WebDriverWait(driver, 60, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
         ARTIFACTS.mkdir(exist_ok=True)
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#graph g.vertex")) == 2)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoints tbody td.COMPLETED"))
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#checkpoint-chart rect.bar.COMPLETED"))
-        vertices = [v.get_attribute("data-vertex") for v in driver.find_elements(By.CSS_SELECTOR, "#graph g.vertex")]
+        def read(look: Callable[[Any], Any]) -> Any:
+            """`look(driver)`, again if the page redrew between finding an element and reading it."""
+            return wait.until(lambda d: (look(d),))[0]
+
+        vertices = read(lambda d: [v.get_attribute("data-vertex")
+                                   for v in d.find_elements(By.CSS_SELECTOR, "#graph g.vertex")])
         assert [v.split(" ")[0] for v in vertices] == ["GeneratorSource", "Count"]
-        assert driver.find_element(By.ID, "job-state").text == "RUNNING"
-        assert live.job_id in driver.find_element(By.ID, "job-title").text
+        assert read(lambda d: d.find_element(By.ID, "job-state").text) == "RUNNING"
+        assert live.job_id in read(lambda d: d.find_element(By.ID, "job-title").text)
         assert len(driver.find_elements(By.CSS_SELECTOR, "#graph path.edge")) == 1
-        links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#workers a")]
+        links = read(lambda d: [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, "#workers a")])
         assert len(links) == 1 and all(link.endswith("/metrics") for link in links)  # one worker was killed
-        assert driver.find_element(By.ID, "status").text == ""  # no error from the API
+        assert read(lambda d: d.find_element(By.ID, "status").text) == ""  # no error from the API
 
         def click(by: str, selector: str) -> None:
             """Click the element; the page redraws every 2 s, so an element may go stale: find it again."""
-            def attempt(d: Any) -> bool:
-                try:
-                    d.find_element(by, selector).click()
-                    return True
-                except StaleElementReferenceException:
-                    return False
-            wait.until(attempt)
+            read(lambda d: d.find_element(by, selector).click() or True)
 
         # an operator's subtasks, and a completed checkpoint's tasks, on a click
         click(By.CSS_SELECTOR, '#graph g.vertex[data-vertex^="Count"] text.title')
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#vertex-detail tbody tr")) == 1)
-        assert "total in" in driver.find_element(By.CSS_SELECTOR, "#graph g.vertex text.totals").text
+        assert "total in" in read(lambda d: d.find_element(By.CSS_SELECTOR, "#graph g.vertex text.totals").text)
         # the source behind the slow sink reads HIGH (its output channels full most of the time)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#graph g.vertex.HIGH[data-vertex^="GeneratorSource"]'))
-        assert driver.find_element(By.CSS_SELECTOR, "#graph g.vertex text.watermark").text == "no event time"
+        assert read(lambda d: d.find_element(By.CSS_SELECTOR, "#graph g.vertex text.watermark").text) == "no event time"
         click(By.XPATH, "//table[@id='checkpoints']/tbody/tr[td[@class='COMPLETED']]")
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#checkpoint-detail tbody tr")) >= 2)
         # the chart has a time axis and a size series
@@ -368,10 +368,11 @@ def test_web_ui_shows_the_job_and_acts_on_it_in_chromium(live: Live) -> None:
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#checkpoint-chart polyline[data-series="size"]'))
 
         # the killed worker in the exception history, with the restart it caused
-        entry = driver.find_element(By.CSS_SELECTOR, "#exceptions li")
-        assert entry.get_attribute("data-outcome") == "restarted"
-        assert "lost" in entry.text and "restarted as attempt 2" in entry.text, entry.text
-        assert "buffers_per_channel" in driver.find_element(By.ID, "config").text
+        outcome, text = read(lambda d: (d.find_element(By.CSS_SELECTOR, "#exceptions li").get_attribute("data-outcome"),
+                                        d.find_element(By.CSS_SELECTOR, "#exceptions li").text))
+        assert outcome == "restarted"
+        assert "lost" in text and "restarted as attempt 2" in text, text
+        assert "buffers_per_channel" in read(lambda d: d.find_element(By.ID, "config").text)
         save(driver, "web-ui.png")
 
         # trigger a checkpoint from the page: refused without the token, then the count goes up
