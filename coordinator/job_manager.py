@@ -53,6 +53,8 @@ from runtime.api import Job, JobDefinitionError
 from runtime.common import objectstore
 from runtime.common.checksums import CorruptFile
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.enums import JobState
 from runtime.graph.evolution import match_operators
@@ -369,7 +371,7 @@ class JobManager:
         assert job.plan is not None
         try:
             plan_dict = job.plan.to_dict()
-            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0)
+            await asyncio.gather(*(p.call(link, p.Deploy(plan_dict), timeout_s=60.0)
                                    for link in self._involved(job)))
         except (NetstackError, KeyError) as exc:
             self.handle(job, lc.DeployFailed(attempt, str(exc)))
@@ -378,7 +380,7 @@ class JobManager:
 
     async def _start_tasks(self, job: JobRecord, attempt: int) -> None:
         try:
-            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in self._involved(job)))
+            await asyncio.gather(*(p.call(link, p.StartJob(job.job_id)) for link in self._involved(job)))
         except (NetstackError, KeyError) as exc:
             self.handle(job, lc.DeployFailed(attempt, str(exc)))
             return
@@ -452,10 +454,9 @@ class JobManager:
             return  # the attempt ended meanwhile
         checkpoint_id, fut = runner.request()
         result = await fut
-        completed = result.get("status") == "COMPLETED"
-        if completed:
+        if result.completed:
             log.info("job %s: final checkpoint %d completed", job.job_id, checkpoint_id)
-        self.handle(job, lc.FinalCheckpointDone(ins.attempt, completed, str(result.get("reason") or "")))
+        self.handle(job, lc.FinalCheckpointDone(ins.attempt, result.completed, result.reason or ""))
 
     # -- restarting -------------------------------------------------------------------
 
@@ -521,7 +522,7 @@ class JobManager:
     # -- rescaling a running job -------------------------------------------------------
 
     async def rescale(self, job: JobRecord, requested: dict[str, int], *, timeout_s: float = 600.0,
-                      run_at: dict[str, int] | None = None) -> dict[str, Any]:
+                      run_at: dict[str, int] | None = None) -> r.Rescaled:
         """Checkpoint the running job in its own mode (unaligned stays unaligned: no savepoint, no draining), stop
         the attempt and redeploy the same job at the new parallelism from that checkpoint, through the failover's
         own restart path. Every refusal (not running, too few slots, a failed checkpoint, a plan that cannot be
@@ -544,11 +545,11 @@ class JobManager:
         job.rescale_s.append(result.downtime_s)
         used: dict[str, Any] = next((h for h in reversed(job.checkpoint_history())
                                      if h.get("checkpoint_id") == job.restored_checkpoint_id), {})
-        return {"job_id": job.job_id, "attempt": job.attempt, "downtime_s": result.downtime_s,
-                "checkpoint_id": job.restored_checkpoint_id, "requested_checkpoint_id": call.checkpoint_id,
-                "inflight_bytes": used.get("inflight_bytes"), "mode": used.get("mode"),
-                "vertices": [{"name": v.name, "parallelism": v.parallelism}
-                             for v in (job.plan.vertices if job.plan else [])]}
+        return r.Rescaled(job.job_id, job.attempt, result.downtime_s,
+                          [{"name": v.name, "parallelism": v.parallelism}
+                           for v in (job.plan.vertices if job.plan else [])],
+                          checkpoint_id=job.restored_checkpoint_id, requested_checkpoint_id=call.checkpoint_id,
+                          inflight_bytes=used.get("inflight_bytes"), mode=used.get("mode"))
 
     async def _rescale_checkpoint(self, job: JobRecord, attempt: int) -> None:
         """Try the new plan, take the checkpoint and check that the new plan can restore it; every refusal is
@@ -566,12 +567,12 @@ class JobManager:
                 raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING: nothing to rescale", "JobNotRunning")
             call.checkpoint_id, fut = runner.request()
             result = await asyncio.wait_for(fut, call.timeout_s)
-            if result.get("status") != "COMPLETED":
+            if not result.completed:
                 raise RpcError(f"job {job.job_id} not rescaled: checkpoint {call.checkpoint_id} did not complete "
-                               f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
+                               f"({result.reason or result.status}); it keeps running unchanged",
                                "RescaleCheckpointFailed")
             # the restore refusals (sources, broadcast edges), at the task boundaries the restart will keep
-            trial = await self.restored_plan(job, str(result["path"]), trial)
+            trial = await self.restored_plan(job, str(result.path), trial)
         except RpcError as exc:
             self.handle(job, lc.RescaleCheckpointDone(attempt, str(exc), exc.remote_type or "RescaleFailed"))
             return
@@ -693,7 +694,7 @@ class JobManager:
             log.warning("job %s: scale-up not done: %s", job.job_id, exc)
             return
         log.info("job %s scaled up to %s: down %.3fs", job.job_id, describe_parallelism(job.plan),
-                 result["downtime_s"])
+                 result.downtime_s)
 
     # -- cancelling ---------------------------------------------------------------------
 
@@ -705,11 +706,11 @@ class JobManager:
             record = self.workers.get(wid)
             if record is not None and not record.link.is_closing():
                 # the attempt fences the call: a worker already running a later attempt (of a new leader) keeps it
-                calls.append(record.link.call("cancel", {"job_id": job.job_id, "attempt": attempt}, timeout_s=15.0))
+                calls.append(p.call(record.link, p.CancelJob(job.job_id, attempt), timeout_s=15.0))
         results = await asyncio.gather(*calls, return_exceptions=True)
-        for r in results:
-            if isinstance(r, Exception):
-                log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+        for failure in results:
+            if isinstance(failure, Exception):
+                log.warning("cancelling job %s on a worker failed: %s", job.job_id, failure)
 
 
 def _finishing(job: JobRecord) -> bool:

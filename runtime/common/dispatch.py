@@ -33,7 +33,8 @@ def decoded(decode: Callable[[dict[str, Any]], A], handler: Callable[[C, A], Any
 
 
 class HandlerTable(Generic[C]):
-    """`method name -> handler(context, args)`; a handler may return its result or an awaitable of it."""
+    """`method name -> handler(context, args)`; a handler may return its result or an awaitable of it. A typed
+    reply (runtime/graph/replies.py) is sent as its `to_wire()` document."""
 
     def __init__(self, handlers: Mapping[str, Handler[C]]) -> None:
         self._handlers = dict(handlers)
@@ -51,4 +52,5 @@ class HandlerTable(Generic[C]):
         result = handler(context, args)
         if inspect.isawaitable(result):
             result = await result
-        return result
+        to_wire = getattr(result, "to_wire", None)
+        return to_wire() if to_wire is not None else result
