@@ -240,7 +240,7 @@ class CheckpointRunner:
             mode=ins.mode.value, created_at=time.time(), duration_s=ins.completed_at - ins.started_at,
             entry=str(info.get("entry", "")), name=str(info.get("name", "")),
             vertices=tuple(info.get("vertices", ())), operators=tuple(info.get("operators", ())),
-            edges=tuple(info.get("edges", ()))).to_document()
+            edges=tuple(info.get("edges", ())))
         try:
             await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
         except (OSError, ValueError) as exc:

@@ -163,14 +163,11 @@ class JobManager:
 
     async def _read_checkpoint(self, path: str) -> CheckpointMetadata:
         try:
-            document = await asyncio.to_thread(self.storage.read_metadata, path)
-            await asyncio.to_thread(self.storage.verify, path, document)
+            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
+            await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptFile as exc:  # CorruptCheckpoint, or a task file's verified read (runtime/common/checksums)
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        try:
-            return CheckpointMetadata.from_document(document)
-        except ValueError as exc:
-            raise RpcError(f"checkpoint {path}: its metadata cannot be used: {exc}", "CorruptCheckpoint") from None
+        return metadata
 
     async def restored_plan(self, job: JobRecord, path: str, plan: Plan) -> Plan:
         """`plan` with the checkpoint at `path` attached, re-planned if needed so that it keeps the checkpoint's
