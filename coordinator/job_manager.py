@@ -299,6 +299,8 @@ class JobManager:
                 log.error("job %s failed%s: %s", job.job_id, tried, ins.error)
             elif ins.state == JobState.FINISHED:
                 log.info("job %s finished (final checkpoint %s)", job.job_id, job.final_checkpoint_id)
+            if job.terminal:  # no plan, restore or scaling asks for an ended job's graph again
+                self.graphs.forget(job.job_id)
         elif isinstance(ins, lc.Adopt):
             job.state = ins.state
         elif isinstance(ins, lc.Persist):

@@ -19,7 +19,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,12 +397,24 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
-        await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
-        if args.restore:
-            plan = await self.manager.restored_plan(job, args.restore, plan)
-            self._restored(job, args.restore, plan)
-        self._admit(job, plan)
+        with self._forget_if_refused(job):
+            await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
+            if args.restore:
+                plan = await self.manager.restored_plan(job, args.restore, plan)
+                self._restored(job, args.restore, plan)
+            self._admit(job, plan)
         return r.Submitted(job.job_id, job.total_tasks())
+
+    @contextlib.contextmanager
+    def _forget_if_refused(self, job: JobRecord) -> Iterator[None]:
+        """A submission refused (or an upgrade that failed) before its job was admitted: drop the graphs built
+        for it (coordinator/job_graphs.py), which nothing would ever ask for again."""
+        try:
+            yield
+        except BaseException:
+            if job.job_id not in self.manager.jobs:
+                self.manager.graphs.forget(job.job_id)
+            raise
 
     def _new_job(self, entry: str, name: str | None, sys_path: str | None, config: JobConfig,
                  settings: CheckpointSettings, strategy: RestartStrategy,
@@ -417,12 +429,13 @@ class Coordinator(BaseLinkHandler):
         job = JobRecord(job_id, entry, name or entry, sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
-        plan = self.manager.plan(job)
-        try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(self.manager.graph(job), backend=config.state.backend,
-                         restore=str(restore) if restore else None)
-        except SubmissionRefused as exc:
-            raise InvalidRequest(str(exc), "MissingExtra") from None
+        with self._forget_if_refused(job):
+            plan = self.manager.plan(job)
+            try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
+                check_extras(self.manager.graph(job), backend=config.state.backend,
+                             restore=str(restore) if restore else None)
+            except SubmissionRefused as exc:
+                raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
 
     async def _check_connectors(self, job: JobRecord, context: SubmitContext) -> None:
@@ -468,8 +481,9 @@ class Coordinator(BaseLinkHandler):
         config = upgraded_config(old.config, requested, args.allow_non_restored_state)
         new, plan = self._new_job(args.entry, args.name or old.name, args.sys_path or old.sys_path, config,
                                   old.checkpoint_settings, old.restart_strategy, restore=directory)
-        return await upgrade(self.manager, old, new, plan, directory=directory, timeout_s=args.timeout_s,
-                             restored=self._restored, admit=self._admit)
+        with self._forget_if_refused(new):
+            return await upgrade(self.manager, old, new, plan, directory=directory, timeout_s=args.timeout_s,
+                                 restored=self._restored, admit=self._admit)
 
     def _job(self, args: p.JobQuery) -> JobRecord:
         job = self.jobs.get(args.job_id)
