@@ -103,6 +103,7 @@ class JobManager:
         self.lifecycles: dict[str, lc.JobLifecycle] = {}
         self._tasks = BackgroundTasks("jobs")
         self._runner_stops: set[asyncio.Future[Any]] = set()
+        self._last_runner_stop: dict[str, asyncio.Future[Any]] = {}  # job id -> its latest runner's stop
         self._plans: dict[str, Plan] = {}  # job id -> the next attempt's plan, until UsePlan
         self._rescales: dict[str, _RescaleCall] = {}  # job id -> its rescale under way: one at a time
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
@@ -200,6 +201,19 @@ class JobManager:
         self.persist(job)
         if self.record_written is not None:
             await self.record_written(job.job_id)
+
+    async def settled(self, job: JobRecord) -> None:
+        """Once an ended job's checkpoint runner has settled (a `_metadata` write under way as the last task
+        finished has landed and been counted, bounded) and the job's record as it is then is on disk: what a
+        client is told the job ended after, so a coordinator restarted from the record shows the same page."""
+        stopping = self._last_runner_stop.get(job.job_id)
+        if stopping is not None:
+            await asyncio.wait([stopping], timeout=RUNNER_STOP_S)
+        if self.record_written is not None:
+            try:
+                await self.record_written(job.job_id)
+            except OSError as exc:  # logged by the store; the answer goes out all the same
+                log.warning("job %s: its ended record is not on disk: %s", job.job_id, exc)
 
     async def step(self, name: str) -> None:
         """A point of an upgrade or rescale that a new leader carries on from; the hook (tests only) may stop
@@ -435,6 +449,9 @@ class JobManager:
                                      name=f"{job.job_id} checkpoint runner stop")
         self._runner_stops.add(stopping)
         stopping.add_done_callback(self._runner_stops.discard)
+        self._last_runner_stop[job.job_id] = stopping
+        stopping.add_done_callback(lambda done: self._last_runner_stop.pop(job.job_id, None)
+                                   if self._last_runner_stop.get(job.job_id) is done else None)
         job.archive_checkpoints()
         job.checkpoints = None
         st = runner.coordinator.statistics()

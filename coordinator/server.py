@@ -583,6 +583,8 @@ class Coordinator(BaseLinkHandler):
         # capped: the wait outlives a client that went away, so it must end on its own
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(job.ended.wait(), max(0.0, min(timeout_s, WAIT_JOB_MAX_S)))
+        if job.terminal:  # its last checkpoint counted and its record on disk: a restarted coordinator agrees
+            await self.manager.settled(job)
         return r.JobSummary.from_wire(job.summary())
 
     async def rpc_probe(self, link: Link, args: p.Probe) -> r.ProbeResult:
