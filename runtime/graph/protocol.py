@@ -9,14 +9,14 @@ field by field and raises BadArguments naming the field, so a malformed call is 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from runtime.common.dispatch import BadArguments
 from runtime.graph import replies as r
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.checkpoint_options import CheckpointOptions
-from runtime.graph.wire import decode_value, encode_value
+from runtime.graph.wire import decode_fields, encode_value
 
 M = TypeVar("M", bound="Message[Any]")
 R = TypeVar("R", bound=r.Reply)
@@ -37,18 +37,7 @@ class Message(Generic[R]):
     def from_wire(cls: type[M], doc: Any) -> M:
         if not isinstance(doc, Mapping):
             raise BadArguments(f"{cls.method}: arguments must be an object, got {doc!r}")
-        values = {}
-        for f in fields(cls):
-            value = doc.get(f.name)
-            if value is None:
-                if f.default is MISSING and f.default_factory is MISSING:
-                    raise BadArguments(f"{cls.method}: {f.name!r} is required")
-                continue
-            try:
-                values[f.name] = decode_value(f.type, value)
-            except (TypeError, ValueError) as exc:
-                raise BadArguments(f"{cls.method}: {f.name!r}: {exc}") from None
-        return cls(**values)
+        return cls(**decode_fields(fields(cls), doc, lambda problem: BadArguments(f"{cls.method}: {problem}")))
 
 
 # -- what workers report ----------------------------------------------------------------------------------------

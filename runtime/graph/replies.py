@@ -11,11 +11,11 @@ of the document while it is None (the handler never sent it then).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from runtime.graph.wire import decode_value, encode_value
+from runtime.graph.wire import decode_fields, encode_value
 
 R = TypeVar("R", bound="Reply")
 
@@ -52,18 +52,9 @@ class Reply:
     def from_wire(cls: type[R], doc: Any) -> R:
         if not isinstance(doc, Mapping):
             raise BadReply(f"{cls.__name__}: the reply must be an object, got {doc!r}")
-        values: dict[str, Any] = {}
         declared = _declared(cls)
-        for f in declared:
-            value = doc.get(f.name)
-            if value is None:
-                if f.default is MISSING and f.default_factory is MISSING:
-                    raise BadReply(f"{cls.__name__}: {f.name!r} is missing from the reply {dict(doc)!r}")
-                continue
-            try:
-                values[f.name] = decode_value(f.type, value)
-            except (TypeError, ValueError) as exc:
-                raise BadReply(f"{cls.__name__}: {f.name!r}: {exc}") from None
+        values = decode_fields(declared, doc, lambda problem: BadReply(
+            f"{cls.__name__}: {problem} (the reply was {str(dict(doc))[:200]})"))
         names = {f.name for f in declared}
         extra = MappingProxyType({k: v for k, v in doc.items() if k not in names})
         return cls(**values, extra=extra)

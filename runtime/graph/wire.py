@@ -8,7 +8,8 @@ message's name and the field's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, Field
 from typing import Any
 
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
@@ -65,3 +66,21 @@ def decode_value(declared: Any, value: Any) -> Any:
 def encode_value(value: Any) -> Any:
     """A field's value in its wire form: a typed value's own `to_wire()`, anything else as it is."""
     return value.to_wire() if hasattr(value, "to_wire") else value
+
+
+def decode_fields(declared: Iterable[Field[Any]], doc: Mapping[str, Any],
+                  refuse: Callable[[str], Exception]) -> dict[str, Any]:
+    """The values of the `declared` fields in `doc`, checked; a field absent (or None) keeps its default, and
+    one without a default, or of the wrong type, raises `refuse(problem)`."""
+    values: dict[str, Any] = {}
+    for f in declared:
+        value = doc.get(f.name)
+        if value is None:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise refuse(f"{f.name!r} is required")
+            continue
+        try:
+            values[f.name] = decode_value(f.type, value)
+        except (TypeError, ValueError) as exc:
+            raise refuse(f"{f.name!r}: {exc}") from None
+    return values
