@@ -58,7 +58,7 @@ from netstack.tls import TlsFiles, http_server_context, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
-from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
+from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, typed_handlers
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
 from runtime.graph import replies as r
@@ -347,7 +347,7 @@ class Coordinator(BaseLinkHandler):
             (p.WorkerLog, self.rpc_worker_log),
         ]
         # each handler gets its typed message (runtime/graph/protocol.py), decoded and checked here
-        return HandlerTable({kind.method: decoded(kind.from_wire, handler) for kind, handler in handlers})
+        return HandlerTable(typed_handlers(handlers))
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
         if not self.leading():

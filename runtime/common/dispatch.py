@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 C = TypeVar("C")  # what a handler gets besides its arguments: the link the call came on
@@ -30,6 +30,17 @@ def decoded(decode: Callable[[dict[str, Any]], A], handler: Callable[[C, A], Any
     def handle(context: C, args: dict[str, Any]) -> Any:
         return handler(context, decode(args))
     return handle
+
+
+def typed_handlers(pairs: Iterable[tuple[Any, Callable[[C, Any], Any]]]) -> dict[str, Handler[C]]:
+    """`method -> handler` from (message type, handler) pairs: each type names its RPC `method` and decodes its
+    arguments (`from_wire`, raising BadArguments); a method registered twice is a programming error."""
+    table: dict[str, Handler[C]] = {}
+    for kind, handler in pairs:
+        if kind.method in table:
+            raise ValueError(f"RPC method {kind.method!r} registered twice")
+        table[kind.method] = decoded(kind.from_wire, handler)
+    return table
 
 
 class HandlerTable(Generic[C]):

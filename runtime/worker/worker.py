@@ -45,7 +45,7 @@ from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.common.addresses import advertised_host, local_address_towards
 from runtime.common.backoff import backoff_delays
-from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
+from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, typed_handlers
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
@@ -358,20 +358,18 @@ class Worker(BaseLinkHandler):
     def _handlers(self) -> HandlerTable[Link]:
         """Every call the coordinator makes on this worker."""
         # each call decoded into its typed message (runtime/graph/protocol.py) before its handler runs
-        return HandlerTable({
-            "deploy": decoded(p.Deploy.from_wire, lambda link, m: self._deploy(Plan.from_dict(dict(m.plan)))),
-            "start": decoded(p.StartJob.from_wire, lambda link, m: self._start(m.job_id)),
-            "cancel": decoded(p.CancelJob.from_wire, lambda link, m: self._rpc_cancel(m.job_id, m.attempt)),
-            "trigger_checkpoint": decoded(p.TriggerCheckpoint.from_wire, lambda link, m: self._trigger_checkpoint(m)),
-            "checkpoint_complete": decoded(p.CheckpointNotice.from_wire, lambda link, m: self._notify_tasks(
-                m.job_id, m.attempt, "checkpoint_complete", m.checkpoint_id)),
-            "checkpoint_aborted": decoded(p.CheckpointAborted.from_wire, lambda link, m: self._notify_tasks(
-                m.job_id, m.attempt, "checkpoint_aborted", m.checkpoint_id)),
-            "probe": decoded(p.InjectProbe.from_wire, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
-            "ping": lambda link, args: {"id": self.worker_id, "time": time.time()},
-            "log_tail": decoded(p.LogTail.from_wire, lambda link, m: r.LogLines(self.log_tail.tail(m.lines),
-                                                                                worker_id=self.worker_id)),
-        })
+        handlers: list[tuple[type[Any], Any]] = [
+            (p.Deploy, lambda link, m: self._deploy(Plan.from_dict(dict(m.plan)))),
+            (p.StartJob, lambda link, m: self._start(m.job_id)),
+            (p.CancelJob, lambda link, m: self._rpc_cancel(m.job_id, m.attempt)),
+            (p.TriggerCheckpoint, lambda link, m: self._trigger_checkpoint(m)),
+            (p.CheckpointNotice, lambda link, m: self._notify_tasks(m.job_id, m.attempt, True, m.checkpoint_id)),
+            (p.CheckpointAborted, lambda link, m: self._notify_tasks(m.job_id, m.attempt, False, m.checkpoint_id)),
+            (p.InjectProbe, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
+            (p.LogTail, lambda link, m: r.LogLines(self.log_tail.tail(m.lines), worker_id=self.worker_id)),
+        ]
+        return HandlerTable({**typed_handlers(handlers),
+                             "ping": lambda link, args: {"id": self.worker_id, "time": time.time()}})
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
         try:
@@ -431,12 +429,12 @@ class Worker(BaseLinkHandler):
                 triggered += 1
         return r.SourcesReached(triggered)
 
-    def _notify_tasks(self, job_id: str, attempt: int | None, kind: str, checkpoint_id: int) -> r.Notified:
+    def _notify_tasks(self, job_id: str, attempt: int | None, completed: bool, checkpoint_id: int) -> r.Notified:
         deployed = self.jobs.get(job_id)
         if deployed is None or deployed.plan.attempt != attempt:
             return r.Notified(0)  # another attempt's notification: its sinks must not commit ours
         for checkpoints in deployed.checkpoints.values():
-            if kind == "checkpoint_complete":
+            if completed:
                 checkpoints.notify_complete(checkpoint_id)
             else:
                 checkpoints.notify_aborted(checkpoint_id)

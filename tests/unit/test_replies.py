@@ -18,6 +18,7 @@ from coordinator.jobs import JobRecord
 from coordinator.server import Coordinator, CoordinatorConfig
 from netstack.errors import JobNotFound
 from netstack.transport import Link
+from runtime.common.dispatch import BadArguments, typed_handlers
 from runtime.graph import protocol as p
 from runtime.graph import replies as r
 from runtime.graph.job_config import JobConfig
@@ -154,3 +155,14 @@ async def test_call_returns_the_typed_reply_and_a_dict_sender_gets_the_same_docu
     assert legacy == overview.to_wire()
     with pytest.raises(JobNotFound, match="no job job-404"):
         await p.call(link, p.JobStatus("job-404"), timeout_s=10.0)
+
+
+def test_a_handler_table_is_built_from_message_types_and_refuses_a_method_twice() -> None:
+    table = typed_handlers([(p.Cancel, lambda link, m: r.Cancelled("CANCELLED")),
+                            (p.Submit, lambda link, m: r.Submitted("job-1", len(m.entry)))])
+    assert sorted(table) == ["cancel", "submit"]
+    assert table["submit"](None, {"entry": "m:f"}) == r.Submitted("job-1", 3)  # decoded into its message first
+    with pytest.raises(BadArguments, match="submit: 'entry'"):
+        table["submit"](None, {"entry": 3})
+    with pytest.raises(ValueError, match="'cancel' registered twice"):
+        typed_handlers([(p.Cancel, lambda link, m: None), (p.CancelJob, lambda link, m: None)])
