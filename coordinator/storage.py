@@ -117,10 +117,10 @@ class LocalCheckpointStorage:
         crash the file is either absent or complete. Object store: one conditional PUT that never replaces an
         existing `_metadata` (a second write of the same checkpoint fails with FileExistsError).
         """
-        if isinstance(metadata, CheckpointMetadata):
-            metadata = metadata.to_document()
-        doc = {"format": FORMAT_VERSION, **metadata}
-        problem = check_shape(doc)
+        typed = isinstance(metadata, CheckpointMetadata)  # checked when it was built: not parsed again
+        doc = {"format": FORMAT_VERSION, **(metadata.to_document() if isinstance(metadata, CheckpointMetadata)
+                                            else metadata)}
+        problem = None if typed else check_shape(doc)
         if problem is not None:
             raise ValueError(f"refusing to write checkpoint metadata to {directory}: {problem}")
         # Serialise before touching the disk, so unserialisable state leaves nothing behind.
