@@ -4,6 +4,10 @@ Each message is a frozen dataclass with the RPC `method` it travels as. `to_wire
 (the field names as keys, the shape the handlers always read); `from_wire()` checks a received document
 field by field and raises BadArguments naming the field, so a malformed call is refused with a reason
 (InvalidRequest on the wire) instead of failing inside a handler. Fields with a default may be absent.
+
+Each message also names the `reply` its call answers (runtime/graph/replies.py): `call(link, message)` sends it
+and returns that reply, checked. A handler table registers each handler with its message type
+(runtime/common/dispatch.py typed_handlers) and sends the reply a handler returns as its `to_wire()` document.
 """
 
 from __future__ import annotations
