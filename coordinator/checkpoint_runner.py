@@ -46,6 +46,7 @@ from netstack.errors import NetstackError
 from netstack.transport import Link
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.checkpoint_metadata import CheckpointMetadata
 
@@ -69,7 +70,7 @@ class CheckpointRunner:
         self._on_complete = on_complete
         self.coordinator = CheckpointCoordinator(settings, tasks, first_id=first_id, now=time.monotonic())
         self.directories: dict[int, str] = {}
-        self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.waiters: dict[int, asyncio.Future[r.CheckpointDone]] = {}
         self._tasks = BackgroundTasks(f"checkpoints of {job_id}")
         self._ticker: asyncio.Future[None] | None = None
         # discards and writes outlive `stop_nowait`: a checkpoint that completes as the job ends or restarts is
@@ -89,7 +90,7 @@ class CheckpointRunner:
         self.execute(self.coordinator.stopped(time.monotonic(), reason))
         for fut in self.waiters.values():
             if not fut.done():
-                fut.set_result({"status": "ABORTED", "reason": reason})
+                fut.set_result(r.CheckpointDone("ABORTED", reason=reason))
 
     async def stop(self, reason: str, *, job_finished: bool = False) -> None:
         """`stop_nowait`, then wait for retention discards and `_metadata` writes under way, bounded (a finished
@@ -120,10 +121,10 @@ class CheckpointRunner:
     # -- stimuli ----------------------------------------------------------------
 
     def request(self, *, savepoint: bool = False, directory: str | None = None,
-                mode: str | None = None) -> tuple[int, asyncio.Future[dict[str, Any]]]:
+                mode: str | None = None) -> tuple[int, asyncio.Future[r.CheckpointDone]]:
         checkpoint_id, instructions = self.coordinator.request(time.monotonic(), savepoint=savepoint,
                                                                directory=directory, mode=mode)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[r.CheckpointDone] = asyncio.get_running_loop().create_future()
         self.waiters[checkpoint_id] = fut
         self.execute(instructions)
         return checkpoint_id, fut
@@ -149,13 +150,13 @@ class CheckpointRunner:
             elif isinstance(ins, WriteMetadata):
                 self._spawn(self._write_metadata(ins), self._writes)
             elif isinstance(ins, NotifyComplete):
-                self._notify("checkpoint_complete", ins.checkpoint_id)
-                self._resolve(ins.checkpoint_id, {"status": "COMPLETED",
-                                                  "path": self.directories.get(ins.checkpoint_id, "")})
+                self._notify(p.CheckpointNotice(self.job_id, ins.checkpoint_id, self.attempt))
+                self._resolve(r.CheckpointDone("COMPLETED", ins.checkpoint_id,
+                                               path=self.directories.get(ins.checkpoint_id, "")))
             elif isinstance(ins, NotifyAborted):
                 log.warning("job %s: checkpoint %d aborted: %s", self.job_id, ins.checkpoint_id, ins.reason)
-                self._notify("checkpoint_aborted", ins.checkpoint_id)
-                self._resolve(ins.checkpoint_id, {"status": "ABORTED", "reason": ins.reason})
+                self._notify(p.CheckpointAborted(self.job_id, ins.checkpoint_id, self.attempt))
+                self._resolve(r.CheckpointDone("ABORTED", ins.checkpoint_id, reason=ins.reason))
             elif isinstance(ins, DiscardCheckpoint):
                 path = self.directories.pop(ins.checkpoint_id, None)
                 if path:
@@ -199,10 +200,11 @@ class CheckpointRunner:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    def _resolve(self, checkpoint_id: int, result: dict[str, Any]) -> None:
-        fut = self.waiters.pop(checkpoint_id, None)
+    def _resolve(self, result: r.CheckpointDone) -> None:
+        assert result.checkpoint_id is not None
+        fut = self.waiters.pop(result.checkpoint_id, None)
         if fut is not None and not fut.done():
-            fut.set_result({"checkpoint_id": checkpoint_id, **result})
+            fut.set_result(result)
 
     async def _trigger(self, ins: Trigger) -> None:
         try:
@@ -222,9 +224,8 @@ class CheckpointRunner:
         self.directories[ins.checkpoint_id] = directory
         message = p.TriggerCheckpoint(job_id=self.job_id, attempt=self.attempt, checkpoint_id=ins.checkpoint_id,
                                       options=ins.options, started_at=time.time(), directory=directory)
-        wire = message.to_wire()
         try:
-            await asyncio.gather(*(link.call(message.method, wire, timeout_s=10.0) for link in self._links()))
+            await asyncio.gather(*(p.call(link, message, timeout_s=10.0) for link in self._links()))
         except NetstackError as exc:
             self.execute(self.coordinator.trigger_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
 
@@ -239,7 +240,7 @@ class CheckpointRunner:
             mode=ins.mode.value, created_at=time.time(), duration_s=ins.completed_at - ins.started_at,
             entry=str(info.get("entry", "")), name=str(info.get("name", "")),
             vertices=tuple(info.get("vertices", ())), operators=tuple(info.get("operators", ())),
-            edges=tuple(info.get("edges", ()))).to_document()
+            edges=tuple(info.get("edges", ())))
         try:
             await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
         except (OSError, ValueError) as exc:
@@ -253,14 +254,13 @@ class CheckpointRunner:
         self._on_complete(CompletedCheckpoint(ins.checkpoint_id, directory, summary))
         self.execute(instructions)
 
-    def _notify(self, method: str, checkpoint_id: int) -> None:
-        args = {"job_id": self.job_id, "attempt": self.attempt, "checkpoint_id": checkpoint_id}
-
+    def _notify(self, notice: p.CheckpointNotice) -> None:
         async def notify_all() -> None:
-            results = await asyncio.gather(*(link.call(method, args, timeout_s=10.0) for link in self._links()),
+            results = await asyncio.gather(*(p.call(link, notice, timeout_s=10.0) for link in self._links()),
                                            return_exceptions=True)
-            for r in results:
-                if isinstance(r, Exception):
-                    log.warning("job %s: %s %d not delivered: %s", self.job_id, method, checkpoint_id, r)
+            for result in results:
+                if isinstance(result, Exception):
+                    log.warning("job %s: %s %d not delivered: %s", self.job_id, notice.method,
+                                notice.checkpoint_id, result)
 
         self._spawn(notify_all())

@@ -4,7 +4,8 @@ Planning a submission, checking its extras, matching a checkpoint's operators an
 all need the job graph (runtime/graph/plan.py build_job imports the entry point and runs the user's builder);
 so do every restart's plan and the autoscaler's look at the job's shape, every half second while a job runs
 scaled down. The graph depends only on the entry point, the name and the parallelism overrides, and nothing
-changes a built graph (rescaling checks work on copies), so each job keeps the few it was built at.
+changes a built graph (rescaling checks work on copies), so each job keeps the few it was built at, until it
+ends (FINISHED, FAILED, CANCELLED) or its submission is refused: then they are dropped.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ class JobGraphs:
         """The job's graph at these parallelism overrides, built on first use; raises what build_job raises
         (JobLoadError, JobDefinitionError), and keeps nothing then."""
         key = (entry, name, sys_path, tuple(sorted((parallelism or {}).items())))
-        graphs = self._graphs.setdefault(job_id, OrderedDict())
+        graphs = self._graphs.get(job_id, OrderedDict())
         job = graphs.get(key)
         if job is None:
             ensure_on_path(sys_path)  # the submitter's directory, as on the workers
             job = build_job(entry, name, parallelism)
             self.builds += 1
             graphs[key] = job
+            self._graphs[job_id] = graphs
             while len(graphs) > KEEP:
                 graphs.popitem(last=False)
         else:
@@ -42,4 +44,9 @@ class JobGraphs:
         return job
 
     def forget(self, job_id: str) -> None:
+        """Drop the job's graphs: it ended, or its submission was refused (JobManager and the server call it)."""
         self._graphs.pop(job_id, None)
+
+    def jobs(self) -> list[str]:
+        """The jobs that have graphs kept, sorted (tests and the docs' claim that ended jobs keep none)."""
+        return sorted(self._graphs)

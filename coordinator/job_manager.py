@@ -53,6 +53,8 @@ from runtime.api import Job, JobDefinitionError
 from runtime.common import objectstore
 from runtime.common.checksums import CorruptFile
 from runtime.common.tasks import BackgroundTasks
+from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.enums import JobState
 from runtime.graph.evolution import match_operators
@@ -101,6 +103,7 @@ class JobManager:
         self.lifecycles: dict[str, lc.JobLifecycle] = {}
         self._tasks = BackgroundTasks("jobs")
         self._runner_stops: set[asyncio.Future[Any]] = set()
+        self._last_runner_stop: dict[str, asyncio.Future[Any]] = {}  # job id -> its latest runner's stop
         self._plans: dict[str, Plan] = {}  # job id -> the next attempt's plan, until UsePlan
         self._rescales: dict[str, _RescaleCall] = {}  # job id -> its rescale under way: one at a time
         self._channel_base = itertools.count(1, 1 << 20)  # each attempt gets its own range of channel ids
@@ -161,14 +164,11 @@ class JobManager:
 
     async def _read_checkpoint(self, path: str) -> CheckpointMetadata:
         try:
-            document = await asyncio.to_thread(self.storage.read_metadata, path)
-            await asyncio.to_thread(self.storage.verify, path, document)
+            metadata = await asyncio.to_thread(self.storage.read_metadata, path)
+            await asyncio.to_thread(self.storage.verify, path, metadata)
         except CorruptFile as exc:  # CorruptCheckpoint, or a task file's verified read (runtime/common/checksums)
             raise RpcError(str(exc), "CorruptCheckpoint") from None
-        try:
-            return CheckpointMetadata.from_document(document)
-        except ValueError as exc:
-            raise RpcError(f"checkpoint {path}: its metadata cannot be used: {exc}", "CorruptCheckpoint") from None
+        return metadata
 
     async def restored_plan(self, job: JobRecord, path: str, plan: Plan) -> Plan:
         """`plan` with the checkpoint at `path` attached, re-planned if needed so that it keeps the checkpoint's
@@ -201,6 +201,19 @@ class JobManager:
         self.persist(job)
         if self.record_written is not None:
             await self.record_written(job.job_id)
+
+    async def settled(self, job: JobRecord) -> None:
+        """Once an ended job's checkpoint runner has settled (a `_metadata` write under way as the last task
+        finished has landed and been counted, bounded) and the job's record as it is then is on disk: what a
+        client is told the job ended after, so a coordinator restarted from the record shows the same page."""
+        stopping = self._last_runner_stop.get(job.job_id)
+        if stopping is not None:
+            await asyncio.wait([stopping], timeout=RUNNER_STOP_S)
+        if self.record_written is not None:
+            try:
+                await self.record_written(job.job_id)
+            except OSError as exc:  # logged by the store; the answer goes out all the same
+                log.warning("job %s: its ended record is not on disk: %s", job.job_id, exc)
 
     async def step(self, name: str) -> None:
         """A point of an upgrade or rescale that a new leader carries on from; the hook (tests only) may stop
@@ -300,6 +313,8 @@ class JobManager:
                 log.error("job %s failed%s: %s", job.job_id, tried, ins.error)
             elif ins.state == JobState.FINISHED:
                 log.info("job %s finished (final checkpoint %s)", job.job_id, job.final_checkpoint_id)
+            if job.terminal:  # no plan, restore or scaling asks for an ended job's graph again
+                self.graphs.forget(job.job_id)
         elif isinstance(ins, lc.Adopt):
             job.state = ins.state
         elif isinstance(ins, lc.Persist):
@@ -369,7 +384,7 @@ class JobManager:
         assert job.plan is not None
         try:
             plan_dict = job.plan.to_dict()
-            await asyncio.gather(*(link.call("deploy", {"plan": plan_dict}, timeout_s=60.0)
+            await asyncio.gather(*(p.call(link, p.Deploy(plan_dict), timeout_s=60.0)
                                    for link in self._involved(job)))
         except (NetstackError, KeyError) as exc:
             self.handle(job, lc.DeployFailed(attempt, str(exc)))
@@ -378,7 +393,7 @@ class JobManager:
 
     async def _start_tasks(self, job: JobRecord, attempt: int) -> None:
         try:
-            await asyncio.gather(*(link.call("start", {"job_id": job.job_id}) for link in self._involved(job)))
+            await asyncio.gather(*(p.call(link, p.StartJob(job.job_id)) for link in self._involved(job)))
         except (NetstackError, KeyError) as exc:
             self.handle(job, lc.DeployFailed(attempt, str(exc)))
             return
@@ -434,6 +449,9 @@ class JobManager:
                                      name=f"{job.job_id} checkpoint runner stop")
         self._runner_stops.add(stopping)
         stopping.add_done_callback(self._runner_stops.discard)
+        self._last_runner_stop[job.job_id] = stopping
+        stopping.add_done_callback(lambda done: self._last_runner_stop.pop(job.job_id, None)
+                                   if self._last_runner_stop.get(job.job_id) is done else None)
         job.archive_checkpoints()
         job.checkpoints = None
         st = runner.coordinator.statistics()
@@ -452,10 +470,9 @@ class JobManager:
             return  # the attempt ended meanwhile
         checkpoint_id, fut = runner.request()
         result = await fut
-        completed = result.get("status") == "COMPLETED"
-        if completed:
+        if result.completed:
             log.info("job %s: final checkpoint %d completed", job.job_id, checkpoint_id)
-        self.handle(job, lc.FinalCheckpointDone(ins.attempt, completed, str(result.get("reason") or "")))
+        self.handle(job, lc.FinalCheckpointDone(ins.attempt, result.completed, result.reason or ""))
 
     # -- restarting -------------------------------------------------------------------
 
@@ -521,7 +538,7 @@ class JobManager:
     # -- rescaling a running job -------------------------------------------------------
 
     async def rescale(self, job: JobRecord, requested: dict[str, int], *, timeout_s: float = 600.0,
-                      run_at: dict[str, int] | None = None) -> dict[str, Any]:
+                      run_at: dict[str, int] | None = None) -> r.Rescaled:
         """Checkpoint the running job in its own mode (unaligned stays unaligned: no savepoint, no draining), stop
         the attempt and redeploy the same job at the new parallelism from that checkpoint, through the failover's
         own restart path. Every refusal (not running, too few slots, a failed checkpoint, a plan that cannot be
@@ -544,11 +561,11 @@ class JobManager:
         job.rescale_s.append(result.downtime_s)
         used: dict[str, Any] = next((h for h in reversed(job.checkpoint_history())
                                      if h.get("checkpoint_id") == job.restored_checkpoint_id), {})
-        return {"job_id": job.job_id, "attempt": job.attempt, "downtime_s": result.downtime_s,
-                "checkpoint_id": job.restored_checkpoint_id, "requested_checkpoint_id": call.checkpoint_id,
-                "inflight_bytes": used.get("inflight_bytes"), "mode": used.get("mode"),
-                "vertices": [{"name": v.name, "parallelism": v.parallelism}
-                             for v in (job.plan.vertices if job.plan else [])]}
+        return r.Rescaled(job.job_id, job.attempt, result.downtime_s,
+                          [{"name": v.name, "parallelism": v.parallelism}
+                           for v in (job.plan.vertices if job.plan else [])],
+                          checkpoint_id=job.restored_checkpoint_id, requested_checkpoint_id=call.checkpoint_id,
+                          inflight_bytes=used.get("inflight_bytes"), mode=used.get("mode"))
 
     async def _rescale_checkpoint(self, job: JobRecord, attempt: int) -> None:
         """Try the new plan, take the checkpoint and check that the new plan can restore it; every refusal is
@@ -566,12 +583,12 @@ class JobManager:
                 raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING: nothing to rescale", "JobNotRunning")
             call.checkpoint_id, fut = runner.request()
             result = await asyncio.wait_for(fut, call.timeout_s)
-            if result.get("status") != "COMPLETED":
+            if not result.completed:
                 raise RpcError(f"job {job.job_id} not rescaled: checkpoint {call.checkpoint_id} did not complete "
-                               f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
+                               f"({result.reason or result.status}); it keeps running unchanged",
                                "RescaleCheckpointFailed")
             # the restore refusals (sources, broadcast edges), at the task boundaries the restart will keep
-            trial = await self.restored_plan(job, str(result["path"]), trial)
+            trial = await self.restored_plan(job, str(result.path), trial)
         except RpcError as exc:
             self.handle(job, lc.RescaleCheckpointDone(attempt, str(exc), exc.remote_type or "RescaleFailed"))
             return
@@ -693,7 +710,7 @@ class JobManager:
             log.warning("job %s: scale-up not done: %s", job.job_id, exc)
             return
         log.info("job %s scaled up to %s: down %.3fs", job.job_id, describe_parallelism(job.plan),
-                 result["downtime_s"])
+                 result.downtime_s)
 
     # -- cancelling ---------------------------------------------------------------------
 
@@ -705,11 +722,11 @@ class JobManager:
             record = self.workers.get(wid)
             if record is not None and not record.link.is_closing():
                 # the attempt fences the call: a worker already running a later attempt (of a new leader) keeps it
-                calls.append(record.link.call("cancel", {"job_id": job.job_id, "attempt": attempt}, timeout_s=15.0))
+                calls.append(p.call(record.link, p.CancelJob(job.job_id, attempt), timeout_s=15.0))
         results = await asyncio.gather(*calls, return_exceptions=True)
-        for r in results:
-            if isinstance(r, Exception):
-                log.warning("cancelling job %s on a worker failed: %s", job.job_id, r)
+        for failure in results:
+            if isinstance(failure, Exception):
+                log.warning("cancelling job %s on a worker failed: %s", job.job_id, failure)
 
 
 def _finishing(job: JobRecord) -> bool:

@@ -19,7 +19,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +58,10 @@ from netstack.tls import TlsFiles, http_server_context, server_context
 from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
-from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
+from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, typed_handlers
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.admission import SubmissionRefused, SubmitContext, check_connectors, check_extras
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
@@ -244,7 +245,7 @@ class Coordinator(BaseLinkHandler):
         """A bucket that does not exist, or an endpoint or credentials that do not work, stop the coordinator
         at start-up with one line, instead of failing the first checkpoint of every job."""
         roots = [self.config.checkpoint_root, *self.trust.savepoint_roots]
-        for root in dict.fromkeys(r for r in roots if objectstore.is_url(r)):
+        for root in dict.fromkeys(url for url in roots if objectstore.is_url(url)):
             try:
                 objectstore.check_reachable(root)
             except (OSError, ValueError) as exc:  # ValueError: ObjectStoreUnavailable, the s3 extra is missing
@@ -346,7 +347,7 @@ class Coordinator(BaseLinkHandler):
             (p.WorkerLog, self.rpc_worker_log),
         ]
         # each handler gets its typed message (runtime/graph/protocol.py), decoded and checked here
-        return HandlerTable({kind.method: decoded(kind.from_wire, handler) for kind, handler in handlers})
+        return HandlerTable(typed_handlers(handlers))
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
         if not self.leading():
@@ -359,7 +360,7 @@ class Coordinator(BaseLinkHandler):
         except BadArguments as exc:
             raise InvalidRequest(str(exc), "BadArgs") from None
 
-    async def rpc_register(self, link: Link, args: p.Register) -> Any:
+    async def rpc_register(self, link: Link, args: p.Register) -> r.Ok:
         if link.connection.peer_role != "worker":
             raise Forbidden("only workers register", "NotAWorker")
         wid = link.peer_id
@@ -369,9 +370,9 @@ class Coordinator(BaseLinkHandler):
         self.workers.register(WorkerRecord(wid, link, args.slots, args.host, args.data_port, args.metrics_port,
                                            args.pid))
         log.info("worker %s registered with %d slots at %s:%s", wid, args.slots, args.host, args.data_port)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_heartbeat(self, link: Link, args: p.Heartbeat) -> Any:
+    async def rpc_heartbeat(self, link: Link, args: p.Heartbeat) -> r.Ok:
         now = time.monotonic()
         if not self.workers.heartbeat(link.peer_id, link, now=now):
             raise Conflict("unknown worker: register first", "NotRegistered")
@@ -384,9 +385,9 @@ class Coordinator(BaseLinkHandler):
                 # with rates since the previous heartbeat, for the REST API's graph
                 job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
                                                          {**st, "worker": link.peer_id}, time.monotonic())
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_submit(self, link: Link, args: p.Submit) -> Any:
+    async def rpc_submit(self, link: Link, args: p.Submit) -> r.Submitted:
         submitted = dict(args.config or {})
         try:
             settings = checkpoint_settings(submitted.pop("checkpoint", None) or {})
@@ -396,12 +397,24 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(f"bad job settings: {exc}", "BadSettings") from None
         job, plan = self._new_job(args.entry, args.name, args.sys_path, config, settings, strategy,
                                   restore=args.restore)
-        await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
-        if args.restore:
-            plan = await self.manager.restored_plan(job, args.restore, plan)
-            self._restored(job, args.restore, plan)
-        self._admit(job, plan)
-        return {"job_id": job.job_id, "tasks": job.total_tasks()}
+        with self._forget_if_refused(job):
+            await self._check_connectors(job, SubmitContext(settings.interval_s, restore=bool(args.restore)))
+            if args.restore:
+                plan = await self.manager.restored_plan(job, args.restore, plan)
+                self._restored(job, args.restore, plan)
+            self._admit(job, plan)
+        return r.Submitted(job.job_id, job.total_tasks())
+
+    @contextlib.contextmanager
+    def _forget_if_refused(self, job: JobRecord) -> Iterator[None]:
+        """A submission refused (or an upgrade that failed) before its job was admitted: drop the graphs built
+        for it (coordinator/job_graphs.py), which nothing would ever ask for again."""
+        try:
+            yield
+        except BaseException:
+            if job.job_id not in self.manager.jobs:
+                self.manager.graphs.forget(job.job_id)
+            raise
 
     def _new_job(self, entry: str, name: str | None, sys_path: str | None, config: JobConfig,
                  settings: CheckpointSettings, strategy: RestartStrategy,
@@ -416,12 +429,13 @@ class Coordinator(BaseLinkHandler):
         job = JobRecord(job_id, entry, name or entry, sys_path, config)
         job.checkpoint_settings = settings
         job.restart_strategy = strategy
-        plan = self.manager.plan(job)
-        try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
-            check_extras(self.manager.graph(job), backend=config.state.backend,
-                         restore=str(restore) if restore else None)
-        except SubmissionRefused as exc:
-            raise InvalidRequest(str(exc), "MissingExtra") from None
+        with self._forget_if_refused(job):
+            plan = self.manager.plan(job)
+            try:  # an extra missing here is refused now, not after the workers failed it attempt by attempt
+                check_extras(self.manager.graph(job), backend=config.state.backend,
+                             restore=str(restore) if restore else None)
+            except SubmissionRefused as exc:
+                raise InvalidRequest(str(exc), "MissingExtra") from None
         return job, plan
 
     async def _check_connectors(self, job: JobRecord, context: SubmitContext) -> None:
@@ -450,7 +464,7 @@ class Coordinator(BaseLinkHandler):
         log.info("job %s (%s) submitted: %d tasks", job.job_id, job.entry, job.total_tasks())
         self.manager.add(job)
 
-    async def rpc_upgrade(self, link: Link, args: p.Upgrade) -> Any:
+    async def rpc_upgrade(self, link: Link, args: p.Upgrade) -> r.Upgraded:
         """Stop a running job with a savepoint and start a new version of it from that savepoint (README,
         Evolving a job); every refusal comes before the running job is stopped. Answers with the downtime."""
         old = self._job(args)
@@ -467,8 +481,9 @@ class Coordinator(BaseLinkHandler):
         config = upgraded_config(old.config, requested, args.allow_non_restored_state)
         new, plan = self._new_job(args.entry, args.name or old.name, args.sys_path or old.sys_path, config,
                                   old.checkpoint_settings, old.restart_strategy, restore=directory)
-        return await upgrade(self.manager, old, new, plan, directory=directory, timeout_s=args.timeout_s,
-                             restored=self._restored, admit=self._admit)
+        with self._forget_if_refused(new):
+            return await upgrade(self.manager, old, new, plan, directory=directory, timeout_s=args.timeout_s,
+                                 restored=self._restored, admit=self._admit)
 
     def _job(self, args: p.JobQuery) -> JobRecord:
         job = self.jobs.get(args.job_id)
@@ -476,7 +491,7 @@ class Coordinator(BaseLinkHandler):
             raise JobNotFound(f"no job {args.job_id}")
         return job
 
-    async def rpc_checkpoint(self, link: Link, args: p.TakeCheckpoint) -> Any:
+    async def rpc_checkpoint(self, link: Link, args: p.TakeCheckpoint) -> r.CheckpointDone:
         """Take a checkpoint now (or a savepoint with savepoint=True and a directory); wait for its end."""
         job = self._job(args)
         if job.state != JobState.RUNNING or job.checkpoints is None:
@@ -495,7 +510,7 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest(str(exc), "BadCheckpointRequest") from None
         return await asyncio.wait_for(fut, args.timeout_s)
 
-    async def rpc_rescale(self, link: Link, args: p.Rescale) -> Any:
+    async def rpc_rescale(self, link: Link, args: p.Rescale) -> r.Rescaled:
         """Rescale a running job through a checkpoint of its own mode; answer once it runs again (downtime)."""
         job = self._job(args)
         requested = args.parallelism
@@ -505,32 +520,31 @@ class Coordinator(BaseLinkHandler):
             raise InvalidRequest("rescale needs parallelism {NAME or '*': N >= 1, ...}", "BadRescaleRequest")
         return await self.manager.rescale(job, dict(requested), timeout_s=args.timeout_s)
 
-    async def rpc_checkpoints(self, link: Link, args: p.Checkpoints) -> Any:
+    async def rpc_checkpoints(self, link: Link, args: p.Checkpoints) -> r.CheckpointList:
         job = self._job(args)
         history = job.checkpoint_history()
         completed = await asyncio.to_thread(self.storage.list_completed, job.job_id)
-        return {"job_id": job.job_id, "history": history,
-                "retained": [{"checkpoint_id": n, "path": p} for n, p in completed],
-                "last_completed": job.last_checkpoint_document()}
+        return r.CheckpointList(job.job_id, history, [{"checkpoint_id": n, "path": path} for n, path in completed],
+                                last_completed=job.last_checkpoint_document())
 
     def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
         """The report's job while the attempt it is about is the current one (None: a stale report)."""
         job = self.jobs.get(report.job_id)
         return job if job is not None and job.attempt == report.attempt else None
 
-    async def rpc_ack_checkpoint(self, link: Link, args: p.AckCheckpoint) -> Any:
+    async def rpc_ack_checkpoint(self, link: Link, args: p.AckCheckpoint) -> r.Ok:
         job = self._attempt(args)
         if job is not None and job.checkpoints is not None:
             job.checkpoints.ack(args.checkpoint_id, args.task, dict(args.state), args.figures)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_decline_checkpoint(self, link: Link, args: p.DeclineCheckpoint) -> Any:
+    async def rpc_decline_checkpoint(self, link: Link, args: p.DeclineCheckpoint) -> r.Ok:
         job = self._attempt(args)
         if job is not None and job.checkpoints is not None:
             job.checkpoints.decline(args.checkpoint_id, args.task, args.reason)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_status(self, link: Link, args: p.Status) -> Any:
+    async def rpc_status(self, link: Link, args: p.Status) -> r.JobSummary | r.ClusterOverview:
         job_id = args.job_id
         if job_id:
             job = self.jobs.get(job_id)
@@ -541,14 +555,14 @@ class Coordinator(BaseLinkHandler):
             summary["scaling"] = scaling
             for v in summary["vertices"]:
                 v["asked_parallelism"] = scaling["asked"].get(v["name"], v["parallelism"])
-            return summary
-        return {"coordinator": {"id": self.holder_id, "epoch": self.leadership.epoch if self.leadership else 0,
-                                "recovered_jobs": self.manager.recovered},
-                "workers": [w.describe() for w in self.workers.values()],
-                "jobs": [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error}
-                         for j in self.jobs.values()]}
+            return r.JobSummary.from_wire(summary)
+        return r.ClusterOverview(
+            [w.describe() for w in self.workers.values()],
+            [{"job_id": j.job_id, "name": j.name, "state": j.state, "error": j.error} for j in self.jobs.values()],
+            coordinator={"id": self.holder_id, "epoch": self.leadership.epoch if self.leadership else 0,
+                         "recovered_jobs": self.manager.recovered})
 
-    async def rpc_cancel(self, link: Link, args: p.Cancel) -> Any:
+    async def rpc_cancel(self, link: Link, args: p.Cancel) -> r.Cancelled:
         job = self._job(args)
         if args.savepoint:
             if job.state != JobState.RUNNING or job.checkpoints is None:
@@ -558,21 +572,22 @@ class Coordinator(BaseLinkHandler):
             except TrustError as exc:
                 raise Forbidden(str(exc)) from None
             return await stop_with_savepoint(self.manager, job, directory=directory, timeout_s=args.timeout_s)
-        if job.terminal:
-            return {"state": job.state}
-        await self.manager.cancel(job, "cancelled by user")
-        return {"state": job.state}
+        if not job.terminal:
+            await self.manager.cancel(job, "cancelled by user")
+        return r.Cancelled(job.state)
 
-    async def rpc_wait_job(self, link: Link, args: p.WaitJob) -> Any:
+    async def rpc_wait_job(self, link: Link, args: p.WaitJob) -> r.JobSummary:
         """Return the job's summary once it has ended, or when `timeout_s` has passed (then it is still going)."""
         job = self._job(args)
         timeout_s = WAIT_JOB_MAX_S if args.timeout_s is None else args.timeout_s
         # capped: the wait outlives a client that went away, so it must end on its own
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(job.ended.wait(), max(0.0, min(timeout_s, WAIT_JOB_MAX_S)))
-        return job.summary()
+        if job.terminal:  # its last checkpoint counted and its record on disk: a restarted coordinator agrees
+            await self.manager.settled(job)
+        return r.JobSummary.from_wire(job.summary())
 
-    async def rpc_probe(self, link: Link, args: p.Probe) -> Any:
+    async def rpc_probe(self, link: Link, args: p.Probe) -> r.ProbeResult:
         """Send a probe through a running job on the priority lane; return when every task saw it."""
         job = self._job(args)
         if job.state != JobState.RUNNING or job.plan is None:
@@ -583,18 +598,19 @@ class Coordinator(BaseLinkHandler):
         timeout_s = args.timeout_s
         try:
             workers = [self.workers[w].link for w in set(job.plan.placement.values()) if w in self.workers]
-            await asyncio.gather(*(w.call("probe", {"job_id": job.job_id, "probe_id": probe_id}) for w in workers))
+            await asyncio.gather(*(p.call(w, p.InjectProbe(job.job_id, probe_id)) for w in workers))
             try:
                 await asyncio.wait_for(pending.done.wait(), timeout_s)
             except TimeoutError:
                 pass
         finally:
             self._probes.pop(probe_id, None)
-        return {"probe_id": probe_id, "complete": pending.done.is_set(), "tasks_total": pending.expected,
-                "duration_s": max((r["arrival_s"] for r in pending.reports.values()), default=None),
-                "tasks": sorted(pending.reports.values(), key=lambda r: r["arrival_s"])}
+        return r.ProbeResult(probe_id, pending.done.is_set(), pending.expected,
+                             sorted(pending.reports.values(), key=lambda report: report["arrival_s"]),
+                             duration_s=max((report["arrival_s"] for report in pending.reports.values()),
+                                            default=None))
 
-    async def rpc_probe_done(self, link: Link, args: p.ProbeDone) -> Any:
+    async def rpc_probe_done(self, link: Link, args: p.ProbeDone) -> r.Ok:
         pending = self._probes.get(args.probe_id)
         if pending is not None and pending.job_id == args.job_id:
             pending.reports[args.task] = {
@@ -603,34 +619,34 @@ class Coordinator(BaseLinkHandler):
                 "overtaken_input_buffers": args.overtaken_input_buffers}
             if len(pending.reports) >= pending.expected:
                 pending.done.set()
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_task_finished(self, link: Link, args: p.TaskFinished) -> Any:
+    async def rpc_task_finished(self, link: Link, args: p.TaskFinished) -> r.Ok:
         job = self._attempt(args)
         if job is None or job.state != JobState.RUNNING:
-            return {"ignored": True}
+            return r.Ok(ignored=True)
         stats = args.stats
         if stats is not None and "task" in stats:
             job.task_stats[stats["task"]] = {**stats, "worker": link.peer_id}
         self.manager.task_finished(job, args.task)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_task_ended(self, link: Link, args: p.TaskEnded) -> Any:
+    async def rpc_task_ended(self, link: Link, args: p.TaskEnded) -> r.Ok:
         job = self._attempt(args)
         if job is not None and job.state == JobState.RUNNING:
             self.manager.task_ended(job, args.task)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_task_failed(self, link: Link, args: p.TaskFailed) -> Any:
+    async def rpc_task_failed(self, link: Link, args: p.TaskFailed) -> r.Ok:
         job = self._attempt(args)
         if job is not None and not job.terminal:
             cause = f"task {args.task} failed: {args.error}"
             # the traceback waits for the failure the lifecycle records (JobRecord.note_failure) to take it
             job.exceptions.stash(cause, Detail(args.task, link.peer_id, args.traceback))
             self.manager.task_failed(job, job.attempt, cause, fatal=args.fatal)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_slow_call(self, link: Link, args: p.SlowCall) -> Any:
+    async def rpc_slow_call(self, link: Link, args: p.SlowCall) -> r.Ok:
         """A user call running past the worker's threshold: an entry in the job's history, not a failover."""
         job = self._attempt(args)
         if job is not None and not job.terminal:
@@ -638,22 +654,21 @@ class Coordinator(BaseLinkHandler):
             job.exceptions.report(cause, Detail(args.task, link.peer_id, args.stack), now=time.time(),
                                   attempt=job.attempt)
             log.warning("job %s: %s on %s", job.job_id, cause, link.peer_id)
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_job_error(self, link: Link, args: p.JobError) -> Any:
+    async def rpc_job_error(self, link: Link, args: p.JobError) -> r.Ok:
         job = self._attempt(args)
         if job is not None and not job.terminal:
             self.manager.task_failed(job, job.attempt, f"on {link.peer_id}: {args.error}")
-        return {"ok": True}
+        return r.Ok()
 
-    async def rpc_worker_log(self, link: Link, args: p.WorkerLog) -> Any:
+    async def rpc_worker_log(self, link: Link, args: p.WorkerLog) -> r.LogLines:
         """The last `lines` lines a worker logged (its in-memory tail: runtime/worker/log_tail.py)."""
         worker = self.workers.get(args.worker_id)
         if worker is None:
             raise JobNotFound(f"no worker {args.worker_id}", "UnknownWorker")
         try:
-            return await worker.link.call("log_tail", p.LogTail(max(1, min(args.lines, 1000))).to_wire(),
-                                          timeout_s=5.0)
+            return await p.call(worker.link, p.LogTail(max(1, min(args.lines, 1000))), timeout_s=5.0)
         except NetstackError as exc:  # gone, timed out, or of a version without a log tail
             raise Conflict(f"worker {worker.worker_id} did not give its log: {exc}", "WorkerLogUnavailable") from None
 

@@ -21,9 +21,9 @@ anywhere in a checkpoint before it is restored.
 
 from __future__ import annotations
 
-import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from runtime.common import objectstore as files
@@ -31,11 +31,13 @@ from runtime.common import retention
 from runtime.common.checkpoint_metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
-    body_mismatch,
+    BadMetadata,
     encode_metadata,
+    shape_problem,
     write_metadata_file,
 )
 from runtime.common.checksums import CorruptFile, read_checked, read_segments
+from runtime.graph.checkpoint_metadata import CheckpointMetadata, read_checkpoint_metadata
 
 SHARED_DIR = "shared"  # files later checkpoints reference again (RocksDB SST files, channel-state segments)
 
@@ -52,13 +54,13 @@ class CheckpointStorage(Protocol):
 
     def savepoint_dir(self, directory: str, job_id: str, n: int) -> str: ...
 
-    def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str: ...
+    def write_metadata(self, directory: str, metadata: CheckpointMetadata | Mapping[str, Any]) -> str: ...
 
-    def read_metadata(self, path: str) -> dict[str, Any]: ...
+    def read_metadata(self, path: str) -> CheckpointMetadata: ...
 
     def directory_of(self, path: str) -> str: ...
 
-    def verify(self, path: str, metadata: dict[str, Any]) -> None: ...
+    def verify(self, path: str, metadata: CheckpointMetadata) -> None: ...
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]: ...
 
@@ -72,20 +74,14 @@ class CheckpointStorage(Protocol):
 
 
 def check_shape(metadata: Any) -> str | None:
-    """What is wrong with a metadata document, or None if it is usable."""
-    if not isinstance(metadata, dict):
-        return f"expected a JSON object, got {type(metadata).__name__}"
-    if "format" not in metadata:
-        return "no 'format' version field"
-    version = metadata["format"]
-    if type(version) is not int or version != FORMAT_VERSION:
-        return f"unsupported metadata format {version!r} (this version reads format {FORMAT_VERSION})"
-    checkpoint_id = metadata.get("checkpoint_id")
-    if type(checkpoint_id) is not int:
-        return f"'checkpoint_id' must be an integer, got {checkpoint_id!r}"
-    acks = metadata.get("acks")
-    if not isinstance(acks, dict) or not all(isinstance(a, dict) for a in acks.values()):
-        return "'acks' must be an object of task -> object"
+    """What is wrong with a metadata document (its format, then CheckpointMetadata's fields), or None."""
+    problem = shape_problem(metadata)
+    if problem is not None:
+        return problem
+    try:
+        CheckpointMetadata.from_document(metadata)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -114,15 +110,17 @@ class LocalCheckpointStorage:
         files.make_dir(path)
         return path
 
-    def write_metadata(self, directory: str, metadata: dict[str, Any]) -> str:
+    def write_metadata(self, directory: str, metadata: CheckpointMetadata | Mapping[str, Any]) -> str:
         """Write `<directory>/_metadata` atomically and durably; returns its path.
 
         Local: temp file in the same directory, fsync, rename over `_metadata`, fsync of the directory: after a
         crash the file is either absent or complete. Object store: one conditional PUT that never replaces an
         existing `_metadata` (a second write of the same checkpoint fails with FileExistsError).
         """
-        doc = {"format": FORMAT_VERSION, **metadata}
-        problem = check_shape(doc)
+        typed = isinstance(metadata, CheckpointMetadata)  # checked when it was built: not parsed again
+        doc = {"format": FORMAT_VERSION, **(metadata.to_document() if isinstance(metadata, CheckpointMetadata)
+                                            else metadata)}
+        problem = None if typed else check_shape(doc)
         if problem is not None:
             raise ValueError(f"refusing to write checkpoint metadata to {directory}: {problem}")
         # Serialise before touching the disk, so unserialisable state leaves nothing behind.
@@ -134,39 +132,19 @@ class LocalCheckpointStorage:
             return files.dirname(path) if files.basename(path) == METADATA_FILE else files.absolute(path)
         return os.path.abspath(path if os.path.isdir(path) else os.path.dirname(path))
 
-    def read_metadata(self, path: str) -> dict[str, Any]:
-        """Read a checkpoint's metadata, given its directory or its `_metadata` file."""
-        if files.basename(path) != METADATA_FILE and (files.is_url(path) or os.path.isdir(path)):
-            path = files.join(path, METADATA_FILE)
-            if not files.exists(path):
-                raise CorruptCheckpoint(f"{files.dirname(path)}: not a completed checkpoint (no {METADATA_FILE})")
+    def read_metadata(self, path: str) -> CheckpointMetadata:
+        """A checkpoint's metadata, given its directory or its `_metadata` file: the one reader
+        (runtime/graph/checkpoint_metadata.py), its problems as CorruptCheckpoint naming the file."""
         try:
-            data = files.read(path)
-        except FileNotFoundError:
-            raise CorruptCheckpoint(f"{path}: checkpoint metadata is missing") from None
-        except OSError as e:
-            raise CorruptCheckpoint(f"{path}: cannot read checkpoint metadata: {e}") from e
-        if not data.strip():
-            raise CorruptCheckpoint(f"{path}: checkpoint metadata is empty")
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CorruptCheckpoint(f"{path}: checkpoint metadata is truncated or not JSON ({e})") from e
-        problem = check_shape(doc)
-        if problem is not None:
-            raise CorruptCheckpoint(f"{path}: {problem}")
-        recorded = doc.pop("checksum", None)
-        problem = body_mismatch(doc, recorded)
-        if problem is not None:
-            raise CorruptCheckpoint(f"{path}: checkpoint metadata is corrupt: {problem}")
-        return doc
+            return read_checkpoint_metadata(path)
+        except BadMetadata as exc:
+            raise CorruptCheckpoint(str(exc)) from None
 
-    def verify(self, path: str, metadata: dict[str, Any]) -> None:
+    def verify(self, path: str, metadata: CheckpointMetadata) -> None:
         """Check every task file the metadata names against its recorded checksum; raises CorruptCheckpoint
         naming the first file that is missing or differs."""
         directory = files.dirname(path) if files.basename(path) == METADATA_FILE else path
-        for task, ack in sorted(metadata["acks"].items()):
-            state = ack.get("state") or {}
+        for task, state in sorted(metadata.task_states().items()):
             sums = state.get("checksums") or {}
             for kind in TASK_FILES:
                 name = state.get(kind)
@@ -312,13 +290,12 @@ def _entry_field(entry: Any, index: int) -> Any:
     return entry[index] if isinstance(entry, list | tuple) and len(entry) > index else None
 
 
-def shared_files(metadata: dict[str, Any]) -> set[str]:
+def shared_files(metadata: CheckpointMetadata) -> set[str]:
     """The shared files (paths relative to the job's checkpoint directory) a checkpoint references: a state
     backend's and channel-state segments. A name that is not a plain file name (`..`, `/`) is a
     CorruptCheckpoint: the callers keep every file then, so a forged `_metadata` deletes nothing outside."""
     out: set[str] = set()
-    for ack in metadata.get("acks", {}).values():
-        state = ack.get("state") or {}
+    for state in metadata.task_states().values():
         handle = state.get("backend")
         names = []
         if isinstance(handle, dict) and handle.get("store", "job") == "job":

@@ -34,11 +34,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coordinator.jobs import JobRecord
 from coordinator.scheduler import describe_parallelism, merge_parallelism
 from netstack.errors import RpcError
+from runtime.graph import replies as r
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import Plan
@@ -59,7 +60,7 @@ def upgraded_config(old: JobConfig, requested: Mapping[str, int], allow_non_rest
 
 async def upgrade(manager: JobManager, old: JobRecord, new: JobRecord, plan: Plan, *, directory: str,
                   timeout_s: float, restored: Callable[[JobRecord, str, Plan], None],
-                  admit: Callable[[JobRecord, Plan], None]) -> dict[str, Any]:
+                  admit: Callable[[JobRecord, Plan], None]) -> r.Upgraded:
     """Steps 2-6 of the module docstring; RpcError (the old job still running) for every refusal before 5."""
     started = time.monotonic()
     checkpoint_id, path = await _savepoint(old, directory, timeout_s, "upgraded")
@@ -92,14 +93,13 @@ async def upgrade(manager: JobManager, old: JobRecord, new: JobRecord, plan: Pla
     downtime_s = time.monotonic() - stopped_at
     log.info("job %s upgraded to %s (%s, %s) from savepoint %s: down %.3fs", old.job_id, new.job_id, new.entry,
              describe_parallelism(new.plan), path, downtime_s)
-    return {"job_id": new.job_id, "previous_job_id": old.job_id, "savepoint": path, "checkpoint_id": checkpoint_id,
-            "savepoint_s": savepoint_s, "downtime_s": downtime_s,
-            "vertices": [{"name": v.name, "parallelism": v.parallelism} for v in (new.plan.vertices if new.plan
-                                                                                  else [])]}
+    return r.Upgraded(new.job_id, old.job_id, path, checkpoint_id, savepoint_s, downtime_s,
+                      [{"name": v.name, "parallelism": v.parallelism} for v in (new.plan.vertices if new.plan
+                                                                                else [])])
 
 
 async def stop_with_savepoint(manager: JobManager, job: JobRecord, *, directory: str,
-                              timeout_s: float) -> dict[str, Any]:
+                              timeout_s: float) -> r.Cancelled:
     """Take a savepoint, then cancel the job naming it; answer once the CANCELLED record is on disk. Every
     refusal (a savepoint that failed) comes while the job still runs unchanged."""
     checkpoint_id, path = await _savepoint(job, directory, timeout_s, "stopped")
@@ -112,7 +112,7 @@ async def stop_with_savepoint(manager: JobManager, job: JobRecord, *, directory:
             log.error("job %s: its record as stopped could not be written: %s", job.job_id, exc)
     await manager.step("stop:stopped")
     log.info("job %s stopped with savepoint %s", job.job_id, path)
-    return {"state": job.state, "savepoint": path, "checkpoint_id": checkpoint_id}
+    return r.Cancelled(job.state, savepoint=path, checkpoint_id=checkpoint_id)
 
 
 async def _savepoint(job: JobRecord, directory: str, timeout_s: float, what: str) -> tuple[int, str]:
@@ -127,8 +127,8 @@ async def _savepoint(job: JobRecord, directory: str, timeout_s: float, what: str
     except (ValueError, TimeoutError) as exc:
         raise RpcError(f"job {job.job_id} not {what}: its savepoint failed ({exc or 'timed out'}); it keeps "
                        "running unchanged", "RescaleCheckpointFailed") from None
-    if result.get("status") != "COMPLETED":
+    if not result.completed:
         raise RpcError(f"job {job.job_id} not {what}: savepoint {checkpoint_id} did not complete "
-                       f"({result.get('reason') or result.get('status')}); it keeps running unchanged",
+                       f"({result.reason or result.status}); it keeps running unchanged",
                        "RescaleCheckpointFailed")
-    return checkpoint_id, str(result["path"])
+    return checkpoint_id, str(result.path)

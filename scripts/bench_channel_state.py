@@ -36,6 +36,8 @@ import bench_checkpoint  # noqa: E402
 from netstack.credit import Buffer  # noqa: E402
 from runtime.checkpointing.channel_files import ChannelStateFiles, output_capture  # noqa: E402
 from runtime.checkpointing.writer import CheckpointWriter  # noqa: E402
+from runtime.common.checkpoint_metadata import BadMetadata  # noqa: E402
+from runtime.graph.checkpoint_metadata import read_checkpoint_metadata  # noqa: E402
 
 
 def _median_max(values: list[float]) -> dict[str, float | None]:
@@ -52,11 +54,10 @@ def cluster_run(incremental: bool, buffers: int, seconds: float, warmup: float, 
 
     def barrier_timeline(state_dir: str, job_id: str, checkpoint_ids: list[int]) -> dict[str, Any]:
         for cid in checkpoint_ids:  # before run_one removes the state directory: each checkpoint's slowest task's async
-            try:
-                with open(os.path.join(state_dir, "checkpoints", job_id, f"chk-{cid}", "_metadata")) as f:
-                    acks = json.load(f)["acks"]
+            try:  # the runtime's one reader of `_metadata`
+                acks = read_checkpoint_metadata(os.path.join(state_dir, "checkpoints", job_id, f"chk-{cid}")).acks
                 slowest_async.append(max(float(a["figures"]["async_s"]) for a in acks.values()))
-            except (OSError, ValueError, KeyError):
+            except (BadMetadata, KeyError, ValueError):
                 continue
         return timeline(state_dir, job_id, checkpoint_ids)
 

@@ -55,6 +55,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from runtime.api import DiscardSink, GeneratorSource, Job, KeyedProcessFunction  # noqa: E402
+from runtime.common.checkpoint_metadata import BadMetadata  # noqa: E402
+from runtime.graph.checkpoint_metadata import read_checkpoint_metadata  # noqa: E402
 
 ENTRY = "bench_checkpoint:build"
 COST_ENV = "SLUICE_BENCH_COST_US"
@@ -174,11 +176,9 @@ def barrier_timeline(state_dir: str, job_id: str, checkpoint_ids: list[int]) -> 
     record the timeline give an empty result."""
     per_cp: list[dict[str, float]] = []
     for cid in checkpoint_ids:
-        path = os.path.join(state_dir, "checkpoints", job_id, f"chk-{cid}", "_metadata")
-        try:
-            with open(path, encoding="utf-8") as f:
-                acks = json.load(f)["acks"]
-        except (OSError, ValueError, KeyError):
+        try:  # the runtime's one reader of `_metadata`
+            acks = read_checkpoint_metadata(os.path.join(state_dir, "checkpoints", job_id, f"chk-{cid}")).acks
+        except BadMetadata:
             continue
         sources = [a["figures"] for t, a in acks.items() if t.startswith("0:") and "first_barrier_s" in a["figures"]]
         keyed = [a["figures"] for t, a in acks.items() if not t.startswith("0:") and "first_barrier_s" in a["figures"]]

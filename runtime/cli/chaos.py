@@ -46,9 +46,9 @@ from typing import Any
 
 from netstack.errors import NetstackError
 from netstack.transport import run
-from runtime.cli.client import call_coordinator
 from runtime.cli.local_cluster import LocalCluster
 from runtime.cli.netns import NetnsLab
+from runtime.graph import protocol as p
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ async def kill_coordinator(cluster: LocalCluster, job_id: str, log: Callable[[st
     status: dict[str, Any] = {}
     deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline:
-        status = await cluster.call("status", {"job_id": job_id})
+        status = (await cluster.ask(p.JobStatus(job_id))).to_wire()
         if status["state"] != "RESTARTING" and status["state"] != "DEPLOYING":
             break
         await asyncio.sleep(0.05)
@@ -353,17 +353,14 @@ async def rescale_job(cluster: LocalCluster, job_id: str, status: dict[str, Any]
     current = max((v["parallelism"] for v in status.get("vertices", [])), default=1)
     target = rescale_target(current, highest, rng)
     asked = time.monotonic()
-    host, port = cluster.rpc
     try:
-        answer = await call_coordinator(host, port, cluster.token, "rescale",
-                                        {"job_id": job_id, "parallelism": {"*": target}, "timeout_s": 120.0},
-                                        timeout_s=180.0, tls=cluster.tls)
+        answer = await cluster.ask(p.Rescale(job_id, {"*": target}, timeout_s=120.0), timeout_s=180.0)
     except NetstackError as exc:
         log(f"  [{asked - t0:5.1f}s] rescale {current} -> {target} refused: {exc}")
         return None
-    record = {"at_s": round(asked - t0, 2), "from": current, "to": target, "attempt": answer["attempt"],
-              "checkpoint_id": answer["checkpoint_id"], "mode": answer.get("mode"),
-              "inflight_bytes": answer.get("inflight_bytes"), "downtime_s": round(answer["downtime_s"], 3),
+    record = {"at_s": round(asked - t0, 2), "from": current, "to": target, "attempt": answer.attempt,
+              "checkpoint_id": answer.checkpoint_id, "mode": answer.mode,
+              "inflight_bytes": answer.inflight_bytes, "downtime_s": round(answer.downtime_s, 3),
               "took_s": round(time.monotonic() - asked, 2)}
     log(f"  [{asked - t0:5.1f}s] rescale {current} -> {target} from checkpoint #{record['checkpoint_id']} "
         f"({record['mode']}, {record['inflight_bytes'] or 0:,} bytes in flight): downtime "
@@ -409,12 +406,12 @@ class FaultLoop:
     async def watch(self) -> dict[str, Any]:
         """Until the job ends (or is cancelled at the run's timeout); the job's last status."""
         while True:
-            status: dict[str, Any] = await self.cluster.call("status", {"job_id": self.job_id})
+            status = (await self.cluster.ask(p.JobStatus(self.job_id))).to_wire()
             now = time.monotonic()
             if status["state"] in JOB_ENDED:
                 return status
             if now - self.t0 > self.settings.job_timeout_s:
-                await self.cluster.call("cancel", {"job_id": self.job_id})
+                await self.cluster.ask(p.Cancel(self.job_id))
                 self.result.error = f"job did not finish within {self.settings.job_timeout_s}s"
                 return status
             for line in await asyncio.to_thread(self.cluster.supervise):
@@ -488,7 +485,7 @@ class FaultLoop:
         if kind == "sink":
             victim_id = self.rng.choice(sink_workers(status) or hosts)
         elif kind == "in-flight":
-            history = (await self.cluster.call("checkpoints", {"job_id": self.job_id}))["history"]
+            history = (await self.cluster.ask(p.Checkpoints(self.job_id))).history
             if history and history[-1]["status"] == "IN_PROGRESS":
                 victim_id = self.rng.choice(hosts)
         else:
@@ -514,8 +511,7 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
                    log: Callable[[str], None], lab: NetnsLab | None = None) -> ChaosResult:
     await cluster.wait_workers()
     name = f"chaos-{settings.entry.rsplit(':')[0].rsplit('.')[-1]}"
-    submitted = await cluster.call("submit", {"entry": settings.entry, "name": name,
-                                              "config": _submission_config(settings), "sys_path": os.getcwd()})
+    submitted = await cluster.ask(p.Submit(settings.entry, name, _submission_config(settings), os.getcwd()))
     t0 = time.monotonic()
     plan = fault_plan(settings.kills, settings.coordinator_kills, settings.rescales, rng, wipes=settings.wipes,
                       partitions=1 if settings.partition_s else 0)
@@ -524,11 +520,11 @@ async def _run_job(settings: ChaosSettings, cluster: LocalCluster, rng: random.R
     next_fault_at = t0 + rng.uniform(1.0, 2.5)
     link_cut = (LinkCutFault(lab, settings.link_cuts, settings.link_timeout_s, rng, t0 + rng.uniform(1.0, 2.5))
                 if lab is not None and settings.link_cuts else None)
-    faults = FaultLoop(settings, cluster, rng, log, submitted["job_id"], t0, plan, result, next_fault_at,
+    faults = FaultLoop(settings, cluster, rng, log, submitted.job_id, t0, plan, result, next_fault_at,
                        link_cut=link_cut, partition=partition)
     status = await faults.watch()
     result.job_s = time.monotonic() - t0
-    history = (await cluster.call("checkpoints", {"job_id": faults.job_id}))["history"]
+    history = (await cluster.ask(p.Checkpoints(faults.job_id))).history
     _record_end(result, status, history, link_cut)
     return result
 

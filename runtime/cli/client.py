@@ -6,7 +6,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from netstack.connection import Connection
 from netstack.errors import (
@@ -22,12 +22,17 @@ from netstack.errors import (
 from netstack.tls import TlsFiles, client_context
 from netstack.transport import BaseLinkHandler, Link, dial
 from runtime.common.backoff import backoff_delays
+from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.enums import JobState
+
+R = TypeVar("R", bound=r.Reply)
 
 JOB_ENDED = frozenset({JobState.FINISHED, JobState.FAILED, JobState.CANCELLED})
 
 
-async def _open(host: str, port: int, token: str, timeout_s: float, tls: TlsFiles | None = None) -> Link:
+async def open_link(host: str, port: int, token: str, timeout_s: float, tls: TlsFiles | None = None) -> Link:
+    """A client's connection to one coordinator (the caller closes it)."""
     conn = Connection(local_id=f"cli-{secrets.token_hex(3)}", role="client", token=token, is_client=True)
     return await dial(host, port, conn, BaseLinkHandler(), timeout_s=timeout_s,
                       ssl_context=client_context(tls) if tls else None)
@@ -35,7 +40,7 @@ async def _open(host: str, port: int, token: str, timeout_s: float, tls: TlsFile
 
 async def call_coordinator(host: str, port: int, token: str, method: str, args: dict[str, Any] | None = None, *,
                            timeout_s: float = 30.0, tls: TlsFiles | None = None) -> Any:
-    link = await _open(host, port, token, timeout_s, tls)
+    link = await open_link(host, port, token, timeout_s, tls)
     try:
         return await link.call(method, args or {}, timeout_s=timeout_s)
     finally:
@@ -50,7 +55,7 @@ async def wait_job(host: str, port: int, token: str, job_id: str, *, timeout_s: 
     ends or after `call_s`, so a wait of hours is a call a minute, not a poll.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    link = await _open(host, port, token, 30.0, tls)
+    link = await open_link(host, port, token, 30.0, tls)
     try:
         while True:
             wait_s = call_s if deadline is None else max(0.0, min(call_s, deadline - time.monotonic()))
@@ -101,7 +106,7 @@ async def call_leader(addresses: Sequence[Address], token: str, method: str, arg
         errors = []
         for host, port in addresses:
             try:
-                link = await _open(host, port, token, min(timeout_s, 10.0), tls)
+                link = await open_link(host, port, token, min(timeout_s, 10.0), tls)
             except NetstackError as exc:
                 if not coordinator_unavailable(exc):
                     raise
@@ -121,21 +126,28 @@ async def call_leader(addresses: Sequence[Address], token: str, method: str, arg
         await asyncio.sleep(next(delays))
 
 
+async def ask_leader(addresses: Sequence[Address], token: str, message: p.Message[R], *, timeout_s: float = 30.0,
+                     tls: TlsFiles | None = None, retry_s: float = LEADER_RETRY_S) -> R:
+    """`call_leader` with a typed request; its typed reply (BadReply when the answer does not fit it)."""
+    answer = await call_leader(addresses, token, message.method, message.to_wire(), timeout_s=timeout_s, tls=tls,
+                               retry_s=retry_s)
+    return message.reply_type().from_wire(answer)
+
+
 async def wait_job_on_leader(addresses: Sequence[Address], token: str, job_id: str, *,
                              timeout_s: float | None = None, call_s: float = 60.0, tls: TlsFiles | None = None,
-                             outage_s: float = 120.0) -> dict[str, Any]:
+                             outage_s: float = 120.0) -> r.JobSummary:
     """`wait_job` that outlives a coordinator failover: when the connection breaks, wait for a leader (the
     restarted coordinator or a standby, which knows the job from its records) for up to `outage_s`."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         wait_s = call_s if deadline is None else max(0.0, min(call_s, deadline - time.monotonic()))
         try:
-            summary: dict[str, Any] = await call_leader(addresses, token, "wait_job",
-                                                        {"job_id": job_id, "timeout_s": wait_s},
-                                                        timeout_s=wait_s + 30.0, tls=tls, retry_s=outage_s)
+            summary = await ask_leader(addresses, token, p.WaitJob(job_id, timeout_s=wait_s),
+                                       timeout_s=wait_s + 30.0, tls=tls, retry_s=outage_s)
         except ConnectionLost as exc:
             if exc.reason not in (CloseReason.PEER_CLOSED, CloseReason.IO_ERROR):
                 raise
             continue  # the coordinator went away during the wait: look for the next leader
-        if summary["state"] in JOB_ENDED or (deadline is not None and time.monotonic() >= deadline):
+        if summary.state in JOB_ENDED or (deadline is not None and time.monotonic() >= deadline):
             return summary

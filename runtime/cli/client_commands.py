@@ -8,13 +8,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TypeVar
 
 from netstack.transport import run
 from runtime.cli import arguments as a
 from runtime.cli.command import Command
 from runtime.cli.job_options import add_job_options, submit_message
 from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.config import load_token
 
 
@@ -24,28 +25,30 @@ def client_token(args: argparse.Namespace) -> str:
     return load_token(args.token_file)
 
 
-def request(args: argparse.Namespace, message: p.Message, timeout_s: float = 30.0) -> Any:
-    """Send `message` to the leading coordinator of --coordinator; its answer."""
-    from runtime.cli.client import call_leader
-
-    return run(call_leader(args.coordinator, client_token(args), message.method, message.to_wire(),
-                           tls=a.tls(args), timeout_s=timeout_s))
+R = TypeVar("R", bound=r.Reply)
 
 
-def print_job(summary: dict[str, Any]) -> None:
-    print(f"job {summary['job_id']}  {summary['state']}  ({summary['name']})")
-    if summary.get("error"):
-        print(f"  error: {summary['error']}")
-    print(f"  tasks finished {summary['tasks_finished']}/{summary['tasks_total']}")
-    if summary.get("final_checkpoint_id") is not None:
-        print(f"  final checkpoint {summary['final_checkpoint_id']}")
-    for v in summary.get("vertices", []):
+def request(args: argparse.Namespace, message: p.Message[R], timeout_s: float = 30.0) -> R:
+    """Send `message` to the leading coordinator of --coordinator; its typed answer."""
+    from runtime.cli.client import ask_leader
+
+    return run(ask_leader(args.coordinator, client_token(args), message, tls=a.tls(args), timeout_s=timeout_s))
+
+
+def print_job(summary: r.JobSummary) -> None:
+    print(f"job {summary.job_id}  {summary.state}  ({summary.name})")
+    if summary.error:
+        print(f"  error: {summary.error}")
+    print(f"  tasks finished {summary.tasks_finished}/{summary.tasks_total}")
+    if summary.final_checkpoint_id is not None:
+        print(f"  final checkpoint {summary.final_checkpoint_id}")
+    for v in summary.vertices:
         asked = v.get("asked_parallelism", v["parallelism"])
         print(f"  {v['name']:<40} parallelism {v['parallelism']}" + (f" (asked {asked})" if asked != v["parallelism"]
                                                                        else ""))
-    if (summary.get("scaling") or {}).get("reason"):
-        print(f"  {summary['scaling']['reason']}")
-    for t in summary["tasks"]:
+    if summary.scaling.get("reason"):
+        print(f"  {summary.scaling['reason']}")
+    for t in summary.tasks:
         print(f"  {t['task']:<22} {t['state']:<9} in {t['records_in']:>12,} out {t['records_out']:>12,} "
               f"busy {t['busy_s']:7.1f}s idle {t['idle_s']:7.1f}s backpressured {t['backpressured_s']:7.1f}s "
               f"on {t.get('worker', '?')}")
@@ -75,8 +78,8 @@ def run_submit(args: argparse.Namespace) -> int:
             print(f"sluice submit: {problem}", file=sys.stderr)
             return 2
     result = request(args, submit_message(args))
-    print(f"submitted {result['job_id']} ({result['tasks']} tasks)")
-    return _wait_for(args, result["job_id"]) if args.wait else 0
+    print(f"submitted {result.job_id} ({result.tasks} tasks)")
+    return _wait_for(args, result.job_id) if args.wait else 0
 
 
 def _wait_for(args: argparse.Namespace, job_id: str) -> int:
@@ -85,10 +88,10 @@ def _wait_for(args: argparse.Namespace, job_id: str) -> int:
     summary = run(wait_job_on_leader(args.coordinator, client_token(args), job_id, timeout_s=args.wait_timeout,
                                      tls=a.tls(args)))
     print_job(summary)
-    if summary["state"] not in JOB_ENDED:
-        print(f"sluice submit: job {job_id} is still {summary['state']} after --wait-timeout "
+    if summary.state not in JOB_ENDED:
+        print(f"sluice submit: job {job_id} is still {summary.state} after --wait-timeout "
               f"{args.wait_timeout:g}s", file=sys.stderr)
-    return 0 if summary["state"] == "FINISHED" else 1
+    return 0 if summary.state == "FINISHED" else 1
 
 
 # -- status, cancel ----------------------------------------------------------------------------------------------
@@ -100,25 +103,26 @@ def _status_arguments(st: argparse.ArgumentParser) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    result = request(args, p.Status(job_id=args.job_id or None))
+    result: r.JobSummary | r.ClusterOverview
+    result = request(args, p.JobStatus(args.job_id)) if args.job_id else request(args, p.Overview())
     if args.json:
-        print(json.dumps(result, indent=2))
-    elif args.job_id:
+        print(json.dumps(result.to_wire(), indent=2))
+    elif isinstance(result, r.JobSummary):
         print_job(result)
     else:
         _print_overview(result)
     return 0
 
 
-def _print_overview(result: dict[str, Any]) -> None:
-    if "coordinator" in result:
-        c = result["coordinator"]
+def _print_overview(result: r.ClusterOverview) -> None:
+    if result.coordinator is not None:
+        c = result.coordinator
         print(f"coordinator {c['id']}  lease epoch {c['epoch']}  recovered jobs {c['recovered_jobs']}")
-    print(f"workers: {len(result['workers'])}")
-    for w in result["workers"]:
+    print(f"workers: {len(result.workers)}")
+    for w in result.workers:
         print(f"  {w['id']:<24} slots {w['slots']}  data {w['data']}  metrics {w['metrics_port']}")
-    print(f"jobs: {len(result['jobs'])}")
-    for j in result["jobs"]:
+    print(f"jobs: {len(result.jobs)}")
+    for j in result.jobs:
         err = f"  ({j['error']})" if j["error"] else ""
         print(f"  {j['job_id']}  {j['state']:<10} {j['name']}{err}")
 
@@ -141,10 +145,10 @@ def run_cancel(args: argparse.Namespace) -> int:
         message = p.Cancel(job_id=args.job_id, savepoint=True, directory=a.absolute(args.dir),
                            timeout_s=args.timeout)
         result = request(args, message, timeout_s=args.timeout + 60.0)
-        print(f"job {args.job_id}: {result['state']}, stopped with savepoint {result['savepoint']}")
+        print(f"job {args.job_id}: {result.state}, stopped with savepoint {result.savepoint}")
         return 0
     result = request(args, p.Cancel(job_id=args.job_id))
-    print(f"job {args.job_id}: {result['state']}")
+    print(f"job {args.job_id}: {result.state}")
     return 0
 
 
@@ -172,11 +176,11 @@ def run_savepoint(args: argparse.Namespace) -> int:
     return _checkpoint_ended(args, request(args, message))
 
 
-def _checkpoint_ended(args: argparse.Namespace, result: dict[str, Any]) -> int:
-    if result["status"] == "COMPLETED":
-        print(f"{args.command} {result['checkpoint_id']} completed: {result['path']}")
+def _checkpoint_ended(args: argparse.Namespace, result: r.CheckpointDone) -> int:
+    if result.completed:
+        print(f"{args.command} {result.checkpoint_id} completed: {result.path}")
         return 0
-    print(f"{args.command} {result['checkpoint_id']} aborted: {result.get('reason', '')}", file=sys.stderr)
+    print(f"{args.command} {result.checkpoint_id} aborted: {result.reason or ''}", file=sys.stderr)
     return 1
 
 
@@ -188,11 +192,11 @@ def _checkpoints_arguments(cl: argparse.ArgumentParser) -> None:
 def run_checkpoints(args: argparse.Namespace) -> int:
     result = request(args, p.Checkpoints(job_id=args.job_id))
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result.to_wire(), indent=2))
         return 0
     print(f"{'id':>5} {'status':<11} {'mode':<15} {'duration':>9} {'alignment':>9} {'state':>10} "
           f"{'in-flight':>10}  note")
-    for h in result["history"]:
+    for h in result.history:
         duration = f"{h['duration_s']:.3f}s" if h["duration_s"] is not None else "-"
         kind = "savepoint " if h["savepoint"] else ""
         switched = h.get("switched_channels") or 0  # per-channel switching: channels switched to unaligned
@@ -200,8 +204,8 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         print(f"{h['checkpoint_id']:>5} {h['status']:<11} {h['mode']:<15} {duration:>9} "
               f"{h['alignment_s']:>8.3f}s {h['state_bytes']:>10,} {h['inflight_bytes']:>10,}  "
               f"{kind}{h['failure_reason']}")
-    for r in result["retained"]:
-        print(f"retained: chk-{r['checkpoint_id']} {r['path']}")
+    for kept in result.retained:
+        print(f"retained: chk-{kept['checkpoint_id']} {kept['path']}")
     return 0
 
 
@@ -218,10 +222,10 @@ def _rescale_arguments(rs: argparse.ArgumentParser) -> None:
 def run_rescale(args: argparse.Namespace) -> int:
     result = request(args, p.Rescale(job_id=args.job_id, parallelism=dict(args.parallelism), timeout_s=args.timeout),
                      timeout_s=args.timeout + 60.0)
-    inflight = f", {result['inflight_bytes']:,} bytes in flight" if result.get("inflight_bytes") else ""
-    shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result["vertices"])
-    print(f"job {result['job_id']} rescaled to {shape} (attempt {result['attempt']}) from checkpoint "
-          f"{result['checkpoint_id']}{inflight}: downtime {result['downtime_s']:.3f}s")
+    inflight = f", {result.inflight_bytes:,} bytes in flight" if result.inflight_bytes else ""
+    shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result.vertices)
+    print(f"job {result.job_id} rescaled to {shape} (attempt {result.attempt}) from checkpoint "
+          f"{result.checkpoint_id}{inflight}: downtime {result.downtime_s:.3f}s")
     return 0
 
 
@@ -243,9 +247,9 @@ def run_upgrade(args: argparse.Namespace) -> int:
                         parallelism=dict(args.parallelism), allow_non_restored_state=args.allow_non_restored_state,
                         directory=a.absolute(args.dir), timeout_s=args.timeout)
     result = request(args, message, timeout_s=args.timeout + 60.0)
-    shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result["vertices"])
-    print(f"job {result['previous_job_id']} upgraded to {result['job_id']} ({shape}) from savepoint "
-          f"{result['savepoint']} (taken in {result['savepoint_s']:.3f}s): downtime {result['downtime_s']:.3f}s")
+    shape = ", ".join(f"{v['name']}={v['parallelism']}" for v in result.vertices)
+    print(f"job {result.previous_job_id} upgraded to {result.job_id} ({shape}) from savepoint "
+          f"{result.savepoint} (taken in {result.savepoint_s:.3f}s): downtime {result.downtime_s:.3f}s")
     return 0
 
 
@@ -254,13 +258,13 @@ def run_upgrade(args: argparse.Namespace) -> int:
 
 def run_probe(args: argparse.Namespace) -> int:
     result = request(args, p.Probe(job_id=args.job_id))
-    state = "crossed" if result["complete"] else "did NOT cross"
-    print(f"probe {result['probe_id']} {state} the job: {len(result['tasks'])}/{result['tasks_total']} tasks, "
-          f"{(result['duration_s'] or 0) * 1000:.1f} ms")
-    for r in result["tasks"]:
-        print(f"  {r['task']:<24} at {r['arrival_s'] * 1000:8.1f} ms  overtook {r['overtaken_output_buffers']} "
-              f"output and {r['overtaken_input_buffers']} input buffers")
-    return 0 if result["complete"] else 1
+    state = "crossed" if result.complete else "did NOT cross"
+    print(f"probe {result.probe_id} {state} the job: {len(result.tasks)}/{result.tasks_total} tasks, "
+          f"{(result.duration_s or 0) * 1000:.1f} ms")
+    for t in result.tasks:
+        print(f"  {t['task']:<24} at {t['arrival_s'] * 1000:8.1f} ms  overtook {t['overtaken_output_buffers']} "
+              f"output and {t['overtaken_input_buffers']} input buffers")
+    return 0 if result.complete else 1
 
 
 COMMANDS = (

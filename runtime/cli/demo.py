@@ -24,6 +24,7 @@ from typing import Any
 from netstack.transport import run
 from runtime.cli.chaos import ChaosSettings, generate_input, sink_workers, verify_output
 from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster, summarise_progress
+from runtime.graph import protocol as p
 
 SINK_DELAY_S = 0.00004
 
@@ -87,10 +88,10 @@ def run_demo(*, records: int, directory: str) -> int:
         async def on_tick(summary: dict[str, Any], elapsed: float) -> None:
             running = summary["state"] == "RUNNING"
             if running:
-                history[:] = (await cluster.call("checkpoints", {"job_id": summary["job_id"]}))["history"]
+                history[:] = (await cluster.ask(p.Checkpoints(summary["job_id"]))).history
             if running and elapsed > 2.5 and "aligned" not in events:
                 events["aligned"] = asyncio.create_task(
-                    cluster.call("checkpoint", {"job_id": summary["job_id"], "mode": "aligned"}))
+                    cluster.ask(p.TakeCheckpoint(summary["job_id"], mode="aligned")))
             done = summary.get("checkpoints_completed", 0)
             if running and "kill" not in events and done >= 4 and "aligned" in events and events["aligned"].done():
                 victim_id = (sink_workers(summary) or ["worker-2"])[-1]

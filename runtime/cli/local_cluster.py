@@ -19,16 +19,20 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from netstack.errors import NetstackError
 from netstack.tls import TlsFiles
 from netstack.transport import run
 from runtime.api import JobDefinitionError
-from runtime.cli.client import call_coordinator
+from runtime.cli.client import call_coordinator, open_link
 from runtime.cli.processes import Managed, ProcessStartError, child_env, start_process, stop_process
+from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.admission import SubmissionRefused, check_submission
 from runtime.graph.plan import JobLoadError, build_job, load_entry
+
+R = TypeVar("R", bound=r.Reply)
 
 
 @dataclass(frozen=True)
@@ -164,14 +168,24 @@ class LocalCluster:
         return self.coordinator.address("rpc")
 
     async def call(self, method: str, args: dict[str, Any] | None = None) -> Any:
+        """A call by name with a hand-written document (tests and benchmarks); `ask` is the typed twin."""
         host, port = self.rpc
         return await call_coordinator(host, port, self.token, method, args, tls=self.tls)
+
+    async def ask(self, message: p.Message[R], *, timeout_s: float = 30.0) -> R:
+        """Send `message` to the coordinator on a short-lived connection; its typed reply."""
+        host, port = self.rpc
+        link = await open_link(host, port, self.token, timeout_s, self.tls)
+        try:
+            return await p.call(link, message, timeout_s=timeout_s)
+        finally:
+            link.close("done")
 
     async def wait_workers(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            status = await self.call("status")
-            if len(status["workers"]) >= self.workers:
+            status = await self.ask(p.Overview())
+            if len(status.workers) >= self.workers:
                 return
             await asyncio.sleep(0.1)
         raise TimeoutError(f"{self.workers} workers did not register within {timeout_s}s")
@@ -237,15 +251,14 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
                              on_tick: Callable[[dict[str, Any], float], Awaitable[None]] | None = None,
                              restore: str | None = None) -> dict[str, Any]:
     await cluster.wait_workers()
-    submitted = await cluster.call("submit", {"entry": entry, "name": name, "config": config,
-                                              "sys_path": os.getcwd(), "restore": restore})
-    job_id = submitted["job_id"]
+    submitted = await cluster.ask(p.Submit(entry, name, config, os.getcwd(), restore))
+    job_id = submitted.job_id
     if progress:
-        progress(f"submitted {entry} as {job_id} ({submitted['tasks']} tasks)")
+        progress(f"submitted {entry} as {job_id} ({submitted.tasks} tasks)")
     start = time.monotonic()
     last_print = 0.0
     while True:
-        summary = await cluster.call("status", {"job_id": job_id})
+        summary = (await cluster.ask(p.JobStatus(job_id))).to_wire()  # the document the progress lines read
         elapsed = time.monotonic() - start
         if on_tick:
             await on_tick(summary, elapsed)
@@ -259,7 +272,7 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
             if progress:
                 progress(line)
         if timeout_s is not None and elapsed > timeout_s:
-            await cluster.call("cancel", {"job_id": job_id})
+            await cluster.ask(p.Cancel(job_id))
             raise TimeoutError(f"job {job_id} did not end within {timeout_s}s")
         await asyncio.sleep(0.25)
 

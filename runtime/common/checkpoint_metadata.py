@@ -1,7 +1,8 @@
-"""A checkpoint's `_metadata` file as bytes on storage: its name, format, checksum and how it is written.
+"""A checkpoint's `_metadata` file as bytes on storage: its name, format, checksum, how it is written and read.
 
 The coordinator writes it for every checkpoint (coordinator/storage.py); the state processor writes it for the
-savepoints it makes (runtime/data/checkpoint_state.py). One definition, so both write what both read.
+savepoints it makes (runtime/data/checkpoint_state.py). One definition, so both write what both read; every
+reader goes through `read_metadata_document` and then runtime/graph/checkpoint_metadata.py's CheckpointMetadata.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runtime.common import objectstore
-from runtime.common.checksums import checksum, mismatch
+from runtime.common.checksums import CorruptFile, checksum, mismatch
 
 METADATA_FILE = "_metadata"
 FORMAT_VERSION = 2
@@ -53,3 +54,57 @@ def write_metadata_file(directory: str, data: bytes) -> str:
     else:
         objectstore.write(path, data)
     return path
+
+
+class BadMetadata(CorruptFile):
+    """A `_metadata` that is missing, unreadable or unusable; the message starts with the path."""
+
+
+def metadata_file(path: str) -> str:
+    """The `_metadata` file of a checkpoint, given its directory or the file itself (local or `s3://`)."""
+    directory = objectstore.absolute(path)
+    if objectstore.basename(directory) == METADATA_FILE:
+        return directory
+    return objectstore.join(directory, METADATA_FILE)
+
+
+def shape_problem(doc: Any) -> str | None:
+    """What is wrong with a `_metadata` document's envelope (its format version), or None; the fields inside are
+    CheckpointMetadata's to check."""
+    if not isinstance(doc, dict):
+        return f"expected a JSON object, got {type(doc).__name__}"
+    if "format" not in doc:
+        return "no 'format' version field"
+    version = doc["format"]
+    if type(version) is not int or version != FORMAT_VERSION:
+        return f"unsupported metadata format {version!r} (this version reads format {FORMAT_VERSION})"
+    return None
+
+
+def read_metadata_document(path: str) -> dict[str, Any]:
+    """The document of the `_metadata` at `path` (a checkpoint directory or the file), its format and checksum
+    checked, without the envelope's `format` and `checksum`; BadMetadata naming the file otherwise."""
+    file = metadata_file(path)
+    try:
+        data = objectstore.read(file)
+    except FileNotFoundError:
+        if objectstore.basename(objectstore.absolute(path)) == METADATA_FILE:
+            raise BadMetadata(f"{file}: checkpoint metadata is missing") from None
+        raise BadMetadata(f"{objectstore.dirname(file)}: not a completed checkpoint or savepoint "
+                          f"(no {METADATA_FILE})") from None
+    except OSError as exc:
+        raise BadMetadata(f"{file}: cannot read checkpoint metadata: {exc.strerror or exc}") from None
+    if not data.strip():
+        raise BadMetadata(f"{file}: checkpoint metadata is empty")
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadMetadata(f"{file}: checkpoint metadata is truncated or not JSON ({exc})") from None
+    problem = shape_problem(doc)
+    if problem is not None:
+        raise BadMetadata(f"{file}: {problem}")
+    problem = body_mismatch(doc, doc.pop("checksum", None))
+    if problem is not None:
+        raise BadMetadata(f"{file}: checkpoint metadata is corrupt: {problem}")
+    doc.pop("format")
+    return doc

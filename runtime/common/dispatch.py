@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 C = TypeVar("C")  # what a handler gets besides its arguments: the link the call came on
@@ -32,8 +32,20 @@ def decoded(decode: Callable[[dict[str, Any]], A], handler: Callable[[C, A], Any
     return handle
 
 
+def typed_handlers(pairs: Iterable[tuple[Any, Callable[[C, Any], Any]]]) -> dict[str, Handler[C]]:
+    """`method -> handler` from (message type, handler) pairs: each type names its RPC `method` and decodes its
+    arguments (`from_wire`, raising BadArguments); a method registered twice is a programming error."""
+    table: dict[str, Handler[C]] = {}
+    for kind, handler in pairs:
+        if kind.method in table:
+            raise ValueError(f"RPC method {kind.method!r} registered twice")
+        table[kind.method] = decoded(kind.from_wire, handler)
+    return table
+
+
 class HandlerTable(Generic[C]):
-    """`method name -> handler(context, args)`; a handler may return its result or an awaitable of it."""
+    """`method name -> handler(context, args)`; a handler may return its result or an awaitable of it. A typed
+    reply (runtime/graph/replies.py) is sent as its `to_wire()` document."""
 
     def __init__(self, handlers: Mapping[str, Handler[C]]) -> None:
         self._handlers = dict(handlers)
@@ -51,4 +63,5 @@ class HandlerTable(Generic[C]):
         result = handler(context, args)
         if inspect.isawaitable(result):
             result = await result
-        return result
+        to_wire = getattr(result, "to_wire", None)
+        return to_wire() if to_wire is not None else result

@@ -27,13 +27,12 @@ backend restores those), so the new savepoint is self-contained.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -51,13 +50,14 @@ from runtime.common import objectstore
 from runtime.common.checkpoint_metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
-    body_mismatch,
+    BadMetadata,
     encode_metadata,
     write_metadata_file,
 )
 from runtime.common.checksums import CorruptFile, checksum
 from runtime.common.values import unpack_ext
 from runtime.data.spark import DataError
+from runtime.graph.checkpoint_metadata import CheckpointMetadata, read_checkpoint_metadata
 from runtime.graph.operator_ids import UnknownUid, node_of_uid
 from runtime.graph.partitioning import key_group, subtask_for_key_group
 from runtime.graph.restore_spec import TaskFiles
@@ -81,38 +81,38 @@ BOOTSTRAP_CHECKPOINT_ID = 1
 @dataclass(frozen=True)
 class Checkpoint:
     directory: str
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
 
     @property
     def checkpoint_id(self) -> int:
-        return int(self.metadata["checkpoint_id"])
+        return self.metadata.checkpoint_id
 
-    def operator(self, uid: str) -> dict[str, Any]:
+    def operator(self, uid: str) -> Mapping[str, Any]:
         """The recorded operator of `uid`; DataError naming the recorded uids (and the closest) if none."""
         try:
-            node = node_of_uid(self.metadata, uid)
+            node = node_of_uid({"checkpoint_id": self.metadata.checkpoint_id, **self.metadata.graph}, uid)
         except UnknownUid as exc:
             raise DataError(str(exc)) from None
-        return next(op for op in self.metadata["operators"] if int(op["node"]) == node)
+        return next(op for op in self.metadata.operators if int(op["node"]) == node)
 
     def expected(self, name: str) -> Any:
         """The checksum `_metadata` recorded for task file `name` (None: none was, and the read refuses it)."""
-        for ack in self.metadata["acks"].values():
-            sums = (ack.get("state") or {}).get("checksums") or {}
+        for state in self.metadata.task_states().values():
+            sums = state.get("checksums") or {}
             if name in sums:
                 return sums[name]
         return None
 
-    def vertex(self, vertex_id: int) -> dict[str, Any]:
-        return next(v for v in self.metadata.get("vertices", []) if int(v["id"]) == vertex_id)
+    def vertex(self, vertex_id: int) -> Mapping[str, Any]:
+        return next(v for v in self.metadata.vertices if int(v["id"]) == vertex_id)
 
     def task_files(self, vertex_id: int) -> list[tuple[int, TaskFiles]]:
         """(subtask, files) of every task of the vertex that acknowledged, by subtask."""
         out = []
-        for task, ack in self.metadata["acks"].items():
+        for task, files in self.metadata.task_files().items():
             vertex, _, subtask = task.partition(":")
             if int(vertex) == vertex_id:
-                out.append((int(subtask), TaskFiles.from_wire(ack.get("state") or {})))
+                out.append((int(subtask), files))
         return sorted(out, key=lambda pair: pair[0])
 
 
@@ -121,25 +121,10 @@ def open_checkpoint(path: str) -> Checkpoint:
     directory = objectstore.absolute(path)
     if objectstore.basename(directory) == METADATA_FILE:
         directory = objectstore.dirname(directory)
-    return Checkpoint(directory, read_metadata(directory))
-
-
-def read_metadata(directory: str) -> dict[str, Any]:
-    path = objectstore.join(directory, METADATA_FILE)
-    try:
-        doc = json.loads(objectstore.read(path))
-    except FileNotFoundError:
-        raise DataError(f"{directory}: not a completed checkpoint or savepoint (no {METADATA_FILE})") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise DataError(f"{path}: checkpoint metadata is truncated or not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION or not isinstance(doc.get("acks"), dict):
-        raise DataError(f"{path}: not checkpoint metadata of format {FORMAT_VERSION}")
-    problem = body_mismatch(doc, doc.pop("checksum", None))
-    if problem is not None:
-        raise DataError(f"{path}: checkpoint metadata is corrupt: {problem}")
-    return dict(doc)
+    try:  # the one reader of `_metadata` (runtime/graph/checkpoint_metadata.py), as a restore reads it
+        return Checkpoint(directory, read_checkpoint_metadata(directory))
+    except BadMetadata as exc:
+        raise DataError(str(exc)) from None
 
 
 def write_metadata(directory: str, metadata: Mapping[str, Any]) -> str:
@@ -444,7 +429,7 @@ def transform(cp: Checkpoint, out: str, *, drop: Iterable[str] = (), rename: Map
     rename, rewrite, drop = dict(rename or {}), dict(rewrite or {}), set(drop)
     for uid in (*drop, *rewrite, *rename):
         cp.operator(uid)  # a typo is one clear error, before anything is written
-    known = {str(op["uid"]) for op in cp.metadata["operators"]}
+    known = {str(op["uid"]) for op in cp.metadata.operators}
     clash = sorted(set(rename.values()) & (known - set(rename)))
     if clash:
         raise DataError(f"cannot rename to {', '.join(map(repr, clash))}: the checkpoint has an operator with "
@@ -453,7 +438,7 @@ def transform(cp: Checkpoint, out: str, *, drop: Iterable[str] = (), rename: Map
     files: dict[str, bytes] = {}
     acks: dict[str, Any] = {}
     counts = {"rewritten": 0, "dropped": 0}
-    for task, ack in cp.metadata["acks"].items():
+    for task, ack in cp.metadata.acks.items():
         state = dict(ack.get("state") or {})
         state.pop("backend", None)
         sums: dict[str, Any] = {}
@@ -469,13 +454,14 @@ def transform(cp: Checkpoint, out: str, *, drop: Iterable[str] = (), rename: Map
             sums[state["state"]] = checksum(data)
         state["checksums"] = sums
         acks[task] = {"state": state, "figures": ack.get("figures") or {}}
-    metadata = {k: v for k, v in cp.metadata.items() if k not in ("format", "checksum")}
-    metadata.update(acks=acks, savepoint=True, created_at=time.time(),
-                    operators=[{**op, "uid": rename.get(op["uid"], op["uid"])} for op in cp.metadata["operators"]],
-                    edges=[{**e, "up_uid": rename.get(e.get("up_uid"), e.get("up_uid")),
-                            "down_uid": rename.get(e.get("down_uid"), e.get("down_uid"))}
-                           for e in cp.metadata.get("edges", [])])
-    write_savepoint(out, files, metadata)
+    def renamed(uid: Any) -> Any:
+        return rename.get(uid, uid) if isinstance(uid, str) else uid
+
+    metadata = replace(cp.metadata, acks=acks, savepoint=True, created_at=time.time(),
+                       operators=tuple({**op, "uid": renamed(op["uid"])} for op in cp.metadata.operators),
+                       edges=tuple({**e, "up_uid": renamed(e.get("up_uid")), "down_uid": renamed(e.get("down_uid"))}
+                                   for e in cp.metadata.edges))
+    write_savepoint(out, files, metadata.to_document())
     return counts
 
 

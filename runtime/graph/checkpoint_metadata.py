@@ -5,7 +5,8 @@ The coordinator's checkpoint runner writes it, the restore check (runtime/graph/
 the state processor (runtime/data/checkpoint_state.py) read it; the bytes, checksums and format version are
 runtime/common/checkpoint_metadata.py's and the storage's (coordinator/storage.py). `from_document` checks the
 fields a reader relies on and raises ValueError naming the first that is wrong; keys this version does not
-know are kept in `extra` and written back as they were.
+know are kept in `extra` and written back as they were. `read_checkpoint_metadata` is the one reader of the
+file: every problem is one BadMetadata naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from runtime.common.checkpoint_metadata import BadMetadata, metadata_file, read_metadata_document
 from runtime.graph.restore_spec import TaskFiles
 
 _STORAGE_KEYS = frozenset({"format", "checksum"})  # the file's, not the document's
@@ -74,16 +76,28 @@ class CheckpointMetadata:
         known = {f.name for f in fields(cls)} - {"extra"}
         values: dict[str, Any] = {"checkpoint_id": checkpoint_id, "acks": MappingProxyType(dict(acks))}
         for name in ("vertices", "operators", "edges"):
-            items = doc.get(name) or []
+            items = doc.get(name)
+            items = [] if items is None else items
             if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
                 raise ValueError(f"'{name}' must be a list of objects")
             values[name] = tuple(items)
         for name in ("job_id", "mode", "entry", "name"):
             values[name] = str(doc.get(name) or "")
-        values["attempt"] = int(doc.get("attempt") or 0)
         values["savepoint"] = bool(doc.get("savepoint"))
-        values["created_at"] = float(doc.get("created_at") or 0.0)
-        duration = doc.get("duration_s")
-        values["duration_s"] = None if duration is None else float(duration)
+        for name, kind in (("attempt", int), ("created_at", float), ("duration_s", float)):
+            value = doc.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"'{name}' must be a number, got {value!r}")
+            values[name] = kind(value) if value is not None else (None if name == "duration_s" else kind(0))
         extra = {k: v for k, v in doc.items() if k not in known and k not in _STORAGE_KEYS}
         return cls(**values, extra=MappingProxyType(extra))
+
+
+def read_checkpoint_metadata(path: str) -> CheckpointMetadata:
+    """The `_metadata` of the checkpoint at `path` (its directory or the file), read and checked once; BadMetadata
+    naming the file when it is missing, unreadable, corrupt, or a field is wrong."""
+    document = read_metadata_document(path)
+    try:
+        return CheckpointMetadata.from_document(document)
+    except ValueError as exc:
+        raise BadMetadata(f"{metadata_file(path)}: {exc}") from None

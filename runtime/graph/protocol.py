@@ -4,94 +4,53 @@ Each message is a frozen dataclass with the RPC `method` it travels as. `to_wire
 (the field names as keys, the shape the handlers always read); `from_wire()` checks a received document
 field by field and raises BadArguments naming the field, so a malformed call is refused with a reason
 (InvalidRequest on the wire) instead of failing inside a handler. Fields with a default may be absent.
+
+Each message also names the `reply` its call answers (runtime/graph/replies.py): `call(link, message)` sends it
+and returns that reply, checked. A handler table registers each handler with its message type
+(runtime/common/dispatch.py typed_handlers) and sends the reply a handler returns as its `to_wire()` document.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from runtime.common.dispatch import BadArguments
+from runtime.graph import replies as r
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.checkpoint_options import CheckpointOptions
+from runtime.graph.wire import decode_fields, encode_value
 
-M = TypeVar("M", bound="Message")
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {value!r}")
-    return value
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise TypeError(f"expected a number, got {value!r}")
-    return float(value)  # a string as the REST API's JSON may carry it: "30" (and "soon" raises ValueError)
-
-
-def _document(value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"expected an object, got {value!r}")
-    return dict(value)
-
-
-def _items(value: Any) -> list[Any]:
-    if not isinstance(value, list | tuple):
-        raise TypeError(f"expected a list, got {value!r}")
-    return list(value)
-
-
-# a field's declared type (as written: the module uses postponed annotations) -> its check and conversion
-_DECODE: dict[str, Callable[[Any], Any]] = {
-    "str": _text, "int": _integer, "float": _number, "bool": bool, "Mapping[str, Any]": _document,
-    "list[Any]": _items, "TaskCheckpointFigures": TaskCheckpointFigures.from_wire,
-    "CheckpointOptions": CheckpointOptions.from_wire,
-}
+M = TypeVar("M", bound="Message[Any]")
+R = TypeVar("R", bound=r.Reply)
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class Message(Generic[R]):
     method: ClassVar[str]
+    reply: ClassVar[type[r.Reply]]  # what the call answers (runtime/graph/replies.py)
+
+    def reply_type(self) -> type[R]:
+        return cast("type[R]", self.reply)
 
     def to_wire(self) -> dict[str, Any]:
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = value.to_wire() if hasattr(value, "to_wire") else value
-        return out
+        return {f.name: encode_value(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_wire(cls: type[M], doc: Any) -> M:
         if not isinstance(doc, Mapping):
             raise BadArguments(f"{cls.method}: arguments must be an object, got {doc!r}")
-        values = {}
-        for f in fields(cls):
-            value = doc.get(f.name)
-            if value is None:
-                if f.default is MISSING and f.default_factory is MISSING:
-                    raise BadArguments(f"{cls.method}: {f.name!r} is required")
-                continue
-            try:
-                values[f.name] = _DECODE[str(f.type).removesuffix(" | None")](value)
-            except (TypeError, ValueError) as exc:
-                raise BadArguments(f"{cls.method}: {f.name!r}: {exc}") from None
-        return cls(**values)
+        return cls(**decode_fields(fields(cls), doc, lambda problem: BadArguments(f"{cls.method}: {problem}")))
 
 
 # -- what workers report ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Register(Message):
+class Register(Message[r.Ok]):
     method = "register"
+    reply = r.Ok
     slots: int
     host: str
     data_port: int
@@ -101,17 +60,19 @@ class Register(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat(Message):
+class Heartbeat(Message[r.Ok]):
     method = "heartbeat"
+    reply = r.Ok
     id: str = ""
     tasks: list[Any] = field(default_factory=list)  # runtime/worker/worker.py task_report(), one per task
     process: Mapping[str, Any] | None = None  # the worker process's memory and CPU (log_tail.process_figures)
 
 
 @dataclass(frozen=True, slots=True)
-class TaskReport(Message):
+class TaskReport(Message[r.Ok]):
     """About one task of one attempt: the coordinator ignores reports of an attempt that is not the current."""
 
+    reply = r.Ok
     job_id: str
     attempt: int
     task: str  # "vertex:subtask"
@@ -170,8 +131,9 @@ class SlowCall(TaskReport):
 
 
 @dataclass(frozen=True, slots=True)
-class JobError(Message):
+class JobError(Message[r.Ok]):
     method = "job_error"
+    reply = r.Ok
     job_id: str
     attempt: int
     error: str = "?"
@@ -184,7 +146,7 @@ REPORTS: tuple[type[Message], ...] = (Register, Heartbeat, AckCheckpoint, Declin
 
 
 @dataclass(frozen=True, slots=True)
-class JobQuery(Message):
+class JobQuery(Message[R]):
     """A request about one job."""
 
     method = ""
@@ -192,41 +154,67 @@ class JobQuery(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel(JobQuery):
+class Cancel(JobQuery[r.Cancelled]):
     """Cancel the job; with `savepoint`, stop it with a savepoint first (coordinator/upgrade.py)."""
 
     method = "cancel"
+    reply = r.Cancelled
     savepoint: bool = False
     directory: str | None = None  # the savepoint's (None: the configured savepoint directory)
     timeout_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
-class Checkpoints(JobQuery):
+class Checkpoints(JobQuery[r.CheckpointList]):
     method = "checkpoints"
+    reply = r.CheckpointList
 
 
 @dataclass(frozen=True, slots=True)
-class Status(Message):
+class Status(Message[r.JobSummary | r.ClusterOverview]):
+    """What the handler decodes; a caller sends JobStatus or Overview, which say which answer they get."""
+
     method = "status"
     job_id: str | None = None  # None: the cluster's overview
 
+    def reply_type(self) -> type[r.JobSummary | r.ClusterOverview]:  # type: ignore[override]
+        return r.JobSummary if self.job_id else r.ClusterOverview
+
 
 @dataclass(frozen=True, slots=True)
-class WaitJob(JobQuery):
+class JobStatus(JobQuery[r.JobSummary]):
+    """`status` of one job."""
+
+    method = "status"
+    reply = r.JobSummary
+
+
+@dataclass(frozen=True, slots=True)
+class Overview(Message[r.ClusterOverview]):
+    """`status` of the cluster: its workers and jobs."""
+
+    method = "status"
+    reply = r.ClusterOverview
+
+
+@dataclass(frozen=True, slots=True)
+class WaitJob(JobQuery[r.JobSummary]):
     method = "wait_job"
+    reply = r.JobSummary
     timeout_s: float | None = None  # None: the coordinator's longest wait
 
 
 @dataclass(frozen=True, slots=True)
-class Probe(JobQuery):
+class Probe(JobQuery[r.ProbeResult]):
     method = "probe"
+    reply = r.ProbeResult
     timeout_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
-class TakeCheckpoint(JobQuery):
+class TakeCheckpoint(JobQuery[r.CheckpointDone]):
     method = "checkpoint"
+    reply = r.CheckpointDone
     savepoint: bool = False
     directory: str | None = None  # a savepoint's (None: the configured savepoint directory)
     mode: str | None = None  # None: the job's own mode
@@ -234,17 +222,19 @@ class TakeCheckpoint(JobQuery):
 
 
 @dataclass(frozen=True, slots=True)
-class Rescale(JobQuery):
+class Rescale(JobQuery[r.Rescaled]):
     method = "rescale"
+    reply = r.Rescaled
     parallelism: Mapping[str, Any] | None = None  # NAME or "*" -> N >= 1 (the handler checks the values)
     timeout_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
-class Upgrade(JobQuery):
+class Upgrade(JobQuery[r.Upgraded]):
     """Stop the job with a savepoint and start `entry` from it (coordinator/upgrade.py)."""
 
     method = "upgrade"
+    reply = r.Upgraded
     entry: str = ""
     name: str | None = None  # None: the running job's
     sys_path: str | None = None  # None: the running job's
@@ -255,15 +245,17 @@ class Upgrade(JobQuery):
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerLog(Message):
+class WorkerLog(Message[r.LogLines]):
     method = "worker_log"
+    reply = r.LogLines
     worker_id: str
     lines: int = 200  # the handler keeps it within 1..1000
 
 
 @dataclass(frozen=True, slots=True)
-class Submit(Message):
+class Submit(Message[r.Submitted]):
     method = "submit"
+    reply = r.Submitted
     entry: str = ""
     name: str | None = None
     config: Mapping[str, Any] | None = None  # JobConfig's document with "checkpoint" and "restart" settings
@@ -275,25 +267,29 @@ class Submit(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Deploy(Message):
+class Deploy(Message[r.Deployed]):
     method = "deploy"
+    reply = r.Deployed
     plan: Mapping[str, Any]  # Plan.to_dict(): the worker builds its Plan from it
 
 
 @dataclass(frozen=True, slots=True)
-class StartJob(JobQuery):
+class StartJob(JobQuery[r.Started]):
     method = "start"
+    reply = r.Started
 
 
 @dataclass(frozen=True, slots=True)
-class CancelJob(JobQuery):
+class CancelJob(JobQuery[r.CancelledHere]):
     method = "cancel"
+    reply = r.CancelledHere
     attempt: int | None = None  # None: whichever attempt runs
 
 
 @dataclass(frozen=True, slots=True)
-class TriggerCheckpoint(JobQuery):
+class TriggerCheckpoint(JobQuery[r.SourcesReached]):
     method = "trigger_checkpoint"
+    reply = r.SourcesReached
     attempt: int
     checkpoint_id: int
     options: CheckpointOptions  # how to take it, as the coordinator decided at the request
@@ -302,21 +298,44 @@ class TriggerCheckpoint(JobQuery):
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointNotice(JobQuery):
-    """checkpoint_complete (sinks commit) or checkpoint_aborted, to every task of the attempt."""
+class CheckpointNotice(JobQuery[r.Notified]):
+    """checkpoint_complete (sinks commit), to every task of the attempt."""
 
     method = "checkpoint_complete"
+    reply = r.Notified
     checkpoint_id: int
     attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class InjectProbe(JobQuery):
+class CheckpointAborted(CheckpointNotice):
+    method = "checkpoint_aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class InjectProbe(JobQuery[r.SourcesReached]):
     method = "probe"
+    reply = r.SourcesReached
     probe_id: int
 
 
 @dataclass(frozen=True, slots=True)
-class LogTail(Message):
+class LogTail(Message[r.LogLines]):
     method = "log_tail"
+    reply = r.LogLines
     lines: int = 200
+
+
+# -- calling ----------------------------------------------------------------------------------------------------
+
+
+class Caller(Protocol):
+    """Anything that makes an RPC call by name (netstack's Link)."""
+
+    async def call(self, method: str, args: dict[str, Any], *, timeout_s: float = ...) -> Any: ...
+
+
+async def call(link: Caller, message: Message[R], *, timeout_s: float = 30.0) -> R:
+    """Send `message` on `link` and return its reply, checked (BadReply when it does not fit)."""
+    answer = await link.call(message.method, message.to_wire(), timeout_s=timeout_s)
+    return message.reply_type().from_wire(answer)

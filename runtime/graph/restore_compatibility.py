@@ -39,23 +39,24 @@ def restore_spec(metadata: CheckpointMetadata, job: Job, plan: Plan, *, path: st
     nodes: dict[int, int] = {}
     if metadata.operators:
         graph = metadata.graph
-        nodes = _by_uid(graph, acks, job, plan, path)
+        nodes = _by_uid(metadata, acks, job, plan, path)
     elif _reshaped(saved, plan):
         nodes = _by_name(saved, acks, job, plan, path)
     return RestoreSpec(path=directory, checkpoint_id=metadata.checkpoint_id, tasks=metadata.task_files(),
                        parallelism={int(v["id"]): int(v["parallelism"]) for v in saved}, nodes=nodes, graph=graph)
 
 
-def _by_uid(graph: dict[str, Any], acks: dict[str, Any], job: Job, plan: Plan, path: str) -> dict[int, int]:
+def _by_uid(metadata: CheckpointMetadata, acks: dict[str, Any], job: Job, plan: Plan, path: str) -> dict[int, int]:
     """Each operator's parallelism in the checkpoint, by the job's node id, matched by uid."""
+    graph = metadata.graph
     refusal = evolution_refusal(graph, job, allow_non_restored_state=plan.config.allow_non_restored_state,
                                 inflight_edges=inflight_edges(graph, acks), new_edges=plan.graph.get("edges") or [])
     if refusal:
         raise IncompatibleCheckpoint(f"checkpoint {path} {refusal}")
     match = match_operators(graph, job)
-    by_node = {int(op["node"]): int(op["parallelism"]) for op in graph["operators"]}
+    by_node = {int(op["node"]): int(op["parallelism"]) for op in metadata.operators}
     nodes = {new: by_node[was] for new, was in match.old_of_new.items()}
-    ended = ended_operators(graph["vertices"], acks)
+    ended = ended_operators(metadata.vertices, acks)
     _check_rescale(job, plan, nodes, frozenset(new for new, was in match.old_of_new.items() if was in ended), path)
     return nodes
 

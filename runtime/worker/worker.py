@@ -45,12 +45,13 @@ from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.common.addresses import advertised_host, local_address_towards
 from runtime.common.backoff import backoff_delays
-from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, decoded
+from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, typed_handlers
 from runtime.common.tasks import BackgroundTasks
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
 from runtime.execution.user_code import CallWatchdog, RunningCall, SlowCall, stack_frames, user_function
 from runtime.graph import protocol as p
+from runtime.graph import replies as r
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import TaskState
 from runtime.graph.plan import Plan
@@ -272,9 +273,9 @@ class Worker(BaseLinkHandler):
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             try:
-                await link.call("register", p.Register(
+                await p.call(link, p.Register(
                     slots=self.config.slots, host=self.advertised, data_port=data_port, id=self.worker_id,
-                    metrics_port=self.metrics_port, pid=os.getpid()).to_wire(), timeout_s=10.0)
+                    metrics_port=self.metrics_port, pid=os.getpid()), timeout_s=10.0)
             except NetstackError as exc:
                 link.close("not registered")
                 transient &= coordinator_unavailable(exc)
@@ -311,7 +312,7 @@ class Worker(BaseLinkHandler):
         """One heartbeat. While it goes unanswered, ask every `leader_check_s` whether another coordinator of the
         list leads now (it took the lease of a paused leader): then leave the old one at once, like a failed
         heartbeat, and register with the new leader first."""
-        call = asyncio.ensure_future(link.call("heartbeat", beat.to_wire(), timeout_s=10.0))
+        call = asyncio.ensure_future(p.call(link, beat, timeout_s=10.0))
         try:
             while True:
                 done, _ = await asyncio.wait({call}, timeout=self.config.leader_check_s)
@@ -337,7 +338,7 @@ class Worker(BaseLinkHandler):
             except NetstackError:
                 continue
             try:
-                await link.call("status", p.Status().to_wire(), timeout_s=2.0)
+                await p.call(link, p.Overview(), timeout_s=2.0)
                 return host, port
             except NotLeader:
                 continue
@@ -357,20 +358,18 @@ class Worker(BaseLinkHandler):
     def _handlers(self) -> HandlerTable[Link]:
         """Every call the coordinator makes on this worker."""
         # each call decoded into its typed message (runtime/graph/protocol.py) before its handler runs
-        return HandlerTable({
-            "deploy": decoded(p.Deploy.from_wire, lambda link, m: self._deploy(Plan.from_dict(dict(m.plan)))),
-            "start": decoded(p.StartJob.from_wire, lambda link, m: self._start(m.job_id)),
-            "cancel": decoded(p.CancelJob.from_wire, lambda link, m: self._rpc_cancel(m.job_id, m.attempt)),
-            "trigger_checkpoint": decoded(p.TriggerCheckpoint.from_wire, lambda link, m: self._trigger_checkpoint(m)),
-            "checkpoint_complete": decoded(p.CheckpointNotice.from_wire, lambda link, m: self._notify_tasks(
-                m.job_id, m.attempt, "checkpoint_complete", m.checkpoint_id)),
-            "checkpoint_aborted": decoded(p.CheckpointNotice.from_wire, lambda link, m: self._notify_tasks(
-                m.job_id, m.attempt, "checkpoint_aborted", m.checkpoint_id)),
-            "probe": decoded(p.InjectProbe.from_wire, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
-            "ping": lambda link, args: {"id": self.worker_id, "time": time.time()},
-            "log_tail": decoded(p.LogTail.from_wire, lambda link, m: {"worker_id": self.worker_id,
-                                                                      "lines": self.log_tail.tail(m.lines)}),
-        })
+        handlers: list[tuple[type[Any], Any]] = [
+            (p.Deploy, lambda link, m: self._deploy(Plan.from_dict(dict(m.plan)))),
+            (p.StartJob, lambda link, m: self._start(m.job_id)),
+            (p.CancelJob, lambda link, m: self._rpc_cancel(m.job_id, m.attempt)),
+            (p.TriggerCheckpoint, lambda link, m: self._trigger_checkpoint(m)),
+            (p.CheckpointNotice, lambda link, m: self._notify_tasks(m.job_id, m.attempt, True, m.checkpoint_id)),
+            (p.CheckpointAborted, lambda link, m: self._notify_tasks(m.job_id, m.attempt, False, m.checkpoint_id)),
+            (p.InjectProbe, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
+            (p.LogTail, lambda link, m: r.LogLines(self.log_tail.tail(m.lines), worker_id=self.worker_id)),
+        ]
+        return HandlerTable({**typed_handlers(handlers),
+                             "ping": lambda link, args: {"id": self.worker_id, "time": time.time()}})
 
     async def on_rpc(self, link: Link, method: str, args: dict[str, Any]) -> Any:
         try:
@@ -380,17 +379,17 @@ class Worker(BaseLinkHandler):
         except BadArguments as exc:
             raise InvalidRequest(str(exc), "BadArgs") from None
 
-    async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> dict[str, bool]:
+    async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> r.CancelledHere:
         deployed = self.jobs.get(job_id)
         if attempt is not None and deployed is not None and deployed.plan.attempt > attempt:
             # from a coordinator that lost its lease while a new leader redeployed the job: not ours to stop
             log.warning("ignoring a cancel of job %s attempt %s: attempt %d runs here", job_id, attempt,
                         deployed.plan.attempt)
-            return {"cancelled": False}
+            return r.CancelledHere(False)
         await self._cancel_job(job_id, report=False)
-        return {"cancelled": True}
+        return r.CancelledHere(True)
 
-    async def _deploy(self, plan: Plan) -> dict[str, list[str]]:
+    async def _deploy(self, plan: Plan) -> r.Deployed:
         if plan.job_id in self.jobs:
             await self._cancel_job(plan.job_id, report=False)
         deployed = await deploy(plan, self.worker_id, self.network, self._checkpoint_hooks(plan))
@@ -405,7 +404,7 @@ class Worker(BaseLinkHandler):
                 teardown(deployed, self.network)
             raise
         log.info("deployed %d tasks of job %s (attempt %d)", len(deployed.tasks), plan.job_id, plan.attempt)
-        return {"tasks": sorted(deployed.tasks)}
+        return r.Deployed(sorted(deployed.tasks))
 
     def _running_job(self, job_id: str) -> DeployedJob:
         deployed = self.jobs.get(job_id)
@@ -413,7 +412,7 @@ class Worker(BaseLinkHandler):
             raise JobNotFound(f"job {job_id} is not deployed here")
         return deployed
 
-    def _trigger_checkpoint(self, args: p.TriggerCheckpoint) -> dict[str, int]:
+    def _trigger_checkpoint(self, args: p.TriggerCheckpoint) -> r.SourcesReached:
         deployed = self._running_job(args.job_id)
         if args.attempt != deployed.plan.attempt:
             raise Conflict(f"attempt {args.attempt} is not the one running here", "WrongAttempt")
@@ -428,18 +427,18 @@ class Worker(BaseLinkHandler):
             if task.state in (TaskState.CREATED, TaskState.RUNNING) and (task.source is not None or task.end_of_input):
                 listener.trigger(spec)
                 triggered += 1
-        return {"sources": triggered}
+        return r.SourcesReached(triggered)
 
-    def _notify_tasks(self, job_id: str, attempt: int | None, kind: str, checkpoint_id: int) -> dict[str, int]:
+    def _notify_tasks(self, job_id: str, attempt: int | None, completed: bool, checkpoint_id: int) -> r.Notified:
         deployed = self.jobs.get(job_id)
         if deployed is None or deployed.plan.attempt != attempt:
-            return {"tasks": 0}  # another attempt's notification: its sinks must not commit ours
+            return r.Notified(0)  # another attempt's notification: its sinks must not commit ours
         for checkpoints in deployed.checkpoints.values():
-            if kind == "checkpoint_complete":
+            if completed:
                 checkpoints.notify_complete(checkpoint_id)
             else:
                 checkpoints.notify_aborted(checkpoint_id)
-        return {"tasks": len(deployed.tasks)}
+        return r.Notified(len(deployed.tasks))
 
     def _checkpoint_hooks(self, plan: Plan) -> CheckpointHooks:
         assert self.writer is not None
@@ -456,20 +455,20 @@ class Worker(BaseLinkHandler):
 
         return CheckpointHooks(self.writer, on_ack, on_decline)
 
-    def _inject_probe(self, job_id: str, probe_id: int) -> dict[str, int]:
+    def _inject_probe(self, job_id: str, probe_id: int) -> r.SourcesReached:
         deployed = self.jobs.get(job_id)
         if deployed is None:
             raise JobNotFound(f"job {job_id} is not deployed here")
         sources = [t for t in deployed.tasks.values() if t.source is not None and t.state == TaskState.RUNNING]
         for task in sources:
             task.post(InjectProbe(probe_id))
-        return {"sources": len(sources)}
+        return r.SourcesReached(len(sources))
 
     def _probe_complete(self, job_id: str, attempt: int, task: Task, probe_id: int, overtaken_out: int,
                         overtaken_in: int) -> None:
         self._spawn(self._report(p.ProbeDone(job_id, attempt, task.task_id, probe_id, overtaken_out, overtaken_in)))
 
-    def _start(self, job_id: str) -> dict[str, int]:
+    def _start(self, job_id: str) -> r.Started:
         deployed = self.jobs.get(job_id)
         if deployed is None:
             raise JobNotFound(f"job {job_id} is not deployed here")
@@ -482,7 +481,7 @@ class Worker(BaseLinkHandler):
             runner = asyncio.create_task(task.run(), name=task.task_id)
             deployed.running[key] = runner
             runner.add_done_callback(functools.partial(self._on_task_done, job_id, key))
-        return {"started": len(deployed.tasks)}
+        return r.Started(len(deployed.tasks))
 
     def _task_ended(self, job_id: str, key: str, attempt: int, task: Task) -> None:
         """The coordinator takes the job's final checkpoint once every task has ended."""
@@ -517,18 +516,17 @@ class Worker(BaseLinkHandler):
             teardown(deployed, self.network)
             del self.jobs[job_id]
 
-    async def _report(self, report: p.Message) -> None:
+    async def _report(self, report: p.Message[r.Ok]) -> None:
         deadline = time.monotonic() + 30.0
-        args = report.to_wire()
         while time.monotonic() < deadline:
             try:
                 if self.coordinator is not None and not self.coordinator.is_closing():
-                    await self.coordinator.call(report.method, args, timeout_s=10.0)
+                    await p.call(self.coordinator, report, timeout_s=10.0)
                     return
             except NetstackError as exc:
                 log.warning("reporting %s failed: %s", report.method, exc)
             await asyncio.sleep(0.5)
-        log.error("gave up reporting %s for %s", report.method, args)
+        log.error("gave up reporting %s for %s", report.method, report.to_wire())
 
     async def _cancel_job(self, job_id: str, *, report: bool) -> None:
         deployed = self.jobs.pop(job_id, None)

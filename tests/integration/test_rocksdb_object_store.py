@@ -13,6 +13,7 @@ import pytest
 
 from coordinator.storage import METADATA_FILE, shared_files
 from runtime.common import objectstore
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.state.rocksdb import available
 from tests.support.checkpoints import backend_handles, taken_while_running
 from tests.support.cluster import Cluster, poll
@@ -49,7 +50,8 @@ def test_rocksdb_checkpoints_in_the_bucket_survive_kill_9_with_unaligned_checkpo
         assert len(handles) == 2 and all(h["backend"] == "rocksdb" and h["store"] == "job" for h in handles), \
             metadata["acks"]
     # the SST files and the channel-state segments (incremental channel state) of the retained checkpoints
-    referenced = {relative.split("/", 1)[1] for m in retained for relative in shared_files(m)}
+    referenced = {relative.split("/", 1)[1] for m in retained
+                  for relative in shared_files(CheckpointMetadata.from_document(m))}
     present = set(objectstore.list_children(f"{job_dir}/shared"))
     assert referenced and referenced <= present, sorted(referenced - present)[:5]
     # none of a discarded or an aborted checkpoint remains once the job ended (the end-of-job sweep)

@@ -12,6 +12,7 @@ import pytest
 
 from coordinator.storage import shared_files
 from runtime.cli.processes import Managed, start_process
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.enums import JobState
 from runtime.state.rocksdb import available
 from tests.support.checkpoints import backend_handles, checkpoint_metadata, taken_while_running
@@ -36,7 +37,8 @@ def assert_shared_files_are_those_referenced(cluster: Cluster, job_id: str) -> N
     job_dir = cluster.tmp_path / "state" / "checkpoints" / job_id
 
     def listing() -> tuple[set[str], set[str]]:
-        referenced = {f.split("/", 1)[1] for m in checkpoint_metadata(cluster, job_id) for f in shared_files(m)}
+        referenced = {f.split("/", 1)[1] for m in checkpoint_metadata(cluster, job_id)
+                      for f in shared_files(CheckpointMetadata.from_document(m))}
         return referenced, set(os.listdir(job_dir / "shared"))
 
     referenced, present = listing()

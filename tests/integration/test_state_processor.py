@@ -116,11 +116,11 @@ def test_read_lists_the_in_flight_records_of_an_unaligned_checkpoint_and_round_t
     cluster.call("cancel", {"job_id": job_id})
     path = str(checkpoint_dir(cluster, job_id, result["checkpoint_id"]))
     cp = open_checkpoint(path)
-    figures = sum(int(a["figures"]["inflight_bytes"]) for a in cp.metadata["acks"].values())
+    figures = sum(int(a["figures"]["inflight_bytes"]) for a in cp.metadata.acks.values())
     assert figures > 0, "the checkpoint persisted no in-flight data: not taken under backpressure"
     listed = records = stream_bytes = file_bytes = 0
     # one operator per task: channel state belongs to tasks, and a chain's operators share theirs
-    heads = [op for op in cp.metadata["operators"] if op["node"] == cp.vertex(op["vertex"])["nodes"][0]]
+    heads = [op for op in cp.metadata.operators if op["node"] == cp.vertex(op["vertex"])["nodes"][0]]
     for op in heads:
         frame = read_state(spark, path, op["uid"], "channels")
         rows = frame.select("size").toArrow().column("size").to_pylist()
@@ -136,13 +136,13 @@ def test_read_lists_the_in_flight_records_of_an_unaligned_checkpoint_and_round_t
         assert sum(rows) <= stream_bytes
     # every persisted record is listed once, and the files holding them (and the segments this checkpoint
     # wrote) are what the checkpoint accounted
-    file_bytes += sum(int(seg[1]) for a in cp.metadata["acks"].values() for seg in a["state"].get("segments") or ()
+    file_bytes += sum(int(seg[1]) for a in cp.metadata.acks.values() for seg in a["state"].get("segments") or ()
                       if segment_writer(seg[0]) == result["checkpoint_id"])
     assert listed == records > 0
     assert file_bytes == figures
 
     # read -> Parquet -> bootstrap: the new savepoint holds exactly the keyed state that was read
-    count = next(op["uid"] for op in cp.metadata["operators"] if op["name"] == "Count")
+    count = next(op["uid"] for op in cp.metadata.operators if op["name"] == "Count")
     rows = cluster.tmp_path / "rows"
     read_state(spark, path, count).write.parquet(str(rows))
     again = cluster.tmp_path / "again"

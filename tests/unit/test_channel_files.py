@@ -66,7 +66,7 @@ def test_a_later_checkpoint_references_and_retention_keeps_what_is_listed(tmp_pa
     storage.discard(d1)  # checkpoint 2 still lists the segment checkpoint 1 wrote
     assert first <= _shared(storage)
     storage.discard(d2)  # now nothing does
-    assert _shared(storage) == {s[0] for s in storage.read_metadata(d3)["acks"]["1:0"]["state"]["segments"]}
+    assert _shared(storage) == {s[0] for s in storage.read_metadata(d3).task_states()["1:0"]["segments"]}
 
 
 def test_a_discard_sweeps_an_aborted_checkpoints_segments(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings
 from coordinator.storage import LocalCheckpointStorage
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
+from runtime.graph.replies import CheckpointDone
 from tests.support.faulty_coordinator import FaultyStorage
 
 
@@ -41,7 +42,7 @@ def runner(storage: Any, *, retain: int = 1, tolerable_failures: int = 0) -> Che
                             on_complete=lambda completed: None)
 
 
-async def checkpoint(r: CheckpointRunner) -> dict[str, Any]:
+async def checkpoint(r: CheckpointRunner) -> CheckpointDone:
     checkpoint_id, fut = r.request()
     deadline = time.monotonic() + 10
     while checkpoint_id not in r.directories:  # the trigger makes its directory in a thread
@@ -57,8 +58,8 @@ def test_stop_waits_for_the_retention_discard_of_the_last_checkpoint(tmp_path: P
     async def main() -> None:
         r = runner(Slow(inner))
         r.start()
-        assert (await checkpoint(r))["status"] == "COMPLETED"
-        assert (await checkpoint(r))["status"] == "COMPLETED"  # retains 1: chk-1 is being discarded
+        assert (await checkpoint(r)).status == "COMPLETED"
+        assert (await checkpoint(r)).status == "COMPLETED"  # retains 1: chk-1 is being discarded
         await r.stop("job finished")
         assert [n for n, _ in inner.list_completed("job-1")] == [2]
 
@@ -73,8 +74,8 @@ def test_an_injected_metadata_failure_aborts_one_checkpoint_and_the_next_complet
         r = runner(FaultyStorage(inner, metadata_fails=1), retain=3, tolerable_failures=1)
         r.start()
         first = await checkpoint(r)
-        assert first["status"] == "ABORTED" and "No space left" in first["reason"], first
-        assert (await checkpoint(r))["status"] == "COMPLETED"
+        assert first.status == "ABORTED" and "No space left" in (first.reason or ""), first
+        assert (await checkpoint(r)).status == "COMPLETED"
         await r.stop("done")
         assert [n for n, _ in inner.list_completed("job-1")] == [2]
 
@@ -87,7 +88,7 @@ def test_when_the_job_finished_stop_lets_a_write_under_way_complete_and_applies_
     async def main() -> None:
         r = runner(Slow(inner))
         r.start()
-        assert (await checkpoint(r))["status"] == "COMPLETED"
+        assert (await checkpoint(r)).status == "COMPLETED"
         checkpoint_id, fut = r.request()  # its write is under way when the job finishes
         deadline = time.monotonic() + 10
         while checkpoint_id not in r.directories:
@@ -95,7 +96,7 @@ def test_when_the_job_finished_stop_lets_a_write_under_way_complete_and_applies_
             await asyncio.sleep(0.01)
         r.ack(checkpoint_id, "1:0", {}, TaskCheckpointFigures())
         await r.stop("job finished", job_finished=True)
-        assert (await fut)["status"] == "ABORTED"  # its requester was answered at once, by the stop
+        assert (await fut).status == "ABORTED"  # its requester was answered at once, by the stop
         assert [n for n, _ in inner.list_completed("job-1")] == [2]  # completed after all; retains 1
 
     asyncio.run(main())
@@ -121,7 +122,7 @@ def test_a_failing_store_leaves_one_line_per_discard_not_a_traceback(tmp_path: P
     async def main() -> None:
         r = runner(Unreachable(LocalCheckpointStorage(str(tmp_path))), tolerable_failures=5)
         r.start()
-        assert (await checkpoint(r))["status"] == "ABORTED"  # its directory is discarded, and that fails too
+        assert (await checkpoint(r)).status == "ABORTED"  # its directory is discarded, and that fails too
         await r.stop("done")
 
     caplog.set_level("WARNING")

@@ -110,7 +110,7 @@ def test_bootstrap_then_read_is_exact_and_cut_by_the_runtimes_key_groups(
         assert keyed_tables(state, key_groups=mine).get(node, {}).get("count", {}) == whole
         seen += len(whole)
     assert seen == len(table) and len(cp.task_files(vertex)) == parallelism
-    assert {o["parallelism"] for o in cp.metadata["operators"] if o["vertex"] == vertex} == {parallelism}
+    assert {o["parallelism"] for o in cp.metadata.operators if o["vertex"] == vertex} == {parallelism}
     # and through Arrow columns (what Parquet holds) back to the same entries, types included
     arrow = rows_table("value", rows)
     again = list(table_entries(arrow, key_col="key", value_col="value", state_name=None))
@@ -187,7 +187,7 @@ def test_rocksdb_state_is_read_and_transform_materialises_it(tmp_path: Path, job
     after = {p: p.read_bytes() for p in tmp_path.joinpath("job").rglob("*") if p.is_file()}
     assert after == before  # the input is only read
     new = open_checkpoint(str(tmp_path / "t"))
-    assert all("backend" not in (a["state"] or {}) for a in new.metadata["acks"].values())
+    assert all("backend" not in (a["state"] or {}) for a in new.metadata.acks.values())
     assert {k: v for k, _, _, v in state_rows(new, "counted", "value")} == {k: v + 1 for k, v in entries.items()}
     dropped = str(tmp_path / "d")
     assert transform(new, dropped, drop=["counted"])["dropped"] == 300
@@ -259,4 +259,4 @@ def test_savepoint_metadata_is_what_the_coordinator_reads_and_verifies(tmp_path:
     metadata = storage.read_metadata(str(out))
     storage.verify(str(out), metadata)  # every task file against its recorded checksum
     assert metadata == open_checkpoint(str(out)).metadata
-    assert metadata["savepoint"] is True and len(metadata["acks"]) == 3
+    assert metadata.savepoint is True and len(metadata.acks) == 3

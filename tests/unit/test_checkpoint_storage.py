@@ -17,6 +17,7 @@ import pytest
 from coordinator.storage import LocalCheckpointStorage
 from runtime.checkpointing import backend_snapshots
 from runtime.common import objectstore, retention
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 from runtime.graph.partitioning import key_group
 from runtime.state import rocksdb
 from runtime.state.backend import StateBackendError
@@ -211,7 +212,7 @@ def test_rocksdb_shared_files_carry_a_crc32_that_verify_checks(tmp_path: Path) -
     for _, name, size, crc in handle["shared_files"]:
         data = objectstore.read(objectstore.join(shared, name))
         assert (len(data), zlib.crc32(data)) == (size, crc)
-    metadata = {"acks": {"1:0": {"state": {"backend": handle}}}}
+    metadata = CheckpointMetadata(1, {"1:0": {"state": {"backend": handle}}})
     storage.verify(directory, metadata)  # intact
     victim = Path(objectstore.join(shared, handle["shared_files"][0][1]))
     data = bytearray(victim.read_bytes())
@@ -221,4 +222,4 @@ def test_rocksdb_shared_files_carry_a_crc32_that_verify_checks(tmp_path: Path) -
         storage.verify(directory, metadata)
     # a handle written before checksums (three fields) still verifies by size
     old = {**handle, "shared_files": [f[:3] for f in handle["shared_files"]]}
-    storage.verify(directory, {"acks": {"1:0": {"state": {"backend": old}}}})
+    storage.verify(directory, CheckpointMetadata(1, {"1:0": {"state": {"backend": old}}}))

@@ -51,7 +51,7 @@ def test_storage_reads_a_legacy_indented_file_and_refuses_a_tampered_one(tmp_pat
     path = storage.checkpoint_dir("job-a", 1)
     with open(os.path.join(path, METADATA_FILE), "wb") as f:
         f.write(legacy_bytes(doc()))
-    assert storage.read_metadata(path)["acks"] == doc()["acks"]
+    assert storage.read_metadata(path).acks == doc()["acks"]
     with open(os.path.join(path, METADATA_FILE), "wb") as f:
         f.write(legacy_bytes(doc()).replace(b'"0-2.state"', b'"0-5.state"'))
     with pytest.raises(CorruptCheckpoint, match="corrupt"):

@@ -1,11 +1,24 @@
 """The coordinator builds a job's graph once per parallelism (coordinator/job_graphs.py): planning, the extras
-check, the restore check and the autoscaler all ask for it, the builder runs once."""
+check, the restore check and the autoscaler all ask for it, the builder runs once; a job that ends, or whose
+submission is refused, keeps none."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
+from coordinator import lifecycle as lc
 from coordinator.job_graphs import KEEP, JobGraphs
+from coordinator.job_manager import JobManager
+from coordinator.jobs import JobRecord
+from coordinator.registry import WorkerRegistry
+from coordinator.server import Coordinator, CoordinatorConfig
+from coordinator.storage import LocalCheckpointStorage
+from netstack.errors import RpcError
+from runtime.graph.enums import JobState
+from runtime.graph.job_config import JobConfig
 from runtime.graph.plan import JobLoadError
 
 ENTRY = "runtime.examples.wordcount:build"
@@ -45,3 +58,33 @@ def test_a_job_keeps_its_latest_graphs_and_forget_drops_them() -> None:
     graphs.forget("job-1")
     graph(graphs, {"*": 1})
     assert graphs.builds == KEEP + 3
+
+
+def test_a_failed_build_leaves_no_entry_for_its_job() -> None:
+    graphs = JobGraphs()
+    with pytest.raises(JobLoadError):
+        graph(graphs, entry="runtime.examples.wordcount:nothing")
+    assert graphs.jobs() == []
+
+
+async def test_a_job_that_ends_drops_its_graphs(tmp_path: Path) -> None:
+    manager = JobManager(workers=WorkerRegistry(), storage=LocalCheckpointStorage(str(tmp_path)))
+    job = JobRecord("job-1", ENTRY, "wc", "", JobConfig())
+    other = JobRecord("job-2", ENTRY, "wc", "", JobConfig())
+    manager.graph(job)
+    manager.graph(other)
+    manager.add(job)
+    assert manager.graphs.jobs() == ["job-1", "job-2"]
+    cancelling = manager.handle(job, lc.CancelAsked("by the test"))  # before the deploy got anywhere
+    assert job.state == JobState.CANCELLED and manager.graphs.jobs() == ["job-2"]
+    if cancelling is not None:
+        await asyncio.wait_for(cancelling, 10.0)
+    assert manager.graphs.jobs() == ["job-2"] and manager.graphs.builds == 2
+
+
+async def test_a_refused_submission_keeps_no_graph(tmp_path: Path) -> None:
+    coordinator = Coordinator(CoordinatorConfig(token="t", metrics_port=None, state_dir=str(tmp_path)))
+    coordinator.leading = lambda: True  # type: ignore[method-assign]  # no lease needed to refuse
+    with pytest.raises(RpcError, match="no workers are registered"):  # refused after the graph was built
+        await coordinator.on_rpc(None, "submit", {"entry": ENTRY})  # type: ignore[arg-type]
+    assert coordinator.manager.graphs.builds == 1 and coordinator.manager.graphs.jobs() == []

@@ -199,3 +199,34 @@ def test_a_record_of_an_older_version_loads_with_an_empty_history() -> None:
     doc["checksum"] = checksum(_body(doc))
     job = decode(json.dumps(doc).encode(), "old.json")
     assert job.checkpoint_counts() == (0, 0) and job.exceptions.entries() == [] and job.saved_graph is None
+
+
+async def test_wait_job_answers_that_a_job_ended_only_once_that_record_is_on_disk(tmp_path: Path) -> None:
+    """Issue 30: a coordinator restarted from the record must show what `wait_job` answered (the count of
+    checkpoints too). The record writer starts late here, at an exact point: the answer waits for it."""
+    from coordinator import lifecycle as lc
+    from coordinator.server import Coordinator, CoordinatorConfig
+
+    class Leading(Coordinator):
+        def leading(self) -> bool:  # no lease in a unit test; the record writer asks too
+            return True
+
+    coordinator = Leading(CoordinatorConfig(token="t", metrics_port=None, state_dir=str(tmp_path)))
+    job = JobRecord("job-1", "runtime.examples.wordcount:build", "wc", "", JobConfig())
+    coordinator.manager.add(job)
+    coordinator.manager.handle(job, lc.CancelAsked("by the test"))  # ended before any deploy got anywhere
+    assert job.state == JobState.CANCELLED
+    answer = asyncio.ensure_future(coordinator.on_rpc(None, "wait_job", {"job_id": "job-1"}))  # type: ignore[arg-type]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not answer.done()  # nothing is on disk yet
+    writer = asyncio.ensure_future(coordinator.store.run())
+    try:
+        summary = await asyncio.wait_for(answer, 10.0)
+        recorded, problems = JobStore(str(tmp_path)).load()
+        assert problems == []
+        assert [(j.job_id, j.state, j.checkpoint_counts()) for j in recorded] == [
+            ("job-1", summary["state"], (summary["checkpoints_completed"], summary["checkpoints_failed"]))]
+    finally:
+        writer.cancel()
+        await coordinator.manager.stop()

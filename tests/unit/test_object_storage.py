@@ -69,7 +69,7 @@ def test_a_checkpoint_written_to_the_bucket_reads_back_lists_and_verifies(bucket
     assert n == 3
     for given in (path, f"{path}/{METADATA_FILE}"):
         doc = storage.read_metadata(given)
-        assert doc["checkpoint_id"] == 3 and set(doc["acks"]) == {"0:0", "1:0"}
+        assert doc.checkpoint_id == 3 and set(doc.acks) == {"0:0", "1:0"}
         storage.verify(given, doc)
     assert storage.list_completed("job-b") == []
 
@@ -99,12 +99,12 @@ def test_a_corrupt_or_missing_object_is_named_by_verify_and_by_a_restore(bucket:
 
     objectstore.remove_tree(path, first="1-0.in")  # removes the lot; put _metadata and the state back
     objectstore.write(state, good)
-    storage.write_metadata(path, meta(1, doc["acks"]))
+    storage.write_metadata(path, meta(1, dict(doc.acks)))
     with pytest.raises(CorruptCheckpoint, match=r"1-0\.in: cannot read checkpoint file of task 1:0"):
         storage.verify(path, storage.read_metadata(path))
     with pytest.raises(CorruptState, match=r"1-0\.in: cannot read"):
-        read_task_file(path, "1-0.in", doc["acks"]["1:0"]["state"]["checksums"]["1-0.in"])
-    assert read_task_file(path, "0-0.state", doc["acks"]["0:0"]["state"]["checksums"]["0-0.state"]) == good
+        read_task_file(path, "1-0.in", doc.task_states()["1:0"]["checksums"]["1-0.in"])
+    assert read_task_file(path, "0-0.state", doc.task_states()["0:0"]["checksums"]["0-0.state"]) == good
 
     meta_key = f"{path}/{METADATA_FILE}"
     body = objectstore.read(meta_key)
@@ -145,7 +145,7 @@ def test_savepoints_go_under_an_s3_root_the_trust_policy_allows(bucket: str) -> 
     path = storage.savepoint_dir(f"{root}/nightly", "job-a", 5)
     assert path == f"{root}/nightly/savepoint-job-a-5"
     storage.write_metadata(path, {**meta(5), "savepoint": True})
-    assert storage.read_metadata(path)["savepoint"] is True
+    assert storage.read_metadata(path).savepoint is True
 
 
 async def test_the_worker_checkpoint_writer_uploads_to_the_bucket(bucket: str) -> None:

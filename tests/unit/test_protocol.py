@@ -36,7 +36,7 @@ MESSAGES: list[p.Message] = [
     p.Deploy({"job_id": "j"}), p.StartJob("j"), p.CancelJob("j", 3), p.InjectProbe("j", 4),
     p.TriggerCheckpoint("j", 1, 5, CheckpointOptions(CheckpointMode.ALIGNED_TIMEOUT, aligned_timeout_s=0.2),
                         1700000000.5, "/c/chk-5"),
-    p.CheckpointNotice("j", 5, attempt=1),
+    p.CheckpointNotice("j", 5, attempt=1), p.CheckpointAborted("j", 5, attempt=1), p.JobStatus("j"), p.Overview(),
 ]
 
 

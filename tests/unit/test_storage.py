@@ -8,6 +8,8 @@ import os
 import pytest
 
 from coordinator.storage import METADATA_FILE, CheckpointStorage, CorruptCheckpoint, LocalCheckpointStorage
+from runtime.common.checkpoint_metadata import encode_metadata
+from runtime.graph.checkpoint_metadata import CheckpointMetadata
 
 
 def meta(n: int) -> dict:
@@ -50,8 +52,8 @@ def test_round_trip_with_format_version(storage):
     path = storage.checkpoint_dir("job-a", 1)
     written = storage.write_metadata(path, meta(1))
     assert written == os.path.join(path, METADATA_FILE)
-    assert storage.read_metadata(path) == {"format": 2, **meta(1)}
-    assert storage.read_metadata(written) == {"format": 2, **meta(1)}
+    assert storage.read_metadata(path) == CheckpointMetadata.from_document(meta(1))
+    assert storage.read_metadata(written) == CheckpointMetadata.from_document(meta(1))
 
 
 def test_atomic_write_leaves_no_temp_files_and_replaces(storage):
@@ -59,7 +61,7 @@ def test_atomic_write_leaves_no_temp_files_and_replaces(storage):
     storage.write_metadata(path, meta(1))
     storage.write_metadata(path, {**meta(1), "mode": "unaligned"})
     assert os.listdir(path) == [METADATA_FILE]
-    assert storage.read_metadata(path)["mode"] == "unaligned"
+    assert storage.read_metadata(path).mode == "unaligned"
 
 
 def test_unserialisable_metadata_writes_nothing(storage):
@@ -87,8 +89,11 @@ def test_wrong_shape_is_refused_on_write(storage):
     (b'{"checkpoint_id": 1, "acks": {}}', "no 'format' version field"),
     (b'{"format": 1, "checkpoint_id": 1, "acks": {}}', "unsupported metadata format 1"),
     (b'{"format": 2, "checkpoint_id": 1, "acks": {}}', "no usable checksum"),
-    (b'{"format": 2, "checkpoint_id": "1", "acks": {}}', "'checkpoint_id' must be an integer"),
-    (b'{"format": 2, "checkpoint_id": 1, "acks": []}', "'acks' must be an object"),
+    # intact files (their checksum holds) whose fields CheckpointMetadata refuses
+    (encode_metadata({"format": 2, "checkpoint_id": "1", "acks": {}}), "'checkpoint_id' must be an integer"),
+    (encode_metadata({"format": 2, "checkpoint_id": 1, "acks": []}), "'acks' must be an object"),
+    (encode_metadata({"format": 2, "checkpoint_id": 1, "acks": {}, "attempt": "2"}), "'attempt' must be a number"),
+    (encode_metadata({"format": 2, "checkpoint_id": 1, "acks": {}, "vertices": {}}), "'vertices' must be a list"),
 ])
 def test_corrupt_metadata_names_the_path(storage, content, message):
     path = storage.checkpoint_dir("job-a", 1)
@@ -239,3 +244,27 @@ def test_verify_finds_a_missing_or_truncated_shared_state_file(storage):
     os.unlink(os.path.join(job_dir, "shared", "a"))
     with pytest.raises(CorruptCheckpoint, match="is missing"):
         storage.verify(path, storage.read_metadata(path))
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"format": 2, "acks": {}}, "'checkpoint_id' must be an integer, got None"),
+    ({"format": 2, "checkpoint_id": 1, "acks": {"0:0": "files"}}, "'acks' must be an object of task -> object"),
+    ({"format": 2, "checkpoint_id": 1, "acks": {}, "operators": [3]}, "'operators' must be a list of objects"),
+    ({"format": 2, "checkpoint_id": 1, "acks": {}, "duration_s": "slow"}, "'duration_s' must be a number, got 'slow'"),
+    ({"format": 3, "checkpoint_id": 1, "acks": {}}, "unsupported metadata format 3"),
+])
+def test_the_coordinator_and_the_state_processor_refuse_a_bad_field_with_one_line_naming_the_file(
+        storage, doc, message):
+    from runtime.data.checkpoint_state import open_checkpoint
+    from runtime.data.spark import DataError
+
+    path = storage.checkpoint_dir("job-a", 1)
+    metadata = os.path.join(path, METADATA_FILE)
+    with open(metadata, "wb") as f:
+        f.write(encode_metadata(doc))
+    with pytest.raises(CorruptCheckpoint) as coordinator:
+        storage.read_metadata(path)
+    with pytest.raises(DataError) as state_processor:
+        open_checkpoint(path)
+    assert str(coordinator.value) == str(state_processor.value) == f"{metadata}: {message}" + (
+        " (this version reads format 2)" if "format" in message else "")
