@@ -142,6 +142,10 @@ def test_a_malformed_record_fails_naming_where_it_is_or_goes_where_the_user_says
                                         on_malformed=lambda rec, exc: ("malformed", rec.offset, rec.value.decode())),
                             0, 1)
     assert tagged == [("a", 1), ("malformed", 1, '{"not json'), ("b", 2)]
+    side, _ = read_source(KafkaSource(bs, [topic], bounded=True, on_malformed="side-output"), 0, 1)
+    assert side[0] == ("a", 1) and side[2] == ("b", 2)
+    assert (side[1].topic, side[1].partition, side[1].offset, side[1].value) == (topic, 0, 1, b'{"not json')
+    assert side[1].error.startswith("JSONDecodeError: ")
 
 
 def test_sink_modes_and_topic_and_partition_from_the_record(broker: KafkaBroker) -> None:
@@ -205,19 +209,25 @@ def test_unreachable_broker_is_one_clear_error() -> None:
 JOB = '''
 import os
 
-from runtime.api import BoundedOutOfOrderness, Job, KafkaSink, KafkaSource
+from runtime.api import MALFORMED_KAFKA_RECORDS, BoundedOutOfOrderness, Job, KafkaSink, KafkaSource
 from runtime.examples.wordcount import Count
 
 BOOTSTRAP, IN, OUT, COPY, SINK_DELAY = {bootstrap!r}, {topic_in!r}, {topic_out!r}, {topic_copy!r}, {sink_delay}
+BAD = {topic_bad!r}
 RELEASE = {release!r}
 
 
 def counted(job: Job) -> None:
-    (job.source(KafkaSource(BOOTSTRAP, [IN], group_id="counted-" + IN, bounded=True), parallelism=2).uid("in")
-        .key_by(lambda r: r[0])
+    source = job.source(KafkaSource(BOOTSTRAP, [IN], group_id="counted-" + IN, bounded=True,
+                                    on_malformed="side-output" if BAD else "fail"), parallelism=2).uid("in")
+    (source.key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
         .sink(KafkaSink(BOOTSTRAP, OUT, delivery="exactly-once", transactional_id_prefix="counted-" + OUT,
                         key=lambda r: r[0], delay_per_record_s=SINK_DELAY)))
+    if BAD:  # the records the source could not read, exactly once too
+        (source.side_output(MALFORMED_KAFKA_RECORDS)
+            .map(lambda m: [m.topic, m.partition, m.offset, m.value.decode(), m.error.split(":")[0]])
+            .sink(KafkaSink(BOOTSTRAP, BAD, delivery="exactly-once", transactional_id_prefix="bad-" + BAD)))
 
 
 class ReleasableKafkaSink(KafkaSink):
@@ -294,11 +304,16 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     through the topic, reading only committed records."""
     bs = broker.bootstrap
     topic_in, topic_out, topic_copy = broker.topic("in"), broker.topic("out"), broker.topic("copy")
-    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2}))
+    topic_bad = broker.topic("bad")
+    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2, topic_bad: 1}))
     records = input_records(24_000)
-    run(produce(bs, topic_in, records, partitions=PARTITIONS))
+    # a malformed record in the middle of every partition, at offset 3000: to the source's side output
+    run(produce(bs, topic_in, records[:12_000], partitions=PARTITIONS))
+    run(produce(bs, topic_in, [], partitions=PARTITIONS, raw=[b'{"bad %d' % p for p in range(PARTITIONS)]))
+    run(produce(bs, topic_in, records[12_000:], partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy=topic_copy, sink_delay=0.0001, release=""))
+                                                           topic_copy=topic_copy, sink_delay=0.0001, release="",
+                                                           topic_bad=topic_bad))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     # refused at submit, in one line, before anything runs: a broker that is down, a transaction timeout
     # shorter than the checkpoint interval
@@ -330,10 +345,12 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     assert st["restarts"] == 1, st
     out = run(read_topic(bs, topic_out))
     assert_exact_counts(out, records)
+    assert sorted(v for _, _, v in run(read_topic(bs, topic_bad))) == \
+        [[topic_in, p, 3000, f'{{"bad {p}', "JSONDecodeError"] for p in range(PARTITIONS)]
     # the source committed completed checkpoints' offsets to its group (monitoring): within each partition
     committed = run(group_offsets(bs, "counted-" + topic_in))
     assert sorted(committed) == [(topic_in, p) for p in range(PARTITIONS)], committed
-    assert all(0 < offset <= len(records) // PARTITIONS for offset in committed.values()), committed
+    assert all(0 < offset <= len(records) // PARTITIONS + 1 for offset in committed.values()), committed
 
     copy_id = submit(cluster, "copied")
     st = cluster.wait_job(copy_id, 120)
@@ -353,7 +370,8 @@ def test_rescale_2_3_1_of_a_kafka_fed_job_moves_partitions_exactly(cluster: Clus
     run(produce(bs, topic_in, records, partitions=5))
     release = cluster.tmp_path / "release"
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy="", sink_delay=0.001, release=str(release)))
+                                                           topic_copy="", sink_delay=0.001, release=str(release),
+                                                           topic_bad=""))
     cluster.start(2)
     job_id = submit(cluster, "rescaled")
     for parallelism in (3, 1):
@@ -393,7 +411,8 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     records = input_records(12_000, seed=3)
     run(produce(bs, topic_in, records, partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy="", sink_delay=0.0005, release=""))
+                                                           topic_copy="", sink_delay=0.0005, release="",
+                                                           topic_bad=""))
     cluster.start(2, worker_args=WORKER_ARGS)
     job_id = submit(cluster, "counted")
 
