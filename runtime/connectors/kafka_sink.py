@@ -52,7 +52,8 @@ class KafkaSink(Sink):
     """Writes records to `topic` (or a function of the record returning the topic; then `marker_topic` names
     an existing topic whose partition 0 carries the exactly-once commit markers). `key`, `partition`,
     `headers`: functions of the record (key: bytes, str or anything str() turns into the key; headers: a list
-    of (name, bytes)). `serializer`: "json", "msgpack", "raw" or a function of the record returning bytes."""
+    of (name, bytes)). `serializer`: "json", "msgpack", "raw" or a function of the record returning bytes (None:
+    a tombstone, a record with no value)."""
 
     extras = ("kafka",)
 
@@ -60,7 +61,7 @@ class KafkaSink(Sink):
                  delivery: str = "exactly-once", transactional_id_prefix: str | None = None,
                  key: Callable[[Any], Any] | None = None, partition: Callable[[Any], int] | None = None,
                  headers: Callable[[Any], list[tuple[str, bytes]]] | None = None,
-                 serializer: str | Callable[[Any], bytes] = "json", marker_topic: str | None = None,
+                 serializer: str | Callable[[Any], bytes | None] = "json", marker_topic: str | None = None,
                  transaction_timeout_ms: int = 60_000, connect_timeout_s: float = 10.0,
                  close_timeout_s: float = 60.0, cancel_wait_s: float = 2.0, retry_s: float = 120.0,
                  client_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
