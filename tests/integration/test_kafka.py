@@ -6,6 +6,7 @@ exact replay from a position; a malformed record; a broker down at submit."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -258,6 +259,20 @@ def short_transactions(job: Job) -> None:
         .sink(KafkaSink(BOOTSTRAP, OUT, transactional_id_prefix="short-" + OUT, transaction_timeout_ms=100)))
 
 
+def sql_totals(job: Job) -> None:
+    """Flink SQL over Kafka tables: running counts per sku to an upsert-kafka table, exactly once."""
+    job.sql(f"""
+        CREATE TABLE orders (sku STRING, qty BIGINT) WITH ('connector' = 'kafka', 'topic' = '{{IN}}-sql',
+          'properties.bootstrap.servers' = '{{BOOTSTRAP}}', 'scan.startup.mode' = 'earliest-offset',
+          'scan.bounded.mode' = 'latest-offset', 'format' = 'json');
+        CREATE TABLE totals (sku STRING, n BIGINT, qty BIGINT, PRIMARY KEY (sku) NOT ENFORCED)
+          WITH ('connector' = 'upsert-kafka', 'topic' = '{{OUT}}-sql', 'properties.bootstrap.servers' = '{{BOOTSTRAP}}',
+          'key.format' = 'json', 'value.format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
+          'sink.transactional-id-prefix' = 'sql-{{OUT}}');
+        INSERT INTO totals SELECT sku, COUNT(*), SUM(qty) FROM orders GROUP BY sku;
+    """)
+
+
 def copied(job: Job) -> None:
     """A second job reading the first one's exactly-once output (read_committed, the default), in event time
     from the records' Kafka timestamps with watermarks per partition (3 partitions over 3 subtasks)."""
@@ -305,7 +320,11 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     bs = broker.bootstrap
     topic_in, topic_out, topic_copy = broker.topic("in"), broker.topic("out"), broker.topic("copy")
     topic_bad = broker.topic("bad")
-    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2, topic_bad: 1}))
+    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2, topic_bad: 1, topic_in + "-sql": 2,
+                           topic_out + "-sql": 2}))
+    sql_orders = [(f"s{i % 7}", i) for i in range(700)]
+    run(produce(bs, topic_in + "-sql", [], partitions=1,
+                raw=[json.dumps({"sku": sku, "qty": qty}).encode() for sku, qty in sql_orders]))
     records = input_records(24_000)
     # a malformed record in the middle of every partition, at offset 3000: to the source's side output
     run(produce(bs, topic_in, records[:12_000], partitions=PARTITIONS))
@@ -353,9 +372,19 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     assert all(0 < offset <= len(records) // PARTITIONS + 1 for offset in committed.values()), committed
 
     copy_id = submit(cluster, "copied")
-    st = cluster.wait_job(copy_id, 120)
-    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    sql_id = submit(cluster, "sql_totals")  # alongside: Kafka tables in SQL, an updating query to upsert-kafka
+    for job in (copy_id, sql_id):
+        st = cluster.wait_job(job, 120)
+        assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert sorted(tuple(v) for _, _, v in run(read_topic(bs, topic_copy))) == sorted(tuple(v) for _, _, v in out)
+    # every key's versions in order (-U dropped, the key's partition keeps them in order): counts 1..n, each once
+    versions: dict[str, list[list[int]]] = defaultdict(list)
+    for key, value in run(read_topic(bs, topic_out + "-sql", keys=True)):
+        versions[json.loads(key)["sku"]].append([value["n"], value["qty"]])
+    expected: dict[str, list[list[int]]] = defaultdict(list)
+    for sku, qty in sql_orders:
+        expected[sku].append([len(expected[sku]) + 1, qty + (expected[sku][-1][1] if expected[sku] else 0)])
+    assert dict(versions) == dict(expected)
 
 
 @pytest.mark.slow
