@@ -261,17 +261,10 @@ def timestamped_value(record: KafkaRecord) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class MalformedKafkaRecord:
+class MalformedKafkaRecord(KafkaRecord):
     """A record the deserializer could not read, as the source's side output carries it (on_malformed=
-    "side-output"): where it is, its raw bytes, and the error."""
+    "side-output"): the record (where it is, its raw bytes) and the error."""
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
     error: str  # "JSONDecodeError: Unterminated string ..."
 
     @staticmethod

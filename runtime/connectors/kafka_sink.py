@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from runtime.common.backoff import RetryWindow
 from runtime.connectors import kafka_core as core
 from runtime.connectors.kafka_client import (
     KafkaError,
@@ -344,7 +345,7 @@ class KafkaSink(Sink):
         group = core.sink_group(str(self.transactional_id_prefix), subtask)
         marker = {kafka.TopicPartition(self.marker_topic, 0):
                   kafka.structs.OffsetAndMetadata(checkpoint_id, core.marker_metadata(token))}
-        failing_since: float | None = None
+        retry = RetryWindow(self.retry_s)
         while True:
             try:
                 self._open_since = time.monotonic()
@@ -361,9 +362,7 @@ class KafkaSink(Sink):
                 raise
             except Exception as exc:
                 self._open_since = None
-                now = time.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.retry_s or not (retriable(exc) or _recoverable(exc)):
+                if not retry.failed(time.monotonic()) or not (retriable(exc) or _recoverable(exc)):
                     raise KafkaError(f"transaction of checkpoint {checkpoint_id} failed: {describe(exc)}") from exc
                 log.warning("kafka sink %d: transaction of checkpoint %d: %s; retrying", self.subtask_index,
                             checkpoint_id, describe(exc))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runtime.api.functions import OutputTag
+from runtime.common.backoff import RetryWindow
 from runtime.connectors import kafka_core as core
 from runtime.connectors.kafka_client import (
     KafkaError,
@@ -371,7 +372,7 @@ class KafkaSource(Source):
         of failures in a row (a broker restart is ridden out)."""
         kafka = aiokafka()
         self._fetch_task = asyncio.current_task()
-        failing_since: float | None = None
+        retry = RetryWindow(self.retry_s)
         next_discovery = time.monotonic() + (self.discovery_interval_s or 0)
         while not self._stopping:
             try:
@@ -386,15 +387,13 @@ class KafkaSource(Source):
                     continue
                 data = await self._consumer.getmany(timeout_ms=100, max_records=2000)
                 self._store(data)
-                failing_since = None
+                retry.succeeded()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self._stopping:
                     return
-                now = time.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.retry_s:
+                if not retry.failed(time.monotonic()):
                     raise KafkaError(f"failing for {self.retry_s:g}s: {describe(exc)}") from exc
                 log.warning("kafka source %d: %s; retrying", self.subtask_index, describe(exc))
                 self._assignment_changed = True  # seek again to what was fetched
@@ -536,7 +535,9 @@ class KafkaSource(Source):
                         describe(future.exception() or RuntimeError()))
 
     def partition_statistics(self) -> dict[TP, tuple[int, int]]:
-        """Per partition: (records read, lag behind the broker's end as last seen)."""
+        """Per partition: (records read, lag behind the broker's end as last seen); none before open."""
+        if not hasattr(self, "_next"):
+            return {}
         with self._lock:
             nxt = dict(self._next)
         lags = core.lag(self.end_offsets, nxt)

@@ -11,11 +11,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
-from runtime.connectors.kafka_source import KafkaSource
+from tests.support.source_reading import read_source, run
 
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
+__all__ = ["add_partitions", "create_topics", "group_offsets", "produce", "read_source", "read_topic", "run"]
 
 
 async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
@@ -78,30 +76,6 @@ async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     cluster = await consumer._client.fetch_all_metadata()
     return set(cluster.partitions_for_topic(topic) or ())
-
-
-def read_source(source: KafkaSource, subtask: int, parallelism: int, *, position: Any = None,
-                limit: int | None = None, timeout_s: float = 60.0) -> tuple[list[Any], Any]:
-    """Read like the task does (position before each batch, never waiting inside read_batch), up to the end
-    or `limit` records; returns the records and the last position."""
-    source.open(subtask, parallelism)
-    try:
-        if position is not None:
-            source.restore(position)
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while limit is None or len(out) < limit:
-            assert time.monotonic() < deadline, f"read only {len(out)} records in {timeout_s}s"
-            source.position()
-            batch = source.read_batch(100 if limit is None else min(100, limit - len(out)))
-            if batch is None:
-                break
-            if not batch:
-                time.sleep(source.idle_wait_s())
-            out += batch
-        return out, source.position()
-    finally:
-        source.close()
 
 
 async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
