@@ -319,10 +319,10 @@ class KafkaSource(Source):
             if not buffer:
                 # all fetched was handed out: offsets up to the fetch position are read (or were markers)
                 self._next[tp] = max(self._next[tp], self._fetched[tp])
+            self.records_read[tp] = self.records_read.get(tp, 0) + len(batch)  # with _next: one snapshot
         self._last_read = tp
         self._last_record_at[tp] = time.monotonic()
         self._batch_from = None
-        self.records_read[tp] = self.records_read.get(tp, 0) + len(batch)
         return batch
 
     def _decode_batch(self, raw: list[Any]) -> list[Any]:
@@ -534,11 +534,13 @@ class KafkaSource(Source):
             log.warning("kafka source %d: committing offsets to group %s: %s", self.subtask_index, self.group_id,
                         describe(future.exception() or RuntimeError()))
 
-    def partition_statistics(self) -> dict[TP, tuple[int, int]]:
-        """Per partition: (records read, lag behind the broker's end as last seen); none before open."""
+    def partition_statistics(self) -> dict[TP, tuple[int, int, int]]:
+        """Per partition: (records read, lag behind the broker's end as last seen, the next offset to hand to
+        the job); none before open. Read together, so offset + lag is the end the source last saw."""
         if not hasattr(self, "_next"):
             return {}
         with self._lock:
             nxt = dict(self._next)
-        lags = core.lag(self.end_offsets, nxt)
-        return {tp: (self.records_read.get(tp, 0), lags.get(tp, 0)) for tp in nxt}
+            read = dict(self.records_read)
+            lags = core.lag(self.end_offsets, nxt)
+        return {tp: (read.get(tp, 0), lags.get(tp, 0), offset) for tp, offset in nxt.items()}

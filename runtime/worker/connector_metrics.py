@@ -69,6 +69,10 @@ FAMILIES: dict[str, Family] = {
     "kafka_lag": Family("sluice_kafka_source_lag_records", GAUGE,
                         "Records of a partition after the next one the source reads, from the end the broker last "
                         "reported (its last stable offset under read_committed)", PARTITION),
+    "kafka_current_offset": Family("sluice_kafka_source_current_offset", GAUGE,
+                                   "The next offset of a partition the source hands to the job (Flink's "
+                                   "currentOffset; with the lag, the partition's end as the source last saw it)",
+                                   PARTITION),
     "kafka_transaction_age_s": Family("sluice_kafka_sink_open_transaction_age_seconds", GAUGE,
                                       "How long the Kafka sink's transaction in progress has been open (0: none)"),
     "kafka_transactions": Family("sluice_kafka_sink_transactions", COUNTER,
@@ -124,9 +128,10 @@ def connector_figures(part: Any) -> list[Figure]:
         out += [Figure("files_pending", (), part.files_pending()), Figure("files_read", (), part.files_read)]
     partitions = getattr(part, "partition_statistics", None)
     if partitions is not None:
-        for (topic, partition), (read, lag) in sorted(partitions().items()):
-            out += [Figure("kafka_records_read", (topic, str(partition)), read),
-                    Figure("kafka_lag", (topic, str(partition)), lag)]
+        for (topic, partition), (read, lag, offset) in sorted(partitions().items()):
+            labels = (topic, str(partition))
+            out += [Figure("kafka_records_read", labels, read), Figure("kafka_lag", labels, lag),
+                    Figure("kafka_current_offset", labels, offset)]
     age = getattr(part, "open_transaction_age_s", None)
     if age is not None and hasattr(part, "transactions"):  # opened
         out += [Figure("kafka_transaction_age_s", (), age()), Figure("kafka_transactions", (), part.transactions)]

@@ -12,6 +12,7 @@ import random
 import re
 import signal
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +27,13 @@ from tests.support.scrape import scrape
 
 pytest.importorskip("aiokafka", reason="aiokafka is not installed (the `kafka` extra)")
 
+from runtime.connectors import kafka_core  # noqa: E402
 from runtime.connectors.kafka_sink import KafkaSink  # noqa: E402
 from runtime.connectors.kafka_source import KafkaSource, MalformedRecord  # noqa: E402
 from tests.support.kafka_topics import (  # noqa: E402
     add_partitions,
     create_topics,
+    end_offsets,
     group_offsets,
     produce,
     read_source,
@@ -286,6 +289,12 @@ def copied(job: Job) -> None:
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
 
 
+def graph(http: str, job_id: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http}/api/v1/jobs/{job_id}/graph", timeout=10) as resp:
+        body: dict[str, Any] = json.loads(resp.read())
+    return body
+
+
 def submit(cluster: Cluster, entry: str, interval_s: float = 0.5) -> str:
     config = {"buffer_bytes": 32 * 1024, "buffers_per_channel": 4,
               "checkpoint": {"interval_s": interval_s, "mode": "unaligned", "timeout_s": 10, "tolerable_failures": 3},
@@ -457,6 +466,25 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     finally:
         broker.resume()
     assert cluster.call("status", {"job_id": job_id})["state"] == "RUNNING"  # it was hung mid-run
+    # the job's REST page shows each source subtask's partitions (exactly those it owns) with their current
+    # offset and lag: offset + lag is the broker's end (read_committed), all input having been produced before
+    ends = run(end_offsets(bs, topic_in))
+    assert ends == {p: len(records) // PARTITIONS for p in range(PARTITIONS)}
+    http = cluster.coordinator.fields["http"]
+    owners = {s: [p for _, p in kafka_core.assigned([(topic_in, p) for p in range(PARTITIONS)], s, 2)]
+              for s in range(2)}
+    shown: dict[int, dict[tuple[str, str], float]] = {}
+
+    def source_figures_at_the_broker_end() -> bool:
+        shown.clear()
+        for sub in graph(http, job_id)["vertices"][0]["subtasks"]:
+            shown[sub["subtask"]] = {(f["name"], f["labels"]["partition"]): f["value"] for f in sub["connectors"]}
+        for s, figures in shown.items():  # a subtask that reported shows exactly the partitions it owns
+            assert not figures or sorted({int(k[1]) for k in figures}) == owners[s], shown
+        return all(figures.get(("sluice_kafka_source_current_offset", str(p)), 0)
+                   + figures.get(("sluice_kafka_source_lag_records", str(p)), 0) == ends[p]
+                   for s, figures in shown.items() for p in owners[s])
+    wait_for(source_figures_at_the_broker_end, 30, "the source's offsets and lags on the REST page")
     metrics: dict[str, float] = {}
     for w in cluster.workers:
         metrics.update(scrape(w.fields["metrics"]))
@@ -469,3 +497,11 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert_exact_counts(run(read_topic(bs, topic_out)), records)
+    # the sink subtask's transactions as its final report shows them: as many as the checkpoints whose markers
+    # reached the broker at most (one per checkpoint with records), none left open
+    sink = graph(http, job_id)["vertices"][-1]
+    for sub in sink["subtasks"]:
+        figures = {f["name"]: f["value"] for f in sub["connectors"]}
+        marker = run(group_offsets(bs, kafka_core.sink_group("counted-" + topic_out, sub["subtask"])))
+        assert 0 < figures["sluice_kafka_sink_transactions_total"] <= max(marker.values()), (figures, marker)
+        assert figures["sluice_kafka_sink_open_transaction_age_seconds"] == 0.0

@@ -13,7 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
 from tests.support.source_reading import read_source, run
 
-__all__ = ["add_partitions", "create_topics", "group_offsets", "produce", "read_source", "read_topic", "run"]
+__all__ = ["add_partitions", "create_topics", "end_offsets", "group_offsets", "produce", "read_source", "read_topic",
+           "run"]
 
 
 async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
@@ -69,6 +70,19 @@ async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read
                         for m in messages]
         out.sort(key=lambda r: (r[0], r[1]))
         return [(k, v) for _, _, k, v in out] if keys else [(p, o, v) for p, o, _, v in out]
+    finally:
+        await consumer.stop()
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The broker's end of every partition of `topic` as a read_committed consumer sees it (the last stable
+    offset): what a source's lag is measured against."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(parts)).items()}
     finally:
         await consumer.stop()
 
