@@ -10,7 +10,6 @@ import json
 import os
 import random
 import re
-import signal
 import time
 import urllib.request
 from collections import Counter, defaultdict
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from netstack.errors import RpcError
-from tests.support.cluster import Cluster, logs, sluice, wait_for, write_module
+from tests.support.cluster import Cluster, kill_sink_worker_after_a_checkpoint, logs, sluice, wait_for, write_module
 from tests.support.kafka_broker import KafkaBroker, noida_binary
 from tests.support.scrape import scrape
 
@@ -353,20 +352,7 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
         assert refused.value.remote_type == "BadConnectorConfig", refused.value
     assert cluster.call("status")["jobs"] == [], "nothing was deployed"
     job_id = submit(cluster, "counted")
-    found: dict[str, Any] = {}
-
-    def checkpointed() -> bool:
-        st = cluster.call("status", {"job_id": job_id})
-        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
-        found.update(st)
-        return st["last_checkpoint"] is not None and any("Sink" in t["name"] for t in st["tasks"])
-
-    wait_for(checkpointed, 60, "a completed checkpoint")
-    victim_id = next(t["worker"] for t in found["tasks"] if "Sink" in t["name"] and t["task"].endswith(":0"))
-    victim = next(w for w in cluster.workers if w.fields["id"] == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    cluster.start_worker(*WORKER_ARGS, worker_id=str(victim_id))
+    cluster.start_worker(*WORKER_ARGS, worker_id=kill_sink_worker_after_a_checkpoint(cluster, job_id))
 
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
