@@ -142,7 +142,9 @@ def _subtask_view(index: int, worker: str | None, stats: Mapping[str, Any] | Non
             "backpressured_ratio": ratio, "busy_ratio": float(st.get("busy_ratio", 0.0)),
             "output_pool_usage": float(st.get("output_pool_usage", 0.0)),
             "input_queue": int(st.get("input_queue", 0)), "output_queue": int(st.get("output_queue", 0)),
-            "backpressure": backpressure_level(ratio)}
+            "backpressure": backpressure_level(ratio),
+            # the task's connectors' figures as the worker's metric samples (a Kafka source's lag per partition)
+            "connectors": list(st.get("connectors") or [])}
 
 
 def _vertex_watermark(subtasks: list[dict[str, Any]]) -> dict[str, Any]:

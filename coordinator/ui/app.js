@@ -152,10 +152,19 @@ function drawVertexDetail(v) {
   if (!v) return;
   box.replaceChildren(el("h4", {}, `${v.name}: subtasks`), table(
     ["subtask", "worker", "state", "in", "out", "in total", "out total", "backpressured", "busy", "output pool",
-      "input queue", "output queue", "watermark", "watermark lag"],
+      "input queue", "output queue", "watermark", "watermark lag", "connectors"],
     v.subtasks.map((s) => [s.subtask, s.worker ?? "–", s.state ?? "–", fmt.rate(s.records_in_per_s),
       fmt.rate(s.records_out_per_s), s.records_in, s.records_out, fmt.pct(s.backpressured_ratio), fmt.pct(s.busy_ratio),
-      fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue, watermarkTime(s), watermarkLag(s)])));
+      fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue, watermarkTime(s), watermarkLag(s),
+      connectorFigures(s.connectors)])));
+}
+
+function connectorFigures(figures) {
+  // the worker's metric samples, one line each: "kafka_source_lag_records orders/3: 12"
+  if (!figures || !figures.length) return "–";
+  return el("div", { class: "figures" }, figures.map((f) => el("div", {},
+    `${f.name.replace(/^sluice_/, "")}${Object.keys(f.labels).length ? " " + Object.values(f.labels).join("/") : ""}: ` +
+    `${Number.isInteger(f.value) ? f.value : f.value.toFixed(2)}`)));
 }
 
 function taskName(task) {

@@ -65,9 +65,9 @@ from runtime.connectors.file_source import FileSource
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource
 from runtime.connectors.generator import GeneratorSource
 from runtime.connectors.iceberg import IcebergSink
-from runtime.connectors.kafka_core import KafkaRecord
+from runtime.connectors.kafka_core import KafkaRecord, MalformedKafkaRecord
 from runtime.connectors.kafka_sink import KafkaSink
-from runtime.connectors.kafka_source import KafkaSource
+from runtime.connectors.kafka_source import MALFORMED_KAFKA_RECORDS, KafkaSource
 from runtime.connectors.nats import NatsSink, NatsSource
 from runtime.connectors.postgres_cdc import PostgresCdcSource
 from runtime.connectors.postgres_sink import PostgresSink
@@ -80,7 +80,8 @@ __all__ = [
     "AsyncKeyedProcessFunction", "AsyncKeyedContext", "AsyncOpenContext", "Context",
     "KeyedContext", "ValueState", "JobDefinitionError", "DEFAULT_MAX_PARALLELISM", "PARTITIONERS", "NatsSource",
     "NatsSink", "DeltaSink", "IcebergSink", "FileSource", "PostgresCdcSource", "PostgresSink",
-    "KafkaSource", "KafkaSink", "KafkaRecord",
+    "KafkaSource", "KafkaSink", "KafkaRecord", "MalformedKafkaRecord",
+    "MALFORMED_KAFKA_RECORDS",
     "ListState", "OperatorContext",
     "BoundedOutOfOrderness", "MIN_WATERMARK", "MAX_WATERMARK", "TimerService",
     "OutputTag", "LATE_DATA", "Window", "WindowedStream", "TumblingEventTimeWindows",

@@ -157,8 +157,9 @@ def _sql_session(job: Job) -> Any:
 
 # two-input operators (runtime/api/co_functions.py); the keyed ones key both inputs
 TWO_INPUT_KINDS = ("co_process", "keyed_co_process", "broadcast_process", "keyed_broadcast_process")
-# operators whose context has `output(tag, value)`
-SIDE_OUTPUT_KINDS = ("process", "keyed_process", *TWO_INPUT_KINDS)
+# operators whose context has `output(tag, value)`, and sources (records they set aside: a KafkaSource's malformed
+# records with on_malformed="side-output", runtime/connectors/source.py's SideOutputBatch)
+SIDE_OUTPUT_KINDS = ("source", "process", "keyed_process", *TWO_INPUT_KINDS)
 
 
 class DataStream:
@@ -194,7 +195,8 @@ class DataStream:
 
     def side_output(self, tag: OutputTag) -> DataStream:
         """The values this stream's operator sent to `tag` with `ctx.output(tag, value)` (late records of a
-        window: `windows.LATE_DATA`). They travel on an edge of their own, never chained."""
+        window: `windows.LATE_DATA`; a KafkaSource's malformed records: `MALFORMED_KAFKA_RECORDS`). They travel
+        on an edge of their own, never chained."""
         if not isinstance(tag, OutputTag):
             raise JobDefinitionError(f"side_output needs an OutputTag, got {tag!r}")
         node = self.job.nodes[self.node_id]

@@ -21,3 +21,24 @@ def backoff_delays(*, base_s: float = 0.1, cap_s: float = 2.0, rng: random.Rando
     while True:
         yield draw.uniform(base_s / 2, ceiling)
         ceiling = min(cap_s, ceiling * 2)
+
+
+class RetryWindow:
+    """How long a client keeps retrying: failures in a row are ridden out for `window_s`, then given up on; a
+    success closes the window. Pure: the caller passes `now` (time.monotonic()). The connectors' fetch and
+    commit loops share it, so "failing for 120s" means the same everywhere."""
+
+    __slots__ = ("window_s", "failing_since")
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.failing_since: float | None = None  # the first failure of the current run of them
+
+    def succeeded(self) -> None:
+        self.failing_since = None
+
+    def failed(self, now: float) -> bool:
+        """A failure at `now`: True to retry, False once the failures in a row have lasted over `window_s`."""
+        if self.failing_since is None:
+            self.failing_since = now
+        return now - self.failing_since <= self.window_s

@@ -49,6 +49,9 @@ _STDLIB_VALUES = frozenset({
     ("zoneinfo", "ZoneInfo"), ("copyreg", "_reconstructor"),
 })
 _OWN_PACKAGES = frozenset({"runtime", "coordinator", "netstack"})  # the runtime's classes are not values
+# ...except the few value classes the runtime itself emits as records (plain frozen dataclasses of values)
+_RUNTIME_VALUES = frozenset({("runtime.connectors.kafka_core", "MalformedKafkaRecord")})
+_VALUE_CLASSES = _STDLIB_VALUES | _RUNTIME_VALUES
 
 
 class UnpicklableValue(TypeError):
@@ -118,7 +121,8 @@ class RestrictedUnpickler(pickle.Unpickler):
             found = getattr(importlib.import_module(module), name, None)
             # a class defined where it is named: not one a job module imported (`from subprocess import Popen`);
             # a module the operator allowed is trusted whole (numpy's scalars load through a function of it)
-            if (module, name) in _STDLIB_VALUES or (isinstance(found, type) and found.__module__ == module) \
+            if (module, name) in _VALUE_CLASSES \
+                    or (isinstance(found, type) and found.__module__ == module) \
                     or (found is not None and module in _allowed_modules()):
                 return found
         raise RefusedPickle(f"refusing to load {module}.{name} from a pickled value: only standard-library value "
@@ -126,7 +130,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def _may_load(module: str, name: str) -> bool:
-    if (module, name) in _STDLIB_VALUES or module in _allowed_modules():
+    if (module, name) in _VALUE_CLASSES or module in _allowed_modules():
         return True
     top = module.split(".")[0]
     if top in sys.stdlib_module_names or top in _OWN_PACKAGES:

@@ -260,6 +260,37 @@ def timestamped_value(record: KafkaRecord) -> Any:
     return (record.timestamp_ms, json_value(record))
 
 
+@dataclass(frozen=True, slots=True)
+class MalformedKafkaRecord(KafkaRecord):
+    """A record the deserializer could not read, as the source's side output carries it (on_malformed=
+    "side-output"): the record (where it is, its raw bytes) and the error."""
+
+    error: str  # "JSONDecodeError: Unterminated string ..."
+
+    @staticmethod
+    def of(record: KafkaRecord, error: BaseException) -> MalformedKafkaRecord:
+        return MalformedKafkaRecord(record.topic, record.partition, record.offset, record.timestamp_ms, record.key,
+                                    record.value, record.headers, f"{type(error).__name__}: {error}")
+
+
+def decode_prefix(records: list[KafkaRecord],
+                  decode: Any) -> tuple[list[Any], tuple[KafkaRecord, BaseException] | None]:
+    """Decode `records` in order up to the first the deserializer fails on: (the values before it, (that record,
+    its error) or None). A batch never holds a malformed record in its middle: what the source hands out stays
+    one record per offset, so a checkpoint's "records of the batch emitted" counts offsets exactly, and the
+    malformed record leads a batch of its own (failing the task, or going to the side output)."""
+    values = []
+    for record in records:
+        try:
+            values.append(decode(record))
+        except Exception as exc:
+            return values, (record, exc)
+    return values, None
+
+
+ON_MALFORMED = ("fail", "side-output")
+
+
 DESERIALIZERS = {"json": json_value, "msgpack": msgpack_value, "raw": raw_value, "key_value": key_value,
                  "timestamped": timestamped_value}
 

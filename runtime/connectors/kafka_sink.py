@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from runtime.common.backoff import RetryWindow
 from runtime.connectors import kafka_core as core
 from runtime.connectors.kafka_client import (
     KafkaError,
@@ -52,7 +53,8 @@ class KafkaSink(Sink):
     """Writes records to `topic` (or a function of the record returning the topic; then `marker_topic` names
     an existing topic whose partition 0 carries the exactly-once commit markers). `key`, `partition`,
     `headers`: functions of the record (key: bytes, str or anything str() turns into the key; headers: a list
-    of (name, bytes)). `serializer`: "json", "msgpack", "raw" or a function of the record returning bytes."""
+    of (name, bytes)). `serializer`: "json", "msgpack", "raw" or a function of the record returning bytes (None:
+    a tombstone, a record with no value)."""
 
     extras = ("kafka",)
 
@@ -60,7 +62,7 @@ class KafkaSink(Sink):
                  delivery: str = "exactly-once", transactional_id_prefix: str | None = None,
                  key: Callable[[Any], Any] | None = None, partition: Callable[[Any], int] | None = None,
                  headers: Callable[[Any], list[tuple[str, bytes]]] | None = None,
-                 serializer: str | Callable[[Any], bytes] = "json", marker_topic: str | None = None,
+                 serializer: str | Callable[[Any], bytes | None] = "json", marker_topic: str | None = None,
                  transaction_timeout_ms: int = 60_000, connect_timeout_s: float = 10.0,
                  close_timeout_s: float = 60.0, cancel_wait_s: float = 2.0, retry_s: float = 120.0,
                  client_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -343,7 +345,7 @@ class KafkaSink(Sink):
         group = core.sink_group(str(self.transactional_id_prefix), subtask)
         marker = {kafka.TopicPartition(self.marker_topic, 0):
                   kafka.structs.OffsetAndMetadata(checkpoint_id, core.marker_metadata(token))}
-        failing_since: float | None = None
+        retry = RetryWindow(self.retry_s)
         while True:
             try:
                 self._open_since = time.monotonic()
@@ -360,9 +362,7 @@ class KafkaSink(Sink):
                 raise
             except Exception as exc:
                 self._open_since = None
-                now = time.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.retry_s or not (retriable(exc) or _recoverable(exc)):
+                if not retry.failed(time.monotonic()) or not (retriable(exc) or _recoverable(exc)):
                     raise KafkaError(f"transaction of checkpoint {checkpoint_id} failed: {describe(exc)}") from exc
                 log.warning("kafka sink %d: transaction of checkpoint %d: %s; retrying", self.subtask_index,
                             checkpoint_id, describe(exc))

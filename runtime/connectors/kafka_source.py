@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import itertools
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from runtime.api.functions import OutputTag
+from runtime.common.backoff import RetryWindow
 from runtime.connectors import kafka_core as core
 from runtime.connectors.kafka_client import (
     KafkaError,
@@ -34,8 +37,8 @@ from runtime.connectors.kafka_client import (
     describe,
     log,
 )
-from runtime.connectors.kafka_core import KafkaRecord
-from runtime.connectors.source import Source
+from runtime.connectors.kafka_core import KafkaRecord, MalformedKafkaRecord
+from runtime.connectors.source import SideOutputBatch, Source
 
 if TYPE_CHECKING:
     from runtime.connectors.submit import SubmitContext
@@ -47,6 +50,10 @@ class MalformedRecord(KafkaError):
     """The deserializer failed on a record: names where it is."""
 
 
+# where a KafkaSource with on_malformed="side-output" sends the records it cannot read (MalformedKafkaRecord)
+MALFORMED_KAFKA_RECORDS = OutputTag("kafka-malformed-records")
+
+
 class KafkaSource(Source):
     """Reads Kafka topics (a list, or `topic_pattern`, a regular expression matched as partitions appear).
 
@@ -55,9 +62,10 @@ class KafkaSource(Source):
     discovered while running starts at its earliest). `bounded=True` stops at the end offsets found when the
     job first starts. `deserializer`: "json", "msgpack", "raw", "key_value", or a function of a KafkaRecord
     (key, value, headers, timestamp, topic/partition/offset). A record it cannot read fails the task naming
-    topic/partition/offset, unless `on_malformed` is given: a function of (KafkaRecord, exception) returning
-    the record to emit instead (say a tagged tuple that a process function sends to a side output), or None
-    to drop it.
+    topic/partition/offset (`on_malformed="fail"`); with `on_malformed="side-output"` it goes instead, as a
+    MalformedKafkaRecord (topic, partition, offset, timestamp_ms, key, value, headers, error), to the source's
+    side output `MALFORMED_KAFKA_RECORDS` (`stream.side_output(MALFORMED_KAFKA_RECORDS)`); or a function of
+    (KafkaRecord, exception) returns the record to emit instead, None to drop it. Exactly once either way.
     """
 
     rescalable = True  # restored at another parallelism: its partitions are dealt anew (redistribute below)
@@ -67,7 +75,7 @@ class KafkaSource(Source):
     def __init__(self, bootstrap_servers: str, topics: Sequence[str] | str | None = None, *,
                  group_id: str | None = None, start: Any = "earliest", bounded: bool = False,
                  deserializer: str | Callable[[KafkaRecord], Any] = "json",
-                 on_malformed: Callable[[KafkaRecord, BaseException], Any] | None = None,
+                 on_malformed: str | Callable[[KafkaRecord, BaseException], Any] = "fail",
                  topic_pattern: str | None = None, isolation_level: str = "read_committed",
                  discovery_interval_s: float | None = 10.0, commit_offsets: bool = True,
                  max_buffered: int = 20_000, connect_timeout_s: float = 10.0, retry_s: float = 120.0,
@@ -79,6 +87,9 @@ class KafkaSource(Source):
         if isinstance(deserializer, str) and deserializer not in core.DESERIALIZERS:
             raise ValueError(f"deserializer must be one of {sorted(core.DESERIALIZERS)} or a function, "
                              f"got {deserializer!r}")
+        if not callable(on_malformed) and on_malformed not in core.ON_MALFORMED:
+            raise ValueError(f"on_malformed must be one of {list(core.ON_MALFORMED)} or a function, "
+                             f"got {on_malformed!r}")
         if isolation_level not in ("read_committed", "read_uncommitted"):
             raise ValueError(f"isolation_level must be read_committed or read_uncommitted, got {isolation_level!r}")
         self.bootstrap_servers = bootstrap_servers
@@ -291,35 +302,47 @@ class KafkaSource(Source):
         tp = self._batch_from
         if tp is None:
             return None if self._finished() else []
-        with self._lock:
+        with self._lock:  # the fetch thread only appends: what is peeked here is still there to pop below
             buffer = self._buffers.get(tp)
-            n = min(max_records, len(buffer)) if buffer else 0
-            raw = [buffer.popleft() for _ in range(n)] if buffer else []
-            if raw:
-                self._next[tp] = raw[-1].offset + 1
-            if buffer is not None and not buffer:
-                # all fetched was handed out: offsets up to the fetch position are read (or were markers)
-                self._next[tp] = max(self._next[tp], self._fetched[tp])
+            raw = list(itertools.islice(buffer, max_records)) if buffer else []
         if not raw:
             # not fetched yet (just restored: the task's skip of what was emitted reads on from this partition)
             if self._partition_done(tp):
                 self._batch_from = None
             return []
+        batch = self._decode_batch(raw)
+        with self._lock:
+            buffer = self._buffers[tp]
+            for _ in range(len(batch)):
+                buffer.popleft()
+            self._next[tp] = raw[len(batch) - 1].offset + 1
+            if not buffer:
+                # all fetched was handed out: offsets up to the fetch position are read (or were markers)
+                self._next[tp] = max(self._next[tp], self._fetched[tp])
+            self.records_read[tp] = self.records_read.get(tp, 0) + len(batch)  # with _next: one snapshot
         self._last_read = tp
         self._last_record_at[tp] = time.monotonic()
         self._batch_from = None
-        self.records_read[tp] = self.records_read.get(tp, 0) + n
-        return [self._deserialize(m) for m in raw]
+        return batch
 
-    def _deserialize(self, m: Any) -> Any:
-        record = KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ()))
-        try:
-            return self._decode(record)
-        except Exception as exc:
-            if self.on_malformed is None:
-                raise MalformedRecord(f"malformed record at {m.topic}/{m.partition}/{m.offset}: "
-                                      f"{type(exc).__name__}: {exc}") from exc
-            return self.on_malformed(record, exc)
+    def _decode_batch(self, raw: list[Any]) -> list[Any]:
+        """The records before the first malformed one of `raw`; a malformed one leading `raw` alone: the task
+        fails naming it, or it goes to the side output, or the user's function says what to emit."""
+        records = [KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ()))
+                   for m in raw]
+        values, bad = core.decode_prefix(records, self._decode)
+        if bad is None or values:
+            return values
+        record, exc = bad
+        if self.on_malformed == "fail":
+            raise MalformedRecord(f"malformed record at {record.topic}/{record.partition}/{record.offset}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        if self.on_malformed == "side-output":
+            return SideOutputBatch(MALFORMED_KAFKA_RECORDS.name, [MalformedKafkaRecord.of(record, exc)],
+                                   record.timestamp_ms)
+        assert callable(self.on_malformed)
+        value = self.on_malformed(record, exc)
+        return [value] if value is not None else SideOutputBatch(None, [None])  # None: dropped, still counted
 
     def _finished(self) -> bool:
         if not self.bounded:
@@ -349,7 +372,7 @@ class KafkaSource(Source):
         of failures in a row (a broker restart is ridden out)."""
         kafka = aiokafka()
         self._fetch_task = asyncio.current_task()
-        failing_since: float | None = None
+        retry = RetryWindow(self.retry_s)
         next_discovery = time.monotonic() + (self.discovery_interval_s or 0)
         while not self._stopping:
             try:
@@ -364,15 +387,13 @@ class KafkaSource(Source):
                     continue
                 data = await self._consumer.getmany(timeout_ms=100, max_records=2000)
                 self._store(data)
-                failing_since = None
+                retry.succeeded()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self._stopping:
                     return
-                now = time.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.retry_s:
+                if not retry.failed(time.monotonic()):
                     raise KafkaError(f"failing for {self.retry_s:g}s: {describe(exc)}") from exc
                 log.warning("kafka source %d: %s; retrying", self.subtask_index, describe(exc))
                 self._assignment_changed = True  # seek again to what was fetched
@@ -513,9 +534,13 @@ class KafkaSource(Source):
             log.warning("kafka source %d: committing offsets to group %s: %s", self.subtask_index, self.group_id,
                         describe(future.exception() or RuntimeError()))
 
-    def partition_statistics(self) -> dict[TP, tuple[int, int]]:
-        """Per partition: (records read, lag behind the broker's end as last seen)."""
+    def partition_statistics(self) -> dict[TP, tuple[int, int, int]]:
+        """Per partition: (records read, lag behind the broker's end as last seen, the next offset to hand to
+        the job); none before open. Read together, so offset + lag is the end the source last saw."""
+        if not hasattr(self, "_next"):
+            return {}
         with self._lock:
             nxt = dict(self._next)
-        lags = core.lag(self.end_offsets, nxt)
-        return {tp: (self.records_read.get(tp, 0), lags.get(tp, 0)) for tp in nxt}
+            read = dict(self.records_read)
+            lags = core.lag(self.end_offsets, nxt)
+        return {tp: (read.get(tp, 0), lags.get(tp, 0), offset) for tp, offset in nxt.items()}

@@ -46,6 +46,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from runtime.common import extras
+from runtime.common.backoff import RetryWindow
 from runtime.connectors.sinks import ForgedSinkState, Sink
 from runtime.connectors.source import Source
 
@@ -302,7 +303,7 @@ class NatsSource(Source):
         during such a pause, and a new one continues where the old one stopped)."""
         nats = _nats()
         self._fetch_task = asyncio.current_task()
-        failing_since: float | None = None
+        retry = RetryWindow(self.retry_s)
         while not self._stopping:
             sub = None
             try:
@@ -311,15 +312,13 @@ class NatsSource(Source):
                     if await self._fetch_once(sub, nats):
                         self._done = True
                         return
-                    failing_since = None
+                    retry.succeeded()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self._stopping:
                     return
-                now = time.monotonic()
-                failing_since = now if failing_since is None else failing_since
-                if now - failing_since > self.retry_s:
+                if not retry.failed(time.monotonic()):
                     raise NatsError(f"failing for {self.retry_s:g}s: {str(exc) or type(exc).__name__}") from exc
                 log.warning("nats source %s/%s: %s; resubscribing at %d", self.stream, self.subtask_index,
                             str(exc) or type(exc).__name__, self._fetched + 1)

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.common.backoff import RetryWindow
 from runtime.connectors import postgres as pgc
 from runtime.connectors.pgoutput import ChangeDecoder, convert, lsn_text, parse_lsn
 from runtime.connectors.postgres import PostgresConfigError, PostgresError, TableInfo
@@ -372,7 +373,7 @@ class _Reader(threading.Thread):
         src = self.source
         pg = pgc.psycopg2()
         position = self.start_position
-        failing_since: float | None = None
+        retry = RetryWindow(src.retry_s)
         while not self._stopping.is_set():
             try:
                 conn = self._connect()
@@ -388,7 +389,7 @@ class _Reader(threading.Thread):
                     position = self._create_slot_and_snapshot(infos)
                 elif position.snapshot is not None:
                     position = self._resume_snapshot(infos, position)
-                failing_since = None
+                retry.succeeded()
                 position = self._stream(infos, position)
                 return
             except _Stopped:
@@ -402,9 +403,7 @@ class _Reader(threading.Thread):
                 if isinstance(exc, PostgresConfigError) or self._stopping.is_set() or not (
                         lost or isinstance(exc, PostgresError)):
                     raise
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since > src.retry_s:
+                if not retry.failed(time.monotonic()):
                     raise PostgresError(f"PostgresCdcSource: failing for {src.retry_s:g}s: "
                                         f"{pgc.describe(exc)}") from None
                 position = self._queued_position or position

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.common.backoff import RetryWindow
 from runtime.connectors import postgres as pgc
 from runtime.connectors.postgres import PostgresConfigError, PostgresError
 from runtime.connectors.sinks import Sink
@@ -517,21 +518,19 @@ class _Committer(threading.Thread):
 
     def run(self) -> None:
         pg = pgc.psycopg2()
-        failing_since: float | None = None
+        retry = RetryWindow(self.sink.retry_s)
         while not self._stopping.is_set():
             self._wake.wait(0.5)
             self._wake.clear()
             try:
                 self._step()
-                failing_since = None
+                retry.succeeded()
             except (pg.OperationalError, pg.InterfaceError, PostgresError) as exc:
                 if self._stopping.is_set():
                     return
                 lock_timeout = getattr(exc, "pgcode", None) == "55P03"
                 self.sink._drop_connection()
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if lock_timeout or isinstance(exc, PostgresConfigError) or now - failing_since > self.sink.retry_s:
+                if lock_timeout or isinstance(exc, PostgresConfigError) or not retry.failed(time.monotonic()):
                     self.error = PostgresError(f"PostgresSink {self.sink.table} subtask {self.sink.subtask_index}: "
                                                f"{pgc.describe(exc)}")
                     return

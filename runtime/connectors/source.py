@@ -5,12 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 
+class SideOutputBatch(list[Any]):
+    """What `read_batch` returns for records that go to a side output of the source (its node's
+    `side_output(OutputTag(tag))`) instead of its main output: a malformed record a source was told to set aside.
+    They count as records of the source, as a batch's do (so a checkpoint's "records of the batch emitted" stays
+    exact); `tag` None drops them. `timestamp_ms`: their event time in a job with event time."""
+
+    def __init__(self, tag: str | None, records: list[Any], timestamp_ms: int | None = None) -> None:
+        super().__init__(records)
+        self.tag = tag
+        self.timestamp_ms = timestamp_ms
+
+
 class Source:
     """A parallel source. Each subtask gets its own copy, opened with its index.
 
     `read_batch` returns the next records (a list), an empty list when none
     are ready yet (rate limit, unbounded input waiting), or None at the end
-    of a bounded input. `position`/`restore` make the read position
+    of a bounded input (or a SideOutputBatch, above). `position`/`restore` make the read position
     checkpointable: restoring a position and reading on yields exactly the
     records that followed it.
     """

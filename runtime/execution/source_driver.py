@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runtime.connectors.source import Source
+from runtime.connectors.source import SideOutputBatch, Source
 from runtime.execution.channels import Subpartition
 from runtime.execution.operators import Chain
 from runtime.execution.task_time import TaskTime
@@ -105,6 +105,10 @@ class SourceDriver:
                     batch = source.read_batch(SOURCE_BATCH)
                     if batch is None:
                         return RunEnd.ENDED
+                    if type(batch) is SideOutputBatch:  # records the source set aside: not through the chain
+                        self.chain.emit_source_side_output(batch)
+                        turns.records_in += len(batch)
+                        continue  # the next batch starts from a fresh position
                     if not batch:
                         return RunEnd.DRAINED
                     self.idle_since = None

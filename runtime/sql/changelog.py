@@ -38,9 +38,9 @@ RETRACTING = ChangelogMode(frozenset({INSERT, DELETE}))  # outer joins, Top-N: r
 
 
 def sink_accepts(connector: str, primary_key: tuple[str, ...]) -> ChangelogMode:
-    """What a table sink consumes: print and blackhole everything; a filesystem table with a primary key upserts
-    (everything), without one it appends (inserts only)."""
-    if connector in ("print", "blackhole"):
+    """What a table sink consumes: print, blackhole and upsert-kafka everything; a filesystem table with a
+    primary key upserts (everything), without one it appends (inserts only)."""
+    if connector in ("print", "blackhole", "upsert-kafka"):
         return ALL
     if connector == "filesystem" and primary_key:
         return ALL

@@ -9,6 +9,12 @@ output stays exactly once.
 Changelog rows (an updating query) reach a sink as (kind, row) pairs, kind one of +I -U +U -D: `print` prints
 them as Flink does (`+U[a, 3]`), `blackhole` drops them, a filesystem table with a PRIMARY KEY writes them as
 upserts (`{"op": "+U", "data": {...}}`, the -U rows dropped: the key says what a row replaces).
+
+Kafka tables plan onto KafkaSource/KafkaSink (runtime/connectors), so they are exactly as exact: `kafka` reads and
+appends JSON objects (positions in checkpoints; 'sink.delivery-guarantee' = 'exactly-once' writes in transactions
+with the checkpoint); `upsert-kafka` writes a changelog keyed by the PRIMARY KEY: +I/+U the row as the value,
+-D a tombstone (null value), -U dropped. The table source hands the KafkaSource's own hooks (submit check,
+partitions dealt on a rescale, per-partition watermarks, offsets committed, metrics) through.
 """
 
 from __future__ import annotations
@@ -19,15 +25,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from runtime.connectors import kafka_core
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource, list_input_files
+from runtime.connectors.kafka_sink import DELIVERIES, KafkaSink
+from runtime.connectors.kafka_source import KafkaSource
 from runtime.connectors.sinks import DiscardSink, Sink
-from runtime.connectors.source import Source
+from runtime.connectors.source import SideOutputBatch, Source
 from runtime.sql import types as T
 from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
 
-SOURCE_CONNECTORS = ("filesystem", "datagen")
-SINK_CONNECTORS = ("filesystem", "print", "blackhole")
+SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka")
+SINK_CONNECTORS = ("filesystem", "print", "blackhole", "kafka", "upsert-kafka")
 FORMATS = ("json", "csv", "parquet")
 
 
@@ -127,6 +136,10 @@ class DatagenSource(Source):
 class TableSource(Source):
     """A table over a connector's source: records in, rows (tuples) out (module docstring)."""
 
+    # what the runtime asks a source for when it has it (getattr): the wrapped source's, passed through
+    HOOKS = ("check_at_submit", "checkpoint_complete", "watermark_generator", "partition_statistics",
+             "redistribute", "redistributes_positions")
+
     def __init__(self, inner: Source, to_row: Callable[[Any], tuple[Any, ...]], describe: str) -> None:
         self.inner = inner
         self.to_row = to_row
@@ -135,6 +148,9 @@ class TableSource(Source):
         self.rescalable = inner.rescalable
         self.subtask_splits = inner.subtask_splits
         self.extras = inner.extras
+        for hook in self.HOOKS:
+            if hasattr(inner, hook):
+                setattr(self, hook, getattr(inner, hook))
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         super().open(subtask_index, parallelism)
@@ -142,7 +158,7 @@ class TableSource(Source):
 
     def read_batch(self, max_records: int) -> list[Any] | None:
         batch = self.inner.read_batch(max_records)
-        if not batch:
+        if not batch or type(batch) is SideOutputBatch:  # records the source set aside are not rows
             return batch
         to_row = self.to_row
         try:
@@ -235,17 +251,16 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         fmt = _format(table)
         if fmt == "json":
             inner = JsonLinesSource(path)
-            pairs = list(zip(names, readers, strict=True))
-
-            def base(record: Any) -> tuple[Any, ...]:
-                get = record.get
-                return tuple(read(get(name)) for name, read in pairs)
+            base = _json_object(names, readers)
         elif fmt == "csv":
             inner = CsvLinesSource(path, table.options.get("csv.field-delimiter", ","))
             base = _positional(readers, table.name)
         else:
             inner = ParquetSource(path, columns=names)
             base = _positional(readers, table.name)
+    elif connector in ("kafka", "upsert-kafka"):
+        inner = kafka_source(table)
+        base = _json_object(names, readers)
     else:
         raise SqlError(f"table {table.name}: connector '{connector}' cannot be read (sources: "
                        f"{', '.join(SOURCE_CONNECTORS)})")
@@ -255,6 +270,16 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         def to_row(record: Any) -> tuple[Any, ...]:
             return computed(base(record))
     return TableSource(inner, to_row, f"table {table.name}")
+
+
+def _json_object(names: list[str], readers: list[Callable[[Any], Any]]) -> Callable[[Any], tuple[Any, ...]]:
+    """A JSON object -> the row of its columns (a missing one is NULL)."""
+    pairs = list(zip(names, readers, strict=True))
+
+    def base(record: Any) -> tuple[Any, ...]:
+        get = record.get
+        return tuple(read(get(name)) for name, read in pairs)
+    return base
 
 
 def _positional(readers: list[Callable[[Any], Any]], name: str) -> Callable[[Any], tuple[Any, ...]]:
@@ -277,6 +302,8 @@ def make_sink(table: TableDef, *, changelog: bool) -> Sink:
         return ChangelogPrintSink(table.options.get("print-identifier", ""), changelog, writers)
     if connector == "blackhole":
         return DiscardSink()
+    if connector in ("kafka", "upsert-kafka"):
+        return kafka_sink(table, changelog=changelog)
     if connector != "filesystem":
         raise SqlError(f"table {table.name}: connector '{connector}' cannot be written (sinks: "
                        f"{', '.join(SINK_CONNECTORS)})")
@@ -316,3 +343,181 @@ def _format(table: TableDef) -> str:
         raise SqlError(f"table {table.name}: 'format' must be one of {', '.join(FORMATS)}, got '{fmt}'")
     return fmt
 
+
+
+# -- Kafka tables (Flink's 'kafka' and 'upsert-kafka' options) --------------------------------------------------
+
+STARTUP_MODES = ("earliest-offset", "latest-offset", "group-offsets", "timestamp", "specific-offsets")
+# the 'properties.*' Sluice passes on (the rest are Java client settings with no aiokafka counterpart here)
+KAFKA_PROPERTIES = ("bootstrap.servers", "group.id", "isolation.level", "auto.offset.reset",
+                    "transaction.timeout.ms")
+
+
+def _skip_malformed(record: Any, error: BaseException) -> None:
+    """'json.ignore-parse-errors' = 'true': a record that is not JSON is skipped (still counted as read)."""
+    return None
+
+
+def _kafka_common(table: TableDef) -> tuple[str, str]:
+    """(bootstrap servers, topic), after refusing what this connector does not take."""
+    opts = table.options
+    for key in opts:
+        if key.startswith("properties.") and key[len("properties."):] not in KAFKA_PROPERTIES:
+            raise SqlError(f"table {table.name}: option '{key}' is not supported (properties: "
+                           f"{', '.join(KAFKA_PROPERTIES)})")
+    for key in ("format", "value.format", "key.format"):
+        if key in opts and opts[key] != "json":
+            raise SqlError(f"table {table.name}: '{key}' must be 'json' (the one format of Kafka tables for now), "
+                           f"got '{opts[key]}'")
+    if "topic-pattern" in opts:
+        raise SqlError(f"table {table.name}: 'topic-pattern' is not supported yet: name the topic ('topic')")
+    servers = _required(table, "properties.bootstrap.servers")
+    topic = _required(table, "topic")
+    if ";" in topic:
+        raise SqlError(f"table {table.name}: one topic per table for now, got '{topic}'")
+    return servers, topic
+
+
+def kafka_start(table: TableDef, topic: str) -> kafka_core.Start:
+    """'scan.startup.mode' (Flink's names) -> where partitions start; the default is Flink's, group-offsets,
+    when the table names a group, else earliest-offset. group-offsets without a committed offset falls back to
+    'properties.auto.offset.reset' (earliest, or latest)."""
+    opts = table.options
+    group = opts.get("properties.group.id")
+    mode = opts.get("scan.startup.mode", "group-offsets" if group else "earliest-offset")
+    if mode not in STARTUP_MODES:
+        raise SqlError(f"table {table.name}: 'scan.startup.mode' must be one of {', '.join(STARTUP_MODES)}, "
+                       f"got '{mode}'")
+    if mode == "earliest-offset":
+        return kafka_core.Start(kafka_core.EARLIEST)
+    if mode == "latest-offset":
+        return kafka_core.Start(kafka_core.LATEST)
+    if mode == "group-offsets":
+        if not group:
+            raise SqlError(f"table {table.name}: 'scan.startup.mode' = 'group-offsets' needs "
+                           "'properties.group.id'")
+        fallback = opts.get("properties.auto.offset.reset", "earliest")
+        if fallback not in (kafka_core.EARLIEST, kafka_core.LATEST):
+            raise SqlError(f"table {table.name}: 'properties.auto.offset.reset' must be earliest or latest, "
+                           f"got '{fallback}'")
+        return kafka_core.Start(kafka_core.COMMITTED, fallback=fallback)
+    if mode == "timestamp":
+        millis = _required(table, "scan.startup.timestamp-millis")
+        if not millis.isdigit():
+            raise SqlError(f"table {table.name}: 'scan.startup.timestamp-millis' must be milliseconds since the "
+                           f"epoch, got '{millis}'")
+        return kafka_core.Start("timestamp", timestamp_ms=int(millis))
+    spec = _required(table, "scan.startup.specific-offsets")
+    offsets = []
+    for item in spec.split(";"):
+        fields = dict(f.strip().split(":", 1) for f in item.split(",") if ":" in f)
+        if set(fields) != {"partition", "offset"} or not (fields["partition"].isdigit()
+                                                          and fields["offset"].isdigit()):
+            raise SqlError(f"table {table.name}: 'scan.startup.specific-offsets' is "
+                           f"'partition:0,offset:42;partition:1,offset:300', got '{spec}'")
+        offsets.append((topic, int(fields["partition"]), int(fields["offset"])))
+    return kafka_core.Start("offsets", offsets=tuple(sorted(offsets)))
+
+
+def kafka_source(table: TableDef) -> KafkaSource:
+    """The KafkaSource of a 'kafka' table: its values JSON objects, one per row."""
+    opts = table.options
+    if table.connector == "upsert-kafka":
+        raise SqlError(f"table {table.name}: an 'upsert-kafka' table cannot be read in Sluice SQL yet (its rows "
+                       "would be an upsert changelog); write it, or read the topic as a 'kafka' table")
+    servers, topic = _kafka_common(table)
+    bounded = opts.get("scan.bounded.mode", "unbounded")
+    if bounded not in ("unbounded", "latest-offset"):
+        raise SqlError(f"table {table.name}: 'scan.bounded.mode' must be unbounded or latest-offset, got "
+                       f"'{bounded}'")
+    ignore = opts.get("json.ignore-parse-errors", "false").lower()
+    if ignore not in ("true", "false"):
+        raise SqlError(f"table {table.name}: 'json.ignore-parse-errors' must be true or false, got '{ignore}'")
+    return KafkaSource(servers, [topic], group_id=opts.get("properties.group.id"), start=kafka_start(table, topic),
+                       bounded=bounded == "latest-offset", deserializer="json",
+                       on_malformed=_skip_malformed if ignore == "true" else "fail",
+                       isolation_level=opts.get("properties.isolation.level", "read_committed"))
+
+
+class UpsertKafkaSink(KafkaSink):
+    """upsert-kafka: a changelog keyed by the primary key; a -U row is dropped (the +U after it replaces it by
+    key), a -D row is a tombstone (the serializer's None value)."""
+
+    def write(self, record: Any) -> None:
+        if record[0] != "-U":
+            super().write(record)
+
+
+def kafka_sink(table: TableDef, *, changelog: bool) -> KafkaSink:
+    """The KafkaSink of a 'kafka' (append) or 'upsert-kafka' (a changelog keyed by the primary key) table: JSON
+    objects as values (and keys: 'key.fields' of a kafka table, the primary key of an upsert-kafka one)."""
+    opts = table.options
+    servers, topic = _kafka_common(table)
+    delivery = opts.get("sink.delivery-guarantee", "at-least-once")
+    if delivery not in DELIVERIES:
+        raise SqlError(f"table {table.name}: 'sink.delivery-guarantee' must be one of {', '.join(DELIVERIES)}, "
+                       f"got '{delivery}'")
+    prefix = opts.get("sink.transactional-id-prefix")
+    if delivery == "exactly-once" and not prefix:
+        raise SqlError(f"table {table.name}: 'sink.delivery-guarantee' = 'exactly-once' needs "
+                       "'sink.transactional-id-prefix' (unique to this table's sink)")
+    timeout = opts.get("properties.transaction.timeout.ms", "60000")
+    if not timeout.isdigit():
+        raise SqlError(f"table {table.name}: 'properties.transaction.timeout.ms' must be milliseconds, got "
+                       f"'{timeout}'")
+    physical = table.physical
+    names = [c.name for c in physical]
+    writers = [T.writer(c.type) for c in physical]  # type: ignore[arg-type]
+    upsert = table.connector == "upsert-kafka"
+    if upsert:
+        if not table.primary_key:
+            raise SqlError(f"table {table.name}: an 'upsert-kafka' table needs a PRIMARY KEY (...) NOT ENFORCED")
+        for key in ("key.format", "value.format"):
+            _required(table, key)
+        key_fields = list(table.primary_key)
+    else:
+        key_fields = [f for f in opts.get("key.fields", "").split(";") if f]
+        unknown = [f for f in key_fields if f not in names]
+        if unknown:
+            raise SqlError(f"table {table.name}: 'key.fields' names {', '.join(unknown)}, not columns of the table")
+        if key_fields and "key.format" not in opts:
+            raise SqlError(f"table {table.name}: 'key.fields' needs 'key.format' = 'json'")
+    include = opts.get("value.fields-include", "ALL").upper()
+    if include not in ("ALL", "EXCEPT_KEY"):
+        raise SqlError(f"table {table.name}: 'value.fields-include' must be ALL or EXCEPT_KEY, got '{include}'")
+    value_fields = [(i, n, w) for i, (n, w) in enumerate(zip(names, writers, strict=True))
+                    if include == "ALL" or n not in key_fields]
+    key_at = [(names.index(f), f, writers[names.index(f)]) for f in key_fields]
+    encode, key_of = kafka_row_codec(value_fields, key_at, changelog=changelog)
+    kind = UpsertKafkaSink if upsert and changelog else KafkaSink
+    if not upsert and changelog:  # the planner refuses this (changelog.sink_accepts): a guard, not a path
+        raise SqlError(f"table {table.name}: a 'kafka' table appends; write an updating query to 'upsert-kafka'")
+    return kind(servers, topic, delivery=delivery, transactional_id_prefix=prefix, key=key_of, serializer=encode,
+                transaction_timeout_ms=int(timeout))
+
+
+Field = tuple[int, str, Callable[[Any], Any] | None]
+
+
+def kafka_row_codec(value_fields: list[Field], key_fields: list[Field], *, changelog: bool
+                    ) -> tuple[Callable[[Any], bytes | None], Callable[[Any], bytes | None] | None]:
+    """(value serializer, key function) of a row, or of a (kind, row) pair when `changelog`: JSON objects of
+    the fields (position, name, writer); a -D row's value is None (a tombstone)."""
+
+    def obj(fields: list[Field], row: tuple[Any, ...]) -> bytes:
+        return kafka_core.encode_json({n: (w(row[i]) if w else row[i]) for i, n, w in fields})
+
+    if changelog:
+        def encode(record: Any) -> bytes | None:
+            kind, row = record
+            return None if kind == "-D" else obj(value_fields, row)
+
+        def key_of(record: Any) -> bytes | None:
+            return obj(key_fields, record[1])
+    else:
+        def encode(record: Any) -> bytes | None:
+            return obj(value_fields, record)
+
+        def key_of(record: Any) -> bytes | None:
+            return obj(key_fields, record)
+    return encode, key_of if key_fields else None

@@ -7,18 +7,16 @@ nothing per record. Every name starts with `sluice_` (see docs/METRICS.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from netstack.metrics_http import link_timeouts, protocol_failures
-from runtime.connectors.file_source import FileSource
-from runtime.connectors.splits import SplitReader
-from runtime.connectors.table_sink import TableSink
 from runtime.execution.async_io import LATENCY_BUCKETS_S, AsyncIOOperator
 from runtime.graph.enums import TaskState
+from runtime.worker.connector_metrics import FAMILIES, GAUGE, Figure, task_figures
 
 if TYPE_CHECKING:
     from runtime.worker.worker import Worker
@@ -85,19 +83,15 @@ class WorkerCollector(Collector):
                                    "(each reported once, with its stack, in the log and the job's exception history)",
                                    labels=labels)
         io = _AsyncIOFamilies(labels)
-        lake = _LakeFamilies(labels)
         connectors = _ConnectorFamilies(labels)
-        kafka = _KafkaFamilies(labels)
         for job_id, task in self.worker.all_tasks():
             st = task.statistics()
             values = [job_id, task.key.operator, str(task.key.subtask)]
-            kafka.add(values, getattr(task, "source", None), getattr(getattr(task, "chain", None), "sinks", ()))
             op = task.chain.async_operator
-            lake.add(values, task)
             if isinstance(op, AsyncIOOperator):  # async_map: its own families, not the async state ones
                 io.add(values, op)
                 st.async_in_flight = None
-            connectors.add(values, [getattr(task, "source", None), *getattr(task.chain, "sinks", ())])
+            connectors.add(values, task_figures(getattr(task, "source", None), task.chain.sinks))
             isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
             slow.add_metric(values, st.slow_user_calls)
             rin.add_metric(values, st.records_in)
@@ -127,9 +121,7 @@ class WorkerCollector(Collector):
                     persisted_total, switched, refused, watermark, async_in_flight, async_blocked, async_captured,
                     isolated, slow)
         yield from io.families()
-        yield from lake.families()
         yield from connectors.families()
-        yield from kafka.families()
 
         peer = ["peer"]
         sent_b = CounterMetricFamily("sluice_connection_sent_bytes", "Bytes sent on a data connection", labels=peer)
@@ -159,46 +151,6 @@ class WorkerCollector(Collector):
         running = GaugeMetricFamily("sluice_worker_tasks_running", "Tasks running on this worker")
         running.add_metric([], sum(1 for _, t in self.worker.all_tasks() if t.state == TaskState.RUNNING))
         yield from (slots, running, protocol_failures(), link_timeouts())
-
-
-class _ConnectorFamilies:
-    """Figures connectors report through `statistics()` (a dict of the names below): the PostgreSQL source's
-    replication lag, the PostgreSQL sink's prepared transactions (docs/METRICS.md, Connectors)."""
-
-    GAUGES = {
-        "replication_lag_bytes": ("sluice_postgres_replication_lag_bytes",
-                                  "WAL bytes the server has beyond the last change the CDC source handed on"),
-        "replication_lag_seconds": ("sluice_postgres_replication_lag_seconds",
-                                    "Age of the last change the CDC source handed on while more are waiting (0 "
-                                    "when caught up)"),
-        "confirmed_lsn": ("sluice_postgres_confirmed_lsn",
-                          "The replication slot's confirmed LSN as the source last sent it (a completed "
-                          "checkpoint's position)"),
-        "open_prepared_transactions": ("sluice_postgres_open_prepared_transactions",
-                                       "Checkpoints the PostgreSQL sink prepared (or deferred) and has not committed"),
-    }
-    COUNTERS = {"rows_written": ("sluice_postgres_rows_written", "Rows the PostgreSQL sink wrote in transactions")}
-
-    def __init__(self, labels: list[str]) -> None:
-        self.gauges = {k: GaugeMetricFamily(name, text, labels=labels) for k, (name, text) in self.GAUGES.items()}
-        self.counters = {k: CounterMetricFamily(name, text, labels=labels)
-                         for k, (name, text) in self.COUNTERS.items()}
-
-    def add(self, values: list[str], parts: list[object]) -> None:
-        for part in parts:
-            statistics = getattr(part, "statistics", None)
-            if statistics is None:
-                continue
-            figures = statistics()
-            if not isinstance(figures, dict):
-                continue  # a user's connector with statistics of its own shape
-            for key, value in figures.items():
-                family = self.gauges.get(key) or self.counters.get(key)
-                if family is not None:
-                    family.add_metric(values, value)
-
-    def families(self) -> list[Metric]:
-        return [*self.gauges.values(), *self.counters.values()]
 
 
 class _AsyncIOFamilies:
@@ -246,83 +198,19 @@ class _AsyncIOFamilies:
                 self.captured, self.latency]
 
 
-class _LakeFamilies:
-    """The table sinks' and the file source's figures (docs/METRICS.md, Tables and files), one sample set per
-    task that has one."""
+class _ConnectorFamilies:
+    """Every connector's metric families (runtime/worker/connector_metrics.py's table), one sample set per task
+    (and per topic/partition for a Kafka source's)."""
 
     def __init__(self, labels: list[str]) -> None:
-        self.pending = GaugeMetricFamily("sluice_table_sink_files_pending",
-                                         "Data files a table sink subtask wrote and has not seen committed",
-                                         labels=labels)
-        self.commits = CounterMetricFamily("sluice_table_sink_commits",
-                                           "Table commits (Delta commits, Iceberg snapshots) the subtask made",
-                                           labels=labels)
-        self.skipped = CounterMetricFamily("sluice_table_sink_files_already_committed",
-                                           "Files listed again (after a restore) that the table already had: "
-                                           "not added twice", labels=labels)
-        self.last_commit = GaugeMetricFamily("sluice_table_sink_last_commit_seconds",
-                                             "Duration of the subtask's last table commit", labels=labels)
-        self.rows = CounterMetricFamily("sluice_table_sink_rows_written", "Rows written to data files",
-                                        labels=labels)
-        self.source_pending = GaugeMetricFamily("sluice_file_source_files_pending",
-                                                "Files a FileSource subtask discovered and has not finished",
-                                                labels=labels)
-        self.source_read = CounterMetricFamily("sluice_file_source_files_read",
-                                               "Files a FileSource subtask read to their end", labels=labels)
+        self.by_key: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            key: (GaugeMetricFamily if f.kind == GAUGE else CounterMetricFamily)(f.name, f.help,
+                                                                                 labels=[*labels, *f.labels])
+            for key, f in FAMILIES.items()}
 
-    def add(self, values: list[str], task: Any) -> None:
-        for sink in task.chain.sinks:
-            if isinstance(sink, TableSink) and hasattr(sink, "stats"):
-                st = sink.statistics()
-                self.pending.add_metric(values, st.files_pending)
-                self.commits.add_metric(values, st.commits)
-                self.skipped.add_metric(values, st.files_already_committed)
-                self.last_commit.add_metric(values, st.last_commit_s)
-                self.rows.add_metric(values, st.rows_written)
-        source = task.source
-        readers = source.sources() if isinstance(source, SplitReader) else [source]
-        files = [r for r in readers if isinstance(r, FileSource) and hasattr(r, "discovery")]
-        if files:
-            self.source_pending.add_metric(values, sum(r.files_pending() for r in files))
-            self.source_read.add_metric(values, sum(r.files_read for r in files))
+    def add(self, values: list[str], figures: list[Figure]) -> None:
+        for figure in figures:
+            self.by_key[figure.family].add_metric([*values, *figure.labels], figure.value)
 
     def families(self) -> list[Metric]:
-        return [self.pending, self.commits, self.skipped, self.last_commit, self.rows, self.source_pending,
-                self.source_read]
-
-
-class _KafkaFamilies:
-    """Kafka sources' per-partition progress and Kafka sinks' open transactions (docs/METRICS.md, Kafka), read
-    from the connectors' own counters (`partition_statistics`, `open_transaction_age_s`)."""
-
-    def __init__(self, labels: list[str]) -> None:
-        part = [*labels, "topic", "partition"]
-        self.read = CounterMetricFamily("sluice_kafka_source_records_read",
-                                        "Records a Kafka source subtask handed to the job, per partition "
-                                        "(rate(): records/s)", labels=part)
-        self.lag = GaugeMetricFamily("sluice_kafka_source_lag_records",
-                                     "Records of a partition after the next one the source reads, from the end "
-                                     "the broker last reported (its last stable offset under read_committed)",
-                                     labels=part)
-        self.age = GaugeMetricFamily("sluice_kafka_sink_open_transaction_age_seconds",
-                                     "How long the Kafka sink's transaction in progress has been open (0: none)",
-                                     labels=labels)
-        self.committed = CounterMetricFamily("sluice_kafka_sink_transactions",
-                                             "Transactions an exactly-once Kafka sink committed (one per "
-                                             "checkpoint with records, and replays after a recovery)",
-                                             labels=labels)
-
-    def add(self, values: list[str], source: object, sinks: Sequence[object]) -> None:
-        statistics = getattr(source, "partition_statistics", None)
-        if statistics is not None and hasattr(source, "_next"):
-            for (topic, partition), (read, lag) in sorted(statistics().items()):
-                self.read.add_metric([*values, topic, str(partition)], read)
-                self.lag.add_metric([*values, topic, str(partition)], lag)
-        for sink in sinks:
-            age = getattr(sink, "open_transaction_age_s", None)
-            if age is not None and hasattr(sink, "transactions"):
-                self.age.add_metric(values, age())
-                self.committed.add_metric(values, getattr(sink, "transactions", 0))
-
-    def families(self) -> list[Metric]:
-        return [self.read, self.lag, self.age, self.committed]
+        return list(self.by_key.values())

@@ -55,6 +55,7 @@ from runtime.graph import replies as r
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import TaskState
 from runtime.graph.plan import Plan
+from runtime.worker.connector_metrics import task_figures
 from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
 from runtime.worker.log_tail import LogTail, process_figures
 from runtime.worker.metrics import WorkerCollector
@@ -105,9 +106,11 @@ class NoCoordinator(ConnectionLost):
 
 
 def task_report(job_id: str, task: Task) -> dict[str, Any]:
-    """A task's statistics as sent to the coordinator (heartbeats, task_finished)."""
+    """A task's statistics as sent to the coordinator (heartbeats, task_finished), with its connectors' figures
+    (Kafka lag per partition, open transactions, ...) as their metric samples: the REST API shows them."""
     return {**asdict(task.statistics()), "job": job_id, "task": task.task_id, "name": task.name,
-            "state": task.state, "attempt": task.chain.attempt}
+            "state": task.state, "attempt": task.chain.attempt,
+            "connectors": [f.document() for f in task_figures(task.source, task.chain.sinks)]}
 
 
 class Worker(BaseLinkHandler):

@@ -6,11 +6,12 @@ exact replay from a position; a malformed record; a broker down at submit."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
-import signal
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,17 +20,19 @@ from typing import Any
 import pytest
 
 from netstack.errors import RpcError
-from tests.support.cluster import Cluster, logs, sluice, wait_for, write_module
+from tests.support.cluster import Cluster, kill_sink_worker_after_a_checkpoint, logs, sluice, wait_for, write_module
 from tests.support.kafka_broker import KafkaBroker, noida_binary
 from tests.support.scrape import scrape
 
 pytest.importorskip("aiokafka", reason="aiokafka is not installed (the `kafka` extra)")
 
+from runtime.connectors import kafka_core  # noqa: E402
 from runtime.connectors.kafka_sink import KafkaSink  # noqa: E402
 from runtime.connectors.kafka_source import KafkaSource, MalformedRecord  # noqa: E402
 from tests.support.kafka_topics import (  # noqa: E402
     add_partitions,
     create_topics,
+    end_offsets,
     group_offsets,
     produce,
     read_source,
@@ -142,6 +145,10 @@ def test_a_malformed_record_fails_naming_where_it_is_or_goes_where_the_user_says
                                         on_malformed=lambda rec, exc: ("malformed", rec.offset, rec.value.decode())),
                             0, 1)
     assert tagged == [("a", 1), ("malformed", 1, '{"not json'), ("b", 2)]
+    side, _ = read_source(KafkaSource(bs, [topic], bounded=True, on_malformed="side-output"), 0, 1)
+    assert side[0] == ("a", 1) and side[2] == ("b", 2)
+    assert (side[1].topic, side[1].partition, side[1].offset, side[1].value) == (topic, 0, 1, b'{"not json')
+    assert side[1].error.startswith("JSONDecodeError: ")
 
 
 def test_sink_modes_and_topic_and_partition_from_the_record(broker: KafkaBroker) -> None:
@@ -205,19 +212,25 @@ def test_unreachable_broker_is_one_clear_error() -> None:
 JOB = '''
 import os
 
-from runtime.api import BoundedOutOfOrderness, Job, KafkaSink, KafkaSource
+from runtime.api import MALFORMED_KAFKA_RECORDS, BoundedOutOfOrderness, Job, KafkaSink, KafkaSource
 from runtime.examples.wordcount import Count
 
 BOOTSTRAP, IN, OUT, COPY, SINK_DELAY = {bootstrap!r}, {topic_in!r}, {topic_out!r}, {topic_copy!r}, {sink_delay}
+BAD = {topic_bad!r}
 RELEASE = {release!r}
 
 
 def counted(job: Job) -> None:
-    (job.source(KafkaSource(BOOTSTRAP, [IN], group_id="counted-" + IN, bounded=True), parallelism=2).uid("in")
-        .key_by(lambda r: r[0])
+    source = job.source(KafkaSource(BOOTSTRAP, [IN], group_id="counted-" + IN, bounded=True,
+                                    on_malformed="side-output" if BAD else "fail"), parallelism=2).uid("in")
+    (source.key_by(lambda r: r[0])
         .process(Count(), parallelism=2)
         .sink(KafkaSink(BOOTSTRAP, OUT, delivery="exactly-once", transactional_id_prefix="counted-" + OUT,
                         key=lambda r: r[0], delay_per_record_s=SINK_DELAY)))
+    if BAD:  # the records the source could not read, exactly once too
+        (source.side_output(MALFORMED_KAFKA_RECORDS)
+            .map(lambda m: [m.topic, m.partition, m.offset, m.value.decode(), m.error.split(":")[0]])
+            .sink(KafkaSink(BOOTSTRAP, BAD, delivery="exactly-once", transactional_id_prefix="bad-" + BAD)))
 
 
 class ReleasableKafkaSink(KafkaSink):
@@ -248,6 +261,20 @@ def short_transactions(job: Job) -> None:
         .sink(KafkaSink(BOOTSTRAP, OUT, transactional_id_prefix="short-" + OUT, transaction_timeout_ms=100)))
 
 
+def sql_totals(job: Job) -> None:
+    """Flink SQL over Kafka tables: running counts per sku to an upsert-kafka table, exactly once."""
+    job.sql(f"""
+        CREATE TABLE orders (sku STRING, qty BIGINT) WITH ('connector' = 'kafka', 'topic' = '{{IN}}-sql',
+          'properties.bootstrap.servers' = '{{BOOTSTRAP}}', 'scan.startup.mode' = 'earliest-offset',
+          'scan.bounded.mode' = 'latest-offset', 'format' = 'json');
+        CREATE TABLE totals (sku STRING, n BIGINT, qty BIGINT, PRIMARY KEY (sku) NOT ENFORCED)
+          WITH ('connector' = 'upsert-kafka', 'topic' = '{{OUT}}-sql', 'properties.bootstrap.servers' = '{{BOOTSTRAP}}',
+          'key.format' = 'json', 'value.format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
+          'sink.transactional-id-prefix' = 'sql-{{OUT}}');
+        INSERT INTO totals SELECT sku, COUNT(*), SUM(qty) FROM orders GROUP BY sku;
+    """)
+
+
 def copied(job: Job) -> None:
     """A second job reading the first one's exactly-once output (read_committed, the default), in event time
     from the records' Kafka timestamps with watermarks per partition (3 partitions over 3 subtasks)."""
@@ -259,6 +286,12 @@ def copied(job: Job) -> None:
 '''
 
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
+
+
+def graph(http: str, job_id: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http}/api/v1/jobs/{job_id}/graph", timeout=10) as resp:
+        body: dict[str, Any] = json.loads(resp.read())
+    return body
 
 
 def submit(cluster: Cluster, entry: str, interval_s: float = 0.5) -> str:
@@ -294,11 +327,20 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
     through the topic, reading only committed records."""
     bs = broker.bootstrap
     topic_in, topic_out, topic_copy = broker.topic("in"), broker.topic("out"), broker.topic("copy")
-    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2}))
+    topic_bad = broker.topic("bad")
+    run(create_topics(bs, {topic_in: PARTITIONS, topic_out: 3, topic_copy: 2, topic_bad: 1, topic_in + "-sql": 2,
+                           topic_out + "-sql": 2}))
+    sql_orders = [(f"s{i % 7}", i) for i in range(700)]
+    run(produce(bs, topic_in + "-sql", [], partitions=1,
+                raw=[json.dumps({"sku": sku, "qty": qty}).encode() for sku, qty in sql_orders]))
     records = input_records(24_000)
-    run(produce(bs, topic_in, records, partitions=PARTITIONS))
+    # a malformed record in the middle of every partition, at offset 3000: to the source's side output
+    run(produce(bs, topic_in, records[:12_000], partitions=PARTITIONS))
+    run(produce(bs, topic_in, [], partitions=PARTITIONS, raw=[b'{"bad %d' % p for p in range(PARTITIONS)]))
+    run(produce(bs, topic_in, records[12_000:], partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy=topic_copy, sink_delay=0.0001, release=""))
+                                                           topic_copy=topic_copy, sink_delay=0.0001, release="",
+                                                           topic_bad=topic_bad))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     # refused at submit, in one line, before anything runs: a broker that is down, a transaction timeout
     # shorter than the checkpoint interval
@@ -310,35 +352,34 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
         assert refused.value.remote_type == "BadConnectorConfig", refused.value
     assert cluster.call("status")["jobs"] == [], "nothing was deployed"
     job_id = submit(cluster, "counted")
-    found: dict[str, Any] = {}
-
-    def checkpointed() -> bool:
-        st = cluster.call("status", {"job_id": job_id})
-        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
-        found.update(st)
-        return st["last_checkpoint"] is not None and any("Sink" in t["name"] for t in st["tasks"])
-
-    wait_for(checkpointed, 60, "a completed checkpoint")
-    victim_id = next(t["worker"] for t in found["tasks"] if "Sink" in t["name"] and t["task"].endswith(":0"))
-    victim = next(w for w in cluster.workers if w.fields["id"] == victim_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    cluster.start_worker(*WORKER_ARGS, worker_id=str(victim_id))
+    cluster.start_worker(*WORKER_ARGS, worker_id=kill_sink_worker_after_a_checkpoint(cluster, job_id))
 
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert st["restarts"] == 1, st
     out = run(read_topic(bs, topic_out))
     assert_exact_counts(out, records)
+    assert sorted(v for _, _, v in run(read_topic(bs, topic_bad))) == \
+        [[topic_in, p, 3000, f'{{"bad {p}', "JSONDecodeError"] for p in range(PARTITIONS)]
     # the source committed completed checkpoints' offsets to its group (monitoring): within each partition
     committed = run(group_offsets(bs, "counted-" + topic_in))
     assert sorted(committed) == [(topic_in, p) for p in range(PARTITIONS)], committed
-    assert all(0 < offset <= len(records) // PARTITIONS for offset in committed.values()), committed
+    assert all(0 < offset <= len(records) // PARTITIONS + 1 for offset in committed.values()), committed
 
     copy_id = submit(cluster, "copied")
-    st = cluster.wait_job(copy_id, 120)
-    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
+    sql_id = submit(cluster, "sql_totals")  # alongside: Kafka tables in SQL, an updating query to upsert-kafka
+    for job in (copy_id, sql_id):
+        st = cluster.wait_job(job, 120)
+        assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert sorted(tuple(v) for _, _, v in run(read_topic(bs, topic_copy))) == sorted(tuple(v) for _, _, v in out)
+    # every key's versions in order (-U dropped, the key's partition keeps them in order): counts 1..n, each once
+    versions: dict[str, list[list[int]]] = defaultdict(list)
+    for key, value in run(read_topic(bs, topic_out + "-sql", keys=True)):
+        versions[json.loads(key)["sku"]].append([value["n"], value["qty"]])
+    expected: dict[str, list[list[int]]] = defaultdict(list)
+    for sku, qty in sql_orders:
+        expected[sku].append([len(expected[sku]) + 1, qty + (expected[sku][-1][1] if expected[sku] else 0)])
+    assert dict(versions) == dict(expected)
 
 
 @pytest.mark.slow
@@ -353,7 +394,8 @@ def test_rescale_2_3_1_of_a_kafka_fed_job_moves_partitions_exactly(cluster: Clus
     run(produce(bs, topic_in, records, partitions=5))
     release = cluster.tmp_path / "release"
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy="", sink_delay=0.001, release=str(release)))
+                                                           topic_copy="", sink_delay=0.001, release=str(release),
+                                                           topic_bad=""))
     cluster.start(2)
     job_id = submit(cluster, "rescaled")
     for parallelism in (3, 1):
@@ -393,7 +435,8 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     records = input_records(12_000, seed=3)
     run(produce(bs, topic_in, records, partitions=PARTITIONS))
     write_module(cluster.tmp_path, "kafkajobs", JOB.format(bootstrap=bs, topic_in=topic_in, topic_out=topic_out,
-                                                           topic_copy="", sink_delay=0.0005, release=""))
+                                                           topic_copy="", sink_delay=0.0005, release="",
+                                                           topic_bad=""))
     cluster.start(2, worker_args=WORKER_ARGS)
     job_id = submit(cluster, "counted")
 
@@ -409,6 +452,25 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     finally:
         broker.resume()
     assert cluster.call("status", {"job_id": job_id})["state"] == "RUNNING"  # it was hung mid-run
+    # the job's REST page shows each source subtask's partitions (exactly those it owns) with their current
+    # offset and lag: offset + lag is the broker's end (read_committed), all input having been produced before
+    ends = run(end_offsets(bs, topic_in))
+    assert ends == {p: len(records) // PARTITIONS for p in range(PARTITIONS)}
+    http = cluster.coordinator.fields["http"]
+    owners = {s: [p for _, p in kafka_core.assigned([(topic_in, p) for p in range(PARTITIONS)], s, 2)]
+              for s in range(2)}
+    shown: dict[int, dict[tuple[str, str], float]] = {}
+
+    def source_figures_at_the_broker_end() -> bool:
+        shown.clear()
+        for sub in graph(http, job_id)["vertices"][0]["subtasks"]:
+            shown[sub["subtask"]] = {(f["name"], f["labels"]["partition"]): f["value"] for f in sub["connectors"]}
+        for s, figures in shown.items():  # a subtask that reported shows exactly the partitions it owns
+            assert not figures or sorted({int(k[1]) for k in figures}) == owners[s], shown
+        return all(figures.get(("sluice_kafka_source_current_offset", str(p)), 0)
+                   + figures.get(("sluice_kafka_source_lag_records", str(p)), 0) == ends[p]
+                   for s, figures in shown.items() for p in owners[s])
+    wait_for(source_figures_at_the_broker_end, 30, "the source's offsets and lags on the REST page")
     metrics: dict[str, float] = {}
     for w in cluster.workers:
         metrics.update(scrape(w.fields["metrics"]))
@@ -421,3 +483,11 @@ def test_a_job_rides_out_a_hung_broker_mid_run(cluster: Cluster, broker: KafkaBr
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
     assert_exact_counts(run(read_topic(bs, topic_out)), records)
+    # the sink subtask's transactions as its final report shows them: as many as the checkpoints whose markers
+    # reached the broker at most (one per checkpoint with records), none left open
+    sink = graph(http, job_id)["vertices"][-1]
+    for sub in sink["subtasks"]:
+        figures = {f["name"]: f["value"] for f in sub["connectors"]}
+        marker = run(group_offsets(bs, kafka_core.sink_group("counted-" + topic_out, sub["subtask"])))
+        assert 0 < figures["sluice_kafka_sink_transactions_total"] <= max(marker.values()), (figures, marker)
+        assert figures["sluice_kafka_sink_open_transaction_age_seconds"] == 0.0

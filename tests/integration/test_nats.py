@@ -5,17 +5,21 @@ counts 1..n, each once."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, write_module
+from tests.support.cluster import (
+    Cluster,
+    kill_sink_worker_after_a_checkpoint,
+    logs,
+    poll,
+    replace_dead_workers,
+    write_module,
+)
 from tests.support.nats_server import NatsServer, nats_server_binary
 
 nats = pytest.importorskip("nats", reason="nats-py is not installed (the `nats` extra)")
@@ -284,19 +288,7 @@ def test_job_nats_to_nats_survives_kill_9_with_exact_output(cluster: Cluster, na
     replaced: set[int] = set()
 
     if kill == "external":
-        found: dict[str, Any] = {}
-
-        def checkpointed() -> bool:
-            st = cluster.call("status", {"job_id": job_id})
-            assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
-            found.update(st)
-            return st["last_checkpoint"] is not None and any("Sink" in t["name"] for t in st["tasks"])
-
-        poll(checkpointed, 60, "a completed checkpoint")
-        victim_id = next(t["worker"] for t in found["tasks"] if "Sink" in t["name"] and t["task"].endswith(":0"))
-        victim = next(w for w in cluster.workers if w.fields["id"] == victim_id)
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.proc.wait(10)
+        kill_sink_worker_after_a_checkpoint(cluster, job_id)
     else:
         poll((markers / "killed").exists, 90, "the sink to kill its worker after a published commit")
     poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")

@@ -128,6 +128,26 @@ def replace_dead_workers(cluster: Cluster, replaced: set[int], worker_args: tupl
     return started
 
 
+def kill_sink_worker_after_a_checkpoint(cluster: Cluster, job_id: str, timeout_s: float = 60.0) -> str:
+    """SIGKILL the worker running the job's sink subtask 0 once a checkpoint has completed and the sink runs,
+    and reap it (the connector tests' kill from outside); returns that worker's id, to start its successor
+    under. The job must not end meanwhile."""
+    found: dict[str, Any] = {}
+
+    def checkpointed() -> bool:
+        st = cluster.call("status", {"job_id": job_id})
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{logs(cluster)}"
+        found.update(st)
+        return st["last_checkpoint"] is not None and any("Sink" in t["name"] for t in st["tasks"])
+
+    wait_for(checkpointed, timeout_s, "a completed checkpoint")
+    victim_id = next(t["worker"] for t in found["tasks"] if "Sink" in t["name"] and t["task"].endswith(":0"))
+    victim = next(w for w in cluster.workers if w.fields["id"] == victim_id)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    return str(victim_id)
+
+
 def holds_for(predicate: Callable[[], Any], duration_s: float, what: str, interval_s: float = 0.1) -> None:
     """Check that predicate() stays true for `duration_s` (how a test waits to see that nothing happens),
     failing as soon as it does not."""

@@ -11,11 +11,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
-from runtime.connectors.kafka_source import KafkaSource
+from tests.support.source_reading import read_source, run
 
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
+__all__ = ["add_partitions", "create_topics", "end_offsets", "group_offsets", "produce", "read_source", "read_topic",
+           "run"]
 
 
 async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
@@ -50,8 +49,9 @@ async def produce(bootstrap: str, topic: str, records: list[Any], *, partitions:
 
 
 async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read_committed",
-                     quiet_s: float = 1.0, timeout_s: float = 60.0) -> list[tuple[int, int, Any]]:
-    """Every record of `topic` up to its end as (partition, offset, JSON value), in partition order."""
+                     quiet_s: float = 1.0, timeout_s: float = 60.0, keys: bool = False) -> list[Any]:
+    """Every record of `topic` up to its end as (partition, offset, JSON value), in partition order; `keys`:
+    as (key bytes, JSON value or None for a tombstone) instead."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, group_id=None,
                                 enable_auto_commit=False)
     await consumer.start()
@@ -61,13 +61,28 @@ async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
-        out: list[tuple[int, int, Any]] = []
+        out: list[tuple[int, int, bytes | None, Any]] = []
         deadline = time.monotonic() + timeout_s
         while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
             assert time.monotonic() < deadline, f"read {len(out)} records of {topic} in {timeout_s}s"
             for tp, messages in (await consumer.getmany(timeout_ms=200)).items():
-                out += [(tp.partition, m.offset, json.loads(m.value)) for m in messages]
-        return sorted(out)
+                out += [(tp.partition, m.offset, m.key, None if m.value is None else json.loads(m.value))
+                        for m in messages]
+        out.sort(key=lambda r: (r[0], r[1]))
+        return [(k, v) for _, _, k, v in out] if keys else [(p, o, v) for p, o, _, v in out]
+    finally:
+        await consumer.stop()
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The broker's end of every partition of `topic` as a read_committed consumer sees it (the last stable
+    offset): what a source's lag is measured against."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(parts)).items()}
     finally:
         await consumer.stop()
 
@@ -75,30 +90,6 @@ async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     cluster = await consumer._client.fetch_all_metadata()
     return set(cluster.partitions_for_topic(topic) or ())
-
-
-def read_source(source: KafkaSource, subtask: int, parallelism: int, *, position: Any = None,
-                limit: int | None = None, timeout_s: float = 60.0) -> tuple[list[Any], Any]:
-    """Read like the task does (position before each batch, never waiting inside read_batch), up to the end
-    or `limit` records; returns the records and the last position."""
-    source.open(subtask, parallelism)
-    try:
-        if position is not None:
-            source.restore(position)
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while limit is None or len(out) < limit:
-            assert time.monotonic() < deadline, f"read only {len(out)} records in {timeout_s}s"
-            source.position()
-            batch = source.read_batch(100 if limit is None else min(100, limit - len(out)))
-            if batch is None:
-                break
-            if not batch:
-                time.sleep(source.idle_wait_s())
-            out += batch
-        return out, source.position()
-    finally:
-        source.close()
 
 
 async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from typing import Any
 
 import nats
 from nats.js.api import StreamConfig
 
-from runtime.connectors.nats import NatsSource
+from tests.support.source_reading import read_source, run
+
+__all__ = ["make_streams", "publish_input", "read_source", "run", "stream_messages"]
 
 PARTITIONS = 4
 DUPLICATE_WINDOW_S = 300.0  # longer than any restart here: a redone commit is deduplicated within it
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
 
 
 async def make_streams(url: str) -> None:
@@ -46,28 +42,3 @@ async def stream_messages(url: str, stream: str) -> int:
     info = await nc.jetstream().stream_info(stream)
     await nc.close()
     return int(info.state.messages)
-
-
-def read_source(source: NatsSource, subtask: int, parallelism: int, *, position: Any = None,
-                limit: int | None = None, timeout_s: float = 60.0, keep_open: bool = False,
-                reopen: bool = True) -> tuple[list[Any], Any]:
-    """Read like the task does (never waiting inside read_batch), up to the end or `limit` records."""
-    if reopen:
-        source.open(subtask, parallelism)
-    try:
-        if position is not None:
-            source.restore(position)
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while limit is None or len(out) < limit:
-            assert time.monotonic() < deadline, f"read only {len(out)} records in {timeout_s}s"
-            batch = source.read_batch(100 if limit is None else min(100, limit - len(out)))
-            if batch is None:
-                break
-            if not batch:
-                time.sleep(source.idle_wait_s())
-            out += batch
-        return out, source.position()
-    finally:
-        if not keep_open:
-            source.close()

@@ -21,6 +21,7 @@ import pytest
 from runtime.checkpointing.snapshots import decode_operator_state, encode_operator_state, keyed_tables
 from runtime.common.values import PICKLE_EXT, RefusedPickle, UnpicklableValue, loads, packer_default, unpack_ext
 from runtime.connectors.files import json_value
+from runtime.connectors.kafka_core import MalformedKafkaRecord
 from runtime.execution.channels import ChannelReader
 from runtime.graph.partitioning import stable_hash
 from runtime.state.codec import decode_key, decode_value, encode_key, encode_value
@@ -80,6 +81,9 @@ def test_an_unpicklable_value_is_refused_naming_the_operator_and_the_type() -> N
 
 def test_the_unpickler_loads_value_classes_only() -> None:
     assert loads(pickle.dumps(VALUES[6])) == VALUES[6]  # a class of the job's own code (this module)
+    # the runtime's own record values (a KafkaSource's side output of malformed records), and nothing else of it
+    malformed = MalformedKafkaRecord("t", 0, 7, 1, None, b"{", (), "JSONDecodeError: ...")
+    assert loads(pickle.dumps(malformed)) == malformed
     refused = [os.system, subprocess.Popen.__new__(subprocess.Popen), print, ChannelReader]
     for obj in refused:
         with pytest.raises(RefusedPickle, match="refusing to load"):

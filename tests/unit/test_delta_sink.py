@@ -124,10 +124,9 @@ def test_rescaled_sink_states_commit_every_file_once(tmp_path: Path) -> None:
 
 def test_the_worker_reports_the_table_sink_and_file_source_figures(tmp_path: Path) -> None:
     """The worker's collector turns a task's DeltaSink and FileSource figures into the documented metrics."""
-    from types import SimpleNamespace
-
     from runtime.connectors.file_source import FileSource
-    from runtime.worker.metrics import _LakeFamilies
+    from runtime.worker.connector_metrics import task_figures
+    from runtime.worker.metrics import _ConnectorFamilies
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.json").write_text('["a", 1]\n')
@@ -138,8 +137,8 @@ def test_the_worker_reports_the_table_sink_and_file_source_figures(tmp_path: Pat
     subtasks = sinks(str(tmp_path / "t"), n=1, columns=["k", "n"])
     subtasks[0].write(("a", 1))
     checkpoint(subtasks, 1)
-    families = _LakeFamilies(["job_id", "task", "subtask"])
-    families.add(["job-1", "t", "0"], SimpleNamespace(chain=SimpleNamespace(sinks=subtasks), source=source))
+    families = _ConnectorFamilies(["job_id", "task", "subtask"])
+    families.add(["job-1", "t", "0"], task_figures(source, subtasks))
     samples = {s.name: s.value for family in families.families() for s in family.samples}
     assert samples == {"sluice_table_sink_files_pending": 0, "sluice_table_sink_commits_total": 1,
                        "sluice_table_sink_files_already_committed_total": 0,

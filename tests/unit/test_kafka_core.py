@@ -131,3 +131,20 @@ def test_watermarks_per_partition_take_the_minimum_over_the_partitions_that_are_
     assert again.on_timestamp(6000) is None  # t/0's restored maximum, 5001, still holds it at 4990
     restored["current"] = ("t", 0)
     assert again.on_timestamp(5100) == 5089
+
+
+def test_a_batch_is_decoded_up_to_its_first_malformed_record_which_then_leads_a_batch_of_its_own() -> None:
+    def record(offset: int, value: bytes) -> core.KafkaRecord:
+        return core.KafkaRecord("orders", 3, offset, 1000 + offset, b"k", value, (("h", b"1"),))
+
+    raw = [record(10, b'["a",1]'), record(11, b'{"not json'), record(12, b'["b",2]')]
+    values, bad = core.decode_prefix(raw, core.json_value)
+    assert values == [("a", 1)]
+    assert bad is not None and bad[0] is raw[1] and type(bad[1]).__name__ == "JSONDecodeError"
+    values, bad = core.decode_prefix(raw[1:], core.json_value)  # the malformed one leads: nothing before it
+    assert values == [] and bad is not None and bad[0] is raw[1]
+    assert core.decode_prefix(raw[2:], core.json_value) == ([("b", 2)], None)
+    assert core.decode_prefix([], core.json_value) == ([], None)
+    malformed = core.MalformedKafkaRecord.of(raw[1], ValueError("Unterminated string"))
+    assert malformed == core.MalformedKafkaRecord("orders", 3, 11, 1011, b"k", b'{"not json', (("h", b"1"),),
+                                                  "ValueError: Unterminated string")

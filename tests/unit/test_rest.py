@@ -338,3 +338,12 @@ def test_query_numbers_int_refuses_are_the_documented_400_not_a_500() -> None:
             assert body["type"] == "BadRequest" and body["error"].startswith(f"{name} must be a"), body
             assert len(body["error"]) < 120, body  # a 5,000-digit value is not echoed whole
     assert whole_number("18") == 18 and whole_number("9" * 18) == 10**18 - 1 and whole_number("9" * 19) is None
+
+
+def test_each_subtask_shows_its_connectors_figures_as_the_worker_reported_them() -> None:
+    job = _planned_job()
+    lag = {"name": "sluice_kafka_source_lag_records", "labels": {"topic": "orders", "partition": "3"}, "value": 12}
+    job.task_stats = {"job-1/1:0": {"records_out": 10, "connectors": [lag]}, "job-1/1:1": {"records_out": 5}}
+    src, sink = job_graph(job)["vertices"]
+    assert [s["connectors"] for s in src["subtasks"]] == [[lag], []]
+    assert sink["subtasks"][0]["connectors"] == []  # no report yet

@@ -16,6 +16,7 @@ from typing import Any
 from runtime.api import Job, Node
 from runtime.api.co_functions import copy_items
 from runtime.connectors.sinks import Sink
+from runtime.connectors.source import SideOutputBatch
 from runtime.execution.async_io import AsyncIOOperator
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.operators.kinds import (
@@ -99,6 +100,9 @@ class Chain:
             max_parallelism=job.max_parallelism, keyed_tables=self._keyed_tables, list_state=self.list_state,
             side_outputs=self._side_outputs, state_backend=state_backend,
             async_settings=async_state or AsyncStateSettings())
+        self._shape = setup.shape
+        self._source_side = self._side_outputs(self.nodes[0].id) if self.nodes[0].kind == "source" else {}
+        self._source_side_records = 0
         self._tail = ChainOutput(outputs)
         nxt: Operator = self._tail
         operators: list[Operator] = []
@@ -137,7 +141,7 @@ class Chain:
     @property
     def records_out(self) -> int:
         """Records sent out of the chain: to the main output, to side outputs, into sinks."""
-        return self._tail.records_out + sum(op.records_out for op in self.operators)
+        return self._tail.records_out + sum(op.records_out for op in self.operators) + self._source_side_records
 
     def _keyed_tables(self, node_id: int) -> dict[str, Any]:
         """The keyed-state tables of one operator: dicts, or BackendTables on a state backend."""
@@ -154,6 +158,18 @@ class Chain:
             if w.side_output is not None and w.side_output[0] == node_id:
                 by_tag.setdefault(w.side_output[1], []).append(w.emit_batch)
         return by_tag
+
+    def emit_source_side_output(self, batch: SideOutputBatch) -> None:
+        """A source's SideOutputBatch: straight to the writers of the edges consuming that side output of the
+        source node (dropped when none does, or when its tag is None), at its timestamp with event time."""
+        emits = self._source_side.get(batch.tag) if batch.tag is not None else None
+        if not emits:
+            return
+        self._source_side_records += len(batch)
+        element = self._shape.element
+        elements = [element(batch.timestamp_ms, r) for r in batch]
+        for emit in emits:
+            emit(elements)
 
     def process(self, record: Any) -> None:
         """One record through the chain (restored state, tests); the task uses `process_batch`."""
