@@ -356,9 +356,11 @@ def test_job_kafka_to_kafka_survives_kill_9_exactly_and_feeds_a_second_job(clust
 
     st = cluster.wait_job(job_id, 180)
     assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
-    assert st["restarts"] == 1, st
     out = run(read_topic(bs, topic_out))
     assert_exact_counts(out, records)
+    # the kill restarts the job; on a loaded machine a restarted attempt may fail once more (e.g. its first
+    # checkpoint times out) and restore again: the output above is exact either way
+    assert st["restarts"] >= 1, f"{st}\n{logs(cluster)}"
     assert sorted(v for _, _, v in run(read_topic(bs, topic_bad))) == \
         [[topic_in, p, 3000, f'{{"bad {p}', "JSONDecodeError"] for p in range(PARTITIONS)]
     # the source committed completed checkpoints' offsets to its group (monitoring): within each partition
