@@ -211,3 +211,108 @@ class SortKey:
                 return (a is None) != desc
             return (a > b) if desc else (a < b)
         return False
+
+
+def _insert_position(keys: list[Any], key: Any, newest_wins_ties: bool) -> int:
+    """Where a row of sort key `key` goes among rows of sort keys `keys` (in order): after every equal key (the
+    earlier row stays first), or before them when the newest row wins ties."""
+    for i, k in enumerate(keys):
+        if key < k or (newest_wins_ties and not k < key):
+            return i
+    return len(keys)
+
+
+class WindowTopNFunction(KeyedProcessFunction):
+    """ROW_NUMBER() OVER (PARTITION BY window_start, window_end, ... ORDER BY ...) <= N over a window TVF or a
+    window aggregation, Flink's WindowRank / WindowDeduplicate: keyed by the partition (which holds the window),
+    the N first rows of the order are kept, and emitted once, insert-only, when the watermark passes the
+    window's end (the timer at window_end - 1: each row's timestamp is its window_time). A row whose window
+    already fired is dropped, as Flink drops it. Ties keep the earlier row first, or the later one when
+    `newest_wins_ties` (deduplication keeping the last row)."""
+
+    def __init__(self, limit: int, sort_key: Callable[[Any], Any], end_index: int, with_rank: bool,
+                 newest_wins_ties: bool = False) -> None:
+        self.limit = limit
+        self.sort_key = sort_key
+        self.end_index = end_index
+        self.with_rank = with_rank
+        self.newest_wins_ties = newest_wins_ties
+
+    def open(self, ctx: Any) -> None:
+        self.top = ctx.value_state("window-top-n", ())
+
+    def process(self, record: Any, ctx: Any) -> None:
+        row = tuple(record)
+        fires_at = row[self.end_index] - 1
+        if fires_at <= ctx.current_watermark:
+            return
+        before = [tuple(r) for r in self.top.value()]
+        position = _insert_position([self.sort_key(r) for r in before], self.sort_key(row), self.newest_wins_ties)
+        if position >= self.limit:
+            return
+        if not before:
+            ctx.timers.register_event_time(fires_at)
+        self.top.update(tuple((before[:position] + [row] + before[position:])[:self.limit]))
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        rows = self.top.value()
+        self.top.clear()
+        for rank, r in enumerate(rows, 1):
+            ctx.emit((*r, rank) if self.with_rank else tuple(r))
+
+
+class WindowJoinFunction(KeyedCoProcessFunction):
+    """Two window TVFs (or window aggregations) joined on window_start, window_end and equi keys, Flink's
+    WindowJoin: keyed by (window, keys), both sides' rows of a window are kept until the watermark passes its
+    end (the timer at window_end - 1), then joined once and dropped: each pair passing `condition` is emitted
+    (insert-only); with an outer side, its rows without a match come padded with NULLs. Rows whose window
+    already fired are dropped, as Flink drops them."""
+
+    def __init__(self, how: str, left_width: int, right_width: int, left_end: int, right_end: int,
+                 condition: Callable[[Any], Any] | None = None) -> None:
+        self.outer_left = how in ("left", "full")
+        self.outer_right = how in ("right", "full")
+        self.left_nulls = (None,) * left_width
+        self.right_nulls = (None,) * right_width
+        self.left_end = left_end
+        self.right_end = right_end
+        self.condition = condition
+
+    def open(self, ctx: Any) -> None:
+        self.left = ctx.list_state("window-join:left")
+        self.right = ctx.list_state("window-join:right")
+
+    def process1(self, record: Any, ctx: Any) -> None:
+        self._arrive(tuple(record), ctx, self.left, record[self.left_end] - 1)
+
+    def process2(self, record: Any, ctx: Any) -> None:
+        self._arrive(tuple(record), ctx, self.right, record[self.right_end] - 1)
+
+    def _arrive(self, row: tuple[Any, ...], ctx: Any, side: Any, fires_at: int) -> None:
+        if fires_at <= ctx.current_watermark:
+            return
+        side.add(row)
+        ctx.timers.register_event_time(fires_at)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        lefts = [tuple(r) for r in self.left.get()]
+        rights = [tuple(r) for r in self.right.get()]
+        self.left.update([])
+        self.right.update([])
+        condition = self.condition
+        right_matched = [False] * len(rights)
+        for left in lefts:
+            matched = False
+            for i, right in enumerate(rights):
+                joined = (*left, *right)
+                if condition is not None and not condition(joined):
+                    continue
+                matched = True
+                right_matched[i] = True
+                ctx.emit(joined)
+            if not matched and self.outer_left:
+                ctx.emit((*left, *self.right_nulls))
+        if self.outer_right:
+            for right, matched in zip(rights, right_matched, strict=True):
+                if not matched:
+                    ctx.emit((*self.left_nulls, *right))

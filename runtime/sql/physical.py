@@ -44,6 +44,8 @@ from runtime.sql.operators import (
     GroupAggregateFunction,
     RegularJoinFunction,
     TopNFunction,
+    WindowJoinFunction,
+    WindowTopNFunction,
     tumble_row,
     window_output,
     window_rows,
@@ -197,6 +199,11 @@ class Translator:
             if node.predicate is not None:
                 out = self._added(out.filter(node.predicate, name=f"{name} (where)"), f"{uid}-where", ops)
             return out
+        if node.window_ends is not None:
+            wfn = WindowJoinFunction(node.how, len(node.left.fields), len(node.right.fields), *node.window_ends,
+                                     node.predicate)
+            out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(wfn, name=name)
+            return self._added(out, uid, ops, keys=keys, state="both sides' rows per key and window, until it fires")
         fn = RegularJoinFunction(node.how, len(node.left.fields), len(node.right.fields), node.predicate,
                                  node.ttl_ms)
         out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(fn, name=name)
@@ -206,6 +213,11 @@ class Translator:
     def _t_Rank(self, node: Rank, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         (stream,) = inputs
         assert node.key_fn is not None and node.sort_key is not None
+        if node.window_end is not None:
+            wfn = WindowTopNFunction(node.limit, node.sort_key, node.window_end, node.with_rank, node.newest_wins_ties)
+            out = stream.key_by(node.key_fn).process(wfn, name=self._name(node))
+            return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition),
+                               state=f"the top {node.limit} rows per key and window, until it fires")
         fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",

@@ -1,8 +1,8 @@
 """The Nexmark queries Sluice SQL runs, as Flink's nexmark suite writes them (SELECT bodies; the sink is the
 harness's): name -> (output columns, primary key of an updating result or None, SELECT).
 
-Not here yet, and why: q4, q6 (an aggregation over an updating join), q5, q7, q8 (window joins and joins of
-window aggregations), q9 (Top-N over a join), q12 (processing-time windows), q13 (a bounded side input)."""
+Not here yet, and why: q4, q6 (an aggregation over an updating join), q5 (an aggregation of a window
+aggregation's windows), q12 (processing-time windows), q13 (a bounded side input)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,26 @@ QUERIES: dict[str, tuple[str, str | None, str]] = {
     "q3": ("name STRING, city STRING, state STRING, id BIGINT", None,
            "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P ON A.seller = P.id "
            "WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"),
+    "q7": ("auction BIGINT, bidder BIGINT, price BIGINT, `dateTime` TIMESTAMP(3), extra STRING", None,
+           "SELECT B.auction, B.bidder, B.price, B.`dateTime`, B.extra FROM bid B JOIN (SELECT MAX(price) AS "
+           "maxprice, window_end AS `dateTime` FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), "
+           "INTERVAL '10' SECOND)) GROUP BY window_start, window_end) B1 ON B.price = B1.maxprice "
+           "WHERE B.`dateTime` BETWEEN B1.`dateTime` - INTERVAL '10' SECOND AND B1.`dateTime`"),
+    "q8": ("id BIGINT, name STRING, stime TIMESTAMP(3)", None,
+           "SELECT P.id, P.name, P.starttime FROM (SELECT id, name, window_start AS starttime, window_end AS "
+           "endtime FROM TABLE(TUMBLE(TABLE person, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
+           "GROUP BY id, name, window_start, window_end) P JOIN (SELECT seller, window_start AS starttime, "
+           "window_end AS endtime FROM TABLE(TUMBLE(TABLE auction, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
+           "GROUP BY seller, window_start, window_end) A "
+           "ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime"),
+    "q9": ("id BIGINT, itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT, "
+           "`dateTime` TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, extra STRING, "
+           "auction BIGINT, bidder BIGINT, price BIGINT, bid_dateTime TIMESTAMP(3), bid_extra STRING", "id",
+           "SELECT id, itemName, description, initialBid, reserve, `dateTime`, expires, seller, category, extra, "
+           "auction, bidder, price, bid_dateTime, bid_extra FROM (SELECT A.*, B.auction, B.bidder, B.price, "
+           "B.`dateTime` AS bid_dateTime, B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id "
+           "ORDER BY B.price DESC, B.`dateTime` ASC) AS rownum FROM auction A, bid B WHERE A.id = B.auction "
+           "AND B.`dateTime` BETWEEN A.`dateTime` AND A.expires) WHERE rownum <= 1"),
     "q10": ("auction BIGINT, bidder BIGINT, price BIGINT, `dateTime` TIMESTAMP(3), extra STRING, dt STRING, "
             "hm STRING", None,
             "SELECT auction, bidder, price, `dateTime`, extra, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd'), "
