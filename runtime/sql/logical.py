@@ -155,7 +155,7 @@ class Aggregate(PlanNode):
     calls: list[AggregateCall] = field(default_factory=list)
     aggregate: CompiledAggregate | None = None
     window: WindowSpec | None = None
-
+    window_end_key: int | None = None  # grouped by its input's windows: the key holding window_end
     def inputs(self) -> list[PlanNode]:
         return [self.input]
 
@@ -165,6 +165,8 @@ class Aggregate(PlanNode):
         select = ", ".join(c.text for c in self.calls) if self.calls or self.window is not None else keys
         if self.window is not None:
             return f"WindowAggregate(groupBy=[{keys}], window=[{self.window}], select=[{select}])"
+        if self.window_end_key is not None:
+            return f"WindowAggregate(groupBy=[{keys}], window=[the input's windows], select=[{select}])"
         return f"GroupAggregate(groupBy=[{keys}], select=[{select}])"
 
 
@@ -691,6 +693,7 @@ class Planner:
     def _aggregate(self, source: PlanNode, where: exp.Expr | None, group: exp.Group | None,
                    items: list[exp.Expr], aggregates: list[exp.Expr], having: exp.Expr | None) -> PlanNode:
         keys = list(group.expressions) if group is not None else []
+        cascade: WindowColumns | None = None  # grouped by the window columns of a window aggregation's output
         window_node = _window_below(source)
         window_keys = [k for k in keys if isinstance(k, exp.Column) and k.name in WINDOW_COLUMNS]
         windowed = window_node is not None and {k.name for k in window_keys} >= {"window_start", "window_end"}
@@ -716,6 +719,11 @@ class Planner:
             group_keys = keys
             inner = source
             scope = source.scope
+            w = source.windowed
+            if w is not None and window_node is None:  # GROUP BY the windows of a window aggregation's rows
+                at = [scope.resolve(k) if isinstance(k, exp.Column) else None for k in keys]
+                if w.start in at and w.end in at:
+                    cascade = WindowColumns(at.index(w.start), at.index(w.end))
         compiler = ExpressionCompiler(scope, self.catalog.functions)
         calls = [describe_call(a, compiler) for a in aggregates]
         for call in calls:
@@ -738,13 +746,14 @@ class Planner:
             rowtime = len(out_fields) - 1
         first_call = len(out_fields)
         out_fields += [Field(f"agg${i}", c.type) for i, c in enumerate(calls)]
-        mode = INSERT_ONLY if windowed else UPDATING
+        mode = INSERT_ONLY if windowed or cascade is not None else UPDATING
         if not inner.mode.insert_only:
             require_insert_only("GroupAggregate" if not windowed else "WindowAggregate", inner.mode,
                                 source_digest(inner))
         node = Aggregate(tuple(out_fields), mode, rowtime, input=inner, keys=group_keys, key_fn=key_fn,
                          key_source=key_source, calls=calls, aggregate=aggregate,
-                         window=window_node.window if windowed else None)  # type: ignore[union-attr]
+                         window=window_node.window if windowed else None,  # type: ignore[union-attr]
+                         windowed=cascade, window_end_key=None if cascade is None else cascade.end)
         # the SELECT list and HAVING over the aggregated rows
         substitutions = {c.text: first_call + i for i, c in enumerate(calls)}
         key_columns = {}
@@ -772,6 +781,11 @@ class Planner:
             out_rowtime = next((i for i, item in enumerate(items) if isinstance(item.unalias(), exp.Column)
                                 and item.unalias().name == "window_time"), None)
         windowed_out = None
+        if cascade is not None:  # the SELECT list keeps the windows if it keeps both bounds
+            texts = [item.unalias().sql() for item in items]
+            start, end = group_keys[cascade.start].sql(), group_keys[cascade.end].sql()
+            if start in texts and end in texts:
+                windowed_out = WindowColumns(texts.index(start), texts.index(end))
         if windowed:  # the SELECT list's window_start and window_end keep the window (a window Top-N, join)
             names = [item.unalias().name if isinstance(item.unalias(), exp.Column) else None for item in items]
             if "window_start" in names and "window_end" in names:

@@ -60,6 +60,37 @@ class GroupAggregateFunction(KeyedProcessFunction):
             ctx.emit((UPDATE_AFTER, (*prefix, *after)))
 
 
+class WindowGroupAggregateFunction(KeyedProcessFunction):
+    """GROUP BY window_start, window_end (and keys) over the rows of a window aggregation or a window TVF, Flink's
+    window aggregation over window properties: keyed by the group, which holds its window, the accumulator is
+    kept until the watermark passes the window's end (the timer at window_end - 1), then its row (*key,
+    *results) is emitted once, insert-only, and the state dropped. Rows whose window already fired are dropped,
+    as Flink drops them."""
+
+    def __init__(self, aggregate: Any, end_key: int) -> None:
+        self.aggregate = aggregate
+        self.end_key = end_key
+
+    def open(self, ctx: Any) -> None:
+        self.accumulators = ctx.value_state("accumulators", None)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        fires_at = ctx.current_key[self.end_key] - 1
+        if fires_at <= ctx.current_watermark:
+            return
+        acc = self.accumulators.value()
+        if acc is None:
+            acc = self.aggregate.create_accumulator()
+            ctx.timers.register_event_time(fires_at)
+        self.accumulators.update(self.aggregate.add(record, acc))
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        acc = self.accumulators.value()
+        self.accumulators.clear()
+        if acc is not None:
+            ctx.emit((*ctx.current_key, *self.aggregate.get_result(acc)))
+
+
 def window_rows(assign: Callable[[int], list[tuple[int, int]]], time_index: int) -> Callable[[Any], list[Any]]:
     """A window TVF without aggregation: the row once per window, with window_start, window_end, window_time."""
     def rows(row: Any) -> list[Any]:

@@ -44,6 +44,7 @@ from runtime.sql.operators import (
     GroupAggregateFunction,
     RegularJoinFunction,
     TopNFunction,
+    WindowGroupAggregateFunction,
     WindowJoinFunction,
     WindowTopNFunction,
     tumble_row,
@@ -175,6 +176,10 @@ class Translator:
             windowed = stream.key_by(node.key_fn).window(_assigner(wnode)).aggregate(node.aggregate, name=name)
             self._row_builders[id(node)] = window_output(key_arity)  # the Calc above makes the rows (see there)
             return self._added(windowed, uid, ops, keys=keys, state=f"per key and window: {state}")
+        if node.window_end_key is not None:
+            wfn = WindowGroupAggregateFunction(node.aggregate, node.window_end_key)
+            out = stream.key_by(node.key_fn).process(wfn, name=name)
+            return self._added(out, uid, ops, keys=keys, state=f"per key and window, until it fires: {state}")
         fn = GroupAggregateFunction(node.aggregate, key_arity)
         out = stream.key_by(node.key_fn).process(fn, name=name)
         return self._added(out, uid, ops, keys=keys, state=f"per key: {state}")
