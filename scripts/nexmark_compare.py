@@ -102,7 +102,8 @@ def run_flink(python: str, data: Path, name: str, parallelism: int) -> tuple[Cou
         path = f.name
     try:
         proc = subprocess.run([python, str(ROOT / "scripts" / "flink_nexmark_job.py"), "--tables", path, "--query",
-                               QUERIES[name][2], "--parallelism", str(parallelism)],
+                               QUERIES[name][2], "--parallelism", str(parallelism), "--key",
+                               QUERIES[name][1] or ""],
                               capture_output=True, text=True, timeout=3600)
     finally:
         os.unlink(path)

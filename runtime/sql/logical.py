@@ -25,7 +25,7 @@ from runtime.sql.catalog import Catalog, TableDef
 from runtime.sql.changelog import INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
 from runtime.sql.dialect import Descriptor, TableArgument, WindowTableFunction
 from runtime.sql.errors import SqlError
-from runtime.sql.expressions import ExpressionCompiler, Field, Scope, interval_ms
+from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms
 from runtime.sql.join_conditions import conjuncts, side_of
 from runtime.sql.join_conditions import split as split_condition
 
@@ -93,6 +93,7 @@ class Calc(PlanNode):
     predicate: Callable[[Any], Any] | None = None
     source: str = ""
     reads_window_elements: bool = False  # over a window aggregation: compiled over its (key, start, end, results)
+    reads_watermark: bool = False  # CURRENT_WATERMARK: compiled as functions of (row, _wm), the watermark
 
     def inputs(self) -> list[PlanNode]:
         return [self.input]
@@ -235,6 +236,31 @@ class Rank(PlanNode):
 
 
 @dataclass(eq=False)
+class OverAggregate(PlanNode):
+    """Aggregates OVER (PARTITION BY keys ORDER BY rowtime ROWS|RANGE BETWEEN n PRECEDING AND CURRENT ROW): each
+    input row with its frame's `calls` appended (`preceding` rows or ms; None: UNBOUNDED)."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    partition: list[exp.Expr] = field(default_factory=list)
+    key_fn: Callable[[Any], Any] | None = None
+    calls: list[AggregateCall] = field(default_factory=list)
+    aggregate: CompiledAggregate | None = None
+    rows: bool = False
+    preceding: int | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        assert self.rowtime is not None
+        start = "UNBOUNDED" if self.preceding is None else f"{self.preceding}{'' if self.rows else ' ms'}"
+        frame = f"{'ROWS' if self.rows else 'RANGE'} BETWEEN {start} PRECEDING AND CURRENT ROW"
+        return f"OverAggregate(partitionBy=[{', '.join(p.sql() for p in self.partition)}], " \
+               f"orderBy=[{self.fields[self.rowtime].name} ASC], window=[{frame}], " \
+               f"select=[{', '.join(c.text for c in self.calls)}])"
+
+
+@dataclass(eq=False)
 class Union(PlanNode):
     branches: list[PlanNode] = field(default_factory=list)
 
@@ -365,7 +391,7 @@ class Planner:
         compiler = ExpressionCompiler(node.scope, self.catalog.functions)
         width = len(node.fields)
         key_source = "lambda r: r[0]" if width == 1 else "lambda r: tuple(r)"
-        keys = [exp.column(f.name) for f in node.fields]
+        keys: list[exp.Expr] = [exp.column(f.name) for f in node.fields]
         aggregate = CompiledAggregate([], compiler)
         fields = tuple(Field(f.name, f.type) for f in node.fields)
         return Aggregate(fields, UPDATING, None, input=node, keys=keys, key_fn=compiler.build(key_source),
@@ -412,6 +438,12 @@ class Planner:
         items = self._expand_star(select.expressions, source)
         group = select.args.get("group")
         having = select.args.get("having")
+        over = [w for item in items for w in item.find_all(exp.Window) if isinstance(w.this, AGGREGATES)]
+        if over:
+            if group is not None or having is not None or find_aggregates(
+                    [i.transform(lambda n: exp.null() if isinstance(n, exp.Window) else n) for i in items]):
+                raise SqlError("OVER aggregates in a query with GROUP BY or other aggregates are not supported")
+            return self._over(source, where.this if where else None, items, over, select.args.get("windows") or [])
         aggregates = find_aggregates(items + ([having.this] if having else []))
         if group is not None or aggregates:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
@@ -430,8 +462,16 @@ class Planner:
                 out.append(item)
         return out
 
-    def _calc(self, source: PlanNode, items: list[exp.Expr], condition: exp.Expr | None) -> PlanNode:
-        compiler = ExpressionCompiler(source.scope, self.catalog.functions)
+    def _calc(self, source: PlanNode, items: list[exp.Expr], condition: exp.Expr | None, *,
+              substitutions: dict[str, int] | None = None) -> PlanNode:
+        reads_watermark = any(isinstance(f, exp.Anonymous) and f.name.upper() == "CURRENT_WATERMARK"
+                              for e in [*items, *([condition] if condition is not None else [])]
+                              for f in e.find_all(exp.Anonymous))
+        if reads_watermark and not source.mode.insert_only:
+            raise SqlError("CURRENT_WATERMARK over an updating input is not supported")
+        # CURRENT_WATERMARK reads the watermark the Calc operator passes beside each row (physical: a process)
+        compiler = ExpressionCompiler(source.scope, self.catalog.functions, substitutions=substitutions,
+                                      watermark="_wm" if reads_watermark else None)
         predicate = None
         source_text = ""
         if condition is not None:
@@ -446,10 +486,46 @@ class Planner:
             if condition is None:  # SELECT * FROM x: nothing to compute
                 return _requalified(source, fields)
             return Calc(source.fields, source.mode, source.rowtime, source.windowed, input=source,
-                        condition=condition, predicate=predicate, source="where " + source_text)  # a filter only
+                        condition=condition, predicate=predicate, source="where " + source_text,
+                        reads_watermark=reads_watermark)  # a filter only
         return Calc(fields, source.mode, rowtime, _windowed_after(source.windowed, positions), input=source,
                     projection=items, condition=condition, project=project, predicate=predicate,
-                    source=(text + ("  where " + source_text if source_text else "")))
+                    source=(text + ("  where " + source_text if source_text else "")), reads_watermark=reads_watermark)
+
+    # -- OVER ------------------------------------------------------------------------------------------------
+
+    def _over(self, source: PlanNode, where: exp.Expr | None, items: list[exp.Expr], over: list[exp.Window],
+              named: list[exp.Window]) -> PlanNode:
+        """Aggregates OVER one window of the rows (Flink's row-time OverAggregate), then the SELECT list over
+        the rows with the aggregates appended. As in Flink, every OVER of one SELECT is the same window."""
+        if where is not None:  # WHERE filters the rows before the window sees them
+            source = self._calc(source, [exp.column(f.name) for f in source.fields], where)
+        require_insert_only("OverAggregate", source.mode, source_digest(original(source)))
+        windows = {_window_of(w, named).sql().removeprefix("w ") for w in over}
+        if len(windows) != 1:
+            raise SqlError("the OVER aggregates of one SELECT must use the same window (Flink's rule): "
+                           + "; ".join(sorted(windows)))
+        window = _window_of(over[0], named)
+        order = list((window.args.get("order") or exp.Order(expressions=[])).expressions)
+        if len(order) != 1 or order[0].args.get("desc") or not isinstance(order[0].this, exp.Column) \
+                or source.rowtime is None or source.scope.resolve(order[0].this) != source.rowtime:
+            raise SqlError("an OVER window must be ORDER BY the rowtime attribute ascending (a column with a "
+                           "WATERMARK FOR it); other orders and processing time are not supported")
+        rows, preceding = _frame(window.args.get("spec"))
+        compiler = ExpressionCompiler(source.scope, self.catalog.functions)
+        calls = []
+        for w in over:
+            call = describe_call(w.this, compiler)
+            calls.append(AggregateCall(call.kind, call.argument, call.condition, w.sql(), call.type))
+        calls = list({c.text: c for c in calls}.values())
+        partition = list(window.args.get("partition_by") or [])
+        key_fn = _key_function(compiler, partition) if partition else compiler.build("lambda r: 0")
+        width = len(source.fields)
+        fields = (*source.fields, *(Field(f"w0$o{i}", c.type) for i, c in enumerate(calls)))
+        node = OverAggregate(fields, INSERT_ONLY, source.rowtime, source.windowed, input=source, partition=partition,
+                             key_fn=key_fn, calls=calls, aggregate=CompiledAggregate(calls, compiler), rows=rows,
+                             preceding=preceding)
+        return self._calc(node, items, None, substitutions={c.text: width + i for i, c in enumerate(calls)})
 
     # -- FROM ------------------------------------------------------------------------------------------------
 
@@ -787,9 +863,9 @@ class Planner:
             if start in texts and end in texts:
                 windowed_out = WindowColumns(texts.index(start), texts.index(end))
         if windowed:  # the SELECT list's window_start and window_end keep the window (a window Top-N, join)
-            names = [item.unalias().name if isinstance(item.unalias(), exp.Column) else None for item in items]
-            if "window_start" in names and "window_end" in names:
-                windowed_out = WindowColumns(names.index("window_start"), names.index("window_end"))
+            bounds = [item.unalias().name if isinstance(item.unalias(), exp.Column) else None for item in items]
+            if "window_start" in bounds and "window_end" in bounds:
+                windowed_out = WindowColumns(bounds.index("window_start"), bounds.index("window_end"))
         return Calc(fields, mode, out_rowtime, windowed_out, input=node, projection=items, condition=having,
                     project=project, predicate=predicate,
                     source=text + ("  having " + having_text if having_text else ""), reads_window_elements=windowed)
@@ -807,6 +883,43 @@ def _window_join(left: PlanNode, right: PlanNode, left_keys: list[exp.Expr], rig
     if (lw.start, rw.start) in pairs and (lw.end, rw.end) in pairs:
         return lw.end, rw.end
     return None
+
+
+def _window_of(over: exp.Window, named: list[exp.Window]) -> exp.Window:
+    """The window an OVER names: its own (PARTITION BY ... ORDER BY ... frame), or WINDOW w AS (...)'s."""
+    if over.args.get("order") is None and over.args.get("spec") is None and over.args.get("partition_by") is None:
+        name = over.args.get("alias")
+        for w in named:
+            if name is not None and w.this.name == name.name:
+                return exp.Window(this=exp.var("w"), partition_by=w.args.get("partition_by"),
+                                  order=w.args.get("order"), spec=w.args.get("spec"))
+        raise SqlError(f"{over.sql()}: an OVER window needs ORDER BY the rowtime"
+                       + (f" (no WINDOW {name.name} AS (...) in this SELECT)" if name is not None else ""))
+    return exp.Window(this=exp.var("w"), partition_by=over.args.get("partition_by"), order=over.args.get("order"),
+                      spec=over.args.get("spec"))
+
+
+def _frame(spec: exp.WindowSpec | None) -> tuple[bool, int | None]:
+    """An OVER window's frame -> (ROWS?, how far back: rows or ms; None for UNBOUNDED). No frame is Flink's
+    default, RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW."""
+    if spec is None:
+        return False, None
+    rows = str(spec.args.get("kind", "")).upper() == "ROWS"
+    end = spec.args.get("end")
+    if str(end).upper() != "CURRENT ROW" or spec.args.get("end_side"):
+        raise SqlError(f"OVER ({spec.sql()}): a frame must end at CURRENT ROW in streaming")
+    start = spec.args.get("start")
+    if str(spec.args.get("start_side", "")).upper() != "PRECEDING":
+        raise SqlError(f"OVER ({spec.sql()}): a frame starts at n PRECEDING or UNBOUNDED PRECEDING")
+    if isinstance(start, str) and start.upper() == "UNBOUNDED":
+        return rows, None
+    if rows:
+        if not isinstance(start, exp.Literal) or start.is_string:
+            raise SqlError(f"OVER ({spec.sql()}): ROWS BETWEEN n PRECEDING takes a number of rows")
+        return True, int(start.this)
+    if not isinstance(start, exp.Interval):
+        raise SqlError(f"OVER ({spec.sql()}): RANGE BETWEEN ... PRECEDING takes an INTERVAL over a rowtime")
+    return False, interval_ms(start)
 
 
 def _windowed_after(windowed: WindowColumns | None, positions: list[int | None]) -> WindowColumns | None:

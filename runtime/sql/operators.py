@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api import KeyedCoProcessFunction, KeyedProcessFunction
+from runtime.api import MIN_WATERMARK, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction
 from runtime.api.windows import WindowAssigner
 from runtime.sql.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
 
@@ -347,3 +347,92 @@ class WindowJoinFunction(KeyedCoProcessFunction):
             for right, matched in zip(rights, right_matched, strict=True):
                 if not matched:
                     ctx.emit((*self.left_nulls, *right))
+
+
+class OverAggregateFunction(KeyedProcessFunction):
+    """SUM/COUNT/MIN/MAX/AVG(...) OVER (PARTITION BY ... ORDER BY rowtime ROWS|RANGE BETWEEN ... PRECEDING AND
+    CURRENT ROW), Flink's row-time over aggregation: rows wait (per key and timestamp) until the watermark
+    passes their timestamp, then are emitted in timestamp order, each with the aggregates of its frame appended:
+    ROWS the `preceding` rows before it and itself, RANGE every row whose timestamp is at most `preceding` ms
+    before its own (rows of one timestamp are peers: all of them in each other's frame); `preceding` None is
+    UNBOUNDED. A row at or before the last timestamp emitted for its key is late and dropped, as Flink drops it.
+    Insert-only."""
+
+    def __init__(self, aggregate: Any, *, rows: bool, preceding: int | None, time_index: int) -> None:
+        self.aggregate = aggregate
+        self.rows = rows
+        self.preceding = preceding
+        self.time_index = time_index
+
+    def open(self, ctx: Any) -> None:
+        self.pending = ctx.map_state("over:pending")  # timestamp -> its rows, in arrival order
+        self.kept = ctx.value_state("over:kept", ())  # a bounded frame's earlier rows: (timestamp, row) pairs
+        self.accumulator = ctx.value_state("over:accumulator", None)  # an UNBOUNDED frame's
+        self.last = ctx.value_state("over:last", None)  # the last timestamp emitted (Flink's lastTriggeringTs)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        ts = record[self.time_index]
+        last = self.last.value()
+        if last is not None and ts <= last:
+            return
+        self.pending.put(ts, [*(self.pending.get(ts) or ()), tuple(record)])
+        ctx.timers.register_event_time(ts)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        rows = [tuple(r) for r in self.pending.get(timestamp) or ()]
+        self.pending.remove(timestamp)
+        self.last.update(timestamp)
+        agg = self.aggregate
+        if self.preceding is None:
+            acc = self.accumulator.value()
+            acc = agg.create_accumulator() if acc is None else acc
+            if self.rows:
+                for r in rows:
+                    acc = agg.add(r, acc)
+                    ctx.emit((*r, *agg.get_result(acc)))
+            else:
+                for r in rows:
+                    acc = agg.add(r, acc)
+                result = tuple(agg.get_result(acc))
+                for r in rows:
+                    ctx.emit((*r, *result))
+            self.accumulator.update(acc)
+            return
+        kept = [(t, tuple(r)) for t, r in self.kept.value()]
+        if self.rows:
+            n = self.preceding
+            for r in rows:  # `kept` holds the n rows before this one (fewer at the start)
+                acc = agg.create_accumulator()
+                for _, f in kept:
+                    acc = agg.add(f, acc)
+                acc = agg.add(r, acc)
+                ctx.emit((*r, *agg.get_result(acc)))
+                kept = (kept + [(timestamp, r)])[-n:] if n else []
+        else:
+            kept = [(t, k) for t, k in kept if t >= timestamp - self.preceding] + [(timestamp, r) for r in rows]
+            acc = agg.create_accumulator()
+            for _, f in kept:
+                acc = agg.add(f, acc)
+            result = tuple(agg.get_result(acc))
+            for r in rows:
+                ctx.emit((*r, *result))
+        self.kept.update(tuple(kept))
+
+
+class WatermarkCalc(ProcessFunction):
+    """A Calc whose expressions read CURRENT_WATERMARK: its filter and projection are functions of (row,
+    watermark), called with the operator's current watermark (None before the first one, as Flink's NULL)."""
+
+    def __init__(self, predicate: Callable[..., Any] | None, project: Callable[..., Any] | None,
+                 build: Callable[[Any], Any] | None = None) -> None:
+        self.predicate = predicate
+        self.project = project
+        self.build = build  # a window operator's (key, start, end, results) -> the row
+
+    def process(self, record: Any, ctx: Any) -> None:
+        wm = ctx.current_watermark
+        watermark = None if wm <= MIN_WATERMARK else wm
+        row = record if self.build is None else self.build(record)
+        if self.predicate is not None and not self.predicate(row, watermark):
+            return
+        ctx.emit(row if self.project is None else self.project(row, watermark))

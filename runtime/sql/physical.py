@@ -30,6 +30,7 @@ from runtime.sql.logical import (
     Aggregate,
     Calc,
     Join,
+    OverAggregate,
     PlanNode,
     Rank,
     SinkNode,
@@ -42,8 +43,10 @@ from runtime.sql.logical import (
 from runtime.sql.operators import (
     CumulativeEventTimeWindows,
     GroupAggregateFunction,
+    OverAggregateFunction,
     RegularJoinFunction,
     TopNFunction,
+    WatermarkCalc,
     WindowGroupAggregateFunction,
     WindowJoinFunction,
     WindowTopNFunction,
@@ -142,6 +145,9 @@ class Translator:
         name = self._name(node)
         updating = not node.input.mode.insert_only
         build = None if node.reads_window_elements else self._row_builders.get(id(original(node.input)))
+        if node.reads_watermark:  # one process operator: it has the watermark the expressions read
+            fn = WatermarkCalc(node.predicate, node.project if node.projection is not None else None, build)
+            return self._added(stream.process(fn, name=name), uid, ops)
         if node.predicate is not None:
             fn = _over_rows(node.predicate, updating, build, keep_kind=False)
             stream = self._added(stream.filter(fn, name=f"{name} (filter)"), f"{uid}-filter", ops)
@@ -227,6 +233,16 @@ class Translator:
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
+
+    def _t_OverAggregate(self, node: OverAggregate, inputs: list[DataStream], uid: str,
+                         ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.key_fn is not None and node.aggregate is not None and node.rowtime is not None
+        fn = OverAggregateFunction(node.aggregate, rows=node.rows, preceding=node.preceding, time_index=node.rowtime)
+        out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
+        frame = "rows" if node.rows else "rows of the range"
+        return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
+                           state=f"rows until the watermark passes them, the frame's {frame}")
 
     def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         first, *rest = inputs

@@ -185,3 +185,79 @@ def test_windows_joined_on_their_bounds_are_a_window_join_and_other_joins_stay_r
     assert "state both sides' rows per key and window, until it fires" in shown
     assert shown.count("Join(joinType=[InnerJoin], where=[P.id = B.bidder AND P.ws = B.window_start AND " \
                        "B.price > 2])  changelog=[I]") == 1  # only the start equal: a regular join
+
+
+def test_grouping_a_window_aggregations_rows_by_their_window_aggregates_each_window_once(capsys: Any) -> None:
+    chain = SqlTailChain(BIDS + print_table("top BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3)") + """
+        INSERT INTO out1 SELECT MAX(c.n), c.ws, c.we FROM (
+          SELECT auction, COUNT(*) AS n, window_start AS ws, window_end AS we
+          FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '10' SECOND))
+          GROUP BY auction, window_start, window_end) c
+        GROUP BY c.ws, c.we;""")
+    assert chain.names[0] == "WindowAggregate(groupBy=[c.ws, c.we], window=[the input's windows], select=[MAX(c.n)])"
+    chain.feed([(9999, (1, 3, 0, 10_000)), (9999, (2, 5, 0, 10_000)), (19_999, (1, 2, 10_000, 20_000))])
+    chain.watermark(9998)
+    assert printed(capsys) == []
+    chain.watermark(9999)
+    assert printed(capsys) == ["+I[5, 1970-01-01 00:00:00, 1970-01-01 00:00:10]"]
+    chain.feed([(9999, (3, 9, 0, 10_000))])  # its window fired: dropped
+    chain.watermark(19_999)
+    assert printed(capsys) == ["+I[2, 1970-01-01 00:00:10, 1970-01-01 00:00:20]"]
+
+
+# -- OVER aggregations and CURRENT_WATERMARK ----------------------------------------------------------------
+
+
+def bid(auction: int, price: int, ts: int) -> tuple[int, Any]:
+    return ts, (auction, 0, price, ts)
+
+
+@pytest.mark.parametrize(("frame", "after_late"), [
+    # the row at 3 s sees the row at 2 s before it (and, for the second one at 3 s, the first)
+    ("ROWS BETWEEN 1 PRECEDING AND CURRENT ROW", ["+I[1, 10, 110, 2]", "+I[1, 1000, 1010, 2]"]),
+    # rows of one timestamp are peers: both rows at 3 s see each other and everything from 1 s on
+    ("RANGE BETWEEN INTERVAL '2' SECOND PRECEDING AND CURRENT ROW", ["+I[1, 10, 1111, 4]", "+I[1, 1000, 1111, 4]"]),
+    ("RANGE BETWEEN INTERVAL '1' SECOND PRECEDING AND CURRENT ROW", ["+I[1, 10, 1110, 3]", "+I[1, 1000, 1110, 3]"]),
+    ("", ["+I[1, 10, 1111, 4]", "+I[1, 1000, 1111, 4]"]),  # Flink's default: RANGE UNBOUNDED PRECEDING
+    ("ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW", ["+I[1, 10, 111, 3]", "+I[1, 1000, 1111, 4]"]),
+])
+def test_over_aggregates_emit_each_row_in_rowtime_order_with_its_frame_once_the_watermark_passes_it(
+        capsys: Any, frame: str, after_late: list[str]) -> None:
+    chain = SqlTailChain(BIDS + print_table("a BIGINT, p BIGINT, s BIGINT, c BIGINT") + f"""
+        INSERT INTO out1 SELECT auction, price, SUM(price) OVER w, COUNT(*) OVER w FROM bids
+        WINDOW w AS (PARTITION BY auction ORDER BY ts {frame});""")
+    assert chain.names[0].startswith("OverAggregate(partitionBy=[auction], orderBy=[ts ASC], window=[")
+    chain.feed([bid(1, 1, 1000), bid(1, 10, 3000), bid(1, 100, 2000), bid(1, 1000, 3000), bid(2, 5, 1000)])
+    chain.watermark(2500)
+    assert printed(capsys) == ["+I[1, 1, 1, 1]", "+I[2, 5, 5, 1]", "+I[1, 100, 101, 2]"]
+    chain.feed([bid(1, 7, 2000)])  # at or before the last timestamp emitted for its key: late, dropped
+    chain.watermark(5000)
+    assert printed(capsys) == after_late
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("SELECT auction, SUM(price) OVER (PARTITION BY auction ORDER BY price) FROM bids",
+     "an OVER window must be ORDER BY the rowtime attribute ascending (a column with a WATERMARK FOR it); other "
+     "orders and processing time are not supported"),
+    ("SELECT SUM(price) OVER (ORDER BY ts ROWS 2 PRECEDING), MAX(price) OVER (ORDER BY ts) FROM bids",
+     "the OVER aggregates of one SELECT must use the same window (Flink's rule): OVER (ORDER BY ts ROWS BETWEEN 2 "
+     "PRECEDING AND CURRENT ROW); OVER (ORDER BY ts)"),
+    ("SELECT auction, CURRENT_WATERMARK(price) FROM bids",
+     "CURRENT_WATERMARK(price): CURRENT_WATERMARK takes the rowtime column of the rows"),
+])
+def test_over_windows_and_current_watermark_that_cannot_be_planned_say_why(query: str, message: str) -> None:
+    with pytest.raises(SqlError) as caught:
+        Job("q").sql(BIDS + print_table("a BIGINT, b BIGINT") + f"INSERT INTO out1 {query};")
+    assert caught.value.message == message
+
+
+def test_current_watermark_is_the_operators_watermark_and_null_before_the_first(capsys: Any) -> None:
+    chain = SqlTailChain(BIDS + print_table("a BIGINT, s BIGINT, wm TIMESTAMP(3)") + """
+        INSERT INTO out1 SELECT auction, s, CURRENT_WATERMARK(ts) FROM (
+          SELECT auction, ts, SUM(price) OVER (ORDER BY ts) AS s FROM bids)
+        WHERE CURRENT_WATERMARK(ts) IS NULL OR ts > CURRENT_WATERMARK(ts);""")
+    assert chain.names[2].startswith("Calc(select=[auction, s, CURRENT_WATERMARK(ts) AS EXPR$2], where=[")
+    chain.feed([bid(1, 1, 1000), bid(2, 10, 3000)])
+    chain.watermark(1500)  # the OVER emits the row at 1 s before the watermark reaches the Calc: NULL there
+    chain.watermark(5000)
+    assert printed(capsys) == ["+I[1, 1, <NULL>]", "+I[2, 11, 1970-01-01 00:00:01.5]"]
