@@ -79,6 +79,10 @@ class Translator:
     # a window aggregation's output is (key, start, end, results): the Calc above it builds its rows from that in
     # the same map, so no operator of its own turns them into (*keys, start, end, time, *results) first
     _row_builders: dict[int, Any] = field(default_factory=dict)
+    # sub-plan reuse, as Flink's planner does it: a node computing what an earlier one computes (the same digest
+    # over the same inputs, e.g. a subquery written twice) is that node's operators, not a copy of them
+    twins: dict[int, PlanNode] = field(default_factory=dict)
+    _by_digest: dict[str, PlanNode] = field(default_factory=dict)
 
     def translate(self, node: PlanNode) -> DataStream:
         node = original(node)
@@ -86,7 +90,18 @@ class Translator:
         if done is not None:
             return done
         inputs = [self.translate(i) for i in node.inputs()]
-        uid = self._uid(node, [self.uids[id(original(i))] for i in node.inputs()])
+        input_uids = [self.uids[id(original(i))] for i in node.inputs()]
+        text = node.digest() + "|" + ",".join(input_uids)
+        twin = self._by_digest.get(text)
+        if twin is not None and not isinstance(node, SinkNode):  # two INSERTs into one table stay two sinks
+            self.twins[id(node)] = twin
+            self.streams[id(node)] = self.streams[id(twin)]
+            self.uids[id(node)] = self.uids[id(twin)]
+            if id(twin) in self._row_builders:
+                self._row_builders[id(node)] = self._row_builders[id(twin)]
+            return self.streams[id(node)]
+        self._by_digest.setdefault(text, node)
+        uid = self._uid(node, input_uids)
         self.uids[id(node)] = uid
         ops: list[Operator] = []
         stream = getattr(self, f"_t_{type(node).__name__}")(node, inputs, uid, ops)

@@ -261,3 +261,25 @@ def test_current_watermark_is_the_operators_watermark_and_null_before_the_first(
     chain.watermark(1500)  # the OVER emits the row at 1 s before the watermark reaches the Calc: NULL there
     chain.watermark(5000)
     assert printed(capsys) == ["+I[1, 1, <NULL>]", "+I[2, 11, 1970-01-01 00:00:01.5]"]
+
+
+def test_a_subquery_written_twice_is_one_operator_as_flinks_sub_plan_reuse_makes_it() -> None:
+    counts = """(SELECT auction, COUNT(*) AS n, window_start AS ws, window_end AS we
+        FROM TABLE(HOP(TABLE bids, DESCRIPTOR(ts), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+        GROUP BY auction, window_start, window_end)"""
+    job = Job("q")
+    job.sql(BIDS + print_table("auction BIGINT, n BIGINT") + f"""
+        INSERT INTO out1 SELECT a.auction, a.n FROM {counts} a
+        JOIN (SELECT MAX(c.n) AS top, c.ws, c.we FROM {counts} c GROUP BY c.ws, c.we) m
+        ON a.ws = m.ws AND a.we = m.we AND a.n >= m.top;""")
+    names = [n.name.split("(")[0] for n in job.nodes]
+    assert names.count("WindowAggregate") == 2  # the HOP counts once, the per-window maximum over them
+    assert names.count("Source: bids") == 1
+    shown = explain(session_of(job))
+    assert "Calc(select=[auction, COUNT(*) AS n, window_start AS ws, window_end AS we])  changelog=[I]  (reused)" \
+        in shown
+    # two INSERTs of one query into one table stay two sinks (each writes its rows)
+    twice = Job("q")
+    twice.sql(BIDS + print_table("a BIGINT") + "INSERT INTO out1 SELECT auction FROM bids; "
+              "INSERT INTO out1 SELECT auction FROM bids;")
+    assert [n.kind for n in twice.nodes].count("sink") == 2
