@@ -104,3 +104,48 @@ QUERIES: dict[str, tuple[str, str | None, str]] = {
             "SELECT auction, bidder, price, channel, SPLIT_INDEX(url, '/', 3) AS dir1, "
             "SPLIT_INDEX(url, '/', 4) AS dir2, SPLIT_INDEX(url, '/', 5) AS dir3 FROM bid"),
 }
+
+
+_HALF_SECOND = "TABLE(TUMBLE(TABLE {}, DESCRIPTOR(`dateTime`), INTERVAL '0.5' SECOND))"
+_OVER = "WINDOW w AS (PARTITION BY auction ORDER BY `dateTime` {})"
+
+# SQL constructs beyond the Nexmark queries, over the same tables and checked against Flink the same way
+# (`--queries over_rows,...`): OVER aggregations, window Top-N and deduplication, DISTINCT, WITH and UNION, window
+# joins. Half-second windows: the small generated sets span a few seconds of event time.
+CHECKS: dict[str, tuple[str, str | None, str]] = {
+    "over_rows": ("auction BIGINT, price BIGINT, t TIMESTAMP(3), s BIGINT, c BIGINT, m BIGINT", None,
+                  "SELECT auction, price, `dateTime`, SUM(price) OVER w, COUNT(*) OVER w, MAX(price) OVER w FROM bid "
+                  + _OVER.format("ROWS BETWEEN 2 PRECEDING AND CURRENT ROW")),
+    "over_range": ("auction BIGINT, price BIGINT, t TIMESTAMP(3), s BIGINT, c BIGINT, a BIGINT", None,
+                   "SELECT auction, price, `dateTime`, SUM(price) OVER w, COUNT(*) OVER w, AVG(price) OVER w FROM bid "
+                   + _OVER.format("RANGE BETWEEN INTERVAL '0.1' SECOND PRECEDING AND CURRENT ROW")),
+    "over_unbounded": ("bidder BIGINT, price BIGINT, mn BIGINT, c BIGINT", None,
+                       "SELECT bidder, price, MIN(price) OVER (PARTITION BY bidder ORDER BY `dateTime`), "
+                       "COUNT(*) OVER (PARTITION BY bidder ORDER BY `dateTime`) FROM bid"),
+    "window_top_n": ("auction BIGINT, bidder BIGINT, price BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), rn BIGINT", None,
+                     "SELECT * FROM (SELECT auction, bidder, price, window_start, window_end, ROW_NUMBER() OVER "
+                     "(PARTITION BY window_start, window_end ORDER BY price DESC) AS rn FROM "
+                     + _HALF_SECOND.format("bid") + ") WHERE rn <= 3"),
+    "window_top_n_agg": ("ws TIMESTAMP(3), auction BIGINT, n BIGINT", None,
+                         "SELECT window_start, auction, n FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY "
+                         "window_start, window_end ORDER BY n DESC, auction ASC) AS rn FROM (SELECT auction, "
+                         "window_start, window_end, COUNT(*) AS n FROM " + _HALF_SECOND.format("bid")
+                         + " GROUP BY auction, window_start, window_end)) WHERE rn <= 2"),
+    "window_dedup": ("auction BIGINT, bidder BIGINT, price BIGINT, t TIMESTAMP(3), ws TIMESTAMP(3)", None,
+                     "SELECT auction, bidder, price, `dateTime`, window_start FROM (SELECT *, ROW_NUMBER() OVER "
+                     "(PARTITION BY window_start, window_end, auction ORDER BY `dateTime` DESC) AS rn FROM "
+                     + _HALF_SECOND.format("bid") + ") WHERE rn = 1"),
+    "distinct": ("bidder BIGINT, channel STRING", "bidder, channel", "SELECT DISTINCT bidder, channel FROM bid"),
+    "with_union": ("id BIGINT", "id",
+                   "WITH a AS (SELECT auction AS id FROM bid WHERE price > 1000000) SELECT id FROM a UNION "
+                   "SELECT seller FROM auction"),
+    "window_join": ("auction BIGINT, price BIGINT, seller BIGINT, ws TIMESTAMP(3)", None,
+                    "SELECT B.auction, B.price, A.seller, B.window_start FROM (SELECT * FROM "
+                    + _HALF_SECOND.format("bid") + ") B JOIN (SELECT * FROM " + _HALF_SECOND.format("auction")
+                    + ") A ON B.auction = A.id AND B.window_start = A.window_start AND B.window_end = A.window_end"),
+    "window_left_join": ("id BIGINT, seller BIGINT, price BIGINT, ws TIMESTAMP(3)", None,
+                         "SELECT A.id, A.seller, B.price, A.window_start FROM (SELECT * FROM "
+                         + _HALF_SECOND.format("auction") + ") A LEFT JOIN (SELECT * FROM "
+                         + _HALF_SECOND.format("bid") + ") B ON B.auction = A.id AND B.window_start = "
+                         "A.window_start AND B.window_end = A.window_end"),
+}
