@@ -25,7 +25,7 @@ from runtime.sql.catalog import Catalog, TableDef
 from runtime.sql.changelog import INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
 from runtime.sql.dialect import Descriptor, TableArgument, WindowTableFunction
 from runtime.sql.errors import SqlError
-from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms
+from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms, position
 from runtime.sql.join_conditions import conjuncts, side_of
 from runtime.sql.join_conditions import split as split_condition
 
@@ -498,6 +498,13 @@ class Planner:
               named: list[exp.Window]) -> PlanNode:
         """Aggregates OVER one window of the rows (Flink's row-time OverAggregate), then the SELECT list over
         the rows with the aggregates appended. As in Flink, every OVER of one SELECT is the same window."""
+        try:
+            return self._over_window(source, where, items, over, named)
+        except SqlError as exc:
+            raise exc.at(*position(over[0])) from None  # an error of the window is placed at its first OVER
+
+    def _over_window(self, source: PlanNode, where: exp.Expr | None, items: list[exp.Expr], over: list[exp.Window],
+                     named: list[exp.Window]) -> PlanNode:
         if where is not None:  # WHERE filters the rows before the window sees them
             source = self._calc(source, [exp.column(f.name) for f in source.fields], where)
         require_insert_only("OverAggregate", source.mode, source_digest(original(source)))

@@ -249,6 +249,7 @@ def test_over_windows_and_current_watermark_that_cannot_be_planned_say_why(query
     with pytest.raises(SqlError) as caught:
         Job("q").sql(BIDS + print_table("a BIGINT, b BIGINT") + f"INSERT INTO out1 {query};")
     assert caught.value.message == message
+    assert caught.value.line == 7 and caught.value.column is not None and caught.value.column > 1  # in the query
 
 
 def test_current_watermark_is_the_operators_watermark_and_null_before_the_first(capsys: Any) -> None:
