@@ -8,7 +8,13 @@ What is planned (Flink's streaming semantics):
 - GROUP BY window_start, window_end [, keys] over a window TVF: a window aggregation, insert-only, emitted when
   the watermark passes the window's end;
 - any other GROUP BY (or aggregates without one): an unbounded group aggregation, an updating changelog;
-- HAVING after either; UNION ALL of inputs with the same column types.
+- HAVING after either; UNION ALL of inputs with the same column types; UNION and SELECT DISTINCT as a
+  GroupAggregate over the whole row; WITH's queries planned once and read by name;
+- a GROUP BY of the window_start and window_end of a window aggregation's rows: a window aggregation again;
+- ROW_NUMBER() OVER (...) <= N in the outer WHERE: Top-N, or a window Top-N when the partition holds the window;
+- joins: a window join when both sides are windows joined on their bounds, an interval join when the condition
+  bounds their rowtimes, else a regular join;
+- aggregates OVER (PARTITION BY .. ORDER BY rowtime frame): a row-time OverAggregate, then the SELECT list.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
 
 @dataclass(frozen=True)
 class WindowColumns:
-    """Where a window TVF's or a window aggregation's window_start and window_end (and window_time, if kept) are
-    in a node's rows: Flink's window properties, which a window Top-N or a window join keys on."""
+    """Where a window TVF's or a window aggregation's window_start and window_end are in a node's rows (through
+    projections that keep both, renamed or not): Flink's window properties, which a window Top-N, a window join
+    and a GROUP BY of the windows key on."""
 
     start: int
     end: int
@@ -157,6 +164,7 @@ class Aggregate(PlanNode):
     aggregate: CompiledAggregate | None = None
     window: WindowSpec | None = None
     window_end_key: int | None = None  # grouped by its input's windows: the key holding window_end
+
     def inputs(self) -> list[PlanNode]:
         return [self.input]
 

@@ -1,7 +1,9 @@
 """The few operators SQL needs that the DataStream API does not have as such, built on its public classes:
 CUMULATE windows (a WindowAssigner), the unbounded group aggregation (a KeyedProcessFunction emitting a
-changelog), regular joins (a KeyedCoProcessFunction), Top-N and deduplication, and the per-record functions of
-window table functions without an aggregation."""
+changelog), regular joins (a KeyedCoProcessFunction), Top-N and deduplication, the per-record functions of
+window table functions without an aggregation; and the operators that wait for a window to fire (its end in each
+row, a timer at window_end - 1): window Top-N, window joins, the aggregation of a window aggregation's windows;
+the row-time OVER aggregation; the Calc that reads CURRENT_WATERMARK."""
 
 from __future__ import annotations
 
