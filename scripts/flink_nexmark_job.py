@@ -1,6 +1,7 @@
 """One Nexmark query on Apache Flink SQL (PyFlink TableEnvironment, streaming mode, the local mini cluster), for
 scripts/nexmark_compare.py: reads the tables' DDL and a SELECT, runs it over the bounded files, applies the
-changelog it emits (+I/+U add a row, -U/-D take one away) and prints the final rows as JSON lines, then one line
+changelog it emits (+I/+U add a row, -U/-D take one away; with --key, the last row per key: Flink may drop
+the -U of an upsert changelog) and prints the final rows as JSON lines, then one line
 `{"flink_seconds": S, "changes": N}` (S: from submitting the query to the end of its results).
 
 Runs with the Python of a venv that has `apache-flink` installed (never Sluice's): --flink-python of the
@@ -35,6 +36,7 @@ def main() -> int:
     parser.add_argument("--tables", required=True, help="a file of CREATE TABLE statements")
     parser.add_argument("--query", required=True, help="the SELECT")
     parser.add_argument("--parallelism", type=int, default=1)
+    parser.add_argument("--key", default="", help="the result's key columns (comma-separated) when it updates")
     args = parser.parse_args()
     from pyflink.common import RowKind
     from pyflink.table import EnvironmentSettings, TableEnvironment
@@ -51,14 +53,26 @@ def main() -> int:
     result = env.execute_sql(args.query)
     rows: Counter[str] = Counter()
     changes = 0
+    names = [k.strip().strip("`") for k in args.key.split(",") if k.strip()]
+    positions = [result.get_table_schema().get_field_names().index(n) for n in names]
+    by_key: dict[str, str] = {}
     with result.collect() as it:
         for row in it:
             changes += 1
-            key = json.dumps([normal(v) for v in row])
-            if row.get_row_kind() in (RowKind.INSERT, RowKind.UPDATE_AFTER):
-                rows[key] += 1
+            values = [normal(v) for v in row]
+            text = json.dumps(values)
+            adds = row.get_row_kind() in (RowKind.INSERT, RowKind.UPDATE_AFTER)
+            if positions:  # an upsert changelog (Flink may send +U without its -U): the last row per key
+                k = json.dumps([values[i] for i in positions])
+                if adds:
+                    by_key[k] = text
+                else:
+                    by_key.pop(k, None)
+            elif adds:
+                rows[text] += 1
             else:
-                rows[key] -= 1
+                rows[text] -= 1
+    rows.update(by_key.values())
     seconds = time.monotonic() - started
     for key, n in sorted(rows.items()):
         for _ in range(n):

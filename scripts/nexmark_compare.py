@@ -3,6 +3,9 @@
     .venv/bin/python scripts/nexmark_compare.py --events 200000 --flink-python FLINK_VENV/bin/python
         [--queries q0,q1,...] [--data .nexmark] [--workers 2] [--parallelism 1] [--repeat 1]
 
+--queries names Nexmark queries (scripts/nexmark/queries.py, QUERIES: the default, all of them) or the checks of
+other SQL constructs over the same tables (CHECKS there: OVER, window Top-N, DISTINCT, UNION, window joins).
+
 Generates the tables with `sluice data nexmark` (Spark) into --data unless they are there for that many events,
 then per query: Sluice runs the script (scripts/nexmark/tables.sql + a filesystem sink, upsert by the query's
 key when it updates) with `sluice sql` on a local cluster; Flink runs the same SELECT (scripts/flink_nexmark_job.py)
@@ -30,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from nexmark.queries import QUERIES  # noqa: E402
+from nexmark.queries import CHECKS, QUERIES  # noqa: E402
+
+EVERY_QUERY = {**QUERIES, **CHECKS}  # --queries takes either's names; the default is the Nexmark queries
 
 
 def generate(data: Path, events: int) -> None:
@@ -47,7 +52,7 @@ def tables(data: Path) -> str:
 
 
 def sluice_script(data: Path, name: str, out: Path, parallelism: int) -> str:
-    columns, key, select = QUERIES[name]
+    columns, key, select = EVERY_QUERY[name]
     pk = f", PRIMARY KEY ({key}) NOT ENFORCED" if key else ""
     return (f"SET 'parallelism.default' = '{parallelism}';\n" + tables(data)
             + f"CREATE TABLE nexmark_out ({columns}{pk}) WITH ('connector' = 'filesystem', 'path' = '{out}', "
@@ -67,7 +72,7 @@ def run_sluice(data: Path, name: str, workers: int, parallelism: int) -> tuple[C
             raise RuntimeError(f"sluice sql {name} failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         match = re.search(r"job FINISHED in ([0-9.]+)s", proc.stdout)
         seconds = float(match.group(1)) if match else float("nan")
-        return final_rows(out, QUERIES[name][1]), seconds
+        return final_rows(out, EVERY_QUERY[name][1]), seconds
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -102,7 +107,8 @@ def run_flink(python: str, data: Path, name: str, parallelism: int) -> tuple[Cou
         path = f.name
     try:
         proc = subprocess.run([python, str(ROOT / "scripts" / "flink_nexmark_job.py"), "--tables", path, "--query",
-                               QUERIES[name][2], "--parallelism", str(parallelism)],
+                               EVERY_QUERY[name][2], "--parallelism", str(parallelism), "--key",
+                               EVERY_QUERY[name][1] or ""],
                               capture_output=True, text=True, timeout=3600)
     finally:
         os.unlink(path)

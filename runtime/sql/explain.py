@@ -27,6 +27,7 @@ def explain(session: SqlSession) -> str:
 
 def _node(session: SqlSession, node: PlanNode, depth: int, lines: list[str], shown: set[int]) -> None:
     node = original(node)
+    node = session.translator.twins.get(id(node), node)  # a reused sub-plan is shown as the one it reuses
     pad = "   " * depth
     branch = "" if depth == 0 else "+- "
     reused = id(node) in shown

@@ -109,8 +109,11 @@ class ExpressionCompiler:
     def __init__(self, scope: Scope, functions: Mapping[str, PythonFunction] | None = None, *,
                  substitutions: Mapping[str, int] | None = None,
                  grouping: tuple[Scope, Mapping[int, int]] | None = None,
-                 field_source: list[str] | None = None) -> None:
+                 field_source: list[str] | None = None, watermark: str | None = None) -> None:
         self.scope = scope
+        # the source of the operator's current watermark (None when unknown), for CURRENT_WATERMARK; None: the
+        # rows are read where the watermark is not at hand, and CURRENT_WATERMARK is refused
+        self.watermark = watermark
         # where each field of the scope is read from, when the rows are not the scope's tuples themselves (a
         # window operator's (key, start, end, results) read as the aggregated row); default r[i]
         self.field_source = field_source
@@ -126,7 +129,7 @@ class ExpressionCompiler:
     def row_function(self, nodes: list[exp.Expr]) -> tuple[Callable[[Any], tuple[Any, ...]], list[SqlType], str]:
         """A function row -> tuple of the expressions' values, their types, and its source (for explain/tests)."""
         codes = [self.compile(n) for n in nodes]
-        source = "lambda r: (" + "".join(c.text + ", " for c in codes) + ")"
+        source = f"lambda {self._params}: (" + "".join(c.text + ", " for c in codes) + ")"
         return self._build(source), [c.type for c in codes], source
 
     def predicate(self, node: exp.Expr) -> tuple[Callable[[Any], Any], str]:
@@ -134,12 +137,12 @@ class ExpressionCompiler:
         code = self.compile(node)
         if code.type.name not in ("BOOLEAN", "NULL"):
             raise SqlError(f"the condition {node.sql()} is a {code.type}, not a BOOLEAN")
-        source = f"lambda r: {code.text}"
+        source = f"lambda {self._params}: {code.text}"
         return self._build(source), source
 
     def value_function(self, node: exp.Expr) -> tuple[Callable[[Any], Any], SqlType, str]:
         code = self.compile(node)
-        source = f"lambda r: {code.text}"
+        source = f"lambda {self._params}: {code.text}"
         return self._build(source), code.type, source
 
     def build(self, source: str) -> Any:
@@ -154,6 +157,11 @@ class ExpressionCompiler:
         if code.type.name not in ("BOOLEAN", "NULL"):
             raise SqlError(f"the condition {node.sql()} is a {code.type}, not a BOOLEAN")
         return f"({code.text})"
+
+    @property
+    def _params(self) -> str:
+        """The generated functions' parameters: the row, and the watermark when CURRENT_WATERMARK may read it."""
+        return "r" if self.watermark is None else f"r, {self.watermark}"
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
@@ -457,6 +465,8 @@ class ExpressionCompiler:
         if upper in ("TIMESTAMPADD",) and args and isinstance(args[0], exp.Column | exp.Var):
             unit = args[0].name.upper()
             args = [exp.Literal.string(unit), *args[1:]]
+        if upper == "CURRENT_WATERMARK":
+            return self._current_watermark(args, node)
         codes = [self.compile(a) for a in args]
         if upper in self.functions or name in self.functions:
             udf = self.functions.get(name) or self.functions[upper]
@@ -478,6 +488,17 @@ class ExpressionCompiler:
         nullable = builtin.may_be_null or any(c.type.nullable for c in codes)
         t = t.or_null() if nullable else t.not_null()
         return Code(self._guarded(codes, lambda n: f"{ref}({', '.join(n)})"), t)
+
+    def _current_watermark(self, args: list[exp.Expr], node: exp.Expr) -> Code:
+        """CURRENT_WATERMARK(rowtime): the watermark of the operator evaluating it (NULL before the first one),
+        as Flink gives it; its argument must be the rowtime attribute of the rows."""
+        if len(args) != 1 or not isinstance(args[0], exp.Column) or not self.scope.fields[
+                self.scope.resolve(args[0])].type.timestamp:
+            raise SqlError(f"{node.sql()}: CURRENT_WATERMARK takes the rowtime column of the rows")
+        if self.watermark is None:
+            raise SqlError(f"{node.sql()}: CURRENT_WATERMARK is supported in a SELECT list or WHERE over a table's "
+                           "or a window's rows only")
+        return Code(self.watermark, T.TIMESTAMP.or_null())
 
     def _c_Anonymous(self, node: exp.Anonymous) -> Code:
         return self._call(node.name, list(node.expressions), node)

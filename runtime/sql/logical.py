@@ -8,7 +8,13 @@ What is planned (Flink's streaming semantics):
 - GROUP BY window_start, window_end [, keys] over a window TVF: a window aggregation, insert-only, emitted when
   the watermark passes the window's end;
 - any other GROUP BY (or aggregates without one): an unbounded group aggregation, an updating changelog;
-- HAVING after either; UNION ALL of inputs with the same column types.
+- HAVING after either; UNION ALL of inputs with the same column types; UNION and SELECT DISTINCT as a
+  GroupAggregate over the whole row; WITH's queries planned once and read by name;
+- a GROUP BY of the window_start and window_end of a window aggregation's rows: a window aggregation again;
+- ROW_NUMBER() OVER (...) <= N in the outer WHERE: Top-N, or a window Top-N when the partition holds the window;
+- joins: a window join when both sides are windows joined on their bounds, an interval join when the condition
+  bounds their rowtimes, else a regular join;
+- aggregates OVER (PARTITION BY .. ORDER BY rowtime frame): a row-time OverAggregate, then the SELECT list.
 """
 
 from __future__ import annotations
@@ -25,11 +31,21 @@ from runtime.sql.catalog import Catalog, TableDef
 from runtime.sql.changelog import INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
 from runtime.sql.dialect import Descriptor, TableArgument, WindowTableFunction
 from runtime.sql.errors import SqlError
-from runtime.sql.expressions import ExpressionCompiler, Field, Scope, interval_ms
+from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms, position
 from runtime.sql.join_conditions import conjuncts, side_of
 from runtime.sql.join_conditions import split as split_condition
 
 WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
+
+
+@dataclass(frozen=True)
+class WindowColumns:
+    """Where a window TVF's or a window aggregation's window_start and window_end are in a node's rows (through
+    projections that keep both, renamed or not): Flink's window properties, which a window Top-N, a window join
+    and a GROUP BY of the windows key on."""
+
+    start: int
+    end: int
 
 
 @dataclass(eq=False)
@@ -37,6 +53,7 @@ class PlanNode:
     fields: tuple[Field, ...]
     mode: ChangelogMode
     rowtime: int | None  # the field equal to every row's event timestamp (a time attribute), if any
+    windowed: WindowColumns | None = None  # the window's bounds, on the rows of a window TVF or aggregation
 
     def inputs(self) -> list[PlanNode]:
         return []
@@ -83,6 +100,7 @@ class Calc(PlanNode):
     predicate: Callable[[Any], Any] | None = None
     source: str = ""
     reads_window_elements: bool = False  # over a window aggregation: compiled over its (key, start, end, results)
+    reads_watermark: bool = False  # CURRENT_WATERMARK: compiled as functions of (row, _wm), the watermark
 
     def inputs(self) -> list[PlanNode]:
         return [self.input]
@@ -145,15 +163,19 @@ class Aggregate(PlanNode):
     calls: list[AggregateCall] = field(default_factory=list)
     aggregate: CompiledAggregate | None = None
     window: WindowSpec | None = None
+    window_end_key: int | None = None  # grouped by its input's windows: the key holding window_end
 
     def inputs(self) -> list[PlanNode]:
         return [self.input]
 
     def digest(self) -> str:
         keys = ", ".join(k.sql() for k in self.keys)
-        select = ", ".join(c.text for c in self.calls)
+        # a DISTINCT shows its keys as Flink does (a window aggregation's digest, and so its uid, stays as it was)
+        select = ", ".join(c.text for c in self.calls) if self.calls or self.window is not None else keys
         if self.window is not None:
             return f"WindowAggregate(groupBy=[{keys}], window=[{self.window}], select=[{select}])"
+        if self.window_end_key is not None:
+            return f"WindowAggregate(groupBy=[{keys}], window=[the input's windows], select=[{select}])"
         return f"GroupAggregate(groupBy=[{keys}], select=[{select}])"
 
 
@@ -174,6 +196,7 @@ class Join(PlanNode):
     condition: exp.Expr | None = None  # the rest of the ON condition, checked per joined pair
     predicate: Callable[[Any], Any] | None = None
     ttl_ms: int | None = None
+    window_ends: tuple[int, int] | None = None  # a window join: the window_end field of the left and right rows
 
     def inputs(self) -> list[PlanNode]:
         return [self.left, self.right]
@@ -187,6 +210,8 @@ class Join(PlanNode):
             lo, hi = self.interval
             return f"IntervalJoin(joinType=[{kind}], where=[{keys}{extra}], " \
                    f"bounds=[right.rowtime - left.rowtime in [{lo}, {hi}] ms])"
+        if self.window_ends is not None:
+            return f"WindowJoin(joinType=[{kind}], where=[{keys}{extra}])"
         ttl = f", stateTtl=[{self.ttl_ms} ms]" if self.ttl_ms else ""
         return f"Join(joinType=[{kind}], where=[{keys}{extra}]{ttl})"
 
@@ -203,15 +228,44 @@ class Rank(PlanNode):
     key_fn: Callable[[Any], Any] | None = None
     sort_key: Callable[[Any], Any] | None = None
     newest_wins_ties: bool = False
+    window_end: int | None = None  # a window Top-N: the field of the window's end, emitted when it fires
+    deduplicates: bool = False  # N = 1 ordered by one timestamp: keep the first row (or the last, DESC)
 
     def inputs(self) -> list[PlanNode]:
         return [self.input]
 
     def digest(self) -> str:
         name = "Deduplicate" if self.limit == 1 else "Rank"
+        if self.window_end is not None:
+            name = "WindowDeduplicate" if self.deduplicates else "WindowRank"
         order = ", ".join(o.sql() for o in self.order)
         return f"{name}(partitionBy=[{', '.join(p.sql() for p in self.partition)}], orderBy=[{order}], " \
                f"rankRange=[1..{self.limit}], outputRank=[{str(self.with_rank).lower()}])"
+
+
+@dataclass(eq=False)
+class OverAggregate(PlanNode):
+    """Aggregates OVER (PARTITION BY keys ORDER BY rowtime ROWS|RANGE BETWEEN n PRECEDING AND CURRENT ROW): each
+    input row with its frame's `calls` appended (`preceding` rows or ms; None: UNBOUNDED)."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    partition: list[exp.Expr] = field(default_factory=list)
+    key_fn: Callable[[Any], Any] | None = None
+    calls: list[AggregateCall] = field(default_factory=list)
+    aggregate: CompiledAggregate | None = None
+    rows: bool = False
+    preceding: int | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        assert self.rowtime is not None
+        start = "UNBOUNDED" if self.preceding is None else f"{self.preceding}{'' if self.rows else ' ms'}"
+        frame = f"{'ROWS' if self.rows else 'RANGE'} BETWEEN {start} PRECEDING AND CURRENT ROW"
+        return f"OverAggregate(partitionBy=[{', '.join(p.sql() for p in self.partition)}], " \
+               f"orderBy=[{self.fields[self.rowtime].name} ASC], window=[{frame}], " \
+               f"select=[{', '.join(c.text for c in self.calls)}])"
 
 
 @dataclass(eq=False)
@@ -258,6 +312,7 @@ class Planner:
         self.catalog = catalog
         self.streams = streams if streams is not None else {}
         self._scans: dict[str, TableScan] = {}  # one source per table, shared by every query of the job
+        self._ctes: dict[str, PlanNode] = {}  # the WITH queries in scope while planning a query
 
     # -- statements ------------------------------------------------------------------------------------------
 
@@ -265,7 +320,11 @@ class Planner:
         target = insert.this
         name = target.this.name if isinstance(target, exp.Schema) else target.name
         table = self.catalog.table(name)
-        query = self.plan_query(insert.expression)
+        body = insert.expression
+        if insert.args.get("with_") is not None:  # WITH ... INSERT INTO t SELECT: the CTEs belong to the query
+            body = body.copy()
+            body.set("with_", insert.args["with_"])
+        query = self.plan_query(body)
         physical = table.physical
         columns = target.expressions if isinstance(target, exp.Schema) else None
         if columns:  # INSERT INTO t (a, b) SELECT ...: reorder, the others NULL
@@ -297,16 +356,54 @@ class Planner:
     def plan_query(self, query: exp.Expr) -> PlanNode:
         if isinstance(query, exp.Subquery):
             return self.plan_query(query.this)
+        if query.args.get("with_") is not None:
+            return self._with(query)
         if isinstance(query, exp.Union):
-            if query.args.get("distinct"):
-                raise SqlError("UNION (distinct) is not supported yet; UNION ALL is")
             left, right = self.plan_query(query.this), self.plan_query(query.expression)
-            return self._union([left, right])
+            union = self._union([left, right])
+            # UNION (distinct) is Flink's Union(all) and a GroupAggregate over every column
+            return self._distinct(union) if query.args.get("distinct") else union
         if isinstance(query, exp.Select):
-            if query.args.get("with_"):
-                raise SqlError("WITH (common table expressions) is not supported yet: use CREATE VIEW")
             return self._select(query)
         raise SqlError(f"{type(query).__name__} is not supported as a query: {query.sql()[:60]}")
+
+    def _with(self, query: exp.Expr) -> PlanNode:
+        """WITH a AS (...), b (x, y) AS (...) <query>: each CTE planned once, in order (a later one may read an
+        earlier one), visible by name in the query only; a CTE read twice is one operator, as a table is."""
+        with_ = query.args["with_"]
+        if with_.args.get("recursive"):
+            raise SqlError("WITH RECURSIVE is not supported")
+        saved = dict(self._ctes)
+        try:
+            for cte in with_.expressions:
+                planned = self.plan_query(cte.this)
+                columns = [c.name for c in cte.args["alias"].columns] if cte.args.get("alias") else []
+                if columns:
+                    if len(columns) != len(planned.fields):
+                        raise SqlError(f"WITH {cte.alias} ({', '.join(columns)}): {len(columns)} column names for "
+                                       f"a query of {len(planned.fields)} columns")
+                    planned = _requalified(planned, tuple(Field(c, f.type) for c, f in zip(columns, planned.fields,
+                                                                                            strict=True)))
+                self._ctes[cte.alias] = planned
+            body = query.copy()
+            body.set("with_", None)
+            return self.plan_query(body)
+        finally:
+            self._ctes = saved
+
+    def _distinct(self, node: PlanNode) -> PlanNode:
+        """SELECT DISTINCT / UNION: Flink's GroupAggregate keyed by the whole row with no aggregate calls; it
+        emits a row the first time it is seen (+I) and nothing after. Its changelog is updating ([I,UB,UA], as
+        Flink infers it for every GroupAggregate), so an append-only sink refuses it as Flink does."""
+        require_insert_only("GroupAggregate", node.mode, source_digest(original(node)))
+        compiler = ExpressionCompiler(node.scope, self.catalog.functions)
+        width = len(node.fields)
+        key_source = "lambda r: r[0]" if width == 1 else "lambda r: tuple(r)"
+        keys: list[exp.Expr] = [exp.column(f.name) for f in node.fields]
+        aggregate = CompiledAggregate([], compiler)
+        fields = tuple(Field(f.name, f.type) for f in node.fields)
+        return Aggregate(fields, UPDATING, None, input=node, keys=keys, key_fn=compiler.build(key_source),
+                         key_source=key_source, calls=[], aggregate=aggregate)
 
     def _union(self, branches: list[PlanNode]) -> PlanNode:
         flat: list[PlanNode] = []
@@ -325,11 +422,17 @@ class Planner:
     # -- SELECT ----------------------------------------------------------------------------------------------
 
     def _select(self, select: exp.Select) -> PlanNode:
-        for unsupported in ("order", "limit", "distinct", "qualify"):
+        for unsupported in ("order", "limit", "qualify"):
             if select.args.get(unsupported):
-                what = {"order": "ORDER BY", "limit": "LIMIT", "joins": "JOIN", "distinct": "SELECT DISTINCT",
-                        "qualify": "QUALIFY"}[unsupported]
+                what = {"order": "ORDER BY", "limit": "LIMIT", "qualify": "QUALIFY"}[unsupported]
                 raise SqlError(f"{what} is not supported yet in Sluice SQL (README, SQL: what is not yet)")
+        distinct = select.args.get("distinct")
+        if distinct is not None:
+            if distinct.args.get("on"):
+                raise SqlError("SELECT DISTINCT ON is not Flink SQL: use ROW_NUMBER() OVER (PARTITION BY ...) = 1")
+            plain = select.copy()
+            plain.set("distinct", None)
+            return self._distinct(self._select(plain))
         where = select.args.get("where")
         ranked = self._top_n(select.args.get("from_"), where.this if where else None)
         if ranked is not None:
@@ -343,6 +446,12 @@ class Planner:
         items = self._expand_star(select.expressions, source)
         group = select.args.get("group")
         having = select.args.get("having")
+        over = [w for item in items for w in item.find_all(exp.Window) if isinstance(w.this, AGGREGATES)]
+        if over:
+            if group is not None or having is not None or find_aggregates(
+                    [i.transform(lambda n: exp.null() if isinstance(n, exp.Window) else n) for i in items]):
+                raise SqlError("OVER aggregates in a query with GROUP BY or other aggregates are not supported")
+            return self._over(source, where.this if where else None, items, over, select.args.get("windows") or [])
         aggregates = find_aggregates(items + ([having.this] if having else []))
         if group is not None or aggregates:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
@@ -361,8 +470,16 @@ class Planner:
                 out.append(item)
         return out
 
-    def _calc(self, source: PlanNode, items: list[exp.Expr], condition: exp.Expr | None) -> PlanNode:
-        compiler = ExpressionCompiler(source.scope, self.catalog.functions)
+    def _calc(self, source: PlanNode, items: list[exp.Expr], condition: exp.Expr | None, *,
+              substitutions: dict[str, int] | None = None) -> PlanNode:
+        reads_watermark = any(isinstance(f, exp.Anonymous) and f.name.upper() == "CURRENT_WATERMARK"
+                              for e in [*items, *([condition] if condition is not None else [])]
+                              for f in e.find_all(exp.Anonymous))
+        if reads_watermark and not source.mode.insert_only:
+            raise SqlError("CURRENT_WATERMARK over an updating input is not supported")
+        # CURRENT_WATERMARK reads the watermark the Calc operator passes beside each row (physical: a process)
+        compiler = ExpressionCompiler(source.scope, self.catalog.functions, substitutions=substitutions,
+                                      watermark="_wm" if reads_watermark else None)
         predicate = None
         source_text = ""
         if condition is not None:
@@ -376,11 +493,54 @@ class Planner:
         if positions == list(range(len(source.fields))) and [f.name for f in fields] == source.scope.names():
             if condition is None:  # SELECT * FROM x: nothing to compute
                 return _requalified(source, fields)
-            return Calc(source.fields, source.mode, source.rowtime, input=source, condition=condition,
-                        predicate=predicate, source="where " + source_text)  # a filter only
-        return Calc(fields, source.mode, rowtime, input=source, projection=items, condition=condition,
-                    project=project, predicate=predicate, source=(text + ("  where " + source_text if source_text
-                                                                          else "")))
+            return Calc(source.fields, source.mode, source.rowtime, source.windowed, input=source,
+                        condition=condition, predicate=predicate, source="where " + source_text,
+                        reads_watermark=reads_watermark)  # a filter only
+        return Calc(fields, source.mode, rowtime, _windowed_after(source.windowed, positions), input=source,
+                    projection=items, condition=condition, project=project, predicate=predicate,
+                    source=(text + ("  where " + source_text if source_text else "")), reads_watermark=reads_watermark)
+
+    # -- OVER ------------------------------------------------------------------------------------------------
+
+    def _over(self, source: PlanNode, where: exp.Expr | None, items: list[exp.Expr], over: list[exp.Window],
+              named: list[exp.Window]) -> PlanNode:
+        """Aggregates OVER one window of the rows (Flink's row-time OverAggregate), then the SELECT list over
+        the rows with the aggregates appended. As in Flink, every OVER of one SELECT is the same window."""
+        try:
+            return self._over_window(source, where, items, over, named)
+        except SqlError as exc:
+            raise exc.at(*position(over[0])) from None  # an error of the window is placed at its first OVER
+
+    def _over_window(self, source: PlanNode, where: exp.Expr | None, items: list[exp.Expr], over: list[exp.Window],
+                     named: list[exp.Window]) -> PlanNode:
+        if where is not None:  # WHERE filters the rows before the window sees them
+            source = self._calc(source, [exp.column(f.name) for f in source.fields], where)
+        require_insert_only("OverAggregate", source.mode, source_digest(original(source)))
+        windows = {_window_of(w, named).sql().removeprefix("w ") for w in over}
+        if len(windows) != 1:
+            raise SqlError("the OVER aggregates of one SELECT must use the same window (Flink's rule): "
+                           + "; ".join(sorted(windows)))
+        window = _window_of(over[0], named)
+        order = list((window.args.get("order") or exp.Order(expressions=[])).expressions)
+        if len(order) != 1 or order[0].args.get("desc") or not isinstance(order[0].this, exp.Column) \
+                or source.rowtime is None or source.scope.resolve(order[0].this) != source.rowtime:
+            raise SqlError("an OVER window must be ORDER BY the rowtime attribute ascending (a column with a "
+                           "WATERMARK FOR it); other orders and processing time are not supported")
+        rows, preceding = _frame(window.args.get("spec"))
+        compiler = ExpressionCompiler(source.scope, self.catalog.functions)
+        calls = []
+        for w in over:
+            call = describe_call(w.this, compiler)
+            calls.append(AggregateCall(call.kind, call.argument, call.condition, w.sql(), call.type))
+        calls = list({c.text: c for c in calls}.values())
+        partition = list(window.args.get("partition_by") or [])
+        key_fn = _key_function(compiler, partition) if partition else compiler.build("lambda r: 0")
+        width = len(source.fields)
+        fields = (*source.fields, *(Field(f"w0$o{i}", c.type) for i, c in enumerate(calls)))
+        node = OverAggregate(fields, INSERT_ONLY, source.rowtime, source.windowed, input=source, partition=partition,
+                             key_fn=key_fn, calls=calls, aggregate=CompiledAggregate(calls, compiler), rows=rows,
+                             preceding=preceding)
+        return self._calc(node, items, None, substitutions={c.text: width + i for i, c in enumerate(calls)})
 
     # -- FROM ------------------------------------------------------------------------------------------------
 
@@ -407,6 +567,8 @@ class Planner:
         raise SqlError(f"{node.sql()[:60]} is not supported in FROM")
 
     def _named_relation(self, name: str) -> PlanNode:
+        if name in self._ctes:
+            return self._ctes[name]
         if name in self.catalog.views:
             return self.plan_query(self.catalog.views[name])
         if name in self.streams:
@@ -485,7 +647,8 @@ class Planner:
             spec = WindowSpec(kind, time_index, time_name, gap_ms=args[0], partition=partition)
         fields = (*source.fields, Field("window_start", T.TIMESTAMP.not_null()),
                   Field("window_end", T.TIMESTAMP.not_null()), Field("window_time", T.TIMESTAMP.not_null()))
-        return WindowAssign(fields, INSERT_ONLY, len(fields) - 1, input=source, window=spec)
+        return WindowAssign(fields, INSERT_ONLY, len(fields) - 1, WindowColumns(len(fields) - 3, len(fields) - 2),
+                            input=source, window=spec)
 
     # -- JOIN ----------------------------------------------------------------------------------------------
 
@@ -525,6 +688,12 @@ class Planner:
         rest = exp.and_(*cond.rest) if cond.rest else None
         predicate = ExpressionCompiler(joined, self.catalog.functions).predicate(rest)[0] if rest is not None \
             else None
+        window_ends = _window_join(left, right, cond.left_keys, cond.right_keys)
+        if window_ends is not None:
+            # two windows joined on their bounds: each window's rows joined once it fires, then dropped
+            return Join(fields, INSERT_ONLY, None, left=left, right=right, how=how, left_keys=cond.left_keys,
+                        right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
+                        condition=rest, predicate=predicate, window_ends=window_ends)
         if cond.interval:
             assert cond.lower is not None and cond.upper is not None
             if cond.lower > cond.upper:
@@ -575,8 +744,10 @@ class Planner:
         base = self._select(body)
         require_insert_only("Rank", base.mode, source_digest(original(base)))
         compiler = ExpressionCompiler(base.scope, self.catalog.functions)
-        partition = list(window.args.get("partition_by") or [])
-        order = list((window.args.get("order") or exp.Order(expressions=[])).expressions)
+        items = body.expressions
+        partition = [_over_output(p, items, base.scope) for p in window.args.get("partition_by") or []]
+        order = [_over_output(o, items, base.scope)
+                 for o in (window.args.get("order") or exp.Order(expressions=[])).expressions]
         if not order:
             raise SqlError("ROW_NUMBER() OVER needs an ORDER BY")
         key_fn = _key_function(compiler, partition) if partition else compiler.build("lambda r: 0")
@@ -594,6 +765,16 @@ class Planner:
         mode = INSERT_ONLY if time_first else RETRACTING
         # the rank is a column of the output; an outer query that does not select it drops it in its Calc
         fields = (*base.fields, Field(alias, T.BIGINT.not_null()))
+        w = base.windowed
+        partition_at = {base.scope.resolve(p) for p in partition if isinstance(p, exp.Column)}
+        if w is not None and {w.start, w.end} <= partition_at:
+            # a window Top-N (deduplication): the rows of each window ranked once it fires; insert-only
+            by_time = limit == 1 and len(order) == 1 and isinstance(order[0].this, exp.Column) \
+                and base.fields[base.scope.resolve(order[0].this)].type.timestamp
+            return Rank(fields, INSERT_ONLY, base.rowtime, w, input=base, partition=partition, order=order,
+                        limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
+                        newest_wins_ties=bool(by_time and descending[0]), window_end=w.end,
+                        deduplicates=bool(by_time)), rest
         return Rank(fields, mode, base.rowtime if time_first else None, input=base, partition=partition,
                     order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
                     newest_wins_ties=time_last), rest
@@ -603,6 +784,7 @@ class Planner:
     def _aggregate(self, source: PlanNode, where: exp.Expr | None, group: exp.Group | None,
                    items: list[exp.Expr], aggregates: list[exp.Expr], having: exp.Expr | None) -> PlanNode:
         keys = list(group.expressions) if group is not None else []
+        cascade: WindowColumns | None = None  # grouped by the window columns of a window aggregation's output
         window_node = _window_below(source)
         window_keys = [k for k in keys if isinstance(k, exp.Column) and k.name in WINDOW_COLUMNS]
         windowed = window_node is not None and {k.name for k in window_keys} >= {"window_start", "window_end"}
@@ -628,6 +810,11 @@ class Planner:
             group_keys = keys
             inner = source
             scope = source.scope
+            w = source.windowed
+            if w is not None and window_node is None:  # GROUP BY the windows of a window aggregation's rows
+                at = [scope.resolve(k) if isinstance(k, exp.Column) else None for k in keys]
+                if w.start in at and w.end in at:
+                    cascade = WindowColumns(at.index(w.start), at.index(w.end))
         compiler = ExpressionCompiler(scope, self.catalog.functions)
         calls = [describe_call(a, compiler) for a in aggregates]
         for call in calls:
@@ -650,13 +837,14 @@ class Planner:
             rowtime = len(out_fields) - 1
         first_call = len(out_fields)
         out_fields += [Field(f"agg${i}", c.type) for i, c in enumerate(calls)]
-        mode = INSERT_ONLY if windowed else UPDATING
+        mode = INSERT_ONLY if windowed or cascade is not None else UPDATING
         if not inner.mode.insert_only:
             require_insert_only("GroupAggregate" if not windowed else "WindowAggregate", inner.mode,
                                 source_digest(inner))
         node = Aggregate(tuple(out_fields), mode, rowtime, input=inner, keys=group_keys, key_fn=key_fn,
                          key_source=key_source, calls=calls, aggregate=aggregate,
-                         window=window_node.window if windowed else None)  # type: ignore[union-attr]
+                         window=window_node.window if windowed else None,  # type: ignore[union-attr]
+                         windowed=cascade, window_end_key=None if cascade is None else cascade.end)
         # the SELECT list and HAVING over the aggregated rows
         substitutions = {c.text: first_call + i for i, c in enumerate(calls)}
         key_columns = {}
@@ -683,9 +871,77 @@ class Planner:
         if rowtime is not None:
             out_rowtime = next((i for i, item in enumerate(items) if isinstance(item.unalias(), exp.Column)
                                 and item.unalias().name == "window_time"), None)
-        return Calc(fields, mode, out_rowtime, input=node, projection=items, condition=having, project=project,
-                    predicate=predicate, source=text + ("  having " + having_text if having_text else ""),
-                    reads_window_elements=windowed)
+        windowed_out = None
+        if cascade is not None:  # the SELECT list keeps the windows if it keeps both bounds
+            texts = [item.unalias().sql() for item in items]
+            start, end = group_keys[cascade.start].sql(), group_keys[cascade.end].sql()
+            if start in texts and end in texts:
+                windowed_out = WindowColumns(texts.index(start), texts.index(end))
+        if windowed:  # the SELECT list's window_start and window_end keep the window (a window Top-N, join)
+            bounds = [item.unalias().name if isinstance(item.unalias(), exp.Column) else None for item in items]
+            if "window_start" in bounds and "window_end" in bounds:
+                windowed_out = WindowColumns(bounds.index("window_start"), bounds.index("window_end"))
+        return Calc(fields, mode, out_rowtime, windowed_out, input=node, projection=items, condition=having,
+                    project=project, predicate=predicate,
+                    source=text + ("  having " + having_text if having_text else ""), reads_window_elements=windowed)
+
+
+def _window_join(left: PlanNode, right: PlanNode, left_keys: list[exp.Expr], right_keys: list[exp.Expr]
+                 ) -> tuple[int, int] | None:
+    """A window join, as Flink recognizes one: both sides are window TVFs or window aggregations and the equi
+    keys equate their window_start and their window_end. Returns the two sides' window_end fields, else None."""
+    lw, rw = left.windowed, right.windowed
+    if lw is None or rw is None:
+        return None
+    pairs = {(left.scope.resolve(a), right.scope.resolve(b)) for a, b in zip(left_keys, right_keys, strict=True)
+             if isinstance(a, exp.Column) and isinstance(b, exp.Column)}
+    if (lw.start, rw.start) in pairs and (lw.end, rw.end) in pairs:
+        return lw.end, rw.end
+    return None
+
+
+def _window_of(over: exp.Window, named: list[exp.Window]) -> exp.Window:
+    """The window an OVER names: its own (PARTITION BY ... ORDER BY ... frame), or WINDOW w AS (...)'s."""
+    if over.args.get("order") is None and over.args.get("spec") is None and over.args.get("partition_by") is None:
+        name = over.args.get("alias")
+        for w in named:
+            if name is not None and w.this.name == name.name:
+                return exp.Window(this=exp.var("w"), partition_by=w.args.get("partition_by"),
+                                  order=w.args.get("order"), spec=w.args.get("spec"))
+        raise SqlError(f"{over.sql()}: an OVER window needs ORDER BY the rowtime"
+                       + (f" (no WINDOW {name.name} AS (...) in this SELECT)" if name is not None else ""))
+    return exp.Window(this=exp.var("w"), partition_by=over.args.get("partition_by"), order=over.args.get("order"),
+                      spec=over.args.get("spec"))
+
+
+def _frame(spec: exp.WindowSpec | None) -> tuple[bool, int | None]:
+    """An OVER window's frame -> (ROWS?, how far back: rows or ms; None for UNBOUNDED). No frame is Flink's
+    default, RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW."""
+    if spec is None:
+        return False, None
+    rows = str(spec.args.get("kind", "")).upper() == "ROWS"
+    end = spec.args.get("end")
+    if str(end).upper() != "CURRENT ROW" or spec.args.get("end_side"):
+        raise SqlError(f"OVER ({spec.sql()}): a frame must end at CURRENT ROW in streaming")
+    start = spec.args.get("start")
+    if str(spec.args.get("start_side", "")).upper() != "PRECEDING":
+        raise SqlError(f"OVER ({spec.sql()}): a frame starts at n PRECEDING or UNBOUNDED PRECEDING")
+    if isinstance(start, str) and start.upper() == "UNBOUNDED":
+        return rows, None
+    if rows:
+        if not isinstance(start, exp.Literal) or start.is_string:
+            raise SqlError(f"OVER ({spec.sql()}): ROWS BETWEEN n PRECEDING takes a number of rows")
+        return True, int(start.this)
+    if not isinstance(start, exp.Interval):
+        raise SqlError(f"OVER ({spec.sql()}): RANGE BETWEEN ... PRECEDING takes an INTERVAL over a rowtime")
+    return False, interval_ms(start)
+
+
+def _windowed_after(windowed: WindowColumns | None, positions: list[int | None]) -> WindowColumns | None:
+    """A projection's window columns: where it puts its input's window_start and window_end, if it keeps both."""
+    if windowed is None or windowed.start not in positions or windowed.end not in positions:
+        return None
+    return WindowColumns(positions.index(windowed.start), positions.index(windowed.end))
 
 
 def _key_function(compiler: ExpressionCompiler, keys: list[exp.Expr]) -> Callable[[Any], Any]:
@@ -693,6 +949,29 @@ def _key_function(compiler: ExpressionCompiler, keys: list[exp.Expr]) -> Callabl
     if len(codes) == 1:
         return compiler.build(f"lambda r: {codes[0].text}")  # type: ignore[no-any-return]
     return compiler.build("lambda r: (" + "".join(c.text + ", " for c in codes) + ")")  # type: ignore[no-any-return]
+
+
+def _over_output(node: exp.Expr, items: list[exp.Expr], scope: Scope) -> Any:
+    """A PARTITION BY or ORDER BY expression of ROW_NUMBER() OVER, read over the rows of its SELECT (the Rank
+    sits above the projection): a column the projection renamed (`B.t AS bid_t`) is read as its new name, a
+    qualified one (`A.id` of `A.*`) by its name."""
+    def over(column: exp.Expr) -> exp.Expr:
+        if not isinstance(column, exp.Column):
+            return column
+        try:
+            scope.resolve(column)
+            return column
+        except SqlError:
+            pass
+        for item in items:
+            if isinstance(item, exp.Alias) and item.this.sql() == column.sql():
+                return exp.column(item.alias)
+        if column.table:
+            bare = exp.column(column.name)
+            scope.resolve(bare)
+            return bare
+        return column
+    return node.copy().transform(over)
 
 
 def _rank_bound(c: exp.Expr, alias: str) -> int | None:

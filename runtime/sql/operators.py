@@ -1,7 +1,9 @@
 """The few operators SQL needs that the DataStream API does not have as such, built on its public classes:
 CUMULATE windows (a WindowAssigner), the unbounded group aggregation (a KeyedProcessFunction emitting a
-changelog), regular joins (a KeyedCoProcessFunction), Top-N and deduplication, and the per-record functions of
-window table functions without an aggregation."""
+changelog), regular joins (a KeyedCoProcessFunction), Top-N and deduplication, the per-record functions of
+window table functions without an aggregation; and the operators that wait for a window to fire (its end in each
+row, a timer at window_end - 1): window Top-N, window joins, the aggregation of a window aggregation's windows;
+the row-time OVER aggregation; the Calc that reads CURRENT_WATERMARK."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api import KeyedCoProcessFunction, KeyedProcessFunction
+from runtime.api import MIN_WATERMARK, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction
 from runtime.api.windows import WindowAssigner
 from runtime.sql.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
 
@@ -58,6 +60,37 @@ class GroupAggregateFunction(KeyedProcessFunction):
         if after != before:
             ctx.emit((UPDATE_BEFORE, (*prefix, *before)))
             ctx.emit((UPDATE_AFTER, (*prefix, *after)))
+
+
+class WindowGroupAggregateFunction(KeyedProcessFunction):
+    """GROUP BY window_start, window_end (and keys) over the rows of a window aggregation or a window TVF, Flink's
+    window aggregation over window properties: keyed by the group, which holds its window, the accumulator is
+    kept until the watermark passes the window's end (the timer at window_end - 1), then its row (*key,
+    *results) is emitted once, insert-only, and the state dropped. Rows whose window already fired are dropped,
+    as Flink drops them."""
+
+    def __init__(self, aggregate: Any, end_key: int) -> None:
+        self.aggregate = aggregate
+        self.end_key = end_key
+
+    def open(self, ctx: Any) -> None:
+        self.accumulators = ctx.value_state("accumulators", None)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        fires_at = ctx.current_key[self.end_key] - 1
+        if fires_at <= ctx.current_watermark:
+            return
+        acc = self.accumulators.value()
+        if acc is None:
+            acc = self.aggregate.create_accumulator()
+            ctx.timers.register_event_time(fires_at)
+        self.accumulators.update(self.aggregate.add(record, acc))
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        acc = self.accumulators.value()
+        self.accumulators.clear()
+        if acc is not None:
+            ctx.emit((*ctx.current_key, *self.aggregate.get_result(acc)))
 
 
 def window_rows(assign: Callable[[int], list[tuple[int, int]]], time_index: int) -> Callable[[Any], list[Any]]:
@@ -211,3 +244,197 @@ class SortKey:
                 return (a is None) != desc
             return (a > b) if desc else (a < b)
         return False
+
+
+def _insert_position(keys: list[Any], key: Any, newest_wins_ties: bool) -> int:
+    """Where a row of sort key `key` goes among rows of sort keys `keys` (in order): after every equal key (the
+    earlier row stays first), or before them when the newest row wins ties."""
+    for i, k in enumerate(keys):
+        if key < k or (newest_wins_ties and not k < key):
+            return i
+    return len(keys)
+
+
+class WindowTopNFunction(KeyedProcessFunction):
+    """ROW_NUMBER() OVER (PARTITION BY window_start, window_end, ... ORDER BY ...) <= N over a window TVF or a
+    window aggregation, Flink's WindowRank / WindowDeduplicate: keyed by the partition (which holds the window),
+    the N first rows of the order are kept, and emitted once, insert-only, when the watermark passes the
+    window's end (the timer at window_end - 1: each row's timestamp is its window_time). A row whose window
+    already fired is dropped, as Flink drops it. Ties keep the earlier row first, or the later one when
+    `newest_wins_ties` (deduplication keeping the last row)."""
+
+    def __init__(self, limit: int, sort_key: Callable[[Any], Any], end_index: int, with_rank: bool,
+                 newest_wins_ties: bool = False) -> None:
+        self.limit = limit
+        self.sort_key = sort_key
+        self.end_index = end_index
+        self.with_rank = with_rank
+        self.newest_wins_ties = newest_wins_ties
+
+    def open(self, ctx: Any) -> None:
+        self.top = ctx.value_state("window-top-n", ())
+
+    def process(self, record: Any, ctx: Any) -> None:
+        row = tuple(record)
+        fires_at = row[self.end_index] - 1
+        if fires_at <= ctx.current_watermark:
+            return
+        before = [tuple(r) for r in self.top.value()]
+        position = _insert_position([self.sort_key(r) for r in before], self.sort_key(row), self.newest_wins_ties)
+        if position >= self.limit:
+            return
+        if not before:
+            ctx.timers.register_event_time(fires_at)
+        self.top.update(tuple((before[:position] + [row] + before[position:])[:self.limit]))
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        rows = self.top.value()
+        self.top.clear()
+        for rank, r in enumerate(rows, 1):
+            ctx.emit((*r, rank) if self.with_rank else tuple(r))
+
+
+class WindowJoinFunction(KeyedCoProcessFunction):
+    """Two window TVFs (or window aggregations) joined on window_start, window_end and equi keys, Flink's
+    WindowJoin: keyed by (window, keys), both sides' rows of a window are kept until the watermark passes its
+    end (the timer at window_end - 1), then joined once and dropped: each pair passing `condition` is emitted
+    (insert-only); with an outer side, its rows without a match come padded with NULLs. Rows whose window
+    already fired are dropped, as Flink drops them."""
+
+    def __init__(self, how: str, left_width: int, right_width: int, left_end: int, right_end: int,
+                 condition: Callable[[Any], Any] | None = None) -> None:
+        self.outer_left = how in ("left", "full")
+        self.outer_right = how in ("right", "full")
+        self.left_nulls = (None,) * left_width
+        self.right_nulls = (None,) * right_width
+        self.left_end = left_end
+        self.right_end = right_end
+        self.condition = condition
+
+    def open(self, ctx: Any) -> None:
+        self.left = ctx.list_state("window-join:left")
+        self.right = ctx.list_state("window-join:right")
+
+    def process1(self, record: Any, ctx: Any) -> None:
+        self._arrive(tuple(record), ctx, self.left, record[self.left_end] - 1)
+
+    def process2(self, record: Any, ctx: Any) -> None:
+        self._arrive(tuple(record), ctx, self.right, record[self.right_end] - 1)
+
+    def _arrive(self, row: tuple[Any, ...], ctx: Any, side: Any, fires_at: int) -> None:
+        if fires_at <= ctx.current_watermark:
+            return
+        side.add(row)
+        ctx.timers.register_event_time(fires_at)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        lefts = [tuple(r) for r in self.left.get()]
+        rights = [tuple(r) for r in self.right.get()]
+        self.left.update([])
+        self.right.update([])
+        condition = self.condition
+        right_matched = [False] * len(rights)
+        for left in lefts:
+            matched = False
+            for i, right in enumerate(rights):
+                joined = (*left, *right)
+                if condition is not None and not condition(joined):
+                    continue
+                matched = True
+                right_matched[i] = True
+                ctx.emit(joined)
+            if not matched and self.outer_left:
+                ctx.emit((*left, *self.right_nulls))
+        if self.outer_right:
+            for right, matched in zip(rights, right_matched, strict=True):
+                if not matched:
+                    ctx.emit((*self.left_nulls, *right))
+
+
+class OverAggregateFunction(KeyedProcessFunction):
+    """SUM/COUNT/MIN/MAX/AVG(...) OVER (PARTITION BY ... ORDER BY rowtime ROWS|RANGE BETWEEN ... PRECEDING AND
+    CURRENT ROW), Flink's row-time over aggregation: rows wait (per key and timestamp) until the watermark
+    passes their timestamp, then are emitted in timestamp order, each with the aggregates of its frame appended:
+    ROWS the `preceding` rows before it and itself, RANGE every row whose timestamp is at most `preceding` ms
+    before its own (rows of one timestamp are peers: all of them in each other's frame); `preceding` None is
+    UNBOUNDED. A row at or before the last timestamp emitted for its key is late and dropped, as Flink drops it.
+    Insert-only."""
+
+    def __init__(self, aggregate: Any, *, rows: bool, preceding: int | None, time_index: int) -> None:
+        self.aggregate = aggregate
+        self.rows = rows
+        self.preceding = preceding
+        self.time_index = time_index
+
+    def open(self, ctx: Any) -> None:
+        self.pending = ctx.map_state("over:pending")  # timestamp -> its rows, in arrival order
+        self.kept = ctx.value_state("over:kept", ())  # a bounded frame's earlier rows: (timestamp, row) pairs
+        self.accumulator = ctx.value_state("over:accumulator", None)  # an UNBOUNDED frame's
+        self.last = ctx.value_state("over:last", None)  # the last timestamp emitted (Flink's lastTriggeringTs)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        ts = record[self.time_index]
+        last = self.last.value()
+        if last is not None and ts <= last:
+            return
+        self.pending.put(ts, [*(self.pending.get(ts) or ()), tuple(record)])
+        ctx.timers.register_event_time(ts)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        rows = [tuple(r) for r in self.pending.get(timestamp) or ()]
+        self.pending.remove(timestamp)
+        self.last.update(timestamp)
+        agg = self.aggregate
+        if self.preceding is None:
+            acc = self.accumulator.value()
+            acc = agg.create_accumulator() if acc is None else acc
+            if self.rows:
+                for r in rows:
+                    acc = agg.add(r, acc)
+                    ctx.emit((*r, *agg.get_result(acc)))
+            else:
+                for r in rows:
+                    acc = agg.add(r, acc)
+                result = tuple(agg.get_result(acc))
+                for r in rows:
+                    ctx.emit((*r, *result))
+            self.accumulator.update(acc)
+            return
+        kept = [(t, tuple(r)) for t, r in self.kept.value()]
+        if self.rows:
+            n = self.preceding
+            for r in rows:  # `kept` holds the n rows before this one (fewer at the start)
+                acc = agg.create_accumulator()
+                for _, f in kept:
+                    acc = agg.add(f, acc)
+                acc = agg.add(r, acc)
+                ctx.emit((*r, *agg.get_result(acc)))
+                kept = (kept + [(timestamp, r)])[-n:] if n else []
+        else:
+            kept = [(t, k) for t, k in kept if t >= timestamp - self.preceding] + [(timestamp, r) for r in rows]
+            acc = agg.create_accumulator()
+            for _, f in kept:
+                acc = agg.add(f, acc)
+            result = tuple(agg.get_result(acc))
+            for r in rows:
+                ctx.emit((*r, *result))
+        self.kept.update(tuple(kept))
+
+
+class WatermarkCalc(ProcessFunction):
+    """A Calc whose expressions read CURRENT_WATERMARK: its filter and projection are functions of (row,
+    watermark), called with the operator's current watermark (None before the first one, as Flink's NULL)."""
+
+    def __init__(self, predicate: Callable[..., Any] | None, project: Callable[..., Any] | None,
+                 build: Callable[[Any], Any] | None = None) -> None:
+        self.predicate = predicate
+        self.project = project
+        self.build = build  # a window operator's (key, start, end, results) -> the row
+
+    def process(self, record: Any, ctx: Any) -> None:
+        wm = ctx.current_watermark
+        watermark = None if wm <= MIN_WATERMARK else wm
+        row = record if self.build is None else self.build(record)
+        if self.predicate is not None and not self.predicate(row, watermark):
+            return
+        ctx.emit(row if self.project is None else self.project(row, watermark))

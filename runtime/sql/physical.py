@@ -30,6 +30,7 @@ from runtime.sql.logical import (
     Aggregate,
     Calc,
     Join,
+    OverAggregate,
     PlanNode,
     Rank,
     SinkNode,
@@ -42,8 +43,13 @@ from runtime.sql.logical import (
 from runtime.sql.operators import (
     CumulativeEventTimeWindows,
     GroupAggregateFunction,
+    OverAggregateFunction,
     RegularJoinFunction,
     TopNFunction,
+    WatermarkCalc,
+    WindowGroupAggregateFunction,
+    WindowJoinFunction,
+    WindowTopNFunction,
     tumble_row,
     window_output,
     window_rows,
@@ -73,6 +79,10 @@ class Translator:
     # a window aggregation's output is (key, start, end, results): the Calc above it builds its rows from that in
     # the same map, so no operator of its own turns them into (*keys, start, end, time, *results) first
     _row_builders: dict[int, Any] = field(default_factory=dict)
+    # sub-plan reuse, as Flink's planner does it: a node computing what an earlier one computes (the same digest
+    # over the same inputs, e.g. a subquery written twice) is that node's operators, not a copy of them
+    twins: dict[int, PlanNode] = field(default_factory=dict)
+    _by_digest: dict[str, PlanNode] = field(default_factory=dict)
 
     def translate(self, node: PlanNode) -> DataStream:
         node = original(node)
@@ -80,7 +90,18 @@ class Translator:
         if done is not None:
             return done
         inputs = [self.translate(i) for i in node.inputs()]
-        uid = self._uid(node, [self.uids[id(original(i))] for i in node.inputs()])
+        input_uids = [self.uids[id(original(i))] for i in node.inputs()]
+        text = node.digest() + "|" + ",".join(input_uids)
+        twin = self._by_digest.get(text)
+        if twin is not None and not isinstance(node, SinkNode):  # two INSERTs into one table stay two sinks
+            self.twins[id(node)] = twin
+            self.streams[id(node)] = self.streams[id(twin)]
+            self.uids[id(node)] = self.uids[id(twin)]
+            if id(twin) in self._row_builders:
+                self._row_builders[id(node)] = self._row_builders[id(twin)]
+            return self.streams[id(node)]
+        self._by_digest.setdefault(text, node)
+        uid = self._uid(node, input_uids)
         self.uids[id(node)] = uid
         ops: list[Operator] = []
         stream = getattr(self, f"_t_{type(node).__name__}")(node, inputs, uid, ops)
@@ -139,6 +160,9 @@ class Translator:
         name = self._name(node)
         updating = not node.input.mode.insert_only
         build = None if node.reads_window_elements else self._row_builders.get(id(original(node.input)))
+        if node.reads_watermark:  # one process operator: it has the watermark the expressions read
+            fn = WatermarkCalc(node.predicate, node.project if node.projection is not None else None, build)
+            return self._added(stream.process(fn, name=name), uid, ops)
         if node.predicate is not None:
             fn = _over_rows(node.predicate, updating, build, keep_kind=False)
             stream = self._added(stream.filter(fn, name=f"{name} (filter)"), f"{uid}-filter", ops)
@@ -173,6 +197,10 @@ class Translator:
             windowed = stream.key_by(node.key_fn).window(_assigner(wnode)).aggregate(node.aggregate, name=name)
             self._row_builders[id(node)] = window_output(key_arity)  # the Calc above makes the rows (see there)
             return self._added(windowed, uid, ops, keys=keys, state=f"per key and window: {state}")
+        if node.window_end_key is not None:
+            wfn = WindowGroupAggregateFunction(node.aggregate, node.window_end_key)
+            out = stream.key_by(node.key_fn).process(wfn, name=name)
+            return self._added(out, uid, ops, keys=keys, state=f"per key and window, until it fires: {state}")
         fn = GroupAggregateFunction(node.aggregate, key_arity)
         out = stream.key_by(node.key_fn).process(fn, name=name)
         return self._added(out, uid, ops, keys=keys, state=f"per key: {state}")
@@ -197,6 +225,11 @@ class Translator:
             if node.predicate is not None:
                 out = self._added(out.filter(node.predicate, name=f"{name} (where)"), f"{uid}-where", ops)
             return out
+        if node.window_ends is not None:
+            wfn = WindowJoinFunction(node.how, len(node.left.fields), len(node.right.fields), *node.window_ends,
+                                     node.predicate)
+            out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(wfn, name=name)
+            return self._added(out, uid, ops, keys=keys, state="both sides' rows per key and window, until it fires")
         fn = RegularJoinFunction(node.how, len(node.left.fields), len(node.right.fields), node.predicate,
                                  node.ttl_ms)
         out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(fn, name=name)
@@ -206,10 +239,25 @@ class Translator:
     def _t_Rank(self, node: Rank, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         (stream,) = inputs
         assert node.key_fn is not None and node.sort_key is not None
+        if node.window_end is not None:
+            wfn = WindowTopNFunction(node.limit, node.sort_key, node.window_end, node.with_rank, node.newest_wins_ties)
+            out = stream.key_by(node.key_fn).process(wfn, name=self._name(node))
+            return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition),
+                               state=f"the top {node.limit} rows per key and window, until it fires")
         fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
+
+    def _t_OverAggregate(self, node: OverAggregate, inputs: list[DataStream], uid: str,
+                         ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.key_fn is not None and node.aggregate is not None and node.rowtime is not None
+        fn = OverAggregateFunction(node.aggregate, rows=node.rows, preceding=node.preceding, time_index=node.rowtime)
+        out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
+        frame = "rows" if node.rows else "rows of the range"
+        return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
+                           state=f"rows until the watermark passes them, the frame's {frame}")
 
     def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         first, *rest = inputs
