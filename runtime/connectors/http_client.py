@@ -3,7 +3,8 @@
 Enough to call a local or internal service from a job without another package (aiohttp or httpx do more; use
 them when they are installed). Connections are opened on the running loop when first needed and reused; at
 most `max_connections` are open at once, the rest of the callers wait for one. Bodies need a Content-Length
-(no chunked encoding). A connection that fails mid-request is dropped, never reused.
+(no chunked encoding). A connection that fails mid-request is dropped, never reused; a kept-alive connection
+the service closed while it was idle is replaced, and the GET sent again once (the service restarted).
 """
 
 from __future__ import annotations
@@ -41,18 +42,33 @@ class HttpClient:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_connections)
         async with self._slots:
-            reader, writer = self._idle.pop() if self._idle else await asyncio.open_connection(self.host, self.port)
             try:
-                writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
-                status, body, keep = await _read_response(reader)
-            except BaseException:  # a timeout or cancel mid-request too: the stream position is unknown
-                writer.close()
-                raise
-            if keep:
-                self._idle.append((reader, writer))
-            else:
-                writer.close()
-            return status, body
+                return await self._send(path, fresh=not self._idle)
+            except _NoAnswer:
+                # A kept-alive connection the service closed while idle (it restarted, or timed the connection
+                # out) fails before any byte of an answer; the others in the pool are likely as dead. A GET may
+                # be sent again: once, on a new connection, whose failure is the caller's.
+                self.close()
+                return await self._send(path, fresh=True)
+
+    async def _send(self, path: str, *, fresh: bool) -> tuple[int, bytes]:
+        reader, writer = await asyncio.open_connection(self.host, self.port) if fresh else self._idle.pop()
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+            status, body, keep = await _read_response(reader)
+        except (_NoAnswer, ConnectionResetError, BrokenPipeError) as e:
+            writer.close()
+            if fresh:
+                raise ConnectionError("the service closed the connection without answering") from e
+            raise _NoAnswer() from e
+        except BaseException:  # a timeout or cancel mid-request too: the stream position is unknown
+            writer.close()
+            raise
+        if keep:
+            self._idle.append((reader, writer))
+        else:
+            writer.close()
+        return status, body
 
     def close(self) -> None:
         for _, writer in self._idle:
@@ -60,17 +76,28 @@ class HttpClient:
         self._idle.clear()
 
 
+class _NoAnswer(Exception):
+    """The connection ended before any byte of an answer."""
+
+
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as e:
-        raise ConnectionError("the service closed the connection") from e
+        if not e.partial:
+            raise _NoAnswer() from e
+        raise ConnectionError(f"the service closed the connection in the middle of an answer's head "
+                              f"({len(e.partial)} bytes)") from e
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise HttpError(f"not an HTTP answer: {lines[0][:80]!r}")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
     length = int(headers.get("content-length", "0"))
-    body = await reader.readexactly(length) if length else b""
+    try:
+        body = await reader.readexactly(length) if length else b""
+    except asyncio.IncompleteReadError as e:
+        raise ConnectionError(f"the service closed the connection after {len(e.partial)} of the {length} bytes "
+                              f"of an answer's body") from e
     keep = headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
     return int(parts[1]), body, keep

@@ -166,23 +166,31 @@ class AsyncIOOperator:
         started = time.monotonic()
         attempt = 1
         while True:
+            limit = asyncio.timeout(spec.timeout_s)  # None: no limit
             try:
-                if spec.timeout_s is None:
+                async with limit:
                     result = await spec.fn(value)
-                else:
-                    async with asyncio.timeout(spec.timeout_s):
-                        result = await spec.fn(value)
                 break
             except TimeoutError as e:
-                stats.timed_out += 1
                 error: BaseException = e
-                give_up = attempt >= retry.max_attempts  # a timeout is always worth a retry while any are left
+                if limit.expired():
+                    stats.timed_out += 1
+                    give_up = attempt >= retry.max_attempts  # our timeout is always worth a retry while any are left
+                else:  # the function's own TimeoutError (its client's timeout): like any exception it raises
+                    give_up = not retry.retries(e, attempt)
+            except asyncio.CancelledError as e:
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]  # aclose(): the task ends
+                    raise
+                # the function's own code was cancelled (a future it awaited, a client closed under it): not
+                # a retry's business, and ending this call without a result would leave the queue waiting
+                error, give_up = e, True
             except Exception as e:
                 error = e
                 give_up = not retry.retries(e, attempt)
             if give_up:
                 stats.failed += 1
-                what = "timed out" if isinstance(error, TimeoutError) else f"failed: {type(error).__name__}: {error}"
+                what = (f"timed out (timeout_s={spec.timeout_s})" if limit.expired()
+                        else f"failed: {type(error).__name__}: {error}")
                 self._fail(AsyncIOFailed(f"{self.name}: a call {what} after {attempt} attempt(s) "
                                          f"(record {value!r})"), error)
                 return

@@ -141,5 +141,5 @@ async def test_an_outage_longer_than_the_timeout_follows_the_retry_policy() -> N
                                                                  max_backoff_s=0.2))
         assert op.stats.completed == 1 and op.stats.timed_out >= 3 and op.stats.retried == op.stats.timed_out
         # a policy that gives up before the outage ends fails the call for good (the task would fail)
-        with pytest.raises(AsyncIOFailed, match="timed out after 3 attempt"):
+        with pytest.raises(AsyncIOFailed, match=r"timed out \(timeout_s=0.1\) after 3 attempt"):
             await enrich_through_outage(port, 2.0, RetryPolicy(max_attempts=3, initial_backoff_s=0.05))
