@@ -26,6 +26,7 @@ from tests.support.failover import (
     sink_placement,
     start,
 )
+from tests.support.faulty_http_service import Fault, always, faults_first, serving_in_thread
 from tests.support.lookup_service import lookup_service
 from tests.support.scrape import scrape
 
@@ -143,3 +144,63 @@ async def test_an_outage_longer_than_the_timeout_follows_the_retry_policy() -> N
         # a policy that gives up before the outage ends fails the call for good (the task would fail)
         with pytest.raises(AsyncIOFailed, match=r"timed out \(timeout_s=0.1\) after 3 attempt"):
             await enrich_through_outage(port, 2.0, RetryPolicy(max_attempts=3, initial_backoff_s=0.05))
+
+
+FAULTY_JOBS = '''
+from runtime.api import FileSink, GeneratorSource, Job, RetryPolicy
+from runtime.connectors.http_client import HttpClient
+
+down = HttpClient("127.0.0.1", {down_port})
+recovering = HttpClient("127.0.0.1", {recovering_port})
+
+
+def enrich(client):
+    async def lookup(record):
+        key, seq, _ = record
+        return [key, seq, (await client.get_json(f"/lookup/{{key}}"))["score"]]
+    return lookup
+
+
+def build(job: Job, client, out) -> None:
+    (job.source(GeneratorSource(count={records}, keys=20, seed=1), parallelism=1)
+        .async_map(enrich(client), capacity=8, timeout_s=0.5,
+                   retry=RetryPolicy(max_attempts=4, initial_backoff_s=0.05))
+        .sink(FileSink(out)))
+
+
+def against_down(job: Job) -> None:
+    build(job, down, {down_out!r})
+
+
+def against_recovering(job: Job) -> None:
+    build(job, recovering, {recovering_out!r})
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_job_fails_naming_the_services_error_or_rides_out_a_service_that_recovers(cluster: Cluster) -> None:
+    """Two jobs at once: one against a service that only answers 503 fails after its one restart with the
+    HTTP error named; one against a service whose first six requests get no answer at all (retried after the
+    0.5 s timeout) finishes without a restart, every record enriched exactly once."""
+    records = 300
+    down_out, recovering_out = cluster.tmp_path / "down", cluster.tmp_path / "recovering"
+    with serving_in_thread(always(Fault.ANSWER_503)) as down, \
+            serving_in_thread(faults_first(6, Fault.NEVER)) as recovering:
+        write_module(cluster.tmp_path, "faultyjobs", FAULTY_JOBS.format(
+            down_port=down.port, recovering_port=recovering.port, records=records, down_out=str(down_out),
+            recovering_out=str(recovering_out)))
+        cluster.start(1)
+        restart = {"kind": "fixed", "max_attempts": 1, "delay_s": 0.2, "slot_wait_s": 30}
+        failing = cluster.submit("faultyjobs:against_down", {"restart": restart})
+        riding = cluster.submit("faultyjobs:against_recovering", {"restart": restart})
+        failed, finished = cluster.wait_job(failing, 40), cluster.wait_job(riding, 40)
+    assert failed["state"] == "FAILED" and failed["restarts"] == 1, failed
+    cause = "a call failed: HttpError: GET /lookup/"
+    assert cause in failed["error"] and "HTTP 503" in failed["error"] and "after 4 attempt(s)" in failed["error"]
+    assert len(failed["failures"]) == 2 and all(cause in f for f in failed["failures"]), failed
+    assert finished["state"] == "FINISHED" and finished["restarts"] == 0 and finished["failures"] == [], finished
+    assert [n for n, _ in recovering.faults] == [1, 2, 3, 4, 5, 6]
+    rows = [json.loads(line) for p in sorted(recovering_out.iterdir()) if not p.name.startswith((".", "_"))
+            for line in p.read_text().splitlines()]
+    assert sorted(seq for _, seq, _ in rows) == list(range(records))
+    assert all(value == score(key) for key, _, value in rows)
