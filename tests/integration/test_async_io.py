@@ -1,7 +1,9 @@
 """Async I/O against a real HTTP service (runtime/examples/lookup_service.py, its own process, 20 ms a lookup,
 every 50th answered with 503): an ordered enrichment job under kill -9 of a worker with unaligned checkpoints
 commits every record's enrichment exactly once and in input order per subtask; and a service outage longer
-than the timeout is ridden out by the retry policy, or fails the call for good when the policy gives up."""
+than the timeout is ridden out by the retry policy, or fails the call for good when the policy gives up. And
+against tests/support/faulty_http_service.py: a job whose service only answers 503 fails naming the HTTP error,
+one whose service first does not answer finishes with exact output."""
 
 from __future__ import annotations
 
