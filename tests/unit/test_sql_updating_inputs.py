@@ -82,6 +82,17 @@ def test_min_max_sum_count_distinct_and_filter_retract_to_null_and_zero(capsys: 
     ]
 
 
+def test_an_aggregate_over_a_left_joins_output_deletes_the_group_of_a_retracted_padded_row(capsys: Any) -> None:
+    chain = SqlTailChain(BIDS + print_table("a BIGINT, n BIGINT") + """
+        CREATE TABLE p (id BIGINT, name STRING) WITH ('connector' = 'datagen');
+        INSERT INTO out1 SELECT b.auction, COUNT(p.name) FROM bids b LEFT JOIN p ON b.bidder = p.id
+        GROUP BY b.auction;""")
+    padded, joined = (1, 7, 10, 0, None, None), (1, 7, 10, 0, 7, "x")
+    # the bid without its person (+I padded), then the person arrives: the padded row retracted, the pair added
+    chain.feed(changes(("+I", padded), ("-D", padded), ("+I", joined)))
+    assert printed(capsys) == ["+I[1, 0]", "-D[1, 0]", "+I[1, 1]"]
+
+
 def test_distinct_over_an_updating_input_inserts_a_row_once_and_deletes_it_with_its_last_copy(capsys: Any) -> None:
     chain = SqlTailChain(BIDS + print_table("c BIGINT") + f"INSERT INTO out1 SELECT DISTINCT category FROM {FINALS};")
     assert chain.names[0] == "GroupAggregate(groupBy=[category], select=[category])"
