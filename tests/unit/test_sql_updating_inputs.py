@@ -6,6 +6,7 @@ the chain is fed the (kind, row) pairs its updating input sends."""
 from __future__ import annotations
 
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,21 @@ def test_a_retracting_accumulator_restored_from_state_goes_on_where_it_stopped()
     after = agg.retract((9, 1), agg.retract((1, 1), restored))
     assert agg.get_result(after) == (9, 5, 7) and agg.rows(after) == 2
     assert agg.get_result(agg.retract((9, 1), after)) == (5, 5, 5)
+
+
+def test_decimal_sums_and_extremes_retract_exactly(capsys: Any) -> None:
+    chain = SqlTailChain(BIDS + print_table("c BIGINT, mx DECIMAL(10, 2), s DECIMAL(10, 2), d BIGINT") + """
+        INSERT INTO out1 SELECT category, MAX(f), SUM(f), COUNT(DISTINCT f) FROM (SELECT CAST(MAX(price) AS
+          DECIMAL(10, 2)) AS f, bidder AS category FROM bids GROUP BY auction, bidder) Q GROUP BY category;""")
+    chain.feed(changes(("+I", (Decimal("0.10"), 1)), ("+I", (Decimal("0.20"), 1)), ("+I", (Decimal("0.20"), 1)),
+                       ("-D", (Decimal("0.20"), 1)), ("-D", (Decimal("0.20"), 1))))
+    assert printed(capsys) == [
+        "+I[1, 0.1, 0.1, 1]",
+        "-U[1, 0.1, 0.1, 1]", "+U[1, 0.2, 0.3, 2]",
+        "-U[1, 0.2, 0.3, 2]", "+U[1, 0.2, 0.5, 2]",
+        "-U[1, 0.2, 0.5, 2]", "+U[1, 0.2, 0.3, 2]",
+        "-U[1, 0.2, 0.3, 2]", "+U[1, 0.1, 0.1, 1]",  # exact: 0.1 again, not 0.1000000000000000055...
+    ]
 
 
 def nexmark_plan(name: str) -> str:
