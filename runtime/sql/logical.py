@@ -7,11 +7,13 @@ What is planned (Flink's streaming semantics):
 - WHERE and the SELECT list as one Calc (filter, then projection);
 - GROUP BY window_start, window_end [, keys] over a window TVF: a window aggregation, insert-only, emitted when
   the watermark passes the window's end;
-- any other GROUP BY (or aggregates without one): an unbounded group aggregation, an updating changelog;
+- any other GROUP BY (or aggregates without one): an unbounded group aggregation, an updating changelog; over
+  an updating input it retracts too (runtime/sql/retracting.py) and deletes a group whose rows are all retracted;
 - HAVING after either; UNION ALL of inputs with the same column types; UNION and SELECT DISTINCT as a
   GroupAggregate over the whole row; WITH's queries planned once and read by name;
 - a GROUP BY of the window_start and window_end of a window aggregation's rows: a window aggregation again;
-- ROW_NUMBER() OVER (...) <= N in the outer WHERE: Top-N, or a window Top-N when the partition holds the window;
+- ROW_NUMBER() OVER (...) <= N in the outer WHERE: Top-N (retractable over an updating input), or a window
+  Top-N when the partition holds the window;
 - joins: a window join when both sides are windows joined on their bounds, an interval join when the condition
   bounds their rowtimes, else a regular join;
 - aggregates OVER (PARTITION BY .. ORDER BY rowtime frame): a row-time OverAggregate, then the SELECT list.
@@ -28,12 +30,13 @@ from sqlglot import exp
 from runtime.sql import types as T
 from runtime.sql.aggregates import AggregateCall, CompiledAggregate, describe_call, find_aggregates
 from runtime.sql.catalog import Catalog, TableDef
-from runtime.sql.changelog import INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
+from runtime.sql.changelog import ALL, INSERT_ONLY, RETRACTING, UPDATING, ChangelogMode, require_insert_only
 from runtime.sql.dialect import Descriptor, TableArgument, WindowTableFunction
 from runtime.sql.errors import SqlError
 from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms, position
 from runtime.sql.join_conditions import conjuncts, side_of
 from runtime.sql.join_conditions import split as split_condition
+from runtime.sql.retracting import RetractingAggregate
 
 WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
 
@@ -395,15 +398,16 @@ class Planner:
         """SELECT DISTINCT / UNION: Flink's GroupAggregate keyed by the whole row with no aggregate calls; it
         emits a row the first time it is seen (+I) and nothing after. Its changelog is updating ([I,UB,UA], as
         Flink infers it for every GroupAggregate), so an append-only sink refuses it as Flink does."""
-        require_insert_only("GroupAggregate", node.mode, source_digest(original(node)))
         compiler = ExpressionCompiler(node.scope, self.catalog.functions)
         width = len(node.fields)
         key_source = "lambda r: r[0]" if width == 1 else "lambda r: tuple(r)"
         keys: list[exp.Expr] = [exp.column(f.name) for f in node.fields]
-        aggregate = CompiledAggregate([], compiler)
+        # over an updating input: a row is deleted (-D) when its last copy is retracted
+        updating_input = not node.mode.insert_only
+        aggregate: Any = RetractingAggregate([], compiler) if updating_input else CompiledAggregate([], compiler)
         fields = tuple(Field(f.name, f.type) for f in node.fields)
-        return Aggregate(fields, UPDATING, None, input=node, keys=keys, key_fn=compiler.build(key_source),
-                         key_source=key_source, calls=[], aggregate=aggregate)
+        return Aggregate(fields, ALL if updating_input else UPDATING, None, input=node, keys=keys,
+                         key_fn=compiler.build(key_source), key_source=key_source, calls=[], aggregate=aggregate)
 
     def _union(self, branches: list[PlanNode]) -> PlanNode:
         flat: list[PlanNode] = []
@@ -742,7 +746,7 @@ class Planner:
         body = inner.copy()
         body.set("expressions", [e for i, e in enumerate(inner.expressions) if i != position])
         base = self._select(body)
-        require_insert_only("Rank", base.mode, source_digest(original(base)))
+        updating_input = not base.mode.insert_only
         compiler = ExpressionCompiler(base.scope, self.catalog.functions)
         items = body.expressions
         partition = [_over_output(p, items, base.scope) for p in window.args.get("partition_by") or []]
@@ -762,12 +766,15 @@ class Planner:
                       and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
         time_last = (limit == 1 and len(order) == 1 and descending[0] and base.rowtime is not None
                      and isinstance(order[0].this, exp.Column) and base.scope.resolve(order[0].this) == base.rowtime)
+        time_first = time_first and not updating_input  # over an updating input a kept first row may be retracted
+        time_last = time_last and not updating_input
         mode = INSERT_ONLY if time_first else RETRACTING
         # the rank is a column of the output; an outer query that does not select it drops it in its Calc
         fields = (*base.fields, Field(alias, T.BIGINT.not_null()))
         w = base.windowed
         partition_at = {base.scope.resolve(p) for p in partition if isinstance(p, exp.Column)}
         if w is not None and {w.start, w.end} <= partition_at:
+            require_insert_only("WindowRank", base.mode, source_digest(original(base)))
             # a window Top-N (deduplication): the rows of each window ranked once it fires; insert-only
             by_time = limit == 1 and len(order) == 1 and isinstance(order[0].this, exp.Column) \
                 and base.fields[base.scope.resolve(order[0].this)].type.timestamp
@@ -822,7 +829,12 @@ class Planner:
                 for c in call.argument.find_all(exp.Column):
                     if c.name in WINDOW_COLUMNS and windowed:
                         raise SqlError(f"{call.text}: aggregating a window column is not supported")
-        aggregate = CompiledAggregate(calls, compiler)
+        updating_input = not inner.mode.insert_only
+        if updating_input and (windowed or cascade is not None):
+            require_insert_only("GroupAggregate" if not windowed else "WindowAggregate", inner.mode,
+                                source_digest(inner))
+        # over an updating input the aggregate retracts too, and a group whose last row is retracted is deleted
+        aggregate: Any = RetractingAggregate(calls, compiler) if updating_input else CompiledAggregate(calls, compiler)
         key_codes = [compiler.compile(k) for k in group_keys]
         if len(key_codes) == 1:
             key_source = f"lambda r: {key_codes[0].text}"
@@ -837,10 +849,7 @@ class Planner:
             rowtime = len(out_fields) - 1
         first_call = len(out_fields)
         out_fields += [Field(f"agg${i}", c.type) for i, c in enumerate(calls)]
-        mode = INSERT_ONLY if windowed or cascade is not None else UPDATING
-        if not inner.mode.insert_only:
-            require_insert_only("GroupAggregate" if not windowed else "WindowAggregate", inner.mode,
-                                source_digest(inner))
+        mode = INSERT_ONLY if windowed or cascade is not None else ALL if updating_input else UPDATING
         node = Aggregate(tuple(out_fields), mode, rowtime, input=inner, keys=group_keys, key_fn=key_fn,
                          key_source=key_source, calls=calls, aggregate=aggregate,
                          window=window_node.window if windowed else None,  # type: ignore[union-attr]

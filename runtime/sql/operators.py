@@ -62,6 +62,48 @@ class GroupAggregateFunction(KeyedProcessFunction):
             ctx.emit((UPDATE_AFTER, (*prefix, *after)))
 
 
+class RetractingGroupAggregateFunction(KeyedProcessFunction):
+    """An unbounded GROUP BY over an updating input, Flink's GroupAggFunction with retraction: the input is
+    (kind, row) pairs; +I and +U add the row to its key's accumulator (runtime/sql/retracting.py), -U and -D
+    retract it. The key's result row changes as over an append-only input (+I the first time, then -U old, +U
+    new; nothing when it did not change), and when its last row is retracted the key's row is deleted (-D) and
+    its state dropped. A retraction for a key with no state (its rows expired or never seen) is ignored, as
+    Flink ignores it. Output rows are (*key, *results)."""
+
+    def __init__(self, aggregate: Any, key_arity: int) -> None:
+        self.aggregate = aggregate
+        self.key_arity = key_arity
+
+    def open(self, ctx: Any) -> None:
+        self.accumulators = ctx.value_state("accumulators", None)
+
+    def process(self, record: Any, ctx: Any) -> None:
+        kind, row = record
+        agg = self.aggregate
+        acc = self.accumulators.value()
+        retract = kind in (UPDATE_BEFORE, DELETE)
+        key = ctx.current_key
+        prefix = tuple(key) if self.key_arity != 1 else (key,)
+        if acc is None:
+            if retract:
+                return
+            acc = agg.add(row, agg.create_accumulator())
+            self.accumulators.update(acc)
+            ctx.emit((INSERT, (*prefix, *agg.get_result(acc))))
+            return
+        before = tuple(agg.get_result(acc))
+        acc = agg.retract(row, acc) if retract else agg.add(row, acc)
+        if agg.rows(acc) <= 0:
+            self.accumulators.clear()
+            ctx.emit((DELETE, (*prefix, *before)))
+            return
+        self.accumulators.update(acc)
+        after = tuple(agg.get_result(acc))
+        if after != before:
+            ctx.emit((UPDATE_BEFORE, (*prefix, *before)))
+            ctx.emit((UPDATE_AFTER, (*prefix, *after)))
+
+
 class WindowGroupAggregateFunction(KeyedProcessFunction):
     """GROUP BY window_start, window_end (and keys) over the rows of a window aggregation or a window TVF, Flink's
     window aggregation over window properties: keyed by the group, which holds its window, the accumulator is
@@ -224,6 +266,64 @@ class TopNFunction(KeyedProcessFunction):
         if len(before) == self.limit:
             ctx.emit((DELETE, before[-1]))
         ctx.emit((INSERT, row))
+
+
+class RetractableTopNFunction(KeyedProcessFunction):
+    """ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...) <= N over an updating input, Flink's
+    RetractableTopNFunction: the input is (kind, row) pairs; per partition every row is kept in order (a row
+    retracted from the top N lets the next one in, so the rows below it must be at hand), +I and +U insert a
+    row (after its equals: the earlier row stays first), -U and -D remove one equal row (a row never seen is
+    ignored). What changed in the top N is emitted: rows leaving it -D, rows entering it +I; with the rank in the
+    output, every row whose rank changed is retracted and emitted again. State grows with the partition's rows
+    (as Flink's does: it keeps them all too)."""
+
+    def __init__(self, limit: int, sort_key: Callable[[Any], Any], with_rank: bool) -> None:
+        self.limit = limit
+        self.sort_key = sort_key
+        self.with_rank = with_rank
+
+    def open(self, ctx: Any) -> None:
+        self.rows = ctx.value_state("retractable-top-n", ())
+
+    def process(self, record: Any, ctx: Any) -> None:
+        kind, row = record
+        row = tuple(row)
+        rows = [tuple(r) for r in self.rows.value()]
+        before = rows[:self.limit]
+        if kind in (UPDATE_BEFORE, DELETE):
+            if row not in rows:
+                return
+            rows.remove(row)
+        else:
+            position = _insert_position([self.sort_key(r) for r in rows], self.sort_key(row), False)
+            rows.insert(position, row)
+        if rows:
+            self.rows.update(tuple(rows))
+        else:
+            self.rows.clear()
+        after = rows[:self.limit]
+        if self.with_rank:
+            old = [(r, i + 1) for i, r in enumerate(before)]
+            new = [(r, i + 1) for i, r in enumerate(after)]
+        else:
+            old = [(r, 0) for r in before]
+            new = [(r, 0) for r in after]
+        for r, rank in _missing(old, new):
+            ctx.emit((DELETE, (*r, rank) if self.with_rank else r))
+        for r, rank in _missing(new, old):
+            ctx.emit((INSERT, (*r, rank) if self.with_rank else r))
+
+
+def _missing(these: list[Any], others: list[Any]) -> list[Any]:
+    """The entries of `these` not in `others`, counting duplicates (two equal rows are two entries)."""
+    left = list(others)
+    out = []
+    for entry in these:
+        if entry in left:
+            left.remove(entry)
+        else:
+            out.append(entry)
+    return out
 
 
 class SortKey:

@@ -45,6 +45,8 @@ from runtime.sql.operators import (
     GroupAggregateFunction,
     OverAggregateFunction,
     RegularJoinFunction,
+    RetractableTopNFunction,
+    RetractingGroupAggregateFunction,
     TopNFunction,
     WatermarkCalc,
     WindowGroupAggregateFunction,
@@ -201,6 +203,11 @@ class Translator:
             wfn = WindowGroupAggregateFunction(node.aggregate, node.window_end_key)
             out = stream.key_by(node.key_fn).process(wfn, name=name)
             return self._added(out, uid, ops, keys=keys, state=f"per key and window, until it fires: {state}")
+        if not node.input.mode.insert_only:  # (kind, row) pairs in: keyed by the row, added or retracted
+            rfn = RetractingGroupAggregateFunction(node.aggregate, key_arity)
+            out = stream.key_by(_of_row(node.key_fn)).process(rfn, name=name)
+            return self._added(out, uid, ops, keys=keys,
+                               state=f"per key: {state} with retraction (MIN/MAX: the multiset of values)")
         fn = GroupAggregateFunction(node.aggregate, key_arity)
         out = stream.key_by(node.key_fn).process(fn, name=name)
         return self._added(out, uid, ops, keys=keys, state=f"per key: {state}")
@@ -244,6 +251,12 @@ class Translator:
             out = stream.key_by(node.key_fn).process(wfn, name=self._name(node))
             return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition),
                                state=f"the top {node.limit} rows per key and window, until it fires")
+        partition = ", ".join(p.sql() for p in node.partition) or "(one partition)"
+        if not node.input.mode.insert_only:
+            rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank)
+            out = stream.key_by(_of_row(node.key_fn)).process(rfn, name=self._name(node))
+            return self._added(out, uid, ops, keys=partition, state="every row per key (the top "
+                               f"{node.limit} emitted; a retracted one lets the next in)")
         fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
@@ -272,6 +285,11 @@ class Translator:
             stream = self._added(stream.map(fn, name=f"Sink cast: {node.table.name}"), f"{uid}-cast", ops)
         sink = make_sink(node.table, changelog=changelog)
         return self._added(stream.sink(sink, name=f"Sink: {node.table.name}"), uid, ops)
+
+
+def _of_row(key_fn: Any) -> Any:
+    """A key function of rows, applied to the (kind, row) pairs of an updating stream."""
+    return lambda e: key_fn(e[1])
 
 
 def _over_rows(fn: Any, updating: bool, build: Any, *, keep_kind: bool) -> Any:
