@@ -197,12 +197,13 @@ async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
 @pytest.mark.parametrize("sink", ["undeclared", "declared"])
 def test_a_blocking_sink_does_not_hold_up_the_loop(sink: str) -> None:
     """Inline, the sleeping sink held the loop for a whole source batch (512 records, half a second); on
-    its thread, from its first record on, the loop is never late by more than a few ms."""
+    its thread, from its first record on, the loop is late only by what the machine's scheduler adds."""
     slow_sink = SleepingSink() if sink == "undeclared" else DiscardSink(delay_per_record_s=0.001)
     lag, slow = asyncio.run(_fast_next_to(slow_sink, "thread"))
     assert slow.isolation.isolated
     assert slow.records_in > 0
-    assert lag < 0.2, f"the event loop was {lag * 1000:.0f} ms late"
+    # inline, the loop is held ~0.5 s per batch; on a loaded machine the scheduler alone can add a few 100 ms
+    assert lag < 0.35, f"the event loop was {lag * 1000:.0f} ms late"
 
 
 def test_buffers_cut_on_the_thread_say_when_they_will_fill_the_queue() -> None:
