@@ -73,11 +73,19 @@ def plan_commit(entries: Iterable[Entry], committed: Mapping[str, int | None], *
     return CommitPlan(tuple(files), tuple(sorted(versions.items())))
 
 
+# A finish marker's checkpoint for a subtask restored already finished: it takes part in no checkpoint of the
+# run (checkpoint ids only grow, so every checkpoint of the run is above it).
+FINISHED_BEFORE_THIS_RUN = 0
+
+
 def committer_of(checkpoint_id: int, parallelism: int, finished: Mapping[int, int]) -> int | None:
     """Which subtask makes the table commit of `checkpoint_id`: the lowest-numbered one that had not finished
     before it (`finished`: subtask -> the checkpoint it took at its end of input, from the subtasks' finish
-    markers). A subtask that finished earlier takes no part in later checkpoints, so it cannot commit their
-    files; every subtask reads the same markers and so names the same committer. None: all had finished."""
+    markers of this run). A subtask that finished earlier takes no part in later checkpoints, so it cannot
+    commit their files. A marker is written before its subtask acknowledges its final checkpoint (or, restored
+    already finished, before its task ends: FINISHED_BEFORE_THIS_RUN), so when checkpoint K completes every
+    marker at or below K is there; a marker above K, seen or not, names the same committer of K: every subtask
+    names the same one. None: all had finished."""
     for subtask in range(parallelism):
         final = finished.get(subtask)
         if final is None or final >= checkpoint_id:

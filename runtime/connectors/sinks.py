@@ -66,6 +66,11 @@ class Sink:
         """End of a bounded input: flush what is buffered. The task then waits for a checkpoint: its
         `snapshot_state` pre-commits the rest and its `commit` publishes it, exactly like any other checkpoint."""
 
+    def restored_at_end(self, *, finished: bool) -> None:
+        """After `open` and `restore_state`: the task was restored at or past its end of input, so `finish` does
+        not run again in this run. `finished`: it had finished before the checkpoint and takes part in no
+        checkpoint of this run (its task ends at once); else it takes part in one more, its final one."""
+
     def close(self) -> None:
         pass
 

@@ -2,8 +2,9 @@
 entries in the checkpoint and in staging manifests, and one table commit per completed checkpoint made by
 subtask 0, or when it finished before that checkpoint (a bounded input whose subtasks end at different
 checkpoints) by the lowest-numbered subtask still running: each subtask writes a finish marker
-(`finished/<attempt>-<subtask>.json`) at the checkpoint it takes at its end of input, and all read them the
-same way (`committer_of`). The protocol and its invariant: runtime/connectors/lake_commits.py.
+(`finished/<attempt>-<subtask>.json`) at the checkpoint it takes at its end of input (restored already
+finished: when it opens, `restored_at_end`), and all read them the same way (`committer_of`). The protocol
+and its invariant: runtime/connectors/lake_commits.py.
 
 Staging manifests live beside the table, under `<table>/_sluice/<app id>/` (readers of Delta and Iceberg
 tables ignore what the table's log or metadata does not name, and `_`-prefixed directories by convention):
@@ -37,6 +38,7 @@ from typing import Any
 
 from runtime.common import extras, objectstore
 from runtime.connectors.lake_commits import (
+    FINISHED_BEFORE_THIS_RUN,
     CommitPlan,
     Entry,
     app_id_of,
@@ -219,10 +221,7 @@ class TableSink(Sink):
             self._pending = still_pending(self._pending, note)
             pending = [list(e) for e in self._pending]
         if self._finished and not self._marked:  # the checkpoint at its end of input: say so (committer_of)
-            objectstore.write(objectstore.join(self.staging, "finished",
-                                              finish_marker_name(self.attempt, self.subtask_index)),
-                              json.dumps({"checkpoint": checkpoint_id}).encode())
-            self._marked = True
+            self._write_finish_marker(checkpoint_id)
         manifest = json.dumps({"app": self.app_id, "checkpoint": checkpoint_id, "subtask": self.subtask_index,
                                "pending": pending}, separators=(",", ":")).encode()
         objectstore.write(objectstore.join(self.staging, manifest_name(checkpoint_id, self.subtask_index)), manifest)
@@ -323,6 +322,22 @@ class TableSink(Sink):
     def finish(self) -> None:
         self._flush()
         self._finished = True
+
+    def restored_at_end(self, *, finished: bool) -> None:
+        """Restored at its end of input, `finish` does not run again, yet the others must learn it ended
+        (`committer_of`): restored finished, it takes part in no checkpoint of this run, and says so now (before
+        its task ends, so before any checkpoint can complete without it); restored at its end, its next
+        snapshot is its final one and writes the marker."""
+        self._finished = True
+        if finished:
+            self._write_finish_marker(FINISHED_BEFORE_THIS_RUN)
+
+    def _write_finish_marker(self, checkpoint_id: int) -> None:
+        self._ready()  # the table's place may come with the set-up
+        objectstore.write(objectstore.join(self.staging, "finished",
+                                          finish_marker_name(self.attempt, self.subtask_index)),
+                          json.dumps({"checkpoint": checkpoint_id}).encode())
+        self._marked = True
 
     def close(self) -> None:
         """Waits for the commits under way: long at the end of a bounded input (the job's table is then

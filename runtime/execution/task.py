@@ -292,10 +292,12 @@ class Task:
         try:
             self._restore_operator_state()
             await self.call(self.chain.open)  # user code: it may block too
-            await self.chain.open_async()
-            self._restore_outputs()
             finished_before = self.restore is not None and self.restore.finished
             ended_before = finished_before or (self.restore is not None and self.restore.ended)
+            if ended_before:  # before the task can finish or acknowledge anything (the table sinks' committer)
+                await self.call(self.chain.restored_at_end, finished_before)
+            await self.chain.open_async()
+            self._restore_outputs()
             if self.driver is not None:
                 if not ended_before:  # a source at its end must not emit again
                     await self.driver.run()

@@ -211,3 +211,97 @@ def test_restored_state_naming_a_data_file_outside_the_table_is_refused(tmp_path
         with pytest.raises(ForgedSinkState, match="not inside the table: refused"):
             again.restore_state(forged)
     again.restore_state(state)  # its own files restore
+
+
+def restart(table: str, states: list[Any], attempt: int, **kwargs: Any) -> list[DeltaSink]:
+    """A run restored from a checkpoint with `states` (None: that subtask restores finished, no state)."""
+    out = []
+    for i, state in enumerate(states):
+        sink = DeltaSink(table, **kwargs)
+        sink.bind("job-1", "sink-x")
+        sink.open(i, len(states), attempt)
+        sink.restore_state(state)
+        out.append(sink)
+    return out
+
+
+def test_restored_with_subtask_0_finished_the_next_subtask_commits_every_later_checkpoint_once(
+        tmp_path: Path) -> None:
+    """Checkpoint 2 was taken after subtask 0 finished (at checkpoint 1); subtask 1's files of checkpoint 2 were
+    never committed (the job failed first). The restore of checkpoint 2 runs subtask 0 as finished: its task
+    opens, learns it (restored_at_end) and ends. Subtask 1 commits its restored files and later checkpoints,
+    once each; before the fix nobody did (the rule named subtask 0, whose task had ended)."""
+    table = str(tmp_path / "t")
+    first, second = sinks(table, columns=["k", "n"])
+    first.write(("a", 0))
+    first.finish()
+    second.write(("a", 1))
+    checkpoint([first, second], 1)
+    first.close()
+    second.write(("b", 1))
+    (state,) = checkpoint([second], 2, complete=False)  # completed; the job failed before its commit
+    second.close()
+    done, running = restart(table, [None, state], 1, columns=["k", "n"])
+    done.restored_at_end(finished=True)
+    done.close()  # its task ends at once
+    for c in (3, 4):
+        running.write(("c", c))
+        checkpoint([running], c)
+        done.commit(c)  # a late notification to the ended task: nothing
+    app = "sluice-job-1-sink-x"
+    assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 1), ("c", 3), ("c", 4)]
+    assert delta_transactions(table) == [[(app, 1)], [(app, 3)], [(app, 4)]]
+    assert (done.statistics().commits, running.statistics().commits) == (0, 2)
+
+
+def test_restored_with_subtask_0_at_its_end_it_commits_its_final_checkpoint_then_hands_over(tmp_path: Path) -> None:
+    """Checkpoint 1 was taken after subtask 0 reached its end of input, before its final commit: restored at its
+    end, subtask 0 takes part in checkpoint 2 only (and commits it, once: subtask 1 does not); subtask 1
+    commits checkpoint 3."""
+    table = str(tmp_path / "t")
+    first, second = sinks(table, columns=["k", "n"])
+    first.write(("a", 0))
+    first.finish()
+    second.write(("a", 1))
+    states = checkpoint([first, second], 1, complete=False)
+    for s in (first, second):
+        s.close()
+    ended, running = restart(table, states, 1, columns=["k", "n"])
+    ended.restored_at_end(finished=False)
+    running.write(("b", 1))
+    checkpoint([ended, running], 2)
+    ended.close()
+    running.write(("c", 1))
+    checkpoint([running], 3)
+    ended.commit(3)
+    app = "sluice-job-1-sink-x"
+    assert sorted(delta_rows(table, ["k", "n"])) == [("a", 0), ("a", 1), ("b", 1), ("c", 1)]
+    assert delta_transactions(table) == [[(app, 2)], [(app, 3)]]
+    assert (ended.statistics().commits, running.statistics().commits) == (1, 1)
+
+
+def test_a_task_restored_finished_tells_its_table_sink_before_it_ends(tmp_path: Path) -> None:
+    """The wiring: a real Task restored as finished (a source chained to a DeltaSink) reads nothing and ends, its
+    sink having written its finish marker of this attempt (FINISHED_BEFORE_THIS_RUN) on the way."""
+    import asyncio
+
+    from runtime.api import Job
+    from runtime.connectors.generator import GeneratorSource
+    from runtime.connectors.lake_commits import FINISHED_BEFORE_THIS_RUN, finish_marker_name
+    from runtime.execution.channels import OutputGate
+    from runtime.execution.operators import Chain
+    from runtime.execution.task import Credits, RestoredState, Task, TaskKey
+
+    table = str(tmp_path / "t")
+    sink = DeltaSink(table, columns=["n"])
+    sink.bind("job-1", "sink-x")
+    job = Job("t")
+    source = GeneratorSource(count=5)
+    job.source(source).sink(sink)
+    chain = Chain(job, [n.id for n in job.nodes], subtask_index=0, parallelism=2, attempt=3, outputs=[])
+    task = Task(key=TaskKey("job", 0, 0, "t", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
+                credits=Credits(2, 8), source=source, flush_timeout_s=0.01, restore=RestoredState(finished=True))
+    asyncio.run(asyncio.wait_for(task.run(), 30))
+    marker = Path(table) / "_sluice" / "sluice-job-1-sink-x" / "finished" / finish_marker_name(3, 0)
+    assert json.loads(marker.read_text()) == {"checkpoint": FINISHED_BEFORE_THIS_RUN}
+    assert sink.statistics().rows_written == 0

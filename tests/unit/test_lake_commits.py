@@ -7,8 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.connectors.lake_commits import (
+    FINISHED_BEFORE_THIS_RUN,
     CommitPlan,
     app_id_of,
+    committer_of,
     manifest_name,
     manifests_of,
     manifests_up_to,
@@ -102,3 +104,53 @@ def test_the_committer_is_the_lowest_subtask_that_had_not_finished_before_the_ch
     assert committer_of(8, 2, {0: 7, 1: 5}) is None
     names = [finish_marker_name(1, 0), finish_marker_name(0, 1), finish_marker_name(1, 2), "x.json"]
     assert finished_in_attempt(names, 1) == [(0, finish_marker_name(1, 0)), (2, finish_marker_name(1, 2))]
+
+
+def test_a_subtask_restored_finished_hands_every_checkpoint_of_the_run_to_the_next() -> None:
+    """Restored from checkpoint 10 taken after subtask 0 had finished: its marker (written when it opens) is
+    FINISHED_BEFORE_THIS_RUN, so subtask 1 commits 11, 12, ...; with subtask 1 also restored at its end (its
+    final checkpoint is 11) subtask 2 takes over from 12; restored finished as well, 1 is skipped from 11."""
+    assert [committer_of(k, 3, {0: FINISHED_BEFORE_THIS_RUN}) for k in (11, 12, 13)] == [1, 1, 1]
+    assert [committer_of(k, 3, {0: FINISHED_BEFORE_THIS_RUN, 1: 11}) for k in (11, 12)] == [1, 2]
+    assert committer_of(11, 3, {0: FINISHED_BEFORE_THIS_RUN, 1: FINISHED_BEFORE_THIS_RUN}) == 2
+    assert committer_of(11, 2, {0: FINISHED_BEFORE_THIS_RUN, 1: FINISHED_BEFORE_THIS_RUN}) is None
+    # without subtask 0's marker (before the fix) the rule named 0, whose task had ended: nobody committed
+    assert committer_of(11, 3, {}) == 0
+
+
+# How a subtask of a run takes part in its checkpoints, by how it was restored (or started):
+#   ("finished",)   restored finished: in none; its marker is FINISHED_BEFORE_THIS_RUN, written when it opens
+#   ("ended",)      restored at its end of input: in the run's first checkpoint only, its marker's
+#   ("runs", e)     reads input and ends at checkpoint e (None: not within the run): in every checkpoint <= e
+Life = tuple[str] | tuple[str, int | None]
+lives = st.one_of(st.just(("finished",)), st.just(("ended",)),
+                  st.tuples(st.just("runs"), st.one_of(st.none(), st.integers(11, 16))))
+
+
+@given(st.lists(lives, min_size=1, max_size=5), st.data())
+def test_every_checkpoint_of_a_restored_run_is_committed_once_by_a_subtask_that_takes_part_in_it(
+        subtasks: list[Life], data: st.DataObject) -> None:
+    """Invariant of `committer_of` with the markers the sinks write (TableSink.restored_at_end and the
+    snapshot at the end of input): for checkpoints 11..16 of a run restored from checkpoint 10, whatever
+    markers above the checkpoint a subtask happens to see already, every subtask names the same committer,
+    it takes part in that checkpoint (it gets the commit call), and there is none only if no subtask does."""
+    first = 11
+    finals: dict[int, int | None] = {}  # subtask -> its last checkpoint in the run (None: all of them)
+    for i, life in enumerate(subtasks):
+        finals[i] = (FINISHED_BEFORE_THIS_RUN if life[0] == "finished" else first if life[0] == "ended"
+                     else life[1] if len(life) == 2 else None)
+    markers = {i: final for i, final in finals.items() if final is not None}
+    for k in range(first, 17):
+        takes_part = [i for i, final in finals.items() if final is None or final >= k]
+        certain = {i: m for i, m in markers.items() if m <= k}  # written before their subtask acknowledged k
+        later = sorted(i for i, m in markers.items() if m > k)
+        seen = data.draw(st.lists(st.sampled_from(later), unique=True) if later else st.just([]))
+        named = {committer_of(k, len(subtasks), certain),
+                 committer_of(k, len(subtasks), {**certain, **{i: markers[i] for i in seen}}),
+                 committer_of(k, len(subtasks), markers)}
+        assert len(named) == 1
+        (committer,) = named
+        if takes_part:
+            assert committer in takes_part
+        else:
+            assert committer is None

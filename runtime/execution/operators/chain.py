@@ -270,6 +270,12 @@ class Chain:
         for op in reversed(self.operators):
             op.open()
 
+    def restored_at_end(self, finished: bool) -> None:
+        """After `open`: the task was restored at its end of input (or finished): the sinks learn it (their
+        `finish` does not run again)."""
+        for sink in self.sinks:
+            sink.restored_at_end(finished=finished)
+
     async def open_async(self) -> None:
         """After `open`: the asynchronous operator's open (it may be `async def`); it admits input from then on."""
         if self.async_operator is not None:
