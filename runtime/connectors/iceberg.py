@@ -11,12 +11,16 @@ snapshots: a checkpoint already there (a commit replayed after a restore) is ski
 
 The catalog is given as pyiceberg's catalog properties (`{"type": "sql", "uri": "sqlite:///...",
 "warehouse": "file:///..."}`, or a REST or Glue catalog's), the table as "namespace.table"; the table must
-exist (create it with pyiceberg or Spark): a missing catalog or table is refused at submit in one line.
+exist (create it with pyiceberg or Spark): a missing catalog or table is refused at submit in one line. A
+table in `s3://` is written through the same environment as s3:// checkpoints (AWS_ENDPOINT_URL, credentials;
+runtime/common/objectstore.py), which also becomes the catalog's `s3.*` FileIO properties unless it has its own
+(`with_object_store_endpoint`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +41,26 @@ def load_catalog(properties: Mapping[str, str]) -> Any:
         from pyiceberg.catalog import load_catalog as load
     except ImportError as exc:
         raise extras.MissingExtra(["iceberg"]) from exc
-    props = dict(properties)
+    props = with_object_store_endpoint(properties)
     return load(props.pop("name", "sluice"), **props)
+
+
+def with_object_store_endpoint(properties: Mapping[str, str],
+                               env: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+    """The catalog's properties, plus pyiceberg's `s3.*` FileIO properties for the S3-compatible server sluice's
+    object store is pointed at (AWS_ENDPOINT_URL and its credentials), unless the catalog names an endpoint of
+    its own. The sink writes the data files through the object store and pyiceberg reads them back (add_files)
+    and writes the metadata through its FileIO, so both must reach the same store; pyiceberg reads no
+    endpoint from the environment. Without a custom endpoint (AWS itself) nothing is added. Pure."""
+    props = dict(properties)
+    settings = objectstore.s3_settings(env)
+    if "endpoint" not in settings or "s3.endpoint" in props:
+        return props
+    found = {"s3.endpoint": settings["endpoint"],
+             "s3.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+             "s3.access-key-id": env.get("AWS_ACCESS_KEY_ID"), "s3.secret-access-key": env.get("AWS_SECRET_ACCESS_KEY"),
+             "s3.session-token": env.get("AWS_SESSION_TOKEN")}
+    return {**{k: v for k, v in found.items() if v}, **props}
 
 
 def versions_in_summaries(summaries: list[Mapping[str, str]], apps: list[str]) -> dict[str, int | None]:
