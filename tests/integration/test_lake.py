@@ -1,8 +1,8 @@
-"""The lakehouse connectors in real jobs: a Delta table in the test S3 server and a local Iceberg table (SQL
-catalog on SQLite) written exactly once by jobs whose worker is SIGKILLed right after a table commit (the
-restore replays that checkpoint's files, and the commit must be recognised and skipped), the continuous file
-source picking up files added while the job runs, exactly once across a kill, and bad table configuration
-refused at submit in one line."""
+"""The lakehouse connectors in real jobs: a Delta table and an Iceberg table (SQL catalog on SQLite, warehouse in
+the bucket) in the test S3 server, written exactly once by jobs whose worker is SIGKILLed right after a table
+commit (the restore replays that checkpoint's files, and the commit must be recognised and skipped), the
+continuous file source picking up files added while the job runs, exactly once across a kill, and bad table
+configuration refused at submit in one line."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from runtime.common import objectstore
 from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, write_module
 from tests.support.lake import delta_rows, delta_transactions, write_input_files, wrong_counts
 from tests.support.object_store import in_bucket, running_s3
+from tests.support.s3_server import S3Server
 
 pytest.importorskip("deltalake", reason="deltalake is not installed (the `delta` extra)")
 
@@ -170,15 +171,23 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
 @pytest.mark.slow
 def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refused_at_submit(
         cluster: Cluster) -> None:
-    """Bounded FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite), unaligned checkpoints; the
-    committer SIGKILLs its worker right after the table's second snapshot. The restore lists that snapshot's
-    files again; the summaries say they are in, so no snapshot repeats a checkpoint and every key's counts
-    are 1..n once. Before it, jobs with an unwritable Delta path and a missing Iceberg table are refused at
-    submit, each in one line, and nothing is deployed."""
+    """Bounded FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite, the warehouse in a bucket of the
+    test S3 server), unaligned checkpoints; the committer SIGKILLs its worker right after the table's second
+    snapshot. The restore lists that snapshot's files again; the summaries say they are in, so no snapshot
+    repeats a checkpoint and every key's counts are 1..n once. Before it, jobs with an unwritable Delta path and
+    a missing Iceberg table are refused at submit, each in one line, and nothing is deployed."""
     pytest.importorskip("pyiceberg", reason="pyiceberg is not installed (the `iceberg` extra)")
+    with running_s3() as s3:
+        iceberg_in_s3(cluster, s3)
+
+
+def iceberg_in_s3(cluster: Cluster, s3: S3Server) -> None:
+    from runtime.connectors.iceberg import load_catalog
     from tests.support.iceberg_tables import iceberg_rows, iceberg_summaries, make_counts_table, sqlite_catalog
 
-    catalog = sqlite_catalog(cluster.tmp_path / "iceberg")
+    # the catalog on SQLite, the warehouse (metadata and data files) in the bucket: the workers reach it through
+    # the object store's environment, which the catalog's FileIO takes too
+    catalog = {**sqlite_catalog(cluster.tmp_path / "iceberg"), "warehouse": f"{in_bucket(cluster, s3)}/warehouse"}
     make_counts_table(catalog)
     records = write_input_files(cluster.tmp_path / "in", 4, 3000)
     markers = install(cluster, sink_delay=0.0003, catalog=catalog)  # a few checkpoints long
@@ -205,3 +214,5 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
     assert checkpoints == sorted(set(checkpoints)), f"a checkpoint committed twice: {checkpoints}"
     killed_at = int((markers / "killed").read_text())
     assert killed_at in checkpoints and st["restored_checkpoint_id"] >= killed_at, (checkpoints, st)
+    location = load_catalog(catalog).load_table("db.counts").location()
+    assert location.startswith("s3://") and objectstore.list_children(f"{location}/data"), location
