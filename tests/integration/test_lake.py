@@ -12,7 +12,7 @@ import pytest
 
 from netstack.errors import RpcError
 from runtime.common import objectstore
-from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, write_module
+from tests.support.cluster import Cluster, logs, poll, replace_dead_workers, sluice, write_module
 from tests.support.lake import delta_rows, delta_transactions, write_input_files, wrong_counts
 from tests.support.object_store import in_bucket, running_s3
 from tests.support.s3_server import S3Server
@@ -134,7 +134,8 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
     unaligned checkpoints. Files are there at the start, added while the job runs and after the committer
     SIGKILLed its worker right after its second Delta commit, before noting it anywhere: the restored job
     lists that commit's files again and must leave them out (the table's txn version for the app says they
-    are in). The table ends with every key's counts 1..n once, and no checkpoint committed twice."""
+    are in). Then the job is rescaled 2 -> 3 from a checkpoint and more files come. The table ends with every
+    key's counts 1..n once, and no checkpoint committed twice."""
     with running_s3() as s3:
         table = f"{in_bucket(cluster, s3)}/counts"
         in_dir = cluster.tmp_path / "in"
@@ -149,9 +150,17 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
         records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
         poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the table", interval_s=0.5)
-
         st = cluster.call("status", {"job_id": job_id})
         assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
+
+        # rescaled 2 -> 3 from a checkpoint: the sink's pending entries are dealt to three subtasks, the new
+        # subtask 0 commits; files added after it are read once and every row is still in the table once
+        proc = sluice(cluster, "rescale", job_id, "--parallelism", "3")
+        assert proc.returncode == 0, (proc.stdout, proc.stderr, logs(cluster))
+        records += write_input_files(in_dir, 2, 3000, first=6)
+        poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the rescaled table", interval_s=0.5)
+        rescaled = cluster.call("status", {"job_id": job_id})
+        assert rescaled["state"] == "RUNNING" and {v["parallelism"] for v in rescaled["vertices"]} == {3}, rescaled
         cluster.call("cancel", {"job_id": job_id})
 
         rows = delta_rows(table, ["key", "n"])
