@@ -68,7 +68,7 @@ CONFIG: dict[str, Any] = {
                    "tolerable_failures": 1000, "retain": 1000}}
 
 
-async def _run_job(cluster: Any, short: int, long: int) -> tuple[str, list[dict[str, Any]]]:
+async def _run_job(cluster: Any) -> str:
     await cluster.wait_workers()
     job_id = (await cluster.call("submit", {"entry": ENTRY, "config": CONFIG, "sys_path": SCRIPTS}))["job_id"]
     deadline = time.monotonic() + 300.0
@@ -77,29 +77,27 @@ async def _run_job(cluster: Any, short: int, long: int) -> tuple[str, list[dict[
         if st["state"] in ("FAILED", "CANCELLED"):
             raise RuntimeError(f"job {job_id} ended {st['state']}: {st.get('error', '')}")
         if st["state"] == "FINISHED":
-            break
+            return str(job_id)
         if time.monotonic() > deadline:
             raise RuntimeError(f"job {job_id} did not finish within 300 s")
         await asyncio.sleep(0.5)
-    history = list((await cluster.call("checkpoints", {"job_id": job_id}))["history"])
-    return job_id, history
 
 
-def _per_checkpoint(state_dir: str, job_id: str, h: dict[str, Any]) -> dict[str, Any] | None:
-    """One completed checkpoint: its duration, which sources had ended, each task's last barrier."""
-    cid = h["checkpoint_id"]
-    try:
-        acks = read_checkpoint_metadata(os.path.join(state_dir, "checkpoints", job_id, f"chk-{cid}")).acks
+def _per_checkpoint(directory: str) -> dict[str, Any] | None:
+    """One completed checkpoint (every one is retained; the coordinator's history keeps only the last 50): its
+    duration (trigger -> last acknowledgement), which tasks had ended, each task's last barrier."""
+    try:  # the runtime's one reader of `_metadata`
+        meta = read_checkpoint_metadata(directory)
     except BadMetadata:
         return None
     ended, last_barrier = {}, {}
-    for task, ack in acks.items():
+    for task, ack in meta.acks.items():
         name = str(task)
         ended[name] = ack.get("state") == {"finished": True} or "ended" in json.dumps(ack.get("files", {}))
         figures = ack.get("figures") or {}
         if "last_barrier_s" in figures:
             last_barrier[name] = round(float(figures["last_barrier_s"]), 3)
-    return {"id": cid, "duration_s": h["duration_s"], "ended": ended, "last_barrier_s": last_barrier}
+    return {"id": meta.checkpoint_id, "duration_s": meta.duration_s, "ended": ended, "last_barrier_s": last_barrier}
 
 
 def run_once(short: int, long: int, cost_us: float) -> list[dict[str, Any]]:
@@ -113,9 +111,11 @@ def run_once(short: int, long: int, cost_us: float) -> list[dict[str, Any]]:
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir, state_dir=state_dir)
     with logs_kept_on_failure(cluster, log_dir):
         cluster.start()
-        job_id, history = asyncio.run(_run_job(cluster, short, long))
-        rows = [_per_checkpoint(state_dir, job_id, h) for h in history if h["status"] == "COMPLETED"]
-    return [r for r in rows if r is not None]
+        job_id = asyncio.run(_run_job(cluster))
+        root = os.path.join(state_dir, "checkpoints", job_id)
+        names = sorted((n for n in os.listdir(root) if n.startswith("chk-")), key=lambda n: int(n[4:]))
+        rows = [_per_checkpoint(os.path.join(root, n)) for n in names]
+    return [r for r in rows if r is not None and r["duration_s"] is not None]
 
 
 def main(argv: list[str] | None = None) -> int:
