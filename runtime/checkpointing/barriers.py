@@ -45,7 +45,10 @@ end of partition has reached the gate but waits there behind data (its
 producer finished while this task was backpressured) counts too, once a
 checkpoint is unaligned: the data before the end is recorded as channel state,
 as for a queued barrier (Flink's FLIP-147). An aligned checkpoint still waits
-until the end is taken, since its snapshot must follow that data.
+until the end is taken, since its snapshot must follow that data. Once every
+input's end has reached the gate no barrier can come at all: the worker
+triggers the task directly (`on_trigger`), and an unaligned checkpoint is
+taken at once.
 """
 
 from __future__ import annotations
@@ -320,6 +323,27 @@ class BarrierHandler:
             return []
         p.seen.add(channel_id)
         return self._check_complete(p)
+
+    @property
+    def inputs_ended(self) -> bool:
+        """Every input channel's end of partition has reached the gate (taken or still queued behind data):
+        no barrier can reach this task any more, so a checkpoint must be triggered here directly."""
+        return self.channels <= self.ended | self.end_queued
+
+    def on_trigger(self, spec: BarrierSpec, *, now: float) -> list[Action]:
+        """Checkpoint `spec` triggered at this task directly, as at a source (FLIP-147's tasks whose inputs all
+        ended). Only a task whose every input ended acts on it: no barrier will come, so an unaligned
+        checkpoint is taken now, recording the data still queued before the ends as channel state, instead of
+        when the task has taken that backlog and reached its own end of input, seconds later under
+        backpressure. An aligned one still waits for the end of input (its snapshot follows the data)."""
+        if not self.inputs_ended or spec.mode != CheckpointMode.UNALIGNED:
+            return []
+        if spec.checkpoint_id <= self.last_finished or spec.checkpoint_id in self.aborted:
+            return []
+        if self.pending is not None:
+            return []  # one in progress completes by the ends it counts (on_end_arrival, on_channel_ended)
+        p = self.pending = _Pending(spec, now)
+        return self._go_unaligned(p) + self._check_complete(p)
 
     def on_channel_ended(self, channel_id: int) -> list[Action]:
         self.ended.add(channel_id)

@@ -20,6 +20,10 @@ While a task past its end still has data queued before its "end" (downstream
 backpressured), an unaligned checkpoint overtakes both and stores that data as
 output channel state; downstream counts an "end" waiting in its gate as a
 delivered barrier. So a finished input never holds unaligned checkpoints back.
+A task whose every input's "end" has reached its gate, though it has not
+taken them yet, gets no barrier either: the worker triggers it directly too,
+and an unaligned checkpoint is taken at once, the queued data recorded as
+input channel state (BarrierHandler.on_trigger).
 """
 
 from __future__ import annotations
@@ -143,6 +147,9 @@ class TaskCheckpoints:
         if self.task.end_of_input:  # it may have ended since the trigger was posted
             self._snapshot_ended(spec)
             return
+        if self.task.source is None:  # every input ended (the worker's inputs_ended): no barrier will come
+            self._trigger_ended_inputs(spec)
+            return
         if spec.checkpoint_id <= self._last_snapshot_id:
             return
         self._last_snapshot_id = spec.checkpoint_id
@@ -152,6 +159,19 @@ class TaskCheckpoints:
             self._source_positions[spec.checkpoint_id] = self.task.source_position()
         self._arm_deadline(spec)
         self._arm_channel_timer(spec)
+
+    def inputs_ended(self) -> bool:
+        """Every input's end has reached the gate, the task has not reached its own end: it takes checkpoints
+        when triggered directly, as a source does (FLIP-147)."""
+        return self.barriers is not None and self.barriers.inputs_ended and not self.task.end_of_input
+
+    def _trigger_ended_inputs(self, spec: BarrierSpec) -> None:
+        barriers = self.barriers
+        if barriers is None or spec.checkpoint_id <= self._last_snapshot_id:
+            return
+        if barriers.pending is None:
+            self.checkpointer.mark_first_barrier()
+        self._carry_out(barriers.on_trigger(spec, now=time.time()))
 
     def _snapshot_ended(self, spec: BarrierSpec) -> None:
         """A checkpoint of a task past its end of input: state only. Its inputs have all ended and were
@@ -192,6 +212,10 @@ class TaskCheckpoints:
     def _on_end_arrival(self, channel_id: int) -> None:
         if self.barriers is not None:
             self._carry_out(self.barriers.on_end_arrival(channel_id))
+            # the last end arrived after the worker passed this task by for the latest trigger: take it now
+            spec = self.latest_spec
+            if spec is not None and self.task.source is None and self.inputs_ended():
+                self._trigger_ended_inputs(spec)
 
     def _carry_out(self, actions: list[Action]) -> None:
         gate = self.task.gate

@@ -420,14 +420,16 @@ class Worker(BaseLinkHandler):
         if args.attempt != deployed.plan.attempt:
             raise Conflict(f"attempt {args.attempt} is not the one running here", "WrongAttempt")
         spec = BarrierSpec(args.checkpoint_id, args.started_at, args.options, args.directory)
-        # Running sources start the checkpoint; tasks past their end of input get no barrier any more, so they are
-        # triggered directly; finished tasks are recorded as finished by the coordinator.
+        # Running sources start the checkpoint; tasks past their end of input, or whose every input's end has
+        # reached their gate, get no barrier any more, so they are triggered directly; finished tasks are
+        # recorded as finished by the coordinator.
         triggered = 0
         for key, task in deployed.tasks.items():
             listener = deployed.checkpoints[key]
             if listener.latest_spec is None or spec.checkpoint_id > listener.latest_spec.checkpoint_id:
                 listener.latest_spec = spec
-            if task.state in (TaskState.CREATED, TaskState.RUNNING) and (task.source is not None or task.end_of_input):
+            if task.state in (TaskState.CREATED, TaskState.RUNNING) and (
+                    task.source is not None or task.end_of_input or listener.inputs_ended()):
                 listener.trigger(spec)
                 triggered += 1
         return r.SourcesReached(triggered)

@@ -194,6 +194,43 @@ def test_aligned_timeout_counts_an_end_waiting_in_the_gate_when_it_switches():
     assert h.on_barrier(1, s, priority=False, now=5.1) == [InputsComplete(s, True)]
 
 
+def test_a_trigger_with_every_input_ended_takes_an_unaligned_checkpoint_at_once():
+    # issue 32: both sources past their end, their ends queued behind seconds of data: no barrier can come
+    h, s1, s2 = handler(), spec(1, "unaligned"), spec(2, "unaligned")
+    assert h.on_channel_ended(0) == []  # taken already
+    assert h.on_end_arrival(1) == []
+    assert not h.inputs_ended
+    assert h.on_trigger(s1, now=0.0) == []  # channel 2 is open: its barrier will come
+    assert h.on_end_arrival(2) == []
+    assert h.inputs_ended
+    assert h.on_trigger(s1, now=0.5) == [Snapshot(s1, unaligned=True), UnblockAll(), InputsComplete(s1, True)]
+    assert h.pending is None and h.last_finished == 1
+    assert h.on_trigger(s1, now=0.6) == []  # taken once
+    assert h.on_channel_ended(1) == []  # the data before the end processed meanwhile
+    assert h.on_trigger(s2, now=1.0) == [Snapshot(s2, unaligned=True), UnblockAll(), InputsComplete(s2, True)]
+
+
+def test_a_trigger_with_every_input_ended_leaves_aligned_and_aborted_checkpoints_to_the_end_of_input():
+    h, a1, u2 = handler([0, 1]), spec(1), spec(2, "unaligned")
+    h.on_end_arrival(0)
+    h.on_end_arrival(1)
+    assert h.on_trigger(a1, now=0.0) == []  # its snapshot must follow the queued data
+    assert h.on_trigger(spec(1, "at_least_once"), now=0.0) == []
+    assert h.abort(2) == []
+    assert h.on_trigger(u2, now=0.1) == []
+    assert h.pending is None
+
+
+def test_a_trigger_with_every_input_ended_leaves_a_checkpoint_in_progress_to_its_ends():
+    h, a1, u2 = handler([0, 1]), spec(1), spec(2, "unaligned")
+    assert h.on_barrier(0, a1, priority=False, now=0.0) == [Block(0)]
+    assert h.on_end_arrival(1) == []  # aligned: waits until the end is taken
+    assert h.on_channel_ended(0) == []
+    assert h.inputs_ended
+    assert h.on_trigger(u2, now=0.1) == []
+    assert h.on_channel_ended(1) == done(a1)
+
+
 def test_end_of_partition_on_an_unknown_channel_is_an_error():
     with pytest.raises(ValueError, match="not an input"):
         handler().on_end_arrival(9)
