@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set everything up (first run only), then lint and the test suite tier by tier, each timed:
-#   lint (ruff, mypy); unit + netstack (seconds; if they fail, nothing else runs); integration; chaos.
+#   lint (ruff, mypy); unit + netstack (seconds; if they fail, nothing else runs); integration and chaos.
 # Arguments go to one pytest run instead of the tiers: scripts/test.sh tests/unit -k foo runs just that.
 # SLUICE_SKIP_LINT=1 skips ruff and mypy (e.g. when iterating on one test).
 # Each tier runs in SLUICE_TEST_PROCESSES pytest processes (pytest-xdist; default 2, one per core: most of a
@@ -49,7 +49,7 @@ processes=${SLUICE_TEST_PROCESSES:-2}
 spread=(-n "$processes")
 [ "$processes" = 0 ] || spread+=(--dist loadgroup --no-loadscope-reorder)
 tier unit+netstack .venv/bin/python -m pytest "${spread[@]}" tests/unit tests/netstack || { summary; exit 1; }
-tier integration .venv/bin/python -m pytest "${spread[@]}" tests/integration || failed=1
-tier chaos .venv/bin/python -m pytest "${spread[@]}" tests/chaos || failed=1
+# one run for both: the chaos tests (all in the Spark group) go on beside the integration tests
+tier integration+chaos .venv/bin/python -m pytest "${spread[@]}" tests/integration tests/chaos || failed=1
 summary
 exit "$failed"
