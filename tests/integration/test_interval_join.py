@@ -103,7 +103,7 @@ def test_interval_join_killed_under_backpressure_commits_every_pair_once(cluster
     victim = kill_worker_running(cluster, st, 0)
     restart_worker(cluster, victim)
     release(cluster)  # the restored attempt at full speed: the restore of the join's buffers is under test
-    st = setup.wait_finished(job_id)
+    st = setup.wait_finished(job_id, 180)  # a busy machine runs the join at ~150 records/s
     assert_recovered(st, 1)
     assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= killed_after, st
     restored = history_entry(cluster, job_id, st["restored_checkpoint_id"])

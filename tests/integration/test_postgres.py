@@ -465,7 +465,7 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
     expected = expected_totals(dsn)
     assert len(expected) == CUSTOMERS
     try:
-        poll(lambda: job_totals(dsn) == expected, 120, "the totals table to match the orders")
+        poll(lambda: job_totals(dsn) == expected, 200, "the totals table to match the orders")
     except AssertionError as exc:
         got = job_totals(dsn)
         wrong = {c: (expected.get(c), got.get(c)) for c in set(expected) | set(got) if expected.get(c) != got.get(c)}
