@@ -213,9 +213,15 @@ class TaskCheckpoints:
         if self.barriers is not None:
             self._carry_out(self.barriers.on_end_arrival(channel_id))
             # the last end arrived after the worker passed this task by for the latest trigger: take it now
+            # (not with a drain-mode asynchronous operator: its snapshot must wait until nothing is in flight,
+            # which only a mail the task quiesces for gives; it takes the checkpoint at its end of input)
             spec = self.latest_spec
-            if spec is not None and self.task.source is None and self.inputs_ended():
+            if spec is not None and self.task.source is None and self.inputs_ended() and not self._drains():
                 self._trigger_ended_inputs(spec)
+
+    def _drains(self) -> bool:
+        op = self.task.chain.async_operator
+        return op is not None and bool(op.drain)
 
     def _carry_out(self, actions: list[Action]) -> None:
         gate = self.task.gate
