@@ -101,7 +101,10 @@ class TaskCheckpoints:
         the barrier handler know, so that it counts once the checkpoint switches to unaligned. The same for a
         channel's end of partition: unaligned checkpoints count it at once (FLIP-147)."""
         if body.get("t") == "end":
-            self.task.post(Mail(lambda: self._on_end_arrival(channel_id), "end of partition queued"))
+            # may_snapshot: an end can complete a checkpoint or take one (every input ended), so a drain-mode
+            # task quiesces before it as before a barrier
+            self.task.post(Mail(lambda: self._on_end_arrival(channel_id), "end of partition queued",
+                                may_snapshot=True))
             return
         spec = BarrierSpec.from_body(body)
         if spec.switching:  # called before the barrier is queued: the gate holds exactly the data ahead of it
@@ -213,15 +216,9 @@ class TaskCheckpoints:
         if self.barriers is not None:
             self._carry_out(self.barriers.on_end_arrival(channel_id))
             # the last end arrived after the worker passed this task by for the latest trigger: take it now
-            # (not with a drain-mode asynchronous operator: its snapshot must wait until nothing is in flight,
-            # which only a mail the task quiesces for gives; it takes the checkpoint at its end of input)
             spec = self.latest_spec
-            if spec is not None and self.task.source is None and self.inputs_ended() and not self._drains():
+            if spec is not None and self.task.source is None and self.inputs_ended():
                 self._trigger_ended_inputs(spec)
-
-    def _drains(self) -> bool:
-        op = self.task.chain.async_operator
-        return op is not None and bool(op.drain)
 
     def _carry_out(self, actions: list[Action]) -> None:
         gate = self.task.gate
