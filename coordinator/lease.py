@@ -305,8 +305,18 @@ class Leadership:
                 log.error("cannot renew the lease: %s", exc)
             if time.monotonic() >= self._valid_until:
                 self._step_down()
-                report(f"the lease was not renewed within {self.lease_s * VALID_FRACTION:.1f}s")
+                report(self._why_lapsed(mine.epoch))
                 return
+
+    def _why_lapsed(self, epoch: int) -> str:
+        """Why a lease that ran out did: a pause that lasted past a renewal already begun (SIGSTOP, a slow fsync)
+        may have let a contender take the next epoch, and that is the cause to name."""
+        try:
+            if self.files.superseded(epoch):
+                return f"lease epoch {epoch + 1} was taken by another coordinator"
+        except OSError:
+            pass
+        return f"the lease was not renewed within {self.lease_s * VALID_FRACTION:.1f}s"
 
     def _step_down(self) -> None:
         self._valid_until = 0.0  # first: valid() turns false before the record goes

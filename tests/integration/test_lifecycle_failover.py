@@ -33,7 +33,10 @@ from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 pytestmark = pytest.mark.integration
 
-WORDS, KEYS, SEED = 40_000, 30, 3
+# enough input that the slow sink is still busy at step 7 however slowly the machine runs the kills and restarts
+# (each version resumes where the last stopped: 40,000 words once ran out during step 6 on a loaded machine); the
+# last version, released, writes the rest at full speed
+WORDS, KEYS, SEED = 160_000, 30, 3
 JOBS = '''
 from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
