@@ -86,7 +86,7 @@ def shape_of(job: Job) -> Shape:
     return Shape(tuple(nodes), tuple(edges))
 
 
-def _classes(shape: Shape) -> list[int]:
+def parallelism_classes(shape: Shape) -> list[int]:
     """Union-find over the operators that must keep equal parallelism: forward pairs, and operators of one
     name (parallelism overrides go by name). Returns each operator's class representative."""
     parent = list(range(len(shape.nodes)))
@@ -118,7 +118,7 @@ def fit_parallelism(shape: Shape, slots: int) -> dict[str, int] | None:
     cannot all hold). With enough slots, the ask itself."""
     if slots < 1 or not shape.nodes:
         return None
-    rep = _classes(shape)
+    rep = parallelism_classes(shape)
     asked: dict[int, int] = {}
     pinned: set[int] = set()
     for i, n in enumerate(shape.nodes):

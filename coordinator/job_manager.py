@@ -44,6 +44,8 @@ from coordinator.checkpoint_runner import CheckpointRunner
 from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
 from coordinator.job_graphs import JobGraphs
 from coordinator.jobs import JobRecord
+from coordinator.load_policy import LoadGraph
+from coordinator.load_scaler import LoadScaler, load_graph
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
 from coordinator.storage import METADATA_FILE, CheckpointStorage
@@ -112,12 +114,16 @@ class JobManager:
         self.autoscale = autoscale or AutoscaleSettings()
         self.scaling: dict[str, Scaling] = {}  # job id -> its scale-downs and scale-ups (coordinator/autoscale.py)
         self.graphs = JobGraphs()
+        # load-based scaling (coordinator/load_scaler.py), through `rescale` like `sluice rescale`
+        self.load_scaler = LoadScaler(graph_of=self._load_graph, slots=self.slots, rescale=self.rescale,
+                                      spawn=lambda aw, name: self._tasks.spawn(aw, name=name))
 
     def statistics(self) -> JobsStatistics:
         return JobsStatistics(tuple(j.statistics() for j in self.jobs.values()),
                               self.checkpoint_durations.statistics(), self.restart_durations.statistics(),
                               tuple(ScalingStatistics(jid, sc.scale_downs, sc.scale_ups, bool(sc.reason))
-                                    for jid, sc in self.scaling.items()))
+                                    for jid, sc in self.scaling.items()),
+                              LoadScaler.statistics(self.jobs.values()))
 
     async def stop(self) -> None:
         """End every task of the manager: checkpoint runners first (their retention discards finish, bounded),
@@ -675,11 +681,29 @@ class JobManager:
         return {**described, "asked": {name: asked.get(name, p) for name, p in current.items()}}
 
     async def run_autoscaler(self, interval_s: float = 0.5) -> None:
-        """Scale jobs back up once the slots of workers registered for `scale_up_after_s` allow more."""
+        """Scale jobs back up once the slots of workers registered for `scale_up_after_s` allow more; sample
+        and scale by load the jobs that enable it (coordinator/load_scaler.py)."""
         while True:
             await asyncio.sleep(interval_s)
             for job in list(self.jobs.values()):
                 self._maybe_scale_up(job)
+                try:
+                    self.load_scaler.tick(job, hold=self._load_scaling_hold(job))
+                except Exception:  # a fault of the load autoscaler must not stop the scale-ups above
+                    log.exception("job %s: the load autoscaler failed", job.job_id)
+
+    def _load_scaling_hold(self, job: JobRecord) -> str:
+        """Why the load autoscaler may not decide for `job` now ("" if it may)."""
+        scaling = self.scaling.get(job.job_id)
+        if job.job_id in self._rescales:
+            return "a rescale is under way"
+        if scaling is not None and scaling.reason:
+            return "it runs below its ask for lack of slots"
+        return "its input is ending" if _finishing(job) else ""
+
+    def _load_graph(self, job: JobRecord) -> LoadGraph:
+        assert job.plan is not None
+        return load_graph(job.plan, self._built(job, job.plan.config.parallelism))
 
     def _maybe_scale_up(self, job: JobRecord) -> None:
         scaling = self.scaling.get(job.job_id)

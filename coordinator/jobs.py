@@ -23,6 +23,7 @@ from runtime.graph.plan import Plan
 
 if TYPE_CHECKING:
     from coordinator.checkpointing import CheckpointStatistics, CompletedCheckpoint
+    from coordinator.load_scaler import LoadScaling
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     JobState.CREATED: frozenset({JobState.DEPLOYING, JobState.FAILED, JobState.CANCELLED}),
@@ -93,6 +94,8 @@ class JobRecord:
     exceptions: ExceptionHistory = field(default_factory=ExceptionHistory, repr=False, compare=False)
     # vertices (with record totals) and edges as last seen, for a job without a plan: one recovered after it ended
     saved_graph: dict[str, Any] | None = None
+    # the load-based autoscaler's window, last evaluation and decisions (coordinator/load_scaler.py); not saved
+    load_scaling: LoadScaling | None = field(default=None, repr=False, compare=False)
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)  # set on a terminal state
     # called after every state change: the coordinator persists the record (coordinator/job_store.py)
     on_change: Callable[[JobRecord], None] | None = field(default=None, repr=False, compare=False)

@@ -22,6 +22,7 @@ from runtime.graph.enums import JobState
 if TYPE_CHECKING:
     from coordinator.autoscale import ScalingStatistics
     from coordinator.jobs import JobStatistics
+    from coordinator.load_scaler import LoadScalingStatistics
     from coordinator.registry import RegistryStatistics
 
 
@@ -75,6 +76,7 @@ class JobsStatistics:
     checkpoint_durations: HistogramStatistics
     restart_durations: HistogramStatistics
     scaling: tuple[ScalingStatistics, ...] = ()  # jobs that were ever restarted or rescaled
+    load_scaling: tuple[LoadScalingStatistics, ...] = ()  # jobs whose load autoscaler ran
 
 
 class CoordinatorCollector(Collector):
@@ -113,6 +115,17 @@ class CoordinatorCollector(Collector):
             ups.add_metric([s.job_id], s.scale_ups)
             below.add_metric([s.job_id], int(s.scaled_down))
         yield from (downs, ups, below)
+        decisions = CounterMetricFamily("sluice_autoscaler_decisions", "Decisions of the load autoscaler, applied "
+                                        "or dry-run, by vertex and direction", labels=[*job, "vertex", "direction"])
+        recommended = GaugeMetricFamily("sluice_autoscaler_recommended_parallelism", "The parallelism the load "
+                                        "autoscaler's last evaluation recommends for each vertex",
+                                        labels=[*job, "vertex"])
+        for ls in js.load_scaling:
+            for vertex, direction, n in ls.decisions:
+                decisions.add_metric([ls.job_id, vertex, direction], n)
+            for vertex, parallelism in ls.recommended:
+                recommended.add_metric([ls.job_id, vertex], parallelism)
+        yield from (decisions, recommended)
 
     def _checkpoints(self, js: JobsStatistics) -> Iterator[Metric]:
         completed = CounterMetricFamily("sluice_checkpoints_completed", "Checkpoints completed (all jobs)")

@@ -219,9 +219,9 @@ class RestApi:
         job = self.jobs.get(job_id or "")
         if job is None:
             return error(404, f"no job {job_id}", "UnknownJob")
-        if name == "job":
-            return json_response(200, views.job_detail(job))
         offset = self.wall_clock() - self.clock()
+        if name == "job":
+            return json_response(200, views.job_detail(job, offset))
         if name == "graph":
             return json_response(200, views.job_graph(job, offset))
         if name == "restarts":

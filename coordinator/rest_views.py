@@ -121,11 +121,28 @@ def job_brief(job: JobRecord) -> dict[str, Any]:
             "checkpoints_failed": failed, "last_checkpoint_id": job.last_checkpoint_id}
 
 
-def job_detail(job: JobRecord) -> dict[str, Any]:
+def job_detail(job: JobRecord, wall_offset: float = 0.0) -> dict[str, Any]:
     return {**job_brief(job), "restored_from": job.restored_from,
             "restored_checkpoint_id": job.restored_checkpoint_id, "final_checkpoint_id": job.final_checkpoint_id,
             "checkpoint_mode": getattr(job.checkpoint_settings, "mode", None),
-            "checkpoint_interval_s": getattr(job.checkpoint_settings, "interval_s", None)}
+            "checkpoint_interval_s": getattr(job.checkpoint_settings, "interval_s", None),
+            "autoscaler": autoscaler_view(job, wall_offset)}
+
+
+def autoscaler_view(job: JobRecord, wall_offset: float = 0.0) -> dict[str, Any]:
+    """The load autoscaler's settings, its last evaluation per vertex and its recent decisions, oldest first
+    (coordinator/load_scaler.py); status "off" when the job's config does not enable it."""
+    settings = job.config.autoscaler
+    state = job.load_scaling
+    if settings.enabled and state is not None:
+        described = state.describe(wall_offset)
+    else:
+        described = {"status": "off" if not settings.enabled else "stabilizing", "held": "", "ready_at": None,
+                     "vertices": [], "decisions": []}
+    return {"enabled": settings.enabled, "dry_run": settings.dry_run,
+            "target_utilization": settings.target_utilization,
+            "utilization_boundary": settings.utilization_boundary, "window_s": settings.window_s,
+            "stabilization_s": settings.stabilization_s, **described}
 
 
 def _subtask_view(index: int, worker: str | None, stats: Mapping[str, Any] | None,

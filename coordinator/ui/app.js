@@ -273,6 +273,31 @@ function drawRestarts(r) {
   document.getElementById("restarts").replaceChildren(...parts);
 }
 
+// -- the load autoscaler ----------------------------------------------------------------
+
+function drawAutoscaler(a) {
+  const box = document.getElementById("autoscaler");
+  if (!a.enabled) { box.replaceChildren(el("p", {}, "off (the job's config enables it: README, Autoscaling)")); return; }
+  const rate = (v) => v === null ? "–" : fmt.rate(v);
+  const load = (v) => v === null ? "–" : fmt.pct(v);
+  const head = el("p", {}, `${a.dry_run ? "dry run: decisions are reported, not applied" : "applies its decisions"} · ` +
+    `target load ${fmt.pct(a.target_utilization)} ± ${fmt.pct(a.utilization_boundary)} · window ` +
+    `${fmt.secs(a.window_s)} after ${fmt.secs(a.stabilization_s)} · ${a.status}` + (a.held ? ` (${a.held})` : ""));
+  const parts = [head];
+  if (a.vertices.length) {
+    parts.push(table(["vertex", "parallelism", "in", "busy", "true rate", "target rate", "load", "recommended"],
+      a.vertices.map((v) => [v.vertex, v.parallelism, fmt.rate(v.records_in_per_s), fmt.pct(v.busy_ratio),
+        v.true_rate === null ? "unbounded" : fmt.rate(v.true_rate), rate(v.target_rate), load(v.utilization),
+        v.recommended])));
+  }
+  parts.push(a.decisions.length ? table(["time", "vertex", "from → to", "load", "true rate", "target rate", "outcome", "reason"],
+    a.decisions.slice().reverse().map((d) => [fmt.time(d.time), d.vertex, `${d.from} → ${d.to}`, load(d.utilization),
+      d.true_rate === null ? "unbounded" : fmt.rate(d.true_rate), rate(d.target_rate),
+      d.outcome.replace("_", " ") + (d.error ? `: ${d.error}` : ""), d.reason]))
+    : el("p", { class: "hint" }, "no decisions yet"));
+  box.replaceChildren(...parts);
+}
+
 // -- watermarks ---------------------------------------------------------------------
 
 function watermarkTime(s) {
@@ -489,6 +514,7 @@ async function refresh() {
       drawCheckpointChart(checkpoints.history);
       drawCheckpointTable(checkpoints.history);
       drawRestarts(restarts);
+      drawAutoscaler(job.autoscaler);
       drawExceptions(exceptions);
       drawConfig(config);
     }

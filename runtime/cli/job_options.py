@@ -1,9 +1,9 @@
 """A job's options on `sluice submit` and `sluice local`, generated from the settings they configure.
 
-Each option is declared once, as a flag on its settings field (runtime/graph/flags.py): ChannelConfig and
-JobConfig (runtime/graph/job_config.py), CheckpointSettings (coordinator/checkpointing.py), RestartStrategy
-(coordinator/restarts.py), StateConfig and AsyncStateSettings (runtime/execution/async_operator.py). Here
-they become arguments, and the ones given become the submission's `config` document (README, Job
+Each option is declared once, as a flag on its settings field (runtime/graph/flags.py): ChannelConfig,
+JobConfig and AutoscalerConfig (runtime/graph/job_config.py), CheckpointSettings (coordinator/checkpointing.py),
+RestartStrategy (coordinator/restarts.py), StateConfig and AsyncStateSettings (runtime/execution/async_operator.py).
+Here they become arguments, and the ones given become the submission's `config` document (README, Job
 configuration), section by section; what was not given is left out, so the field's default applies.
 """
 
@@ -22,10 +22,12 @@ from runtime.graph import protocol as p
 from runtime.graph.enums import CheckpointMode
 from runtime.graph.job_config import (
     ASYNC_STATE,
+    AUTOSCALER,
     CHECKPOINTS,
     NETWORK,
     RESTARTS,
     STATE,
+    AutoscalerConfig,
     ChannelConfig,
     JobConfig,
     StateConfig,
@@ -37,12 +39,13 @@ GROUP_TITLES = {
     STATE: "keyed state (README: Choosing a state backend)",
     ASYNC_STATE: "asynchronous state (README: Asynchronous state; AsyncKeyedProcessFunction only)",
     RESTARTS: "restarts after a failure",
+    AUTOSCALER: "load-based autoscaling (README: Autoscaling)",
 }
 
 # where each settings class's fields go in the document: None at its top level, else under that key
 SECTIONS: tuple[tuple[str | None, type[Any]], ...] = (
     (None, ChannelConfig), (None, JobConfig), ("checkpoint", CheckpointSettings), ("restart", RestartStrategy),
-    ("state", StateConfig), ("async_state", AsyncStateSettings),
+    ("state", StateConfig), ("async_state", AsyncStateSettings), ("autoscaler", AutoscalerConfig),
 )
 
 

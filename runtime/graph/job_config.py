@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -36,6 +36,7 @@ from runtime.graph.flags import flag
 
 # the groups of a job's flags in `sluice submit --help` (runtime/cli/job_options.py titles them)
 NETWORK, CHECKPOINTS, STATE, ASYNC_STATE, RESTARTS = "network", "checkpoints", "state", "async_state", "restarts"
+AUTOSCALER = "autoscaler"
 
 NEVER = 0.0  # scale_down_after_s that disables scaling down
 
@@ -139,10 +140,98 @@ class StateConfig:
         return doc
 
 
+def _parse_fraction(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerConfig:
+    """The load-based autoscaler's settings (README, Autoscaling; the policy is coordinator/load_policy.py).
+
+    Off by default. Enabled, the coordinator samples every vertex's rates and busy time, and once a window of
+    `window_s` has been collected after a `stabilization_s` pause that follows every (re)start and decision,
+    rescales a vertex whose load is above `target_utilization + utilization_boundary` of its capacity, or was
+    below `target_utilization - utilization_boundary` throughout the window, to the parallelism that brings it
+    to `target_utilization`; `dry_run` only reports the decisions."""
+
+    enabled: bool = field(default=False, metadata=flag(
+        "--autoscale", "rescale vertices by their load (README: Autoscaling); off by default",
+        action="store_true", group=AUTOSCALER))
+    dry_run: bool = field(default=False, metadata=flag(
+        "--autoscale-dry-run", "with --autoscale: report the decisions (REST, UI, metrics), rescale nothing",
+        action="store_true", group=AUTOSCALER))
+    target_utilization: float = field(default=0.7, metadata=flag(
+        "--autoscale-target-utilization", "the fraction of a vertex's capacity its load should take (0.7)",
+        parse=_parse_fraction, metavar="FRACTION", group=AUTOSCALER))
+    utilization_boundary: float = field(default=0.2, metadata=flag(
+        "--autoscale-utilization-boundary", "no decision while the load is within this of the target (0.2)",
+        parse=_parse_fraction, metavar="FRACTION", group=AUTOSCALER))
+    window_s: float = field(default=30.0, metadata=flag(
+        "--autoscale-window", "rates are averaged over this window before a decision (30s)",
+        parse=parse_duration, metavar="DURATION", group=AUTOSCALER))
+    stabilization_s: float = field(default=30.0, metadata=flag(
+        "--autoscale-stabilization", "after a (re)start, a rescale or a decision, rates are not collected for "
+        "this long (30s)", parse=parse_duration_or_zero, metavar="DURATION", group=AUTOSCALER))
+    min_parallelism: int = field(default=1, metadata=flag(
+        "--autoscale-min-parallelism", "no vertex is scaled below this (1)", parse=parse_positive, metavar="N",
+        group=AUTOSCALER))
+    max_parallelism: int | None = field(default=None, metadata=flag(  # None: the slots the cluster has
+        "--autoscale-max-parallelism", "no vertex is scaled above this (default: the cluster's slots)",
+        parse=parse_positive, metavar="N", group=AUTOSCALER))
+
+    def __post_init__(self) -> None:
+        for name in ("enabled", "dry_run"):
+            if not isinstance(getattr(self, name), bool):
+                raise JobConfigError(f"autoscaler.{name} must be true or false, got {getattr(self, name)!r}")
+        if not _is_number(self.target_utilization) or not 0 < self.target_utilization <= 1:
+            raise JobConfigError(f"autoscaler.target_utilization must be in (0, 1], got {self.target_utilization!r}")
+        if not _is_number(self.utilization_boundary) or \
+                not 0 <= self.utilization_boundary < self.target_utilization:
+            raise JobConfigError("autoscaler.utilization_boundary must be >= 0 and below target_utilization, got "
+                                 f"{self.utilization_boundary!r}")
+        if not _is_number(self.window_s) or not 0 < self.window_s < math.inf:
+            raise JobConfigError(f"autoscaler.window_s must be seconds > 0, got {self.window_s!r}")
+        if not _is_number(self.stabilization_s) or not 0 <= self.stabilization_s < math.inf:
+            raise JobConfigError(f"autoscaler.stabilization_s must be seconds >= 0, got {self.stabilization_s!r}")
+        for name in ("min_parallelism", "max_parallelism"):
+            n = getattr(self, name)
+            if (n is not None or name == "min_parallelism") and (isinstance(n, bool) or not isinstance(n, int)
+                                                                 or n < 1):
+                raise JobConfigError(f"autoscaler.{name} must be an integer >= 1, got {n!r}")
+        if self.max_parallelism is not None and self.max_parallelism < self.min_parallelism:
+            raise JobConfigError(f"autoscaler.max_parallelism ({self.max_parallelism}) is below min_parallelism "
+                                 f"({self.min_parallelism})")
+
+    @property
+    def scale_up_above(self) -> float:
+        """A vertex whose load is above this fraction of its capacity is a bottleneck."""
+        return round(self.target_utilization + self.utilization_boundary, 9)  # 0.7 + 0.2 is 0.8999999999999999
+
+    @property
+    def scale_down_below(self) -> float:
+        """A vertex whose load stayed below this fraction of its capacity over the window is idle."""
+        return round(self.target_utilization - self.utilization_boundary, 9)
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any], *, ignore_unknown: bool = False) -> AutoscalerConfig:
+        unknown = set(doc) - set(_AUTOSCALER_KEYS)
+        if unknown and not ignore_unknown:
+            raise JobConfigError(f"unknown autoscaler settings {sorted(unknown)}: choose from "
+                                 f"{list(_AUTOSCALER_KEYS)}")
+        return cls(**{k: v for k, v in doc.items() if k in _AUTOSCALER_KEYS})
+
+    def to_document(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _AUTOSCALER_KEYS}
+
+
+_AUTOSCALER_KEYS = tuple(f.name for f in fields(AutoscalerConfig))
 _CHANNEL_KEYS = tuple(f.name for f in fields(ChannelConfig))
 _STATE_KEYS = ("backend", "remote_address", "work_dir", "options")
 KNOWN_KEYS = frozenset({*_CHANNEL_KEYS, "parallelism", "state", "async_state", "scale_down_after_s",
-                        "allow_non_restored_state"})
+                        "allow_non_restored_state", "autoscaler"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +257,7 @@ class JobConfig:
         "--allow-non-restored-state", "with --restore: drop the state of operators (by uid) the job no longer "
         "has, instead of refusing the checkpoint (README: Evolving a job)", action="store_true",
         group=CHECKPOINTS))
+    autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)  # load-based scaling, off by default
 
     def __post_init__(self) -> None:
         for name, n in self.parallelism.items():
@@ -203,12 +293,14 @@ class JobConfig:
         if unknown_state and not ignore_unknown:
             raise JobConfigError(f"unknown state settings {sorted(unknown_state)}: choose from {list(_STATE_KEYS)}")
         after = doc.get("scale_down_after_s")
+        autoscaler = _object(doc, "autoscaler")
         try:
             return cls(channels=ChannelConfig(**channels), parallelism=_object(doc, "parallelism"),
                        state=StateConfig(**{k: v for k, v in state.items() if k in _STATE_KEYS}),
                        async_state=_object(doc, "async_state"),
                        scale_down_after_s=parse_scale_down_after(after) if after is not None else None,
-                       allow_non_restored_state=doc.get("allow_non_restored_state", False))
+                       allow_non_restored_state=doc.get("allow_non_restored_state", False),
+                       autoscaler=AutoscalerConfig.from_document(autoscaler, ignore_unknown=ignore_unknown))
         except TypeError as exc:  # a wrongly typed value a comparison in a check tripped over
             raise JobConfigError(f"bad job settings: {exc}") from None
 
@@ -225,6 +317,8 @@ class JobConfig:
             doc["scale_down_after_s"] = self.scale_down_after_s
         if self.allow_non_restored_state:
             doc["allow_non_restored_state"] = True
+        if self.autoscaler != AutoscalerConfig():  # records of jobs that never set it stay as they were
+            doc["autoscaler"] = self.autoscaler.to_document()
         return doc
 
     # the deploy RPC carries the same document, msgpack-encoded
@@ -235,9 +329,7 @@ class JobConfig:
         return cls.from_document(doc)
 
     def with_parallelism(self, parallelism: Mapping[str, int]) -> JobConfig:
-        return JobConfig(channels=self.channels, parallelism=parallelism, state=self.state,
-                         async_state=self.async_state, scale_down_after_s=self.scale_down_after_s,
-                         allow_non_restored_state=self.allow_non_restored_state)
+        return replace(self, parallelism=parallelism)
 
 
 def _object(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
