@@ -133,8 +133,8 @@ def evaluate(graph: LoadGraph, samples: Sequence[Sample], *, settings: Autoscale
         return Evaluation(COLLECTING, ready_at, _loads_only(graph, window))
     mean = {n: _mean([s.vertices[n] for s in window]) for n in names}
     loads = _loads(graph, mean)
-    idle_throughout = {n for n in names if all(_below(u, settings) for u in
-                                               (_loads(graph, s.vertices)[n][2] for s in window))}
+    each = [_loads(graph, s.vertices) for s in window]
+    idle_throughout = {n for n in names if all(_below(sample[n][2], settings) for sample in each)}
     wanted = {v.name: _recommend(v, loads[v.name][2], v.name in idle_throughout, settings) for v in graph.vertices}
     target = _constrain(graph, wanted, settings=settings, slots=slots)
     views = tuple(_view(v, mean[v.name], loads[v.name], target[v.name]) for v in graph.vertices)

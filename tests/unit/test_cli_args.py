@@ -152,11 +152,13 @@ def test_every_job_flag_is_declared_on_a_settings_field_and_documented() -> None
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     declared = [(key, name, spec) for key, settings in SECTIONS for name, spec in flags_of(settings)]
-    assert len(declared) == 34 and all(spec.name in readme for _, _, spec in declared)
+    assert len(declared) == 42 and all(spec.name in readme for _, _, spec in declared)
     args = build_parser().parse_args(["submit", "--coordinator", "h:1", "m:f", "--retain", "4", "--restart-attempts",
-                                      "2", "--async-batch-size", "9", "--exclusive-credits", "5"])
+                                      "2", "--async-batch-size", "9", "--exclusive-credits", "5", "--autoscale",
+                                      "--autoscale-window", "5s"])
     doc = job_config(args)
     assert (doc["checkpoint"]["retain"], doc["restart"]["max_attempts"], doc["async_state"]["batch_size"],
             doc["exclusive_credits"]) == (4, 2, 9, 5)
+    assert doc["autoscaler"] == {"enabled": True, "window_s": 5.0}
     # the command line's own default where it differs from the field's: the coordinator tolerates 0, sluice 3
     assert doc["checkpoint"]["tolerable_failures"] == 3

@@ -21,6 +21,7 @@ from coordinator.rest_views import job_detail, task_sample
 from coordinator.scheduler import WorkerSlots, make_plan
 from netstack.errors import RpcError
 from runtime.api import DiscardSink, GeneratorSource, Job
+from runtime.connectors.source import Source
 from runtime.graph.enums import JobState
 from runtime.graph.job_config import AutoscalerConfig, JobConfig
 from tests.support.metrics import NO_WORKERS, collector, samples
@@ -182,3 +183,29 @@ def test_a_vertex_at_its_least_or_within_the_band_holds(busy: float) -> None:
     assert evaluation is not None
     assert [(load.vertex, load.recommended) for load in evaluation.loads] == [
         ("GeneratorSource", 1), ("work", 1), ("DiscardSink", 1)]
+
+
+class Fixed(Source):
+    """A source that cannot be restored at another parallelism (neither lanes nor subtask splits)."""
+
+
+def test_the_load_graph_carries_the_constraints_of_the_job_graph() -> None:
+    job = Job("shapes")
+    fixed = job.source(Fixed(), parallelism=2, name="fixed")
+    # fixed (2) -> count (3): no partitioner and different parallelisms, an implicit rebalance; count -> sink
+    # chain (a forward edge) into one vertex
+    fixed.map(lambda r: r, parallelism=3, name="count").sink(DiscardSink(), parallelism=3)
+    plan = make_plan(job_id="job-2", attempt=1, entry="m:build", name="shapes", sys_path="", config=JobConfig(),
+                     job=job, workers=[WorkerSlots("w1", 4, "127.0.0.1", 1)], channel_base=1)
+    graph = load_graph(plan, job)
+    assert [(v.name, v.parallelism, v.inputs, v.source, v.source_rate, v.pinned, v.operators)
+            for v in graph.vertices] == [("fixed", 2, (), True, None, True, ("fixed",)),
+                                         ("count -> DiscardSink", 3, ("fixed",), False, None, False,
+                                          ("count", "DiscardSink"))]
+    assert graph.apart == (("fixed", "count -> DiscardSink"),) and graph.max_parallelism == 128
+    loaded = record().plan
+    assert loaded is not None
+    asked = load_graph(loaded, built())
+    assert [(v.name, v.source_rate) for v in asked.vertices] == [("GeneratorSource", 100.0), ("work", None),
+                                                                  ("DiscardSink", None)]
+    assert len({v.group for v in asked.vertices}) == 3 and asked.apart == ()
