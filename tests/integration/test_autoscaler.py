@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,7 @@ def test_load_scales_the_expensive_vertex_up_and_down_with_exact_output(cluster:
     control(switch, cost_ms=20.0)
     write_module(cluster.tmp_path, "loadjob", JOB.format(control=str(switch), count=COUNT, rate=RATE, out=str(out)))
     job_id = cluster.submit("loadjob:build", CONFIG)
+    submitted = time.monotonic()
     openapi = json.loads((UI_DIR / "openapi.json").read_text())
     seen: dict[str, Any] = {}
 
@@ -125,6 +127,7 @@ def test_load_scales_the_expensive_vertex_up_and_down_with_exact_output(cluster:
     assert up["reason"].startswith("bottleneck: load ") and "target rate 100.0 records/s" in up["reason"], up
     poll(lambda: (decided("up") or {}).get("outcome") == "applied", 90, "the scale-up applied", interval_s=0.25)
     assert work_parallelism() == 2
+    up_at = time.monotonic() - submitted
 
     # -- load down: idle over a whole window, it scales back to 1
     poll(lambda: decided("down") is not None, 90, "a scale-down decision", interval_s=0.25)
@@ -133,14 +136,16 @@ def test_load_scales_the_expensive_vertex_up_and_down_with_exact_output(cluster:
     assert down["reason"].startswith("idle: load ") and down["utilization"] < 0.5, down
     poll(lambda: (decided("down") or {}).get("outcome") == "applied", 90, "the scale-down applied", interval_s=0.25)
     assert work_parallelism() == 1
+    print(f"scaled up at {up_at:.1f}s (load {up['utilization']:.2f}, true rate {up['true_rate']:.1f}/s), down at "
+          f"{time.monotonic() - submitted:.1f}s after submit (load {down['utilization']:.3f})")
     jsonschema.validate(seen, {"$ref": "#/components/schemas/Job", "components": openapi["components"]})
     assert [(d["direction"], d["outcome"]) for d in seen["autoscaler"]["decisions"]] == [("up", "applied"),
                                                                                         ("down", "applied")]
     host, port = cluster.coordinator.address("metrics")
     metrics = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30).read().decode()
     for direction in ("up", "down"):
-        assert re.search(rf'^sluice_autoscaler_decisions_total{{job_id="{job_id}",vertex="work",'
-                         rf'direction="{direction}"}} 1\.0$', metrics, re.MULTILINE), metrics[-3000:]
+        assert re.search(rf'^sluice_autoscaler_decisions_total{{direction="{direction}",job_id="{job_id}",'
+                         rf'vertex="work"}} 1\.0$', metrics, re.MULTILINE), metrics[-3000:]  # labels sorted
 
     # -- the rest of the input at full speed: every record once across both rescales
     control(switch, fast=True)

@@ -135,6 +135,8 @@ def test_a_new_attempt_starts_a_new_stabilisation() -> None:
     assert job.load_scaling.status() == STABILIZING and not job.load_scaling.samples
     h.run(job, 3.0, work_busy=1.0)
     assert [d.after for d in job.load_scaling.decisions] == [2]
+    finish(h.spawned.pop())
+    assert h.rescales == [{"work": 2}]
 
 
 def test_a_dry_run_reports_once_per_window_and_applies_nothing() -> None:
