@@ -379,6 +379,7 @@ def test_web_ui_shows_the_job_and_acts_on_it_in_chromium(live: Live) -> None:
         assert outcome == "restarted"
         assert "lost" in text and "restarted as attempt 2" in text, text
         assert "buffers_per_channel" in read(lambda d: d.find_element(By.ID, "config").text)
+        assert read(lambda d: d.find_element(By.ID, "autoscaler").text).startswith("off")  # not enabled by the job
         save(driver, "web-ui.png")
 
         # trigger a checkpoint from the page: refused without the token, then the count goes up
