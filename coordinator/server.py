@@ -35,7 +35,7 @@ from coordinator.lease import Leadership, LeaseHeld
 from coordinator.metrics import CoordinatorCollector, LeadershipCollector, LeadershipStatistics
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from coordinator.rest import REST_LIMITS, RestApi
-from coordinator.rest_views import process_sample, task_sample
+from coordinator.rest_views import autoscaler_view, process_sample, task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
 from coordinator.trust import TrustError, TrustPolicy
@@ -553,6 +553,7 @@ class Coordinator(BaseLinkHandler):
             summary = job.summary()
             scaling = self.manager.scaling_status(job)
             summary["scaling"] = scaling
+            summary["autoscaler"] = autoscaler_view(job, time.time() - time.monotonic())
             for v in summary["vertices"]:
                 v["asked_parallelism"] = scaling["asked"].get(v["name"], v["parallelism"])
             return r.JobSummary.from_wire(summary)

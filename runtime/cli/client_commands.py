@@ -48,6 +48,12 @@ def print_job(summary: r.JobSummary) -> None:
                                                                        else ""))
     if summary.scaling.get("reason"):
         print(f"  {summary.scaling['reason']}")
+    autoscaler = summary.autoscaler
+    if autoscaler.get("enabled"):
+        last = autoscaler["decisions"][-1] if autoscaler.get("decisions") else None
+        print(f"  autoscaler{' (dry run)' if autoscaler.get('dry_run') else ''}: {autoscaler.get('status')}"
+              + (f"; last decision {last['vertex']} {last['from']} -> {last['to']} ({last['outcome']}): "
+                 f"{last['reason']}" if last else ""))
     for t in summary.tasks:
         print(f"  {t['task']:<22} {t['state']:<9} in {t['records_in']:>12,} out {t['records_out']:>12,} "
               f"busy {t['busy_s']:7.1f}s idle {t['idle_s']:7.1f}s backpressured {t['backpressured_s']:7.1f}s "

@@ -128,7 +128,7 @@ class Submitted(Reply):
 
 @dataclass(frozen=True, slots=True)
 class JobSummary(Reply):
-    """One job (coordinator/jobs.py JobRecord.summary); `status` adds its "scaling"."""
+    """One job (coordinator/jobs.py JobRecord.summary); `status` adds its "scaling" and "autoscaler"."""
 
     job_id: str
     name: str
@@ -145,6 +145,11 @@ class JobSummary(Reply):
     @property
     def scaling(self) -> Mapping[str, Any]:
         return self.extra.get("scaling") or {}
+
+    @property
+    def autoscaler(self) -> Mapping[str, Any]:
+        """The load autoscaler's document (README, Autoscaling), as the REST job document has it."""
+        return self.extra.get("autoscaler") or {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import pytest
 
 from coordinator.rest import UI_DIR
 from runtime.graph.enums import JobState
-from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+from tests.support.cluster import Cluster, committed_rows, logs, poll, sluice, write_module
 
 COUNT, RATE = 6_000, 100.0  # the source reads 100/s: 60 s of input, so it cannot run out before the test lifts it
 JOB = '''
@@ -141,6 +141,8 @@ def test_load_scales_the_expensive_vertex_up_and_down_with_exact_output(cluster:
     jsonschema.validate(seen, {"$ref": "#/components/schemas/Job", "components": openapi["components"]})
     assert [(d["direction"], d["outcome"]) for d in seen["autoscaler"]["decisions"]] == [("up", "applied"),
                                                                                         ("down", "applied")]
+    shown = sluice(cluster, "status", job_id).stdout
+    assert "autoscaler: " in shown and "last decision work 2 -> 1 (applied): idle: load " in shown, shown
     host, port = cluster.coordinator.address("metrics")
     metrics = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30).read().decode()
     for direction in ("up", "down"):
