@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.graph.job_config import AutoscalerConfig
 
@@ -60,6 +60,15 @@ class VertexFigures:
 class Sample:
     at: float  # monotonic seconds
     vertices: Mapping[str, VertexFigures]  # vertex name -> its figures
+    # each vertex's utilisation in this sample alone, once `measured` computed it (else computed when needed)
+    utilization: Mapping[str, float | None] | None = None
+
+
+def measured(graph: LoadGraph, sample: Sample) -> Sample:
+    """`sample` with each vertex's utilisation in it alone: computed once when the sample is taken, since the
+    scale-down check reads every sample of the window at every evaluation (the graph is the same for every
+    sample of a window: a new attempt empties it)."""
+    return replace(sample, utilization={n: load[2] for n, load in _loads(graph, sample.vertices).items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,15 +136,20 @@ def evaluate(graph: LoadGraph, samples: Sequence[Sample], *, settings: Autoscale
     if now < collect_from:
         return Evaluation(STABILIZING, ready_at)
     names = [v.name for v in graph.vertices]
+    by_name = {v.name: v for v in graph.vertices}
     start = window_start(started_at=started_at, now=now, settings=settings)
     window = [s for s in samples if start <= s.at <= now and all(n in s.vertices for n in names)]
     if now < ready_at or len(window) < 2:
         return Evaluation(COLLECTING, ready_at, _loads_only(graph, window))
     mean = {n: _mean([s.vertices[n] for s in window]) for n in names}
     loads = _loads(graph, mean)
-    each = [_loads(graph, s.vertices) for s in window]
-    idle_throughout = {n for n in names if all(_below(sample[n][2], settings) for sample in each)}
-    wanted = {v.name: _recommend(v, loads[v.name][2], v.name in idle_throughout, settings) for v in graph.vertices}
+    wanted = {v.name: _recommend(v, loads[v.name][2], True, settings) for v in graph.vertices}
+    downs = [v.name for v in graph.vertices if wanted[v.name] < v.parallelism]
+    if downs:  # idle on average: a scale-down needs the vertex idle in every sample too
+        each = [s.utilization if s.utilization is not None else measured(graph, s).utilization for s in window]
+        for name in downs:
+            if not all(_below(u[name], settings) for u in each if u is not None):
+                wanted[name] = by_name[name].parallelism
     target = _constrain(graph, wanted, settings=settings, slots=slots)
     views = tuple(_view(v, mean[v.name], loads[v.name], target[v.name]) for v in graph.vertices)
     decisions = tuple(Decision(load.vertex, load.parallelism, load.recommended,

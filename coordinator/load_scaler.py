@@ -185,7 +185,7 @@ class LoadScaler:
             state.held = str(exc)
             return
         if now >= state.started_at + settings.stabilization_s:
-            state.samples.append(sample_of(job, now))
+            state.samples.append(policy.measured(graph, sample_of(job, now)))
         start = policy.window_start(started_at=state.started_at, now=now, settings=settings)
         while state.samples and state.samples[0].at < start:
             state.samples.popleft()

@@ -18,6 +18,7 @@ from coordinator.load_policy import (
     VertexFigures,
     VertexLoad,
     evaluate,
+    measured,
 )
 from runtime.graph.job_config import AutoscalerConfig, JobConfig, JobConfigError
 
@@ -118,6 +119,9 @@ def test_a_scale_down_needs_the_vertex_idle_in_every_sample_of_the_window() -> N
     # the window's mean load is 0.14 (below 0.5) but the vertex was not idle throughout: it holds
     assert run(line(4), busy_once) == []
     assert run(line(4), steady(IDLE_WORK)) == [("work", 4, 1, DOWN)]
+    # the same with each sample's utilisation computed once when it was taken (what the shell does)
+    assert run(line(4), [measured(line(4), s) for s in busy_once]) == []
+    assert measured(line(4), busy_once[4]).utilization == {"source": 0.05, "work": 1.0, "sink": 0.01}
 
 
 def test_clamps_to_min_max_and_the_slots() -> None:
