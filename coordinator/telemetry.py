@@ -1,0 +1,193 @@
+"""The OTLP export (off unless `--otlp-endpoint` or OTEL_EXPORTER_OTLP_ENDPOINT names a collector): the traces of
+checkpoints and recoveries (built by coordinator/trace_spans.py) and the coordinator's metrics, the same series
+Prometheus scrapes, over OTLP/HTTP with the OpenTelemetry SDK (the `otel` extra).
+
+Off, nothing of it exists: no import of the SDK, no task, and the checkpoint runner and the job manager build no
+span (they hold None). On, spans go through the SDK's batch processor (its own thread sends them) and metrics
+through its periodic reader. The metrics are read from the very Prometheus collectors the `/metrics` port serves
+(coordinator/metrics.py), on the event loop every interval (`sample_metrics`), since the collectors read records
+the loop changes; the reader's thread only takes the latest sample (`otlp_series`, pure). A Prometheus counter
+becomes an OTLP cumulative sum of the family's name, a gauge a gauge; a histogram's `_count` and `_sum` become
+sums (its buckets are not exported). A collector that is down costs the SDK's log lines and the spans of that
+batch, never the coordinator's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.registry import Collector
+
+from coordinator.trace_spans import SpanRecord
+from runtime.common.extras import MissingExtra
+
+log = logging.getLogger("sluice.telemetry")
+
+ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"  # the standard variable: the collector's base URL
+SHUTDOWN_S = 10.0  # how long a stopping coordinator waits for the last spans and metrics to be sent
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    """Where and how often the coordinator exports over OTLP/HTTP; built once from the command line."""
+
+    endpoint: str  # the collector's base URL (http://host:4318): /v1/traces and /v1/metrics are added
+    metrics_interval_s: float = 10.0  # metrics are sampled and sent this often
+    spans_delay_s: float = 1.0  # an ended span waits at most this long to be sent in a batch with others
+    service_name: str = "sluice-coordinator"
+
+    def __post_init__(self) -> None:
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"the OTLP endpoint must be an http:// or https:// URL, got {self.endpoint!r}")
+        if self.metrics_interval_s <= 0 or self.spans_delay_s <= 0:
+            raise ValueError("the OTLP intervals must be positive")
+
+    def url(self, signal: str) -> str:
+        return f"{self.endpoint.rstrip('/')}/v1/{signal}"
+
+    @classmethod
+    def from_flags(cls, endpoint: str | None, interval_s: float,
+                   environ: Mapping[str, str] = os.environ) -> OtlpSettings | None:
+        """From `--otlp-endpoint` / `--otlp-interval`, the endpoint defaulting to OTEL_EXPORTER_OTLP_ENDPOINT; None
+        (off) when neither names one."""
+        url = endpoint or environ.get(ENDPOINT_ENV, "")
+        return cls(url, interval_s) if url else None
+
+
+# -- metrics: a sample of the Prometheus collectors, as OTLP series (pure) -----------------------------------------
+
+COUNTER, GAUGE = "counter", "gauge"
+Point = tuple[float, Mapping[str, str]]  # value, labels
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    kind: str  # COUNTER (a cumulative sum) or GAUGE
+    description: str
+    points: tuple[Point, ...]
+
+
+def otlp_series(families: Iterable[Any]) -> dict[str, Series]:
+    """Prometheus metric families (prometheus_client's `Metric`) -> name -> the series OTLP exports."""
+    out: dict[str, Series] = {}
+    for family in families:
+        if family.type == "counter":
+            out[family.name] = Series(COUNTER, family.documentation, _points(family, family.name + "_total"))
+        elif family.type == "gauge":
+            out[family.name] = Series(GAUGE, family.documentation, _points(family, family.name))
+        elif family.type == "histogram":
+            for part in ("_count", "_sum"):
+                out[family.name + part] = Series(COUNTER, f"{family.documentation} ({part[1:]})",
+                                                 _points(family, family.name + part))
+    return out
+
+
+def _points(family: Any, sample_name: str) -> tuple[Point, ...]:
+    return tuple((float(s.value), dict(s.labels)) for s in family.samples if s.name == sample_name)
+
+
+# -- the exporter ---------------------------------------------------------------------------------------------------
+
+
+class Telemetry:
+    """The SDK's providers for one coordinator; `emit` a span record, `sample_forever` on the loop, `shutdown`.
+    MissingExtra when the `otel` extra is not installed."""
+
+    def __init__(self, settings: OtlpSettings, *, collectors: Iterable[Collector], instance_id: str) -> None:
+        self.settings = settings
+        self.collectors = tuple(collectors)
+        self.instance_id = instance_id
+        self._latest: dict[str, Series] = {}
+        self._instruments: set[str] = set()
+        try:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError:
+            raise MissingExtra(["otel"]) from None
+        resource = Resource.create({"service.name": self.settings.service_name,
+                                    "service.instance.id": self.instance_id})
+        self._tracer_provider = TracerProvider(resource=resource)
+        self._tracer_provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=self.settings.url("traces"), timeout=5),
+            schedule_delay_millis=self.settings.spans_delay_s * 1000))
+        self._tracer = self._tracer_provider.get_tracer("sluice.coordinator")
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=self.settings.url("metrics"), timeout=5),
+                                               export_interval_millis=self.settings.metrics_interval_s * 1000)
+        self._meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+        self._meter = self._meter_provider.get_meter("sluice.coordinator")
+
+    # -- traces -----------------------------------------------------------------------------------------------
+
+    def emit(self, record: SpanRecord) -> None:
+        """Export a span and its children with their recorded times (a trace of its own)."""
+        from opentelemetry import context, trace
+
+        self._start(record, context.Context(), trace)
+
+    def _start(self, record: SpanRecord, parent: Any, trace: Any) -> None:
+        span = self._tracer.start_span(record.name, context=parent, attributes=dict(record.attributes),
+                                       start_time=_ns(record.start_s))
+        if record.error:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, record.error))
+        below = trace.set_span_in_context(span, parent)
+        for child in record.children:
+            self._start(child, below, trace)
+        span.end(end_time=_ns(record.end_s))
+
+    # -- metrics ----------------------------------------------------------------------------------------------
+
+    def sample_metrics(self) -> None:
+        """Read the collectors (on the event loop) and keep the sample for the reader's thread; a family seen for
+        the first time gets its instrument."""
+        families = [family for collector in self.collectors for family in collector.collect()]
+        latest = otlp_series(families)
+        self._latest = latest  # one assignment: the reader's thread sees the old sample or the new, whole
+        for name, series in latest.items():
+            if name not in self._instruments:
+                self._instruments.add(name)
+                create = (self._meter.create_observable_counter if series.kind == COUNTER
+                          else self._meter.create_observable_gauge)
+                create(name, callbacks=[self._observe(name)], description=series.description)
+
+    def _observe(self, name: str) -> Callable[[Any], Iterator[Any]]:
+        from opentelemetry.metrics import Observation
+
+        def observe(options: Any) -> Iterator[Any]:  # on the reader's thread
+            series = self._latest.get(name)
+            for value, labels in series.points if series is not None else ():
+                yield Observation(value, dict(labels))
+        return observe
+
+    async def sample_forever(self) -> None:
+        while True:
+            try:
+                self.sample_metrics()
+            except Exception:  # noqa: BLE001 - a collector that fails must not end the export
+                log.exception("sampling the metrics for OTLP failed")
+            await asyncio.sleep(min(self.settings.metrics_interval_s / 2, 5.0))
+
+    async def shutdown(self) -> None:
+        """Send what is left (bounded by SHUTDOWN_S: a collector that is down does not hold the stop)."""
+        def flush() -> None:
+            self._tracer_provider.shutdown()
+            self._meter_provider.shutdown(timeout_millis=SHUTDOWN_S * 1000)
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(flush), SHUTDOWN_S)
+        except TimeoutError:
+            log.warning("the OTLP collector at %s took the last spans and metrics for longer than %.0f s; "
+                        "left unsent", self.settings.endpoint, SHUTDOWN_S)
+
+
+def _ns(unix_s: float) -> int:
+    return int(round(unix_s * 1e9))
