@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -190,4 +191,6 @@ class Telemetry:
 
 
 def _ns(unix_s: float) -> int:
-    return int(round(unix_s * 1e9))
+    """Unix seconds -> nanoseconds, the whole seconds apart (unix_s * 1e9 would round to 256 ns)."""
+    whole = math.floor(unix_s)
+    return whole * 1_000_000_000 + round((unix_s - whole) * 1e9)

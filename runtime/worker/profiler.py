@@ -67,6 +67,7 @@ class Profiler:
         if self.executable is None:
             raise Conflict(not_installed_line(), "ProfilerUnavailable")
         self.busy = True
+        log.info("py-spy profiles this worker for %d s", seconds)
         try:
             text = await self._run(self.executable, seconds)
         finally:
