@@ -30,6 +30,7 @@ from runtime.common.extras import MissingExtra
 log = logging.getLogger("sluice.telemetry")
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"  # the standard variable: the collector's base URL
+SPAN_QUEUE = 1 << 15  # spans waiting to be sent; past it the SDK drops them (and logs that it did)
 SHUTDOWN_S = 10.0  # how long a stopping coordinator waits for the last spans and metrics to be sent
 
 
@@ -120,7 +121,8 @@ class Telemetry:
         self._tracer_provider = TracerProvider(resource=resource)
         self._tracer_provider.add_span_processor(BatchSpanProcessor(
             OTLPSpanExporter(endpoint=self.settings.url("traces"), timeout=5),
-            schedule_delay_millis=self.settings.spans_delay_s * 1000))
+            # a checkpoint of a 1,000-task job is 4,001 spans at once: the SDK's default queue (2,048) would drop
+            max_queue_size=SPAN_QUEUE, schedule_delay_millis=self.settings.spans_delay_s * 1000))
         self._tracer = self._tracer_provider.get_tracer("sluice.coordinator")
         reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=self.settings.url("metrics"), timeout=5),
                                                export_interval_millis=self.settings.metrics_interval_s * 1000)
