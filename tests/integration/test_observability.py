@@ -49,7 +49,8 @@ def sluice_profile_target_spin(record):
 
 
 def build(job: Job) -> None:
-    (job.source(GeneratorSource(count=None, keys=100, seed=3), parallelism=1)
+    # paced well below what the map can take: no backpressure, so aligned checkpoints are quick
+    (job.source(GeneratorSource(count=None, keys=100, seed=3, records_per_second=2000), parallelism=1)
         .rebalance()
         .map(sluice_profile_target_spin, parallelism=2)
         .sink(DiscardSink(), parallelism=1))
