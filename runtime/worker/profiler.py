@@ -72,6 +72,10 @@ class Profiler:
             text = await self._run(self.executable, seconds)
         finally:
             self.busy = False
+        # a long profile of a busy worker is megabytes of text: parsed off the event loop
+        return await asyncio.to_thread(self._digest, seconds, text)
+
+    def _digest(self, seconds: int, text: str) -> Profile:
         stacks = parse_collapsed(text)
         kept, dropped = bounded(stacks)
         return Profile(seconds, self.rate_hz, kept, sum(s.samples for s in stacks), dropped)
@@ -89,10 +93,13 @@ class Profiler:
                     raise Conflict(f"{not_installed_line()} ({exc.strerror or exc})", "ProfilerUnavailable") from None
                 try:
                     _, stderr = await asyncio.wait_for(proc.communicate(), seconds + START_GRACE_S)
-                except BaseException:  # timed out, or the call was cancelled: py-spy must not outlive it
+                except BaseException as exc:  # timed out, or the call was cancelled: py-spy must not outlive it
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
                     await proc.wait()
+                    if isinstance(exc, TimeoutError):
+                        raise Conflict(f"py-spy did not finish within {seconds + START_GRACE_S:.0f} s of a "
+                                       f"{seconds} s profile; stopped", "ProfilerUnavailable") from None
                     raise
             text = await asyncio.to_thread(_read, output) if proc.returncode == 0 else None
             if text is None:
