@@ -118,7 +118,7 @@ class Telemetry:
             raise MissingExtra(["otel"]) from None
         resource = Resource.create({"service.name": self.settings.service_name,
                                     "service.instance.id": self.instance_id})
-        self._tracer_provider = TracerProvider(resource=resource)
+        self._tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # `shutdown` does it
         self._tracer_provider.add_span_processor(BatchSpanProcessor(
             OTLPSpanExporter(endpoint=self.settings.url("traces"), timeout=5),
             # a checkpoint of a 1,000-task job is 4,001 spans at once: the SDK's default queue (2,048) would drop
