@@ -42,7 +42,7 @@ from coordinator.checkpointing import (
     WriteMetadata,
 )
 from coordinator.storage import CheckpointStorage
-from coordinator.trace_spans import SpanRecord, checkpoint_span
+from coordinator.trace_spans import SpanSink, checkpoint_span
 from netstack.errors import NetstackError
 from netstack.transport import Link
 from runtime.common.tasks import BackgroundTasks
@@ -60,7 +60,7 @@ class CheckpointRunner:
     def __init__(self, *, job_id: str, attempt: int, settings: CheckpointSettings, tasks: frozenset[str],
                  storage: CheckpointStorage, links: Callable[[], list[Link]], job_info: dict[str, Any],
                  fail_job: Callable[[str], None], on_complete: Callable[[CompletedCheckpoint], None],
-                 first_id: int = 1, emit_span: Callable[[SpanRecord], None] | None = None) -> None:
+                 first_id: int = 1, submit_span: SpanSink | None = None) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.settings = settings
@@ -79,8 +79,9 @@ class CheckpointRunner:
         self._discards: set[asyncio.Future[Any]] = set()
         self._writes: set[asyncio.Future[Any]] = set()
         self._closed = False  # `stop` has ended every task: nothing more is started
-        # the OTLP export (coordinator/telemetry.py): each checkpoint's trace when it ends; None: none is built
-        self._emit_span = emit_span
+        # the OTLP export (coordinator/telemetry.py): each checkpoint's trace when it ends, built on its thread;
+        # None: none is built
+        self._submit_span = submit_span
         self._trigger_wall: dict[int, float] = {}  # the wall clock each trigger carried (tasks measure from it)
 
     def start(self) -> None:
@@ -173,16 +174,15 @@ class CheckpointRunner:
     def _trace(self, checkpoint_id: int) -> None:
         """The ended checkpoint's spans (coordinator/trace_spans.py) to the OTLP export, when there is one."""
         trigger_wall = self._trigger_wall.pop(checkpoint_id, None)
-        if self._emit_span is None:
+        if self._submit_span is None:
             return
         ended = self.coordinator.ended(checkpoint_id)  # None: a queued request dropped before it started
         if ended is None:
             return
-        summary, tasks = ended
-        span = checkpoint_span(summary, tasks, job_id=self.job_id, attempt=self.attempt,
-                               wall_offset_s=time.time() - time.monotonic(), trigger_wall_s=trigger_wall)
-        if span is not None:
-            self._emit_span(span)
+        summary, tasks = ended  # frozen figures in a dict of their own: safe to read on the telemetry's thread
+        job_id, attempt, offset = self.job_id, self.attempt, time.time() - time.monotonic()
+        self._submit_span(lambda: checkpoint_span(summary, tasks, job_id=job_id, attempt=attempt,
+                                                  wall_offset_s=offset, trigger_wall_s=trigger_wall))
 
     async def _sweep_shared(self) -> None:
         """The job finished and every discard ended: shared files nothing completed references go (storage)."""
@@ -244,7 +244,7 @@ class CheckpointRunner:
         self.directories[ins.checkpoint_id] = directory
         message = p.TriggerCheckpoint(job_id=self.job_id, attempt=self.attempt, checkpoint_id=ins.checkpoint_id,
                                       options=ins.options, started_at=time.time(), directory=directory)
-        if self._emit_span is not None:
+        if self._submit_span is not None:
             self._trigger_wall[ins.checkpoint_id] = message.started_at
         try:
             await asyncio.gather(*(p.call(link, message, timeout_s=10.0) for link in self._links()))

@@ -199,7 +199,7 @@ class Coordinator(BaseLinkHandler):
             except MissingExtra as exc:
                 server.close()
                 raise SystemExit(f"sluice coordinator: --otlp-endpoint: {exc}") from None
-            self.manager.emit_span = self.telemetry.emit
+            self.manager.submit_span = self.telemetry.submit
             self._spawn(self.telemetry.sample_forever())
         if self.config.http_port is not None:
             # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)

@@ -3,8 +3,9 @@ checkpoints and recoveries (built by coordinator/trace_spans.py) and the coordin
 Prometheus scrapes, over OTLP/HTTP with the OpenTelemetry SDK (the `otel` extra).
 
 Off, nothing of it exists: no import of the SDK, no task, and the checkpoint runner and the job manager build no
-span (they hold None). On, spans go through the SDK's batch processor (its own thread sends them) and metrics
-through its periodic reader. The metrics are read from the very Prometheus collectors the `/metrics` port serves
+span (they hold None). On, the event loop only hands each trace's builder to the telemetry's own thread
+(`submit`), which builds the span records and the SDK's spans (a 1,000-task checkpoint is 4,001 of them); the
+SDK's batch processor sends them from its thread, and the metrics go through its periodic reader. The metrics are read from the very Prometheus collectors the `/metrics` port serves
 (coordinator/metrics.py), on the event loop every interval (`sample_metrics`), since the collectors read records
 the loop changes; the reader's thread only takes the latest sample (`otlp_series`, pure). A Prometheus counter
 becomes an OTLP cumulative sum of the family's name, a gauge a gauge; a histogram's `_count` and `_sum` become
@@ -18,18 +19,21 @@ import asyncio
 import logging
 import math
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.registry import Collector
 
-from coordinator.trace_spans import SpanRecord
+from coordinator.trace_spans import SpanBuilder, SpanRecord
 from runtime.common.extras import MissingExtra
 
 log = logging.getLogger("sluice.telemetry")
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"  # the standard variable: the collector's base URL
+SPAN_BACKLOG = 64  # traces waiting to be built on the telemetry's thread
 SPAN_QUEUE = 1 << 15  # spans waiting to be sent; past it the SDK drops them (and logs that it did)
 SHUTDOWN_S = 10.0  # how long a stopping coordinator waits for the last spans and metrics to be sent
 
@@ -128,8 +132,37 @@ class Telemetry:
                                                export_interval_millis=self.settings.metrics_interval_s * 1000)
         self._meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
         self._meter = self._meter_provider.get_meter("sluice.coordinator")
+        self._builders: queue.Queue[SpanBuilder | None] = queue.Queue(maxsize=SPAN_BACKLOG)
+        self.dropped = 0  # traces dropped because the thread had SPAN_BACKLOG waiting
+        self._thread = threading.Thread(target=self._build_forever, name="sluice-otlp-traces", daemon=True)
+        self._thread.start()
 
     # -- traces -----------------------------------------------------------------------------------------------
+
+    def submit(self, build: SpanBuilder) -> None:
+        """Build a trace and export it on the telemetry's own thread: a 1,000-task checkpoint is 4,001 spans,
+        about a third of a second of CPU in the SDK on a busy machine (docs/BENCHMARKS.md, Observability), which
+        the event loop must not spend. A backlog past SPAN_BACKLOG (the thread cannot keep up) drops the newest,
+        with a line."""
+        try:
+            self._builders.put_nowait(build)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 100 == 0:
+                log.warning("OTLP export: %d traces dropped so far, the telemetry thread cannot keep up",
+                            self.dropped)
+
+    def _build_forever(self) -> None:
+        while True:
+            build = self._builders.get()
+            if build is None:
+                return
+            try:
+                record = build()
+                if record is not None:
+                    self.emit(record)
+            except Exception:  # noqa: BLE001 - one trace that fails to build must not end the others
+                log.exception("building a trace for OTLP failed")
 
     def emit(self, record: SpanRecord) -> None:
         """Export a span and its children with their recorded times (a trace of its own)."""
@@ -182,6 +215,8 @@ class Telemetry:
     async def shutdown(self) -> None:
         """Send what is left (bounded by SHUTDOWN_S: a collector that is down does not hold the stop)."""
         def flush() -> None:
+            self._builders.put(None)  # after the traces already submitted
+            self._thread.join(SHUTDOWN_S)
             self._tracer_provider.shutdown()
             self._meter_provider.shutdown(timeout_millis=SHUTDOWN_S * 1000)
 

@@ -24,7 +24,7 @@ reports), named `recovery`, with the cause and the checkpoint it restored.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from coordinator.checkpointing import CheckpointSummary, Status
@@ -59,6 +59,10 @@ class SpanRecord:
         for child in self.children:
             out += child.walk()
         return out
+
+
+SpanBuilder = Callable[[], "SpanRecord | None"]  # builds a trace off the event loop (coordinator/telemetry.py)
+SpanSink = Callable[[SpanBuilder], None]  # where the runner and the job manager hand their builders
 
 
 def checkpoint_span(summary: CheckpointSummary, tasks: Mapping[str, TaskCheckpointFigures], *, job_id: str,
