@@ -151,9 +151,15 @@ def test_spans_reach_a_collector_with_their_times_and_parents() -> None:
     failed = SpanRecord("checkpoint", 1700000002.0, 1700000003.0, {"sluice.checkpoint.id": 5}, error="declined")
     with otlp_receiver() as receiver:
         telemetry = Telemetry(OtlpSettings(receiver.endpoint), collectors=(), instance_id="c-1")
-        telemetry.emit(record)
+        telemetry.submit(lambda: record)  # built and made on the telemetry's thread, as the coordinator does
+
+        def broken() -> SpanRecord:
+            raise ZeroDivisionError("a trace that fails to build")
+
+        telemetry.submit(broken)  # logged; the next one goes out all the same
+        telemetry.submit(lambda: None)  # a checkpoint still in progress: nothing
         telemetry.emit(failed)
-        asyncio.run(telemetry.shutdown())  # sends what is queued
+        asyncio.run(telemetry.shutdown())  # builds and sends what is queued
         spans = {(s.name, s.attributes.get("sluice.checkpoint.id")): s for s in receiver.spans()}
     root, task, other = spans[("checkpoint", 4)], spans[("checkpoint.task", None)], spans[("checkpoint", 5)]
     assert (root.start_ns, root.end_ns, root.parent_span_id) == (1700000000250000000, 1700000001500000000, "")
@@ -161,4 +167,4 @@ def test_spans_reach_a_collector_with_their_times_and_parents() -> None:
     assert task.parent_span_id == root.span_id and task.trace_id == root.trace_id != other.trace_id
     assert (other.status_code, other.status_message) == (2, "declined")
     assert root.resource["service.name"] == "sluice-coordinator" and root.resource["service.instance.id"] == "c-1"
-    assert receiver.bad_requests == []
+    assert len(spans) == 3 and receiver.bad_requests == [] and telemetry.dropped == 0
