@@ -152,11 +152,14 @@ function drawVertexDetail(v) {
   if (!v) return;
   box.replaceChildren(el("h4", {}, `${v.name}: subtasks`), table(
     ["subtask", "worker", "state", "in", "out", "in total", "out total", "backpressured", "busy", "output pool",
-      "input queue", "output queue", "watermark", "watermark lag", "connectors"],
+      "input queue", "output queue", "watermark", "watermark lag", "connectors", "where time goes"],
     v.subtasks.map((s) => [s.subtask, s.worker ?? "–", s.state ?? "–", fmt.rate(s.records_in_per_s),
       fmt.rate(s.records_out_per_s), s.records_in, s.records_out, fmt.pct(s.backpressured_ratio), fmt.pct(s.busy_ratio),
       fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue, watermarkTime(s), watermarkLag(s),
-      connectorFigures(s.connectors)])));
+      connectorFigures(s.connectors),
+      s.worker && s.state === "running" ? el("a", { href: "#", class: "profile-task", "data-task": `${v.id}:${s.subtask}`,
+        onclick: (event) => { event.preventDefault(); profileSubtask(s.worker, `${selected}/${v.id}:${s.subtask}`); } },
+      "flame graph") : "–"])));
 }
 
 function connectorFigures(figures) {
@@ -458,6 +461,14 @@ function drawWorker(w) {
 
 let profile = null; // the last profile of the worker shown: {worker_id, threads, stacks, ...}
 let profileZoom = []; // the frames from the root down to the one zoomed into ([]: the whole graph)
+let profileTask = null; // a task whose thread the next profile shows on its own (a subtask's "flame graph")
+
+// a subtask's "flame graph": its worker's page, a profile of the worker, the subtask's thread chosen
+function profileSubtask(worker, task) {
+  showWorker(worker);
+  profileTask = task;
+  recordProfile();
+}
 const FLAME_ROW = 17;
 
 async function recordProfile() {
@@ -486,12 +497,17 @@ async function recordProfile() {
     select.replaceChildren(el("option", { value: "" }, "all threads"), ...body.threads.map((t) =>
       el("option", { value: t.thread }, `${threadLabel(t)} · ${fmt.pct(t.samples / Math.max(1, body.samples))}`)));
     select.hidden = false;
+    const wanted = profileTask && body.threads.find((t) => t.task === profileTask);
+    if (wanted) select.value = wanted.thread;
+    else if (profileTask) status.textContent += ` (task ${profileTask} was idle: not sampled)`;
+    profileTask = null;
     drawFlameGraph();
   } catch (err) {
     status.className = "action-result failed";
     status.textContent = `the profile failed: ${err.message}`;
   } finally {
     button.disabled = false;
+    profileTask = null;
   }
 }
 
