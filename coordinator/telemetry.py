@@ -5,12 +5,13 @@ Prometheus scrapes, over OTLP/HTTP with the OpenTelemetry SDK (the `otel` extra)
 Off, nothing of it exists: no import of the SDK, no task, and the checkpoint runner and the job manager build no
 span (they hold None). On, the event loop only hands each trace's builder to the telemetry's own thread
 (`submit`), which builds the span records and the SDK's spans (a 1,000-task checkpoint is 4,001 of them); the
-SDK's batch processor sends them from its thread, and the metrics go through its periodic reader. The metrics are read from the very Prometheus collectors the `/metrics` port serves
-(coordinator/metrics.py), on the event loop every interval (`sample_metrics`), since the collectors read records
-the loop changes; the reader's thread only takes the latest sample (`otlp_series`, pure). A Prometheus counter
-becomes an OTLP cumulative sum of the family's name, a gauge a gauge; a histogram's `_count` and `_sum` become
-sums (its buckets are not exported). A collector that is down costs the SDK's log lines and the spans of that
-batch, never the coordinator's work.
+SDK's batch processor sends them from its thread, and the metrics go through its periodic reader. The metrics
+are read from the very Prometheus collectors the `/metrics` port serves (coordinator/metrics.py), on the event
+loop every interval (`sample_metrics`), since the collectors read records the loop changes; the reader's thread
+only takes the latest sample (`otlp_series`, pure). A Prometheus counter becomes an OTLP cumulative sum of the
+family's name, a gauge a gauge; a histogram's `_count` and `_sum` become sums (its buckets are not exported). A
+collector that is down costs what could not be sent and one line a minute (`ExportFailures`), never the
+coordinator's work.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +101,35 @@ def _points(family: Any, sample_name: str) -> tuple[Point, ...]:
 
 # -- the exporter ---------------------------------------------------------------------------------------------------
 
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                    "opentelemetry.exporter.otlp.proto.http.metric_exporter")
+FAILURE_REPEAT_S = 60.0  # a collector that stays down is said again this often, not at every retry
+
+
+class ExportFailures(logging.Filter):
+    """The SDK's exporters log three lines per failed batch (two retries, then the give-up), every second while a
+    collector is down. This keeps one line of ours instead, the first time and then once per FAILURE_REPEAT_S,
+    with how many failures it stands for. `now` is a clock (a parameter, so the rule is tested without waiting)."""
+
+    def __init__(self, endpoint: str, now: Callable[[], float]) -> None:
+        super().__init__()
+        self.endpoint = endpoint
+        self.now = now
+        self.failures = 0  # since the last line said
+        self.said_at: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        self.failures += 1
+        at = self.now()
+        if self.said_at is None or at - self.said_at >= FAILURE_REPEAT_S:
+            reason = record.getMessage().split(" encountered while", 1)[0][:300]
+            log.warning("OTLP export to %s failing (%d failed attempts since last said): %s; what it could not "
+                        "send is dropped", self.endpoint, self.failures, reason)
+            self.said_at, self.failures = at, 0
+        return False
+
 
 class Telemetry:
     """The SDK's providers for one coordinator; `emit` a span record, `sample_forever` on the loop, `shutdown`.
@@ -132,6 +163,9 @@ class Telemetry:
                                                export_interval_millis=self.settings.metrics_interval_s * 1000)
         self._meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
         self._meter = self._meter_provider.get_meter("sluice.coordinator")
+        self._failures = ExportFailures(settings.endpoint, time.monotonic)
+        for name in EXPORTER_LOGGERS:
+            logging.getLogger(name).addFilter(self._failures)
         self._builders: queue.Queue[SpanBuilder | None] = queue.Queue(maxsize=SPAN_BACKLOG)
         self.dropped = 0  # traces dropped because the thread had SPAN_BACKLOG waiting
         self._thread = threading.Thread(target=self._build_forever, name="sluice-otlp-traces", daemon=True)
@@ -225,6 +259,9 @@ class Telemetry:
         except TimeoutError:
             log.warning("the OTLP collector at %s took the last spans and metrics for longer than %.0f s; "
                         "left unsent", self.settings.endpoint, SHUTDOWN_S)
+        finally:
+            for name in EXPORTER_LOGGERS:
+                logging.getLogger(name).removeFilter(self._failures)
 
 
 def _ns(unix_s: float) -> int:

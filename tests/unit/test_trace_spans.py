@@ -4,12 +4,22 @@ as OTLP series, and the OTLP export itself (coordinator/telemetry.py) against th
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from coordinator.checkpointing import CheckpointCoordinator, CheckpointSettings, CheckpointSummary, Status
-from coordinator.telemetry import COUNTER, GAUGE, OtlpSettings, Series, Telemetry, otlp_series
+from coordinator.telemetry import (
+    COUNTER,
+    FAILURE_REPEAT_S,
+    GAUGE,
+    ExportFailures,
+    OtlpSettings,
+    Series,
+    Telemetry,
+    otlp_series,
+)
 from coordinator.trace_spans import SpanRecord, checkpoint_span, recovery_span
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
 from runtime.graph.enums import CheckpointMode
@@ -168,3 +178,28 @@ def test_spans_reach_a_collector_with_their_times_and_parents() -> None:
     assert (other.status_code, other.status_message) == (2, "declined")
     assert root.resource["service.name"] == "sluice-coordinator" and root.resource["service.instance.id"] == "c-1"
     assert len(spans) == 3 and receiver.bad_requests == [] and telemetry.dropped == 0
+
+
+def test_a_collector_that_is_down_is_one_line_now_and_then_not_three_a_second(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = [100.0]
+    failures = ExportFailures("http://collector:4318", lambda: clock[0])
+
+    def sdk(level: int, message: str) -> bool:
+        record = logging.LogRecord("opentelemetry.exporter.otlp.proto.http.trace_exporter", level, "x", 1, message,
+                                   None, None)
+        return failures.filter(record)
+
+    refused = "Transient error ConnectionRefused encountered while exporting spans batch, retrying in 0.8s."
+    with caplog.at_level(logging.WARNING, logger="sluice.telemetry"):
+        assert sdk(logging.WARNING, refused) is False  # the SDK's own line is dropped
+        clock[0] += 1.0
+        assert [sdk(logging.WARNING, refused), sdk(logging.ERROR, "Failed to export spans batch")] == [False, False]
+        clock[0] += FAILURE_REPEAT_S
+        sdk(logging.ERROR, "Failed to export spans batch due to timeout")
+        assert sdk(logging.INFO, "an info line passes") is True
+    assert [r.getMessage() for r in caplog.records] == [
+        "OTLP export to http://collector:4318 failing (1 failed attempts since last said): Transient error "
+        "ConnectionRefused; what it could not send is dropped",
+        "OTLP export to http://collector:4318 failing (3 failed attempts since last said): Failed to export spans "
+        "batch due to timeout; what it could not send is dropped"]
