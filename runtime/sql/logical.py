@@ -768,7 +768,7 @@ class Planner:
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not {how.upper()}")
         require_insert_only("LookupJoin", left.mode, source_digest(original(left)))
         alias = dim.alias or name
-        right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr]
+        right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr,arg-type]
                              for c in table.physical)
         cond = split_condition(conditions, left.scope, Scope(right_fields), left.rowtime, None)
         columns = []

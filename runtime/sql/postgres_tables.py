@@ -92,18 +92,28 @@ def jdbc_dsn(table: TableDef) -> str:
 # -- jdbc: the sink ----------------------------------------------------------------------------------------------
 
 
-class JdbcUpsertSink(PostgresSink):
-    """A changelog of (kind, row) pairs into a table with a key: +I/+U upserted, -D deleted, -U dropped."""
+class JdbcSink(PostgresSink):
+    """Rows (an insert-only query) appended or upserted; or a changelog of (kind, row) pairs into a table with a
+    key: +I/+U upserted, -D deleted, -U dropped. `convert`: a row's values as the driver takes them."""
+
+    def __init__(self, *args: Any, changelog: bool, convert: Callable[[Any], tuple[Any, ...]] = tuple,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.changelog = changelog
+        self.convert = convert
 
     def write(self, record: Any) -> None:
+        if not self.changelog:
+            super().write(self.convert(record))
+            return
         kind, row = record
         if kind == "-D":
-            self.delete(row)
+            self.delete(self.convert(row))
         elif kind != "-U":
-            super().write(row)
+            super().write(self.convert(row))
 
 
-def jdbc_sink(table: TableDef, *, changelog: bool) -> PostgresSink:
+def jdbc_sink(table: TableDef, *, changelog: bool) -> JdbcSink:
     dsn = jdbc_dsn(table)
     delivery = table.options.get("sink.delivery-guarantee", "exactly-once")
     if delivery not in ("exactly-once", "at-least-once"):
@@ -119,19 +129,9 @@ def jdbc_sink(table: TableDef, *, changelog: bool) -> PostgresSink:
     if changelog and not key:  # the planner refuses this first (changelog.sink_accepts): a guard, not a path
         raise SqlError(f"table {table.name}: a 'jdbc' table without a PRIMARY KEY appends; declare PRIMARY KEY "
                        "(...) NOT ENFORCED to write an updating query")
-    kind: type[PostgresSink] = JdbcUpsertSink if changelog else PostgresSink
-    sink = kind(dsn, _option(table, "table-name"), key=key, mode="upsert" if key else "append",
-                delivery=delivery, columns=names, name=f"sql-{table.name}")
-    if convert is not tuple:
-        sink.write = _converting(sink.write, convert, changelog)  # type: ignore[method-assign]
-    return sink
-
-
-def _converting(write: Callable[[Any], None], convert: Callable[[Any], Any], changelog: bool
-                ) -> Callable[[Any], None]:
-    if changelog:
-        return lambda record: write((record[0], convert(record[1])))
-    return lambda row: write(convert(row))
+    return JdbcSink(dsn, _option(table, "table-name"), key=key, mode="upsert" if key else "append",
+                    delivery=delivery, columns=names, name=f"sql-{table.name}", changelog=changelog,
+                    convert=convert)
 
 
 # -- postgres-cdc: the source ------------------------------------------------------------------------------------
@@ -362,9 +362,9 @@ class LookupFunction:
                 self._cache = LookupCache(s.cache_rows, s.expire_after_write_ms) if s.cache_rows else None
             now_ms = int(time.monotonic() * 1000)
             cache = self._cache
-            hit, cached = cache.get(key, now_ms) if cache is not None else (False, None)
+            hit, cached = cache.get(key, now_ms) if cache is not None else (False, [])
             if hit:
-                matches = cached
+                matches = list(cached)
             else:
                 self.lookups += 1
                 matches = await asyncio.get_running_loop().run_in_executor(None, self._fetch, key)
