@@ -33,9 +33,9 @@ from runtime.sql import types as T
 from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
 
+# lookup.async.capacity is Sluice's (the lookups in flight per subtask); the rest are Flink's
 JDBC_OPTIONS = ("connector", "url", "table-name", "username", "password", "driver", "sink.delivery-guarantee",
-                "sink.buffer-flush.max-rows", "lookup.cache", "lookup.partial-cache.max-rows",
-                "lookup.partial-cache.expire-after-write", "lookup.partial-cache.expire-after-access",
+                "lookup.cache", "lookup.partial-cache.max-rows", "lookup.partial-cache.expire-after-write",
                 "lookup.partial-cache.cache-missing-key", "lookup.max-retries", "lookup.async.capacity")
 CDC_OPTIONS = ("connector", "hostname", "port", "username", "password", "database-name", "schema-name",
                "table-name", "slot.name", "decoding.plugin.name", "debezium.publication.name",
