@@ -323,6 +323,28 @@ class LookupFunction:
         self._query: Any = None
         self.lookups = 0  # queries sent to the server (the cache's misses)
 
+    extras = ("postgres",)
+
+    def check_at_submit(self, context: Any) -> None:
+        """The coordinator's submit check (runtime/graph/admission.py): the table, its columns and the SELECT
+        privilege, or one line raised."""
+        where = f"lookup table {self.table_name}"
+        conn = pgc.connect(self.dsn)  # PostgresError (a RuntimeError): one line naming the server
+        try:
+            with conn.cursor() as cur:
+                info = pgc.table_info(cur, self.table_name)
+                if info is None:
+                    raise ValueError(f"{where}: no such table")
+                missing = [c for c in self.columns if c not in info.columns]
+                if missing:
+                    raise ValueError(f"{where}: no column {', '.join(missing)} (the table has "
+                                     f"{', '.join(info.columns)})")
+                cur.execute("SELECT has_table_privilege(%s, 'SELECT')", (pgc.qualified(self.table_name),))
+                if not cur.fetchone()[0]:
+                    raise ValueError(f"{where}: no SELECT privilege on the table")
+        finally:
+            conn.close()
+
     def _statement(self) -> Any:
         sql = pgc.psycopg2().sql
         schema, name = pgc.split_table(self.table_name)

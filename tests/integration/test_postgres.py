@@ -574,6 +574,10 @@ def test_sql_lookup_join_into_a_jdbc_upsert_table_survives_kill_9_and_cdc_tables
     assert got == expected
     assert sorted((int(i), r, int(a)) for i, r, a in execute(dsn, "SELECT * FROM big_orders")) == sorted(big)
     assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] == 0
+    # a lookup table that is not there is one line at submit, nothing started
+    missing = script.replace("'table-name' = 'customers'", "'table-name' = 'no_customers'")
+    with pytest.raises(RpcError, match=r": lookup table no_customers: no such table$"):
+        cluster.submit(entry_for(missing))
 
     # a postgres-cdc table: the snapshot as +I, then an update (-U, +U: REPLICA IDENTITY FULL) and a delete (-D)
     execute(dsn, "ALTER TABLE customers REPLICA IDENTITY FULL",

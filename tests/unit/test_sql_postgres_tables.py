@@ -136,6 +136,15 @@ def test_the_lookup_join_plans_onto_async_io_with_flinks_cache_and_retry_options
     assert "keys id, state the lookups in flight, cache: 500 rows" in text
 
 
+def test_a_lookup_joins_function_names_its_extra_and_is_checked_at_submit() -> None:
+    from runtime.graph.admission import needed_extras
+
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra="") + TOTALS.format(key="", url=URL, extra="")
+               + LOOKUP.format(join="JOIN", rest=""))
+    assert needed_extras(job) == {"postgres"}
+    assert callable(next(n.payload for n in job.nodes if n.kind == "async_map").fn.check_at_submit)
+
+
 def test_an_inner_lookup_join_keeps_the_rest_of_on_as_a_filter_of_the_joined_rows() -> None:
     job = plan(ORDERS + CUSTOMERS.format(url=URL, extra="") + TOTALS.format(key="", url=URL, extra="")
                + LOOKUP.format(join="JOIN", rest=" AND c.region <> 'north'"))
