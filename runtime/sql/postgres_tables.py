@@ -8,8 +8,8 @@ PostgresCdcSource, so exactly as exact as they are.
 - `postgres-cdc` read: the CDC source's Debezium-shaped changes become (kind, row) pairs: r/c +I, u -U (the
   before image, when the table has REPLICA IDENTITY FULL) then +U, d -D.
 - `jdbc` looked up (`JOIN dim FOR SYSTEM_TIME AS OF o.proc_time`): `LookupFunction`, an async function for the
-  runtime's async_map, querying by key on a small pool of connections (psycopg2 is blocking: the queries run
-  on threads) behind Flink's PARTIAL cache.
+  runtime's async_map, querying by key on threads of its own, a connection each (psycopg2 blocks), behind
+  Flink's PARTIAL cache.
 
 Options are checked when the plan is built, each refusal one line naming the table and the option.
 """
@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -321,6 +323,7 @@ class LookupFunction:
         self._local = threading.local()
         self._cache: LookupCache | None = None
         self._query: Any = None
+        self._executor: ThreadPoolExecutor | None = None
         self.lookups = 0  # queries sent to the server (the cache's misses)
 
     extras = ("postgres",)
@@ -382,6 +385,11 @@ class LookupFunction:
                 self._query = self._statement()
                 s = self.settings
                 self._cache = LookupCache(s.cache_rows, s.expire_after_write_ms) if s.cache_rows else None
+                # threads of its own (not the loop's default executor, which restores use): one connection
+                # each, closed with them when this function is dropped (a task that ends or restarts)
+                self._executor = ThreadPoolExecutor(max_workers=s.capacity,
+                                                    thread_name_prefix=f"lookup-{self.table_name}")
+                weakref.finalize(self, self._executor.shutdown, wait=False)
             now_ms = int(time.monotonic() * 1000)
             cache = self._cache
             hit, cached = cache.get(key, now_ms) if cache is not None else (False, [])
@@ -389,7 +397,7 @@ class LookupFunction:
                 matches = list(cached)
             else:
                 self.lookups += 1
-                matches = await asyncio.get_running_loop().run_in_executor(None, self._fetch, key)
+                matches = await asyncio.get_running_loop().run_in_executor(self._executor, self._fetch, key)
                 if cache is not None and (matches or self.settings.cache_missing):
                     cache.put(key, matches, now_ms)
         width = len(self.columns)
