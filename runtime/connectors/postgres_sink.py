@@ -530,7 +530,9 @@ class _Committer(threading.Thread):
 
     def state(self, checkpoint_id: int) -> dict[str, Any]:
         with self._lock:
-            state: dict[str, Any] = {"pending": [[b.checkpoint, b.gid, list(b.rows), list(b.deletes)]
+            # [checkpoint, gid, rows], and the deleted keys fourth when there are any
+            state: dict[str, Any] = {"pending": [[b.checkpoint, b.gid, list(b.rows)]
+                                                 + ([list(b.deletes)] if b.deletes else [])
                                                  for b in self._batches],
                                      "checkpoint": checkpoint_id}
             if self._recovery is not None:  # not resolved yet: a restore from this state must do it

@@ -298,6 +298,24 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
     merged.restore_state(rescale_sinks(states, 1, 0, 3)[0])
     settles(lambda: rows("totals"), [("k0", 3), ("k1", 3)])
     assert prepared() == []
+    # deletes by key (an updating SQL query's -D rows), in the checkpoint's transaction with the upserts; a
+    # restore of a state holding them deletes them again
+    merged.write(("k2", 1))
+    merged.delete(("k0", None))
+    merged.delete({"k": "k2"})
+    merged.write(("k3", 7))
+    state5 = merged.snapshot_state(5)
+    assert [e[2:] for e in state5["pending"]] == [[[("k3", 7)], [("k2",), ("k0",)]]]  # keys in first-seen order
+    merged.commit(5)
+    settles(lambda: rows("totals"), [("k1", 3), ("k3", 7)])
+    merged.close()
+    execute(dsn, "INSERT INTO totals VALUES ('k0', 1)")
+    replay = PostgresSink(dsn, "totals", key=["k"], delivery="at-least-once")
+    replay.bind_job("jobA")
+    replay.open(0, 1, 2)
+    replay.restore_state({"pending": [[5, None, [], [["k0"]]]], "checkpoint": 5})  # at least once: written again
+    settles(lambda: rows("totals"), [("k1", 3), ("k3", 7)])
+    replay.close()
     merged.close()
 
 
