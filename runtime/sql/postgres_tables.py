@@ -320,7 +320,7 @@ class LookupFunction:
         self.key_fn = key_fn
         self.left = left
         self.filter_fn = filter_fn  # the rest of ON, over the joined row
-        self._local = threading.local()
+        self._local: Any = None  # per thread: its connection (made with the executor, at the first lookup)
         self._cache: LookupCache | None = None
         self._query: Any = None
         self._executor: ThreadPoolExecutor | None = None
@@ -387,6 +387,7 @@ class LookupFunction:
                 self._cache = LookupCache(s.cache_rows, s.expire_after_write_ms) if s.cache_rows else None
                 # threads of its own (not the loop's default executor, which restores use): one connection
                 # each, closed with them when this function is dropped (a task that ends or restarts)
+                self._local = threading.local()
                 self._executor = ThreadPoolExecutor(max_workers=s.capacity,
                                                     thread_name_prefix=f"lookup-{self.table_name}")
                 weakref.finalize(self, self._executor.shutdown, wait=False)
