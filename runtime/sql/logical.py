@@ -245,6 +245,35 @@ class LookupJoin(PlanNode):
 
 
 @dataclass(eq=False)
+class TemporalJoin(PlanNode):
+    """`JOIN r FOR SYSTEM_TIME AS OF left.rowtime ON left.k = r.pk`: each left row joined, once the watermark
+    passes it, with the version of r valid at its rowtime (runtime/sql/temporal_join.py). Output rows are the
+    left row's fields then the right row's; insert-only, the left rowtime kept."""
+
+    left: PlanNode = None  # type: ignore[assignment]
+    right: PlanNode = None  # type: ignore[assignment]
+    how: str = "inner"
+    left_keys: list[exp.Expr] = field(default_factory=list)
+    right_keys: list[exp.Expr] = field(default_factory=list)
+    left_key_fn: Callable[[Any], Any] | None = None
+    right_key_fn: Callable[[Any], Any] | None = None
+    condition: exp.Expr | None = None  # the rest of the ON condition, checked per joined pair
+    predicate: Callable[[Any], Any] | None = None
+    right_deletes: bool = True  # a -D of the right side deletes its key (False: a deduplication's, a replacement)
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.left, self.right]
+
+    def digest(self) -> str:
+        kind = {"inner": "InnerJoin", "left": "LeftOuterJoin"}[self.how]
+        keys = " AND ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(self.left_keys, self.right_keys, strict=True))
+        extra = f" AND {self.condition.sql()}" if self.condition is not None else ""
+        assert self.rowtime is not None and self.right.rowtime is not None
+        return f"TemporalJoin(joinType=[{kind}], where=[__TEMPORAL_JOIN_CONDITION({self.fields[self.rowtime].name}, " \
+               f"{self.right.fields[self.right.rowtime].name}) AND {keys}{extra}])"
+
+
+@dataclass(eq=False)
 class Rank(PlanNode):
     """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1."""
 
@@ -693,7 +722,10 @@ class Planner:
                 raise SqlError("JOIN ... USING is not supported yet: write ON a.x = b.x")
             conditions = conjuncts(join.args.get("on"))
             if isinstance(join.this, exp.Table) and join.this.args.get("version") is not None:
-                left = self._lookup_join(left, join.this, how, conditions)
+                if _as_of_rowtime(left, join.this):
+                    left = self._temporal_join(left, join.this, how, conditions)
+                else:
+                    left = self._lookup_join(left, join.this, how, conditions)
                 continue
             right = self._relation(join.this)
             if how == "inner":
@@ -791,6 +823,40 @@ class Planner:
                           left_keys=cond.left_keys, lookup_columns=tuple(columns), left_key_fn=key_fn,
                           condition=rest, predicate=predicate)
 
+    def _temporal_join(self, left: PlanNode, versioned: exp.Table, how: str, conditions: list[exp.Expr]
+                       ) -> PlanNode:
+        """FOR SYSTEM_TIME AS OF the left side's rowtime: Flink's event-time temporal join against a versioned
+        table (a PRIMARY KEY and a WATERMARK: a table, or a view deduplicating on the rowtime, keeping the last
+        row per key). Insert-only, the left side's rowtime kept (runtime/sql/temporal_join.py)."""
+        name = versioned.name
+        if how not in ("inner", "left"):
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a temporal join is INNER or LEFT, not {how.upper()}")
+        require_insert_only("TemporalJoin (left input)", left.mode, source_digest(original(left)))
+        right = self._relation(versioned)
+        primary_key = _versioned_key(right)
+        if right.rowtime is None or not primary_key:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {versioned.args['version'].args['expression'].sql()}: "
+                           f"{name} is not a versioned table: an event-time temporal join needs a PRIMARY KEY and a "
+                           "WATERMARK on it (or a view keeping the last row per key: ROW_NUMBER() OVER (PARTITION "
+                           "BY key ORDER BY rowtime DESC) = 1)")
+        cond = split_condition(conditions, left.scope, right.scope, None, None)
+        key_names = {right.fields[right.scope.resolve(k)].name for k in cond.right_keys if isinstance(k, exp.Column)}
+        if not set(primary_key) <= key_names:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: the versioned table's primary key "
+                           f"[{', '.join(primary_key)}] must be in the join's equalities (ON {name}.key = ...)")
+        fields = (*left.fields, *(Field(f.name, f.type.or_null() if how == "left" else f.type, f.table)
+                                  for f in right.fields))
+        rest = exp.and_(*cond.rest) if cond.rest else None
+        predicate = ExpressionCompiler(Scope(fields), self.catalog.functions).predicate(rest)[0] \
+            if rest is not None else None
+        return TemporalJoin(fields, INSERT_ONLY, left.rowtime, left=left, right=right, how=how,
+                            left_keys=cond.left_keys, right_keys=cond.right_keys,
+                            left_key_fn=_key_function(ExpressionCompiler(left.scope, self.catalog.functions),
+                                                      cond.left_keys),
+                            right_key_fn=_key_function(ExpressionCompiler(right.scope, self.catalog.functions),
+                                                       cond.right_keys),
+                            condition=rest, predicate=predicate, right_deletes=not _deduplicated(right))
+
     # -- Top-N ---------------------------------------------------------------------------------------------
 
     def _top_n(self, from_: exp.From | None, where: exp.Expr | None
@@ -858,7 +924,8 @@ class Planner:
                         limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
                         newest_wins_ties=bool(by_time and descending[0]), window_end=w.end,
                         deduplicates=bool(by_time)), rest
-        return Rank(fields, mode, base.rowtime if time_first else None, input=base, partition=partition,
+        # keeping the last row per key on the rowtime keeps it a time attribute: a versioned view (temporal join)
+        return Rank(fields, mode, base.rowtime if time_first or time_last else None, input=base, partition=partition,
                     order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
                     newest_wins_ties=time_last), rest
 
@@ -1106,6 +1173,54 @@ def _is_proctime(node: PlanNode, index: int, catalog: Catalog) -> bool:
         return proctime(base.table.columns[index])
     name = node.fields[index].name
     return any(c.name == name and proctime(c) for t in catalog.tables.values() for c in t.columns)
+
+
+def _as_of_rowtime(left: PlanNode, versioned: exp.Table) -> bool:
+    """Whether `JOIN t FOR SYSTEM_TIME AS OF x` names the left side's rowtime (a temporal join on event time)."""
+    version = versioned.args["version"]
+    as_of = version.args.get("expression")
+    if (version.args.get("kind") or "").upper() != "AS OF" or not isinstance(as_of, exp.Column):
+        return False
+    try:
+        return left.rowtime is not None and left.scope.resolve(as_of) == left.rowtime
+    except SqlError:
+        return False
+
+
+def _versioned_key(node: PlanNode) -> tuple[str, ...]:
+    """The primary key of a versioned relation, as names of its fields: a table's PRIMARY KEY, a deduplication
+    keeping the last row per key on the rowtime (its partition), through projections keeping the key; () when
+    it has none."""
+    n = original(node)
+    if isinstance(n, TableScan):
+        return n.table.primary_key
+    if isinstance(n, Rank) and n.limit == 1 and n.newest_wins_ties and n.window_end is None and n.partition:
+        columns = [p for p in n.partition if isinstance(p, exp.Column)]
+        if len(columns) != len(n.partition):
+            return ()
+        return tuple(n.input.fields[n.input.scope.resolve(c)].name for c in columns)
+    if isinstance(n, Calc):
+        inner = _versioned_key(n.input)
+        if not inner or n.projection is None:
+            return inner
+        names = []
+        for key in inner:
+            at = n.input.scope.names().index(key)
+            plain = [(f.name, e.unalias()) for f, e in zip(n.fields, n.projection, strict=True)]
+            out = [name for name, e in plain if isinstance(e, exp.Column) and n.input.scope.resolve(e) == at]
+            if not out:
+                return ()
+            names.append(out[0])
+        return tuple(names)
+    return ()
+
+
+def _deduplicated(node: PlanNode) -> bool:
+    """Whether a relation is a deduplication (through projections): its -D rows are replaced versions."""
+    n = original(node)
+    while isinstance(n, Calc):
+        n = original(n.input)
+    return isinstance(n, Rank)
 
 
 def _window_below(node: PlanNode) -> WindowAssign | None:

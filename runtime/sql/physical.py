@@ -37,6 +37,7 @@ from runtime.sql.logical import (
     SinkNode,
     StreamScan,
     TableScan,
+    TemporalJoin,
     Union,
     WindowAssign,
     original,
@@ -294,6 +295,22 @@ class Translator:
                     state=f"the lookups in flight{cache}")
         flat = looked_up.flat_map(_identity, name=f"{self._name(node)} rows")
         return self._added(flat, f"{uid}-rows", ops)
+
+    def _t_TemporalJoin(self, node: TemporalJoin, inputs: list[DataStream], uid: str, ops: list[Operator]
+                        ) -> DataStream:
+        from runtime.sql.temporal_join import TemporalJoinFunction
+
+        left, right = inputs
+        assert node.left_key_fn is not None and node.right_key_fn is not None
+        assert node.left.rowtime is not None and node.right.rowtime is not None
+        changelog = not node.right.mode.insert_only
+        fn = TemporalJoinFunction(node.how, len(node.right.fields), node.left.rowtime, node.right.rowtime,
+                                  node.predicate, right_changelog=changelog, right_deletes=node.right_deletes)
+        right_key = _of_row(node.right_key_fn) if changelog else node.right_key_fn
+        out = left.key_by(node.left_key_fn).connect(right.key_by(right_key)).process(fn, name=self._name(node))
+        keys = ", ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(node.left_keys, node.right_keys, strict=True))
+        return self._added(out, uid, ops, keys=keys, state="left rows until the watermark passes them; per key "
+                           "the versions from the one valid at the watermark on")
 
     def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         first, *rest = inputs

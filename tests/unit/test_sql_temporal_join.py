@@ -1,0 +1,136 @@
+"""The event-time temporal join (runtime/sql/temporal_join.py): `JOIN rates FOR SYSTEM_TIME AS OF o.t` against a
+versioned table, planned from SQL and run through a real chain: each order joins the rate valid at its time
+once the watermark passes it, versions arriving late or out of order, LEFT misses, the state left behind."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlglot")
+
+from runtime.api import Job  # noqa: E402
+from runtime.sql.errors import SqlError  # noqa: E402
+from tests.support.sql_chain import SqlTailChain  # noqa: E402
+
+TABLES = """
+CREATE TABLE orders (id BIGINT, currency STRING, amount BIGINT, t TIMESTAMP(3),
+  WATERMARK FOR t AS t - INTERVAL '1' SECOND) WITH ('connector' = 'datagen');
+CREATE TABLE rates (currency STRING, rate BIGINT, t TIMESTAMP(3), PRIMARY KEY (currency) NOT ENFORCED,
+  WATERMARK FOR t AS t - INTERVAL '1' SECOND) WITH ('connector' = 'datagen');
+CREATE TABLE out1 (id BIGINT, currency STRING, rate BIGINT, total BIGINT) WITH ('connector' = 'print');
+"""
+
+
+def join_sql(how: str, rates: str = "rates") -> str:
+    return f"""INSERT INTO out1 SELECT o.id, o.currency, r.rate, o.amount * r.rate
+        FROM orders AS o {how} JOIN {rates} FOR SYSTEM_TIME AS OF o.t AS r ON o.currency = r.currency;"""
+
+
+def expected(orders: list[tuple[Any, ...]], versions: list[tuple[Any, ...]], *, left: bool) -> list[str]:
+    """The join computed directly: each order with the rate of its currency's latest version at or before its
+    time among `versions` (those still there when the order is emitted)."""
+    out = []
+    for oid, cur, amount, t in orders:
+        mine = sorted((vt, rate) for c, rate, vt in versions if c == cur)
+        i = bisect_right([vt for vt, _ in mine], t) - 1
+        if i >= 0:
+            rate = mine[i][1]
+            out.append(f"+I[{oid}, {cur}, {rate}, {amount * rate}]")
+        elif left:
+            out.append(f"+I[{oid}, {cur}, <NULL>, <NULL>]")
+    return out
+
+
+def state_sizes(chain: SqlTailChain) -> tuple[int, int]:
+    """(orders waiting, versions kept) over every key of the join's keyed state."""
+    (state,) = [s for s in chain.chain.keyed_state.values() if "temporal:versions" in s]
+    return (sum(len(m) for m in state.get("temporal:left", {}).values()),
+            sum(len(m) for m in state["temporal:versions"].values()))
+
+
+@pytest.mark.parametrize("how", ["", "LEFT"])
+def test_each_order_joins_the_version_valid_at_its_time_once_the_watermark_passes(how: str, capsys: Any) -> None:
+    left = how == "LEFT"
+    chain = SqlTailChain(TABLES + join_sql(how))
+    versions = [("EUR", 10, 1000), ("EUR", 20, 5000), ("USD", 7, 3000)]
+    chain.feed([(v[2], v) for v in versions], 1)
+    orders = [(1, "EUR", 2, 500), (2, "EUR", 3, 1000), (3, "EUR", 5, 4999), (4, "EUR", 7, 5000),
+              (5, "USD", 11, 2000), (6, "GBP", 13, 3000), (7, "USD", 17, 3000)]
+    chain.feed([(o[3], o) for o in orders], 0)
+    chain.watermark(4000)
+    first = sorted(capsys.readouterr().out.splitlines())
+    due = [o for o in orders if o[3] <= 4000]
+    assert first == sorted(expected(due, versions, left=left))
+    # a version after the order at 4.999 s arrived but before the watermark passed it: the order takes it
+    versions.append(("EUR", 15, 4500))
+    chain.feed([(4500, ("EUR", 15, 4500))], 1)
+    chain.watermark(6000)
+    second = capsys.readouterr().out.splitlines()
+    rest = [o for o in orders if o[3] > 4000]
+    assert second == expected(rest, versions, left=left)  # one key's orders in rowtime order
+    assert "+I[3, EUR, 15, 75]" in second and "+I[4, EUR, 20, 140]" in second
+    # the watermark at 6 s: no order waits; per key only the version valid at 6 s is kept (EUR 20, USD 7)
+    assert state_sizes(chain) == (0, 2)
+
+
+def test_late_versions_and_late_orders_join_what_the_watermark_left(capsys: Any) -> None:
+    chain = SqlTailChain(TABLES + join_sql("LEFT"))
+    chain.feed([(1000, ("EUR", 10, 1000)), (5000, ("EUR", 20, 5000))], 1)
+    chain.watermark(6000)  # EUR at 1 s is dropped: the 5 s one is valid at the watermark
+    assert state_sizes(chain) == (0, 1)
+    # a version out of order (3 s, after 5 s) and an order behind the watermark (2 s): Flink's answers, the
+    # 3 s version valid for the late order; the 1 s one is gone, so an order at 1.5 s misses
+    chain.feed([(3000, ("EUR", 30, 3000))], 1)
+    chain.feed([(2000, (1, "EUR", 2, 2000)), (3500, (2, "EUR", 3, 3500)), (1500, (3, "EUR", 5, 1500)),
+                (7000, (4, "EUR", 7, 7000))], 0)
+    chain.watermark(8000)
+    assert capsys.readouterr().out.splitlines() == ["+I[3, EUR, <NULL>, <NULL>]", "+I[1, EUR, <NULL>, <NULL>]",
+                                                    "+I[2, EUR, 30, 90]", "+I[4, EUR, 20, 140]"]
+    assert state_sizes(chain) == (0, 1)
+
+
+def test_state_stays_bounded_as_versions_and_orders_stream_by(capsys: Any) -> None:
+    chain = SqlTailChain(TABLES + join_sql(""))
+    sizes = []
+    for second in range(1, 200):
+        t = second * 1000
+        chain.feed([(t, ("EUR", second, t)), (t + 1, ("USD", second, t + 1))], 1)
+        chain.feed([(t + 500, (second, "EUR", 1, t + 500))], 0)
+        chain.watermark(t - 1000)
+        sizes.append(state_sizes(chain))
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"+I[{s}, EUR, {s}, {s}]" for s in range(1, 198)]
+    # at the watermark (s-1) s: the orders at (s-1).5 s and s.5 s wait; EUR keeps its versions at s-1 (valid
+    # at the watermark) and s; USD (at s'+1 ms) its versions at s-2 (valid), s-1 and s
+    assert sizes[2:] == [(2, 5)] * (len(sizes) - 2)
+
+
+def test_a_deduplicating_view_is_a_versioned_table(capsys: Any) -> None:
+    view = """CREATE VIEW latest_rates AS SELECT currency, rate, t FROM (SELECT *, ROW_NUMBER() OVER
+        (PARTITION BY currency ORDER BY t DESC) AS rn FROM rates) WHERE rn = 1;"""
+    chain = SqlTailChain(TABLES + view + join_sql("LEFT", "latest_rates"))
+    # the deduplication's changelog: a newer row per key retracts the one before (-D), which is no deletion here
+    chain.feed([(1000, ("+I", ("EUR", 10, 1000))), (3000, ("-D", ("EUR", 10, 1000))),
+                (3000, ("+I", ("EUR", 20, 3000)))], 1)
+    chain.feed([(2000, (1, "EUR", 2, 2000)), (4000, (2, "EUR", 3, 4000)), (500, (3, "EUR", 5, 500))], 0)
+    chain.watermark(5000)
+    assert capsys.readouterr().out.splitlines() == ["+I[3, EUR, <NULL>, <NULL>]", "+I[1, EUR, 10, 20]",
+                                                    "+I[2, EUR, 20, 60]"]
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("SELECT o.id, o.currency, r.rate, o.amount FROM orders AS o JOIN plain FOR SYSTEM_TIME AS OF o.t AS r "
+     "ON o.currency = r.currency", "plain is not a versioned table: an event-time temporal join needs a PRIMARY KEY"),
+    ("SELECT o.id, o.currency, r.rate, o.amount FROM orders AS o JOIN rates FOR SYSTEM_TIME AS OF o.t AS r "
+     "ON o.amount = r.rate", "primary key [currency] must be in the join's equalities"),
+    ("SELECT o.id, o.currency, r.rate, o.amount FROM orders AS o FULL JOIN rates FOR SYSTEM_TIME AS OF o.t AS r "
+     "ON o.currency = r.currency", "a temporal join is INNER or LEFT, not FULL"),
+])
+def test_temporal_joins_that_cannot_be_planned_say_why(query: str, message: str) -> None:
+    plain = """CREATE TABLE plain (currency STRING, rate BIGINT, t TIMESTAMP(3),
+        WATERMARK FOR t AS t - INTERVAL '1' SECOND) WITH ('connector' = 'datagen');"""
+    with pytest.raises(SqlError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Job("refused").sql(TABLES + plain + f"INSERT INTO out1 {query};")
