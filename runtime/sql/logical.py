@@ -779,7 +779,7 @@ class Planner:
 
     def _lookup_join(self, left: PlanNode, dim: exp.Table, how: str, conditions: list[exp.Expr]) -> PlanNode:
         """FOR SYSTEM_TIME AS OF a processing-time attribute of the left side, against a jdbc table: Flink's
-        lookup join (a versioned table joined on event time, Flink's temporal join, is not supported yet)."""
+        lookup join (AS OF the left side's rowtime is the temporal join: `_temporal_join`)."""
         version = dim.args["version"]
         name = dim.name
         as_of = version.args.get("expression")
@@ -790,9 +790,9 @@ class Planner:
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join needs a jdbc table, {name} is a view")
         table = self.catalog.table(name)
         if not _is_proctime(left, left.scope.resolve(as_of), self.catalog):
-            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {as_of.sql()}: a temporal join on event time "
-                           "(versioned tables) is not supported yet; a lookup join needs a processing-time "
-                           "attribute, a computed column `AS PROCTIME()` of the left side's table")
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {as_of.sql()}: neither the left side's rowtime (a "
+                           "temporal join on event time) nor a processing-time attribute (a lookup join: a "
+                           "computed column `AS PROCTIME()` of the left side's table)")
         if table.connector != "jdbc":
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: table {name} is a '{table.connector}' table; a lookup "
                            "join needs a 'jdbc' table")

@@ -134,3 +134,31 @@ def test_temporal_joins_that_cannot_be_planned_say_why(query: str, message: str)
         WATERMARK FOR t AS t - INTERVAL '1' SECOND) WITH ('connector' = 'datagen');"""
     with pytest.raises(SqlError, match=message.replace("[", r"\[").replace("]", r"\]")):
         Job("refused").sql(TABLES + plain + f"INSERT INTO out1 {query};")
+
+
+def test_a_restore_from_the_keyed_state_continues_as_if_uninterrupted(capsys: Any) -> None:
+    import copy
+
+    def first_half(chain: SqlTailChain) -> None:
+        chain.feed([(1000, ("EUR", 10, 1000)), (4000, ("EUR", 40, 4000))], 1)
+        chain.feed([(2000, (1, "EUR", 2, 2000)), (4500, (2, "EUR", 3, 4500))], 0)
+        chain.watermark(3000)
+
+    def second_half(chain: SqlTailChain) -> None:
+        chain.feed([(4200, ("EUR", 42, 4200))], 1)  # after the order at 4.5 s, before the watermark passes it
+        chain.watermark(9000)
+
+    whole = SqlTailChain(TABLES + join_sql("LEFT"))
+    first_half(whole)
+    second_half(whole)
+    uninterrupted = capsys.readouterr().out.splitlines()
+    assert uninterrupted == ["+I[1, EUR, 10, 20]", "+I[2, EUR, 42, 126]"]
+
+    before = SqlTailChain(TABLES + join_sql("LEFT"))
+    first_half(before)
+    snapshot = copy.deepcopy(before.chain.keyed_state)  # what a checkpoint takes: the join's tables and timers
+    emitted = capsys.readouterr().out.splitlines()
+    after = SqlTailChain(TABLES + join_sql("LEFT"))
+    after.chain.restore_state(snapshot, None)
+    second_half(after)
+    assert emitted + capsys.readouterr().out.splitlines() == uninterrupted
