@@ -337,6 +337,23 @@ class Union(PlanNode):
 
 
 @dataclass(eq=False)
+class SetOperation(PlanNode):
+    """INTERSECT or EXCEPT (`every`: the ALL form) of two inputs with rows of one shape."""
+
+    left: PlanNode = None  # type: ignore[assignment]
+    right: PlanNode = None  # type: ignore[assignment]
+    kind: str = "INTERSECT"
+    every: bool = False
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.left, self.right]
+
+    def digest(self) -> str:
+        names = ", ".join(f.name for f in self.fields)
+        return f"{self.kind.title()}(all=[{str(self.every).lower()}], fields=[{names}])"
+
+
+@dataclass(eq=False)
 class SinkNode(PlanNode):
     input: PlanNode = None  # type: ignore[assignment]
     table: TableDef = None  # type: ignore[assignment]
@@ -420,6 +437,8 @@ class Planner:
             union = self._union([left, right])
             # UNION (distinct) is Flink's Union(all) and a GroupAggregate over every column
             return self._distinct(union) if query.args.get("distinct") else union
+        if isinstance(query, exp.Intersect | exp.Except):
+            return self._set_operation(query)
         if isinstance(query, exp.Select):
             return self._select(query)
         raise SqlError(f"{type(query).__name__} is not supported as a query: {query.sql()[:60]}")
@@ -462,6 +481,18 @@ class Planner:
         fields = tuple(Field(f.name, f.type) for f in node.fields)
         return Aggregate(fields, ALL if updating_input else UPDATING, None, input=node, keys=keys,
                          key_fn=compiler.build(key_source), key_source=key_source, calls=[], aggregate=aggregate)
+
+    def _set_operation(self, query: exp.Intersect | exp.Except) -> PlanNode:
+        """INTERSECT / EXCEPT [ALL], as Flink plans them: both sides keyed by the whole row, a count per side
+        (runtime/sql/set_operations.py); the output is updating (+I, -D) as the counts change."""
+        kind = "INTERSECT" if isinstance(query, exp.Intersect) else "EXCEPT"
+        every = not query.args.get("distinct")
+        left, right = self.plan_query(query.this), self.plan_query(query.expression)
+        if len(left.fields) != len(right.fields):
+            raise SqlError(f"{kind} of {len(left.fields)} and {len(right.fields)} columns")
+        fields = tuple(Field(f.name, _union_type([f.type, g.type])) for f, g in zip(left.fields, right.fields,
+                                                                                      strict=True))
+        return SetOperation(fields, RETRACTING, None, left=left, right=right, kind=kind, every=every)
 
     def _union(self, branches: list[PlanNode]) -> PlanNode:
         flat: list[PlanNode] = []

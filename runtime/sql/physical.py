@@ -34,6 +34,7 @@ from runtime.sql.logical import (
     OverAggregate,
     PlanNode,
     Rank,
+    SetOperation,
     SinkNode,
     StreamScan,
     TableScan,
@@ -316,6 +317,19 @@ class Translator:
         first, *rest = inputs
         return first.union(*rest)
 
+    def _t_SetOperation(self, node: SetOperation, inputs: list[DataStream], uid: str, ops: list[Operator]
+                        ) -> DataStream:
+        from runtime.sql.set_operations import SetOperationFunction, signed_rows
+
+        sides = []
+        for i, (side, stream) in enumerate(zip(node.inputs(), inputs, strict=True)):
+            tag = signed_rows(i == 0, updating=not side.mode.insert_only)
+            sides.append(self._added(stream.map(tag, name=f"{self._name(node)} ({('left', 'right')[i]})"),
+                                     f"{uid}-{('left', 'right')[i]}", ops))
+        fn = SetOperationFunction(node.kind, every=node.every)
+        out = sides[0].union(sides[1]).key_by(_set_row_key).process(fn, name=self._name(node))
+        return self._added(out, uid, ops, keys="every column", state="per row: its count on each side")
+
     def _t_SinkNode(self, node: SinkNode, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         (stream,) = inputs
         changelog = not node.mode.insert_only
@@ -329,6 +343,11 @@ class Translator:
 
 def _identity(rows: Any) -> Any:
     return rows
+
+
+def _set_row_key(e: Any) -> Any:
+    """The key of a set operation's (from the left, sign, row) triples: the whole row."""
+    return e[2]
 
 
 def _of_row(key_fn: Any) -> Any:
