@@ -511,6 +511,8 @@ class Planner:
     # -- SELECT ----------------------------------------------------------------------------------------------
 
     def _select(self, select: exp.Select) -> PlanNode:
+        if select.args.get("order") and select.args.get("limit"):
+            return self._order_limit(select)
         for unsupported in ("order", "limit", "qualify"):
             if select.args.get(unsupported):
                 what = {"order": "ORDER BY", "limit": "LIMIT", "qualify": "QUALIFY"}[unsupported]
@@ -546,6 +548,30 @@ class Planner:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
                                    having.this if having else None)
         return self._calc(source, items, where.this if where else None)
+
+    def _order_limit(self, select: exp.Select) -> PlanNode:
+        """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's
+        rows on one subtask); updating, rows entering the first n inserted, those pushed out deleted."""
+        limit_node = select.args["limit"]
+        count = limit_node.expression
+        if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
+            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
+        limit = int(count.name)
+        order = select.args["order"].expressions
+        body = select.copy()
+        body.set("order", None)
+        body.set("limit", None)
+        base = self._select(body)
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        values = [compiler.compile(o.this) for o in order]
+        descending = tuple(bool(o.args.get("desc")) for o in order)
+        from runtime.sql.operators import SortKey
+
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = descending
+        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        return Rank(base.fields, RETRACTING, None, input=base, partition=[], order=list(order), limit=limit,
+                    with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
 
     def _expand_star(self, items: list[exp.Expr], source: PlanNode) -> list[exp.Expr]:
         out: list[exp.Expr] = []

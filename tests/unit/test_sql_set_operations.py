@@ -70,3 +70,15 @@ def test_multiplicity_is_each_operations_rule() -> None:
     assert table[(2, 1)] == [1, 1, 0, 1]
     assert table[(1, 2)] == [1, 1, 0, 0]
     assert table[(2, 2)] == [1, 2, 0, 0]
+
+
+def test_order_by_limit_keeps_the_first_n_rows_of_the_whole_stream(capsys: Any) -> None:
+    chain = SqlTailChain(TABLES + "INSERT INTO out1 SELECT k, v FROM a ORDER BY k DESC, v LIMIT 3;")
+    rng = random.Random(4)
+    rows = [(rng.randint(0, 50), rng.choice("xyz")) for _ in range(80)]
+    log: list[str] = []
+    for i, row in enumerate(rows):  # after each row, the changelog so far leaves that prefix's top 3
+        chain.feed([row])
+        log += capsys.readouterr().out.splitlines()
+        want = sorted(rows[:i + 1], key=lambda r: (-r[0], r[1]))[:3]
+        assert applied(log) == Counter(f"[{k}, {v}]" for k, v in want)
