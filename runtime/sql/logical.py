@@ -275,7 +275,8 @@ class TemporalJoin(PlanNode):
 
 @dataclass(eq=False)
 class Rank(PlanNode):
-    """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1."""
+    """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1;
+    ORDER BY ... LIMIT n (no partition); limit 0: ORDER BY the rowtime alone, a sort on a time attribute."""
 
     input: PlanNode = None  # type: ignore[assignment]
     partition: list[exp.Expr] = field(default_factory=list)
@@ -292,6 +293,8 @@ class Rank(PlanNode):
         return [self.input]
 
     def digest(self) -> str:
+        if self.limit == 0:  # ORDER BY the rowtime without LIMIT
+            return f"TemporalSort(orderBy=[{', '.join(o.sql() for o in self.order)}])"
         name = "Deduplicate" if self.limit == 1 else "Rank"
         if self.window_end is not None:
             name = "WindowDeduplicate" if self.deduplicates else "WindowRank"
@@ -513,6 +516,8 @@ class Planner:
     def _select(self, select: exp.Select) -> PlanNode:
         if select.args.get("order") and select.args.get("limit"):
             return self._order_limit(select)
+        if select.args.get("order") and not select.args.get("limit") and not select.args.get("qualify"):
+            return self._temporal_sort(select)
         for unsupported in ("order", "limit", "qualify"):
             if select.args.get(unsupported):
                 what = {"order": "ORDER BY", "limit": "LIMIT", "qualify": "QUALIFY"}[unsupported]
@@ -548,6 +553,30 @@ class Planner:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
                                    having.this if having else None)
         return self._calc(source, items, where.this if where else None)
+
+    def _temporal_sort(self, select: exp.Select) -> PlanNode:
+        """ORDER BY rowtime [ASC][, more]: Flink's sort on a time attribute; rows wait until the watermark passes
+        their rowtime, then go out in the order (runtime/sql/operators.py, TemporalSortFunction)."""
+        order = select.args["order"].expressions
+        body = select.copy()
+        body.set("order", None)
+        base = self._select(body)
+        first = order[0]
+        if base.rowtime is None or not isinstance(first.this, exp.Column) or first.args.get("desc") \
+                or base.scope.resolve(first.this) != base.rowtime:
+            raise SqlError("ORDER BY in a streaming query must start with the rowtime attribute ascending (Flink's "
+                           "sort on a time attribute), or have a LIMIT")
+        require_insert_only("TemporalSort", base.mode, source_digest(original(base)))
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        values = [compiler.compile(o.this) for o in order]
+        descending = tuple(bool(o.args.get("desc")) for o in order)
+        from runtime.sql.operators import SortKey
+
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = descending
+        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        return Rank(base.fields, INSERT_ONLY, base.rowtime, input=base, partition=[], order=list(order), limit=0,
+                    with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
 
     def _order_limit(self, select: exp.Select) -> PlanNode:
         """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's

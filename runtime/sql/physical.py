@@ -50,6 +50,7 @@ from runtime.sql.operators import (
     RegularJoinFunction,
     RetractableTopNFunction,
     RetractingGroupAggregateFunction,
+    TemporalSortFunction,
     TopNFunction,
     WatermarkCalc,
     WindowGroupAggregateFunction,
@@ -255,6 +256,11 @@ class Translator:
             return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition),
                                state=f"the top {node.limit} rows per key and window, until it fires")
         partition = ", ".join(p.sql() for p in node.partition) or "(one partition)"
+        if node.limit == 0:
+            assert node.rowtime is not None
+            sfn = TemporalSortFunction(node.rowtime, node.sort_key)
+            out = stream.key_by(node.key_fn).process(sfn, name=self._name(node))
+            return self._added(out, uid, ops, keys=partition, state="rows until the watermark passes them")
         if not node.input.mode.insert_only:
             rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank)
             out = stream.key_by(_of_row(node.key_fn)).process(rfn, name=self._name(node))

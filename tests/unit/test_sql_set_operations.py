@@ -82,3 +82,24 @@ def test_order_by_limit_keeps_the_first_n_rows_of_the_whole_stream(capsys: Any) 
         log += capsys.readouterr().out.splitlines()
         want = sorted(rows[:i + 1], key=lambda r: (-r[0], r[1]))[:3]
         assert applied(log) == Counter(f"[{k}, {v}]" for k, v in want)
+
+
+def test_order_by_the_rowtime_emits_rows_in_time_order_as_the_watermark_passes_them(capsys: Any) -> None:
+    chain = SqlTailChain("""CREATE TABLE e (id BIGINT, t TIMESTAMP(3), WATERMARK FOR t AS t - INTERVAL '1' SECOND)
+        WITH ('connector' = 'datagen');
+        CREATE TABLE out1 (id BIGINT, t TIMESTAMP(3)) WITH ('connector' = 'print');
+        INSERT INTO out1 SELECT id, t FROM e ORDER BY t, id DESC;""")
+    chain.feed([(3000, (1, 3000)), (1000, (2, 1000)), (3000, (3, 3000)), (2000, (4, 2000))])
+    chain.watermark(2000)
+    chain.feed([(1500, (5, 1500)), (2500, (6, 2500))])  # 1.5 s is behind the watermark: late, dropped
+    chain.watermark(5000)
+    ids = [line.split(",")[0] for line in capsys.readouterr().out.splitlines()]
+    assert ids == ["+I[2", "+I[4", "+I[6", "+I[3", "+I[1"]
+
+
+def test_order_by_anything_but_the_rowtime_first_needs_a_limit() -> None:
+    from runtime.api import Job
+    from runtime.sql.errors import SqlError
+
+    with pytest.raises(SqlError, match="must start with the rowtime attribute ascending"):
+        Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a ORDER BY k;")
