@@ -162,3 +162,4 @@ def test_a_restore_from_the_keyed_state_continues_as_if_uninterrupted(capsys: An
     after.chain.restore_state(snapshot, None)
     second_half(after)
     assert emitted + capsys.readouterr().out.splitlines() == uninterrupted
+
