@@ -163,3 +163,34 @@ def test_a_restore_from_the_keyed_state_continues_as_if_uninterrupted(capsys: An
     second_half(after)
     assert emitted + capsys.readouterr().out.splitlines() == uninterrupted
 
+
+
+def test_a_rescale_moves_each_keys_orders_versions_and_timers_with_it(capsys: Any) -> None:
+    import copy
+
+    from runtime.graph.partitioning import key_group, subtask_for_key_group
+
+    versions = [("EUR", 10, 1000), ("USD", 5, 1000), ("JPY", 1, 1000), ("EUR", 40, 4000), ("USD", 50, 4200)]
+    orders = [(1, "EUR", 2, 2000), (2, "USD", 3, 4500), (3, "JPY", 5, 4600), (4, "EUR", 7, 4100)]
+    later_versions = [("USD", 45, 4400), ("JPY", 2, 4550)]  # between the orders and the watermark passing them
+    before = SqlTailChain(TABLES + join_sql("LEFT"))
+    before.feed([(v[2], v) for v in versions], 1)
+    before.feed([(o[3], o) for o in orders], 0)
+    before.watermark(3000)
+    emitted = capsys.readouterr().out.splitlines()
+    assert emitted == ["+I[1, EUR, 10, 20]"]
+    snapshot = copy.deepcopy(before.chain.keyed_state)
+    # the snapshot restored at parallelism 2: each subtask takes the keys of its key groups, as a restore does
+    owner = {c: subtask_for_key_group(key_group(c, before.job.max_parallelism), before.job.max_parallelism, 2)
+             for c in ("EUR", "USD", "JPY")}
+    assert len(set(owner.values())) == 2, "the keys spread over both subtasks"
+    for subtask in (0, 1):
+        after = SqlTailChain(TABLES + join_sql("LEFT"), subtask_index=subtask, parallelism=2)
+        after.chain.restore_state({node: {name: {k: v for k, v in table.items() if owner[k] == subtask}
+                                          for name, table in tables.items()}
+                                   for node, tables in snapshot.items()}, None)
+        after.feed([(v[2], v) for v in later_versions if owner[v[0]] == subtask], 1)
+        after.watermark(9000)
+        # the print table prefixes a subtask's lines with its number at parallelism 2 ("1> +I[...]")
+        emitted += [line.split("> ", 1)[-1] for line in capsys.readouterr().out.splitlines()]
+    assert sorted(emitted) == sorted(expected(orders, versions + later_versions, left=True))
