@@ -62,12 +62,18 @@ class TemporalJoinFunction(KeyedCoProcessFunction):
         ctx.timers.register_event_time(at)  # where older versions can be dropped
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
+        # as Flink's: every left row the watermark passed goes now, and the cleanup is up to the watermark (a
+        # late version behind it is dropped at once when a newer one is valid there, so a later late row misses)
+        until = max(timestamp, ctx.current_watermark)
         versions = sorted((t, tuple(v)) for t, v in self.versions.items())
         times = [t for t, _ in versions]
         due = sorted((row[self.left_time], n, row) for n, row in self.lefts.items()
-                     if row[self.left_time] <= timestamp)
+                     if row[self.left_time] <= until)
         for at, n, row in due:
             self.lefts.remove(n)
+            # the output keeps the left row's rowtime as its event time (a window over the join assigns by it),
+            # not the timer's: one firing emits every row the watermark passed
+            ctx.timestamp = at
             i = bisect_right(times, at) - 1
             if i >= 0 and not versions[i][1][0]:
                 joined = (*row, *versions[i][1][1])
@@ -76,8 +82,9 @@ class TemporalJoinFunction(KeyedCoProcessFunction):
                     continue
             if self.left_outer:
                 ctx.emit((*row, *self.right_nulls))
+        ctx.timestamp = timestamp
         # the version valid at the watermark stays (a left row at or after it may need it); older ones go
-        keep_from = bisect_right(times, timestamp) - 1
+        keep_from = bisect_right(times, until) - 1
         for t in times[:max(keep_from, 0)]:
             self.versions.remove(t)
         if self.lefts.is_empty():

@@ -90,6 +90,13 @@ def test_late_versions_and_late_orders_join_what_the_watermark_left(capsys: Any)
     assert capsys.readouterr().out.splitlines() == ["+I[3, EUR, <NULL>, <NULL>]", "+I[1, EUR, <NULL>, <NULL>]",
                                                     "+I[2, EUR, 30, 90]", "+I[4, EUR, 20, 140]"]
     assert state_sizes(chain) == (0, 1)
+    # a late version the watermark passes before any order wants it is dropped at once (5 s is valid at 9 s): a
+    # late order after it misses, as in Flink, whose cleanup is also up to the watermark
+    chain.feed([(4000, ("EUR", 44, 4000))], 1)
+    chain.watermark(9000)
+    chain.feed([(4500, (5, "EUR", 1, 4500))], 0)
+    chain.watermark(10_000)
+    assert capsys.readouterr().out.splitlines() == ["+I[5, EUR, <NULL>, <NULL>]"]
 
 
 def test_state_stays_bounded_as_versions_and_orders_stream_by(capsys: Any) -> None:
