@@ -12,7 +12,7 @@ Per key the operator buffers each side as a tuple of (timestamp, record, matched
 with the other side's buffer when it arrives, then buffered until the watermark passes the end of its interval,
 when an event-time timer drops it: a left record at `l` is kept until `l + max(upper_ms, 0)`, a right one at
 `r` until `r + max(-lower_ms, 0)`. Past that point every record that could still match it is late. An inner
-join's clean-up timers are coalesced per key into buckets of the interval's width (IntervalJoinFunction).
+join's clean-up timers are coalesced per key into 1 s buckets of event time (IntervalJoinFunction).
 
 Late records: a record whose timestamp is <= the operator's watermark (the minimum over both inputs; an idle
 input does not count) when it arrives is not joined; it goes to the side output `LATE_LEFT` or `LATE_RIGHT`
@@ -42,6 +42,9 @@ LATE_LEFT = OutputTag("interval-join-late-left")
 LATE_RIGHT = OutputTag("interval-join-late-right")
 HOW = ("inner", "left", "right", "full")
 _timestamp = itemgetter(0)  # of a buffer entry (timestamp, record, matched): the key buffers are sorted by
+# an inner join's clean-up timers per key: one per second of event time. A key that keeps receiving records drops
+# passed ones whenever it adds one, so this bounds only what a key that went quiet keeps past its intervals.
+CLEANUP_GRAIN_MS = 1000
 _LEFT_BUFFER = "interval-join:left"  # the operator's own node: no user state beside these
 _RIGHT_BUFFER = "interval-join:right"
 
@@ -56,8 +59,9 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
     (exclusive bounds are moved by one millisecond when the join is built).
 
     State, per key and side, in the tables `interval-join:left` / `interval-join:right`: a tuple of the
-    buffered records as `(timestamp, record, matched)` entries in arrival order (a read of the key's buffer
-    is one table lookup; adding one rebuilds the key's tuple, since stored values are immutable). A savepoint
+    buffered records as `(timestamp, record, matched)` entries sorted by timestamp, equal ones in arrival order
+    (a read of the key's buffer is one table lookup and a bisection; adding one rebuilds the key's tuple, since
+    stored values are immutable). A savepoint
     of the earlier layout (a MapState per side, timestamp -> [[record, matched], ...], and one timer per
     key and timestamp in the timer table) is converted when it is restored (`_derive_timers`).
 
@@ -85,8 +89,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         self.right_keep = max(-lower_ms, 0)
         if self.outer_left or self.outer_right:
             self.grain = 1
-        else:  # a key's buffer holds at most one more grain's worth of records than the interval needs
-            self.grain = cleanup_grain_ms if cleanup_grain_ms is not None else max(1, upper_ms - lower_ms)
+        else:
+            self.grain = cleanup_grain_ms if cleanup_grain_ms is not None else CLEANUP_GRAIN_MS
 
     def cleanup_time(self, end: int) -> int:
         """When the timer of a record whose interval ends at `end` fires: `end` rounded up to the grain."""
@@ -242,15 +246,27 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                             else:
                                 fn(entry[1], record, ctx)
                             i += 1
+                    end = t + keep
+                    due = end if grain == 1 else -(-end // grain) * grain
                     entries = own_get(key)
                     if not entries:
                         own[key] = ((t, record, matched),)
-                    elif entries[-1][0] <= t and entries[0][0] > expired:  # in order, nothing to drop
-                        own[key] = (*entries, (t, record, matched))
+                        register(key, due)
+                        continue
+                    last = entries[-1][0]
+                    if last <= t:  # in order
+                        if entries[0][0] > expired:
+                            own[key] = (*entries, (t, record, matched))
+                        else:
+                            own[key] = (*entries[bisect_right(entries, expired, key=_timestamp):],
+                                        (t, record, matched))
                     else:
                         own[key] = _inserted(entries, (t, record, matched), expired)
-                    end = t + keep
-                    register(key, end if grain == 1 else -(-end // grain) * grain)
+                    # a buffered entry's timer is pending (a timer drops every entry of its bucket): the last
+                    # entry's bucket needs no second registration
+                    last_end = last + keep
+                    if due != (last_end if grain == 1 else -(-last_end // grain) * grain):
+                        register(key, due)
                 after()
 
             return run

@@ -70,8 +70,9 @@ class KeyedCoProcessOperator(_FunctionOperator):
         assert key1 is not None and key2 is not None
         # an interval join's loops over whole batches of timed elements (runtime/api/interval_join.py)
         batch_runners = getattr(fn, "timed_batch_runners", None)
-        if batch_runners is not None and setup.shape.timed:
-            self.inputs = tuple(batch_runners((key1, key2), ctx, self.flush))
+        runners = batch_runners((key1, key2), ctx, self.flush) if batch_runners and setup.shape.timed else None
+        if runners is not None:
+            self.inputs = tuple(runners)
             return
         each = setup.shape.each_keyed
         self.inputs = (each(key1, fn.process1, ctx, self.flush), each(key2, fn.process2, ctx, self.flush))
