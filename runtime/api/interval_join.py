@@ -87,6 +87,10 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         # how long past its own timestamp a record of each side can still be matched
         self.left_keep = max(upper_ms, 0)
         self.right_keep = max(-lower_ms, 0)
+        # per side, key -> its buffer list, for the buffers made since the last snapshot (by the batch loops, on
+        # the memory path): no snapshot holds them, so they change in place (`before_snapshot`)
+        self._owned_left: dict[Any, Any] = {}
+        self._owned_right: dict[Any, Any] = {}
         if self.outer_left or self.outer_right:
             self.grain = 1
         else:
@@ -146,6 +150,13 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         own[key] = _inserted(own.get(key), (ts, record, matched), None)
         ctx.timers.register_event_time(self.cleanup_time(ts + keep))
 
+    def before_snapshot(self) -> None:
+        """For the runtime, at every snapshot's synchronous part, before the tables are copied: the memory
+        path's snapshot is a shallow copy, so from now on every buffer it holds is copied before it changes
+        (copy on write, as Flink's CopyOnWriteStateMap)."""
+        self._owned_left.clear()
+        self._owned_right.clear()
+
     def on_timer(self, timestamp: int, ctx: Any) -> None:
         """The watermark passed the end of the intervals of the key's records up to `timestamp - keep`: drop
         them, emitting the unmatched ones of an outer side first."""
@@ -166,10 +177,15 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                         fn(record, None, ctx)
                     else:
                         fn(None, record, ctx)
+        owned = self._owned_left if is_left else self._owned_right
+        mine = owned.get(key) is entries  # made by a batch loop since the last snapshot: change it in place
         if done == len(entries):
             buffer.pop(key, None)
+            owned.pop(key, None)
+        elif mine:
+            del entries[:done]
         else:
-            buffer[key] = tuple(entries[done:])
+            buffer[key] = list(entries[done:])
 
     # -- for the runtime (runtime/execution/operators/two_input.py) -----------------------------------------
 
@@ -185,6 +201,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         (per key a map timestamp -> [[record, matched], ...], and a timer per key and timestamp in `legacy`)
         is converted here: its entries in timestamp order, and its timers dropped since the buffers imply
         them (every buffered record's timer was still registered: a timer fired only with its records)."""
+        self.before_snapshot()  # the tables were restored in place: their buffers are new objects
         out: list[tuple[Any, int]] = []
         for table, keep in ((left, self.left_keep), (right, self.right_keep)):
             for key, entries in list(table.items()):
@@ -208,10 +225,12 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         left_table, right_table = ctx.state_table(_LEFT_BUFFER), ctx.state_table(_RIGHT_BUFFER)
         register = ctx.timers.event.register  # the TimerIndex the operator put in place first
         fn, grain = self.fn, self.grain
+        in_memory = type(left_table) is dict  # a state backend stores bytes: every change is a write
 
         def make(is_left: bool) -> Callable[[list[Any]], None]:
             key_fn = key_fns[0] if is_left else key_fns[1]
             own, other = (left_table, right_table) if is_left else (right_table, left_table)
+            owned = (self._owned_left if is_left else self._owned_right) if in_memory else None
             own_get, other_get = own.get, other.get
             below, above = (self.lower, self.upper) if is_left else (-self.upper, -self.lower)
             keep = self.left_keep if is_left else self.right_keep
@@ -248,20 +267,29 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                             i += 1
                     end = t + keep
                     due = end if grain == 1 else -(-end // grain) * grain
-                    entries = own_get(key)
+                    entries: Any = own_get(key)
                     if not entries:
-                        own[key] = ((t, record, matched),)
+                        own[key] = new = [(t, record, matched)]
+                        if owned is not None:
+                            owned[key] = new
                         register(key, due)
                         continue
                     last = entries[-1][0]
-                    if last <= t:  # in order
-                        if entries[0][0] > expired:
-                            own[key] = (*entries, (t, record, matched))
+                    mine = owned is not None and owned.get(key) is entries
+                    if mine:  # no snapshot holds it: change it in place
+                        if last <= t:
+                            if entries[0][0] <= expired:
+                                del entries[:bisect_right(entries, expired, key=_timestamp)]
+                            entries.append((t, record, matched))
                         else:
-                            own[key] = (*entries[bisect_right(entries, expired, key=_timestamp):],
-                                        (t, record, matched))
-                    else:
-                        own[key] = _inserted(entries, (t, record, matched), expired)
+                            entries.insert(bisect_right(entries, t, key=_timestamp), (t, record, matched))
+                            if entries[0][0] <= expired:
+                                del entries[:bisect_right(entries, expired, key=_timestamp)]
+                    else:  # a new list, in place from now until the next snapshot
+                        new = _inserted(entries, (t, record, matched), expired)
+                        own[key] = new
+                        if owned is not None:
+                            owned[key] = new
                     # a buffered entry's timer is pending (a timer drops every entry of its bucket): the last
                     # entry's bucket needs no second registration
                     last_end = last + keep
@@ -274,14 +302,14 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         return make(True), make(False)
 
 
-def _inserted(entries: Any, entry: tuple[int, Any, bool], expired: int | None) -> tuple[Any, ...]:
-    """A key's buffer (sorted by timestamp, equal ones in arrival order) with `entry` added, without the
-    entries at or before `expired` (None: keep all)."""
+def _inserted(entries: Any, entry: tuple[int, Any, bool], expired: int | None) -> list[Any]:
+    """A new buffer: a key's buffer (sorted by timestamp, equal ones in arrival order) with `entry` added,
+    without the entries at or before `expired` (None: keep all)."""
     if not entries:
-        return (entry,)
+        return [entry]
     at = bisect_right(entries, entry[0], key=_timestamp)
     first = 0 if expired is None else min(bisect_right(entries, expired, key=_timestamp), at)
-    return (*entries[first:at], entry, *entries[at:])
+    return [*entries[first:at], entry, *entries[at:]]
 
 
 class IntervalJoin:

@@ -227,3 +227,26 @@ def test_an_outer_join_keeps_exact_timers_and_stamps_an_unmatched_record_with_th
     assert h.outputs() == []
     h.watermark(14)
     assert h.outputs() == [(14, (("a", 0, 10), None))]
+
+
+def test_a_snapshot_keeps_the_buffers_it_copied_while_the_loops_change_the_later_ones_in_place() -> None:
+    """The memory path's snapshot is a shallow copy of the tables, encoded later: the batch loops change a
+    key's buffer in place only until the next snapshot's synchronous part (Chain.begin_state_snapshot)."""
+    h = Harness(IntervalJoinFunction(-5, 5, pair))
+    h.batch(0, [("a", 0, 10), ("b", 1, 11)])
+    h.batch(0, [("a", 2, 12)])
+    tables = h.tables()
+    kept = tables[LEFT]["a"]
+    h.batch(0, [("a", 3, 13)])
+    assert tables[LEFT]["a"] is kept and [e[0] for e in kept] == [10, 12, 13]  # in place: no snapshot holds it
+
+    h.chain.begin_state_snapshot(1)
+    copied = {name: table.copy() for name, table in tables.items()}  # as Task.snapshot_operator_state does
+    encoded = msgpack.packb(copied)
+    h.batch(0, [("a", 4, 14), ("b", 5, 15)])
+    h.batch(1, [("a", 6, 15)])
+    h.watermark(40)
+    h.batch(0, [("a", 7, 41)])
+    assert msgpack.packb(copied) == encoded  # what the snapshot copied did not change
+    assert [e[0] for e in tables[LEFT]["a"]] == [41] and [e[0] for e in copied[LEFT]["a"]] == [10, 12, 13]
+    assert h.outputs() == [(15, (("a", i, ts), ("a", 6, 15))) for i, ts in ((0, 10), (2, 12), (3, 13), (4, 14))]

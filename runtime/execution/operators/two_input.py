@@ -71,11 +71,18 @@ class KeyedCoProcessOperator(_FunctionOperator):
         # an interval join's loops over whole batches of timed elements (runtime/api/interval_join.py)
         batch_runners = getattr(fn, "timed_batch_runners", None)
         runners = batch_runners((key1, key2), ctx, self.flush) if batch_runners and setup.shape.timed else None
+        # a function that changes buffers in place between snapshots (the interval join's batch loops)
+        self._before_snapshot = getattr(fn, "before_snapshot", None)
         if runners is not None:
             self.inputs = tuple(runners)
             return
         each = setup.shape.each_keyed
         self.inputs = (each(key1, fn.process1, ctx, self.flush), each(key2, fn.process2, ctx, self.flush))
+
+
+    def before_snapshot(self) -> None:
+        if self._before_snapshot is not None:
+            self._before_snapshot()
 
 
 def _broadcast_side(fn: BroadcastProcessFunction, ctx: BroadcastContext | KeyedBroadcastContext,
