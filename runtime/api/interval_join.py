@@ -248,8 +248,10 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                         continue
                     matched = False
                     others = other_get(key)
-                    if others:
-                        low, high = t + below, t + above
+                    low, high = t + below, t + above
+                    # in order, the other side's newest entries are the ones in range: none when its newest is
+                    # below the range (this side is ahead), all from the start when its oldest is in it
+                    if others and others[-1][0] >= low and others[0][0] <= high:
                         i = 0 if others[0][0] >= low else bisect_left(others, low, key=_timestamp)
                         n = len(others)
                         while i < n:
@@ -293,7 +295,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                     # a buffered entry's timer is pending (a timer drops every entry of its bucket): the last
                     # entry's bucket needs no second registration
                     last_end = last + keep
-                    if due != (last_end if grain == 1 else -(-last_end // grain) * grain):
+                    if not due - grain < last_end <= due:  # another bucket than the last entry's
                         register(key, due)
                 after()
 
