@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """Interval join: Sluice against Flink 2.3 SQL's own interval join, over the same input files, in one session.
 
-Input (written once into --data-dir, reused while its manifest matches): per side one JSON-lines file of
---records objects `{"k": key, "seq": seq, "ts": event time ms}`, seq 0..N-1, the event time 1_700_000_000_000 +
-seq (in order: watermarks with no delay lose nothing), the key a fixed hash of seq over --keys keys, other hashes
-on the two sides (the records of scripts/bench_joins.py). A left record l and a right record r join when their
-keys are equal and l.ts + --lower <= r.ts <= l.ts + --upper; the expected number of pairs is counted here (per
-key, by bisection) and every run's output count is checked against it.
+Input (written once into --data-dir, reused while its manifest matches): per side --records JSON objects
+`{"k": key, "seq": seq, "ts": event time ms}`, seq 0..N-1, the event time 1_700_000_000_000 + seq, the key a
+fixed hash of seq over --keys keys, other hashes on the two sides (the records of scripts/bench_joins.py); for a
+run at parallelism p, in p JSON-lines files per side (seq s in file s mod p, each file in event-time order), named
+so that Sluice's source subtask j reads file j and Flink's readers take one file each: every source subtask
+reads, and the readers advance together in event time (watermarks with no delay lose nothing). A left record l
+and a right record r join when their keys are equal and l.ts + --lower <= r.ts <= l.ts + --upper; the expected
+number of pairs is counted here (per key, by bisection) and every run's output count is checked against it.
 
-Jobs, each at --parallelism (every operator; one file per side, so one source subtask per side reads):
+Jobs, each at each --parallelism (every operator):
 - sluice: FileSource (json, bounded) -> map to (k, seq, ts) -> key_by(k).interval_join(key_by(k))
   .between(lower, upper).process(emit (k, l.seq, r.seq)) -> DiscardSink (chained), watermarks
   BoundedOutOfOrderness(0) with granularity --grain-ms; on a fresh local cluster of 2 workers with 2 slots.
@@ -39,11 +41,13 @@ import asyncio
 import bisect
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from operator import itemgetter
 from typing import Any
 
@@ -79,20 +83,35 @@ def expected_pairs(records: int, keys: int, lower: int, upper: int) -> int:
     return pairs
 
 
-def write_inputs(directory: str, records: int, keys: int, lower: int, upper: int) -> dict[str, Any]:
-    """The two sides' files under `directory` (left/, right/), reused when its manifest says the same."""
+def part_names(files: int) -> list[str]:
+    """Names for `files` files of a side such that Sluice's FileSource at parallelism `files` gives file j to
+    subtask j (crc32 of the name mod p: runtime/connectors/file_source.py)."""
+    names = []
+    for j in range(files):
+        n = 0
+        while zlib.crc32(f"part-{j}-{n}.json".encode()) % files != j:
+            n += 1
+        names.append(f"part-{j}-{n}.json")
+    return names
+
+
+def write_inputs(directory: str, records: int, keys: int, lower: int, upper: int, files: int) -> dict[str, Any]:
+    """The two sides' files under `directory` (left/, right/; `files` per side, seq s in file s mod `files`, so
+    parallel readers advance together in event time), reused when its manifest says the same."""
     manifest_path = os.path.join(directory, "manifest.json")
-    wanted = {"records": records, "keys": keys, "lower": lower, "upper": upper}
+    wanted = {"records": records, "keys": keys, "lower": lower, "upper": upper, "files": files}
     if os.path.exists(manifest_path):
         with open(manifest_path, encoding="utf-8") as f:
             manifest: dict[str, Any] = json.load(f)
         if {k: manifest.get(k) for k in wanted} == wanted:
             return manifest
     for side, hashing in (("left", LEFT_HASH), ("right", RIGHT_HASH)):
-        os.makedirs(os.path.join(directory, side), exist_ok=True)
-        with open(os.path.join(directory, side, "part-0.json"), "w", encoding="utf-8") as f:
-            f.writelines(f'{{"k":"{key_of(seq, keys, hashing)}","seq":{seq},"ts":{T0 + seq}}}\n'
-                         for seq in range(records))
+        shutil.rmtree(os.path.join(directory, side), ignore_errors=True)
+        os.makedirs(os.path.join(directory, side))
+        for j, name in enumerate(part_names(files)):
+            with open(os.path.join(directory, side, name), "w", encoding="utf-8") as f:
+                f.writelines(f'{{"k":"{key_of(seq, keys, hashing)}","seq":{seq},"ts":{T0 + seq}}}\n'
+                             for seq in range(j, records, files))
     manifest = {**wanted, "pairs": expected_pairs(records, keys, lower, upper)}
     with open(manifest_path, "w", encoding="utf-8") as f:
         json.dump(manifest, f)
@@ -270,16 +289,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the Flink engines need --flink-python (a Python with PyFlink 2.x)")
     parallelisms = [int(p) for p in args.parallelism.split(",")]
 
-    data = os.path.abspath(args.data_dir)
-    manifest = write_inputs(data, args.records, args.keys, args.lower, args.upper)
-    small = os.path.join(data, "startup")
-    if args.startup_records:
-        write_inputs(small, args.startup_records, args.keys, args.lower, args.upper)
+    data_dir = os.path.abspath(args.data_dir)
+    # per parallelism p, p files per side (and as many for the start-up runs): every source subtask reads one
+    data = {p: os.path.join(data_dir, f"files-{p}") for p in parallelisms}
+    small = {p: os.path.join(data_dir, f"startup-{p}") for p in parallelisms}
+    for p in parallelisms:
+        manifest = write_inputs(data[p], args.records, args.keys, args.lower, args.upper, p)
+        if args.startup_records:
+            write_inputs(small[p], args.startup_records, args.keys, args.lower, args.upper, p)
     print(f"interval join, {args.records:,} records per side, {args.keys} keys, bounds [{args.lower}, {args.upper}] ms,"
           f" {manifest['pairs']:,} pairs expected; Sluice grain {args.grain_ms} ms; CPUs {os.cpu_count()}", flush=True)
     if args.check_flink_count and "flink-sql" in engines:
         doc = flink_run(args.flink_python, "flink_interval_join_sql_job.py",
-                        ["--left", os.path.join(data, "left"), "--right", os.path.join(data, "right"), "--lower",
+                        ["--left", os.path.join(data[parallelisms[0]], "left"), "--right",
+                         os.path.join(data[parallelisms[0]], "right"), "--lower",
                          str(args.lower), "--upper", str(args.upper), "--records", str(args.records), "--count"],
                         args.timeout)
         verdict = "equal" if doc["pairs"] == manifest["pairs"] else "NOT equal"
@@ -290,13 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     for p in parallelisms:
         for engine in engines:
             if args.startup_records and engine != "flink-coprocess":
-                r = one_run(engine, args, p, args.startup_records, small)
+                r = one_run(engine, args, p, args.startup_records, small[p])
                 startups.setdefault(f"{engine} p={p}", []).append(r)
                 print(f"{engine:>15} p={p} start-up run: {r['seconds']:.2f} s (load {r['load']:.2f})", flush=True)
         for i in range(args.repeat):
             for engine in engines:
                 records = args.coprocess_records if engine == "flink-coprocess" else args.records
-                r = one_run(engine, args, p, records, data)
+                r = one_run(engine, args, p, records, data[p])
                 runs.setdefault(f"{engine} p={p}", []).append(r)
                 check = ""
                 if "pairs" in r and engine != "flink-coprocess":
