@@ -42,6 +42,7 @@ from coordinator.checkpointing import (
     WriteMetadata,
 )
 from coordinator.storage import CheckpointStorage
+from coordinator.trace_spans import SpanSink, checkpoint_span
 from netstack.errors import NetstackError
 from netstack.transport import Link
 from runtime.common.tasks import BackgroundTasks
@@ -59,7 +60,7 @@ class CheckpointRunner:
     def __init__(self, *, job_id: str, attempt: int, settings: CheckpointSettings, tasks: frozenset[str],
                  storage: CheckpointStorage, links: Callable[[], list[Link]], job_info: dict[str, Any],
                  fail_job: Callable[[str], None], on_complete: Callable[[CompletedCheckpoint], None],
-                 first_id: int = 1) -> None:
+                 first_id: int = 1, submit_span: SpanSink | None = None) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.settings = settings
@@ -78,6 +79,10 @@ class CheckpointRunner:
         self._discards: set[asyncio.Future[Any]] = set()
         self._writes: set[asyncio.Future[Any]] = set()
         self._closed = False  # `stop` has ended every task: nothing more is started
+        # the OTLP export (coordinator/telemetry.py): each checkpoint's trace when it ends, built on its thread;
+        # None: none is built
+        self._submit_span = submit_span
+        self._trigger_wall: dict[int, float] = {}  # the wall clock each trigger carried (tasks measure from it)
 
     def start(self) -> None:
         # ticks also run without periodic checkpoints: they time out manual ones
@@ -150,11 +155,13 @@ class CheckpointRunner:
             elif isinstance(ins, WriteMetadata):
                 self._spawn(self._write_metadata(ins), self._writes)
             elif isinstance(ins, NotifyComplete):
+                self._trace(ins.checkpoint_id)
                 self._notify(p.CheckpointNotice(self.job_id, ins.checkpoint_id, self.attempt))
                 self._resolve(r.CheckpointDone("COMPLETED", ins.checkpoint_id,
                                                path=self.directories.get(ins.checkpoint_id, "")))
             elif isinstance(ins, NotifyAborted):
                 log.warning("job %s: checkpoint %d aborted: %s", self.job_id, ins.checkpoint_id, ins.reason)
+                self._trace(ins.checkpoint_id)
                 self._notify(p.CheckpointAborted(self.job_id, ins.checkpoint_id, self.attempt))
                 self._resolve(r.CheckpointDone("ABORTED", ins.checkpoint_id, reason=ins.reason))
             elif isinstance(ins, DiscardCheckpoint):
@@ -163,6 +170,19 @@ class CheckpointRunner:
                     self._spawn(self._discard(ins.checkpoint_id, path), self._discards)
             elif isinstance(ins, FailJob):
                 self._fail_job(f"checkpoints failing: {ins.reason}")
+
+    def _trace(self, checkpoint_id: int) -> None:
+        """The ended checkpoint's spans (coordinator/trace_spans.py) to the OTLP export, when there is one."""
+        trigger_wall = self._trigger_wall.pop(checkpoint_id, None)
+        if self._submit_span is None:
+            return
+        ended = self.coordinator.ended(checkpoint_id)  # None: a queued request dropped before it started
+        if ended is None:
+            return
+        summary, tasks = ended  # frozen figures in a dict of their own: safe to read on the telemetry's thread
+        job_id, attempt, offset = self.job_id, self.attempt, time.time() - time.monotonic()
+        self._submit_span(lambda: checkpoint_span(summary, tasks, job_id=job_id, attempt=attempt,
+                                                  wall_offset_s=offset, trigger_wall_s=trigger_wall))
 
     async def _sweep_shared(self) -> None:
         """The job finished and every discard ended: shared files nothing completed references go (storage)."""
@@ -224,6 +244,8 @@ class CheckpointRunner:
         self.directories[ins.checkpoint_id] = directory
         message = p.TriggerCheckpoint(job_id=self.job_id, attempt=self.attempt, checkpoint_id=ins.checkpoint_id,
                                       options=ins.options, started_at=time.time(), directory=directory)
+        if self._submit_span is not None:
+            self._trigger_wall[ins.checkpoint_id] = message.started_at
         try:
             await asyncio.gather(*(p.call(link, message, timeout_s=10.0) for link in self._links()))
         except NetstackError as exc:

@@ -612,6 +612,16 @@ class CheckpointCoordinator:
         return {cp.request.checkpoint_id: {task: ack.figures for task, ack in cp.acks.items()}
                 for cp in self._history}
 
+    def ended(self, checkpoint_id: int) -> tuple[CheckpointSummary, dict[str, TaskCheckpointFigures]] | None:
+        """A checkpoint of the history that has ended (completed or aborted): its summary and the figures of the
+        tasks that acknowledged it, for its trace (coordinator/trace_spans.py); None while in progress or unknown."""
+        for cp in reversed(self._history):
+            if cp.request.checkpoint_id == checkpoint_id:
+                if cp.ended_at is None or cp.status == Status.IN_PROGRESS:
+                    return None
+                return cp.summary(), {task: ack.figures for task, ack in cp.acks.items()}
+        return None
+
     # -- internals --------------------------------------------------------------
 
     def _accepting(self, checkpoint_id: int, stimulus: str) -> _Checkpoint | None:

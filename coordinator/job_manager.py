@@ -47,6 +47,7 @@ from coordinator.jobs import JobRecord
 from coordinator.metrics import DurationHistogram, JobsStatistics
 from coordinator.scheduler import WorkerSlots, describe_parallelism, make_plan, merge_parallelism
 from coordinator.storage import METADATA_FILE, CheckpointStorage
+from coordinator.trace_spans import SpanSink, recovery_span
 from netstack.errors import NetstackError, RpcError
 from netstack.transport import Link
 from runtime.api import Job, JobDefinitionError
@@ -101,6 +102,8 @@ class JobManager:
         self.recovered = 0  # jobs a previous coordinator left running, restarted by this one
         self.jobs: dict[str, JobRecord] = {}
         self.lifecycles: dict[str, lc.JobLifecycle] = {}
+        # the OTLP export's (coordinator/telemetry.py): traces of checkpoints and recoveries; None: off, none built
+        self.submit_span: SpanSink | None = None
         self._tasks = BackgroundTasks("jobs")
         self._runner_stops: set[asyncio.Future[Any]] = set()
         self._last_runner_stop: dict[str, asyncio.Future[Any]] = {}  # job id -> its latest runner's stop
@@ -339,6 +342,11 @@ class JobManager:
             job.last_restart_s = ins.seconds
             job.restart_s.append(ins.seconds)
             self.restart_durations.observe(ins.seconds)
+            if self.submit_span is not None:
+                span = recovery_span(job_id=job.job_id, attempt=job.attempt, seconds=ins.seconds,
+                                     running_at_s=time.time(), cause=job.failures[-1] if job.failures else "",
+                                     restored_checkpoint_id=job.restored_checkpoint_id)
+                self.submit_span(lambda: span)
             log.info("job %s running again (attempt %d) %.2fs after the failure", job.job_id, job.attempt,
                      ins.seconds)
         elif isinstance(ins, lc.CommitRescale):
@@ -433,7 +441,7 @@ class JobManager:
             job_id=job.job_id, attempt=attempt, settings=job.checkpoint_settings or CheckpointSettings(None),
             tasks=tasks, storage=self.storage, links=links, job_info=job_info,
             fail_job=lambda reason: self.task_failed(job, attempt, reason), on_complete=on_complete,
-            first_id=job.next_checkpoint_id)
+            first_id=job.next_checkpoint_id, submit_span=self.submit_span)
         runner.start()
 
     def _stop_checkpoints(self, job: JobRecord, reason: str, *, failed: bool) -> None:

@@ -7,7 +7,9 @@ needs `Authorization: Bearer <cluster token>`, compared in constant time, and
 goes through the very RPC handler the CLI calls (`call`), so the REST API
 can do nothing the token's RPCs could not, with the same trust checks on
 savepoint directories. A worker's log tail is read open too, as Flink's UI
-does; its lines are what the worker logged (no token, no record data).
+does; its lines are what the worker logged (no token, no record data). So is a worker's profile (Flink's
+flame graphs are too): function names and source lines, sampled for a few seconds, one profile at a time
+per worker.
 
     GET  /                                     the web UI (coordinator/ui/index.html)
     GET  /ui/<file>                            its script and style sheet
@@ -22,6 +24,7 @@ does; its lines are what the worker logged (no token, no record data).
     GET  /api/v1/jobs/{id}/config              what the job was submitted with
     GET  /api/v1/workers                       registered workers with memory, CPU and their metrics links
     GET  /api/v1/workers/{id}                  one worker, its tasks and its log tail (?lines=N)
+    GET  /api/v1/workers/{id}/profile          py-spy's stacks of the worker over ?seconds=N (1-30, default 5)
     POST /api/v1/jobs/{id}/cancel              (token) cancel
     POST /api/v1/jobs/{id}/checkpoints         (token) take a checkpoint now; body {"mode"?, "timeout_s"?}
     POST /api/v1/jobs/{id}/savepoints          (token) take a savepoint; body {"directory"?, "timeout_s"?}
@@ -56,12 +59,15 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
 # RPC error types -> HTTP status; anything else is a 409 (the request was fine, the job's state was not)
 ERROR_STATUS = {"UnknownJob": 404, "JobNotRunning": 409, "PathNotAllowed": 403, "BadCheckpointRequest": 400,
                 "BadRescaleRequest": 400, "BadArgs": 400, "BadRequest": 400,
-                "NotLeader": 503}  # a standby coordinator: ask the leader
+                "NotLeader": 503,  # a standby coordinator: ask the leader
+                "UnknownWorker": 404, "BadProfileRequest": 400,
+                "ProfilerUnavailable": 503, "WorkerProfileUnavailable": 503}  # py-spy missing, not permitted
 
 MAX_NUMBER_DIGITS = 18  # a query number longer than this is no count of anything: 400, not int() on 5,000 digits
 DEFAULT_HISTORY = 100  # checkpoints per answer unless ?limit= says otherwise (earlier attempts' add up)
 LOG_LINES = 200  # a worker's log lines per answer unless ?lines= says otherwise
 MAX_LOG_LINES = 1000
+PROFILE_SECONDS = 5  # a worker's profile samples this long unless ?seconds= says otherwise
 
 # The REST port's limits: a browser keeps a few connections; mutating calls send small JSON bodies.
 REST_LIMITS = HttpLimits(max_connections=64, max_idle=32, idle_timeout_s=10.0, max_body_bytes=64 * 1024)
@@ -101,6 +107,7 @@ ROUTES = (
     _route("GET", "/api/v1/jobs/{job_id}/config", "config"),
     _route("GET", "/api/v1/workers", "workers"),
     _route("GET", "/api/v1/workers/{worker_id}", "worker"),
+    _route("GET", "/api/v1/workers/{worker_id}/profile", "profile"),
     _route("POST", "/api/v1/jobs/{job_id}/cancel", "cancel", mutating=True),
     _route("POST", "/api/v1/jobs/{job_id}/checkpoints", "checkpoint", mutating=True),
     _route("POST", "/api/v1/jobs/{job_id}/savepoints", "savepoint", mutating=True),
@@ -189,6 +196,12 @@ class RestApi:
                 return error(400, f"lines must be a whole number up to {MAX_LOG_LINES}, got "
                                   f"{request.query['lines'][:40]!r}", "BadRequest")
             return await self._worker(params["worker_id"], lines)
+        if route.name == "profile":
+            seconds = whole_number(request.query.get("seconds", str(PROFILE_SECONDS)))
+            if seconds is None:
+                return error(400, f"seconds must be a whole number, got {request.query['seconds'][:40]!r}",
+                             "BadRequest")
+            return await self._profile(params["worker_id"], seconds)
         return self._read(route.name, params.get("job_id"), limit)
 
     def _serve_static(self, path: str) -> HttpResponse:
@@ -250,6 +263,14 @@ class RestApi:
                 log_error = str(exc)
         return json_response(200, {**views.worker_view(w, self.clock(), len(tasks), self.scheme), "task_list": tasks,
                                    "log": log, "log_error": log_error})
+
+    async def _profile(self, worker_id: str, seconds: int) -> HttpResponse:
+        """The worker's stacks over `seconds`, for a flame graph; a refusal is one line (`error`) with its type."""
+        try:
+            result = await self.call("worker_profile", {"worker_id": worker_id, "seconds": seconds})
+        except RpcError as exc:
+            return error(ERROR_STATUS.get(exc.remote_type, 409), str(exc), exc.remote_type)
+        return json_response(200, views.profile_view(result))
 
     async def _mutate(self, name: str, job_id: str, body: dict[str, Any]) -> HttpResponse:
         args: dict[str, Any] = {"job_id": job_id}

@@ -277,3 +277,18 @@ def tasks_on(jobs: Iterable[JobRecord], worker_id: str) -> list[dict[str, Any]]:
                         "subtask": int(subtask), "state": st.get("state"),
                         "records_in": int(st.get("records_in", 0)), "records_out": int(st.get("records_out", 0))})
     return out
+
+
+def profile_view(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's profile (the `profile` reply, runtime/graph/replies.py Profile) as the REST API answers it:
+    each stack with its thread, its task (None for threads that are no task's: the event loop is MainThread)
+    and its frames root first; and per thread its samples, most first, for the UI's choice of one task."""
+    stacks = [{"thread": thread, "task": task, "frames": frames.split(";") if frames else [], "samples": samples}
+              for thread, task, frames, samples in reply["stacks"]]
+    threads: dict[str, dict[str, Any]] = {}
+    for s in stacks:
+        entry = threads.setdefault(s["thread"], {"thread": s["thread"], "task": s["task"], "samples": 0})
+        entry["samples"] += s["samples"]
+    return {"worker_id": reply["worker_id"], "seconds": reply["seconds"], "rate_hz": reply["rate_hz"],
+            "samples": reply["samples"], "dropped_samples": reply.get("dropped_samples", 0),
+            "threads": sorted(threads.values(), key=lambda t: (-t["samples"], t["thread"])), "stacks": stacks}

@@ -38,6 +38,7 @@ from coordinator.rest import REST_LIMITS, RestApi
 from coordinator.rest_views import process_sample, task_sample
 from coordinator.restarts import RestartStrategy
 from coordinator.storage import CheckpointStorage, LocalCheckpointStorage
+from coordinator.telemetry import OtlpSettings, Telemetry
 from coordinator.trust import TrustError, TrustPolicy
 from coordinator.upgrade import stop_with_savepoint, upgrade, upgraded_config
 from netstack.connection import Connection
@@ -50,6 +51,7 @@ from netstack.errors import (
     MethodNotFound,
     NetstackError,
     NotLeader,
+    RpcError,
 )
 from netstack.http import HttpServer
 from netstack.limits import ListenerLimits
@@ -59,6 +61,7 @@ from netstack.transport import BaseLinkHandler, Link, serve
 from runtime.common import objectstore
 from runtime.common.addresses import advertised_host
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, typed_handlers
+from runtime.common.extras import MissingExtra
 from runtime.common.tasks import BackgroundTasks
 from runtime.graph import protocol as p
 from runtime.graph import replies as r
@@ -90,6 +93,7 @@ class CoordinatorConfig:
     standby: bool = False  # wait for the state directory's lease, answering NotLeader meanwhile
     lease_s: float = 5.0  # a lease not renewed this long is taken over (coordinator/lease.py)
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)  # scale-down / scale-up delays
+    otlp: OtlpSettings | None = None  # traces and metrics over OTLP (coordinator/telemetry.py); None: off
 
     def trust_policy(self) -> TrustPolicy:
         """The roots resolved once, at start-up (realpath: a symlinked root is judged by its target)."""
@@ -142,6 +146,7 @@ class Coordinator(BaseLinkHandler):
                                   persist=self.store.save, record_written=self.store.written,
                                   on_step=self._step if on_step is not None else None)
         self.lost_leadership = ""
+        self.telemetry: Telemetry | None = None  # the OTLP export, when configured (started in run)
         self.rpc = self._handlers()
 
     async def _step(self, name: str) -> None:
@@ -180,12 +185,22 @@ class Coordinator(BaseLinkHandler):
         server, self.port = await serve(self.config.host, self.config.port, self._connection, self,
                                         limits=self.config.limits,
                                         ssl_context=server_context(self.config.tls) if self.config.tls else None)
+        collectors = (CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics),
+                      LeadershipCollector(self.leadership_statistics))
         if self.config.metrics_port is not None:
             registry = CollectorRegistry()
-            registry.register(CoordinatorCollector(workers=self.workers.statistics, jobs=self.manager.statistics))
-            registry.register(LeadershipCollector(self.leadership_statistics))
+            for collector in collectors:
+                registry.register(collector)
             self.metrics_port = (await serve_metrics(registry, self.config.host, self.config.metrics_port,
                                                      ssl_context=self._http_ssl)).port
+        if self.config.otlp is not None:  # off: no telemetry object, nothing builds a span
+            try:
+                self.telemetry = Telemetry(self.config.otlp, collectors=collectors, instance_id=self.holder_id)
+            except MissingExtra as exc:
+                server.close()
+                raise SystemExit(f"sluice coordinator: --otlp-endpoint: {exc}") from None
+            self.manager.submit_span = self.telemetry.submit
+            self._spawn(self.telemetry.sample_forever())
         if self.config.http_port is not None:
             # the REST API calls the RPC handlers themselves (no link: the token was checked by the API)
             api = RestApi(jobs=lambda: self.jobs, workers=self.workers, token=self.config.token,
@@ -195,7 +210,8 @@ class Coordinator(BaseLinkHandler):
                                                     ssl_context=self._http_ssl)
         metrics = f"{self.config.host}:{self.metrics_port}" if self.metrics_port is not None else "off"
         http = f"{self.config.host}:{self.http_port}" if self.http_port is not None else "off"
-        ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} "
+        otlp = self.config.otlp.endpoint if self.config.otlp is not None else "off"
+        ready = (f"rpc={self.config.host}:{self.port} metrics={metrics} state={state_dir} http={http} otlp={otlp} "
                  f"id={self.holder_id} advertise={self.config.advertised_host}:{self.port} "
                  f"checkpoints={self.config.checkpoint_root}")
         self.leadership = Leadership(state_dir, holder=self.holder_id,
@@ -209,6 +225,8 @@ class Coordinator(BaseLinkHandler):
                 await server.wait_closed()
                 await self.manager.stop()
                 await self._background.cancel_and_wait()
+                if self.telemetry is not None:
+                    await self.telemetry.shutdown()
                 return
         except LeaseHeld as exc:
             server.close()
@@ -237,6 +255,8 @@ class Coordinator(BaseLinkHandler):
         await server.wait_closed()
         await self.manager.stop()  # failovers, deploys, checkpoint runners: their cleanup runs before exit
         await self._background.cancel_and_wait()
+        if self.telemetry is not None:  # the spans of the checkpoints that ended last go out too
+            await self.telemetry.shutdown()
 
     def stop(self) -> None:
         self._stop.set()
@@ -345,6 +365,7 @@ class Coordinator(BaseLinkHandler):
             (p.Upgrade, self.rpc_upgrade),
             (p.Probe, self.rpc_probe),
             (p.WorkerLog, self.rpc_worker_log),
+            (p.WorkerProfile, self.rpc_worker_profile),
         ]
         # each handler gets its typed message (runtime/graph/protocol.py), decoded and checked here
         return HandlerTable(typed_handlers(handlers))
@@ -671,6 +692,24 @@ class Coordinator(BaseLinkHandler):
             return await p.call(worker.link, p.LogTail(max(1, min(args.lines, 1000))), timeout_s=5.0)
         except NetstackError as exc:  # gone, timed out, or of a version without a log tail
             raise Conflict(f"worker {worker.worker_id} did not give its log: {exc}", "WorkerLogUnavailable") from None
+
+
+    async def rpc_worker_profile(self, link: Link, args: p.WorkerProfile) -> r.Profile:
+        """A worker's profile of itself over `seconds` (py-spy: runtime/worker/profiler.py). The worker's
+        refusals (one profile at a time, py-spy missing or not permitted) come back as they are."""
+        low, high = p.PROFILE_SECONDS
+        if not low <= args.seconds <= high:
+            raise InvalidRequest(f"a profile lasts {low} to {high} seconds, not {args.seconds}", "BadProfileRequest")
+        worker = self.workers.get(args.worker_id)
+        if worker is None:
+            raise JobNotFound(f"no worker {args.worker_id}", "UnknownWorker")
+        try:
+            return await p.call(worker.link, p.Profile(args.seconds), timeout_s=args.seconds + 30.0)
+        except RpcError:
+            raise
+        except NetstackError as exc:  # gone, timed out, or of a version without a profiler
+            raise Conflict(f"worker {worker.worker_id} did not give its profile: {exc}",
+                           "WorkerProfileUnavailable") from None
 
 
 def restart_strategy(raw: dict[str, Any]) -> RestartStrategy:

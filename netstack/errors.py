@@ -100,7 +100,8 @@ class InvalidRequest(RpcError):
     code = "BadRequest"
     codes = ("BadSettings", "BadArgs", "BadRescaleRequest", "BadCheckpointRequest", "BadMode", "JobLoadError",
              "JobDefinitionError", "IncompatibleCheckpoint", "CorruptCheckpoint",
-             "MissingExtra")  # the job needs an extra of the install that is not installed
+             "MissingExtra",  # the job needs an extra of the install that is not installed
+             "BadProfileRequest")
 
 
 class Forbidden(RpcError):
@@ -116,7 +117,7 @@ class Conflict(RpcError):
 
     code = "JobNotRunning"
     codes = ("WrongAttempt", "RescaleFailed", "RescaleCheckpointFailed", "NotRegistered", "WorkerLogUnavailable",
-             "JobRecordFailed")
+             "JobRecordFailed", "ProfileInProgress", "ProfilerUnavailable", "WorkerProfileUnavailable")
 
 
 class NotLeader(RpcError):

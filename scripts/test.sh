@@ -50,6 +50,7 @@ spread=(-n "$processes")
 [ "$processes" = 0 ] || spread+=(--dist loadgroup --no-loadscope-reorder)
 tier unit+netstack .venv/bin/python -m pytest "${spread[@]}" tests/unit tests/netstack || { summary; exit 1; }
 # one run for both: the chaos tests (all in the Spark group) go on beside the integration tests
-tier integration+chaos .venv/bin/python -m pytest "${spread[@]}" tests/integration tests/chaos || failed=1
+# the slowest tests are listed: the suite's time budget (15 min on two cores) is spent there
+tier integration+chaos .venv/bin/python -m pytest "${spread[@]}" --durations=15 tests/integration tests/chaos || failed=1
 summary
 exit "$failed"

@@ -152,11 +152,14 @@ function drawVertexDetail(v) {
   if (!v) return;
   box.replaceChildren(el("h4", {}, `${v.name}: subtasks`), table(
     ["subtask", "worker", "state", "in", "out", "in total", "out total", "backpressured", "busy", "output pool",
-      "input queue", "output queue", "watermark", "watermark lag", "connectors"],
+      "input queue", "output queue", "watermark", "watermark lag", "connectors", "where time goes"],
     v.subtasks.map((s) => [s.subtask, s.worker ?? "–", s.state ?? "–", fmt.rate(s.records_in_per_s),
       fmt.rate(s.records_out_per_s), s.records_in, s.records_out, fmt.pct(s.backpressured_ratio), fmt.pct(s.busy_ratio),
       fmt.pct(s.output_pool_usage), s.input_queue, s.output_queue, watermarkTime(s), watermarkLag(s),
-      connectorFigures(s.connectors)])));
+      connectorFigures(s.connectors),
+      s.worker && s.state === "running" ? el("a", { href: "#", class: "profile-task", "data-task": `${v.id}:${s.subtask}`,
+        onclick: (event) => { event.preventDefault(); profileSubtask(s.worker, `${selected}/${v.id}:${s.subtask}`); } },
+      "flame graph") : "–"])));
 }
 
 function connectorFigures(figures) {
@@ -420,6 +423,12 @@ document.getElementById("action-cancel").addEventListener("click", (event) => {
 // -- a worker's page ------------------------------------------------------------------
 
 function showWorker(id) {
+  if (id !== selectedWorker) { // the last profile was another worker's
+    profile = null;
+    document.getElementById("profile-thread").hidden = true;
+    document.getElementById("profile-status").textContent = "";
+    drawFlameGraph();
+  }
   selectedWorker = id;
   location.hash = `worker=${encodeURIComponent(id)}`;
   refresh();
@@ -447,6 +456,132 @@ function drawWorker(w) {
   log.textContent = w.log.length ? w.log.join("\n") : (w.log_error || "(nothing logged yet)");
   if (atBottom) log.scrollTop = log.scrollHeight;
 }
+
+// -- a worker's flame graph, drawn from py-spy's collapsed stacks (GET /api/v1/workers/{id}/profile) ------------
+
+let profile = null; // the last profile of the worker shown: {worker_id, threads, stacks, ...}
+let profileZoom = []; // the frames from the root down to the one zoomed into ([]: the whole graph)
+let profileTask = null; // a task whose thread the next profile shows on its own (a subtask's "flame graph")
+
+// a subtask's "flame graph": its worker's page, a profile of the worker, the subtask's thread chosen
+function profileSubtask(worker, task) {
+  showWorker(worker);
+  profileTask = task;
+  recordProfile();
+}
+const FLAME_ROW = 17;
+
+async function recordProfile() {
+  const id = selectedWorker;
+  const seconds = Math.max(1, Math.min(30, Math.round(Number(document.getElementById("profile-seconds").value) || 5)));
+  const button = document.getElementById("profile-record");
+  const status = document.getElementById("profile-status");
+  button.disabled = true;
+  status.className = "action-result";
+  status.textContent = `recording ${seconds} s…`;
+  try {
+    const response = await fetch(`/api/v1/workers/${encodeURIComponent(id)}/profile?seconds=${seconds}`,
+      { cache: "no-store" });
+    const body = await response.json().catch(() => ({ error: `HTTP ${response.status}` }));
+    if (id !== selectedWorker) return; // another worker's page by now
+    if (!response.ok) {
+      status.className = "action-result failed";
+      status.textContent = body.error || `HTTP ${response.status}`;
+      return;
+    }
+    profile = body;
+    profileZoom = [];
+    status.textContent = `${plural(body.samples, "sample")} over ${body.seconds} s at ${body.rate_hz} Hz` +
+      (body.dropped_samples ? ` (${body.dropped_samples} in the thinnest stacks left out)` : "");
+    const select = document.getElementById("profile-thread");
+    select.replaceChildren(el("option", { value: "" }, "all threads"), ...body.threads.map((t) =>
+      el("option", { value: t.thread }, `${threadLabel(t)} · ${fmt.pct(t.samples / Math.max(1, body.samples))}`)));
+    select.hidden = false;
+    const wanted = profileTask && body.threads.find((t) => t.task === profileTask);
+    if (wanted) select.value = wanted.thread;
+    else if (profileTask) status.textContent += ` (task ${profileTask} was idle: not sampled)`;
+    profileTask = null;
+    drawFlameGraph();
+  } catch (err) {
+    status.className = "action-result failed";
+    status.textContent = `the profile failed: ${err.message}`;
+  } finally {
+    button.disabled = false;
+    profileTask = null;
+  }
+}
+
+function threadLabel(t) { return t.task ? `task ${t.task}` : t.thread === "MainThread" ? "event loop" : t.thread; }
+
+// the stacks as a tree: {name, value (samples), children: Map name -> node}
+function flameTree(stacks) {
+  const root = { name: "all", value: 0, children: new Map() };
+  for (const s of stacks) {
+    root.value += s.samples;
+    let node = root;
+    for (const frame of s.frames) {
+      let child = node.children.get(frame);
+      if (!child) node.children.set(frame, child = { name: frame, value: 0, children: new Map() });
+      child.value += s.samples;
+      node = child;
+    }
+  }
+  return root;
+}
+
+function flameDepth(node) {
+  let deepest = 0;
+  for (const child of node.children.values()) deepest = Math.max(deepest, 1 + flameDepth(child));
+  return deepest;
+}
+
+function flameColour(name) { // warm colours, the same for the same function every time
+  let h = 0;
+  for (let i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) >>> 0;
+  return `hsl(${10 + (h % 40)}, ${70 + (h >> 8) % 25}%, ${58 + (h >> 16) % 14}%)`;
+}
+
+function drawFlameGraph() {
+  const box = document.getElementById("flame-graph");
+  if (!profile) { box.hidden = true; return; }
+  const chosen = document.getElementById("profile-thread").value;
+  const stacks = profile.stacks.filter((s) => !chosen || s.thread === chosen)
+    .map((s) => ({ frames: chosen ? s.frames : [threadLabel(s), ...s.frames], samples: s.samples }));
+  const root = flameTree(stacks);
+  let top = root;
+  for (const name of profileZoom) top = top.children.get(name) || top;
+  box.hidden = false;
+  if (!top.value) { box.replaceChildren(el("p", {}, "no samples: the worker was idle")); return; }
+  const width = Math.max(480, box.clientWidth - 18);
+  const svg = el("svg:svg", { width, height: (flameDepth(top) + 1) * FLAME_ROW, role: "img",
+    "aria-label": "flame graph of the worker's stacks, root at the top", class: "flame" });
+  const scale = width / top.value;
+  const draw = (node, x, level, path) => {
+    const w = node.value * scale;
+    if (w < 0.5) return; // too thin to see; its samples still count in its parent
+    const name = node === root ? `all (${chosen ? threadLabel({ thread: chosen, task:
+      (profile.threads.find((t) => t.thread === chosen) || {}).task }) : "every thread"})` : node.name;
+    const share = fmt.pct(node.value / root.value);
+    const frame = el("svg:g", { class: "frame", "data-frame": node.name,
+      onclick: () => { profileZoom = node === top ? [] : path; drawFlameGraph(); } },
+    el("svg:title", {}, `${name}\n${plural(node.value, "sample")}, ${share}`),
+    el("svg:rect", { x, y: level * FLAME_ROW, width: Math.max(0.5, w - 0.5), height: FLAME_ROW - 1,
+      fill: flameColour(node.name) }));
+    const fits = Math.floor((w - 6) / 6.5); // characters that fit, at about 6.5 px each
+    if (fits >= 3) frame.append(el("svg:text", { x: x + 3, y: level * FLAME_ROW + 12 }, clip(name, fits)));
+    svg.append(frame);
+    let cx = x;
+    for (const child of [...node.children.values()].sort((a, b) => a.name.localeCompare(b.name))) {
+      draw(child, cx, level + 1, [...path, child.name]);
+      cx += child.value * scale;
+    }
+  };
+  draw(top, 0, 0, profileZoom);
+  box.replaceChildren(svg);
+}
+
+document.getElementById("profile-record").addEventListener("click", recordProfile);
+document.getElementById("profile-thread").addEventListener("change", () => { profileZoom = []; drawFlameGraph(); });
 
 function drawJob(job) {
   document.getElementById("job-title").textContent = `${job.name} (${job.job_id})`;

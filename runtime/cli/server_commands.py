@@ -45,6 +45,13 @@ def _coordinator_arguments(c: argparse.ArgumentParser) -> None:
                         "long (default 5s)")
     a.add_listener_options(c, "RPC")
     a.add_tls_options(c, listens=True)
+    o = c.add_argument_group("OpenTelemetry (off unless a collector is named)")
+    o.add_argument("--otlp-endpoint", metavar="URL",
+                   help="export traces of checkpoints and recoveries and the metrics over OTLP/HTTP to the collector "
+                        "at URL (http://host:4318; /v1/traces and /v1/metrics are added); default: "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT when set")
+    o.add_argument("--otlp-interval", type=a.duration, default=10.0, metavar="DURATION",
+                   help="metrics are exported this often (default 10s)")
     t = c.add_argument_group("trust (what a token holder may make the coordinator touch)")
     t.add_argument("--allowed-job-path", action="append", default=[], metavar="DIR",
                    help="a directory job modules may be imported from (repeatable; default: the working directory)")
@@ -56,6 +63,12 @@ def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
     """The coordinator's configuration from `sluice coordinator ...` arguments."""
     from coordinator.autoscale import AutoscaleSettings
     from coordinator.server import CoordinatorConfig
+    from coordinator.telemetry import OtlpSettings
+
+    try:
+        otlp = OtlpSettings.from_flags(args.otlp_endpoint, args.otlp_interval)
+    except ValueError as exc:  # a URL that is none, from the flag or the environment
+        raise SystemExit(f"sluice coordinator: {exc}") from None
 
     return CoordinatorConfig(token=load_token(args.token_file), host=args.host, port=args.port,
                              metrics_port=None if args.no_metrics else args.metrics_port,
@@ -66,7 +79,7 @@ def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
                              advertise=args.advertise or "", checkpoint_dir=args.checkpoint_dir or "",
                              limits=a.listener_limits(args), tls=a.tls(args), standby=args.standby,
                              lease_s=args.lease_timeout,
-                             autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after))
+                             autoscale=AutoscaleSettings(args.scale_down_after, args.scale_up_after), otlp=otlp)
 
 
 def run_coordinator(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "kafka": ("aiokafka",),
     "spark": ("pyspark", "pyarrow.parquet"),
     "sql": ("sqlglot",),
+    "otel": ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"),
 }
 
 # why a job needs the extra, for the message
@@ -37,7 +38,8 @@ USES = {"parquet": "Parquet files", "rocksdb": "the rocksdb state backend", "rem
         "spark-connect": "sluice data against a running Spark (--master sc://...)",
         "postgres": "the PostgreSQL connectors",
         "kafka": "the Kafka connector",
-        "sql": "SQL jobs"}
+        "sql": "SQL jobs",
+        "otel": "the OTLP export (--otlp-endpoint)"}
 
 
 class MissingExtra(RuntimeError):

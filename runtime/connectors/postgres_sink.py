@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.common.backoff import RetryWindow
@@ -107,6 +107,24 @@ def recovery_plan(prepared: Iterable[str], prefix: str, *, pending: Iterable[Seq
     prepared_gids = {gid for gid, _ in prepared_ours}
     rewrite = tuple(p[1] for p in entries if p[2] is not None and p[1] not in prepared_gids and p[1] not in done)
     return RecoveryPlan(commit, rollback, rewrite, orphans)
+
+
+class Deleted(tuple):  # type: ignore[type-arg]
+    """A buffered delete (`PostgresSink.delete`): the key's values, in `key` order. In memory only: a batch
+    carries its deleted keys apart from its rows (`net_changes`)."""
+
+
+def net_changes(changes: Iterable[Sequence[Any]], key_positions: Sequence[int]
+                ) -> tuple[list[Sequence[Any]], list[tuple[Any, ...]]]:
+    """(rows to upsert, keys to delete) of a checkpoint's writes and deletes in upsert mode: the last change of
+    a key wins, so a key is in one list at most (a delete then a write of it is a write, a write then a delete
+    is a delete)."""
+    by_key: dict[Any, Sequence[Any]] = {}
+    for change in changes:
+        key = tuple(change) if isinstance(change, Deleted) else tuple(change[i] for i in key_positions)
+        by_key[key] = change
+    rows = [c for c in by_key.values() if not isinstance(c, Deleted)]
+    return rows, [tuple(c) for c in by_key.values() if isinstance(c, Deleted)]
 
 
 def upsert_rows(rows: Iterable[Sequence[Any]], key_positions: Sequence[int]) -> list[Sequence[Any]]:
@@ -280,11 +298,28 @@ class PostgresSink(Sink):
             action = sql.SQL("DO NOTHING")
         return sql.Composed([target, conflict, action])
 
+    def _delete_statement(self) -> Any:
+        sql = pgc.psycopg2().sql
+        schema, name = pgc.split_table(self.table)
+        keys = sql.SQL(", ").join(map(sql.Identifier, self.key))
+        return sql.SQL("DELETE FROM {}.{} WHERE ({}) IN (VALUES %s)").format(sql.Identifier(schema),
+                                                                           sql.Identifier(name), keys)
+
     def write(self, record: Any) -> None:
         if isinstance(record, dict):
             self._rows.append(tuple(record.get(c) for c in self._columns))
         else:
             self._rows.append(tuple(record))
+
+    def delete(self, record: Any) -> None:
+        """Delete the row of this record's key (upsert mode; a dict by column name or a tuple in `columns`
+        order): in the checkpoint's transaction, after or instead of the key's earlier writes (the last wins)."""
+        if self.mode != "upsert":
+            raise ValueError(f"PostgresSink {self.table}: a delete needs mode='upsert' (a key to delete by)")
+        if isinstance(record, dict):
+            self._rows.append(Deleted(record.get(k) for k in self.key))
+        else:
+            self._rows.append(Deleted(record[i] for i in self._key_positions))
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
         """Hand the checkpoint's rows to the committer thread, which prepares them at once (unless an earlier
@@ -292,10 +327,11 @@ class PostgresSink(Sink):
         the rows stay in every checkpoint's state until their transaction is committed."""
         self._io.check()
         if self._rows:
-            rows = upsert_rows(self._rows, self._key_positions) if self.mode == "upsert" else self._rows
+            rows, deletes = net_changes(self._rows, self._key_positions) if self.mode == "upsert" else (self._rows, [])
             self._rows = []
             gid = transaction_id(self.prefix, self.subtask_index, checkpoint_id, self._token)
-            self._io.add(_Batch(checkpoint_id, gid if self.delivery == "exactly-once" else None, list(rows)))
+            self._io.add(_Batch(checkpoint_id, gid if self.delivery == "exactly-once" else None, list(rows),
+                                deletes=deletes))
         return self._io.state(checkpoint_id)
 
     def commit(self, checkpoint_id: int) -> None:
@@ -307,13 +343,16 @@ class PostgresSink(Sink):
         neither prepared nor committed); this subtask's other prepared transactions (and those of the
         subtasks it takes over after a rescale) are rolled back. On the committer thread, first."""
         state = state or {}
-        batches = [_Batch(int(cp), gid, [tuple(r) for r in rows], completed=True)
-                   for cp, gid, rows in state.get("pending", [])]
+        batches = [_Batch(int(cp), gid, [tuple(r) for r in rows], completed=True,
+                          deletes=[tuple(k) for k in (deleted[0] if deleted else [])])
+                   for cp, gid, rows, *deleted in state.get("pending", [])]
         owners = {self.subtask_index, *(int(s) for s in state.get("subtasks", []))}
         self._io.restore(batches, owners, state.get("checkpoint"))
 
-    def _write(self, rows: Sequence[Sequence[Any]], gid: str | None, checkpoint_id: int) -> None:
-        """The rows in one transaction: prepared as `gid` with its marker row (exactly once), or committed."""
+    def _write(self, rows: Sequence[Sequence[Any]], gid: str | None, checkpoint_id: int,
+               deletes: Sequence[Sequence[Any]] = ()) -> None:
+        """The rows (and deleted keys) in one transaction: prepared as `gid` with its marker row (exactly once),
+        or committed."""
         pg = pgc.psycopg2()
         with self._cursor() as cur:
             if gid is not None and gid in self._prepared(cur):
@@ -321,7 +360,10 @@ class PostgresSink(Sink):
             cur.execute("BEGIN")
             try:
                 cur.execute(f"SET LOCAL lock_timeout = {int(self.lock_timeout_s * 1000)}")
-                pg.extras.execute_values(cur, self._statement, rows, page_size=self.page_rows)
+                if rows:
+                    pg.extras.execute_values(cur, self._statement, rows, page_size=self.page_rows)
+                if deletes:
+                    pg.extras.execute_values(cur, self._delete_statement(), deletes, page_size=self.page_rows)
                 if gid is None:
                     cur.execute("COMMIT")
                 else:
@@ -363,7 +405,7 @@ class PostgresSink(Sink):
         self._finish_prepared(plan.rollback, commit=False)
         for batch in batches:  # after the rollbacks: their row locks are gone
             if batch.gid in plan.rewrite:
-                self._write(batch.rows, batch.gid, batch.checkpoint)
+                self._write(batch.rows, batch.gid, batch.checkpoint, batch.deletes)
                 self._finish_prepared([batch.gid], commit=True)
         if plan.commit or plan.rollback or plan.rewrite:
             log.info("postgres sink %d: restored: committed %d, rolled back %d prepared transactions, wrote %d "
@@ -442,6 +484,7 @@ class _Batch:
     rows: list[Any]
     prepared: bool = False
     completed: bool = False  # its checkpoint completed
+    deletes: list[Any] = field(default_factory=list)  # keys deleted (upsert mode), none of them in `rows`
 
 
 class _Committer(threading.Thread):
@@ -487,7 +530,10 @@ class _Committer(threading.Thread):
 
     def state(self, checkpoint_id: int) -> dict[str, Any]:
         with self._lock:
-            state: dict[str, Any] = {"pending": [[b.checkpoint, b.gid, list(b.rows)] for b in self._batches],
+            # [checkpoint, gid, rows], and the deleted keys fourth when there are any
+            state: dict[str, Any] = {"pending": [[b.checkpoint, b.gid, list(b.rows)]
+                                                 + ([list(b.deletes)] if b.deletes else [])
+                                                 for b in self._batches],
                                      "checkpoint": checkpoint_id}
             if self._recovery is not None:  # not resolved yet: a restore from this state must do it
                 state["subtasks"] = sorted(self._owners - {self.sink.subtask_index})
@@ -553,7 +599,7 @@ class _Committer(threading.Thread):
                 sink._recover(batches, owners, restored)
             else:
                 for batch in batches:  # at least once: written again
-                    sink._write(batch.rows, None, batch.checkpoint)
+                    sink._write(batch.rows, None, batch.checkpoint, batch.deletes)
             with self._lock:
                 self._batches = [b for b in self._batches if all(b is not r for r in batches)]
                 self._recovery = None
@@ -563,9 +609,9 @@ class _Committer(threading.Thread):
                     return
                 batch = self._batches[0]  # in checkpoint order: an earlier prepared one is committed first
             if batch.gid is None:
-                sink._write(batch.rows, None, batch.checkpoint)
+                sink._write(batch.rows, None, batch.checkpoint, batch.deletes)
             elif not batch.prepared:
-                sink._write(batch.rows, batch.gid, batch.checkpoint)
+                sink._write(batch.rows, batch.gid, batch.checkpoint, batch.deletes)
                 batch.prepared = True
                 continue
             elif batch.completed:

@@ -38,6 +38,13 @@ from runtime.execution.user_code import UserCodeExit
 
 MODES = ("thread", "auto", "inline")
 MODE_ENV = "SLUICE_TASK_ISOLATION"  # the worker's setting for its tasks (README, Tuning)
+# a task's thread is named after its task, so a profile of the worker (runtime/worker/profiling.py) tells
+# whose stacks it sampled
+TASK_THREAD_PREFIX = "sluice-task "
+
+
+def task_thread_name(task_id: str) -> str:
+    return f"{TASK_THREAD_PREFIX}{task_id}"
 
 
 def mode_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:

@@ -29,7 +29,7 @@ from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
 from runtime.execution.input_processor import InputProcessor
-from runtime.execution.isolation import IsolationPolicy, TaskThread
+from runtime.execution.isolation import IsolationPolicy, TaskThread, task_thread_name
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
 from runtime.execution.operators import Chain
 from runtime.execution.probes import ProbeTracker
@@ -399,7 +399,7 @@ class Task:
         sending when it returns, in order, before anything else of the task runs."""
         thread = self._thread
         if thread is None:
-            thread = self._thread = TaskThread(f"sluice-task {self.task_id}")
+            thread = self._thread = TaskThread(task_thread_name(self.task_id))
         deferred = self._deferred
         subs = self.subpartitions
         for sub in subs:

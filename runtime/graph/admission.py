@@ -36,6 +36,7 @@ def needed_extras(job: Job, *, backend: str | None = None, restore: str | None =
     needed: set[str] = set()
     for node in job.nodes:
         needed.update(getattr(node.payload, "extras", ()))
+        needed.update(getattr(getattr(node.payload, "fn", None), "extras", ()))  # an async_map's function
     descriptor = state_backends.BY_NAME.get(str(backend or job.state_backend))
     if descriptor is not None and descriptor.extra and any(n.key_fn is not None for n in job.nodes):
         needed.add(descriptor.extra)
@@ -65,9 +66,11 @@ def check_earlier_output(job: Job) -> None:
 
 
 def check_connectors(job: Job, context: SubmitContext) -> None:
-    """Ask every source and sink that can check its configuration (`check_at_submit(context)`) to do so."""
+    """Ask every source and sink that can check its configuration (`check_at_submit(context)`) to do so, and
+    every async_map function that can (a SQL lookup join's)."""
     for node in job.nodes:
-        check = getattr(node.payload, "check_at_submit", None)
+        check = getattr(node.payload, "check_at_submit", None) or getattr(getattr(node.payload, "fn", None),
+                                                                          "check_at_submit", None)
         if check is None:
             continue
         try:

@@ -252,6 +252,19 @@ class WorkerLog(Message[r.LogLines]):
     lines: int = 200  # the handler keeps it within 1..1000
 
 
+PROFILE_SECONDS = (1, 30)  # how long a profile of a worker may sample (runtime/worker/profiler.py)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProfile(Message[r.Profile]):
+    """Profile a worker for `seconds` (py-spy on its process): the coordinator asks the worker (`Profile`)."""
+
+    method = "worker_profile"
+    reply = r.Profile
+    worker_id: str
+    seconds: int = 5  # within PROFILE_SECONDS, or the call is refused
+
+
 @dataclass(frozen=True, slots=True)
 class Submit(Message[r.Submitted]):
     method = "submit"
@@ -324,6 +337,13 @@ class LogTail(Message[r.LogLines]):
     method = "log_tail"
     reply = r.LogLines
     lines: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Profile(Message[r.Profile]):
+    method = "profile"
+    reply = r.Profile
+    seconds: int = 5
 
 
 # -- calling ----------------------------------------------------------------------------------------------------

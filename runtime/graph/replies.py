@@ -117,6 +117,18 @@ class LogLines(Reply):
     worker_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Profile(Reply):
+    """A worker's profile of itself (runtime/worker/profiler.py): py-spy's collapsed stacks."""
+
+    worker_id: str
+    seconds: int
+    rate_hz: int  # samples a second per thread
+    samples: int  # every sample taken, those of the stacks left out to fit the reply too
+    stacks: list[Any]  # [thread, task or None, "frame;frame;..." root first, samples], most samples first
+    dropped_samples: int = 0  # of the thinnest stacks, left out to fit the reply
+
+
 # -- answers to clients ---------------------------------------------------------------------------------------
 
 

@@ -39,10 +39,10 @@ RETRACTING = ChangelogMode(frozenset({INSERT, DELETE}))  # outer joins, Top-N: r
 
 def sink_accepts(connector: str, primary_key: tuple[str, ...]) -> ChangelogMode:
     """What a table sink consumes: print, blackhole and upsert-kafka everything; a filesystem table with a
-    primary key upserts (everything), without one it appends (inserts only)."""
+    primary key upserts (everything), without one it appends (inserts only); so does a jdbc table."""
     if connector in ("print", "blackhole", "upsert-kafka"):
         return ALL
-    if connector == "filesystem" and primary_key:
+    if connector in ("filesystem", "jdbc") and primary_key:
         return ALL
     return INSERT_ONLY
 

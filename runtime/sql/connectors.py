@@ -35,8 +35,8 @@ from runtime.sql import types as T
 from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
 
-SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka")
-SINK_CONNECTORS = ("filesystem", "print", "blackhole", "kafka", "upsert-kafka")
+SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "postgres-cdc")
+SINK_CONNECTORS = ("filesystem", "print", "blackhole", "kafka", "upsert-kafka", "jdbc")
 FORMATS = ("json", "csv", "parquet")
 
 
@@ -237,9 +237,13 @@ def _print_value(v: Any) -> str:
 # -- building them from a table's options ---------------------------------------------------------------------
 
 
-def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None) -> TableSource:
-    """The source of `table` (filesystem json/csv/parquet or datagen), its rows carrying the computed columns."""
+def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None) -> Source:
+    """The source of `table` (filesystem json/csv/parquet, datagen, kafka; postgres-cdc: a changelog of (kind,
+    row) pairs, runtime/sql/postgres_tables.py), its rows carrying the computed columns."""
     connector = table.connector
+    if connector == "postgres-cdc":
+        from runtime.sql.postgres_tables import CdcTableSource
+        return CdcTableSource(table, computed)
     physical = table.physical
     readers = [T.reader(c.type) for c in physical]  # type: ignore[arg-type]
     names = [c.name for c in physical]
@@ -304,6 +308,9 @@ def make_sink(table: TableDef, *, changelog: bool) -> Sink:
         return DiscardSink()
     if connector in ("kafka", "upsert-kafka"):
         return kafka_sink(table, changelog=changelog)
+    if connector == "jdbc":
+        from runtime.sql.postgres_tables import jdbc_sink
+        return jdbc_sink(table, changelog=changelog)
     if connector != "filesystem":
         raise SqlError(f"table {table.name}: connector '{connector}' cannot be written (sinks: "
                        f"{', '.join(SINK_CONNECTORS)})")

@@ -128,7 +128,15 @@ def _regexp_extract(text: str, pattern: str, index: int = 1) -> Any:
     return None if match is None else match.group(index)
 
 
+def _proctime() -> int:
+    """PROCTIME(): the wall clock in ms, a processing-time attribute (what a lookup join's FOR SYSTEM_TIME AS OF
+    names; its value differs on a replay, as in Flink)."""
+    import time
+    return time.time_ns() // 1_000_000
+
+
 BUILTINS: dict[str, Builtin] = {
+    "PROCTIME": Builtin(_proctime, _const(T.TIMESTAMP), arity=(0, 0)),
     "UPPER": Builtin(str.upper, _const(T.STRING)),
     "LOWER": Builtin(str.lower, _const(T.STRING)),
     "CHAR_LENGTH": Builtin(len, _const(T.INT)),

@@ -220,6 +220,31 @@ class Join(PlanNode):
 
 
 @dataclass(eq=False)
+class LookupJoin(PlanNode):
+    """`JOIN dim FOR SYSTEM_TIME AS OF left.proc_time AS d ON left.k = d.id`: each row of the input looks its key
+    up in a jdbc table (runtime/sql/postgres_tables.py, through async I/O); output rows are the input row's
+    fields then the dimension row's. Insert-only over an insert-only input."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    table: TableDef = None  # type: ignore[assignment]
+    how: str = "inner"
+    left_keys: list[exp.Expr] = field(default_factory=list)
+    lookup_columns: tuple[str, ...] = ()
+    left_key_fn: Callable[[Any], Any] | None = None
+    condition: exp.Expr | None = None  # the rest of the ON condition, checked per joined pair
+    predicate: Callable[[Any], Any] | None = None
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        kind = {"inner": "InnerJoin", "left": "LeftOuterJoin"}[self.how]
+        keys = ", ".join(f"{c}={k.sql()}" for c, k in zip(self.lookup_columns, self.left_keys, strict=True))
+        extra = f", where=[{self.condition.sql()}]" if self.condition is not None else ""
+        return f"LookupJoin(table=[{self.table.qualified()}], joinType=[{kind}], lookup=[{keys}]{extra})"
+
+
+@dataclass(eq=False)
 class Rank(PlanNode):
     """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1."""
 
@@ -609,7 +634,9 @@ class Planner:
             fields = [fields[i] for i in order]
             if rowtime is not None:
                 rowtime = order.index(rowtime)
-        scan = TableScan(tuple(fields), INSERT_ONLY, rowtime, table=table, computed=computed_fn,
+        # a postgres-cdc table is a changelog (runtime/sql/postgres_tables.py): +I, -U, +U and -D rows
+        mode = ALL if table.connector == "postgres-cdc" else INSERT_ONLY
+        scan = TableScan(tuple(fields), mode, rowtime, table=table, computed=computed_fn,
                          computed_source=computed_text)
         self._scans[table.name] = scan
         return scan
@@ -660,12 +687,15 @@ class Planner:
         """Fold the FROM's joins left to right; WHERE conjuncts over both sides of an inner join become its
         condition. Returns the joined node and the WHERE conjuncts left."""
         for join in joins:
-            right = self._relation(join.this)
             side = (join.side or "").upper()
             how = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}[side]
             if join.args.get("using"):
                 raise SqlError("JOIN ... USING is not supported yet: write ON a.x = b.x")
             conditions = conjuncts(join.args.get("on"))
+            if isinstance(join.this, exp.Table) and join.this.args.get("version") is not None:
+                left = self._lookup_join(left, join.this, how, conditions)
+                continue
+            right = self._relation(join.this)
             if how == "inner":
                 both = [c for c in where if side_of(c, left.scope, right.scope) == "both"]
                 where = [c for c in where if not any(c is b for b in both)]
@@ -714,6 +744,52 @@ class Planner:
         return Join(fields, mode, None, left=left, right=right, how=how, left_keys=cond.left_keys,
                     right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
                     condition=rest, predicate=predicate, ttl_ms=state_ttl_ms(self.catalog.options))
+
+    def _lookup_join(self, left: PlanNode, dim: exp.Table, how: str, conditions: list[exp.Expr]) -> PlanNode:
+        """FOR SYSTEM_TIME AS OF a processing-time attribute of the left side, against a jdbc table: Flink's
+        lookup join (a versioned table joined on event time, Flink's temporal join, is not supported yet)."""
+        version = dim.args["version"]
+        name = dim.name
+        as_of = version.args.get("expression")
+        if (version.args.get("kind") or "").upper() != "AS OF" or not isinstance(as_of, exp.Column):
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME: only AS OF a processing-time column (a PROCTIME() computed "
+                           "column of the left side) is supported")
+        if name in self.catalog.views or name in self._ctes or name in self.streams:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join needs a jdbc table, {name} is a view")
+        table = self.catalog.table(name)
+        if not _is_proctime(left, left.scope.resolve(as_of), self.catalog):
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {as_of.sql()}: a temporal join on event time "
+                           "(versioned tables) is not supported yet; a lookup join needs a processing-time "
+                           "attribute, a computed column `AS PROCTIME()` of the left side's table")
+        if table.connector != "jdbc":
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: table {name} is a '{table.connector}' table; a lookup "
+                           "join needs a 'jdbc' table")
+        if how not in ("inner", "left"):
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not {how.upper()}")
+        require_insert_only("LookupJoin", left.mode, source_digest(original(left)))
+        alias = dim.alias or name
+        right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr,arg-type]
+                             for c in table.physical)
+        cond = split_condition(conditions, left.scope, Scope(right_fields), left.rowtime, None)
+        columns = []
+        for key in cond.right_keys:
+            if not isinstance(key, exp.Column):
+                raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: the lookup key {key.sql()} must be a column of "
+                               f"{name}")
+            columns.append(right_fields[Scope(right_fields).resolve(key)].name)
+        if not columns:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: the ON condition needs an equality between a column "
+                           f"of {name} and the left side (the lookup key)")
+        if cond.lower is not None or cond.upper is not None:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: time bounds are not part of a lookup join")
+        fields = (*left.fields, *right_fields)
+        rest = exp.and_(*cond.rest) if cond.rest else None
+        predicate = ExpressionCompiler(Scope(fields), self.catalog.functions).predicate(rest)[0] \
+            if rest is not None else None
+        key_fn = _key_function(ExpressionCompiler(left.scope, self.catalog.functions), cond.left_keys)
+        return LookupJoin(fields, INSERT_ONLY, left.rowtime, input=left, table=table, how=how,
+                          left_keys=cond.left_keys, lookup_columns=tuple(columns), left_key_fn=key_fn,
+                          condition=rest, predicate=predicate)
 
     # -- Top-N ---------------------------------------------------------------------------------------------
 
@@ -1017,6 +1093,19 @@ def state_ttl_ms(options: dict[str, str]) -> int | None:
 
 def _key_name(key: exp.Expr, i: int) -> str:
     return key.name if isinstance(key, exp.Column) else f"key${i}"
+
+
+def _is_proctime(node: PlanNode, index: int, catalog: Catalog) -> bool:
+    """Whether field `index` of the node's rows is a processing-time attribute: a PROCTIME() computed column,
+    seen through a table's scan, or (through views and subqueries) by its name."""
+    def proctime(column: Any) -> bool:
+        return isinstance(column.computed, exp.Anonymous) and column.computed.name.upper() == "PROCTIME"
+
+    base = original(node)
+    if isinstance(base, TableScan):
+        return proctime(base.table.columns[index])
+    name = node.fields[index].name
+    return any(c.name == name and proctime(c) for t in catalog.tables.values() for c in t.columns)
 
 
 def _window_below(node: PlanNode) -> WindowAssign | None:

@@ -30,6 +30,7 @@ from runtime.sql.logical import (
     Aggregate,
     Calc,
     Join,
+    LookupJoin,
     OverAggregate,
     PlanNode,
     Rank,
@@ -272,6 +273,28 @@ class Translator:
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"rows until the watermark passes them, the frame's {frame}")
 
+    def _t_LookupJoin(self, node: LookupJoin, inputs: list[DataStream], uid: str, ops: list[Operator]
+                      ) -> DataStream:
+        """async_map of the lookup (the runtime's async I/O: lookups in flight, retries, the in-flight rows in
+        the checkpoint), then the joined rows flattened: none (inner, no match), one, or one per matching row."""
+        from runtime.api import RetryPolicy
+        from runtime.sql.postgres_tables import LookupFunction
+
+        (stream,) = inputs
+        assert node.left_key_fn is not None
+        key_fn = node.left_key_fn
+        single = len(node.lookup_columns) == 1
+        lookup = LookupFunction(node.table, node.lookup_columns, (lambda row: (key_fn(row),)) if single else key_fn,
+                                left=node.how == "left", filter_fn=node.predicate)
+        retry = RetryPolicy(max_attempts=lookup.settings.max_retries + 1)
+        looked_up = stream.async_map(lookup, capacity=lookup.settings.capacity, timeout_s=30.0, ordered=True,
+                                     retry=retry, name=self._name(node))
+        cache = (f", cache: {lookup.settings.cache_rows} rows" if lookup.settings.cache_rows else "")
+        self._added(looked_up, uid, ops, keys=", ".join(node.lookup_columns),
+                    state=f"the lookups in flight{cache}")
+        flat = looked_up.flat_map(_identity, name=f"{self._name(node)} rows")
+        return self._added(flat, f"{uid}-rows", ops)
+
     def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         first, *rest = inputs
         return first.union(*rest)
@@ -285,6 +308,10 @@ class Translator:
             stream = self._added(stream.map(fn, name=f"Sink cast: {node.table.name}"), f"{uid}-cast", ops)
         sink = make_sink(node.table, changelog=changelog)
         return self._added(stream.sink(sink, name=f"Sink: {node.table.name}"), uid, ops)
+
+
+def _identity(rows: Any) -> Any:
+    return rows
 
 
 def _of_row(key_fn: Any) -> Any:

@@ -60,6 +60,7 @@ from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, dep
 from runtime.worker.log_tail import LogTail, process_figures
 from runtime.worker.metrics import WorkerCollector
 from runtime.worker.network import NetworkEnvironment
+from runtime.worker.profiler import Profiler, find_py_spy
 
 log = logging.getLogger("sluice.worker")
 
@@ -131,6 +132,7 @@ class Worker(BaseLinkHandler):
         self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
         self.advertised = config.advertise or config.host  # settled in run(), before registering
         self.log_tail = LogTail()  # the recent log lines, for the worker's page in the web UI
+        self.profiler = Profiler(executable=find_py_spy())  # py-spy on this process, for the UI's flame graph
         self.rpc = self._handlers()
 
     def all_tasks(self) -> Iterator[tuple[str, Task]]:
@@ -370,6 +372,7 @@ class Worker(BaseLinkHandler):
             (p.CheckpointAborted, lambda link, m: self._notify_tasks(m.job_id, m.attempt, False, m.checkpoint_id)),
             (p.InjectProbe, lambda link, m: self._inject_probe(m.job_id, m.probe_id)),
             (p.LogTail, lambda link, m: r.LogLines(self.log_tail.tail(m.lines), worker_id=self.worker_id)),
+            (p.Profile, lambda link, m: self._profile(m.seconds)),
         ]
         return HandlerTable({**typed_handlers(handlers),
                              "ping": lambda link, args: {"id": self.worker_id, "time": time.time()}})
@@ -381,6 +384,12 @@ class Worker(BaseLinkHandler):
             raise MethodNotFound(str(exc)) from None
         except BadArguments as exc:
             raise InvalidRequest(str(exc), "BadArgs") from None
+
+    async def _profile(self, seconds: int) -> r.Profile:
+        """py-spy's collapsed stacks of this process over `seconds` (runtime/worker/profiler.py)."""
+        profile = await self.profiler.record(seconds)
+        return r.Profile(self.worker_id, profile.seconds, profile.rate_hz, profile.samples,
+                         [stack.to_wire() for stack in profile.stacks], profile.dropped_samples)
 
     async def _rpc_cancel(self, job_id: str, attempt: int | None = None) -> r.CancelledHere:
         deployed = self.jobs.get(job_id)

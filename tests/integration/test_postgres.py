@@ -298,6 +298,24 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
     merged.restore_state(rescale_sinks(states, 1, 0, 3)[0])
     settles(lambda: rows("totals"), [("k0", 3), ("k1", 3)])
     assert prepared() == []
+    # deletes by key (an updating SQL query's -D rows), in the checkpoint's transaction with the upserts; a
+    # restore of a state holding them deletes them again
+    merged.write(("k2", 1))
+    merged.delete(("k0", None))
+    merged.delete({"k": "k2"})
+    merged.write(("k3", 7))
+    state5 = merged.snapshot_state(5)
+    assert [e[2:] for e in state5["pending"]] == [[[("k3", 7)], [("k2",), ("k0",)]]]  # keys in first-seen order
+    merged.commit(5)
+    settles(lambda: rows("totals"), [("k1", 3), ("k3", 7)])
+    merged.close()
+    execute(dsn, "INSERT INTO totals VALUES ('k0', 1)")
+    replay = PostgresSink(dsn, "totals", key=["k"], delivery="at-least-once")
+    replay.bind_job("jobA")
+    replay.open(0, 1, 2)
+    replay.restore_state({"pending": [[5, None, [], [["k0"]]]], "checkpoint": 5})  # at least once: written again
+    settles(lambda: rows("totals"), [("k1", 3), ("k3", 7)])
+    replay.close()
     merged.close()
 
 
@@ -494,3 +512,122 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
     cluster.wait_job(job_id, 60)
     assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] <= 2  # at most the last checkpoint's
 
+
+
+# -- Sluice SQL over PostgreSQL: a lookup join, an upsert through jdbc, and a postgres-cdc table ----------------
+
+SQL_ROWS, SQL_RATE, SQL_CUSTOMERS = 9_000, 3_000, 25  # customers 20..24 are not in the dimension table
+
+SQL_SCRIPT = """
+SET 'parallelism.default' = '2';
+CREATE TABLE orders (id BIGINT, customer BIGINT, amount BIGINT, proc_time AS PROCTIME())
+  WITH ('connector' = 'datagen', 'number-of-rows' = '{rows}', 'rows-per-second' = '{rate}',
+        'fields.id.kind' = 'sequence', 'fields.customer.min' = '0', 'fields.customer.max' = '{top}',
+        'fields.amount.min' = '1', 'fields.amount.max' = '100');
+CREATE TABLE customers (id BIGINT, region STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ('connector' = 'jdbc', 'url' = '{url}', 'table-name' = 'customers', 'username' = 'sluice',
+        'lookup.cache' = 'PARTIAL', 'lookup.partial-cache.max-rows' = '100',
+        'lookup.partial-cache.expire-after-write' = '1 min', 'lookup.max-retries' = '3');
+CREATE TABLE region_totals (region STRING, orders BIGINT, total BIGINT, PRIMARY KEY (region) NOT ENFORCED)
+  WITH ('connector' = 'jdbc', 'url' = '{url}', 'table-name' = 'region_totals', 'username' = 'sluice');
+CREATE TABLE big_orders (id BIGINT, region STRING, amount BIGINT)
+  WITH ('connector' = 'jdbc', 'url' = '{url}', 'table-name' = 'big_orders', 'username' = 'sluice');
+EXECUTE STATEMENT SET BEGIN
+INSERT INTO region_totals
+SELECT COALESCE(c.region, 'unknown'), COUNT(*), SUM(o.amount)
+FROM orders AS o LEFT JOIN customers FOR SYSTEM_TIME AS OF o.proc_time AS c ON o.customer = c.id
+GROUP BY COALESCE(c.region, 'unknown');
+INSERT INTO big_orders
+SELECT o.id, c.region, o.amount
+FROM orders AS o JOIN customers FOR SYSTEM_TIME AS OF o.proc_time AS c ON o.customer = c.id
+WHERE o.amount > 95;
+END;
+"""
+
+
+def test_sql_lookup_join_into_a_jdbc_upsert_table_survives_kill_9_and_cdc_tables_read_changes(
+        pg: PostgresServer, cluster: Cluster) -> None:
+    from runtime.api import Job
+    from runtime.sql.connectors import TableSource
+    from runtime.sql.entry import entry_for
+    from runtime.sql.postgres_tables import CdcTableSource
+    from tests.support.event_time_kill import run_killed
+
+    dsn = new_database(pg, "sql_lookup")
+    regions = {c: ("north", "south", "east", "west")[c % 4] for c in range(20)}
+    execute(dsn, "CREATE TABLE customers (id bigint PRIMARY KEY, region text)",
+            "CREATE TABLE region_totals (region text PRIMARY KEY, orders bigint, total bigint)",
+            "CREATE TABLE big_orders (id bigint, region text, amount bigint)",
+            "INSERT INTO customers VALUES " + ", ".join(f"({c}, '{r}')" for c, r in regions.items()))
+    url = f"jdbc:postgresql://127.0.0.1:{pg.port}/sql_lookup"
+    script = SQL_SCRIPT.format(rows=SQL_ROWS, rate=SQL_RATE, top=SQL_CUSTOMERS - 1, url=url)
+    # the model: every row datagen makes (deterministic), joined with the dimension table as the test wrote it
+    scratch = Job("model")
+    scratch.sql(script)
+    source = next(n.payload for n in scratch.nodes if n.kind == "source")
+    assert isinstance(source, TableSource)
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    big: list[tuple[int, str, int]] = []
+    for subtask in range(2):
+        source.inner.open(subtask, 2)
+        source.inner.rate = None
+        while (batch := source.inner.read_batch(4096)) is not None:
+            for order_id, customer, amount in batch:
+                region = regions.get(customer)
+                totals[region or "unknown"][0] += 1
+                totals[region or "unknown"][1] += amount
+                if region is not None and amount > 95:
+                    big.append((order_id, region, amount))
+    assert len(totals) == 5 and sum(n for n, _ in totals.values()) == SQL_ROWS
+
+    def checkpointed_and_joining(job_id: str, status: dict[str, Any]) -> bool:
+        history = cluster.call("checkpoints", {"job_id": job_id})["history"]
+        joins = [t for t in status["tasks"] if "LookupJoin" in t["name"]]
+        return any(h["status"] == "COMPLETED" for h in history) and any(t["records_in"] > 0 for t in joins)
+
+    run_killed(cluster, entry_for(script), 8 * 1024, checkpointed_and_joining, "LookupJoin",
+               what="a completed checkpoint with the lookup join under way", timeout_s=120)
+    expected = {r: (n, s) for r, (n, s) in totals.items()}
+    got = {r: (int(n), int(s)) for r, n, s in execute(dsn, "SELECT * FROM region_totals")}
+    assert got == expected
+    assert sorted((int(i), r, int(a)) for i, r, a in execute(dsn, "SELECT * FROM big_orders")) == sorted(big)
+    assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] == 0
+    # a lookup table that is not there is one line at submit, nothing started
+    missing = script.replace("'table-name' = 'customers'", "'table-name' = 'no_customers'")
+    with pytest.raises(RpcError, match=r": lookup table no_customers: no such table$"):
+        cluster.submit(entry_for(missing))
+
+    # a postgres-cdc table: the snapshot as +I, then an update (-U, +U: REPLICA IDENTITY FULL) and a delete (-D)
+    execute(dsn, "ALTER TABLE customers REPLICA IDENTITY FULL",
+            "CREATE PUBLICATION dbz_publication FOR TABLE customers")
+    cdc = Job("cdc")
+    cdc.sql(f"""
+CREATE TABLE customer_changes (id BIGINT, region STRING, loud AS UPPER(region))
+  WITH ('connector' = 'postgres-cdc', 'hostname' = '127.0.0.1', 'port' = '{pg.port}', 'username' = 'sluice',
+        'database-name' = 'sql_lookup', 'schema-name' = 'public', 'table-name' = 'customers',
+        'slot.name' = 'sql_cdc');
+CREATE TABLE per_region (region STRING, n BIGINT) WITH ('connector' = 'print');
+INSERT INTO per_region SELECT loud, COUNT(*) FROM customer_changes GROUP BY loud;
+""")
+    table_source = next(n.payload for n in cdc.nodes if n.kind == "source")
+    assert isinstance(table_source, CdcTableSource)
+    table_source.open(0, 1)
+    try:
+        changes: list[tuple[str, Any]] = []
+
+        def read_changes(count: int) -> Any:
+            def more() -> bool:
+                changes.extend(table_source.read_batch(100) or [])
+                return len(changes) >= count
+            return more
+
+        wait_until(read_changes(20), 30, "the snapshot's 20 rows")
+        assert sorted(changes) == sorted(("+I", (c, r, r.upper())) for c, r in regions.items())
+        execute(dsn, "UPDATE customers SET region = 'central' WHERE id = 3", "DELETE FROM customers WHERE id = 4")
+        wait_until(read_changes(23), 30, "an update and a delete")
+        assert changes[20:] == [("-U", (3, "west", "WEST")), ("+U", (3, "central", "CENTRAL")),
+                                ("-D", (4, "north", "NORTH"))]
+    finally:
+        table_source.close()
+        execute(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     "WHERE slot_name LIKE 'sql_cdc%'", autocommit=True)

@@ -6,9 +6,9 @@ token and work with it, the Prometheus metrics carry `job_id` and the process me
 metric the Grafana dashboard queries; then the job is rescaled through the API and a worker that runs
 part of it is killed, and Debian's chromium, driven by selenium through its chromedriver, shows what a
 user reads: the graph, a completed checkpoint, the killed worker in the exception history with the
-restart it caused, a worker's page; a checkpoint triggered from the page raises the count, and a cancel
-from the page ends the job CANCELLED (screenshots kept in test-artifacts/, the path printed). The last
-test runs `sluice local --keep-running` and reads the ended job's page while the cluster stays up.
+restart it caused, a subtask's flame graph, a worker's page; a checkpoint triggered from the page raises the
+count, and a cancel from the page ends the job CANCELLED (screenshots kept in test-artifacts/, the path
+printed). The last test runs `sluice local --keep-running` and reads the ended job's page while the cluster stays up.
 """
 
 from __future__ import annotations
@@ -393,6 +393,19 @@ def test_web_ui_shows_the_job_and_acts_on_it_in_chromium(live: Live) -> None:
         click(By.ID, "action-checkpoint")
         wait.until(lambda d: "COMPLETED" in d.find_element(By.ID, "action-result").text)
         wait.until(lambda d: completed_count(d) > before)
+
+        # a Count subtask's flame graph, from the operator's subtasks: its worker's page records a second of py-spy
+        # samples and shows that subtask's thread on its own
+        driver.execute_script("document.getElementById('profile-seconds').value = '1'")
+        task = read(lambda d: d.find_element(By.CSS_SELECTOR, "#vertex-detail a.profile-task").get_attribute(
+            "data-task"))
+        click(By.CSS_SELECTOR, f'#vertex-detail a.profile-task[data-task="{task}"]')
+        wait.until(lambda d: "samples over 1 s" in d.find_element(By.ID, "profile-status").text)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#flame-graph svg.flame g.frame[data-frame="all"]'))
+        assert driver.find_element(By.ID, "profile-thread").get_attribute("value") == (
+            f"sluice-task {live.job_id}/{task}"), driver.find_element(By.ID, "profile-status").text
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#profile-thread option")) >= 2  # all, and each thread
+        save(driver, "web-ui-flame-graph.png")
 
         # a worker's page: memory, CPU and its log
         click(By.CSS_SELECTOR, "#workers tbody tr td")

@@ -11,6 +11,7 @@ sort by code point, as Python compares them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -177,22 +178,24 @@ class PostgresServer:
         return self.psql(sql, database="postgres")
 
     def kill(self) -> None:
-        """SIGKILL the postmaster and its children (its process group): a crash, recovered by the next start."""
+        """SIGKILL the postmaster and every process it forked: a crash, recovered by the next start.
+
+        Each backend makes itself a process-group leader (so the postmaster can signal it with its own children),
+        so killing the postmaster's group leaves them running until they notice its death; on a loaded machine a
+        restart then met their shared memory still attached ("pre-existing shared memory block is still in
+        use"). They are killed by PID and waited for."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        forked = _children(proc.pid)
+        for pid in [proc.pid, *forked]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.wait(10)
-        # the backends are in the same group; wait until none holds the port
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in forked):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"postgres backends {[p for p in forked if _running(p)]} outlived SIGKILL for 30 s")
             time.sleep(0.02)
         pidfile = self.pgdata / "postmaster.pid"
         if pidfile.exists():
@@ -218,3 +221,28 @@ class PostgresServer:
         """Stop, and delete the data directory."""
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (state, ppid, ...), or None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and int(fields[1]) == parent:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Still holding what it had: alive and not yet a zombie (a zombie has released its memory)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"

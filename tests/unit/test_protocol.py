@@ -29,7 +29,7 @@ MESSAGES: list[p.Message] = [
     p.TaskEnded("j", 2, "1:0"), p.TaskFinished("j", 2, "1:0", stats={"task": "1:0"}),
     p.TaskFailed("j", 2, "1:0", error="boom"), p.JobError("j", 2, error="lost"),
     p.TaskFailed("j", 2, "1:0", error="boom", traceback="Traceback (most recent call last):\n..."),
-    p.WorkerLog("w-1", lines=50), p.LogTail(20),
+    p.WorkerLog("w-1", lines=50), p.LogTail(20), p.WorkerProfile("w-1", seconds=3), p.Profile(30),
     p.Submit(entry="m:f", config={"checkpoint": {"interval_s": 1}}), p.Status(), p.Cancel("j"),
     p.WaitJob("j", 2.5), p.Probe("j"), p.TakeCheckpoint("j", savepoint=True, directory="/sp"),
     p.Checkpoints("j"), p.Rescale("j", {"*": 3}),
@@ -54,6 +54,7 @@ def test_every_message_survives_the_wire(message: p.Message) -> None:
     (p.Submit, {"config": ["not", "an", "object"]}, "config"),
     (p.Cancel, {}, "job_id"),
     (p.WorkerLog, {"worker_id": "w-1", "lines": "many"}, "lines"),
+    (p.WorkerProfile, {"worker_id": "w-1", "seconds": 2.5}, "seconds"),
 ])
 def test_a_malformed_message_is_refused_naming_the_field(kind: type[p.Message], doc: dict[str, Any],
                                                           field: str) -> None:

@@ -1,0 +1,267 @@
+"""PostgreSQL tables in SQL (runtime/sql/postgres_tables.py): jdbc tables planned onto PostgresSink (upsert with a
+key, append without; a changelog's -D a delete by key), postgres-cdc tables onto PostgresCdcSource as a changelog,
+the lookup join's plan, its PARTIAL cache and its rows, and every refusal in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlglot")
+
+from runtime.api import Job  # noqa: E402
+from runtime.api.async_io import AsyncMap  # noqa: E402
+from runtime.connectors.postgres_sink import Deleted, net_changes  # noqa: E402
+from runtime.sql.errors import SqlError  # noqa: E402
+from runtime.sql.explain import explain  # noqa: E402
+from runtime.sql.postgres_tables import (  # noqa: E402
+    CdcTableSource,
+    JdbcSink,
+    LookupCache,
+    LookupFunction,
+    LookupSettings,
+    changelog_rows,
+    duration_ms,
+    join_rows,
+)
+from runtime.sql.session import session_of  # noqa: E402
+from runtime.sql.types import STRING, reader  # noqa: E402
+
+URL = "jdbc:postgresql://db.local:6543/shop"
+ORDERS = """
+CREATE TABLE orders (id BIGINT, customer BIGINT, amount BIGINT, proc_time AS PROCTIME())
+  WITH ('connector' = 'datagen', 'number-of-rows' = '10');
+"""
+CUSTOMERS = """
+CREATE TABLE customers (id BIGINT, region STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ('connector' = 'jdbc', 'url' = '{url}', 'table-name' = 'customers', 'username' = 'app',
+        'password' = 'pw'{extra});
+"""
+TOTALS = """
+CREATE TABLE totals (region STRING, total BIGINT{key})
+  WITH ('connector' = 'jdbc', 'url' = '{url}', 'table-name' = 'crm.totals', 'username' = 'app'{extra});
+"""
+LOOKUP = """
+INSERT INTO totals SELECT c.region, o.amount FROM orders AS o
+  {join} customers FOR SYSTEM_TIME AS OF o.proc_time AS c ON o.customer = c.id{rest};
+"""
+
+
+def plan(text: str) -> Job:
+    job = Job("q")
+    job.sql(text)
+    return job
+
+
+def refusal(info: Any) -> str:
+    """The one line of a refusal, without the statement's position before it."""
+    text = str(info.value)
+    assert "\n" not in text
+    return re.sub(r"^line \d+, column \d+: ", "", text)
+
+
+def sink_of(job: Job) -> Any:
+    return next(n.payload for n in job.nodes if n.kind == "sink")
+
+
+def test_an_updating_query_into_a_jdbc_table_with_a_key_is_the_exactly_once_upsert_sink() -> None:
+    job = plan(ORDERS + TOTALS.format(key=", PRIMARY KEY (region) NOT ENFORCED", url=URL, extra="")
+               + "INSERT INTO totals SELECT CAST(customer AS STRING), SUM(amount) FROM orders "
+                 "GROUP BY CAST(customer AS STRING);")
+    sink = sink_of(job)
+    assert isinstance(sink, JdbcSink) and sink.changelog
+    assert (sink.dsn, sink.table, sink.key, sink.mode, sink.delivery, sink.columns) == (
+        "host=db.local port=6543 dbname=shop user=app", "crm.totals", ("region",), "upsert", "exactly-once",
+        ("region", "total"))
+
+
+def test_an_append_query_into_a_jdbc_table_without_a_key_appends_and_an_updating_one_is_refused() -> None:
+    sink = sink_of(plan(ORDERS + TOTALS.format(key="", url=URL, extra="")
+                        + "INSERT INTO totals SELECT CAST(customer AS STRING), amount FROM orders;"))
+    assert isinstance(sink, JdbcSink) and (sink.mode, sink.key, sink.changelog) == ("append", (), False)
+    with pytest.raises(SqlError) as info:
+        plan(ORDERS + TOTALS.format(key="", url=URL, extra="")
+             + "INSERT INTO totals SELECT CAST(customer AS STRING), SUM(amount) FROM orders "
+               "GROUP BY CAST(customer AS STRING);")
+    assert refusal(info).startswith("Table sink 'default_catalog.default_database.totals' doesn't support consuming "
+                                    "update changes which is produced by node GroupAggregate")
+
+
+def test_a_changelog_becomes_upserts_and_deletes_by_key_the_last_change_of_a_key_winning() -> None:
+    sink = JdbcSink("dbname=x", "t", key=["k"], columns=["k", "v"], changelog=True)
+    sink._rows, sink._key_positions = [], [0]
+    for record in [("+I", ("a", 1)), ("+I", ("b", 1)), ("-U", ("a", 1)), ("+U", ("a", 2)), ("-D", ("b", 1)),
+                   ("+I", ("c", 1)), ("-D", ("c", 1)), ("+I", ("c", 3)), ("-D", ("d", 9))]:
+        sink.write(record)
+    assert sink._rows == [("a", 1), ("b", 1), ("a", 2), Deleted(("b",)), ("c", 1), Deleted(("c",)), ("c", 3),
+                          Deleted(("d",))]
+    assert net_changes(sink._rows, [0]) == ([("a", 2), ("c", 3)], [("b",), ("d",)])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (", 'url' = 'jdbc:mysql://h:3306/db'", "table totals: 'url' must be jdbc:postgresql://host:port/database (PostgreSQL is the one JDBC database of Sluice SQL), got 'jdbc:mysql://h:3306/db'"),  # noqa: E501
+    (", 'url' = 'jdbc:postgresql://h:5432'", "table totals: 'url' must be jdbc:postgresql://host:port/database, got 'jdbc:postgresql://h:5432'"),  # noqa: E501
+    (", 'sink.buffer-flush.interval' = '1s'", "table totals: option 'sink.buffer-flush.interval' is not supported by the 'jdbc' connector"),  # noqa: E501
+    (", 'sink.delivery-guarantee' = 'none'", "table totals: 'sink.delivery-guarantee' must be exactly-once or at-least-once, got 'none'"),  # noqa: E501
+])
+def test_bad_jdbc_options_are_one_line_naming_table_and_option(extra: str, message: str) -> None:
+    text = TOTALS.format(key="", url=URL, extra="").replace(f"'url' = '{URL}', ", "") if "'url'" in extra else \
+        TOTALS.format(key="", url=URL, extra="")
+    text = text.replace(")\n  WITH (", ")\n  WITH (").replace("'username' = 'app')", f"'username' = 'app'{extra})")
+    with pytest.raises(SqlError) as info:
+        plan(ORDERS + text + "INSERT INTO totals SELECT CAST(customer AS STRING), amount FROM orders;")
+    assert refusal(info).startswith(message)
+
+
+def test_the_lookup_join_plans_onto_async_io_with_flinks_cache_and_retry_options() -> None:
+    extra = (", 'lookup.cache' = 'PARTIAL', 'lookup.partial-cache.max-rows' = '500', "
+             "'lookup.partial-cache.expire-after-write' = '10 s', 'lookup.max-retries' = '5'")
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra=extra) + TOTALS.format(key="", url=URL, extra="")
+               + LOOKUP.format(join="LEFT JOIN", rest=""))
+    assert [n.kind for n in job.nodes] == ["source", "async_map", "flat_map", "map", "sink"]
+    async_map = next(n.payload for n in job.nodes if n.kind == "async_map")
+    assert isinstance(async_map, AsyncMap) and isinstance(async_map.fn, LookupFunction)
+    lookup = async_map.fn
+    assert (async_map.capacity, async_map.ordered, async_map.retry.max_attempts) == (10, True, 6)
+    assert lookup.settings == LookupSettings(cache_rows=500, expire_after_write_ms=10_000, max_retries=5)
+    assert (lookup.dsn, lookup.table_name, lookup.columns, lookup.key_columns, lookup.left) == (
+        "host=db.local port=6543 dbname=shop user=app password=pw", "customers", ["id", "region"], ["id"], True)
+    assert lookup.key_fn((7, 42, 3, 0)) == (42,)
+    text = explain(session_of(job))
+    assert ("LookupJoin(table=[default_catalog.default_database.customers], joinType=[LeftOuterJoin], "
+            "lookup=[id=o.customer])  changelog=[I]") in text
+    assert "keys id, state the lookups in flight, cache: 500 rows" in text
+
+
+def test_a_lookup_joins_function_names_its_extra_and_is_checked_at_submit() -> None:
+    from runtime.graph.admission import needed_extras
+
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra="") + TOTALS.format(key="", url=URL, extra="")
+               + LOOKUP.format(join="JOIN", rest=""))
+    assert needed_extras(job) == {"postgres"}
+    assert callable(next(n.payload for n in job.nodes if n.kind == "async_map").fn.check_at_submit)
+
+
+def test_an_inner_lookup_join_keeps_the_rest_of_on_as_a_filter_of_the_joined_rows() -> None:
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra="") + TOTALS.format(key="", url=URL, extra="")
+               + LOOKUP.format(join="JOIN", rest=" AND c.region <> 'north'"))
+    lookup = next(n.payload for n in job.nodes if n.kind == "async_map").fn
+    assert lookup.left is False and lookup.settings == LookupSettings()
+    assert lookup.filter_fn is not None
+    assert lookup.filter_fn((1, 2, 3, 0, 2, "south")) and not lookup.filter_fn((1, 2, 3, 0, 2, "north"))
+
+
+@pytest.mark.parametrize(("query", "extra", "message"), [
+    (LOOKUP.format(join="JOIN", rest="").replace("o.proc_time", "o.amount"), "",
+     "JOIN customers FOR SYSTEM_TIME AS OF o.amount: a temporal join on event time (versioned tables) is not "
+     "supported yet; a lookup join needs a processing-time attribute"),
+    (LOOKUP.format(join="FULL JOIN", rest=""), "",
+     "JOIN customers FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not FULL"),
+    (LOOKUP.format(join="JOIN", rest="").replace("o.customer = c.id", "o.customer > c.id"), "",
+     "JOIN customers FOR SYSTEM_TIME AS OF: the ON condition needs an equality between a column of customers and "
+     "the left side (the lookup key)"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL'",
+     "table customers: 'lookup.cache' must be NONE or PARTIAL (FULL is not supported), got 'FULL'"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'PARTIAL'",
+     "table customers: 'lookup.cache' = 'PARTIAL' needs 'lookup.partial-cache.max-rows' above 0"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.max-retries' = 'many'",
+     "table customers: 'lookup.max-retries' must be a whole number, got 'many'"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.partial-cache.expire-after-write' = 'soon'",
+     "table customers: 'lookup.partial-cache.expire-after-write' must be a duration ('10 s', '1 min'), got 'soon'"),
+])
+def test_lookup_joins_that_cannot_run_are_refused_in_one_line(query: str, extra: str, message: str) -> None:
+    with pytest.raises(SqlError) as info:
+        plan(ORDERS + CUSTOMERS.format(url=URL, extra=extra) + TOTALS.format(key="", url=URL, extra="") + query)
+    assert refusal(info).startswith(message)
+
+
+def test_a_lookup_join_against_a_table_that_is_not_jdbc_is_refused() -> None:
+    with pytest.raises(SqlError) as info:
+        plan(ORDERS + "CREATE TABLE customers (id BIGINT, region STRING) WITH ('connector' = 'datagen');"
+             + TOTALS.format(key="", url=URL, extra="") + LOOKUP.format(join="JOIN", rest=""))
+    assert refusal(info) == ("JOIN customers FOR SYSTEM_TIME AS OF: table customers is a 'datagen' table; a lookup "
+                             "join needs a 'jdbc' table")
+
+
+def test_the_partial_cache_evicts_the_least_recently_used_and_expires_after_write() -> None:
+    cache = LookupCache(2, 1000)
+    cache.put(("a",), [(1,)], now_ms=0)
+    cache.put(("b",), [], now_ms=10)
+    assert cache.get(("a",), 20) == (True, [(1,)])  # a is now the most recently used
+    cache.put(("c",), [(3,)], now_ms=30)  # b goes
+    assert [cache.get(k, 40)[0] for k in [("a",), ("b",), ("c",)]] == [True, False, True]
+    assert cache.get(("a",), 1000) == (False, None) and len(cache) == 1  # written at 0: expired at 1000
+    assert cache.get(("c",), 1029) == (True, [(3,)])
+
+
+def test_join_rows_pad_a_left_joins_miss_and_drop_an_inner_ones() -> None:
+    assert join_rows((1, 2), [(2, "x"), (2, "y")], left=False, width=2) == [(1, 2, 2, "x"), (1, 2, 2, "y")]
+    assert join_rows((1, 9), [], left=True, width=2) == [(1, 9, None, None)]
+    assert join_rows((1, 9), [], left=False, width=2) == []
+    assert [duration_ms(t) for t in ["10 s", "10s", "1 min", "250", "2h"]] == [10_000, 10_000, 60_000, 250,
+                                                                              7_200_000]
+
+
+def test_a_lookup_with_a_null_key_matches_nothing_without_asking_the_server() -> None:
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra="") + TOTALS.format(key="", url=URL, extra="")
+               + LOOKUP.format(join="LEFT JOIN", rest=""))
+    lookup = next(n.payload for n in job.nodes if n.kind == "async_map").fn
+    assert asyncio.run(lookup((1, None, 5, 0))) == [(1, None, 5, 0, None, None)] and lookup.lookups == 0
+
+
+def test_a_postgres_cdc_table_is_a_changelog_of_the_cdc_sources_changes() -> None:
+    job = plan("""
+CREATE TABLE customer_changes (id BIGINT, region STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ('connector' = 'postgres-cdc', 'hostname' = 'db.local', 'port' = '6543', 'username' = 'app',
+        'password' = 'pw', 'database-name' = 'shop', 'schema-name' = 'crm', 'table-name' = 'customers',
+        'slot.name' = 'flink');
+CREATE TABLE per_region (region STRING, n BIGINT, PRIMARY KEY (region) NOT ENFORCED)
+  WITH ('connector' = 'jdbc', 'url' = 'jdbc:postgresql://db.local:6543/shop', 'table-name' = 'per_region');
+INSERT INTO per_region SELECT region, COUNT(*) FROM customer_changes GROUP BY region;
+""")
+    source = next(n.payload for n in job.nodes if n.kind == "source")
+    assert isinstance(source, CdcTableSource)
+    assert (source.dsn, source.tables, source.publication) == (
+        "host=db.local port=6543 dbname=shop user=app password=pw", ("crm.customers",), "dbz_publication")
+    assert "changelog=[I,UB,UA,D]" in explain(session_of(job)).split("TableSourceScan")[1].splitlines()[0]
+    assert isinstance(sink_of(job), JdbcSink)
+
+
+def test_cdc_changes_become_flinks_row_kinds() -> None:
+    names, readers = ["id", "region"], [reader(STRING), reader(STRING)]
+
+    def rows(change: dict[str, Any]) -> list[tuple[str, Any]]:
+        return changelog_rows(change, names, readers, None)
+
+    assert rows({"op": "r", "after": {"id": "1", "region": "n"}}) == [("+I", ("1", "n"))]
+    assert rows({"op": "c", "after": {"id": "2", "region": "s"}}) == [("+I", ("2", "s"))]
+    assert rows({"op": "u", "before": {"id": "1", "region": "n"}, "after": {"id": "1", "region": "e"}}) == [
+        ("-U", ("1", "n")), ("+U", ("1", "e"))]
+    # without REPLICA IDENTITY FULL the before image holds the key alone: an upsert, as Flink CDC gives then
+    assert rows({"op": "u", "before": {"id": "1"}, "after": {"id": "1", "region": "w"}}) == [("+U", ("1", "w"))]
+    assert rows({"op": "d", "before": {"id": "2", "region": "s"}}) == [("-D", ("2", "s"))]
+    with pytest.raises(ValueError, match="truncate"):
+        rows({"op": "t"})
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("'slot.name' = 's'", "table c: the 'postgres-cdc' connector needs the option 'hostname'"),
+    ("'hostname' = 'h', 'slot.name' = 's', 'port' = 'x'", "table c: 'port' must be a number, got 'x'"),
+    ("'hostname' = 'h', 'slot.name' = 's', 'decoding.plugin.name' = 'decoderbufs'",
+     "table c: 'decoding.plugin.name' must be 'pgoutput', got 'decoderbufs'"),
+    ("'hostname' = 'h', 'slot.name' = 's', 'scan.startup.mode' = 'latest-offset'",
+     "table c: option 'scan.startup.mode' is not supported by the 'postgres-cdc' connector"),
+    ("'hostname' = 'h'", "table c: the 'postgres-cdc' connector needs the option 'slot.name'"),
+])
+def test_bad_postgres_cdc_options_are_one_line(extra: str, message: str) -> None:
+    with pytest.raises(SqlError) as info:
+        plan(f"""
+CREATE TABLE c (id BIGINT) WITH ('connector' = 'postgres-cdc', 'username' = 'u', 'database-name' = 'd',
+  'table-name' = 't', {extra});
+CREATE TABLE out (id BIGINT, n BIGINT) WITH ('connector' = 'print');
+INSERT INTO out SELECT id, COUNT(*) FROM c GROUP BY id;
+""")
+    assert refusal(info).startswith(message)
