@@ -25,6 +25,7 @@ from runtime.api import (
     Job,
 )
 from runtime.execution.operators import Chain, RecordWriter
+from runtime.graph.partitioning import key_group
 from tests.support.buffers import make_subs, sent
 
 LEFT, RIGHT = "interval-join:left", "interval-join:right"
@@ -250,3 +251,38 @@ def test_a_snapshot_keeps_the_buffers_it_copied_while_the_loops_change_the_later
     assert msgpack.packb(copied) == encoded  # what the snapshot copied did not change
     assert [e[0] for e in tables[LEFT]["a"]] == [41] and [e[0] for e in copied[LEFT]["a"]] == [10, 12, 13]
     assert h.outputs() == [(15, (("a", i, ts), ("a", 6, 15))) for i, ts in ((0, 10), (2, 12), (3, 13), (4, 14))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenario=scenarios(), cut_at=st.integers(0, 30))
+def test_a_checkpoint_split_by_key_group_into_two_subtasks_gives_the_same_pairs(
+        scenario: tuple[int, int, str, int | None, list[Event]], cut_at: int) -> None:
+    """A rescale from 1 to 2: the keyed tables split by key group (as runtime/checkpointing/rescaling.py
+    splits them), each half restored into its own chain, which takes the rest of its keys' records."""
+    lower, upper, how, grain, events = scenario
+    reference = Harness(PerRecordJoin(lower, upper, pair, how, cleanup_grain_ms=grain))
+    _run(reference, events, per_record=True)
+    reference.watermark(MAX_WATERMARK)
+
+    cut = min(cut_at, len(events))
+    wm = max([MIN_WATERMARK] + [e[1] for e in events[:cut] if e[0] == "w"])
+    before = Harness(IntervalJoinFunction(lower, upper, pair, how, cleanup_grain_ms=grain))
+    _run(before, events[:cut])
+    snapshot = before.snapshot()
+    max_parallelism = before.chain.max_parallelism
+    halves = []
+    for half in range(2):
+        def mine(key: Any, half: int = half) -> bool:
+            return key_group(key, max_parallelism) % 2 == half
+        h = Harness(IntervalJoinFunction(lower, upper, pair, how, cleanup_grain_ms=grain))
+        h.chain.restore_state({node: {name: {k: v for k, v in table.items() if mine(k)}
+                                      for name, table in tables.items()} for node, tables in snapshot.items()}, None)
+        h.chain.restore_watermarks(wm, wm)
+        for event in events[cut:]:
+            if event[0] == "w":
+                h.watermark(event[1])
+            else:
+                h.batch(event[1], [r for r in event[2] if mine(r[0])])
+        h.watermark(MAX_WATERMARK)
+        halves.append(h)
+    assert Counter(before.outputs() + halves[0].outputs() + halves[1].outputs()) == Counter(reference.outputs())
