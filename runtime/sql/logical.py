@@ -245,8 +245,38 @@ class LookupJoin(PlanNode):
 
 
 @dataclass(eq=False)
+class TemporalJoin(PlanNode):
+    """`JOIN r FOR SYSTEM_TIME AS OF left.rowtime ON left.k = r.pk`: each left row joined, once the watermark
+    passes it, with the version of r valid at its rowtime (runtime/sql/temporal_join.py). Output rows are the
+    left row's fields then the right row's; insert-only, the left rowtime kept."""
+
+    left: PlanNode = None  # type: ignore[assignment]
+    right: PlanNode = None  # type: ignore[assignment]
+    how: str = "inner"
+    left_keys: list[exp.Expr] = field(default_factory=list)
+    right_keys: list[exp.Expr] = field(default_factory=list)
+    left_key_fn: Callable[[Any], Any] | None = None
+    right_key_fn: Callable[[Any], Any] | None = None
+    condition: exp.Expr | None = None  # the rest of the ON condition, checked per joined pair
+    predicate: Callable[[Any], Any] | None = None
+    right_deletes: bool = True  # a -D of the right side deletes its key (False: a deduplication's, a replacement)
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.left, self.right]
+
+    def digest(self) -> str:
+        kind = {"inner": "InnerJoin", "left": "LeftOuterJoin"}[self.how]
+        keys = " AND ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(self.left_keys, self.right_keys, strict=True))
+        extra = f" AND {self.condition.sql()}" if self.condition is not None else ""
+        assert self.rowtime is not None and self.right.rowtime is not None
+        return f"TemporalJoin(joinType=[{kind}], where=[__TEMPORAL_JOIN_CONDITION({self.fields[self.rowtime].name}, " \
+               f"{self.right.fields[self.right.rowtime].name}) AND {keys}{extra}])"
+
+
+@dataclass(eq=False)
 class Rank(PlanNode):
-    """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1."""
+    """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1;
+    ORDER BY ... LIMIT n (no partition); limit 0: ORDER BY the rowtime alone, a sort on a time attribute."""
 
     input: PlanNode = None  # type: ignore[assignment]
     partition: list[exp.Expr] = field(default_factory=list)
@@ -263,6 +293,8 @@ class Rank(PlanNode):
         return [self.input]
 
     def digest(self) -> str:
+        if self.limit == 0:  # ORDER BY the rowtime without LIMIT
+            return f"TemporalSort(orderBy=[{', '.join(o.sql() for o in self.order)}])"
         name = "Deduplicate" if self.limit == 1 else "Rank"
         if self.window_end is not None:
             name = "WindowDeduplicate" if self.deduplicates else "WindowRank"
@@ -305,6 +337,23 @@ class Union(PlanNode):
 
     def digest(self) -> str:
         return f"Union(all=[true], fields=[{', '.join(f.name for f in self.fields)}])"
+
+
+@dataclass(eq=False)
+class SetOperation(PlanNode):
+    """INTERSECT or EXCEPT (`every`: the ALL form) of two inputs with rows of one shape."""
+
+    left: PlanNode = None  # type: ignore[assignment]
+    right: PlanNode = None  # type: ignore[assignment]
+    kind: str = "INTERSECT"
+    every: bool = False
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.left, self.right]
+
+    def digest(self) -> str:
+        names = ", ".join(f.name for f in self.fields)
+        return f"{self.kind.title()}(all=[{str(self.every).lower()}], fields=[{names}])"
 
 
 @dataclass(eq=False)
@@ -391,6 +440,8 @@ class Planner:
             union = self._union([left, right])
             # UNION (distinct) is Flink's Union(all) and a GroupAggregate over every column
             return self._distinct(union) if query.args.get("distinct") else union
+        if isinstance(query, exp.Intersect | exp.Except):
+            return self._set_operation(query)
         if isinstance(query, exp.Select):
             return self._select(query)
         raise SqlError(f"{type(query).__name__} is not supported as a query: {query.sql()[:60]}")
@@ -434,6 +485,18 @@ class Planner:
         return Aggregate(fields, ALL if updating_input else UPDATING, None, input=node, keys=keys,
                          key_fn=compiler.build(key_source), key_source=key_source, calls=[], aggregate=aggregate)
 
+    def _set_operation(self, query: exp.Intersect | exp.Except) -> PlanNode:
+        """INTERSECT / EXCEPT [ALL], as Flink plans them: both sides keyed by the whole row, a count per side
+        (runtime/sql/set_operations.py); the output is updating (+I, -D) as the counts change."""
+        kind = "INTERSECT" if isinstance(query, exp.Intersect) else "EXCEPT"
+        every = not query.args.get("distinct")
+        left, right = self.plan_query(query.this), self.plan_query(query.expression)
+        if len(left.fields) != len(right.fields):
+            raise SqlError(f"{kind} of {len(left.fields)} and {len(right.fields)} columns")
+        fields = tuple(Field(f.name, _union_type([f.type, g.type])) for f, g in zip(left.fields, right.fields,
+                                                                                      strict=True))
+        return SetOperation(fields, RETRACTING, None, left=left, right=right, kind=kind, every=every)
+
     def _union(self, branches: list[PlanNode]) -> PlanNode:
         flat: list[PlanNode] = []
         for b in branches:
@@ -451,6 +514,10 @@ class Planner:
     # -- SELECT ----------------------------------------------------------------------------------------------
 
     def _select(self, select: exp.Select) -> PlanNode:
+        if select.args.get("order") and select.args.get("limit"):
+            return self._order_limit(select)
+        if select.args.get("order") and not select.args.get("limit") and not select.args.get("qualify"):
+            return self._temporal_sort(select)
         for unsupported in ("order", "limit", "qualify"):
             if select.args.get(unsupported):
                 what = {"order": "ORDER BY", "limit": "LIMIT", "qualify": "QUALIFY"}[unsupported]
@@ -486,6 +553,54 @@ class Planner:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
                                    having.this if having else None)
         return self._calc(source, items, where.this if where else None)
+
+    def _temporal_sort(self, select: exp.Select) -> PlanNode:
+        """ORDER BY rowtime [ASC][, more]: Flink's sort on a time attribute; rows wait until the watermark passes
+        their rowtime, then go out in the order (runtime/sql/operators.py, TemporalSortFunction)."""
+        order = select.args["order"].expressions
+        body = select.copy()
+        body.set("order", None)
+        base = self._select(body)
+        first = order[0]
+        if base.rowtime is None or not isinstance(first.this, exp.Column) or first.args.get("desc") \
+                or base.scope.resolve(first.this) != base.rowtime:
+            raise SqlError("ORDER BY in a streaming query must start with the rowtime attribute ascending (Flink's "
+                           "sort on a time attribute), or have a LIMIT")
+        require_insert_only("TemporalSort", base.mode, source_digest(original(base)))
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        values = [compiler.compile(o.this) for o in order]
+        descending = tuple(bool(o.args.get("desc")) for o in order)
+        from runtime.sql.operators import SortKey
+
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = descending
+        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        return Rank(base.fields, INSERT_ONLY, base.rowtime, input=base, partition=[], order=list(order), limit=0,
+                    with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
+
+    def _order_limit(self, select: exp.Select) -> PlanNode:
+        """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's
+        rows on one subtask); updating, rows entering the first n inserted, those pushed out deleted."""
+        limit_node = select.args["limit"]
+        count = limit_node.expression
+        if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
+            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
+        limit = int(count.name)
+        order = select.args["order"].expressions
+        body = select.copy()
+        body.set("order", None)
+        body.set("limit", None)
+        base = self._select(body)
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        values = [compiler.compile(o.this) for o in order]
+        descending = tuple(bool(o.args.get("desc")) for o in order)
+        from runtime.sql.operators import SortKey
+
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = descending
+        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        return Rank(base.fields, RETRACTING, None, input=base, partition=[], order=list(order), limit=limit,
+                    with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
 
     def _expand_star(self, items: list[exp.Expr], source: PlanNode) -> list[exp.Expr]:
         out: list[exp.Expr] = []
@@ -693,7 +808,10 @@ class Planner:
                 raise SqlError("JOIN ... USING is not supported yet: write ON a.x = b.x")
             conditions = conjuncts(join.args.get("on"))
             if isinstance(join.this, exp.Table) and join.this.args.get("version") is not None:
-                left = self._lookup_join(left, join.this, how, conditions)
+                if _as_of_rowtime(left, join.this):
+                    left = self._temporal_join(left, join.this, how, conditions)
+                else:
+                    left = self._lookup_join(left, join.this, how, conditions)
                 continue
             right = self._relation(join.this)
             if how == "inner":
@@ -747,7 +865,7 @@ class Planner:
 
     def _lookup_join(self, left: PlanNode, dim: exp.Table, how: str, conditions: list[exp.Expr]) -> PlanNode:
         """FOR SYSTEM_TIME AS OF a processing-time attribute of the left side, against a jdbc table: Flink's
-        lookup join (a versioned table joined on event time, Flink's temporal join, is not supported yet)."""
+        lookup join (AS OF the left side's rowtime is the temporal join: `_temporal_join`)."""
         version = dim.args["version"]
         name = dim.name
         as_of = version.args.get("expression")
@@ -758,9 +876,9 @@ class Planner:
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join needs a jdbc table, {name} is a view")
         table = self.catalog.table(name)
         if not _is_proctime(left, left.scope.resolve(as_of), self.catalog):
-            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {as_of.sql()}: a temporal join on event time "
-                           "(versioned tables) is not supported yet; a lookup join needs a processing-time "
-                           "attribute, a computed column `AS PROCTIME()` of the left side's table")
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {as_of.sql()}: neither the left side's rowtime (a "
+                           "temporal join on event time) nor a processing-time attribute (a lookup join: a "
+                           "computed column `AS PROCTIME()` of the left side's table)")
         if table.connector != "jdbc":
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: table {name} is a '{table.connector}' table; a lookup "
                            "join needs a 'jdbc' table")
@@ -790,6 +908,40 @@ class Planner:
         return LookupJoin(fields, INSERT_ONLY, left.rowtime, input=left, table=table, how=how,
                           left_keys=cond.left_keys, lookup_columns=tuple(columns), left_key_fn=key_fn,
                           condition=rest, predicate=predicate)
+
+    def _temporal_join(self, left: PlanNode, versioned: exp.Table, how: str, conditions: list[exp.Expr]
+                       ) -> PlanNode:
+        """FOR SYSTEM_TIME AS OF the left side's rowtime: Flink's event-time temporal join against a versioned
+        table (a PRIMARY KEY and a WATERMARK: a table, or a view deduplicating on the rowtime, keeping the last
+        row per key). Insert-only, the left side's rowtime kept (runtime/sql/temporal_join.py)."""
+        name = versioned.name
+        if how not in ("inner", "left"):
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a temporal join is INNER or LEFT, not {how.upper()}")
+        require_insert_only("TemporalJoin (left input)", left.mode, source_digest(original(left)))
+        right = self._relation(versioned)
+        primary_key = _versioned_key(right)
+        if right.rowtime is None or not primary_key:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF {versioned.args['version'].args['expression'].sql()}: "
+                           f"{name} is not a versioned table: an event-time temporal join needs a PRIMARY KEY and a "
+                           "WATERMARK on it (or a view keeping the last row per key: ROW_NUMBER() OVER (PARTITION "
+                           "BY key ORDER BY rowtime DESC) = 1)")
+        cond = split_condition(conditions, left.scope, right.scope, None, None)
+        key_names = {right.fields[right.scope.resolve(k)].name for k in cond.right_keys if isinstance(k, exp.Column)}
+        if not set(primary_key) <= key_names:
+            raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: the versioned table's primary key "
+                           f"[{', '.join(primary_key)}] must be in the join's equalities (ON {name}.key = ...)")
+        fields = (*left.fields, *(Field(f.name, f.type.or_null() if how == "left" else f.type, f.table)
+                                  for f in right.fields))
+        rest = exp.and_(*cond.rest) if cond.rest else None
+        predicate = ExpressionCompiler(Scope(fields), self.catalog.functions).predicate(rest)[0] \
+            if rest is not None else None
+        return TemporalJoin(fields, INSERT_ONLY, left.rowtime, left=left, right=right, how=how,
+                            left_keys=cond.left_keys, right_keys=cond.right_keys,
+                            left_key_fn=_key_function(ExpressionCompiler(left.scope, self.catalog.functions),
+                                                      cond.left_keys),
+                            right_key_fn=_key_function(ExpressionCompiler(right.scope, self.catalog.functions),
+                                                       cond.right_keys),
+                            condition=rest, predicate=predicate, right_deletes=not _deduplicated(right))
 
     # -- Top-N ---------------------------------------------------------------------------------------------
 
@@ -858,7 +1010,8 @@ class Planner:
                         limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
                         newest_wins_ties=bool(by_time and descending[0]), window_end=w.end,
                         deduplicates=bool(by_time)), rest
-        return Rank(fields, mode, base.rowtime if time_first else None, input=base, partition=partition,
+        # keeping the last row per key on the rowtime keeps it a time attribute: a versioned view (temporal join)
+        return Rank(fields, mode, base.rowtime if time_first or time_last else None, input=base, partition=partition,
                     order=order, limit=limit, with_rank=True, key_fn=key_fn, sort_key=sort_key,
                     newest_wins_ties=time_last), rest
 
@@ -1106,6 +1259,54 @@ def _is_proctime(node: PlanNode, index: int, catalog: Catalog) -> bool:
         return proctime(base.table.columns[index])
     name = node.fields[index].name
     return any(c.name == name and proctime(c) for t in catalog.tables.values() for c in t.columns)
+
+
+def _as_of_rowtime(left: PlanNode, versioned: exp.Table) -> bool:
+    """Whether `JOIN t FOR SYSTEM_TIME AS OF x` names the left side's rowtime (a temporal join on event time)."""
+    version = versioned.args["version"]
+    as_of = version.args.get("expression")
+    if (version.args.get("kind") or "").upper() != "AS OF" or not isinstance(as_of, exp.Column):
+        return False
+    try:
+        return left.rowtime is not None and left.scope.resolve(as_of) == left.rowtime
+    except SqlError:
+        return False
+
+
+def _versioned_key(node: PlanNode) -> tuple[str, ...]:
+    """The primary key of a versioned relation, as names of its fields: a table's PRIMARY KEY, a deduplication
+    keeping the last row per key on the rowtime (its partition), through projections keeping the key; () when
+    it has none."""
+    n = original(node)
+    if isinstance(n, TableScan):
+        return n.table.primary_key
+    if isinstance(n, Rank) and n.limit == 1 and n.newest_wins_ties and n.window_end is None and n.partition:
+        columns = [p for p in n.partition if isinstance(p, exp.Column)]
+        if len(columns) != len(n.partition):
+            return ()
+        return tuple(n.input.fields[n.input.scope.resolve(c)].name for c in columns)
+    if isinstance(n, Calc):
+        inner = _versioned_key(n.input)
+        if not inner or n.projection is None:
+            return inner
+        names = []
+        for key in inner:
+            at = n.input.scope.names().index(key)
+            plain = [(f.name, e.unalias()) for f, e in zip(n.fields, n.projection, strict=True)]
+            out = [name for name, e in plain if isinstance(e, exp.Column) and n.input.scope.resolve(e) == at]
+            if not out:
+                return ()
+            names.append(out[0])
+        return tuple(names)
+    return ()
+
+
+def _deduplicated(node: PlanNode) -> bool:
+    """Whether a relation is a deduplication (through projections): its -D rows are replaced versions."""
+    n = original(node)
+    while isinstance(n, Calc):
+        n = original(n.input)
+    return isinstance(n, Rank)
 
 
 def _window_below(node: PlanNode) -> WindowAssign | None:

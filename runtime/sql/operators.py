@@ -521,6 +521,33 @@ class OverAggregateFunction(KeyedProcessFunction):
         self.kept.update(tuple(kept))
 
 
+class TemporalSortFunction(KeyedProcessFunction):
+    """ORDER BY rowtime [ASC][, ...] without LIMIT, Flink's RowTimeSortOperator: each row waits (per timestamp)
+    until the watermark passes its rowtime, then the rows of that timestamp go out in the order's other keys
+    (ties in arrival order). A row at or behind the watermark when it arrives is late and dropped, as Flink
+    drops it. Insert-only."""
+
+    def __init__(self, time_index: int, sort_key: Callable[[Any], Any]) -> None:
+        self.time_index = time_index
+        self.sort_key = sort_key
+
+    def open(self, ctx: Any) -> None:
+        self.pending = ctx.map_state("sort:pending")  # timestamp -> its rows, in arrival order
+
+    def process(self, record: Any, ctx: Any) -> None:
+        ts = record[self.time_index]
+        if ts <= ctx.current_watermark:
+            return
+        self.pending.put(ts, [*(self.pending.get(ts) or ()), tuple(record)])
+        ctx.timers.register_event_time(ts)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> None:
+        rows = [tuple(r) for r in self.pending.get(timestamp) or ()]
+        self.pending.remove(timestamp)
+        for row in sorted(rows, key=self.sort_key):
+            ctx.emit(row)
+
+
 class WatermarkCalc(ProcessFunction):
     """A Calc whose expressions read CURRENT_WATERMARK: its filter and projection are functions of (row,
     watermark), called with the operator's current watermark (None before the first one, as Flink's NULL)."""

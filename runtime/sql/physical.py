@@ -34,9 +34,11 @@ from runtime.sql.logical import (
     OverAggregate,
     PlanNode,
     Rank,
+    SetOperation,
     SinkNode,
     StreamScan,
     TableScan,
+    TemporalJoin,
     Union,
     WindowAssign,
     original,
@@ -48,6 +50,7 @@ from runtime.sql.operators import (
     RegularJoinFunction,
     RetractableTopNFunction,
     RetractingGroupAggregateFunction,
+    TemporalSortFunction,
     TopNFunction,
     WatermarkCalc,
     WindowGroupAggregateFunction,
@@ -253,6 +256,11 @@ class Translator:
             return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition),
                                state=f"the top {node.limit} rows per key and window, until it fires")
         partition = ", ".join(p.sql() for p in node.partition) or "(one partition)"
+        if node.limit == 0:
+            assert node.rowtime is not None
+            sfn = TemporalSortFunction(node.rowtime, node.sort_key)
+            out = stream.key_by(node.key_fn).process(sfn, name=self._name(node))
+            return self._added(out, uid, ops, keys=partition, state="rows until the watermark passes them")
         if not node.input.mode.insert_only:
             rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank)
             out = stream.key_by(_of_row(node.key_fn)).process(rfn, name=self._name(node))
@@ -295,9 +303,38 @@ class Translator:
         flat = looked_up.flat_map(_identity, name=f"{self._name(node)} rows")
         return self._added(flat, f"{uid}-rows", ops)
 
+    def _t_TemporalJoin(self, node: TemporalJoin, inputs: list[DataStream], uid: str, ops: list[Operator]
+                        ) -> DataStream:
+        from runtime.sql.temporal_join import TemporalJoinFunction
+
+        left, right = inputs
+        assert node.left_key_fn is not None and node.right_key_fn is not None
+        assert node.left.rowtime is not None and node.right.rowtime is not None
+        changelog = not node.right.mode.insert_only
+        fn = TemporalJoinFunction(node.how, len(node.right.fields), node.left.rowtime, node.right.rowtime,
+                                  node.predicate, right_changelog=changelog, right_deletes=node.right_deletes)
+        right_key = _of_row(node.right_key_fn) if changelog else node.right_key_fn
+        out = left.key_by(node.left_key_fn).connect(right.key_by(right_key)).process(fn, name=self._name(node))
+        keys = ", ".join(f"{a.sql()} = {b.sql()}" for a, b in zip(node.left_keys, node.right_keys, strict=True))
+        return self._added(out, uid, ops, keys=keys, state="left rows until the watermark passes them; per key "
+                           "the versions from the one valid at the watermark on")
+
     def _t_Union(self, node: Union, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         first, *rest = inputs
         return first.union(*rest)
+
+    def _t_SetOperation(self, node: SetOperation, inputs: list[DataStream], uid: str, ops: list[Operator]
+                        ) -> DataStream:
+        from runtime.sql.set_operations import SetOperationFunction, signed_rows
+
+        sides = []
+        for i, (side, stream) in enumerate(zip(node.inputs(), inputs, strict=True)):
+            tag = signed_rows(i == 0, updating=not side.mode.insert_only)
+            sides.append(self._added(stream.map(tag, name=f"{self._name(node)} ({('left', 'right')[i]})"),
+                                     f"{uid}-{('left', 'right')[i]}", ops))
+        fn = SetOperationFunction(node.kind, every=node.every)
+        out = sides[0].union(sides[1]).key_by(_set_row_key).process(fn, name=self._name(node))
+        return self._added(out, uid, ops, keys="every column", state="per row: its count on each side")
 
     def _t_SinkNode(self, node: SinkNode, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         (stream,) = inputs
@@ -312,6 +349,11 @@ class Translator:
 
 def _identity(rows: Any) -> Any:
     return rows
+
+
+def _set_row_key(e: Any) -> Any:
+    """The key of a set operation's (from the left, sign, row) triples: the whole row."""
+    return e[2]
 
 
 def _of_row(key_fn: Any) -> Any:

@@ -14,3 +14,6 @@ CREATE TABLE bid (
   auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING,
   WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '{dir}/bid', 'format' = 'json');
+-- a versioned view (Flink's: the last row per key on the rowtime), for the temporal join check
+CREATE VIEW seller_latest_auction AS SELECT seller, id, category, `dateTime` FROM (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY seller ORDER BY `dateTime` DESC) AS rn FROM auction) WHERE rn = 1;

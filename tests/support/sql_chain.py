@@ -14,7 +14,7 @@ from runtime.graph.plan import chain_graph
 class SqlTailChain:
     """`feed([(timestamp, row), ...])`, `watermark(wm)`; the print table's lines go to stdout (capsys)."""
 
-    def __init__(self, script: str) -> None:
+    def __init__(self, script: str, *, subtask_index: int = 0, parallelism: int = 1) -> None:
         job = Job("sql-tail")
         job.sql(script)
         vertices, _ = chain_graph(job)
@@ -24,7 +24,7 @@ class SqlTailChain:
         nodes = [n for n in tail.nodes if job.nodes[n].kind != "source"]
         self.job = job
         self.names = [job.nodes[n].name for n in nodes]
-        self.chain = Chain(job, nodes, subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        self.chain = Chain(job, nodes, subtask_index=subtask_index, parallelism=parallelism, attempt=0, outputs=[])
         self.chain.open()
 
     def feed(self, rows: list[tuple[int | None, Any]], input_index: int = 0) -> None:

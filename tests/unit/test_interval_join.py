@@ -32,8 +32,9 @@ from tests.support.co_harness import KeyedCoHarness
 Rec = tuple[str, int, int, int]  # (key, timestamp, id, side)
 
 
-def harness(lower: int, upper: int, how: str = "inner", **kw: Any) -> KeyedCoHarness:
-    return KeyedCoHarness(IntervalJoinFunction(lower, upper, how=how), (lambda r: r[0], lambda r: r[0]), **kw)
+def harness(lower: int, upper: int, how: str = "inner", grain: int | None = None, **kw: Any) -> KeyedCoHarness:
+    return KeyedCoHarness(IntervalJoinFunction(lower, upper, how=how, cleanup_grain_ms=grain),
+                          (lambda r: r[0], lambda r: r[0]), **kw)
 
 
 def feed(h: KeyedCoHarness, side: int, key: str, ts: int, rid: int) -> Rec:
@@ -53,7 +54,7 @@ def test_pairs_come_out_when_the_second_record_arrives_with_the_later_timestamp(
 
 
 def test_late_records_go_to_the_side_outputs_and_buffers_go_when_the_watermark_passes() -> None:
-    h = harness(0, 5)
+    h = harness(0, 5, grain=1)  # exact clean-up timers (an inner join's default: per key and 1 s of event time)
     feed(h, 0, "a", 10, 1)
     h.watermark(0, 20)
     h.watermark(1, 14)  # operator watermark 14 < 10 + 5: the left record is still kept

@@ -103,7 +103,8 @@ def test_a_statement_set_reads_a_table_once_and_explain_shows_modes_keys_state_a
      "SECOND)) GROUP BY auction",
      "a GROUP BY over a window table function must group by window_start and window_end"),
     ("INSERT INTO out1 SELECT auction, price FROM bids ORDER BY price",
-     "ORDER BY is not supported yet in Sluice SQL (README, SQL: what is not yet)"),
+     "ORDER BY in a streaming query must start with the rowtime attribute ascending (Flink's sort on a time "
+     "attribute), or have a LIMIT"),
     ("INSERT INTO nope SELECT auction, price FROM bids",
      "Object 'nope' not found: no table or view of that name was created (tables: bids, out1, plain)"),
     ("SELECT * FROM bids", "a SELECT on its own has no sink here: INSERT INTO a table (a 'print' table shows rows)"),

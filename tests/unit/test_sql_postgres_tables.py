@@ -156,8 +156,8 @@ def test_an_inner_lookup_join_keeps_the_rest_of_on_as_a_filter_of_the_joined_row
 
 @pytest.mark.parametrize(("query", "extra", "message"), [
     (LOOKUP.format(join="JOIN", rest="").replace("o.proc_time", "o.amount"), "",
-     "JOIN customers FOR SYSTEM_TIME AS OF o.amount: a temporal join on event time (versioned tables) is not "
-     "supported yet; a lookup join needs a processing-time attribute"),
+     "JOIN customers FOR SYSTEM_TIME AS OF o.amount: neither the left side's rowtime (a temporal join on event "
+     "time) nor a processing-time attribute"),
     (LOOKUP.format(join="FULL JOIN", rest=""), "",
      "JOIN customers FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not FULL"),
     (LOOKUP.format(join="JOIN", rest="").replace("o.customer = c.id", "o.customer > c.id"), "",

@@ -203,6 +203,8 @@ class Chain:
         dict tables instead). An asynchronous operator takes the backend's snapshot itself, at its own point
         between state batches, and leaves its in-flight document for `take_async_inflight`."""
         self.clean_expired_state(AT_CHECKPOINT, GROUPS_AT_CHECKPOINT)
+        for op in self.operators:
+            op.before_snapshot()
         if self.async_operator is not None:
             pending, doc = self.async_operator.snapshot(checkpoint_id)
             self._async_inflight = {self.async_operator.node_id: doc}

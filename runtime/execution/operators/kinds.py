@@ -70,6 +70,10 @@ class Operator:
     def open(self) -> None:
         pass
 
+    def before_snapshot(self) -> None:
+        """A snapshot's synchronous part is about to copy the keyed-state tables (the memory path copies them
+        shallowly): an operator that changes state values in place stops doing so for the values it holds."""
+
     def close(self) -> None:
         pass
 
