@@ -350,10 +350,25 @@ def test_web_ui_shows_the_job_and_acts_on_it_in_chromium(live: Live) -> None:
         assert read(lambda d: d.find_element(By.ID, "job-state").text) == "RUNNING"
         assert live.job_id in read(lambda d: d.find_element(By.ID, "job-title").text)
         assert len(driver.find_elements(By.CSS_SELECTOR, "#graph path.edge")) == 1
-        # one worker was killed: the list loses it at the page's next redraw after the coordinator dropped it
-        links = read(lambda d: [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, "#workers a")]
-                     if len(d.find_elements(By.CSS_SELECTOR, "#workers a")) == 1 else None)
-        assert all(link.endswith("/metrics") for link in links), links
+        # one worker was killed: the API drops it, and the list shows what the API says at its next redraw
+        def registered() -> list[str]:
+            return sorted(w["worker_id"] for w in request(live.url("/api/v1/workers"))[1]["workers"])
+
+        poll(lambda: len(registered()) == 1, 90, "the API to list only the surviving worker", interval_s=0.25)
+        survivors = registered()
+
+        def listed(d: Any) -> list[str] | None:
+            rows = sorted(r.get_attribute("data-worker") for r in d.find_elements(By.CSS_SELECTOR, "#workers tbody tr"))
+            return rows if rows == survivors else None
+
+        try:
+            read(listed)
+        except Exception:
+            table = driver.find_element(By.ID, "workers").get_attribute("outerHTML")
+            raise AssertionError(f"the page's workers never matched the API's {registered()}: {table}; status "
+                                 f"{driver.find_element(By.ID, 'status').text!r}") from None
+        links = read(lambda d: [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, "#workers a")])
+        assert links and all(link.endswith("/metrics") for link in links), links
         assert read(lambda d: d.find_element(By.ID, "status").text) == ""  # no error from the API
 
         def click(by: str, selector: str) -> None:
