@@ -567,16 +567,19 @@ class Planner:
             raise SqlError("ORDER BY in a streaming query must start with the rowtime attribute ascending (Flink's "
                            "sort on a time attribute), or have a LIMIT")
         require_insert_only("TemporalSort", base.mode, source_digest(original(base)))
-        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
-        values = [compiler.compile(o.this) for o in order]
-        descending = tuple(bool(o.args.get("desc")) for o in order)
-        from runtime.sql.operators import SortKey
-
-        compiler.namespace["_SortKey"] = SortKey
-        compiler.namespace["_desc"] = descending
-        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        compiler, sort_key = self._sort_key(base, order)
         return Rank(base.fields, INSERT_ONLY, base.rowtime, input=base, partition=[], order=list(order), limit=0,
                     with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
+
+    def _sort_key(self, base: PlanNode, order: list[exp.Expr]) -> tuple[ExpressionCompiler, Any]:
+        """A compiler over `base`'s scope and the row -> sort key function of ORDER BY `order` (DESC honoured)."""
+        from runtime.sql.operators import SortKey
+
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        values = [compiler.compile(o.this) for o in order]
+        compiler.namespace["_SortKey"] = SortKey
+        compiler.namespace["_desc"] = tuple(bool(o.args.get("desc")) for o in order)
+        return compiler, compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
 
     def _order_limit(self, select: exp.Select) -> PlanNode:
         """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's
@@ -591,14 +594,7 @@ class Planner:
         body.set("order", None)
         body.set("limit", None)
         base = self._select(body)
-        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
-        values = [compiler.compile(o.this) for o in order]
-        descending = tuple(bool(o.args.get("desc")) for o in order)
-        from runtime.sql.operators import SortKey
-
-        compiler.namespace["_SortKey"] = SortKey
-        compiler.namespace["_desc"] = descending
-        sort_key = compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
+        compiler, sort_key = self._sort_key(base, order)
         return Rank(base.fields, RETRACTING, None, input=base, partition=[], order=list(order), limit=limit,
                     with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
 

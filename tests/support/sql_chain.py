@@ -9,6 +9,7 @@ from typing import Any
 from runtime.api import Job
 from runtime.execution.operators import Chain
 from runtime.graph.plan import chain_graph
+from tests.support.chain_time import advance_watermark
 
 
 class SqlTailChain:
@@ -32,9 +33,4 @@ class SqlTailChain:
         self.chain.input_batch(input_index)(list(rows))
 
     def watermark(self, wm: int) -> None:
-        timers = self.chain.timers
-        if timers is not None:
-            timers.set_watermark(wm)
-            while timers.fire_event(wm, 64):
-                pass
-        self.chain.forward_watermark(wm)
+        advance_watermark(self.chain, wm, 64)

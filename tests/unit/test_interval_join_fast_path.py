@@ -27,6 +27,7 @@ from runtime.api import (
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.graph.partitioning import key_group
 from tests.support.buffers import make_subs, sent
+from tests.support.chain_time import advance_watermark
 
 LEFT, RIGHT = "interval-join:left", "interval-join:right"
 TIMERS = "\0timers:event"
@@ -73,12 +74,7 @@ class Harness:
         self.sides[side]([(r[2], r) for r in records])
 
     def watermark(self, wm: int) -> None:
-        timers = self.chain.timers
-        assert timers is not None
-        timers.set_watermark(wm)
-        while timers.fire_event(wm, 5):
-            pass
-        self.chain.forward_watermark(wm)
+        advance_watermark(self.chain, wm, 5)
 
     def outputs(self) -> list[Any]:
         return [x for x in _decode(self.main[0]) if isinstance(x, tuple)]

@@ -28,6 +28,7 @@ from runtime.api import (
 from runtime.api.windows import CountAggregate, WindowAssigner, WindowOperator, _Aggregated, _Elements, _Reduced
 from runtime.execution.operators import Chain, RecordWriter
 from tests.support.buffers import make_subs, sent
+from tests.support.chain_time import advance_watermark
 from tests.support.models import window_model
 
 
@@ -78,12 +79,7 @@ class Harness:
         self.chain.process_batch([(r[2], r) for r in records])
 
     def watermark(self, wm: int) -> None:
-        timers = self.chain.timers
-        assert timers is not None
-        timers.set_watermark(wm)
-        while timers.fire_event(wm, 5):
-            pass
-        self.chain.forward_watermark(wm)
+        advance_watermark(self.chain, wm, 5)
 
     def outputs(self) -> list[Any]:
         return [x for x in _decode(self.main[0]) if isinstance(x, tuple)]

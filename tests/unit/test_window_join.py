@@ -29,6 +29,7 @@ from runtime.execution.operators import Chain, RecordWriter
 from runtime.state.registry import make_backend
 from runtime.state.rocksdb import available as rocksdb_available
 from tests.support.buffers import make_subs, sent
+from tests.support.chain_time import advance_watermark
 
 Rec = tuple[str, int, int]  # (key, timestamp, id)
 
@@ -65,12 +66,7 @@ class JoinHarness:
         self.chain.process_batch([(rec[1], self.tag[side](rec))])
 
     def watermark(self, wm: int) -> None:
-        timers = self.chain.timers
-        assert timers is not None
-        timers.set_watermark(wm)
-        while timers.fire_event(wm, 5):
-            pass
-        self.chain.forward_watermark(wm)
+        advance_watermark(self.chain, wm, 5)
 
     def outputs(self) -> list[Any]:
         return decode(self.main[0])

@@ -32,6 +32,7 @@ from runtime.graph.plan import chain_graph
 from runtime.state.registry import make_backend
 from runtime.state.rocksdb import available as rocksdb_available
 from tests.support.buffers import make_subs, sent
+from tests.support.chain_time import advance_watermark
 from tests.support.models import window_model
 
 
@@ -63,12 +64,7 @@ class WindowHarness:
         self.chain.process_batch([(ts, (key, ts))])
 
     def watermark(self, wm: int) -> None:
-        timers = self.chain.timers
-        assert timers is not None
-        timers.set_watermark(wm)
-        while timers.fire_event(wm, 7):  # small chunks: a burst split over several turns
-            pass
-        self.chain.forward_watermark(wm)
+        advance_watermark(self.chain, wm, 7)  # small chunks: a burst split over several turns
 
     def outputs(self) -> list[Any]:
         return [x for x in decode(self.main[0]) if isinstance(x, tuple)]
