@@ -451,6 +451,19 @@ class WindowJoinFunction(KeyedCoProcessFunction):
                     ctx.emit((*self.left_nulls, *right))
 
 
+
+def _wait_for_watermark(pending: Any, ts: int, record: Any, ctx: Any) -> None:
+    """Keep `record` in `pending` (timestamp -> rows in arrival order) until the watermark passes `ts`."""
+    pending.put(ts, [*(pending.get(ts) or ()), tuple(record)])
+    ctx.timers.register_event_time(ts)
+
+
+def _due_rows(pending: Any, ts: int) -> list[tuple[Any, ...]]:
+    """The rows kept for `ts`, in arrival order, taken out of `pending` (their timer fired)."""
+    rows = [tuple(r) for r in pending.get(ts) or ()]
+    pending.remove(ts)
+    return rows
+
 class OverAggregateFunction(KeyedProcessFunction):
     """SUM/COUNT/MIN/MAX/AVG(...) OVER (PARTITION BY ... ORDER BY rowtime ROWS|RANGE BETWEEN ... PRECEDING AND
     CURRENT ROW), Flink's row-time over aggregation: rows wait (per key and timestamp) until the watermark
@@ -477,12 +490,10 @@ class OverAggregateFunction(KeyedProcessFunction):
         last = self.last.value()
         if last is not None and ts <= last:
             return
-        self.pending.put(ts, [*(self.pending.get(ts) or ()), tuple(record)])
-        ctx.timers.register_event_time(ts)
+        _wait_for_watermark(self.pending, ts, record, ctx)
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
-        rows = [tuple(r) for r in self.pending.get(timestamp) or ()]
-        self.pending.remove(timestamp)
+        rows = _due_rows(self.pending, timestamp)
         self.last.update(timestamp)
         agg = self.aggregate
         if self.preceding is None:
@@ -538,12 +549,10 @@ class TemporalSortFunction(KeyedProcessFunction):
         ts = record[self.time_index]
         if ts <= ctx.current_watermark:
             return
-        self.pending.put(ts, [*(self.pending.get(ts) or ()), tuple(record)])
-        ctx.timers.register_event_time(ts)
+        _wait_for_watermark(self.pending, ts, record, ctx)
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
-        rows = [tuple(r) for r in self.pending.get(timestamp) or ()]
-        self.pending.remove(timestamp)
+        rows = _due_rows(self.pending, timestamp)
         for row in sorted(rows, key=self.sort_key):
             ctx.emit(row)
 
