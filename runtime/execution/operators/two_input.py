@@ -79,7 +79,6 @@ class KeyedCoProcessOperator(_FunctionOperator):
         each = setup.shape.each_keyed
         self.inputs = (each(key1, fn.process1, ctx, self.flush), each(key2, fn.process2, ctx, self.flush))
 
-
     def before_snapshot(self) -> None:
         if self._before_snapshot is not None:
             self._before_snapshot()
