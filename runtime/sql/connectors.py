@@ -13,7 +13,8 @@ upserts (`{"op": "+U", "data": {...}}`, the -U rows dropped: the key says what a
 Kafka tables plan onto KafkaSource/KafkaSink (runtime/connectors), so they are exactly as exact: `kafka` reads and
 appends JSON objects (positions in checkpoints; 'sink.delivery-guarantee' = 'exactly-once' writes in transactions
 with the checkpoint); `upsert-kafka` writes a changelog keyed by the PRIMARY KEY: +I/+U the row as the value,
--D a tombstone (null value), -U dropped. The table source hands the KafkaSource's own hooks (submit check,
+-D a tombstone (null value), -U dropped; read, it is that changelog again (runtime/sql/kafka_tables.py). The
+table source hands the KafkaSource's own hooks (submit check,
 partitions dealt on a rescale, per-partition watermarks, offsets committed, metrics) through.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +37,7 @@ from runtime.sql import types as T
 from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
 
-SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "postgres-cdc")
+SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "upsert-kafka", "postgres-cdc")
 SINK_CONNECTORS = ("filesystem", "print", "blackhole", "kafka", "upsert-kafka", "jdbc")
 FORMATS = ("json", "csv", "parquet")
 
@@ -262,7 +264,10 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         else:
             inner = ParquetSource(path, columns=names)
             base = _positional(readers, table.name)
-    elif connector in ("kafka", "upsert-kafka"):
+    elif connector == "upsert-kafka":  # a changelog of (kind, row) pairs, normalized by the planner
+        from runtime.sql.kafka_tables import upsert_kafka_source
+        return upsert_kafka_source(table, computed)
+    elif connector == "kafka":
         inner = kafka_source(table)
         base = _json_object(names, readers)
     else:
@@ -365,8 +370,8 @@ def _skip_malformed(record: Any, error: BaseException) -> None:
     return None
 
 
-def _kafka_common(table: TableDef) -> tuple[str, str]:
-    """(bootstrap servers, topic), after refusing what this connector does not take."""
+def _kafka_common(table: TableDef) -> str:
+    """The bootstrap servers, after refusing what this connector does not take."""
     opts = table.options
     for key in opts:
         if key.startswith("properties.") and key[len("properties."):] not in KAFKA_PROPERTIES:
@@ -376,16 +381,50 @@ def _kafka_common(table: TableDef) -> tuple[str, str]:
         if key in opts and opts[key] != "json":
             raise SqlError(f"table {table.name}: '{key}' must be 'json' (the one format of Kafka tables for now), "
                            f"got '{opts[key]}'")
-    if "topic-pattern" in opts:
-        raise SqlError(f"table {table.name}: 'topic-pattern' is not supported yet: name the topic ('topic')")
-    servers = _required(table, "properties.bootstrap.servers")
+    return _required(table, "properties.bootstrap.servers")
+
+
+def _sink_topic(table: TableDef) -> str:
+    if "topic-pattern" in table.options:
+        raise SqlError(f"table {table.name}: 'topic-pattern' is for reading; a sink writes to one 'topic'")
     topic = _required(table, "topic")
     if ";" in topic:
-        raise SqlError(f"table {table.name}: one topic per table for now, got '{topic}'")
-    return servers, topic
+        raise SqlError(f"table {table.name}: a sink writes to one topic, got '{topic}'")
+    return topic
 
 
-def kafka_start(table: TableDef, topic: str) -> kafka_core.Start:
+def _source_topics(table: TableDef) -> tuple[list[str], str | None]:
+    """Flink's 'topic' ('a;b': a list) or 'topic-pattern' (a regular expression over topic names, matched again
+    every 'scan.topic-partition-discovery.interval' while the job runs): exactly one of them."""
+    opts = table.options
+    if ("topic" in opts) == ("topic-pattern" in opts):
+        raise SqlError(f"table {table.name}: name the topics with exactly one of 'topic' and 'topic-pattern'")
+    if "topic-pattern" in opts:
+        pattern = opts["topic-pattern"]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise SqlError(f"table {table.name}: 'topic-pattern' is not a regular expression: {exc}") from None
+        return [], pattern
+    topics = [t.strip() for t in _required(table, "topic").split(";") if t.strip()]
+    return topics, None
+
+
+def _discovery_interval_s(table: TableDef) -> float | None:
+    """'scan.topic-partition-discovery.interval': how often new partitions and topics are looked for (Flink's
+    default, 5 min; '0' turns discovery off)."""
+    from runtime.sql.postgres_tables import duration_ms
+
+    text = table.options.get("scan.topic-partition-discovery.interval", "5 min")
+    try:
+        ms = duration_ms(text)
+    except ValueError:
+        raise SqlError(f"table {table.name}: 'scan.topic-partition-discovery.interval' must be a duration ('30 s', "
+                       f"'5 min'), got '{text}'") from None
+    return ms / 1000 if ms else None
+
+
+def kafka_start(table: TableDef, topics: list[str]) -> kafka_core.Start:
     """'scan.startup.mode' (Flink's names) -> where partitions start; the default is Flink's, group-offsets,
     when the table names a group, else earliest-offset. group-offsets without a committed offset falls back to
     'properties.auto.offset.reset' (earliest, or latest)."""
@@ -415,6 +454,9 @@ def kafka_start(table: TableDef, topic: str) -> kafka_core.Start:
                            f"epoch, got '{millis}'")
         return kafka_core.Start("timestamp", timestamp_ms=int(millis))
     spec = _required(table, "scan.startup.specific-offsets")
+    if len(topics) != 1:
+        raise SqlError(f"table {table.name}: 'scan.startup.specific-offsets' needs the table to read one 'topic'")
+    topic = topics[0]
     offsets = []
     for item in spec.split(";"):
         fields = dict(f.strip().split(":", 1) for f in item.split(",") if ":" in f)
@@ -426,13 +468,12 @@ def kafka_start(table: TableDef, topic: str) -> kafka_core.Start:
     return kafka_core.Start("offsets", offsets=tuple(sorted(offsets)))
 
 
-def kafka_source(table: TableDef) -> KafkaSource:
-    """The KafkaSource of a 'kafka' table: its values JSON objects, one per row."""
+def kafka_source(table: TableDef, deserializer: str | Callable[[Any], Any] = "json") -> KafkaSource:
+    """The KafkaSource of a 'kafka' table (its values JSON objects, one per row) or, with the deserializer of
+    runtime/sql/kafka_tables.py, of an 'upsert-kafka' one."""
     opts = table.options
-    if table.connector == "upsert-kafka":
-        raise SqlError(f"table {table.name}: an 'upsert-kafka' table cannot be read in Sluice SQL yet (its rows "
-                       "would be an upsert changelog); write it, or read the topic as a 'kafka' table")
-    servers, topic = _kafka_common(table)
+    servers = _kafka_common(table)
+    topics, pattern = _source_topics(table)
     bounded = opts.get("scan.bounded.mode", "unbounded")
     if bounded not in ("unbounded", "latest-offset"):
         raise SqlError(f"table {table.name}: 'scan.bounded.mode' must be unbounded or latest-offset, got "
@@ -440,10 +481,11 @@ def kafka_source(table: TableDef) -> KafkaSource:
     ignore = opts.get("json.ignore-parse-errors", "false").lower()
     if ignore not in ("true", "false"):
         raise SqlError(f"table {table.name}: 'json.ignore-parse-errors' must be true or false, got '{ignore}'")
-    return KafkaSource(servers, [topic], group_id=opts.get("properties.group.id"), start=kafka_start(table, topic),
-                       bounded=bounded == "latest-offset", deserializer="json",
+    return KafkaSource(servers, topics, topic_pattern=pattern, group_id=opts.get("properties.group.id"),
+                       start=kafka_start(table, topics), bounded=bounded == "latest-offset", deserializer=deserializer,
                        on_malformed=_skip_malformed if ignore == "true" else "fail",
-                       isolation_level=opts.get("properties.isolation.level", "read_committed"))
+                       isolation_level=opts.get("properties.isolation.level", "read_committed"),
+                       discovery_interval_s=_discovery_interval_s(table))
 
 
 class UpsertKafkaSink(KafkaSink):
@@ -459,7 +501,7 @@ def kafka_sink(table: TableDef, *, changelog: bool) -> KafkaSink:
     """The KafkaSink of a 'kafka' (append) or 'upsert-kafka' (a changelog keyed by the primary key) table: JSON
     objects as values (and keys: 'key.fields' of a kafka table, the primary key of an upsert-kafka one)."""
     opts = table.options
-    servers, topic = _kafka_common(table)
+    servers, topic = _kafka_common(table), _sink_topic(table)
     delivery = opts.get("sink.delivery-guarantee", "at-least-once")
     if delivery not in DELIVERIES:
         raise SqlError(f"table {table.name}: 'sink.delivery-guarantee' must be one of {', '.join(DELIVERIES)}, "

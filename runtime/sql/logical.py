@@ -745,8 +745,9 @@ class Planner:
             fields = [fields[i] for i in order]
             if rowtime is not None:
                 rowtime = order.index(rowtime)
-        # a postgres-cdc table is a changelog (runtime/sql/postgres_tables.py): +I, -U, +U and -D rows
-        mode = ALL if table.connector == "postgres-cdc" else INSERT_ONLY
+        # a postgres-cdc table is a changelog (runtime/sql/postgres_tables.py): +I, -U, +U and -D rows; so is an
+        # upsert-kafka table once normalized by its key (runtime/sql/kafka_tables.py)
+        mode = ALL if table.connector in ("postgres-cdc", "upsert-kafka") else INSERT_ONLY
         scan = TableScan(tuple(fields), mode, rowtime, table=table, computed=computed_fn,
                          computed_source=computed_text)
         self._scans[table.name] = scan

@@ -156,7 +156,14 @@ class Translator:
         parallelism = int(table.options["source.parallelism"]) if "source.parallelism" in table.options else None
         stream = self.job.source(source, parallelism=parallelism or self.parallelism, name=f"Source: {table.name}",
                                  watermarks=watermarks)
-        return self._added(stream, uid, ops, watermarks=info)
+        stream = self._added(stream, uid, ops, watermarks=info)
+        if table.connector == "upsert-kafka":  # upserts and deletes -> a changelog, per key (kafka_tables.py)
+            from runtime.sql.kafka_tables import ChangelogNormalizeFunction, primary_key_of
+            normalize = stream.key_by(primary_key_of(table)).process(ChangelogNormalizeFunction(),
+                                                                      name=f"ChangelogNormalize: {table.name}")
+            stream = self._added(normalize, f"{uid}-normalize", ops, keys=", ".join(table.primary_key),
+                                 state="per key: its last row")
+        return stream
 
     def _t_StreamScan(self, node: StreamScan, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
         return node.stream  # type: ignore[no-any-return]

@@ -1,5 +1,6 @@
-"""Kafka tables in SQL (runtime/sql/connectors.py): Flink's 'kafka' and 'upsert-kafka' options planned onto
-KafkaSource/KafkaSink, the source's hooks passed through, the row codecs, and every refusal in one line."""
+"""Kafka tables in SQL (runtime/sql/connectors.py, kafka_tables.py): Flink's 'kafka' and 'upsert-kafka' options
+planned onto KafkaSource/KafkaSink, the source's hooks passed through, the row codecs, an upsert-kafka table
+read back as a changelog, and every refusal in one line."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ pytest.importorskip("sqlglot")
 
 from runtime.api import Job  # noqa: E402
 from runtime.connectors import kafka_core as core  # noqa: E402
+from runtime.connectors.kafka_core import KafkaRecord  # noqa: E402
 from runtime.connectors.kafka_sink import KafkaSink  # noqa: E402
 from runtime.connectors.kafka_source import KafkaSource  # noqa: E402
 from runtime.sql.connectors import TableSource, UpsertKafkaSink  # noqa: E402
 from runtime.sql.errors import SqlError  # noqa: E402
+from runtime.sql.kafka_tables import normalized, upsert_record  # noqa: E402
+from tests.support.sql_chain import SqlTailChain  # noqa: E402
 
 ORDERS = """
 CREATE TABLE orders (sku STRING, qty BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
@@ -35,8 +39,9 @@ def plan(text: str) -> Job:
     return job
 
 
-def source_of(extra: str = "") -> KafkaSource:
-    job = plan(ORDERS.format(extra=extra) + TOTALS.format(key="", connector="kafka", extra="") + APPEND)
+def source_of(extra: str = "", topic: str = "'topic' = 'orders'") -> KafkaSource:
+    orders = ORDERS.format(extra=extra).replace("'topic' = 'orders'", topic)
+    job = plan(orders + TOTALS.format(key="", connector="kafka", extra="") + APPEND)
     table_source = job.nodes[0].payload
     assert isinstance(table_source, TableSource) and isinstance(table_source.inner, KafkaSource)
     return table_source.inner
@@ -77,6 +82,15 @@ def test_startup_modes_are_flinks() -> None:
         core.Start("offsets", offsets=(("orders", 0, 42), ("orders", 1, 300)))
     skipping = source_of(", 'json.ignore-parse-errors' = 'true'")
     assert callable(skipping.on_malformed) and skipping.bounded is False
+
+
+def test_a_kafka_table_reads_a_topic_list_or_a_topic_pattern_discovered_as_flink_does() -> None:
+    listed = source_of(topic="'topic' = 'orders-eu;orders-us'")
+    assert (listed.topics, listed.topic_pattern, listed.discovery_interval_s) == (["orders-eu", "orders-us"], None,
+                                                                                  300.0)
+    pattern = source_of(", 'scan.topic-partition-discovery.interval' = '30 s'", topic="'topic-pattern' = 'orders-.*'")
+    assert (pattern.topics, pattern.topic_pattern, pattern.discovery_interval_s) == ([], "orders-.*", 30.0)
+    assert source_of(", 'scan.topic-partition-discovery.interval' = '0'").discovery_interval_s is None  # off
 
 
 def test_an_append_query_writes_json_objects_to_a_kafka_table_exactly_once_when_asked() -> None:
@@ -122,6 +136,14 @@ def test_an_updating_query_goes_to_upsert_kafka_keyed_by_the_primary_key_with_to
      + COUNT, "an 'upsert-kafka' table needs a PRIMARY KEY"),
     ("", TOTALS.format(key="", connector="kafka", extra=", 'key.fields' = 'nope', 'key.format' = 'json'")
      + APPEND, "'key.fields' names nope, not columns"),
+    (", 'topic-pattern' = 'o.*'", TOTALS.format(key="", connector="kafka", extra="") + APPEND,
+     "exactly one of 'topic' and 'topic-pattern'"),
+    (", 'scan.topic-partition-discovery.interval' = 'soon'", TOTALS.format(key="", connector="kafka", extra="")
+     + APPEND, "'scan.topic-partition-discovery.interval' must be a duration"),
+    ("", TOTALS.format(key="", connector="kafka", extra=", 'topic-pattern' = 't.*'") + APPEND,
+     "'topic-pattern' is for reading; a sink writes to one 'topic'"),
+    ("", TOTALS.format(key="", connector="kafka", extra="").replace("'totals'", "'a;b'") + APPEND,
+     "a sink writes to one topic, got 'a;b'"),
 ])
 def test_bad_kafka_table_options_are_one_line(orders_extra: str, totals: str, message: str) -> None:
     with pytest.raises(SqlError) as info:
@@ -133,9 +155,46 @@ def test_bad_kafka_table_options_are_one_line(orders_extra: str, totals: str, me
              + TOTALS.format(key="", connector="kafka", extra="") + APPEND)
 
 
-def test_an_upsert_kafka_table_is_not_read_yet() -> None:
-    upsert = TOTALS.format(key=", PRIMARY KEY (sku) NOT ENFORCED", connector="upsert-kafka",
-                           extra=", 'key.format' = 'json', 'value.format' = 'json'")
-    with pytest.raises(SqlError, match="an 'upsert-kafka' table cannot be read in Sluice SQL yet"):
-        plan(upsert + "CREATE TABLE p (sku STRING, n BIGINT) WITH ('connector' = 'print');\n"
-             "INSERT INTO p SELECT sku, n FROM totals;")
+UPSERT_TOTALS = TOTALS.format(key=", PRIMARY KEY (sku) NOT ENFORCED", connector="upsert-kafka",
+                              extra=", 'key.format' = 'json', 'value.format' = 'json'")
+PRINT_TOTALS = ("CREATE TABLE p (sku STRING, n BIGINT) WITH ('connector' = 'print');\n"
+                "INSERT INTO p SELECT sku, n FROM totals;")
+
+
+def record(key: bytes | None, value: bytes | None, offset: int = 0) -> KafkaRecord:
+    return KafkaRecord("totals", 0, offset, 0, key, value, ())
+
+
+def test_normalized_turns_upserts_and_deletes_into_a_changelog_as_flinks_changelog_normalize() -> None:
+    a1, a2 = ("a", 1), ("a", 2)
+    assert normalized(None, "+U", a1) == (a1, [("+I", a1)])
+    assert normalized(a1, "+U", a2) == (a2, [("-U", a1), ("+U", a2)])
+    assert normalized(a2, "+U", a2) == (a2, [])  # unchanged: nothing
+    assert normalized(a2, "-D", ("a", None)) == (None, [("-D", a2)])  # the row it had
+    assert normalized(None, "-D", ("a", None)) == (None, [])  # an unknown key
+
+
+def test_an_upsert_kafka_table_is_read_as_a_changelog_normalized_by_its_primary_key(capsys: Any) -> None:
+    job = plan(UPSERT_TOTALS + PRINT_TOTALS)
+    table_source = job.nodes[0].payload
+    assert isinstance(table_source, TableSource) and table_source.inner.deserializer is upsert_record
+    read = [table_source.to_row(upsert_record(r)) for r in (
+        record(b'{"sku":"a"}', b'{"sku":"a","n":1}'), record(b'{"sku":"b"}', b'{"n":4}'),
+        record(b'{"sku":"a"}', None))]
+    assert read == [("+U", ("a", 1)), ("+U", ("b", 4)), ("-D", ("a", None))]  # key columns from the key
+    with pytest.raises(ValueError, match="an upsert-kafka record needs a key"):
+        upsert_record(record(None, b'{"sku":"a","n":1}'))
+    chain = SqlTailChain(UPSERT_TOTALS + PRINT_TOTALS)
+    assert chain.names[0] == "ChangelogNormalize: totals"
+    # no watermark: the records are the (kind, row) pairs themselves
+    chain.chain.input_batch(0)([("+U", ("a", 1)), ("+U", ("b", 1)), ("+U", ("a", 2)), ("+U", ("a", 2)),
+                                ("-D", ("b", None)), ("-D", ("c", None)), ("+U", ("b", 7))])
+    assert capsys.readouterr().out.splitlines() == ["+I[a, 1]", "+I[b, 1]", "-U[a, 1]", "+U[a, 2]", "-D[b, 1]",
+                                                    "+I[b, 7]"]
+
+
+def test_reading_an_upsert_kafka_table_needs_its_primary_key() -> None:
+    keyless = TOTALS.format(key="", connector="upsert-kafka", extra=", 'key.format' = 'json', 'value.format' = "
+                            "'json'")
+    with pytest.raises(SqlError, match="an 'upsert-kafka' table needs a PRIMARY KEY"):
+        plan(keyless + PRINT_TOTALS)
