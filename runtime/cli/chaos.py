@@ -167,8 +167,8 @@ def verify_output(input_path: str, output_path: str, settings: ChaosSettings | N
     return result
 
 
-def sink_workers(status: dict[str, Any]) -> list[str]:
-    sink_vertices = {str(v["id"]) for v in status.get("vertices", []) if "FileSink" in v["name"]}
+def sink_workers(status: dict[str, Any], sink_kind: str = "FileSink") -> list[str]:
+    sink_vertices = {str(v["id"]) for v in status.get("vertices", []) if sink_kind in v["name"]}
     return sorted({w for task, w in status.get("placement", {}).items() if task.split(":")[0] in sink_vertices})
 
 

@@ -54,14 +54,18 @@ def _tls_absolute(args: argparse.Namespace) -> TlsFiles | None:
 
 
 def _demo_arguments(d: argparse.ArgumentParser) -> None:
-    d.add_argument("--records", type=a.positive, default=400_000)
+    d.add_argument("--records", type=a.positive, default=None,
+                   help="input records (default 400000; 40000 with --kafka)")
     d.add_argument("--dir", default=".demo", help="where the demo writes its output (default .demo)")
+    d.add_argument("--kafka", metavar="HOST:PORT", default=None,
+                   help="run over the Kafka broker at HOST:PORT: topics in and out, KafkaSink exactly once, no "
+                        "Spark (the `kafka` extra)")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from runtime.cli.demo import run_demo as demo
 
-    return demo(records=args.records, directory=args.dir)
+    return demo(records=args.records, directory=args.dir, kafka=args.kafka)
 
 
 def _data_arguments(da: argparse.ArgumentParser) -> None:

@@ -10,6 +10,8 @@ from runtime.api import (
     FileSink,
     GeneratorSource,
     Job,
+    KafkaSink,
+    KafkaSource,
     KeyedProcessFunction,
     ParquetSource,
     Sink,
@@ -82,3 +84,19 @@ def build_parquet(job: Job) -> None:
         .key_by(lambda r: r[0])
         .process(Count(), parallelism=parallelism)
         .sink(FileSink(os.environ["SLUICE_OUTPUT"], delay_per_record_s=delay), parallelism=parallelism))
+
+
+def build_kafka(job: Job) -> None:
+    """The word count over Kafka, for `sluice demo --kafka` (runtime/cli/kafka_demo.py): [word, seq] JSON records
+    of SLUICE_KAFKA_DEMO_IN counted per word into SLUICE_KAFKA_DEMO_OUT exactly once, keyed by the word.
+    SLUICE_SINK_DELAY_S and SLUICE_PARALLELISM as build_parquet's."""
+    bootstrap = os.environ["SLUICE_KAFKA_DEMO_BOOTSTRAP"]
+    topic_out = os.environ["SLUICE_KAFKA_DEMO_OUT"]
+    parallelism = int(os.environ.get("SLUICE_PARALLELISM", "2"))
+    delay = float(os.environ.get("SLUICE_SINK_DELAY_S", "0"))
+    (job.source(KafkaSource(bootstrap, [os.environ["SLUICE_KAFKA_DEMO_IN"]], bounded=True), parallelism=parallelism)
+        .uid("words")
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=parallelism).uid("count")
+        .sink(KafkaSink(bootstrap, topic_out, delivery="exactly-once", transactional_id_prefix=topic_out,
+                        key=lambda r: r[0], delay_per_record_s=delay), parallelism=parallelism).uid("counts"))
