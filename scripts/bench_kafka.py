@@ -1,6 +1,9 @@
 """Kafka -> keyed count -> Kafka: records/s of a Sluice job with an exactly-once sink at parallelism 1 and 2,
-against the same job with an at-least-once sink, and against aiokafka's own consume -> count -> produce loop in
-one process (plain, and transactional with a commit a second: the limit for this broker and client).
+against the same job with an at-least-once sink, against aiokafka's own consume -> count -> produce loop in
+one process (plain, and transactional with a commit a second: the limit for this broker and client), and, with
+--bytewax-python naming a Python that has `bytewax[kafka]`, against the same count written in Bytewax (its
+Kafka input and output over confluent-kafka; at-least-once, the most its Kafka sink offers) at 1 and 2
+processes.
 
 Every run gets fresh topics (IN with 4 partitions holding --records JSON records [key, i] over 1000 keys, OUT
 with 4) on a noida-db Kafka service started here on a free port (or SLUICE_KAFKA_BOOTSTRAP's broker). A Sluice
@@ -8,7 +11,10 @@ run is timed from submit to FINISHED (bounded source, so that includes the final
 a local cluster of 2 workers x 2 slots with checkpoints every second; each run's OUT is counted (read_committed)
 and must hold exactly --records records. Figures: median and slowest of --repeat runs, runs alternating.
 
-    .venv/bin/python scripts/bench_kafka.py --records 200000 --repeat 3
+    .venv/bin/python scripts/bench_kafka.py --records 200000 --repeat 3 [--bytewax-python PYTHON]
+
+A Bytewax run is timed from starting its process to its exit (its input stops at the partitions' ends), so it
+includes the process's start, which a Sluice run (its cluster already up) does not.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +61,35 @@ def build(job: Job) -> None:
         .process(Count())
         .sink(KafkaSink(bootstrap, topic_out, delivery=delivery, transactional_id_prefix="bench-" + topic_out,
                         key=lambda r: r[0])))
+'''
+
+BYTEWAX_FLOW = '''
+import json
+import os
+
+import bytewax.operators as op
+from bytewax.connectors.kafka import KafkaSinkMessage
+from bytewax.connectors.kafka import operators as kop
+from bytewax.dataflow import Dataflow
+
+BOOTSTRAP, IN, OUT = os.environ["BENCH_KAFKA"], os.environ["BENCH_IN"], os.environ["BENCH_OUT"]
+
+
+def count(state, _):
+    n = (state or 0) + 1
+    return n, n
+
+
+def encode(key_n):
+    return KafkaSinkMessage(key_n[0].encode(), json.dumps([key_n[0], key_n[1]]).encode())
+
+
+flow = Dataflow("kafka-count")
+read = kop.input("in", flow, brokers=[BOOTSTRAP], topics=[IN], tail=False,
+                 add_config={"isolation.level": "read_committed"})
+words = op.map("word", read.oks, lambda m: (json.loads(m.value)[0], None))
+kop.output("out", op.map("encode", op.stateful_map("count", words, count), encode), brokers=[BOOTSTRAP],
+           topic=OUT, add_config={"acks": "all", "enable.idempotence": "true"})
 '''
 
 
@@ -176,27 +212,50 @@ def run_sluice(broker: KafkaBroker, module_dir: str, topic_in: str, topic_out: s
         os.chdir(here)
 
 
+def run_bytewax(python: str, module_dir: str, bootstrap: str, topic_in: str, topic_out: str, *, processes: int,
+                timeout_s: float) -> float:
+    """The Bytewax flow in its own process(es), timed from start to exit."""
+    env = {**os.environ, "BENCH_KAFKA": bootstrap, "BENCH_IN": topic_in, "BENCH_OUT": topic_out}
+    entry = ["-m", "bytewax.run", "bytewaxbench:flow"] if processes == 1 else \
+        ["-m", "bytewax.testing", "bytewaxbench:flow", "-p", str(processes)]
+    start = time.monotonic()
+    done = subprocess.run([python, *entry], cwd=module_dir, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    elapsed = time.monotonic() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"bytewax exited {done.returncode}: {done.stderr[-2000:]}")
+    return elapsed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--bytewax-python", default=None,
+                        help="a Python with bytewax[kafka] installed (a venv of its own): adds the Bytewax runs")
     args = parser.parse_args(argv)
     info = machine()
     print(f"bench_kafka: {args.records:,} records x {args.repeat} runs; {info['nproc']} cpus ({info['cpu_model']}), "
           f"Python {info['python']}; revision {info['revision']}", flush=True)
     work = tempfile.mkdtemp(prefix="sluice-bench-kafka-")
     Path(work, "kafkabench.py").write_text(JOB)
+    Path(work, "bytewaxbench.py").write_text(BYTEWAX_FLOW)
     broker = KafkaBroker(Path(work) / "broker")
     kinds = [("sluice exactly-once p=1", "exactly-once", 1), ("sluice exactly-once p=2", "exactly-once", 2),
              ("sluice at-least-once p=1", "at-least-once", 1), ("sluice at-least-once p=2", "at-least-once", 2),
              ("aiokafka loop, plain", None, 0), ("aiokafka loop, transactional", None, 1)]
+    if args.bytewax_python:
+        kinds += [("bytewax at-least-once p=1", "bytewax", 1), ("bytewax at-least-once p=2", "bytewax", 2)]
     times: dict[str, list[float]] = {name: [] for name, _, _ in kinds}
     try:
         for r in range(args.repeat):
             for index, (name, delivery, parallelism) in enumerate(kinds):
                 topic_in, topic_out = asyncio.run(fresh_topics(broker, f"{r}-{index}", args.records))
-                if delivery is None:
+                if delivery == "bytewax":
+                    elapsed = run_bytewax(args.bytewax_python, work, broker.bootstrap, topic_in, topic_out,
+                                          processes=parallelism, timeout_s=args.timeout)
+                elif delivery is None:
                     elapsed = asyncio.run(loop_in_one_process(broker.bootstrap, topic_in, topic_out, args.records,
                                                               transactional=bool(parallelism)))
                 else:
@@ -214,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {name: args.records / statistics.median(ts) for name, ts in times.items()}
     for name, ts in times.items():
         ratio = ""
-        if "exactly-once" in name:
+        if name.startswith("sluice exactly-once"):
             ratio = f"{medians[name] / medians[name.replace('exactly-once', 'at-least-once')]:.2f}x"
         print(f"{name:<30} {medians[name]:>12,.0f} {args.records / max(ts):>13,.0f} {ratio:>16}")
     return 0

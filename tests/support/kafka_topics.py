@@ -74,10 +74,11 @@ async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read
         await consumer.stop()
 
 
-async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+async def end_offsets(bootstrap: str, topic: str, *, isolation_level: str = "read_committed") -> dict[int, int]:
     """The broker's end of every partition of `topic` as a read_committed consumer sees it (the last stable
-    offset): what a source's lag is measured against."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+    offset: what a source's lag is measured against), or a read_uncommitted one (the high watermark: beyond
+    the last stable offset while a transaction is open)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, group_id=None,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
