@@ -17,6 +17,7 @@ sink KafkaSink exactly once, and the verdict reads the output topic back read_co
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -32,6 +33,8 @@ from runtime.graph import protocol as p
 SINK_DELAY_S = 0.00004
 PARQUET_RECORDS = 400_000
 KAFKA_RECORDS = 40_000  # what a local broker takes in a few seconds
+# a Kafka sink subtask's 20,000 records take 8 s at this cost, so the kill after four checkpoints comes mid-run
+KAFKA_SINK_DELAY_S = 0.0004
 
 
 def print_checkpoints(history: list[dict[str, Any]]) -> None:
@@ -93,6 +96,7 @@ def run_kafka_demo(*, bootstrap: str, records: int, directory: str) -> int:
     """The same story over Kafka: topics in and out on the broker at `bootstrap`, no Spark (kafka_demo.py)."""
     from runtime.cli import kafka_demo
 
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO lines would interleave with the story
     print(f"Sluice demo over Kafka at {bootstrap}: exactly-once word count, a worker killed midway\n")
     print(f"1. {records:,} JSON records [word, seq] over 1,000 words into a new topic of 4 partitions")
     t0 = time.monotonic()
@@ -103,12 +107,13 @@ def run_kafka_demo(*, bootstrap: str, records: int, directory: str) -> int:
         return 2
     print(f"   {topics.topic_in} ready in {time.monotonic() - t0:.1f}s\n")
     os.environ.update({"SLUICE_KAFKA_DEMO_BOOTSTRAP": bootstrap, "SLUICE_KAFKA_DEMO_IN": topics.topic_in,
-                       "SLUICE_KAFKA_DEMO_OUT": topics.topic_out, "SLUICE_SINK_DELAY_S": str(SINK_DELAY_S),
+                       "SLUICE_KAFKA_DEMO_OUT": topics.topic_out, "SLUICE_SINK_DELAY_S": str(KAFKA_SINK_DELAY_S),
                        "SLUICE_PARALLELISM": "2"})
     print("2. The job: KafkaSource x2 (partitions as splits, offsets in every checkpoint) -> key_by -> count x2")
     print(f"   -> KafkaSink x2 exactly-once into {topics.topic_out}: each checkpoint's records in one Kafka")
-    print("   transaction committed when the checkpoint completes. Unaligned checkpoints every second; one")
-    print("   aligned checkpoint midway; a worker that hosts a sink killed with SIGKILL after a few checkpoints.\n")
+    print(f"   transaction committed when the checkpoint completes. The sink costs {KAFKA_SINK_DELAY_S * 1e6:.0f} us a")
+    print("   record, so the job is backpressured. Unaligned checkpoints every second; one aligned checkpoint")
+    print("   midway; a worker that hosts a sink killed with SIGKILL after a few checkpoints.\n")
     summary = run_with_a_kill(directory, "runtime.examples.wordcount:build_kafka", "demo-kafka-wordcount",
                               "KafkaSink")
     if summary is None:
