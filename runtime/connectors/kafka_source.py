@@ -146,6 +146,8 @@ class KafkaSource(Source):
         self._consumer: Any = None
         self._committer: Any = None
         self._committer_parts: set[TP] = set()
+        self._commits: set[concurrent.futures.Future[Any]] = set()  # offset commits not answered yet
+        self._commit_lock = asyncio.Lock()  # used on the client thread's loop only
         self._thread.call(self._connect(), self.connect_timeout_s + 5, f"connecting to {self.bootstrap_servers}")
         # where each partition starts when the job starts now; a restore replaces it
         self._thread.call(self._initial_assignment(), self.connect_timeout_s + 5, "reading partitions")
@@ -234,7 +236,11 @@ class KafkaSource(Source):
         if self._committer is None:
             committer = kafka.AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=self.group_id,
                                                enable_auto_commit=False, **self.client_options)
-            await connect_checked(committer.start(), self.bootstrap_servers, self.connect_timeout_s)
+            try:
+                await connect_checked(committer.start(), self.bootstrap_servers, self.connect_timeout_s)
+            except BaseException:  # failed, or cancelled by close: not left open
+                await committer.stop()
+                raise
             self._committer, self._committer_parts = committer, set()
         if set(partitions) != self._committer_parts:
             self._committer.assign([kafka.TopicPartition(*tp) for tp in sorted(partitions)])
@@ -244,6 +250,10 @@ class KafkaSource(Source):
     def close(self) -> None:
         if not hasattr(self, "_thread"):
             return  # never opened (a restored task at its end does not read)
+        with self._lock:
+            commits = list(self._commits)
+        for commit in commits:  # monitoring only: a commit a dead broker holds up is given up
+            commit.cancel()
         self._stop_fetcher()
 
         async def closing() -> None:
@@ -522,14 +532,21 @@ class KafkaSource(Source):
                 offsets = dict(self._next)
         if offsets:
             future = self._thread.submit(self._commit(offsets))
+            with self._lock:
+                self._commits.add(future)
             future.add_done_callback(self._committed)
 
     async def _commit(self, offsets: dict[TP, int]) -> None:
         kafka = aiokafka()
-        group = await self._group_consumer(sorted(offsets))
-        await group.commit({kafka.TopicPartition(*tp): o for tp, o in offsets.items()})
+        # one at a time: commits queue up while the broker is away, and each would otherwise start a group
+        # consumer of its own while the first one's start waits
+        async with self._commit_lock:
+            group = await self._group_consumer(sorted(offsets))
+            await group.commit({kafka.TopicPartition(*tp): o for tp, o in offsets.items()})
 
     def _committed(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._commits.discard(future)
         if not future.cancelled() and future.exception() is not None:
             log.warning("kafka source %d: committing offsets to group %s: %s", self.subtask_index, self.group_id,
                         describe(future.exception() or RuntimeError()))

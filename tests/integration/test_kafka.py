@@ -192,6 +192,13 @@ def test_sink_modes_and_topic_and_partition_from_the_record(broker: KafkaBroker)
     sink.close()
     out = run(read_topic(bs, alo))
     assert [(p, v[1] % 2) for p, _, v in out] == [(v[1] % 2, v[1] % 2) for _, _, v in out]
+    # what the sink wrote is what a source's deserializer gets: key, headers, timestamp, topic/partition/offset
+    def where(rec: Any) -> Any:
+        return (rec.topic, rec.partition, rec.offset, rec.key, rec.headers, rec.timestamp_ms > 0,
+                json.loads(rec.value)[1])
+
+    got, _ = read_source(KafkaSource(bs, [alo], bounded=True, deserializer=where), 0, 1)
+    assert sorted(got) == sorted((alo, i % 2, i // 2, b"k", (("n", str(i).encode()),), True, i) for i in range(3000))
 
     sink = KafkaSink(bs, fire, delivery="none")
     sink.open(0, 1, 0)

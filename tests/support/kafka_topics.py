@@ -49,9 +49,10 @@ async def produce(bootstrap: str, topic: str, records: list[Any], *, partitions:
 
 
 async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read_committed",
-                     quiet_s: float = 1.0, timeout_s: float = 60.0, keys: bool = False) -> list[Any]:
+                     quiet_s: float = 1.0, timeout_s: float = 60.0, keys: bool = False,
+                     headers: bool = False) -> list[Any]:
     """Every record of `topic` up to its end as (partition, offset, JSON value), in partition order; `keys`:
-    as (key bytes, JSON value or None for a tombstone) instead."""
+    as (key bytes, JSON value or None for a tombstone) instead; `headers`: as (headers, JSON value)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, group_id=None,
                                 enable_auto_commit=False)
     await consumer.start()
@@ -61,15 +62,16 @@ async def read_topic(bootstrap: str, topic: str, *, isolation_level: str = "read
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
-        out: list[tuple[int, int, bytes | None, Any]] = []
+        out: list[tuple[int, int, Any, Any]] = []
         deadline = time.monotonic() + timeout_s
         while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
             assert time.monotonic() < deadline, f"read {len(out)} records of {topic} in {timeout_s}s"
             for tp, messages in (await consumer.getmany(timeout_ms=200)).items():
-                out += [(tp.partition, m.offset, m.key, None if m.value is None else json.loads(m.value))
+                out += [(tp.partition, m.offset, tuple(m.headers or ()) if headers else m.key,
+                         None if m.value is None else json.loads(m.value))
                         for m in messages]
         out.sort(key=lambda r: (r[0], r[1]))
-        return [(k, v) for _, _, k, v in out] if keys else [(p, o, v) for p, o, _, v in out]
+        return [(k, v) for _, _, k, v in out] if keys or headers else [(p, o, v) for p, o, _, v in out]
     finally:
         await consumer.stop()
 
