@@ -264,10 +264,7 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         else:
             inner = ParquetSource(path, columns=names)
             base = _positional(readers, table.name)
-    elif connector == "upsert-kafka":  # a changelog of (kind, row) pairs, normalized by the planner
-        from runtime.sql.kafka_tables import upsert_kafka_source
-        return upsert_kafka_source(table, computed)
-    elif connector == "kafka":
+    elif connector == "kafka":  # (an upsert-kafka table's source is runtime/sql/kafka_tables.py's)
         inner = kafka_source(table)
         base = _json_object(names, readers)
     else:

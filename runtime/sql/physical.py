@@ -24,8 +24,10 @@ from runtime.api import (
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
 )
+from runtime.connectors.source import Source
 from runtime.sql.connectors import make_sink, make_source
 from runtime.sql.errors import SqlError
+from runtime.sql.kafka_tables import ChangelogNormalizeFunction, primary_key_of, upsert_kafka_source
 from runtime.sql.logical import (
     Aggregate,
     Calc,
@@ -152,13 +154,16 @@ class Translator:
                 watermarks = watermarks.with_idleness(interval_ms(sqlglot.parse_one(f"INTERVAL '{idle}'",
                                                                                     read=Flink)))
             info = f"{table.watermark.column} - {delay} ms"
-        source = make_source(table, node.computed)
+        source: Source
+        if table.connector == "upsert-kafka":  # upserts and deletes, normalized below (kafka_tables.py)
+            source = upsert_kafka_source(table, node.computed)
+        else:
+            source = make_source(table, node.computed)
         parallelism = int(table.options["source.parallelism"]) if "source.parallelism" in table.options else None
         stream = self.job.source(source, parallelism=parallelism or self.parallelism, name=f"Source: {table.name}",
                                  watermarks=watermarks)
         stream = self._added(stream, uid, ops, watermarks=info)
-        if table.connector == "upsert-kafka":  # upserts and deletes -> a changelog, per key (kafka_tables.py)
-            from runtime.sql.kafka_tables import ChangelogNormalizeFunction, primary_key_of
+        if table.connector == "upsert-kafka":  # upserts and deletes -> a changelog, per key
             normalize = stream.key_by(primary_key_of(table)).process(ChangelogNormalizeFunction(),
                                                                       name=f"ChangelogNormalize: {table.name}")
             stream = self._added(normalize, f"{uid}-normalize", ops, keys=", ".join(table.primary_key),
