@@ -276,7 +276,8 @@ class TemporalJoin(PlanNode):
 @dataclass(eq=False)
 class Rank(PlanNode):
     """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1;
-    ORDER BY ... LIMIT n (no partition); limit 0: ORDER BY the rowtime alone, a sort on a time attribute."""
+    ORDER BY ... LIMIT n (no partition); LIMIT n alone (no order: the first rows); limit 0: ORDER BY the rowtime
+    alone, a sort on a time attribute."""
 
     input: PlanNode = None  # type: ignore[assignment]
     partition: list[exp.Expr] = field(default_factory=list)
@@ -295,6 +296,8 @@ class Rank(PlanNode):
     def digest(self) -> str:
         if self.limit == 0:  # ORDER BY the rowtime without LIMIT
             return f"TemporalSort(orderBy=[{', '.join(o.sql() for o in self.order)}])"
+        if not self.order and self.window_end is None:  # LIMIT without ORDER BY
+            return f"Limit(offset=[0], fetch=[{self.limit}])"
         name = "Deduplicate" if self.limit == 1 else "Rank"
         if self.window_end is not None:
             name = "WindowDeduplicate" if self.deduplicates else "WindowRank"
@@ -518,6 +521,8 @@ class Planner:
             return self._order_limit(select)
         if select.args.get("order") and not select.args.get("limit") and not select.args.get("qualify"):
             return self._temporal_sort(select)
+        if select.args.get("limit") and not select.args.get("qualify"):
+            return self._limit(select)
         for unsupported in ("order", "limit", "qualify"):
             if select.args.get(unsupported):
                 what = {"order": "ORDER BY", "limit": "LIMIT", "qualify": "QUALIFY"}[unsupported]
@@ -581,14 +586,35 @@ class Planner:
         compiler.namespace["_desc"] = tuple(bool(o.args.get("desc")) for o in order)
         return compiler, compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
 
+    @staticmethod
+    def _limit_count(select: exp.Select) -> int:
+        """n of LIMIT n: a positive integer literal (OFFSET is refused: a streaming query has no first rows to
+        skip that a restart would agree on)."""
+        if select.args.get("offset"):
+            raise SqlError("OFFSET is not supported in a streaming query")
+        count = select.args["limit"].expression
+        if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
+            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
+        return int(count.name)
+
+    def _limit(self, select: exp.Select) -> PlanNode:
+        """LIMIT n without ORDER BY: Flink's streaming Limit, the first n rows to arrive (all rows on one subtask,
+        each row ties with the ones kept, so the earlier stays); insert-only over an insert-only input, over an
+        updating one a retracted row lets the next one in."""
+        limit = self._limit_count(select)
+        body = select.copy()
+        body.set("limit", None)
+        base = self._select(body)
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        mode = INSERT_ONLY if base.mode.insert_only else RETRACTING
+        return Rank(base.fields, mode, base.rowtime if mode.insert_only else None, input=base, partition=[],
+                    order=[], limit=limit, with_rank=False, key_fn=compiler.build("lambda r: 0"),
+                    sort_key=compiler.build("lambda r: 0"))
+
     def _order_limit(self, select: exp.Select) -> PlanNode:
         """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's
         rows on one subtask); updating, rows entering the first n inserted, those pushed out deleted."""
-        limit_node = select.args["limit"]
-        count = limit_node.expression
-        if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
-            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
-        limit = int(count.name)
+        limit = self._limit_count(select)
         order = select.args["order"].expressions
         body = select.copy()
         body.set("order", None)
