@@ -22,7 +22,7 @@ What is planned (Flink's streaming semantics):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlglot import exp
@@ -130,6 +130,7 @@ class WindowSpec:
     gap_ms: int = 0  # SESSION
     offset_ms: int = 0
     partition: tuple[str, ...] = ()
+    proctime: bool = False  # over a PROCTIME() column: windows of the operator's wall clock, fired by it
 
     def __str__(self) -> str:
         ms = {"TUMBLE": f"size=[{self.size_ms} ms]", "HOP": f"slide=[{self.slide_ms} ms], size=[{self.size_ms} ms]",
@@ -792,9 +793,11 @@ class Planner:
             raise SqlError(f"{kind}: the second argument is DESCRIPTOR(time column)")
         time_index = source.scope.resolve(descriptor.expressions[0])
         time_name = source.fields[time_index].name
-        if source.rowtime != time_index:
+        proctime = source.rowtime != time_index and _is_proctime(source, time_index, self.catalog)
+        if source.rowtime != time_index and not proctime:
             raise SqlError(f"{kind}: column {time_name} is not a time attribute: window table functions need the "
-                           "rowtime column of a table with a WATERMARK FOR it")
+                           "rowtime column of a table with a WATERMARK FOR it, or a processing-time column "
+                           "(AS PROCTIME())")
         require_insert_only(f"{kind} window table function", source.mode, source_digest(source))
         args = [interval_ms(a) for a in call.expressions]
         partition = tuple(c.name for c in call.args.get("partition") or [])
@@ -813,9 +816,14 @@ class Planner:
                               offset_ms=args[2] if len(args) > 2 else 0)
         else:
             spec = WindowSpec(kind, time_index, time_name, gap_ms=args[0], partition=partition)
+        if proctime:
+            spec = replace(spec, proctime=True)
         fields = (*source.fields, Field("window_start", T.TIMESTAMP.not_null()),
                   Field("window_end", T.TIMESTAMP.not_null()), Field("window_time", T.TIMESTAMP.not_null()))
-        return WindowAssign(fields, INSERT_ONLY, len(fields) - 1, WindowColumns(len(fields) - 3, len(fields) - 2),
+        # processing-time windows have no rowtime and no window columns to join or rank by later: Flink too
+        # aggregates them only (their window_time is a processing-time attribute)
+        return WindowAssign(fields, INSERT_ONLY, None if proctime else len(fields) - 1,
+                            None if proctime else WindowColumns(len(fields) - 3, len(fields) - 2),
                             input=source, window=spec)
 
     # -- JOIN ----------------------------------------------------------------------------------------------
@@ -1097,7 +1105,7 @@ class Planner:
         rowtime = None
         if windowed:
             out_fields += [Field(n, T.TIMESTAMP.not_null()) for n in WINDOW_COLUMNS]
-            rowtime = len(out_fields) - 1
+            rowtime = None if window_node.window.proctime else len(out_fields) - 1  # type: ignore[union-attr]
         first_call = len(out_fields)
         out_fields += [Field(f"agg${i}", c.type) for i, c in enumerate(calls)]
         mode = INSERT_ONLY if windowed or cascade is not None else ALL if updating_input else UPDATING
@@ -1137,7 +1145,7 @@ class Planner:
             start, end = group_keys[cascade.start].sql(), group_keys[cascade.end].sql()
             if start in texts and end in texts:
                 windowed_out = WindowColumns(texts.index(start), texts.index(end))
-        if windowed:  # the SELECT list's window_start and window_end keep the window (a window Top-N, join)
+        if windowed and rowtime is not None:  # the SELECT list's window_start and window_end keep the window
             bounds = [item.unalias().name if isinstance(item.unalias(), exp.Column) else None for item in items]
             if "window_start" in bounds and "window_end" in bounds:
                 windowed_out = WindowColumns(bounds.index("window_start"), bounds.index("window_end"))

@@ -31,6 +31,13 @@ class CumulativeEventTimeWindows(WindowAssigner):
         return [(start, end) for end in range(first_end, start + self.max_size_ms + 1, self.step_ms)]
 
 
+@dataclass(frozen=True)
+class CumulativeProcessingTimeWindows(CumulativeEventTimeWindows):
+    """CUMULATE over a PROCTIME() column: the same windows on the operator's wall clock."""
+
+    event_time = False
+
+
 class GroupAggregateFunction(KeyedProcessFunction):
     """An unbounded GROUP BY: per key the accumulator in value state; every input row updates it and emits the
     change of the key's result row, as Flink's GroupAggFunction: +I the first time, then -U old and +U new (none

@@ -21,8 +21,11 @@ from runtime.api import (
     DataStream,
     EventTimeSessionWindows,
     Job,
+    ProcessingTimeSessionWindows,
     SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
     TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
 )
 from runtime.sql.connectors import make_sink, make_source
 from runtime.sql.errors import SqlError
@@ -45,6 +48,7 @@ from runtime.sql.logical import (
 )
 from runtime.sql.operators import (
     CumulativeEventTimeWindows,
+    CumulativeProcessingTimeWindows,
     GroupAggregateFunction,
     OverAggregateFunction,
     RegularJoinFunction,
@@ -382,11 +386,15 @@ class _WindowOf:
 
 
 def _assigner(node: Any) -> Any:
+    """The runtime's window assigner of a window TVF: event time over a rowtime, the wall clock over PROCTIME()."""
     w = node.window
     if w.kind == "TUMBLE":
-        return TumblingEventTimeWindows(w.size_ms, w.offset_ms % w.size_ms)
+        tumbling = TumblingProcessingTimeWindows if w.proctime else TumblingEventTimeWindows
+        return tumbling(w.size_ms, w.offset_ms % w.size_ms)
     if w.kind == "HOP":
-        return SlidingEventTimeWindows(w.size_ms, w.slide_ms, w.offset_ms % w.slide_ms)
+        sliding = SlidingProcessingTimeWindows if w.proctime else SlidingEventTimeWindows
+        return sliding(w.size_ms, w.slide_ms, w.offset_ms % w.slide_ms)
     if w.kind == "CUMULATE":
-        return CumulativeEventTimeWindows(w.slide_ms, w.size_ms, w.offset_ms)
-    return EventTimeSessionWindows(w.gap_ms)
+        cumulative = CumulativeProcessingTimeWindows if w.proctime else CumulativeEventTimeWindows
+        return cumulative(w.slide_ms, w.size_ms, w.offset_ms)
+    return ProcessingTimeSessionWindows(w.gap_ms) if w.proctime else EventTimeSessionWindows(w.gap_ms)

@@ -95,7 +95,7 @@ def test_a_statement_set_reads_a_table_once_and_explain_shows_modes_keys_state_a
     ("INSERT INTO out1 SELECT auction, COUNT(*) FROM TABLE(TUMBLE(TABLE plain, DESCRIPTOR(ts), INTERVAL '1' "
      "SECOND)) GROUP BY auction, window_start, window_end",
      "TUMBLE: column ts is not a time attribute: window table functions need the rowtime column of a table with "
-     "a WATERMARK FOR it"),
+     "a WATERMARK FOR it, or a processing-time column (AS PROCTIME())"),
     ("INSERT INTO out1 SELECT auction, COUNT(*) FROM TABLE(CUMULATE(TABLE bids, DESCRIPTOR(ts), INTERVAL '3' "
      "SECOND, INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end",
      "CUMULATE: the window size (10000 ms) must be an integral multiple of the step (3000 ms)"),
