@@ -551,14 +551,19 @@ class Planner:
         over = [w for item in items for w in item.find_all(exp.Window) if isinstance(w.this, AGGREGATES)]
         if over:
             if group is not None or having is not None or find_aggregates(
-                    [i.transform(lambda n: exp.null() if isinstance(n, exp.Window) else n) for i in items]):
+                    [i.transform(lambda n: exp.null() if isinstance(n, exp.Window) else n) for i in items],
+                    self._is_python_aggregate):
                 raise SqlError("OVER aggregates in a query with GROUP BY or other aggregates are not supported")
             return self._over(source, where.this if where else None, items, over, select.args.get("windows") or [])
-        aggregates = find_aggregates(items + ([having.this] if having else []))
+        aggregates = find_aggregates(items + ([having.this] if having else []), self._is_python_aggregate)
         if group is not None or aggregates:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
                                    having.this if having else None)
         return self._calc(source, items, where.this if where else None)
+
+    def _is_python_aggregate(self, name: str) -> bool:
+        udf = self.catalog.functions.get(name) or self.catalog.functions.get(name.upper())
+        return udf is not None and udf.aggregate() is not None
 
     def _temporal_sort(self, select: exp.Select) -> PlanNode:
         """ORDER BY rowtime [ASC][, more]: Flink's sort on a time attribute; rows wait until the watermark passes
