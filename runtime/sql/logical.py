@@ -246,6 +246,25 @@ class LookupJoin(PlanNode):
 
 
 @dataclass(eq=False)
+class Correlate(PlanNode):
+    """`t, LATERAL TABLE(f(args)) AS T(c1, ...)` (or CROSS JOIN, or LEFT JOIN ... ON TRUE): Flink's Correlate,
+    each input row joined with every row the Python table function yields for it; LEFT: a row it yields none for
+    goes out once, padded with NULLs. Insert-only over an insert-only input; no state."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    call: exp.Expr = None  # type: ignore[assignment]
+    how: str = "inner"
+    rows_fn: Callable[[Any], list[Any]] | None = None  # an input row -> the output rows
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        kind = {"inner": "INNER", "left": "LEFT"}[self.how]
+        return f"Correlate(invocation=[{self.call.sql()}], joinType=[{kind}])"
+
+
+@dataclass(eq=False)
 class TemporalJoin(PlanNode):
     """`JOIN r FOR SYSTEM_TIME AS OF left.rowtime ON left.k = r.pk`: each left row joined, once the watermark
     passes it, with the version of r valid at its rowtime (runtime/sql/temporal_join.py). Output rows are the
@@ -848,6 +867,9 @@ class Planner:
                 else:
                     left = self._lookup_join(left, join.this, how, conditions)
                 continue
+            if isinstance(join.this, exp.Lateral):
+                left = self._correlate(left, join.this, how, conditions)
+                continue
             right = self._relation(join.this)
             if how == "inner":
                 both = [c for c in where if side_of(c, left.scope, right.scope) == "both"]
@@ -855,6 +877,44 @@ class Planner:
                 conditions += both
             left = self._join(left, right, how, conditions)
         return left, where
+
+    def _correlate(self, left: PlanNode, lateral: exp.Lateral, how: str, conditions: list[exp.Expr]) -> PlanNode:
+        """LATERAL TABLE(f(args)) [AS T(c1, ...)]: f is a Python table function (CREATE FUNCTION): a generator,
+        or a class with an `eval` generator, yielding a tuple per row (a plain value for one column); its
+        `result_types` attribute names the columns' SQL types (STRING when it has none)."""
+        from runtime.sql.operators import correlate_rows
+
+        table = lateral.this
+        if not (isinstance(table, exp.Anonymous) and table.name.upper() == "TABLE" and len(table.expressions) == 1
+                and isinstance(table.expressions[0], exp.Anonymous)):
+            raise SqlError(f"LATERAL {table.sql()}: only LATERAL TABLE(f(...)) of a Python table function is "
+                           "supported")
+        call = table.expressions[0]
+        if how not in ("inner", "left"):
+            raise SqlError("a table function is joined with a comma, CROSS JOIN, JOIN or LEFT JOIN ... ON TRUE")
+        if any(not (isinstance(c, exp.Boolean) and c.this) for c in conditions):
+            raise SqlError("a join with LATERAL TABLE takes ON TRUE only: filter its rows in WHERE")
+        require_insert_only("Correlate", left.mode, source_digest(original(left)))
+        udf = self.catalog.functions.get(call.name) or self.catalog.functions.get(call.name.upper())
+        if udf is None:
+            raise SqlError(f"No match found for function signature {call.name}(...): a table function is declared "
+                           "with CREATE FUNCTION ... LANGUAGE PYTHON")
+        fn = udf.load()
+        declared = getattr(fn, "result_types", None) or getattr(getattr(fn, "__self__", None), "result_types", None)
+        alias = lateral.args.get("alias")
+        names = [c.name for c in alias.columns] if alias is not None and alias.columns else \
+            [f"f{i}" for i in range(len(declared) if declared else 1)]
+        if declared is not None and len(declared) != len(names):
+            raise SqlError(f"{call.sql()} has {len(declared)} columns (result_types), the alias names "
+                           f"{len(names)}")
+        types = [_declared_type(t, call) for t in declared] if declared else [T.STRING.or_null()] * len(names)
+        fields = (*left.fields, *(Field(n, t, alias.name if alias is not None and alias.name else None)
+                                  for n, t in zip(names, types, strict=True)))
+        compiler = ExpressionCompiler(left.scope, self.catalog.functions)
+        args = [compiler.compile(a).text for a in call.expressions]
+        args_fn = compiler.build("lambda r: (" + "".join(a + ", " for a in args) + ")")
+        return Correlate(fields, INSERT_ONLY, left.rowtime, input=left, call=call, how=how,
+                         rows_fn=correlate_rows(fn, args_fn, len(names), how == "left", call.sql()))
 
     def _join(self, left: PlanNode, right: PlanNode, how: str, conditions: list[exp.Expr]) -> PlanNode:
         cond = split_condition(conditions, left.scope, right.scope, left.rowtime, right.rowtime)
@@ -1370,6 +1430,15 @@ def original(node: PlanNode) -> PlanNode:
 
 def source_digest(node: PlanNode) -> str:
     return node.digest()
+
+
+def _declared_type(name: Any, call: exp.Expr) -> T.SqlType:
+    """A column type a Python table function declares (a Flink type name: 'BIGINT', 'DECIMAL(10, 2)'), nullable."""
+    try:
+        node = exp.DataType.build(str(name))
+    except Exception as exc:
+        raise SqlError(f"{call.sql()}: result type {name!r} is not a SQL type") from exc
+    return T.from_datatype(node, nullable=True)
 
 
 def _union_type(types: list[T.SqlType]) -> T.SqlType:

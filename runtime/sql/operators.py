@@ -38,6 +38,25 @@ class CumulativeProcessingTimeWindows(CumulativeEventTimeWindows):
     event_time = False
 
 
+def correlate_rows(fn: Callable[..., Any], args: Callable[[Any], tuple[Any, ...]], width: int, left_outer: bool,
+                   text: str) -> Callable[[Any], list[Any]]:
+    """A row -> the row joined with each row the table function `fn` yields for `args(row)` (a plain value is a
+    one-column row); `left_outer`: a row it yields none for, once, padded with NULLs."""
+    nulls = (None,) * width
+
+    def rows(row: Any) -> list[Any]:
+        out = []
+        for produced in fn(*args(row)) or ():
+            values = tuple(produced) if isinstance(produced, tuple | list) else (produced,)
+            if len(values) != width:
+                raise ValueError(f"table function {text} yielded {produced!r}: {width} columns expected")
+            out.append((*row, *values))
+        if not out and left_outer:
+            out.append((*row, *nulls))
+        return out
+    return rows
+
+
 class GroupAggregateFunction(KeyedProcessFunction):
     """An unbounded GROUP BY: per key the accumulator in value state; every input row updates it and emits the
     change of the key's result row, as Flink's GroupAggFunction: +I the first time, then -U old and +U new (none

@@ -32,6 +32,7 @@ from runtime.sql.errors import SqlError
 from runtime.sql.logical import (
     Aggregate,
     Calc,
+    Correlate,
     Join,
     LookupJoin,
     OverAggregate,
@@ -274,6 +275,13 @@ class Translator:
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
+
+    def _t_Correlate(self, node: Correlate, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.rows_fn is not None
+        build = self._row_builders.get(id(original(node.input)))  # a window operator's output: its rows first
+        rows = node.rows_fn if build is None else (lambda e, f=node.rows_fn: f(build(e)))
+        return self._added(stream.flat_map(rows, name=self._name(node)), uid, ops)
 
     def _t_OverAggregate(self, node: OverAggregate, inputs: list[DataStream], uid: str,
                          ops: list[Operator]) -> DataStream:

@@ -281,6 +281,56 @@ def test_python_aggregate_functions_misused_say_why(capsys: Any, udaf_module: st
         chain.watermark(30_000)
 
 
+TABLE_FUNCTIONS = """
+def words(text):
+    for word in text.split():
+        yield word
+
+
+class WordLengths:
+    result_types = ["STRING", "INT"]
+
+    def eval(self, text, at_least):
+        for word in text.split():
+            if len(word) >= at_least:
+                yield word, len(word)
+"""
+
+
+def test_lateral_table_joins_each_row_with_the_rows_its_table_function_yields(
+        capsys: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sql_udtfs_x.py").write_text(TABLE_FUNCTIONS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    script = ("CREATE TABLE lines (id BIGINT, line STRING) WITH ('connector' = 'datagen');\n"
+              "CREATE FUNCTION words AS 'sql_udtfs_x.words' LANGUAGE PYTHON;\n"
+              "CREATE FUNCTION lengths AS 'sql_udtfs_x.WordLengths' LANGUAGE PYTHON;\n")
+    try:
+        chain = SqlTailChain(script + PRINT.format(cols="id BIGINT, w STRING") +
+                             "INSERT INTO out1 SELECT id, w FROM lines, LATERAL TABLE(words(line)) AS T(w) "
+                             "WHERE w <> 'the';")
+        assert chain.names[0].startswith("Correlate(invocation=[WORDS(line)], joinType=[INNER])"), chain.names
+        chain.feed([(1, "the quick fox"), (2, ""), (3, "jumps")])
+        assert printed(capsys) == ["+I[1, quick]", "+I[1, fox]", "+I[3, jumps]"]
+
+        chain = SqlTailChain(script + PRINT.format(cols="id BIGINT, w STRING, n INT") +
+                             "INSERT INTO out1 SELECT id, T.word, n + 0 FROM lines LEFT JOIN "
+                             "LATERAL TABLE(lengths(line, 4)) AS T(word, n) ON TRUE;")
+        chain.feed([(1, "the quick fox"), (2, "a b")])
+        assert printed(capsys) == ["+I[1, quick, 5]", "+I[2, <NULL>, <NULL>]"]
+
+        for query, message in [
+                ("SELECT id, w FROM lines JOIN LATERAL TABLE(words(line)) AS T(w) ON w = 'x'",
+                 "a join with LATERAL TABLE takes ON TRUE only: filter its rows in WHERE"),
+                ("SELECT id, w FROM lines, LATERAL TABLE(nope(line)) AS T(w)",
+                 "No match found for function signature nope"),
+                ("SELECT id, w FROM lines, LATERAL TABLE(lengths(line, 1)) AS T(w)",
+                 r"LENGTHS\(line, 1\) has 2 columns \(result_types\), the alias names 1")]:
+            with pytest.raises(SqlError, match=message):
+                job_of(script + PRINT.format(cols="id BIGINT, w STRING") + f"INSERT INTO out1 {query};")
+    finally:
+        sys.modules.pop("sql_udtfs_x", None)
+
+
 def test_streams_cross_into_sql_and_tables_back_out() -> None:
     from runtime.api import BoundedOutOfOrderness, GeneratorSource
 
