@@ -921,8 +921,6 @@ class Planner:
         if not cond.left_keys:
             raise SqlError("a join needs an equality between a column of each side (an equi-join); "
                            "cross joins and non-equi joins are not supported")
-        for name, node in (("left", left), ("right", right)):
-            require_insert_only(f"Join ({name} input)", node.mode, source_digest(original(node)))
         left_c = ExpressionCompiler(left.scope, self.catalog.functions)
         right_c = ExpressionCompiler(right.scope, self.catalog.functions)
         left_key_fn = _key_function(left_c, cond.left_keys)
@@ -936,6 +934,10 @@ class Planner:
         predicate = ExpressionCompiler(joined, self.catalog.functions).predicate(rest)[0] if rest is not None \
             else None
         window_ends = _window_join(left, right, cond.left_keys, cond.right_keys)
+        if window_ends is not None or cond.interval:  # a regular join takes updating inputs; these do not
+            for name, node in (("left", left), ("right", right)):
+                require_insert_only(f"{'Window' if window_ends is not None else 'Interval'}Join ({name} input)",
+                                    node.mode, source_digest(original(node)))
         if window_ends is not None:
             # two windows joined on their bounds: each window's rows joined once it fires, then dropped
             return Join(fields, INSERT_ONLY, None, left=left, right=right, how=how, left_keys=cond.left_keys,
@@ -953,7 +955,9 @@ class Planner:
         if cond.lower is not None or cond.upper is not None:
             raise SqlError("an interval join needs both a lower and an upper bound on the rowtimes (e.g. "
                            "a.t BETWEEN b.t - INTERVAL '1' HOUR AND b.t)")
-        mode = INSERT_ONLY if how == "inner" else RETRACTING
+        # over an updating side, rows retracted there retract their joined rows: +I/-D out
+        insert_only = how == "inner" and left.mode.insert_only and right.mode.insert_only
+        mode = INSERT_ONLY if insert_only else RETRACTING
         return Join(fields, mode, None, left=left, right=right, how=how, left_keys=cond.left_keys,
                     right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
                     condition=rest, predicate=predicate, ttl_ms=state_ttl_ms(self.catalog.options))

@@ -246,9 +246,12 @@ class Translator:
                                      node.predicate)
             out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(wfn, name=name)
             return self._added(out, uid, ops, keys=keys, state="both sides' rows per key and window, until it fires")
+        updating_left, updating_right = not node.left.mode.insert_only, not node.right.mode.insert_only
         fn = RegularJoinFunction(node.how, len(node.left.fields), len(node.right.fields), node.predicate,
-                                 node.ttl_ms)
-        out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(fn, name=name)
+                                 node.ttl_ms, updating_left=updating_left, updating_right=updating_right)
+        left_key = _of_row(node.left_key_fn) if updating_left else node.left_key_fn
+        right_key = _of_row(node.right_key_fn) if updating_right else node.right_key_fn
+        out = left.key_by(left_key).connect(right.key_by(right_key)).process(fn, name=name)
         ttl = f" (expiring after {node.ttl_ms} ms)" if node.ttl_ms else " (kept forever: SET 'table.exec.state.ttl')"
         return self._added(out, uid, ops, keys=keys, state=f"both sides' rows per key{ttl}")
 
