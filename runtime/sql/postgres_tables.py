@@ -326,6 +326,7 @@ class LookupFunction:
         self._query: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self.lookups = 0  # queries sent to the server (the cache's misses)
+        self._connections: list[Any] = []  # every thread's, closed with the function
 
     extras = ("postgres",)
 
@@ -363,6 +364,7 @@ class LookupFunction:
         if conn is None or conn.closed:
             conn = self._local.conn = pgc.connect(self.dsn)
             conn.autocommit = True
+            self._connections.append(conn)
         try:
             with conn.cursor() as cur:
                 cur.execute(self._query, key)
@@ -376,6 +378,19 @@ class LookupFunction:
             raise
         readers = self.readers
         return [tuple(read(v) for read, v in zip(readers, r, strict=True)) for r in rows]
+
+    def close(self) -> None:
+        """The task ends (async_map closes its function): the lookup threads stop and their connections close."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        for conn in self._connections:
+            try:
+                conn.close()
+            except Exception:  # a broken connection: nothing more to lose
+                pass
+        self._connections.clear()
+        self._query = None  # a function used again (a restart in the same process) starts afresh
 
     async def __call__(self, record: Any) -> list[Any]:
         if self.updating:  # a retraction looks the key up again, as Flink's lookup join over a changelog does
