@@ -96,7 +96,7 @@ def run_kafka_demo(*, bootstrap: str, records: int, directory: str) -> int:
     """The same story over Kafka: topics in and out on the broker at `bootstrap`, no Spark (kafka_demo.py)."""
     from runtime.cli import kafka_demo
 
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO lines would interleave with the story
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the demo says in one line what went wrong
     print(f"Sluice demo over Kafka at {bootstrap}: exactly-once word count, a worker killed midway\n")
     print(f"1. {records:,} JSON records [word, seq] over 1,000 words into a new topic of 4 partitions")
     t0 = time.monotonic()
