@@ -512,7 +512,7 @@ def kill_9_the_broker_with_nothing_unsaved(cluster: Cluster, broker: KafkaBroker
                 os.kill(pid, signal.SIGCONT)
             time.sleep(0.05)
     try:
-        marker = broker.topic("saved")
+        marker = broker.topic(f"saved-{time.monotonic_ns()}")
         run(create_topics(broker.bootstrap, {marker: 1}))
         state = broker.data_dir / "kafka.json"
         wait_for(lambda: state.exists() and marker in state.read_text(errors="replace"), 30,
