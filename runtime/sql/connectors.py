@@ -14,8 +14,8 @@ Kafka tables plan onto KafkaSource/KafkaSink (runtime/connectors), so they are e
 appends JSON objects (positions in checkpoints; 'sink.delivery-guarantee' = 'exactly-once' writes in transactions
 with the checkpoint); `upsert-kafka` writes a changelog keyed by the PRIMARY KEY: +I/+U the row as the value,
 -D a tombstone (null value), -U dropped; read, it is that changelog again (runtime/sql/kafka_tables.py). The
-table source hands the KafkaSource's own hooks (submit check,
-partitions dealt on a rescale, per-partition watermarks, offsets committed, metrics) through.
+table source hands the KafkaSource's own hooks (submit check, partitions dealt on a rescale, per-partition
+watermarks, offsets committed, metrics) through.
 """
 
 from __future__ import annotations
