@@ -6,6 +6,9 @@ configuration refused at submit in one line."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +86,7 @@ def continuous_to_delta(job: Job) -> None:
 
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
 KILLING_SINK_UID = "counts-table"
+STORE_STALL_S = 2.0
 
 
 def submit(cluster: Cluster, entry: str) -> str:
@@ -134,8 +138,9 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
     unaligned checkpoints. Files are there at the start, added while the job runs and after the committer
     SIGKILLed its worker right after its second Delta commit, before noting it anywhere: the restored job
     lists that commit's files again and must leave them out (the table's txn version for the app says they
-    are in). Then the job is rescaled 2 -> 3 from a checkpoint and more files come. The table ends with every
-    key's counts 1..n once, and no checkpoint committed twice."""
+    are in). The S3 server then stalls (stopped, continued) for a few checkpoint intervals. Then the job is
+    rescaled 2 -> 3 from a checkpoint and more files come. The table ends with every key's counts 1..n once, and
+    no checkpoint committed twice."""
     with running_s3() as s3:
         table = f"{in_bucket(cluster, s3)}/counts"
         in_dir = cluster.tmp_path / "in"
@@ -148,7 +153,14 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         wait_killed(cluster, job_id, markers, "the sink to kill its worker after a Delta commit")
         replaced: set[int] = set()
         poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
-        records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
+        # the object store stalls mid-run (its process stopped, then continued) while files come: data files and
+        # commits wait on it, and the job rides it out
+        os.kill(s3.proc.pid, signal.SIGSTOP)
+        try:
+            records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
+            time.sleep(STORE_STALL_S)  # the fault's length: four checkpoint intervals
+        finally:
+            os.kill(s3.proc.pid, signal.SIGCONT)
         poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the table", interval_s=0.5)
         st = cluster.call("status", {"job_id": job_id})
         assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
