@@ -150,7 +150,13 @@ class ChangeQueue:
     so a batch may end inside a change: the position is then the one before that change plus the records of it
     already handed out (`rows` in the state), and a restore hands out the rest of it, exactly. The task counts
     a batch's records emitted and skips that many after a restore (runtime/execution/source_driver.py), so a
-    batch must never hold more records than asked for."""
+    batch must never hold more records than asked for.
+
+    SNAPSHOT_ROWS_ALONE: that skip needs the records after a position to come again the same, which the stream
+    does (the slot replays it) but a snapshot restored midway does not: its rest is read as of a new snapshot
+    (a row deleted or changed since is not there, or differs, and its change is not streamed either). So a
+    snapshot row is a batch of its own: a checkpoint never falls inside one, and the position it stores is
+    after the last row handed out."""
 
     def __init__(self) -> None:
         self.entries: collections.deque[tuple[Any, CdcPosition]] = collections.deque()
@@ -172,9 +178,17 @@ class ChangeQueue:
         return state
 
     def take(self, max_records: int, records_of: Callable[[Any], list[Any]] | None) -> list[Any]:
-        """Up to `max_records` records from the front; `records_of` None: each change is one record."""
+        """Up to `max_records` records from the front; `records_of` None: each change is one record. The first
+        batch only takes the position the reader queues first (the slot's start): the task stores the position
+        before a batch, and a batch handed out from no position could not be resumed (a restore without one
+        starts afresh: a new slot and snapshot)."""
         entries = self.entries
         out: list[Any] = []
+        if self.position is None:
+            while entries and entries[0][0] is _NO_RECORD:
+                self.position = entries.popleft()[1]
+            if self.position is not None:
+                return out
         while entries and len(out) < max_records:
             change, position = entries[0]
             if change is not _NO_RECORD:
@@ -191,6 +205,10 @@ class ChangeQueue:
                     self.rows_out = 0
                 if change.get("ts_ms") is not None:
                     self.last_commit_ms = change["ts_ms"]
+                if change["op"] == "r":  # a snapshot row: a batch of its own (SNAPSHOT_ROWS_ALONE)
+                    entries.popleft()
+                    self.position = position
+                    break
             entries.popleft()
             self.position = position
         return out

@@ -416,7 +416,9 @@ def build(job: Job) -> None:
     totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=2)
               .key_by(lambda change: (change["after"] or change["before"])["customer"])
               .process(Totals(), parallelism=2))
-    totals.sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
+    # an upsert sink's input keyed by its key: a customer's rows reach one sink subtask, also after a rescale
+    # (two subtasks upserting one key in the same checkpoint would race)
+    totals.key_by(lambda row: row["customer"]).sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
     totals.sink(PostgresSink(DSN, "history", mode="append", columns=["customer", "version", "total"]),
                 name="history")
     job.sql(SQL)  # the same totals through a postgres-cdc table, GROUP BY and a jdbc upsert table

@@ -130,6 +130,8 @@ def test_a_batch_never_holds_more_records_than_asked_and_may_end_inside_a_change
     """The task skips as many records as a checkpoint said it emitted after a restore, so a batch of a change
     that makes two records may end between them: the position is then the one before the change plus one."""
     q = queued(UPDATE, INSERT, DELETE)
+    assert q.state() is None
+    assert q.take(512, expand) == [] and q.state() == at(30).to_state()  # first a position, then records
     assert q.take(1, expand) == [("-U", 1)]
     assert q.state() == {**at(30).to_state(), "rows": 1}  # before the update, one of its records out
     state = q.state()
@@ -143,7 +145,21 @@ def test_a_batch_never_holds_more_records_than_asked_and_may_end_inside_a_change
     assert restored.take(512, expand) == [("+U", 1), ("c", 2)] and restored.state() == at(40).to_state()
     # one record per change (the Python API's source): the batch ends at max_records changes
     plain = queued(UPDATE, INSERT, DELETE)
-    assert plain.take(2, None) == [UPDATE, INSERT] and plain.state() == at(40).to_state()
+    assert plain.take(2, None) == [] and plain.take(2, None) == [UPDATE, INSERT] and plain.state() == at(40).to_state()
+
+
+def test_snapshot_rows_are_handed_out_one_batch_each() -> None:
+    """A snapshot restored midway is read as of a new snapshot, so the task's skip of the records of a batch
+    after its position could skip other rows: a snapshot row is a batch of its own, and the next position is
+    after it."""
+    rows = ChangeQueue()
+    first, second = at(10), at(10)
+    rows.entries.extend([(_NO_RECORD, at(10)), ({"op": "r", "id": 1}, first), ({"op": "r", "id": 2}, second),
+                         (INSERT, at(40))])
+    assert rows.take(512, None) == []
+    assert rows.take(512, None) == [{"op": "r", "id": 1}] and rows.position is first
+    assert rows.take(512, expand) == [("r", 2)] and rows.position is second
+    assert rows.take(512, expand) == [("c", 2)]
 
 
 def test_a_change_is_keyed_by_its_after_image_or_for_a_delete_its_before_image() -> None:
