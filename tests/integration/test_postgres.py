@@ -67,12 +67,16 @@ def read(source: PostgresCdcSource, replica: Replica, *, limit: int | None = Non
 
     def more() -> bool:
         nonlocal read_n
-        batch = source.read_batch(100 if limit is None else min(100, limit - read_n))
-        assert batch is not None
-        for change in batch:
-            replica.apply(change)
-        read_n += len(batch)
-        return (limit is not None and read_n >= limit) or (until is not None and until())
+        while True:  # on until nothing is ready (a snapshot row is a batch of its own)
+            batch = source.read_batch(100 if limit is None else min(100, limit - read_n))
+            assert batch is not None
+            for change in batch:
+                replica.apply(change)
+            read_n += len(batch)
+            if limit is not None and read_n >= limit:
+                return True
+            if not batch:
+                return until is not None and until()
 
     wait_until(more, timeout_s, f"the source to read {limit if limit is not None else 'up to the table'}")
 
