@@ -1,7 +1,8 @@
 """Checkpoints on a real cluster: aligned barriers stall behind backpressure and time out, unaligned ones
 overtake the queued data and persist it, aligned_timeout switches only when it has to, a restore from a
 checkpoint taken under backpressure (with in-flight data) reproduces the exact output, aborted and incomplete
-checkpoints leave nothing usable behind, and savepoints are self-contained."""
+checkpoints leave nothing usable behind, savepoints are self-contained, and two checkpoints forced to overlap
+both complete, in order."""
 
 from __future__ import annotations
 
@@ -243,8 +244,8 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
 
 @pytest.mark.integration
 def test_savepoints_and_concurrent_unaligned_checkpoints_complete_in_order(running_cluster: Cluster) -> None:
-    """Whether two really overlap depends on timing here (they take a few ms on this job); the pure coordinator
-    and barrier handler tests pin the overlapping cases down exactly."""
+    """Whether two really overlap depends on timing here (they take a few ms on this job); the next test forces an
+    overlap, and the pure coordinator and barrier handler tests pin the overlapping cases down exactly."""
     cluster = running_cluster
     install_jobs(cluster)
     config = checkpoint_config("unaligned", interval_s=0.02, max_concurrent=2, tolerable_failures=0)

@@ -1,7 +1,8 @@
 """Checkpoints in an S3-compatible object store (moto's server, a real HTTP server in its own process): the
 coordinator writes `_metadata` there, workers upload their task files there, a failover restores from there
-with exact output, retention deletes there, and a corrupt object makes failover fall back to the checkpoint
-before, as with local files. Nothing lands in the local state directory's checkpoints/."""
+with exact output, retention deletes there, and a missing channel-state segment makes failover fall back to the
+checkpoint before, as with local files; a paused server times checkpoints out but stops no task, and a wiped
+bucket fails the job cleanly. Nothing lands in the local state directory's checkpoints/."""
 
 from __future__ import annotations
 
