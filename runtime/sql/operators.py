@@ -31,6 +31,32 @@ class CumulativeEventTimeWindows(WindowAssigner):
         return [(start, end) for end in range(first_end, start + self.max_size_ms + 1, self.step_ms)]
 
 
+@dataclass(frozen=True)
+class CumulativeProcessingTimeWindows(CumulativeEventTimeWindows):
+    """CUMULATE over a PROCTIME() column: the same windows on the operator's wall clock."""
+
+    event_time = False
+
+
+def correlate_rows(fn: Callable[..., Any], args: Callable[[Any], tuple[Any, ...]], width: int, left_outer: bool,
+                   text: str) -> Callable[[Any], list[Any]]:
+    """A row -> the row joined with each row the table function `fn` yields for `args(row)` (a plain value is a
+    one-column row); `left_outer`: a row it yields none for, once, padded with NULLs."""
+    nulls = (None,) * width
+
+    def rows(row: Any) -> list[Any]:
+        out = []
+        for produced in fn(*args(row)) or ():
+            values = tuple(produced) if isinstance(produced, tuple | list) else (produced,)
+            if len(values) != width:
+                raise ValueError(f"table function {text} yielded {produced!r}: {width} columns expected")
+            out.append((*row, *values))
+        if not out and left_outer:
+            out.append((*row, *nulls))
+        return out
+    return rows
+
+
 class GroupAggregateFunction(KeyedProcessFunction):
     """An unbounded GROUP BY: per key the accumulator in value state; every input row updates it and emits the
     change of the key's result row, as Flink's GroupAggFunction: +I the first time, then -U old and +U new (none
@@ -159,18 +185,23 @@ def window_output(key_arity: int) -> Callable[[Any], Any]:
 
 
 class RegularJoinFunction(KeyedCoProcessFunction):
-    """A regular (unbounded) equi-join, Flink's StreamingJoinOperator over append-only inputs: per key both
-    sides' rows are kept (with `ttl_ms`, Flink's table.exec.state.ttl, they expire), every arriving row joins
-    the other side's rows that pass `condition`. Inner: insert-only output (plain rows). Outer: a changelog;
-    a row of an outer side without a match is emitted padded with NULLs (+I), and retracted (-D) when its
-    first match arrives."""
+    """A regular (unbounded) equi-join, Flink's StreamingJoinOperator: per key both sides' rows are kept, each
+    with the number of rows of the other side it joins (with `ttl_ms`, Flink's table.exec.state.ttl, they
+    expire); every arriving row joins the other side's rows that pass `condition`. Inner over append-only
+    inputs: insert-only output (plain rows). Otherwise a changelog of +I/-D: a row of an outer side without a
+    match is emitted padded with NULLs (+I), and retracted (-D) when its first match arrives. An updating side
+    (`updating_left`/`updating_right`: (kind, row) pairs) retracts with -U/-D: the row leaves the state, its
+    joined rows are retracted, and an outer row of the other side left without a match goes out padded again."""
 
     def __init__(self, how: str, left_width: int, right_width: int,
-                 condition: Callable[[Any], Any] | None = None, ttl_ms: int | None = None) -> None:
+                 condition: Callable[[Any], Any] | None = None, ttl_ms: int | None = None, *,
+                 updating_left: bool = False, updating_right: bool = False) -> None:
         self.how = how
         self.outer_left = how in ("left", "full")
         self.outer_right = how in ("right", "full")
-        self.changelog = how != "inner"
+        self.changelog = how != "inner" or updating_left or updating_right
+        self.updating_left = updating_left
+        self.updating_right = updating_right
         self.left_nulls = (None,) * left_width
         self.right_nulls = (None,) * right_width
         self.condition = condition
@@ -181,10 +212,44 @@ class RegularJoinFunction(KeyedCoProcessFunction):
         self.right = ctx.value_state("join:right", (), ttl_ms=self.ttl_ms)
 
     def process1(self, record: Any, ctx: Any) -> None:
-        self._arrive(tuple(record), ctx, True)
+        self._input(record, ctx, True, self.updating_left)
 
     def process2(self, record: Any, ctx: Any) -> None:
-        self._arrive(tuple(record), ctx, False)
+        self._input(record, ctx, False, self.updating_right)
+
+    def _input(self, record: Any, ctx: Any, is_left: bool, updating: bool) -> None:
+        if not updating:
+            self._arrive(tuple(record), ctx, is_left)
+        elif record[0] in (INSERT, UPDATE_AFTER):
+            self._arrive(tuple(record[1]), ctx, is_left)
+        else:
+            self._retract(tuple(record[1]), ctx, is_left)
+
+    def _retract(self, row: tuple[Any, ...], ctx: Any, is_left: bool) -> None:
+        mine, other = (self.left, self.right) if is_left else (self.right, self.left)
+        kept = list(mine.value())
+        at = next((i for i, (r, _) in enumerate(kept) if r == row), None)
+        if at is None:  # never seen, or expired by the TTL: nothing was joined with it that is still known
+            return
+        _, matches = kept.pop(at)
+        mine.update(tuple(kept))
+        other_outer = self.outer_right if is_left else self.outer_left
+        others = list(other.value())
+        changed = False
+        for i, (orow, omatches) in enumerate(others):
+            joined = (*row, *orow) if is_left else (*orow, *row)
+            if self.condition is not None and not self.condition(joined):
+                continue
+            self._emit(ctx, DELETE, joined)
+            if other_outer:
+                others[i] = (orow, omatches - 1)
+                changed = True
+                if omatches == 1:  # its last match is gone: it goes out NULL-padded again
+                    self._emit(ctx, INSERT, (*self.left_nulls, *orow) if is_left else (*orow, *self.right_nulls))
+        if changed:
+            other.update(tuple(others))
+        if matches == 0 and (self.outer_left if is_left else self.outer_right):
+            self._emit(ctx, DELETE, (*row, *self.right_nulls) if is_left else (*self.left_nulls, *row))
 
     def _emit(self, ctx: Any, kind: str, row: tuple[Any, ...]) -> None:
         ctx.emit((kind, row) if self.changelog else row)
