@@ -983,7 +983,6 @@ class Planner:
                            "join needs a 'jdbc' table")
         if how not in ("inner", "left"):
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not {how.upper()}")
-        require_insert_only("LookupJoin", left.mode, source_digest(original(left)))
         alias = dim.alias or name
         right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr,arg-type]
                              for c in table.physical)
@@ -1004,7 +1003,9 @@ class Planner:
         predicate = ExpressionCompiler(Scope(fields), self.catalog.functions).predicate(rest)[0] \
             if rest is not None else None
         key_fn = _key_function(ExpressionCompiler(left.scope, self.catalog.functions), cond.left_keys)
-        return LookupJoin(fields, INSERT_ONLY, left.rowtime, input=left, table=table, how=how,
+        # over an updating input every change is looked up and keeps its kind (-U/-D looked up again, as in Flink)
+        mode = INSERT_ONLY if left.mode.insert_only else left.mode
+        return LookupJoin(fields, mode, left.rowtime if mode.insert_only else None, input=left, table=table, how=how,
                           left_keys=cond.left_keys, lookup_columns=tuple(columns), left_key_fn=key_fn,
                           condition=rest, predicate=predicate)
 

@@ -303,15 +303,8 @@ class TopNFunction(KeyedProcessFunction):
 
     def process(self, record: Any, ctx: Any) -> None:
         row = tuple(record)
-        key = self.sort_key(row)
         before = [tuple(r) for r in self.top.value()]
-        keys = [self.sort_key(r) for r in before]
-        position = len(keys)
-        newest = self.newest_wins_ties
-        for i, k in enumerate(keys):
-            if key < k or (newest and not k < key):  # else after every equal key: the earlier row stays first
-                position = i
-                break
+        position = _insert_position([self.sort_key(r) for r in before], self.sort_key(row), self.newest_wins_ties)
         if position >= self.limit:
             return
         after = before[:position] + [row] + before[position:]
@@ -320,17 +313,7 @@ class TopNFunction(KeyedProcessFunction):
         if self.insert_only:
             ctx.emit((*row, 1) if self.with_rank else row)
             return
-        if self.with_rank:
-            old = {(r, i + 1) for i, r in enumerate(before)}
-            new = {(r, i + 1) for i, r in enumerate(after)}
-            for r, rank in [(r, i + 1) for i, r in enumerate(before) if (r, i + 1) not in new]:
-                ctx.emit((DELETE, (*r, rank)))
-            for r, rank in [(r, i + 1) for i, r in enumerate(after) if (r, i + 1) not in old]:
-                ctx.emit((INSERT, (*r, rank)))
-            return
-        if len(before) == self.limit:
-            ctx.emit((DELETE, before[-1]))
-        ctx.emit((INSERT, row))
+        _emit_top_changes(ctx, before, after, self.with_rank)
 
 
 class RetractableTopNFunction(KeyedProcessFunction):
@@ -366,17 +349,22 @@ class RetractableTopNFunction(KeyedProcessFunction):
             self.rows.update(tuple(rows))
         else:
             self.rows.clear()
-        after = rows[:self.limit]
-        if self.with_rank:
-            old = [(r, i + 1) for i, r in enumerate(before)]
-            new = [(r, i + 1) for i, r in enumerate(after)]
-        else:
-            old = [(r, 0) for r in before]
-            new = [(r, 0) for r in after]
-        for r, rank in _missing(old, new):
-            ctx.emit((DELETE, (*r, rank) if self.with_rank else r))
-        for r, rank in _missing(new, old):
-            ctx.emit((INSERT, (*r, rank) if self.with_rank else r))
+        _emit_top_changes(ctx, before, rows[:self.limit], self.with_rank)
+
+
+def _emit_top_changes(ctx: Any, before: list[Any], after: list[Any], with_rank: bool) -> None:
+    """What changed from top N `before` to `after`: -D for the rows that left it (with the rank, also those
+    whose rank changed), then +I for the rows that entered it (or took a new rank)."""
+    if with_rank:
+        old = [(r, i + 1) for i, r in enumerate(before)]
+        new = [(r, i + 1) for i, r in enumerate(after)]
+    else:
+        old = [(r, 0) for r in before]
+        new = [(r, 0) for r in after]
+    for r, rank in _missing(old, new):
+        ctx.emit((DELETE, (*r, rank) if with_rank else r))
+    for r, rank in _missing(new, old):
+        ctx.emit((INSERT, (*r, rank) if with_rank else r))
 
 
 def _missing(these: list[Any], others: list[Any]) -> list[Any]:

@@ -308,7 +308,8 @@ class Translator:
         key_fn = node.left_key_fn
         single = len(node.lookup_columns) == 1
         lookup = LookupFunction(node.table, node.lookup_columns, (lambda row: (key_fn(row),)) if single else key_fn,
-                                left=node.how == "left", filter_fn=node.predicate)
+                                left=node.how == "left", filter_fn=node.predicate,
+                                updating=not node.input.mode.insert_only)
         retry = RetryPolicy(max_attempts=lookup.settings.max_retries + 1)
         looked_up = stream.async_map(lookup, capacity=lookup.settings.capacity, timeout_s=30.0, ordered=True,
                                      retry=retry, name=self._name(node))
