@@ -304,11 +304,9 @@ class TopNFunction(KeyedProcessFunction):
     def process(self, record: Any, ctx: Any) -> None:
         row = tuple(record)
         before = [tuple(r) for r in self.top.value()]
-        position = _insert_position([self.sort_key(r) for r in before], self.sort_key(row), self.newest_wins_ties)
-        if position >= self.limit:
+        after = _top_with(before, row, self.sort_key, self.limit, self.newest_wins_ties)
+        if after is None:
             return
-        after = before[:position] + [row] + before[position:]
-        after = after[:self.limit]
         self.top.update(tuple(after))
         if self.insert_only:
             ctx.emit((*row, 1) if self.with_rank else row)
@@ -399,6 +397,16 @@ class SortKey:
         return False
 
 
+def _top_with(top: list[Any], row: Any, sort_key: Callable[[Any], Any], limit: int,
+              newest_wins_ties: bool) -> list[Any] | None:
+    """The top `limit` rows `top` with `row` in its place (the last pushed out when full), or None when it does
+    not enter."""
+    position = _insert_position([sort_key(r) for r in top], sort_key(row), newest_wins_ties)
+    if position >= limit:
+        return None
+    return (top[:position] + [row] + top[position:])[:limit]
+
+
 def _insert_position(keys: list[Any], key: Any, newest_wins_ties: bool) -> int:
     """Where a row of sort key `key` goes among rows of sort keys `keys` (in order): after every equal key (the
     earlier row stays first), or before them when the newest row wins ties."""
@@ -433,12 +441,12 @@ class WindowTopNFunction(KeyedProcessFunction):
         if fires_at <= ctx.current_watermark:
             return
         before = [tuple(r) for r in self.top.value()]
-        position = _insert_position([self.sort_key(r) for r in before], self.sort_key(row), self.newest_wins_ties)
-        if position >= self.limit:
+        after = _top_with(before, row, self.sort_key, self.limit, self.newest_wins_ties)
+        if after is None:
             return
         if not before:
             ctx.timers.register_event_time(fires_at)
-        self.top.update(tuple((before[:position] + [row] + before[position:])[:self.limit]))
+        self.top.update(tuple(after))
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
         rows = self.top.value()
