@@ -34,6 +34,7 @@ from typing import Any
 from coordinator.checkpointing import CheckpointSettings, CompletedCheckpoint
 from coordinator.exception_history import ExceptionEntry, ExceptionHistory
 from coordinator.jobs import TERMINAL, JobRecord
+from coordinator.load_scaler import LoadScaling
 from coordinator.restarts import RestartStrategy
 from runtime.common.checksums import checksum, mismatch
 from runtime.common.files import write_atomically
@@ -78,6 +79,7 @@ def record_of(job: JobRecord, *, wall_offset: float = 0.0) -> dict[str, Any]:
         "restart_s": job.restart_s[-50:], "rescale_s": job.rescale_s[-50:],
         "checkpoint_history": history, "checkpoint_counts": list(job.checkpoint_counts()),
         "exceptions": [e.to_dict() for e in job.exceptions.entries()], "graph": job.graph_snapshot(),
+        "autoscaler": job.load_scaling.to_document() if job.load_scaling is not None else None,
     }
 
 
@@ -152,6 +154,11 @@ def job_from_record(doc: dict[str, Any], *, wall_offset: float = 0.0) -> JobReco
     job.restart_s = [float(x) for x in typed("restart_s", list)]
     job.rescale_s = [float(x) for x in typed("rescale_s", list)]
     _history_from_record(job, doc, wall_offset)
+    autoscaler = doc.get("autoscaler")  # absent from records of older versions
+    if autoscaler is not None:
+        if not isinstance(autoscaler, dict):
+            raise TypeError(f"'autoscaler' must be an object, got {autoscaler!r}")
+        job.load_scaling = LoadScaling.from_document(autoscaler)
     if job.terminal:
         job.ended.set()
     return job

@@ -38,6 +38,7 @@ log = logging.getLogger("sluice.autoscaler")
 DECISIONS_KEPT = 50  # per job, newest last
 RESCALE_TIMEOUT_S = 300.0
 DRY_RUN, APPLYING, APPLIED, REFUSED = "dry_run", "applying", "applied", "refused"
+INTERRUPTED = "interrupted: the coordinator failed over while the rescale ran (the new leader finished or undid it)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,16 @@ class DecisionRecord:
         doc["from"], doc["to"] = doc.pop("before"), doc.pop("after")
         return doc
 
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> DecisionRecord:
+        """A decision from a job record; one a coordinator was applying when it failed over says so (the job's
+        lifecycle, not the autoscaler, finished or undid that rescale)."""
+        fields = dict(doc)
+        fields["before"], fields["after"] = fields.pop("from"), fields.pop("to")
+        if fields["outcome"] == APPLYING:
+            fields["outcome"], fields["error"] = REFUSED, INTERRUPTED
+        return cls(**fields)
+
 
 @dataclass
 class LoadScaling:
@@ -84,6 +95,19 @@ class LoadScaling:
         if self.held:
             return "held"
         return self.evaluation.status if self.evaluation is not None else policy.STABILIZING
+
+    def to_document(self) -> dict[str, Any]:
+        """What the job record keeps, so a coordinator that takes over shows and counts the same decisions."""
+        return {"decisions": [d.to_document() for d in self.decisions],
+                "counts": [[vertex, direction, n] for (vertex, direction), n in sorted(self.counts.items())]}
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> LoadScaling:
+        """Back from a job record: the decisions and counts; samples and the evaluation start afresh."""
+        state = cls()
+        state.decisions.extend(DecisionRecord.from_document(d) for d in doc["decisions"])
+        state.counts = {(str(v), str(d)): int(n) for v, d, n in doc["counts"]}
+        return state
 
     def describe(self, wall_offset: float) -> dict[str, Any]:
         """For the REST job document; `wall_offset` (wall clock minus monotonic clock) dates `ready_at`."""

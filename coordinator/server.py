@@ -347,6 +347,7 @@ class Coordinator(BaseLinkHandler):
             (p.Register, self.rpc_register),
             (p.Heartbeat, self.rpc_heartbeat),
             (p.AckCheckpoint, self.rpc_ack_checkpoint),
+            (p.AckCheckpoints, self.rpc_ack_checkpoints),
             (p.DeclineCheckpoint, self.rpc_decline_checkpoint),
             (p.ProbeDone, self.rpc_probe_done),
             (p.TaskFinished, self.rpc_task_finished),
@@ -548,7 +549,7 @@ class Coordinator(BaseLinkHandler):
         return r.CheckpointList(job.job_id, history, [{"checkpoint_id": n, "path": path} for n, path in completed],
                                 last_completed=job.last_checkpoint_document())
 
-    def _attempt(self, report: p.TaskReport | p.JobError) -> JobRecord | None:
+    def _attempt(self, report: p.TaskReport | p.JobError | p.AckCheckpoints) -> JobRecord | None:
         """The report's job while the attempt it is about is the current one (None: a stale report)."""
         job = self.jobs.get(report.job_id)
         return job if job is not None and job.attempt == report.attempt else None
@@ -557,6 +558,14 @@ class Coordinator(BaseLinkHandler):
         job = self._attempt(args)
         if job is not None and job.checkpoints is not None:
             job.checkpoints.ack(args.checkpoint_id, args.task, dict(args.state), args.figures)
+        return r.Ok()
+
+    async def rpc_ack_checkpoints(self, link: Link, args: p.AckCheckpoints) -> r.Ok:
+        """A worker's acknowledgements of one job attempt, batched (runtime/worker/ack_batcher.py)."""
+        job = self._attempt(args)
+        if job is not None and job.checkpoints is not None:
+            for ack in args.acks:
+                job.checkpoints.ack(ack.checkpoint_id, ack.task, dict(ack.state), ack.figures)
         return r.Ok()
 
     async def rpc_decline_checkpoint(self, link: Link, args: p.DeclineCheckpoint) -> r.Ok:

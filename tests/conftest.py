@@ -54,6 +54,6 @@ def spark() -> Iterator[Any]:
 
     if find_java() is None:
         pytest.skip("no Java: Spark needs Java 17")
-    session = start_session("local[2]", "sluice-tests")
+    session = start_session("local[2]", "sluice-tests", shuffle_partitions=2)
     yield session
     stop_session(session)

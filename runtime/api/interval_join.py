@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.api.co_functions import KeyedCoProcessFunction
 from runtime.api.errors import JobDefinitionError
 from runtime.api.functions import OutputTag
+from runtime.api.runtime_hooks import RuntimeHooks
 
 if TYPE_CHECKING:
     from runtime.api.stream import DataStream, KeyedStream
@@ -54,7 +55,7 @@ def emit_pair(left: Any, right: Any, ctx: Any) -> None:
     ctx.emit((left, right))
 
 
-class IntervalJoinFunction(KeyedCoProcessFunction):
+class IntervalJoinFunction(KeyedCoProcessFunction, RuntimeHooks):
     """The operator: input 1 is the left side, input 2 the right. `lower_ms`/`upper_ms` are inclusive here
     (exclusive bounds are moved by one millisecond when the join is built).
 

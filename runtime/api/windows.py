@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.api.functions import KeyedProcessFunction, OutputTag
+from runtime.api.runtime_hooks import RuntimeHooks
 from runtime.api.state import AggregateFunction
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ class _Elements(_Contents):
         return self.fn(key, window, [r for chunk in acc for r in chunk])
 
 
-class WindowOperator(KeyedProcessFunction):
+class WindowOperator(KeyedProcessFunction, RuntimeHooks):
     """Assigns records to windows, keeps their contents in keyed state and fires them from timers."""
 
     def __init__(self, assigner: WindowAssigner, contents: _Contents, allowed_lateness_ms: int = 0) -> None:

@@ -277,11 +277,17 @@ async def run_job_on_cluster(cluster: LocalCluster, entry: str, *, config: dict[
         await asyncio.sleep(0.25)
 
 
+def import_from_working_directory() -> None:
+    """Let this process import what the cluster's processes will (the coordinator and the workers put the
+    submitter's working directory on their path): job modules, SQL functions."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def check_entry(entry: str, config: dict[str, Any] | None = None, restore: str | None = None) -> str | None:
     """Import the job's module and build the job here first, so a wrong name, a missing extra or an earlier
     run's output in a sink's directory is one error before any process starts."""
-    if os.getcwd() not in sys.path:  # the coordinator puts our working directory on its path too
-        sys.path.insert(0, os.getcwd())
+    import_from_working_directory()
     try:
         load_entry(entry)
         if config is not None:

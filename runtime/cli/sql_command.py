@@ -41,8 +41,10 @@ def plan_script(path: str, text: str, *, parallelism: dict[str, int] | None = No
     if missing:
         return None, extras.describe_missing(missing)
     from runtime.api import Job, JobDefinitionError
+    from runtime.cli.local_cluster import import_from_working_directory
     from runtime.sql.errors import SqlError
 
+    import_from_working_directory()  # CREATE FUNCTION ... AS 'module.f' is imported while planning
     job = Job(default_name(path))
     try:
         job.sql(text)

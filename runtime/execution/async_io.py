@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import inspect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -69,6 +70,7 @@ class AsyncIOOperator:
                  subtask_index: int, parallelism: int, max_parallelism: int, timed: bool,
                  emit: Callable[[list[Any]], None], forward_watermark: Callable[[int], None]) -> None:
         self.spec = spec
+        self._closed = False  # the function's close() was called
         self.node_id = node_id
         self.name = name
         self._key_fn = key_fn
@@ -263,10 +265,19 @@ class AsyncIOOperator:
         self.raise_if_failed()
 
     async def aclose(self) -> None:
-        """Cancel the calls still running (the task ends early) and wait for them."""
+        """The task ends (finished, failed or cancelled): cancel the calls still running, wait for them, then
+        close the function once (its `close()`, plain or `async def`, where it has one: the clients, pools and
+        threads it opened go with the task instead of at garbage collection)."""
         for task in list(self._calls):
             task.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)
+        close = getattr(self.spec.fn, "close", None)
+        if close is None or self._closed:
+            return
+        self._closed = True
+        result = close()
+        if inspect.isawaitable(result):
+            await result
 
     # -- checkpoints -------------------------------------------------------------------------------
 

@@ -209,6 +209,11 @@ class KeyedTimers(TimerService):
         self.processing = processing
         self._key_of = key_of
 
+    def index_event_timers(self, derive: Callable[[dict[Any, Any]], list[tuple[Any, int]]]) -> None:
+        """Event-time timers that follow from the operator's state (RuntimeHooks.event_timers_from_state): an
+        index per timestamp over the same table instead of a timer queue."""
+        self.event = TimerIndex(self.event.table, derive)  # type: ignore[assignment]
+
     def register_event_time(self, timestamp: int) -> None:
         self.event.register(self._key_of(), int(timestamp))
 

@@ -87,6 +87,34 @@ class AckCheckpoint(TaskReport):
 
 
 @dataclass(frozen=True, slots=True)
+class AckCheckpoints(Message[r.Ok]):
+    """The acknowledgements of several tasks of one job attempt, from one worker in one call: the coordinator's
+    per-message work per checkpoint is one call per worker instead of one per task. On the wire each
+    acknowledgement is an AckCheckpoint's document without the job and attempt, checked as one when decoded."""
+
+    method = "ack_checkpoints"
+    reply = r.Ok
+    job_id: str
+    attempt: int
+    acks: list[Any] = field(default_factory=list)  # AckCheckpoint, each of this job attempt
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt,
+                "acks": [{k: v for k, v in ack.to_wire().items() if k not in ("job_id", "attempt")}
+                         for ack in self.acks]}
+
+    @classmethod
+    def from_wire(cls, doc: Any) -> AckCheckpoints:
+        batch = Message.from_wire.__func__(cls, doc)  # type: ignore[attr-defined]
+        acks = []
+        for i, ack in enumerate(batch.acks):
+            if not isinstance(ack, Mapping):
+                raise BadArguments(f"{cls.method}: acks[{i}] must be an object, got {ack!r}")
+            acks.append(AckCheckpoint.from_wire({**ack, "job_id": batch.job_id, "attempt": batch.attempt}))
+        return cls(batch.job_id, batch.attempt, acks)
+
+
+@dataclass(frozen=True, slots=True)
 class DeclineCheckpoint(TaskReport):
     method = "decline_checkpoint"
     checkpoint_id: int
@@ -139,8 +167,8 @@ class JobError(Message[r.Ok]):
     error: str = "?"
 
 
-REPORTS: tuple[type[Message], ...] = (Register, Heartbeat, AckCheckpoint, DeclineCheckpoint, ProbeDone, TaskEnded,
-                                      TaskFinished, TaskFailed, SlowCall, JobError)
+REPORTS: tuple[type[Message], ...] = (Register, Heartbeat, AckCheckpoint, AckCheckpoints, DeclineCheckpoint,
+                                      ProbeDone, TaskEnded, TaskFinished, TaskFailed, SlowCall, JobError)
 
 # -- what clients ask -------------------------------------------------------------------------------------------
 

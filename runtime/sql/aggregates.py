@@ -1,10 +1,12 @@
-"""Aggregate calls (COUNT, COUNT DISTINCT, SUM, MIN, MAX, AVG, with FILTER) compiled into one accumulator.
+"""Aggregate calls (COUNT, COUNT DISTINCT, SUM, MIN, MAX, AVG, Python aggregate functions, with FILTER) compiled
+into one accumulator.
 
 All the aggregate calls of a query share one accumulator: a tuple with a slot per call (AVG takes two: sum and
 count). `add(row, acc)`, `merge(a, b)` and `result(acc)` are generated as single Python functions, once, so
 adding a row is one call however many aggregates there are. Accumulators stay msgpack-friendly, as keyed state
 must (runtime/api/state.py): ints, floats, strings, None, and a dict of seen values for COUNT DISTINCT; a
-DECIMAL sum is kept as its exact text. Values in state are never mutated: every add builds a new tuple.
+DECIMAL sum is kept as its exact text; a Python aggregate function's slot holds its own accumulator (any
+picklable value). Values in state are never mutated: every add builds a new tuple.
 
 Result types follow Flink: COUNT is BIGINT NOT NULL, SUM and MIN/MAX keep the argument's type, AVG of an integral
 column is integral (truncated, as Flink's), of a DECIMAL a DECIMAL, else DOUBLE.
@@ -12,6 +14,7 @@ column is integral (truncated, as Flink's), of a DECIMAL a DECIMAL, else DOUBLE.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -36,15 +39,22 @@ class AggregateCall:
     condition: exp.Expr | None
     text: str
     type: SqlType
+    arguments: tuple[exp.Expr, ...] = ()  # kind PYTHON: the arguments of the Python aggregate function
+    function: Any = None  # kind PYTHON: its AggregateFunction-like instance
 
 
-def find_aggregates(nodes: list[exp.Expr]) -> list[exp.Expr]:
-    """The aggregate calls in `nodes` (outermost; FILTER-wrapped ones whole), each SQL text once, in order."""
+def find_aggregates(nodes: list[exp.Expr], is_python_aggregate: Callable[[str], bool] = lambda name: False
+                    ) -> list[exp.Expr]:
+    """The aggregate calls in `nodes` (outermost; FILTER-wrapped ones whole), each SQL text once, in order; a call
+    of a function whose name `is_python_aggregate` is one too."""
+    def aggregate(node: exp.Expr) -> bool:
+        return isinstance(node, AGGREGATES) or (isinstance(node, exp.Anonymous) and is_python_aggregate(node.name))
+
     found: dict[str, exp.Expr] = {}
     for node in nodes:
         for sub in node.walk(bfs=False):
-            filtered = isinstance(sub, exp.Filter) and isinstance(sub.this, AGGREGATES)
-            if filtered or (isinstance(sub, AGGREGATES) and not isinstance(sub.parent, exp.Filter)):
+            filtered = isinstance(sub, exp.Filter) and aggregate(sub.this)
+            if filtered or (aggregate(sub) and not isinstance(sub.parent, exp.Filter)):
                 found.setdefault(sub.sql(), sub)
     return list(found.values())
 
@@ -55,6 +65,14 @@ def describe_call(node: exp.Expr, compiler: ExpressionCompiler) -> AggregateCall
     if isinstance(node, exp.Filter):
         condition = node.expression.this if isinstance(node.expression, exp.Where) else node.expression
         node = node.this
+    if isinstance(node, exp.Anonymous):  # a Python aggregate function (find_aggregates found it one)
+        udf = compiler.functions.get(node.name) or compiler.functions[node.name.upper()]
+        function = udf.aggregate()
+        if any(isinstance(a, exp.Distinct) for a in node.expressions):
+            raise SqlError(f"{text}: DISTINCT is supported in COUNT only")
+        types = [compiler.compile(a).type for a in node.expressions]
+        return AggregateCall("PYTHON", None, condition, text, udf.result_type(function, types),
+                             tuple(node.expressions), function)
     arg = node.this
     distinct = isinstance(arg, exp.Distinct)
     if distinct:
@@ -134,6 +152,13 @@ class CompiledAggregate(AggregateFunction):
                 pick = f"_Decimal(b[{i}]) {cmp} _Decimal(a[{i}])" if decimal else f"b[{i}] {cmp} a[{i}]"
                 merges.append(f"(a[{i}] if b[{i}] is None else b[{i}] if a[{i}] is None or {pick} else a[{i}])")
                 results.append(f"(None if {a} is None else _Decimal({a}))" if decimal else a)
+            elif call.kind == "PYTHON":
+                ref = f"_udaf{i}"
+                ns[ref] = PythonAggregate(call.function, call.text)
+                slots.append(f"{ref}.initial")
+                add = f"{ref}.add({a}{''.join(', ' + compiler.compile(x).text for x in call.arguments)})"
+                merges.append(f"{ref}.merge(a[{i}], b[{i}])")
+                results.append(f"{ref}.result({a})")
             elif call.kind == "AVG":
                 slots += ["None", "0"]
                 c = f"a[{i + 1}]"
@@ -170,6 +195,34 @@ class CompiledAggregate(AggregateFunction):
 
     def create_accumulator(self) -> Any:
         return self._initial
+
+
+class PythonAggregate:
+    """A Python aggregate function (PyFlink's AggregateFunction shape) as one slot of the generated accumulator.
+    Its `accumulate` changes the accumulator it is given, while a value in keyed state (and in a snapshot being
+    written) must never change in place: each add and merge works on a deep copy."""
+
+    def __init__(self, function: Any, text: str) -> None:
+        self.function = function
+        self.text = text
+        self.initial = function.create_accumulator()  # shared by every group: it is copied before any change
+
+    def add(self, accumulator: Any, *args: Any) -> Any:
+        accumulator = copy.deepcopy(accumulator)
+        self.function.accumulate(accumulator, *args)
+        return accumulator
+
+    def merge(self, a: Any, b: Any) -> Any:
+        merge = getattr(self.function, "merge", None)
+        if merge is None:
+            raise SqlError(f"{self.text}: the aggregate function has no merge(accumulator, accumulators), which "
+                           "merging windows (SESSION) need")
+        accumulator = copy.deepcopy(a)
+        merge(accumulator, [b])
+        return accumulator
+
+    def result(self, accumulator: Any) -> Any:
+        return self.function.get_value(accumulator)
 
 
 def _same(accumulator: Any) -> Any:

@@ -470,6 +470,9 @@ class ExpressionCompiler:
         codes = [self.compile(a) for a in args]
         if upper in self.functions or name in self.functions:
             udf = self.functions.get(name) or self.functions[upper]
+            if udf.aggregate() is not None:
+                raise SqlError(f"aggregate {node.sql()} is not allowed here (only in the SELECT list or HAVING of "
+                               "a GROUP BY query)")
             fn = udf.load()
             ref = self._bind(fn, "_udf")
             return Code(f"{ref}({', '.join(c.text for c in codes)})", udf.result_type(fn, [c.type for c in codes]))

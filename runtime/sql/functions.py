@@ -191,7 +191,7 @@ class PythonFunction:
     name: str
     target: str
 
-    def load(self) -> Callable[..., Any]:
+    def _target(self) -> Any:
         module_name, _, attr = self.target.rpartition(".")
         if not module_name:
             raise SqlError(f"function {self.name}: {self.target!r} is not of the form 'module.function'")
@@ -203,6 +203,19 @@ class PythonFunction:
         fn = getattr(module, attr, None)
         if fn is None:
             raise SqlError(f"function {self.name}: module {module_name!r} has no {attr!r}")
+        return fn
+
+    def aggregate(self) -> Any | None:
+        """The function as an aggregate, when it is one: an instance of (or the) class with PyFlink's
+        AggregateFunction methods `create_accumulator()`, `accumulate(acc, *args)` and `get_value(acc)`
+        (`merge(acc, accs)` too, for session windows); None for a scalar function."""
+        target = self._target()
+        if not all(hasattr(target, m) for m in ("create_accumulator", "accumulate", "get_value")):
+            return None
+        return target() if isinstance(target, type) else target
+
+    def load(self) -> Callable[..., Any]:
+        fn = self._target()
         if isinstance(fn, type):  # a ScalarFunction-like class: an instance with `eval`
             instance = fn()
             fn = getattr(instance, "eval", None) or instance
@@ -210,7 +223,7 @@ class PythonFunction:
             raise SqlError(f"function {self.name}: {self.target!r} is not callable")
         return fn  # type: ignore[no-any-return]
 
-    def result_type(self, fn: Callable[..., Any], args: list[SqlType]) -> SqlType:
+    def result_type(self, fn: Any, args: list[SqlType]) -> SqlType:
         declared = getattr(fn, "result_type", None) or getattr(getattr(fn, "__self__", None), "result_type", None)
         if isinstance(declared, str):
             return SqlType(declared.upper())

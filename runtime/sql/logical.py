@@ -22,7 +22,7 @@ What is planned (Flink's streaming semantics):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlglot import exp
@@ -130,6 +130,7 @@ class WindowSpec:
     gap_ms: int = 0  # SESSION
     offset_ms: int = 0
     partition: tuple[str, ...] = ()
+    proctime: bool = False  # over a PROCTIME() column: windows of the operator's wall clock, fired by it
 
     def __str__(self) -> str:
         ms = {"TUMBLE": f"size=[{self.size_ms} ms]", "HOP": f"slide=[{self.slide_ms} ms], size=[{self.size_ms} ms]",
@@ -245,6 +246,25 @@ class LookupJoin(PlanNode):
 
 
 @dataclass(eq=False)
+class Correlate(PlanNode):
+    """`t, LATERAL TABLE(f(args)) AS T(c1, ...)` (or CROSS JOIN, or LEFT JOIN ... ON TRUE): Flink's Correlate,
+    each input row joined with every row the Python table function yields for it; LEFT: a row it yields none for
+    goes out once, padded with NULLs. Insert-only over an insert-only input; no state."""
+
+    input: PlanNode = None  # type: ignore[assignment]
+    call: exp.Expr = None  # type: ignore[assignment]
+    how: str = "inner"
+    rows_fn: Callable[[Any], list[Any]] | None = None  # an input row -> the output rows
+
+    def inputs(self) -> list[PlanNode]:
+        return [self.input]
+
+    def digest(self) -> str:
+        kind = {"inner": "INNER", "left": "LEFT"}[self.how]
+        return f"Correlate(invocation=[{self.call.sql()}], joinType=[{kind}])"
+
+
+@dataclass(eq=False)
 class TemporalJoin(PlanNode):
     """`JOIN r FOR SYSTEM_TIME AS OF left.rowtime ON left.k = r.pk`: each left row joined, once the watermark
     passes it, with the version of r valid at its rowtime (runtime/sql/temporal_join.py). Output rows are the
@@ -276,7 +296,8 @@ class TemporalJoin(PlanNode):
 @dataclass(eq=False)
 class Rank(PlanNode):
     """ROW_NUMBER() OVER (PARTITION BY keys ORDER BY ...) <= limit: Top-N, or deduplication when limit is 1;
-    ORDER BY ... LIMIT n (no partition); limit 0: ORDER BY the rowtime alone, a sort on a time attribute."""
+    ORDER BY ... LIMIT n (no partition); LIMIT n alone (no order: the first rows); limit 0: ORDER BY the rowtime
+    alone, a sort on a time attribute."""
 
     input: PlanNode = None  # type: ignore[assignment]
     partition: list[exp.Expr] = field(default_factory=list)
@@ -295,6 +316,8 @@ class Rank(PlanNode):
     def digest(self) -> str:
         if self.limit == 0:  # ORDER BY the rowtime without LIMIT
             return f"TemporalSort(orderBy=[{', '.join(o.sql() for o in self.order)}])"
+        if not self.order and self.window_end is None:  # LIMIT without ORDER BY
+            return f"Limit(offset=[0], fetch=[{self.limit}])"
         name = "Deduplicate" if self.limit == 1 else "Rank"
         if self.window_end is not None:
             name = "WindowDeduplicate" if self.deduplicates else "WindowRank"
@@ -518,6 +541,8 @@ class Planner:
             return self._order_limit(select)
         if select.args.get("order") and not select.args.get("limit") and not select.args.get("qualify"):
             return self._temporal_sort(select)
+        if select.args.get("limit") and not select.args.get("qualify"):
+            return self._limit(select)
         for unsupported in ("order", "limit", "qualify"):
             if select.args.get(unsupported):
                 what = {"order": "ORDER BY", "limit": "LIMIT", "qualify": "QUALIFY"}[unsupported]
@@ -545,14 +570,19 @@ class Planner:
         over = [w for item in items for w in item.find_all(exp.Window) if isinstance(w.this, AGGREGATES)]
         if over:
             if group is not None or having is not None or find_aggregates(
-                    [i.transform(lambda n: exp.null() if isinstance(n, exp.Window) else n) for i in items]):
+                    [i.transform(lambda n: exp.null() if isinstance(n, exp.Window) else n) for i in items],
+                    self._is_python_aggregate):
                 raise SqlError("OVER aggregates in a query with GROUP BY or other aggregates are not supported")
             return self._over(source, where.this if where else None, items, over, select.args.get("windows") or [])
-        aggregates = find_aggregates(items + ([having.this] if having else []))
+        aggregates = find_aggregates(items + ([having.this] if having else []), self._is_python_aggregate)
         if group is not None or aggregates:
             return self._aggregate(source, where.this if where else None, group, items, aggregates,
                                    having.this if having else None)
         return self._calc(source, items, where.this if where else None)
+
+    def _is_python_aggregate(self, name: str) -> bool:
+        udf = self.catalog.functions.get(name) or self.catalog.functions.get(name.upper())
+        return udf is not None and udf.aggregate() is not None
 
     def _temporal_sort(self, select: exp.Select) -> PlanNode:
         """ORDER BY rowtime [ASC][, more]: Flink's sort on a time attribute; rows wait until the watermark passes
@@ -581,14 +611,35 @@ class Planner:
         compiler.namespace["_desc"] = tuple(bool(o.args.get("desc")) for o in order)
         return compiler, compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
 
+    @staticmethod
+    def _limit_count(select: exp.Select) -> int:
+        """n of LIMIT n: a positive integer literal (OFFSET is refused: a streaming query has no first rows to
+        skip that a restart would agree on)."""
+        if select.args.get("offset"):
+            raise SqlError("OFFSET is not supported in a streaming query")
+        count = select.args["limit"].expression
+        if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
+            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
+        return int(count.name)
+
+    def _limit(self, select: exp.Select) -> PlanNode:
+        """LIMIT n without ORDER BY: Flink's streaming Limit, the first n rows to arrive (all rows on one subtask,
+        each row ties with the ones kept, so the earlier stays); insert-only over an insert-only input, over an
+        updating one a retracted row lets the next one in."""
+        limit = self._limit_count(select)
+        body = select.copy()
+        body.set("limit", None)
+        base = self._select(body)
+        compiler = ExpressionCompiler(base.scope, self.catalog.functions)
+        mode = INSERT_ONLY if base.mode.insert_only else RETRACTING
+        return Rank(base.fields, mode, base.rowtime if mode.insert_only else None, input=base, partition=[],
+                    order=[], limit=limit, with_rank=False, key_fn=compiler.build("lambda r: 0"),
+                    sort_key=compiler.build("lambda r: 0"))
+
     def _order_limit(self, select: exp.Select) -> PlanNode:
         """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's
         rows on one subtask); updating, rows entering the first n inserted, those pushed out deleted."""
-        limit_node = select.args["limit"]
-        count = limit_node.expression
-        if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
-            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
-        limit = int(count.name)
+        limit = self._limit_count(select)
         order = select.args["order"].expressions
         body = select.copy()
         body.set("order", None)
@@ -766,9 +817,11 @@ class Planner:
             raise SqlError(f"{kind}: the second argument is DESCRIPTOR(time column)")
         time_index = source.scope.resolve(descriptor.expressions[0])
         time_name = source.fields[time_index].name
-        if source.rowtime != time_index:
+        proctime = source.rowtime != time_index and _is_proctime(source, time_index, self.catalog)
+        if source.rowtime != time_index and not proctime:
             raise SqlError(f"{kind}: column {time_name} is not a time attribute: window table functions need the "
-                           "rowtime column of a table with a WATERMARK FOR it")
+                           "rowtime column of a table with a WATERMARK FOR it, or a processing-time column "
+                           "(AS PROCTIME())")
         require_insert_only(f"{kind} window table function", source.mode, source_digest(source))
         args = [interval_ms(a) for a in call.expressions]
         partition = tuple(c.name for c in call.args.get("partition") or [])
@@ -787,9 +840,14 @@ class Planner:
                               offset_ms=args[2] if len(args) > 2 else 0)
         else:
             spec = WindowSpec(kind, time_index, time_name, gap_ms=args[0], partition=partition)
+        if proctime:
+            spec = replace(spec, proctime=True)
         fields = (*source.fields, Field("window_start", T.TIMESTAMP.not_null()),
                   Field("window_end", T.TIMESTAMP.not_null()), Field("window_time", T.TIMESTAMP.not_null()))
-        return WindowAssign(fields, INSERT_ONLY, len(fields) - 1, WindowColumns(len(fields) - 3, len(fields) - 2),
+        # processing-time windows have no rowtime and no window columns to join or rank by later: Flink too
+        # aggregates them only (their window_time is a processing-time attribute)
+        return WindowAssign(fields, INSERT_ONLY, None if proctime else len(fields) - 1,
+                            None if proctime else WindowColumns(len(fields) - 3, len(fields) - 2),
                             input=source, window=spec)
 
     # -- JOIN ----------------------------------------------------------------------------------------------
@@ -809,6 +867,9 @@ class Planner:
                 else:
                     left = self._lookup_join(left, join.this, how, conditions)
                 continue
+            if isinstance(join.this, exp.Lateral):
+                left = self._correlate(left, join.this, how, conditions)
+                continue
             right = self._relation(join.this)
             if how == "inner":
                 both = [c for c in where if side_of(c, left.scope, right.scope) == "both"]
@@ -817,13 +878,49 @@ class Planner:
             left = self._join(left, right, how, conditions)
         return left, where
 
+    def _correlate(self, left: PlanNode, lateral: exp.Lateral, how: str, conditions: list[exp.Expr]) -> PlanNode:
+        """LATERAL TABLE(f(args)) [AS T(c1, ...)]: f is a Python table function (CREATE FUNCTION): a generator,
+        or a class with an `eval` generator, yielding a tuple per row (a plain value for one column); its
+        `result_types` attribute names the columns' SQL types (STRING when it has none)."""
+        from runtime.sql.operators import correlate_rows
+
+        table = lateral.this
+        if not (isinstance(table, exp.Anonymous) and table.name.upper() == "TABLE" and len(table.expressions) == 1
+                and isinstance(table.expressions[0], exp.Anonymous)):
+            raise SqlError(f"LATERAL {table.sql()}: only LATERAL TABLE(f(...)) of a Python table function is "
+                           "supported")
+        call = table.expressions[0]
+        if how not in ("inner", "left"):
+            raise SqlError("a table function is joined with a comma, CROSS JOIN, JOIN or LEFT JOIN ... ON TRUE")
+        if any(not (isinstance(c, exp.Boolean) and c.this) for c in conditions):
+            raise SqlError("a join with LATERAL TABLE takes ON TRUE only: filter its rows in WHERE")
+        require_insert_only("Correlate", left.mode, source_digest(original(left)))
+        udf = self.catalog.functions.get(call.name) or self.catalog.functions.get(call.name.upper())
+        if udf is None:
+            raise SqlError(f"No match found for function signature {call.name}(...): a table function is declared "
+                           "with CREATE FUNCTION ... LANGUAGE PYTHON")
+        fn = udf.load()
+        declared = getattr(fn, "result_types", None) or getattr(getattr(fn, "__self__", None), "result_types", None)
+        alias = lateral.args.get("alias")
+        names = [c.name for c in alias.columns] if alias is not None and alias.columns else \
+            [f"f{i}" for i in range(len(declared) if declared else 1)]
+        if declared is not None and len(declared) != len(names):
+            raise SqlError(f"{call.sql()} has {len(declared)} columns (result_types), the alias names "
+                           f"{len(names)}")
+        types = [_declared_type(t, call) for t in declared] if declared else [T.STRING.or_null()] * len(names)
+        fields = (*left.fields, *(Field(n, t, alias.name if alias is not None and alias.name else None)
+                                  for n, t in zip(names, types, strict=True)))
+        compiler = ExpressionCompiler(left.scope, self.catalog.functions)
+        args = [compiler.compile(a).text for a in call.expressions]
+        args_fn = compiler.build("lambda r: (" + "".join(a + ", " for a in args) + ")")
+        return Correlate(fields, INSERT_ONLY, left.rowtime, input=left, call=call, how=how,
+                         rows_fn=correlate_rows(fn, args_fn, len(names), how == "left", call.sql()))
+
     def _join(self, left: PlanNode, right: PlanNode, how: str, conditions: list[exp.Expr]) -> PlanNode:
         cond = split_condition(conditions, left.scope, right.scope, left.rowtime, right.rowtime)
         if not cond.left_keys:
             raise SqlError("a join needs an equality between a column of each side (an equi-join); "
                            "cross joins and non-equi joins are not supported")
-        for name, node in (("left", left), ("right", right)):
-            require_insert_only(f"Join ({name} input)", node.mode, source_digest(original(node)))
         left_c = ExpressionCompiler(left.scope, self.catalog.functions)
         right_c = ExpressionCompiler(right.scope, self.catalog.functions)
         left_key_fn = _key_function(left_c, cond.left_keys)
@@ -837,6 +934,10 @@ class Planner:
         predicate = ExpressionCompiler(joined, self.catalog.functions).predicate(rest)[0] if rest is not None \
             else None
         window_ends = _window_join(left, right, cond.left_keys, cond.right_keys)
+        if window_ends is not None or cond.interval:  # a regular join takes updating inputs; these do not
+            for name, node in (("left", left), ("right", right)):
+                require_insert_only(f"{'Window' if window_ends is not None else 'Interval'}Join ({name} input)",
+                                    node.mode, source_digest(original(node)))
         if window_ends is not None:
             # two windows joined on their bounds: each window's rows joined once it fires, then dropped
             return Join(fields, INSERT_ONLY, None, left=left, right=right, how=how, left_keys=cond.left_keys,
@@ -854,7 +955,9 @@ class Planner:
         if cond.lower is not None or cond.upper is not None:
             raise SqlError("an interval join needs both a lower and an upper bound on the rowtimes (e.g. "
                            "a.t BETWEEN b.t - INTERVAL '1' HOUR AND b.t)")
-        mode = INSERT_ONLY if how == "inner" else RETRACTING
+        # over an updating side, rows retracted there retract their joined rows: +I/-D out
+        insert_only = how == "inner" and left.mode.insert_only and right.mode.insert_only
+        mode = INSERT_ONLY if insert_only else RETRACTING
         return Join(fields, mode, None, left=left, right=right, how=how, left_keys=cond.left_keys,
                     right_keys=cond.right_keys, left_key_fn=left_key_fn, right_key_fn=right_key_fn,
                     condition=rest, predicate=predicate, ttl_ms=state_ttl_ms(self.catalog.options))
@@ -880,7 +983,6 @@ class Planner:
                            "join needs a 'jdbc' table")
         if how not in ("inner", "left"):
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not {how.upper()}")
-        require_insert_only("LookupJoin", left.mode, source_digest(original(left)))
         alias = dim.alias or name
         right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr,arg-type]
                              for c in table.physical)
@@ -901,7 +1003,9 @@ class Planner:
         predicate = ExpressionCompiler(Scope(fields), self.catalog.functions).predicate(rest)[0] \
             if rest is not None else None
         key_fn = _key_function(ExpressionCompiler(left.scope, self.catalog.functions), cond.left_keys)
-        return LookupJoin(fields, INSERT_ONLY, left.rowtime, input=left, table=table, how=how,
+        # over an updating input every change is looked up and keeps its kind (-U/-D looked up again, as in Flink)
+        mode = INSERT_ONLY if left.mode.insert_only else left.mode
+        return LookupJoin(fields, mode, left.rowtime if mode.insert_only else None, input=left, table=table, how=how,
                           left_keys=cond.left_keys, lookup_columns=tuple(columns), left_key_fn=key_fn,
                           condition=rest, predicate=predicate)
 
@@ -1071,7 +1175,7 @@ class Planner:
         rowtime = None
         if windowed:
             out_fields += [Field(n, T.TIMESTAMP.not_null()) for n in WINDOW_COLUMNS]
-            rowtime = len(out_fields) - 1
+            rowtime = None if window_node.window.proctime else len(out_fields) - 1  # type: ignore[union-attr]
         first_call = len(out_fields)
         out_fields += [Field(f"agg${i}", c.type) for i, c in enumerate(calls)]
         mode = INSERT_ONLY if windowed or cascade is not None else ALL if updating_input else UPDATING
@@ -1111,7 +1215,7 @@ class Planner:
             start, end = group_keys[cascade.start].sql(), group_keys[cascade.end].sql()
             if start in texts and end in texts:
                 windowed_out = WindowColumns(texts.index(start), texts.index(end))
-        if windowed:  # the SELECT list's window_start and window_end keep the window (a window Top-N, join)
+        if windowed and rowtime is not None:  # the SELECT list's window_start and window_end keep the window
             bounds = [item.unalias().name if isinstance(item.unalias(), exp.Column) else None for item in items]
             if "window_start" in bounds and "window_end" in bounds:
                 windowed_out = WindowColumns(bounds.index("window_start"), bounds.index("window_end"))
@@ -1331,6 +1435,15 @@ def original(node: PlanNode) -> PlanNode:
 
 def source_digest(node: PlanNode) -> str:
     return node.digest()
+
+
+def _declared_type(name: Any, call: exp.Expr) -> T.SqlType:
+    """A column type a Python table function declares (a Flink type name: 'BIGINT', 'DECIMAL(10, 2)'), nullable."""
+    try:
+        node = exp.DataType.build(str(name))
+    except Exception as exc:
+        raise SqlError(f"{call.sql()}: result type {name!r} is not a SQL type") from exc
+    return T.from_datatype(node, nullable=True)
 
 
 def _union_type(types: list[T.SqlType]) -> T.SqlType:

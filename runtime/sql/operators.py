@@ -31,6 +31,32 @@ class CumulativeEventTimeWindows(WindowAssigner):
         return [(start, end) for end in range(first_end, start + self.max_size_ms + 1, self.step_ms)]
 
 
+@dataclass(frozen=True)
+class CumulativeProcessingTimeWindows(CumulativeEventTimeWindows):
+    """CUMULATE over a PROCTIME() column: the same windows on the operator's wall clock."""
+
+    event_time = False
+
+
+def correlate_rows(fn: Callable[..., Any], args: Callable[[Any], tuple[Any, ...]], width: int, left_outer: bool,
+                   text: str) -> Callable[[Any], list[Any]]:
+    """A row -> the row joined with each row the table function `fn` yields for `args(row)` (a plain value is a
+    one-column row); `left_outer`: a row it yields none for, once, padded with NULLs."""
+    nulls = (None,) * width
+
+    def rows(row: Any) -> list[Any]:
+        out = []
+        for produced in fn(*args(row)) or ():
+            values = tuple(produced) if isinstance(produced, tuple | list) else (produced,)
+            if len(values) != width:
+                raise ValueError(f"table function {text} yielded {produced!r}: {width} columns expected")
+            out.append((*row, *values))
+        if not out and left_outer:
+            out.append((*row, *nulls))
+        return out
+    return rows
+
+
 class GroupAggregateFunction(KeyedProcessFunction):
     """An unbounded GROUP BY: per key the accumulator in value state; every input row updates it and emits the
     change of the key's result row, as Flink's GroupAggFunction: +I the first time, then -U old and +U new (none
@@ -159,18 +185,23 @@ def window_output(key_arity: int) -> Callable[[Any], Any]:
 
 
 class RegularJoinFunction(KeyedCoProcessFunction):
-    """A regular (unbounded) equi-join, Flink's StreamingJoinOperator over append-only inputs: per key both
-    sides' rows are kept (with `ttl_ms`, Flink's table.exec.state.ttl, they expire), every arriving row joins
-    the other side's rows that pass `condition`. Inner: insert-only output (plain rows). Outer: a changelog;
-    a row of an outer side without a match is emitted padded with NULLs (+I), and retracted (-D) when its
-    first match arrives."""
+    """A regular (unbounded) equi-join, Flink's StreamingJoinOperator: per key both sides' rows are kept, each
+    with the number of rows of the other side it joins (with `ttl_ms`, Flink's table.exec.state.ttl, they
+    expire); every arriving row joins the other side's rows that pass `condition`. Inner over append-only
+    inputs: insert-only output (plain rows). Otherwise a changelog of +I/-D: a row of an outer side without a
+    match is emitted padded with NULLs (+I), and retracted (-D) when its first match arrives. An updating side
+    (`updating_left`/`updating_right`: (kind, row) pairs) retracts with -U/-D: the row leaves the state, its
+    joined rows are retracted, and an outer row of the other side left without a match goes out padded again."""
 
     def __init__(self, how: str, left_width: int, right_width: int,
-                 condition: Callable[[Any], Any] | None = None, ttl_ms: int | None = None) -> None:
+                 condition: Callable[[Any], Any] | None = None, ttl_ms: int | None = None, *,
+                 updating_left: bool = False, updating_right: bool = False) -> None:
         self.how = how
         self.outer_left = how in ("left", "full")
         self.outer_right = how in ("right", "full")
-        self.changelog = how != "inner"
+        self.changelog = how != "inner" or updating_left or updating_right
+        self.updating_left = updating_left
+        self.updating_right = updating_right
         self.left_nulls = (None,) * left_width
         self.right_nulls = (None,) * right_width
         self.condition = condition
@@ -181,10 +212,44 @@ class RegularJoinFunction(KeyedCoProcessFunction):
         self.right = ctx.value_state("join:right", (), ttl_ms=self.ttl_ms)
 
     def process1(self, record: Any, ctx: Any) -> None:
-        self._arrive(tuple(record), ctx, True)
+        self._input(record, ctx, True, self.updating_left)
 
     def process2(self, record: Any, ctx: Any) -> None:
-        self._arrive(tuple(record), ctx, False)
+        self._input(record, ctx, False, self.updating_right)
+
+    def _input(self, record: Any, ctx: Any, is_left: bool, updating: bool) -> None:
+        if not updating:
+            self._arrive(tuple(record), ctx, is_left)
+        elif record[0] in (INSERT, UPDATE_AFTER):
+            self._arrive(tuple(record[1]), ctx, is_left)
+        else:
+            self._retract(tuple(record[1]), ctx, is_left)
+
+    def _retract(self, row: tuple[Any, ...], ctx: Any, is_left: bool) -> None:
+        mine, other = (self.left, self.right) if is_left else (self.right, self.left)
+        kept = list(mine.value())
+        at = next((i for i, (r, _) in enumerate(kept) if r == row), None)
+        if at is None:  # never seen, or expired by the TTL: nothing was joined with it that is still known
+            return
+        _, matches = kept.pop(at)
+        mine.update(tuple(kept))
+        other_outer = self.outer_right if is_left else self.outer_left
+        others = list(other.value())
+        changed = False
+        for i, (orow, omatches) in enumerate(others):
+            joined = (*row, *orow) if is_left else (*orow, *row)
+            if self.condition is not None and not self.condition(joined):
+                continue
+            self._emit(ctx, DELETE, joined)
+            if other_outer:
+                others[i] = (orow, omatches - 1)
+                changed = True
+                if omatches == 1:  # its last match is gone: it goes out NULL-padded again
+                    self._emit(ctx, INSERT, (*self.left_nulls, *orow) if is_left else (*orow, *self.right_nulls))
+        if changed:
+            other.update(tuple(others))
+        if matches == 0 and (self.outer_left if is_left else self.outer_right):
+            self._emit(ctx, DELETE, (*row, *self.right_nulls) if is_left else (*self.left_nulls, *row))
 
     def _emit(self, ctx: Any, kind: str, row: tuple[Any, ...]) -> None:
         ctx.emit((kind, row) if self.changelog else row)
@@ -238,34 +303,15 @@ class TopNFunction(KeyedProcessFunction):
 
     def process(self, record: Any, ctx: Any) -> None:
         row = tuple(record)
-        key = self.sort_key(row)
         before = [tuple(r) for r in self.top.value()]
-        keys = [self.sort_key(r) for r in before]
-        position = len(keys)
-        newest = self.newest_wins_ties
-        for i, k in enumerate(keys):
-            if key < k or (newest and not k < key):  # else after every equal key: the earlier row stays first
-                position = i
-                break
-        if position >= self.limit:
+        after = _top_with(before, row, self.sort_key, self.limit, self.newest_wins_ties)
+        if after is None:
             return
-        after = before[:position] + [row] + before[position:]
-        after = after[:self.limit]
         self.top.update(tuple(after))
         if self.insert_only:
             ctx.emit((*row, 1) if self.with_rank else row)
             return
-        if self.with_rank:
-            old = {(r, i + 1) for i, r in enumerate(before)}
-            new = {(r, i + 1) for i, r in enumerate(after)}
-            for r, rank in [(r, i + 1) for i, r in enumerate(before) if (r, i + 1) not in new]:
-                ctx.emit((DELETE, (*r, rank)))
-            for r, rank in [(r, i + 1) for i, r in enumerate(after) if (r, i + 1) not in old]:
-                ctx.emit((INSERT, (*r, rank)))
-            return
-        if len(before) == self.limit:
-            ctx.emit((DELETE, before[-1]))
-        ctx.emit((INSERT, row))
+        _emit_top_changes(ctx, before, after, self.with_rank)
 
 
 class RetractableTopNFunction(KeyedProcessFunction):
@@ -301,17 +347,22 @@ class RetractableTopNFunction(KeyedProcessFunction):
             self.rows.update(tuple(rows))
         else:
             self.rows.clear()
-        after = rows[:self.limit]
-        if self.with_rank:
-            old = [(r, i + 1) for i, r in enumerate(before)]
-            new = [(r, i + 1) for i, r in enumerate(after)]
-        else:
-            old = [(r, 0) for r in before]
-            new = [(r, 0) for r in after]
-        for r, rank in _missing(old, new):
-            ctx.emit((DELETE, (*r, rank) if self.with_rank else r))
-        for r, rank in _missing(new, old):
-            ctx.emit((INSERT, (*r, rank) if self.with_rank else r))
+        _emit_top_changes(ctx, before, rows[:self.limit], self.with_rank)
+
+
+def _emit_top_changes(ctx: Any, before: list[Any], after: list[Any], with_rank: bool) -> None:
+    """What changed from top N `before` to `after`: -D for the rows that left it (with the rank, also those
+    whose rank changed), then +I for the rows that entered it (or took a new rank)."""
+    if with_rank:
+        old = [(r, i + 1) for i, r in enumerate(before)]
+        new = [(r, i + 1) for i, r in enumerate(after)]
+    else:
+        old = [(r, 0) for r in before]
+        new = [(r, 0) for r in after]
+    for r, rank in _missing(old, new):
+        ctx.emit((DELETE, (*r, rank) if with_rank else r))
+    for r, rank in _missing(new, old):
+        ctx.emit((INSERT, (*r, rank) if with_rank else r))
 
 
 def _missing(these: list[Any], others: list[Any]) -> list[Any]:
@@ -344,6 +395,16 @@ class SortKey:
                 return (a is None) != desc
             return (a > b) if desc else (a < b)
         return False
+
+
+def _top_with(top: list[Any], row: Any, sort_key: Callable[[Any], Any], limit: int,
+              newest_wins_ties: bool) -> list[Any] | None:
+    """The top `limit` rows `top` with `row` in its place (the last pushed out when full), or None when it does
+    not enter."""
+    position = _insert_position([sort_key(r) for r in top], sort_key(row), newest_wins_ties)
+    if position >= limit:
+        return None
+    return (top[:position] + [row] + top[position:])[:limit]
 
 
 def _insert_position(keys: list[Any], key: Any, newest_wins_ties: bool) -> int:
@@ -380,12 +441,12 @@ class WindowTopNFunction(KeyedProcessFunction):
         if fires_at <= ctx.current_watermark:
             return
         before = [tuple(r) for r in self.top.value()]
-        position = _insert_position([self.sort_key(r) for r in before], self.sort_key(row), self.newest_wins_ties)
-        if position >= self.limit:
+        after = _top_with(before, row, self.sort_key, self.limit, self.newest_wins_ties)
+        if after is None:
             return
         if not before:
             ctx.timers.register_event_time(fires_at)
-        self.top.update(tuple((before[:position] + [row] + before[position:])[:self.limit]))
+        self.top.update(tuple(after))
 
     def on_timer(self, timestamp: int, ctx: Any) -> None:
         rows = self.top.value()

@@ -21,14 +21,18 @@ from runtime.api import (
     DataStream,
     EventTimeSessionWindows,
     Job,
+    ProcessingTimeSessionWindows,
     SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
     TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
 )
 from runtime.sql.connectors import make_sink, make_source
 from runtime.sql.errors import SqlError
 from runtime.sql.logical import (
     Aggregate,
     Calc,
+    Correlate,
     Join,
     LookupJoin,
     OverAggregate,
@@ -45,6 +49,7 @@ from runtime.sql.logical import (
 )
 from runtime.sql.operators import (
     CumulativeEventTimeWindows,
+    CumulativeProcessingTimeWindows,
     GroupAggregateFunction,
     OverAggregateFunction,
     RegularJoinFunction,
@@ -241,9 +246,12 @@ class Translator:
                                      node.predicate)
             out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(wfn, name=name)
             return self._added(out, uid, ops, keys=keys, state="both sides' rows per key and window, until it fires")
+        updating_left, updating_right = not node.left.mode.insert_only, not node.right.mode.insert_only
         fn = RegularJoinFunction(node.how, len(node.left.fields), len(node.right.fields), node.predicate,
-                                 node.ttl_ms)
-        out = left.key_by(node.left_key_fn).connect(right.key_by(node.right_key_fn)).process(fn, name=name)
+                                 node.ttl_ms, updating_left=updating_left, updating_right=updating_right)
+        left_key = _of_row(node.left_key_fn) if updating_left else node.left_key_fn
+        right_key = _of_row(node.right_key_fn) if updating_right else node.right_key_fn
+        out = left.key_by(left_key).connect(right.key_by(right_key)).process(fn, name=name)
         ttl = f" (expiring after {node.ttl_ms} ms)" if node.ttl_ms else " (kept forever: SET 'table.exec.state.ttl')"
         return self._added(out, uid, ops, keys=keys, state=f"both sides' rows per key{ttl}")
 
@@ -271,6 +279,13 @@ class Translator:
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
 
+    def _t_Correlate(self, node: Correlate, inputs: list[DataStream], uid: str, ops: list[Operator]) -> DataStream:
+        (stream,) = inputs
+        assert node.rows_fn is not None
+        build = self._row_builders.get(id(original(node.input)))  # a window operator's output: its rows first
+        rows = node.rows_fn if build is None else (lambda e, f=node.rows_fn: f(build(e)))
+        return self._added(stream.flat_map(rows, name=self._name(node)), uid, ops)
+
     def _t_OverAggregate(self, node: OverAggregate, inputs: list[DataStream], uid: str,
                          ops: list[Operator]) -> DataStream:
         (stream,) = inputs
@@ -293,7 +308,8 @@ class Translator:
         key_fn = node.left_key_fn
         single = len(node.lookup_columns) == 1
         lookup = LookupFunction(node.table, node.lookup_columns, (lambda row: (key_fn(row),)) if single else key_fn,
-                                left=node.how == "left", filter_fn=node.predicate)
+                                left=node.how == "left", filter_fn=node.predicate,
+                                updating=not node.input.mode.insert_only)
         retry = RetryPolicy(max_attempts=lookup.settings.max_retries + 1)
         looked_up = stream.async_map(lookup, capacity=lookup.settings.capacity, timeout_s=30.0, ordered=True,
                                      retry=retry, name=self._name(node))
@@ -382,11 +398,15 @@ class _WindowOf:
 
 
 def _assigner(node: Any) -> Any:
+    """The runtime's window assigner of a window TVF: event time over a rowtime, the wall clock over PROCTIME()."""
     w = node.window
     if w.kind == "TUMBLE":
-        return TumblingEventTimeWindows(w.size_ms, w.offset_ms % w.size_ms)
+        tumbling = TumblingProcessingTimeWindows if w.proctime else TumblingEventTimeWindows
+        return tumbling(w.size_ms, w.offset_ms % w.size_ms)
     if w.kind == "HOP":
-        return SlidingEventTimeWindows(w.size_ms, w.slide_ms, w.offset_ms % w.slide_ms)
+        sliding = SlidingProcessingTimeWindows if w.proctime else SlidingEventTimeWindows
+        return sliding(w.size_ms, w.slide_ms, w.offset_ms % w.slide_ms)
     if w.kind == "CUMULATE":
-        return CumulativeEventTimeWindows(w.slide_ms, w.size_ms, w.offset_ms)
-    return EventTimeSessionWindows(w.gap_ms)
+        cumulative = CumulativeProcessingTimeWindows if w.proctime else CumulativeEventTimeWindows
+        return cumulative(w.slide_ms, w.size_ms, w.offset_ms)
+    return ProcessingTimeSessionWindows(w.gap_ms) if w.proctime else EventTimeSessionWindows(w.gap_ms)

@@ -305,8 +305,9 @@ class LookupFunction:
     row's key (`key_fn`), through the cache, queried on a thread per connection (psycopg2 blocks)."""
 
     def __init__(self, table: TableDef, key_columns: Sequence[str], key_fn: Callable[[Any], tuple[Any, ...]],
-                 *, left: bool, filter_fn: Callable[[Any], Any] | None = None) -> None:
+                 *, left: bool, filter_fn: Callable[[Any], Any] | None = None, updating: bool = False) -> None:
         self.dsn = jdbc_dsn(table)
+        self.updating = updating  # rows come as (kind, row) pairs: each joined row keeps its row's kind
         self.table_name = _option(table, "table-name")
         self.settings = lookup_settings(table)
         self.columns = [c.name for c in table.physical]
@@ -320,6 +321,7 @@ class LookupFunction:
         self._query: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self.lookups = 0  # queries sent to the server (the cache's misses)
+        self._connections: list[Any] = []  # every thread's, closed with the function
 
     extras = ("postgres",)
 
@@ -357,6 +359,7 @@ class LookupFunction:
         if conn is None or conn.closed:
             conn = self._local.conn = pgc.connect(self.dsn)
             conn.autocommit = True
+            self._connections.append(conn)
         try:
             with conn.cursor() as cur:
                 cur.execute(self._query, key)
@@ -371,7 +374,26 @@ class LookupFunction:
         readers = self.readers
         return [tuple(read(v) for read, v in zip(readers, r, strict=True)) for r in rows]
 
-    async def __call__(self, row: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def close(self) -> None:
+        """The task ends (async_map closes its function): the lookup threads stop and their connections close."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        for conn in self._connections:
+            try:
+                conn.close()
+            except Exception:  # a broken connection: nothing more to lose
+                pass
+        self._connections.clear()
+        self._query = None  # a function used again (a restart in the same process) starts afresh
+
+    async def __call__(self, record: Any) -> list[Any]:
+        if self.updating:  # a retraction looks the key up again, as Flink's lookup join over a changelog does
+            kind, row = record
+            return [(kind, joined) for joined in await self._joined(tuple(row))]
+        return await self._joined(record)
+
+    async def _joined(self, row: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         key = self.key_fn(row)
         if any(k is None for k in key):  # NULL = anything is unknown: no match
             matches: list[tuple[Any, ...]] = []

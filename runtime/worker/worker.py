@@ -55,6 +55,7 @@ from runtime.graph import replies as r
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import TaskState
 from runtime.graph.plan import Plan
+from runtime.worker.ack_batcher import AckBatcher
 from runtime.worker.connector_metrics import task_figures
 from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
 from runtime.worker.log_tail import LogTail, process_figures
@@ -129,6 +130,8 @@ class Worker(BaseLinkHandler):
         self._stop = asyncio.Event()
         self._background = BackgroundTasks("worker")
         self.writer: CheckpointWriter | None = None
+        # the tasks' checkpoint acknowledgements, one call per job attempt and millisecond
+        self.acks = AckBatcher(lambda batch: self._spawn(self._report(batch)))
         self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
         self.advertised = config.advertise or config.host  # settled in run(), before registering
         self.log_tail = LogTail()  # the recent log lines, for the worker's page in the web UI
@@ -459,8 +462,8 @@ class Worker(BaseLinkHandler):
         job_id, attempt = plan.job_id, plan.attempt
 
         def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: TaskCheckpointFigures) -> None:
-            self._spawn(self._report(p.AckCheckpoint(job_id, attempt, task.key.vertex_subtask, spec.checkpoint_id,
-                                                     files, figures)))
+            self.acks.add(p.AckCheckpoint(job_id, attempt, task.key.vertex_subtask, spec.checkpoint_id, files,
+                                          figures))
 
         def on_decline(task: Task, checkpoint_id: int, reason: str) -> None:
             log.warning("task %s declined checkpoint %d: %s", task.task_id, checkpoint_id, reason)

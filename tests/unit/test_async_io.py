@@ -126,6 +126,39 @@ async def test_a_call_failing_for_good_fails_the_task() -> None:
     await h.op.aclose()
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+async def test_the_function_is_closed_once_when_the_task_ends(asynchronous: bool) -> None:
+    class Client:
+        """A function holding a client: `close` (plain or async) runs after its last call, once."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+            self.closed: list[int] = []  # how many calls had run when it was closed
+
+        async def __call__(self, x: int) -> int:
+            self.calls += 1
+            return x
+
+        def close_now(self) -> None:
+            self.closed.append(self.calls)
+
+    fn = Client()
+    if asynchronous:
+        async def close() -> None:
+            await asyncio.sleep(0)
+            fn.close_now()
+    else:
+        close = fn.close_now
+    fn.close = close  # type: ignore[attr-defined]
+    h = Harness(fn)
+    await h.feed_all([1, 2, 3])
+    await h.finish()
+    assert fn.closed == [] and h.out == [1, 2, 3]  # finishing the input does not close it: the task does
+    await h.op.aclose()
+    await h.op.aclose()  # a second close (the task's finally after a failure path) does nothing more
+    assert fn.closed == [3]
+
+
 async def test_a_snapshot_mid_flight_replays_to_exactly_once() -> None:
     release = asyncio.Event()
 

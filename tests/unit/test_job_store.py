@@ -46,6 +46,26 @@ def test_round_trip_keeps_what_recovery_needs() -> None:
     assert needs_recovery(job)
 
 
+def test_the_autoscalers_decisions_and_counts_survive_a_round_trip() -> None:
+    from dataclasses import replace
+
+    from coordinator.load_scaler import APPLIED, APPLYING, DRY_RUN, INTERRUPTED, REFUSED, DecisionRecord, LoadScaling
+
+    job = a_job()
+    assert decode(encode(job), "job-0001.json").load_scaling is None  # never ran: nothing kept
+    job.load_scaling = LoadScaling()
+    applied = DecisionRecord(1795950000.5, "Count", 1, 2, "up", 900.0, 1400.0, 1.1, 0.95, 850.0, "busy", APPLIED)
+    dry = DecisionRecord(1795950060.0, "Map", 2, 1, "down", None, None, None, 0.05, 10.0, "idle", DRY_RUN)
+    running = DecisionRecord(1795950120.0, "Count", 2, 3, "up", 1.0, 2.0, 1.0, 0.9, 1.0, "busy", APPLYING)
+    job.load_scaling.decisions.extend([applied, dry, running])
+    job.load_scaling.counts = {("Count", "up"): 5, ("Map", "down"): 1}  # more than the decisions kept
+    back = decode(encode(job), "job-0001.json").load_scaling
+    assert back is not None and back.counts == {("Count", "up"): 5, ("Map", "down"): 1}
+    # the one being applied when the record was written cannot be known to have finished: it says so
+    assert list(back.decisions) == [applied, dry, replace(running, outcome=REFUSED, error=INTERRUPTED)]
+    assert back.evaluation is None and not back.samples and not back.applying
+
+
 def test_an_ended_job_comes_back_ended() -> None:
     ended = a_job(state=JobState.FINISHED)
     ended.ended_at = 1234.5

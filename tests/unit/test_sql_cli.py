@@ -31,6 +31,22 @@ def test_explain_prints_the_plan_and_starts_nothing(tmp_path: Path, capsys: Any)
     assert "GroupAggregate(groupBy=[auction], select=[COUNT(*)])  changelog=[I,UB,UA]" in out
 
 
+def test_functions_are_imported_from_the_working_directory(tmp_path: Path, capsys: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    (tmp_path / "cli_udfs_cwd.py").write_text("def twice(v):\n    return v * 2\n")
+    (tmp_path / "q.sql").write_text("CREATE FUNCTION twice AS 'cli_udfs_cwd.twice' LANGUAGE PYTHON;\n" +
+                                    SCRIPT.replace("COUNT(*)", "SUM(twice(price))"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])  # as the console script
+    try:
+        assert main(["sql", "--explain", "q.sql"]) == 0, capsys.readouterr().err
+        assert "select=[SUM(TWICE(price))]" in capsys.readouterr().out
+    finally:
+        sys.modules.pop("cli_udfs_cwd", None)
+
+
 def test_bad_sql_is_one_line_with_file_line_and_column_and_status_2(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "bad.sql"
     path.write_text(SCRIPT.replace("COUNT(*) FROM bids", "COUNT(*) FROM bids WHERE price >"))

@@ -95,7 +95,7 @@ def test_a_statement_set_reads_a_table_once_and_explain_shows_modes_keys_state_a
     ("INSERT INTO out1 SELECT auction, COUNT(*) FROM TABLE(TUMBLE(TABLE plain, DESCRIPTOR(ts), INTERVAL '1' "
      "SECOND)) GROUP BY auction, window_start, window_end",
      "TUMBLE: column ts is not a time attribute: window table functions need the rowtime column of a table with "
-     "a WATERMARK FOR it"),
+     "a WATERMARK FOR it, or a processing-time column (AS PROCTIME())"),
     ("INSERT INTO out1 SELECT auction, COUNT(*) FROM TABLE(CUMULATE(TABLE bids, DESCRIPTOR(ts), INTERVAL '3' "
      "SECOND, INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end",
      "CUMULATE: the window size (10000 ms) must be an integral multiple of the step (3000 ms)"),
@@ -204,6 +204,131 @@ def test_views_udfs_case_and_cast_in_one_projection(capsys: Any, tmp_path: Path,
                                    "+I[1, 80, high, 1970-01-01 00:00:00.003]"]
     finally:
         sys.modules.pop("sql_udfs_x", None)
+
+
+WEIGHTED_AVG = """
+class WeightedAvg:
+    \"\"\"PyFlink's AggregateFunction example: accumulate changes the accumulator in place.\"\"\"
+    result_type = "BIGINT"
+
+    def create_accumulator(self):
+        return [0, 0]
+
+    def accumulate(self, acc, value, weight):
+        acc[0] += value * weight
+        acc[1] += weight
+
+    def merge(self, acc, others):
+        for other in others:
+            acc[0] += other[0]
+            acc[1] += other[1]
+
+    def get_value(self, acc):
+        return None if acc[1] == 0 else acc[0] // acc[1]
+
+
+class NoMerge:
+    def create_accumulator(self):
+        return []
+
+    def accumulate(self, acc, value):
+        acc.append(value)
+
+    def get_value(self, acc):
+        return len(acc)
+"""
+
+
+@pytest.fixture
+def udaf_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    (tmp_path / "sql_udafs_x.py").write_text(WEIGHTED_AVG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "sql_udafs_x"
+    sys.modules.pop("sql_udafs_x", None)
+
+
+def test_a_python_aggregate_function_in_a_group_by_and_a_window_aggregation(capsys: Any, udaf_module: str) -> None:
+    create = f"CREATE TEMPORARY FUNCTION wavg AS '{udaf_module}.WeightedAvg' LANGUAGE PYTHON;\n"
+    chain = tail(create + "INSERT INTO out1 SELECT auction, wavg(price, bidder), COUNT(*) FROM bids GROUP BY auction;",
+                 "auction BIGINT, w BIGINT, c BIGINT")
+    chain.feed(rows([(1, 1, 10, 1), (2, 3, 4, 2), (1, 3, 2, 3)]))
+    # (10*1 + 2*3) // 4 = 4: each update from the accumulator of the group's rows so far, none changed in place
+    assert printed(capsys) == ["+I[1, 10, 1]", "+I[2, 4, 1]", "-U[1, 10, 1]", "+U[1, 4, 2]"]
+
+    chain = tail(create + "INSERT INTO out1 SELECT auction, wavg(price, bidder) FILTER (WHERE price > 1), "
+                 "window_end FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '10' SECOND)) "
+                 "GROUP BY auction, window_start, window_end;", "auction BIGINT, w BIGINT, e TIMESTAMP(3)")
+    chain.feed(rows([(1, 1, 10, 1000), (1, 5, 1, 2000), (1, 2, 4, 3000), (1, 1, 7, 12_000)]))
+    chain.watermark(20_000)
+    assert printed(capsys) == ["+I[1, 6, 1970-01-01 00:00:10]", "+I[1, 7, 1970-01-01 00:00:20]"]
+
+
+def test_python_aggregate_functions_misused_say_why(capsys: Any, udaf_module: str) -> None:
+    create = (f"CREATE TEMPORARY FUNCTION wavg AS '{udaf_module}.WeightedAvg' LANGUAGE PYTHON;\n"
+              f"CREATE TEMPORARY FUNCTION nomerge AS '{udaf_module}.NoMerge' LANGUAGE PYTHON;\n")
+    with pytest.raises(SqlError, match=r"aggregate WAVG\(price, bidder\) is not allowed here"):
+        job_of(BIDS + PRINT.format(cols="auction BIGINT") + create +
+               "INSERT INTO out1 SELECT auction FROM bids WHERE wavg(price, bidder) > 1;")
+    with pytest.raises(SqlError, match="DISTINCT is supported in COUNT only"):
+        job_of(BIDS + PRINT.format(cols="auction BIGINT, w BIGINT") + create +
+               "INSERT INTO out1 SELECT auction, nomerge(DISTINCT price) FROM bids GROUP BY auction;")
+    # a session window merges accumulators: one without merge() fails naming itself, at the first merge
+    chain = tail(create + "INSERT INTO out1 SELECT auction, nomerge(price) FROM TABLE(SESSION(TABLE bids, "
+                 "DESCRIPTOR(ts), INTERVAL '5' SECOND)) GROUP BY auction, window_start, window_end;",
+                 "auction BIGINT, n BIGINT")
+    with pytest.raises(SqlError, match=r"NOMERGE\(price\): the aggregate function has no merge"):
+        chain.feed(rows([(1, 0, 1, 1000), (1, 0, 2, 9000), (1, 0, 3, 5000)]))
+        chain.watermark(30_000)
+
+
+TABLE_FUNCTIONS = """
+def words(text):
+    for word in text.split():
+        yield word
+
+
+class WordLengths:
+    result_types = ["STRING", "INT"]
+
+    def eval(self, text, at_least):
+        for word in text.split():
+            if len(word) >= at_least:
+                yield word, len(word)
+"""
+
+
+def test_lateral_table_joins_each_row_with_the_rows_its_table_function_yields(
+        capsys: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sql_udtfs_x.py").write_text(TABLE_FUNCTIONS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    script = ("CREATE TABLE lines (id BIGINT, line STRING) WITH ('connector' = 'datagen');\n"
+              "CREATE FUNCTION words AS 'sql_udtfs_x.words' LANGUAGE PYTHON;\n"
+              "CREATE FUNCTION lengths AS 'sql_udtfs_x.WordLengths' LANGUAGE PYTHON;\n")
+    try:
+        chain = SqlTailChain(script + PRINT.format(cols="id BIGINT, w STRING") +
+                             "INSERT INTO out1 SELECT id, w FROM lines, LATERAL TABLE(words(line)) AS T(w) "
+                             "WHERE w <> 'the';")
+        assert chain.names[0].startswith("Correlate(invocation=[WORDS(line)], joinType=[INNER])"), chain.names
+        chain.feed([(1, "the quick fox"), (2, ""), (3, "jumps")])
+        assert printed(capsys) == ["+I[1, quick]", "+I[1, fox]", "+I[3, jumps]"]
+
+        chain = SqlTailChain(script + PRINT.format(cols="id BIGINT, w STRING, n INT") +
+                             "INSERT INTO out1 SELECT id, T.word, n + 0 FROM lines LEFT JOIN "
+                             "LATERAL TABLE(lengths(line, 4)) AS T(word, n) ON TRUE;")
+        chain.feed([(1, "the quick fox"), (2, "a b")])
+        assert printed(capsys) == ["+I[1, quick, 5]", "+I[2, <NULL>, <NULL>]"]
+
+        for query, message in [
+                ("SELECT id, w FROM lines JOIN LATERAL TABLE(words(line)) AS T(w) ON w = 'x'",
+                 "a join with LATERAL TABLE takes ON TRUE only: filter its rows in WHERE"),
+                ("SELECT id, w FROM lines, LATERAL TABLE(nope(line)) AS T(w)",
+                 "No match found for function signature nope"),
+                ("SELECT id, w FROM lines, LATERAL TABLE(lengths(line, 1)) AS T(w)",
+                 r"LENGTHS\(line, 1\) has 2 columns \(result_types\), the alias names 1")]:
+            with pytest.raises(SqlError, match=message):
+                job_of(script + PRINT.format(cols="id BIGINT, w STRING") + f"INSERT INTO out1 {query};")
+    finally:
+        sys.modules.pop("sql_udtfs_x", None)
 
 
 def test_streams_cross_into_sql_and_tables_back_out() -> None:

@@ -212,6 +212,20 @@ def test_a_lookup_with_a_null_key_matches_nothing_without_asking_the_server() ->
     assert asyncio.run(lookup((1, None, 5, 0))) == [(1, None, 5, 0, None, None)] and lookup.lookups == 0
 
 
+def test_a_lookup_join_over_an_updating_input_looks_up_every_change_and_keeps_its_kind() -> None:
+    # the largest order per customer (an updating GROUP BY) enriched with the customer's region, upserted by region
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra="") + TOTALS.format(key=", PRIMARY KEY (region) NOT "
+                                                                            "ENFORCED", url=URL, extra="")
+               + """INSERT INTO totals SELECT c.region, m.biggest FROM (SELECT customer, MAX(amount) AS biggest,
+                    MAX(proc_time) AS proc_time FROM orders GROUP BY customer) AS m
+                    LEFT JOIN customers FOR SYSTEM_TIME AS OF m.proc_time AS c ON m.customer = c.id;""")
+    lookup = next(n.payload for n in job.nodes if n.kind == "async_map").fn
+    assert lookup.updating
+    assert asyncio.run(lookup(("-U", (None, 5, 0)))) == [("-U", (None, 5, 0, None, None))] and lookup.lookups == 0
+    assert "LookupJoin(table=[default_catalog.default_database.customers], joinType=[LeftOuterJoin], " \
+           "lookup=[id=m.customer])  changelog=[I,UB,UA]" in explain(session_of(job))
+
+
 def test_a_postgres_cdc_table_is_a_changelog_of_the_cdc_sources_changes() -> None:
     job = plan("""
 CREATE TABLE customer_changes (id BIGINT, region STRING, PRIMARY KEY (id) NOT ENFORCED)

@@ -103,3 +103,47 @@ def test_order_by_anything_but_the_rowtime_first_needs_a_limit() -> None:
 
     with pytest.raises(SqlError, match="must start with the rowtime attribute ascending"):
         Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a ORDER BY k;")
+
+
+def test_limit_without_order_by_keeps_the_first_n_rows_to_arrive(capsys: Any) -> None:
+    chain = SqlTailChain(TABLES + "INSERT INTO out1 SELECT k, v FROM a LIMIT 3;")
+    assert "Limit(offset=[0], fetch=[3])" in " ".join(chain.names), chain.names
+    for row in [(5, "x"), (2, "y"), (5, "x"), (9, "z"), (1, "late")]:
+        chain.feed([row])
+    # insert-only in, insert-only out: the first three rows, in arrival order (a repeated row too), nothing more
+    assert capsys.readouterr().out.splitlines() == ["+I[5, x]", "+I[2, y]", "+I[5, x]"]
+
+
+def test_limit_over_an_updating_query_keeps_n_current_rows(capsys: Any) -> None:
+    from runtime.sql.changelog import INSERT, UPDATE_AFTER, UPDATE_BEFORE
+
+    chain = SqlTailChain(TABLES.replace("out1 (k BIGINT, v STRING)", "out1 (k BIGINT, c BIGINT)")
+                         + "INSERT INTO out1 SELECT k, COUNT(*) FROM a GROUP BY k LIMIT 2;")
+    rng = random.Random(9)
+    counts: Counter[int] = Counter()
+    log: list[str] = []
+    for _ in range(60):  # the aggregation's changelog, as its task sends it
+        k = rng.randint(1, 4)
+        if counts[k]:
+            chain.feed([(UPDATE_BEFORE, (k, counts[k]))])
+            counts[k] += 1
+            chain.feed([(UPDATE_AFTER, (k, counts[k]))])
+        else:
+            counts[k] = 1
+            chain.feed([(INSERT, (k, 1))])
+        log += capsys.readouterr().out.splitlines()
+        shown = applied(log)
+        # two rows (or as many keys as there are), each a key's current count
+        assert sum(shown.values()) == min(2, len(counts)), shown
+        keys = [int(row[1:].split(",")[0]) for row in shown]
+        assert all(f"[{k}, {counts[k]}]" in shown for k in keys), (shown, counts)
+
+
+def test_limit_refuses_offset_and_what_is_not_a_positive_literal() -> None:
+    from runtime.api import Job
+    from runtime.sql.errors import SqlError
+
+    with pytest.raises(SqlError, match="OFFSET is not supported in a streaming query"):
+        Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a LIMIT 3 OFFSET 1;")
+    with pytest.raises(SqlError, match="LIMIT 0: a positive integer literal is supported"):
+        Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a LIMIT 0;")

@@ -284,3 +284,36 @@ def test_a_subquery_written_twice_is_one_operator_as_flinks_sub_plan_reuse_makes
     twice.sql(BIDS + print_table("a BIGINT") + "INSERT INTO out1 SELECT auction FROM bids; "
               "INSERT INTO out1 SELECT auction FROM bids;")
     assert [n.kind for n in twice.nodes].count("sink") == 2
+
+
+CLICKS = """
+CREATE TABLE clicks (user_id BIGINT, url STRING, pt AS PROCTIME()) WITH ('connector' = 'datagen');
+"""
+
+
+@pytest.mark.parametrize(("window", "size_ms"), [
+    ("TUMBLE(TABLE clicks, DESCRIPTOR(pt), INTERVAL '1' MINUTE)", 60_000),
+    ("HOP(TABLE clicks, DESCRIPTOR(pt), INTERVAL '30' SECOND, INTERVAL '1' MINUTE)", 30_000),
+    ("CUMULATE(TABLE clicks, DESCRIPTOR(pt), INTERVAL '30' SECOND, INTERVAL '1' MINUTE)", 30_000),
+])
+def test_processing_time_windows_fire_on_the_operators_wall_clock(window: str, size_ms: int, capsys: Any) -> None:
+    chain = SqlTailChain(CLICKS + print_table("user_id BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), c BIGINT") +
+                         f"INSERT INTO out1 SELECT user_id, window_start, window_end, COUNT(*) FROM TABLE({window}) "
+                         "GROUP BY user_id, window_start, window_end;")
+    assert "time_col=[pt]" in chain.names[0], chain.names
+    chain.feed([(1, "a", 0), (2, "b", 0), (1, "c", 0)])  # the PROCTIME() column's value plays no part
+    timers = chain.chain.timers
+    assert timers is not None
+    due = timers.timers.processing.peek()
+    # the first window to end: the next multiple of its size (HOP: slide, CUMULATE: step) on the wall clock, minus 1
+    assert due is not None and due % size_ms == size_ms - 1 and not printed(capsys)
+    timers.fire_processing(due, 64)
+    lines = printed(capsys)
+    assert [(line.split(",")[0], line.split(",")[-1]) for line in lines] == [("+I[1", " 2]"), ("+I[2", " 1]")], lines
+
+
+def test_a_window_over_a_column_that_is_neither_rowtime_nor_proctime_is_refused() -> None:
+    with pytest.raises(SqlError, match=r"column url is not a time attribute: .* or a processing-time column"):
+        Job("refused").sql(CLICKS + print_table("user_id BIGINT, c BIGINT") +
+                           "INSERT INTO out1 SELECT user_id, COUNT(*) FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(url), "
+                           "INTERVAL '1' MINUTE)) GROUP BY user_id, window_start, window_end;")

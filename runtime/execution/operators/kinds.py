@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.api import Context, KeyedContext, Node, OperatorContext, ProcessFunction
+from runtime.api.runtime_hooks import RuntimeHooks
 from runtime.connectors.sinks import Sink
 from runtime.execution.async_io import AsyncIOOperator
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.async_state import AsyncKeyedProcessFunction
 from runtime.execution.operators.record_writer import EmitBatch
 from runtime.execution.operators.shapes import Plain
-from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerIndex, TimerQueue
+from runtime.execution.timers import EVENT_TIME, PROCESSING_TIME, TIMER_TABLES, KeyedTimers, TimerQueue
 from runtime.execution.ttl_cleanup import PER_RECORD, TtlCleanup
 from runtime.state.backend import StateBackend
 
@@ -191,18 +192,16 @@ class KeyedProcessOperator(_FunctionOperator):
         ctx = KeyedContext(_unset_emit, setup.subtask_index, node.parallelism, node.name, state)
         super().__init__(node, nxt, setup, ctx)
         self.timers = _install_timers(self.function, ctx, state, self.flush)
+        hooks = self.function if isinstance(self.function, RuntimeHooks) else None
         # a window operator's event-time timers follow from its windows: one index per timestamp, no table
-        derive = getattr(self.function, "event_timers_from_state", None)
-        derive = derive(ctx) if derive is not None else None
+        derive = hooks.event_timers_from_state(ctx) if hooks is not None else None
         if derive is not None:
-            timers = self.timers.timers
-            timers.event = TimerIndex(timers.event.table, derive)
+            self.timers.timers.index_event_timers(derive)
         assert node.key_fn is not None
         run = setup.shape.each_keyed(node.key_fn, self.function.process, ctx, self.flush)
         # a window operator's loop over a whole batch of timed elements (runtime/api/windows.py), where it has one
-        batch_runner = getattr(self.function, "timed_batch_runner", None)
-        if batch_runner is not None and setup.shape.timed:
-            run = batch_runner(node.key_fn, ctx, self.flush) or run
+        if hooks is not None and setup.shape.timed:
+            run = hooks.timed_batch_runner(node.key_fn, ctx, self.flush) or run
         # expired TTL state nobody reads again is cleaned a few entries per record (runtime/execution/ttl_cleanup.py);
         # the states are declared in open(), so the check is per batch: one attribute test without TTL
         self.ttl_cleanup = TtlCleanup(ctx.ttl_states, ctx.state_table, lambda: ctx.ttl_clock())

@@ -26,8 +26,8 @@ from runtime.api import (
     Node,
     OperatorContext,
 )
+from runtime.api.runtime_hooks import RuntimeHooks
 from runtime.execution.operators.kinds import Operator, OperatorSetup, _FunctionOperator, _install_timers, _unset_emit
-from runtime.execution.timers import TimerIndex
 
 
 def side_key_fns(node: Node) -> tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]:
@@ -60,19 +60,16 @@ class KeyedCoProcessOperator(_FunctionOperator):
         super().__init__(node, nxt, setup, ctx)
         fn: CoProcessFunction = node.payload
         self.timers = _install_timers(fn, ctx, state, self.flush)
+        self.hooks = fn if isinstance(fn, RuntimeHooks) else None
         # an interval join's clean-up timers follow from its buffers: one index per timestamp, no table
-        derive = getattr(fn, "event_timers_from_state", None)
-        derive = derive(ctx) if derive is not None else None
+        derive = self.hooks.event_timers_from_state(ctx) if self.hooks is not None else None
         if derive is not None:
-            timers = self.timers.timers
-            timers.event = TimerIndex(timers.event.table, derive)
+            self.timers.timers.index_event_timers(derive)
         key1, key2 = side_key_fns(node)
         assert key1 is not None and key2 is not None
         # an interval join's loops over whole batches of timed elements (runtime/api/interval_join.py)
-        batch_runners = getattr(fn, "timed_batch_runners", None)
-        runners = batch_runners((key1, key2), ctx, self.flush) if batch_runners and setup.shape.timed else None
-        # a function that changes buffers in place between snapshots (the interval join's batch loops)
-        self._before_snapshot = getattr(fn, "before_snapshot", None)
+        runners = self.hooks.timed_batch_runners((key1, key2), ctx, self.flush) \
+            if self.hooks is not None and setup.shape.timed else None
         if runners is not None:
             self.inputs = tuple(runners)
             return
@@ -80,8 +77,8 @@ class KeyedCoProcessOperator(_FunctionOperator):
         self.inputs = (each(key1, fn.process1, ctx, self.flush), each(key2, fn.process2, ctx, self.flush))
 
     def before_snapshot(self) -> None:
-        if self._before_snapshot is not None:
-            self._before_snapshot()
+        if self.hooks is not None:  # the interval join's batch loops change its buffers in place between snapshots
+            self.hooks.before_snapshot()
 
 
 def _broadcast_side(fn: BroadcastProcessFunction, ctx: BroadcastContext | KeyedBroadcastContext,
