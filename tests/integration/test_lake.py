@@ -194,8 +194,9 @@ def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refu
         cluster: Cluster) -> None:
     """Bounded FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite, the warehouse in a bucket of the
     test S3 server), unaligned checkpoints; the committer SIGKILLs its worker right after the table's second
-    snapshot. The restore lists that snapshot's files again; the summaries say they are in, so no snapshot
-    repeats a checkpoint and every key's counts are 1..n once. Before it, jobs with an unwritable Delta path and
+    snapshot, and the S3 server then stalls (stopped, continued) while the job restores. The restore lists that
+    snapshot's files again; the summaries say they are in, so no snapshot repeats a checkpoint and every key's
+    counts are 1..n once. Before it, jobs with an unwritable Delta path and
     a missing Iceberg table are refused at submit, each in one line, and nothing is deployed."""
     pytest.importorskip("pyiceberg", reason="pyiceberg is not installed (the `iceberg` extra)")
     with running_s3() as s3:
@@ -226,6 +227,12 @@ def iceberg_in_s3(cluster: Cluster, s3: S3Server) -> None:
     wait_killed(cluster, job_id, markers, "the sink to kill its worker after an Iceberg snapshot")
     replaced: set[int] = set()
     poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
+    # the warehouse's store stalls while the job restores and goes on: data files and snapshots wait on it
+    os.kill(s3.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(STORE_STALL_S)  # the fault's length
+    finally:
+        os.kill(s3.proc.pid, signal.SIGCONT)
     st = wait_finished(cluster, job_id)
     assert st["restarts"] >= 1, st
     rows = iceberg_rows(catalog)
