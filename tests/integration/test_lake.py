@@ -67,7 +67,7 @@ def _pipeline(job, source, sink):
 
 
 def files_to_iceberg(job: Job) -> None:
-    _pipeline(job, FileSource(INPUT, format="json", bounded=True),
+    _pipeline(job, FileSource(INPUT, format="json", monitor_interval=0.2),
               KillAfterSnapshot(CATALOG, "db.counts", columns=["key", "n"], delay_per_record_s=SINK_DELAY))
 
 
@@ -107,15 +107,6 @@ def wait_killed(cluster: Cluster, job_id: str, markers: Path, what: str) -> None
         return False
 
     poll(killed, 90, what, interval_s=0.25)
-
-
-def wait_finished(cluster: Cluster, job_id: str, timeout_s: float = 120) -> dict:
-    try:
-        st = cluster.wait_job(job_id, timeout_s)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{cluster.call('status', {'job_id': job_id})}\n{logs(cluster)}") from None
-    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
-    return st
 
 
 def install(cluster: Cluster, *, table: str = "", sink_delay: float, catalog: dict[str, str] | None = None) -> Path:
@@ -192,12 +183,12 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
 @pytest.mark.slow
 def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refused_at_submit(
         cluster: Cluster) -> None:
-    """Bounded FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite, the warehouse in a bucket of the
-    test S3 server), unaligned checkpoints; the committer SIGKILLs its worker right after the table's second
-    snapshot, and the S3 server then stalls (stopped, continued) while the job restores. The restore lists that
-    snapshot's files again; the summaries say they are in, so no snapshot repeats a checkpoint and every key's
-    counts are 1..n once. Before it, jobs with an unwritable Delta path and
-    a missing Iceberg table are refused at submit, each in one line, and nothing is deployed."""
+    """FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite, the warehouse in a bucket of the test S3
+    server), unaligned checkpoints; the committer SIGKILLs its worker right after the table's second snapshot,
+    and the S3 server then stalls (stopped, continued) while the job restores; then the job is rescaled 2 -> 3
+    and more files come. The restore lists that snapshot's files again; the summaries say they are in, so no
+    snapshot repeats a checkpoint and every key's counts are 1..n once. Before it, jobs with an unwritable Delta
+    path and a missing Iceberg table are refused at submit, each in one line, and nothing is deployed."""
     pytest.importorskip("pyiceberg", reason="pyiceberg is not installed (the `iceberg` extra)")
     with running_s3() as s3:
         iceberg_in_s3(cluster, s3)
@@ -211,7 +202,8 @@ def iceberg_in_s3(cluster: Cluster, s3: S3Server) -> None:
     # the object store's environment, which the catalog's FileIO takes too
     catalog = {**sqlite_catalog(cluster.tmp_path / "iceberg"), "warehouse": f"{in_bucket(cluster, s3)}/warehouse"}
     make_counts_table(catalog)
-    records = write_input_files(cluster.tmp_path / "in", 4, 3000)
+    in_dir = cluster.tmp_path / "in"
+    records = write_input_files(in_dir, 4, 3000)
     markers = install(cluster, sink_delay=0.0003, catalog=catalog)  # a few checkpoints long
     cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
     (markers / "blocker").write_text("a file where the table's parent directory should be")
@@ -233,8 +225,19 @@ def iceberg_in_s3(cluster: Cluster, s3: S3Server) -> None:
         time.sleep(STORE_STALL_S)  # the fault's length
     finally:
         os.kill(s3.proc.pid, signal.SIGCONT)
-    st = wait_finished(cluster, job_id)
-    assert st["restarts"] >= 1, st
+    poll(lambda: len(iceberg_rows(catalog)) >= len(records), 120, "every record in the table", interval_s=0.5)
+    st = cluster.call("status", {"job_id": job_id})
+    assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
+    # rescaled 2 -> 3 from a checkpoint: the sink's pending snapshot entries are dealt to three subtasks, the new
+    # subtask 0 commits; files added after it are read once and every row is still in the table once
+    proc = sluice(cluster, "rescale", job_id, "--parallelism", "3")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr, logs(cluster))
+    records += write_input_files(in_dir, 2, 3000, first=4)
+    poll(lambda: len(iceberg_rows(catalog)) >= len(records), 120, "every record in the rescaled table",
+         interval_s=0.5)
+    rescaled = cluster.call("status", {"job_id": job_id})
+    assert rescaled["state"] == "RUNNING" and {v["parallelism"] for v in rescaled["vertices"]} == {3}, rescaled
+    cluster.call("cancel", {"job_id": job_id})
     rows = iceberg_rows(catalog)
     assert not wrong_counts(rows, records), wrong_counts(rows, records)
     assert len(rows) == len(records)
