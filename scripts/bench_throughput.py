@@ -22,6 +22,13 @@ coordinator's submit -> FINISHED time (which includes deployment) and the
 polled time are reported alongside.
 
     .venv/bin/python scripts/bench_throughput.py --records 4000000 --repeat 3
+
+`--isolation-ab` measures what running user code off the event loop costs (issue 31): the runtime only, every
+round one run with every task inline on the loop (SLUICE_TASK_ISOLATION=inline) and one with every task on its
+thread (the default), the order swapped each round so a drift of the machine's load hits both alike; it prints
+the medians and the ratios thread/inline of CPU per record and records/s, and the load average at each run.
+
+    .venv/bin/python scripts/bench_throughput.py --isolation-ab --records 2000000 --repeat 5
 """
 
 from __future__ import annotations
@@ -273,12 +280,60 @@ def revision() -> str:
     return head + ("-dirty" if dirty else "")
 
 
+ISOLATION_MODES = ("inline", "thread")  # before / after: user code on the event loop / on each task's thread
+
+
+def isolation_ab(records: int, repeat: int, timeout_s: float, say: Any) -> dict[str, Any]:
+    """Inline against thread, alternating, in one invocation (see the module docstring)."""
+    from runtime.execution.isolation import MODE_ENV
+
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in ISOLATION_MODES}
+    previous = os.environ.get(MODE_ENV)
+    try:
+        for i in range(repeat):
+            for mode in ISOLATION_MODES if i % 2 == 0 else reversed(ISOLATION_MODES):
+                os.environ[MODE_ENV] = mode  # inherited by the cluster's workers
+                load_before = os.getloadavg()[0]
+                r = run_runtime(records, timeout_s)
+                r["mode"], r["load_average_1m"] = mode, (load_before, os.getloadavg()[0])
+                runs[mode].append(r)
+                say(f"  round {i + 1}: {mode:<6} {r['records_per_s']:>12,.0f} rec/s  "
+                    f"{_fmt(r['cpu_us_per_record'], '.2f')} CPU us/rec; other load {_fmt(r['other_cores'], '.2f')} "
+                    f"cores; load average {load_before:.2f} -> {r['load_average_1m'][1]:.2f}")
+    finally:
+        if previous is None:
+            os.environ.pop(MODE_ENV, None)
+        else:
+            os.environ[MODE_ENV] = previous
+    medians = {mode: {"records_per_s": statistics.median(r["records_per_s"] for r in rs),
+                      "records_per_s_slowest": min(r["records_per_s"] for r in rs),
+                      "cpu_us_per_record": _median_known(r["cpu_us_per_record"] for r in rs),
+                      "cpu_us_per_record_slowest": max((r["cpu_us_per_record"] for r in rs
+                                                        if r["cpu_us_per_record"] is not None), default=None)}
+               for mode, rs in runs.items()}
+    inline, thread = medians["inline"], medians["thread"]
+    cpu_ratio = (thread["cpu_us_per_record"] / inline["cpu_us_per_record"]
+                 if thread["cpu_us_per_record"] and inline["cpu_us_per_record"] else None)
+    # per round too: the two runs of a round saw the most similar machine
+    paired = [t["cpu_us_per_record"] / n["cpu_us_per_record"] for n, t in zip(runs["inline"], runs["thread"],
+                                                                               strict=True)
+              if t["cpu_us_per_record"] and n["cpu_us_per_record"]]
+    loads = [x for rs in runs.values() for r in rs for x in r["load_average_1m"]]
+    return {"benchmark": "isolation_ab", "entry": ENTRY, "records": records, "repeat": repeat, "medians": medians,
+            "thread_over_inline_cpu_per_record": cpu_ratio,
+            "thread_over_inline_cpu_per_record_paired_median": statistics.median(paired) if paired else None,
+            "thread_over_inline_records_per_s": thread["records_per_s"] / inline["records_per_s"],
+            "load_average_1m_range": (min(loads), max(loads)), "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=4_000_000, help="records per run (default 4,000,000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement, alternating (default 3)")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on a runtime job after this many s")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    parser.add_argument("--isolation-ab", action="store_true",
+                        help="the runtime only: tasks inline on the loop against tasks on their threads, alternating")
     args = parser.parse_args(argv)
     if args.records < 1 or args.repeat < 1:
         parser.error("--records and --repeat must be >= 1")
@@ -293,6 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     say(f"bench_throughput: {args.records:,} records x {args.repeat} runs; {info['nproc']} cpus "
         f"({info['cpu_model']}), Python {info['python']}, msgpack {'.'.join(map(str, info['msgpack']))}, "
         f"{info['event_loop']}; revision {info['revision']}")
+    if args.isolation_ab:
+        ab = {**isolation_ab(args.records, args.repeat, args.timeout, say), "machine": info}
+        if args.json:
+            print(json.dumps(ab, indent=2))
+            return 0
+        for mode, m in ab["medians"].items():
+            print(f"{mode:<6}: median {m['records_per_s']:>12,.0f} records/s "
+                  f"(slowest {m['records_per_s_slowest']:,.0f}), {_fmt(m['cpu_us_per_record'], '.3f')} CPU us/record "
+                  f"(slowest {_fmt(m['cpu_us_per_record_slowest'], '.3f')})")
+        print(f"thread / inline: CPU per record {_fmt(ab['thread_over_inline_cpu_per_record'], '.3f')} (medians), "
+              f"{_fmt(ab['thread_over_inline_cpu_per_record_paired_median'], '.3f')} (median of the rounds' ratios); "
+              f"records/s {ab['thread_over_inline_records_per_s']:.3f}")
+        low, high = ab["load_average_1m_range"]
+        print(f"load average (1 min) during the runs: {low:.2f} - {high:.2f}")
+        return 0
     runtime_runs: list[dict[str, Any]] = []
     baseline_runs: list[dict[str, Any]] = []
     for i in range(args.repeat):

@@ -282,6 +282,11 @@ class ChangeDecoder:
     _begin: Begin | None = None
     _changes: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def in_transaction(self) -> bool:
+        """Between a Begin and its Commit: a transaction is partly decoded."""
+        return self._begin is not None
+
     def feed(self, payload: bytes) -> Transaction | None:
         """Decode one message; the transaction it completes (on a Commit), else None."""
         message = decode_message(payload)

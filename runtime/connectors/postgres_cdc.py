@@ -40,7 +40,7 @@ import queue
 import select
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +144,76 @@ def change_key(change: dict[str, Any], key_columns: Sequence[str]) -> tuple[Any,
     return tuple(row.get(c) for c in key_columns)
 
 
+class ChangeQueue:
+    """The queued changes (each with the source's position after it), handed out as records. A change may make
+    several records (`records_of`: a SQL table's update is -U then +U) and a batch holds at most `max_records`,
+    so a batch may end inside a change: the position is then the one before that change plus the records of it
+    already handed out (`rows` in the state), and a restore hands out the rest of it, exactly. The task counts
+    a batch's records emitted and skips that many after a restore (runtime/execution/source_driver.py), so a
+    batch must never hold more records than asked for.
+
+    SNAPSHOT_ROWS_ALONE: that skip needs the records after a position to come again the same, which the stream
+    does (the slot replays it) but a snapshot restored midway does not: its rest is read as of a new snapshot
+    (a row deleted or changed since is not there, or differs, and its change is not streamed either). So a
+    snapshot row is a batch of its own: a checkpoint never falls inside one, and the position it stores is
+    after the last row handed out."""
+
+    def __init__(self) -> None:
+        self.entries: collections.deque[tuple[Any, CdcPosition]] = collections.deque()
+        self.position: CdcPosition | None = None  # after the last change handed out whole
+        self.rows_out = 0  # records of the next change already handed out
+        self.last_commit_ms: int | None = None
+
+    def restore(self, state: dict[str, Any]) -> CdcPosition:
+        self.position = CdcPosition.from_state(state)
+        self.rows_out = int(state.get("rows", 0))
+        return self.position
+
+    def state(self) -> dict[str, Any] | None:
+        if self.position is None:
+            return None
+        state = self.position.to_state()
+        if self.rows_out:
+            state["rows"] = self.rows_out
+        return state
+
+    def take(self, max_records: int, records_of: Callable[[Any], list[Any]] | None) -> list[Any]:
+        """Up to `max_records` records from the front; `records_of` None: each change is one record. The first
+        batch only takes the position the reader queues first (the slot's start): the task stores the position
+        before a batch, and a batch handed out from no position could not be resumed (a restore without one
+        starts afresh: a new slot and snapshot)."""
+        entries = self.entries
+        out: list[Any] = []
+        if self.position is None:
+            while entries and entries[0][0] is _NO_RECORD:
+                self.position = entries.popleft()[1]
+            if self.position is not None:
+                return out
+        while entries and len(out) < max_records:
+            change, position = entries[0]
+            if change is not _NO_RECORD:
+                if records_of is None:
+                    out.append(change)
+                else:
+                    records = records_of(change)
+                    room = max_records - len(out)
+                    if len(records) - self.rows_out > room:  # the batch ends inside this change
+                        out.extend(records[self.rows_out:self.rows_out + room])
+                        self.rows_out += room
+                        break
+                    out.extend(records[self.rows_out:])
+                    self.rows_out = 0
+                if change.get("ts_ms") is not None:
+                    self.last_commit_ms = change["ts_ms"]
+                if change["op"] == "r":  # a snapshot row: a batch of its own (SNAPSHOT_ROWS_ALONE)
+                    entries.popleft()
+                    self.position = position
+                    break
+            entries.popleft()
+            self.position = position
+        return out
+
+
 # -- the source ------------------------------------------------------------------------------------------------
 
 
@@ -155,6 +225,7 @@ class PostgresCdcSource(Source):
     bounded = False
     extras = ("postgres",)
     subtask_splits = True  # subtask i of p: its keys, its slot (see the module docstring)
+    expands = False  # True: `records_of` may make several records of a change
 
     def __init__(self, dsn: str, tables: Sequence[str], *, slot: str = "sluice", publication: str = "sluice",
                  snapshot: bool = True, chunk_rows: int = 2000, max_buffered: int = 20000,
@@ -240,24 +311,26 @@ class PostgresCdcSource(Source):
         super().open(subtask_index, parallelism)
         self._restored: CdcPosition | None = None
         self._reader: _Reader | None = None
-        self._entries: collections.deque[tuple[Any, CdcPosition]] = collections.deque()
-        self._position: CdcPosition | None = None
-        self._last_commit_ms: int | None = None
+        self._queue = ChangeQueue()
 
     def restore(self, position: Any) -> None:
         if position is not None:
-            self._restored = CdcPosition.from_state(position)
-            self._position = self._restored
+            self._restored = self._queue.restore(position)
 
     def position(self) -> Any:
-        return None if self._position is None else self._position.to_state()
+        return self._queue.state()
+
+    def records_of(self, change: dict[str, Any]) -> list[Any]:
+        """The records one change becomes: itself. A subclass may make several (a SQL table's update is -U
+        and +U); it sets `expands`, and a batch may then end inside a change (ChangeQueue)."""
+        return [change]
 
     def read_batch(self, max_records: int) -> list[Any] | None:
         reader = self._reader
         if reader is None:
             reader = self._reader = _Reader(self, self._restored)
             reader.start()
-        entries = self._entries
+        entries = self._queue.entries
         while len(entries) < max_records:
             try:
                 entries.extend(reader.out.get_nowait())
@@ -265,15 +338,7 @@ class PostgresCdcSource(Source):
                 break
         if not entries and reader.error is not None:
             raise reader.error
-        out: list[Any] = []
-        while entries and len(out) < max_records:
-            record, position = entries.popleft()
-            self._position = position
-            if record is not _NO_RECORD:
-                out.append(record)
-                if record.get("ts_ms") is not None:
-                    self._last_commit_ms = record["ts_ms"]
-        return out
+        return self._queue.take(max_records, self.records_of if self.expands else None)
 
     def idle_wait_s(self) -> float:
         return 0.005
@@ -284,14 +349,21 @@ class PostgresCdcSource(Source):
             self._reader.confirm(CdcPosition.from_state(position).lsn)
 
     def statistics(self) -> dict[str, float]:
-        """Replication lag: bytes of WAL the server has beyond the last change handed to the task, and the age
-        of that change's commit while there are more (0 when caught up)."""
-        reader, position = getattr(self, "_reader", None), getattr(self, "_position", None)
-        if reader is None or position is None or position.snapshot is not None:
+        """Replication lag: bytes of WAL the server has sent beyond what the task was handed, and the age of the
+        commit of the last change handed on while there is more (0 when caught up). Once the reader has
+        decoded all the server sent and the task took every queued change, the source has handed on all WAL
+        up to there, also that of other tables' transactions, which move no position: no lag."""
+        reader, changes = getattr(self, "_reader", None), getattr(self, "_queue", None)
+        position = None if changes is None else changes.position
+        if reader is None or changes is None or position is None or position.snapshot is not None:
             return {}
-        lag_bytes = max(0, reader.wal_end - position.lsn) if reader.wal_end else 0
-        behind = bool(self._entries) or not reader.out.empty() or lag_bytes > 0
-        lag_s = (time.time() - self._last_commit_ms / 1000.0) if behind and self._last_commit_ms else 0.0
+        decoded_to = reader.decoded_to  # read before the queues: a change queued after it is seen below
+        queued = bool(changes.entries) or not reader.out.empty()
+        handed_to = position.lsn if queued else max(position.lsn, decoded_to)
+        lag_bytes = max(0, reader.wal_end - handed_to) if reader.wal_end else 0
+        behind = queued or lag_bytes > 0
+        last_ms = changes.last_commit_ms
+        lag_s = (time.time() - last_ms / 1000.0) if behind and last_ms else 0.0
         return {"replication_lag_bytes": float(lag_bytes), "replication_lag_seconds": max(0.0, lag_s),
                 "confirmed_lsn": float(reader.confirmed)}
 
@@ -312,7 +384,8 @@ class _Reader(threading.Thread):
         self.out: queue.Queue[list[tuple[Any, CdcPosition]]] = queue.Queue(
             maxsize=max(2, source.max_buffered // max(1, source.chunk_rows)))
         self.error: BaseException | None = None
-        self.wal_end = 0
+        self.wal_end = 0  # the server's WAL position in its last message or keepalive
+        self.decoded_to = 0  # wal_end when the reader last found nothing more to read between transactions
         self.confirmed = 0
         self._confirm_to = 0
         self._stopping = threading.Event()
@@ -563,6 +636,8 @@ class _Reader(threading.Thread):
                 message = rcur.read_message()
                 if message is None:
                     self.wal_end = max(self.wal_end, int(rcur.wal_end or 0))
+                    if not decoder.in_transaction:  # else the rest of one is still to come
+                        self.decoded_to = self.wal_end
                     select.select([repl], [], [], min(0.2, src.status_interval_s))
                     continue
                 self.wal_end = max(self.wal_end, int(message.wal_end or 0))

@@ -11,7 +11,9 @@ again) is rolled back, and a batch neither prepared nor committed (its marker ro
 
 The I/O runs on a thread of the sink's own (`_Committer`): `snapshot_state` and `commit` are called on the
 worker's event loop and return at once, so a slow or restarting server never stalls the worker (a server
-restart is retried for `retry_s`). Batches are prepared and committed in checkpoint order, and a batch is
+restart is retried for `retry_s`). `restore_state` (on the task's thread) waits for the recovery, so every
+restored batch is in before any checkpoint of the new run completes: after a rescale another subtask may
+own its keys and write them anew. Batches are prepared and committed in checkpoint order, and a batch is
 prepared only once the one before it is committed: an earlier checkpoint's transaction still prepared (its
 completion notice not here yet, or that checkpoint aborted) holds row locks that could block it.
 
@@ -341,13 +343,20 @@ class PostgresSink(Sink):
     def restore_state(self, state: Any) -> None:
         """The restored checkpoint completed: its batches are committed (prepared ones), or written (those
         neither prepared nor committed); this subtask's other prepared transactions (and those of the
-        subtasks it takes over after a rescale) are rolled back. On the committer thread, first."""
+        subtasks it takes over after a rescale) are rolled back. On the committer thread, first; returns when
+        that is done."""
         state = state or {}
         batches = [_Batch(int(cp), gid, [tuple(r) for r in rows], completed=True,
                           deletes=[tuple(k) for k in (deleted[0] if deleted else [])])
                    for cp, gid, rows, *deleted in state.get("pending", [])]
         owners = {self.subtask_index, *(int(s) for s in state.get("subtasks", []))}
         self._io.restore(batches, owners, state.get("checkpoint"))
+        # Waited for (on the task's thread: SinkOperator.open): no checkpoint after the restore can complete,
+        # and so no later batch be committed, before every subtask's recovery is done. After a rescale a
+        # restored batch's keys may belong to another subtask, which writes them anew: an upsert of the old
+        # rows (a batch deferred, never written) landing after its commit would overwrite newer rows, and a
+        # batch still prepared would hold its rows' locks against it.
+        self._io.wait_recovered()
 
     def _write(self, rows: Sequence[Sequence[Any]], gid: str | None, checkpoint_id: int,
                deletes: Sequence[Sequence[Any]] = ()) -> None:
@@ -500,6 +509,7 @@ class _Committer(threading.Thread):
         self._stopping = threading.Event()
         self._batches: list[_Batch] = []
         self._recovery: tuple[list[_Batch], set[int], int | None] | None = None
+        self._recovered = threading.Event()
         self._owners: set[int] = set()
         self.error: BaseException | None = None
 
@@ -527,6 +537,15 @@ class _Committer(threading.Thread):
             self._recovery = (batches, owners, restored)
             self._owners = owners
         self._wake.set()
+
+    def wait_recovered(self) -> None:
+        """Until the restore's recovery is done (its `retry_s` bounds it: then the error is raised here)."""
+        while not self._recovered.wait(0.05):
+            if self.error is not None:
+                raise self.error
+            if not self.is_alive():
+                raise PostgresError(f"PostgresSink {self.sink.table} subtask {self.sink.subtask_index}: its "
+                                    "committer stopped before the restore was resolved")
 
     def state(self, checkpoint_id: int) -> dict[str, Any]:
         with self._lock:
@@ -603,6 +622,7 @@ class _Committer(threading.Thread):
             with self._lock:
                 self._batches = [b for b in self._batches if all(b is not r for r in batches)]
                 self._recovery = None
+            self._recovered.set()
         while not self._stopping.is_set():
             with self._lock:
                 if not self._batches:

@@ -48,6 +48,10 @@ class Source:
         return 0.01
 
     def position(self) -> Any:
+        """Where the next batch starts, for a checkpoint (msgpack-able). None means the source cannot be replayed:
+        a restore then neither restores it nor skips the records of its batch that were emitted (they are new
+        records, not the same ones again). So a replayable source returns a position before its first batch
+        too, or the records emitted from that batch before a checkpoint are read again after a restore."""
         return None
 
     def restore(self, position: Any) -> None:

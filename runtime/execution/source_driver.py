@@ -56,7 +56,7 @@ class SourceDriver:
         source = self.source
         turns = self.turns
         await turns.call(source.open, self.chain.subtask_index, self.chain.parallelism)  # user code: may block
-        if self.batch_position is not None:
+        if self.batch_position is not None:  # None: a source that cannot be replayed (Source.position)
             await turns.call(source.restore, self.batch_position)
             skip = self._skip_on_restore
             while skip > 0:

@@ -30,7 +30,6 @@ from urllib.parse import unquote, urlsplit
 from runtime.connectors import postgres as pgc
 from runtime.connectors.postgres_cdc import PostgresCdcSource
 from runtime.connectors.postgres_sink import PostgresSink
-from runtime.connectors.source import SideOutputBatch
 from runtime.sql import types as T
 from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
@@ -189,17 +188,13 @@ class CdcTableSource(PostgresCdcSource):
         self.readers = [T.reader(c.type) for c in table.physical]  # type: ignore[arg-type]
         self.computed = computed
 
-    def read_batch(self, max_records: int) -> list[Any] | None:
-        batch = super().read_batch(max_records)
-        if not batch or type(batch) is SideOutputBatch:
-            return batch
-        out: list[Any] = []
-        for change in batch:
-            try:
-                out.extend(changelog_rows(change, self.names, self.readers, self.computed))
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ValueError(f"table {self.table_name}: cannot read change {str(change)[:200]}: {exc}") from exc
-        return out
+    expands = True  # an update is -U and +U: a batch may end between them (postgres_cdc.ChangeQueue)
+
+    def records_of(self, change: dict[str, Any]) -> list[Any]:
+        try:
+            return changelog_rows(change, self.names, self.readers, self.computed)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"table {self.table_name}: cannot read change {str(change)[:200]}: {exc}") from exc
 
 
 # -- jdbc: the lookup ------------------------------------------------------------------------------------------

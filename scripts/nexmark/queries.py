@@ -124,7 +124,8 @@ _OVER = "WINDOW w AS (PARTITION BY auction ORDER BY `dateTime` {})"
 
 # SQL constructs beyond the Nexmark queries, over the same tables and checked against Flink the same way
 # (`--queries over_rows,...`): OVER aggregations, window Top-N and deduplication, DISTINCT, WITH and UNION, window
-# joins, the temporal join (the latest auction of each bid's bidder as a seller, at the bid's time). Half-second
+# joins, regular joins of updating inputs, LIMIT without ORDER BY (at parallelism 1: the first rows of the file),
+# the temporal join (the latest auction of each bid's bidder as a seller, at the bid's time). Half-second
 # windows: the small generated sets span a few seconds of event time.
 CHECKS: dict[str, tuple[str, str | None, str]] = {
     "over_rows": ("auction BIGINT, price BIGINT, t TIMESTAMP(3), s BIGINT, c BIGINT, m BIGINT", None,
@@ -162,6 +163,13 @@ CHECKS: dict[str, tuple[str, str | None, str]] = {
                          + _HALF_SECOND.format("auction") + ") A LEFT JOIN (SELECT * FROM "
                          + _HALF_SECOND.format("bid") + ") B ON B.auction = A.id AND B.window_start = "
                          "A.window_start AND B.window_end = A.window_end"),
+    "join_updating": ("id BIGINT, seller BIGINT, final BIGINT", "id",
+                      "SELECT A.id, A.seller, M.final FROM auction A LEFT JOIN (SELECT auction, MAX(price) AS final "
+                      "FROM bid GROUP BY auction) M ON A.id = M.auction"),
+    "join_two_updating": ("bidder BIGINT, bids BIGINT, auctions BIGINT", "bidder",
+                          "SELECT B.bidder, B.n, S.n FROM (SELECT bidder, COUNT(*) AS n FROM bid GROUP BY bidder) B "
+                          "JOIN (SELECT seller, COUNT(*) AS n FROM auction GROUP BY seller) S ON B.bidder = S.seller"),
+    "limit": ("auction BIGINT, bidder BIGINT, price BIGINT", None, "SELECT auction, bidder, price FROM bid LIMIT 7"),
     "temporal_join": ("auction BIGINT, bidder BIGINT, t TIMESTAMP(3), latest BIGINT, category BIGINT", None,
                       "SELECT B.auction, B.bidder, B.`dateTime`, A.id, A.category FROM bid AS B LEFT JOIN "
                       "seller_latest_auction FOR SYSTEM_TIME AS OF B.`dateTime` AS A ON B.bidder = A.seller"),

@@ -1,6 +1,6 @@
 """Checkpoint integrity on a real cluster: a flipped bit in a state file, a channel-state file or `_metadata`
-makes `--restore` refuse with the file named, and failover skips a corrupt latest checkpoint for the one
-before it, with exact output."""
+makes `--restore` refuse with the file named, and failover skips a latest checkpoint whose shared channel-state
+segment is corrupt for the one before it, with exact output."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from tests.support.failover import (
     committed_by,
     fall_back_from_a_corrupt_latest_checkpoint,
     install,
+    own_segments,
     start,
 )
 
@@ -109,16 +110,22 @@ def test_restoring_the_last_or_an_older_retained_checkpoint_of_a_finished_job_is
     assert_exact_output(setup)
 
 
-def test_failover_skips_a_corrupt_latest_checkpoint_for_the_one_before_and_output_is_exact(
+def test_failover_skips_a_latest_checkpoint_with_a_flipped_channel_segment_and_output_is_exact(
         cluster: Cluster) -> None:
+    """A bit flipped in a shared channel-state segment (incremental channel state, `shared/chan-...`) that the
+    latest checkpoint wrote and lists: failover skips it for the checkpoint before. (A flipped state file:
+    test_object_store_checkpoints.py's twin deletes a segment instead; a state file is refused above.)"""
     setup = install(cluster, words=100_000, sink_delay=0.0003)  # ~15 s, sink-bound: runs on after ~30k
     start(cluster, 3)
     job_id = setup.submit("wordcount", checkpoint={"interval_s": None})
 
     def corrupt(path: str) -> str:
-        state = sorted(Path(path).glob("*.state"))[-1]
-        flip_bit(state, len(state.read_bytes()) // 2)
-        return state.name
+        metadata = read_metadata(path)
+        segments = own_segments(metadata, metadata["checkpoint_id"])
+        assert segments, f"the latest checkpoint (under backpressure) wrote no channel-state segment: {metadata}"
+        segment = Path(path).parent / "shared" / segments[0]
+        flip_bit(segment, len(segment.read_bytes()) // 2)
+        return segments[0]
 
     fall_back_from_a_corrupt_latest_checkpoint(setup, job_id, corrupt)
 

@@ -1,13 +1,15 @@
 """Checkpoints on a real cluster: aligned barriers stall behind backpressure and time out, unaligned ones
 overtake the queued data and persist it, aligned_timeout switches only when it has to, a restore from a
 checkpoint taken under backpressure (with in-flight data) reproduces the exact output, aborted and incomplete
-checkpoints leave nothing usable behind, and savepoints are self-contained."""
+checkpoints leave nothing usable behind, savepoints are self-contained, and two checkpoints forced to overlap
+both complete, in order."""
 
 from __future__ import annotations
 
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,8 @@ from tests.support.checkpoints import (
     wait_running,
 )
 from tests.support.cluster import Cluster, assert_running_counts, committed_output, holds_for, logs, poll
+from tests.support.failover import WORKER_ARGS, assert_exact_output, install
+from tests.support.faulty_coordinator import launcher
 from tests.support.releasable_sink import release
 
 # -- 1: aligned vs unaligned under backpressure --------------------------------------------------------------
@@ -240,8 +244,8 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
 
 @pytest.mark.integration
 def test_savepoints_and_concurrent_unaligned_checkpoints_complete_in_order(running_cluster: Cluster) -> None:
-    """Whether two really overlap depends on timing here (they take a few ms on this job); the pure coordinator
-    and barrier handler tests pin the overlapping cases down exactly."""
+    """Whether two really overlap depends on timing here (they take a few ms on this job); the next test forces an
+    overlap, and the pure coordinator and barrier handler tests pin the overlapping cases down exactly."""
     cluster = running_cluster
     install_jobs(cluster)
     config = checkpoint_config("unaligned", interval_s=0.02, max_concurrent=2, tolerable_failures=0)
@@ -265,3 +269,54 @@ def test_savepoints_and_concurrent_unaligned_checkpoints_complete_in_order(runni
     completed = [h["checkpoint_id"] for h in ended if h["status"] == "COMPLETED" and not h["savepoint"]]
     assert status["last_checkpoint"]["checkpoint_id"] >= max(completed), (status, completed)
     cancel(cluster, job_id)
+
+
+@pytest.mark.integration
+def test_two_checkpoints_forced_to_overlap_both_complete_in_order_and_output_is_exact(cluster: Cluster) -> None:
+    """The overlap forced at an exact point: the coordinator holds the first `_metadata` write (every task has
+    acknowledged that checkpoint, it is not complete, no sink has committed it) until the next checkpoint has been
+    triggered and acknowledged by every task beside it; then both complete, in id order, and the sinks commit
+    both (two pending pre-commits each) with every count exactly once."""
+    setup = install(cluster, words=100_000)
+    held = cluster.tmp_path / "release-metadata"
+    cluster.start_coordinator(prefix=launcher(hold_first_metadata=str(held)))
+    for i in range(2):
+        cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
+    cluster.wait_workers(2)
+    job_id = setup.submit("wordcount", checkpoint={"interval_s": 0.2, "min_pause_s": 0, "max_concurrent": 2,
+                                                   "tolerable_failures": 0, "timeout_s": 60})
+
+    def entries() -> dict[int, dict[str, Any]]:
+        st = setup.status(job_id)
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{setup.logs()}"
+        return {h["checkpoint_id"]: h for h in cluster.call("checkpoints", {"job_id": job_id})["history"]}
+
+    def acked_not_complete(h: dict[str, Any]) -> bool:  # READY or WRITING: every ack in, no `_metadata` yet
+        return h["status"] == "IN_PROGRESS" and h["duration_s"] is not None
+
+    overlap: dict[int, dict[str, Any]] = {}
+
+    def both_acked() -> bool:
+        overlap.clear()
+        overlap.update({n: h for n, h in entries().items() if acked_not_complete(h)})
+        return len(overlap) == 2
+
+    poll(both_acked, 60, "a second checkpoint acknowledged by every task beside the held one")
+    first, second = sorted(overlap)
+    assert overlap[second]["started_at"] > overlap[first]["started_at"], overlap
+    history = entries()
+    assert all(h["status"] != "COMPLETED" for h in history.values()), history  # nothing completed yet
+    assert setup.status(job_id)["last_checkpoint"] is None
+    visible, pending = committed_output(setup.out)
+    assert not visible and pending, ("a sink committed before any checkpoint completed", visible, pending)
+    held.touch()
+    poll(lambda: all(entries()[n]["status"] == "COMPLETED" for n in (first, second)), 60, "both to complete")
+    assert setup.status(job_id)["last_checkpoint"]["checkpoint_id"] >= second  # the newer one completed last
+    release(cluster)  # the rest of the input at full speed
+    st = setup.wait_finished(job_id, 120)
+    assert st["restarts"] == 0 and st["checkpoints_failed"] == 0, st
+    assert "holding the _metadata write" in cluster.log("coordinator")
+    assert_exact_output(setup)
+    # both pre-commits were published: part-<subtask>-<checkpoint>-<attempt>-<n>, files of each checkpoint
+    published = {int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-")}
+    assert {first, second} <= published, (first, second, sorted(published))

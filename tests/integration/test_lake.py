@@ -6,6 +6,9 @@ configuration refused at submit in one line."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +67,7 @@ def _pipeline(job, source, sink):
 
 
 def files_to_iceberg(job: Job) -> None:
-    _pipeline(job, FileSource(INPUT, format="json", bounded=True),
+    _pipeline(job, FileSource(INPUT, format="json", monitor_interval=0.2),
               KillAfterSnapshot(CATALOG, "db.counts", columns=["key", "n"], delay_per_record_s=SINK_DELAY))
 
 
@@ -83,6 +86,7 @@ def continuous_to_delta(job: Job) -> None:
 
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
 KILLING_SINK_UID = "counts-table"
+STORE_STALL_S = 2.0
 
 
 def submit(cluster: Cluster, entry: str) -> str:
@@ -105,15 +109,6 @@ def wait_killed(cluster: Cluster, job_id: str, markers: Path, what: str) -> None
     poll(killed, 90, what, interval_s=0.25)
 
 
-def wait_finished(cluster: Cluster, job_id: str, timeout_s: float = 120) -> dict:
-    try:
-        st = cluster.wait_job(job_id, timeout_s)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{cluster.call('status', {'job_id': job_id})}\n{logs(cluster)}") from None
-    assert st["state"] == "FINISHED", f"{st}\n{logs(cluster)}"
-    return st
-
-
 def install(cluster: Cluster, *, table: str = "", sink_delay: float, catalog: dict[str, str] | None = None) -> Path:
     markers = cluster.tmp_path / "markers"
     markers.mkdir()
@@ -134,8 +129,9 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
     unaligned checkpoints. Files are there at the start, added while the job runs and after the committer
     SIGKILLed its worker right after its second Delta commit, before noting it anywhere: the restored job
     lists that commit's files again and must leave them out (the table's txn version for the app says they
-    are in). Then the job is rescaled 2 -> 3 from a checkpoint and more files come. The table ends with every
-    key's counts 1..n once, and no checkpoint committed twice."""
+    are in). The S3 server then stalls (stopped, continued) for a few checkpoint intervals. Then the job is
+    rescaled 2 -> 3 from a checkpoint and more files come. The table ends with every key's counts 1..n once, and
+    no checkpoint committed twice."""
     with running_s3() as s3:
         table = f"{in_bucket(cluster, s3)}/counts"
         in_dir = cluster.tmp_path / "in"
@@ -148,7 +144,14 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
         wait_killed(cluster, job_id, markers, "the sink to kill its worker after a Delta commit")
         replaced: set[int] = set()
         poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
-        records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
+        # the object store stalls mid-run (its process stopped, then continued) while files come: data files and
+        # commits wait on it, and the job rides it out
+        os.kill(s3.proc.pid, signal.SIGSTOP)
+        try:
+            records += write_input_files(in_dir, 2, 3000, first=4)  # after the restart
+            time.sleep(STORE_STALL_S)  # the fault's length: four checkpoint intervals
+        finally:
+            os.kill(s3.proc.pid, signal.SIGCONT)
         poll(lambda: delta_rows_now(table) >= len(records), 120, "every record in the table", interval_s=0.5)
         st = cluster.call("status", {"job_id": job_id})
         assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
@@ -180,11 +183,12 @@ def test_continuous_files_to_delta_on_s3_exactly_once_across_a_kill_after_a_tabl
 @pytest.mark.slow
 def test_iceberg_exactly_once_across_a_kill_after_a_snapshot_and_bad_tables_refused_at_submit(
         cluster: Cluster) -> None:
-    """Bounded FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite, the warehouse in a bucket of the
-    test S3 server), unaligned checkpoints; the committer SIGKILLs its worker right after the table's second
-    snapshot. The restore lists that snapshot's files again; the summaries say they are in, so no snapshot
-    repeats a checkpoint and every key's counts are 1..n once. Before it, jobs with an unwritable Delta path and
-    a missing Iceberg table are refused at submit, each in one line, and nothing is deployed."""
+    """FileSource -> keyed count -> IcebergSink (SQL catalog on SQLite, the warehouse in a bucket of the test S3
+    server), unaligned checkpoints; the committer SIGKILLs its worker right after the table's second snapshot,
+    and the S3 server then stalls (stopped, continued) while the job restores; then the job is rescaled 2 -> 3
+    and more files come. The restore lists that snapshot's files again; the summaries say they are in, so no
+    snapshot repeats a checkpoint and every key's counts are 1..n once. Before it, jobs with an unwritable Delta
+    path and a missing Iceberg table are refused at submit, each in one line, and nothing is deployed."""
     pytest.importorskip("pyiceberg", reason="pyiceberg is not installed (the `iceberg` extra)")
     with running_s3() as s3:
         iceberg_in_s3(cluster, s3)
@@ -198,7 +202,8 @@ def iceberg_in_s3(cluster: Cluster, s3: S3Server) -> None:
     # the object store's environment, which the catalog's FileIO takes too
     catalog = {**sqlite_catalog(cluster.tmp_path / "iceberg"), "warehouse": f"{in_bucket(cluster, s3)}/warehouse"}
     make_counts_table(catalog)
-    records = write_input_files(cluster.tmp_path / "in", 4, 3000)
+    in_dir = cluster.tmp_path / "in"
+    records = write_input_files(in_dir, 4, 3000)
     markers = install(cluster, sink_delay=0.0003, catalog=catalog)  # a few checkpoints long
     cluster.start(2, worker_args=WORKER_ARGS, worker_ids=True)
     (markers / "blocker").write_text("a file where the table's parent directory should be")
@@ -214,8 +219,25 @@ def iceberg_in_s3(cluster: Cluster, s3: S3Server) -> None:
     wait_killed(cluster, job_id, markers, "the sink to kill its worker after an Iceberg snapshot")
     replaced: set[int] = set()
     poll(lambda: replace_dead_workers(cluster, replaced, WORKER_ARGS) == 1, 10, "the killed worker to die")
-    st = wait_finished(cluster, job_id)
-    assert st["restarts"] >= 1, st
+    # the warehouse's store stalls while the job restores and goes on: data files and snapshots wait on it
+    os.kill(s3.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(STORE_STALL_S)  # the fault's length
+    finally:
+        os.kill(s3.proc.pid, signal.SIGCONT)
+    poll(lambda: len(iceberg_rows(catalog)) >= len(records), 120, "every record in the table", interval_s=0.5)
+    st = cluster.call("status", {"job_id": job_id})
+    assert st["restarts"] >= 1 and st["state"] == "RUNNING", f"{st}\n{logs(cluster)}"
+    # rescaled 2 -> 3 from a checkpoint: the sink's pending snapshot entries are dealt to three subtasks, the new
+    # subtask 0 commits; files added after it are read once and every row is still in the table once
+    proc = sluice(cluster, "rescale", job_id, "--parallelism", "3")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr, logs(cluster))
+    records += write_input_files(in_dir, 2, 3000, first=4)
+    poll(lambda: len(iceberg_rows(catalog)) >= len(records), 120, "every record in the rescaled table",
+         interval_s=0.5)
+    rescaled = cluster.call("status", {"job_id": job_id})
+    assert rescaled["state"] == "RUNNING" and {v["parallelism"] for v in rescaled["vertices"]} == {3}, rescaled
+    cluster.call("cancel", {"job_id": job_id})
     rows = iceberg_rows(catalog)
     assert not wrong_counts(rows, records), wrong_counts(rows, records)
     assert len(rows) == len(records)

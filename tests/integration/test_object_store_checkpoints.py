@@ -1,28 +1,35 @@
 """Checkpoints in an S3-compatible object store (moto's server, a real HTTP server in its own process): the
 coordinator writes `_metadata` there, workers upload their task files there, a failover restores from there
-with exact output, retention deletes there, and a corrupt object makes failover fall back to the checkpoint
-before, as with local files. Nothing lands in the local state directory's checkpoints/."""
+with exact output, retention deletes there, and a missing channel-state segment makes failover fall back to the
+checkpoint before, as with local files; a paused server times checkpoints out but stops no task, and a wiped
+bucket fails the job cleanly. Nothing lands in the local state directory's checkpoints/."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from coordinator.storage import METADATA_FILE
 from runtime.cli.processes import child_env
 from runtime.common import objectstore
-from tests.support.cluster import Cluster, poll
+from tests.support.cluster import Cluster, committed_output, poll
 from tests.support.failover import (
     assert_exact_output,
     fall_back_from_a_corrupt_latest_checkpoint,
     install,
     kill_once_and_recover,
+    kill_worker_running,
+    own_segments,
+    restart_worker,
     start,
     wait_first_checkpoint,
 )
@@ -61,8 +68,10 @@ def test_worker_killed_job_restores_from_the_object_store_and_output_is_exact(cl
     assert not os.path.exists(os.path.join(cluster.local.state_dir or "", "checkpoints")), "local checkpoints"
 
 
-def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(cluster: Cluster,
-                                                                               s3: S3Server) -> None:
+def test_a_segment_deleted_under_the_latest_checkpoint_falls_back_to_the_one_before(cluster: Cluster,
+                                                                                    s3: S3Server) -> None:
+    """A shared channel-state segment the latest checkpoint wrote and lists is deleted from the bucket: failover
+    skips that checkpoint for the one before, with exact output (test_checkpoint_integrity.py: one flipped)."""
     root = in_bucket(cluster, s3)
     setup = install(cluster, words=100_000, sink_delay=0.0003)  # ~15 s, sink-bound: runs on after ~30k
     start(cluster, 3, "--checkpoint-dir", root)
@@ -70,11 +79,11 @@ def test_a_corrupt_object_in_the_latest_checkpoint_falls_back_to_the_one_before(
 
     def corrupt(path: str) -> str:
         assert path.startswith(root), path
-        state = sorted(n for n in objectstore.list_children(path) if n.endswith(".state"))[-1]
-        key = f"{path}/{state}"
-        data = objectstore.read(key)
-        objectstore.write(key, data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
-        return state
+        metadata = json.loads(objectstore.read(f"{path}/{METADATA_FILE}"))
+        segments = own_segments(metadata, metadata["checkpoint_id"])
+        assert segments, f"the latest checkpoint (under backpressure) wrote no channel-state segment: {metadata}"
+        objectstore.delete(f"{objectstore.dirname(path)}/shared/{segments[0]}")
+        return segments[0]
 
     fall_back_from_a_corrupt_latest_checkpoint(setup, job_id, corrupt)
 
@@ -129,3 +138,58 @@ def test_a_checkpoint_dir_in_a_bucket_that_cannot_be_used_stops_the_coordinator_
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and len(lines[0]) < 200, proc.stderr
     assert lines[0].startswith(f"sluice coordinator: object store {root}: ") and reason in lines[0], lines[0]
+
+
+def test_a_paused_server_times_checkpoints_out_while_records_flow_and_a_wiped_bucket_fails_the_job_cleanly(
+        cluster: Cluster, s3: S3Server) -> None:
+    """The S3 server stopped (SIGSTOP: it holds its connections and answers nothing) right after a checkpoint
+    completed: the next checkpoint times out while the tasks go on processing records, and once the server goes on
+    checkpoints complete again. Then the bucket's checkpoints are wiped and a worker killed: the restart finds
+    nothing of what the job's record names, fails the job in one line saying so, and no count is committed
+    twice (test_missing_checkpoints.py, local files, the same)."""
+    root = in_bucket(cluster, s3)
+    setup = install(cluster, words=120_000, sink_delay=0.0002)  # sink-bound ~12 s: runs past every step
+    start(cluster, 2, "--checkpoint-dir", root)
+    job_id = setup.submit("wordcount", checkpoint={"timeout_s": 1.5, "tolerable_failures": 100},
+                          restart={"delay_s": 1.0})
+    wait_first_checkpoint(setup, job_id)
+
+    def failed() -> list[dict[str, Any]]:  # `checkpoints` also lists the bucket: only once it answers again
+        return [h for h in cluster.call("checkpoints", {"job_id": job_id})["history"] if h["status"] == "FAILED"]
+
+    def records_in() -> int:
+        return sum(t["records_in"] for t in setup.status(job_id)["tasks"])
+
+    completed_before = setup.status(job_id)["checkpoints_completed"]
+    poll(lambda: setup.status(job_id)["checkpoints_completed"] > completed_before, 30, "a checkpoint to complete",
+         interval_s=0.02)
+    s3.pause()  # the next trigger is an interval (0.5 s) away: nothing is writing `_metadata` now
+    try:
+        flowing = records_in()
+        poll(lambda: setup.status(job_id)["checkpoints_failed"] > 0, 30,
+             "a checkpoint to fail while the store answers nothing")
+        st = setup.status(job_id)
+        assert st["state"] == "RUNNING" and st["restarts"] == 0, st
+        assert st["checkpoints_completed"] == completed_before + 1, st
+        assert records_in() > flowing, "the tasks stopped processing while the object store hung"
+    finally:
+        s3.resume()
+    timed_out = failed()
+    assert timed_out and all(h["failure_reason"] == "timeout after 1.5 s" for h in timed_out), timed_out
+    last_failed = max(h["checkpoint_id"] for h in timed_out)
+    poll(lambda: (setup.status(job_id)["last_checkpoint"] or {}).get("checkpoint_id", 0) > last_failed, 60,
+         "a checkpoint to complete once the store answers again")
+
+    st = setup.status(job_id)
+    victim = kill_worker_running(cluster, st, 0)
+    objectstore.remove_tree(f"{root}/{job_id}")  # the bucket wiped (or its objects expired) under the job
+    assert completed(root, job_id) == []
+    restart_worker(cluster, victim)
+    st = cluster.wait_job(job_id, 60)
+    assert st["state"] == "FAILED", f"{st}\n{setup.logs()}"
+    recorded = st["last_checkpoint"]
+    assert "\n" not in st["error"] and "missing" in st["error"], st["error"]
+    assert f"checkpoint {recorded['checkpoint_id']}" in st["error"] and recorded["path"] in st["error"], st
+    counts, _ = committed_output(setup.out)
+    duplicated = {k: [n for n, m in Counter(v).items() if m > 1] for k, v in counts.items()}
+    assert not any(duplicated.values()), {k: v[:5] for k, v in duplicated.items() if v}

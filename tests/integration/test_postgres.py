@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is not installed (th
 
 from netstack.errors import RpcError  # noqa: E402
 from runtime.checkpointing.rescaling import rescale_sinks  # noqa: E402
+from runtime.connectors.pgoutput import parse_lsn  # noqa: E402
 from runtime.connectors.postgres_cdc import PostgresCdcSource, SlotGone  # noqa: E402
 from runtime.connectors.postgres_sink import PostgresSink  # noqa: E402
 from tests.support.postgres_tables import (  # noqa: E402
@@ -65,12 +67,16 @@ def read(source: PostgresCdcSource, replica: Replica, *, limit: int | None = Non
 
     def more() -> bool:
         nonlocal read_n
-        batch = source.read_batch(100 if limit is None else min(100, limit - read_n))
-        assert batch is not None
-        for change in batch:
-            replica.apply(change)
-        read_n += len(batch)
-        return (limit is not None and read_n >= limit) or (until is not None and until())
+        while True:  # on until nothing is ready (a snapshot row is a batch of its own)
+            batch = source.read_batch(100 if limit is None else min(100, limit - read_n))
+            assert batch is not None
+            for change in batch:
+                replica.apply(change)
+            read_n += len(batch)
+            if limit is not None and read_n >= limit:
+                return True
+            if not batch:
+                return until is not None and until()
 
     wait_until(more, timeout_s, f"the source to read {limit if limit is not None else 'up to the table'}")
 
@@ -183,6 +189,27 @@ def test_a_column_added_mid_stream_then_a_dropped_slot_and_a_missing_publication
     read(source, replica, limit=2)
     assert replica.rows[11] == {"id": 11, "customer": "c00", "amount": 5, "note": "new"}
     assert replica.rows[1]["note"] == "old" and set(replica.rows[1]) == {"id", "customer", "amount", "note"}
+    # the lag figures against the server's: one change of a transaction of three handed on
+    committed_after = time.time()
+    execute(dsn, "INSERT INTO orders VALUES (12, 'c01', 1, ''), (13, 'c01', 2, ''), (14, 'c01', 3, '')")
+    read(source, replica, limit=1)
+    lag = source.statistics()
+    server_wal = parse_lsn(execute(dsn, "SELECT pg_current_wal_lsn()::text")[0][0])
+    assert 0 < lag["replication_lag_bytes"] <= server_wal - parse_lsn(source.position()["lsn"]), (lag, server_wal)
+    assert 0 <= lag["replication_lag_seconds"] <= time.time() - committed_after + 0.01, lag
+    read(source, replica, limit=2)
+    # caught up, while the server goes on with a table the source does not read: no lag (that WAL is no change
+    # of its tables, and has no position to move to)
+    handed = parse_lsn(source.position()["lsn"])
+    execute(dsn, "CREATE TABLE unread (a int)", "INSERT INTO unread SELECT generate_series(1, 1000)")
+
+    def caught_up() -> bool:
+        assert source.read_batch(100) == []
+        assert source._reader is not None
+        lag = source.statistics()
+        return source._reader.wal_end > handed and lag["replication_lag_bytes"] == lag["replication_lag_seconds"] == 0
+
+    wait_until(caught_up, 20, "the source to report no lag once the server sent WAL past its position")
     position = source.position()
     source.close()
     wait_until(lambda: execute(dsn, "SELECT active FROM pg_replication_slots")[0][0] is False, 10,
@@ -240,6 +267,7 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
     sink.snapshot_state(1)
     settles(prepared, ["sluice:jobA:public.events:0:1"])
     assert rows("events") == []  # durable, invisible
+    assert sink.statistics() == {"open_prepared_transactions": 1, "rows_written": 3}
     sink.write({"k": "b", "n": 9})
     state2 = sink.snapshot_state(2)
     # checkpoint 1 is still prepared (its completion notice not here yet): checkpoint 2's rows wait, since
@@ -247,11 +275,13 @@ def test_sink_prepares_at_the_snapshot_commits_on_completion_and_resolves_by_id(
     assert untokened(state2) == [[1, "sluice:jobA:public.events:0:1", [a0, a1, a2]],
                                  [2, "sluice:jobA:public.events:0:2", [b9]]]
     assert prepared() == ["sluice:jobA:public.events:0:1"]
+    assert sink.statistics()["open_prepared_transactions"] == len(state2["pending"]) == 2  # one prepared, one waiting
     sink.close()  # a crash: checkpoint 2 had completed, but no commit ran. The restore commits 1 and writes 2
     restored = events_sink(1)
     restored.restore_state(state2)
     settles(lambda: rows("events"), [a0, a1, a2, b9])
     assert prepared() == []
+    settles(lambda: restored.statistics()["open_prepared_transactions"], 0)
     restored.close()
     restored = events_sink(2)  # and a crash right after that restore: the marker rows say both are committed
     restored.restore_state(state2)
@@ -335,6 +365,12 @@ def test_bad_configuration_is_one_clear_line(pg: PostgresServer) -> None:
     reader = dsn.replace("user=sluice", "user=reader")
     assert PostgresSink(reader, "totals", key=["k"]).check_submission(restore=False) == (
         "PostgresSink public.totals: user reader has no INSERT privilege on the table")
+    assert PostgresCdcSource(reader, ["totals"]).check_submission(restore=False) == (
+        "PostgresCdcSource: the user has no REPLICATION privilege (ALTER ROLE ... WITH REPLICATION)")
+    execute(dsn, "ALTER ROLE reader WITH REPLICATION", "REVOKE SELECT ON totals FROM reader")
+    assert PostgresCdcSource(reader, ["totals"]).check_submission(restore=False) == (
+        "PostgresCdcSource: no SELECT privilege on public.totals")
+    assert PostgresCdcSource(closed, ["totals"]).check_submission(restore=False) == problem
     # a new job while an earlier run's prepared transactions of this sink are left
     left = PostgresSink(dsn, "totals", key=["k"])
     left.open(0, 1, 0)
@@ -359,6 +395,7 @@ JOB = '''
 from runtime.api import Job, KeyedProcessFunction, PostgresCdcSource, PostgresSink
 
 DSN = {dsn!r}
+SQL = {sql!r}
 
 
 class Totals(KeyedProcessFunction):
@@ -383,15 +420,32 @@ def build(job: Job) -> None:
     totals = (job.source(PostgresCdcSource(DSN, ["orders"], slot="job_slot", chunk_rows=500), parallelism=2)
               .key_by(lambda change: (change["after"] or change["before"])["customer"])
               .process(Totals(), parallelism=2))
-    totals.sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
+    # an upsert sink's input keyed by its key: a customer's rows reach one sink subtask, also after a rescale
+    # (two subtasks upserting one key in the same checkpoint would race)
+    totals.key_by(lambda row: row["customer"]).sink(PostgresSink(DSN, "totals", key=["customer"]), name="totals")
     totals.sink(PostgresSink(DSN, "history", mode="append", columns=["customer", "version", "total"]),
                 name="history")
+    job.sql(SQL)  # the same totals through a postgres-cdc table, GROUP BY and a jdbc upsert table
 
 
 def bad_dsn(job: Job) -> None:
     job.source(PostgresCdcSource(DSN, ["orders"], slot="bad_slot")).sink(PostgresSink(DSN, "nosuchtable",
                                                                                       key=["k"]))
 '''
+
+# the SQL way, in the same job (so through the same kill, server restart and rescale): an update is -U and +U,
+# which a batch or a checkpoint may split, and a restore must resume between them
+SQL = """
+CREATE TABLE order_changes (id BIGINT, customer STRING, amount BIGINT)
+  WITH ('connector' = 'postgres-cdc', 'hostname' = '127.0.0.1', 'port' = '{port}', 'username' = 'sluice',
+        'database-name' = 'cdc_job', 'table-name' = 'orders', 'slot.name' = 'sql_slot',
+        'debezium.publication.name' = 'sluice');
+CREATE TABLE sql_totals (customer STRING, total BIGINT, orders BIGINT, PRIMARY KEY (customer) NOT ENFORCED)
+  WITH ('connector' = 'jdbc', 'url' = 'jdbc:postgresql://127.0.0.1:{port}/cdc_job', 'table-name' = 'sql_totals',
+        'username' = 'sluice');
+INSERT INTO sql_totals SELECT customer, SUM(amount), COUNT(*) FROM order_changes GROUP BY customer;
+"""
+SQL_SOURCE = "Source: order_changes"
 
 WORKER_ARGS = ("--heartbeat-interval", "0.25s")
 
@@ -409,8 +463,9 @@ def expected_totals(dsn: str) -> dict[str, tuple[int, int]]:
         dsn, "SELECT customer, sum(amount), count(*) FROM orders GROUP BY customer")}
 
 
-def job_totals(dsn: str) -> dict[str, tuple[int, int]]:
-    return {c: (int(t), int(n)) for c, t, n, _ in execute(dsn, "SELECT * FROM totals") if n > 0}
+def job_totals(dsn: str, table: str = "totals") -> dict[str, tuple[int, int]]:
+    return {row[0]: (int(row[1]), int(row[2])) for row in execute(dsn, f"SELECT * FROM {table}")  # noqa: S608
+            if row[2] > 0}
 
 
 @pytest.mark.slow
@@ -418,8 +473,9 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
     dsn = new_database(pg, "cdc_job")
     make_orders(dsn, INITIAL_ORDERS, customers=CUSTOMERS)
     execute(dsn, "CREATE TABLE totals (customer text PRIMARY KEY, total bigint, orders int, version int)",
-            "CREATE TABLE history (customer text, version int, total bigint)")
-    write_module(cluster.tmp_path, "pgjobs", JOB.format(dsn=dsn))
+            "CREATE TABLE history (customer text, version int, total bigint)",
+            "CREATE TABLE sql_totals (customer text PRIMARY KEY, total bigint, orders bigint)")
+    write_module(cluster.tmp_path, "pgjobs", JOB.format(dsn=dsn, sql=SQL.format(port=pg.port)))
     cluster.start(3, worker_args=WORKER_ARGS, worker_ids=True)
     refused = "job pgjobs:bad_dsn: PostgresSink public.nosuchtable: no such table"
     with pytest.raises(RpcError, match=refused):
@@ -468,15 +524,18 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
 
         # the source, the aggregation and both sinks rescaled from 2 to 3 subtasks while changes flow: each
         # source subtask's slot and position moves whole to a new subtask, the sinks' batches are dealt to the
-        # new subtasks and resolved there
+        # new subtasks and resolved there; the SQL table's source goes from 1 to 2 (its one reader moves whole)
         lag = [k for k in scrape_workers(cluster) if k.startswith("sluice_postgres_replication_lag_seconds{")]
-        assert len(lag) == 2 and all('task="PostgresCdcSource"' in k for k in lag), lag  # one per subtask
+        assert sorted(k.split(',task="')[1].split('"')[0] for k in lag) == sorted(
+            ["PostgresCdcSource"] * 2 + [SQL_SOURCE]), lag  # one per subtask
+        tasks_before = len(found["tasks"])
         before_rescale = writer.transactions
         cluster.call("rescale", {"job_id": job_id, "parallelism": {"PostgresCdcSource": 3, "Totals": 3, "totals": 3,
-                                                                   "history": 3}})
+                                                                   "history": 3, SQL_SOURCE: 2}})
         wait_until(lambda: writer.transactions >= before_rescale + 200, 60, "the writer to go on after the rescale")
         rescaled_at = last_checkpoint()
-        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == 12, 90, "a checkpoint at parallelism 3")
+        poll(lambda: checkpointed(rescaled_at) and len(found["tasks"]) == tasks_before + 5, 90,
+             "a checkpoint at parallelism 3")
     finally:
         writer.stop()
 
@@ -488,6 +547,10 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
         got = job_totals(dsn)
         wrong = {c: (expected.get(c), got.get(c)) for c in set(expected) | set(got) if expected.get(c) != got.get(c)}
         raise AssertionError(f"{exc}: (expected, got) {wrong}\n{logs(cluster)}") from None
+    poll(lambda: job_totals(dsn, "sql_totals") == expected, 60, "the SQL job's totals table to match the orders")
+    # caught up: the sources report no replication lag, though the sinks' tables keep writing WAL
+    poll(lambda: {v for k, v in scrape_workers(cluster).items()
+                  if k.startswith("sluice_postgres_replication_lag_")} == {0.0}, 30, "no replication lag")
     totals = {c: (int(t), int(v)) for c, t, _, v in execute(dsn, "SELECT * FROM totals")}
     history: dict[str, list[tuple[int, int]]] = defaultdict(list)
 
@@ -506,11 +569,12 @@ def test_cdc_to_totals_survives_kill_9_and_a_server_restart_exactly(pg: Postgres
     assert st["state"] == "RUNNING" and st["restarts"] == 1, f"{st}\n{logs(cluster)}"
     metrics = scrape_workers(cluster)
     prepared = {k: v for k, v in metrics.items() if k.startswith("sluice_postgres_open_prepared_transactions{")}
-    assert len(prepared) == 6 and all(0 <= v <= 3 for v in prepared.values()), prepared  # 2 sinks x 3 subtasks
+    # 2 sinks x 3 subtasks, and the SQL job's sink
+    assert len(prepared) == 7 and all(0 <= v <= 3 for v in prepared.values()), prepared
     assert sum(v for k, v in metrics.items() if k.startswith("sluice_postgres_rows_written_total{")) > 0
     cluster.call("cancel", {"job_id": job_id})
     cluster.wait_job(job_id, 60)
-    assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] <= 2  # at most the last checkpoint's
+    assert execute(dsn, "SELECT count(*) FROM pg_prepared_xacts")[0][0] <= 3  # at most the last checkpoint's
 
 
 
@@ -624,7 +688,15 @@ INSERT INTO per_region SELECT loud, COUNT(*) FROM customer_changes GROUP BY loud
         wait_until(read_changes(20), 30, "the snapshot's 20 rows")
         assert sorted(changes) == sorted(("+I", (c, r, r.upper())) for c, r in regions.items())
         execute(dsn, "UPDATE customers SET region = 'central' WHERE id = 3", "DELETE FROM customers WHERE id = 4")
-        wait_until(read_changes(23), 30, "an update and a delete")
+        # a batch of one record ends inside the update: the position says so, and a restore resumes there
+        wait_until(lambda: bool(changes.extend(table_source.read_batch(1) or []) or len(changes) == 21), 30,
+                   "the update's first record")
+        inside_update = table_source.position()
+        assert changes[20:] == [("-U", (3, "west", "WEST"))] and inside_update["rows"] == 1, inside_update
+        table_source.close()
+        table_source.open(0, 1)
+        table_source.restore(inside_update)
+        wait_until(read_changes(23), 30, "the rest of the update and a delete")
         assert changes[20:] == [("-U", (3, "west", "WEST")), ("+U", (3, "central", "CENTRAL")),
                                 ("-D", (4, "north", "NORTH"))]
     finally:

@@ -4,8 +4,10 @@
    KeyedBroadcastProcessFunction, into a slow file sink: rescaled 2 -> 3 -> 1 while backpressured, through
    unaligned checkpoints with data in flight on both inputs of both two-input tasks. The rules source is short
    and has finished before the rescales, which rescale it too (the idea of Flink's FLIP-147: the checkpoint
-   records it as finished, its new subtasks start finished). Every order id comes out exactly once, and every
-   subtask of every attempt opens with all the rules (the new ones get a copy).
+   records it as finished, its new subtasks start finished), with a worker killed (kill -9) after the rules
+   finished, after the rescale to 3 and after the rescale to 1. Every order id comes out exactly once, and
+   every subtask of every attempt after the rules opens with all the rules (the new ones get a copy, the
+   restored ones their checkpoint's).
 2. One input far slower than the other, the other backpressured: unaligned checkpoints complete in well under
    a second (the barrier overtakes what is queued on both inputs) while an aligned one waits behind the fast
    input's queue until it times out.
@@ -23,7 +25,7 @@ import pytest
 from runtime.connectors.generator import generate_block, key_names
 from runtime.graph.enums import JobState
 from tests.support.checkpoints import history_entry
-from tests.support.cluster import Cluster, committed_rows, logs, poll, write_module
+from tests.support.cluster import Cluster, committed_rows, kill_worker, logs, poll, write_module
 from tests.support.releasable_sink import RELEASABLE_SINK, release, release_path
 
 JOBS = '''
@@ -146,6 +148,27 @@ def rescale(cluster: Cluster, job_id: str, parallelism: int) -> dict[str, Any]:
     return result
 
 
+def kill_and_recover(cluster: Cluster, job_id: str, parallelism: int, *, backpressured: bool = True) -> None:
+    """kill -9 a worker hosting an enrich subtask and start it again under its id; the job restarts
+    from its latest checkpoint and runs its join at `parallelism` again (backpressured, unless told not to wait)."""
+    found: dict[str, Any] = {}
+
+    def hosting() -> bool:  # right after a restart the tasks have not reported yet
+        found.update(cluster.call("status", {"job_id": job_id}))
+        return any(t["name"].startswith("enrich") and t["state"] == "running" for t in found["tasks"])
+
+    poll(hosting, 60, "an enrich task to run")
+    st = dict(found)
+    victim = min((t["task"], t["worker"]) for t in st["tasks"]
+                 if t["name"].startswith("enrich") and t["state"] == "running")[1]
+    kill_worker(cluster, victim)
+    cluster.start_worker(worker_id=victim)
+    poll(lambda: cluster.call("status", {"job_id": job_id})["attempt"] > st["attempt"], 60,
+         f"job {job_id} to restart after worker {victim} was killed")
+    if backpressured:
+        wait_backpressured(cluster, job_id, "join", parallelism)
+
+
 def expected_pairs() -> dict[int, tuple[str, str]]:
     customers, methods = key_names(100), key_names(3)
     orders = [r for b in range(-(-IDS // 1024))
@@ -157,10 +180,11 @@ def expected_pairs() -> dict[int, tuple[str, str]]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(running_cluster: Cluster) -> None:
+def test_join_and_broadcast_state_rescaled_2_3_1_under_three_kills_are_exact(running_cluster: Cluster) -> None:
     cluster = running_cluster
     t0 = time.monotonic()
-    job_id, out = submit(cluster, "pipeline", config("unaligned", 0.5, SMALL))
+    restarts = {"restart": {"kind": "fixed", "max_attempts": 5, "delay_s": 0.2, "slot_wait_s": 60}}
+    job_id, out = submit(cluster, "pipeline", {**config("unaligned", 0.5, SMALL), **restarts})
     wait_backpressured(cluster, job_id, "join", 2)
     poll(lambda: cluster.call("status", {"job_id": job_id})["tasks_finished"] >= 1, 30, "the rules task to finish")
     done = cluster.call("status", {"job_id": job_id})["checkpoints_completed"]
@@ -170,15 +194,20 @@ def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(ru
     # only the rules task has finished: the orders and payments go on (the rescales find data in flight)
     assert st["state"] == JobState.RUNNING and st["tasks_finished"] == 1, st
     phases = [f"rules finished {time.monotonic() - t0:.1f}s"]
+    kill_and_recover(cluster, job_id, 2)  # restored with the rules in its broadcast state, the rules task finished
+    phases.append(f"killed and recovered {time.monotonic() - t0:.1f}s")
     downtimes = [rescale(cluster, job_id, 3)["downtime_s"]]
     wait_backpressured(cluster, job_id, "join", 3)
-    phases.append(f"rescaled to 3 and backpressured {time.monotonic() - t0:.1f}s")
+    kill_and_recover(cluster, job_id, 3)
+    phases.append(f"rescaled to 3, killed and recovered {time.monotonic() - t0:.1f}s")
     downtimes.append(rescale(cluster, job_id, 1)["downtime_s"])
-    phases.append(f"rescaled to 1 {time.monotonic() - t0:.1f}s")
+    kill_and_recover(cluster, job_id, 1, backpressured=False)
+    phases.append(f"rescaled to 1, killed {time.monotonic() - t0:.1f}s")
     release(cluster)  # the rest of the input at full speed
     final = cluster.wait_job(job_id, timeout_s=120)
     phases.append(f"finished {time.monotonic() - t0:.1f}s")
-    assert final["state"] == JobState.FINISHED and final["attempt"] == 2 and final["restarts"] == 0, (
+    # 2 rescales and 3 restarts, each a new attempt
+    assert final["state"] == JobState.FINISHED and final["attempt"] == 5 and final["restarts"] == 3, (
         final, logs(cluster))
     poll(lambda: not committed_rows(out)[1], 15, "the final commit (no in-progress files left)")
     rows = [json.loads(line) for line, n in committed_rows(out)[0].items() for _ in range(n)]
@@ -190,9 +219,12 @@ def test_join_and_broadcast_state_rescaled_2_3_1_under_backpressure_are_exact(ru
     ids = [r[1] for r in joined]
     assert len(ids) == len(set(ids)) == IDS, (len(ids), len(set(ids)))
     assert all(pairs[r[1]] == (r[2], r[3]) for r in joined)
-    # the new subtasks of both rescales opened with all five rules; and with them every row is right
-    assert sorted((r[1], r[2]) for r in opened) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)], opened
-    assert all(r[3] == RULE_NAMES for r in opened if r[2] != 2), opened
+    # every subtask of every parallelism opened (an attempt killed before its first commit left no row); only
+    # the first attempt's two, before the rules came, without rules: the new subtasks of both rescales and the
+    # restored ones opened with all five; and with them every row is right
+    assert {(r[1], r[2]) for r in opened} == {(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)}, opened
+    early = [r for r in opened if r[3] != RULE_NAMES]
+    assert len(early) <= 2 and all(r[2] == 2 and r[3] == [] for r in early), opened
     assert all(r[5] == [n for n in RULE_NAMES if r[1] % 1000 > int(n[1:]) * 200] for r in joined if r[4] == 5)
     assert sum(r[4] == 5 for r in joined) > IDS // 2, "most rows were joined after the rules arrived"
 

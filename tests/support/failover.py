@@ -287,6 +287,16 @@ def committed_by(setup: Setup) -> list[int]:
     return sorted(int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-"))
 
 
+def own_segments(metadata: dict[str, Any], checkpoint_id: int) -> list[str]:
+    """The channel-state segments (`shared/chan-...`) a checkpoint's `_metadata` lists that this checkpoint wrote
+    itself: no earlier checkpoint references them, so damaging one leaves the checkpoint before intact."""
+    from runtime.common.retention import segment_writer
+
+    names = {str(entry[0]) for ack in metadata["acks"].values() for entry in (ack.get("state") or {}).get("segments")
+             or ()}
+    return sorted(n for n in names if segment_writer(n) == checkpoint_id)
+
+
 def fall_back_from_a_corrupt_latest_checkpoint(setup: Setup, job_id: str, corrupt: Callable[[str], str]) -> None:
     """Two manual checkpoints 10k records apart while the job (manual checkpoints only) runs; `corrupt(path)`
     damages a state file of the second (its path) and returns the file's name; the worker of sink subtask 0 is

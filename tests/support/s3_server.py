@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -86,6 +87,14 @@ class S3Server:
                                     timeout=30) as response:
             assert response.status == 200, response.status
 
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its port and accepts connections (the kernel's backlog) but answers nothing,
+        as a hung or partitioned store does. `resume` (or `stop`) ends it."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         _stop(self.proc)
 
@@ -99,6 +108,8 @@ class S3Server:
 
 def _stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)  # a paused server would not act on SIGTERM
         proc.terminate()
         try:
             proc.wait(10)

@@ -4,9 +4,12 @@ through a restore from a position, files added later included."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from runtime.connectors.file_source import FileDiscovery, FileSource, owner_of, visible
 
@@ -136,3 +139,41 @@ def test_every_file_is_read_once_across_a_rescale_from_two_to_three(tmp_path: Pa
                 break
             rest += batch
     assert sorted(first + rest) == sorted(expected)
+
+
+def test_parquet_objects_under_an_s3_prefix_are_read_once_across_a_restore_and_new_ones_picked_up() -> None:
+    """The test S3 server (moto's, a process of its own): Parquet objects under a prefix, `columns` picking
+    two of three in the order asked, a restore from a position inside an object, an object uploaded after it;
+    a bucket that is not there is one line at submit."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from runtime.common import objectstore
+    from tests.support.object_store import running_s3
+
+    def upload(root: str, name: str, rows: list[tuple[int, int]]) -> None:
+        out = io.BytesIO()
+        pq.write_table(pa.table({"k": [r[0] for r in rows], "n": [r[1] for r in rows],
+                                 "pad": ["x"] * len(rows)}), out)
+        objectstore.write(objectstore.join(root, name), out.getvalue())
+
+    with running_s3() as s3:
+        s3.create_bucket("lake")
+        root = "s3://lake/in"
+        for i in range(3):
+            upload(root, f"part-{i}.parquet", [(i, n) for n in range(10)])
+        upload(root, "_tmp/part-9.parquet", [(9, 9)])  # hidden: in progress
+        source = FileSource(root, format="parquet", monitor_interval=0.001, columns=["n", "k"])
+        source.check_config()
+        source.open(0, 1)
+        first, position = read_all(source, limit=15)
+        source.close()
+        upload(root, "part-3.parquet", [(3, n) for n in range(4)])
+        again = FileSource(root, format="parquet", monitor_interval=0.001, columns=["n", "k"])
+        again.open(0, 1)
+        rest, _ = read_all(again, position=position)
+        expected = [(n, i) for i in range(3) for n in range(10)] + [(n, 3) for n in range(4)]
+        assert sorted(first + rest) == sorted(expected)
+        assert len(first) == 15 and again.files_pending() == 0 and again.files_read == 3  # 1 was done before
+        with pytest.raises(ValueError) as missing:
+            FileSource("s3://no-such-bucket/in", format="parquet").check_config()
+        assert str(missing.value).startswith("FileSource s3://no-such-bucket/in: ") and "\n" not in str(missing.value)

@@ -4,9 +4,19 @@ batches, and the source's regions (which changes the stream emits after a resume
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from runtime.connectors.pgoutput import parse_lsn
-from runtime.connectors.postgres_cdc import CdcPosition, Regions, change_key, key_partition, key_text, partition_sql
+from runtime.connectors.postgres_cdc import (
+    _NO_RECORD,
+    CdcPosition,
+    ChangeQueue,
+    Regions,
+    change_key,
+    key_partition,
+    key_text,
+    partition_sql,
+)
 from runtime.connectors.postgres_sink import (
     GID_MAX,
     gid_prefix,
@@ -92,6 +102,64 @@ def test_positions_round_trip_through_checkpoint_state() -> None:
     assert state == {"regions": [[0, None, 100], [0, [5, "x"], 200]], "snapshot": [1, [7]], "lsn": "0/1A2B",
                      "skip": 2}
     assert CdcPosition.from_state(state) == position
+
+
+def at(lsn: int, skip: int = 0) -> CdcPosition:
+    return CdcPosition(Regions(((0, None, 10),)), None, lsn, skip)
+
+
+def expand(change: dict[str, Any]) -> list[Any]:
+    """As a SQL table's changes: an update is two records."""
+    return [("-U", change["id"]), ("+U", change["id"])] if change["op"] == "u" else [(change["op"], change["id"])]
+
+
+def queued(*changes: dict[str, Any]) -> ChangeQueue:
+    """A queue as the reader fills it: a position-only entry, an update and an insert in one transaction (at
+    LSN 40, skipping 1 after the update), and a delete in the next (at 50)."""
+    changes_queue = ChangeQueue()
+    changes_queue.entries.extend([(_NO_RECORD, at(30)), (changes[0], at(30, 1)), (changes[1], at(40)),
+                                  (changes[2], at(50))])
+    return changes_queue
+
+
+UPDATE, INSERT, DELETE = ({"op": "u", "id": 1, "ts_ms": 5}, {"op": "c", "id": 2, "ts_ms": 5},
+                          {"op": "d", "id": 3, "ts_ms": 6})
+
+
+def test_a_batch_never_holds_more_records_than_asked_and_may_end_inside_a_change() -> None:
+    """The task skips as many records as a checkpoint said it emitted after a restore, so a batch of a change
+    that makes two records may end between them: the position is then the one before the change plus one."""
+    q = queued(UPDATE, INSERT, DELETE)
+    assert q.state() is None
+    assert q.take(512, expand) == [] and q.state() == at(30).to_state()  # first a position, then records
+    assert q.take(1, expand) == [("-U", 1)]
+    assert q.state() == {**at(30).to_state(), "rows": 1}  # before the update, one of its records out
+    state = q.state()
+    assert q.take(2, expand) == [("+U", 1), ("c", 2)] and q.state() == at(40).to_state()
+    assert q.take(5, expand) == [("d", 3)] and q.state() == at(50).to_state() and q.last_commit_ms == 6
+    # restored mid-change: the reader queues from the update again; the queue hands out the rest of it
+    assert state is not None
+    restored = ChangeQueue()
+    assert restored.restore(state) == at(30)
+    restored.entries.extend([(UPDATE, at(30, 1)), (INSERT, at(40))])
+    assert restored.take(512, expand) == [("+U", 1), ("c", 2)] and restored.state() == at(40).to_state()
+    # one record per change (the Python API's source): the batch ends at max_records changes
+    plain = queued(UPDATE, INSERT, DELETE)
+    assert plain.take(2, None) == [] and plain.take(2, None) == [UPDATE, INSERT] and plain.state() == at(40).to_state()
+
+
+def test_snapshot_rows_are_handed_out_one_batch_each() -> None:
+    """A snapshot restored midway is read as of a new snapshot, so the task's skip of the records of a batch
+    after its position could skip other rows: a snapshot row is a batch of its own, and the next position is
+    after it."""
+    rows = ChangeQueue()
+    first, second = at(10), at(10)
+    rows.entries.extend([(_NO_RECORD, at(10)), ({"op": "r", "id": 1}, first), ({"op": "r", "id": 2}, second),
+                         (INSERT, at(40))])
+    assert rows.take(512, None) == []
+    assert rows.take(512, None) == [{"op": "r", "id": 1}] and rows.position is first
+    assert rows.take(512, expand) == [("r", 2)] and rows.position is second
+    assert rows.take(512, expand) == [("c", 2)]
 
 
 def test_a_change_is_keyed_by_its_after_image_or_for_a_delete_its_before_image() -> None:

