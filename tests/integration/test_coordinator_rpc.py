@@ -152,6 +152,9 @@ def test_cli_submit_wait_timeout_gives_up_with_one_line_and_leaves_the_job_runni
 
 def test_coordinator_metrics_count_the_registered_workers_and_their_slots(cluster: Cluster) -> None:
     assert cluster.coordinator is not None
+    # a finished job of its own: a CI run once gave this test, the module's last, a cluster of its own (the
+    # module fixture set up again in another pytest-xdist process), where no earlier test had finished one
+    assert cluster.wait_job(cluster.submit("rpcjobs:bounded"), 120)["state"] == "FINISHED"
     url = f"http://{cluster.coordinator.fields['metrics']}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
