@@ -555,18 +555,19 @@ class Coordinator(BaseLinkHandler):
         return job if job is not None and job.attempt == report.attempt else None
 
     async def rpc_ack_checkpoint(self, link: Link, args: p.AckCheckpoint) -> r.Ok:
-        job = self._attempt(args)
-        if job is not None and job.checkpoints is not None:
-            job.checkpoints.ack(args.checkpoint_id, args.task, dict(args.state), args.figures)
+        self._acknowledge(args, [args])  # a worker of an earlier version: one acknowledgement per call
         return r.Ok()
 
     async def rpc_ack_checkpoints(self, link: Link, args: p.AckCheckpoints) -> r.Ok:
         """A worker's acknowledgements of one job attempt, batched (runtime/worker/ack_batcher.py)."""
-        job = self._attempt(args)
-        if job is not None and job.checkpoints is not None:
-            for ack in args.acks:
-                job.checkpoints.ack(ack.checkpoint_id, ack.task, dict(ack.state), ack.figures)
+        self._acknowledge(args, args.acks)
         return r.Ok()
+
+    def _acknowledge(self, report: p.AckCheckpoint | p.AckCheckpoints, acks: list[p.AckCheckpoint]) -> None:
+        job = self._attempt(report)
+        if job is not None and job.checkpoints is not None:
+            for ack in acks:
+                job.checkpoints.ack(ack.checkpoint_id, ack.task, dict(ack.state), ack.figures)
 
     async def rpc_decline_checkpoint(self, link: Link, args: p.DeclineCheckpoint) -> r.Ok:
         job = self._attempt(args)

@@ -223,8 +223,13 @@ class PythonFunction:
             raise SqlError(f"function {self.name}: {self.target!r} is not callable")
         return fn  # type: ignore[no-any-return]
 
+    @staticmethod
+    def declared(fn: Any, attribute: str) -> Any:
+        """What the function (or, for a bound `eval`, its object) declares as `attribute`; None when nothing."""
+        return getattr(fn, attribute, None) or getattr(getattr(fn, "__self__", None), attribute, None)
+
     def result_type(self, fn: Any, args: list[SqlType]) -> SqlType:
-        declared = getattr(fn, "result_type", None) or getattr(getattr(fn, "__self__", None), "result_type", None)
+        declared = self.declared(fn, "result_type")
         if isinstance(declared, str):
             return SqlType(declared.upper())
         return args[0].or_null() if args else T.STRING

@@ -901,7 +901,7 @@ class Planner:
             raise SqlError(f"No match found for function signature {call.name}(...): a table function is declared "
                            "with CREATE FUNCTION ... LANGUAGE PYTHON")
         fn = udf.load()
-        declared = getattr(fn, "result_types", None) or getattr(getattr(fn, "__self__", None), "result_types", None)
+        declared = udf.declared(fn, "result_types")
         alias = lateral.args.get("alias")
         names = [c.name for c in alias.columns] if alias is not None and alias.columns else \
             [f"f{i}" for i in range(len(declared) if declared else 1)]
