@@ -17,7 +17,11 @@ ceil(tasks / --slots) workers) and measures:
   coordinator records (trigger -> last acknowledgement), the median round trip of the RPC (request ->
   `_metadata` written and the tasks told), and the coordinator's CPU seconds per checkpoint (utime+stime from
   /proc/<pid>/stat before and after, raw and minus the idle rate over the same wall time);
+- the workers' CPU per second together, idle (before the checkpoints) and during the checkpoints;
 - the load average before and after, and the resident memory of the coordinator and of all workers.
+
+With --profile DIR, py-spy records the coordinator (collapsed stacks, `<tasks>-deploy.txt` over the deployment
+and `<tasks>-checkpoints.txt` over the checkpoints), and the first worker likewise (`<tasks>-worker-...`).
 
 Every process is stopped by PID (terminate -> wait -> kill) in a finally.
 
@@ -31,7 +35,9 @@ import asyncio
 import json
 import math
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -87,15 +93,56 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     return 0.0
 
 
-async def idle_rate(pid: int, seconds: float) -> float:
-    """The process's CPU seconds per second over `seconds`."""
-    c0, w0 = cpu_seconds(pid), time.monotonic()
+def total_cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of all `pids` (a process that is gone counts 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            pass
+    return total
+
+
+async def idle_rate(pid: int, seconds: float, workers: list[int] | None = None) -> tuple[float, float]:
+    """The process's CPU seconds per second over `seconds`, and the workers' together."""
+    workers = workers or []
+    c0, k0, w0 = cpu_seconds(pid), total_cpu_seconds(workers), time.monotonic()
     await asyncio.sleep(seconds)
-    return (cpu_seconds(pid) - c0) / (time.monotonic() - w0)
+    wall = time.monotonic() - w0
+    return (cpu_seconds(pid) - c0) / wall, (total_cpu_seconds(workers) - k0) / wall
+
+
+class Profiler:
+    """py-spy recording one process into one file, from `start()` to `stop()` (SIGINT: it writes the file)."""
+
+    def __init__(self, directory: str | None, pid: int) -> None:
+        self.directory, self.pid = directory, pid
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, name: str) -> None:
+        if self.directory is None:
+            return
+        py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        self.proc = subprocess.Popen([py_spy, "record", "--pid", str(self.pid), "--rate", "50", "--nonblocking",
+                                      "--format", "raw", "-o", os.path.join(self.directory, name)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
 
 async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffers: int,
-                  heartbeat_timeout_s: float, keep_logs: bool = False) -> dict[str, Any]:
+                  heartbeat_timeout_s: float, keep_logs: bool = False,
+                  profile_dir: str | None = None) -> dict[str, Any]:
     from runtime.cli.local_cluster import LocalCluster
 
     p = max(1, tasks // 2)
@@ -107,6 +154,8 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
     result: dict[str, Any] = {"tasks_asked": tasks, "workers": workers, "slots": slots}
     if keep_logs:
         print(f"bench_scale: {tasks} tasks: logs in {cluster.log_dir}", file=sys.stderr)
+    profiler: Profiler | None = None
+    worker_profiler: Profiler | None = None
     try:
         t0 = time.monotonic()
         # the lease and the workers' link timeout follow the heartbeat timeout: on 2 cores a 1,000-task
@@ -122,6 +171,10 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
                   "checkpoint": {"interval_s": None, "mode": "aligned", "timeout_s": 120.0,
                                  "tolerable_failures": 100, "min_pause_s": 0}}
         result["load_before"] = os.getloadavg()[0]
+        profiler = Profiler(profile_dir, coordinator_pid)
+        worker_profiler = Profiler(profile_dir, cluster.worker_procs[0].pid)  # one worker: they are alike
+        profiler.start(f"{tasks}-deploy.txt")
+        worker_profiler.start(f"{tasks}-worker-deploy.txt")
         deploy_cpu0 = cpu_seconds(coordinator_pid)
         submit_at = time.monotonic()
         submitted = await cluster.call("submit", {"entry": ENTRY, "name": f"bench-scale-{tasks}",
@@ -140,15 +193,20 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
             await asyncio.sleep(0.1)  # a 1,000-task status answer is large: do not poll the coordinator harder
         result["deploy_s"] = time.monotonic() - submit_at
         result["coordinator_deploy_cpu_s"] = cpu_seconds(coordinator_pid) - deploy_cpu0
+        profiler.stop()
+        worker_profiler.stop()
 
         # idle: heartbeats and task reports only, before the checkpoints and again after them (their mean is
         # subtracted: at 1,000 tasks a checkpoint lasts seconds, so the heartbeats' share is most of its CPU)
         await asyncio.sleep(2.0)
-        idle_before = await idle_rate(coordinator_pid, idle_s)
+        worker_pids = [w.pid for w in cluster.worker_procs]
+        idle_before, workers_idle = await idle_rate(coordinator_pid, idle_s, worker_pids)
 
         durations: list[float] = []
         cycles: list[float] = []
-        c0, w0 = cpu_seconds(coordinator_pid), time.monotonic()
+        profiler.start(f"{tasks}-checkpoints.txt")
+        worker_profiler.start(f"{tasks}-worker-checkpoints.txt")
+        c0, w0, k0 = cpu_seconds(coordinator_pid), time.monotonic(), total_cpu_seconds(worker_pids)
         for _ in range(checkpoints):
             asked = time.monotonic()
             done = await cluster.call("checkpoint", {"job_id": job_id, "timeout_s": 150.0})
@@ -157,9 +215,14 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
                 durations.append(float(done["duration_s"]))
         wall = time.monotonic() - w0
         cpu = cpu_seconds(coordinator_pid) - c0
-        idle_after = await idle_rate(coordinator_pid, idle_s)
+        workers_cpu = total_cpu_seconds(worker_pids) - k0
+        profiler.stop()
+        worker_profiler.stop()
+        idle_after, _ = await idle_rate(coordinator_pid, idle_s)
         idle = (idle_before + idle_after) / 2
-        result.update({"coordinator_idle_cpu_per_s": idle, "idle_before": idle_before, "idle_after": idle_after,
+        result.update({"workers_idle_cpu_per_s": workers_idle,
+                       "workers_cpu_during_checkpoints_per_s": workers_cpu / wall,
+                       "coordinator_idle_cpu_per_s": idle, "idle_before": idle_before, "idle_after": idle_after,
                        "checkpoint_rpc_median_s": statistics.median(cycles),
                        "coordinator_rss_mib": rss_mib(coordinator_pid),
                        "workers_rss_mib": sum(rss_mib(w.pid) for w in cluster.worker_procs),
@@ -181,6 +244,9 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         except Exception:  # noqa: BLE001 - the cluster is stopped next anyway
             pass
     finally:
+        for running in (profiler, worker_profiler):
+            if running is not None:
+                running.stop()
         cluster.stop()  # every worker, then the coordinator: terminate -> wait -> kill, by PID
     return result
 
@@ -212,13 +278,14 @@ def main() -> int:
     ap.add_argument("--heartbeat-timeout", type=float, default=10.0,
                     help="the coordinator's; 100 workers deploying 1,000 tasks on 2 cores miss the default 10 s")
     ap.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (their directory is printed)")
+    ap.add_argument("--profile", metavar="DIR", help="py-spy the coordinator over deploy and checkpoints into DIR")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
     for tasks in args.tasks:
         try:
             row = asyncio.run(measure(tasks, args.slots, args.checkpoints, args.idle, args.buffers,
-                                     args.heartbeat_timeout, args.keep_logs))
+                                     args.heartbeat_timeout, args.keep_logs, args.profile))
         except Exception as exc:  # noqa: BLE001 - one size failing still reports the others
             row = {"tasks_asked": tasks, "workers": max(1, math.ceil(tasks / args.slots)), "error": repr(exc)}
         rows.append(row)
