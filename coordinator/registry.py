@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from coordinator.heartbeat_reports import ReportMirror
+
 if TYPE_CHECKING:
     from netstack.transport import Link
 
@@ -28,6 +30,7 @@ class WorkerRecord:
     registered_at: float = field(default_factory=time.monotonic)
     last_heartbeat: float = field(default_factory=time.monotonic)
     process: dict[str, Any] = field(default_factory=dict)  # memory and CPU from its heartbeats (rest_views)
+    reports: ReportMirror = field(default_factory=ReportMirror)  # its tasks' last reports, for heartbeat deltas
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.worker_id, "slots": self.slots, "data": f"{self.host}:{self.data_port}",

@@ -398,15 +398,20 @@ class Coordinator(BaseLinkHandler):
         now = time.monotonic()
         if not self.workers.heartbeat(link.peer_id, link, now=now):
             raise Conflict("unknown worker: register first", "NotRegistered")
+        record = self.workers[link.peer_id]
         if args.process is not None:  # memory and CPU, for the worker's page
-            record = self.workers[link.peer_id]
             record.process = process_sample(record.process, args.process, now)
-        for st in args.tasks:
-            job = self.jobs.get(st.get("job"))
+        applied = record.reports.apply(args.tasks, args.changes)  # whole reports, rebuilt from the changes
+        if applied.without_base:
+            log.warning("worker %s: changes for %d task(s) whose report it never sent, e.g. %s; they show again "
+                        "with its next whole reports", link.peer_id, len(applied.without_base),
+                        applied.without_base[0])
+        for st in applied.reports:
+            job = self.jobs.get(st["job"])
             if job is not None and st.get("attempt") == job.attempt and not job.terminal:
                 # with rates since the previous heartbeat, for the REST API's graph
                 job.task_stats[st["task"]] = task_sample(job.task_stats.get(st["task"]),
-                                                         {**st, "worker": link.peer_id}, time.monotonic())
+                                                         {**st, "worker": link.peer_id}, now)
         return r.Ok()
 
     async def rpc_submit(self, link: Link, args: p.Submit) -> r.Submitted:

@@ -160,7 +160,7 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         t0 = time.monotonic()
         # the lease and the workers' link timeout follow the heartbeat timeout: on 2 cores a 1,000-task
         # deployment stalls the coordinator's event loop for longer than their defaults (5 s, 10 s)
-        cluster.start_coordinator("--heartbeat-timeout", str(heartbeat_timeout_s),
+        cluster.start_coordinator("--heartbeat-timeout", str(heartbeat_timeout_s), "--allowed-job-path", SCRIPTS,
                                   "--lease-timeout", str(max(5.0, heartbeat_timeout_s)))
         for _ in range(workers):
             cluster.start_worker()

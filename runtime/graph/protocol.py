@@ -59,13 +59,39 @@ class Register(Message[r.Ok]):
     pid: int | None = None
 
 
+TASK_IDENTITY = ("job", "task", "attempt")  # what names a task report's task, in every heartbeat entry
+
+
+def task_report_key(report: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return report.get("job"), report.get("task"), report.get("attempt")
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Message[r.Ok]):
+    """A worker is alive, with its tasks' statistics: `tasks` carries whole reports (runtime/worker/worker.py
+    task_report()), `changes` only the fields that changed since the heartbeat before, for tasks the coordinator
+    holds a report of (runtime/worker/heartbeat_reports.py). Together they name every task the worker runs; an
+    older worker sends whole reports only."""
+
     method = "heartbeat"
     reply = r.Ok
     id: str = ""
-    tasks: list[Any] = field(default_factory=list)  # runtime/worker/worker.py task_report(), one per task
+    tasks: list[Any] = field(default_factory=list)
     process: Mapping[str, Any] | None = None  # the worker process's memory and CPU (log_tail.process_figures)
+    changes: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, doc: Any) -> Heartbeat:
+        beat = Message.from_wire.__func__(cls, doc)  # type: ignore[attr-defined]
+        for name in ("tasks", "changes"):
+            for i, entry in enumerate(getattr(beat, name)):
+                if not isinstance(entry, Mapping):
+                    raise BadArguments(f"{cls.method}: {name}[{i}] must be an object, got {entry!r}")
+                job, task, attempt = task_report_key(entry)
+                if not isinstance(job, str) or not isinstance(task, str) or not isinstance(attempt, int):
+                    raise BadArguments(f"{cls.method}: {name}[{i}] must name its job, task and attempt "
+                                       f"(got {job!r}, {task!r}, {attempt!r})")
+        return cast("Heartbeat", beat)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,13 +21,13 @@ from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.async_operator import AsyncStateSettings
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
-from runtime.execution.inflight import InflightBound
+from runtime.execution.inflight import ADJUST_PERIOD_S, InflightBound
 from runtime.execution.isolation import mode_from_env
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.enums import TaskState
 from runtime.graph.job_config import ChannelConfig
-from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_of_edge, edge_key_fn, ensure_on_path
+from runtime.graph.plan import Plan, Vertex, build_job, channel_id, channels_touching, edge_key_fn, ensure_on_path
 from runtime.state.backend import StateBackend
 from runtime.worker.network import NetworkEnvironment
 from runtime.worker.restoring import load_restored, source_for
@@ -108,6 +108,9 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
     deployed = DeployedJob(plan)
     vertices = plan.vertices
     mine = [(v, i) for v in vertices for i in range(v.parallelism) if plan.placement[f"{v.id}:{i}"] == worker_id]
+    here: dict[int, set[int]] = {v.id: set() for v in vertices}  # vertex id -> its subtasks on this worker
+    for v, i in mine:
+        here[v.id].add(i)
 
     # one job graph per task: user functions keep per-subtask state in `self`
     jobs = {f"{v.id}:{i}": build_job(plan.entry, plan.name, plan.config.parallelism) for v, i in mine}
@@ -119,7 +122,7 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
     pending_local: list[tuple[int, str, Subpartition]] = []
     for edge in plan.edges:
         up, down = vertices[edge.up], vertices[edge.down]
-        for i, j in channels_of_edge(edge, up.parallelism, down.parallelism):
+        for i, j in channels_touching(edge, up.parallelism, down.parallelism, here[up.id], here[down.id]):
             cid = channel_id(plan.channel_base, edge, down.parallelism, i, j)
             producer, consumer = f"{up.id}:{i}", f"{down.id}:{j}"
             p_worker, c_worker = plan.placement[producer], plan.placement[consumer]
@@ -172,11 +175,23 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
 
     deployed.tasks = tasks
     if cfg.inflight_target_s > 0:
-        bound = InflightBound([sub for by_consumer in subs.values() for sub in by_consumer.values()],
-                              target_s=cfg.inflight_target_s, buffers_in_path=cfg.buffers_in_path,
+        outputs = [sub for by_consumer in subs.values() for sub in by_consumer.values()]
+        bound = InflightBound(outputs, target_s=cfg.inflight_target_s, buffers_in_path=cfg.buffers_in_path,
                               max_bytes=cfg.buffer_bytes)
-        deployed.sizing = asyncio.create_task(bound.run())
+        deployed.sizing = asyncio.create_task(bound.run(sizing_period_s(len(outputs))))
     return deployed
+
+
+SIZING_COST_S = 2e-6  # the buffer sizing's CPU per channel and period (InflightBound.adjust, measured: 1.9 us)
+SIZING_CPU_SHARE = 0.005  # of a core, per worker, at most
+
+
+def sizing_period_s(channels: int) -> float:
+    """How often the worker sizes its output buffers: every ADJUST_PERIOD_S, less often when it has so many
+    channels that it would cost more than SIZING_CPU_SHARE of a core. At 1,000 tasks on 100 workers (2,500
+    output channels each) every 0.2 s took 2.3 % of a core per worker, 2.3 cores for the cluster: more than
+    the machine had, before any record moved (docs/BENCHMARKS.md, Coordinator at scale)."""
+    return max(ADJUST_PERIOD_S, channels * SIZING_COST_S / SIZING_CPU_SHARE)
 
 
 async def connect(deployed: DeployedJob, network: NetworkEnvironment, *, timeout_s: float = 30.0) -> None:

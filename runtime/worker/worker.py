@@ -58,6 +58,7 @@ from runtime.graph.plan import Plan
 from runtime.worker.ack_batcher import AckBatcher
 from runtime.worker.connector_metrics import task_figures
 from runtime.worker.deployment import CheckpointHooks, DeployedJob, connect, deploy, teardown
+from runtime.worker.heartbeat_reports import ReportDeltas
 from runtime.worker.log_tail import LogTail, process_figures
 from runtime.worker.metrics import WorkerCollector
 from runtime.worker.network import NetworkEnvironment
@@ -132,6 +133,7 @@ class Worker(BaseLinkHandler):
         self.writer: CheckpointWriter | None = None
         # the tasks' checkpoint acknowledgements, one call per job attempt and millisecond
         self.acks = AckBatcher(lambda batch: self._spawn(self._report(batch)))
+        self.reports = ReportDeltas()  # the heartbeats' task entries: whole reports, then only what changed
         self._leaving: list[asyncio.Future[Any]] = []  # cancels of the jobs of a coordinator that went away
         self.advertised = config.advertise or config.host  # settled in run(), before registering
         self.log_tail = LogTail()  # the recent log lines, for the worker's page in the web UI
@@ -302,13 +304,17 @@ class Worker(BaseLinkHandler):
             await asyncio.sleep(self.config.heartbeat_interval_s if delays is None else next(delays))
             try:
                 if self.coordinator is None or self.coordinator.is_closing():
+                    self.reports.reset()  # a new registration: the coordinator holds none of our reports
                     await self._connect_coordinator(data_port)
                     assert self.coordinator is not None
                     log.info("re-registered with %s", self.coordinator.describe())
-                beat = p.Heartbeat(self.worker_id, self._task_report(), process=process_figures())
+                entries = self.reports.entries(self._task_report())
+                beat = p.Heartbeat(self.worker_id, entries.whole, process=process_figures(), changes=entries.changes)
                 await self._heartbeat(self.coordinator, beat)
+                self.reports.confirmed()
                 delays = None
             except NetstackError as exc:
+                self.reports.reset()  # the coordinator may or may not have applied it: whole reports next
                 log.warning("heartbeat to coordinator failed: %s", exc)
                 if delays is None:
                     delays = backoff_delays(base_s=0.1, cap_s=2.0)
