@@ -196,7 +196,10 @@ class JobRecord:
         return self.last_checkpoint.checkpoint_id if self.last_checkpoint is not None else None
 
     def summary(self) -> dict[str, Any]:
-        tasks = [self.task_view(t) for t in sorted(self.task_stats.values(), key=lambda t: t["task"])]
+        # without each task's rate window (the points its rates are computed from, not a figure): over half of a
+        # 1,000-task answer, which `sluice status` and scripts/bench_scale.py (deploy: every 0.25 s) read
+        tasks = [self.task_view({k: v for k, v in t.items() if k != "window"})
+                 for t in sorted(self.task_stats.values(), key=lambda t: t["task"])]
         return {
             "job_id": self.job_id, "name": self.name, "entry": self.entry, "state": self.state,
             "attempt": self.attempt, "error": self.error, "submitted_at": self.submitted_at,

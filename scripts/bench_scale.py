@@ -55,6 +55,8 @@ ENTRY = "bench_scale:build"
 PARALLELISM_ENV = "SLUICE_BENCH_SCALE_P"
 RATE_PER_SOURCE = 20.0  # records/s per source subtask: the load stays low, so the figures are the overhead
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+CALL_TIMEOUT_S = 180.0
+STATUS_POLL_S = 0.25  # a 1,000-task status answer is large: do not poll the coordinator harder
 
 
 # -- the job (runs in the cluster's processes) ---------------------------------------------
@@ -102,6 +104,15 @@ def total_cpu_seconds(pids: list[int]) -> float:
         except OSError:
             pass
     return total
+
+
+async def call(cluster: Any, method: str, args: dict[str, Any]) -> Any:
+    """A call on its own connection, as LocalCluster.call, but waiting up to CALL_TIMEOUT_S for the handshake and
+    the answer: 100 workers deploying at once on 2 cores keep the coordinator from answering for tens of seconds."""
+    from runtime.cli.client import call_coordinator
+
+    host, port = cluster.rpc
+    return await call_coordinator(host, port, cluster.token, method, args, timeout_s=CALL_TIMEOUT_S, tls=cluster.tls)
 
 
 async def idle_rate(pid: int, seconds: float, workers: list[int] | None = None) -> tuple[float, float]:
@@ -177,20 +188,20 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         worker_profiler.start(f"{tasks}-worker-deploy.txt")
         deploy_cpu0 = cpu_seconds(coordinator_pid)
         submit_at = time.monotonic()
-        submitted = await cluster.call("submit", {"entry": ENTRY, "name": f"bench-scale-{tasks}",
+        submitted = await call(cluster, "submit", {"entry": ENTRY, "name": f"bench-scale-{tasks}",
                                                   "config": config, "sys_path": SCRIPTS})
         job_id = submitted["job_id"]
         result["tasks"] = submitted["tasks"]
         deadline = submit_at + 600.0
         while True:
-            summary = await cluster.call("status", {"job_id": job_id})
+            summary = await call(cluster, "status", {"job_id": job_id})
             if summary["state"] in ("FAILED", "CANCELLED", "FINISHED"):
                 raise RuntimeError(f"job {job_id} ended {summary['state']}: {summary.get('error', '')}")
             if summary["state"] == "RUNNING" and len(summary["tasks"]) == summary["tasks_total"]:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"job {job_id} did not run all its tasks within 600 s")
-            await asyncio.sleep(0.1)  # a 1,000-task status answer is large: do not poll the coordinator harder
+            await asyncio.sleep(STATUS_POLL_S)
         result["deploy_s"] = time.monotonic() - submit_at
         result["coordinator_deploy_cpu_s"] = cpu_seconds(coordinator_pid) - deploy_cpu0
         profiler.stop()
@@ -209,7 +220,7 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         c0, w0, k0 = cpu_seconds(coordinator_pid), time.monotonic(), total_cpu_seconds(worker_pids)
         for _ in range(checkpoints):
             asked = time.monotonic()
-            done = await cluster.call("checkpoint", {"job_id": job_id, "timeout_s": 150.0})
+            done = await call(cluster, "checkpoint", {"job_id": job_id, "timeout_s": 150.0})
             cycles.append(time.monotonic() - asked)
             if isinstance(done, dict) and done.get("duration_s") is not None:
                 durations.append(float(done["duration_s"]))
@@ -227,7 +238,7 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
                        "coordinator_rss_mib": rss_mib(coordinator_pid),
                        "workers_rss_mib": sum(rss_mib(w.pid) for w in cluster.worker_procs),
                        "load_after": os.getloadavg()[0]})
-        history = (await cluster.call("checkpoints", {"job_id": job_id}))["history"]
+        history = (await call(cluster, "checkpoints", {"job_id": job_id}))["history"]
         completed = [h for h in history if h["status"] == "COMPLETED" and h["duration_s"] is not None]
         if len(durations) < checkpoints:  # the RPC's answer did not carry the duration: read the history
             durations = [h["duration_s"] for h in completed]
@@ -240,13 +251,16 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
             "coordinator_cpu_during_checkpoints_per_s": cpu / wall,
         })
         try:
-            await cluster.call("cancel", {"job_id": job_id})
+            await call(cluster, "cancel", {"job_id": job_id})
         except Exception:  # noqa: BLE001 - the cluster is stopped next anyway
             pass
     finally:
         for running in (profiler, worker_profiler):
             if running is not None:
                 running.stop()
+        for worker in cluster.worker_procs:  # all at once: one by one, 100 loaded workers take minutes to stop
+            if worker.proc.poll() is None:
+                worker.proc.terminate()
         cluster.stop()  # every worker, then the coordinator: terminate -> wait -> kill, by PID
     return result
 
