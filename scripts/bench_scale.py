@@ -109,10 +109,23 @@ def total_cpu_seconds(pids: list[int]) -> float:
 async def call(cluster: Any, method: str, args: dict[str, Any]) -> Any:
     """A call on its own connection, as LocalCluster.call, but waiting up to CALL_TIMEOUT_S for the handshake and
     the answer: 100 workers deploying at once on 2 cores keep the coordinator from answering for tens of seconds."""
-    from runtime.cli.client import call_coordinator
+    from netstack.errors import NetstackError
+    from runtime.cli.client import open_link
 
     host, port = cluster.rpc
-    return await call_coordinator(host, port, cluster.token, method, args, timeout_s=CALL_TIMEOUT_S, tls=cluster.tls)
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while True:  # the connection again when its handshake timed out (before the call was sent: no call twice)
+        try:
+            link = await open_link(host, port, cluster.token, CALL_TIMEOUT_S, cluster.tls)
+            break
+        except NetstackError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+    try:
+        return await link.call(method, args, timeout_s=CALL_TIMEOUT_S)
+    finally:
+        link.close("done")
 
 
 async def idle_rate(pid: int, seconds: float, workers: list[int] | None = None) -> tuple[float, float]:
@@ -153,7 +166,7 @@ class Profiler:
 
 async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffers: int,
                   heartbeat_timeout_s: float, keep_logs: bool = False,
-                  profile_dir: str | None = None) -> dict[str, Any]:
+                  profile_dir: str | None = None, result: dict[str, Any] | None = None) -> dict[str, Any]:
     from runtime.cli.local_cluster import LocalCluster
 
     p = max(1, tasks // 2)
@@ -162,7 +175,8 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
                            link_timeout_s=max(10.0, heartbeat_timeout_s),
                            log_dir=tempfile.mkdtemp(prefix="sluice-scale-") if keep_logs else None,
                            env_overrides={PARALLELISM_ENV: str(p)})
-    result: dict[str, Any] = {"tasks_asked": tasks, "workers": workers, "slots": slots}
+    result = {} if result is None else result  # the caller's: what was measured stays when a later step fails
+    result.update({"tasks_asked": tasks, "workers": workers, "slots": slots})
     if keep_logs:
         print(f"bench_scale: {tasks} tasks: logs in {cluster.log_dir}", file=sys.stderr)
     profiler: Profiler | None = None
@@ -190,7 +204,7 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         submit_at = time.monotonic()
         submitted = await call(cluster, "submit", {"entry": ENTRY, "name": f"bench-scale-{tasks}",
                                                   "config": config, "sys_path": SCRIPTS})
-        job_id = submitted["job_id"]
+        job_id = result["job_id"] = submitted["job_id"]
         result["tasks"] = submitted["tasks"]
         deadline = submit_at + 600.0
         while True:
@@ -255,6 +269,12 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         except Exception:  # noqa: BLE001 - the cluster is stopped next anyway
             pass
     finally:
+        if sys.exc_info()[0] is not None and result.get("job_id"):  # why the job stopped, for the row
+            try:
+                status = await asyncio.wait_for(call(cluster, "status", {"job_id": result["job_id"]}), 60.0)
+                result["job_state"], result["job_failures"] = status.get("state"), status.get("failures")
+            except Exception:  # noqa: BLE001 - the row says what it can
+                pass
         for running in (profiler, worker_profiler):
             if running is not None:
                 running.stop()
@@ -297,11 +317,14 @@ def main() -> int:
     args = ap.parse_args()
     rows = []
     for tasks in args.tasks:
+        row: dict[str, Any] = {}
         try:
-            row = asyncio.run(measure(tasks, args.slots, args.checkpoints, args.idle, args.buffers,
-                                     args.heartbeat_timeout, args.keep_logs, args.profile))
+            asyncio.run(measure(tasks, args.slots, args.checkpoints, args.idle, args.buffers,
+                                args.heartbeat_timeout, args.keep_logs, args.profile, row))
         except Exception as exc:  # noqa: BLE001 - one size failing still reports the others
-            row = {"tasks_asked": tasks, "workers": max(1, math.ceil(tasks / args.slots)), "error": repr(exc)}
+            row.setdefault("tasks_asked", tasks)
+            row.setdefault("workers", max(1, math.ceil(tasks / args.slots)))
+            row["error"] = repr(exc)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     show(rows)
