@@ -69,6 +69,9 @@ log = logging.getLogger("sluice.worker")
 EXIT_USER_CODE_STUCK = 70  # a cancelled task's user call never returned (Flink: a fatal error of the TaskManager)
 
 
+COORDINATOR_CALL_TIMEOUT_S = 10.0  # see Worker._coordinator_call_timeout_s
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     coordinator_host: str
@@ -326,7 +329,7 @@ class Worker(BaseLinkHandler):
         """One heartbeat. While it goes unanswered, ask every `leader_check_s` whether another coordinator of the
         list leads now (it took the lease of a paused leader): then leave the old one at once, like a failed
         heartbeat, and register with the new leader first."""
-        call = asyncio.ensure_future(p.call(link, beat, timeout_s=10.0))
+        call = asyncio.ensure_future(p.call(link, beat, timeout_s=self._coordinator_call_timeout_s()))
         try:
             while True:
                 done, _ = await asyncio.wait({call}, timeout=self.config.leader_check_s)
@@ -340,6 +343,13 @@ class Worker(BaseLinkHandler):
                                          f"{leader[0]}:{leader[1]} leads now", CloseReason.TIMEOUT)
         finally:
             call.cancel()
+
+    def _coordinator_call_timeout_s(self) -> float:
+        """How long a heartbeat or report waits for the coordinator's answer: 10 s, or the link timeout when that
+        is longer. A busy coordinator that answers late is not a lost one (100 workers deploying 1,000 tasks on 2
+        cores kept it from answering for over 10 s; the worker then dropped its link, and the coordinator the
+        worker and its job's attempt, although both had --heartbeat-timeout and --link-timeout 60 s)."""
+        return max(COORDINATOR_CALL_TIMEOUT_S, self.config.link_timeout_s)
 
     async def _another_leader(self) -> tuple[str, int] | None:
         """The first other coordinator of the list that answers as the leader (a standby answers NotLeader)."""
@@ -544,7 +554,7 @@ class Worker(BaseLinkHandler):
         while time.monotonic() < deadline:
             try:
                 if self.coordinator is not None and not self.coordinator.is_closing():
-                    await p.call(self.coordinator, report, timeout_s=10.0)
+                    await p.call(self.coordinator, report, timeout_s=self._coordinator_call_timeout_s())
                     return
             except NetstackError as exc:
                 log.warning("reporting %s failed: %s", report.method, exc)
