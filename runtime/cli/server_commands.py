@@ -99,7 +99,8 @@ def _worker_arguments(w: argparse.ArgumentParser) -> None:
     w.add_argument("--id", default="", help="worker id (default: host, pid and a random suffix)")
     w.add_argument("--heartbeat-interval", type=a.duration, default=1.0)
     w.add_argument("--link-timeout", type=a.duration_or_zero, default=10.0,
-                   help="close a data link silent this long and fail its tasks (default 10s; 0 disables)")
+                   help="close a data link silent this long and fail its tasks (default 10s; 0 disables); "
+                        "heartbeats wait this long for the coordinator's answer when it is longer than 10s")
     w.add_argument("--slow-call", type=a.duration, default=5.0,
                    help="report a user call running this long: log, metric, the job's exception history "
                         "(default 5s)")

@@ -102,3 +102,17 @@ def test_heartbeat_wire_round_trip_and_checks() -> None:
         p.Heartbeat.from_wire({"id": "w-1", "changes": ["nope"]})
     with pytest.raises(BadArguments, match=r"heartbeat: tasks\[0\] must name its job, task and attempt"):
         p.Heartbeat.from_wire({"id": "w-1", "tasks": [{"job": "j", "task": "j/1:0"}]})
+
+
+def test_worker_waits_for_a_busy_coordinator_as_long_as_its_link_timeout() -> None:
+    from runtime.worker.worker import COORDINATOR_CALL_TIMEOUT_S, Worker, WorkerConfig
+
+    def timeout(link_timeout_s: float) -> float:
+        config = WorkerConfig(coordinator_host="127.0.0.1", coordinator_port=1, token="t",
+                              link_timeout_s=link_timeout_s)
+        return Worker(config)._coordinator_call_timeout_s()
+
+    assert COORDINATOR_CALL_TIMEOUT_S == 10.0
+    assert timeout(10.0) == 10.0  # the default: as before
+    assert timeout(0.0) == 10.0  # links never time out: the calls still do
+    assert timeout(60.0) == 60.0
