@@ -1,0 +1,217 @@
+"""A task's `async def` user code on an event loop of its own, on a thread of its own.
+
+The worker's event loop runs every task's mailbox, the data links, credit, RPC and heartbeats. An `async def`
+user function (an async_map function, an AsyncKeyedProcessFunction) that blocks inside (a `time.sleep`, a
+synchronous client) would stop all of them if it ran there. So a task with an asynchronous operator runs its
+user coroutines on a `UserLoop`: a private asyncio loop on a thread named after the task (like the
+`TaskThread` of runtime/execution/isolation.py), while the operator itself (admission, ordering, the
+controller, snapshots) stays on the worker's loop, so its checkpoint semantics do not change.
+
+- `run(coroutine)`, awaited on the worker's loop, runs the coroutine as a task on the user loop and returns
+  its result (or raises its exception). Cancelling the awaiting task (a timeout, the task ending) cancels the
+  user task too; a user task cancelled by its own code cancels the awaiting one.
+- `call_home(fn, *args)`, awaited on the user loop, runs `fn(*args)` on the worker's loop and awaits the
+  asyncio future it returns there: how user code reaches what lives on the worker's loop (asynchronous state).
+- A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
+  not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
+  the function on its thread's stack.
+
+A blocked user loop delays only its own task's calls: the worker's loop, other tasks and this task's
+checkpoints (its operator snapshots the records in flight at once) go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from runtime.execution.user_code import UserCodeExit
+
+TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's threshold is seconds)
+USER_LOOP_PREFIX = "sluice-user-loop "
+
+
+def user_loop_name(task_id: str) -> str:
+    return f"{USER_LOOP_PREFIX}{task_id}"
+
+
+class UserLoop:
+    """One task's private event loop on its own daemon thread (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self.ticks = 0  # with `seen`, tells one stall from the next (the watchdog reports each once)
+        self.seen = time.monotonic()  # when the loop last ticked
+        self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
+        self._tasks: set[asyncio.Task[Any]] = set()  # on the user loop: what `stop` cancels
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.ident = threading.get_ident()
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(self._tick)
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def _tick(self) -> None:
+        self.seen = time.monotonic()
+        self.ticks += 1
+        self.loop.call_later(TICK_S, self._tick)
+
+    def running_since(self) -> float:
+        """The last time the loop was seen running (time.monotonic()); read from any thread."""
+        return self.seen
+
+    # -- the worker's loop awaits user code -------------------------------------------------------------
+
+    async def run(self, awaitable: Awaitable[Any]) -> Any:
+        """Run `awaitable` (a coroutine) on the user loop and return its result; awaited on the worker's loop."""
+        coroutine = awaitable if asyncio.iscoroutine(awaitable) else _awaited(awaitable)
+        home = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = home.create_future()
+        box: list[asyncio.Task[Any]] = []
+        try:
+            self.loop.call_soon_threadsafe(self._start, coroutine, home, done, box)
+        except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
+            coroutine.close()
+            raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
+        try:
+            return await done
+        except asyncio.CancelledError:
+            if not done.done() or done.cancelled():
+                self._cancel_soon(box)
+            raise
+
+    def _start(self, coroutine: Coroutine[Any, Any, Any], home: asyncio.AbstractEventLoop,
+               done: asyncio.Future[Any], box: list[asyncio.Task[Any]]) -> None:
+        """On the user loop: start the user task; its outcome goes back to `done` on the worker's loop."""
+        if done.cancelled():  # read across threads: at worst the task starts and is cancelled at once
+            coroutine.close()
+            return
+        task = self.loop.create_task(_exit_fails_the_call(coroutine))
+        box.append(task)
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._finished(t, home, done))
+
+    def _finished(self, task: asyncio.Task[Any], home: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            outcome: tuple[Any, BaseException | None, bool] = (None, None, True)
+        else:
+            error = task.exception()
+            outcome = (None if error is not None else task.result(), error, False)
+
+        def settle() -> None:
+            if done.done():
+                return
+            result, error, cancelled = outcome
+            if cancelled:
+                done.cancel()
+            elif error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        try:
+            home.call_soon_threadsafe(settle)
+        except RuntimeError:  # the worker's loop closed (the worker is stopping): nobody waits
+            pass
+
+    def _cancel_soon(self, box: list[asyncio.Task[Any]]) -> None:
+        def cancel() -> None:
+            for task in box:
+                task.cancel()
+
+        try:
+            self.loop.call_soon_threadsafe(cancel)
+        except RuntimeError:
+            pass
+
+    # -- user code awaits the worker's loop ------------------------------------------------------------
+
+    def call_home(self, home: asyncio.AbstractEventLoop, fn: Callable[..., asyncio.Future[Any]],
+                  *args: Any) -> asyncio.Future[Any]:
+        """On the user loop: a future of this loop that settles as the future `fn(*args)` returns on the worker's
+        loop `home` (called there) does."""
+        loop = self.loop
+        mine: asyncio.Future[Any] = loop.create_future()
+
+        def back(theirs: asyncio.Future[Any]) -> None:
+            def settle() -> None:
+                if mine.done():
+                    return
+                if theirs.cancelled():
+                    mine.cancel()
+                elif theirs.exception() is not None:
+                    mine.set_exception(theirs.exception())  # type: ignore[arg-type]
+                else:
+                    mine.set_result(theirs.result())
+
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the user loop stopped: nobody waits
+                pass
+
+        def there() -> None:
+            try:
+                theirs = fn(*args)
+            except BaseException as exc:
+                failed: asyncio.Future[Any] = home.create_future()
+                failed.set_exception(exc)
+                theirs = failed
+            theirs.add_done_callback(back)
+
+        home.call_soon_threadsafe(there)
+        return mine
+
+    # -- the end ----------------------------------------------------------------------------------------
+
+    async def stop(self, timeout_s: float = 10.0) -> bool:
+        """Cancel the user tasks still running, wait for them, and end the loop and its thread. False when the
+        loop did not come back within `timeout_s` (user code blocking it: the daemon thread is left behind)."""
+        if self.loop.is_closed():
+            return True
+
+        async def shut() -> None:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            stopped = asyncio.run_coroutine_threadsafe(shut(), self.loop)
+        except RuntimeError:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wrap_future(stopped)
+        except TimeoutError:
+            return False
+        except Exception:  # a user task that swallowed its cancel and failed: the loop still ends
+            pass
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:
+            pass
+        return True
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def _exit_fails_the_call(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """sys.exit() in user code fails its call (its task), not the loop: asyncio re-raises a SystemExit out of
+    the loop, which would end the loop's thread and leave every caller waiting."""
+    try:
+        return await coroutine
+    except SystemExit as exc:
+        raise UserCodeExit.of(exc) from exc
