@@ -23,6 +23,8 @@ checkpoints (its operator snapshots the records in flight at once) go on.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -43,11 +45,19 @@ class UserLoop:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_event_loop()
         self.ticks = 0  # with `seen`, tells one stall from the next (the watchdog reports each once)
         self.seen = time.monotonic()  # when the loop last ticked
         self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
         self._tasks: set[asyncio.Task[Any]] = set()  # on the user loop: what `stop` cancels
+        self._home: asyncio.AbstractEventLoop | None = None  # the worker's loop, which awaits the calls
+        # calls handed over and outcomes handed back, each drained by one wake-up of the loop it goes to: with
+        # many calls in flight, one thread hand-off serves several (deque's append and popleft are atomic)
+        self._inbox: collections.deque[tuple[Coroutine[Any, Any, Any], asyncio.Future[Any],
+                                             list[asyncio.Task[Any]]]] = collections.deque()
+        self._inbox_posted = False
+        self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
+        self._outbox_posted = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -75,14 +85,20 @@ class UserLoop:
     async def run(self, awaitable: Awaitable[Any]) -> Any:
         """Run `awaitable` (a coroutine) on the user loop and return its result; awaited on the worker's loop."""
         coroutine = awaitable if asyncio.iscoroutine(awaitable) else _awaited(awaitable)
-        home = asyncio.get_running_loop()
+        home = self._home
+        if home is None:
+            home = self._home = asyncio.get_running_loop()
         done: asyncio.Future[Any] = home.create_future()
         box: list[asyncio.Task[Any]] = []
-        try:
-            self.loop.call_soon_threadsafe(self._start, coroutine, home, done, box)
-        except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
-            coroutine.close()
-            raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
+        self._inbox.append((coroutine, done, box))
+        if not self._inbox_posted:  # one wake-up of the user loop for every call handed over meanwhile
+            self._inbox_posted = True
+            try:
+                self.loop.call_soon_threadsafe(self._take_inbox)
+            except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
+                self._inbox.clear()
+                coroutine.close()
+                raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
         try:
             return await done
         except asyncio.CancelledError:
@@ -90,40 +106,48 @@ class UserLoop:
                 self._cancel_soon(box)
             raise
 
-    def _start(self, coroutine: Coroutine[Any, Any, Any], home: asyncio.AbstractEventLoop,
-               done: asyncio.Future[Any], box: list[asyncio.Task[Any]]) -> None:
-        """On the user loop: start the user task; its outcome goes back to `done` on the worker's loop."""
-        if done.cancelled():  # read across threads: at worst the task starts and is cancelled at once
-            coroutine.close()
-            return
-        task = self.loop.create_task(_exit_fails_the_call(coroutine))
-        box.append(task)
-        self._tasks.add(task)
-        task.add_done_callback(lambda t: self._finished(t, home, done))
+    def _take_inbox(self) -> None:
+        """On the user loop: start the user tasks handed over."""
+        self._inbox_posted = False  # before taking: a call handed over from now on posts again
+        inbox = self._inbox
+        while inbox:
+            coroutine, done, box = inbox.popleft()
+            if done.cancelled():  # read across threads: at worst the task starts and is cancelled at once
+                coroutine.close()
+                continue
+            task = self.loop.create_task(_exit_fails_the_call(coroutine))
+            box.append(task)
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._finished, done))
 
-    def _finished(self, task: asyncio.Task[Any], home: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
+    def _finished(self, done: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
+        """On the user loop: a user task ended; its outcome goes back to the worker's loop, with the others that
+        end before that loop takes them (one wake-up)."""
         self._tasks.discard(task)
-        if task.cancelled():
-            outcome: tuple[Any, BaseException | None, bool] = (None, None, True)
-        else:
-            error = task.exception()
-            outcome = (None if error is not None else task.result(), error, False)
+        self._outbox.append((done, task))
+        if not self._outbox_posted:
+            self._outbox_posted = True
+            home = self._home
+            assert home is not None
+            try:
+                home.call_soon_threadsafe(self._take_outbox)
+            except RuntimeError:  # the worker's loop closed (the worker is stopping): nobody waits
+                pass
 
-        def settle() -> None:
+    def _take_outbox(self) -> None:
+        """On the worker's loop: settle the callers' futures as their user tasks ended."""
+        self._outbox_posted = False
+        outbox = self._outbox
+        while outbox:
+            done, task = outbox.popleft()
             if done.done():
-                return
-            result, error, cancelled = outcome
-            if cancelled:
+                continue
+            if task.cancelled():
                 done.cancel()
-            elif error is not None:
-                done.set_exception(error)
+            elif task.exception() is not None:
+                done.set_exception(task.exception())  # type: ignore[arg-type]
             else:
-                done.set_result(result)
-
-        try:
-            home.call_soon_threadsafe(settle)
-        except RuntimeError:  # the worker's loop closed (the worker is stopping): nobody waits
-            pass
+                done.set_result(task.result())
 
     def _cancel_soon(self, box: list[asyncio.Task[Any]]) -> None:
         def cancel() -> None:
@@ -202,6 +226,15 @@ class UserLoop:
         except RuntimeError:
             pass
         return True
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """The worker's kind of loop (netstack/transport.py `run`): the user's clients do their I/O on this one."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
