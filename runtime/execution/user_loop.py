@@ -58,6 +58,12 @@ class UserLoop:
         self._inbox_posted = False
         self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
         self._outbox_posted = False
+        # the same for asynchronous state requests of user code, made on the worker's loop, and their answers
+        self._requests: collections.deque[tuple[Callable[..., asyncio.Future[Any]], tuple[Any, ...],
+                                                asyncio.Future[Any]]] = collections.deque()
+        self._requests_posted = False
+        self._answers: collections.deque[tuple[asyncio.Future[Any], asyncio.Future[Any]]] = collections.deque()
+        self._answers_posted = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -164,37 +170,52 @@ class UserLoop:
     def call_home(self, home: asyncio.AbstractEventLoop, fn: Callable[..., asyncio.Future[Any]],
                   *args: Any) -> asyncio.Future[Any]:
         """On the user loop: a future of this loop that settles as the future `fn(*args)` returns on the worker's
-        loop `home` (called there) does."""
-        loop = self.loop
-        mine: asyncio.Future[Any] = loop.create_future()
+        loop `home` (called there) does. Batched like `run`: one wake-up of each loop per batch of requests."""
+        mine: asyncio.Future[Any] = self.loop.create_future()
+        self._requests.append((fn, args, mine))
+        if not self._requests_posted:
+            self._requests_posted = True
+            home.call_soon_threadsafe(self._take_requests, home)
+        return mine
 
-        def back(theirs: asyncio.Future[Any]) -> None:
-            def settle() -> None:
-                if mine.done():
-                    return
-                if theirs.cancelled():
-                    mine.cancel()
-                elif theirs.exception() is not None:
-                    mine.set_exception(theirs.exception())  # type: ignore[arg-type]
-                else:
-                    mine.set_result(theirs.result())
-
-            try:
-                loop.call_soon_threadsafe(settle)
-            except RuntimeError:  # the user loop stopped: nobody waits
-                pass
-
-        def there() -> None:
+    def _take_requests(self, home: asyncio.AbstractEventLoop) -> None:
+        """On the worker's loop: make the requests user code sent home."""
+        self._requests_posted = False
+        requests = self._requests
+        while requests:
+            fn, args, mine = requests.popleft()
             try:
                 theirs = fn(*args)
             except BaseException as exc:
-                failed: asyncio.Future[Any] = home.create_future()
-                failed.set_exception(exc)
-                theirs = failed
-            theirs.add_done_callback(back)
+                theirs = home.create_future()
+                theirs.set_exception(exc)
+            theirs.add_done_callback(functools.partial(self._answered, mine))
 
-        home.call_soon_threadsafe(there)
-        return mine
+    def _answered(self, mine: asyncio.Future[Any], theirs: asyncio.Future[Any]) -> None:
+        """On the worker's loop: a request's answer goes back to the user loop with the others answered before it
+        takes them."""
+        self._answers.append((mine, theirs))
+        if not self._answers_posted:
+            self._answers_posted = True
+            try:
+                self.loop.call_soon_threadsafe(self._take_answers)
+            except RuntimeError:  # the user loop stopped: nobody waits
+                pass
+
+    def _take_answers(self) -> None:
+        """On the user loop: settle the user code's futures as their requests were answered."""
+        self._answers_posted = False
+        answers = self._answers
+        while answers:
+            mine, theirs = answers.popleft()
+            if mine.done():
+                continue
+            if theirs.cancelled():
+                mine.cancel()
+            elif theirs.exception() is not None:
+                mine.set_exception(theirs.exception())  # type: ignore[arg-type]
+            else:
+                mine.set_result(theirs.result())
 
     # -- the end ----------------------------------------------------------------------------------------
 
