@@ -141,9 +141,10 @@ class TaskThread:
         except RuntimeError:  # the loop closed while the call ran (the worker is stopping): nobody waits
             pass
 
-    async def stop(self, timeout_s: float = 10.0) -> bool:
+    async def stop(self, timeout_s: float | None = 10.0) -> bool:
         """Let the running call finish (a cancelled task's call may still run), then end the thread. False if
-        the call did not finish within `timeout_s` (user code stuck: the daemon thread is left behind)."""
+        the call did not finish within `timeout_s` (None: no limit; user code stuck: the daemon thread is left
+        behind)."""
         loop = asyncio.get_running_loop()
         stopped: asyncio.Future[Any] = loop.create_future()
         self._calls.put((_STOP, (), loop, stopped))

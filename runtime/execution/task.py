@@ -196,6 +196,7 @@ class Task:
         # fails fatally then, runtime/execution/user_code.py); by default the daemon thread is left behind
         self.cancel_timeout_s = 10.0
         self.on_stuck: Callable[[Task], None] = _left_behind
+        self._stuck_reported = False
         self.slow_calls = 0  # user calls reported running past the worker's threshold (the worker counts them)
         self.end_of_input = False
         self.records_in = 0  # records only: watermark and status markers are counted in watermarks_in
@@ -342,32 +343,40 @@ class Task:
             await self._close()
 
     async def _close(self) -> None:
-        """The task's end: stop its asynchronous operator, close its chain and source (user code: on the task's
-        thread, so a close that blocks, a sink waiting for its broker, holds only this task), then end its thread
-        and loop. All of it within `cancel_timeout_s`; past that the task is stuck (`on_stuck`): a cancelled
-        task's call that never returns, or a close that does not."""
-        deadline = time.monotonic() + self.cancel_timeout_s
-        # a cancelled task's call may still run on its thread: what follows waits for it
-        if self._thread is not None and not await _within(deadline, self._thread.call(_nothing)):
-            return self._stuck("in a call it was cancelled in")
+        """The task's end: wait for a cancelled call still on its thread, stop its asynchronous operator, close
+        its chain and source (user code: on a thread, so a close that blocks, a sink waiting for its broker,
+        holds only this task), then end its user loop. All of it within `cancel_timeout_s` (twice that for a
+        finished task: its sinks wait for their final commit, a KafkaSink up to 70 s); past it the task is
+        stuck (`on_stuck`, once: the worker exits, as Flink's task cancellation watchdog does), and what is
+        left is still closed as far as it can be. A timeout of 0 leaves a cancelled call behind at once and
+        waits for the closes as long as they take."""
+        limit = self.cancel_timeout_s * (2 if self.state is TaskState.FINISHED else 1)
+        deadline = time.monotonic() + limit if limit > 0 else None
+
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if self._thread is not None and not await self._thread.stop(remaining() or 0.0):
+            self._stuck("in a call it was cancelled in")  # with a timeout of 0: left behind at once
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self._async_op is not None:
             try:  # its function's own close() runs on the task's loop: bounded like the rest
-                if not await _within(deadline, self.chain.aclose_async()):
-                    return self._stuck("stopping its asynchronous operator")
+                if not await _within(remaining(), self.chain.aclose_async()):
+                    self._stuck("stopping its asynchronous operator")
             except Exception as exc:
                 log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
         if self.isolation.closes_on_thread:
-            if self._thread is None:
-                self._thread = TaskThread(task_thread_name(self.task_id))
-            if not await _within(deadline, self._thread.call(self._close_user_code)):
-                return self._stuck("closing")
-            await self._thread.stop(max(0.0, deadline - time.monotonic()))
+            # a thread of its own: the task's may still be in the cancelled call (the watchdog sees this one)
+            closer = self._thread = TaskThread(task_thread_name(self.task_id))
+            if await _within(remaining(), closer.call(self._close_user_code)):
+                await closer.stop(remaining())
+            else:
+                self._stuck("closing")
         else:
             self._close_user_code()
-        if self._user_loop is not None and not await self._user_loop.stop(max(0.0, deadline - time.monotonic())):
-            return self._stuck("stopping its user loop")
+        if self._user_loop is not None and not await self._user_loop.stop(remaining()):
+            self._stuck("stopping its user loop")
 
     def _close_user_code(self) -> None:
         try:
@@ -381,8 +390,10 @@ class Task:
                 log.warning("task %s: error while closing its source: %s", self.task_id, exc)
 
     def _stuck(self, doing: str) -> None:
-        log.error("task %s: user code did not return within %.0f s while %s", self.task_id, self.cancel_timeout_s,
-                  doing)
+        if self._stuck_reported:
+            return
+        self._stuck_reported = True
+        log.error("task %s: user code did not return in time while %s", self.task_id, doing)
         self.on_stuck(self)
 
     async def _flush_periodically(self) -> None:
@@ -709,20 +720,16 @@ class Task:
             await self.wait(0.05)
 
 
-async def _within(deadline: float, awaitable: Any) -> bool:
-    """Await `awaitable` until `deadline` (time.monotonic()); False if it had not finished by then (it is left
-    running: user code cannot be stopped)."""
+async def _within(timeout_s: float | None, awaitable: Any) -> bool:
+    """Await `awaitable` for up to `timeout_s` (None: as long as it takes); False if it had not finished by then
+    (it is left running: user code cannot be stopped)."""
     future = asyncio.ensure_future(awaitable)
     try:
-        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+        async with asyncio.timeout(timeout_s):
             await asyncio.shield(future)
     except TimeoutError:
         return False
     return True
-
-
-def _nothing() -> None:
-    pass
 
 
 def _left_behind(task: Task) -> None:

@@ -219,9 +219,10 @@ class UserLoop:
 
     # -- the end ----------------------------------------------------------------------------------------
 
-    async def stop(self, timeout_s: float = 10.0) -> bool:
+    async def stop(self, timeout_s: float | None = 10.0) -> bool:
         """Cancel the user tasks still running, wait for them, and end the loop and its thread. False when the
-        loop did not come back within `timeout_s` (user code blocking it: the daemon thread is left behind)."""
+        loop did not come back within `timeout_s` (None: no limit; user code blocking it: the daemon thread is
+        left behind)."""
         if self.loop.is_closed():
             return True
 
