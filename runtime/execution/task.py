@@ -38,7 +38,7 @@ from runtime.execution.task_time import TIMER_CHUNK, TaskTime
 from runtime.execution.time_accounting import BACKPRESSURED_TIME, IDLE_TIME, TimeAccounting
 from runtime.execution.timers import current_time_ms
 from runtime.execution.user_code import RunningCall, UserCodeExit
-from runtime.execution.user_loop import UserLoop, user_loop_name
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.enums import TaskState
 
 log = logging.getLogger("sluice.task")
@@ -300,7 +300,7 @@ class Task:
             if ended_before:  # before the task can finish or acknowledge anything (the table sinks' committer)
                 await self.call(self.chain.restored_at_end, finished_before)
             if self.isolation.user_loop and self._async_op is not None:
-                self._user_loop = UserLoop(user_loop_name(self.task_id))
+                self._user_loop = UserLoop(task_thread_name(self.task_id))  # a profile counts it as the task's
                 self._async_op.use_loop(self._user_loop)
             await self.chain.open_async()
             self._restore_outputs()

@@ -33,11 +33,6 @@ from typing import Any
 from runtime.execution.user_code import UserCodeExit
 
 TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's threshold is seconds)
-USER_LOOP_PREFIX = "sluice-user-loop "
-
-
-def user_loop_name(task_id: str) -> str:
-    return f"{USER_LOOP_PREFIX}{task_id}"
 
 
 class UserLoop:
@@ -49,7 +44,6 @@ class UserLoop:
         self.ticks = 0  # with `seen`, tells one stall from the next (the watchdog reports each once)
         self.seen = time.monotonic()  # when the loop last ticked
         self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
-        self._tasks: set[asyncio.Task[Any]] = set()  # on the user loop: what `stop` cancels
         self._home: asyncio.AbstractEventLoop | None = None  # the worker's loop, which awaits the calls
         # calls handed over and outcomes handed back, each drained by one wake-up of the loop it goes to: with
         # many calls in flight, one thread hand-off serves several (deque's append and popleft are atomic)
@@ -123,13 +117,11 @@ class UserLoop:
                 continue
             task = self.loop.create_task(_exit_fails_the_call(coroutine))
             box.append(task)
-            self._tasks.add(task)
             task.add_done_callback(functools.partial(self._finished, done))
 
     def _finished(self, done: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
         """On the user loop: a user task ended; its outcome goes back to the worker's loop, with the others that
         end before that loop takes them (one wake-up)."""
-        self._tasks.discard(task)
         self._outbox.append((done, task))
         if not self._outbox_posted:
             self._outbox_posted = True
@@ -227,7 +219,8 @@ class UserLoop:
             return True
 
         async def shut() -> None:
-            tasks = list(self._tasks)
+            # every task of the loop: the calls, and what user code started on its own (a client's reader)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
