@@ -9,7 +9,7 @@
    restarts the job on the other worker from its checkpoint, and it finishes exactly once.
 4. A map that leaks memory on a worker started with `--memory-limit` (RLIMIT_AS) fails with MemoryError;
    the worker stays up.
-5. An async_map coroutine blocking 11 s in a synchronous call, and a sink whose close() blocks 11 s, beside a
+5. An async_map coroutine blocking 10.5 s in a synchronous call, and a sink whose close() blocks 10.5 s, beside a
    bounded job on the same workers: no worker dropped, the other job exact, both slow calls reported.
 """
 
@@ -130,8 +130,8 @@ def leaking(job: Job) -> None:
 
 BLOCK_S = 15.0
 HEARTBEAT_TIMEOUT_S = 10.0  # the coordinator's default
-SHORT_BLOCK_S = 11.0  # just past the heartbeat timeout: the async call and the close
-STEADY_RECORDS = 30_000  # 15 s at its 2,000 records/s: it runs all through both blocks
+SHORT_BLOCK_S = 10.5  # past the heartbeat timeout: the async call and the close
+STEADY_RECORDS = 26_000  # 13 s at its 2,000 records/s: it runs all through both blocks
 NO_RESTART = {"restart": {"max_attempts": 0}}
 
 
@@ -207,8 +207,8 @@ def test_a_map_blocking_past_the_heartbeat_timeout_touches_no_other_job(shared: 
 @pytest.mark.integration
 def test_an_async_call_and_a_close_blocking_past_the_heartbeat_timeout_touch_no_other_job(shared: Cluster) -> None:
     """`async def` user code runs on its task's own loop and a task's close() on its thread
-    (runtime/execution/user_loop.py, Task._close): an async_map coroutine that sleeps 11 s in a synchronous call,
-    and a sink whose close() sleeps 11 s at the end of its bounded job, beside a bounded job that keeps running
+    (runtime/execution/user_loop.py, Task._close): an async_map coroutine that sleeps 10.5 s in a synchronous call,
+    and a sink whose close() sleeps 10.5 s at the end of its bounded job, beside a bounded job that keeps running
     and checkpointing on the same workers: no worker is dropped, the other job finishes exact and never
     restarts, both slow calls are reported naming their functions, and both blocking jobs finish exactly once."""
     cluster = shared
