@@ -81,10 +81,17 @@ class Operator:
     watermarks: str = ""
 
 
+# Flink's `pipeline.auto-watermark-interval` default: a table's source sends its watermark every 200 ms of
+# wall-clock time (and when it has nothing to read), not after each row (runtime/api/time.py, emit_interval_ms)
+DEFAULT_WATERMARK_INTERVAL_MS: int | None = 200
+
+
 @dataclass
 class Translator:
     job: Job
     parallelism: int | None = None
+    # sources' periodic watermarks (SET 'pipeline.auto-watermark-interval'; None: after each row, deterministic)
+    watermark_interval_ms: int | None = DEFAULT_WATERMARK_INTERVAL_MS
     streams: dict[int, DataStream] = field(default_factory=dict)
     uids: dict[int, str] = field(default_factory=dict)
     operators: dict[int, list[Operator]] = field(default_factory=dict)
@@ -149,7 +156,8 @@ class Translator:
             assert node.rowtime is not None
             delay = table.watermark.delay_ms
             # Flink SQL's watermark is max(rowtime) - delay; BoundedOutOfOrderness emits max - max_delay - 1
-            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), itemgetter(node.rowtime))
+            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), itemgetter(node.rowtime),
+                                               emit_interval_ms=self.watermark_interval_ms)
             idle = table.options.get("scan.watermark.idle-timeout")
             if idle:
                 import sqlglot
@@ -158,7 +166,8 @@ class Translator:
                 from runtime.sql.expressions import interval_ms
                 watermarks = watermarks.with_idleness(interval_ms(sqlglot.parse_one(f"INTERVAL '{idle}'",
                                                                                     read=Flink)))
-            info = f"{table.watermark.column} - {delay} ms"
+            every = self.watermark_interval_ms
+            info = f"{table.watermark.column} - {delay} ms, " + (f"every {every} ms" if every else "after each row")
         source: Source
         if table.connector == "upsert-kafka":  # upserts and deletes, normalized below (kafka_tables.py)
             source = upsert_kafka_source(table, node.computed)
