@@ -132,14 +132,14 @@ async def test_timeouts_are_retried_with_backoff_then_succeed() -> None:
         return x
 
     retry = RetryPolicy(max_attempts=4, initial_backoff_s=0.02, multiplier=2)
-    h = Harness(flaky, timeout_s=0.03, retry=retry)
+    h = Harness(flaky, timeout_s=0.2, retry=retry)
     h.op.feed([7])
     await h.finish()
     assert h.out == [7] and h.failures == []
     stats = h.op.stats
     assert (stats.timed_out, stats.retried, stats.completed) == (2, 2, 1)
     gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
-    assert gaps[0] >= 0.03 + 0.02 - 0.005 and gaps[1] >= 0.03 + 0.04 - 0.005  # timeout, then the backoff
+    assert gaps[0] >= 0.2 + 0.02 - 0.005 and gaps[1] >= 0.2 + 0.04 - 0.005  # timeout, then the backoff
 
 
 async def test_a_call_failing_for_good_fails_the_task() -> None:
