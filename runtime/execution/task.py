@@ -356,8 +356,12 @@ class Task:
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        if self._thread is not None and not await self._thread.stop(remaining() or 0.0):
-            self._stuck("in a call it was cancelled in")  # with a timeout of 0: left behind at once
+        thread = self._thread
+        if thread is not None:
+            # a timeout of 0: a call in progress is left behind at once; an idle thread just ends
+            wait_s = remaining() if deadline is not None else (0.0 if thread.running_since() is not None else None)
+            if not await thread.stop(wait_s):
+                self._stuck("in a call it was cancelled in")
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self._async_op is not None:
