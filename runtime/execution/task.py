@@ -370,9 +370,14 @@ class Task:
                     self._stuck("stopping its asynchronous operator")
             except Exception as exc:
                 log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
+        closer: TaskThread | None = None
         if self.isolation.closes_on_thread:
             # a thread of its own: the task's may still be in the cancelled call (the watchdog sees this one)
-            closer = self._thread = TaskThread(task_thread_name(self.task_id))
+            try:
+                closer = self._thread = TaskThread(task_thread_name(self.task_id))
+            except RuntimeError as exc:  # no thread to be had (memory exhausted under a limit): close here,
+                log.warning("task %s: closing on the worker's loop: %s", self.task_id, exc)  # not hide the cause
+        if closer is not None:
             if await _within(remaining(), closer.call(self._close_user_code)):
                 await closer.stop(remaining())
             else:
