@@ -36,6 +36,7 @@ from runtime.sql.errors import SqlError
 from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms, position
 from runtime.sql.join_conditions import conjuncts, side_of
 from runtime.sql.join_conditions import split as split_condition
+from runtime.sql.metadata import readable, writable
 from runtime.sql.retracting import RetractingAggregate
 
 WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
@@ -425,7 +426,8 @@ class Planner:
             body = body.copy()
             body.set("with_", insert.args["with_"])
         query = self.plan_query(body)
-        physical = table.physical
+        writable(table)  # a persisted metadata column the connector cannot write is refused (declare it VIRTUAL)
+        physical = table.persisted
         columns = target.expressions if isinstance(target, exp.Schema) else None
         if columns:  # INSERT INTO t (a, b) SELECT ...: reorder, the others NULL
             positions = [next((i for i, c in enumerate(physical) if c.name == col.name), None) for col in columns]
@@ -770,7 +772,8 @@ class Planner:
         cached = self._scans.get(table.name)
         if cached is not None:
             return cached
-        physical = [Field(c.name, c.type, table.name) for c in table.physical]  # type: ignore[arg-type]
+        readable(table)  # a metadata key the connector does not offer is refused here, as Flink plans it
+        physical = [Field(c.name, c.type, table.name) for c in table.stored]  # type: ignore[arg-type]
         fields = list(physical)
         computed_fn = None
         computed_text = ""
@@ -984,6 +987,7 @@ class Planner:
                            "join needs a 'jdbc' table")
         if how not in ("inner", "left"):
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not {how.upper()}")
+        readable(table)  # jdbc offers no metadata: a metadata column is refused as a scan refuses it
         alias = dim.alias or name
         right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr,arg-type]
                              for c in table.physical)
@@ -1459,7 +1463,7 @@ def _sink_casts(table: TableDef, produced: list[T.SqlType], reorder: Callable[[A
     """Implicit casts from the query's column types to the sink's (an INT into a BIGINT is the same int; a
     BIGINT into a DOUBLE becomes a float); refuses what Flink refuses (a STRING into a BIGINT)."""
     casts: list[Callable[[Any], Any] | None] = []
-    for column, got in zip(table.physical, produced, strict=True):
+    for column, got in zip(table.persisted, produced, strict=True):
         want = column.type
         assert want is not None
         if got.name == "NULL" or got.name == want.name or (got.integral and want.integral) \
