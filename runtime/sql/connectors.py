@@ -39,7 +39,7 @@ from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
 from runtime.sql.metadata import file_metadata, kafka_metadata, kafka_written, merge, readable, writable
 
-SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "upsert-kafka", "postgres-cdc")
+SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "upsert-kafka", "postgres-cdc", "jdbc")
 SINK_CONNECTORS = ("filesystem", "print", "blackhole", "kafka", "upsert-kafka", "jdbc")
 FORMATS = ("json", "csv", "parquet")
 
@@ -274,8 +274,8 @@ def _print_value(v: Any) -> str:
 
 
 def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None) -> Source:
-    """The source of `table` (filesystem json/csv/parquet, datagen, kafka; postgres-cdc: a changelog of (kind,
-    row) pairs, runtime/sql/postgres_tables.py), its rows carrying the computed columns."""
+    """The source of `table` (filesystem json/csv/parquet, datagen, kafka, jdbc; postgres-cdc: a changelog of
+    (kind, row) pairs, runtime/sql/postgres_tables.py), its rows carrying the computed columns."""
     connector = table.connector
     if connector == "postgres-cdc":
         from runtime.sql.postgres_tables import CdcTableSource
@@ -302,6 +302,10 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         if metadata:  # records come as (record, the file's metadata values): FileRows
             inner.file_metadata = file_metadata(metadata)  # type: ignore[union-attr]
             base = _with_metadata(base, merge(table.stored, metadata))
+    elif connector == "jdbc":  # a bounded read of the table (runtime/sql/jdbc_scan.py): its rows, converted
+        from runtime.sql.jdbc_scan import JdbcScanSource
+        inner = JdbcScanSource(table)
+        base = tuple
     elif connector == "kafka":  # (an upsert-kafka table's source is runtime/sql/kafka_tables.py's)
         if metadata:  # each record's value with the metadata values of its envelope
             inner = kafka_source(table, deserializer=value_with_metadata(kafka_metadata(metadata)))

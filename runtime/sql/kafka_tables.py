@@ -46,8 +46,6 @@ def upsert_kafka_source(table: TableDef, computed: Callable[[Row], Row] | None) 
     """The source of an upsert-kafka table: (kind, row) pairs as the module docstring says."""
     if not table.primary_key:
         raise SqlError(f"table {table.name}: an 'upsert-kafka' table needs a PRIMARY KEY (...) NOT ENFORCED")
-    if table.watermark is not None:
-        raise SqlError(f"table {table.name}: reading an 'upsert-kafka' table with a WATERMARK is not supported yet")
     metadata = readable(table)
     pairs = [(c.name, T.reader(c.type)) for c in table.physical]  # type: ignore[arg-type]
     key_columns = set(table.primary_key)

@@ -12,6 +12,7 @@ Rows are tuples. An updating stream carries (kind, row) pairs (runtime/sql/chang
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -79,6 +80,23 @@ class Operator:
     keys: str = ""
     state: str = ""
     watermarks: str = ""
+
+
+def rowtime_of(index: int, table: str, *, changelog: bool) -> Callable[[Any], int]:
+    """The event time of a source's record: its row's rowtime column (itemgetter: the per-record path of every
+    event-time query), the row of a (kind, row) pair when the table is a changelog (postgres-cdc, upsert-kafka),
+    where a delete may lack it: a NULL rowtime there fails the source, as Flink's watermark assigner does."""
+    if not changelog:
+        return itemgetter(index)
+
+    def of_row(row: Any) -> int:
+        ts = row[index]
+        if ts is None:
+            raise ValueError(f"table {table}: the rowtime of a row is NULL ({row!r}); a rowtime attribute must not "
+                             "be NULL (a postgres-cdc table needs REPLICA IDENTITY FULL for a delete's whole row)")
+        return ts  # type: ignore[no-any-return]
+
+    return lambda pair: of_row(pair[1])
 
 
 @dataclass
@@ -149,7 +167,8 @@ class Translator:
             assert node.rowtime is not None
             delay = table.watermark.delay_ms
             # Flink SQL's watermark is max(rowtime) - delay; BoundedOutOfOrderness emits max - max_delay - 1
-            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), itemgetter(node.rowtime))
+            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), rowtime_of(node.rowtime, table.name,
+                                                                             changelog=not node.mode.insert_only))
             idle = table.options.get("scan.watermark.idle-timeout")
             if idle:
                 import sqlglot

@@ -1,6 +1,6 @@
-"""PostgreSQL tables in Sluice SQL: Flink's `jdbc` connector (a sink, and the dimension table of a lookup join)
-and Flink CDC's `postgres-cdc` (a changelog source), planned onto runtime/connectors' PostgresSink and
-PostgresCdcSource, so exactly as exact as they are.
+"""PostgreSQL tables in Sluice SQL: Flink's `jdbc` connector (a sink, the dimension table of a lookup join, and a
+bounded scan: runtime/sql/jdbc_scan.py) and Flink CDC's `postgres-cdc` (a changelog source), planned onto
+runtime/connectors' PostgresSink and PostgresCdcSource, so exactly as exact as they are.
 
 - `jdbc` written: with a PRIMARY KEY the exactly-once upsert sink (+I/+U upserted, -D deleted by key, -U dropped:
   the +U after it replaces the row, as Flink's JDBC upsert sink does), without one it appends (insert-only
@@ -37,7 +37,9 @@ from runtime.sql.errors import SqlError
 # lookup.async.capacity is Sluice's (the lookups in flight per subtask); the rest are Flink's
 JDBC_OPTIONS = ("connector", "url", "table-name", "username", "password", "driver", "sink.delivery-guarantee",
                 "lookup.cache", "lookup.partial-cache.max-rows", "lookup.partial-cache.expire-after-write",
-                "lookup.partial-cache.cache-missing-key", "lookup.max-retries", "lookup.async.capacity")
+                "lookup.partial-cache.cache-missing-key", "lookup.max-retries", "lookup.async.capacity",
+                "scan.partition.column", "scan.partition.num", "scan.partition.lower-bound",
+                "scan.partition.upper-bound", "scan.fetch-size")
 CDC_OPTIONS = ("connector", "hostname", "port", "username", "password", "database-name", "schema-name",
                "table-name", "slot.name", "decoding.plugin.name", "debezium.publication.name",
                "scan.incremental.snapshot.enabled", "changelog-mode")
@@ -88,6 +90,26 @@ def jdbc_dsn(table: TableDef) -> str:
     _option(table, "table-name")
     return _dsn(parts.hostname, str(port), unquote(database), table.options.get("username"),
                 table.options.get("password"))
+
+
+def check_table(dsn: str, table_name: str, columns: Sequence[str], where: str) -> None:
+    """A jdbc table read (looked up or scanned) exists with `columns` and may be selected from, or one line raised
+    (ValueError; PostgresError when the server cannot be reached)."""
+    conn = pgc.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            info = pgc.table_info(cur, table_name)
+            if info is None:
+                raise ValueError(f"{where}: no such table")
+            missing = [c for c in columns if c not in info.columns]
+            if missing:
+                raise ValueError(f"{where}: no column {', '.join(missing)} (the table has "
+                                 f"{', '.join(info.columns)})")
+            cur.execute("SELECT has_table_privilege(%s, 'SELECT')", (pgc.qualified(table_name),))
+            if not cur.fetchone()[0]:
+                raise ValueError(f"{where}: no SELECT privilege on the table")
+    finally:
+        conn.close()
 
 
 # -- jdbc: the sink ----------------------------------------------------------------------------------------------
@@ -169,8 +191,6 @@ class CdcTableSource(PostgresCdcSource):
             value = table.options.get(key)
             if value is not None and allowed is not None and value != allowed:
                 raise SqlError(f"table {table.name}: '{key}' must be '{allowed}', got '{value}'")
-        if table.watermark is not None:
-            raise SqlError(f"table {table.name}: a 'postgres-cdc' table is a changelog; it takes no WATERMARK")
         port = table.options.get("port", "5432")
         if not port.isdigit():
             raise SqlError(f"table {table.name}: 'port' must be a number, got '{port}'")
@@ -328,22 +348,7 @@ class LookupFunction:
     def check_at_submit(self, context: Any) -> None:
         """The coordinator's submit check (runtime/graph/admission.py): the table, its columns and the SELECT
         privilege, or one line raised."""
-        where = f"lookup table {self.table_name}"
-        conn = pgc.connect(self.dsn)  # PostgresError (a RuntimeError): one line naming the server
-        try:
-            with conn.cursor() as cur:
-                info = pgc.table_info(cur, self.table_name)
-                if info is None:
-                    raise ValueError(f"{where}: no such table")
-                missing = [c for c in self.columns if c not in info.columns]
-                if missing:
-                    raise ValueError(f"{where}: no column {', '.join(missing)} (the table has "
-                                     f"{', '.join(info.columns)})")
-                cur.execute("SELECT has_table_privilege(%s, 'SELECT')", (pgc.qualified(self.table_name),))
-                if not cur.fetchone()[0]:
-                    raise ValueError(f"{where}: no SELECT privilege on the table")
-        finally:
-            conn.close()
+        check_table(self.dsn, self.table_name, self.columns, f"lookup table {self.table_name}")
 
     def _statement(self) -> Any:
         sql = pgc.psycopg2().sql

@@ -703,3 +703,32 @@ INSERT INTO per_region SELECT loud, COUNT(*) FROM customer_changes GROUP BY loud
         table_source.close()
         execute(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                      "WHERE slot_name LIKE 'sql_cdc%'", autocommit=True)
+
+    # the same table read as a bounded jdbc scan, in 3 id ranges over 2 subtasks; a restore mid-split resumes
+    # after what was emitted
+    scan = Job("scan")
+    scan.sql(f"""
+CREATE TABLE customer_rows (id BIGINT, region STRING) WITH ('connector' = 'jdbc', 'url' = '{url}',
+  'table-name' = 'customers', 'username' = 'sluice', 'scan.partition.column' = 'id', 'scan.partition.num' = '3',
+  'scan.partition.lower-bound' = '0', 'scan.partition.upper-bound' = '19', 'scan.fetch-size' = '4');
+CREATE TABLE scanned (id BIGINT, region STRING) WITH ('connector' = 'print');
+INSERT INTO scanned SELECT id, region FROM customer_rows;
+""")
+    scan_source = next(n.payload for n in scan.nodes if n.kind == "source")
+    scan_source.check_at_submit(None)
+    now = {**regions, 3: "central"}
+    del now[4]
+    read_rows: list[tuple[int, str]] = []
+    for subtask in range(2):
+        scan_source.open(subtask, 2)
+        first = scan_source.read_batch(3) or []  # ids 0-2 of split 0 (0-6) for subtask 0, 7-9 of split 1
+        position = scan_source.position()
+        scan_source.close()
+        scan_source.open(subtask, 2)
+        scan_source.restore(position)
+        read_rows += first
+        while (batch := scan_source.read_batch(5)) is not None:
+            read_rows += batch
+        scan_source.close()
+        assert position == [0, 3] and [r[0] for r in first] == [[0, 1, 2], [7, 8, 9]][subtask]
+    assert sorted(read_rows) == sorted(now.items())

@@ -279,3 +279,78 @@ CREATE TABLE out (id BIGINT, n BIGINT) WITH ('connector' = 'print');
 INSERT INTO out SELECT id, COUNT(*) FROM c GROUP BY id;
 """)
     assert refusal(info).startswith(message)
+
+
+CDC_RATES = """
+CREATE TABLE rates (currency STRING, rate BIGINT, updated TIMESTAMP(3), PRIMARY KEY (currency) NOT ENFORCED,
+  WATERMARK FOR updated AS updated - INTERVAL '2' SECOND)
+  WITH ('connector' = 'postgres-cdc', 'hostname' = 'db.local', 'username' = 'app', 'database-name' = 'shop',
+        'table-name' = 'rates', 'slot.name' = 'flink');
+CREATE TABLE orders (id BIGINT, currency STRING, t TIMESTAMP(3), WATERMARK FOR t AS t)
+  WITH ('connector' = 'datagen');
+CREATE TABLE priced (id BIGINT, rate BIGINT) WITH ('connector' = 'print');
+INSERT INTO priced SELECT o.id, r.rate FROM orders AS o
+  JOIN rates FOR SYSTEM_TIME AS OF o.t AS r ON o.currency = r.currency;
+"""
+
+
+def test_a_watermark_on_a_postgres_cdc_table_reads_event_time_from_each_changes_row() -> None:
+    """Event time over a CDC changelog, as Flink allows: the rates table is a versioned table of an event-time
+    temporal join; each change's time is its row's rowtime, a delete's from its before image."""
+    job = plan(CDC_RATES)
+    node = next(n for n in job.nodes if n.kind == "source" and isinstance(n.payload, CdcTableSource))
+    strategy = node.watermarks
+    assert strategy is not None and strategy.max_delay_ms == 1999  # Flink's max - delay, as emitted max - d - 1
+    assert [strategy.timestamp(c) for c in [("+I", ("EUR", 10, 1000)), ("-U", ("EUR", 10, 1000)),
+                                            ("+U", ("EUR", 11, 4000)), ("-D", ("EUR", 11, 4000))]] == [
+        1000, 1000, 4000, 4000]
+    # a delete without its whole row (no REPLICA IDENTITY FULL) has no rowtime: the source fails saying why
+    with pytest.raises(ValueError, match="table rates: the rowtime of a row is NULL .*REPLICA IDENTITY FULL"):
+        strategy.timestamp(("-D", ("EUR", None, None)))
+    assert "TemporalJoin" in explain(session_of(job))
+
+
+JDBC_SCAN = """
+CREATE TABLE customers (id BIGINT, region STRING, since TIMESTAMP(3), PRIMARY KEY (id) NOT ENFORCED,
+  WATERMARK FOR since AS since)
+  WITH ('connector' = 'jdbc', 'url' = 'jdbc:postgresql://db.local:6543/shop', 'table-name' = 'crm.customers',
+        'username' = 'app'{extra});
+CREATE TABLE out_t (id BIGINT, region STRING) WITH ('connector' = 'print');
+INSERT INTO out_t SELECT id, region FROM customers;
+"""
+
+
+def test_a_jdbc_table_read_by_a_query_is_a_bounded_scan_split_as_flink_splits_it() -> None:
+    from runtime.sql.jdbc_scan import JdbcScanSource, partition_ranges, splits_of
+
+    job = plan(JDBC_SCAN.format(extra=""))
+    source = next(n.payload for n in job.nodes if n.kind == "source")
+    scan = source.inner
+    assert isinstance(scan, JdbcScanSource) and source.bounded and source.check_at_submit == scan.check_at_submit
+    assert (scan.dsn, scan.table_name, scan.columns, scan.order, scan.splits) == (
+        "host=db.local port=6543 dbname=shop user=app", "crm.customers", ["id", "region", "since"], ["id"], [None])
+    assert splits_of(scan.splits, 0, 2) == [None] and splits_of(scan.splits, 1, 2) == []
+    split = plan(JDBC_SCAN.format(extra=", 'scan.partition.column' = 'id', 'scan.partition.num' = '4', "
+                                        "'scan.partition.lower-bound' = '1', 'scan.partition.upper-bound' = '10', "
+                                        "'scan.fetch-size' = '50'")).nodes[0].payload.inner
+    assert (split.partition_column, split.splits, split.fetch_size) == ("id", [(1, 3), (4, 6), (7, 8), (9, 10)], 50)
+    assert splits_of(split.splits, 1, 3) == [(4, 6)] and splits_of(split.splits, 0, 3) == [(1, 3), (9, 10)]
+    # Flink's JdbcNumericBetweenParametersProvider.ofBatchNum: the first ranges one longer, no more than values
+    assert partition_ranges(0, 9, 3) == [(0, 3), (4, 6), (7, 9)]
+    assert partition_ranges(5, 6, 4) == [(5, 5), (6, 6)]
+    assert partition_ranges(-3, 3, 1) == [(-3, 3)]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (", 'scan.partition.column' = 'id'", "table customers: the 'scan.partition.*' options go together; "
+                                         "'scan.partition.num' is missing"),
+    (", 'scan.partition.column' = 'region', 'scan.partition.num' = '2', 'scan.partition.lower-bound' = '0', "
+     "'scan.partition.upper-bound' = '9'", "table customers: 'scan.partition.column' must name a numeric"),
+    (", 'scan.partition.column' = 'id', 'scan.partition.num' = '0', 'scan.partition.lower-bound' = '0', "
+     "'scan.partition.upper-bound' = '9'", "table customers: 'scan.partition.num' must be at least 1"),
+    (", 'scan.fetch-size' = 'many'", "table customers: 'scan.fetch-size' must be a whole number, got 'many'"),
+])
+def test_bad_jdbc_scan_options_are_one_line(extra: str, message: str) -> None:
+    with pytest.raises(SqlError) as info:
+        plan(JDBC_SCAN.format(extra=extra))
+    assert refusal(info).startswith(message)
