@@ -301,11 +301,12 @@ class Translator:
             out = stream.key_by(node.key_fn).process(sfn, name=self._name(node))
             return self._added(out, uid, ops, keys=partition, state="rows until the watermark passes them")
         if not node.input.mode.insert_only:
-            rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank)
+            rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank, offset=node.offset)
             out = stream.key_by(_of_row(node.key_fn)).process(rfn, name=self._name(node))
             return self._added(out, uid, ops, keys=partition, state="every row per key (the top "
                                f"{node.limit} emitted; a retracted one lets the next in)")
-        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
+        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties,
+                          offset=node.offset)
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
