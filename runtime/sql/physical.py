@@ -345,7 +345,9 @@ class Translator:
         retry = RetryPolicy(max_attempts=lookup.settings.max_retries + 1)
         looked_up = stream.async_map(lookup, capacity=lookup.settings.capacity, timeout_s=30.0, ordered=True,
                                      retry=retry, name=self._name(node))
-        cache = (f", cache: {lookup.settings.cache_rows} rows" if lookup.settings.cache_rows else "")
+        cache = (f", cache: {lookup.settings.cache_rows} rows" if lookup.settings.cache_rows else
+                 f", the whole table, reloaded every {lookup.settings.full_reload_ms} ms"
+                 if lookup.settings.full_reload_ms else "")
         self._added(looked_up, uid, ops, keys=", ".join(node.lookup_columns),
                     state=f"the lookups in flight{cache}")
         flat = looked_up.flat_map(_identity, name=f"{self._name(node)} rows")

@@ -12,6 +12,7 @@ aggregation, sinks) mid-run: the tables end exact.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import signal
@@ -732,3 +733,30 @@ INSERT INTO scanned SELECT id, region FROM customer_rows;
         scan_source.close()
         assert position == [0, 3] and [r[0] for r in first] == [[0, 1, 2], [7, 8, 9]][subtask]
     assert sorted(read_rows) == sorted(now.items())
+
+    # the lookup join's FULL cache: the whole table loaded once, answers from memory until the interval passed
+    full = Job("full")
+    assert "'lookup.partial-cache.expire-after-write' = '1 min'" in script
+    full.sql(script.replace("'lookup.cache' = 'PARTIAL', 'lookup.partial-cache.max-rows' = '100',\n        "
+                            "'lookup.partial-cache.expire-after-write' = '1 min'",
+                            "'lookup.cache' = 'FULL', 'lookup.full-cache.periodic-reload.interval' = '1 min'"))
+    lookup = next(n.payload for n in full.nodes if n.kind == "async_map").fn
+    assert lookup.settings.full_reload_ms == 60_000
+    clock = [100.0]
+    lookup._clock = lambda: clock[0]
+
+    async def looked_up() -> list[Any]:
+        answers = [await lookup((1, 3, 10, 0))]
+        execute(dsn, "UPDATE customers SET region = 'south' WHERE id = 3")
+        answers.append(await lookup((2, 3, 10, 0)))  # the cache, loaded at 100 s: still central
+        clock[0] = 160.5
+        answers += [await lookup((3, 3, 10, 0)), await lookup((4, 4, 1, 0))]  # reloaded; 4 was deleted
+        return answers
+
+    try:
+        answers = asyncio.run(looked_up())
+    finally:
+        lookup.close()
+    assert answers == [[(1, 3, 10, 0, 3, "central")], [(2, 3, 10, 0, 3, "central")],
+                       [(3, 3, 10, 0, 3, "south")], [(4, 4, 1, 0, None, None)]]
+    assert lookup.lookups == 2  # two loads of the table, no query per key

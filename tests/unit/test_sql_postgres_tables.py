@@ -19,6 +19,7 @@ from runtime.sql.errors import SqlError  # noqa: E402
 from runtime.sql.explain import explain  # noqa: E402
 from runtime.sql.postgres_tables import (  # noqa: E402
     CdcTableSource,
+    FullCache,
     JdbcSink,
     LookupCache,
     LookupFunction,
@@ -163,8 +164,19 @@ def test_an_inner_lookup_join_keeps_the_rest_of_on_as_a_filter_of_the_joined_row
     (LOOKUP.format(join="JOIN", rest="").replace("o.customer = c.id", "o.customer > c.id"), "",
      "JOIN customers FOR SYSTEM_TIME AS OF: the ON condition needs an equality between a column of customers and "
      "the left side (the lookup key)"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'ALL'",
+     "table customers: 'lookup.cache' must be NONE, PARTIAL or FULL, got 'ALL'"),
     (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL'",
-     "table customers: 'lookup.cache' must be NONE or PARTIAL (FULL is not supported), got 'FULL'"),
+     "table customers: 'lookup.cache' = 'FULL' needs 'lookup.full-cache.periodic-reload.interval' ('10 min')"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL', 'lookup.full-cache.reload-strategy' = 'TIMED'",
+     "table customers: 'lookup.full-cache.reload-strategy' must be PERIODIC (TIMED is not supported yet)"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL', "
+     "'lookup.full-cache.periodic-reload.interval' = 'soon'",
+     "table customers: 'lookup.full-cache.periodic-reload.interval' must be a positive duration"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL', "
+     "'lookup.full-cache.periodic-reload.interval' = '1 min', "
+     "'lookup.full-cache.periodic-reload.schedule-mode' = 'CRON'",
+     "table customers: 'lookup.full-cache.periodic-reload.schedule-mode' must be FIXED_DELAY or FIXED_RATE"),
     (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'PARTIAL'",
      "table customers: 'lookup.cache' = 'PARTIAL' needs 'lookup.partial-cache.max-rows' above 0"),
     (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.max-retries' = 'many'",
@@ -195,6 +207,24 @@ def test_the_partial_cache_evicts_the_least_recently_used_and_expires_after_writ
     assert [cache.get(k, 40)[0] for k in [("a",), ("b",), ("c",)]] == [True, False, True]
     assert cache.get(("a",), 1000) == (False, None) and len(cache) == 1  # written at 0: expired at 1000
     assert cache.get(("c",), 1029) == (True, [(3,)])
+
+
+def test_the_full_cache_indexes_the_whole_table_and_is_due_again_after_its_interval() -> None:
+    delay = FullCache(1000, fixed_rate=False)
+    assert delay.due(0)
+    delay.load([(1, "n"), (2, "s"), (1, "again")], [0], started_ms=0, finished_ms=300)
+    assert (delay.get((1,)), delay.get((2,)), delay.get((9,))) == ([(1, "n"), (1, "again")], [(2, "s")], [])
+    assert [delay.due(t) for t in (999, 1299, 1300)] == [False, False, True]  # fixed delay: from the load's end
+    rate = FullCache(1000, fixed_rate=True)
+    rate.load([], [0], started_ms=0, finished_ms=300)
+    assert [rate.due(t) for t in (999, 1000)] == [False, True]  # fixed rate: from the load's start
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra=", 'lookup.cache' = 'FULL', "
+                                         "'lookup.full-cache.periodic-reload.interval' = '10 min', "
+                                         "'lookup.full-cache.periodic-reload.schedule-mode' = 'FIXED_RATE'")
+               + TOTALS.format(key="", url=URL, extra="") + LOOKUP.format(join="LEFT JOIN", rest=""))
+    lookup = next(n.payload for n in job.nodes if n.kind == "async_map").fn
+    assert lookup.settings == LookupSettings(full_reload_ms=600_000, full_fixed_rate=True)
+    assert "state the lookups in flight, the whole table, reloaded every 600000 ms" in explain(session_of(job))
 
 
 def test_join_rows_pad_a_left_joins_miss_and_drop_an_inner_ones() -> None:
