@@ -11,7 +11,10 @@ then per query: Sluice runs the script (scripts/nexmark/tables.sql + a filesyste
 key when it updates) with `sluice sql` on a local cluster; Flink runs the same SELECT (scripts/flink_nexmark_job.py)
 and applies its changelog. Both results are compared as multisets of rows (timestamps in Flink SQL's text form,
 decimals as numbers). Prints a table: rows, equal or not, Sluice's job time (submit to FINISHED, from `sluice sql`'s
-last line) and Flink's (submit to the end of the results), their ratio. Exit status 1 when a query differs.
+last line) and Flink's (submit to the end of the results), their ratio; with --throughput instead the events per
+second of each (the generated events over the job's time, Nexmark's convention: every query is charged the whole
+event stream), median and slowest of --repeat runs (alternating Sluice, Flink), and the load average over them.
+--json FILE appends one JSON line per run. Exit status 1 when a query differs.
 """
 
 from __future__ import annotations
@@ -119,6 +122,14 @@ def run_flink(python: str, data: Path, name: str, parallelism: int) -> tuple[Cou
     return Counter(lines[:-1]), float(summary["flink_seconds"])
 
 
+def record(path: str | None, query: str, engine: str, run: int, seconds: float, events: int) -> None:
+    """One run as a JSON line (query, engine, run, seconds, events/s, the 1-minute load average after it)."""
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"query": query, "engine": engine, "run": run, "seconds": seconds,
+                                "events_per_s": events / seconds, "load": os.getloadavg()[0]}) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200_000)
@@ -128,23 +139,33 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--throughput", action="store_true", help="print events/s (median, slowest) and the load")
+    parser.add_argument("--json", help="append one JSON line per run to this file")
     args = parser.parse_args()
     data = Path(args.data)
     generate(data, args.events)
     names = [q.strip() for q in args.queries.split(",") if q.strip()]
-    print(f"{'query':<6} {'rows':>9} {'equal':<6} {'sluice s':>9} {'slowest':>8} {'flink s':>8} {'slowest':>8} "
-          f"{'sluice/flink':>12}")
+    if args.throughput:
+        print(f"{'query':<6} {'rows':>9} {'equal':<6} {'sluice ev/s':>11} {'slowest':>8} {'flink ev/s':>10} "
+              f"{'slowest':>8} {'sluice/flink':>12} {'load':>10}")
+    else:
+        print(f"{'query':<6} {'rows':>9} {'equal':<6} {'sluice s':>9} {'slowest':>8} {'flink s':>8} {'slowest':>8} "
+              f"{'sluice/flink':>12}")
     failed = False
     for name in names:
         sluice_times, flink_times = [], []
         ours: Counter[str] = Counter()
         theirs: Counter[str] | None = None
-        for _ in range(args.repeat):
+        loads = [os.getloadavg()[0]]
+        for run in range(args.repeat):
             ours, s = run_sluice(data, name, args.workers, args.parallelism)
             sluice_times.append(s)
+            record(args.json, name, "sluice", run, s, args.events)
             if args.flink_python:
                 theirs, f = run_flink(args.flink_python, data, name, args.parallelism)
                 flink_times.append(f)
+                record(args.json, name, "flink", run, f, args.events)
+            loads.append(os.getloadavg()[0])
         equal: Any = "-"
         if theirs is not None:
             equal = ours == theirs
@@ -155,6 +176,12 @@ def main() -> int:
                       f"{sum(extra.values())} only Sluice has, e.g. {list(extra)[:2]}")
         fm = median(flink_times) if flink_times else float("nan")
         sm = median(sluice_times)
+        if args.throughput:
+            slowest_flink = args.events / max(flink_times) if flink_times else float("nan")
+            print(f"{name:<6} {sum(ours.values()):>9,} {str(equal):<6} {args.events / sm:>11,.0f} "
+                  f"{args.events / max(sluice_times):>8,.0f} {args.events / fm:>10,.0f} {slowest_flink:>8,.0f} "
+                  f"{fm / sm:>12.2f} {min(loads):>4.0f}-{max(loads):<4.0f}", flush=True)
+            continue
         print(f"{name:<6} {sum(ours.values()):>9,} {str(equal):<6} {sm:>9.2f} {max(sluice_times):>8.2f} "
               f"{fm:>8.2f} {max(flink_times) if flink_times else float('nan'):>8.2f} {sm / fm:>12.2f}", flush=True)
     return 1 if failed else 0
