@@ -63,10 +63,14 @@ async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str,
     return {"wall_s": wall_s, "rows_out": out}
 
 
-def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain_ms: int = 10) -> dict[str, Any]:
+def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: str = "10") -> dict[str, Any]:
+    """One run; `grain` is a granularity in ms (a watermark after each record that moves it) or `pN`
+    (periodic watermarks every N ms of wall-clock time, granularity 1 ms)."""
     os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
     os.environ["SLUICE_BENCH_JITTER_MS"] = str(jitter_ms)
-    os.environ["SLUICE_BENCH_GRAIN_MS"] = str(grain_ms)
+    periodic = grain.startswith("p")
+    os.environ["SLUICE_BENCH_GRAIN_MS"] = "1" if periodic else grain
+    os.environ["SLUICE_BENCH_WATERMARK_INTERVAL_MS"] = grain[1:] if periodic else ""
     log_dir = tempfile.mkdtemp(prefix="sluice-bench-windows-")
     cluster = LocalCluster(workers=2, slots=2, log_dir=log_dir)
     from bench_throughput import logs_kept_on_failure  # same directory
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flink-records", type=int, default=None,
                         help="records of the Flink job (default --records; more amortise its job start-up)")
     parser.add_argument("--grain-ms", default="10",
-                        help="event time between two watermarks of a source subtask (granularity_ms; default 10); "
+                        help="event time between two watermarks of a source subtask (granularity_ms; default 10), "
+                             "or pN: periodic watermarks every N ms of wall-clock time (p200 is Flink's default); "
                              "a comma-separated list runs each Sluice job once per grain, named job@grain")
     parser.add_argument("--flink-watermark-interval-ms", type=int, default=None,
                         help="Flink's periodic watermark interval (pipeline.auto-watermark-interval; its default "
@@ -114,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in JOBS]
     if unknown:
         parser.error(f"unknown --jobs {unknown}; known: {', '.join(JOBS)}")
-    grains = [int(g) for g in args.grain_ms.split(",")]
+    grains = [g.strip() for g in args.grain_ms.split(",")]
+    bad = [g for g in grains if not (g[1:] if g.startswith("p") else g).isdecimal()]
+    if bad:
+        parser.error(f"--grain-ms takes integers or pN, got {bad}")
     if len(grains) > 1:
         names = [f"{n}@{g}" for n in names for g in grains]
     if args.flink_python:
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                               args.flink_watermark_interval_ms)
             else:
                 job, _, grain = name.partition("@")
-                r = run_one(JOBS[job], args.records, args.jitter_ms, args.timeout, int(grain or grains[0]))
+                r = run_one(JOBS[job], args.records, args.jitter_ms, args.timeout, grain or grains[0])
             runs[name].append(r)
             if not args.json:
                 rows = "" if r["rows_out"] is None else f", {r['rows_out']:,} rows out"

@@ -332,9 +332,9 @@ MIN_WATERMARK = -(2**63)
 
 class PartitionWatermarks:
     """A source subtask's watermark generator (runtime/execution/watermarks.py's WatermarkGenerator interface:
-    on_timestamp, snapshot, max_ts, last_emitted, idle) that keeps bounded out-of-orderness per partition and
-    emits the minimum over the partitions that are not idle, as Flink's KafkaSource does: one partition far
-    ahead of another does not make the other's records late. `current()` names the partition of the record
+    on_timestamp, observe, due, snapshot, max_ts, last_emitted, idle) that keeps bounded out-of-orderness per
+    partition and emits the minimum over the partitions that are not idle, as Flink's KafkaSource does: one
+    partition far ahead of another does not make the other's records late. `current()` names the partition of the record
     being timed (the source hands out one partition per batch), `partitions()` the subtask's partitions and
     `idle()` those without a record for the strategy's idle timeout; both are read, never the clock. A
     partition that has had no record yet holds the watermark back until it is idle. The state is
@@ -360,13 +360,25 @@ class PartitionWatermarks:
                 self.partition_max = {str(k): int(v) for k, v in state[3].items()}
 
     def on_timestamp(self, ts: int) -> int | None:
-        tp = self._current()
-        key = f"{tp[0]}:{tp[1]}" if tp is not None else ""
+        self.observe(ts)
+        return self.due()
+
+    def observe(self, ts: int) -> None:
+        """A record of the current partition with timestamp `ts` (periodic emission: `due` decides later)."""
+        key = self._current_key()
         if ts > self.partition_max.get(key, MIN_WATERMARK):
             self.partition_max[key] = ts
-        self.max_ts = max(self.max_ts, ts)
+        if ts > self.max_ts:
+            self.max_ts = ts
+
+    def _current_key(self) -> str:
+        tp = self._current()
+        return f"{tp[0]}:{tp[1]}" if tp is not None else ""
+
+    def due(self) -> int | None:
+        """The minimum over the partitions that are not idle, less the delay, when above the last emitted."""
         idle = self._idle()
-        keys = [f"{t}:{p}" for t, p in self._partitions() if (t, p) not in idle] or [key]
+        keys = [f"{t}:{p}" for t, p in self._partitions() if (t, p) not in idle] or [self._current_key()]
         low = min(self.partition_max.get(k, MIN_WATERMARK) for k in keys)
         if low == MIN_WATERMARK:
             return None

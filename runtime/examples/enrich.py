@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -35,6 +36,22 @@ def build_bench_async(job: Job) -> None:
     capacity = int(os.environ.get("SLUICE_BENCH_CAPACITY", "100"))
     (job.source(GeneratorSource(count=_records(), keys=100), parallelism=1)
         .async_map(lookup, capacity=capacity, timeout_s=5.0)
+        .sink(DiscardSink()))
+
+
+_PAUSE_S = float(os.environ.get("SLUICE_BENCH_LATENCY_MS", "20")) / 1000
+
+
+async def pause(record: Any) -> Any:
+    """A call that only waits: the benchmark's side-by-side with PyFlink's async operator (no service)."""
+    await asyncio.sleep(_PAUSE_S)
+    return record
+
+
+def build_bench_async_sleep(job: Job) -> None:
+    capacity = int(os.environ.get("SLUICE_BENCH_CAPACITY", "100"))
+    (job.source(GeneratorSource(count=_records(), keys=100), parallelism=1)
+        .async_map(pause, capacity=capacity, timeout_s=60.0)
         .sink(DiscardSink()))
 
 

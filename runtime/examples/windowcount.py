@@ -30,7 +30,9 @@ def _bench_stream(job: Job):
     records = int(os.environ.get("SLUICE_BENCH_RECORDS", "2000000"))
     jitter = int(os.environ.get("SLUICE_BENCH_JITTER_MS", "0"))
     grain = int(os.environ.get("SLUICE_BENCH_GRAIN_MS", "10"))  # event time between two watermarks
-    watermarks = BoundedOutOfOrderness(max_delay_ms=jitter, timestamp=_event_time, granularity_ms=grain)
+    interval = os.environ.get("SLUICE_BENCH_WATERMARK_INTERVAL_MS")  # periodic watermarks (bench_windows --grain-ms pN)
+    watermarks = BoundedOutOfOrderness(max_delay_ms=jitter, timestamp=_event_time, granularity_ms=grain,
+                                       emit_interval_ms=int(interval) if interval else None)
     source = GeneratorSource(count=records, keys=1000, seed=7, jitter_ms=jitter)
     return job.source(source, parallelism=2, watermarks=watermarks).key_by(lambda r: r[0])
 

@@ -75,6 +75,7 @@ class SourceDriver:
                 return
             if end is RunEnd.DRAINED:  # nothing to read now
                 if self.time is not None:
+                    self.time.flush_periodic()  # a watermark held back for its interval leaves now
                     self.idle_since, turned_idle = self.time.source_idle(self.idle_since, time.monotonic())
                     if turned_idle:
                         for sub in self.outputs:

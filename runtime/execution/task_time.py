@@ -11,6 +11,7 @@ and the input processor fires the rest a chunk at a time with the mailbox served
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,8 @@ class TaskTime:
         self.idle_forwarded = False  # the status last sent downstream
         self._timestamp_of: Callable[[Any], int] = lambda record: 0
         self._idle_timeout_s: float | None = None
+        self._emit_interval_s: float | None = None  # periodic watermarks (BoundedOutOfOrderness.emit_interval_ms)
+        self._next_emit_at = 0.0  # monotonic time the next periodic watermark may leave
         if source is not None:
             strategy = chain.watermarks
             if strategy is not None:
@@ -48,6 +51,8 @@ class TaskTime:
                 self._timestamp_of = strategy.timestamp
                 self._idle_timeout_s = (strategy.idle_timeout_ms / 1000
                                         if strategy.idle_timeout_ms is not None else None)
+                if strategy.emit_interval_ms is not None:
+                    self._emit_interval_s = strategy.emit_interval_ms / 1000
                 self.forwarded = self.generator.last_emitted
                 self.idle_forwarded = self.generator.idle
             else:
@@ -82,6 +87,15 @@ class TaskTime:
             process([(None, r) for r in records])
             return
         timestamp_of = self._timestamp_of
+        if self._emit_interval_s is not None:  # periodic: one watermark per interval, after a whole chunk
+            stamps = list(map(timestamp_of, records))
+            process(list(zip(stamps, records, strict=True)))
+            generator.observe(max(stamps))
+            now = time.monotonic()
+            if now >= self._next_emit_at:
+                self._next_emit_at = now + self._emit_interval_s
+                self.emit_due()
+            return
         on_timestamp = generator.on_timestamp
         out: list[Any] = []
         add = out.append
@@ -97,6 +111,20 @@ class TaskTime:
                 self.forwarded = w
         if out:
             process(out)
+
+    def flush_periodic(self) -> None:
+        """The source has nothing to read: with periodic emission, the watermark held back leaves now."""
+        if self._emit_interval_s is not None:
+            self.emit_due()
+
+    def emit_due(self) -> None:
+        """Send the watermark the source's records so far allow, if it advanced."""
+        generator = self.generator
+        assert generator is not None
+        w = generator.due()
+        if w is not None:
+            self.chain.forward_watermark(w)
+            self.forwarded = w
 
     def source_active(self) -> None:
         """The source read records again: an idle source says it is active before them."""

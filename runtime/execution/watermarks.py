@@ -41,7 +41,18 @@ class WatermarkGenerator:
         if ts <= self.max_ts:
             return None
         self.max_ts = ts
-        w = ts - self.max_delay_ms - 1
+        return self.due()
+
+    def observe(self, ts: int) -> None:
+        """Periodic emission: remember the highest timestamp; the watermark leaves at the next `due`."""
+        if ts > self.max_ts:
+            self.max_ts = ts
+
+    def due(self) -> int | None:
+        """The watermark the highest timestamp so far allows, when it is above the last one emitted."""
+        if self.max_ts == MIN_WATERMARK:
+            return None
+        w = self.max_ts - self.max_delay_ms - 1
         w -= w % self.granularity_ms  # floor (Python's % takes the sign of the divisor)
         if w > self.last_emitted:
             self.last_emitted = w

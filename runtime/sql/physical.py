@@ -99,10 +99,17 @@ def rowtime_of(index: int, table: str, *, changelog: bool) -> Callable[[Any], in
     return lambda pair: of_row(pair[1])
 
 
+# Flink's `pipeline.auto-watermark-interval` default: a table's source sends its watermark every 200 ms of
+# wall-clock time (and when it has nothing to read), not after each row (runtime/api/time.py, emit_interval_ms)
+DEFAULT_WATERMARK_INTERVAL_MS: int | None = 200
+
+
 @dataclass
 class Translator:
     job: Job
     parallelism: int | None = None
+    # sources' periodic watermarks (SET 'pipeline.auto-watermark-interval'; None: after each row, deterministic)
+    watermark_interval_ms: int | None = DEFAULT_WATERMARK_INTERVAL_MS
     streams: dict[int, DataStream] = field(default_factory=dict)
     uids: dict[int, str] = field(default_factory=dict)
     operators: dict[int, list[Operator]] = field(default_factory=dict)
@@ -167,8 +174,9 @@ class Translator:
             assert node.rowtime is not None
             delay = table.watermark.delay_ms
             # Flink SQL's watermark is max(rowtime) - delay; BoundedOutOfOrderness emits max - max_delay - 1
-            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), rowtime_of(node.rowtime, table.name,
-                                                                             changelog=not node.mode.insert_only))
+            timestamp = rowtime_of(node.rowtime, table.name, changelog=not node.mode.insert_only)
+            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), timestamp,
+                                               emit_interval_ms=self.watermark_interval_ms)
             idle = table.options.get("scan.watermark.idle-timeout")
             if idle:
                 import sqlglot
@@ -177,7 +185,8 @@ class Translator:
                 from runtime.sql.expressions import interval_ms
                 watermarks = watermarks.with_idleness(interval_ms(sqlglot.parse_one(f"INTERVAL '{idle}'",
                                                                                     read=Flink)))
-            info = f"{table.watermark.column} - {delay} ms"
+            every = self.watermark_interval_ms
+            info = f"{table.watermark.column} - {delay} ms, " + (f"every {every} ms" if every else "after each row")
         source: Source
         if table.connector == "upsert-kafka":  # upserts and deletes, normalized below (kafka_tables.py)
             source = upsert_kafka_source(table, node.computed)

@@ -15,6 +15,7 @@ from typing import Any
 from sqlglot import exp
 
 from runtime.api import DataStream, Job
+from runtime.graph.config import parse_duration
 from runtime.sql import types as T
 from runtime.sql.catalog import Catalog
 from runtime.sql.changelog import check_sink
@@ -34,6 +35,7 @@ JOB_OPTIONS = {
     "execution.checkpointing.interval": "checkpoint interval (sluice sql / submit --sql)",
     "execution.checkpointing.mode": "EXACTLY_ONCE or AT_LEAST_ONCE (sluice sql / submit --sql)",
     "execution.checkpointing.unaligned.enabled": "true: unaligned checkpoints (sluice sql / submit --sql)",
+    "pipeline.auto-watermark-interval": "periodic watermarks of the tables' sources (0: after each row)",
 }
 
 
@@ -118,6 +120,13 @@ class SqlSession:
                     self.translator.parallelism = value
         if "pipeline.name" in options:
             self.job.name = options["pipeline.name"]
+        if "pipeline.auto-watermark-interval" in options:
+            text = options["pipeline.auto-watermark-interval"]
+            try:
+                seconds = parse_duration(text, allow_zero=True)
+            except ValueError as exc:
+                raise SqlError(f"SET 'pipeline.auto-watermark-interval': {exc}") from None
+            self.translator.watermark_interval_ms = round(seconds * 1000) or None
         if "state.backend.type" in options:
             kind = options["state.backend.type"].lower()
             self.job.state_backend = {"hashmap": "memory"}.get(kind, kind)

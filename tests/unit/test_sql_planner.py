@@ -85,8 +85,22 @@ def test_a_statement_set_reads_a_table_once_and_explain_shows_modes_keys_state_a
     assert "keys auction, state per key: COUNT(*)" in shown
     assert "WindowAggregate(groupBy=[bidder], window=[TUMBLE(time_col=[ts], size=[5000 ms])], " \
            "select=[SUM(price)])  changelog=[I]" in shown
-    assert "watermarks ts - 1000 ms" in shown
+    assert "watermarks ts - 1000 ms, every 200 ms" in shown
     assert "(reused)" in shown  # the second query's source is the first one's
+
+
+def test_watermark_interval_follows_set_pipeline_auto_watermark_interval() -> None:
+    query = PRINT.format(cols="auction BIGINT, c BIGINT") + "INSERT INTO out1 SELECT auction, price FROM bids;"
+
+    def strategy(settings: str) -> Any:
+        job = job_of(BIDS + settings + query)
+        return next(n for n in job.nodes if n.kind == "source").watermarks
+
+    assert strategy("").emit_interval_ms == 200  # Flink's default: periodic
+    assert strategy("SET 'pipeline.auto-watermark-interval' = '50ms';").emit_interval_ms == 50
+    assert strategy("SET 'pipeline.auto-watermark-interval' = '0';").emit_interval_ms is None  # after each row
+    with pytest.raises(SqlError, match="pipeline.auto-watermark-interval': not a duration: 'soon'"):
+        job_of(BIDS + "SET 'pipeline.auto-watermark-interval' = 'soon';" + query)
 
 
 @pytest.mark.parametrize(("query", "message"), [
