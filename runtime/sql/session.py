@@ -15,7 +15,6 @@ from typing import Any
 from sqlglot import exp
 
 from runtime.api import DataStream, Job
-from runtime.graph.config import parse_duration
 from runtime.sql import types as T
 from runtime.sql.catalog import Catalog
 from runtime.sql.changelog import check_sink
@@ -122,11 +121,14 @@ class SqlSession:
             self.job.name = options["pipeline.name"]
         if "pipeline.auto-watermark-interval" in options:
             text = options["pipeline.auto-watermark-interval"]
+            # Flink's duration ('200 ms', '1 s'; a bare number is ms), parsed in the sql layer: runtime.graph is
+            # above it (tests/unit/test_layering.py)
+            from runtime.sql.postgres_tables import duration_ms
             try:
-                seconds = parse_duration(text, allow_zero=True)
+                millis = duration_ms(text)
             except ValueError as exc:
                 raise SqlError(f"SET 'pipeline.auto-watermark-interval': {exc}") from None
-            self.translator.watermark_interval_ms = round(seconds * 1000) or None
+            self.translator.watermark_interval_ms = millis or None
         if "state.backend.type" in options:
             kind = options["state.backend.type"].lower()
             self.job.state_backend = {"hashmap": "memory"}.get(kind, kind)
