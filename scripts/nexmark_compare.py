@@ -14,7 +14,9 @@ decimals as numbers). Prints a table: rows, equal or not, Sluice's job time (sub
 last line) and Flink's (submit to the end of the results), their ratio; with --throughput instead the events per
 second of each (the generated events over the job's time, Nexmark's convention: every query is charged the whole
 event stream), median and slowest of --repeat runs (alternating Sluice, Flink), and the load average over them.
---json FILE appends one JSON line per run. Exit status 1 when a query differs.
+--json FILE appends one JSON line per run; --blackhole sends both engines' rows to a 'blackhole' table (no
+comparison: what is timed is the query, not Flink's collect() nor Sluice's file commits). Exit status 1 when a
+query differs.
 """
 
 from __future__ import annotations
@@ -54,21 +56,23 @@ def tables(data: Path) -> str:
     return (ROOT / "scripts" / "nexmark" / "tables.sql").read_text().replace("{dir}", str(data.resolve()))
 
 
-def sluice_script(data: Path, name: str, out: Path, parallelism: int) -> str:
+def sluice_script(data: Path, name: str, out: Path, parallelism: int, *, blackhole: bool = False) -> str:
     columns, key, select = EVERY_QUERY[name]
     pk = f", PRIMARY KEY ({key}) NOT ENFORCED" if key else ""
+    sink = "'connector' = 'blackhole'" if blackhole else \
+        f"'connector' = 'filesystem', 'path' = '{out}', 'format' = 'json'"
     return (f"SET 'parallelism.default' = '{parallelism}';\n" + tables(data)
-            + f"CREATE TABLE nexmark_out ({columns}{pk}) WITH ('connector' = 'filesystem', 'path' = '{out}', "
-              "'format' = 'json');\n"
+            + f"CREATE TABLE nexmark_out ({columns}{pk}) WITH ({sink});\n"
             + f"INSERT INTO nexmark_out {select};\n")
 
 
-def run_sluice(data: Path, name: str, workers: int, parallelism: int) -> tuple[Counter[str], float]:
+def run_sluice(data: Path, name: str, workers: int, parallelism: int, *, blackhole: bool = False
+               ) -> tuple[Counter[str], float]:
     work = Path(tempfile.mkdtemp(prefix=f"nexmark-{name}-"))
     try:
         out = work / "out"
         script = work / f"{name}.sql"
-        script.write_text(sluice_script(data, name, out, parallelism))
+        script.write_text(sluice_script(data, name, out, parallelism, blackhole=blackhole))
         proc = subprocess.run([sys.executable, "-m", "runtime.cli", "sql", str(script), "--workers", str(workers)],
                               cwd=ROOT, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
@@ -104,14 +108,16 @@ def final_rows(out: Path, key: str | None) -> Counter[str]:
     return Counter(v for v in by_key.values() if v is not None)
 
 
-def run_flink(python: str, data: Path, name: str, parallelism: int) -> tuple[Counter[str], float]:
+def run_flink(python: str, data: Path, name: str, parallelism: int, *, blackhole: bool = False
+              ) -> tuple[Counter[str], float]:
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(tables(data))
         path = f.name
     try:
+        columns, key, select = EVERY_QUERY[name]
         proc = subprocess.run([python, str(ROOT / "scripts" / "flink_nexmark_job.py"), "--tables", path, "--query",
-                               EVERY_QUERY[name][2], "--parallelism", str(parallelism), "--key",
-                               EVERY_QUERY[name][1] or ""],
+                               select, "--parallelism", str(parallelism), "--key", key or "",
+                               *(["--blackhole", columns] if blackhole else [])],
                               capture_output=True, text=True, timeout=3600)
     finally:
         os.unlink(path)
@@ -140,6 +146,9 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--throughput", action="store_true", help="print events/s (median, slowest) and the load")
+    parser.add_argument("--blackhole", action="store_true",
+                        help="both engines write to a 'blackhole' table (no result compared: a throughput run that "
+                             "does not time Flink's collect() or Sluice's file commits)")
     parser.add_argument("--json", help="append one JSON line per run to this file")
     args = parser.parse_args()
     data = Path(args.data)
@@ -158,16 +167,16 @@ def main() -> int:
         theirs: Counter[str] | None = None
         loads = [os.getloadavg()[0]]
         for run in range(args.repeat):
-            ours, s = run_sluice(data, name, args.workers, args.parallelism)
+            ours, s = run_sluice(data, name, args.workers, args.parallelism, blackhole=args.blackhole)
             sluice_times.append(s)
             record(args.json, name, "sluice", run, s, args.events)
             if args.flink_python:
-                theirs, f = run_flink(args.flink_python, data, name, args.parallelism)
+                theirs, f = run_flink(args.flink_python, data, name, args.parallelism, blackhole=args.blackhole)
                 flink_times.append(f)
                 record(args.json, name, "flink", run, f, args.events)
             loads.append(os.getloadavg()[0])
         equal: Any = "-"
-        if theirs is not None:
+        if theirs is not None and not args.blackhole:
             equal = ours == theirs
             if not equal:
                 failed = True
