@@ -13,7 +13,13 @@ With --flink-python PYTHON (a Python with PyFlink 2.x), two more modes per capac
 same on Apache Flink: scripts/flink_async_io_job.py, `AsyncDataStream.unordered_wait`; records / the job's net
 run time, deployment included). The script's docstring says why a sleep and not the service.
 
+`--isolation-ab`: instead, the async job alone with its function's coroutines on the worker's loop
+(SLUICE_TASK_ISOLATION=inline, as before issue 31) and on the task's own loop (the default,
+runtime/execution/user_loop.py), one run of each per round, the order swapped every round; prints each run
+with the load average, the medians, the slowest runs and the ratio.
+
     .venv/bin/python scripts/bench_async_io.py
+    .venv/bin/python scripts/bench_async_io.py --isolation-ab --repeats 5
     .venv/bin/python scripts/bench_async_io.py --flink-python FLINK_VENV/bin/python
 """
 
@@ -59,8 +65,13 @@ def main() -> None:
     parser.add_argument("--async-records", type=int, default=30_000)
     parser.add_argument("--capacity", type=int, nargs="+", default=[100])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--isolation-ab", action="store_true",
+                        help="the async job with its coroutines on the worker's loop vs the task's own, alternating")
     parser.add_argument("--flink-python", default=None, help="a Python with PyFlink: adds the Flink job")
     args = parser.parse_args()
+    if args.isolation_ab:
+        isolation_ab(args)
+        return
     rows: list[dict[str, Any]] = []
     with lookup_service(latency_ms=args.latency_ms) as port:
         os.environ["SLUICE_LOOKUP_PORT"] = str(port)
@@ -92,6 +103,32 @@ def main() -> None:
         cap = row["capacity"] if row["capacity"] is not None else "-"
         print(f"| {row['mode']} | {cap} | {row['records']:,} | {row['records_per_s']:,.0f} | {row['slowest']:,.0f} | "
               f"{row['records_per_s'] / sync:.1f}x |")
+
+
+def isolation_ab(args: argparse.Namespace) -> None:
+    variants = {"worker loop (inline)": "inline", "task's own loop (thread)": "thread"}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    capacity = args.capacity[0]
+    with lookup_service(latency_ms=args.latency_ms) as port:
+        os.environ["SLUICE_LOOKUP_PORT"] = str(port)
+        for round_ in range(args.repeats):
+            order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
+            for name in order:
+                os.environ["SLUICE_TASK_ISOLATION"] = variants[name]  # inherited by the cluster's worker
+                rate = cluster_run("runtime.examples.enrich:build_bench_async", args.async_records, capacity)
+                rates[name].append(rate)
+                print(json.dumps({"round": round_ + 1, "variant": name, "records_per_s": round(rate),
+                                  "load_average": os.getloadavg()}), file=sys.stderr)
+    os.environ.pop("SLUICE_TASK_ISOLATION", None)
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"service latency {args.latency_ms:g} ms, capacity {capacity}, {args.async_records:,} records, "
+          f"{args.repeats} rounds")
+    print("| coroutines on | records/s, median | slowest |")
+    print("|---|---|---|")
+    for name, values in rates.items():
+        print(f"| {name} | {statistics.median(values):,.0f} | {min(values):,.0f} |")
+    before, after = (statistics.median(rates[name]) for name in variants)
+    print(f"own loop / worker loop: {after / before:.2f}")
 
 
 if __name__ == "__main__":

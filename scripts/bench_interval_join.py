@@ -15,8 +15,8 @@ Jobs, each at each --parallelism (every operator):
   .between(lower, upper).process(emit (k, l.seq, r.seq)) -> DiscardSink (chained), watermarks
   BoundedOutOfOrderness(0) with granularity --grain-ms; on a fresh local cluster of 2 workers with 2 slots.
 - sluice-sql: the same files and join as SQL (`job.sql`, runtime/sql: a filesystem json table per side with
-  `WATERMARK FOR ts AS ts`, the join's BETWEEN, a blackhole table); its sources emit a watermark per 1 ms of
-  event time (the SQL planner's; no grain option).
+  `WATERMARK FOR ts AS ts`, the join's BETWEEN, a blackhole table); its sources send watermarks periodically,
+  every 200 ms of wall-clock time as Flink's (the SQL default, `pipeline.auto-watermark-interval`).
 - flink-sql: Flink 2.3 SQL through PyFlink's TableEnvironment, the planner's Java interval join
   (scripts/flink_interval_join_sql_job.py; its mini cluster starts with the process).
 - flink-coprocess (--coprocess-records > 0): scripts/flink_interval_join_job.py, PyFlink's Python

@@ -1,8 +1,10 @@
-"""Async I/O in a chain (`stream.async_map`): calls in flight on the task's loop, checkpointed as input.
+"""Async I/O in a chain (`stream.async_map`): calls in flight, checkpointed as input.
 
 `AsyncIOOperator` drives the pure queue of runtime/execution/async_io_queue.py. The chain hands it lists of
 records (`feed`); they wait in an admission queue and enter the ordering queue while it has room. Each admitted
-record's call runs as an asyncio task on the worker's loop, with its timeout and retries; a finished call
+record's call runs as an asyncio task on the worker's loop, with its timeout and retries, and awaits the
+function's coroutine on the task's own loop (runtime/execution/user_loop.py: a blocking call there stalls only
+this operator's calls, never the worker); a finished call
 reports its result to the queue, and what may leave then goes into the rest of the chain in one list, soon
 after (`call_soon`), never inside the chain's own call. The task sees a non-empty admission queue (`backlog`)
 and takes no input until it empties, serving its mailbox meanwhile: at `capacity` calls the upstream channels
@@ -33,6 +35,7 @@ from typing import Any
 
 from runtime.api.async_io import AsyncMap
 from runtime.execution.async_io_queue import NO_KEY, AsyncIOQueue, Mark, Start
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.state.backend import PendingSnapshot, StateBackendError
 from runtime.state.codec import hashable
@@ -88,6 +91,7 @@ class AsyncIOOperator:
         self._wake: Callable[[], None] = lambda: None
         self._on_failure: Callable[[BaseException], None] = lambda e: None
         self._idle: asyncio.Event | None = None  # set while nothing is queued (finish waits on it)
+        self._user: UserLoop | None = None  # where the function's coroutines run (None: on this loop)
         self.stats = AsyncIOStatistics()
         self.blocked_s = 0.0  # time the task waited for admission (Task accounts it)
         self.last_captured_records = 0
@@ -96,6 +100,10 @@ class AsyncIOOperator:
         """The task's wake-up (admission progress) and how a failed call fails the task."""
         self._wake = wake
         self._on_failure = on_failure
+
+    def use_loop(self, user: UserLoop) -> None:
+        """Run the function's coroutines on the task's own loop (runtime/execution/user_loop.py), not this one."""
+        self._user = user
 
     # -- what the chain calls ----------------------------------------------------------------------
 
@@ -171,7 +179,8 @@ class AsyncIOOperator:
             limit = asyncio.timeout(spec.timeout_s)  # None: no limit
             try:
                 async with limit:
-                    result = await spec.fn(value)
+                    user = self._user
+                    result = await (user.run(spec.fn(value)) if user is not None else spec.fn(value))
                 break
             except TimeoutError as e:
                 error: BaseException = e
@@ -275,9 +284,10 @@ class AsyncIOOperator:
         if close is None or self._closed:
             return
         self._closed = True
-        result = close()
-        if inspect.isawaitable(result):
-            await result
+        if self._user is not None:
+            await self._user.run(_close(close))
+        else:
+            await _close(close)
 
     # -- checkpoints -------------------------------------------------------------------------------
 
@@ -340,3 +350,8 @@ def decode_replay(doc: dict[str, Any], origin: str) -> list[tuple[Any, Any] | Ma
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise StateBackendError(f"{origin}: in-flight document does not decode: {e}") from e
 
+
+async def _close(close: Callable[[], Any]) -> None:
+    result = close()
+    if inspect.isawaitable(result):
+        await result

@@ -46,6 +46,7 @@ from runtime.execution.async_controller import (
     Watermark,
 )
 from runtime.execution.async_state import AsyncKeyedProcessFunction, AsyncOpenContext, AsyncStateRunner
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.config import parse_duration_or_zero, parse_positive
 from runtime.graph.flags import flag
 from runtime.graph.job_config import ASYNC_STATE
@@ -194,6 +195,11 @@ class AsyncOperator:
         self._wake = wake
         self._on_failure = on_failure
 
+    def use_loop(self, user: UserLoop) -> None:
+        """Run the function's coroutines (open, process, on_timer) on the task's own loop
+        (runtime/execution/user_loop.py); the controller, the queue and snapshots stay on this one."""
+        self.runner.use_loop(user)
+
     # -- what the chain calls ---------------------------------------------------------------------------
 
     def feed(self, records: list[Any]) -> None:
@@ -255,9 +261,7 @@ class AsyncOperator:
     # -- life cycle -------------------------------------------------------------------------------------
 
     async def open(self) -> None:
-        result = self.function.open(self._open_ctx)
-        if inspect.isawaitable(result):
-            await result
+        await self.runner.call_user(_open(self.function, self._open_ctx))
         self._opened = True
         self.pump()
 
@@ -291,3 +295,9 @@ class AsyncOperator:
             self.timers.restore(doc.get("timers") or [], self.backend.key_groups, self._max_parallelism)
         replay = restore_inflight(self.backend, checkpoints, max_parallelism=self._max_parallelism)
         self._queue.extendleft(reversed([e if isinstance(e, Watermark) else e.value for e in replay]))
+
+
+async def _open(function: AsyncKeyedProcessFunction, ctx: AsyncOpenContext) -> None:
+    result = function.open(ctx)  # plain or `async def`
+    if inspect.isawaitable(result):
+        await result

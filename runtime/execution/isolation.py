@@ -20,7 +20,11 @@ hand-off of the first version cost half the keyed count's throughput, a run a te
 record on a loaded machine (docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
 
 - `thread` (the default; `auto` is the same): every task on its thread, but one whose chain has an
-  asynchronous operator (async state, async_map: it awaits on the loop, so it runs there);
+  asynchronous operator (async state, async_map): its operator awaits on the loop, so its runs are made
+  there, and its user coroutines (the async_map function, the AsyncKeyedProcessFunction's open, process and
+  on_timer) run on a private event loop on a thread of the task's own (runtime/execution/user_loop.py). Every
+  task's `close()` calls at its end (the chain's functions and sinks, the source) run on its thread too, within
+  the worker's task cancel timeout (past it the worker fails, as for a cancelled call that never returns);
 - `inline`: every task on the loop (the old behaviour: a user call that blocks stops the worker).
 """
 
@@ -55,14 +59,19 @@ def mode_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> st
 
 
 class IsolationPolicy:
-    """Whether a task's runs go to its thread (fixed when the task is built, see the module docstring)."""
+    """Where a task's user code runs (fixed when the task is built, see the module docstring)."""
 
-    __slots__ = ("isolated",)
+    __slots__ = ("isolated", "user_loop", "closes_on_thread")
 
     def __init__(self, mode: str, *, asynchronous: bool) -> None:
         if mode not in MODES:
             raise ValueError(f"task isolation must be one of {', '.join(MODES)}, got {mode!r}")
-        self.isolated = mode != "inline" and not asynchronous  # an asynchronous operator awaits on the loop
+        # the runs of records on the task's thread; not with an asynchronous operator: it awaits on the loop
+        self.isolated = mode != "inline" and not asynchronous
+        # the asynchronous operator's user coroutines on a loop of the task's own (runtime/execution/user_loop.py)
+        self.user_loop = mode != "inline" and asynchronous
+        # the chain's and the source's close() at the task's end on the task's thread, whatever its operators
+        self.closes_on_thread = mode != "inline"
 
 
 _STOP = object()
@@ -132,9 +141,10 @@ class TaskThread:
         except RuntimeError:  # the loop closed while the call ran (the worker is stopping): nobody waits
             pass
 
-    async def stop(self, timeout_s: float = 10.0) -> bool:
+    async def stop(self, timeout_s: float | None = 10.0) -> bool:
         """Let the running call finish (a cancelled task's call may still run), then end the thread. False if
-        the call did not finish within `timeout_s` (user code stuck: the daemon thread is left behind)."""
+        the call did not finish within `timeout_s` (None: no limit; user code stuck: the daemon thread is left
+        behind)."""
         loop = asyncio.get_running_loop()
         stopped: asyncio.Future[Any] = loop.create_future()
         self._calls.put((_STOP, (), loop, stopped))

@@ -38,6 +38,7 @@ from runtime.execution.task_time import TIMER_CHUNK, TaskTime
 from runtime.execution.time_accounting import BACKPRESSURED_TIME, IDLE_TIME, TimeAccounting
 from runtime.execution.timers import current_time_ms
 from runtime.execution.user_code import RunningCall, UserCodeExit
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.enums import TaskState
 
 log = logging.getLogger("sluice.task")
@@ -195,6 +196,7 @@ class Task:
         # fails fatally then, runtime/execution/user_code.py); by default the daemon thread is left behind
         self.cancel_timeout_s = 10.0
         self.on_stuck: Callable[[Task], None] = _left_behind
+        self._stuck_reported = False
         self.slow_calls = 0  # user calls reported running past the worker's threshold (the worker counts them)
         self.end_of_input = False
         self.records_in = 0  # records only: watermark and status markers are counted in watermarks_in
@@ -221,6 +223,7 @@ class Task:
         # blocking user code: the chain's calls on a thread of the task's own (runtime/execution/isolation.py)
         self.isolation = IsolationPolicy(isolation, asynchronous=self._async_op is not None)
         self._thread: TaskThread | None = None
+        self._user_loop: UserLoop | None = None  # an asynchronous operator's user coroutines run there
         self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
         self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
         self._tick_due = False  # the periodic flush came during a call: it runs when the call returns
@@ -296,6 +299,9 @@ class Task:
             ended_before = finished_before or (self.restore is not None and self.restore.ended)
             if ended_before:  # before the task can finish or acknowledge anything (the table sinks' committer)
                 await self.call(self.chain.restored_at_end, finished_before)
+            if self.isolation.user_loop and self._async_op is not None:
+                self._user_loop = UserLoop(task_thread_name(self.task_id))  # a profile counts it as the task's
+                self._async_op.use_loop(self._user_loop)
             await self.chain.open_async()
             self._restore_outputs()
             if self.driver is not None:
@@ -334,25 +340,70 @@ class Task:
         finally:
             self.times.finish(time.monotonic())
             flusher.cancel()
-            # a cancelled task's call may still run on its thread: closing must wait for it
-            if self._thread is not None and not await self._thread.stop(self.cancel_timeout_s):
-                self.on_stuck(self)
-            if self.checkpoints is not None:
-                self.checkpoints.close()
-            if self._async_op is not None:
-                try:
-                    await self.chain.aclose_async()
-                except Exception as exc:
-                    log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
+            await self._close()
+
+    async def _close(self) -> None:
+        """The task's end: wait for a cancelled call still on its thread, stop its asynchronous operator, close
+        its chain and source (user code: on a thread, so a close that blocks, a sink waiting for its broker,
+        holds only this task), then end its user loop. All of it within `cancel_timeout_s` (twice that for a
+        finished task: its sinks wait for their final commit, a KafkaSink up to 70 s); past it the task is
+        stuck (`on_stuck`, once: the worker exits, as Flink's task cancellation watchdog does), and what is
+        left is still closed as far as it can be. A timeout of 0 leaves a cancelled call behind at once and
+        waits for the closes as long as they take."""
+        limit = self.cancel_timeout_s * (2 if self.state is TaskState.FINISHED else 1)
+        deadline = time.monotonic() + limit if limit > 0 else None
+
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        thread = self._thread
+        if thread is not None:
+            # a timeout of 0: a call in progress is left behind at once; an idle thread just ends
+            wait_s = remaining() if deadline is not None else (0.0 if thread.running_since() is not None else None)
+            if not await thread.stop(wait_s):
+                self._stuck("in a call it was cancelled in")
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        if self._async_op is not None:
+            try:  # its function's own close() runs on the task's loop: bounded like the rest
+                if not await _within(remaining(), self.chain.aclose_async()):
+                    self._stuck("stopping its asynchronous operator")
+            except Exception as exc:
+                log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
+        closer: TaskThread | None = None
+        if self.isolation.closes_on_thread:
+            # a thread of its own: the task's may still be in the cancelled call (the watchdog sees this one)
             try:
-                self.chain.close()
-            except Exception as exc:  # closing must not hide the task's own outcome
-                log.warning("task %s: error while closing: %s", self.task_id, exc)
-            if self.source is not None:
-                try:
-                    self.source.close()  # a source may hold a connection and a thread
-                except Exception as exc:
-                    log.warning("task %s: error while closing its source: %s", self.task_id, exc)
+                closer = self._thread = TaskThread(task_thread_name(self.task_id))
+            except RuntimeError as exc:  # no thread to be had (memory exhausted under a limit): close here,
+                log.warning("task %s: closing on the worker's loop: %s", self.task_id, exc)  # not hide the cause
+        if closer is not None:
+            if await _within(remaining(), closer.call(self._close_user_code)):
+                await closer.stop(remaining())
+            else:
+                self._stuck("closing")
+        else:
+            self._close_user_code()
+        if self._user_loop is not None and not await self._user_loop.stop(remaining()):
+            self._stuck("stopping its user loop")
+
+    def _close_user_code(self) -> None:
+        try:
+            self.chain.close()
+        except Exception as exc:  # closing must not hide the task's own outcome
+            log.warning("task %s: error while closing: %s", self.task_id, exc)
+        if self.source is not None:
+            try:
+                self.source.close()  # a source may hold a connection and a thread
+            except Exception as exc:
+                log.warning("task %s: error while closing its source: %s", self.task_id, exc)
+
+    def _stuck(self, doing: str) -> None:
+        if self._stuck_reported:
+            return
+        self._stuck_reported = True
+        log.error("task %s: user code did not return in time while %s", self.task_id, doing)
+        self.on_stuck(self)
 
     async def _flush_periodically(self) -> None:
         # bounds latency: a partly filled buffer waits at most flush_timeout_s
@@ -379,14 +430,16 @@ class Task:
     # -- isolation (runtime/execution/isolation.py) -------------------------------------
 
     def running_call(self) -> RunningCall | None:
-        """The call on the task's thread now, if any (read by the worker's watchdog thread)."""
+        """The call on the task's thread now, if any, else its user loop's progress (read by the worker's
+        watchdog thread: a loop that has not ticked for long is stuck in a user call)."""
         thread = self._thread
-        if thread is None:
-            return None
-        started = thread.running_since()
-        if started is None:
-            return None
-        return RunningCall(self.task_id, thread.calls, started, thread.ident)
+        started = thread.running_since() if thread is not None else None
+        if thread is not None and started is not None:
+            return RunningCall(self.task_id, thread.calls, started, thread.ident)
+        user = self._user_loop
+        if user is not None:  # its own numbering: one report per stall (the ticks stop while it lasts)
+            return RunningCall(self.task_id, -1 - user.ticks, user.running_since(), user.ident)
+        return None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)`: on the task's thread when the task is isolated, else here."""
@@ -674,6 +727,18 @@ class Task:
                 self._serve_mailbox()
                 await self._timers_on_thread()
             await self.wait(0.05)
+
+
+async def _within(timeout_s: float | None, awaitable: Any) -> bool:
+    """Await `awaitable` for up to `timeout_s` (None: as long as it takes); False if it had not finished by then
+    (it is left running: user code cannot be stopped)."""
+    future = asyncio.ensure_future(awaitable)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.shield(future)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _left_behind(task: Task) -> None:

@@ -9,6 +9,8 @@
    restarts the job on the other worker from its checkpoint, and it finishes exactly once.
 4. A map that leaks memory on a worker started with `--memory-limit` (RLIMIT_AS) fails with MemoryError;
    the worker stays up.
+5. An async_map coroutine blocking 10.5 s in a synchronous call, and a sink whose close() blocks 10.5 s, beside a
+   bounded job on the same workers: no worker dropped, the other job exact, both slow calls reported.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from runtime.api import FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
 BLOCK_S = {block_s}
+SHORT_BLOCK_S = {short_block_s}
 
 
 def steady(job: Job) -> None:
@@ -52,6 +55,37 @@ def blocking(job: Job) -> None:
     (job.source(GeneratorSource(count=2000, keys=50, seed=4, records_per_second=400), parallelism=2)
         .map(block_on_one_record, parallelism=2)
         .sink(FileSink({blocking_out!r}), parallelism=2))
+
+
+def bounded_steady(job: Job) -> None:
+    (job.source(GeneratorSource(count={steady_records}, keys=50, seed=10, records_per_second=2000), parallelism=2)
+        .map(lambda r: r[1], parallelism=2)
+        .sink(FileSink({bounded_out!r}), parallelism=2))
+
+
+async def block_async_on_one_record(record):
+    if record[1] == 300:
+        time.sleep(SHORT_BLOCK_S)  # a synchronous client inside an async function
+    return record[1]
+
+
+def async_blocking(job: Job) -> None:
+    (job.source(GeneratorSource(count=1000, keys=50, seed=8, records_per_second=400), parallelism=1)
+        .async_map(block_async_on_one_record, timeout_s=60, parallelism=1)
+        .sink(FileSink({async_out!r}), parallelism=1))
+
+
+class SlowCloseSink(FileSink):
+    """A sink whose close() blocks at the end of a bounded job (a client waiting for a broker that is down)."""
+
+    def close(self):
+        time.sleep(SHORT_BLOCK_S)
+        super().close()
+
+
+def slow_close(job: Job) -> None:
+    (job.source(GeneratorSource(count=500, keys=5, seed=9), parallelism=1).map(lambda r: r[1])
+        .sink(SlowCloseSink({close_out!r})))
 
 
 def exit_on_one_record(record):
@@ -96,6 +130,8 @@ def leaking(job: Job) -> None:
 
 BLOCK_S = 15.0
 HEARTBEAT_TIMEOUT_S = 10.0  # the coordinator's default
+SHORT_BLOCK_S = 10.5  # past the heartbeat timeout: the async call and the close
+STEADY_RECORDS = 26_000  # 13 s at its 2,000 records/s: it runs all through both blocks
 NO_RESTART = {"restart": {"max_attempts": 0}}
 
 
@@ -113,7 +149,8 @@ def _write_jobs(tmp: Path) -> None:
     write_module(tmp, "usercodejobs", JOBS.format(
         block_s=BLOCK_S, steady_out=str(tmp / "steady"), blocking_out=str(tmp / "blocking"),
         exiting_out=str(tmp / "exiting"), marker=str(tmp / "killed-once"), killing_out=str(tmp / "killing"),
-        leaking_out=str(tmp / "leaking")))
+        leaking_out=str(tmp / "leaking"), short_block_s=SHORT_BLOCK_S, steady_records=STEADY_RECORDS,
+        bounded_out=str(tmp / "bounded"), async_out=str(tmp / "async"), close_out=str(tmp / "close")))
 
 
 def _job(cluster: Cluster, job_id: str) -> dict[str, Any]:
@@ -165,6 +202,55 @@ def test_a_map_blocking_past_the_heartbeat_timeout_touches_no_other_job(shared: 
     assert slow_calls == 1
     cluster.call("cancel", {"job_id": steady})
     cluster.wait_job(steady, timeout_s=60)
+
+
+@pytest.mark.integration
+def test_an_async_call_and_a_close_blocking_past_the_heartbeat_timeout_touch_no_other_job(shared: Cluster) -> None:
+    """`async def` user code runs on its task's own loop and a task's close() on its thread
+    (runtime/execution/user_loop.py, Task._close): an async_map coroutine that sleeps 10.5 s in a synchronous call,
+    and a sink whose close() sleeps 10.5 s at the end of its bounded job, beside a bounded job that keeps running
+    and checkpointing on the same workers: no worker is dropped, the other job finishes exact and never
+    restarts, both slow calls are reported naming their functions, and both blocking jobs finish exactly once."""
+    cluster = shared
+    other = cluster.submit("usercodejobs:bounded_steady", {"checkpoint": {"interval_s": 0.5}})
+    async_job = cluster.submit("usercodejobs:async_blocking", {"checkpoint": {"interval_s": 0.5}})
+    close_job = cluster.submit("usercodejobs:slow_close", {"checkpoint": {"interval_s": 0.5}})
+    jobs = (other, async_job, close_job)
+    oldest_heartbeat = 0.0
+    other_checkpoints: list[int] = []
+    started = time.monotonic()
+
+    def all_done() -> bool:
+        nonlocal oldest_heartbeat
+        workers = cluster.call("status")["workers"]
+        assert len(workers) == 2, (workers, logs(cluster))  # none dropped
+        oldest_heartbeat = max(oldest_heartbeat, *(w["last_heartbeat_s_ago"] for w in workers))
+        states = [_job(cluster, job) for job in jobs]
+        assert all(s["restarts"] == 0 for s in states), states
+        if states[0]["state"] == "RUNNING":
+            other_checkpoints.append(states[0].get("checkpoints_completed", 0))
+        return all(s["state"] in ("FINISHED", "FAILED", "CANCELLED") for s in states)
+
+    poll(all_done, SHORT_BLOCK_S + 90, "the three jobs to end", interval_s=0.25)
+    took = time.monotonic() - started
+    for job in jobs:
+        end = _job(cluster, job)
+        assert end["state"] == "FINISHED" and end["restarts"] == 0, (end, logs(cluster))
+    assert took >= SHORT_BLOCK_S  # they did block
+    assert oldest_heartbeat < HEARTBEAT_TIMEOUT_S / 2, oldest_heartbeat
+    # the other job kept checkpointing meanwhile (every 0.5 s; a busy machine may take longer)
+    assert other_checkpoints and other_checkpoints[-1] - other_checkpoints[0] >= 5, other_checkpoints
+    for out, count in (("bounded", STEADY_RECORDS), ("async", 1000), ("close", 500)):
+        rows, _ = committed_rows(cluster.tmp_path / out)
+        assert rows == {str(seq): 1 for seq in range(count)}, out  # exactly once
+
+    worker_logs = "".join(cluster.log(f"worker-{i}") for i in (1, 2))
+    for job, function, line in ((async_job, "usercodejobs.block_async_on_one_record", "time.sleep(SHORT_BLOCK_S)"),
+                                (close_job, "usercodejobs.SlowCloseSink.close", "time.sleep(SHORT_BLOCK_S)")):
+        assert f"user call {function}" in worker_logs, function
+        entries = [e for e in _exceptions(cluster, job) if function in e["cause"]]
+        assert len(entries) == 1 and entries[0]["outcome"] == "reported", entries
+        assert line in entries[0]["traceback"], entries[0]
 
 
 def _exceptions(cluster: Cluster, job_id: str) -> list[dict[str, Any]]:

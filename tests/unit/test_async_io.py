@@ -14,7 +14,33 @@ from runtime.api import GeneratorSource, Job, RetryPolicy
 from runtime.api.async_io import AsyncMap
 from runtime.checkpointing.rescaling import rescale_async_io
 from runtime.execution.async_io import AsyncIOFailed, AsyncIOOperator
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group, key_group_range
+
+
+class UserLoops:
+    """The user loops the harnesses of one test made (runtime/execution/user_loop.py), stopped after it."""
+
+    def __init__(self) -> None:
+        self.loops: list[UserLoop] = []
+
+    def new(self) -> UserLoop:
+        self.loops.append(UserLoop(f"test user loop {len(self.loops)}"))
+        return self.loops[-1]
+
+
+USER_LOOPS: UserLoops | None = None
+
+
+@pytest.fixture(autouse=True, params=["worker loop", "user loop"])
+async def where_user_code_runs(request: pytest.FixtureRequest) -> Any:
+    """Every test twice: the function's coroutines on the test's loop, and on a user loop of their own."""
+    global USER_LOOPS
+    USER_LOOPS = UserLoops() if request.param == "user loop" else None
+    yield request.param
+    loops, USER_LOOPS = (USER_LOOPS.loops if USER_LOOPS is not None else []), None
+    for loop in loops:
+        assert await loop.stop(5.0)
 
 
 class Harness:
@@ -28,6 +54,8 @@ class Harness:
                                   parallelism=parallelism, max_parallelism=128, timed=timed, emit=self.out.extend,
                                   forward_watermark=lambda ts: self.out.append(("wm", ts)))
         self.op.bind(wake=lambda: None, on_failure=self.failures.append)
+        if USER_LOOPS is not None:  # the function's coroutines on a loop of their own, as a task runs them
+            self.op.use_loop(USER_LOOPS.new())
 
     async def feed_all(self, records: list[Any], chunk: int = 3) -> None:
         """What the task does: hand over a chunk, then wait (here: poll) until the operator admitted it."""
@@ -104,14 +132,14 @@ async def test_timeouts_are_retried_with_backoff_then_succeed() -> None:
         return x
 
     retry = RetryPolicy(max_attempts=4, initial_backoff_s=0.02, multiplier=2)
-    h = Harness(flaky, timeout_s=0.03, retry=retry)
+    h = Harness(flaky, timeout_s=0.2, retry=retry)
     h.op.feed([7])
     await h.finish()
     assert h.out == [7] and h.failures == []
     stats = h.op.stats
     assert (stats.timed_out, stats.retried, stats.completed) == (2, 2, 1)
     gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
-    assert gaps[0] >= 0.03 + 0.02 - 0.005 and gaps[1] >= 0.03 + 0.04 - 0.005  # timeout, then the backoff
+    assert gaps[0] >= 0.2 + 0.02 - 0.005 and gaps[1] >= 0.2 + 0.04 - 0.005  # timeout, then the backoff
 
 
 async def test_a_call_failing_for_good_fails_the_task() -> None:

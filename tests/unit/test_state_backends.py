@@ -168,8 +168,11 @@ def test_the_synchronous_part_stays_short_whatever_the_state_size(rocks: RocksDB
         pending = rocks.begin_snapshot(round_)
         timings.append(pending.sync_seconds)
         pending.upload(store)
-    # bounded by the memtable (1 MiB here), not by the state (4x larger at the end): generous for a loaded box
-    assert max(timings) < 0.5, timings
+    # bounded by the memtable (1 MiB here), not by the state (4x larger at the end): the median against a bound
+    # generous for a loaded box, the slowest against one a single stall of a busy machine stays under (a sync part
+    # that copied the state would take seconds at the last round, every time)
+    assert sorted(timings)[len(timings) // 2] < 0.5, timings
+    assert max(timings) < 2.0, timings
 
 
 def test_a_snapshot_of_another_backend_or_a_malformed_handle_is_refused(rocks: RocksDBBackend,

@@ -223,3 +223,66 @@ def test_the_worker_exits_with_status_70_when_a_cancelled_call_never_returns(tmp
     assert done.returncode == EXIT_USER_CODE_STUCK == 70, (done.stdout, done.stderr)
     assert "the worker was not ended" not in done.stdout
     assert "user call __main__.hangs_for_good" in done.stderr and "never.wait()" in done.stderr, done.stderr
+
+
+class ClosingSink(DiscardSink):
+    """A sink whose close() blocks until released (a client waiting for a broker that is down)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+        self.closed_on: str | None = None
+
+    def close(self) -> None:
+        self.closed_on = threading.current_thread().name
+        self.release.wait(DEADLINE_S)
+        super().close()
+
+
+def _closing_task(sink: ClosingSink) -> Task:
+    job = Job()
+    job.source(GeneratorSource(count=50, keys=5, seed=1), name="src").sink(sink)
+    chain = Chain(job, [0, 1], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    return Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
+                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+
+
+def test_a_blocking_close_runs_on_the_tasks_thread_and_the_loop_runs_on() -> None:
+    release = threading.Event()
+    sink = ClosingSink(release)
+    task = _closing_task(sink)
+
+    async def main() -> None:
+        running = asyncio.create_task(task.run())
+        ticks = 0
+        while sink.closed_on is None or ticks < 20:  # the loop keeps turning while close() blocks
+            assert not running.done()
+            await asyncio.sleep(0.01)
+            ticks += 1
+        call = task.running_call()
+        assert call is not None and call.task_id == task.task_id  # the watchdog sees the close running
+        release.set()
+        await asyncio.wait_for(running, DEADLINE_S)
+        assert task.state == TaskState.FINISHED
+
+    asyncio.run(main())
+    assert sink.closed_on == "sluice-task job/0:0"
+
+
+def test_a_close_that_never_returns_goes_to_on_stuck_after_the_timeout() -> None:
+    release = threading.Event()
+    task = _closing_task(ClosingSink(release))
+    task.cancel_timeout_s = 0.2  # a finished task's closes get twice that
+    stuck: list[RunningCall | None] = []
+    task.on_stuck = lambda t: stuck.append(t.running_call())
+
+    async def main() -> None:
+        t0 = time.monotonic()
+        await asyncio.wait_for(task.run(), DEADLINE_S)  # the task ends; its close is left running
+        assert time.monotonic() - t0 >= 0.4
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+    assert len(stuck) == 1 and stuck[0] is not None and stuck[0].task_id == "job/0:0"  # named in the fatal line

@@ -1,0 +1,265 @@
+"""A task's `async def` user code on an event loop of its own, on a thread of its own.
+
+The worker's event loop runs every task's mailbox, the data links, credit, RPC and heartbeats. An `async def`
+user function (an async_map function, an AsyncKeyedProcessFunction) that blocks inside (a `time.sleep`, a
+synchronous client) would stop all of them if it ran there. So a task with an asynchronous operator runs its
+user coroutines on a `UserLoop`: a private asyncio loop on a thread named after the task (like the
+`TaskThread` of runtime/execution/isolation.py), while the operator itself (admission, ordering, the
+controller, snapshots) stays on the worker's loop, so its checkpoint semantics do not change.
+
+- `run(coroutine)`, awaited on the worker's loop, runs the coroutine as a task on the user loop and returns
+  its result (or raises its exception). Cancelling the awaiting task (a timeout, the task ending) cancels the
+  user task too; a user task cancelled by its own code cancels the awaiting one.
+- `call_home(fn, *args)`, awaited on the user loop, runs `fn(*args)` on the worker's loop and awaits the
+  asyncio future it returns there: how user code reaches what lives on the worker's loop (asynchronous state).
+- A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
+  not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
+  the function on its thread's stack.
+
+A blocked user loop delays only its own task's calls: the worker's loop, other tasks and this task's
+checkpoints (its operator snapshots the records in flight at once) go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from runtime.execution.user_code import UserCodeExit
+
+TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's threshold is seconds)
+
+
+class UserLoop:
+    """One task's private event loop on its own daemon thread (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loop = _new_event_loop()
+        self.ticks = 0  # with `seen`, tells one stall from the next (the watchdog reports each once)
+        self.seen = time.monotonic()  # when the loop last ticked
+        self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
+        self._home: asyncio.AbstractEventLoop | None = None  # the worker's loop, which awaits the calls
+        # calls handed over and outcomes handed back, each drained by one wake-up of the loop it goes to: with
+        # many calls in flight, one thread hand-off serves several (deque's append and popleft are atomic)
+        self._inbox: collections.deque[tuple[Coroutine[Any, Any, Any], asyncio.Future[Any],
+                                             list[asyncio.Task[Any]]]] = collections.deque()
+        self._inbox_posted = False
+        self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
+        self._outbox_posted = False
+        # the same for asynchronous state requests of user code, made on the worker's loop, and their answers
+        self._requests: collections.deque[tuple[Callable[..., asyncio.Future[Any]], tuple[Any, ...],
+                                                asyncio.Future[Any]]] = collections.deque()
+        self._requests_posted = False
+        self._answers: collections.deque[tuple[asyncio.Future[Any], asyncio.Future[Any]]] = collections.deque()
+        self._answers_posted = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.ident = threading.get_ident()
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(self._tick)
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def _tick(self) -> None:
+        self.seen = time.monotonic()
+        self.ticks += 1
+        self.loop.call_later(TICK_S, self._tick)
+
+    def running_since(self) -> float:
+        """The last time the loop was seen running (time.monotonic()); read from any thread."""
+        return self.seen
+
+    # -- the worker's loop awaits user code -------------------------------------------------------------
+
+    async def run(self, awaitable: Awaitable[Any]) -> Any:
+        """Run `awaitable` (a coroutine) on the user loop and return its result; awaited on the worker's loop."""
+        coroutine = awaitable if asyncio.iscoroutine(awaitable) else _awaited(awaitable)
+        home = self._home
+        if home is None:
+            home = self._home = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = home.create_future()
+        box: list[asyncio.Task[Any]] = []
+        self._inbox.append((coroutine, done, box))
+        if not self._inbox_posted:  # one wake-up of the user loop for every call handed over meanwhile
+            self._inbox_posted = True
+            try:
+                self.loop.call_soon_threadsafe(self._take_inbox)
+            except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
+                self._inbox.clear()
+                coroutine.close()
+                raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
+        try:
+            return await done
+        except asyncio.CancelledError:
+            if not done.done() or done.cancelled():
+                self._cancel_soon(box)
+            raise
+
+    def _take_inbox(self) -> None:
+        """On the user loop: start the user tasks handed over."""
+        self._inbox_posted = False  # before taking: a call handed over from now on posts again
+        inbox = self._inbox
+        while inbox:
+            coroutine, done, box = inbox.popleft()
+            if done.cancelled():  # read across threads: at worst the task starts and is cancelled at once
+                coroutine.close()
+                continue
+            task = self.loop.create_task(_exit_fails_the_call(coroutine))
+            box.append(task)
+            task.add_done_callback(functools.partial(self._finished, done))
+
+    def _finished(self, done: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
+        """On the user loop: a user task ended; its outcome goes back to the worker's loop, with the others that
+        end before that loop takes them (one wake-up)."""
+        self._outbox.append((done, task))
+        if not self._outbox_posted:
+            self._outbox_posted = True
+            home = self._home
+            assert home is not None
+            try:
+                home.call_soon_threadsafe(self._take_outbox)
+            except RuntimeError:  # the worker's loop closed (the worker is stopping): nobody waits
+                pass
+
+    def _take_outbox(self) -> None:
+        """On the worker's loop: settle the callers' futures as their user tasks ended."""
+        self._outbox_posted = False
+        outbox = self._outbox
+        while outbox:
+            done, task = outbox.popleft()
+            if done.done():
+                continue
+            if task.cancelled():
+                done.cancel()
+            elif task.exception() is not None:
+                done.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(task.result())
+
+    def _cancel_soon(self, box: list[asyncio.Task[Any]]) -> None:
+        def cancel() -> None:
+            for task in box:
+                task.cancel()
+
+        try:
+            self.loop.call_soon_threadsafe(cancel)
+        except RuntimeError:
+            pass
+
+    # -- user code awaits the worker's loop ------------------------------------------------------------
+
+    def call_home(self, home: asyncio.AbstractEventLoop, fn: Callable[..., asyncio.Future[Any]],
+                  *args: Any) -> asyncio.Future[Any]:
+        """On the user loop: a future of this loop that settles as the future `fn(*args)` returns on the worker's
+        loop `home` (called there) does. Batched like `run`: one wake-up of each loop per batch of requests."""
+        mine: asyncio.Future[Any] = self.loop.create_future()
+        self._requests.append((fn, args, mine))
+        if not self._requests_posted:
+            self._requests_posted = True
+            home.call_soon_threadsafe(self._take_requests, home)
+        return mine
+
+    def _take_requests(self, home: asyncio.AbstractEventLoop) -> None:
+        """On the worker's loop: make the requests user code sent home."""
+        self._requests_posted = False
+        requests = self._requests
+        while requests:
+            fn, args, mine = requests.popleft()
+            try:
+                theirs = fn(*args)
+            except BaseException as exc:
+                theirs = home.create_future()
+                theirs.set_exception(exc)
+            theirs.add_done_callback(functools.partial(self._answered, mine))
+
+    def _answered(self, mine: asyncio.Future[Any], theirs: asyncio.Future[Any]) -> None:
+        """On the worker's loop: a request's answer goes back to the user loop with the others answered before it
+        takes them."""
+        self._answers.append((mine, theirs))
+        if not self._answers_posted:
+            self._answers_posted = True
+            try:
+                self.loop.call_soon_threadsafe(self._take_answers)
+            except RuntimeError:  # the user loop stopped: nobody waits
+                pass
+
+    def _take_answers(self) -> None:
+        """On the user loop: settle the user code's futures as their requests were answered."""
+        self._answers_posted = False
+        answers = self._answers
+        while answers:
+            mine, theirs = answers.popleft()
+            if mine.done():
+                continue
+            if theirs.cancelled():
+                mine.cancel()
+            elif theirs.exception() is not None:
+                mine.set_exception(theirs.exception())  # type: ignore[arg-type]
+            else:
+                mine.set_result(theirs.result())
+
+    # -- the end ----------------------------------------------------------------------------------------
+
+    async def stop(self, timeout_s: float | None = 10.0) -> bool:
+        """Cancel the user tasks still running, wait for them, and end the loop and its thread. False when the
+        loop did not come back within `timeout_s` (None: no limit; user code blocking it: the daemon thread is
+        left behind)."""
+        if self.loop.is_closed():
+            return True
+
+        async def shut() -> None:
+            # every task of the loop: the calls, and what user code started on its own (a client's reader)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            stopped = asyncio.run_coroutine_threadsafe(shut(), self.loop)
+        except RuntimeError:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wrap_future(stopped)
+        except TimeoutError:
+            return False
+        except Exception:  # a user task that swallowed its cancel and failed: the loop still ends
+            pass
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:
+            pass
+        return True
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """The worker's kind of loop (netstack/transport.py `run`): the user's clients do their I/O on this one."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def _exit_fails_the_call(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """sys.exit() in user code fails its call (its task), not the loop: asyncio re-raises a SystemExit out of
+    the loop, which would end the loop's thread and leave every caller waiting."""
+    try:
+        return await coroutine
+    except SystemExit as exc:
+        raise UserCodeExit.of(exc) from exc

@@ -1,0 +1,143 @@
+"""A task's user loop (runtime/execution/user_loop.py): user coroutines on a loop and thread of their own, their
+results, errors and cancellation carried back to the awaiting loop, a blocking call that stalls only that loop,
+state requests carried home, and a stop that gives up on a loop user code holds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runtime.execution.user_code import UserCodeExit
+from runtime.execution.user_loop import TICK_S, UserLoop
+
+
+@pytest.fixture
+async def user() -> AsyncIterator[UserLoop]:
+    loop = UserLoop("test user loop")
+    yield loop
+    await loop.stop(10.0)
+
+
+async def test_a_coroutine_runs_on_the_user_loops_thread_and_returns_its_result(user: UserLoop) -> None:
+    async def where() -> str:
+        await asyncio.sleep(0)
+        return threading.current_thread().name
+
+    assert await user.run(where()) == "test user loop"
+
+
+async def test_an_exception_and_sys_exit_come_back_to_the_caller(user: UserLoop) -> None:
+    async def fails() -> None:
+        raise ValueError("bad record")
+
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(ValueError, match="bad record"):
+        await user.run(fails())
+    with pytest.raises(UserCodeExit, match=r"sys.exit\(3\)"):
+        await user.run(exits())
+
+
+async def test_a_timeout_on_the_caller_cancels_the_user_task(user: UserLoop) -> None:
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.1):
+            await user.run(forever())
+    assert await asyncio.to_thread(cancelled.wait, 10.0)
+
+
+async def test_a_user_task_cancelled_by_its_own_code_cancels_the_caller(user: UserLoop) -> None:
+    async def cancels_itself() -> None:
+        asyncio.current_task().cancel()  # type: ignore[union-attr]
+        await asyncio.sleep(1)
+
+    with pytest.raises(asyncio.CancelledError):
+        await user.run(cancels_itself())
+
+
+async def test_a_blocking_call_stalls_only_the_user_loop_and_stops_its_ticks(user: UserLoop) -> None:
+    release = threading.Event()
+
+    async def blocks() -> str:
+        release.wait(10.0)  # a synchronous client inside an async function
+        return "done"
+
+    call = asyncio.ensure_future(user.run(blocks()))
+    ticks: list[float] = []
+    for _ in range(10):  # the caller's loop keeps running meanwhile
+        await asyncio.sleep(TICK_S)
+        ticks.append(user.running_since())
+    assert not call.done()
+    assert time.monotonic() - user.running_since() >= 5 * TICK_S  # the watchdog sees the loop stalled
+    release.set()
+    assert await asyncio.wait_for(call, 10.0) == "done"
+    seen = user.running_since()
+    await asyncio.sleep(3 * TICK_S)
+    assert user.running_since() > seen  # ticking again
+
+
+async def test_call_home_runs_on_the_callers_loop_and_settles_there(user: UserLoop) -> None:
+    home = asyncio.get_running_loop()
+    home_thread = threading.get_ident()
+    seen: list[bool] = []
+
+    def request(value: int) -> asyncio.Future[int]:
+        seen.append(threading.get_ident() == home_thread)
+        future: asyncio.Future[int] = home.create_future()
+        home.call_later(0.01, future.set_result, value * 2)
+        return future
+
+    def refused(value: int) -> asyncio.Future[int]:
+        raise LookupError(f"no state {value}")
+
+    async def user_code() -> tuple[int, str]:
+        doubled = await user.call_home(home, request, 21)
+        try:
+            await user.call_home(home, refused, 7)
+        except LookupError as e:
+            return doubled, str(e)
+        return doubled, "no error"
+
+    assert await user.run(user_code()) == (42, "no state 7")
+    assert seen == [True]
+
+
+async def test_stop_cancels_what_runs_and_gives_up_on_a_blocked_loop() -> None:
+    user = UserLoop("test user loop")
+    started = threading.Event()
+
+    async def sleeps() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    call = asyncio.ensure_future(user.run(sleeps()))
+    assert await asyncio.to_thread(started.wait, 10.0)
+    assert await user.stop(10.0)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(call, 10.0)
+
+    stuck = UserLoop("test stuck loop")
+    release = threading.Event()
+
+    async def blocks() -> None:
+        release.wait(30.0)
+
+    blocked = asyncio.ensure_future(stuck.run(blocks()))
+    await asyncio.sleep(0.1)
+    assert not await stuck.stop(0.3)  # user code holds its loop: the stop gives up, the caller goes on
+    release.set()
+    await asyncio.wait_for(blocked, 10.0)
+    assert await stuck.stop(10.0)
