@@ -2,7 +2,8 @@
 scripts/nexmark_compare.py: reads the tables' DDL and a SELECT, runs it over the bounded files, applies the
 changelog it emits (+I/+U add a row, -U/-D take one away; with --key, the last row per key: Flink may drop
 the -U of an upsert changelog) and prints the final rows as JSON lines, then one line
-`{"flink_seconds": S, "changes": N}` (S: from submitting the query to the end of its results).
+`{"flink_seconds": S, "changes": N}` (S: from submitting the query to the end of its results). With --blackhole
+COLUMNS the rows go to a 'blackhole' table instead and only that line is printed (a throughput run).
 
 Runs with the Python of a venv that has `apache-flink` installed (never Sluice's): --flink-python of the
 comparison script.
@@ -37,6 +38,9 @@ def main() -> int:
     parser.add_argument("--query", required=True, help="the SELECT")
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--key", default="", help="the result's key columns (comma-separated) when it updates")
+    parser.add_argument("--blackhole", default="",
+                        help="the result's columns: INSERT INTO a 'blackhole' table of them instead of collecting the "
+                             "rows (a throughput run: no Python row conversion); prints only the summary line")
     args = parser.parse_args()
     from pyflink.common import RowKind
     from pyflink.table import EnvironmentSettings, TableEnvironment
@@ -49,6 +53,12 @@ def main() -> int:
     for statement in text.split(";"):
         if statement.strip():
             env.execute_sql(statement)
+    if args.blackhole:
+        env.execute_sql(f"CREATE TABLE nexmark_out ({args.blackhole}) WITH ('connector' = 'blackhole')")
+        started = time.monotonic()
+        env.execute_sql(f"INSERT INTO nexmark_out {args.query}").wait()
+        sys.stdout.write(json.dumps({"flink_seconds": time.monotonic() - started, "changes": None}) + "\n")
+        return 0
     started = time.monotonic()
     result = env.execute_sql(args.query)
     rows: Counter[str] = Counter()

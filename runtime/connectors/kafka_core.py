@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # -- partition assignment ------------------------------------------------------------------------------------
@@ -229,6 +229,8 @@ class KafkaRecord:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
+    # Kafka's timestamp type: 0 CreateTime (the producer's), 1 LogAppendTime (the broker's), -1 none
+    timestamp_type: int = field(default=0, kw_only=True)
 
 
 def _plain(value: Any) -> Any:
@@ -270,7 +272,8 @@ class MalformedKafkaRecord(KafkaRecord):
     @staticmethod
     def of(record: KafkaRecord, error: BaseException) -> MalformedKafkaRecord:
         return MalformedKafkaRecord(record.topic, record.partition, record.offset, record.timestamp_ms, record.key,
-                                    record.value, record.headers, f"{type(error).__name__}: {error}")
+                                    record.value, record.headers, f"{type(error).__name__}: {error}",
+                                    timestamp_type=record.timestamp_type)
 
 
 def decode_prefix(records: list[KafkaRecord],

@@ -52,9 +52,10 @@ def _done(future: concurrent.futures.Future[Any]) -> bool:
 class KafkaSink(Sink):
     """Writes records to `topic` (or a function of the record returning the topic; then `marker_topic` names
     an existing topic whose partition 0 carries the exactly-once commit markers). `key`, `partition`,
-    `headers`: functions of the record (key: bytes, str or anything str() turns into the key; headers: a list
-    of (name, bytes)). `serializer`: "json", "msgpack", "raw" or a function of the record returning bytes (None:
-    a tombstone, a record with no value)."""
+    `headers`, `timestamp`: functions of the record (key: bytes, str or anything str() turns into the key;
+    headers: a list of (name, bytes); timestamp: the record's CreateTime in epoch ms, None for now).
+    `serializer`: "json", "msgpack", "raw" or a function of the record returning bytes (None: a tombstone, a
+    record with no value)."""
 
     extras = ("kafka",)
 
@@ -62,6 +63,7 @@ class KafkaSink(Sink):
                  delivery: str = "exactly-once", transactional_id_prefix: str | None = None,
                  key: Callable[[Any], Any] | None = None, partition: Callable[[Any], int] | None = None,
                  headers: Callable[[Any], list[tuple[str, bytes]]] | None = None,
+                 timestamp: Callable[[Any], int | None] | None = None,
                  serializer: str | Callable[[Any], bytes | None] = "json", marker_topic: str | None = None,
                  transaction_timeout_ms: int = 60_000, connect_timeout_s: float = 10.0,
                  close_timeout_s: float = 60.0, cancel_wait_s: float = 2.0, retry_s: float = 120.0,
@@ -84,6 +86,7 @@ class KafkaSink(Sink):
         self.key = key
         self.partition = partition
         self.headers = headers
+        self.timestamp = timestamp
         self.serializer = serializer
         self.marker_topic = marker_topic or (topic if isinstance(topic, str) else None)
         self.transaction_timeout_ms = transaction_timeout_ms
@@ -112,7 +115,8 @@ class KafkaSink(Sink):
         # drawn once per job run and kept through restores (restore_state), so commit markers of an earlier
         # submission of the same sink (checkpoint ids start again at 1) are never taken for this run's
         self._token = secrets.token_hex(6)
-        self._buffer: list[list[Any]] = []  # [topic, partition, key, value, headers] since the last snapshot
+        # [topic, partition, key, value, headers, timestamp] since the last snapshot
+        self._buffer: list[list[Any]] = []
         self._pending: list[list[Any]] = []  # [checkpoint id, subtask, token, items]: pre-committed
         # committed batches handed to the thread, until their transaction committed: they stay in every
         # snapshot until then, so a restore from a later checkpoint still produces (or skips) them
@@ -210,7 +214,8 @@ class KafkaSink(Sink):
         topic = self.topic if isinstance(self.topic, str) else self.topic(record)
         self._buffer.append([topic, self.partition(record) if self.partition else None,
                              core.encode_key(self.key(record)) if self.key else None, self._encode(record),
-                             list(self.headers(record)) if self.headers else None])
+                             list(self.headers(record)) if self.headers else None,
+                             self.timestamp(record) if self.timestamp else None])
         if self.delivery != "exactly-once" and len(self._buffer) >= SEND_AHEAD:
             self._send_buffer()
 
@@ -228,8 +233,9 @@ class KafkaSink(Sink):
 
     async def _send(self, items: list[list[Any]]) -> None:
         async with self._lock:  # in order
-            futures = [await self._producer.send(t, value=v, key=k, partition=p, headers=h)
-                       for t, p, k, v, h in items]
+            futures = [await self._producer.send(t, value=v, key=k, partition=p, headers=h,
+                                                 timestamp_ms=ts[0] if ts else None)
+                       for t, p, k, v, h, *ts in items]  # (a pending batch of an older snapshot has no ts)
             if self.delivery == "at-least-once":
                 await asyncio.gather(*futures)
             self.produced += len(items)
@@ -350,8 +356,9 @@ class KafkaSink(Sink):
             try:
                 self._open_since = time.monotonic()
                 async with self._producer.transaction():
-                    futures = [await self._producer.send(t, value=v, key=k, partition=p, headers=h)
-                               for t, p, k, v, h in items]
+                    futures = [await self._producer.send(t, value=v, key=k, partition=p, headers=h,
+                                                         timestamp_ms=ts[0] if ts else None)
+                               for t, p, k, v, h, *ts in items]  # (a pending batch of an older snapshot has no ts)
                     await asyncio.gather(*futures)
                     await self._producer.send_offsets_to_transaction(marker, group)
                 self._open_since = None

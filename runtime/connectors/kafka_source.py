@@ -338,7 +338,8 @@ class KafkaSource(Source):
     def _decode_batch(self, raw: list[Any]) -> list[Any]:
         """The records before the first malformed one of `raw`; a malformed one leading `raw` alone: the task
         fails naming it, or it goes to the side output, or the user's function says what to emit."""
-        records = [KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ()))
+        records = [KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ()),
+                               timestamp_type=m.timestamp_type if m.timestamp_type is not None else -1)
                    for m in raw]
         values, bad = core.decode_prefix(records, self._decode)
         if bad is None or values:

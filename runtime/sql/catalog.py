@@ -2,7 +2,8 @@
 
 `Catalog.apply(statement)` takes one parsed DDL statement (CREATE TABLE / VIEW / FUNCTION, SET) and records it;
 queries read it through `table`, `view` and `functions`. A table keeps its physical columns (what the connector
-reads or writes), its computed columns (`name AS expr`, computed after reading), its watermark (`WATERMARK FOR
+reads or writes), its metadata columns (`name TYPE METADATA [FROM 'key'] [VIRTUAL]`, runtime/sql/metadata.py), its
+computed columns (`name AS expr`, computed after reading), its watermark (`WATERMARK FOR
 col AS col - INTERVAL ...`), its primary key and its WITH options, all checked here so a bad DDL fails before a
 query is planned.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from sqlglot import exp
 
 from runtime.sql import types as T
+from runtime.sql.dialect import MetadataColumnConstraint
 from runtime.sql.errors import SqlError
 from runtime.sql.expressions import interval_ms
 from runtime.sql.functions import PythonFunction
@@ -26,6 +28,8 @@ class Column:
     name: str
     type: SqlType | None  # None for a computed column until its expression is typed
     computed: exp.Expr | None = None
+    metadata: str | None = None  # `METADATA [FROM 'key']`: the connector's metadata key it holds
+    virtual: bool = False  # `METADATA ... VIRTUAL`: read only, not written by INSERT
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,18 @@ class TableDef:
 
     @property
     def physical(self) -> tuple[Column, ...]:
+        """The columns the connector's format reads and writes (neither computed nor metadata)."""
+        return tuple(c for c in self.columns if c.computed is None and c.metadata is None)
+
+    @property
+    def stored(self) -> tuple[Column, ...]:
+        """The columns a source reads, physical and metadata, in declared order (computed ones come after)."""
         return tuple(c for c in self.columns if c.computed is None)
+
+    @property
+    def persisted(self) -> tuple[Column, ...]:
+        """The columns an INSERT writes, in declared order: physical and not VIRTUAL metadata columns."""
+        return tuple(c for c in self.columns if c.computed is None and not c.virtual)
 
     @property
     def connector(self) -> str:
@@ -136,6 +151,9 @@ class Catalog:
         for key in primary_key:
             if key not in names:
                 raise SqlError(f"table {name}: primary key column {key} is not a column of the table")
+            if next(c for c in columns if c.name == key).metadata is not None:
+                raise SqlError(f"table {name}: could not create a PRIMARY KEY: column '{key}' is not a physical "
+                               "column (it is a metadata column)")
         if watermark is not None:
             rowtime = next((c for c in columns if c.name == watermark.column), None)
             if rowtime is None:
@@ -200,6 +218,14 @@ def _column(item: exp.ColumnDef) -> Column:
     for c in constraints:
         if isinstance(c.kind, exp.PrimaryKeyColumnConstraint):
             raise SqlError(f"column {name}: declare the key as PRIMARY KEY ({name}) NOT ENFORCED after the columns")
+    metadata = next((c.kind for c in constraints if isinstance(c.kind, MetadataColumnConstraint)), None)
+    if metadata is None and T.from_datatype(kind).name in ("MAP", "BYTES"):
+        raise SqlError(f"column {name}: type {kind.sql()} is supported only for a metadata column for now (Kafka's "
+                       "`headers MAP<STRING, BYTES> METADATA`)")
+    if metadata is not None:
+        key = metadata.this.this if metadata.this is not None else name
+        return Column(name, T.from_datatype(kind, nullable=not not_null), metadata=str(key),
+                      virtual=bool(metadata.args.get("virtual")))
     return Column(name, T.from_datatype(kind, nullable=not not_null))
 
 

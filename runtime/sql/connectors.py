@@ -29,6 +29,7 @@ from typing import Any
 
 from runtime.connectors import kafka_core
 from runtime.connectors.files import FileSink, JsonLinesSource, ParquetSource, list_input_files
+from runtime.connectors.kafka_core import KafkaRecord
 from runtime.connectors.kafka_sink import DELIVERIES, KafkaSink
 from runtime.connectors.kafka_source import KafkaSource
 from runtime.connectors.sinks import DiscardSink, Sink
@@ -36,8 +37,9 @@ from runtime.connectors.source import SideOutputBatch, Source
 from runtime.sql import types as T
 from runtime.sql.catalog import TableDef
 from runtime.sql.errors import SqlError
+from runtime.sql.metadata import file_metadata, kafka_metadata, kafka_written, merge, readable, writable
 
-SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "upsert-kafka", "postgres-cdc")
+SOURCE_CONNECTORS = ("filesystem", "datagen", "kafka", "upsert-kafka", "postgres-cdc", "jdbc")
 SINK_CONNECTORS = ("filesystem", "print", "blackhole", "kafka", "upsert-kafka", "jdbc")
 FORMATS = ("json", "csv", "parquet")
 
@@ -55,6 +57,38 @@ class CsvLinesSource(JsonLinesSource):
     def _records(self, items: list[Any]) -> list[Any]:
         lines = [t for t in items if t.strip()]
         return [tuple(r) for r in csv.reader(lines, delimiter=self.delimiter)]
+
+
+class _FileRows:
+    """A file source whose records come paired with the metadata values of the file they were read from
+    (`file_metadata`, set by make_source; computed once per file). _UnitSource calls `_records` right after
+    loading a chunk of unit `_items_unit`."""
+
+    file_metadata: Callable[[str], tuple[Any, ...]]
+    _units: list[Any]
+    _items_unit: int | None
+
+    def _records(self, items: list[Any]) -> list[Any]:
+        records = super()._records(items)  # type: ignore[misc]
+        unit = self._units[self._items_unit]  # type: ignore[index]
+        path = unit[0] if isinstance(unit, tuple) else unit  # a Parquet unit is (file, row group)
+        cache = self.__dict__.setdefault("_file_meta", {})
+        meta = cache.get(path)
+        if meta is None:
+            meta = cache[path] = self.file_metadata(path)
+        return [(r, meta) for r in records]
+
+
+class JsonFileRows(_FileRows, JsonLinesSource):
+    pass
+
+
+class CsvFileRows(_FileRows, CsvLinesSource):
+    pass
+
+
+class ParquetFileRows(_FileRows, ParquetSource):
+    pass
 
 
 class DatagenSource(Source):
@@ -240,8 +274,8 @@ def _print_value(v: Any) -> str:
 
 
 def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None) -> Source:
-    """The source of `table` (filesystem json/csv/parquet, datagen, kafka; postgres-cdc: a changelog of (kind,
-    row) pairs, runtime/sql/postgres_tables.py), its rows carrying the computed columns."""
+    """The source of `table` (filesystem json/csv/parquet, datagen, kafka, jdbc; postgres-cdc: a changelog of
+    (kind, row) pairs, runtime/sql/postgres_tables.py), its rows carrying the computed columns."""
     connector = table.connector
     if connector == "postgres-cdc":
         from runtime.sql.postgres_tables import CdcTableSource
@@ -249,6 +283,7 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
     physical = table.physical
     readers = [T.reader(c.type) for c in physical]  # type: ignore[arg-type]
     names = [c.name for c in physical]
+    metadata = readable(table)
     if connector == "datagen":
         inner: Source = DatagenSource(table)
         base: Callable[[Any], tuple[Any, ...]] = tuple
@@ -256,17 +291,28 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         path = _required(table, "path")
         fmt = _format(table)
         if fmt == "json":
-            inner = JsonLinesSource(path)
+            inner = (JsonFileRows if metadata else JsonLinesSource)(path)
             base = _json_object(names, readers)
         elif fmt == "csv":
-            inner = CsvLinesSource(path, table.options.get("csv.field-delimiter", ","))
+            inner = (CsvFileRows if metadata else CsvLinesSource)(path, table.options.get("csv.field-delimiter", ","))
             base = _positional(readers, table.name)
         else:
-            inner = ParquetSource(path, columns=names)
+            inner = (ParquetFileRows if metadata else ParquetSource)(path, columns=names)
             base = _positional(readers, table.name)
+        if metadata:  # records come as (record, the file's metadata values): FileRows
+            inner.file_metadata = file_metadata(metadata)  # type: ignore[union-attr]
+            base = _with_metadata(base, merge(table.stored, metadata))
+    elif connector == "jdbc":  # a bounded read of the table (runtime/sql/jdbc_scan.py): its rows, converted
+        from runtime.sql.jdbc_scan import JdbcScanSource
+        inner = JdbcScanSource(table)
+        base = tuple
     elif connector == "kafka":  # (an upsert-kafka table's source is runtime/sql/kafka_tables.py's)
-        inner = kafka_source(table)
-        base = _json_object(names, readers)
+        if metadata:  # each record's value with the metadata values of its envelope
+            inner = kafka_source(table, deserializer=value_with_metadata(kafka_metadata(metadata)))
+            base = _with_metadata(_json_object(names, readers), merge(table.stored, metadata))
+        else:
+            inner = kafka_source(table)
+            base = _json_object(names, readers)
     else:
         raise SqlError(f"table {table.name}: connector '{connector}' cannot be read (sources: "
                        f"{', '.join(SOURCE_CONNECTORS)})")
@@ -276,6 +322,24 @@ def make_source(table: TableDef, computed: Callable[[tuple[Any, ...]], tuple[Any
         def to_row(record: Any) -> tuple[Any, ...]:
             return computed(base(record))
     return TableSource(inner, to_row, f"table {table.name}")
+
+
+def value_with_metadata(metadata_of: Callable[[KafkaRecord], tuple[Any, ...]]
+                        ) -> Callable[[KafkaRecord], tuple[Any, tuple[Any, ...]]]:
+    """A Kafka deserializer: (the record's JSON value, the values of the table's metadata columns)."""
+    def decode(record: KafkaRecord) -> tuple[Any, tuple[Any, ...]]:
+        return kafka_core.json_value(record), metadata_of(record)
+    return decode
+
+
+def _with_metadata(base: Callable[[Any], tuple[Any, ...]],
+                   merged: Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]]
+                   ) -> Callable[[Any], tuple[Any, ...]]:
+    """(record, metadata values) -> the row of the table's stored columns."""
+    def row(pair: Any) -> tuple[Any, ...]:
+        record, meta = pair
+        return merged(base(record), meta)
+    return row
 
 
 def _json_object(names: list[str], readers: list[Callable[[Any], Any]]) -> Callable[[Any], tuple[Any, ...]]:
@@ -511,9 +575,10 @@ def kafka_sink(table: TableDef, *, changelog: bool) -> KafkaSink:
     if not timeout.isdigit():
         raise SqlError(f"table {table.name}: 'properties.transaction.timeout.ms' must be milliseconds, got "
                        f"'{timeout}'")
-    physical = table.physical
-    names = [c.name for c in physical]
-    writers = [T.writer(c.type) for c in physical]  # type: ignore[arg-type]
+    persisted = table.persisted  # a row's columns: physical and persisted metadata (headers, timestamp)
+    names = [c.name for c in persisted]
+    writers = [T.writer(c.type) for c in persisted]  # type: ignore[arg-type]
+    physical_names = {c.name for c in table.physical}
     upsert = table.connector == "upsert-kafka"
     if upsert:
         if not table.primary_key:
@@ -523,7 +588,7 @@ def kafka_sink(table: TableDef, *, changelog: bool) -> KafkaSink:
         key_fields = list(table.primary_key)
     else:
         key_fields = [f for f in opts.get("key.fields", "").split(";") if f]
-        unknown = [f for f in key_fields if f not in names]
+        unknown = [f for f in key_fields if f not in physical_names]
         if unknown:
             raise SqlError(f"table {table.name}: 'key.fields' names {', '.join(unknown)}, not columns of the table")
         if key_fields and "key.format" not in opts:
@@ -532,14 +597,18 @@ def kafka_sink(table: TableDef, *, changelog: bool) -> KafkaSink:
     if include not in ("ALL", "EXCEPT_KEY"):
         raise SqlError(f"table {table.name}: 'value.fields-include' must be ALL or EXCEPT_KEY, got '{include}'")
     value_fields = [(i, n, w) for i, (n, w) in enumerate(zip(names, writers, strict=True))
-                    if include == "ALL" or n not in key_fields]
+                    if n in physical_names and (include == "ALL" or n not in key_fields)]
     key_at = [(names.index(f), f, writers[names.index(f)]) for f in key_fields]
     encode, key_of = kafka_row_codec(value_fields, key_at, changelog=changelog)
+    headers, timestamp = kafka_written(writable(table), persisted)
+    if changelog:  # the row of a (kind, row) pair
+        headers = None if headers is None else (lambda h: lambda record: h(record[1]))(headers)
+        timestamp = None if timestamp is None else (lambda t: lambda record: t(record[1]))(timestamp)
     kind = UpsertKafkaSink if upsert and changelog else KafkaSink
     if not upsert and changelog:  # the planner refuses this (changelog.sink_accepts): a guard, not a path
         raise SqlError(f"table {table.name}: a 'kafka' table appends; write an updating query to 'upsert-kafka'")
     return kind(servers, topic, delivery=delivery, transactional_id_prefix=prefix, key=key_of, serializer=encode,
-                transaction_timeout_ms=int(timeout))
+                headers=headers, timestamp=timestamp, transaction_timeout_ms=int(timeout))
 
 
 Field = tuple[int, str, Callable[[Any], Any] | None]

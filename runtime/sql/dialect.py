@@ -3,6 +3,7 @@
 sqlglot parses the bulk (SELECT, expressions, CREATE TABLE/VIEW/FUNCTION, SET); this adds, as small parser
 extensions and never a parser of our own:
 - `WATERMARK FOR col AS expr` inside CREATE TABLE (the constraint sqlglot's RisingWave dialect has);
+- metadata columns `col TYPE METADATA [FROM 'key'] [VIRTUAL]` (a column constraint);
 - window table functions `TUMBLE|HOP|CUMULATE|SESSION(TABLE t, DESCRIPTOR(col), INTERVAL ...)`, their
   `TABLE t` and `DESCRIPTOR(col)` arguments, positional or named (`DATA => TABLE t`), and `FROM TABLE(...)`;
 - `EXECUTE STATEMENT SET BEGIN ... END;` and `BEGIN STATEMENT SET; ... END;` (several INSERTs, one job);
@@ -55,9 +56,20 @@ class StatementSet(exp.Expression):
     arg_types = {"expressions": True, "unterminated": False}
 
 
+class MetadataColumnConstraint(exp.Expression, exp.ColumnConstraintKind):
+    """`METADATA [FROM 'key'] [VIRTUAL]` after a column's type: the column is the connector's metadata `key`
+    (the column's name without FROM); VIRTUAL ones are read only, never written by an INSERT."""
+
+    arg_types = {"this": False, "virtual": False}
+
+
 class FlinkParser(Parser):
     CONSTRAINT_PARSERS = {
         **Parser.CONSTRAINT_PARSERS,
+        "METADATA": lambda self: self.expression(MetadataColumnConstraint(
+            this=self._parse_string() if self._match(TokenType.FROM) else None,
+            virtual=exp.Boolean(this=True) if self._match_text_seq("VIRTUAL") else None,
+        )),
         "WATERMARK": lambda self: self.expression(
             exp.WatermarkColumnConstraint(
                 this=self._match(TokenType.FOR) and self._parse_column(),

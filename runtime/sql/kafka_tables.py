@@ -24,6 +24,7 @@ from runtime.sql.catalog import TableDef
 from runtime.sql.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
 from runtime.sql.connectors import TableSource, kafka_source
 from runtime.sql.errors import SqlError
+from runtime.sql.metadata import kafka_metadata, merge, readable
 
 Row = tuple[Any, ...]
 
@@ -45,17 +46,32 @@ def upsert_kafka_source(table: TableDef, computed: Callable[[Row], Row] | None) 
     """The source of an upsert-kafka table: (kind, row) pairs as the module docstring says."""
     if not table.primary_key:
         raise SqlError(f"table {table.name}: an 'upsert-kafka' table needs a PRIMARY KEY (...) NOT ENFORCED")
-    if table.watermark is not None:
-        raise SqlError(f"table {table.name}: reading an 'upsert-kafka' table with a WATERMARK is not supported yet")
-    inner = kafka_source(table, deserializer=upsert_record)
+    metadata = readable(table)
     pairs = [(c.name, T.reader(c.type)) for c in table.physical]  # type: ignore[arg-type]
     key_columns = set(table.primary_key)
 
-    def to_row(record: Any) -> tuple[str, Row]:
-        kind, key, value = record
+    def physical_row(kind: str, key: dict[str, Any], value: dict[str, Any] | None) -> Row:
         fields = {**(value or {}), **key} if value is not None else key
-        row = tuple(read(fields.get(name)) if value is not None or name in key_columns else None
-                    for name, read in pairs)
+        return tuple(read(fields.get(name)) if value is not None or name in key_columns else None
+                     for name, read in pairs)
+
+    if metadata:  # the metadata values of each record's envelope beside what upsert_record read
+        metadata_of = kafka_metadata(metadata)
+        merged = merge(table.stored, metadata)
+        inner = kafka_source(table, deserializer=lambda r: (upsert_record(r), metadata_of(r)))
+
+        def stored_row(record: Any) -> tuple[str, Row]:
+            (kind, key, value), meta = record
+            return kind, merged(physical_row(kind, key, value), meta)
+    else:
+        inner = kafka_source(table, deserializer=upsert_record)
+
+        def stored_row(record: Any) -> tuple[str, Row]:
+            kind, key, value = record
+            return kind, physical_row(kind, key, value)
+
+    def to_row(record: Any) -> tuple[str, Row]:
+        kind, row = stored_row(record)
         return kind, computed(row) if computed is not None else row
 
     return TableSource(inner, to_row, f"table {table.name}")

@@ -36,6 +36,7 @@ from runtime.sql.errors import SqlError
 from runtime.sql.expressions import AGGREGATES, ExpressionCompiler, Field, Scope, interval_ms, position
 from runtime.sql.join_conditions import conjuncts, side_of
 from runtime.sql.join_conditions import split as split_condition
+from runtime.sql.metadata import readable, writable
 from runtime.sql.retracting import RetractingAggregate
 
 WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
@@ -302,7 +303,8 @@ class Rank(PlanNode):
     input: PlanNode = None  # type: ignore[assignment]
     partition: list[exp.Expr] = field(default_factory=list)
     order: list[exp.Ordered] = field(default_factory=list)
-    limit: int = 1
+    limit: int = 1  # the last rank kept (OFFSET m LIMIT n: m + n)
+    offset: int = 0  # OFFSET m: ranks m+1..limit are the output
     with_rank: bool = False
     key_fn: Callable[[Any], Any] | None = None
     sort_key: Callable[[Any], Any] | None = None
@@ -317,13 +319,13 @@ class Rank(PlanNode):
         if self.limit == 0:  # ORDER BY the rowtime without LIMIT
             return f"TemporalSort(orderBy=[{', '.join(o.sql() for o in self.order)}])"
         if not self.order and self.window_end is None:  # LIMIT without ORDER BY
-            return f"Limit(offset=[0], fetch=[{self.limit}])"
+            return f"Limit(offset=[{self.offset}], fetch=[{self.limit - self.offset}])"
         name = "Deduplicate" if self.limit == 1 else "Rank"
         if self.window_end is not None:
             name = "WindowDeduplicate" if self.deduplicates else "WindowRank"
         order = ", ".join(o.sql() for o in self.order)
         return f"{name}(partitionBy=[{', '.join(p.sql() for p in self.partition)}], orderBy=[{order}], " \
-               f"rankRange=[1..{self.limit}], outputRank=[{str(self.with_rank).lower()}])"
+               f"rankRange=[{self.offset + 1}..{self.limit}], outputRank=[{str(self.with_rank).lower()}])"
 
 
 @dataclass(eq=False)
@@ -425,7 +427,8 @@ class Planner:
             body = body.copy()
             body.set("with_", insert.args["with_"])
         query = self.plan_query(body)
-        physical = table.physical
+        writable(table)  # a persisted metadata column the connector cannot write is refused (declare it VIRTUAL)
+        physical = table.persisted
         columns = target.expressions if isinstance(target, exp.Schema) else None
         if columns:  # INSERT INTO t (a, b) SELECT ...: reorder, the others NULL
             positions = [next((i for i, c in enumerate(physical) if c.name == col.name), None) for col in columns]
@@ -537,6 +540,9 @@ class Planner:
     # -- SELECT ----------------------------------------------------------------------------------------------
 
     def _select(self, select: exp.Select) -> PlanNode:
+        if select.args.get("offset") and not select.args.get("limit"):
+            raise SqlError("OFFSET without LIMIT (or FETCH) is not supported yet in Sluice SQL: a streaming query's "
+                           "rows after the first m would be every row kept in state")
         if select.args.get("order") and select.args.get("limit"):
             return self._order_limit(select)
         if select.args.get("order") and not select.args.get("limit") and not select.args.get("qualify"):
@@ -612,42 +618,50 @@ class Planner:
         return compiler, compiler.build("lambda r: _SortKey((" + "".join(v.text + ", " for v in values) + "), _desc)")
 
     @staticmethod
-    def _limit_count(select: exp.Select) -> int:
-        """n of LIMIT n: a positive integer literal (OFFSET is refused: a streaming query has no first rows to
-        skip that a restart would agree on)."""
-        if select.args.get("offset"):
-            raise SqlError("OFFSET is not supported in a streaming query")
-        count = select.args["limit"].expression
+    def _limit_count(select: exp.Select) -> tuple[int, int]:
+        """(m, n) of LIMIT n [OFFSET m]: integer literals, n positive, m 0 or more (Flink's rank range m+1..m+n,
+        with ORDER BY or without)."""
+        limit = select.args["limit"]
+        count = limit.args.get("count") if isinstance(limit, exp.Fetch) else limit.expression  # FETCH FIRST n ROWS
         if not isinstance(count, exp.Literal) or not count.is_int or int(count.name) < 1:
-            raise SqlError(f"LIMIT {count.sql()}: a positive integer literal is supported")
-        return int(count.name)
+            raise SqlError(f"LIMIT {count.sql() if count is not None else ''}: a positive integer literal is "
+                           "supported")
+        offset = select.args.get("offset")
+        skip = offset.expression if offset is not None else None
+        if skip is not None and (not isinstance(skip, exp.Literal) or not skip.is_int or int(skip.name) < 0):
+            raise SqlError(f"OFFSET {skip.sql()}: a non-negative integer literal is supported")
+        return (int(skip.name) if skip is not None else 0), int(count.name)
 
     def _limit(self, select: exp.Select) -> PlanNode:
         """LIMIT n without ORDER BY: Flink's streaming Limit, the first n rows to arrive (all rows on one subtask,
         each row ties with the ones kept, so the earlier stays); insert-only over an insert-only input, over an
         updating one a retracted row lets the next one in."""
-        limit = self._limit_count(select)
+        offset, limit = self._limit_count(select)
         body = select.copy()
         body.set("limit", None)
+        body.set("offset", None)
         base = self._select(body)
         compiler = ExpressionCompiler(base.scope, self.catalog.functions)
         mode = INSERT_ONLY if base.mode.insert_only else RETRACTING
         return Rank(base.fields, mode, base.rowtime if mode.insert_only else None, input=base, partition=[],
-                    order=[], limit=limit, with_rank=False, key_fn=compiler.build("lambda r: 0"),
+                    order=[], limit=offset + limit, offset=offset, with_rank=False,
+                    key_fn=compiler.build("lambda r: 0"),
                     sort_key=compiler.build("lambda r: 0"))
 
     def _order_limit(self, select: exp.Select) -> PlanNode:
         """ORDER BY ... LIMIT n: Flink's streaming Top-N without a partition (one partition: the whole query's
         rows on one subtask); updating, rows entering the first n inserted, those pushed out deleted."""
-        limit = self._limit_count(select)
+        offset, limit = self._limit_count(select)
         order = select.args["order"].expressions
         body = select.copy()
         body.set("order", None)
         body.set("limit", None)
+        body.set("offset", None)
         base = self._select(body)
         compiler, sort_key = self._sort_key(base, order)
-        return Rank(base.fields, RETRACTING, None, input=base, partition=[], order=list(order), limit=limit,
-                    with_rank=False, key_fn=compiler.build("lambda r: 0"), sort_key=sort_key)
+        return Rank(base.fields, RETRACTING, None, input=base, partition=[], order=list(order),
+                    limit=offset + limit, offset=offset, with_rank=False, key_fn=compiler.build("lambda r: 0"),
+                    sort_key=sort_key)
 
     def _expand_star(self, items: list[exp.Expr], source: PlanNode) -> list[exp.Expr]:
         out: list[exp.Expr] = []
@@ -770,7 +784,8 @@ class Planner:
         cached = self._scans.get(table.name)
         if cached is not None:
             return cached
-        physical = [Field(c.name, c.type, table.name) for c in table.physical]  # type: ignore[arg-type]
+        readable(table)  # a metadata key the connector does not offer is refused here, as Flink plans it
+        physical = [Field(c.name, c.type, table.name) for c in table.stored]  # type: ignore[arg-type]
         fields = list(physical)
         computed_fn = None
         computed_text = ""
@@ -984,6 +999,7 @@ class Planner:
                            "join needs a 'jdbc' table")
         if how not in ("inner", "left"):
             raise SqlError(f"JOIN {name} FOR SYSTEM_TIME AS OF: a lookup join is INNER or LEFT, not {how.upper()}")
+        readable(table)  # jdbc offers no metadata: a metadata column is refused as a scan refuses it
         alias = dim.alias or name
         right_fields = tuple(Field(c.name, c.type.or_null() if how == "left" else c.type, alias)  # type: ignore[union-attr,arg-type]
                              for c in table.physical)
@@ -1459,7 +1475,7 @@ def _sink_casts(table: TableDef, produced: list[T.SqlType], reorder: Callable[[A
     """Implicit casts from the query's column types to the sink's (an INT into a BIGINT is the same int; a
     BIGINT into a DOUBLE becomes a float); refuses what Flink refuses (a STRING into a BIGINT)."""
     casts: list[Callable[[Any], Any] | None] = []
-    for column, got in zip(table.physical, produced, strict=True):
+    for column, got in zip(table.persisted, produced, strict=True):
         want = column.type
         assert want is not None
         if got.name == "NULL" or got.name == want.name or (got.integral and want.integral) \

@@ -286,11 +286,13 @@ class TopNFunction(KeyedProcessFunction):
     AppendOnlyTopNFunction: per partition the N first rows in the order; a row entering the top N is emitted
     (+I), one pushed out retracted (-D); with the rank in the output, every row whose rank changed is retracted
     and emitted again. Ties keep the earlier row first. N = 1 ordered by rowtime ascending is deduplication keeping
-    the first row: insert-only (plain rows)."""
+    the first row: insert-only (plain rows). With `offset` m (LIMIT n OFFSET m: Flink's rank range m+1..m+n) the
+    first m rows are kept, as the order needs them, but only ranks m+1..limit are emitted."""
 
     def __init__(self, limit: int, sort_key: Callable[[Any], Any], with_rank: bool, insert_only: bool,
-                 newest_wins_ties: bool = False) -> None:
-        self.limit = limit
+                 newest_wins_ties: bool = False, offset: int = 0) -> None:
+        self.limit = limit  # the last rank kept: offset + n
+        self.offset = offset
         self.sort_key = sort_key
         self.with_rank = with_rank
         self.insert_only = insert_only
@@ -308,10 +310,11 @@ class TopNFunction(KeyedProcessFunction):
         if after is None:
             return
         self.top.update(tuple(after))
-        if self.insert_only:
-            ctx.emit((*row, 1) if self.with_rank else row)
+        if self.insert_only:  # rows only ever append (no order, or the first row): its rank is len(before) + 1
+            if len(before) >= self.offset:
+                ctx.emit((*row, len(before) + 1) if self.with_rank else row)
             return
-        _emit_top_changes(ctx, before, after, self.with_rank)
+        _emit_top_changes(ctx, before[self.offset:], after[self.offset:], self.with_rank, self.offset)
 
 
 class RetractableTopNFunction(KeyedProcessFunction):
@@ -321,10 +324,11 @@ class RetractableTopNFunction(KeyedProcessFunction):
     row (after its equals: the earlier row stays first), -U and -D remove one equal row (a row never seen is
     ignored). What changed in the top N is emitted: rows leaving it -D, rows entering it +I; with the rank in the
     output, every row whose rank changed is retracted and emitted again. State grows with the partition's rows
-    (as Flink's does: it keeps them all too)."""
+    (as Flink's does: it keeps them all too). With `offset` m only ranks m+1..limit are the output."""
 
-    def __init__(self, limit: int, sort_key: Callable[[Any], Any], with_rank: bool) -> None:
+    def __init__(self, limit: int, sort_key: Callable[[Any], Any], with_rank: bool, offset: int = 0) -> None:
         self.limit = limit
+        self.offset = offset
         self.sort_key = sort_key
         self.with_rank = with_rank
 
@@ -335,7 +339,7 @@ class RetractableTopNFunction(KeyedProcessFunction):
         kind, row = record
         row = tuple(row)
         rows = [tuple(r) for r in self.rows.value()]
-        before = rows[:self.limit]
+        before = rows[self.offset:self.limit]
         if kind in (UPDATE_BEFORE, DELETE):
             if row not in rows:
                 return
@@ -347,15 +351,15 @@ class RetractableTopNFunction(KeyedProcessFunction):
             self.rows.update(tuple(rows))
         else:
             self.rows.clear()
-        _emit_top_changes(ctx, before, rows[:self.limit], self.with_rank)
+        _emit_top_changes(ctx, before, rows[self.offset:self.limit], self.with_rank, self.offset)
 
 
-def _emit_top_changes(ctx: Any, before: list[Any], after: list[Any], with_rank: bool) -> None:
-    """What changed from top N `before` to `after`: -D for the rows that left it (with the rank, also those
-    whose rank changed), then +I for the rows that entered it (or took a new rank)."""
+def _emit_top_changes(ctx: Any, before: list[Any], after: list[Any], with_rank: bool, offset: int = 0) -> None:
+    """What changed from top N `before` to `after` (the ranks from offset + 1 on): -D for the rows that left it
+    (with the rank, also those whose rank changed), then +I for the rows that entered it (or took a new rank)."""
     if with_rank:
-        old = [(r, i + 1) for i, r in enumerate(before)]
-        new = [(r, i + 1) for i, r in enumerate(after)]
+        old = [(r, offset + i + 1) for i, r in enumerate(before)]
+        new = [(r, offset + i + 1) for i, r in enumerate(after)]
     else:
         old = [(r, 0) for r in before]
         new = [(r, 0) for r in after]

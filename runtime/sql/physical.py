@@ -12,6 +12,7 @@ Rows are tuples. An updating stream carries (kind, row) pairs (runtime/sql/chang
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -79,6 +80,23 @@ class Operator:
     keys: str = ""
     state: str = ""
     watermarks: str = ""
+
+
+def rowtime_of(index: int, table: str, *, changelog: bool) -> Callable[[Any], int]:
+    """The event time of a source's record: its row's rowtime column (itemgetter: the per-record path of every
+    event-time query), the row of a (kind, row) pair when the table is a changelog (postgres-cdc, upsert-kafka),
+    where a delete may lack it: a NULL rowtime there fails the source, as Flink's watermark assigner does."""
+    if not changelog:
+        return itemgetter(index)
+
+    def of_row(row: Any) -> int:
+        ts = row[index]
+        if ts is None:
+            raise ValueError(f"table {table}: the rowtime of a row is NULL ({row!r}); a rowtime attribute must not "
+                             "be NULL (a postgres-cdc table needs REPLICA IDENTITY FULL for a delete's whole row)")
+        return ts  # type: ignore[no-any-return]
+
+    return lambda pair: of_row(pair[1])
 
 
 # Flink's `pipeline.auto-watermark-interval` default: a table's source sends its watermark every 200 ms of
@@ -156,7 +174,8 @@ class Translator:
             assert node.rowtime is not None
             delay = table.watermark.delay_ms
             # Flink SQL's watermark is max(rowtime) - delay; BoundedOutOfOrderness emits max - max_delay - 1
-            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), itemgetter(node.rowtime),
+            timestamp = rowtime_of(node.rowtime, table.name, changelog=not node.mode.insert_only)
+            watermarks = BoundedOutOfOrderness(max(delay - 1, 0), timestamp,
                                                emit_interval_ms=self.watermark_interval_ms)
             idle = table.options.get("scan.watermark.idle-timeout")
             if idle:
@@ -291,11 +310,12 @@ class Translator:
             out = stream.key_by(node.key_fn).process(sfn, name=self._name(node))
             return self._added(out, uid, ops, keys=partition, state="rows until the watermark passes them")
         if not node.input.mode.insert_only:
-            rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank)
+            rfn = RetractableTopNFunction(node.limit, node.sort_key, node.with_rank, offset=node.offset)
             out = stream.key_by(_of_row(node.key_fn)).process(rfn, name=self._name(node))
             return self._added(out, uid, ops, keys=partition, state="every row per key (the top "
                                f"{node.limit} emitted; a retracted one lets the next in)")
-        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties)
+        fn = TopNFunction(node.limit, node.sort_key, node.with_rank, node.mode.insert_only, node.newest_wins_ties,
+                          offset=node.offset)
         out = stream.key_by(node.key_fn).process(fn, name=self._name(node))
         return self._added(out, uid, ops, keys=", ".join(p.sql() for p in node.partition) or "(one partition)",
                            state=f"the top {node.limit} rows per key")
@@ -334,7 +354,9 @@ class Translator:
         retry = RetryPolicy(max_attempts=lookup.settings.max_retries + 1)
         looked_up = stream.async_map(lookup, capacity=lookup.settings.capacity, timeout_s=30.0, ordered=True,
                                      retry=retry, name=self._name(node))
-        cache = (f", cache: {lookup.settings.cache_rows} rows" if lookup.settings.cache_rows else "")
+        cache = (f", cache: {lookup.settings.cache_rows} rows" if lookup.settings.cache_rows else
+                 f", the whole table, reloaded every {lookup.settings.full_reload_ms} ms"
+                 if lookup.settings.full_reload_ms else "")
         self._added(looked_up, uid, ops, keys=", ".join(node.lookup_columns),
                     state=f"the lookups in flight{cache}")
         flat = looked_up.flat_map(_identity, name=f"{self._name(node)} rows")

@@ -1,6 +1,6 @@
-"""PostgreSQL tables in Sluice SQL: Flink's `jdbc` connector (a sink, and the dimension table of a lookup join)
-and Flink CDC's `postgres-cdc` (a changelog source), planned onto runtime/connectors' PostgresSink and
-PostgresCdcSource, so exactly as exact as they are.
+"""PostgreSQL tables in Sluice SQL: Flink's `jdbc` connector (a sink, the dimension table of a lookup join, and a
+bounded scan: runtime/sql/jdbc_scan.py) and Flink CDC's `postgres-cdc` (a changelog source), planned onto
+runtime/connectors' PostgresSink and PostgresCdcSource, so exactly as exact as they are.
 
 - `jdbc` written: with a PRIMARY KEY the exactly-once upsert sink (+I/+U upserted, -D deleted by key, -U dropped:
   the +U after it replaces the row, as Flink's JDBC upsert sink does), without one it appends (insert-only
@@ -9,7 +9,7 @@ PostgresCdcSource, so exactly as exact as they are.
   before image, when the table has REPLICA IDENTITY FULL) then +U, d -D.
 - `jdbc` looked up (`JOIN dim FOR SYSTEM_TIME AS OF o.proc_time`): `LookupFunction`, an async function for the
   runtime's async_map, querying by key on threads of its own, a connection each (psycopg2 blocks), behind
-  Flink's PARTIAL cache.
+  Flink's PARTIAL cache, or answering from Flink's FULL cache (the whole table, reloaded periodically).
 
 Options are checked when the plan is built, each refusal one line naming the table and the option.
 """
@@ -37,7 +37,10 @@ from runtime.sql.errors import SqlError
 # lookup.async.capacity is Sluice's (the lookups in flight per subtask); the rest are Flink's
 JDBC_OPTIONS = ("connector", "url", "table-name", "username", "password", "driver", "sink.delivery-guarantee",
                 "lookup.cache", "lookup.partial-cache.max-rows", "lookup.partial-cache.expire-after-write",
-                "lookup.partial-cache.cache-missing-key", "lookup.max-retries", "lookup.async.capacity")
+                "lookup.partial-cache.cache-missing-key", "lookup.max-retries", "lookup.async.capacity",
+                "scan.partition.column", "scan.partition.num", "scan.partition.lower-bound",
+                "scan.partition.upper-bound", "scan.fetch-size", "lookup.full-cache.reload-strategy",
+                "lookup.full-cache.periodic-reload.interval", "lookup.full-cache.periodic-reload.schedule-mode")
 CDC_OPTIONS = ("connector", "hostname", "port", "username", "password", "database-name", "schema-name",
                "table-name", "slot.name", "decoding.plugin.name", "debezium.publication.name",
                "scan.incremental.snapshot.enabled", "changelog-mode")
@@ -88,6 +91,26 @@ def jdbc_dsn(table: TableDef) -> str:
     _option(table, "table-name")
     return _dsn(parts.hostname, str(port), unquote(database), table.options.get("username"),
                 table.options.get("password"))
+
+
+def check_table(dsn: str, table_name: str, columns: Sequence[str], where: str) -> None:
+    """A jdbc table read (looked up or scanned) exists with `columns` and may be selected from, or one line raised
+    (ValueError; PostgresError when the server cannot be reached)."""
+    conn = pgc.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            info = pgc.table_info(cur, table_name)
+            if info is None:
+                raise ValueError(f"{where}: no such table")
+            missing = [c for c in columns if c not in info.columns]
+            if missing:
+                raise ValueError(f"{where}: no column {', '.join(missing)} (the table has "
+                                 f"{', '.join(info.columns)})")
+            cur.execute("SELECT has_table_privilege(%s, 'SELECT')", (pgc.qualified(table_name),))
+            if not cur.fetchone()[0]:
+                raise ValueError(f"{where}: no SELECT privilege on the table")
+    finally:
+        conn.close()
 
 
 # -- jdbc: the sink ----------------------------------------------------------------------------------------------
@@ -169,8 +192,6 @@ class CdcTableSource(PostgresCdcSource):
             value = table.options.get(key)
             if value is not None and allowed is not None and value != allowed:
                 raise SqlError(f"table {table.name}: '{key}' must be '{allowed}', got '{value}'")
-        if table.watermark is not None:
-            raise SqlError(f"table {table.name}: a 'postgres-cdc' table is a changelog; it takes no WATERMARK")
         port = table.options.get("port", "5432")
         if not port.isdigit():
             raise SqlError(f"table {table.name}: 'port' must be a number, got '{port}'")
@@ -210,6 +231,8 @@ class LookupSettings:
     cache_missing: bool = True
     max_retries: int = 3
     capacity: int = 10
+    full_reload_ms: int | None = None  # lookup.cache = 'FULL': the whole table, loaded again this often
+    full_fixed_rate: bool = False  # FIXED_RATE: the interval from a load's start, FIXED_DELAY (Flink's default) its end
 
 
 _UNITS_MS = {"ms": 1, "milli": 1, "millis": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
@@ -230,8 +253,8 @@ def duration_ms(text: str) -> int:
 def lookup_settings(table: TableDef) -> LookupSettings:
     opts = table.options
     cache = opts.get("lookup.cache", "NONE").upper()
-    if cache not in ("NONE", "PARTIAL"):
-        raise SqlError(f"table {table.name}: 'lookup.cache' must be NONE or PARTIAL (FULL is not supported), got "
+    if cache not in ("NONE", "PARTIAL", "FULL"):
+        raise SqlError(f"table {table.name}: 'lookup.cache' must be NONE, PARTIAL or FULL, got "
                        f"'{opts['lookup.cache']}'")
 
     def number(key: str, default: int) -> int:
@@ -255,8 +278,63 @@ def lookup_settings(table: TableDef) -> LookupSettings:
     if missing not in ("true", "false"):
         raise SqlError(f"table {table.name}: 'lookup.partial-cache.cache-missing-key' must be true or false, got "
                        f"'{missing}'")
+    full_reload_ms, fixed_rate = _full_cache(table) if cache == "FULL" else (None, False)
     return LookupSettings(rows, expire, missing == "true", number("lookup.max-retries", 3),
-                          max(1, number("lookup.async.capacity", 10)))
+                          max(1, number("lookup.async.capacity", 10)), full_reload_ms, fixed_rate)
+
+
+def _full_cache(table: TableDef) -> tuple[int, bool]:
+    """Flink's FULL cache options: (the reload interval in ms, whether it runs at a fixed rate). Only the PERIODIC
+    reload strategy (Flink's default); its interval has no default in Flink either."""
+    opts = table.options
+    strategy = opts.get("lookup.full-cache.reload-strategy", "PERIODIC").upper()
+    if strategy != "PERIODIC":
+        raise SqlError(f"table {table.name}: 'lookup.full-cache.reload-strategy' must be PERIODIC (TIMED is not "
+                       f"supported yet), got '{opts['lookup.full-cache.reload-strategy']}'")
+    text = opts.get("lookup.full-cache.periodic-reload.interval")
+    if text is None:
+        raise SqlError(f"table {table.name}: 'lookup.cache' = 'FULL' needs 'lookup.full-cache.periodic-reload."
+                       "interval' ('10 min')")
+    try:
+        interval = duration_ms(text)
+    except ValueError:
+        interval = 0
+    if interval <= 0:
+        raise SqlError(f"table {table.name}: 'lookup.full-cache.periodic-reload.interval' must be a positive "
+                       f"duration ('10 s', '1 min'), got '{text}'")
+    mode = opts.get("lookup.full-cache.periodic-reload.schedule-mode", "FIXED_DELAY").upper()
+    if mode not in ("FIXED_DELAY", "FIXED_RATE"):
+        raise SqlError(f"table {table.name}: 'lookup.full-cache.periodic-reload.schedule-mode' must be FIXED_DELAY "
+                       f"or FIXED_RATE, got '{opts['lookup.full-cache.periodic-reload.schedule-mode']}'")
+    return interval, mode == "FIXED_RATE"
+
+
+class FullCache:
+    """Flink's FULL lookup cache, pure: the whole table indexed by the lookup key, loaded again once
+    `reload_ms` passed since the last load began (fixed rate) or ended (fixed delay). The caller passes the
+    times and the rows; a key no row has matches nothing."""
+
+    def __init__(self, reload_ms: int, *, fixed_rate: bool) -> None:
+        self.reload_ms = reload_ms
+        self.fixed_rate = fixed_rate
+        self.by_key: dict[Any, list[tuple[Any, ...]]] | None = None
+        self.next_load_ms = 0
+        self.loads = 0
+
+    def due(self, now_ms: int) -> bool:
+        return self.by_key is None or now_ms >= self.next_load_ms
+
+    def load(self, rows: Sequence[tuple[Any, ...]], key_at: Sequence[int], started_ms: int, finished_ms: int) -> None:
+        by_key: dict[Any, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_key.setdefault(tuple(row[i] for i in key_at), []).append(row)
+        self.by_key = by_key
+        self.next_load_ms = (started_ms if self.fixed_rate else finished_ms) + self.reload_ms
+        self.loads += 1
+
+    def get(self, key: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        assert self.by_key is not None, "load before get"
+        return self.by_key.get(key, [])
 
 
 class LookupCache:
@@ -318,6 +396,9 @@ class LookupFunction:
         self.filter_fn = filter_fn  # the rest of ON, over the joined row
         self._local: Any = None  # per thread: its connection (made with the executor, at the first lookup)
         self._cache: LookupCache | None = None
+        self._full: FullCache | None = None
+        self._reloading: asyncio.Lock | None = None
+        self._clock = time.monotonic  # read once per lookup, for the caches' expiry and reloads
         self._query: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self.lookups = 0  # queries sent to the server (the cache's misses)
@@ -328,22 +409,13 @@ class LookupFunction:
     def check_at_submit(self, context: Any) -> None:
         """The coordinator's submit check (runtime/graph/admission.py): the table, its columns and the SELECT
         privilege, or one line raised."""
-        where = f"lookup table {self.table_name}"
-        conn = pgc.connect(self.dsn)  # PostgresError (a RuntimeError): one line naming the server
-        try:
-            with conn.cursor() as cur:
-                info = pgc.table_info(cur, self.table_name)
-                if info is None:
-                    raise ValueError(f"{where}: no such table")
-                missing = [c for c in self.columns if c not in info.columns]
-                if missing:
-                    raise ValueError(f"{where}: no column {', '.join(missing)} (the table has "
-                                     f"{', '.join(info.columns)})")
-                cur.execute("SELECT has_table_privilege(%s, 'SELECT')", (pgc.qualified(self.table_name),))
-                if not cur.fetchone()[0]:
-                    raise ValueError(f"{where}: no SELECT privilege on the table")
-        finally:
-            conn.close()
+        check_table(self.dsn, self.table_name, self.columns, f"lookup table {self.table_name}")
+
+    def _whole_table(self) -> Any:
+        sql = pgc.psycopg2().sql
+        schema, name = pgc.split_table(self.table_name)
+        return sql.SQL("SELECT {} FROM {}.{}").format(sql.SQL(", ").join(map(sql.Identifier, self.columns)),
+                                                      sql.Identifier(schema), sql.Identifier(name))
 
     def _statement(self) -> Any:
         sql = pgc.psycopg2().sql
@@ -352,9 +424,9 @@ class LookupFunction:
         return sql.SQL("SELECT {} FROM {}.{} WHERE {}").format(
             sql.SQL(", ").join(map(sql.Identifier, self.columns)), sql.Identifier(schema), sql.Identifier(name), where)
 
-    def _fetch(self, key: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _fetch(self, key: tuple[Any, ...] | None) -> list[tuple[Any, ...]]:
         """On a worker thread: its own connection (opened on first use, dropped on an error: the retry opens
-        a new one)."""
+        a new one). `key` None: the whole table (the FULL cache's load)."""
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             conn = self._local.conn = pgc.connect(self.dsn)
@@ -362,7 +434,10 @@ class LookupFunction:
             self._connections.append(conn)
         try:
             with conn.cursor() as cur:
-                cur.execute(self._query, key)
+                if key is None:
+                    cur.execute(self._whole_table())
+                else:
+                    cur.execute(self._query, key)
                 rows = cur.fetchall()
         except Exception:
             self._local.conn = None
@@ -393,6 +468,20 @@ class LookupFunction:
             return [(kind, joined) for joined in await self._joined(tuple(row))]
         return await self._joined(record)
 
+    async def _full_loaded(self, now_ms: int) -> None:
+        """The FULL cache loaded (the first lookup waits for it) and loaded again when its interval passed: one
+        load at a time, the lookups waiting meanwhile see the table as loaded."""
+        full, lock = self._full, self._reloading
+        assert full is not None and lock is not None
+        if not full.due(now_ms):
+            return
+        async with lock:
+            if full.due(now_ms):
+                rows = await asyncio.get_running_loop().run_in_executor(self._executor, self._fetch, None)
+                self.lookups += 1
+                full.load(rows, [self.columns.index(c) for c in self.key_columns], now_ms,
+                          int(self._clock() * 1000))
+
     async def _joined(self, row: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         key = self.key_fn(row)
         if any(k is None for k in key):  # NULL = anything is unknown: no match
@@ -402,16 +491,22 @@ class LookupFunction:
                 self._query = self._statement()
                 s = self.settings
                 self._cache = LookupCache(s.cache_rows, s.expire_after_write_ms) if s.cache_rows else None
+                if s.full_reload_ms is not None:
+                    self._full = FullCache(s.full_reload_ms, fixed_rate=s.full_fixed_rate)
+                    self._reloading = asyncio.Lock()
                 # threads of its own (not the loop's default executor, which restores use): one connection
                 # each, closed with them when this function is dropped (a task that ends or restarts)
                 self._local = threading.local()
                 self._executor = ThreadPoolExecutor(max_workers=s.capacity,
                                                     thread_name_prefix=f"lookup-{self.table_name}")
                 weakref.finalize(self, self._executor.shutdown, wait=False)
-            now_ms = int(time.monotonic() * 1000)
+            now_ms = int(self._clock() * 1000)
             cache = self._cache
             hit, cached = cache.get(key, now_ms) if cache is not None else (False, [])
-            if hit:
+            if self._full is not None:
+                await self._full_loaded(now_ms)
+                matches = self._full.get(key)
+            elif hit:
                 matches = list(cached)
             else:
                 self.lookups += 1

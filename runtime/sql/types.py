@@ -2,7 +2,8 @@
 
 Inside a plan a TIMESTAMP is an int of epoch milliseconds (UTC; Flink's TIMESTAMP(3) has no zone and Sluice reads
 it as UTC), so window assignment is integer arithmetic and state stays msgpack-friendly. DECIMAL values are
-Python Decimals (exact, as Flink's), BIGINT/INT ints, DOUBLE floats, STRING str, BOOLEAN bool; NULL is None.
+Python Decimals (exact, as Flink's), BIGINT/INT ints, DOUBLE floats, STRING str, BOOLEAN bool, BYTES bytes, a MAP
+a dict (Kafka's headers, MAP<STRING, BYTES>); NULL is None.
 Connectors convert at the edges: `reader(type)` turns a value read from a file into the row's form, `writer`
 turns it back into what the format writes (a timestamp as Flink's JSON format writes it: 'yyyy-MM-dd HH:mm:ss'
 with the fraction's trailing zeros dropped).
@@ -74,13 +75,16 @@ _BY_DTYPE = {
     "TINYINT": "TINYINT", "SMALLINT": "SMALLINT", "INT": "INT", "BIGINT": "BIGINT", "FLOAT": "FLOAT",
     "DOUBLE": "DOUBLE", "DECIMAL": "DECIMAL", "TEXT": "STRING", "VARCHAR": "STRING", "CHAR": "STRING",
     "BOOLEAN": "BOOLEAN", "TIMESTAMP": "TIMESTAMP", "TIMESTAMPLTZ": "TIMESTAMP_LTZ", "DATETIME": "TIMESTAMP",
-    "DATE": "DATE", "BIGDECIMAL": "DECIMAL",
+    "DATE": "DATE", "BIGDECIMAL": "DECIMAL", "BYTES": "BYTES", "VARBINARY": "BYTES", "BINARY": "BYTES",
+    "MAP": "MAP",
 }
 
 
 def from_datatype(node: exp.DataType, *, nullable: bool = True) -> SqlType:
     """A parsed type (`BIGINT`, `TIMESTAMP(3)`, `DECIMAL(10, 2)`, `STRING`) as a SqlType."""
     dtype = node.this.name if hasattr(node.this, "name") else str(node.this)
+    if dtype.upper() == "USERDEFINED":  # a type name sqlglot does not know, as BYTES
+        dtype = str(node.args.get("kind") or "")
     name = _BY_DTYPE.get(dtype.upper())
     if name is None:
         supported = ", ".join(sorted(set(_BY_DTYPE.values())))
@@ -149,6 +153,8 @@ def reader(t: SqlType) -> Callable[[Any], Any]:
         return lambda v: None if v is None or v == "" else Decimal(str(v))
     if name == "BOOLEAN":
         return lambda v: None if v is None or v == "" else (v if isinstance(v, bool) else str(v).lower() == "true")
+    if name in ("MAP", "BYTES"):  # a MAP's value is a dict, BYTES bytes (metadata: Kafka's headers)
+        return lambda v: v
     if name in TIMESTAMPS:
         def read_timestamp(v: Any) -> Any:
             if v is None or v == "":
@@ -168,4 +174,16 @@ def writer(t: SqlType) -> Callable[[Any], Any] | None:
         return lambda v: None if v is None else format_timestamp(v)
     if t.name == "DECIMAL":
         return lambda v: None if v is None else float(v)
+    if t.name in ("BYTES", "MAP"):  # as Flink's JSON format: bytes base64-encoded (a MAP's bytes values too)
+        return _bytes_as_text
     return None
+
+
+def _bytes_as_text(v: Any) -> Any:
+    import base64
+
+    if isinstance(v, bytes | bytearray):
+        return base64.b64encode(v).decode("ascii")
+    if isinstance(v, dict):
+        return {k: _bytes_as_text(x) for k, x in v.items()}
+    return v

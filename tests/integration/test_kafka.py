@@ -182,8 +182,10 @@ def test_sink_modes_and_topic_and_partition_from_the_record(broker: KafkaBroker)
     def headers_of(record: Any) -> list[tuple[str, bytes]]:
         return [("n", str(record[1]).encode())]
 
+    base_ms = int(time.time() * 1000) - 60_000  # the records' timestamps, recent (retention goes by them)
+
     sink = KafkaSink(bs, alo, delivery="at-least-once", key=lambda r: r[0], partition=lambda r: r[1] % 2,
-                     headers=headers_of)
+                     headers=headers_of, timestamp=lambda r: base_ms + r[1])
     sink.open(0, 1, 0)
     for i in range(3000):
         sink.write(["k", i])
@@ -194,11 +196,12 @@ def test_sink_modes_and_topic_and_partition_from_the_record(broker: KafkaBroker)
     assert [(p, v[1] % 2) for p, _, v in out] == [(v[1] % 2, v[1] % 2) for _, _, v in out]
     # what the sink wrote is what a source's deserializer gets: key, headers, timestamp, topic/partition/offset
     def where(rec: Any) -> Any:
-        return (rec.topic, rec.partition, rec.offset, rec.key, rec.headers, rec.timestamp_ms > 0,
+        return (rec.topic, rec.partition, rec.offset, rec.key, rec.headers, rec.timestamp_ms, rec.timestamp_type,
                 json.loads(rec.value)[1])
 
     got, _ = read_source(KafkaSource(bs, [alo], bounded=True, deserializer=where), 0, 1)
-    assert sorted(got) == sorted((alo, i % 2, i // 2, b"k", (("n", str(i).encode()),), True, i) for i in range(3000))
+    assert sorted(got) == sorted((alo, i % 2, i // 2, b"k", (("n", str(i).encode()),), base_ms + i, 0, i)
+                                 for i in range(3000))  # the record's timestamp is the sink's, a CreateTime (0)
 
     sink = KafkaSink(bs, fire, delivery="none")
     sink.open(0, 1, 0)
@@ -289,16 +292,20 @@ def short_transactions(job: Job) -> None:
 
 
 def sql_totals(job: Job) -> None:
-    """Flink SQL over Kafka tables: running counts per sku to an upsert-kafka table, exactly once."""
+    """Flink SQL over Kafka tables: running counts per sku to an upsert-kafka table, exactly once; the orders'
+    metadata columns filter nothing out (one partition, qty = the record's offset)."""
     job.sql(f"""
-        CREATE TABLE orders (sku STRING, qty BIGINT) WITH ('connector' = 'kafka', 'topic' = '{{IN}}-sql',
+        CREATE TABLE orders (sku STRING, qty BIGINT, tp STRING METADATA FROM 'topic' VIRTUAL,
+          part INT METADATA FROM 'partition' VIRTUAL, `offset` BIGINT METADATA VIRTUAL)
+          WITH ('connector' = 'kafka', 'topic' = '{{IN}}-sql',
           'properties.bootstrap.servers' = '{{BOOTSTRAP}}', 'scan.startup.mode' = 'earliest-offset',
           'scan.bounded.mode' = 'latest-offset', 'format' = 'json');
         CREATE TABLE totals (sku STRING, n BIGINT, qty BIGINT, PRIMARY KEY (sku) NOT ENFORCED)
           WITH ('connector' = 'upsert-kafka', 'topic' = '{{OUT}}-sql', 'properties.bootstrap.servers' = '{{BOOTSTRAP}}',
           'key.format' = 'json', 'value.format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
           'sink.transactional-id-prefix' = 'sql-{{OUT}}');
-        INSERT INTO totals SELECT sku, COUNT(*), SUM(qty) FROM orders GROUP BY sku;
+        INSERT INTO totals SELECT sku, COUNT(*), SUM(qty) FROM orders
+          WHERE tp = '{{IN}}-sql' AND part = 0 AND `offset` = qty GROUP BY sku;
     """)
 
 

@@ -12,6 +12,7 @@ aggregation, sinks) mid-run: the tables end exact.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import signal
@@ -703,3 +704,59 @@ INSERT INTO per_region SELECT loud, COUNT(*) FROM customer_changes GROUP BY loud
         table_source.close()
         execute(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                      "WHERE slot_name LIKE 'sql_cdc%'", autocommit=True)
+
+    # the same table read as a bounded jdbc scan, in 3 id ranges over 2 subtasks; a restore mid-split resumes
+    # after what was emitted
+    scan = Job("scan")
+    scan.sql(f"""
+CREATE TABLE customer_rows (id BIGINT, region STRING) WITH ('connector' = 'jdbc', 'url' = '{url}',
+  'table-name' = 'customers', 'username' = 'sluice', 'scan.partition.column' = 'id', 'scan.partition.num' = '3',
+  'scan.partition.lower-bound' = '0', 'scan.partition.upper-bound' = '19', 'scan.fetch-size' = '4');
+CREATE TABLE scanned (id BIGINT, region STRING) WITH ('connector' = 'print');
+INSERT INTO scanned SELECT id, region FROM customer_rows;
+""")
+    scan_source = next(n.payload for n in scan.nodes if n.kind == "source")
+    scan_source.check_at_submit(None)
+    now = {**regions, 3: "central"}
+    del now[4]
+    read_rows: list[tuple[int, str]] = []
+    for subtask in range(2):
+        scan_source.open(subtask, 2)
+        first = scan_source.read_batch(3) or []  # ids 0-2 of split 0 (0-6) for subtask 0, 7-9 of split 1
+        position = scan_source.position()
+        scan_source.close()
+        scan_source.open(subtask, 2)
+        scan_source.restore(position)
+        read_rows += first
+        while (batch := scan_source.read_batch(5)) is not None:
+            read_rows += batch
+        scan_source.close()
+        assert position == [0, 3] and [r[0] for r in first] == [[0, 1, 2], [7, 8, 9]][subtask]
+    assert sorted(read_rows) == sorted(now.items())
+
+    # the lookup join's FULL cache: the whole table loaded once, answers from memory until the interval passed
+    full = Job("full")
+    assert "'lookup.partial-cache.expire-after-write' = '1 min'" in script
+    full.sql(script.replace("'lookup.cache' = 'PARTIAL', 'lookup.partial-cache.max-rows' = '100',\n        "
+                            "'lookup.partial-cache.expire-after-write' = '1 min'",
+                            "'lookup.cache' = 'FULL', 'lookup.full-cache.periodic-reload.interval' = '1 min'"))
+    lookup = next(n.payload for n in full.nodes if n.kind == "async_map").fn
+    assert lookup.settings.full_reload_ms == 60_000
+    clock = [100.0]
+    lookup._clock = lambda: clock[0]
+
+    async def looked_up() -> list[Any]:
+        answers = [await lookup((1, 3, 10, 0))]
+        execute(dsn, "UPDATE customers SET region = 'south' WHERE id = 3")
+        answers.append(await lookup((2, 3, 10, 0)))  # the cache, loaded at 100 s: still central
+        clock[0] = 160.5
+        answers += [await lookup((3, 3, 10, 0)), await lookup((4, 4, 1, 0))]  # reloaded; 4 was deleted
+        return answers
+
+    try:
+        answers = asyncio.run(looked_up())
+    finally:
+        lookup.close()
+    assert answers == [[(1, 3, 10, 0, 3, "central")], [(2, 3, 10, 0, 3, "central")],
+                       [(3, 3, 10, 0, 3, "south")], [(4, 4, 1, 0, None, None)]]
+    assert lookup.lookups == 2  # two loads of the table, no query per key

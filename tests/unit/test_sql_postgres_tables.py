@@ -19,6 +19,7 @@ from runtime.sql.errors import SqlError  # noqa: E402
 from runtime.sql.explain import explain  # noqa: E402
 from runtime.sql.postgres_tables import (  # noqa: E402
     CdcTableSource,
+    FullCache,
     JdbcSink,
     LookupCache,
     LookupFunction,
@@ -163,8 +164,19 @@ def test_an_inner_lookup_join_keeps_the_rest_of_on_as_a_filter_of_the_joined_row
     (LOOKUP.format(join="JOIN", rest="").replace("o.customer = c.id", "o.customer > c.id"), "",
      "JOIN customers FOR SYSTEM_TIME AS OF: the ON condition needs an equality between a column of customers and "
      "the left side (the lookup key)"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'ALL'",
+     "table customers: 'lookup.cache' must be NONE, PARTIAL or FULL, got 'ALL'"),
     (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL'",
-     "table customers: 'lookup.cache' must be NONE or PARTIAL (FULL is not supported), got 'FULL'"),
+     "table customers: 'lookup.cache' = 'FULL' needs 'lookup.full-cache.periodic-reload.interval' ('10 min')"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL', 'lookup.full-cache.reload-strategy' = 'TIMED'",
+     "table customers: 'lookup.full-cache.reload-strategy' must be PERIODIC (TIMED is not supported yet)"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL', "
+     "'lookup.full-cache.periodic-reload.interval' = 'soon'",
+     "table customers: 'lookup.full-cache.periodic-reload.interval' must be a positive duration"),
+    (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'FULL', "
+     "'lookup.full-cache.periodic-reload.interval' = '1 min', "
+     "'lookup.full-cache.periodic-reload.schedule-mode' = 'CRON'",
+     "table customers: 'lookup.full-cache.periodic-reload.schedule-mode' must be FIXED_DELAY or FIXED_RATE"),
     (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.cache' = 'PARTIAL'",
      "table customers: 'lookup.cache' = 'PARTIAL' needs 'lookup.partial-cache.max-rows' above 0"),
     (LOOKUP.format(join="JOIN", rest=""), ", 'lookup.max-retries' = 'many'",
@@ -195,6 +207,24 @@ def test_the_partial_cache_evicts_the_least_recently_used_and_expires_after_writ
     assert [cache.get(k, 40)[0] for k in [("a",), ("b",), ("c",)]] == [True, False, True]
     assert cache.get(("a",), 1000) == (False, None) and len(cache) == 1  # written at 0: expired at 1000
     assert cache.get(("c",), 1029) == (True, [(3,)])
+
+
+def test_the_full_cache_indexes_the_whole_table_and_is_due_again_after_its_interval() -> None:
+    delay = FullCache(1000, fixed_rate=False)
+    assert delay.due(0)
+    delay.load([(1, "n"), (2, "s"), (1, "again")], [0], started_ms=0, finished_ms=300)
+    assert (delay.get((1,)), delay.get((2,)), delay.get((9,))) == ([(1, "n"), (1, "again")], [(2, "s")], [])
+    assert [delay.due(t) for t in (999, 1299, 1300)] == [False, False, True]  # fixed delay: from the load's end
+    rate = FullCache(1000, fixed_rate=True)
+    rate.load([], [0], started_ms=0, finished_ms=300)
+    assert [rate.due(t) for t in (999, 1000)] == [False, True]  # fixed rate: from the load's start
+    job = plan(ORDERS + CUSTOMERS.format(url=URL, extra=", 'lookup.cache' = 'FULL', "
+                                         "'lookup.full-cache.periodic-reload.interval' = '10 min', "
+                                         "'lookup.full-cache.periodic-reload.schedule-mode' = 'FIXED_RATE'")
+               + TOTALS.format(key="", url=URL, extra="") + LOOKUP.format(join="LEFT JOIN", rest=""))
+    lookup = next(n.payload for n in job.nodes if n.kind == "async_map").fn
+    assert lookup.settings == LookupSettings(full_reload_ms=600_000, full_fixed_rate=True)
+    assert "state the lookups in flight, the whole table, reloaded every 600000 ms" in explain(session_of(job))
 
 
 def test_join_rows_pad_a_left_joins_miss_and_drop_an_inner_ones() -> None:
@@ -278,4 +308,79 @@ CREATE TABLE c (id BIGINT) WITH ('connector' = 'postgres-cdc', 'username' = 'u',
 CREATE TABLE out (id BIGINT, n BIGINT) WITH ('connector' = 'print');
 INSERT INTO out SELECT id, COUNT(*) FROM c GROUP BY id;
 """)
+    assert refusal(info).startswith(message)
+
+
+CDC_RATES = """
+CREATE TABLE rates (currency STRING, rate BIGINT, updated TIMESTAMP(3), PRIMARY KEY (currency) NOT ENFORCED,
+  WATERMARK FOR updated AS updated - INTERVAL '2' SECOND)
+  WITH ('connector' = 'postgres-cdc', 'hostname' = 'db.local', 'username' = 'app', 'database-name' = 'shop',
+        'table-name' = 'rates', 'slot.name' = 'flink');
+CREATE TABLE orders (id BIGINT, currency STRING, t TIMESTAMP(3), WATERMARK FOR t AS t)
+  WITH ('connector' = 'datagen');
+CREATE TABLE priced (id BIGINT, rate BIGINT) WITH ('connector' = 'print');
+INSERT INTO priced SELECT o.id, r.rate FROM orders AS o
+  JOIN rates FOR SYSTEM_TIME AS OF o.t AS r ON o.currency = r.currency;
+"""
+
+
+def test_a_watermark_on_a_postgres_cdc_table_reads_event_time_from_each_changes_row() -> None:
+    """Event time over a CDC changelog, as Flink allows: the rates table is a versioned table of an event-time
+    temporal join; each change's time is its row's rowtime, a delete's from its before image."""
+    job = plan(CDC_RATES)
+    node = next(n for n in job.nodes if n.kind == "source" and isinstance(n.payload, CdcTableSource))
+    strategy = node.watermarks
+    assert strategy is not None and strategy.max_delay_ms == 1999  # Flink's max - delay, as emitted max - d - 1
+    assert [strategy.timestamp(c) for c in [("+I", ("EUR", 10, 1000)), ("-U", ("EUR", 10, 1000)),
+                                            ("+U", ("EUR", 11, 4000)), ("-D", ("EUR", 11, 4000))]] == [
+        1000, 1000, 4000, 4000]
+    # a delete without its whole row (no REPLICA IDENTITY FULL) has no rowtime: the source fails saying why
+    with pytest.raises(ValueError, match="table rates: the rowtime of a row is NULL .*REPLICA IDENTITY FULL"):
+        strategy.timestamp(("-D", ("EUR", None, None)))
+    assert "TemporalJoin" in explain(session_of(job))
+
+
+JDBC_SCAN = """
+CREATE TABLE customers (id BIGINT, region STRING, since TIMESTAMP(3), PRIMARY KEY (id) NOT ENFORCED,
+  WATERMARK FOR since AS since)
+  WITH ('connector' = 'jdbc', 'url' = 'jdbc:postgresql://db.local:6543/shop', 'table-name' = 'crm.customers',
+        'username' = 'app'{extra});
+CREATE TABLE out_t (id BIGINT, region STRING) WITH ('connector' = 'print');
+INSERT INTO out_t SELECT id, region FROM customers;
+"""
+
+
+def test_a_jdbc_table_read_by_a_query_is_a_bounded_scan_split_as_flink_splits_it() -> None:
+    from runtime.sql.jdbc_scan import JdbcScanSource, partition_ranges, splits_of
+
+    job = plan(JDBC_SCAN.format(extra=""))
+    source = next(n.payload for n in job.nodes if n.kind == "source")
+    scan = source.inner
+    assert isinstance(scan, JdbcScanSource) and source.bounded and source.check_at_submit == scan.check_at_submit
+    assert (scan.dsn, scan.table_name, scan.columns, scan.order, scan.splits) == (
+        "host=db.local port=6543 dbname=shop user=app", "crm.customers", ["id", "region", "since"], ["id"], [None])
+    assert splits_of(scan.splits, 0, 2) == [None] and splits_of(scan.splits, 1, 2) == []
+    split = plan(JDBC_SCAN.format(extra=", 'scan.partition.column' = 'id', 'scan.partition.num' = '4', "
+                                        "'scan.partition.lower-bound' = '1', 'scan.partition.upper-bound' = '10', "
+                                        "'scan.fetch-size' = '50'")).nodes[0].payload.inner
+    assert (split.partition_column, split.splits, split.fetch_size) == ("id", [(1, 3), (4, 6), (7, 8), (9, 10)], 50)
+    assert splits_of(split.splits, 1, 3) == [(4, 6)] and splits_of(split.splits, 0, 3) == [(1, 3), (9, 10)]
+    # Flink's JdbcNumericBetweenParametersProvider.ofBatchNum: the first ranges one longer, no more than values
+    assert partition_ranges(0, 9, 3) == [(0, 3), (4, 6), (7, 9)]
+    assert partition_ranges(5, 6, 4) == [(5, 5), (6, 6)]
+    assert partition_ranges(-3, 3, 1) == [(-3, 3)]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (", 'scan.partition.column' = 'id'", "table customers: the 'scan.partition.*' options go together; "
+                                         "'scan.partition.num' is missing"),
+    (", 'scan.partition.column' = 'region', 'scan.partition.num' = '2', 'scan.partition.lower-bound' = '0', "
+     "'scan.partition.upper-bound' = '9'", "table customers: 'scan.partition.column' must name a numeric"),
+    (", 'scan.partition.column' = 'id', 'scan.partition.num' = '0', 'scan.partition.lower-bound' = '0', "
+     "'scan.partition.upper-bound' = '9'", "table customers: 'scan.partition.num' must be at least 1"),
+    (", 'scan.fetch-size' = 'many'", "table customers: 'scan.fetch-size' must be a whole number, got 'many'"),
+])
+def test_bad_jdbc_scan_options_are_one_line(extra: str, message: str) -> None:
+    with pytest.raises(SqlError) as info:
+        plan(JDBC_SCAN.format(extra=extra))
     assert refusal(info).startswith(message)

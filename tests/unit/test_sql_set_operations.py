@@ -139,11 +139,49 @@ def test_limit_over_an_updating_query_keeps_n_current_rows(capsys: Any) -> None:
         assert all(f"[{k}, {counts[k]}]" in shown for k in keys), (shown, counts)
 
 
-def test_limit_refuses_offset_and_what_is_not_a_positive_literal() -> None:
+def test_limit_with_offset_skips_the_first_m_rows_to_arrive(capsys: Any) -> None:
+    """Flink's streaming Limit with an offset (rank range m+1..m+n, no order): rows m+1..m+n in arrival order."""
+    chain = SqlTailChain(TABLES + "INSERT INTO out1 SELECT k, v FROM a LIMIT 2 OFFSET 3;")
+    assert "Limit(offset=[3], fetch=[2])" in " ".join(chain.names), chain.names
+    for row in [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")]:
+        chain.feed([row])
+    assert capsys.readouterr().out.splitlines() == ["+I[4, d]", "+I[5, e]"]
+
+
+def test_order_by_limit_offset_keeps_ranks_m_plus_1_to_m_plus_n_as_rows_come_and_go(capsys: Any) -> None:
+    """ORDER BY v LIMIT 2 OFFSET 1 (and the FETCH spelling): the rows ranked 2 and 3 at every moment; a row
+    entering above them pushes one in from above and one out below, as Flink's Top-N with a rank range does."""
+    from runtime.sql.changelog import DELETE, INSERT
+
+    for tail in ("LIMIT 2 OFFSET 1", "OFFSET 1 ROWS FETCH FIRST 2 ROWS ONLY"):
+        chain = SqlTailChain(TABLES + f"INSERT INTO out1 SELECT k, v FROM a ORDER BY k DESC, v {tail};")
+        assert "rankRange=[2..3]" in " ".join(chain.names), chain.names
+        rng = random.Random(4)
+        rows: list[tuple[int, str]] = []
+        log: list[str] = []
+        for i in range(40):
+            row = (rng.randint(1, 9), f"r{i}")
+            rows.append(row)
+            chain.feed([row])
+            log += capsys.readouterr().out.splitlines()
+            ranked = sorted(rows, key=lambda r: (-r[0], r[1]))
+            assert applied(log) == Counter(f"[{k}, {v}]" for k, v in ranked[1:3]), (i, ranked[:4])
+
+    # over an updating input: a retracted row lets the ones below it move up into ranks 2..3
+    chain = SqlTailChain(TABLES.replace("out1 (k BIGINT, v STRING)", "out1 (k BIGINT, c BIGINT)")
+                         + "INSERT INTO out1 SELECT k, COUNT(*) AS c FROM a GROUP BY k ORDER BY k LIMIT 2 OFFSET 1;")
+    for change in [(INSERT, (1, 1)), (INSERT, (2, 1)), (INSERT, (3, 1)), (INSERT, (4, 1)), (DELETE, (1, 1))]:
+        chain.feed([change])
+    assert capsys.readouterr().out.splitlines() == ["+I[2, 1]", "+I[3, 1]", "-D[2, 1]", "+I[4, 1]"]
+
+
+def test_limit_refuses_offset_alone_and_what_is_not_a_literal() -> None:
     from runtime.api import Job
     from runtime.sql.errors import SqlError
 
-    with pytest.raises(SqlError, match="OFFSET is not supported in a streaming query"):
-        Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a LIMIT 3 OFFSET 1;")
+    with pytest.raises(SqlError, match="OFFSET without LIMIT .* is not supported yet"):
+        Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a OFFSET 1;")
     with pytest.raises(SqlError, match="LIMIT 0: a positive integer literal is supported"):
         Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a LIMIT 0;")
+    with pytest.raises(SqlError, match="OFFSET k: a non-negative integer literal is supported"):
+        Job("refused").sql(TABLES + "INSERT INTO out1 SELECT k, v FROM a ORDER BY k LIMIT 1 OFFSET k;")
