@@ -14,33 +14,8 @@ from runtime.api import GeneratorSource, Job, RetryPolicy
 from runtime.api.async_io import AsyncMap
 from runtime.checkpointing.rescaling import rescale_async_io
 from runtime.execution.async_io import AsyncIOFailed, AsyncIOOperator
-from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group, key_group_range
-
-
-class UserLoops:
-    """The user loops the harnesses of one test made (runtime/execution/user_loop.py), stopped after it."""
-
-    def __init__(self) -> None:
-        self.loops: list[UserLoop] = []
-
-    def new(self) -> UserLoop:
-        self.loops.append(UserLoop(f"test user loop {len(self.loops)}"))
-        return self.loops[-1]
-
-
-USER_LOOPS: UserLoops | None = None
-
-
-@pytest.fixture(autouse=True, params=["worker loop", "user loop"])
-async def where_user_code_runs(request: pytest.FixtureRequest) -> Any:
-    """Every test twice: the function's coroutines on the test's loop, and on a user loop of their own."""
-    global USER_LOOPS
-    USER_LOOPS = UserLoops() if request.param == "user loop" else None
-    yield request.param
-    loops, USER_LOOPS = (USER_LOOPS.loops if USER_LOOPS is not None else []), None
-    for loop in loops:
-        assert await loop.stop(5.0)
+from tests.support.user_loops import user_loop, where_user_code_runs  # noqa: F401 (autouse)
 
 
 class Harness:
@@ -54,8 +29,9 @@ class Harness:
                                   parallelism=parallelism, max_parallelism=128, timed=timed, emit=self.out.extend,
                                   forward_watermark=lambda ts: self.out.append(("wm", ts)))
         self.op.bind(wake=lambda: None, on_failure=self.failures.append)
-        if USER_LOOPS is not None:  # the function's coroutines on a loop of their own, as a task runs them
-            self.op.use_loop(USER_LOOPS.new())
+        loop = user_loop()
+        if loop is not None:  # the function's coroutines on a loop of their own, as a task runs them
+            self.op.use_loop(loop)
 
     async def feed_all(self, records: list[Any], chunk: int = 3) -> None:
         """What the task does: hand over a chunk, then wait (here: poll) until the operator admitted it."""

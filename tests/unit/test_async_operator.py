@@ -12,12 +12,12 @@ from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunc
 from runtime.execution.async_checkpoint import decode_inflight, inflight_document, restore_inflight
 from runtime.execution.async_controller import EpochMode, KeyOrder, Record, TakeSnapshot, Watermark
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
-from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group
 from runtime.state.backend import StateBackend
 from runtime.state.files import SnapshotStore
 from runtime.state.latency import LatencyBackend
 from runtime.state.memory import MemoryBackend
+from tests.support.user_loops import user_loop, where_user_code_runs  # noqa: F401 (autouse)
 
 ALL = range(0, 128)
 
@@ -41,31 +41,6 @@ class FailsOn(Count):
         await super().process(record, ctx)
 
 
-class UserLoops:
-    """The user loops the harnesses of one test made (runtime/execution/user_loop.py), stopped after it."""
-
-    def __init__(self) -> None:
-        self.loops: list[UserLoop] = []
-
-    def new(self) -> UserLoop:
-        self.loops.append(UserLoop(f"test user loop {len(self.loops)}"))
-        return self.loops[-1]
-
-
-USER_LOOPS: UserLoops | None = None
-
-
-@pytest.fixture(autouse=True, params=["worker loop", "user loop"])
-async def where_user_code_runs(request: pytest.FixtureRequest) -> Any:
-    """Every test twice: the function's coroutines on the test's loop, and on a user loop of their own."""
-    global USER_LOOPS
-    USER_LOOPS = UserLoops() if request.param == "user loop" else None
-    yield request.param
-    loops, USER_LOOPS = (USER_LOOPS.loops if USER_LOOPS is not None else []), None
-    for loop in loops:
-        assert await loop.stop(5.0)
-
-
 class Harness:
     def __init__(self, backend: StateBackend, *, function: AsyncKeyedProcessFunction | None = None,
                  **settings: Any) -> None:
@@ -78,8 +53,9 @@ class Harness:
                                 max_parallelism=128, timed=False, emit=self.log.extend,
                                 forward_watermark=lambda ts: self.log.append(("wm", ts)))
         self.op.bind(wake=self._wake, on_failure=self.failures.append)
-        if USER_LOOPS is not None:  # the function's coroutines on a loop of their own, as a task runs them
-            self.op.use_loop(USER_LOOPS.new())
+        loop = user_loop()
+        if loop is not None:  # the function's coroutines on a loop of their own, as a task runs them
+            self.op.use_loop(loop)
 
     def _wake(self) -> None:  # the task's wake-up: the operator made progress (a record finished, it failed)
         self.wakes += 1
