@@ -159,6 +159,12 @@ class AsyncEventTimers:
 
 
 class AsyncOperator:
+    # Its coroutines stay on the worker's loop by default: each state request of a coroutine on a user loop crosses
+    # between the loops twice, and that halved the async keyed count (bench_state.py --parts cluster, memory
+    # backend: 19-21 k records/s on a user loop against 42-58 k on the worker's loop, alternating). A blocking call
+    # in an AsyncKeyedProcessFunction therefore still stalls its worker (README, "User code").
+    USER_LOOP = False
+
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, settings: AsyncStateSettings, *,
                  node_id: int, name: str, key_fn: Callable[[Any], Any], subtask_index: int, parallelism: int,
                  max_parallelism: int, timed: bool, emit: Callable[[list[Any]], None],

@@ -299,7 +299,7 @@ class Task:
             ended_before = finished_before or (self.restore is not None and self.restore.ended)
             if ended_before:  # before the task can finish or acknowledge anything (the table sinks' committer)
                 await self.call(self.chain.restored_at_end, finished_before)
-            if self.isolation.user_loop and self._async_op is not None:
+            if self.isolation.user_loop and self._async_op is not None and self._async_op.USER_LOOP:
                 self._user_loop = UserLoop(task_thread_name(self.task_id))  # a profile counts it as the task's
                 self._async_op.use_loop(self._user_loop)
             await self.chain.open_async()

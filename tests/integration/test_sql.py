@@ -1,6 +1,7 @@
 """Flink SQL on a real cluster (runtime/sql): `sluice sql FILE.sql` runs a statement set (a HOP window aggregation
 and an unbounded GROUP BY into an upsert table) whose committed output equals Spark SQL's over the same input; a
-TUMBLE window job with a worker killed -9 mid-run commits exactly what the query means."""
+TUMBLE window and an interval join in one job with a worker killed -9 mid-run commit exactly what the queries
+mean."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -123,26 +125,36 @@ CREATE TABLE bids (auction BIGINT, price BIGINT, date_time TIMESTAMP(3),
   'fields.date_time.start-ms' = '{t0}', 'fields.date_time.step-ms' = '7');
 CREATE TABLE counts (auction BIGINT, window_start TIMESTAMP(3), bids BIGINT, total BIGINT)
   WITH ('connector' = 'filesystem', 'path' = '{out}', 'format' = 'json');
+CREATE TABLE pairs (auction BIGINT, t1 TIMESTAMP(3), t2 TIMESTAMP(3))
+  WITH ('connector' = 'filesystem', 'path' = '{pairs}', 'format' = 'json');
+EXECUTE STATEMENT SET BEGIN
 INSERT INTO counts
 SELECT auction, window_start, COUNT(*), SUM(price)
 FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(date_time), INTERVAL '2' SECOND))
 GROUP BY auction, window_start, window_end;
+INSERT INTO pairs
+SELECT b1.auction, b1.date_time, b2.date_time FROM bids AS b1, bids AS b2
+WHERE b1.auction = b2.auction
+  AND b2.date_time BETWEEN b1.date_time - INTERVAL '14' MILLISECOND AND b1.date_time + INTERVAL '14' MILLISECOND;
+END;
 """
 
 
-def test_a_windowed_sql_job_killed_mid_run_commits_exact_output(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_window_and_a_join_query_killed_mid_run_commit_exact_output(cluster: Cluster, tmp_path: Path) -> None:
     from runtime.api import Job
     from runtime.sql.connectors import DatagenSource
     from runtime.sql.entry import entry_for
 
-    out = tmp_path / "counts"
-    script = KILL_SCRIPT.format(rows=KILL_ROWS, rate=KILL_RATE, t0=T0, out=str(out))
-    # the model: every row datagen makes (it is deterministic), counted per auction and 2 s window
+    out, pairs = tmp_path / "counts", tmp_path / "pairs"
+    script = KILL_SCRIPT.format(rows=KILL_ROWS, rate=KILL_RATE, t0=T0, out=str(out), pairs=str(pairs))
+    # the model: every row datagen makes (it is deterministic), counted per auction and 2 s window, and joined
+    # with every row of its auction at most 14 ms away (itself too)
     scratch = Job("model")
     scratch.sql(script)
     source = next(n.payload for n in scratch.nodes if n.kind == "source").inner
     assert isinstance(source, DatagenSource)
     totals: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
+    times: dict[int, list[int]] = defaultdict(list)
     for subtask in range(2):
         source.open(subtask, 2)
         source.rate = None
@@ -151,8 +163,17 @@ def test_a_windowed_sql_job_killed_mid_run_commits_exact_output(cluster: Cluster
                 entry = totals[(auction, ms - ms % 2000)]
                 entry[0] += 1
                 entry[1] += price
+                times[auction].append(ms)
     expected = Counter(json.dumps({"auction": a, "window_start": format_timestamp(w), "bids": c, "total": s},
                                   separators=(",", ":")) for (a, w), (c, s) in totals.items())
+    joined: Counter[str] = Counter()
+    for auction, stamps in times.items():
+        stamps.sort()
+        for t1 in stamps:
+            for t2 in stamps[bisect_left(stamps, t1 - 14):bisect_right(stamps, t1 + 14)]:
+                joined[json.dumps({"auction": auction, "t1": format_timestamp(t1), "t2": format_timestamp(t2)},
+                                  separators=(",", ":"))] += 1
+    assert sum(joined.values()) > KILL_ROWS  # rows of an auction 7 or 14 ms apart join beside the row itself
 
     def checkpointed_and_counting(job_id: str, status: dict[str, Any]) -> bool:
         history = cluster.call("checkpoints", {"job_id": job_id})["history"]
@@ -161,4 +182,4 @@ def test_a_windowed_sql_job_killed_mid_run_commits_exact_output(cluster: Cluster
 
     run_killed(cluster, entry_for(script), 8 * 1024, checkpointed_and_counting, "WindowAggregate",
                what="a completed checkpoint with the window aggregation under way")
-    assert_committed_exactly({"window rows": (out, expected)})
+    assert_committed_exactly({"window rows": (out, expected), "interval join rows": (pairs, joined)})
