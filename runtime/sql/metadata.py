@@ -62,21 +62,7 @@ def readable(table: TableDef) -> list[MetadataColumn]:
     if not columns:
         return []
     offered = READABLE.get(table.connector, {})
-    out = []
-    for column in columns:
-        key = column.metadata
-        assert key is not None and column.type is not None
-        if key not in offered:
-            keys = ", ".join(offered) or "none"
-            raise SqlError(f"Invalid metadata key '{key}' in column '{column.name}' of table '{table.qualified()}'. "
-                           f"The '{table.connector}' connector supports the following metadata keys for reading: "
-                           f"{keys}")
-        if not _castable(offered[key], column.type):
-            raise SqlError(f"Invalid data type for metadata column '{column.name}' of table '{table.qualified()}'. "
-                           f"The column cannot be declared as '{column.type}' because the type must be castable "
-                           f"from metadata type '{offered[key]}'.")
-        out.append(MetadataColumn(column, key, offered[key]))
-    return out
+    return _checked(table, columns, offered, "reading", ", ".join(offered) or "none", "from")
 
 
 def writable(table: TableDef) -> list[MetadataColumn]:
@@ -90,18 +76,25 @@ def writable(table: TableDef) -> list[MetadataColumn]:
         raise SqlError(f"Table '{table.qualified()}' declares persistable metadata columns, but the "
                        f"'{table.connector}' connector cannot write metadata. If the column should not be persisted, "
                        "it can be declared with the VIRTUAL keyword.")
+    return _checked(table, columns, offered, "writing", f"{', '.join(offered)}; declare a read-only one VIRTUAL", "to")
+
+
+def _checked(table: TableDef, columns: list[Column], offered: dict[str, T.SqlType], direction: str, keys: str,
+             cast: str) -> list[MetadataColumn]:
+    """Each column's key among those the connector offers for `direction` (`keys` lists them in the error) and its
+    declared type castable `cast` ("from" / "to") the key's type."""
     out = []
     for column in columns:
         key = column.metadata
         assert key is not None and column.type is not None
         if key not in offered:
             raise SqlError(f"Invalid metadata key '{key}' in column '{column.name}' of table '{table.qualified()}'. "
-                           f"The '{table.connector}' connector supports the following metadata keys for writing: "
-                           f"{', '.join(offered)}; declare a read-only one VIRTUAL")
+                           f"The '{table.connector}' connector supports the following metadata keys for {direction}: "
+                           f"{keys}")
         if not _castable(offered[key], column.type):
             raise SqlError(f"Invalid data type for metadata column '{column.name}' of table '{table.qualified()}'. "
                            f"The column cannot be declared as '{column.type}' because the type must be castable "
-                           f"to metadata type '{offered[key]}'.")
+                           f"{cast} metadata type '{offered[key]}'.")
         out.append(MetadataColumn(column, key, offered[key]))
     return out
 
