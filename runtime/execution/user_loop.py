@@ -138,14 +138,7 @@ class UserLoop:
         outbox = self._outbox
         while outbox:
             done, task = outbox.popleft()
-            if done.done():
-                continue
-            if task.cancelled():
-                done.cancel()
-            elif task.exception() is not None:
-                done.set_exception(task.exception())  # type: ignore[arg-type]
-            else:
-                done.set_result(task.result())
+            _settle(done, task)
 
     def _cancel_soon(self, box: list[asyncio.Task[Any]]) -> None:
         def cancel() -> None:
@@ -200,14 +193,7 @@ class UserLoop:
         answers = self._answers
         while answers:
             mine, theirs = answers.popleft()
-            if mine.done():
-                continue
-            if theirs.cancelled():
-                mine.cancel()
-            elif theirs.exception() is not None:
-                mine.set_exception(theirs.exception())  # type: ignore[arg-type]
-            else:
-                mine.set_result(theirs.result())
+            _settle(mine, theirs)
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -263,3 +249,15 @@ async def _exit_fails_the_call(coroutine: Coroutine[Any, Any, Any]) -> Any:
         return await coroutine
     except SystemExit as exc:
         raise UserCodeExit.of(exc) from exc
+
+
+def _settle(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """Give `target` (this loop's) the outcome of `source` (the other loop's, done), unless it was settled already."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        target.set_result(source.result())
