@@ -104,6 +104,10 @@ class AsyncIOOperator:
         self._wake = wake
         self._on_failure = on_failure
 
+    def run_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Live on `loop`, the task's own, with the rest of the chain: nothing to rebind (calls start on the
+        running loop)."""
+
     def use_loop(self, user: UserLoop) -> None:
         """Run the function's coroutines on the task's own loop (runtime/execution/user_loop.py), not this one."""
         self._user = user

@@ -28,6 +28,7 @@ the in-flight document.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 from collections import deque
@@ -200,6 +201,10 @@ class AsyncOperator:
         """The task's wake-up (admission progress) and how a failed record fails the task."""
         self._wake = wake
         self._on_failure = on_failure
+
+    def run_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Live on `loop`, the task's own (runtime/execution/user_loop.py), with the rest of the task's chain."""
+        self.runner.bind_loop(loop)
 
     def use_loop(self, user: UserLoop) -> None:
         """Run the function's coroutines (open, process, on_timer) on the task's own loop

@@ -154,6 +154,12 @@ class AsyncStateRunner:
         self.blocked_seconds = 0.0
         self._user: UserLoop | None = None  # where the function's coroutines run (None: on this loop)
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Live on `loop` from now on (a task's own loop, runtime/execution/user_loop.py): the runner's records,
+        round trips and timers start there. Before anything runs."""
+        assert not self._tasks and self._timer is None, "bind_loop after the runner started"
+        self._loop = loop
+
     def use_loop(self, user: UserLoop) -> None:
         """Run the function's coroutines on the task's own loop (runtime/execution/user_loop.py): their state
         requests come back here, to the controller, through `request`."""

@@ -66,7 +66,7 @@ class OutputGate:
 
 class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
-                 "continued", "key", "end_event", "deferred", "deferred_n")
+                 "continued", "key", "end_event", "deferred", "deferred_n", "handed_n")
 
     def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -86,6 +86,8 @@ class Subpartition:
         # wait here, and `hand_over` queues them on the loop, where the sender, credit and links live
         self.deferred: list[tuple[Subpartition, Buffer]] | None = None
         self.deferred_n = 0  # of them, this subpartition's
+        # of those, handed over since (a task's loop hands them over while it runs: each count has one writer)
+        self.handed_n = 0
 
     def append(self, data: bytes) -> None:
         buf = self.buf
@@ -134,7 +136,7 @@ class Subpartition:
         if self.deferred is not None:
             self.deferred.append((self, buffer))
             self.deferred_n += 1
-            if self.sender.queued_buffers + self.deferred_n >= self.limit:
+            if self.sender.queued_buffers + self.deferred_n - self.handed_n >= self.limit:
                 self.gate.would_block = True
             return
         self.hand_over(buffer)

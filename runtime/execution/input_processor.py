@@ -120,7 +120,7 @@ class InputProcessor:
 
     async def resume_watermark(self) -> None:
         """After a restore: finish what the checkpoint caught half done (a timer burst, an unsent watermark)."""
-        if self.time is not None and self.time.advance():
+        if self.time is not None and await self.turns.between_runs(self.time.advance):
             await self._fire_timer_burst()
 
     def unprocessed_bytes(self) -> dict[int, bytes]:

@@ -58,6 +58,43 @@ def mode_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> st
     return mode
 
 
+class HandOff(list):  # type: ignore[type-arg]  # of (Subpartition, Buffer)
+    """The buffers a task's loop thread cuts (as `Subpartition.deferred`), handed over on the worker's loop.
+
+    A task with an asynchronous operator runs its chain on its own loop, and emits whenever a record finishes
+    there, not only within a run the worker's loop awaits: so the first buffer cut after a hand-over posts one
+    to the worker's loop (`deliver`), which takes every buffer cut until then, in order. The loop thread only
+    appends and the worker's loop only takes from the front (each a single step under the GIL)."""
+
+    def __init__(self, home: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._home = home
+        self._posted = False
+        self.on_delivered: Callable[[], None] = lambda: None
+
+    def append(self, item: Any) -> None:  # on the task's loop
+        super().append(item)
+        if not self._posted:
+            self._posted = True
+            try:
+                self._home.call_soon_threadsafe(self.deliver)
+            except RuntimeError:  # the worker is stopping: nothing is sent any more
+                pass
+
+    def deliver(self) -> None:
+        """On the worker's loop: queue the buffers cut so far for sending, in order."""
+        self._posted = False  # before taking: a buffer cut from now on posts again
+        n = len(self)
+        if not n:
+            return
+        taken = self[:n]
+        del self[:n]
+        for sub, buffer in taken:
+            sub.hand_over(buffer)
+            sub.handed_n += 1
+        self.on_delivered()
+
+
 class IsolationPolicy:
     """Where a task's user code runs (fixed when the task is built, see the module docstring)."""
 
@@ -66,9 +103,10 @@ class IsolationPolicy:
     def __init__(self, mode: str, *, asynchronous: bool) -> None:
         if mode not in MODES:
             raise ValueError(f"task isolation must be one of {', '.join(MODES)}, got {mode!r}")
-        # the runs of records on the task's thread; not with an asynchronous operator: it awaits on the loop
+        # the runs of records on the task's thread
         self.isolated = mode != "inline" and not asynchronous
-        # the asynchronous operator's user coroutines on a loop of the task's own (runtime/execution/user_loop.py)
+        # with an asynchronous operator: the runs, the operator and its coroutines on an event loop on a thread of
+        # the task's own (runtime/execution/user_loop.py)
         self.user_loop = mode != "inline" and asynchronous
         # the chain's and the source's close() at the task's end on the task's thread, whatever its operators
         self.closes_on_thread = mode != "inline"

@@ -71,20 +71,26 @@ class SourceDriver:
             end = await turns.call(self.run_batches)
             if end is RunEnd.ENDED:
                 if self.time is not None:
-                    self.time.end()
+                    await turns.between_runs(self.time.end)
                 return
             if end is RunEnd.DRAINED:  # nothing to read now
                 if self.time is not None:
-                    self.time.flush_periodic()  # a watermark held back for its interval leaves now
-                    self.idle_since, turned_idle = self.time.source_idle(self.idle_since, time.monotonic())
-                    if turned_idle:
-                        for sub in self.outputs:
-                            sub.flush()  # the status must leave now, not at the next periodic flush
+                    await turns.between_runs(self._idle_time)
                 await turns.wait_idle(source.idle_wait_s())
             elif end is RunEnd.TURN:
                 await turns.between_records()
             else:
                 await asyncio.sleep(0)  # let the network and other tasks on this worker run
+
+    def _idle_time(self) -> None:
+        """Event time while the source has nothing to read (chain work: see TaskTurns.between_runs)."""
+        time_ = self.time
+        assert time_ is not None
+        time_.flush_periodic()  # a watermark held back for its interval leaves now
+        self.idle_since, turned_idle = time_.source_idle(self.idle_since, time.monotonic())
+        if turned_idle:
+            for sub in self.outputs:
+                sub.flush()  # the status must leave now, not at the next periodic flush
 
     def run_batches(self) -> RunEnd:
         """Batches through the chain, a chunk at a time, until the source has nothing ready or has ended, the

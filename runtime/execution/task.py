@@ -29,7 +29,7 @@ from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
 from runtime.execution.input_processor import InputProcessor
-from runtime.execution.isolation import IsolationPolicy, TaskThread, task_thread_name
+from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, task_thread_name
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
 from runtime.execution.operators import Chain
 from runtime.execution.probes import ProbeTracker
@@ -219,11 +219,15 @@ class Task:
         # an asynchronous keyed operator: input waits for its admission, drain checkpoints for its quiet
         self._async_op = chain.async_operator
         if self._async_op is not None:
-            self._async_op.bind(wake=self.wake, on_failure=self._async_failed)
+            self._async_op.bind(wake=self._wake_from_chain, on_failure=self._async_failed)
         # blocking user code: the chain's calls on a thread of the task's own (runtime/execution/isolation.py)
         self.isolation = IsolationPolicy(isolation, asynchronous=self._async_op is not None)
         self._thread: TaskThread | None = None
-        self._user_loop: UserLoop | None = None  # an asynchronous operator's user coroutines run there
+        # with an asynchronous operator: the loop its chain lives on, and the buffers that chain cuts there
+        self._user_loop: UserLoop | None = None
+        self._hand_off: HandOff | None = None
+        self._home: asyncio.AbstractEventLoop | None = None  # the worker's loop (wake-ups from the task's loop)
+        self._wake_posted = False
         self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
         self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
         self._tick_due = False  # the periodic flush came during a call: it runs when the call returns
@@ -291,6 +295,9 @@ class Task:
     async def run(self) -> None:
         self.times.start(time.monotonic())
         self.state = TaskState.RUNNING
+        self._home = asyncio.get_running_loop()
+        if self.isolation.user_loop:
+            self._start_user_loop()
         flusher = asyncio.create_task(self._flush_periodically())
         try:
             self._restore_operator_state()
@@ -299,11 +306,8 @@ class Task:
             ended_before = finished_before or (self.restore is not None and self.restore.ended)
             if ended_before:  # before the task can finish or acknowledge anything (the table sinks' committer)
                 await self.call(self.chain.restored_at_end, finished_before)
-            if self.isolation.user_loop and self._async_op is not None and self._async_op.USER_LOOP:
-                self._user_loop = UserLoop(task_thread_name(self.task_id))  # a profile counts it as the task's
-                self._async_op.use_loop(self._user_loop)
-            await self.chain.open_async()
-            self._restore_outputs()
+            await self._on_chain_loop(self.chain.open_async())
+            await self.exclusive(self._restore_outputs)
             if self.driver is not None:
                 if not ended_before:  # a source at its end must not emit again
                     await self.driver.run()
@@ -317,12 +321,7 @@ class Task:
             if not ended_before:  # operators that emit at the end (aggregates) must not emit twice
                 await self._finish_async()
                 await self.call(self.chain.finish)
-            for sub in self.subpartitions:
-                sub.add_event(event("end"))
-            # From here on a checkpoint records this task as at its end: no barrier follows "end" downstream.
-            self.end_of_input = True
-            if self.checkpoints is not None:
-                self.checkpoints.on_end_of_input()
+            await self.exclusive(self._end_outputs)
             self.on_end_of_input(self)
             await self._wait_drained()
             if self.checkpoints is not None and not finished_before:
@@ -341,6 +340,14 @@ class Task:
             self.times.finish(time.monotonic())
             flusher.cancel()
             await self._close()
+
+    def _end_outputs(self) -> None:
+        for sub in self.subpartitions:
+            sub.add_event(event("end"))
+        # From here on a checkpoint records this task as at its end: no barrier follows "end" downstream.
+        self.end_of_input = True
+        if self.checkpoints is not None:
+            self.checkpoints.on_end_of_input()
 
     async def _close(self) -> None:
         """The task's end: wait for a cancelled call still on its thread, stop its asynchronous operator, close
@@ -366,7 +373,7 @@ class Task:
             self.checkpoints.close()
         if self._async_op is not None:
             try:  # its function's own close() runs on the task's loop: bounded like the rest
-                if not await _within(remaining(), self.chain.aclose_async()):
+                if not await _within(remaining(), self._on_chain_loop(self.chain.aclose_async())):
                     self._stuck("stopping its asynchronous operator")
             except Exception as exc:
                 log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
@@ -409,7 +416,9 @@ class Task:
         # bounds latency: a partly filled buffer waits at most flush_timeout_s
         while True:
             await asyncio.sleep(self.flush_timeout_s)
-            if self._on_thread:
+            if self._user_loop is not None:
+                await self.exclusive(self._tick)  # its chain writes the builders whenever its loop runs
+            elif self._on_thread:
                 self._tick_due = True  # the thread writes the builders now: the tick runs when its call returns
             else:
                 self._tick()
@@ -442,10 +451,85 @@ class Task:
         return None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)`: on the task's thread when the task is isolated, else here."""
+        """`fn(*args)`: on the task's thread when the task is isolated, on its loop when its chain lives there,
+        else here."""
         if self.isolation.isolated:
             return await self._offload(fn, *args)
+        user = self._user_loop
+        if user is not None:
+            return await user.call(fn, *args)
         return fn(*args)
+
+    async def between_runs(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`, chain work between runs: here (an isolated task's thread is idle then), or on the task's
+        loop when its chain lives there."""
+        user = self._user_loop
+        if user is not None:
+            return await user.call(fn, *args)
+        return fn(*args)
+
+    async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` here, where it may touch the chain, its operators and the outputs' builders: between runs
+        that is always so, except for a chain on its own loop, which emits whenever a record finishes there; that
+        loop is parked meanwhile (UserLoop.exclusive), and the buffers it cut before are queued first, in order."""
+        user = self._user_loop
+        if user is None:
+            return fn(*args)
+        return await user.exclusive(self._with_outputs, fn, args)
+
+    def _with_outputs(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        hand_off = self._hand_off
+        assert hand_off is not None
+        hand_off.deliver()
+        subs = self.subpartitions
+        for sub in subs:
+            sub.deferred = None  # what this cuts (a barrier's flush) goes out at once, ahead of its event
+        try:
+            return fn(*args)
+        finally:
+            for sub in subs:
+                sub.deferred = hand_off
+
+    async def _on_chain_loop(self, coroutine: Any) -> Any:
+        """Await one of the asynchronous operator's coroutines (open, finish, aclose) where it lives."""
+        user = self._user_loop
+        if user is None:
+            return await coroutine
+        return await user.run(coroutine)
+
+    def _start_user_loop(self) -> None:
+        """The task's own loop, on which its whole chain runs, the asynchronous operator included: its records,
+        state round trips and coroutines never cross threads; the worker's loop hands it runs and takes the
+        buffers it cuts (HandOff)."""
+        user = self._user_loop = UserLoop(task_thread_name(self.task_id))  # a profile counts it as the task's
+        assert self._home is not None and self._async_op is not None
+        hand_off = self._hand_off = HandOff(self._home)
+        hand_off.on_delivered = self._after_hand_off
+        for sub in self.subpartitions:
+            sub.deferred = hand_off
+        self._async_op.run_on(user.loop)
+
+    def _after_hand_off(self) -> None:
+        # would_block is the loop's estimate of queued + not yet handed over: now all are queued (blocked says)
+        self.output.would_block = False
+
+    def _wake_from_chain(self) -> None:
+        """The asynchronous operator's wake-up: from the task's own loop when the chain lives there."""
+        if self._user_loop is None:
+            self.wake()
+            return
+        if not self._wake_posted:
+            self._wake_posted = True
+            home = self._home
+            assert home is not None
+            try:
+                home.call_soon_threadsafe(self._woken)
+            except RuntimeError:  # the worker's loop closed: nobody waits
+                pass
+
+    def _woken(self) -> None:
+        self._wake_posted = False  # before waking: a change from now on posts again
+        self._wakeup.set()
 
     async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` (chain work) on the task's thread and wait for it. The buffers it cuts are queued for
@@ -471,7 +555,7 @@ class Task:
     def _end_offload(self) -> None:
         for sub in self.subpartitions:
             sub.deferred = None
-            sub.deferred_n = 0
+            sub.deferred_n = sub.handed_n = 0
         self.output.would_block = False
         self._on_thread = False
         deferred = self._deferred
@@ -514,7 +598,7 @@ class Task:
         op = self._async_op
         if op is not None and op.drain and not op.quiet() and any(_may_snapshot(m) for m in self.mailbox):
             await self.quiesce()
-        self._serve_mailbox()
+        await self.exclusive(self._serve_mailbox)
         await self._timers_on_thread()
 
     async def quiesce(self) -> None:
@@ -524,7 +608,7 @@ class Task:
         assert op is not None
         while not op.quiet():
             op.raise_if_failed()
-            await self.wait()
+            await self.wait(self._recheck_s)
         op.raise_if_failed()
 
     async def _finish_async(self) -> None:
@@ -534,7 +618,7 @@ class Task:
             return
         while op.backlog:
             await self._await_admission()
-        await self.chain.finish_async()
+        await self._on_chain_loop(self.chain.finish_async())
 
     async def _await_admission(self) -> None:
         op = self._async_op
@@ -544,14 +628,29 @@ class Task:
         if op.backlog:
             op.raise_if_failed()
             t0 = time.monotonic()
-            await self.wait()
+            await self.wait(self._recheck_s)
             op.blocked_s += time.monotonic() - t0
+
+    @property
+    def _recheck_s(self) -> float | None:
+        # a chain on its own loop changes the operator's state from another thread: its wake-up is posted, and
+        # waits recheck now and then besides, so none can be lost for good
+        return None if self._user_loop is None else 0.05
 
     def _async_failed(self, error: BaseException) -> None:
         def fail() -> None:
             raise error
 
-        self.post(Mail(fail, "asynchronous state failed"))
+        mail = Mail(fail, "asynchronous state failed")
+        if self._user_loop is None:
+            self.post(mail)
+            return
+        home = self._home
+        assert home is not None
+        try:
+            home.call_soon_threadsafe(self.post, mail)
+        except RuntimeError:  # the worker's loop closed: nobody waits
+            pass
 
     def _serve_mailbox(self) -> None:
         while self.mailbox:
@@ -647,6 +746,9 @@ class Task:
             # drain: the records before an aligned barrier finish first; so do those before a channel's end,
             # which completes an alignment waiting only for that channel
             await self.quiesce()
+        await self.exclusive(self._inband_event, channel_id, kind, ev)
+
+    def _inband_event(self, channel_id: int, kind: Any, ev: Event) -> None:
         gate = self.gate
         assert gate is not None
         if kind == "end":
@@ -684,7 +786,7 @@ class Task:
     def _fire_processing_timers(self) -> None:
         """Mail: fire due processing-time timers, a chunk per turn of the mailbox (an isolated task: on its
         thread, right after this turn of the mailbox, see `_timers_on_thread`)."""
-        if self.isolation.isolated:
+        if self.isolation.isolated or self._user_loop is not None:
             self._processing_timers_due = True
             return
         timers = self.chain.timers
@@ -703,8 +805,7 @@ class Task:
             self._processing_timers_due = False
             timers = self.chain.timers
             assert timers is not None
-            self._after_processing_timers(
-                await self._offload(timers.fire_processing, current_time_ms(), TIMER_CHUNK))
+            self._after_processing_timers(await self.call(timers.fire_processing, current_time_ms(), TIMER_CHUNK))
 
     async def _wait_final_checkpoint(self) -> None:
         """Stay (serving the mailbox) until a checkpoint taken after the end of input has completed and the
@@ -713,7 +814,7 @@ class Task:
         assert self.checkpoints is not None
         while not self.checkpoints.final_committed():
             if self.mailbox:
-                self._serve_mailbox()
+                await self.exclusive(self._serve_mailbox)
                 await self._timers_on_thread()
                 continue
             await self.wait_idle()
@@ -724,7 +825,7 @@ class Task:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"task {self.task_id}: outputs not drained within {timeout_s}s")
             if self.mailbox:
-                self._serve_mailbox()
+                await self.exclusive(self._serve_mailbox)
                 await self._timers_on_thread()
             await self.wait(0.05)
 

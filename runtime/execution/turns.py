@@ -65,6 +65,10 @@ class TaskTurns(Protocol):
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the task's thread when it is isolated, else here."""
 
+    async def between_runs(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`, chain work between runs (a watermark, an idle status): here, or on the task's own loop
+        when its chain lives there (an asynchronous operator's task)."""
+
     async def wait(self, timeout_s: float | None = None) -> None:
         """Wait for a wake-up (input, credit, mail) or `timeout_s`."""
 

@@ -58,6 +58,7 @@ class UserLoop:
         self._requests_posted = False
         self._answers: collections.deque[tuple[asyncio.Future[Any], asyncio.Future[Any]]] = collections.deque()
         self._answers_posted = False
+        self._stopped = False  # stop() began: parking it would wait for ever
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -150,6 +151,34 @@ class UserLoop:
         except RuntimeError:
             pass
 
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` (a plain function: a run of a task's chain) on the user loop; awaited on the worker's loop."""
+        return await self.run(_called(fn, args))
+
+    async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` here, on the worker's loop, while the user loop is parked: it waits in a callback of its own
+        until `fn` returns, so nothing of the task's runs there meanwhile (a snapshot, a flush of the outputs).
+        Awaited: a user loop stuck in a user call delays only this, not the worker's loop."""
+        if self._stopped:  # nothing runs there any more: the caller has it to itself
+            return fn(*args)
+        home = asyncio.get_running_loop()
+        parked: asyncio.Future[None] = home.create_future()
+        release = threading.Event()
+
+        def park() -> None:
+            home.call_soon_threadsafe(_resolve, parked)
+            release.wait()
+
+        try:
+            self.loop.call_soon_threadsafe(park)
+        except RuntimeError:  # the user loop closed meanwhile
+            return fn(*args)
+        try:
+            await parked
+            return fn(*args)
+        finally:
+            release.set()  # also when cancelled before it parked: the park then passes straight through
+
     # -- user code awaits the worker's loop ------------------------------------------------------------
 
     def call_home(self, home: asyncio.AbstractEventLoop, fn: Callable[..., asyncio.Future[Any]],
@@ -201,6 +230,7 @@ class UserLoop:
         """Cancel the user tasks still running, wait for them, and end the loop and its thread. False when the
         loop did not come back within `timeout_s` (None: no limit; user code blocking it: the daemon thread is
         left behind)."""
+        self._stopped = True
         if self.loop.is_closed():
             return True
 
@@ -236,6 +266,15 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+async def _called(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

@@ -9,8 +9,10 @@
    restarts the job on the other worker from its checkpoint, and it finishes exactly once.
 4. A map that leaks memory on a worker started with `--memory-limit` (RLIMIT_AS) fails with MemoryError;
    the worker stays up.
-5. An async_map coroutine blocking 10.5 s in a synchronous call, and a sink whose close() blocks 10.5 s, beside a
-   bounded job on the same workers: no worker dropped, the other job exact, both slow calls reported.
+5. An async_map coroutine blocking 10.5 s in a synchronous call, a sink whose close() blocks 10.5 s, an
+   AsyncKeyedProcessFunction's process and a plain map chained before an async_map blocking 10.5 s each (a task
+   with an asynchronous operator runs its whole chain on its own loop), beside a bounded job on the same
+   workers: no worker dropped, the other job exact, every slow call reported.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import os
 import sys
 import time
 
-from runtime.api import FileSink, GeneratorSource, Job
+from runtime.api import AsyncKeyedProcessFunction, FileSink, GeneratorSource, Job
 from runtime.examples.wordcount import Count
 
 BLOCK_S = {block_s}
@@ -73,6 +75,36 @@ def async_blocking(job: Job) -> None:
     (job.source(GeneratorSource(count=1000, keys=50, seed=8, records_per_second=400), parallelism=1)
         .async_map(block_async_on_one_record, timeout_s=60, parallelism=1)
         .sink(FileSink({async_out!r}), parallelism=1))
+
+
+def block_before_async_on_one_record(record):
+    if record[1] == 250:
+        time.sleep(SHORT_BLOCK_S)  # a plain function chained before an async_map, in the same task
+    return record
+
+
+async def passed_on(record):
+    return record
+
+
+class BlockingAsyncCount(AsyncKeyedProcessFunction):
+    async def open(self, ctx):
+        self.count = ctx.value_state("count", 0)
+
+    async def process(self, record, ctx):
+        await self.count.update((await self.count.value()) + 1)
+        if record[1] == 200:
+            time.sleep(SHORT_BLOCK_S)  # a synchronous client inside an asynchronous state function
+        ctx.emit(record[1])
+
+
+def async_state_blocking(job: Job) -> None:
+    # two tasks, each blocking on its own loop at about the same time: source -> map -> async_map, and the count
+    (job.source(GeneratorSource(count=1000, keys=50, seed=11, records_per_second=400), parallelism=1)
+        .map(block_before_async_on_one_record, parallelism=1)
+        .async_map(passed_on, timeout_s=60, parallelism=1)
+        .key_by(lambda r: r[0]).process(BlockingAsyncCount(), parallelism=1)
+        .sink(FileSink({state_out!r}), parallelism=1))
 
 
 class SlowCloseSink(FileSink):
@@ -133,15 +165,16 @@ HEARTBEAT_TIMEOUT_S = 10.0  # the coordinator's default
 SHORT_BLOCK_S = 10.5  # past the heartbeat timeout: the async call and the close
 STEADY_RECORDS = 26_000  # 13 s at its 2,000 records/s: it runs all through both blocks
 NO_RESTART = {"restart": {"max_attempts": 0}}
+WORKER_ARGS = ("--slow-call", "3s", "--slots", "3")
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Two workers; the slow-call threshold at 3 s so the 15 s call is reported early in its block."""
+    """Two workers of three slots; the slow-call threshold at 3 s so the 15 s call is reported early in its block."""
     tmp = tmp_path_factory.mktemp("user_code")
     with reaped_cluster(tmp) as c:
         _write_jobs(tmp)
-        c.start(2, worker_args=("--slow-call", "3s"), worker_ids=True)
+        c.start(2, worker_args=WORKER_ARGS, worker_ids=True)
         yield c
 
 
@@ -150,7 +183,8 @@ def _write_jobs(tmp: Path) -> None:
         block_s=BLOCK_S, steady_out=str(tmp / "steady"), blocking_out=str(tmp / "blocking"),
         exiting_out=str(tmp / "exiting"), marker=str(tmp / "killed-once"), killing_out=str(tmp / "killing"),
         leaking_out=str(tmp / "leaking"), short_block_s=SHORT_BLOCK_S, steady_records=STEADY_RECORDS,
-        bounded_out=str(tmp / "bounded"), async_out=str(tmp / "async"), close_out=str(tmp / "close")))
+        bounded_out=str(tmp / "bounded"), async_out=str(tmp / "async"), close_out=str(tmp / "close"),
+        state_out=str(tmp / "async_state")))
 
 
 def _job(cluster: Cluster, job_id: str) -> dict[str, Any]:
@@ -206,16 +240,19 @@ def test_a_map_blocking_past_the_heartbeat_timeout_touches_no_other_job(shared: 
 
 @pytest.mark.integration
 def test_an_async_call_and_a_close_blocking_past_the_heartbeat_timeout_touch_no_other_job(shared: Cluster) -> None:
-    """`async def` user code runs on its task's own loop and a task's close() on its thread
-    (runtime/execution/user_loop.py, Task._close): an async_map coroutine that sleeps 10.5 s in a synchronous call,
-    and a sink whose close() sleeps 10.5 s at the end of its bounded job, beside a bounded job that keeps running
-    and checkpointing on the same workers: no worker is dropped, the other job finishes exact and never
-    restarts, both slow calls are reported naming their functions, and both blocking jobs finish exactly once."""
+    """A task with an asynchronous operator runs its whole chain on its own loop, and a task's close() runs on its
+    thread (runtime/execution/user_loop.py, Task._close): an async_map coroutine that sleeps 10.5 s in a
+    synchronous call, a sink whose close() sleeps 10.5 s at the end of its bounded job, an
+    AsyncKeyedProcessFunction's process and a plain map chained before an async_map that sleep 10.5 s each,
+    beside a bounded job that keeps running and checkpointing on the same workers: no worker is dropped, the
+    other job finishes exact and never restarts, every slow call is reported naming its function, and every
+    blocking job finishes exactly once."""
     cluster = shared
     other = cluster.submit("usercodejobs:bounded_steady", {"checkpoint": {"interval_s": 0.5}})
     async_job = cluster.submit("usercodejobs:async_blocking", {"checkpoint": {"interval_s": 0.5}})
     close_job = cluster.submit("usercodejobs:slow_close", {"checkpoint": {"interval_s": 0.5}})
-    jobs = (other, async_job, close_job)
+    state_job = cluster.submit("usercodejobs:async_state_blocking", {"checkpoint": {"interval_s": 0.5}})
+    jobs = (other, async_job, close_job, state_job)
     oldest_heartbeat = 0.0
     other_checkpoints: list[int] = []
     started = time.monotonic()
@@ -231,7 +268,7 @@ def test_an_async_call_and_a_close_blocking_past_the_heartbeat_timeout_touch_no_
             other_checkpoints.append(states[0].get("checkpoints_completed", 0))
         return all(s["state"] in ("FINISHED", "FAILED", "CANCELLED") for s in states)
 
-    poll(all_done, SHORT_BLOCK_S + 90, "the three jobs to end", interval_s=0.25)
+    poll(all_done, SHORT_BLOCK_S + 90, "the four jobs to end", interval_s=0.25)
     took = time.monotonic() - started
     for job in jobs:
         end = _job(cluster, job)
@@ -240,13 +277,16 @@ def test_an_async_call_and_a_close_blocking_past_the_heartbeat_timeout_touch_no_
     assert oldest_heartbeat < HEARTBEAT_TIMEOUT_S / 2, oldest_heartbeat
     # the other job kept checkpointing meanwhile (every 0.5 s; a busy machine may take longer)
     assert other_checkpoints and other_checkpoints[-1] - other_checkpoints[0] >= 5, other_checkpoints
-    for out, count in (("bounded", STEADY_RECORDS), ("async", 1000), ("close", 500)):
+    for out, count in (("bounded", STEADY_RECORDS), ("async", 1000), ("close", 500), ("async_state", 1000)):
         rows, _ = committed_rows(cluster.tmp_path / out)
         assert rows == {str(seq): 1 for seq in range(count)}, out  # exactly once
 
     worker_logs = "".join(cluster.log(f"worker-{i}") for i in (1, 2))
-    for job, function, line in ((async_job, "usercodejobs.block_async_on_one_record", "time.sleep(SHORT_BLOCK_S)"),
-                                (close_job, "usercodejobs.SlowCloseSink.close", "time.sleep(SHORT_BLOCK_S)")):
+    for job, function in ((async_job, "usercodejobs.block_async_on_one_record"),
+                          (close_job, "usercodejobs.SlowCloseSink.close"),
+                          (state_job, "usercodejobs.BlockingAsyncCount.process"),
+                          (state_job, "usercodejobs.block_before_async_on_one_record")):
+        line = "time.sleep(SHORT_BLOCK_S)"
         assert f"user call {function}" in worker_logs, function
         entries = [e for e in _exceptions(cluster, job) if function in e["cause"]]
         assert len(entries) == 1 and entries[0]["outcome"] == "reported", entries
@@ -290,7 +330,7 @@ def test_os_exit_ends_its_worker_and_the_job_recovers_on_the_other(shared: Clust
     assert end["state"] == "FINISHED" and end["restarts"] == 1, (end, logs(cluster))
     rows, _ = committed_rows(cluster.tmp_path / "killing")
     assert rows == {str(seq): 1 for seq in range(1000)}  # exactly once across the lost worker
-    cluster.start_worker("--slow-call", "3s", worker_id=str(gone.fields["id"]))  # for the tests after this one
+    cluster.start_worker(*WORKER_ARGS, worker_id=str(gone.fields["id"]))  # for the tests after this one
     cluster.wait_workers(2)
 
 
