@@ -2,9 +2,9 @@
 
 `AsyncIOOperator` drives the pure queue of runtime/execution/async_io_queue.py. The chain hands it lists of
 records (`feed`); they wait in an admission queue and enter the ordering queue while it has room. Each admitted
-record's call runs as an asyncio task on the worker's loop, with its timeout and retries, and awaits the
-function's coroutine on the task's own loop (runtime/execution/user_loop.py: a blocking call there stalls only
-this operator's calls, never the worker); a finished call
+record's call runs as an asyncio task, with its timeout and retries, on the loop the operator lives on: with
+the rest of its task's chain, the task's own (runtime/execution/user_loop.py), so a blocking call there stalls
+only that task, never the worker; a finished call
 reports its result to the queue, and what may leave then goes into the rest of the chain in one list, soon
 after (`call_soon`), never inside the chain's own call. The task sees a non-empty admission queue (`backlog`)
 and takes no input until it empties, serving its mailbox meanwhile: at `capacity` calls the upstream channels

@@ -160,10 +160,9 @@ class AsyncEventTimers:
 
 
 class AsyncOperator:
-    # Its coroutines stay on the worker's loop by default: each state request of a coroutine on a user loop crosses
-    # between the loops twice, and that halved the async keyed count (bench_state.py --parts cluster, memory
-    # backend: 19-21 k records/s on a user loop against 42-58 k on the worker's loop, alternating). A blocking call
-    # in an AsyncKeyedProcessFunction therefore still stalls its worker (README, "User code").
+    # Not `use_loop`: each state request of a coroutine on another loop than the operator's crosses between the
+    # loops twice, and that halved the async keyed count (bench_state.py --parts cluster, memory backend: 19-21 k
+    # records/s against 42-58 k, alternating). A task runs the whole operator on its own loop instead (`run_on`).
     USER_LOOP = False
 
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, settings: AsyncStateSettings, *,

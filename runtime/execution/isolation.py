@@ -19,10 +19,13 @@ The hand-off (a thread wake-up, the GIL, a loop wake-up) is paid once per run, n
 hand-off of the first version cost half the keyed count's throughput, a run a tenth to a fifth in CPU per
 record on a loaded machine (docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
 
-- `thread` (the default; `auto` is the same): every task on its thread, but one whose chain has an
-  asynchronous operator (async state, async_map): its operator awaits on the loop, so its runs are made
-  there, and its user coroutines (the async_map function, the AsyncKeyedProcessFunction's open, process and
-  on_timer) run on a private event loop on a thread of the task's own (runtime/execution/user_loop.py). Every
+- `thread` (the default; `auto` is the same): every task on its thread; one whose chain has an asynchronous
+  operator (async state, async_map) on an event loop on a thread of its own (runtime/execution/user_loop.py),
+  since its operator awaits: the whole chain lives there, the operator, its state round trips and the user
+  coroutines (the async_map function, the AsyncKeyedProcessFunction's open, process and on_timer) included, so
+  nothing crosses threads per record or per state request. Its runs are handed over as to a thread; it emits
+  as records finish, so its cut buffers are handed over as they come (`HandOff`), and the loop is parked
+  while the task's mailbox, snapshots or flushes touch the chain (UserLoop.exclusive). Every
   task's `close()` calls at its end (the chain's functions and sinks, the source) run on its thread too, within
   the worker's task cancel timeout (past it the worker fails, as for a cancelled call that never returns);
 - `inline`: every task on the loop (the old behaviour: a user call that blocks stops the worker).

@@ -10,9 +10,10 @@ at its limit), and flushes its outputs periodically. So a backpressured task sti
 within one chunk's time, and never starts a chunk it has no output buffer for (a started chunk may overdraw
 its buffer; the queue limit is soft by one chunk).
 
-A task whose chain blocks (runtime/execution/isolation.py) makes its runs on a thread of its own and awaits
-each one (`_offload`): everything between the runs (mailbox, snapshots, credit, waiting for output) stays
-here on the event loop, in the same order as inline.
+A task makes its runs on a thread of its own (runtime/execution/isolation.py) and awaits each one
+(`_offload`): everything between the runs (mailbox, snapshots, credit, waiting for output) stays here on the
+event loop, in the same order as inline. A task with an asynchronous operator runs its chain on a loop of its
+own (`_start_user_loop`) and parks it while it touches the chain between runs (`exclusive`).
 """
 
 from __future__ import annotations
@@ -306,8 +307,10 @@ class Task:
             ended_before = finished_before or (self.restore is not None and self.restore.ended)
             if ended_before:  # before the task can finish or acknowledge anything (the table sinks' committer)
                 await self.call(self.chain.restored_at_end, finished_before)
-            await self._on_chain_loop(self.chain.open_async())
+            # restored output channel state first: records the asynchronous operator replays may finish (on the
+            # task's own loop) as soon as it is open
             await self.exclusive(self._restore_outputs)
+            await self._on_chain_loop(self.chain.open_async())
             if self.driver is not None:
                 if not ended_before:  # a source at its end must not emit again
                     await self.driver.run()

@@ -2,16 +2,19 @@
 
 The worker's event loop runs every task's mailbox, the data links, credit, RPC and heartbeats. An `async def`
 user function (an async_map function, an AsyncKeyedProcessFunction) that blocks inside (a `time.sleep`, a
-synchronous client) would stop all of them if it ran there. So a task with an asynchronous operator runs its
-user coroutines on a `UserLoop`: a private asyncio loop on a thread named after the task (like the
-`TaskThread` of runtime/execution/isolation.py), while the operator itself (admission, ordering, the
-controller, snapshots) stays on the worker's loop, so its checkpoint semantics do not change.
+synchronous client), or a plain function chained with it, would stop all of them if it ran there. So a task
+with an asynchronous operator runs its whole chain, the operator included, on a `UserLoop`: a private asyncio
+loop on a thread named after the task (like the `TaskThread` of runtime/execution/isolation.py).
 
 - `run(coroutine)`, awaited on the worker's loop, runs the coroutine as a task on the user loop and returns
   its result (or raises its exception). Cancelling the awaiting task (a timeout, the task ending) cancels the
-  user task too; a user task cancelled by its own code cancels the awaiting one.
+  user task too; a user task cancelled by its own code cancels the awaiting one. `call(fn, *args)` does the
+  same for a plain function (a run of the chain).
+- `exclusive(fn, *args)`, awaited on the worker's loop, parks the user loop (a callback there waits) and runs
+  `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain.
 - `call_home(fn, *args)`, awaited on the user loop, runs `fn(*args)` on the worker's loop and awaits the
-  asyncio future it returns there: how user code reaches what lives on the worker's loop (asynchronous state).
+  asyncio future it returns there (an operator left on the worker's loop; unused by tasks: every request
+  would cross the loops, see AsyncOperator.USER_LOOP).
 - A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
   not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
   the function on its thread's stack.

@@ -92,7 +92,7 @@ class WorkerCollector(Collector):
                 io.add(values, op)
                 st.async_in_flight = None
             connectors.add(values, task_figures(getattr(task, "source", None), task.chain.sinks))
-            isolated.add_metric(values, 1.0 if task.isolation.isolated else 0.0)
+            isolated.add_metric(values, 1.0 if task.isolation.isolated or task.isolation.user_loop else 0.0)
             slow.add_metric(values, st.slow_user_calls)
             rin.add_metric(values, st.records_in)
             wm_in.add_metric(values, st.watermarks_in)

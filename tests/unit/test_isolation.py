@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from netstack.credit import ChannelSender
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.execution.channels import OutputGate, Subpartition, split_records
-from runtime.execution.isolation import IsolationPolicy, TaskThread, mode_from_env
+from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
@@ -24,8 +24,10 @@ def test_modes() -> None:
     assert IsolationPolicy("thread", asynchronous=False).isolated
     assert IsolationPolicy("auto", asynchronous=False).isolated  # the old default's name: the same as thread
     assert not IsolationPolicy("inline", asynchronous=False).isolated
-    # an asynchronous operator needs the loop, whatever the mode
+    # an asynchronous operator: the task's own loop instead of its thread (inline: the worker's loop)
     assert not IsolationPolicy("thread", asynchronous=True).isolated
+    assert IsolationPolicy("thread", asynchronous=True).user_loop
+    assert not IsolationPolicy("inline", asynchronous=True).user_loop
     with pytest.raises(ValueError):
         IsolationPolicy("threads", asynchronous=False)
     assert mode_from_env({}) == "thread"
@@ -204,6 +206,98 @@ def test_a_blocking_sink_does_not_hold_up_the_loop(sink: str) -> None:
     assert slow.records_in > 0
     # inline, the loop is held ~0.5 s per batch; on a loaded machine the scheduler alone can add a few 100 ms
     assert lag < 0.35, f"the event loop was {lag * 1000:.0f} ms late"
+
+
+def test_a_task_loop_hands_over_what_it_cuts_in_order_on_the_home_loop() -> None:
+    """HandOff: buffers a task's own loop cuts from another thread are queued on the home loop, in cut order,
+    one posted hand-over for those cut before it runs; `handed_n` counts them for the would-block estimate."""
+
+    async def main() -> None:
+        home = asyncio.get_running_loop()
+        sub = Subpartition(ChannelSender(1), limit=1000, capacity=64)
+        hand_off = HandOff(home)
+        delivered = 0
+        all_in = asyncio.Event()
+
+        def counted() -> None:
+            nonlocal delivered
+            delivered += 1
+            if sub.handed_n == sum(map(len, packed)) // 64:  # every buffer the records filled
+                all_in.set()
+
+        hand_off.on_delivered = counted
+        sub.deferred = hand_off
+        packed = [msgpack.packb(bytes([i]) * 70) for i in range(40)]
+        thread_ident: list[int] = []
+
+        def cut_on_another_thread() -> None:
+            thread_ident.append(threading.get_ident())
+            for data in packed:
+                sub.append(data)
+
+        await asyncio.to_thread(cut_on_another_thread)
+        await asyncio.wait_for(all_in.wait(), 10)
+        assert thread_ident[0] != threading.get_ident()
+        assert sub.handed_n == sub.deferred_n == sub.sender.queued_buffers > 0
+        assert 1 <= delivered <= sub.deferred_n and not hand_off
+        sub.deferred = None
+        sub.flush()
+        out = []
+        sub.sender.add_credit(1000)
+        while (item := sub.sender.pop_sendable()) is not None:
+            out.append(item.buffer.data)  # type: ignore[union-attr]
+        assert split_records(b"".join(out)) == packed
+
+    asyncio.run(main())
+
+
+def _async_task(mode: str) -> Task:
+    """source -> a map that blocks 0.6 s on one record -> async_map -> discard, in one task."""
+
+    def blocks_once(record: tuple[int, int]) -> int:
+        if record[1] == 50:
+            time.sleep(0.6)  # a synchronous client, chained in the same task as an asynchronous operator
+        return record[1]
+
+    async def passed_on(value: int) -> int:
+        return value
+
+    job = Job()
+    (job.source(GeneratorSource(count=2000, keys=10, seed=1)).map(blocks_once).async_map(passed_on, timeout_s=30)
+        .sink(DiscardSink()))
+    return _task(job, [0, 1, 2, 3], mode)
+
+
+async def _lag_beside(task: Task) -> tuple[float, float]:
+    """The longest the event loop was late for a 5 ms timer while `task` ran to its end, and how long it ran."""
+    lag = 0.0
+
+    async def ticker() -> None:
+        nonlocal lag
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.005)
+            lag = max(lag, time.monotonic() - t0 - 0.005)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)  # ticking before the task's first run
+    started = time.monotonic()
+    await task.run()
+    ticking.cancel()
+    return lag, time.monotonic() - started
+
+
+def test_a_blocking_map_chained_with_an_async_map_does_not_hold_up_the_loop() -> None:
+    """A task with an asynchronous operator runs its whole chain on its own loop: the map's 0.6 s call delays
+    only that task (inline, the event loop waited for it)."""
+    task = _async_task("thread")
+    lag, took = asyncio.run(_lag_beside(task))
+    assert task.isolation.user_loop and task.records_in == 2000 and task.chain.records_out == 2000
+    assert took >= 0.6  # it did block
+    assert lag < 0.35, f"the event loop was {lag * 1000:.0f} ms late"
+    inline = _async_task("inline")
+    lag, _ = asyncio.run(_lag_beside(inline))
+    assert lag >= 0.55 and inline.chain.records_out == 2000
 
 
 def test_buffers_cut_on_the_thread_say_when_they_will_fill_the_queue() -> None:

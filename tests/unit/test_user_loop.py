@@ -1,10 +1,12 @@
 """A task's user loop (runtime/execution/user_loop.py): user coroutines on a loop and thread of their own, their
 results, errors and cancellation carried back to the awaiting loop, a blocking call that stalls only that loop,
-state requests carried home, and a stop that gives up on a loop user code holds."""
+plain runs, the park that lets the caller touch what lives there, state requests carried home, and a stop that
+gives up on a loop user code holds."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -113,6 +115,62 @@ async def test_call_home_runs_on_the_callers_loop_and_settles_there(user: UserLo
 
     assert await user.run(user_code()) == (42, "no state 7")
     assert seen == [True]
+
+
+async def test_exclusive_parks_the_user_loop_while_its_function_runs_here(user: UserLoop) -> None:
+    """A task's mailbox and snapshots touch its chain while its loop is parked: nothing runs there meanwhile,
+    and a loop held by a blocking call delays the park, never the caller's loop."""
+    steps = 0
+    stop, stepping = threading.Event(), threading.Event()
+
+    async def busy() -> None:  # a record's coroutine that steps all the time
+        nonlocal steps
+        while not stop.is_set():
+            steps += 1
+            if steps == 100:
+                stepping.set()
+            await asyncio.sleep(0)
+
+    running = asyncio.ensure_future(user.run(busy()))
+    assert await asyncio.to_thread(stepping.wait, 10.0)
+    home_thread = threading.get_ident()
+
+    def snapshot() -> tuple[int, int, bool]:
+        before = steps
+        time.sleep(0.05)  # the user loop would step thousands of times meanwhile
+        return before, steps, threading.get_ident() == home_thread
+
+    before, after, here = await user.exclusive(snapshot)
+    assert before == after and here
+    release, started = threading.Event(), threading.Event()
+
+    def blocking() -> bool:  # a run blocking on the user loop
+        started.set()
+        return release.wait(10.0)
+
+    blocked = asyncio.ensure_future(user.call(blocking))
+    assert await asyncio.to_thread(started.wait, 10.0)
+    parked = asyncio.ensure_future(user.exclusive(lambda: "parked"))
+    ticks = 0
+    for _ in range(5):  # the caller's loop runs on while the park waits for the blocking call
+        await asyncio.sleep(TICK_S / 2)
+        ticks += 1
+    assert ticks == 5 and not parked.done()
+    release.set()
+    assert await asyncio.wait_for(blocked, 10.0) is True
+    assert await asyncio.wait_for(parked, 10.0) == "parked"
+    stop.set()
+    await asyncio.wait_for(running, 10.0)
+
+
+async def test_a_run_is_a_plain_call_on_the_user_loop(user: UserLoop) -> None:
+    def where(tag: str) -> tuple[str, str]:
+        asyncio.get_running_loop()  # a run may start asyncio tasks there (an operator's records)
+        return tag, threading.current_thread().name
+
+    assert await user.call(where, "run") == ("run", "test user loop")
+    with pytest.raises(UserCodeExit):
+        await user.call(sys.exit, 3)
 
 
 async def test_stop_cancels_what_runs_and_gives_up_on_a_blocked_loop() -> None:
