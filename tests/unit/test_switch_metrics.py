@@ -31,7 +31,7 @@ def scrape(h: BarrierHandler) -> dict[str, float]:
                         channels_switched=cp.channels_switched, switches_refused=cp.switches_refused)
     task = SimpleNamespace(statistics=lambda: st, key=SimpleNamespace(operator="map", subtask=0),
                            chain=SimpleNamespace(async_operator=None, sinks=[]), source=None,
-                           isolation=SimpleNamespace(isolated=False), state="RUNNING")
+                           isolation=SimpleNamespace(isolated=False, user_loop=False), state="RUNNING")
     net = SimpleNamespace(outbound_channels=lambda: [], links={})
     worker = SimpleNamespace(all_tasks=lambda: [("j", task)], network=net, config=SimpleNamespace(slots=1))
     registry = CollectorRegistry()
