@@ -66,7 +66,7 @@ class OutputGate:
 
 class Subpartition:
     __slots__ = ("sender", "link", "limit", "capacity", "buf", "first", "gate", "full", "bytes_out", "buffers_out",
-                 "continued", "key", "end_event", "deferred", "deferred_n", "handed_n")
+                 "continued", "key", "end_event", "deferred", "deferred_n", "handed_n", "wanted_capacity")
 
     def __init__(self, sender: ChannelSender, *, limit: int, capacity: int) -> None:
         self.sender = sender
@@ -88,6 +88,7 @@ class Subpartition:
         self.deferred_n = 0  # of them, this subpartition's
         # of those, handed over since (a task's loop hands them over while it runs: each count has one writer)
         self.handed_n = 0
+        self.wanted_capacity = 0  # a size the worker's buffer sizing chose while the builder was busy (0: none)
 
     def append(self, data: bytes) -> None:
         buf = self.buf

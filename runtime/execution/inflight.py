@@ -128,8 +128,11 @@ class InflightBound:
     def adjust(self, now: float) -> None:
         for sub, estimate in self.channels:
             rate = estimate.sample(sub.bytes_out, now)
-            if sub.deferred is not None:  # its task's thread is writing into it: resize at the next period
+            if sub.deferred is not None:  # its task's thread is writing into it: the task resizes it (Task._tick)
+                sub.wanted_capacity = buffer_size_for(rate, self.target_s, self.buffers_in_path,
+                                                      max_bytes=self.max_bytes, min_bytes=self.min_bytes)
                 continue
+            sub.wanted_capacity = 0
             resize(sub, buffer_size_for(rate, self.target_s, self.buffers_in_path, max_bytes=self.max_bytes,
                                         min_bytes=self.min_bytes))
 

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
+from runtime.execution.inflight import resize
 from runtime.execution.input_processor import InputProcessor
 from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, task_thread_name
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
@@ -297,10 +298,10 @@ class Task:
         self.times.start(time.monotonic())
         self.state = TaskState.RUNNING
         self._home = asyncio.get_running_loop()
-        if self.isolation.user_loop:
-            self._start_user_loop()
         flusher = asyncio.create_task(self._flush_periodically())
         try:
+            if self.isolation.user_loop:
+                self._start_user_loop()
             self._restore_operator_state()
             await self.call(self.chain.open)  # user code: it may block too
             finished_before = self.restore is not None and self.restore.finished
@@ -429,6 +430,9 @@ class Task:
     def _tick(self) -> None:
         """The periodic work on the task's outputs and timers (never while a call is on the task's thread)."""
         for sub in self.subpartitions:
+            if sub.wanted_capacity:  # the worker's buffer sizing found its builder busy (InflightBound.adjust)
+                resize(sub, sub.wanted_capacity)
+                sub.wanted_capacity = 0
             if sub.buf:
                 sub.flush()
         if self.checkpoints is not None:
