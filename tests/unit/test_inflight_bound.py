@@ -133,6 +133,22 @@ def test_bound_shrinks_a_slow_channel_and_leaves_a_fast_one() -> None:
     assert fast.capacity == 32768
 
 
+def test_a_busy_builder_is_left_the_size_its_task_applies() -> None:
+    """A task's own loop writes the builder whenever it runs (`deferred` set): the bound does not touch it but
+    leaves the size it chose for the task's next tick, which applies it between records."""
+    sub = Subpartition(ChannelSender(1), limit=64, capacity=32768)
+    bound = InflightBound([sub], target_s=1.0, buffers_in_path=74, max_bytes=32768)
+    bound.adjust(0.0)
+    sub.deferred = []
+    sub.bytes_out += 310_000
+    bound.adjust(1.0)
+    assert (sub.capacity, sub.wanted_capacity) == (1024, 4189)
+    sub.deferred = None
+    sub.bytes_out += 310_000
+    bound.adjust(2.0)
+    assert (sub.capacity, sub.wanted_capacity) == (4189, 0)
+
+
 def test_inflight_target_parsing() -> None:
     assert parse_inflight_target("500ms") == 0.5
     assert parse_inflight_target(2) == 2.0
