@@ -603,10 +603,13 @@ class Task:
         """Serve the mailbox; with a drain-mode asynchronous operator, first wait until nothing is in flight
         when a message may take a snapshot (a barrier, a checkpoint trigger or deadline): Flink's drain."""
         op = self._async_op
-        if op is not None and op.drain and not op.quiet() and any(_may_snapshot(m) for m in self.mailbox):
-            await self.quiesce()
-        await self.exclusive(self._serve_mailbox)
-        await self._timers_on_thread()
+        while True:
+            if op is not None and op.drain and not op.quiet() and any(_may_snapshot(m) for m in self.mailbox):
+                await self.quiesce()
+            served = await self.exclusive(self._serve_mailbox)
+            await self._timers_on_thread()
+            if served:
+                return
 
     async def quiesce(self) -> None:
         """Wait until the asynchronous operator has nothing queued or in flight (drain checkpoints). The
@@ -659,9 +662,16 @@ class Task:
         except RuntimeError:  # the worker's loop closed: nobody waits
             pass
 
-    def _serve_mailbox(self) -> None:
+    def _serve_mailbox(self) -> bool:
+        """Serve the mailbox; False when it stopped before a message that may snapshot while a drain-mode
+        asynchronous operator has records in flight (it came while a chain on its own loop was being parked,
+        after `serve_mail` found none): it waits for `quiesce`."""
+        op = self._async_op
         while self.mailbox:
-            message = self.mailbox.popleft()
+            message = self.mailbox[0]
+            if op is not None and op.drain and _may_snapshot(message) and not op.quiet():
+                return False
+            self.mailbox.popleft()
             if isinstance(message, Mail):
                 message.run()
             elif isinstance(message, PriorityEvent):
@@ -671,6 +681,7 @@ class Task:
                 self.on_probe_complete(self, message.probe_id, overtaken, 0)
             elif isinstance(message, Cancel):
                 raise TaskCancelled(self.task_id)
+        return True
 
     def _forward_priority(self, ev: Event) -> int:
         """Send `ev` ahead of all queued data on every output; returns how many buffers it overtook."""
