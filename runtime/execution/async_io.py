@@ -68,9 +68,6 @@ class AsyncIOFailed(RuntimeError):
 
 class AsyncIOOperator:
     drain = False  # always capture: a checkpoint never waits for calls in flight
-    # its calls run on a loop of the task's own (runtime/execution/user_loop.py): a call is I/O-bound, so the
-    # hand-over costs little beside it, and a blocking one stalls only this task
-    USER_LOOP = True
 
     def __init__(self, spec: AsyncMap, *, node_id: int, name: str, key_fn: Callable[[Any], Any] | None,
                  subtask_index: int, parallelism: int, max_parallelism: int, timed: bool,

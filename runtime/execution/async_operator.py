@@ -163,7 +163,6 @@ class AsyncOperator:
     # Not `use_loop`: each state request of a coroutine on another loop than the operator's crosses between the
     # loops twice, and that halved the async keyed count (bench_state.py --parts cluster, memory backend: 19-21 k
     # records/s against 42-58 k, alternating). A task runs the whole operator on its own loop instead (`run_on`).
-    USER_LOOP = False
 
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, settings: AsyncStateSettings, *,
                  node_id: int, name: str, key_fn: Callable[[Any], Any], subtask_index: int, parallelism: int,

@@ -14,7 +14,7 @@ loop on a thread named after the task (like the `TaskThread` of runtime/executio
   `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain.
 - `call_home(fn, *args)`, awaited on the user loop, runs `fn(*args)` on the worker's loop and awaits the
   asyncio future it returns there (an operator left on the worker's loop; unused by tasks: every request
-  would cross the loops, see AsyncOperator.USER_LOOP).
+  would cross the loops, see AsyncOperator.use_loop).
 - A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
   not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
   the function on its thread's stack.
