@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
+from runtime.execution import ticks
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
 from runtime.execution.inflight import resize
 from runtime.execution.input_processor import InputProcessor
@@ -233,6 +234,7 @@ class Task:
         self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
         self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
         self._tick_due = False  # the periodic flush came during a call: it runs when the call returns
+        self._parked_tick: asyncio.Future[None] | None = None  # a chain on its own loop: the tick parking it
         self._processing_timers_due = False  # an isolated task's processing-time timers wait for its thread
         self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
@@ -298,7 +300,7 @@ class Task:
         self.times.start(time.monotonic())
         self.state = TaskState.RUNNING
         self._home = asyncio.get_running_loop()
-        flusher = asyncio.create_task(self._flush_periodically())
+        stop_ticks = ticks.every(self.flush_timeout_s, self._on_flush_tick)
         try:
             if self.isolation.user_loop:
                 self._start_user_loop()
@@ -342,7 +344,9 @@ class Task:
             raise
         finally:
             self.times.finish(time.monotonic())
-            flusher.cancel()
+            stop_ticks()
+            if self._parked_tick is not None:
+                self._parked_tick.cancel()  # its park may wait for a user call that will not return
             await self._close()
 
     def _end_outputs(self) -> None:
@@ -416,16 +420,24 @@ class Task:
         log.error("task %s: user code did not return in time while %s", self.task_id, doing)
         self.on_stuck(self)
 
-    async def _flush_periodically(self) -> None:
-        # bounds latency: a partly filled buffer waits at most flush_timeout_s
-        while True:
-            await asyncio.sleep(self.flush_timeout_s)
-            if self._user_loop is not None:
-                await self.exclusive(self._tick)  # its chain writes the builders whenever its loop runs
-            elif self._on_thread:
-                self._tick_due = True  # the thread writes the builders now: the tick runs when its call returns
-            else:
-                self._tick()
+    def _on_flush_tick(self) -> None:
+        # bounds latency: a partly filled buffer waits at most flush_timeout_s (on the worker's timer for that
+        # period, runtime/execution/ticks.py)
+        if self._user_loop is not None:
+            # its chain writes the builders whenever its loop runs: the tick parks it (one at a time; a tick that
+            # finds the last one still waiting, behind a long user call, is the same tick)
+            if self._parked_tick is None or self._parked_tick.done():
+                self._parked_tick = asyncio.ensure_future(self._tick_parked())
+        elif self._on_thread:
+            self._tick_due = True  # the thread writes the builders now: the tick runs when its call returns
+        else:
+            self._tick()
+
+    async def _tick_parked(self) -> None:
+        try:
+            await self.exclusive(self._tick)
+        except Exception:  # as the shared timer does for a tick that fails: the others go on
+            log.exception("task %s: a periodic tick failed", self.task_id)
 
     def _tick(self) -> None:
         """The periodic work on the task's outputs and timers (never while a call is on the task's thread)."""
