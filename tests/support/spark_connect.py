@@ -5,7 +5,8 @@ PySpark ships the server (jars/spark-connect_*.jar) and its launcher. The server
 JVM, so the PID we started is the JVM's), not through sbin/start-connect-server.sh, which daemonizes it and
 leaves a PID file to go stale. It binds 127.0.0.1 on port 0 and logs the port it bound in its readiness line,
 "Spark Connect server started at: [::]:PORT" (its logger is turned up to INFO for that line only); it is
-stopped terminate -> wait -> kill. Its scratch space, warehouse and working directory are one directory the
+stopped terminate -> wait -> kill. Its JVM compiles with C1 only (-XX:TieredStopAtLevel=1), which the tests'
+small queries cost less CPU with. Its scratch space, warehouse and working directory are one directory the
 caller owns, so it writes nothing into the repository.
 """
 
@@ -83,7 +84,10 @@ class SparkConnectServer:
             "--conf", f"spark.local.dir={work_dir / 'local'}",
             "--conf", f"spark.sql.warehouse.dir={work_dir / 'warehouse'}",
             "--conf", "spark.sql.shuffle.partitions=2",
-            "--driver-java-options", f"-Dlog4j2.configurationFile=file:{log_config} -Dderby.system.home={work_dir}",
+            # C1 only: the tests' queries are small, and C2's compiler threads cost more CPU than they save
+            # (on two busy cores: 85 CPU-s for the Spark Connect tests with it, 94 to 106 without; docs/BENCHMARKS.md)
+            "--driver-java-options", f"-Dlog4j2.configurationFile=file:{log_config} -Dderby.system.home={work_dir} "
+                                      "-XX:TieredStopAtLevel=1",
         ]
         self._started = time.monotonic()
         self.start_s = 0.0
