@@ -21,7 +21,8 @@ ceil(tasks / --slots) workers) and measures:
 - the load average before and after, and the resident memory of the coordinator and of all workers.
 
 With --profile DIR, py-spy records the coordinator (collapsed stacks, `<tasks>-deploy.txt` over the deployment
-and `<tasks>-checkpoints.txt` over the checkpoints), and the first worker likewise (`<tasks>-worker-...`).
+and `<tasks>-checkpoints.txt` over the checkpoints), and the first worker likewise (`<tasks>-worker-...`,
+and `<tasks>-worker-idle.txt` over the idle measurement).
 
 Every process is stopped by PID (terminate -> wait -> kill) in a finally.
 
@@ -225,7 +226,9 @@ async def measure(tasks: int, slots: int, checkpoints: int, idle_s: float, buffe
         # subtracted: at 1,000 tasks a checkpoint lasts seconds, so the heartbeats' share is most of its CPU)
         await asyncio.sleep(2.0)
         worker_pids = [w.pid for w in cluster.worker_procs]
+        worker_profiler.start(f"{tasks}-worker-idle.txt")
         idle_before, workers_idle = await idle_rate(coordinator_pid, idle_s, worker_pids)
+        worker_profiler.stop()
 
         durations: list[float] = []
         cycles: list[float] = []

@@ -120,7 +120,13 @@ class GeneratorSource(Source):
                 return out
 
     def idle_wait_s(self) -> float:
-        return 0.005
+        if self._rate is None:
+            return 0.005
+        # a throttled source sleeps until its next record is due, not 5 ms: each look is a hand-off to the task's
+        # thread, and at 2 records/s polling every 5 ms was most of an idle worker's CPU (docs/BENCHMARKS.md,
+        # Scale); mail (a checkpoint) wakes the task earlier, and a second bounds the wait
+        due_at = self._started + (self._emitted + 1) / self._rate
+        return min(1.0, max(0.005, due_at - time.monotonic()))
 
     def position(self) -> Any:
         lanes = self._lanes.lanes

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
+from runtime.execution import ticks
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
 from runtime.execution.input_processor import InputProcessor
 from runtime.execution.isolation import IsolationPolicy, TaskThread, task_thread_name
@@ -291,7 +292,7 @@ class Task:
     async def run(self) -> None:
         self.times.start(time.monotonic())
         self.state = TaskState.RUNNING
-        flusher = asyncio.create_task(self._flush_periodically())
+        stop_ticks = ticks.every(self.flush_timeout_s, self._on_flush_tick)
         try:
             self._restore_operator_state()
             await self.call(self.chain.open)  # user code: it may block too
@@ -339,7 +340,7 @@ class Task:
             raise
         finally:
             self.times.finish(time.monotonic())
-            flusher.cancel()
+            stop_ticks()
             await self._close()
 
     async def _close(self) -> None:
@@ -405,14 +406,13 @@ class Task:
         log.error("task %s: user code did not return in time while %s", self.task_id, doing)
         self.on_stuck(self)
 
-    async def _flush_periodically(self) -> None:
-        # bounds latency: a partly filled buffer waits at most flush_timeout_s
-        while True:
-            await asyncio.sleep(self.flush_timeout_s)
-            if self._on_thread:
-                self._tick_due = True  # the thread writes the builders now: the tick runs when its call returns
-            else:
-                self._tick()
+    def _on_flush_tick(self) -> None:
+        # bounds latency: a partly filled buffer waits at most flush_timeout_s (on the worker's timer for that
+        # period, runtime/execution/ticks.py)
+        if self._on_thread:
+            self._tick_due = True  # the thread writes the builders now: the tick runs when its call returns
+        else:
+            self._tick()
 
     def _tick(self) -> None:
         """The periodic work on the task's outputs and timers (never while a call is on the task's thread)."""

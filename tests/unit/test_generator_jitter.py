@@ -56,3 +56,21 @@ def test_jitter_reaches_both_ends_and_does_not_depend_on_parallelism() -> None:
 def test_bad_jitter_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="jitter_ms must be an integer >= 0"):
         GeneratorSource(count=10, jitter_ms=bad)  # type: ignore[arg-type]
+
+
+def test_a_throttled_generator_waits_until_its_next_record_is_due() -> None:
+    # 4 records/s over 2 subtasks: 2 a second each, the first due 0.5 s after the start
+    source = GeneratorSource(count=None, keys=5, seed=1, records_per_second=4.0)
+    source.open(0, 2)
+    assert 0.3 < source.idle_wait_s() <= 0.5 and source.read_batch(10) == []
+    source._started -= 0.5  # half a second later
+    assert len(source.read_batch(10) or []) == 1
+    assert 0.3 < source.idle_wait_s() <= 0.5  # the second one half a second after the first
+    source._started -= 2.0  # late: four records are due at once, no wait
+    assert source.idle_wait_s() == 0.005 and len(source.read_batch(10) or []) == 4
+    slow = GeneratorSource(count=None, keys=5, seed=1, records_per_second=0.1)
+    slow.open(0, 1)
+    assert slow.idle_wait_s() == 1.0  # the first in 10 s: a second at most, then it looks again
+    unthrottled = GeneratorSource(count=10, keys=5)
+    unthrottled.open(0, 1)
+    assert unthrottled.idle_wait_s() == 0.005
