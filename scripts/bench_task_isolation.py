@@ -3,7 +3,7 @@
 
 A source task (GeneratorSource -> hash writer into 2 subpartitions of 32 KiB buffers, 4 buffers a channel)
 and two count tasks (keyed Count -> DiscardSink), joined by LocalLinks with the worker's credits, all on one
-event loop with the worker's GIL switch interval (0.5 ms): the real Task, InputProcessor and SourceDriver,
+event loop with the worker's GIL switch interval (5 ms): the real Task, InputProcessor and SourceDriver,
 without the network. Each repetition runs the same records with every task inline on the loop
 (`SLUICE_TASK_ISOLATION=inline`, the old default for cheap chains) and with every task on its thread (the
 default), alternating; CPU time is the process's (both threads), so the figure holds on a busy machine
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each mode, alternating (default 5)")
     args = parser.parse_args(argv)
-    sys.setswitchinterval(0.0005)  # the worker's (runtime/worker/worker.py run_worker)
+    sys.setswitchinterval(0.005)  # the worker's (runtime/worker/worker.py run_worker)
     try:
         import uvloop
         uvloop.install()

@@ -603,9 +603,13 @@ def coordinator_unavailable(exc: NetstackError) -> bool:
 
 
 async def run_worker(config: WorkerConfig) -> None:
-    # The checkpoint writer thread competes with the event loop for the GIL; with the default 5 ms switch
-    # interval, a checkpoint's few writes could wait up to a second behind a busy task. 0.5 ms keeps them quick.
-    sys.setswitchinterval(float(os.environ.get("SLUICE_GIL_SWITCH_S", "0.0005")))
+    # CPython's 5 ms switch interval, said explicitly (SLUICE_GIL_SWITCH_S overrides it). Before tasks ran on
+    # threads, the loop ran the records and held the GIL for long stretches, and a checkpoint writer's few
+    # writes waited up to a second behind it: workers used 0.5 ms. Now a task's run (about 2 ms) ends by
+    # releasing the GIL, so a 5 ms wait rarely has to force a switch, while at 0.5 ms the loop forced one for
+    # each buffer or credit it took from the network during a run: 30 % more CPU per record on the keyed
+    # count, no faster checkpoints (docs/BENCHMARKS.md, User code off the event loop).
+    sys.setswitchinterval(float(os.environ.get("SLUICE_GIL_SWITCH_S", "0.005")))
     if config.memory_limit_bytes:
         # the whole process's address space: a function that leaks gets MemoryError in its task before the
         # machine runs out (the task fails and restarts; what it leaked stays in the worker, see README)
