@@ -45,8 +45,21 @@ JOBS = {"keyed": "runtime.examples.windowcount:build_bench_keyed",
         "sliding": "runtime.examples.windowcount:build_bench_sliding"}
 
 
+def workers_cpu_s(cluster: LocalCluster) -> float:
+    """The worker processes' CPU time so far (user + system, from /proc): with the records, CPU per record,
+    which a busy machine moves far less than records/s."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for w in cluster.worker_procs:
+        with open(f"/proc/{w.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str, Any]:
     await cluster.wait_workers()
+    cpu0 = workers_cpu_s(cluster)
     summary = await run_job_on_cluster(cluster, entry, config={}, name="bench-windows", progress=None,
                                        timeout_s=timeout_s)
     if summary["state"] != "FINISHED":
@@ -59,8 +72,12 @@ async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str,
         await asyncio.sleep(0.2)
         summary = await cluster.call("status", {"job_id": summary["job_id"]})
     wall_s = max(t["busy_s"] + t["idle_s"] + t["backpressured_s"] for t in summary["tasks"])
+    if os.environ.get("SLUICE_BENCH_TASK_TIMES"):
+        for t in summary["tasks"]:
+            print(f"  {t['name'][:30]:>30} busy {t['busy_s']:.2f} idle {t['idle_s']:.2f} "
+                  f"backpressured {t['backpressured_s']:.2f}", flush=True)
     out = sum(t["records_out"] for t in summary["tasks"] if "Discard" in t["name"])
-    return {"wall_s": wall_s, "rows_out": out}
+    return {"wall_s": wall_s, "rows_out": out, "cpu_s": workers_cpu_s(cluster) - cpu0}
 
 
 def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: str = "10") -> dict[str, Any]:
@@ -79,6 +96,7 @@ def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: s
         cluster.start()
         result = asyncio.run(_run(cluster, entry, timeout_s))
     result["records_per_s"] = records / result["wall_s"]
+    result["cpu_us_per_record"] = result["cpu_s"] / records * 1e6
     return result
 
 
@@ -139,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             runs[name].append(r)
             if not args.json:
                 rows = "" if r["rows_out"] is None else f", {r['rows_out']:,} rows out"
+                if "cpu_us_per_record" in r:
+                    rows += f", workers' CPU {r['cpu_us_per_record']:.2f} us per record"
+                rows += f", load {os.getloadavg()[0]:.1f}"
                 print(f"{name:>13}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows})", flush=True)
     medians = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
     slowest = {n: min(r["records_per_s"] for r in rs) for n, rs in runs.items()}

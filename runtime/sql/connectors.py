@@ -343,12 +343,18 @@ def _with_metadata(base: Callable[[Any], tuple[Any, ...]],
 
 
 def _json_object(names: list[str], readers: list[Callable[[Any], Any]]) -> Callable[[Any], tuple[Any, ...]]:
-    """A JSON object -> the row of its columns (a missing one is NULL)."""
-    pairs = list(zip(names, readers, strict=True))
+    """A JSON object -> the row of its columns (a missing one is NULL).
 
-    def base(record: Any) -> tuple[Any, ...]:
-        get = record.get
-        return tuple(read(get(name)) for name, read in pairs)
+    Generated as one tuple display, `(r0(get('k')), r1(get('seq')), ...)`: a generator over (name, reader) pairs
+    cost about three times as much per row (a frame and a resumption per column), which showed in the SQL
+    interval join's profile (docs/BENCHMARKS.md)."""
+    if len(names) != len(readers):
+        raise ValueError(f"{len(names)} column names and {len(readers)} readers")
+    namespace = {f"r{i}": read for i, read in enumerate(readers)}
+    columns = "".join(f"r{i}(get({name!r})), " for i, name in enumerate(names))
+    source = f"def base(record):\n    get = record.get\n    return ({columns})\n"
+    exec(compile(source, "<json row>", "exec"), namespace)  # noqa: S102 - our own codegen: names are repr()ed
+    base: Callable[[Any], tuple[Any, ...]] = namespace["base"]
     return base
 
 

@@ -145,10 +145,12 @@ def format_timestamp(ms: int) -> str:
 def reader(t: SqlType) -> Callable[[Any], Any]:
     """A function turning a value as a format holds it (JSON, CSV text, Parquet) into the row's form."""
     name = t.name
+    # each first returns a value already of the row's form as it is (`type(v) is int`: not a bool, which int()
+    # turns into 0 or 1): most values of a well-typed source are, and the checks after it cost per value
     if name in INTEGRAL:
-        return lambda v: None if v is None or v == "" else int(v)
+        return lambda v: v if type(v) is int else None if v is None or v == "" else int(v)
     if name in ("FLOAT", "DOUBLE"):
-        return lambda v: None if v is None or v == "" else float(v)
+        return lambda v: v if type(v) is float else None if v is None or v == "" else float(v)
     if name == "DECIMAL":
         return lambda v: None if v is None or v == "" else Decimal(str(v))
     if name == "BOOLEAN":
@@ -157,6 +159,8 @@ def reader(t: SqlType) -> Callable[[Any], Any]:
         return lambda v: v
     if name in TIMESTAMPS:
         def read_timestamp(v: Any) -> Any:
+            if type(v) is int:  # epoch milliseconds
+                return v
             if v is None or v == "":
                 return None
             if isinstance(v, int | float):
@@ -165,7 +169,7 @@ def reader(t: SqlType) -> Callable[[Any], Any]:
                 return parse_timestamp(v.isoformat())
             return parse_timestamp(str(v))
         return read_timestamp
-    return lambda v: v if v is None or isinstance(v, str) else str(v)
+    return lambda v: v if type(v) is str or v is None or isinstance(v, str) else str(v)
 
 
 def writer(t: SqlType) -> Callable[[Any], Any] | None:

@@ -2,7 +2,8 @@
 outputs.
 
 Spark takes about ten seconds to start, so the module shares one local
-SparkSession, and the CLI runs as a subprocess only for the end-to-end check.
+SparkSession, and the CLI runs as a subprocess only for the end-to-end check,
+against the run's Spark Connect server (no JVM start of its own).
 Without Java or PySpark the Spark tests are skipped; the test of the
 missing-Java message runs anyway.
 """
@@ -31,6 +32,7 @@ from runtime.data.event_time import session_count, window_count
 from runtime.data.generate import generate
 from runtime.data.spark import DataError
 from runtime.data.verify import EventTimeOptions, verify
+from tests.support.spark_connect import SparkConnectServer
 
 pytestmark = pytest.mark.integration
 
@@ -328,11 +330,12 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
                           env=env or child_env("unused", None), capture_output=True, text=True, timeout=180)
 
 
-def test_cli_generate_then_verify(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
-    # generate as a command of its own, which starts its own Spark (quiet, nothing left in the current directory)
+def test_cli_generate_then_verify(spark: Any, spark_connect: SparkConnectServer, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # generate as a command of its own (quiet, nothing left in the current directory), on the run's warm Spark
+    # Connect server rather than a JVM of its own; the relative output path means this directory, not the server's
     gen = _cli(["generate", "in", "--rows", "5000", "--keys", "20", "--skew", "zipf", "--partitions", "2",
-                "--seed", "1", "--jitter-ms", "40"], tmp_path)
+                "--seed", "1", "--jitter-ms", "40", "--master", spark_connect.url], tmp_path)
     assert gen.returncode == 0, gen.stdout + gen.stderr
     assert re.fullmatch(r"generated 5,000 rows, 20 keys \(zipf 1\.1, seed 1, jitter 40 ms\) in 2 files / \d+ row "
                         r"groups at "

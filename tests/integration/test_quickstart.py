@@ -13,17 +13,7 @@ import pytest
 
 from runtime.cli.processes import child_env
 from tests.support.cluster import committed_output
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def readme_example(module: str) -> str:
-    """The README's ```python block that starts with `# <module>.py`."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    matching = [b for b in blocks if b.startswith(f"# {module}.py")]
-    assert matching, f"README has no ```python block starting with '# {module}.py'"
-    return matching[0]
+from tests.support.readme import readme_example
 
 
 def quickstart_source() -> str:

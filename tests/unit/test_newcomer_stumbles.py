@@ -103,11 +103,10 @@ def test_a_spark_connect_master_needs_the_connect_client_not_java(monkeypatch: p
     from runtime.data import spark
 
     monkeypatch.setenv("JAVA_HOME", "/nonexistent-java-home")  # the server has the JVM: no Java needed here
-    missing = [m for m in spark.CONNECT_MODULES if not spark._importable(m)]
-    if not missing:
-        pytest.skip("the Spark Connect client is installed here: nothing is missing to report")
-    with pytest.raises(spark.DataError, match=r"sc://localhost:15002 needs the Spark Connect client .*"
-                                              r"pip install 'sluice-dataflow\[spark-connect\]'"):
+    spark.check_environment("sc://localhost:15002")  # the client is installed (the `spark-connect` extra)
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as if it were not: find_spec("grpc") is None
+    with pytest.raises(spark.DataError, match=r"sc://localhost:15002 needs the Spark Connect client \(grpc "
+                                              r"missing\): pip install 'sluice-dataflow\[spark-connect\]'"):
         spark.check_environment("sc://localhost:15002")
     with pytest.raises(spark.DataError, match="Java 17"):
         spark.check_environment("local[2]")
