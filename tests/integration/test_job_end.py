@@ -219,7 +219,9 @@ def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster)
               "restart": {"kind": "fixed", "max_attempts": 2, "delay_s": 0.2, "slot_wait_s": 60}}
     job_id = cluster.submit("holdjobs:holding", config)
     holding = markers / "holding"
-    poll(holding.exists, 120, "sink subtask 0 to hold in its final commit")
+    # the sink creates the marker, then writes it: wait for the whole document, not the name (a busy run read '')
+    poll(lambda: holding.exists() and holding.read_text().endswith("}"), 120,
+         "sink subtask 0 to hold in its final commit")
     held = json.loads(holding.read_text())
     holder_pid = held["pid"]
     victim = next(w for w in cluster.workers if w.pid != holder_pid)
