@@ -37,7 +37,7 @@ CONNECT_MODULES = ("grpc", "grpc_status", "google.rpc", "pandas")  # what pyspar
 # silenced: Hadoop's "no native library", and SparkConf's note that a cluster manager may override
 # spark.local.dir. So is WindowExec's warning that a window without partitions runs in one partition: the
 # watermark of a windowed query (verify.py) is a running max over the whole input in read order, on purpose.
-_LOG4J2 = """\
+LOG4J2_CONFIG = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
 appender.stderr.type = Console
@@ -135,7 +135,7 @@ def start_session(master: str = "local[2]", app_name: str = "sluice-data", *,
     tmp = tempfile.mkdtemp(prefix="sluice-spark-")
     log_config = os.path.join(tmp, "log4j2.properties")
     with open(log_config, "w", encoding="utf-8") as f:
-        f.write(_LOG4J2)
+        f.write(LOG4J2_CONFIG)
     # Spark's launcher reads these from the environment of this process when it starts the JVM.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):

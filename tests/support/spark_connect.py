@@ -20,21 +20,15 @@ import threading
 import time
 from pathlib import Path
 
+from runtime.data.spark import LOG4J2_CONFIG
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 READY_LINE = re.compile(r"Spark Connect server started at: \S*:(\d+)\s*$")
 
-_LOG4J2 = """\
-rootLogger.level = warn
-rootLogger.appenderRef.stderr.ref = stderr
-appender.stderr.type = Console
-appender.stderr.name = stderr
-appender.stderr.target = SYSTEM_ERR
-appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = spark %p %c{1}: %m%n%ex
-logger.server.name = org.apache.spark.sql.connect.service.SparkConnectServer
+# the sessions' own logging (runtime/data/spark.py), and the server's start line, which tells its port
+_LOG4J2 = LOG4J2_CONFIG + f"""\
+logger.server.name = {SERVER_CLASS}
 logger.server.level = info
-logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
-logger.nativecode.level = error
 """
 
 
