@@ -35,7 +35,6 @@ from typing import Any
 
 from runtime.api.async_io import AsyncMap
 from runtime.execution.async_io_queue import NO_KEY, AsyncIOQueue, Mark, Start
-from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.state.backend import PendingSnapshot, StateBackendError
 from runtime.state.codec import hashable
@@ -91,7 +90,6 @@ class AsyncIOOperator:
         self._wake: Callable[[], None] = lambda: None
         self._on_failure: Callable[[BaseException], None] = lambda e: None
         self._idle: asyncio.Event | None = None  # set while nothing is queued (finish waits on it)
-        self._user: UserLoop | None = None  # where the function's coroutines run (None: on this loop)
         self.stats = AsyncIOStatistics()
         self.blocked_s = 0.0  # time the task waited for admission (Task accounts it)
         self.last_captured_records = 0
@@ -104,10 +102,6 @@ class AsyncIOOperator:
     def run_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Live on `loop`, the task's own, with the rest of the chain: nothing to rebind (calls start on the
         running loop)."""
-
-    def use_loop(self, user: UserLoop) -> None:
-        """Run the function's coroutines on the task's own loop (runtime/execution/user_loop.py), not this one."""
-        self._user = user
 
     # -- what the chain calls ----------------------------------------------------------------------
 
@@ -183,8 +177,7 @@ class AsyncIOOperator:
             limit = asyncio.timeout(spec.timeout_s)  # None: no limit
             try:
                 async with limit:
-                    user = self._user
-                    result = await (user.run(spec.fn(value)) if user is not None else spec.fn(value))
+                    result = await spec.fn(value)
                 break
             except TimeoutError as e:
                 error: BaseException = e
@@ -288,10 +281,7 @@ class AsyncIOOperator:
         if close is None or self._closed:
             return
         self._closed = True
-        if self._user is not None:
-            await self._user.run(_close(close))
-        else:
-            await _close(close)
+        await _close(close)
 
     # -- checkpoints -------------------------------------------------------------------------------
 

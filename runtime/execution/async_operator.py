@@ -47,7 +47,6 @@ from runtime.execution.async_controller import (
     Watermark,
 )
 from runtime.execution.async_state import AsyncKeyedProcessFunction, AsyncOpenContext, AsyncStateRunner
-from runtime.execution.user_loop import UserLoop
 from runtime.graph.config import parse_duration_or_zero, parse_positive
 from runtime.graph.flags import flag
 from runtime.graph.job_config import ASYNC_STATE
@@ -160,9 +159,9 @@ class AsyncEventTimers:
 
 
 class AsyncOperator:
-    # Not `use_loop`: each state request of a coroutine on another loop than the operator's crosses between the
-    # loops twice, and that halved the async keyed count (bench_state.py --parts cluster, memory backend: 19-21 k
-    # records/s against 42-58 k, alternating). A task runs the whole operator on its own loop instead (`run_on`).
+    # The operator lives on the loop its coroutines run on (`run_on`): with the coroutines alone on the task's
+    # loop, each state request crossed between the loops twice, which halved the async keyed count
+    # (bench_state.py --parts cluster, memory backend: 19-21 k records/s against 42-58 k, alternating).
 
     def __init__(self, function: AsyncKeyedProcessFunction, backend: StateBackend, settings: AsyncStateSettings, *,
                  node_id: int, name: str, key_fn: Callable[[Any], Any], subtask_index: int, parallelism: int,
@@ -203,11 +202,6 @@ class AsyncOperator:
     def run_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Live on `loop`, the task's own (runtime/execution/user_loop.py), with the rest of the task's chain."""
         self.runner.bind_loop(loop)
-
-    def use_loop(self, user: UserLoop) -> None:
-        """Run the function's coroutines (open, process, on_timer) on the task's own loop
-        (runtime/execution/user_loop.py); the controller, the queue and snapshots stay on this one."""
-        self.runner.use_loop(user)
 
     # -- what the chain calls ---------------------------------------------------------------------------
 
@@ -270,7 +264,7 @@ class AsyncOperator:
     # -- life cycle -------------------------------------------------------------------------------------
 
     async def open(self) -> None:
-        await self.runner.call_user(_open(self.function, self._open_ctx))
+        await _open(self.function, self._open_ctx)
         self._opened = True
         self.pump()
 

@@ -58,7 +58,6 @@ from runtime.execution.async_controller import (
     Timer,
     UnblockInput,
 )
-from runtime.execution.user_loop import UserLoop
 from runtime.state.backend import PendingSnapshot, StateBackend
 
 __all__ = ["AsyncKeyedContext", "AsyncKeyedProcessFunction", "AsyncListState", "AsyncMapState", "AsyncOpenContext",
@@ -152,24 +151,12 @@ class AsyncStateRunner:
         self._error: BaseException | None = None
         self.checkpoints: dict[int, CapturedCheckpoint] = {}
         self.blocked_seconds = 0.0
-        self._user: UserLoop | None = None  # where the function's coroutines run (None: on this loop)
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Live on `loop` from now on (a task's own loop, runtime/execution/user_loop.py): the runner's records,
         round trips and timers start there. Before anything runs."""
         assert not self._tasks and self._timer is None, "bind_loop after the runner started"
         self._loop = loop
-
-    def use_loop(self, user: UserLoop) -> None:
-        """Run the function's coroutines on the task's own loop (runtime/execution/user_loop.py): their state
-        requests come back here, to the controller, through `request`."""
-        self._user = user
-
-    async def call_user(self, coroutine: Any, ctx: AsyncKeyedContext | None = None) -> Any:
-        """Await user code (`coroutine`): on the task's own loop when it has one, with `ctx` as its record."""
-        if self._user is None:
-            return await coroutine
-        return await self._user.run(_as_record(ctx, coroutine) if ctx is not None else coroutine)
 
     @property
     def controller(self) -> AsyncExecutionController:
@@ -265,12 +252,7 @@ class AsyncStateRunner:
         task.add_done_callback(self._tasks.discard)
 
     def request(self, seq: int, request: StateRequest) -> asyncio.Future[Any]:
-        """A state request of record `seq`, from its coroutine (on the task's own loop when it has one)."""
-        if self._user is None:
-            return self._request(seq, request)
-        return self._user.call_home(self._loop, self._request, seq, request)
-
-    def _request(self, seq: int, request: StateRequest) -> asyncio.Future[Any]:
+        """A state request of record `seq`, from its coroutine."""
         request_id = self._next_request
         self._next_request += 1
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -286,12 +268,12 @@ class AsyncStateRunner:
             if isinstance(record, Timer):
                 timestamp, payload = self._timer_call(record)
                 ctx.timestamp = timestamp
-                await self.call_user(self._function.on_timer(timestamp, payload, ctx), ctx)
+                await self._function.on_timer(timestamp, payload, ctx)
             elif self.timed:
                 ctx.timestamp = record[0]
-                await self.call_user(self._function.process(record[1], ctx), ctx)
+                await self._function.process(record[1], ctx)
             else:
-                await self.call_user(self._function.process(record, ctx), ctx)
+                await self._function.process(record, ctx)
         except Exception as e:  # the job fails; the task reports it on its next call
             self._fail(e)
             return
@@ -360,10 +342,3 @@ class AsyncStateRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*self._round_trips, return_exceptions=True)
-
-
-async def _as_record(ctx: AsyncKeyedContext, coroutine: Any) -> Any:
-    """`coroutine` as the record `ctx`'s: on the task's own loop it is a task of its own, with a context of its
-    own, so the state handles made in open() must find the record there."""
-    CURRENT_RECORD.set(ctx)
-    return await coroutine

@@ -12,9 +12,6 @@ loop on a thread named after the task (like the `TaskThread` of runtime/executio
   same for a plain function (a run of the chain).
 - `exclusive(fn, *args)`, awaited on the worker's loop, parks the user loop (a callback there waits) and runs
   `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain.
-- `call_home(fn, *args)`, awaited on the user loop, runs `fn(*args)` on the worker's loop and awaits the
-  asyncio future it returns there (an operator left on the worker's loop; unused by tasks: every request
-  would cross the loops, see AsyncOperator.use_loop).
 - A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
   not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
   the function on its thread's stack.
@@ -55,12 +52,6 @@ class UserLoop:
         self._inbox_posted = False
         self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
         self._outbox_posted = False
-        # the same for asynchronous state requests of user code, made on the worker's loop, and their answers
-        self._requests: collections.deque[tuple[Callable[..., asyncio.Future[Any]], tuple[Any, ...],
-                                                asyncio.Future[Any]]] = collections.deque()
-        self._requests_posted = False
-        self._answers: collections.deque[tuple[asyncio.Future[Any], asyncio.Future[Any]]] = collections.deque()
-        self._answers_posted = False
         self._stopped = False  # stop() began: parking it would wait for ever
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -181,51 +172,6 @@ class UserLoop:
             return fn(*args)
         finally:
             release.set()  # also when cancelled before it parked: the park then passes straight through
-
-    # -- user code awaits the worker's loop ------------------------------------------------------------
-
-    def call_home(self, home: asyncio.AbstractEventLoop, fn: Callable[..., asyncio.Future[Any]],
-                  *args: Any) -> asyncio.Future[Any]:
-        """On the user loop: a future of this loop that settles as the future `fn(*args)` returns on the worker's
-        loop `home` (called there) does. Batched like `run`: one wake-up of each loop per batch of requests."""
-        mine: asyncio.Future[Any] = self.loop.create_future()
-        self._requests.append((fn, args, mine))
-        if not self._requests_posted:
-            self._requests_posted = True
-            home.call_soon_threadsafe(self._take_requests, home)
-        return mine
-
-    def _take_requests(self, home: asyncio.AbstractEventLoop) -> None:
-        """On the worker's loop: make the requests user code sent home."""
-        self._requests_posted = False
-        requests = self._requests
-        while requests:
-            fn, args, mine = requests.popleft()
-            try:
-                theirs = fn(*args)
-            except BaseException as exc:
-                theirs = home.create_future()
-                theirs.set_exception(exc)
-            theirs.add_done_callback(functools.partial(self._answered, mine))
-
-    def _answered(self, mine: asyncio.Future[Any], theirs: asyncio.Future[Any]) -> None:
-        """On the worker's loop: a request's answer goes back to the user loop with the others answered before it
-        takes them."""
-        self._answers.append((mine, theirs))
-        if not self._answers_posted:
-            self._answers_posted = True
-            try:
-                self.loop.call_soon_threadsafe(self._take_answers)
-            except RuntimeError:  # the user loop stopped: nobody waits
-                pass
-
-    def _take_answers(self) -> None:
-        """On the user loop: settle the user code's futures as their requests were answered."""
-        self._answers_posted = False
-        answers = self._answers
-        while answers:
-            mine, theirs = answers.popleft()
-            _settle(mine, theirs)
 
     # -- the end ----------------------------------------------------------------------------------------
 

@@ -15,10 +15,11 @@ from runtime.api.async_io import AsyncMap
 from runtime.checkpointing.rescaling import rescale_async_io
 from runtime.execution.async_io import AsyncIOFailed, AsyncIOOperator
 from runtime.graph.partitioning import key_group, key_group_range
-from tests.support.user_loops import user_loop, where_user_code_runs  # noqa: F401 (autouse)
+from tests.support.loopback import wait_until
+from tests.support.user_loops import OperatorHarness, where_the_chain_runs  # noqa: F401 (autouse)
 
 
-class Harness:
+class Harness(OperatorHarness):
     def __init__(self, fn: Any, *, capacity: int = 4, ordered: bool = True, timeout_s: float | None = 1.0,
                  retry: RetryPolicy | None = None, key_fn: Any = None, subtask: int = 0,
                  parallelism: int = 1, timed: bool = False) -> None:
@@ -29,25 +30,17 @@ class Harness:
                                   parallelism=parallelism, max_parallelism=128, timed=timed, emit=self.out.extend,
                                   forward_watermark=lambda ts: self.out.append(("wm", ts)))
         self.op.bind(wake=lambda: None, on_failure=self.failures.append)
-        loop = user_loop()
-        if loop is not None:  # the function's coroutines on a loop of their own, as a task runs them
-            self.op.use_loop(loop)
+        self.place()
 
     async def feed_all(self, records: list[Any], chunk: int = 3) -> None:
         """What the task does: hand over a chunk, then wait (here: poll) until the operator admitted it."""
         for i in range(0, len(records), chunk):
-            self.op.feed(records[i:i + chunk])
-            await poll(lambda: not self.op.backlog)
+            await self.feed(records[i:i + chunk])
+            await wait_until(lambda: not self.op.backlog)
 
     async def finish(self) -> None:
-        await asyncio.wait_for(self.op.finish(), 10)
-
-
-async def poll(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
+        async with asyncio.timeout(10):
+            await self.run(self.op.finish())
 
 
 async def test_ordered_output_under_random_latency_within_capacity() -> None:
@@ -63,9 +56,8 @@ async def test_ordered_output_under_random_latency_within_capacity() -> None:
         return 2 * x
 
     h = Harness(slow_double, capacity=5)
-    h.op.feed(list(range(20)))
-    assert h.op.backlog and h.op.in_flight == 5  # the rest waits: the task takes no more input meanwhile
-    await poll(lambda: not h.op.backlog)
+    assert await h.feed(list(range(20))) == (5, True)  # the rest waits: the task takes no more input meanwhile
+    await wait_until(lambda: not h.op.backlog)
     await h.feed_all(list(range(20, 60)))
     await h.finish()
     assert h.out == [2 * x for x in range(60)] and peak == 5
@@ -78,9 +70,9 @@ async def test_unordered_keeps_watermarks_between_their_records() -> None:
         return x
 
     h = Harness(fn, capacity=8, ordered=False)
-    h.op.feed([0, 1])
-    h.op.feed_watermark(10)
-    h.op.feed([2, 3])
+    await h.feed([0, 1])
+    await h.feed_watermark(10)
+    await h.feed([2, 3])
     await h.finish()
     assert h.out[:2] == [1, 0] and h.out[2] == ("wm", 10) and sorted(h.out[3:]) == [2, 3]
 
@@ -91,9 +83,9 @@ async def test_with_event_time_results_keep_their_timestamps_and_watermarks_thei
         return -x
 
     h = Harness(fn, capacity=8, timed=True)
-    h.op.feed([(100, 1), (101, 2)])
-    h.op.feed_watermark(101)
-    h.op.feed([(105, 3)])
+    await h.feed([(100, 1), (101, 2)])
+    await h.feed_watermark(101)
+    await h.feed([(105, 3)])
     await h.finish()
     assert h.out == [(100, -1), (101, -2), ("wm", 101), (105, -3)]
 
@@ -109,7 +101,7 @@ async def test_timeouts_are_retried_with_backoff_then_succeed() -> None:
 
     retry = RetryPolicy(max_attempts=4, initial_backoff_s=0.02, multiplier=2)
     h = Harness(flaky, timeout_s=0.2, retry=retry)
-    h.op.feed([7])
+    await h.feed([7])
     await h.finish()
     assert h.out == [7] and h.failures == []
     stats = h.op.stats
@@ -123,11 +115,11 @@ async def test_a_call_failing_for_good_fails_the_task() -> None:
         raise ConnectionError("service down")
 
     h = Harness(broken, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.001))
-    h.op.feed([1, 2])
+    await h.feed([1, 2])
     with pytest.raises(AsyncIOFailed, match="after 2 attempt"):
         await h.finish()
     assert len(h.failures) == 1 and isinstance(h.failures[0].__cause__, ConnectionError)
-    await h.op.aclose()
+    await h.aclose()
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -158,8 +150,8 @@ async def test_the_function_is_closed_once_when_the_task_ends(asynchronous: bool
     await h.feed_all([1, 2, 3])
     await h.finish()
     assert fn.closed == [] and h.out == [1, 2, 3]  # finishing the input does not close it: the task does
-    await h.op.aclose()
-    await h.op.aclose()  # a second close (the task's finally after a failure path) does nothing more
+    await h.aclose()
+    await h.aclose()  # a second close (the task's finally after a failure path) does nothing more
     assert fn.closed == [3]
 
 
@@ -172,17 +164,17 @@ async def test_a_snapshot_mid_flight_replays_to_exactly_once() -> None:
         return x * 10
 
     h = Harness(gated, capacity=4, ordered=False)
-    h.op.feed(list(range(6)))  # 0 and 3 hang; the rest finish; 4 and 5 may still wait for room
-    await poll(lambda: len(h.out) >= 2)
-    _, doc = h.op.snapshot(1)
+    await h.feed(list(range(6)))  # 0 and 3 hang; the rest finish; 4 and 5 may still wait for room
+    await wait_until(lambda: len(h.out) >= 2)
+    _, doc = await h.snapshot(1)
     emitted = list(h.out)
     kept = [e[2] for e in doc["replay"] if e[0] == "r"]
     assert sorted([x // 10 for x in emitted] + kept) == list(range(6))
-    await h.op.aclose()  # the task dies here; a new one restores the document
+    await h.aclose()  # the task dies here; a new one restores the document
     release.set()
     again = Harness(gated, capacity=4, ordered=False)
     again.op.restore([doc])
-    await again.op.open()
+    await again.open()
     await again.finish()
     assert sorted(emitted + again.out) == [x * 10 for x in range(6)]
 
@@ -193,10 +185,10 @@ async def test_keyed_replay_follows_the_key_groups_and_round_robin_deals_the_res
         return x
 
     records = [[f"k{i}", i] for i in range(40)]
-    h = Harness(ident, capacity=100, key_fn=lambda r: r[0])
-    h.op.feed(records)
-    _, doc = h.op.snapshot(1)
-    await h.op.aclose()
+    h = Harness(ident, capacity=30, key_fn=lambda r: r[0])
+    assert await h.feed(records) == (30, True)  # the snapshot takes the calls in flight and the 10 waiting
+    _, doc = await h.snapshot(1)
+    await h.aclose()
     restored: list[Any] = []
     for subtask in range(3):  # rescaled 1 -> 3: each new subtask keeps the records of its key groups
         new = Harness(ident, key_fn=lambda r: r[0], subtask=subtask, parallelism=3)

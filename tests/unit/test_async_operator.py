@@ -17,7 +17,8 @@ from runtime.state.backend import StateBackend
 from runtime.state.files import SnapshotStore
 from runtime.state.latency import LatencyBackend
 from runtime.state.memory import MemoryBackend
-from tests.support.user_loops import user_loop, where_user_code_runs  # noqa: F401 (autouse)
+from tests.support.loopback import wait_until
+from tests.support.user_loops import OperatorHarness, where_the_chain_runs  # noqa: F401 (autouse)
 
 ALL = range(0, 128)
 
@@ -41,36 +42,26 @@ class FailsOn(Count):
         await super().process(record, ctx)
 
 
-class Harness:
+class Harness(OperatorHarness):
     def __init__(self, backend: StateBackend, *, function: AsyncKeyedProcessFunction | None = None,
                  **settings: Any) -> None:
         self.log: list[Any] = []  # outputs and forwarded watermarks, in the order the chain got them
         self.failures: list[BaseException] = []
-        self.wakes = 0
-        self._woken = asyncio.Event()
+        self.wakes = 0  # the task's wake-ups: the operator made progress (a record finished, it failed)
         self.op = AsyncOperator(function or Count(), backend, AsyncStateSettings.from_config(settings), node_id=3,
                                 name="Count", key_fn=lambda r: r[0], subtask_index=0, parallelism=1,
                                 max_parallelism=128, timed=False, emit=self.log.extend,
                                 forward_watermark=lambda ts: self.log.append(("wm", ts)))
         self.op.bind(wake=self._wake, on_failure=self.failures.append)
-        loop = user_loop()
-        if loop is not None:  # the function's coroutines on a loop of their own, as a task runs them
-            self.op.use_loop(loop)
+        self.place()
 
-    def _wake(self) -> None:  # the task's wake-up: the operator made progress (a record finished, it failed)
+    def _wake(self) -> None:
         self.wakes += 1
-        self._woken.set()
-
-    async def wait_for(self, predicate: Any, timeout_s: float = 10.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while not predicate():
-                self._woken.clear()
-                await self._woken.wait()
 
     async def finish(self) -> None:
-        await self.wait_for(self.op.quiet)
-        await self.op.finish()
-        await self.op.aclose()
+        await wait_until(self.op.quiet)
+        await self.run(self.op.finish())
+        await self.aclose()
 
 
 # -- settings ------------------------------------------------------------------------------------------------
@@ -102,10 +93,10 @@ def test_bad_settings_are_refused_with_the_choices(bad: dict[str, Any], message:
 
 async def test_per_key_counts_come_out_in_order_through_the_chain() -> None:
     h = Harness(MemoryBackend(ALL), max_in_flight=4, batch_size=8)
-    await h.op.open()
+    await h.open()
     inputs = [(f"k{i % 3}", i) for i in range(30)]
-    h.op.feed(inputs[:10])
-    h.op.feed(inputs[10:])
+    await h.feed(inputs[:10])
+    await h.feed(inputs[10:])
     await h.finish()
     assert sorted(h.log) == sorted((f"k{k}", n) for k in range(3) for n in range(1, 11))
     for k in range(3):
@@ -115,9 +106,8 @@ async def test_per_key_counts_come_out_in_order_through_the_chain() -> None:
 
 async def test_input_waits_at_max_in_flight_and_the_task_is_woken_as_records_finish() -> None:
     h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.01), max_in_flight=3)
-    await h.op.open()
-    h.op.feed([(f"k{i}", i) for i in range(10)])
-    assert (h.op.in_flight, h.op.backlog) == (3, True)  # the rest waits in the admission queue
+    await h.open()
+    assert await h.feed([(f"k{i}", i) for i in range(10)]) == (3, True)  # the rest waits in the admission queue
     await h.finish()
     assert sorted(h.log) == sorted((f"k{i}", 1) for i in range(10))
     assert h.wakes > 0
@@ -125,9 +115,8 @@ async def test_input_waits_at_max_in_flight_and_the_task_is_woken_as_records_fin
 
 async def test_nothing_is_admitted_before_open_has_run() -> None:
     h = Harness(MemoryBackend(ALL))
-    h.op.feed([("a", 1)])
-    assert (h.op.in_flight, h.op.backlog) == (0, True)
-    await h.op.open()
+    assert await h.feed([("a", 1)]) == (0, True)
+    await h.open()
     await h.finish()
     assert h.log == [("a", 1)]
 
@@ -135,30 +124,30 @@ async def test_nothing_is_admitted_before_open_has_run() -> None:
 async def test_a_handle_made_in_open_refuses_use_outside_a_record() -> None:
     function = Count()
     h = Harness(MemoryBackend(ALL), function=function)
-    await h.op.open()
+    await h.open()
     with pytest.raises(AsyncStateUsageError, match="outside process"):
-        await function.count.value()
+        await h.run(function.count.value())
     await h.finish()
 
 
 async def test_a_failing_record_fails_the_task_once() -> None:
     h = Harness(MemoryBackend(ALL), function=FailsOn())
-    await h.op.open()
-    h.op.feed([("a", 1), ("b", "bad"), ("c", 2)])
-    await h.wait_for(lambda: h.failures)
+    await h.open()
+    await h.feed([("a", 1), ("b", "bad"), ("c", 2)])
+    await wait_until(lambda: h.failures)
     assert [str(e) for e in h.failures] == ["bad record"]
     with pytest.raises(ValueError, match="bad record"):
         h.op.raise_if_failed()
-    await h.op.aclose()
+    await h.aclose()
 
 
 @pytest.mark.parametrize("epochs", ["strict", "out-of-order"])
 async def test_a_watermark_is_forwarded_after_the_outputs_of_every_record_before_it(epochs: str) -> None:
     h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.002), epochs=epochs, batch_size=2)
-    await h.op.open()
-    h.op.feed([(f"k{i}", i) for i in range(6)])
-    h.op.feed_watermark(100)
-    h.op.feed([(f"k{i}", i) for i in range(6, 9)])
+    await h.open()
+    await h.feed([(f"k{i}", i) for i in range(6)])
+    await h.feed_watermark(100)
+    await h.feed([(f"k{i}", i) for i in range(6, 9)])
     await h.finish()
     wm = h.log.index(("wm", 100))
     assert sorted(h.log[:wm]) == sorted((f"k{i}", 1) for i in range(6)) if epochs == "strict" else \
@@ -170,25 +159,25 @@ async def test_a_watermark_is_forwarded_after_the_outputs_of_every_record_before
 
 
 async def test_capture_stores_records_in_flight_then_queued_and_a_restore_replays_them_first(tmp_path: Any) -> None:
-    slow = LatencyBackend(MemoryBackend(ALL), round_trip_s=0.05)
+    # slow enough that no record finishes between the run that feeds them and the snapshot's park
+    slow = LatencyBackend(MemoryBackend(ALL), round_trip_s=0.2)
     h = Harness(slow, max_in_flight=2, checkpoint="capture")
-    await h.op.open()
-    h.op.feed([("a", 1), ("b", 2), ("c", 3), ("a", 4), ("d", 5)])
-    assert (h.op.in_flight, h.op.backlog) == (2, True)
-    pending, doc = h.op.snapshot(7)
+    await h.open()
+    assert await h.feed([("a", 1), ("b", 2), ("c", 3), ("a", 4), ("d", 5)]) == (2, True)
+    pending, doc = await h.snapshot(7)
     handle = pending.upload(SnapshotStore(str(tmp_path)))
     # whole-record order: the two running records, then the queued ones in arrival order
     assert doc["replay"] == [["r", "a", ("a", 1)], ["r", "b", ("b", 2)], ["r", "c", ("c", 3)],
                              ["r", "a", ("a", 4)], ["r", "d", ("d", 5)]]
     assert h.op.last_captured_records == 5
-    await h.op.aclose()  # the worker dies: nothing after the snapshot counts
+    await h.aclose()  # the worker dies: nothing after the snapshot counts
 
     restored = MemoryBackend(ALL)
     restored.restore(SnapshotStore(str(tmp_path)), [handle])
     h2 = Harness(restored, checkpoint="capture")
     h2.op.restore([doc])
-    h2.op.feed([("a", 6), ("e", 7)])  # restored channel state and new input come after the replay
-    await h2.op.open()
+    await h2.feed([("a", 6), ("e", 7)])  # restored channel state and new input come after the replay
+    await h2.open()
     await h2.finish()
     assert [n for key, n in h2.log if key == "a"] == [1, 2, 3]
     assert sorted(h2.log) == sorted([("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("d", 1), ("e", 1)])
@@ -218,10 +207,10 @@ def test_it_runs_on_uvloop_as_in_a_worker() -> None:
     async def count() -> list[Any]:
         h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.001), max_in_flight=16, batch_size=1000,
                     batch_timeout_ms=0.3)  # uvloop runs a deadline this close with call_soon
-        await h.op.open()
+        await h.open()
         for i in range(0, 200, 10):  # partial batches: the deadline timer is armed and re-armed
-            h.op.feed([(f"k{j % 7}", j) for j in range(i, i + 10)])
-            await h.wait_for(lambda: h.op.quiet() or h.failures)
+            await h.feed([(f"k{j % 7}", j) for j in range(i, i + 10)])
+            await wait_until(lambda: h.op.quiet() or h.failures)
             assert h.failures == []
         await h.finish()
         return h.log
@@ -248,13 +237,20 @@ class Windows(AsyncKeyedProcessFunction):
         ctx.emit((ctx.key, timestamp, await self.count.value()))
 
 
+class StuckTimers(Windows):
+    """Its timers wait for ever: a snapshot finds them running, however late it comes."""
+
+    async def on_timer(self, timestamp: int, payload: Any, ctx: AsyncKeyedContext) -> None:
+        await asyncio.Event().wait()
+
+
 async def test_timers_fire_before_their_watermark_goes_on() -> None:
     h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.001), function=Windows())
-    await h.op.open()
-    h.op.feed([("a", 1, 10), ("b", 2, 10), ("a", 3, 20)])
-    h.op.feed_watermark(15)
-    h.op.feed([("a", 4, 20)])
-    h.op.feed_watermark(25)
+    await h.open()
+    await h.feed([("a", 1, 10), ("b", 2, 10), ("a", 3, 20)])
+    await h.feed_watermark(15)
+    await h.feed([("a", 4, 20)])
+    await h.feed_watermark(25)
     await h.finish()
     assert h.log[:3] in ([("a", 10, 2), ("b", 10, 1), ("wm", 15)], [("b", 10, 1), ("a", 10, 2), ("wm", 15)])
     assert h.log[3:] == [("a", 20, 3), ("wm", 25)]  # strict epochs: record 4 ran after the first watermark
@@ -262,24 +258,23 @@ async def test_timers_fire_before_their_watermark_goes_on() -> None:
 
 
 async def test_a_capture_snapshot_taken_while_timers_run_fires_them_again_after_a_restore(tmp_path: Any) -> None:
-    h = Harness(LatencyBackend(MemoryBackend(ALL), round_trip_s=0.03), function=Windows(), checkpoint="capture")
-    await h.op.open()
-    h.op.feed([("a", 1, 10), ("b", 2, 10), ("c", 3, 30)])
-    await h.wait_for(h.op.quiet)
-    h.op.feed_watermark(15)  # the timers of a and b start: each awaits a 30 ms round trip
-    assert h.op.in_flight == 2
-    pending, doc = h.op.snapshot(4)
+    h = Harness(MemoryBackend(ALL), function=StuckTimers(), checkpoint="capture")
+    await h.open()
+    await h.feed([("a", 1, 10), ("b", 2, 10), ("c", 3, 30)])
+    await wait_until(h.op.quiet)
+    assert await h.feed_watermark(15) == (2, False)  # the timers of a and b start, and wait
+    pending, doc = await h.snapshot(4)
     handle = pending.upload(SnapshotStore(str(tmp_path)))
     assert doc["replay"] == [["w", 15]]  # timers are not replayed: their watermark is
     assert sorted(doc["timers"]) == [[10, "a"], [10, "b"], [30, "c"]]
-    await h.op.aclose()
+    await h.aclose()
 
     restored = MemoryBackend(ALL)
     restored.restore(SnapshotStore(str(tmp_path)), [handle])
     h2 = Harness(restored, function=Windows(), checkpoint="capture")
     h2.op.restore([doc])
-    await h2.op.open()
-    h2.op.feed_watermark(40)
+    await h2.open()
+    await h2.feed_watermark(40)
     await h2.finish()
     assert sorted(h2.log[:2]) == [("a", 10, 1), ("b", 10, 1)]
     assert h2.log[2:] == [("wm", 15), ("c", 30, 1), ("wm", 40)]

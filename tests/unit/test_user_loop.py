@@ -1,7 +1,7 @@
 """A task's user loop (runtime/execution/user_loop.py): user coroutines on a loop and thread of their own, their
 results, errors and cancellation carried back to the awaiting loop, a blocking call that stalls only that loop,
-plain runs, the park that lets the caller touch what lives there, state requests carried home, and a stop that
-gives up on a loop user code holds."""
+plain runs, the park that lets the caller touch what lives there, and a stop that gives up on a loop user code
+holds."""
 
 from __future__ import annotations
 
@@ -91,32 +91,6 @@ async def test_a_blocking_call_stalls_only_the_user_loop_and_stops_its_ticks(use
     assert user.running_since() > seen  # ticking again
 
 
-async def test_call_home_runs_on_the_callers_loop_and_settles_there(user: UserLoop) -> None:
-    home = asyncio.get_running_loop()
-    home_thread = threading.get_ident()
-    seen: list[bool] = []
-
-    def request(value: int) -> asyncio.Future[int]:
-        seen.append(threading.get_ident() == home_thread)
-        future: asyncio.Future[int] = home.create_future()
-        home.call_later(0.01, future.set_result, value * 2)
-        return future
-
-    def refused(value: int) -> asyncio.Future[int]:
-        raise LookupError(f"no state {value}")
-
-    async def user_code() -> tuple[int, str]:
-        doubled = await user.call_home(home, request, 21)
-        try:
-            await user.call_home(home, refused, 7)
-        except LookupError as e:
-            return doubled, str(e)
-        return doubled, "no error"
-
-    assert await user.run(user_code()) == (42, "no state 7")
-    assert seen == [True]
-
-
 async def test_exclusive_parks_the_user_loop_while_its_function_runs_here(user: UserLoop) -> None:
     """A task's mailbox and snapshots touch its chain while its loop is parked: nothing runs there meanwhile,
     and a loop held by a blocking call delays the park, never the caller's loop."""
@@ -161,6 +135,26 @@ async def test_exclusive_parks_the_user_loop_while_its_function_runs_here(user: 
     assert await asyncio.wait_for(parked, 10.0) == "parked"
     stop.set()
     await asyncio.wait_for(running, 10.0)
+
+
+async def test_exclusive_releases_the_park_when_its_function_fails_or_its_caller_gives_up(user: UserLoop) -> None:
+    def fails() -> None:
+        raise ValueError("snapshot failed")
+
+    with pytest.raises(ValueError, match="snapshot failed"):
+        await user.exclusive(fails)
+    assert await asyncio.wait_for(user.call(lambda: "runs"), 10.0) == "runs"  # not parked for ever
+    release, started = threading.Event(), threading.Event()
+    blocked = asyncio.ensure_future(user.call(lambda: (started.set(), release.wait(10.0))))
+    assert await asyncio.to_thread(started.wait, 10.0)
+    parked = asyncio.ensure_future(user.exclusive(lambda: "parked"))
+    await asyncio.sleep(TICK_S)
+    parked.cancel()  # before the park began (a task cancelled meanwhile): the park passes straight through
+    with pytest.raises(asyncio.CancelledError):
+        await parked
+    release.set()
+    await asyncio.wait_for(blocked, 10.0)
+    assert await asyncio.wait_for(user.call(lambda: "runs"), 10.0) == "runs"
 
 
 async def test_a_run_is_a_plain_call_on_the_user_loop(user: UserLoop) -> None:
