@@ -29,8 +29,11 @@ without checkpoints and then each checkpoint mode (--modes) with a 1 s interval.
 Modes beyond Flink's (issue 20): `switch` is aligned with per-channel switching (`channel_timeout_s` 10 ms:
 a barrier that has waited 10 ms behind data overtakes it on that channel only); `switch_cap` the same with
 the in-flight cap (`max_inflight_bytes`, --cap-bytes, per task per checkpoint); `concurrent` is unaligned
-with `max_concurrent` 2 and a savepoint requested every --savepoint-every s during the window, whose latency
-(request -> COMPLETED, as the client sees it) is reported beside the periodic checkpoints' durations.
+with `max_concurrent` 2 and a savepoint requested every 3 s during the window, whose latency
+(request -> COMPLETED, as the client sees it) is reported beside the periodic checkpoints' durations; with
+--savepoint-every S, every mode's runs request one every S s. Each savepoint gets a line: its trigger delay
+(queued at the coordinator), its own duration and alignment, the periodic checkpoints in flight at the request
+and triggered while it aligned, and each task's barrier timeline from its `_metadata`.
 
     .venv/bin/python scripts/bench_checkpoint.py
     .venv/bin/python scripts/bench_checkpoint.py --modes aligned,unaligned,switch,switch_cap,concurrent --buffers 4
