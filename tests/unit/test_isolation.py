@@ -170,6 +170,31 @@ def _task(job: Job, node_ids: list[int], mode: str) -> Task:
                 isolation=mode)
 
 
+class LoopLag:
+    """While entered: the longest the running event loop was late for a 5 ms timer (what a task that blocks the
+    loop would show)."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+        self._ticking: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(self.PERIOD_S)
+            self.lag = max(self.lag, time.monotonic() - t0 - self.PERIOD_S)
+
+    async def __aenter__(self) -> LoopLag:
+        self._ticking = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._ticking is not None
+        self._ticking.cancel()
+
+
 async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
     """A fast source -> map -> discard task runs to its end beside an unbounded source -> `slow_sink` task;
     the longest the event loop was late for a 5 ms timer meanwhile, and the slow task."""
@@ -178,22 +203,12 @@ async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
     job.source(GeneratorSource(count=None, keys=10, seed=2), name="slow").sink(slow_sink)
     fast, slow = _task(job, [0, 1, 2], mode), _task(job, [3, 4], mode)
     slow_run = asyncio.create_task(slow.run())
-    lag = 0.0
-
-    async def ticker() -> None:
-        nonlocal lag
-        while True:
-            t0 = time.monotonic()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.monotonic() - t0 - 0.005)
-
-    ticking = asyncio.create_task(ticker())
-    await fast.run()
-    ticking.cancel()
+    async with LoopLag() as watch:
+        await fast.run()
     slow.cancel()
     with pytest.raises((TaskCancelled, asyncio.CancelledError)):
         await slow_run
-    return lag, slow
+    return watch.lag, slow
 
 
 @pytest.mark.parametrize("sink", ["undeclared", "declared"])
@@ -270,21 +285,12 @@ def _async_task(mode: str) -> Task:
 
 async def _lag_beside(task: Task) -> tuple[float, float]:
     """The longest the event loop was late for a 5 ms timer while `task` ran to its end, and how long it ran."""
-    lag = 0.0
-
-    async def ticker() -> None:
-        nonlocal lag
-        while True:
-            t0 = time.monotonic()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.monotonic() - t0 - 0.005)
-
-    ticking = asyncio.create_task(ticker())
-    await asyncio.sleep(0.01)  # ticking before the task's first run
-    started = time.monotonic()
-    await task.run()
-    ticking.cancel()
-    return lag, time.monotonic() - started
+    async with LoopLag() as watch:
+        await asyncio.sleep(0.01)  # ticking before the task's first run
+        started = time.monotonic()
+        await task.run()
+        took = time.monotonic() - started
+    return watch.lag, took
 
 
 def test_a_blocking_map_chained_with_an_async_map_does_not_hold_up_the_loop() -> None:
