@@ -331,7 +331,10 @@ def test_a_savepoint_overlaps_aligned_periodic_checkpoints_in_a_bounded_time_and
         except RpcError as exc:  # the job finished between the status and the request
             ended.append(str(exc))
     st = setup.wait_finished(job_id, 120)
-    assert st["restarts"] == 0 and st["checkpoints_failed"] == 0, (st, ended)
+    assert st["restarts"] == 0, st
+    # one asked for as the last tasks finished ends with the job, counted failed through no fault of its own
+    failed = [h for h in cluster.call("checkpoints", {"job_id": job_id})["history"] if h["status"] == "FAILED"]
+    assert not [h for h in failed if h["failure_reason"].startswith(("timeout", "declined"))], (failed, ended)
     assert_exact_output(setup)
 
 
