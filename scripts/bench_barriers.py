@@ -20,7 +20,11 @@ writer's are left out) is taken on each side:
 
 Divided by N: CPU microseconds per channel per checkpoint. The first checkpoints warm up and are left out.
 
-    .venv/bin/python scripts/bench_barriers.py --channels 500 --checkpoints 30 --repeat 5
+With --idle-channels M it also times what an idle worker pays per period over M output subpartitions (2,500
+for a worker of 10 tasks at P = 500): a task's flush tick (`Task._tick`, no record written since the last) and
+one buffer sizing pass (`InflightBound.adjust`, no byte moved), CPU per pass.
+
+    .venv/bin/python scripts/bench_barriers.py --channels 500 --checkpoints 30 --repeat 5 --idle-channels 2500
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from runtime.checkpointing.task_checkpoints import TaskCheckpoints  # noqa: E402
 from runtime.checkpointing.writer import CheckpointWriter  # noqa: E402
 from runtime.examples.wordcount import Count  # noqa: E402
 from runtime.execution.channels import InputChannel, OutputGate, Subpartition  # noqa: E402
+from runtime.execution.inflight import InflightBound  # noqa: E402
 from runtime.execution.operators import Chain, RecordWriter  # noqa: E402
 from runtime.execution.task import Credits, Task, TaskKey  # noqa: E402
 from runtime.graph.checkpoint_options import CheckpointOptions  # noqa: E402
@@ -174,12 +179,44 @@ async def run_mode(n: int, checkpoints: int, mode: CheckpointMode) -> tuple[floa
     return statistics.median(sender), statistics.median(receiver)
 
 
+def idle_passes(m: int, passes: int = 200) -> tuple[float, float]:
+    """CPU us of one flush tick and one sizing pass over `m` idle subpartitions (after a first pass of each)."""
+    subs = [Subpartition(ChannelSender(c), limit=BUFFERS_PER_CHANNEL, capacity=CAPACITY) for c in range(m)]
+    gate = OutputGate()
+    for sub in subs:
+        sub.gate = gate
+    job = _job()
+    head = job.nodes[0]
+    chain = Chain(job, [head.id], subtask_index=0, parallelism=1, attempt=0,
+                  outputs=[RecordWriter(subs, "hash", lambda r: r[0], job.max_parallelism, 0)])
+    task = Task(key=TaskKey("bench", 0, 0, "source", 1), chain=chain, outputs=subs, output_gate=gate, inputs=[],
+                credits=CREDITS, source=head.payload, flush_timeout_s=0.05)
+    bound = InflightBound(subs, target_s=1.0, buffers_in_path=BUFFERS_PER_CHANNEL + CREDITS.exclusive
+                          + CREDITS.floating, max_bytes=CAPACITY)
+    for sub in subs:  # each channel has moved once: an estimate, as on a worker that has run a while
+        sub.append(b"\x01")
+    task._tick()
+    bound.adjust(0.0)
+    for sub in subs:
+        sub.bytes_out += 1000
+    bound.adjust(1.0)
+    t0 = time.thread_time()
+    for _ in range(passes):
+        task._tick()
+    t1 = time.thread_time()
+    for k in range(passes):
+        bound.adjust(2.0 + k)
+    t2 = time.thread_time()
+    return (t1 - t0) / passes * 1e6, (t2 - t1) / passes * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--channels", type=int, default=500)
     parser.add_argument("--checkpoints", type=int, default=30, help="measured per run (after 3 to warm up)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per mode, alternating (default 5)")
     parser.add_argument("--modes", nargs="+", default=["aligned", "unaligned"])
+    parser.add_argument("--idle-channels", type=int, default=0, help="also time idle passes over this many")
     args = parser.parse_args(argv)
     sys.setswitchinterval(0.005)  # the worker's (runtime/worker/worker.py run_worker)
     modes = [CheckpointMode(m) for m in args.modes]
@@ -192,12 +229,18 @@ def main(argv: list[str] | None = None) -> int:
             figures[mode][0].append(s)
             figures[mode][1].append(rcv)
             print(f"  run {r + 1}: {mode.value:9s} sender {s:6.2f}  receiver {rcv:6.2f} CPU us/channel")
+    if args.idle_channels:
+        passes = [idle_passes(args.idle_channels) for _ in range(args.repeat)]
+        ticks, sizing = [t for t, _ in passes], [z for _, z in passes]
+        print(f"idle, {args.idle_channels} subpartitions, CPU us per pass, median of {args.repeat} (slowest): "
+              f"flush tick {statistics.median(ticks):.1f} ({max(ticks):.1f}), sizing pass "
+              f"{statistics.median(sizing):.1f} ({max(sizing):.1f})")
     print(f"load {os.getloadavg()[0]:.1f}")
     for mode in modes:
-        s, rcv = figures[mode]
-        print(f"{mode.value:9s} CPU us per channel per checkpoint, median of {len(s)} runs (slowest): "
-              f"sender {statistics.median(s):.2f} ({max(s):.2f}), receiver {statistics.median(rcv):.2f} "
-              f"({max(rcv):.2f})")
+        sent, received = figures[mode]
+        print(f"{mode.value:9s} CPU us per channel per checkpoint, median of {len(sent)} runs (slowest): "
+              f"sender {statistics.median(sent):.2f} ({max(sent):.2f}), receiver {statistics.median(received):.2f} "
+              f"({max(received):.2f})")
     return 0
 
 
