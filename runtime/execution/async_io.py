@@ -35,6 +35,7 @@ from typing import Any
 
 from runtime.api.async_io import AsyncMap
 from runtime.execution.async_io_queue import NO_KEY, AsyncIOQueue, Mark, Start
+from runtime.execution.user_code import UserCodeExit
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.state.backend import PendingSnapshot, StateBackendError
 from runtime.state.codec import hashable
@@ -195,6 +196,8 @@ class AsyncIOOperator:
             except Exception as e:
                 error = e
                 give_up = not retry.retries(e, attempt)
+            except SystemExit as e:  # the task fails with the function named; out of its task, it ended the loop
+                error, give_up = UserCodeExit.of(e), True
             if give_up:
                 stats.failed += 1
                 what = (f"timed out (timeout_s={spec.timeout_s})" if limit.expired()

@@ -58,6 +58,7 @@ from runtime.execution.async_controller import (
     Timer,
     UnblockInput,
 )
+from runtime.execution.user_code import UserCodeExit
 from runtime.state.backend import PendingSnapshot, StateBackend
 
 __all__ = ["AsyncKeyedContext", "AsyncKeyedProcessFunction", "AsyncListState", "AsyncMapState", "AsyncOpenContext",
@@ -276,6 +277,9 @@ class AsyncStateRunner:
                 await self._function.process(record, ctx)
         except Exception as e:  # the job fails; the task reports it on its next call
             self._fail(e)
+            return
+        except SystemExit as e:  # the same, with the function named; out of its task, it ended the loop
+            self._fail(UserCodeExit.of(e))
             return
         if self._on_finished is not None:
             self._on_finished(start.key, record, ctx.timer_changes)

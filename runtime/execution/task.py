@@ -230,6 +230,7 @@ class Task:
         self._user_loop: UserLoop | None = None
         self._hand_off: HandOff | None = None
         self._home: asyncio.AbstractEventLoop | None = None  # the worker's loop (wake-ups from the task's loop)
+        self._loop_failure: BaseException | None = None  # a sys.exit() escaped user code on the task's loop
         self._wake_posted = False
         self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
         self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
@@ -527,6 +528,17 @@ class Task:
         for sub in self.subpartitions:
             sub.deferred = hand_off
         self._async_op.run_on(user.loop)
+        user.on_failure = self._user_code_exited
+
+    def _user_code_exited(self, error: BaseException) -> None:
+        """A sys.exit() escaped user code on the task's loop (a task the user's function started): the loop
+        failed the calls waiting then; the task fails too, also when none was (waiting for admission, quiesce)."""
+        self._loop_failure = error
+
+        def fail() -> None:
+            raise error
+
+        self.post(Mail(fail, "user code exited on the task's loop"))
 
     def _after_hand_off(self) -> None:
         # would_block is the loop's estimate of queued + not yet handed over: now all are queued (blocked says)
@@ -630,6 +642,8 @@ class Task:
         assert op is not None
         while not op.quiet():
             op.raise_if_failed()
+            if self._loop_failure is not None:  # the mailbox, which would raise it, waits for this
+                raise self._loop_failure
             await self.wait(self._recheck_s)
         op.raise_if_failed()
 

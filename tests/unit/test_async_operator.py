@@ -4,6 +4,7 @@ settings, admission and the in-flight bound, watermarks in order, capture snapsh
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunc
 from runtime.execution.async_checkpoint import decode_inflight, inflight_document, restore_inflight
 from runtime.execution.async_controller import EpochMode, KeyOrder, Record, TakeSnapshot, Watermark
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
+from runtime.execution.user_code import UserCodeExit
 from runtime.graph.partitioning import key_group
 from runtime.state.backend import StateBackend
 from runtime.state.files import SnapshotStore
@@ -138,6 +140,25 @@ async def test_a_failing_record_fails_the_task_once() -> None:
     assert [str(e) for e in h.failures] == ["bad record"]
     with pytest.raises(ValueError, match="bad record"):
         h.op.raise_if_failed()
+    await h.aclose()
+
+
+class ExitsOn(Count):
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        if record[1] == "exit":
+            sys.exit(4)
+        await super().process(record, ctx)
+
+
+async def test_sys_exit_in_process_fails_the_task_with_the_function_named() -> None:
+    """A SystemExit leaving the record's asyncio task ended the loop it ran on (the worker's, inline)."""
+    h = Harness(MemoryBackend(ALL), function=ExitsOn())
+    await h.open()
+    await h.feed([("a", 1), ("b", "exit"), ("c", 2)])
+    await wait_until(lambda: h.failures)
+    assert len(h.failures) == 1 and isinstance(h.failures[0], UserCodeExit)
+    assert "sys.exit(4)" in str(h.failures[0]) and "ExitsOn.process" in str(h.failures[0]), str(h.failures[0])
+    assert await h.call(lambda: "the loop runs on") == "the loop runs on"
     await h.aclose()
 
 
