@@ -160,6 +160,11 @@ class AsyncStateRunner:
         self._loop = loop
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the runner lives on (its records, round trips and timers start there)."""
+        return self._loop
+
+    @property
     def controller(self) -> AsyncExecutionController:
         return self._controller
 

@@ -14,6 +14,7 @@ from runtime.execution.async_checkpoint import decode_inflight, inflight_documen
 from runtime.execution.async_controller import EpochMode, KeyOrder, Record, TakeSnapshot, Watermark
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
 from runtime.execution.user_code import UserCodeExit
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group
 from runtime.state.backend import StateBackend
 from runtime.state.files import SnapshotStore
@@ -160,6 +161,24 @@ async def test_sys_exit_in_process_fails_the_task_with_the_function_named() -> N
     assert "sys.exit(4)" in str(h.failures[0]) and "ExitsOn.process" in str(h.failures[0]), str(h.failures[0])
     assert await h.call(lambda: "the loop runs on") == "the loop runs on"
     await h.aclose()
+
+
+async def test_an_operator_fed_on_a_loop_it_is_not_bound_to_refuses_the_run() -> None:
+    """A task that skipped `run_on` fed it on its own loop while its records started on the worker's: the tests
+    passed all the same."""
+    h = Harness(MemoryBackend(ALL))
+    await h.open()
+    other = UserLoop("test unbound loop")
+    try:
+        with pytest.raises(RuntimeError, match="not bound to"):
+            await other.call(h.op.feed, [("a", 1)])
+        with pytest.raises(RuntimeError, match="not bound to"):
+            await other.call(h.op.feed_watermark, 5)
+    finally:
+        assert await other.stop(10.0)
+    await h.feed([("a", 1)])  # where it is bound, it is fed
+    await h.finish()
+    assert h.log == [("a", 1)]
 
 
 @pytest.mark.parametrize("epochs", ["strict", "out-of-order"])
