@@ -286,6 +286,16 @@ class AsyncStateRunner:
         except SystemExit as e:  # the same, with the function named; out of its task, it ended the loop
             self._fail(UserCodeExit.of(e))
             return
+        except asyncio.CancelledError as e:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]  # aclose(): the task ends
+                raise
+            # the function's own code was cancelled (a future it awaited, a client closed under it): the record
+            # would stay in flight for ever (a drain checkpoint and the end of input waiting for it)
+            error = RuntimeError(f"{type(self._function).__name__}: a record's coroutine was cancelled by its own "
+                                 f"code (not by the task)")
+            error.__cause__ = e
+            self._fail(error)
+            return
         if self._on_finished is not None:
             self._on_finished(start.key, record, ctx.timer_changes)
         if ctx._outputs:

@@ -163,6 +163,29 @@ async def test_sys_exit_in_process_fails_the_task_with_the_function_named() -> N
     await h.aclose()
 
 
+class CancelledOn(Count):
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        if record[1] == "cancelled":
+            cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            cancelled.cancel()  # a client's future, cancelled under the function
+            await cancelled
+        await super().process(record, ctx)
+
+
+async def test_a_record_cancelled_by_its_own_code_fails_the_task() -> None:
+    """The record's asyncio task ended cancelled and the record stayed in flight for ever, failing nothing: a
+    drain checkpoint and the end of input waited for it."""
+    h = Harness(MemoryBackend(ALL), function=CancelledOn())
+    await h.open()
+    await h.feed([("a", 1), ("b", "cancelled"), ("c", 2)])
+    await wait_until(lambda: h.failures)
+    assert len(h.failures) == 1 and "cancelled by its own code" in str(h.failures[0])
+    assert isinstance(h.failures[0].__cause__, asyncio.CancelledError)
+    with pytest.raises(RuntimeError, match="cancelled by its own code"):
+        h.op.raise_if_failed()
+    await h.aclose()
+
+
 async def test_an_operator_fed_on_a_loop_it_is_not_bound_to_refuses_the_run() -> None:
     """A task that skipped `run_on` fed it on its own loop while its records started on the worker's: the tests
     passed all the same."""
