@@ -40,7 +40,7 @@ from runtime.execution.source_driver import SourceDriver
 from runtime.execution.task_time import TIMER_CHUNK, TaskTime
 from runtime.execution.time_accounting import BACKPRESSURED_TIME, IDLE_TIME, TimeAccounting
 from runtime.execution.timers import current_time_ms
-from runtime.execution.user_code import RunningCall, UserCodeExit
+from runtime.execution.user_code import RunningCall, UserCodeCancelled, UserCodeExit
 from runtime.execution.user_loop import UserLoop
 from runtime.graph.enums import TaskState
 
@@ -334,7 +334,16 @@ class Task:
             if self.checkpoints is not None and not finished_before:
                 await self._wait_final_checkpoint()
             self.state = TaskState.FINISHED
-        except (TaskCancelled, asyncio.CancelledError):
+        except TaskCancelled:
+            self.state = TaskState.CANCELLED
+            raise
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and not current.cancelling():
+                # nobody cancelled this task: user code raised it (a client's own cancellation). Passed on, the
+                # task would end as if stopped on purpose, and the worker would report nothing
+                self.state = TaskState.FAILED
+                raise UserCodeCancelled.of(exc) from exc
             self.state = TaskState.CANCELLED
             raise
         except SystemExit as exc:  # sys.exit() in user code run inline: fail this task, not the worker's loop

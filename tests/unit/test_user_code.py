@@ -17,7 +17,14 @@ from runtime.execution.channels import OutputGate
 from runtime.execution.isolation import TaskThread
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskKey
-from runtime.execution.user_code import CallWatchdog, RunningCall, SlowCall, UserCodeExit, user_function
+from runtime.execution.user_code import (
+    CallWatchdog,
+    RunningCall,
+    SlowCall,
+    UserCodeCancelled,
+    UserCodeExit,
+    user_function,
+)
 from runtime.graph.enums import TaskState
 
 DEADLINE_S = 30.0
@@ -361,6 +368,30 @@ def test_sys_exit_in_a_task_an_async_function_started_fails_its_task_while_it_wa
         go.set()
         with pytest.raises(UserCodeExit, match=r"sys.exit\(6\) in .*exits_later"):
             await asyncio.wait_for(running, DEADLINE_S)
+        assert task.state == TaskState.FAILED
+
+    asyncio.run(main())
+
+
+def cancels_on_10(record: Any) -> Any:
+    if record[1] == 10:
+        raise asyncio.CancelledError()  # a client's own cancellation, raised through the function
+    return record
+
+
+@pytest.mark.parametrize("mode", ["thread", "inline"])
+def test_a_cancelled_error_user_code_raises_fails_its_task_with_the_function_named(mode: str) -> None:
+    """The task ended cancelled though nobody cancelled it: the worker takes a cancelled task for one it stopped
+    on purpose and reports nothing, so the job waited for it for ever."""
+
+    async def main() -> None:
+        task = _task(cancels_on_10, mode=mode)
+        runner = asyncio.ensure_future(task.run())
+        await asyncio.wait([runner], timeout=DEADLINE_S)
+        assert runner.done() and not runner.cancelled()
+        error = runner.exception()
+        assert isinstance(error, UserCodeCancelled), error
+        assert "test_user_code.cancels_on_10" in str(error), str(error)
         assert task.state == TaskState.FAILED
 
     asyncio.run(main())
