@@ -74,6 +74,7 @@ class AsyncIOOperator:
                  emit: Callable[[list[Any]], None], forward_watermark: Callable[[int], None]) -> None:
         self.spec = spec
         self._closed = False  # the function's close() was called
+        self._closing = False  # aclose() began: no call starts any more
         self.node_id = node_id
         self.name = name
         self._key_fn = key_fn
@@ -163,6 +164,8 @@ class AsyncIOOperator:
     # -- calls -------------------------------------------------------------------------------------
 
     def _start(self, starts: list[Start]) -> None:
+        if self._closing:  # aclose took the calls to cancel: one started now would run on after the close
+            return
         loop = asyncio.get_running_loop()
         for s in starts:
             task = loop.create_task(self._call(s.seq, s.record))
@@ -276,7 +279,8 @@ class AsyncIOOperator:
     async def aclose(self) -> None:
         """The task ends (finished, failed or cancelled): cancel the calls still running, wait for them, then
         close the function once (its `close()`, plain or `async def`, where it has one: the clients, pools and
-        threads it opened go with the task instead of at garbage collection)."""
+        threads it opened go with the task instead of at garbage collection). No call starts from now on."""
+        self._closing = True
         for task in list(self._calls):
             task.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)

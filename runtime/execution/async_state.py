@@ -150,6 +150,7 @@ class AsyncStateRunner:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0.0
         self._error: BaseException | None = None
+        self._closing = False  # aclose() began
         self.checkpoints: dict[int, CapturedCheckpoint] = {}
         self.blocked_seconds = 0.0
 
@@ -253,6 +254,9 @@ class AsyncStateRunner:
             self._on_progress()
 
     def _spawn(self, coroutine: Any) -> None:
+        if self._closing:  # aclose took the tasks to cancel: one started now would outlive the task's close
+            coroutine.close()
+            return
         task = self._loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -354,7 +358,9 @@ class AsyncStateRunner:
             raise self._error
 
     async def aclose(self) -> None:
-        """Cancel what still runs (after a failure) and wait for it."""
+        """Cancel what still runs (after a failure) and wait for it; nothing starts from now on (an admission
+        posted before, a record finishing meanwhile, would start the next records)."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self._tasks):

@@ -186,6 +186,43 @@ async def test_a_record_cancelled_by_its_own_code_fails_the_task() -> None:
     await h.aclose()
 
 
+class Held(AsyncKeyedProcessFunction):
+    """Its first record waits for `release`; every record started is listed."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.release: asyncio.Event | None = None
+
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        self.started.append(record)
+        if record[1] == "held":
+            self.release = asyncio.Event()
+            await self.release.wait()
+        ctx.emit(record)
+
+
+async def test_no_record_starts_once_aclose_began() -> None:
+    """A record finishing just before aclose posts the admission of the next; run after aclose had taken the
+    records to cancel, it started records that ran on while the task closed its chain and its state backend
+    on another thread."""
+    function = Held()
+    h = Harness(MemoryBackend(ALL), function=function, max_in_flight=1)
+    await h.open()
+    assert await h.feed([("a", "held"), ("b", 1), ("c", 2)]) == (1, True)
+    await wait_until(lambda: function.release is not None)
+
+    async def release_then_close() -> list[Any]:
+        assert function.release is not None
+        function.release.set()
+        await asyncio.sleep(0)  # "a" finishes: the admission of "b" is posted
+        await h.op.aclose()
+        for _ in range(20):  # what was posted runs
+            await asyncio.sleep(0)
+        return list(function.started)
+
+    assert await h.run(release_then_close()) == [("a", "held")]
+
+
 async def test_an_operator_fed_on_a_loop_it_is_not_bound_to_refuses_the_run() -> None:
     """A task that skipped `run_on` fed it on its own loop while its records started on the worker's: the tests
     passed all the same."""
