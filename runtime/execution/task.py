@@ -475,8 +475,9 @@ class Task:
         if thread is not None and started is not None:
             return RunningCall(self.task_id, thread.calls, started, thread.ident)
         user = self._user_loop
-        if user is not None:  # its own numbering: one report per stall (the ticks stop while it lasts)
-            return RunningCall(self.task_id, -1 - user.ticks, user.running_since(), user.ident)
+        since = user.running_since() if user is not None else None
+        if user is not None and since is not None:  # its own numbering: one report per stall (no ticks meanwhile)
+            return RunningCall(self.task_id, -1 - user.ticks, since, user.ident)
         return None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -58,6 +58,7 @@ class UserLoop:
         self._outbox_posted = False
         self._stopped = False  # stop() began: parking it would wait for ever, a call would not be answered
         self._closed = False  # the loop's thread ended
+        self._ended_cleanly = False  # stop() saw every task of the loop end (the thread ends right after)
         # the callers' futures of the calls accepted and not answered yet (touched on the worker's loop only)
         self._pending: set[asyncio.Future[Any]] = set()
         # a sys.exit() escaped user code on the loop (not from a call's own coroutine): called on the worker's loop
@@ -116,8 +117,11 @@ class UserLoop:
         self.ticks += 1
         self.loop.call_later(TICK_S, self._tick)
 
-    def running_since(self) -> float:
-        """The last time the loop was seen running (time.monotonic()); read from any thread."""
+    def running_since(self) -> float | None:
+        """The last time the loop was seen running (time.monotonic()); None once it stopped (its ticks ended with
+        it: a stopped loop is not a stuck one). Read from any thread."""
+        if self._ended_cleanly or not self._thread.is_alive():
+            return None
         return self.seen
 
     # -- the worker's loop awaits user code -------------------------------------------------------------
@@ -258,6 +262,7 @@ class UserLoop:
             return False
         except Exception:  # a user task that swallowed its cancel and failed: the loop still ends
             pass
+        self._ended_cleanly = True
         return True
 
 

@@ -395,3 +395,33 @@ def test_a_cancelled_error_user_code_raises_fails_its_task_with_the_function_nam
         assert task.state == TaskState.FAILED
 
     asyncio.run(main())
+
+
+async def passed_on(value: Any) -> Any:
+    return value
+
+
+def test_a_task_whose_own_loop_stopped_is_not_reported_as_a_slow_call() -> None:
+    """A stopped loop ticks no more: its last tick aged, and a finished job (kept 30 s for status) had each of
+    its asynchronous tasks reported as a user call running past the threshold, in its exception history."""
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=100, keys=5, seed=1), name="src").async_map(passed_on).sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+        running = asyncio.ensure_future(task.run())
+        deadline = time.monotonic() + DEADLINE_S
+        while task.running_call() is None:  # its loop runs: the watchdog watches it
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(running, DEADLINE_S)
+        assert task.state == TaskState.FINISHED and task.isolation.user_loop
+        assert task.running_call() is None
+        reports: list[SlowCall] = []
+        watchdog = CallWatchdog(lambda: [c for c in [task.running_call()] if c is not None], slow_call_s=5.0,
+                                on_slow=reports.append)
+        assert watchdog.check(time.monotonic() + 60.0) == [] and reports == []
+
+    asyncio.run(main())
