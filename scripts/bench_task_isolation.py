@@ -4,10 +4,11 @@
 A source task (GeneratorSource -> hash writer into 2 subpartitions of 32 KiB buffers, 4 buffers a channel)
 and two count tasks (keyed Count -> DiscardSink), joined by LocalLinks with the worker's credits, all on one
 event loop with the worker's GIL switch interval (5 ms): the real Task, InputProcessor and SourceDriver,
-without the network. Each repetition runs the same records with every task inline on the loop
-(`SLUICE_TASK_ISOLATION=inline`, the old default for cheap chains) and with every task on its thread (the
-default), alternating; CPU time is the process's (both threads), so the figure holds on a busy machine
-better than a rate does.
+without the network. Each repetition runs the same records in each mode, alternating: `inline` (every task on
+the loop, `SLUICE_TASK_ISOLATION=inline`), `thread` (every task on its thread, the default: a run that held
+the GIL is waited for with the loop blocked, runtime/execution/isolation.py TaskThread) and `awaited` (on
+threads, every run awaited: `SLUICE_SYNC_WAIT_S=0`); CPU time is the process's (all threads), so the figure
+holds on a busy machine better than a rate does.
 
     .venv/bin/python scripts/bench_task_isolation.py --records 1000000 --repeat 5
 """
@@ -28,6 +29,7 @@ if ROOT not in sys.path:
 from netstack.credit import ChannelSender  # noqa: E402
 from runtime.api import DiscardSink, GeneratorSource, Job  # noqa: E402
 from runtime.examples.wordcount import Count  # noqa: E402
+from runtime.execution import isolation  # noqa: E402
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition  # noqa: E402
 from runtime.execution.operators import Chain, RecordWriter  # noqa: E402
 from runtime.execution.task import Credits, Task, TaskKey  # noqa: E402
@@ -89,21 +91,24 @@ def main(argv: list[str] | None = None) -> int:
         loop_name = "uvloop"
     except ImportError:
         loop_name = "asyncio"
-    cpu: dict[str, list[float]] = {"inline": [], "thread": []}
-    wall: dict[str, list[float]] = {"inline": [], "thread": []}
+    modes = ("inline", "thread", "awaited")
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    sync_wait_s = isolation.SYNC_WAIT_S
     print(f"bench_task_isolation: {args.records:,} records x {args.repeat}; {os.cpu_count()} cpus, "
           f"Python {sys.version.split()[0]}, {loop_name}")
     for r in range(args.repeat):
-        for mode in ("inline", "thread"):
-            c, w, n = asyncio.run(run_once(args.records, mode))
+        for mode in modes:
+            isolation.SYNC_WAIT_S = 0.0 if mode == "awaited" else sync_wait_s  # read by each new TaskThread
+            c, w, n = asyncio.run(run_once(args.records, "inline" if mode == "inline" else "thread"))
             assert n == args.records, (mode, n)
             cpu[mode].append(c / n * 1e6)
             wall[mode].append(w / n * 1e6)
-            print(f"  run {r + 1}: {mode:6s} {cpu[mode][-1]:.3f} CPU us/record, {wall[mode][-1]:.3f} wall us/record")
+            print(f"  run {r + 1}: {mode:7s} {cpu[mode][-1]:.3f} CPU us/record, {wall[mode][-1]:.3f} wall us/record")
     med = {m: statistics.median(v) for m, v in cpu.items()}
-    print(f"median CPU us/record: inline {med['inline']:.3f}, thread {med['thread']:.3f} "
-          f"({(med['thread'] / med['inline'] - 1) * 100:+.1f} %); slowest: inline {max(cpu['inline']):.3f}, "
-          f"thread {max(cpu['thread']):.3f}")
+    for mode in modes:
+        print(f"median CPU us/record {mode:7s} {med[mode]:.3f} ({(med[mode] / med['inline'] - 1) * 100:+.1f} % of "
+              f"inline), slowest {max(cpu[mode]):.3f}")
     return 0
 
 

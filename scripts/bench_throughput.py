@@ -24,9 +24,11 @@ polled time are reported alongside.
     .venv/bin/python scripts/bench_throughput.py --records 4000000 --repeat 3
 
 `--isolation-ab` measures what running user code off the event loop costs (issue 31): the runtime only, every
-round one run with every task inline on the loop (SLUICE_TASK_ISOLATION=inline) and one with every task on its
-thread (the default), the order swapped each round so a drift of the machine's load hits both alike; it prints
-the medians and the ratios thread/inline of CPU per record and records/s, and the load average at each run.
+round one run with every task inline on the loop (SLUICE_TASK_ISOLATION=inline), one with every task on its
+thread (the default: a run that held the GIL is waited for with the loop blocked) and one on threads with every
+run awaited (`awaited`: SLUICE_SYNC_WAIT_S=0, the default until issue 31's last change), the order reversed each
+round so a drift of the machine's load hits all alike; it prints the medians and the ratios to inline of CPU
+per record and records/s, and the load average at each run.
 
     .venv/bin/python scripts/bench_throughput.py --isolation-ab --records 2000000 --repeat 5
 """
@@ -280,7 +282,9 @@ def revision() -> str:
     return head + ("-dirty" if dirty else "")
 
 
-ISOLATION_MODES = ("inline", "thread")  # before / after: user code on the event loop / on each task's thread
+# user code on the event loop / on each task's thread (the default) / on threads, every run awaited
+ISOLATION_MODES = ("inline", "thread", "awaited")
+SYNC_WAIT_ENV = "SLUICE_SYNC_WAIT_S"  # runtime/execution/isolation.py
 
 
 def isolation_ab(records: int, repeat: int, timeout_s: float, say: Any) -> dict[str, Any]:
@@ -288,41 +292,51 @@ def isolation_ab(records: int, repeat: int, timeout_s: float, say: Any) -> dict[
     from runtime.execution.isolation import MODE_ENV
 
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in ISOLATION_MODES}
-    previous = os.environ.get(MODE_ENV)
+    previous = os.environ.get(MODE_ENV), os.environ.get(SYNC_WAIT_ENV)
     try:
         for i in range(repeat):
             for mode in ISOLATION_MODES if i % 2 == 0 else reversed(ISOLATION_MODES):
-                os.environ[MODE_ENV] = mode  # inherited by the cluster's workers
+                # inherited by the cluster's workers
+                os.environ[MODE_ENV] = "inline" if mode == "inline" else "thread"
+                if mode == "awaited":
+                    os.environ[SYNC_WAIT_ENV] = "0"
+                else:
+                    os.environ.pop(SYNC_WAIT_ENV, None)
                 load_before = os.getloadavg()[0]
                 r = run_runtime(records, timeout_s)
                 r["mode"], r["load_average_1m"] = mode, (load_before, os.getloadavg()[0])
                 runs[mode].append(r)
-                say(f"  round {i + 1}: {mode:<6} {r['records_per_s']:>12,.0f} rec/s  "
+                say(f"  round {i + 1}: {mode:<7} {r['records_per_s']:>12,.0f} rec/s  "
                     f"{_fmt(r['cpu_us_per_record'], '.2f')} CPU us/rec; other load {_fmt(r['other_cores'], '.2f')} "
                     f"cores; load average {load_before:.2f} -> {r['load_average_1m'][1]:.2f}")
     finally:
-        if previous is None:
-            os.environ.pop(MODE_ENV, None)
-        else:
-            os.environ[MODE_ENV] = previous
+        for name, value in zip((MODE_ENV, SYNC_WAIT_ENV), previous, strict=True):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     medians = {mode: {"records_per_s": statistics.median(r["records_per_s"] for r in rs),
                       "records_per_s_slowest": min(r["records_per_s"] for r in rs),
                       "cpu_us_per_record": _median_known(r["cpu_us_per_record"] for r in rs),
                       "cpu_us_per_record_slowest": max((r["cpu_us_per_record"] for r in rs
                                                         if r["cpu_us_per_record"] is not None), default=None)}
                for mode, rs in runs.items()}
-    inline, thread = medians["inline"], medians["thread"]
-    cpu_ratio = (thread["cpu_us_per_record"] / inline["cpu_us_per_record"]
-                 if thread["cpu_us_per_record"] and inline["cpu_us_per_record"] else None)
-    # per round too: the two runs of a round saw the most similar machine
-    paired = [t["cpu_us_per_record"] / n["cpu_us_per_record"] for n, t in zip(runs["inline"], runs["thread"],
-                                                                               strict=True)
-              if t["cpu_us_per_record"] and n["cpu_us_per_record"]]
+    inline = medians["inline"]
+
+    def over_inline(mode: str) -> dict[str, float | None]:
+        mine = medians[mode]
+        # per round too: the runs of a round saw the most similar machine
+        paired = [t["cpu_us_per_record"] / n["cpu_us_per_record"] for n, t in zip(runs["inline"], runs[mode],
+                                                                                   strict=True)
+                  if t["cpu_us_per_record"] and n["cpu_us_per_record"]]
+        return {"cpu_per_record": (mine["cpu_us_per_record"] / inline["cpu_us_per_record"]
+                                   if mine["cpu_us_per_record"] and inline["cpu_us_per_record"] else None),
+                "cpu_per_record_paired_median": statistics.median(paired) if paired else None,
+                "records_per_s": mine["records_per_s"] / inline["records_per_s"]}
+
     loads = [x for rs in runs.values() for r in rs for x in r["load_average_1m"]]
     return {"benchmark": "isolation_ab", "entry": ENTRY, "records": records, "repeat": repeat, "medians": medians,
-            "thread_over_inline_cpu_per_record": cpu_ratio,
-            "thread_over_inline_cpu_per_record_paired_median": statistics.median(paired) if paired else None,
-            "thread_over_inline_records_per_s": thread["records_per_s"] / inline["records_per_s"],
+            "over_inline": {mode: over_inline(mode) for mode in ISOLATION_MODES if mode != "inline"},
             "load_average_1m_range": (min(loads), max(loads)), "runs": runs}
 
 
@@ -354,12 +368,13 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(ab, indent=2))
             return 0
         for mode, m in ab["medians"].items():
-            print(f"{mode:<6}: median {m['records_per_s']:>12,.0f} records/s "
+            print(f"{mode:<7}: median {m['records_per_s']:>12,.0f} records/s "
                   f"(slowest {m['records_per_s_slowest']:,.0f}), {_fmt(m['cpu_us_per_record'], '.3f')} CPU us/record "
                   f"(slowest {_fmt(m['cpu_us_per_record_slowest'], '.3f')})")
-        print(f"thread / inline: CPU per record {_fmt(ab['thread_over_inline_cpu_per_record'], '.3f')} (medians), "
-              f"{_fmt(ab['thread_over_inline_cpu_per_record_paired_median'], '.3f')} (median of the rounds' ratios); "
-              f"records/s {ab['thread_over_inline_records_per_s']:.3f}")
+        for mode, r in ab["over_inline"].items():
+            print(f"{mode} / inline: CPU per record {_fmt(r['cpu_per_record'], '.3f')} (medians), "
+                  f"{_fmt(r['cpu_per_record_paired_median'], '.3f')} (median of the rounds' ratios); "
+                  f"records/s {r['records_per_s']:.3f}")
         low, high = ab["load_average_1m_range"]
         print(f"load average (1 min) during the runs: {low:.2f} - {high:.2f}")
         return 0

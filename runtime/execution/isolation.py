@@ -16,8 +16,9 @@ awaits the result:
   the links and the backpressure counters are touched on the loop only.
 
 The hand-off (a thread wake-up, the GIL, a loop wake-up) is paid once per run, not per chunk: the per-chunk
-hand-off of the first version cost half the keyed count's throughput, a run a tenth to a fifth in CPU per
-record on a loaded machine (docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
+hand-off of the first version cost half the keyed count's throughput. A run that holds the GIL all along (the
+usual run of records) is waited for with the loop blocked, up to SYNC_WAIT_S, which spares the loop's wake-up
+(TaskThread; docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
 
 - `thread` (the default; `auto` is the same): every task on its thread; one whose chain has an asynchronous
   operator (async state, async_map) on an event loop on a thread of its own (runtime/execution/user_loop.py),
@@ -116,14 +117,57 @@ class IsolationPolicy:
 
 
 _STOP = object()
+# How long the event loop waits, blocked, for a call of a task whose calls hold the GIL (see TaskThread): a run
+# lasts about 2 ms (runtime/execution/turns.py YIELD_AFTER_S); past this the loop goes back to its own work.
+SYNC_WAIT_S = float(os.environ.get("SLUICE_SYNC_WAIT_S", "0.005"))
+# A call holding the GIL for at least this share of its wall time leaves nothing for the loop to do meanwhile
+CPU_BOUND_SHARE = 0.7
+SHORT_CALL_S = 0.0002  # a call this short is waited for, whatever it did
+
+
+def held_the_gil(wall_s: float, cpu_s: float) -> bool:
+    """Whether a call that took `wall_s` and its thread's `cpu_s` left the loop nothing to run beside it."""
+    return wall_s < SHORT_CALL_S or cpu_s >= CPU_BOUND_SHARE * wall_s
+
+
+class _Call:
+    """One call handed to a TaskThread: how its outcome gets back to the caller, decided under `guard` by
+    whichever side comes second (the loop giving up its blocked wait, or the thread finishing)."""
+
+    __slots__ = ("fn", "args", "done", "guard", "finished", "result", "error", "loop", "future")
+
+    def __init__(self, fn: Any, args: tuple[Any, ...], loop: asyncio.AbstractEventLoop,
+                 future: asyncio.Future[Any] | None) -> None:
+        self.fn, self.args, self.loop, self.future = fn, args, loop, future
+        self.done = threading.Lock()  # held until the thread finishes a call the loop waits for, blocked
+        self.done.acquire()
+        self.guard = threading.Lock()
+        self.finished = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 class TaskThread:
     """A thread that runs one task's calls, one at a time, in the order they are handed over.
 
-    `call` is awaited on the event loop; the result (or the exception) comes back through the loop's
-    thread-safe callback, so the awaiting coroutine resumes on the loop. The task awaits every call before it
-    hands over the next, so at most one is in the queue: the queue only carries it across the thread boundary.
+    `call` is awaited on the event loop. The task awaits every call before it hands over the next, so at most
+    one is in the queue: the queue only carries it across the thread boundary. How the caller waits depends on
+    what the task's calls did lately:
+
+    - a call that held the GIL nearly all its wall time (records through Python: the usual run) left the loop
+      nothing to run meanwhile, so the loop waits for the next one blocked, up to SYNC_WAIT_S, and takes the
+      result straight from the thread: a lock handed back instead of the loop's thread-safe callback, an
+      asyncio future and an epoll wake-up, which cost a tenth or more of a keyed count's CPU per record
+      (docs/BENCHMARKS.md, User code off the event loop). Past SYNC_WAIT_S (a call that blocks, or a GIL
+      shared with other busy threads) the loop stops waiting and the call finishes as below: no user call
+      holds the loop longer than that;
+    - a call that waited (I/O, a sleep, a lock: the GIL released) lets the loop and other tasks run meanwhile,
+      so its successor is awaited: the result comes back through the loop's thread-safe callback.
     """
 
     def __init__(self, name: str) -> None:
@@ -132,36 +176,60 @@ class TaskThread:
         self.calls = 0  # calls made: with `call_started`, tells one call from the next
         self.call_started: float | None = None
         self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
+        self.held_gil = True  # whether the last call held the GIL (see the class docstring)
+        self.sync_wait_s = SYNC_WAIT_S
+        self.waited_blocked = 0  # calls the loop waited for blocked, and got (a figure for tests and benchmarks)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._calls.put((fn, args, loop, future))
-        return await future
+        if not self.held_gil or self.sync_wait_s <= 0:
+            future: asyncio.Future[Any] = loop.create_future()
+            self._calls.put(_Call(fn, args, loop, future))
+            return await future
+        call = _Call(fn, args, loop, None)
+        self._calls.put(call)
+        if call.done.acquire(timeout=self.sync_wait_s):
+            self.waited_blocked += 1
+            return call.outcome()
+        with call.guard:
+            if not call.finished:  # still running: the thread settles a future instead
+                call.future = loop.create_future()
+        if call.future is None:  # it finished between the timeout and the guard
+            return call.outcome()
+        return await call.future
 
     def _run(self) -> None:
         self.ident = threading.get_ident()
         calls = self._calls
         monotonic = time.monotonic
+        thread_time = time.thread_time
         while True:
-            fn, args, loop, future = calls.get()
-            if fn is _STOP:
-                self._resolve(loop, future, None, None)
+            call = calls.get()
+            if call.fn is _STOP:
+                self._resolve(call.loop, call.future, None, None)
                 return
-            self.call_started = monotonic()
-            result: Any = None
-            error: BaseException | None = None
+            self.call_started = started = monotonic()
+            cpu_started = thread_time()
             try:
-                result = fn(*args)
+                call.result = call.fn(*call.args)
             except SystemExit as exc:  # sys.exit() in user code: its task fails, the worker stays
-                error = UserCodeExit.of(exc)
+                call.error = UserCodeExit.of(exc)
             except BaseException as exc:  # handed to the awaiting task, which fails as it would inline
-                error = exc
-            self._resolve(loop, future, result, error)
+                call.error = exc
+            wall = monotonic() - started
+            self.held_gil = held_the_gil(wall, thread_time() - cpu_started)
             self.call_started = None
             self.calls += 1
+            with call.guard:
+                call.finished = True
+                future = call.future
+            if future is None:
+                call.done.release()
+            else:
+                self._resolve(call.loop, future, call.result, call.error)
+                call.result = call.error = None
 
     def running_since(self) -> float | None:
         """When the call in progress began (time.monotonic()), None between calls; read from any thread."""
@@ -188,7 +256,7 @@ class TaskThread:
         behind)."""
         loop = asyncio.get_running_loop()
         stopped: asyncio.Future[Any] = loop.create_future()
-        self._calls.put((_STOP, (), loop, stopped))
+        self._calls.put(_Call(_STOP, (), loop, stopped))
         try:
             async with asyncio.timeout(timeout_s):
                 await stopped

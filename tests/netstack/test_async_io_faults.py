@@ -120,8 +120,10 @@ async def test_a_service_that_recovers_within_the_retries_gives_the_exact_output
 
 async def test_every_kind_of_fault_in_one_run_is_ridden_out_in_order() -> None:
     kinds = list(Fault)  # requests 1..7 meet one fault each; a call retried 7 times always gets through
-    async with faulty_service(lambda n: kinds[n - 1] if n <= len(kinds) else None, delay_s=DELAY_S) as service:
-        e = Enrichment(service.port, capacity=8,
+    # 40 good calls must each answer within the timeout: 1 s, not 0.2, so a loaded machine's stall does not
+    # time one out (a busy unit run once counted 51 requests for 47); the delayed answer stays well past it
+    async with faulty_service(lambda n: kinds[n - 1] if n <= len(kinds) else None, delay_s=3.0) as service:
+        e = Enrichment(service.port, capacity=8, timeout_s=1.0,
                        retry=RetryPolicy(max_attempts=len(kinds) + 1, initial_backoff_s=0.01, max_backoff_s=0.05))
         try:
             await e.run(keys(40))

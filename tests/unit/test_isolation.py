@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from netstack.credit import ChannelSender, Event
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.execution.channels import OutputGate, Subpartition, split_records
-from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, mode_from_env
+from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, held_the_gil, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
@@ -59,6 +59,65 @@ def test_task_thread_runs_calls_off_the_loop_in_order_and_returns_errors() -> No
         with pytest.raises(KeyError):
             await thread.call(fail)
         assert await thread.call(work, 7) == 14  # a failed call does not end the thread
+        assert await thread.stop(timeout_s=5)
+
+    asyncio.run(main())
+
+
+def test_a_call_holds_the_gil_when_its_thread_ran_most_of_its_wall_time() -> None:
+    assert held_the_gil(0.002, 0.0019) and held_the_gil(0.002, 0.0014)
+    assert not held_the_gil(0.002, 0.0013) and not held_the_gil(0.05, 0.0001)  # a sleep, I/O, a lock
+    assert held_the_gil(0.0001, 0.0)  # too short to tell: waited for
+
+
+def test_calls_that_hold_the_gil_are_waited_for_blocked_and_calls_that_wait_are_awaited() -> None:
+    """A run of records holds the GIL its whole time: the loop could not run meanwhile, so it takes the result
+    straight from the thread (no future, no loop wake-up). A call that waits (a sleep, I/O) releases the GIL:
+    its successor is awaited so the loop and other tasks run beside it."""
+
+    async def main() -> None:
+        thread = TaskThread("modes")
+        thread.sync_wait_s = 30.0  # no timing in this test: every blocked wait gets its call
+        assert await thread.call(divmod, 7, 2) == (3, 1)  # the first call is waited for blocked
+        assert thread.waited_blocked == 1
+        with pytest.raises(ZeroDivisionError):  # an error comes back the same way
+            await thread.call(divmod, 1, 0)
+        thread.held_gil = True
+        await thread.call(time.sleep, 0.05)  # waited for blocked, and releases the GIL
+        assert not thread.held_gil and thread.waited_blocked == 3
+        assert await thread.call(divmod, 9, 4) == (2, 1)  # awaited: the previous call released the GIL
+        assert thread.waited_blocked == 3
+        assert await thread.stop(timeout_s=5)
+
+    asyncio.run(main())
+
+
+def test_a_call_that_spins_past_the_blocked_wait_lets_the_loop_run() -> None:
+    """A CPU-bound call longer than SYNC_WAIT_S: the loop stops waiting for it and gets the GIL at the switch
+    interval meanwhile, so its timers still run; the result arrives through the loop."""
+
+    def spin(seconds: float) -> str:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+        return "spun"
+
+    async def main() -> None:
+        thread = TaskThread("spinner")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        running = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        assert await thread.call(spin, 0.3) == "spun"
+        running.cancel()
+        assert thread.waited_blocked == 0
+        assert ticks >= 3, ticks  # about one per switch interval (5 ms); blocked for the call, it would be 1
         assert await thread.stop(timeout_s=5)
 
     asyncio.run(main())
@@ -170,6 +229,31 @@ def _task(job: Job, node_ids: list[int], mode: str) -> Task:
                 isolation=mode)
 
 
+class LoopLag:
+    """While entered: the longest the running event loop was late for a 5 ms timer (what a task that blocks the
+    loop would show)."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+        self._ticking: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(self.PERIOD_S)
+            self.lag = max(self.lag, time.monotonic() - t0 - self.PERIOD_S)
+
+    async def __aenter__(self) -> LoopLag:
+        self._ticking = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._ticking is not None
+        self._ticking.cancel()
+
+
 async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
     """A fast source -> map -> discard task runs to its end beside an unbounded source -> `slow_sink` task;
     the longest the event loop was late for a 5 ms timer meanwhile, and the slow task."""
@@ -178,22 +262,12 @@ async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
     job.source(GeneratorSource(count=None, keys=10, seed=2), name="slow").sink(slow_sink)
     fast, slow = _task(job, [0, 1, 2], mode), _task(job, [3, 4], mode)
     slow_run = asyncio.create_task(slow.run())
-    lag = 0.0
-
-    async def ticker() -> None:
-        nonlocal lag
-        while True:
-            t0 = time.monotonic()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.monotonic() - t0 - 0.005)
-
-    ticking = asyncio.create_task(ticker())
-    await fast.run()
-    ticking.cancel()
+    async with LoopLag() as watch:
+        await fast.run()
     slow.cancel()
     with pytest.raises((TaskCancelled, asyncio.CancelledError)):
         await slow_run
-    return lag, slow
+    return watch.lag, slow
 
 
 @pytest.mark.parametrize("sink", ["undeclared", "declared"])
@@ -270,21 +344,12 @@ def _async_task(mode: str) -> Task:
 
 async def _lag_beside(task: Task) -> tuple[float, float]:
     """The longest the event loop was late for a 5 ms timer while `task` ran to its end, and how long it ran."""
-    lag = 0.0
-
-    async def ticker() -> None:
-        nonlocal lag
-        while True:
-            t0 = time.monotonic()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.monotonic() - t0 - 0.005)
-
-    ticking = asyncio.create_task(ticker())
-    await asyncio.sleep(0.01)  # ticking before the task's first run
-    started = time.monotonic()
-    await task.run()
-    ticking.cancel()
-    return lag, time.monotonic() - started
+    async with LoopLag() as watch:
+        await asyncio.sleep(0.01)  # ticking before the task's first run
+        started = time.monotonic()
+        await task.run()
+        took = time.monotonic() - started
+    return watch.lag, took
 
 
 def test_a_blocking_map_chained_with_an_async_map_does_not_hold_up_the_loop() -> None:
