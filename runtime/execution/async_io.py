@@ -227,7 +227,7 @@ class AsyncIOOperator:
     def _flush(self) -> None:
         """Hand on what may leave (runs of results as one list, watermarks between), then admit more."""
         self._flush_posted = False
-        if self._error is not None:
+        if self._error is not None or self._closing:  # closing: the chain is closed next, maybe on another thread
             return
         ready = self._queue.take_ready()
         try:
