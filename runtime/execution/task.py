@@ -338,8 +338,7 @@ class Task:
             self.state = TaskState.CANCELLED
             raise
         except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
-            if current is not None and not current.cancelling():
+            if _raised_by_user_code():
                 # nobody cancelled this task: user code raised it (a client's own cancellation). Passed on, the
                 # task would end as if stopped on purpose, and the worker would report nothing
                 self.state = TaskState.FAILED
@@ -393,6 +392,13 @@ class Task:
             try:  # its function's own close() runs on the task's loop: bounded like the rest
                 if not await _within(remaining(), self._on_chain_loop(self.chain.aclose_async())):
                     self._stuck("stopping its asynchronous operator")
+            except asyncio.CancelledError:
+                if not _raised_by_user_code():
+                    raise
+                # a close() cancelled under the function (its client's): passed on, a finished task would end
+                # cancelled, which the worker takes for a stop on purpose and reports nothing
+                log.warning("task %s: user code raised CancelledError while its asynchronous operator stopped",
+                            self.task_id)
             except Exception as exc:
                 log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
         closer: TaskThread | None = None
@@ -413,14 +419,15 @@ class Task:
             self._stuck("stopping its user loop")
 
     def _close_user_code(self) -> None:
+        # a CancelledError here is user code's own (no task is cancelled on a thread): like any error
         try:
             self.chain.close()
-        except Exception as exc:  # closing must not hide the task's own outcome
+        except (Exception, asyncio.CancelledError) as exc:  # closing must not hide the task's own outcome
             log.warning("task %s: error while closing: %s", self.task_id, exc)
         if self.source is not None:
             try:
                 self.source.close()  # a source may hold a connection and a thread
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 log.warning("task %s: error while closing its source: %s", self.task_id, exc)
 
     def _stuck(self, doing: str) -> None:
@@ -894,6 +901,12 @@ async def _within(timeout_s: float | None, awaitable: Any) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _raised_by_user_code() -> bool:
+    """Whether the CancelledError being handled came from user code: nobody cancelled the task running now."""
+    current = asyncio.current_task()
+    return current is not None and not current.cancelling()
 
 
 def _left_behind(task: Task) -> None:

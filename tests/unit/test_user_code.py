@@ -425,3 +425,36 @@ def test_a_task_whose_own_loop_stopped_is_not_reported_as_a_slow_call() -> None:
         assert watchdog.check(time.monotonic() + 60.0) == [] and reports == []
 
     asyncio.run(main())
+
+
+class ClosedUnderIt:
+    """An async_map function whose client's close is cancelled under it."""
+
+    async def __call__(self, value: Any) -> Any:
+        return value
+
+    async def close(self) -> None:
+        cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        await cancelled
+
+
+@pytest.mark.parametrize("mode", ["thread", "inline"])
+def test_a_finished_task_whose_async_function_close_raises_cancelled_error_ends_finished(mode: str) -> None:
+    """The CancelledError left the task's close: the finished task ended as a cancelled asyncio task, which the
+    worker takes for a stop on purpose, so it reported nothing (no TaskFinished)."""
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=100, keys=5, seed=1), name="src").async_map(ClosedUnderIt()) \
+            .sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
+                    isolation=mode)
+        runner = asyncio.ensure_future(task.run())
+        await asyncio.wait([runner], timeout=DEADLINE_S)
+        assert runner.done() and not runner.cancelled() and runner.exception() is None
+        assert task.state == TaskState.FINISHED and task.chain.records_out == 100
+
+    asyncio.run(main())
