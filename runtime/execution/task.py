@@ -184,6 +184,9 @@ class Task:
         self.flush_timeout_s = flush_timeout_s
         self.output = output_gate
         output_gate.bind(self.wake)
+        # where the subpartitions mark themselves due for the flush tick (the task's gate, as the worker builds
+        # them; each subpartition's own, whatever it is)
+        self._output_gates = list({id(s.gate): s.gate for s in outputs}.values())
         self.gate: InputGate | None = (InputGate(self, inputs, exclusive=credits.exclusive, floating=credits.floating)
                                        if inputs else None)
         self.restore = restore
@@ -458,12 +461,13 @@ class Task:
 
     def _tick(self) -> None:
         """The periodic work on the task's outputs and timers (never while a call is on the task's thread)."""
-        for sub in self.subpartitions:
-            if sub.wanted_capacity:  # the worker's buffer sizing found its builder busy (InflightBound.adjust)
-                resize(sub, sub.wanted_capacity)
-                sub.wanted_capacity = 0
-            if sub.buf:
-                sub.flush()
+        for gate in self._output_gates:
+            for sub in gate.take_due():  # only those holding data or a new size (OutputGate.due)
+                if sub.wanted_capacity:  # the worker's buffer sizing found its builder busy (InflightBound.adjust)
+                    resize(sub, sub.wanted_capacity)
+                    sub.wanted_capacity = 0
+                if sub.buf:
+                    sub.flush()
         if self.checkpoints is not None:
             self.checkpoints.poll(time.time())
         timers = self.chain.timers
@@ -803,6 +807,9 @@ class Task:
     async def _on_inband_event(self, channel_id: int, ev: Event) -> None:
         kind = ev.body.get("t")
         op = self._async_op
+        if op is None and self._user_loop is None:  # what `exclusive` does then, without its coroutine
+            self._inband_event(channel_id, kind, ev)
+            return
         if op is not None and op.drain and kind in ("barrier", "end"):
             # drain: the records before an aligned barrier finish first; so do those before a channel's end,
             # which completes an alignment waiting only for that channel
