@@ -227,6 +227,11 @@ class Connection:
         self.state = State.AWAIT_ACK if is_client else State.AWAIT_HELLO
         self.peer_id = "?"
         self.peer_role = "?"
+        # An event is often the same on many channels (a checkpoint's barrier on every subpartition of a task,
+        # 500 at parallelism 500): it is encoded once for all of them, and a payload equal to the last one
+        # received is not decoded again (the same `Event` is handed on; bodies are read-only by contract).
+        self._sent_event: tuple[Event, bytes] | None = None
+        self._received_event: tuple[bytes, Event] | None = None
 
     # -- sending --------------------------------------------------------------
 
@@ -251,8 +256,13 @@ class Connection:
             header = encode_header(FrameType.DATA, 0, channel, item.seq, len(prefix) + len(buf.data))
             return [header, prefix, buf.data]
         flags = FLAG_PRIORITY if item.priority else 0
-        return [encode_frame(FrameType.EVENT, msgpack.packb(item.event.body), flags=flags, channel=channel,
-                             seq=item.seq)]
+        sent = self._sent_event
+        if sent is not None and sent[0] is item.event:
+            payload = sent[1]
+        else:
+            payload = msgpack.packb(item.event.body)
+            self._sent_event = (item.event, payload)
+        return [encode_header(FrameType.EVENT, flags, channel, item.seq, len(payload)), payload]
 
     def credit(self, channel: int, credits: int) -> bytes:
         self._require_open()
@@ -347,11 +357,17 @@ class Connection:
         if ledger is None:
             raise RemoteProtocolError(f"event for unknown channel {frame.channel}", CloseReason.UNKNOWN_CHANNEL)
         priority = bool(frame.flags & FLAG_PRIORITY)
-        body = _unpack(frame.payload, "event")
-        if not isinstance(body, dict):
-            raise RemoteProtocolError("event body is not a map", CloseReason.BAD_PAYLOAD)
+        received = self._received_event
+        if received is not None and received[0] == frame.payload:
+            event = received[1]
+        else:
+            body = _unpack(frame.payload, "event")
+            if not isinstance(body, dict):
+                raise RemoteProtocolError("event body is not a map", CloseReason.BAD_PAYLOAD)
+            event = Event(body)
+            self._received_event = (frame.payload, event)
         ledger.on_event(frame.channel, frame.seq, priority)
-        return EventArrived(frame.channel, frame.seq, Event(body), priority)
+        return EventArrived(frame.channel, frame.seq, event, priority)
 
     def _on_credit(self, frame: Frame, replies: list[bytes]) -> ProtocolEvent:
         sender = self.directory.outbound(self.peer_id, frame.channel)

@@ -52,7 +52,7 @@ class FrameType(enum.IntEnum):
     PONG = 10
 
 
-_KNOWN_TYPES = frozenset(int(t) for t in FrameType)
+_KNOWN_TYPES = {int(t): t for t in FrameType}  # a lookup per frame, not an enum call (EnumType.__call__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ class FrameDecoder:
         payload = bytes(self._buf[self._pos : self._pos + length])
         self._pos += length
         self._header = None
-        return Frame(FrameType(ftype), flags, channel, seq, payload)
+        return Frame(_KNOWN_TYPES[ftype], flags, channel, seq, payload)
 
     def eof(self) -> None:
         """The stream ended: fine between frames, a protocol error inside one."""

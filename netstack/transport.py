@@ -41,13 +41,14 @@ from netstack.connection import (
     RpcRequest,
     RpcResponse,
 )
-from netstack.credit import ChannelSender
+from netstack.credit import ChannelSender, SendData
 from netstack.errors import CloseReason, ConnectionLost, MethodNotFound, NetstackError, RemoteProtocolError, RpcError
 from netstack.limits import SHED, Admission, ListenerLimits
 
 log = logging.getLogger("sluice.net")
 
 HANDSHAKE_TIMEOUT_S = 10.0
+FLUSH_CHUNK_BYTES = 64 * 1024  # data frames gathered before the transport gets them (Link._flush)
 
 T = TypeVar("T")
 
@@ -355,6 +356,11 @@ class Link(asyncio.Protocol):
             return
         touched: dict[int, ChannelSender] = {}
         encode = self.connection.encode_outbound
+        # Frames are gathered and handed to the transport together (one write, so one send, for a checkpoint's
+        # barriers on all of a link's channels instead of one each); the data rounds hand them over every
+        # FLUSH_CHUNK_BYTES, so a full transport still pauses them within that much.
+        out: list[bytes] = []
+        frames = 0
         # The link's priority queue first, paused or not: every priority event of every channel leaves
         # before the next data frame of any channel.
         while self._urgent:
@@ -364,8 +370,9 @@ class Link(asyncio.Protocol):
                 item = sender.pop_sendable()  # the priority lane comes first
                 assert item is not None
                 touched[cid] = sender
-                self.frames_out += 1
-                self._write(encode(cid, item))
+                frames += 1
+                out += encode(cid, item)
+        pending = 0
         while self._ready and not self._paused:
             for cid, sender in list(self._ready.items()):
                 item = sender.pop_sendable()
@@ -373,10 +380,20 @@ class Link(asyncio.Protocol):
                     del self._ready[cid]
                     continue
                 touched[cid] = sender
-                self.frames_out += 1
-                self._write(encode(cid, item))
-                if self._paused:
-                    break
+                frames += 1
+                chunks = encode(cid, item)
+                out += chunks
+                if isinstance(item, SendData):
+                    pending += len(item.buffer.data)
+                if pending >= FLUSH_CHUNK_BYTES:
+                    pending = 0
+                    self._write(out)
+                    out = []
+                    if self._paused:
+                        break
+        if out:
+            self._write(out)
+        self.frames_out += frames
         for sender in touched.values():
             self.handler.on_sent(self, sender)
 

@@ -75,7 +75,8 @@ class TaskCheckpoints:
         """The barrier's spec. Every input channel brings the same barrier (500 channels a task at parallelism
         500): decoded once, and the others compared with it (a few dict lookups instead of a decode)."""
         last = self._last_barrier
-        if last is not None and last[0] == body:
+        # the same dict on channels of one link (netstack decodes an event once) and on local channels
+        if last is not None and (last[0] is body or last[0] == body):
             return last[1]
         spec = BarrierSpec.from_body(body)
         self._last_barrier = (body, spec)

@@ -35,6 +35,7 @@ from typing import Any
 
 from runtime.api.async_io import AsyncMap
 from runtime.execution.async_io_queue import NO_KEY, AsyncIOQueue, Mark, Start
+from runtime.execution.user_code import UserCodeExit
 from runtime.graph.partitioning import key_group, key_group_range
 from runtime.state.backend import PendingSnapshot, StateBackendError
 from runtime.state.codec import hashable
@@ -73,6 +74,7 @@ class AsyncIOOperator:
                  emit: Callable[[list[Any]], None], forward_watermark: Callable[[int], None]) -> None:
         self.spec = spec
         self._closed = False  # the function's close() was called
+        self._closing = False  # aclose() began: no call starts any more
         self.node_id = node_id
         self.name = name
         self._key_fn = key_fn
@@ -162,6 +164,8 @@ class AsyncIOOperator:
     # -- calls -------------------------------------------------------------------------------------
 
     def _start(self, starts: list[Start]) -> None:
+        if self._closing:  # aclose took the calls to cancel: one started now would run on after the close
+            return
         loop = asyncio.get_running_loop()
         for s in starts:
             task = loop.create_task(self._call(s.seq, s.record))
@@ -195,6 +199,8 @@ class AsyncIOOperator:
             except Exception as e:
                 error = e
                 give_up = not retry.retries(e, attempt)
+            except SystemExit as e:  # the task fails with the function named; out of its task, it ended the loop
+                error, give_up = UserCodeExit.of(e), True
             if give_up:
                 stats.failed += 1
                 what = (f"timed out (timeout_s={spec.timeout_s})" if limit.expired()
@@ -221,7 +227,7 @@ class AsyncIOOperator:
     def _flush(self) -> None:
         """Hand on what may leave (runs of results as one list, watermarks between), then admit more."""
         self._flush_posted = False
-        if self._error is not None:
+        if self._error is not None or self._closing:  # closing: the chain is closed next, maybe on another thread
             return
         ready = self._queue.take_ready()
         try:
@@ -273,7 +279,8 @@ class AsyncIOOperator:
     async def aclose(self) -> None:
         """The task ends (finished, failed or cancelled): cancel the calls still running, wait for them, then
         close the function once (its `close()`, plain or `async def`, where it has one: the clients, pools and
-        threads it opened go with the task instead of at garbage collection)."""
+        threads it opened go with the task instead of at garbage collection). No call starts from now on."""
+        self._closing = True
         for task in list(self._calls):
             task.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)

@@ -206,12 +206,20 @@ class AsyncOperator:
     # -- what the chain calls ---------------------------------------------------------------------------
 
     def feed(self, records: list[Any]) -> None:
+        self._on_its_loop()
         self._queue.extend(records)
         self.pump()
 
     def feed_watermark(self, timestamp: int) -> None:
+        self._on_its_loop()
         self._queue.append(Watermark(timestamp))
         self.pump()
+
+    def _on_its_loop(self) -> None:
+        # once a run, not per record: fed from a loop it is not bound to (a task that skipped `run_on`), its
+        # records would start on the other loop from this thread, and everything would seem to work
+        if asyncio.get_running_loop() is not self.runner.loop:
+            raise RuntimeError(f"asynchronous operator {self.node_id}: fed on a loop it is not bound to (run_on)")
 
     def pump(self) -> None:
         """Submit queued input while the controller admits it (and only once the function is open)."""

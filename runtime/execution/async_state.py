@@ -58,6 +58,7 @@ from runtime.execution.async_controller import (
     Timer,
     UnblockInput,
 )
+from runtime.execution.user_code import UserCodeExit
 from runtime.state.backend import PendingSnapshot, StateBackend
 
 __all__ = ["AsyncKeyedContext", "AsyncKeyedProcessFunction", "AsyncListState", "AsyncMapState", "AsyncOpenContext",
@@ -149,6 +150,7 @@ class AsyncStateRunner:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0.0
         self._error: BaseException | None = None
+        self._closing = False  # aclose() began
         self.checkpoints: dict[int, CapturedCheckpoint] = {}
         self.blocked_seconds = 0.0
 
@@ -157,6 +159,11 @@ class AsyncStateRunner:
         round trips and timers start there. Before anything runs."""
         assert not self._tasks and self._timer is None, "bind_loop after the runner started"
         self._loop = loop
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the runner lives on (its records, round trips and timers start there)."""
+        return self._loop
 
     @property
     def controller(self) -> AsyncExecutionController:
@@ -247,6 +254,9 @@ class AsyncStateRunner:
             self._on_progress()
 
     def _spawn(self, coroutine: Any) -> None:
+        if self._closing:  # aclose took the tasks to cancel: one started now would outlive the task's close
+            coroutine.close()
+            return
         task = self._loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -276,6 +286,19 @@ class AsyncStateRunner:
                 await self._function.process(record, ctx)
         except Exception as e:  # the job fails; the task reports it on its next call
             self._fail(e)
+            return
+        except SystemExit as e:  # the same, with the function named; out of its task, it ended the loop
+            self._fail(UserCodeExit.of(e))
+            return
+        except asyncio.CancelledError as e:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]  # aclose(): the task ends
+                raise
+            # the function's own code was cancelled (a future it awaited, a client closed under it): the record
+            # would stay in flight for ever (a drain checkpoint and the end of input waiting for it)
+            error = RuntimeError(f"{type(self._function).__name__}: a record's coroutine was cancelled by its own "
+                                 f"code (not by the task)")
+            error.__cause__ = e
+            self._fail(error)
             return
         if self._on_finished is not None:
             self._on_finished(start.key, record, ctx.timer_changes)
@@ -335,7 +358,9 @@ class AsyncStateRunner:
             raise self._error
 
     async def aclose(self) -> None:
-        """Cancel what still runs (after a failure) and wait for it."""
+        """Cancel what still runs (after a failure) and wait for it; nothing starts from now on (an admission
+        posted before, a record finishing meanwhile, would start the next records)."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self._tasks):

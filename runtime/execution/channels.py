@@ -43,12 +43,20 @@ class Wakeable(Protocol):
 
 
 class OutputGate:
-    """How many of a task's subpartitions are at their queue limit; 0 means the task may start a record."""
+    """How many of a task's subpartitions are at their queue limit; 0 means the task may start a record.
 
-    __slots__ = ("blocked", "would_block", "_notify")
+    It also keeps which of them the task's flush tick must visit (`due`): those holding a partly filled
+    buffer, and those the worker's buffer sizing left a new size for. A worker at parallelism 500 has 2,500
+    subpartitions, nearly all empty at any tick: the tick visits the few in `due`, not all of them.
+    """
+
+    __slots__ = ("blocked", "would_block", "_notify", "due")
 
     def __init__(self) -> None:
         self.blocked = 0
+        # in the order they became due; a subpartition whose builder holds data is always here (it is added
+        # when a record starts in an empty builder, and leaves only when the tick flushes it)
+        self.due: dict[Subpartition, None] = {}
         # the task's thread cut buffers that will fill a subpartition once queued (they wait in `deferred`):
         # its run stops there, as an inline one stops at `blocked`
         self.would_block = False
@@ -62,6 +70,14 @@ class OutputGate:
         self.blocked -= 1
         if self.blocked == 0:
             self._notify()
+
+    def take_due(self) -> list[Subpartition]:
+        """The subpartitions the flush tick must visit, oldest first; none are due after this."""
+        if not self.due:
+            return []
+        due = list(self.due)
+        self.due.clear()
+        return due
 
 
 class Subpartition:
@@ -92,8 +108,9 @@ class Subpartition:
 
     def append(self, data: bytes) -> None:
         buf = self.buf
-        if self.first < 0:
+        if self.first < 0:  # a record starts in this buffer (an empty builder always takes this branch)
             self.first = len(buf)
+            self.gate.due[self] = None
         buf += data
         if len(buf) >= self.capacity:
             self._cut(data)
@@ -109,6 +126,7 @@ class Subpartition:
             return False
         if self.first < 0:
             self.first = len(buf)
+            self.gate.due[self] = None
         buf += data
         return True
 
@@ -354,10 +372,19 @@ class InputGate:
         self.recording_id = checkpoint_id
         self.recorders = {}
         captured: dict[int, list[Buffer]] = {}
+        arrival_log = self.arrival_log
         for channel_id, queue in self.queues.items():
             # the first barrier of this checkpoint or a later one to reach the gate on that channel
-            arrival = next((a for a in self.arrival_log[channel_id] if a.checkpoint_id >= checkpoint_id), None)
-            if arrival is not None:
+            arrival = None
+            for logged in arrival_log[channel_id]:  # a plain loop: this runs for each of the gate's channels
+                if logged.checkpoint_id >= checkpoint_id:
+                    arrival = logged
+                    break
+            if not queue:  # nothing queued on it: nothing to capture, whatever the arrival
+                captured[channel_id] = []
+                if arrival is None and not self.channels[channel_id].ended:
+                    self.recorders[channel_id] = captured[channel_id]
+            elif arrival is not None:
                 if arrival.priority:
                     captured[channel_id] = [b for seq, b in queue if isinstance(b, Buffer) and seq <= arrival.seq]
                 else:

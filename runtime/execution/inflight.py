@@ -81,6 +81,17 @@ class RateEstimate:
     def rate(self) -> float | None:
         return statistics.median(r for _, r in self._samples) if self._samples else None
 
+    def unchanged_by(self, total_bytes: int) -> bool:
+        """Whether sampling `total_bytes` now would change nothing but the clock of the last sample: nothing
+        moved, and there is no older sample that time could age out (the newest always stays)."""
+        return total_bytes == self._last_bytes and len(self._samples) <= 1
+
+    def settle(self, at: float) -> None:
+        """Nothing moved until `at`: as the samples skipped then (`unchanged_by`) would have left it, so the
+        next period that moves is timed from `at`, not from the last sample taken."""
+        if self._last_bytes is not None and at > self._last_at:
+            self._last_at = at
+
     def sample(self, total_bytes: int, now: float) -> float | None:
         if self._last_bytes is None:
             self._last_bytes, self._last_at = total_bytes, now
@@ -122,19 +133,35 @@ class InflightBound:
         self.max_bytes = max_bytes
         self.min_bytes = min_bytes
         self.channels = [(sub, RateEstimate()) for sub in subpartitions]
+        self._last_now: float | None = None  # the previous pass's time
         for sub, _ in self.channels:  # before the first record: nothing is queued at the configured size
             resize(sub, buffer_size_for(None, target_s, buffers_in_path, max_bytes=max_bytes, min_bytes=min_bytes))
 
-    def adjust(self, now: float) -> None:
+    def adjust(self, now: float) -> int:
+        """One pass; returns how many channels it sampled.
+
+        A channel whose byte count did not move since its last sample, with no older sample to age out and
+        no size waiting for its task, is skipped: its estimate, and so its size, would come out the same (at
+        1,000 tasks nearly all of a worker's 2,500 channels are idle at any pass). Its clock is caught up
+        when it moves again (`RateEstimate.settle`), so the estimates are the ones a full pass gives."""
+        last_now, self._last_now = self._last_now, now
+        sampled = 0
         for sub, estimate in self.channels:
+            if not sub.wanted_capacity and estimate.unchanged_by(sub.bytes_out):
+                continue
+            sampled += 1
+            if last_now is not None:
+                estimate.settle(last_now)
             rate = estimate.sample(sub.bytes_out, now)
             if sub.deferred is not None:  # its task's thread is writing into it: the task resizes it (Task._tick)
                 sub.wanted_capacity = buffer_size_for(rate, self.target_s, self.buffers_in_path,
                                                       max_bytes=self.max_bytes, min_bytes=self.min_bytes)
+                sub.gate.due[sub] = None  # the task's next tick visits it
                 continue
             sub.wanted_capacity = 0
             resize(sub, buffer_size_for(rate, self.target_s, self.buffers_in_path, max_bytes=self.max_bytes,
                                         min_bytes=self.min_bytes))
+        return sampled
 
     async def run(self, period_s: float = ADJUST_PERIOD_S) -> None:
         loop = asyncio.get_running_loop()

@@ -40,7 +40,7 @@ from runtime.execution.source_driver import SourceDriver
 from runtime.execution.task_time import TIMER_CHUNK, TaskTime
 from runtime.execution.time_accounting import BACKPRESSURED_TIME, IDLE_TIME, TimeAccounting
 from runtime.execution.timers import current_time_ms
-from runtime.execution.user_code import RunningCall, UserCodeExit
+from runtime.execution.user_code import RunningCall, UserCodeCancelled, UserCodeExit
 from runtime.execution.user_loop import UserLoop
 from runtime.graph.enums import TaskState
 
@@ -184,6 +184,9 @@ class Task:
         self.flush_timeout_s = flush_timeout_s
         self.output = output_gate
         output_gate.bind(self.wake)
+        # where the subpartitions mark themselves due for the flush tick (the task's gate, as the worker builds
+        # them; each subpartition's own, whatever it is)
+        self._output_gates = list({id(s.gate): s.gate for s in outputs}.values())
         self.gate: InputGate | None = (InputGate(self, inputs, exclusive=credits.exclusive, floating=credits.floating)
                                        if inputs else None)
         self.restore = restore
@@ -230,6 +233,7 @@ class Task:
         self._user_loop: UserLoop | None = None
         self._hand_off: HandOff | None = None
         self._home: asyncio.AbstractEventLoop | None = None  # the worker's loop (wake-ups from the task's loop)
+        self._loop_failure: BaseException | None = None  # a sys.exit() escaped user code on the task's loop
         self._wake_posted = False
         self._deferred: list[tuple[Subpartition, Buffer]] = []  # buffers cut by the thread, queued on its return
         self._on_thread = False  # a call is on the thread: the loop must not touch the subpartitions' builders
@@ -333,7 +337,15 @@ class Task:
             if self.checkpoints is not None and not finished_before:
                 await self._wait_final_checkpoint()
             self.state = TaskState.FINISHED
-        except (TaskCancelled, asyncio.CancelledError):
+        except TaskCancelled:
+            self.state = TaskState.CANCELLED
+            raise
+        except asyncio.CancelledError as exc:
+            if _raised_by_user_code():
+                # nobody cancelled this task: user code raised it (a client's own cancellation). Passed on, the
+                # task would end as if stopped on purpose, and the worker would report nothing
+                self.state = TaskState.FAILED
+                raise UserCodeCancelled.of(exc) from exc
             self.state = TaskState.CANCELLED
             raise
         except SystemExit as exc:  # sys.exit() in user code run inline: fail this task, not the worker's loop
@@ -383,6 +395,13 @@ class Task:
             try:  # its function's own close() runs on the task's loop: bounded like the rest
                 if not await _within(remaining(), self._on_chain_loop(self.chain.aclose_async())):
                     self._stuck("stopping its asynchronous operator")
+            except asyncio.CancelledError:
+                if not _raised_by_user_code():
+                    raise
+                # a close() cancelled under the function (its client's): passed on, a finished task would end
+                # cancelled, which the worker takes for a stop on purpose and reports nothing
+                log.warning("task %s: user code raised CancelledError while its asynchronous operator stopped",
+                            self.task_id)
             except Exception as exc:
                 log.warning("task %s: error while stopping asynchronous state: %s", self.task_id, exc)
         closer: TaskThread | None = None
@@ -403,14 +422,15 @@ class Task:
             self._stuck("stopping its user loop")
 
     def _close_user_code(self) -> None:
+        # a CancelledError here is user code's own (no task is cancelled on a thread): like any error
         try:
             self.chain.close()
-        except Exception as exc:  # closing must not hide the task's own outcome
+        except (Exception, asyncio.CancelledError) as exc:  # closing must not hide the task's own outcome
             log.warning("task %s: error while closing: %s", self.task_id, exc)
         if self.source is not None:
             try:
                 self.source.close()  # a source may hold a connection and a thread
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 log.warning("task %s: error while closing its source: %s", self.task_id, exc)
 
     def _stuck(self, doing: str) -> None:
@@ -441,12 +461,13 @@ class Task:
 
     def _tick(self) -> None:
         """The periodic work on the task's outputs and timers (never while a call is on the task's thread)."""
-        for sub in self.subpartitions:
-            if sub.wanted_capacity:  # the worker's buffer sizing found its builder busy (InflightBound.adjust)
-                resize(sub, sub.wanted_capacity)
-                sub.wanted_capacity = 0
-            if sub.buf:
-                sub.flush()
+        for gate in self._output_gates:
+            for sub in gate.take_due():  # only those holding data or a new size (OutputGate.due)
+                if sub.wanted_capacity:  # the worker's buffer sizing found its builder busy (InflightBound.adjust)
+                    resize(sub, sub.wanted_capacity)
+                    sub.wanted_capacity = 0
+                if sub.buf:
+                    sub.flush()
         if self.checkpoints is not None:
             self.checkpoints.poll(time.time())
         timers = self.chain.timers
@@ -465,8 +486,9 @@ class Task:
         if thread is not None and started is not None:
             return RunningCall(self.task_id, thread.calls, started, thread.ident)
         user = self._user_loop
-        if user is not None:  # its own numbering: one report per stall (the ticks stop while it lasts)
-            return RunningCall(self.task_id, -1 - user.ticks, user.running_since(), user.ident)
+        since = user.running_since() if user is not None else None
+        if user is not None and since is not None:  # its own numbering: one report per stall (no ticks meanwhile)
+            return RunningCall(self.task_id, -1 - user.ticks, since, user.ident)
         return None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -527,6 +549,17 @@ class Task:
         for sub in self.subpartitions:
             sub.deferred = hand_off
         self._async_op.run_on(user.loop)
+        user.on_failure = self._user_code_exited
+
+    def _user_code_exited(self, error: BaseException) -> None:
+        """A sys.exit() escaped user code on the task's loop (a task the user's function started): the loop
+        failed the calls waiting then; the task fails too, also when none was (waiting for admission, quiesce)."""
+        self._loop_failure = error
+
+        def fail() -> None:
+            raise error
+
+        self.post(Mail(fail, "user code exited on the task's loop"))
 
     def _after_hand_off(self) -> None:
         # would_block is the loop's estimate of queued + not yet handed over: now all are queued (blocked says)
@@ -630,6 +663,8 @@ class Task:
         assert op is not None
         while not op.quiet():
             op.raise_if_failed()
+            if self._loop_failure is not None:  # the mailbox, which would raise it, waits for this
+                raise self._loop_failure
             await self.wait(self._recheck_s)
         op.raise_if_failed()
 
@@ -772,6 +807,9 @@ class Task:
     async def _on_inband_event(self, channel_id: int, ev: Event) -> None:
         kind = ev.body.get("t")
         op = self._async_op
+        if op is None and self._user_loop is None:  # what `exclusive` does then, without its coroutine
+            self._inband_event(channel_id, kind, ev)
+            return
         if op is not None and op.drain and kind in ("barrier", "end"):
             # drain: the records before an aligned barrier finish first; so do those before a channel's end,
             # which completes an alignment waiting only for that channel
@@ -870,6 +908,12 @@ async def _within(timeout_s: float | None, awaitable: Any) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _raised_by_user_code() -> bool:
+    """Whether the CancelledError being handled came from user code: nobody cancelled the task running now."""
+    current = asyncio.current_task()
+    return current is not None and not current.cancelling()
 
 
 def _left_behind(task: Task) -> None:

@@ -9,7 +9,8 @@ Tasks run user code on threads of their own (runtime/execution/isolation.py), so
   worker's `on_slow` callback: a metric and the job's exception history). A stuck event loop (a task that
   runs inline, or anything else holding it) is reported the same way, with the loop thread's stack.
 - `UserCodeExit`: what `sys.exit()` in user code turns into, so it fails its task with the cause named
-  instead of ending the worker.
+  instead of ending the worker; `UserCodeCancelled` the same for an asyncio.CancelledError user code raises
+  while nobody cancelled its task (it ended the task as if stopped on purpose, reported by nobody).
 - `user_function`: the user function a stack or traceback is in (the innermost frame outside the runtime
   and the standard library), for the messages above.
 
@@ -100,6 +101,16 @@ class UserCodeExit(RuntimeError):
         error = cls(f"user code called sys.exit({code!r}) in {function}: its task fails, the worker stays up")
         error.__cause__ = exc
         return error
+
+
+class UserCodeCancelled(RuntimeError):
+    """User code raised asyncio.CancelledError while nobody cancelled its task (a client's own cancellation): its
+    task fails, instead of ending as if it had been stopped on purpose."""
+
+    @classmethod
+    def of(cls, exc: BaseException) -> UserCodeCancelled:
+        function = user_function(traceback_frames(exc.__traceback__))
+        return cls(f"user code raised CancelledError in {function} while its task was not cancelled: the task fails")
 
 
 @dataclass(frozen=True)

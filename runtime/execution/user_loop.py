@@ -18,6 +18,10 @@ loop on a thread named after the task (like the `TaskThread` of runtime/executio
 
 A blocked user loop delays only its own task's calls: the worker's loop, other tasks and this task's
 checkpoints (its operator snapshots the records in flight at once) go on.
+
+Every call accepted is answered: a call made once `stop()` began is refused at once; a `sys.exit()` that
+escapes user code the loop runs (a task user code started itself) fails the calls waiting then and is
+reported (`on_failure`), and the loop runs on; calls still waiting when the loop's thread ends fail.
 """
 
 from __future__ import annotations
@@ -52,7 +56,13 @@ class UserLoop:
         self._inbox_posted = False
         self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
         self._outbox_posted = False
-        self._stopped = False  # stop() began: parking it would wait for ever
+        self._stopped = False  # stop() began: parking it would wait for ever, a call would not be answered
+        self._closed = False  # the loop's thread ended
+        self._ended_cleanly = False  # stop() saw every task of the loop end (the thread ends right after)
+        # the callers' futures of the calls accepted and not answered yet (touched on the worker's loop only)
+        self._pending: set[asyncio.Future[Any]] = set()
+        # a sys.exit() escaped user code on the loop (not from a call's own coroutine): called on the worker's loop
+        self.on_failure: Callable[[BaseException], None] = lambda error: None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -62,17 +72,56 @@ class UserLoop:
         asyncio.set_event_loop(loop)
         loop.call_soon(self._tick)
         try:
-            loop.run_forever()
+            while True:
+                try:
+                    loop.run_forever()
+                    break
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    # asyncio re-raises these out of the loop: from a task user code started on its own (a call's
+                    # coroutine turns its sys.exit into UserCodeExit), it would end the thread and leave every
+                    # caller waiting. The task fails instead, and the loop runs on for its close.
+                    self._post_home(self._user_code_exited, UserCodeExit.of(exc))
         finally:
             loop.close()
+            self._post_home(self._ended)
+
+    def _post_home(self, fn: Callable[..., None], *args: Any) -> None:
+        home = self._home
+        if home is None:  # no call was ever made: nobody waits
+            return
+        try:
+            home.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the worker's loop closed (the worker is stopping): nobody waits
+            pass
+
+    def _user_code_exited(self, error: UserCodeExit) -> None:
+        """On the worker's loop: fail the calls waiting now (the exit may be what they wait for), report it."""
+        self._fail_pending(error)
+        self.on_failure(error)
+
+    def _ended(self) -> None:
+        """On the worker's loop: the loop's thread ended; calls still waiting can no longer be answered."""
+        self._closed = True
+        self._fail_pending(RuntimeError(f"{self.name}: the task's loop has stopped"))
+        while self._inbox:
+            coroutine, _, _ = self._inbox.popleft()
+            coroutine.close()
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for done in list(self._pending):
+            if not done.done():
+                done.set_exception(error)
 
     def _tick(self) -> None:
         self.seen = time.monotonic()
         self.ticks += 1
         self.loop.call_later(TICK_S, self._tick)
 
-    def running_since(self) -> float:
-        """The last time the loop was seen running (time.monotonic()); read from any thread."""
+    def running_since(self) -> float | None:
+        """The last time the loop was seen running (time.monotonic()); None once it stopped (its ticks ended with
+        it: a stopped loop is not a stuck one). Read from any thread."""
+        if self._ended_cleanly or not self._thread.is_alive():
+            return None
         return self.seen
 
     # -- the worker's loop awaits user code -------------------------------------------------------------
@@ -80,17 +129,22 @@ class UserLoop:
     async def run(self, awaitable: Awaitable[Any]) -> Any:
         """Run `awaitable` (a coroutine) on the user loop and return its result; awaited on the worker's loop."""
         coroutine = awaitable if asyncio.iscoroutine(awaitable) else _awaited(awaitable)
+        if self._stopped or self._closed:  # stop() began: nothing would start it, nothing would answer
+            coroutine.close()
+            raise RuntimeError(f"{self.name}: the task's loop has stopped")
         home = self._home
         if home is None:
             home = self._home = asyncio.get_running_loop()
         done: asyncio.Future[Any] = home.create_future()
         box: list[asyncio.Task[Any]] = []
+        self._pending.add(done)
         self._inbox.append((coroutine, done, box))
         if not self._inbox_posted:  # one wake-up of the user loop for every call handed over meanwhile
             self._inbox_posted = True
             try:
                 self.loop.call_soon_threadsafe(self._take_inbox)
             except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
+                self._pending.discard(done)
                 self._inbox.clear()
                 coroutine.close()
                 raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
@@ -100,6 +154,8 @@ class UserLoop:
             if not done.done() or done.cancelled():
                 self._cancel_soon(box)
             raise
+        finally:
+            self._pending.discard(done)
 
     def _take_inbox(self) -> None:
         """On the user loop: start the user tasks handed over."""
@@ -189,6 +245,10 @@ class UserLoop:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # the loop ends itself, right after this task's end is handed back (a stop now would skip that): also
+            # when user code held it past `timeout_s` and the caller gave up, whose thread would otherwise run an
+            # empty loop for ever once that code returned
+            asyncio.get_running_loop().call_soon(asyncio.get_running_loop().stop)
 
         try:
             stopped = asyncio.run_coroutine_threadsafe(shut(), self.loop)
@@ -196,15 +256,13 @@ class UserLoop:
             return True
         try:
             async with asyncio.timeout(timeout_s):
-                await asyncio.wrap_future(stopped)
+                # shielded: giving up on the wait must not cancel the stop itself (see shut)
+                await asyncio.shield(asyncio.wrap_future(stopped))
         except TimeoutError:
             return False
         except Exception:  # a user task that swallowed its cancel and failed: the loop still ends
             pass
-        try:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        except RuntimeError:
-            pass
+        self._ended_cleanly = True
         return True
 
 

@@ -155,6 +155,37 @@ async def test_the_function_is_closed_once_when_the_task_ends(asynchronous: bool
     assert fn.closed == [3]
 
 
+async def test_no_call_starts_once_aclose_began() -> None:
+    """A call finishing just before aclose posts the hand-on that admits the next records; run after aclose had
+    taken the calls to cancel, it started calls that ran on after the function's close(). Nothing is handed on
+    either once aclose began: what was posted may run after it returned, beside the chain's close on the task's
+    closing thread."""
+    started: list[Any] = []
+    release: list[asyncio.Event] = []
+
+    async def held_first(x: Any) -> Any:
+        started.append(x)
+        if x == "held":
+            release.append(asyncio.Event())
+            await release[0].wait()
+        return x
+
+    h = Harness(held_first, capacity=1)
+    assert await h.feed(["held", 1, 2]) == (1, True)
+    await wait_until(lambda: bool(release))
+
+    async def release_then_close() -> list[Any]:
+        release[0].set()
+        await asyncio.sleep(0)  # "held" finishes: the hand-on that admits 1 is posted
+        await h.op.aclose()
+        for _ in range(20):  # what was posted runs
+            await asyncio.sleep(0)
+        return list(started)
+
+    assert await h.run(release_then_close()) == ["held"]
+    assert h.out == []
+
+
 async def test_a_snapshot_mid_flight_replays_to_exactly_once() -> None:
     release = asyncio.Event()
 

@@ -4,6 +4,7 @@ settings, admission and the in-flight bound, watermarks in order, capture snapsh
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from runtime.api.async_functions import AsyncKeyedContext, AsyncKeyedProcessFunc
 from runtime.execution.async_checkpoint import decode_inflight, inflight_document, restore_inflight
 from runtime.execution.async_controller import EpochMode, KeyOrder, Record, TakeSnapshot, Watermark
 from runtime.execution.async_operator import AsyncOperator, AsyncStateSettings
+from runtime.execution.user_code import UserCodeExit
+from runtime.execution.user_loop import UserLoop
 from runtime.graph.partitioning import key_group
 from runtime.state.backend import StateBackend
 from runtime.state.files import SnapshotStore
@@ -139,6 +142,103 @@ async def test_a_failing_record_fails_the_task_once() -> None:
     with pytest.raises(ValueError, match="bad record"):
         h.op.raise_if_failed()
     await h.aclose()
+
+
+class ExitsOn(Count):
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        if record[1] == "exit":
+            sys.exit(4)
+        await super().process(record, ctx)
+
+
+async def test_sys_exit_in_process_fails_the_task_with_the_function_named() -> None:
+    """A SystemExit leaving the record's asyncio task ended the loop it ran on (the worker's, inline)."""
+    h = Harness(MemoryBackend(ALL), function=ExitsOn())
+    await h.open()
+    await h.feed([("a", 1), ("b", "exit"), ("c", 2)])
+    await wait_until(lambda: h.failures)
+    assert len(h.failures) == 1 and isinstance(h.failures[0], UserCodeExit)
+    assert "sys.exit(4)" in str(h.failures[0]) and "ExitsOn.process" in str(h.failures[0]), str(h.failures[0])
+    assert await h.call(lambda: "the loop runs on") == "the loop runs on"
+    await h.aclose()
+
+
+class CancelledOn(Count):
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        if record[1] == "cancelled":
+            cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            cancelled.cancel()  # a client's future, cancelled under the function
+            await cancelled
+        await super().process(record, ctx)
+
+
+async def test_a_record_cancelled_by_its_own_code_fails_the_task() -> None:
+    """The record's asyncio task ended cancelled and the record stayed in flight for ever, failing nothing: a
+    drain checkpoint and the end of input waited for it."""
+    h = Harness(MemoryBackend(ALL), function=CancelledOn())
+    await h.open()
+    await h.feed([("a", 1), ("b", "cancelled"), ("c", 2)])
+    await wait_until(lambda: h.failures)
+    assert len(h.failures) == 1 and "cancelled by its own code" in str(h.failures[0])
+    assert isinstance(h.failures[0].__cause__, asyncio.CancelledError)
+    with pytest.raises(RuntimeError, match="cancelled by its own code"):
+        h.op.raise_if_failed()
+    await h.aclose()
+
+
+class Held(AsyncKeyedProcessFunction):
+    """Its first record waits for `release`; every record started is listed."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.release: asyncio.Event | None = None
+
+    async def process(self, record: Any, ctx: AsyncKeyedContext) -> None:
+        self.started.append(record)
+        if record[1] == "held":
+            self.release = asyncio.Event()
+            await self.release.wait()
+        ctx.emit(record)
+
+
+async def test_no_record_starts_once_aclose_began() -> None:
+    """A record finishing just before aclose posts the admission of the next; run after aclose had taken the
+    records to cancel, it started records that ran on while the task closed its chain and its state backend
+    on another thread."""
+    function = Held()
+    h = Harness(MemoryBackend(ALL), function=function, max_in_flight=1)
+    await h.open()
+    assert await h.feed([("a", "held"), ("b", 1), ("c", 2)]) == (1, True)
+    await wait_until(lambda: function.release is not None)
+
+    async def release_then_close() -> list[Any]:
+        assert function.release is not None
+        function.release.set()
+        await asyncio.sleep(0)  # "a" finishes: the admission of "b" is posted
+        await h.op.aclose()
+        for _ in range(20):  # what was posted runs
+            await asyncio.sleep(0)
+        return list(function.started)
+
+    assert await h.run(release_then_close()) == [("a", "held")]
+
+
+async def test_an_operator_fed_on_a_loop_it_is_not_bound_to_refuses_the_run() -> None:
+    """A task that skipped `run_on` fed it on its own loop while its records started on the worker's: the tests
+    passed all the same."""
+    h = Harness(MemoryBackend(ALL))
+    await h.open()
+    other = UserLoop("test unbound loop")
+    try:
+        with pytest.raises(RuntimeError, match="not bound to"):
+            await other.call(h.op.feed, [("a", 1)])
+        with pytest.raises(RuntimeError, match="not bound to"):
+            await other.call(h.op.feed_watermark, 5)
+    finally:
+        assert await other.stop(10.0)
+    await h.feed([("a", 1)])  # where it is bound, it is fed
+    await h.finish()
+    assert h.log == [("a", 1)]
 
 
 @pytest.mark.parametrize("epochs", ["strict", "out-of-order"])

@@ -506,3 +506,38 @@ def test_eof_inside_a_frame_is_truncation() -> None:
 def test_garbage_after_handshake_is_bad_magic() -> None:
     pair = open_pair()
     assert refused(pair.server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").reason is CloseReason.BAD_MAGIC
+
+
+# -- an event on many channels: encoded once, decoded once ---------------------------------
+
+
+def test_one_event_on_many_channels_is_encoded_once_and_decoded_once() -> None:
+    """A checkpoint's barrier goes on every channel of a link: the frames carry the same payload, the receiver
+    decodes it once and hands the same Event on (its body is read-only); another payload is decoded anew."""
+    pair = open_pair()
+    for channel in (1, 2, 3):
+        pair.server_dir.add_inbound("w1", channel)
+    barrier = Event({"t": "barrier", "id": 7, "start": 1.5, "dir": "/c", "options": {"mode": "aligned"}})
+    frames = [pair.client.encode_outbound(channel, SendEvent(1, barrier, False)) for channel in (1, 2, 3)]
+    payloads = {f[-1] for f in frames}
+    assert payloads == {msgpack.packb(barrier.body)}  # one payload; each frame has its own header
+    assert len({f[0] for f in frames}) == 3
+    events = pair.to_server(*(chunk for f in frames for chunk in f))
+    assert events == [EventArrived(channel, 1, barrier, False) for channel in (1, 2, 3)]
+    assert isinstance(events[0], EventArrived) and isinstance(events[2], EventArrived)
+    assert events[0].event is events[2].event
+    other = Event({"t": "barrier", "id": 8, "start": 2.5, "dir": "/c", "options": {"mode": "aligned"}})
+    (after,) = pair.to_server(*pair.client.encode_outbound(1, SendEvent(2, other, False)))
+    assert after == EventArrived(1, 2, other, False)
+    # an equal body in another Event object is encoded on its own (the cache keys on the object), to the same bytes
+    again = Event(dict(barrier.body))
+    assert pair.client.encode_outbound(2, SendEvent(2, again, True))[-1] == msgpack.packb(barrier.body)
+
+
+def test_a_bad_event_payload_is_refused_even_after_a_good_one() -> None:
+    pair = open_pair()
+    pair.server_dir.add_inbound("w1", 1)
+    good = pair.client.encode_outbound(1, SendEvent(1, Event({"t": "end"}), False))
+    assert pair.to_server(*good) == [EventArrived(1, 1, Event({"t": "end"}), False)]
+    error = refused(pair.server, encode_frame(FrameType.EVENT, msgpack.packb([1, 2]), channel=1, seq=2))
+    assert error.reason == CloseReason.BAD_PAYLOAD

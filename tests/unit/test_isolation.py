@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netstack.credit import ChannelSender
+from netstack.credit import ChannelSender, Event
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.execution.channels import OutputGate, Subpartition, split_records
 from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, held_the_gil, mode_from_env
@@ -378,3 +378,62 @@ def test_buffers_cut_on_the_thread_say_when_they_will_fill_the_queue() -> None:
     sub.append(msgpack.packb(b"z" * 70))  # 3 of 3 once queued
     assert gate.would_block and not gate.blocked
     assert sub.sender.queued_buffers == 1 and sub.deferred_n == 2
+
+
+def test_buffers_still_in_the_hand_off_at_a_snapshot_go_before_its_barrier() -> None:
+    """A snapshot runs while the task's loop is parked (Task.exclusive): the buffers that loop cut before, still
+    in the HandOff list, are queued first, so they precede an aligned barrier and an unaligned one overtakes
+    (captures) them. Here the posted hand-over never runs (its home is a closed loop): only the snapshot's own
+    hand-over can queue them."""
+
+    async def passed_on(value: int) -> int:
+        return value
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=10, keys=2, seed=1)).async_map(passed_on).sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        sub = Subpartition(ChannelSender(1), limit=1000, capacity=64)
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[sub], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+        task._home = asyncio.get_running_loop()
+        task._start_user_loop()
+        user, hand_off = task._user_loop, task._hand_off
+        assert user is not None and hand_off is not None and sub.deferred is hand_off
+        never = asyncio.new_event_loop()
+        never.close()
+        hand_off._home = never  # the hand-over the loop posts is lost: the buffers stay in the list
+        sub.sender.add_credit(1000)
+
+        def cut(tag: int) -> list[bytes]:  # the chain on its loop: records cut into buffers
+            packed = [msgpack.packb(bytes([tag, i]) * 35) for i in range(3)]
+            for data in packed:
+                sub.append(data)
+            return packed
+
+        def sent() -> list[object]:
+            out: list[object] = []
+            while (item := sub.sender.pop_sendable()) is not None:
+                out.append(item.buffer.data if hasattr(item, "buffer") else item.event.body)  # type: ignore[union-attr]
+            return out
+
+        try:
+            first = await user.call(cut, 1)
+            cut_n = len(hand_off)
+            assert cut_n == 3 and sub.sender.queued_buffers == 0
+            await task.exclusive(sub.add_event, Event({"t": "barrier", "id": 1}))
+            out = sent()
+            assert out[-1] == {"t": "barrier", "id": 1}  # the partial buffer flushed by add_event goes before it too
+            assert split_records(b"".join(out[:-1])) == first  # type: ignore[arg-type]
+            assert not hand_off
+
+            await user.call(cut, 2)
+            cut_n = len(hand_off)
+            assert cut_n == 3 and sub.sender.queued_buffers == 0
+            barrier = Event({"t": "barrier", "id": 2})
+            overtaken = await task.exclusive(lambda: sub.add_event(barrier, priority=True))
+            assert len(overtaken) == cut_n + 1  # what the loop cut, and the partial buffer the barrier flushed
+        finally:
+            assert await user.stop(10.0)
+
+    asyncio.run(main())

@@ -17,7 +17,14 @@ from runtime.execution.channels import OutputGate
 from runtime.execution.isolation import TaskThread
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskKey
-from runtime.execution.user_code import CallWatchdog, RunningCall, SlowCall, UserCodeExit, user_function
+from runtime.execution.user_code import (
+    CallWatchdog,
+    RunningCall,
+    SlowCall,
+    UserCodeCancelled,
+    UserCodeExit,
+    user_function,
+)
 from runtime.graph.enums import TaskState
 
 DEADLINE_S = 30.0
@@ -286,3 +293,168 @@ def test_a_close_that_never_returns_goes_to_on_stuck_after_the_timeout() -> None
     finally:
         release.set()
     assert len(stuck) == 1 and stuck[0] is not None and stuck[0].task_id == "job/0:0"  # named in the fatal line
+
+
+async def exits_on_10(value: Any) -> Any:
+    if value[1] == 10:
+        sys.exit(3)
+    return value
+
+
+@pytest.mark.parametrize("mode", ["thread", "inline"])
+def test_sys_exit_in_an_async_map_function_fails_its_task_with_the_function_named(mode: str) -> None:
+    """On the task's own loop the SystemExit left the record's asyncio task, ended the loop's thread and the task
+    waited for ever (cancelled, it then took the worker down as stuck); inline it ended the worker's loop."""
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=100, keys=5, seed=1), name="src").async_map(exits_on_10, timeout_s=30) \
+            .sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
+                    isolation=mode)
+        with pytest.raises(Exception) as raised:
+            await asyncio.wait_for(task.run(), DEADLINE_S)
+        assert task.state == TaskState.FAILED
+        causes = []
+        error: BaseException | None = raised.value
+        while error is not None:
+            causes.append(error)
+            error = error.__cause__
+        exit_error = next((e for e in causes if isinstance(e, UserCodeExit)), None)
+        assert exit_error is not None, causes
+        assert "sys.exit(3)" in str(exit_error) and "test_user_code.exits_on_10" in str(exit_error), str(exit_error)
+        await asyncio.sleep(0)  # the loop is still there
+
+    asyncio.run(main())
+
+
+def test_sys_exit_in_a_task_an_async_function_started_fails_its_task_while_it_waits_for_admission() -> None:
+    """No call of the task waits when the exit comes (its records fill the operator's capacity, it waits for
+    admission): the loop reports it and the task fails, naming the function; before, the loop's thread ended
+    and the task waited for ever."""
+    go, holding = threading.Event(), threading.Event()
+    never: list[asyncio.Event] = []
+
+    async def exits_later() -> None:
+        await asyncio.to_thread(go.wait, DEADLINE_S)
+        sys.exit(6)
+
+    async def starts_a_task_and_holds(value: Any) -> Any:
+        if not never:
+            never.append(asyncio.Event())
+            asyncio.get_running_loop().create_task(exits_later())  # a client's background task, say
+        if value[1] == 1:
+            holding.set()
+        await never[0].wait()  # the capacity fills: the task then waits for admission
+        return value
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=None, keys=5, seed=1), name="src") \
+            .async_map(starts_a_task_and_holds, timeout_s=None, capacity=2).sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+        running = asyncio.ensure_future(task.run())
+        assert await asyncio.to_thread(holding.wait, DEADLINE_S)
+        op = chain.async_operator
+        assert op is not None
+        deadline = time.monotonic() + DEADLINE_S
+        while not op.backlog:  # the task waits for admission now, no call of it on the loop
+            assert time.monotonic() < deadline, "the async_map never filled its capacity"
+            await asyncio.sleep(0.01)
+        go.set()
+        with pytest.raises(UserCodeExit, match=r"sys.exit\(6\) in .*exits_later"):
+            await asyncio.wait_for(running, DEADLINE_S)
+        assert task.state == TaskState.FAILED
+
+    asyncio.run(main())
+
+
+def cancels_on_10(record: Any) -> Any:
+    if record[1] == 10:
+        raise asyncio.CancelledError()  # a client's own cancellation, raised through the function
+    return record
+
+
+@pytest.mark.parametrize("mode", ["thread", "inline"])
+def test_a_cancelled_error_user_code_raises_fails_its_task_with_the_function_named(mode: str) -> None:
+    """The task ended cancelled though nobody cancelled it: the worker takes a cancelled task for one it stopped
+    on purpose and reports nothing, so the job waited for it for ever."""
+
+    async def main() -> None:
+        task = _task(cancels_on_10, mode=mode)
+        runner = asyncio.ensure_future(task.run())
+        await asyncio.wait([runner], timeout=DEADLINE_S)
+        assert runner.done() and not runner.cancelled()
+        error = runner.exception()
+        assert isinstance(error, UserCodeCancelled), error
+        assert "test_user_code.cancels_on_10" in str(error), str(error)
+        assert task.state == TaskState.FAILED
+
+    asyncio.run(main())
+
+
+async def passed_on(value: Any) -> Any:
+    return value
+
+
+def test_a_task_whose_own_loop_stopped_is_not_reported_as_a_slow_call() -> None:
+    """A stopped loop ticks no more: its last tick aged, and a finished job (kept 30 s for status) had each of
+    its asynchronous tasks reported as a user call running past the threshold, in its exception history."""
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=100, keys=5, seed=1), name="src").async_map(passed_on).sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+        running = asyncio.ensure_future(task.run())
+        deadline = time.monotonic() + DEADLINE_S
+        while task.running_call() is None:  # its loop runs: the watchdog watches it
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(running, DEADLINE_S)
+        assert task.state == TaskState.FINISHED and task.isolation.user_loop
+        assert task.running_call() is None
+        reports: list[SlowCall] = []
+        watchdog = CallWatchdog(lambda: [c for c in [task.running_call()] if c is not None], slow_call_s=5.0,
+                                on_slow=reports.append)
+        assert watchdog.check(time.monotonic() + 60.0) == [] and reports == []
+
+    asyncio.run(main())
+
+
+class ClosedUnderIt:
+    """An async_map function whose client's close is cancelled under it."""
+
+    async def __call__(self, value: Any) -> Any:
+        return value
+
+    async def close(self) -> None:
+        cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        await cancelled
+
+
+@pytest.mark.parametrize("mode", ["thread", "inline"])
+def test_a_finished_task_whose_async_function_close_raises_cancelled_error_ends_finished(mode: str) -> None:
+    """The CancelledError left the task's close: the finished task ended as a cancelled asyncio task, which the
+    worker takes for a stop on purpose, so it reported nothing (no TaskFinished)."""
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=100, keys=5, seed=1), name="src").async_map(ClosedUnderIt()) \
+            .sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
+                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
+                    isolation=mode)
+        runner = asyncio.ensure_future(task.run())
+        await asyncio.wait([runner], timeout=DEADLINE_S)
+        assert runner.done() and not runner.cancelled() and runner.exception() is None
+        assert task.state == TaskState.FINISHED and task.chain.records_out == 100
+
+    asyncio.run(main())

@@ -193,3 +193,77 @@ async def test_stop_cancels_what_runs_and_gives_up_on_a_blocked_loop() -> None:
     release.set()
     await asyncio.wait_for(blocked, 10.0)
     assert await stuck.stop(10.0)
+
+
+async def test_a_call_made_once_stop_began_is_refused_at_once() -> None:
+    """A call handed over while stop() cancels what runs came after its sweep of the loop's tasks, or after the
+    loop stopped: it was accepted and never answered. Now it is refused at once."""
+    user = UserLoop("test user loop")
+    entered, hold = threading.Event(), threading.Event()
+
+    async def slow_to_cancel() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            entered.set()
+            hold.wait(30.0)  # user code cleaning up: the stop is under way meanwhile
+            raise
+
+    started = asyncio.ensure_future(user.run(slow_to_cancel()))
+    await asyncio.sleep(0.05)
+    stopping = asyncio.ensure_future(user.stop(30.0))
+    assert await asyncio.to_thread(entered.wait, 10.0)
+
+    async def late() -> str:
+        await asyncio.sleep(1)
+        return "late"
+
+    try:
+        with pytest.raises(RuntimeError, match="the task's loop has stopped"):
+            await asyncio.wait_for(user.run(late()), 5.0)
+        with pytest.raises(RuntimeError, match="the task's loop has stopped"):
+            await asyncio.wait_for(user.call(lambda: "late"), 5.0)
+    finally:
+        hold.set()
+    assert await asyncio.wait_for(stopping, 10.0)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(started, 10.0)
+    with pytest.raises(RuntimeError, match="the task's loop has stopped"):
+        await asyncio.wait_for(user.call(lambda: "after"), 5.0)
+
+
+async def test_a_sys_exit_in_a_task_user_code_started_fails_the_waiting_calls_and_the_loop_runs_on(
+        user: UserLoop) -> None:
+    """asyncio re-raises a SystemExit out of the loop: from a task user code started itself (no call's own
+    coroutine, which turns it into UserCodeExit) it ended the loop's thread, and every caller waited for ever."""
+    failures: list[BaseException] = []
+    user.on_failure = failures.append
+    go = threading.Event()
+
+    async def background_exit() -> None:
+        await asyncio.to_thread(go.wait, 10.0)
+        sys.exit(5)
+
+    def starts_a_task() -> None:  # a client's reader task, say
+        asyncio.get_running_loop().create_task(background_exit())
+
+    await user.call(starts_a_task)
+    waiting = asyncio.ensure_future(user.run(asyncio.sleep(30)))  # a run waiting on the loop
+    await asyncio.sleep(0.05)
+    go.set()
+    with pytest.raises(UserCodeExit, match=r"sys.exit\(5\) in .*background_exit"):
+        await asyncio.wait_for(waiting, 10.0)
+    assert len(failures) == 1 and isinstance(failures[0], UserCodeExit)
+    assert await asyncio.wait_for(user.call(lambda: "still here"), 10.0) == "still here"
+
+
+async def test_a_stop_that_gave_up_on_blocking_user_code_still_ends_the_thread_once_it_returns() -> None:
+    user = UserLoop("test stuck loop")
+    release, started = threading.Event(), threading.Event()
+    blocked = asyncio.ensure_future(user.call(lambda: (started.set(), release.wait(30.0))))
+    assert await asyncio.to_thread(started.wait, 10.0)
+    assert not await user.stop(0.2)  # user code holds its loop: the stop gives up, the caller goes on
+    release.set()
+    await asyncio.wait_for(blocked, 10.0)
+    await asyncio.to_thread(user._thread.join, 10.0)
+    assert not user._thread.is_alive()  # it ran an empty loop for ever before
