@@ -83,6 +83,11 @@ class CheckpointRunner:
         # None: none is built
         self._submit_span = submit_span
         self._trigger_wall: dict[int, float] = {}  # the wall clock each trigger carried (tasks measure from it)
+        # Triggers reach the workers one after the other, in id order: a source skips a trigger older than one it
+        # took, and checkpoints may overlap (coordinator/checkpointing.py, may_overlap) only because every
+        # source injects their barriers in id order. Each trigger's storage step runs in a thread, so without
+        # this a savepoint's trigger could overtake the periodic checkpoint's started just before it.
+        self._trigger_order = asyncio.Lock()
 
     def start(self) -> None:
         # ticks also run without periodic checkpoints: they time out manual ones
@@ -227,6 +232,12 @@ class CheckpointRunner:
             fut.set_result(result)
 
     async def _trigger(self, ins: Trigger) -> None:
+        # acquired before the first await: tasks start in the order they were spawned, so the lock's FIFO
+        # waiters are in id order
+        async with self._trigger_order:
+            await self._trigger_in_order(ins)
+
+    async def _trigger_in_order(self, ins: Trigger) -> None:
         try:
             if ins.savepoint:
                 assert ins.directory is not None

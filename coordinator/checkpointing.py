@@ -14,11 +14,13 @@ Life of one checkpoint:
        |                                                 '-----metadata_failed----> FAILED
        '--decline | timeout | task_failed | subsumed---------------------------------> FAILED
 
-Concurrent checkpoints: several may be in flight, but only unaligned ones
-overlap (an aligned checkpoint's barriers would be overtaken, and at the
-tasks a newer barrier subsumes an aligned checkpoint still aligning). Tasks
-take a newer barrier only once the older checkpoint's inputs are complete
-there, and persist both at once (runtime/checkpointing/barriers.py).
+Concurrent checkpoints: several may be in flight where no newer barrier can
+overtake an older aligning one (at the tasks a newer barrier abandons an
+aligned checkpoint still aligning): unaligned ones beside each other, and a
+plain aligned one (a savepoint) beside any but at-least-once ones, its
+barriers in-band behind theirs (`may_overlap`). Tasks take a newer barrier
+only once the older checkpoint's inputs are complete there, and persist both
+at once (runtime/checkpointing/barriers.py).
 Completion stays in id order: a checkpoint whose acks are all in is READY
 and writes its `_metadata` only when every older one has ended, so the
 latest completed checkpoint is always the newest one (recovery uses it).
@@ -30,14 +32,16 @@ completes on its own.
 Scheduling:
 - Periodic checkpoints: `tick` triggers one when `interval_s` has passed
   since the last trigger (of any kind), `min_pause_s` has passed since the
-  last checkpoint ended, and fewer than `max_concurrent` are in flight, all
-  of them unaligned (with the default of 1: none is in flight). Periodic
-  triggers that fall due meanwhile are skipped, not queued.
-- Manual checkpoints and savepoints (`request`) start at once when none is in
-  flight, or when every one in flight is an unaligned periodic checkpoint
-  (so a savepoint never waits behind periodic unaligned checkpoints).
-  Otherwise they are queued, FIFO, and start as soon as that allows
-  (`min_pause_s` does not apply to them). The id is assigned at request
+  last checkpoint ended, fewer than `max_concurrent` periodic ones are in
+  flight (with the default of 1: none), and `may_overlap` allows it beside
+  what is in flight: an aligned periodic checkpoint starts while a savepoint
+  aligns, an unaligned one waits for it. Periodic triggers that fall due
+  meanwhile are skipped, not queued.
+- Manual checkpoints and savepoints (`request`) start at once when no other
+  request is in flight and `may_overlap` allows it, so a savepoint never
+  waits behind periodic aligned or unaligned checkpoints. Otherwise they are
+  queued, FIFO, and start as soon as that allows (`min_pause_s` does not
+  apply to them). The id is assigned at request
   time, so ids increase in request order; a queued request is started before
   any later periodic trigger.
 - The timeout covers collecting acknowledgements only. Once every task has
@@ -89,6 +93,34 @@ def check_mode(mode: str, aligned_timeout_s: float | None) -> CheckpointMode:
     if mode == CheckpointMode.ALIGNED_TIMEOUT and aligned_timeout_s is None:
         raise ValueError("checkpoint mode 'aligned_timeout' needs aligned_timeout_s")
     return CheckpointMode(mode)
+
+
+def may_overlap(new: CheckpointOptions, in_flight: Iterable[CheckpointOptions]) -> bool:
+    """Whether a checkpoint taken as `new` may start while the checkpoints `in_flight` are still in progress.
+
+    A task abandons a checkpoint that is aligning when a newer barrier reaches it (runtime/checkpointing/
+    barriers.py), so a newer checkpoint may start only where its barriers cannot overtake an older aligning one:
+
+    - beside unaligned checkpoints only (not savepoints, which are aligned): the older ones' barriers travel on
+      the priority lane and do not align; a task holds a newer barrier back until the older one's inputs are
+      complete there.
+    - as a plain aligned checkpoint (a savepoint, or aligned without per-channel switching), beside any
+      checkpoints but at-least-once ones: its barriers travel in-band behind every older barrier in each
+      channel (the coordinator triggers the sources in id order, checkpoint_runner.py), so a task takes one only
+      after the older barrier on that channel, whose channel stays blocked until the older alignment is done.
+      Its alignment then waits behind the older one's and the little data between the two barriers, not
+      behind a whole queue.
+
+    Never a newer unaligned, aligned_timeout or switching checkpoint beside an older aligned one: their
+    barriers go on the priority lane (at once, at the deadline or at a channel's switch) and overtake the
+    older barrier in the queue, which would abandon it (a savepoint must stay aligned: it cannot switch).
+    An at-least-once checkpoint blocks no channel, so a newer barrier may reach a task before its own.
+    """
+    older = list(in_flight)
+    if all(o.mode == CheckpointMode.UNALIGNED and not o.savepoint for o in older):
+        return True
+    plain_aligned = new.mode == CheckpointMode.ALIGNED and not new.switching
+    return plain_aligned and all(o.mode != CheckpointMode.AT_LEAST_ONCE for o in older)
 
 
 def _cli_mode(text: str) -> str:
@@ -447,7 +479,7 @@ class CheckpointCoordinator:
         req = self._new_request(self.settings.options(mode, savepoint=savepoint), directory=directory, manual=True)
         if self._job_failed:
             return req.checkpoint_id, [NotifyAborted(req.checkpoint_id, "job failed")]
-        if self._queue or not self._may_start_request():
+        if self._queue or not self._may_start_request(req.options):
             self._queue.append(req)
             return req.checkpoint_id, []
         return req.checkpoint_id, self._trigger(now, req)
@@ -637,20 +669,20 @@ class CheckpointCoordinator:
             return []
         return [cp for cp in self._pending.values() if stimulus in ACCEPTS[cp.phase]]
 
-    def _overlappable(self) -> bool:
-        """Whether another checkpoint may start beside those in flight: only unaligned ones overlap."""
-        return all(cp.request.mode == CheckpointMode.UNALIGNED and not cp.request.savepoint
-                   for cp in self._pending.values())
-
-    def _may_start_request(self) -> bool:
-        return not self._pending or (self._overlappable() and not any(cp.request.manual
-                                                                      for cp in self._pending.values()))
+    def _may_start_request(self, options: CheckpointOptions) -> bool:
+        """A manual checkpoint or savepoint starts beside periodic checkpoints it cannot disturb (may_overlap),
+        one request at a time."""
+        return not any(cp.request.manual for cp in self._pending.values()) and may_overlap(
+            options, (cp.request.options for cp in self._pending.values()))
 
     def _periodic_due(self, now: float) -> bool:
         s = self.settings
         if self._job_failed or s.interval_s is None or self._finished == self.tasks or self._queue:
             return False
-        if self._pending and (len(self._pending) >= s.max_concurrent or not self._overlappable()):
+        # max_concurrent counts periodic checkpoints only: an aligned savepoint in flight does not pause them
+        periodic = sum(not cp.request.manual for cp in self._pending.values())
+        if periodic >= s.max_concurrent or not may_overlap(s.options(), (cp.request.options
+                                                                         for cp in self._pending.values())):
             return False
         if now - self._last_trigger_at < s.interval_s:
             return False
@@ -675,7 +707,7 @@ class CheckpointCoordinator:
 
     def _start_queued(self, now: float) -> list[Instruction]:
         out: list[Instruction] = []
-        while self._queue and not self._job_failed and self._may_start_request():
+        while self._queue and not self._job_failed and self._may_start_request(self._queue[0].options):
             out += self._trigger(now, self._queue.popleft())
         return out
 

@@ -29,8 +29,11 @@ without checkpoints and then each checkpoint mode (--modes) with a 1 s interval.
 Modes beyond Flink's (issue 20): `switch` is aligned with per-channel switching (`channel_timeout_s` 10 ms:
 a barrier that has waited 10 ms behind data overtakes it on that channel only); `switch_cap` the same with
 the in-flight cap (`max_inflight_bytes`, --cap-bytes, per task per checkpoint); `concurrent` is unaligned
-with `max_concurrent` 2 and a savepoint requested every --savepoint-every s during the window, whose latency
-(request -> COMPLETED, as the client sees it) is reported beside the periodic checkpoints' durations.
+with `max_concurrent` 2 and a savepoint requested every 3 s during the window, whose latency
+(request -> COMPLETED, as the client sees it) is reported beside the periodic checkpoints' durations; with
+--savepoint-every S, every mode's runs request one every S s. Each savepoint gets a line: its trigger delay
+(queued at the coordinator), its own duration and alignment, the periodic checkpoints in flight at the request
+and triggered while it aligned, and each task's barrier timeline from its `_metadata`.
 
     .venv/bin/python scripts/bench_checkpoint.py
     .venv/bin/python scripts/bench_checkpoint.py --modes aligned,unaligned,switch,switch_cap,concurrent --buffers 4
@@ -66,6 +69,7 @@ DEFAULT_MODES = ("aligned", "unaligned", "aligned_timeout")
 CHANNEL_TIMEOUT_S = 0.01  # seed 000: "barrier overtakes buffers if not flushed within 10 ms"
 CAP_BYTES = 256 * 1024  # --cap-bytes
 SAVEPOINT_EVERY_S = 3.0  # --savepoint-every
+SAVEPOINT_MODES = {"concurrent"}  # the modes whose runs request savepoints (--savepoint-every given: every mode)
 INTERVAL_S = 1.0
 ALIGNED_TIMEOUT_S = 0.1
 CHECKPOINT_TIMEOUT_S = 10.0
@@ -241,7 +245,7 @@ async def _measure(cluster: Any, mode: str, buffers: int, seconds: float, warmup
         pids = [w.pid for w in cluster.worker_procs] + ([cluster.coordinator.pid] if cluster.coordinator else [])
         meter = CpuMeter(pids)
         savepoints: list[dict[str, Any]] = []
-        if mode == "concurrent":
+        if mode in SAVEPOINT_MODES:
             await _savepoints_during(cluster, job_id, seconds, savepoints)
         else:
             await asyncio.sleep(seconds)
@@ -263,7 +267,8 @@ async def _measure(cluster: Any, mode: str, buffers: int, seconds: float, warmup
             pass
     window = measure_to - measure_from
     result = _window_rates(first, last)
-    result.update({"job_id": job_id, "mode": mode, "buffers_per_channel": buffers, "warmup_s": warmup_s,
+    result.update({"job_id": job_id, "mode": mode, "running_at": running_at, "buffers_per_channel": buffers,
+                   "warmup_s": warmup_s,
                    "inflight_target_s": inflight_target_s, "measure_from": measure_from, "measure_to": measure_to,
                    "steady": steady, "window_s": window, "other_cores": cpu["other_cores"],
                    "cpu_cores": cpu["cpu_s"] / window if cpu["cpu_s"] is not None else None,
@@ -283,8 +288,8 @@ async def _savepoints_during(cluster: Any, job_id: str, seconds: float, out: lis
         await asyncio.sleep(SAVEPOINT_EVERY_S / 2)
         t0 = time.monotonic()
         result = await cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": directory})
-        out.append({"latency_s": time.monotonic() - t0, "status": result["status"],
-                    "checkpoint_id": result["checkpoint_id"]})
+        out.append({"latency_s": time.monotonic() - t0, "status": result["status"], "requested_at": t0,
+                    "checkpoint_id": result["checkpoint_id"], "path": result.get("path") or ""})
         await asyncio.sleep(max(0.0, t0 + SAVEPOINT_EVERY_S - time.monotonic()))
     await asyncio.sleep(max(0.0, end - time.monotonic()))
 
@@ -360,7 +365,54 @@ def run_one(mode: str, buffers: int, seconds: float, warmup: float, max_warmup: 
             ids = [h["checkpoint_id"] for h in result["history"] if h["status"] == "COMPLETED"
                    and result["measure_from"] <= h["started_at"] <= result["measure_to"]]
             result["checkpoints"]["timeline"] = barrier_timeline(state_dir, result["job_id"], ids)
+        for sp in result["savepoints"]:
+            sp.update(savepoint_details(sp, result["history"], result["running_at"]))
     return result
+
+
+def savepoint_line(sp: dict[str, Any]) -> str:
+    """One savepoint's figures on a line: latency, where it went, and the keyed tasks' last barriers."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    line = (f"savepoint {sp['checkpoint_id']} {sp['status']} at +{sp['requested_after_s']:.1f} s: latency "
+            f"{sp['latency_s']:.3f} s (trigger delay {f(sp.get('trigger_delay_s'))}, acks {f(sp.get('duration_s'))}, "
+            f"alignment {f(sp.get('alignment_s'))}); periodic in flight at request "
+            f"{sp.get('periodic_in_flight_at_request', [])}, triggered while it aligned "
+            f"{sp.get('periodic_triggered_while_aligning', [])}")
+    tasks = sp.get("tasks") or {}
+    if tasks:
+        line += "; barriers first/last: " + ", ".join(
+            f"{t} {f(x['first_barrier_s'])}/{f(x['last_barrier_s'])}" for t, x in tasks.items())
+    return line
+
+
+def savepoint_details(sp: dict[str, Any], history: list[dict[str, Any]], running_at: float) -> dict[str, Any]:
+    """Where one savepoint's latency went: when it was requested (s after the job ran), how long the coordinator
+    held it before the trigger, the periodic checkpoints in flight at the request and triggered while it ran,
+    its alignment, and from its `_metadata` each task's barrier timeline (s after the trigger)."""
+    h = next((x for x in history if x["checkpoint_id"] == sp["checkpoint_id"]), None)
+    out: dict[str, Any] = {"requested_after_s": sp["requested_at"] - running_at}
+    if h is None:
+        return out
+    # the savepoint aligns from its trigger to its last acknowledgement
+    t0, t1 = sp["requested_at"], h["started_at"] + (h["duration_s"] or sp["latency_s"])
+    periodic = [x for x in history if not x["savepoint"]]
+    out.update({
+        "trigger_delay_s": h["started_at"] - t0, "duration_s": h["duration_s"], "alignment_s": h["alignment_s"],
+        "start_delay_s": h["start_delay_s"], "state_bytes": h["state_bytes"],
+        "periodic_in_flight_at_request": [x["checkpoint_id"] for x in periodic if x["started_at"] <= t0
+                                          and (x["duration_s"] is None or x["started_at"] + x["duration_s"] > t0)],
+        "periodic_triggered_while_aligning": [x["checkpoint_id"] for x in periodic if t0 < x["started_at"] < t1],
+    })
+    if sp.get("path"):
+        try:
+            acks = read_checkpoint_metadata(sp["path"]).acks
+        except BadMetadata:
+            acks = {}
+        out["tasks"] = {t: {k: a["figures"].get(k) for k in ("first_barrier_s", "last_barrier_s", "alignment_s",
+                                                              "sync_s", "async_s")} for t, a in sorted(acks.items())}
+    return out
 
 
 def run_flink(python: str, mode: str, cost_us: float, seconds: float, warmup: float) -> dict[str, Any]:
@@ -510,7 +562,7 @@ def verdicts(runs: list[dict[str, Any]], buffers: list[int]) -> list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    global CAP_BYTES, SAVEPOINT_EVERY_S  # set from --cap-bytes and --savepoint-every for the runs below
+    global CAP_BYTES, SAVEPOINT_EVERY_S, SAVEPOINT_MODES  # from --cap-bytes and --savepoint-every, for the runs
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds of each run, after the "
                         "warm-up (default 15)")
@@ -523,8 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                              "checkpoints is always added")
     parser.add_argument("--cap-bytes", type=int, default=CAP_BYTES,
                         help=f"switch_cap: in-flight bytes persisted per task per checkpoint (default {CAP_BYTES})")
-    parser.add_argument("--savepoint-every", type=float, default=SAVEPOINT_EVERY_S,
-                        help=f"concurrent: a savepoint every this many seconds (default {SAVEPOINT_EVERY_S:g})")
+    parser.add_argument("--savepoint-every", type=float, default=None, metavar="SECONDS",
+                        help=f"a savepoint every this many seconds of the window, in every mode (default: "
+                             f"{SAVEPOINT_EVERY_S:g} s, in the concurrent mode only)")
     parser.add_argument("--buffers", default="4,64", help="comma-separated buffers_per_channel settings (default 4,64)")
     parser.add_argument("--cost-us", type=float, default=DEFAULT_COST_US,
                         help=f"busy-wait per record in the keyed count, microseconds (default {DEFAULT_COST_US:g})")
@@ -549,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flink-warmup", type=float, default=10.0, help="the Flink job's warm-up, s (default 10)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args(argv)
-    CAP_BYTES, SAVEPOINT_EVERY_S = args.cap_bytes, args.savepoint_every
+    CAP_BYTES = args.cap_bytes
+    if args.savepoint_every is not None:
+        SAVEPOINT_EVERY_S, SAVEPOINT_MODES = args.savepoint_every, set(MODES)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -610,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"processed {r['processed_records_per_s']:>7,.0f} rec/s{extra}; warm-up {r['warmup_s']:.0f} s"
                 f"{'' if r['steady'] else ' (not steady)'}; other load "
                 f"{'?' if other is None else format(other, '.2f')} cores")
+            for sp in r["savepoints"]:
+                say("    " + savepoint_line(sp))
             if other is None or other <= args.max_other_load or len(attempts) > args.retries:
                 break
             say(f"    other load above {args.max_other_load:g} cores: running it again")
@@ -637,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in table(runs):
         print(line)
     print()
-    if any(r["mode"] not in DEFAULT_MODES + ("none",) for r in runs):
+    if any(r["mode"] not in DEFAULT_MODES + ("none",) or r["savepoints"] for r in runs):
         for line in new_modes_table(runs):
             print(line)
         print()

@@ -112,8 +112,11 @@ JOB = JOB_MODULE[: JOB_MODULE.index("\nclass ProgressSink")] + _SINK
 JOB = JOB.replace("bench_recovery.py: the job whose recovery", "bench_rescale.py: the job whose rescale")
 
 
+INFLIGHT_TARGET_S = 0.0  # --inflight-target: off, so that the buffers per channel set the in-flight data
+
+
 def job_config(mode: str, buffers: int, checkpoint_timeout_s: float) -> dict[str, Any]:
-    return {"buffers_per_channel": buffers, "inflight_target_s": 0,
+    return {"buffers_per_channel": buffers, "inflight_target_s": INFLIGHT_TARGET_S,
             "checkpoint": {"interval_s": None, "mode": mode, "timeout_s": checkpoint_timeout_s,
                            "tolerable_failures": 100, "min_pause_s": 0},
             "restart": {"kind": "fixed", "max_attempts": 5, "delay_s": 0.0}}
@@ -389,10 +392,15 @@ def main(argv: list[str] | None = None) -> int:
                         "`sluice rescale` (and a refused one) and checks what it prints; not in the medians")
     parser.add_argument("--upgrade", action="store_true", help="measure `sluice upgrade` (savepoint, cancel, "
                         "submit from it) at each step instead of `sluice rescale`")
+    parser.add_argument("--inflight-target", type=float, default=INFLIGHT_TARGET_S, metavar="SECONDS",
+                        help="the job's inflight_target_s (default 0: off, fixed-size buffers; the runtime's "
+                             "default is 1 s)")
     parser.add_argument("--keep", action="store_true", help="keep each configuration's temp dir (logs, progress)")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up on a phase after this many s")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = parser.parse_args(argv)
+    global INFLIGHT_TARGET_S  # read by job_config in every configuration below
+    INFLIGHT_TARGET_S = args.inflight_target
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     keys = [int(k) for k in args.keys.split(",")]
     buffers = [int(b) for b in args.buffers.split(",")]

@@ -231,7 +231,7 @@ class BarrierHandler:
         self.end_queued: set[int] = set()  # channels whose end of partition is in the gate, not yet taken
         # barriers of newer checkpoints held back while an unaligned one records: (channel, spec, priority, bytes)
         self.deferred: list[tuple[int, BarrierSpec, bool, int]] = []
-        self.aborted: set[int] = set()  # newer checkpoints aborted while an older one was in progress
+        self.aborted: set[int] = set()  # checkpoints aborted before this task finished them: barriers ignored
 
     @property
     def blocking(self) -> bool:
@@ -298,7 +298,7 @@ class BarrierHandler:
         per-channel switching, the channel switches now if the data ahead is
         over the threshold (later, at its timeout: `on_time`).
         """
-        if channel_id not in self.channels or spec.checkpoint_id <= self.last_finished:
+        if channel_id not in self.channels or self.gave_up(spec.checkpoint_id):
             return []
         self.queued[channel_id] = spec.checkpoint_id
         if spec.switching:
@@ -364,7 +364,7 @@ class BarrierHandler:
             return self._switch_due(spec, now)
         if spec.mode != CheckpointMode.ALIGNED_TIMEOUT or spec.deadline is None or now < spec.deadline:
             return []
-        if spec.checkpoint_id <= self.last_finished:
+        if self.gave_up(spec.checkpoint_id):
             return []
         actions: list[Action] = []
         p = self.pending
@@ -382,18 +382,25 @@ class BarrierHandler:
     def abort(self, checkpoint_id: int) -> list[Action]:
         """The coordinator aborted `checkpoint_id`: stop aligning for it."""
         p = self.pending
-        if p is not None and p.spec.checkpoint_id < checkpoint_id:
-            self.aborted.add(checkpoint_id)  # a newer one: the older one in progress goes on
+        if p is None or p.spec.checkpoint_id < checkpoint_id:
+            # its barriers are ignored when they come; not `last_finished`, which would make the barriers of an
+            # older checkpoint still on their way late too (a savepoint aborted beside a periodic checkpoint)
+            if checkpoint_id > self.last_finished:
+                self.aborted.add(checkpoint_id)
             return []
-        if p is None or p.spec.checkpoint_id != checkpoint_id:
+        if p.spec.checkpoint_id != checkpoint_id:
             self.last_finished = max(self.last_finished, checkpoint_id)
             return []
         return self._abandon(p)
 
+    def gave_up(self, checkpoint_id: int) -> bool:
+        """Whether this task finished or gave up checkpoint `checkpoint_id` (completed, abandoned or aborted)."""
+        return checkpoint_id <= self.last_finished or checkpoint_id in self.aborted
+
     def _switch_due(self, spec: BarrierSpec, now: float) -> list[Action]:
         """Switch every channel of `spec` whose barrier waits in the gate and is due (time or bytes), while the
         budget lasts; then snapshot if nothing else is missing."""
-        if spec.checkpoint_id <= self.last_finished:
+        if self.gave_up(spec.checkpoint_id):
             return []
         p = self.pending
         if p is not None and (p.spec.checkpoint_id != spec.checkpoint_id or p.snapshotted):
@@ -426,6 +433,7 @@ class BarrierHandler:
     def _abandon(self, p: _Pending) -> list[Action]:
         self.pending = None
         self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
+        self.aborted = {n for n in self.aborted if n > self.last_finished}
         replay = self._replay_deferred(p.spec.checkpoint_id)
         return [Abandon(p.spec.checkpoint_id), *(replay or [UnblockAll()])]
 

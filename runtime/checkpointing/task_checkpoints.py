@@ -48,6 +48,8 @@ from runtime.execution.mailbox import Mail
 from runtime.execution.task import CheckpointStatistics, Task
 from runtime.graph.enums import CheckpointMode, TaskState
 
+RECENT_SPECS = 8  # triggers a task remembers for its end of input (at most a few are ever in flight)
+
 
 class TaskCheckpoints:
     def __init__(self, task: Task, checkpointer: TaskCheckpointer) -> None:
@@ -58,6 +60,9 @@ class TaskCheckpoints:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_spec: BarrierSpec | None = None
         self.latest_spec: BarrierSpec | None = None  # the job's latest trigger on this worker (set by the worker)
+        # the job's recent triggers on this worker by id (`remember`, by the worker): at its end of input a task
+        # takes each one it has not taken, since a savepoint may be in flight beside a periodic aligned checkpoint
+        self.recent_specs: dict[int, BarrierSpec] = {}
         self._last_snapshot_id = 0
         self._final_id: int | None = None  # the first checkpoint snapshotted after the end of input
         self._final_committed = False
@@ -135,12 +140,23 @@ class TaskCheckpoints:
         if self.barriers is not None:
             self._carry_out(self.barriers.on_channel_ended(channel_id))
 
+    def remember(self, spec: BarrierSpec) -> None:
+        """A trigger of the job reached this worker (the worker calls it for every task)."""
+        self.recent_specs[spec.checkpoint_id] = spec
+        while len(self.recent_specs) > RECENT_SPECS:
+            del self.recent_specs[min(self.recent_specs)]
+
     def on_end_of_input(self) -> None:
-        """The task sent "end" downstream. A checkpoint triggered while its last input was still open may never
-        bring it a barrier (its upstream ended too): take that checkpoint now."""
-        spec = self.latest_spec
-        if spec is not None and spec.checkpoint_id > self._last_snapshot_id:
-            self._snapshot_ended(spec)
+        """The task sent "end" downstream. Checkpoints triggered while its last input was still open may never
+        bring it a barrier (its upstream ended too): take them now, oldest first (two aligned ones may be in
+        flight: a savepoint beside a periodic checkpoint); an older one this task gave up is left out."""
+        latest = self.latest_spec
+        for checkpoint_id, spec in sorted(self.recent_specs.items()):
+            gave_up = self.barriers is not None and self.barriers.gave_up(checkpoint_id)
+            if checkpoint_id > self._last_snapshot_id and (spec is latest or not gave_up):
+                self._snapshot_ended(spec)
+        if latest is not None and latest.checkpoint_id > self._last_snapshot_id:
+            self._snapshot_ended(latest)
 
     def final_committed(self) -> bool:
         return self._final_committed

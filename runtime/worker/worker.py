@@ -456,6 +456,7 @@ class Worker(BaseLinkHandler):
             listener = deployed.checkpoints[key]
             if listener.latest_spec is None or spec.checkpoint_id > listener.latest_spec.checkpoint_id:
                 listener.latest_spec = spec
+            listener.remember(spec)
             if task.state in (TaskState.CREATED, TaskState.RUNNING) and (
                     task.source is not None or task.end_of_input or listener.inputs_ended()):
                 listener.trigger(spec)

@@ -272,6 +272,73 @@ def test_savepoints_and_concurrent_unaligned_checkpoints_complete_in_order(runni
 
 
 @pytest.mark.integration
+def test_a_savepoint_overlaps_aligned_periodic_checkpoints_in_a_bounded_time_and_output_is_exact(
+        cluster: Cluster) -> None:
+    """Aligned periodic checkpoints every 0.2 s of a backpressured job, and savepoints asked for meanwhile: a
+    savepoint starts at once beside the periodic checkpoint in flight (its barriers go in-band behind that one's),
+    a periodic checkpoint starts while the savepoint aligns, each completes within a bound a busy machine keeps
+    (the 1 s in-flight target, twice, and more), savepoints asked for up to the job's end complete or end with
+    it, nothing fails (no checkpoint waits for a task that ended), and every count is committed exactly once."""
+    setup = install(cluster, words=200_000)  # backpressured for longer than the savepoints below take
+    cluster.start_coordinator()
+    for i in range(2):
+        cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
+    cluster.wait_workers(2)
+    job_id = setup.submit("wordcount", checkpoint={"interval_s": 0.2, "mode": "aligned", "min_pause_s": 0,
+                                                   "tolerable_failures": 0, "timeout_s": 30})
+    poll(lambda: setup.status(job_id)["checkpoints_completed"] >= 1, 60, "a periodic checkpoint")
+    sp_root = cluster.tmp_path / "state" / "savepoints"
+    beside: set[int] = set()  # savepoints triggered while a periodic checkpoint was in flight
+    overlapped: set[int] = set()  # savepoints a periodic checkpoint started beside
+    def periodic_in_flight() -> bool:
+        return any(h["status"] == "IN_PROGRESS" and not h["savepoint"]
+                   for h in cluster.call("checkpoints", {"job_id": job_id})["history"])
+
+    for i in range(6):
+        # asked for while a periodic checkpoint is in flight (each takes a large part of a second here), it starts
+        # beside it and ends right after it; asked for between two, it aligns alone and a periodic one starts
+        if i % 2 == 0:
+            poll(periodic_in_flight, 30, "a periodic checkpoint in flight")
+        else:
+            poll(lambda: not periodic_in_flight(), 30, "no periodic checkpoint in flight")
+        asked = time.monotonic()
+        result = cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": str(sp_root)})
+        latency_s = time.monotonic() - asked
+        assert result["status"] == "COMPLETED", (result, setup.logs())
+        assert latency_s < 8.0, (latency_s, setup.logs())
+        history = {h["checkpoint_id"]: h for h in cluster.call("checkpoints", {"job_id": job_id})["history"]}
+        sp = history[result["checkpoint_id"]]
+        aligned_until = sp["started_at"] + sp["duration_s"]
+        for h in history.values():
+            if h["savepoint"]:
+                continue
+            ended = None if h["duration_s"] is None else h["started_at"] + h["duration_s"]
+            if h["started_at"] < sp["started_at"] and (ended is None or ended > sp["started_at"]):
+                beside.add(sp["checkpoint_id"])
+            if sp["started_at"] < h["started_at"] < aligned_until:
+                overlapped.add(sp["checkpoint_id"])
+        if beside and overlapped:
+            break
+    assert beside and overlapped, (beside, overlapped, history)
+    release(cluster)
+    # savepoints up to the job's end: the count tasks whose inputs all ended take every checkpoint still
+    # triggered beside another at their end of input (the last periodic one and a savepoint), not the latest only
+    ended: list[Any] = []
+    while setup.status(job_id)["state"] == "RUNNING":
+        try:
+            ended.append(cluster.call("checkpoint", {"job_id": job_id, "savepoint": True,
+                                                     "directory": str(sp_root)}))
+        except RpcError as exc:  # the job finished between the status and the request
+            ended.append(str(exc))
+    st = setup.wait_finished(job_id, 120)
+    assert st["restarts"] == 0, st
+    # one asked for as the last tasks finished ends with the job, counted failed through no fault of its own
+    failed = [h for h in cluster.call("checkpoints", {"job_id": job_id})["history"] if h["status"] == "FAILED"]
+    assert not [h for h in failed if h["failure_reason"].startswith(("timeout", "declined"))], (failed, ended)
+    assert_exact_output(setup)
+
+
+@pytest.mark.integration
 def test_two_checkpoints_forced_to_overlap_both_complete_in_order_and_output_is_exact(cluster: Cluster) -> None:
     """The overlap forced at an exact point: the coordinator holds the first `_metadata` write (every task has
     acknowledged that checkpoint, it is not complete, no sink has committed it) until the next checkpoint has been

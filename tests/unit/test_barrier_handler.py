@@ -417,3 +417,29 @@ def test_a_held_back_barrier_of_an_aborted_checkpoint_unblocks_its_channel():
     assert h.abort(2) == []
     assert h.on_barrier(1, u1, priority=True, now=0.2) == [InputsComplete(u1, True), UnblockAll()]
     assert h.pending is None
+
+
+def test_a_savepoint_in_band_behind_an_aligned_checkpoint_aligns_right_after_it_and_abandons_nothing():
+    """Why the coordinator starts a savepoint beside a periodic aligned checkpoint (may_overlap): in each channel the
+    savepoint's barrier follows checkpoint 1's, and the channel that delivered 1's stays blocked, so 2's can only
+    be taken once 1 has its snapshot here."""
+    h, a1, sp = handler([0, 1]), spec(1), BarrierSpec(2, 0.0, CheckpointOptions(savepoint=True))
+    assert h.on_barrier(0, a1, priority=False, now=0.0) == [Block(0)]
+    assert h.on_arrival(0, sp, now=0.1, bytes_ahead=100) == []  # queued behind it in channel 0's gate: nothing yet
+    assert h.on_barrier(1, a1, priority=False, now=0.2) == [Block(1), *done(a1)]
+    assert h.on_barrier(0, sp, priority=False, now=0.3) == [Block(0)]
+    assert h.on_barrier(1, sp, priority=False, now=0.4) == [Block(1), *done(sp)]
+    assert h.last_finished == 2 and h.pending is None
+
+
+def test_a_newer_checkpoint_aborted_before_the_older_one_arrived_leaves_the_older_one_alone():
+    """A savepoint aborted (its directory failed) while the periodic checkpoint beside it is still on its way: the
+    periodic one's barriers are not made late, and the savepoint's are ignored when they come."""
+    h, a1, sp = handler([0, 1]), spec(1), BarrierSpec(2, 0.0, CheckpointOptions(savepoint=True))
+    assert h.abort(2) == []
+    assert h.gave_up(2) and not h.gave_up(1)
+    assert h.on_barrier(0, a1, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, a1, priority=False, now=0.1) == [Block(1), *done(a1)]
+    assert h.on_barrier(0, sp, priority=False, now=0.2) == []
+    assert h.on_barrier(1, sp, priority=False, now=0.3) == []
+    assert h.pending is None and h.gave_up(2)

@@ -18,6 +18,7 @@ from coordinator.checkpointing import (
     Status,
     Trigger,
     WriteMetadata,
+    may_overlap,
 )
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
 from runtime.graph.checkpoint_options import CheckpointOptions
@@ -215,7 +216,7 @@ def test_completed_checkpoint_resets_consecutive_failures():
 
 
 def test_task_failure_aborts_pending_and_drops_queued_requests():
-    c = coordinator(tolerable_failures=5)
+    c = coordinator(tolerable_failures=5, mode="at_least_once")  # a savepoint waits behind at-least-once
     c.tick(10.0)
     assert c.request(11.0, savepoint=True, directory="/sp") == (2, [])
     assert c.request(11.5) == (3, [])
@@ -306,9 +307,9 @@ def test_manual_request_queued_behind_in_flight_then_triggered_when_it_ends():
 def test_queued_request_starts_after_abort():
     c = coordinator(timeout_s=5.0, tolerable_failures=1)
     c.tick(10.0)
-    assert c.request(11.0) == (2, [])
+    assert c.request(11.0, mode="unaligned") == (2, [])  # it would overtake the aligned one's barriers
     assert c.tick(15.0) == [NotifyAborted(1, "timeout after 5 s"), DiscardCheckpoint(1, "timeout after 5 s"),
-                            trig(2, 15.0)]
+                            trig(2, 15.0, "unaligned")]
 
 
 def test_savepoint_is_always_aligned_and_goes_to_its_directory():
@@ -351,7 +352,11 @@ def test_history_is_capped_and_tracks_status():
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
-    """Random interleavings with increasing `now`, checked against the instructions emitted."""
+    """Random interleavings with increasing `now`, checked against the instructions emitted.
+
+    Aligned periodic checkpoints, and requests (savepoints, manual checkpoints) that may start beside them:
+    at most one periodic and one request in flight, `_metadata` written and completion in id order.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -361,30 +366,36 @@ class CoordinatorMachine(RuleBasedStateMachine):
             TASKS, first_id=1, now=self.now)
         self.triggered: list[int] = []
         self.ended: list[int] = []
-        self.open: int | None = None  # triggered and not yet ended, as seen in the instructions
+        self.open: list[int] = []  # triggered and not yet ended, as seen in the instructions, oldest first
         self.writing: set[int] = set()
         self.savepoints: set[int] = set()
+        self.requested: set[int] = set()
         self.kept: list[int] = []  # completed checkpoints not yet discarded by retention
         self.job_failed = False
 
     def apply(self, out: list) -> None:
         for ins in out:
             if isinstance(ins, Trigger):
-                assert self.open is None, "two checkpoints in flight"
                 assert not self.triggered or ins.checkpoint_id > self.triggered[-1], "ids not increasing"
                 assert not self.job_failed
+                assert ins.options.mode == CheckpointMode.ALIGNED
                 self.triggered.append(ins.checkpoint_id)
-                self.open = ins.checkpoint_id
+                self.open.append(ins.checkpoint_id)
                 if ins.savepoint:
                     self.savepoints.add(ins.checkpoint_id)
+                periodic = [n for n in self.open if n not in self.requested]
+                requests = [n for n in self.open if n in self.requested]
+                assert len(periodic) <= 1 and len(requests) <= 1, f"too many in flight: {self.open}"
             elif isinstance(ins, WriteMetadata):
-                assert ins.checkpoint_id == self.open
+                assert ins.checkpoint_id == self.open[0], "_metadata written out of id order"
                 self.writing.add(ins.checkpoint_id)
             elif isinstance(ins, NotifyComplete | NotifyAborted) and ins.checkpoint_id in self.triggered:
                 assert ins.checkpoint_id not in self.ended, "checkpoint ended twice"
-                assert ins.checkpoint_id == self.open
+                assert ins.checkpoint_id in self.open
+                if isinstance(ins, NotifyComplete):
+                    assert ins.checkpoint_id == self.open[0], "completed out of id order"
                 self.ended.append(ins.checkpoint_id)
-                self.open = None
+                self.open.remove(ins.checkpoint_id)
                 if isinstance(ins, NotifyComplete) and ins.checkpoint_id not in self.savepoints:
                     self.kept.append(ins.checkpoint_id)
             elif isinstance(ins, DiscardCheckpoint) and ins.reason == "retention":
@@ -392,30 +403,38 @@ class CoordinatorMachine(RuleBasedStateMachine):
             elif isinstance(ins, FailJob):
                 self.job_failed = True
 
+    def _target(self, newest: bool) -> int | None:
+        return (self.open[-1] if newest else self.open[0]) if self.open else None
+
     @rule(dt=st.floats(0.0, 6.0))
     def tick(self, dt):
         self.now += dt
         self.apply(self.c.tick(self.now))
 
-    @rule(task=st.sampled_from(sorted(TASKS) + ["stranger"]), stale=st.booleans(), size=st.integers(0, 10**6))
-    def ack(self, task, stale, size):
-        target = self.open if self.open is not None and not stale else len(self.triggered)
+    @rule(task=st.sampled_from(sorted(TASKS) + ["stranger"]), stale=st.booleans(), newest=st.booleans(),
+          size=st.integers(0, 10**6))
+    def ack(self, task, stale, newest, size):
+        target = self._target(newest)
+        target = target if target is not None and not stale else len(self.triggered)
         self.apply(self.c.ack(self.now, target, task, {}, fig(size)))
 
-    @rule()
-    def ack_every_task(self):
+    @rule(newest=st.booleans())
+    def ack_every_task(self, newest):
         for task in sorted(TASKS):
-            if self.open is not None:
-                self.apply(self.c.ack(self.now, self.open, task, {}, fig(1)))
+            target = self._target(newest)
+            if target is not None:
+                self.apply(self.c.ack(self.now, target, task, {}, fig(1)))
 
-    @rule(task=st.sampled_from(sorted(TASKS)))
-    def decline(self, task):
-        if self.open is not None:
-            self.apply(self.c.decline(self.now, self.open, task, "random"))
+    @rule(task=st.sampled_from(sorted(TASKS)), newest=st.booleans())
+    def decline(self, task, newest):
+        target = self._target(newest)
+        if target is not None:
+            self.apply(self.c.decline(self.now, target, task, "random"))
 
     @rule(savepoint=st.booleans())
     def request(self, savepoint):
         n, out = self.c.request(self.now, savepoint=savepoint, directory="/sp" if savepoint else None)
+        self.requested.add(n)
         self.apply(out)
 
     @rule(stale=st.booleans())
@@ -436,10 +455,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @invariant()
     def accounting(self):
         stats = self.c.statistics()
-        in_flight = 0 if stats.in_flight_id is None else 1
-        assert stats.in_flight_id == self.open
-        assert stats.completed + stats.failed + in_flight == len(self.triggered)
-        assert len(self.ended) + in_flight == len(self.triggered)
+        assert stats.in_flight_id == (self.open[-1] if self.open else None)
+        assert self.c.in_flight_ids == self.open
+        assert stats.completed + stats.failed + len(self.open) == len(self.triggered)
+        assert len(self.ended) + len(self.open) == len(self.triggered)
         assert len(self.kept) <= self.c.settings.retain
 
 
@@ -559,7 +578,7 @@ def test_a_savepoint_starts_beside_a_periodic_unaligned_checkpoint_and_completio
     assert c.in_flight_ids == [] and c.statistics().last_completed_id == 2
 
 
-def test_a_second_request_waits_for_the_first_and_an_aligned_checkpoint_never_overlaps():
+def test_a_second_request_waits_for_the_first_and_nothing_unaligned_overtakes_an_aligned_checkpoint():
     c = coordinator(mode="unaligned")
     assert c.tick(10.0) == [trig(1, 10.0, "unaligned")]
     assert c.request(10.1)[1] == [trig(2, 10.1, "unaligned")]
@@ -570,7 +589,68 @@ def test_a_second_request_waits_for_the_first_and_an_aligned_checkpoint_never_ov
     assert out[-1] == trig(3, 20.2, "unaligned")
     a = coordinator()  # aligned
     assert a.tick(10.0) == [trig(1, 10.0)]
-    assert a.request(10.1) == (2, [])
+    assert a.request(10.1, mode="unaligned") == (2, [])  # its barriers would overtake 1's and abandon it
+    a = coordinator()
+    assert a.tick(10.0) == [trig(1, 10.0)]
+    assert a.request(10.1) == (2, [trig(2, 10.1)])  # aligned: in-band behind 1's barriers
+
+
+def _opts(mode: str, *, savepoint: bool = False, switching: bool = False) -> CheckpointOptions:
+    return CheckpointOptions(CheckpointMode(mode), savepoint, 0.1 if mode == "aligned_timeout" else None,
+                             channel_timeout_s=0.01 if switching else None)
+
+
+@pytest.mark.parametrize(("new", "in_flight", "allowed"), [
+    ("aligned", [], True),
+    ("unaligned", ["unaligned"], True),
+    ("savepoint", ["unaligned"], True),
+    ("savepoint", ["aligned"], True),  # in-band behind the periodic one's barriers
+    ("savepoint", ["aligned_timeout"], True),
+    ("savepoint", ["switching"], True),
+    ("aligned", ["savepoint"], True),  # a periodic aligned checkpoint is not paused by a savepoint
+    ("aligned", ["unaligned", "savepoint"], True),
+    ("unaligned", ["savepoint"], False),  # on the priority lane: it would overtake and abandon the savepoint
+    ("unaligned", ["aligned"], False),
+    ("aligned_timeout", ["savepoint"], False),  # priority at its deadline
+    ("switching", ["savepoint"], False),  # priority at a channel's switch
+    ("savepoint", ["at_least_once"], False),  # blocks no channel: a newer barrier may come first
+])
+def test_may_overlap_only_where_no_newer_barrier_can_overtake_an_aligning_one(new, in_flight, allowed):
+    def opts(name: str) -> CheckpointOptions:
+        if name == "savepoint":
+            return _opts("aligned", savepoint=True)
+        if name == "switching":
+            return _opts("aligned", switching=True)
+        return _opts(name)
+
+    assert may_overlap(opts(new), [opts(o) for o in in_flight]) is allowed
+
+
+def test_a_savepoint_starts_beside_a_periodic_aligned_checkpoint_and_periodic_ones_go_on_beside_it():
+    c = coordinator(interval_s=1.0, timeout_s=30.0)
+    assert c.tick(10.0) == [trig(1, 10.0)]
+    sp, out = c.request(10.5, savepoint=True, directory="/sp")
+    assert (sp, out) == (2, [trig(2, 10.5, savepoint=True, directory="/sp")])  # not queued behind 1
+    complete(c, 1, 10.9)
+    assert c.tick(11.0) == []  # interval counts from the savepoint's trigger
+    assert c.tick(11.5) == [trig(3, 11.5)]  # the savepoint still aligns: the periodic one is not paused
+    assert c.tick(12.6) == []  # max_concurrent 1 counts periodic ones: 3 is in flight
+    assert ack_all(c, 3, 12.7) == []  # READY: waits for the savepoint (completion in id order)
+    [write] = ack_all(c, 2, 12.8)
+    assert isinstance(write, WriteMetadata) and write.checkpoint_id == 2 and write.savepoint
+    out = c.metadata_written(12.9, 2)
+    assert out[0] == NotifyComplete(2)
+    assert isinstance(out[1], WriteMetadata) and out[1].checkpoint_id == 3
+    assert c.metadata_written(13.0, 3) == [NotifyComplete(3)]
+    assert c.statistics().failed == 0 and c.retained == [1, 3]
+
+
+def test_periodic_unaligned_checkpoints_wait_while_a_savepoint_aligns():
+    c = coordinator(mode="unaligned", interval_s=1.0, max_concurrent=2)
+    assert c.request(10.0, savepoint=True, directory="/sp")[1] == [trig(1, 10.0, savepoint=True, directory="/sp")]
+    assert c.tick(11.5) == []  # an unaligned barrier would overtake the savepoint's and abandon it
+    complete(c, 1, 11.6)
+    assert c.tick(11.65) == [trig(2, 11.65, "unaligned")]
 
 
 def test_max_concurrent_unaligned_checkpoints_and_a_newer_completed_one_subsumes_the_older():
