@@ -466,7 +466,14 @@ class JobLifecycle:
     def _failure(self, attempt: int, cause: str, now: float, *, fatal: bool = False) -> list[Instruction]:
         """Cancel the attempt; restart after the strategy's delay, or fail the job when no restart is left or
         none can repair the failure (`fatal`). A failure of an earlier attempt, or one while a restart is under
-        way already, changes nothing."""
+        way already, changes nothing, except a fatal one of the attempt whose restart is still waiting out its
+        delay: a task's own cause can reach the coordinator after a failure it caused elsewhere (a consumer of
+        its output, on another worker), and restarting into a cause no restart repairs would only meet it again."""
+        if (fatal and attempt == self.attempt and self.state == JobState.RESTARTING and self.phase == "delay"
+                and self.rescale is None):
+            self.failed_at = None
+            error = f"{cause} (not restarted: a restart cannot repair it)"
+            return [RecordFailure(cause), *self._move(JobState.FAILED, error)]
         if attempt != self.attempt or self.state not in (JobState.DEPLOYING, JobState.RUNNING):
             return []
         out: list[Instruction] = [RecordFailure(cause), StopCheckpoints(cause, failed=True)]

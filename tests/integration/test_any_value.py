@@ -108,5 +108,5 @@ def test_datetimes_decimals_and_sets_cross_workers_and_checkpoints(cluster: Clus
         k: epoch + datetime.timedelta(seconds=max(v)) for k, v in seqs.items()}
 
     bad = cluster.wait_job(bad_id, 60)
-    assert bad["state"] == "FAILED" and bad["restarts"] == 0, bad
+    assert bad["state"] == "FAILED" and bad["restarts"] == 0, json.dumps(bad, default=str)[:6000]
     assert "lock_it" in bad["error"] and "_thread.lock" in bad["error"] and "UnpicklableValue" in bad["error"], bad

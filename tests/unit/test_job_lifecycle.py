@@ -642,6 +642,24 @@ def test_a_failure_no_restart_can_repair_fails_the_job_at_once():
         MoveTo(JobState.FAILED, f"{cause} (not restarted: a restart cannot repair it)"), CancelTasks(0)]
 
 
+def test_a_fatal_cause_reported_after_a_secondary_failure_fails_the_job_before_its_restart():
+    """A consumer's failure (its upstream went away) reached the coordinator first and a restart was scheduled;
+    the upstream task's own cause, which no restart repairs, arrives within the restart delay: the job fails
+    now instead of restarting into it (a busy CI run restarted an unpicklable value's job once)."""
+    job = running(RestartStrategy())
+    out = job.handle(TaskFailed(0, "task 2:1 failed: ConnectionLost: upstream closed"), 1.0)
+    assert job.state == JobState.RESTARTING and any(isinstance(i, ScheduleRestart) for i in out)
+    cause = "task 1:0 failed: UnpicklableValue: lock_it: a value of type _thread.lock cannot be sent"
+    assert job.handle(TaskFailed(0, cause, fatal=True), 1.1) == [
+        RecordFailure(cause), MoveTo(JobState.FAILED, f"{cause} (not restarted: a restart cannot repair it)")]
+    assert job.handle(RestartDelayElapsed(0), 2.0) == [] and job.restarts == 0 and job.attempt == 0
+    # a cause that a restart may repair, arriving the same way, leaves the restart as it was
+    job = running(RestartStrategy())
+    job.handle(TaskFailed(0, "task 2:1 failed: ConnectionLost: upstream closed"), 1.0)
+    assert job.handle(TaskFailed(0, "task 1:0 failed: ValueError: bad record"), 1.1) == []
+    assert job.state == JobState.RESTARTING
+
+
 # -- a step begun by a coordinator that died (issue 31) -------------------------------------------------------------
 
 
