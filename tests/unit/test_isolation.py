@@ -104,20 +104,11 @@ def test_a_call_that_spins_past_the_blocked_wait_lets_the_loop_run() -> None:
 
     async def main() -> None:
         thread = TaskThread("spinner")
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.001)
-
-        running = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        assert await thread.call(spin, 0.3) == "spun"
-        running.cancel()
+        async with LoopLag(0.001) as watch:
+            await asyncio.sleep(0)
+            assert await thread.call(spin, 0.3) == "spun"
         assert thread.waited_blocked == 0
-        assert ticks >= 3, ticks  # about one per switch interval (5 ms); blocked for the call, it would be 1
+        assert watch.ticks >= 3, watch.ticks  # ~1 per 5 ms switch interval; blocked: 1
         assert await thread.stop(timeout_s=5)
 
     asyncio.run(main())
@@ -126,18 +117,9 @@ def test_a_call_that_spins_past_the_blocked_wait_lets_the_loop_run() -> None:
 def test_the_loop_keeps_running_while_a_call_blocks() -> None:
     async def main() -> None:
         thread = TaskThread("blocker")
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.001)
-
-        running = asyncio.create_task(ticker())
-        await thread.call(time.sleep, 0.2)
-        running.cancel()
-        assert ticks >= 20, ticks  # about 200 when nothing else runs; inline it would be 1
+        async with LoopLag(0.001) as watch:
+            await thread.call(time.sleep, 0.2)
+        assert watch.ticks >= 20, watch.ticks  # about 200 when nothing else runs; inline it would be 1
         assert await thread.stop(timeout_s=5)
 
     asyncio.run(main())
@@ -230,20 +212,21 @@ def _task(job: Job, node_ids: list[int], mode: str) -> Task:
 
 
 class LoopLag:
-    """While entered: the longest the running event loop was late for a 5 ms timer (what a task that blocks the
-    loop would show)."""
+    """While entered: a timer of `period_s` on the running event loop; how often it ran (`ticks`) and the longest
+    it was late (`lag`), what a call that holds the loop would show."""
 
-    PERIOD_S = 0.005
-
-    def __init__(self) -> None:
+    def __init__(self, period_s: float = 0.005) -> None:
+        self.period_s = period_s
         self.lag = 0.0
+        self.ticks = 0
         self._ticking: asyncio.Task[None] | None = None
 
     async def _tick(self) -> None:
         while True:
+            self.ticks += 1
             t0 = time.monotonic()
-            await asyncio.sleep(self.PERIOD_S)
-            self.lag = max(self.lag, time.monotonic() - t0 - self.PERIOD_S)
+            await asyncio.sleep(self.period_s)
+            self.lag = max(self.lag, time.monotonic() - t0 - self.period_s)
 
     async def __aenter__(self) -> LoopLag:
         self._ticking = asyncio.create_task(self._tick())
