@@ -41,6 +41,7 @@ class NetworkEnvironment(BaseLinkHandler):
         self.link_timeout_s = link_timeout_s  # None or 0: never time a silent link out
         self.links: dict[str, Link] = {}
         self._link_waiters: dict[str, asyncio.Future[Link]] = {}
+        self._dials: dict[str, asyncio.Future[Link]] = {}  # one dial per peer at a time
         self._out: dict[int, tuple[str, Subpartition]] = {}
         self._in: dict[int, tuple[str, InputGate]] = {}
         self.server: asyncio.Server | None = None
@@ -107,10 +108,14 @@ class NetworkEnvironment(BaseLinkHandler):
         if link is not None and not link.is_closing():
             return link
         if self.worker_id < peer_id:
-            link = await dial(host, port, self._connection(True), self, timeout_s=timeout_s,
-                              ssl_context=self.client_ssl)
-            self._adopt(link)
-            return link
+            # Two tasks deploying at once (two jobs, or two vertices) both ask for the link before
+            # either dial finished. Each dialing would make two links, the second replacing the
+            # first, and the frames already on the first would be lost with it: so they share one.
+            dialing = self._dials.get(peer_id)
+            if dialing is None or dialing.done():
+                dialing = self._dials[peer_id] = asyncio.ensure_future(self._dial(peer_id, host, port, timeout_s))
+                dialing.add_done_callback(_retrieve)
+            return await asyncio.shield(dialing)
         waiter = self._link_waiters.get(peer_id)
         if waiter is None or waiter.done():
             waiter = self._link_waiters[peer_id] = asyncio.get_running_loop().create_future()
@@ -119,6 +124,15 @@ class NetworkEnvironment(BaseLinkHandler):
         except TimeoutError:
             raise ConnectionLost(f"worker {peer_id} did not connect within {timeout_s}s",
                                  CloseReason.TIMEOUT) from None
+
+    async def _dial(self, peer_id: str, host: str, port: int, timeout_s: float) -> Link:
+        try:
+            link = await dial(host, port, self._connection(True), self, timeout_s=timeout_s,
+                              ssl_context=self.client_ssl)
+            self._adopt(link)
+            return link
+        finally:
+            self._dials.pop(peer_id, None)
 
     def _adopt(self, link: Link) -> None:
         old = self.links.get(link.peer_id)
@@ -160,3 +174,10 @@ class NetworkEnvironment(BaseLinkHandler):
             del self.links[peer]
             if peer in self.peers_in_use():
                 self.on_link_lost(peer, f"{reason.value}: {message}")
+
+
+def _retrieve(dialing: asyncio.Future[Link]) -> None:
+    """Mark a failed shared dial's error as seen: every caller that still waits gets it; one
+    that gave up (cancelled) must not leave asyncio logging it as never retrieved."""
+    if not dialing.cancelled():
+        dialing.exception()
