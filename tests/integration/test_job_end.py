@@ -233,6 +233,9 @@ def test_worker_killed_during_the_final_commit_output_is_exact(cluster: Cluster)
     assert st["state"] == "FINISHED", st
     assert st["restarts"] == 1, st
     exact_output(out=out, words=words)
-    # the restart restored the checkpoint being committed: its commit was redone, not its records
-    assert st["restored_checkpoint_id"] == held["checkpoint_id"], (st, held)
-    assert st["final_checkpoint_id"] is not None and st["final_checkpoint_id"] > held["checkpoint_id"], st
+    # the restart restored the checkpoint being committed or a later one (on a busy machine the next periodic
+    # checkpoint can complete while the finished sink still holds in this commit): its commit was redone, not its
+    # records, and the job ended with a checkpoint of its own after that
+    assert st["restored_checkpoint_id"] is not None and st["restored_checkpoint_id"] >= held["checkpoint_id"], (
+        st, held)
+    assert st["final_checkpoint_id"] is not None and st["final_checkpoint_id"] > st["restored_checkpoint_id"], st
