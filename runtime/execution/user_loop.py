@@ -56,11 +56,12 @@ class UserLoop:
         self._inbox_posted = False
         self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
         self._outbox_posted = False
-        self._stopped = False  # stop() began: parking it would wait for ever, a call would not be answered
+        self._stopped = False  # stop() began: a call made now would not be answered (nothing would start it)
         self._closed = False  # the loop's thread ended
         self._ended_cleanly = False  # stop() saw every task of the loop end (the thread ends right after)
         # the callers' futures of the calls accepted and not answered yet (touched on the worker's loop only)
         self._pending: set[asyncio.Future[Any]] = set()
+        self._parks: set[asyncio.Future[None]] = set()  # exclusive() waiting for its park (the worker's loop only)
         # a sys.exit() escaped user code on the loop (not from a call's own coroutine): called on the worker's loop
         self.on_failure: Callable[[BaseException], None] = lambda error: None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -102,6 +103,8 @@ class UserLoop:
     def _ended(self) -> None:
         """On the worker's loop: the loop's thread ended; calls still waiting can no longer be answered."""
         self._closed = True
+        for parked in self._parks:  # handed over as the loop stopped, never run: nothing can run there now
+            _resolve(parked)
         self._fail_pending(RuntimeError(f"{self.name}: the task's loop has stopped"))
         while self._inbox:
             coroutine, _, _ = self._inbox.popleft()
@@ -208,10 +211,17 @@ class UserLoop:
     async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` here, on the worker's loop, while the user loop is parked: it waits in a callback of its own
         until `fn` returns, so nothing of the task's runs there meanwhile (a snapshot, a flush of the outputs).
-        Awaited: a user loop stuck in a user call delays only this, not the worker's loop."""
-        if self._stopped:  # nothing runs there any more: the caller has it to itself
+        Awaited: a user loop stuck in a user call delays only this, not the worker's loop.
+
+        Also once `stop()` began, for as long as the loop runs: the user tasks it cancels run their clean-up there
+        (a coroutine that catches its cancel may still emit, or return a result its operator emits), and a stop
+        that gave up on blocking user code leaves that code to go on once it returns. Only a closed loop lets
+        `fn` run unparked; a park handed over as the loop stops, too late to run, is released by `_ended`."""
+        if self._closed:  # the loop's thread ended: nothing runs there any more, the caller has it to itself
             return fn(*args)
         home = asyncio.get_running_loop()
+        if self._home is None:
+            self._home = home  # where `_ended` is posted
         parked: asyncio.Future[None] = home.create_future()
         release = threading.Event()
 
@@ -223,10 +233,12 @@ class UserLoop:
             self.loop.call_soon_threadsafe(park)
         except RuntimeError:  # the user loop closed meanwhile
             return fn(*args)
+        self._parks.add(parked)
         try:
             await parked
             return fn(*args)
         finally:
+            self._parks.discard(parked)
             release.set()  # also when cancelled before it parked: the park then passes straight through
 
     # -- the end ----------------------------------------------------------------------------------------
