@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from runtime.execution.handover import SYNC_WAIT_S, HandedCall
 from runtime.execution.user_code import UserCodeExit
 
 TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's threshold is seconds)
@@ -42,8 +43,14 @@ TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's thresho
 class UserLoop:
     """One task's private event loop on its own daemon thread (see the module docstring)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, sync_wait_s: float = SYNC_WAIT_S) -> None:
         self.name = name
+        self.sync_wait_s = sync_wait_s  # how long the worker's loop waits, blocked, for a run (`call`)
+        self.held_gil = True  # whether the last run held the GIL
+        self.waited_blocked = 0  # runs the worker's loop waited for blocked, and got (for tests and benchmarks)
+        # whether user coroutines wait on the loop (its task sets it: records its asynchronous operator has in
+        # flight); by default, those handed over by `run` and not answered yet
+        self.coroutines_waiting: Callable[[], bool] = lambda: bool(self._pending)
         self.loop = _new_event_loop()
         self.ticks = 0  # with `seen`, tells one stall from the next (the watchdog reports each once)
         self.seen = time.monotonic()  # when the loop last ticked
@@ -205,8 +212,36 @@ class UserLoop:
             pass
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` (a plain function: a run of a task's chain) on the user loop; awaited on the worker's loop."""
-        return await self.run(_called(fn, args))
+        """`fn(*args)` (a plain function: a run of a task's chain) in a callback of the user loop, as a TaskThread
+        runs its calls (runtime/execution/handover.py): waited for with the worker's loop blocked, up to
+        `sync_wait_s`, when the last run held the GIL and no user coroutine waits on the loop (`coroutines_waiting`:
+        their I/O completions would run there ahead of this run, which the worker's loop would wait through);
+        else awaited."""
+        if self._stopped or self._closed:  # stop() began: nothing would run it, nothing would answer
+            raise RuntimeError(f"{self.name}: the task's loop has stopped")
+        home = asyncio.get_running_loop()
+        if self._home is None:
+            self._home = home
+        call = HandedCall(fn, args, home)
+        try:
+            self.loop.call_soon_threadsafe(self._execute, call)
+        except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
+            raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
+        blocked = self.held_gil and self.sync_wait_s > 0 and not self.coroutines_waiting()
+        try:
+            return await call.wait(self.sync_wait_s if blocked else 0.0, self._pending)
+        finally:
+            if call.blocked:
+                self.waited_blocked += 1
+
+    def _execute(self, call: HandedCall) -> None:
+        """On the user loop: a run handed over by `call` (not one its caller gave up on before it began)."""
+        if not call.abandoned():
+            call.execute(self)
+
+    def ran(self, held_gil: bool) -> None:
+        """On the user loop, after a run, before its outcome goes back (runtime/execution/handover.py)."""
+        self.held_gil = held_gil
 
     async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` here, on the worker's loop, while the user loop is parked: it waits in a callback of its own
@@ -285,10 +320,6 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-async def _called(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return fn(*args)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

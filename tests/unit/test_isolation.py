@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from netstack.credit import ChannelSender, Event
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.execution.channels import OutputGate, Subpartition, split_records
-from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, held_the_gil, mode_from_env
+from runtime.execution.handover import held_the_gil
+from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
