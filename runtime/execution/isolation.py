@@ -47,7 +47,7 @@ from typing import Any
 from runtime.execution.handover import SYNC_WAIT_S, HandedCall
 
 MODES = ("thread", "auto", "inline")
-MODE_ENV = "SLUICE_TASK_ISOLATION"  # the worker's setting for its tasks (README, Tuning)
+MODE_ENV = "SLUICE_TASK_ISOLATION"  # the worker's setting for its tasks (README, The job API)
 # a task's thread is named after its task, so a profile of the worker (runtime/worker/profiling.py) tells
 # whose stacks it sampled
 TASK_THREAD_PREFIX = "sluice-task "
@@ -64,7 +64,7 @@ def mode_from_env(environ: Mapping[str, str] = os.environ) -> str:
     return mode
 
 
-SYNC_WAIT_ENV = "SLUICE_SYNC_WAIT_S"  # the worker's blocked wait for a run (README, User code off the event loop)
+SYNC_WAIT_ENV = "SLUICE_SYNC_WAIT_S"  # the worker's blocked wait for a run (README, The job API)
 MAX_SYNC_WAIT_S = 0.1  # the worker's loop holds heartbeats, RPC and every other task while it waits blocked
 
 

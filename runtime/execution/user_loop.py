@@ -8,10 +8,13 @@ loop on a thread named after the task (like the `TaskThread` of runtime/executio
 
 - `run(coroutine)`, awaited on the worker's loop, runs the coroutine as a task on the user loop and returns
   its result (or raises its exception). Cancelling the awaiting task (a timeout, the task ending) cancels the
-  user task too; a user task cancelled by its own code cancels the awaiting one. `call(fn, *args)` does the
-  same for a plain function (a run of the chain).
+  user task too; a user task cancelled by its own code cancels the awaiting one.
+- `call(fn, *args)` runs a plain function (a run of the chain) in a callback of the user loop, handed over as
+  a TaskThread hands over its calls (runtime/execution/handover.py): waited for with the worker's loop blocked,
+  up to `sync_wait_s`, after a run that held the GIL while no user coroutine waits on the loop; else awaited.
 - `exclusive(fn, *args)`, awaited on the worker's loop, parks the user loop (a callback there waits) and runs
-  `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain.
+  `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain;
+  also while `stop()` cancels what runs there, until the loop's thread has ended.
 - A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
   not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
   the function on its thread's stack.
@@ -47,6 +50,7 @@ class UserLoop:
         self.name = name
         self.sync_wait_s = sync_wait_s  # how long the worker's loop waits, blocked, for a run (`call`)
         self.held_gil = True  # whether the last run held the GIL
+        self.runs = 0  # runs made (`call`)
         self.waited_blocked = 0  # runs the worker's loop waited for blocked, and got (for tests and benchmarks)
         # whether user coroutines wait on the loop (its task sets it: records its asynchronous operator has in
         # flight); by default, those handed over by `run` and not answered yet
@@ -242,6 +246,7 @@ class UserLoop:
     def ran(self, held_gil: bool) -> None:
         """On the user loop, after a run, before its outcome goes back (runtime/execution/handover.py)."""
         self.held_gil = held_gil
+        self.runs += 1
 
     async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` here, on the worker's loop, while the user loop is parked: it waits in a callback of its own
