@@ -76,6 +76,9 @@ class CheckpointRun:
     backend: dict[str, Any] | None = None  # the state backend's snapshot handle, once uploaded
     backend_sync_s: float = 0.0
     async_captured: int | None = None  # an asynchronous operator's records captured in flight
+    # the sinks' pre-commit is still to be made (user code, on the task's thread: Task.defer_user_call); the
+    # state file is written once it returned, and the task acknowledges nothing before
+    awaiting_sinks: bool = False
 
 
 class TaskCheckpointer:
@@ -122,7 +125,7 @@ class TaskCheckpointer:
         t0 = time.perf_counter()
         pending = task.chain.begin_state_snapshot(spec.checkpoint_id)  # a state backend's synchronous part
         async_inflight = task.chain.take_async_inflight()  # an asynchronous operator's records in flight
-        keyed, sinks = task.snapshot_operator_state(spec.checkpoint_id)
+        keyed = task.snapshot_keyed_state()
         source = task.source_position()
         lists = task.chain.snapshot_lists()
         time_state = task.time_state()
@@ -160,17 +163,38 @@ class TaskCheckpointer:
         if pending is not None:
             run.backend_sync_s = pending.sync_seconds
 
-        def produce_state() -> bytes:  # on the writer thread: the backend's upload first, then the state file
-            backend = None
-            if pending is not None:
-                backend = run.backend = backend_snapshots.upload(pending, spec.directory, savepoint=spec.savepoint)
-            return encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks, lists=lists,
-                                         time=time_state, backend=backend, async_inflight=async_inflight)
+        def write_state(sinks: list[Any]) -> None:
+            def produce_state() -> bytes:  # on the writer thread: the backend's upload first, then the state file
+                backend = None
+                if pending is not None:
+                    backend = run.backend = backend_snapshots.upload(pending, spec.directory,
+                                                                     savepoint=spec.savepoint)
+                return encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks, lists=lists,
+                                             time=time_state, backend=backend, async_inflight=async_inflight)
 
-        self._write(run, path, produce_state, "state")
+            self._write(run, path, produce_state, "state")
+
+        if task.chain.sinks:
+            # the sinks' pre-commit is user code (a client that may block): made on the task's thread before the
+            # task serves its next message or runs another record, so it still sees the state of this snapshot
+            run.awaiting_sinks = True
+            task.defer_user_call(_timed_pre_commit, (task, spec.checkpoint_id),
+                                 functools.partial(self._sinks_pre_committed, run, write_state))
+        else:
+            write_state([])
         if task.gate is None:
             run.inputs_done = True
         self.poll_outputs(time.time())
+
+    def _sinks_pre_committed(self, run: CheckpointRun, write_state: Callable[[list[Any]], None],
+                             outcome: tuple[list[Any], float]) -> None:
+        sinks, took_s = outcome
+        run.awaiting_sinks = False
+        run.sync_s += took_s
+        if self.runs.get(run.spec.checkpoint_id) is not run:  # given up meanwhile (a failed write of its own)
+            return
+        write_state(sinks)
+        self._maybe_finish(run)
 
     def _overtake_end(self, run: CheckpointRun, sub: Subpartition) -> None:
         """A task past its end of input put "end" on every output, and no barrier may follow it. While the end
@@ -287,7 +311,8 @@ class TaskCheckpointer:
         write.add_done_callback(done)
 
     def _maybe_finish(self, run: CheckpointRun) -> None:
-        if run.acked or not run.inputs_done or not run.out_written or run.settled < len(run.writes):
+        if (run.acked or run.awaiting_sinks or not run.inputs_done or not run.out_written
+                or run.settled < len(run.writes)):
             return
         run.acked = True
         async_s = max(0.0, time.monotonic() - run.started - run.sync_s)
@@ -331,3 +356,10 @@ class TaskCheckpointer:
 
 def _raise(exc: BaseException) -> None:
     raise exc
+
+
+def _timed_pre_commit(task: Task, checkpoint_id: int) -> tuple[list[Any], float]:
+    """On the task's thread: the sinks' pre-committed states for `checkpoint_id`, and how long they took."""
+    t0 = time.perf_counter()
+    sinks = task.chain.snapshot_sinks(checkpoint_id)
+    return sinks, time.perf_counter() - t0

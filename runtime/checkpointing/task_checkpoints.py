@@ -95,8 +95,9 @@ class TaskCheckpoints:
         A task that is no longer running commits nothing (Flink's order: notifyCheckpointComplete of the final
         checkpoint, then close; no notification after). Its final checkpoint was committed before it finished
         (`Task._wait_final_checkpoint`), a later one holds nothing new of it (its sinks pre-commit nothing after
-        their end), and from then on its sinks are being closed on its thread (`Task._close`): a commit here, on
-        the worker's loop, would run beside their close or after it."""
+        their end), and from then on its sinks are being closed on its thread (`Task._close`): a commit then would
+        run beside their close or after it. The commit itself is user code: it runs on the task's thread
+        (`Task.defer_user_call`), so one that blocks holds up this task only."""
         if self.task.state == TaskState.RUNNING:
             self.task.post(Mail(lambda: self._on_complete(checkpoint_id), f"commit checkpoint {checkpoint_id}"))
 
@@ -228,14 +229,30 @@ class TaskCheckpoints:
 
     def _on_complete(self, checkpoint_id: int) -> None:
         self.checkpointer.channel_files.completed(checkpoint_id)  # later checkpoints may reference its segments
-        self.task.chain.commit_sinks(checkpoint_id)
+        confirmed: tuple[int, Any] | None = None
         done = [c for c in self._source_positions if c <= checkpoint_id]
         if done:
             position = self._source_positions[max(done)]
             for c in done:
                 del self._source_positions[c]
+            confirmed = (max(done), position[0] if position else None)
+        if self.task.chain.sinks or confirmed is not None:
+            # user code (a sink publishing to a slow system): on the task's thread, awaited before the next message,
+            # so commits keep the checkpoints' order and the final one still comes before the close
+            self.task.defer_user_call(self._commit, (checkpoint_id, confirmed),
+                                      lambda _: self._committed(checkpoint_id))
+        else:
+            self._committed(checkpoint_id)
+
+    def _commit(self, checkpoint_id: int, confirmed: tuple[int, Any] | None) -> None:
+        """On the task's thread: the sinks publish what they pre-committed for `checkpoint_id`; a source that
+        confirms its input learns the position of the latest completed checkpoint it took."""
+        self.task.chain.commit_sinks(checkpoint_id)
+        if confirmed is not None:
             source: Any = self.task.source  # one with checkpoint_complete (_trigger kept its positions)
-            source.checkpoint_complete(max(done), position[0] if position else None)
+            source.checkpoint_complete(*confirmed)
+
+    def _committed(self, checkpoint_id: int) -> None:
         if self._final_id is not None and checkpoint_id >= self._final_id:
             self._final_committed = True
             self.task.wake()

@@ -13,7 +13,9 @@ its buffer; the queue limit is soft by one chunk).
 A task makes its runs on a thread of its own (runtime/execution/isolation.py) and awaits each one
 (`_offload`): everything between the runs (mailbox, snapshots, credit, waiting for output) stays here on the
 event loop, in the same order as inline. A task with an asynchronous operator runs its chain on a loop of its
-own (`_start_user_loop`) and parks it while it touches the chain between runs (`exclusive`).
+own (`_start_user_loop`) and parks it while it touches the chain between runs (`exclusive`). The user calls a
+checkpoint makes between runs (the sinks' `snapshot_state` and `commit`, a source's `checkpoint_complete`) go
+there too (`defer_user_call`), so a sink that blocks in them holds up its own task only.
 """
 
 from __future__ import annotations
@@ -243,6 +245,9 @@ class Task:
         self._tick_due = False  # the periodic flush came during a call: it runs when the call returns
         self._parked_tick: asyncio.Future[None] | None = None  # a chain on its own loop: the tick parking it
         self._processing_timers_due = False  # an isolated task's processing-time timers wait for its thread
+        # user calls the mailbox's mail asked for (a sink's pre-commit or commit, `defer_user_call`), made on the
+        # task's thread or loop before the next message is served
+        self._user_calls: deque[tuple[Callable[..., Any], tuple[Any, ...], Callable[[Any], None]]] = deque()
         self.checkpoints: CheckpointListener | None = checkpoints(self) if checkpoints is not None else None
 
     # -- signals from outside (network callbacks, the worker) -----------------
@@ -518,8 +523,33 @@ class Task:
         loop is parked meanwhile (UserLoop.exclusive), and the buffers it cut before are queued first, in order."""
         user = self._user_loop
         if user is None:
-            return fn(*args)
-        return await user.exclusive(self._with_outputs, fn, args)
+            result = fn(*args)
+            if self._user_calls:
+                await self._make_user_calls(self.call)
+            return result
+        async with user.parked() as park:
+            result = self._with_outputs(fn, args)
+            if self._user_calls:  # still parked: no record of the chain runs before they return
+                await self._make_user_calls(park.call)
+            return result
+
+    def defer_user_call(self, fn: Callable[..., Any], args: tuple[Any, ...], then: Callable[[Any], None]) -> None:
+        """From the task's mail (a checkpoint's snapshot or completion): `then(fn(*args))`, with `fn` user code (the
+        sinks' pre-commit or commit) run where the task's records run, awaited before the next message is served
+        (`exclusive`), so that one that blocks holds up only this task, not the worker's loop, its heartbeats and
+        its other tasks (Flink runs snapshotState and notifyCheckpointComplete on the task's thread). The task's
+        coroutine is suspended meanwhile, so no record runs between the mail and the call: a snapshot still sees
+        the state after whole chunks, and the calls are made in the order they were asked for. Inline: at once."""
+        if not self.isolation.closes_on_thread:
+            then(fn(*args))
+            return
+        self._user_calls.append((fn, args, then))
+
+    async def _make_user_calls(self, call: Callable[..., Any]) -> None:
+        calls = self._user_calls
+        while calls:
+            fn, args, then = calls.popleft()
+            then(await call(fn, *args))
 
     def _with_outputs(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         hand_off = self._hand_off
@@ -719,7 +749,8 @@ class Task:
     def _serve_mailbox(self) -> bool:
         """Serve the mailbox; False when it stopped before a message that may snapshot while a drain-mode
         asynchronous operator has records in flight (it came while a chain on its own loop was being parked,
-        after `serve_mail` found none): it waits for `quiesce`."""
+        after `serve_mail` found none): it waits for `quiesce`; False too after a message that asked for user
+        calls (`defer_user_call`): they are made before the next one."""
         op = self._async_op
         while self.mailbox:
             message = self.mailbox[0]
@@ -735,6 +766,8 @@ class Task:
                 self.on_probe_complete(self, message.probe_id, overtaken, 0)
             elif isinstance(message, Cancel):
                 raise TaskCancelled(self.task_id)
+            if self._user_calls:  # made before the next message (`exclusive`): serve_mail comes back for the rest
+                return False
         return True
 
     def _forward_priority(self, ev: Event) -> int:
@@ -743,13 +776,12 @@ class Task:
 
     # -- what a snapshot reads ------------------------------------------------------------
 
-    def snapshot_operator_state(self, checkpoint_id: int) -> tuple[dict[int, dict[str, dict[Any, Any]]], list[Any]]:
+    def snapshot_keyed_state(self) -> dict[int, dict[str, dict[Any, Any]]]:
         """The synchronous part of a snapshot: copies of the keyed state tables (values are immutable by
-        contract), and the sinks' pre-committed state for `checkpoint_id`. On a state backend only the tables
-        kept in memory (timers) are copied: the backend snapshots the rest (Chain.begin_state_snapshot)."""
-        keyed = {node: {name: table.copy() for name, table in tables.items() if isinstance(table, dict)}
-                 for node, tables in self.chain.keyed_state.items()}
-        return keyed, self.chain.snapshot_sinks(checkpoint_id)
+        contract). On a state backend only the tables kept in memory (timers) are copied: the backend snapshots
+        the rest (Chain.begin_state_snapshot). The sinks' pre-commit is user code: `defer_user_call`."""
+        return {node: {name: table.copy() for name, table in tables.items() if isinstance(table, dict)}
+                for node, tables in self.chain.keyed_state.items()}
 
     def source_position(self) -> Any:
         """Where a restored source resumes: the position before the current batch, and how much of it was emitted."""
@@ -816,6 +848,8 @@ class Task:
         op = self._async_op
         if op is None and self._user_loop is None:  # what `exclusive` does then, without its coroutine
             self._inband_event(channel_id, kind, ev)
+            if self._user_calls:  # a barrier's snapshot: the sinks' pre-commit
+                await self._make_user_calls(self.call)
             return
         if op is not None and op.drain and kind in ("barrier", "end"):
             # drain: the records before an aligned barrier finish first; so do those before a channel's end,
@@ -889,8 +923,7 @@ class Task:
         assert self.checkpoints is not None
         while not self.checkpoints.final_committed():
             if self.mailbox:
-                await self.exclusive(self._serve_mailbox)
-                await self._timers_on_thread()
+                await self.serve_mail()
                 continue
             await self.wait_idle()
 
@@ -900,8 +933,7 @@ class Task:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"task {self.task_id}: outputs not drained within {timeout_s}s")
             if self.mailbox:
-                await self.exclusive(self._serve_mailbox)
-                await self._timers_on_thread()
+                await self.serve_mail()
             await self.wait(0.05)
 
 

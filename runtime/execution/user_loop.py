@@ -14,7 +14,9 @@ loop on a thread named after the task (like the `TaskThread` of runtime/executio
   up to `sync_wait_s`, after a run that held the GIL while no user coroutine waits on the loop; else awaited.
 - `exclusive(fn, *args)`, awaited on the worker's loop, parks the user loop (a callback there waits) and runs
   `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain;
-  also while `stop()` cancels what runs there, until the loop's thread has ended.
+  also while `stop()` cancels what runs there, until the loop's thread has ended. `parked()` holds the park
+  around a block that also hands user calls to the parked callback (`Park.call`: a sink's pre-commit or commit),
+  which runs them on the loop's thread: awaited, so a blocking one holds up its own task only.
 - A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
   not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
   the function on its thread's stack.
@@ -31,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
+import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from runtime.execution.handover import SYNC_WAIT_S, HandedCall
@@ -257,29 +261,40 @@ class UserLoop:
         (a coroutine that catches its cancel may still emit, or return a result its operator emits), and a stop
         that gave up on blocking user code leaves that code to go on once it returns. Only a closed loop lets
         `fn` run unparked; a park handed over as the loop stops, too late to run, is released by `_ended`."""
-        if self._closed:  # the loop's thread ended: nothing runs there any more, the caller has it to itself
+        async with self.parked():
             return fn(*args)
+
+    @contextlib.asynccontextmanager
+    async def parked(self) -> AsyncIterator[Park]:
+        """The user loop parked for as long as the block runs (see `exclusive`); `Park.call` runs user code on the
+        loop's thread meanwhile (a sink's pre-commit or commit), which the block awaits: the loop stays parked
+        around it, so none of the task's records runs there in between."""
+        if self._closed:  # the loop's thread ended: nothing runs there any more, the caller has it to itself
+            yield Park(None)
+            return
         home = asyncio.get_running_loop()
         if self._home is None:
             self._home = home  # where `_ended` is posted
         parked: asyncio.Future[None] = home.create_future()
-        release = threading.Event()
+        park = Park(home)
 
-        def park() -> None:
+        def hold() -> None:
+            park.holding = True  # before the caller hears it parked: its calls come here from then on
             home.call_soon_threadsafe(_resolve, parked)
-            release.wait()
+            park.serve()
 
         try:
-            self.loop.call_soon_threadsafe(park)
+            self.loop.call_soon_threadsafe(hold)
         except RuntimeError:  # the user loop closed meanwhile
-            return fn(*args)
+            yield Park(None)
+            return
         self._parks.add(parked)
         try:
             await parked
-            return fn(*args)
+            yield park
         finally:
             self._parks.discard(parked)
-            release.set()  # also when cancelled before it parked: the park then passes straight through
+            park.release()  # also when cancelled before it parked: the park then passes straight through
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -316,6 +331,42 @@ class UserLoop:
             pass
         self._ended_cleanly = True
         return True
+
+
+class Park:
+    """A user loop held in a callback of its own (`UserLoop.parked`), which runs the calls handed to it there, on
+    the loop's thread, one at a time, until released. `home` None: the loop has ended, calls run on the caller's."""
+
+    def __init__(self, home: asyncio.AbstractEventLoop | None) -> None:
+        self._home = home
+        self._calls: queue.SimpleQueue[HandedCall | None] = queue.SimpleQueue()
+        self.holding = False  # its callback runs on the loop's thread (set there): calls are served
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the parked loop's thread, awaited (the worker's loop runs on while it takes)."""
+        if not self.holding or self._home is None:  # the loop ended before it parked: nothing else runs there
+            return fn(*args)
+        call = HandedCall(fn, args, self._home)
+        self._calls.put(call)
+        return await call.wait(0.0)
+
+    def serve(self) -> None:
+        """On the loop's thread: run the calls handed over until released."""
+        while (call := self._calls.get()) is not None:
+            call.execute(_UNCOUNTED)
+
+    def release(self) -> None:
+        self._calls.put(None)
+
+
+class _Uncounted:
+    """A parked call is no run: it changes neither how the next run is waited for nor the count of runs."""
+
+    def ran(self, held_gil: bool) -> None:
+        pass
+
+
+_UNCOUNTED = _Uncounted()
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:

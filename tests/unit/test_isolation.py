@@ -19,6 +19,7 @@ from runtime.execution.handover import held_the_gil
 from runtime.execution.isolation import HandOff, IsolationPolicy, IsolationSettings, TaskThread, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
+from tests.support.loop_lag import LoopLag
 
 
 def test_modes() -> None:
@@ -210,32 +211,6 @@ def _task(job: Job, node_ids: list[int], mode: str) -> Task:
     return Task(key=TaskKey("job", node_ids[0], 0, name, 1), chain=chain, outputs=[], output_gate=OutputGate(),
                 inputs=[], credits=Credits(2, 8), source=job.nodes[node_ids[0]].payload, flush_timeout_s=0.05,
                 isolation=mode)
-
-
-class LoopLag:
-    """While entered: a timer of `period_s` on the running event loop; how often it ran (`ticks`) and the longest
-    it was late (`lag`), what a call that holds the loop would show."""
-
-    def __init__(self, period_s: float = 0.005) -> None:
-        self.period_s = period_s
-        self.lag = 0.0
-        self.ticks = 0
-        self._ticking: asyncio.Task[None] | None = None
-
-    async def _tick(self) -> None:
-        while True:
-            self.ticks += 1
-            t0 = time.monotonic()
-            await asyncio.sleep(self.period_s)
-            self.lag = max(self.lag, time.monotonic() - t0 - self.period_s)
-
-    async def __aenter__(self) -> LoopLag:
-        self._ticking = asyncio.create_task(self._tick())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._ticking is not None
-        self._ticking.cancel()
 
 
 async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
