@@ -2,10 +2,13 @@
 
 The barrier handler (runtime/barriers.py) decides *when*; this module does
 it. The synchronous part on the event loop is small: copy the state tables,
-let the sinks pre-commit, put the barrier on every output (on the priority
-lane for unaligned checkpoints, which hands back the overtaken buffers) and
-capture the input buffers that precede the barrier. Encoding and writing
-happen in the worker's checkpoint writer thread while processing goes on.
+put the barrier on every output (on the priority lane for unaligned
+checkpoints, which hands back the overtaken buffers) and capture the input
+buffers that precede the barrier. The sinks' pre-commit is user code: the
+task makes it on its thread before anything else of it runs
+(Task.defer_user_call), and the state file is written once it returned.
+Encoding and writing happen in the worker's checkpoint writer thread while
+processing goes on.
 
 Concurrent checkpoints: a run per checkpoint. A newer snapshot gives up an
 older run only while that one's inputs are still incomplete (an aligned
