@@ -157,6 +157,56 @@ async def test_exclusive_releases_the_park_when_its_function_fails_or_its_caller
     assert await asyncio.wait_for(user.call(lambda: "runs"), 10.0) == "runs"
 
 
+async def test_a_parked_call_runs_on_the_loops_thread_while_it_stays_parked(user: UserLoop) -> None:
+    """A checkpoint's user calls (a sink's pre-commit, its commit) run on the parked loop's thread, in order, with
+    no coroutine of the loop stepping between them and the caller's code; one that blocks holds up the park only,
+    never the caller's loop; the park is released when the block ends, also when a call fails."""
+    steps = 0
+    stop, stepping = threading.Event(), threading.Event()
+
+    async def busy() -> None:
+        nonlocal steps
+        while not stop.is_set():
+            steps += 1
+            if steps == 100:
+                stepping.set()
+            await asyncio.sleep(0)
+
+    running = asyncio.ensure_future(user.run(busy()))
+    assert await asyncio.to_thread(stepping.wait, 10.0)
+    home = threading.get_ident()
+    release = threading.Event()
+    seen: list[tuple[str, int, bool]] = []
+
+    def pre_commit(name: str) -> str:
+        seen.append((name, steps, threading.get_ident() == user.ident))
+        if name == "blocks":
+            release.wait(10.0)
+        return name
+
+    ticks = 0
+    async with user.parked() as park:
+        at_park = steps
+        assert await park.call(pre_commit, "first") == "first"
+        blocked = asyncio.ensure_future(park.call(pre_commit, "blocks"))
+        while not blocked.done() and ticks < 5:  # the caller's loop runs on while the parked call blocks
+            await asyncio.sleep(TICK_S / 2)
+            ticks += 1
+        assert ticks == 5 and not blocked.done()
+        release.set()
+        assert await asyncio.wait_for(blocked, 10.0) == "blocks"
+        assert steps == at_park and threading.get_ident() == home
+    assert seen == [("first", at_park, True), ("blocks", at_park, True)]
+    with pytest.raises(ValueError, match="commit failed"):
+        async with user.parked() as park:
+            await park.call(lambda: (_ for _ in ()).throw(ValueError("commit failed")))
+    assert await asyncio.wait_for(user.call(lambda: "runs"), 10.0) == "runs"  # not parked for ever
+    await asyncio.to_thread(time.sleep, 0.05)
+    assert steps > at_park  # unparked, the loop steps again
+    stop.set()
+    await asyncio.wait_for(running, 10.0)
+
+
 async def test_a_run_is_a_plain_call_on_the_user_loop(user: UserLoop) -> None:
     def where(tag: str) -> tuple[str, str]:
         asyncio.get_running_loop()  # a run may start asyncio tasks there (an operator's records)
