@@ -112,14 +112,14 @@ class RecordWriter:
         if self.partitioner == "hash":
             key_fn = self.key_fn
             assert key_fn is not None
-            if self._timestamped:  # the user's key function over the records, from C: no wrapper call per pair
-                record_key_fn = self._record_key_fn
+            record_key_fn = self._record_key_fn
+            assert record_key_fn is not None
+            timestamped = self._timestamped
 
-                def keys_of(pairs: list[Any]) -> list[Any]:
-                    return list(map(record_key_fn, map(_record_of_pair, pairs)))
-            else:
-                def keys_of(records: list[Any]) -> list[Any]:
-                    return list(map(key_fn, records))  # type: ignore[arg-type]
+            def keys_of(records: list[Any]) -> list[Any]:
+                if timestamped:  # the user's key function over the records, from C: no wrapper call per pair
+                    return list(map(record_key_fn, map(_record_of_pair, records)))
+                return list(map(record_key_fn, records))
             route = self.router.route
             # key -> target, looked up from C (map over dict.__getitem__); the router fills it on a miss
             cache: dict[Any, int] = {}
