@@ -90,11 +90,15 @@ class TaskCheckpoints:
                             may_snapshot=True))
 
     def notify_complete(self, checkpoint_id: int) -> None:
-        """The checkpoint completed everywhere: sinks publish what they pre-committed for it."""
+        """The checkpoint completed everywhere: sinks publish what they pre-committed for it, on the task's turn.
+
+        A task that is no longer running commits nothing (Flink's order: notifyCheckpointComplete of the final
+        checkpoint, then close; no notification after). Its final checkpoint was committed before it finished
+        (`Task._wait_final_checkpoint`), a later one holds nothing new of it (its sinks pre-commit nothing after
+        their end), and from then on its sinks are being closed on its thread (`Task._close`): a commit here, on
+        the worker's loop, would run beside their close or after it."""
         if self.task.state == TaskState.RUNNING:
             self.task.post(Mail(lambda: self._on_complete(checkpoint_id), f"commit checkpoint {checkpoint_id}"))
-        elif self.task.state == TaskState.FINISHED:
-            self.task.chain.commit_sinks(checkpoint_id)
 
     def notify_aborted(self, checkpoint_id: int) -> None:
         if self.task.state == TaskState.RUNNING:

@@ -116,6 +116,7 @@ def _worker_arguments(w: argparse.ArgumentParser) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from runtime.execution.isolation import IsolationSettings
     from runtime.worker.worker import WorkerConfig
     from runtime.worker.worker import run_worker as serve
 
@@ -126,7 +127,8 @@ def run_worker(args: argparse.Namespace) -> int:
                           metrics_port=None if args.no_metrics else args.metrics_port, worker_id=args.id,
                           heartbeat_interval_s=args.heartbeat_interval, limits=a.listener_limits(args),
                           tls=a.tls(args), link_timeout_s=args.link_timeout, slow_call_s=args.slow_call,
-                          task_cancel_timeout_s=args.task_cancel_timeout, memory_limit_bytes=args.memory_limit)
+                          task_cancel_timeout_s=args.task_cancel_timeout, memory_limit_bytes=args.memory_limit,
+                          isolation=IsolationSettings.from_env())
     run(serve(config))
     return 0
 

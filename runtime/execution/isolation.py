@@ -17,8 +17,9 @@ awaits the result:
 
 The hand-off (a thread wake-up, the GIL, a loop wake-up) is paid once per run, not per chunk: the per-chunk
 hand-off of the first version cost half the keyed count's throughput. A run that holds the GIL all along (the
-usual run of records) is waited for with the loop blocked, up to SYNC_WAIT_S, which spares the loop's wake-up
-(TaskThread; docs/BENCHMARKS.md, User code off the event loop). Modes (SLUICE_TASK_ISOLATION):
+usual run of records) is waited for with the loop blocked, up to the worker's `sync_wait_s`, which spares the
+loop's wake-up (runtime/execution/handover.py, shared with the task loop's runs; docs/BENCHMARKS.md, User code
+off the event loop). Modes (SLUICE_TASK_ISOLATION):
 
 - `thread` (the default; `auto` is the same): every task on its thread; one whose chain has an asynchronous
   operator (async state, async_map) on an event loop on a thread of its own (runtime/execution/user_loop.py),
@@ -39,13 +40,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from runtime.execution.user_code import UserCodeExit
+from runtime.execution.handover import SYNC_WAIT_S, HandedCall
 
 MODES = ("thread", "auto", "inline")
-MODE_ENV = "SLUICE_TASK_ISOLATION"  # the worker's setting for its tasks (README, Tuning)
+MODE_ENV = "SLUICE_TASK_ISOLATION"  # the worker's setting for its tasks (README, The job API)
 # a task's thread is named after its task, so a profile of the worker (runtime/worker/profiling.py) tells
 # whose stacks it sampled
 TASK_THREAD_PREFIX = "sluice-task "
@@ -55,11 +57,42 @@ def task_thread_name(task_id: str) -> str:
     return f"{TASK_THREAD_PREFIX}{task_id}"
 
 
-def mode_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+def mode_from_env(environ: Mapping[str, str] = os.environ) -> str:
     mode = environ.get(MODE_ENV, "thread").strip().lower() or "thread"
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV} must be one of {', '.join(MODES)}, got {mode!r}")
     return mode
+
+
+SYNC_WAIT_ENV = "SLUICE_SYNC_WAIT_S"  # the worker's blocked wait for a run (README, The job API)
+MAX_SYNC_WAIT_S = 0.1  # the worker's loop holds heartbeats, RPC and every other task while it waits blocked
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationSettings:
+    """Where a worker's tasks run their user code, and how long its event loop waits, blocked, for a run that
+    holds the GIL (runtime/execution/handover.py; 0: every run awaited). Built once at the worker's entry point
+    (`from_env`: the variables are the documented way to set them) and passed down to every task it deploys."""
+
+    mode: str = "thread"
+    sync_wait_s: float = SYNC_WAIT_S
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"task isolation must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0.0 <= self.sync_wait_s <= MAX_SYNC_WAIT_S:  # also refuses NaN
+            raise ValueError(f"{SYNC_WAIT_ENV} must be between 0 and {MAX_SYNC_WAIT_S} seconds, got {self.sync_wait_s}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> IsolationSettings:
+        """The worker's settings from SLUICE_TASK_ISOLATION and SLUICE_SYNC_WAIT_S (unset: the defaults); a bad
+        value is refused with one line naming the variable."""
+        raw = environ.get(SYNC_WAIT_ENV, "").strip()
+        try:
+            sync_wait_s = float(raw) if raw else SYNC_WAIT_S
+        except ValueError:
+            raise ValueError(f"{SYNC_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
+        return cls(mode_from_env(environ), sync_wait_s)
 
 
 class HandOff(list):  # type: ignore[type-arg]  # of (Subpartition, Buffer)
@@ -116,40 +149,8 @@ class IsolationPolicy:
         self.closes_on_thread = mode != "inline"
 
 
-_STOP = object()
-# How long the event loop waits, blocked, for a call of a task whose calls hold the GIL (see TaskThread): a run
-# lasts about 2 ms (runtime/execution/turns.py YIELD_AFTER_S); past this the loop goes back to its own work.
-SYNC_WAIT_S = float(os.environ.get("SLUICE_SYNC_WAIT_S", "0.005"))
-# A call holding the GIL for at least this share of its wall time leaves nothing for the loop to do meanwhile
-CPU_BOUND_SHARE = 0.7
-SHORT_CALL_S = 0.0002  # a call this short is waited for, whatever it did
-
-
-def held_the_gil(wall_s: float, cpu_s: float) -> bool:
-    """Whether a call that took `wall_s` and its thread's `cpu_s` left the loop nothing to run beside it."""
-    return wall_s < SHORT_CALL_S or cpu_s >= CPU_BOUND_SHARE * wall_s
-
-
-class _Call:
-    """One call handed to a TaskThread: how its outcome gets back to the caller, decided under `guard` by
-    whichever side comes second (the loop giving up its blocked wait, or the thread finishing)."""
-
-    __slots__ = ("fn", "args", "done", "guard", "finished", "result", "error", "loop", "future")
-
-    def __init__(self, fn: Any, args: tuple[Any, ...], loop: asyncio.AbstractEventLoop,
-                 future: asyncio.Future[Any] | None) -> None:
-        self.fn, self.args, self.loop, self.future = fn, args, loop, future
-        self.done = threading.Lock()  # held until the thread finishes a call the loop waits for, blocked
-        self.done.acquire()
-        self.guard = threading.Lock()
-        self.finished = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
+def _STOP() -> None:  # noqa: N802  # the marker that ends a TaskThread (never called)
+    pass
 
 
 class TaskThread:
@@ -157,109 +158,65 @@ class TaskThread:
 
     `call` is awaited on the event loop. The task awaits every call before it hands over the next, so at most
     one is in the queue: the queue only carries it across the thread boundary. How the caller waits depends on
-    what the task's calls did lately:
-
-    - a call that held the GIL nearly all its wall time (records through Python: the usual run) left the loop
-      nothing to run meanwhile, so the loop waits for the next one blocked, up to SYNC_WAIT_S, and takes the
-      result straight from the thread: a lock handed back instead of the loop's thread-safe callback, an
-      asyncio future and an epoll wake-up, which cost a tenth or more of a keyed count's CPU per record
-      (docs/BENCHMARKS.md, User code off the event loop). Past SYNC_WAIT_S (a call that blocks, or a GIL
-      shared with other busy threads) the loop stops waiting and the call finishes as below: no user call
-      holds the loop longer than that;
-    - a call that waited (I/O, a sleep, a lock: the GIL released) lets the loop and other tasks run meanwhile,
-      so its successor is awaited: the result comes back through the loop's thread-safe callback.
+    what the task's calls did lately (runtime/execution/handover.py): a call that held the GIL nearly all its
+    wall time (records through Python: the usual run) has its successor waited for with the loop blocked, up to
+    `sync_wait_s`, which spares the loop's wake-up, a tenth or more of a keyed count's CPU per record
+    (docs/BENCHMARKS.md, User code off the event loop); a call that waited (I/O, a sleep, a lock) has its
+    successor awaited, so the loop and other tasks run beside it.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, sync_wait_s: float = SYNC_WAIT_S) -> None:
         self.name = name
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.calls = 0  # calls made: with `call_started`, tells one call from the next
         self.call_started: float | None = None
         self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
         self.held_gil = True  # whether the last call held the GIL (see the class docstring)
-        self.sync_wait_s = SYNC_WAIT_S
+        self.sync_wait_s = sync_wait_s
         self.waited_blocked = 0  # calls the loop waited for blocked, and got (a figure for tests and benchmarks)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        if not self.held_gil or self.sync_wait_s <= 0:
-            future: asyncio.Future[Any] = loop.create_future()
-            self._calls.put(_Call(fn, args, loop, future))
-            return await future
-        call = _Call(fn, args, loop, None)
+        call = HandedCall(fn, args, asyncio.get_running_loop())
         self._calls.put(call)
-        if call.done.acquire(timeout=self.sync_wait_s):
-            self.waited_blocked += 1
-            return call.outcome()
-        with call.guard:
-            if not call.finished:  # still running: the thread settles a future instead
-                call.future = loop.create_future()
-        if call.future is None:  # it finished between the timeout and the guard
-            return call.outcome()
-        return await call.future
+        try:
+            return await call.wait(self.sync_wait_s if self.held_gil else 0.0)
+        finally:
+            if call.blocked:
+                self.waited_blocked += 1
 
     def _run(self) -> None:
         self.ident = threading.get_ident()
         calls = self._calls
         monotonic = time.monotonic
-        thread_time = time.thread_time
         while True:
             call = calls.get()
             if call.fn is _STOP:
-                self._resolve(call.loop, call.future, None, None)
+                call.answer()
                 return
-            self.call_started = started = monotonic()
-            cpu_started = thread_time()
-            try:
-                call.result = call.fn(*call.args)
-            except SystemExit as exc:  # sys.exit() in user code: its task fails, the worker stays
-                call.error = UserCodeExit.of(exc)
-            except BaseException as exc:  # handed to the awaiting task, which fails as it would inline
-                call.error = exc
-            wall = monotonic() - started
-            self.held_gil = held_the_gil(wall, thread_time() - cpu_started)
-            self.call_started = None
-            self.calls += 1
-            with call.guard:
-                call.finished = True
-                future = call.future
-            if future is None:
-                call.done.release()
-            else:
-                self._resolve(call.loop, future, call.result, call.error)
-                call.result = call.error = None
+            self.call_started = monotonic()
+            call.execute(self)
+
+    def ran(self, held_gil: bool) -> None:
+        """On the thread, after a call, before its outcome goes back (runtime/execution/handover.py)."""
+        self.held_gil = held_gil
+        self.call_started = None
+        self.calls += 1
 
     def running_since(self) -> float | None:
         """When the call in progress began (time.monotonic()), None between calls; read from any thread."""
         return self.call_started
 
-    def _resolve(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any,
-                 error: BaseException | None) -> None:
-        def settle() -> None:
-            if future.cancelled():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-        try:
-            loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the loop closed while the call ran (the worker is stopping): nobody waits
-            pass
-
     async def stop(self, timeout_s: float | None = 10.0) -> bool:
         """Let the running call finish (a cancelled task's call may still run), then end the thread. False if
         the call did not finish within `timeout_s` (None: no limit; user code stuck: the daemon thread is left
         behind)."""
-        loop = asyncio.get_running_loop()
-        stopped: asyncio.Future[Any] = loop.create_future()
-        self._calls.put(_Call(_STOP, (), loop, stopped))
+        stopping = HandedCall(_STOP, (), asyncio.get_running_loop())
+        self._calls.put(stopping)
         try:
             async with asyncio.timeout(timeout_s):
-                await stopped
+                await stopping.wait(0.0)
         except TimeoutError:
             return False
         return True

@@ -30,6 +30,7 @@ from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
 from runtime.execution import ticks
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
+from runtime.execution.handover import SYNC_WAIT_S
 from runtime.execution.inflight import resize
 from runtime.execution.input_processor import InputProcessor
 from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, task_thread_name
@@ -174,7 +175,8 @@ class Task:
     def __init__(self, *, key: TaskKey, chain: Chain, outputs: list[Subpartition], output_gate: OutputGate,
                  inputs: list[InputChannel], credits: Credits, source: Source | None, flush_timeout_s: float,
                  restore: RestoredState | None = None,
-                 checkpoints: Callable[[Task], CheckpointListener] | None = None, isolation: str = "thread") -> None:
+                 checkpoints: Callable[[Task], CheckpointListener] | None = None, isolation: str = "thread",
+                 sync_wait_s: float = SYNC_WAIT_S) -> None:
         self.key = key
         self.task_id = key.task_id
         self.name = key.display_name
@@ -228,6 +230,7 @@ class Task:
             self._async_op.bind(wake=self._wake_from_chain, on_failure=self._async_failed)
         # blocking user code: the chain's calls on a thread of the task's own (runtime/execution/isolation.py)
         self.isolation = IsolationPolicy(isolation, asynchronous=self._async_op is not None)
+        self.sync_wait_s = sync_wait_s  # the loop's blocked wait for a run (runtime/execution/handover.py)
         self._thread: TaskThread | None = None
         # with an asynchronous operator: the loop its chain lives on, and the buffers that chain cuts there
         self._user_loop: UserLoop | None = None
@@ -408,7 +411,7 @@ class Task:
         if self.isolation.closes_on_thread:
             # a thread of its own: the task's may still be in the cancelled call (the watchdog sees this one)
             try:
-                closer = self._thread = TaskThread(task_thread_name(self.task_id))
+                closer = self._thread = TaskThread(task_thread_name(self.task_id), sync_wait_s=self.sync_wait_s)
             except RuntimeError as exc:  # no thread to be had (memory exhausted under a limit): close here,
                 log.warning("task %s: closing on the worker's loop: %s", self.task_id, exc)  # not hide the cause
         if closer is not None:
@@ -542,14 +545,18 @@ class Task:
         """The task's own loop, on which its whole chain runs, the asynchronous operator included: its records,
         state round trips and coroutines never cross threads; the worker's loop hands it runs and takes the
         buffers it cuts (HandOff)."""
-        user = self._user_loop = UserLoop(task_thread_name(self.task_id))  # a profile counts it as the task's
+        # named as the task's thread: a profile counts it as the task's
+        user = self._user_loop = UserLoop(task_thread_name(self.task_id), sync_wait_s=self.sync_wait_s)
         assert self._home is not None and self._async_op is not None
         hand_off = self._hand_off = HandOff(self._home)
         hand_off.on_delivered = self._after_hand_off
         for sub in self.subpartitions:
             sub.deferred = hand_off
-        self._async_op.run_on(user.loop)
+        op = self._async_op
+        op.run_on(user.loop)
         user.on_failure = self._user_code_exited
+        # its records in flight wait on the loop (state round trips, the function's I/O): a run is awaited then
+        user.coroutines_waiting = lambda: op.in_flight > 0
 
     def _user_code_exited(self, error: BaseException) -> None:
         """A sys.exit() escaped user code on the task's loop (a task the user's function started): the loop
@@ -588,7 +595,7 @@ class Task:
         sending when it returns, in order, before anything else of the task runs."""
         thread = self._thread
         if thread is None:
-            thread = self._thread = TaskThread(task_thread_name(self.task_id))
+            thread = self._thread = TaskThread(task_thread_name(self.task_id), sync_wait_s=self.sync_wait_s)
         deferred = self._deferred
         subs = self.subpartitions
         for sub in subs:

@@ -8,10 +8,13 @@ loop on a thread named after the task (like the `TaskThread` of runtime/executio
 
 - `run(coroutine)`, awaited on the worker's loop, runs the coroutine as a task on the user loop and returns
   its result (or raises its exception). Cancelling the awaiting task (a timeout, the task ending) cancels the
-  user task too; a user task cancelled by its own code cancels the awaiting one. `call(fn, *args)` does the
-  same for a plain function (a run of the chain).
+  user task too; a user task cancelled by its own code cancels the awaiting one.
+- `call(fn, *args)` runs a plain function (a run of the chain) in a callback of the user loop, handed over as
+  a TaskThread hands over its calls (runtime/execution/handover.py): waited for with the worker's loop blocked,
+  up to `sync_wait_s`, after a run that held the GIL while no user coroutine waits on the loop; else awaited.
 - `exclusive(fn, *args)`, awaited on the worker's loop, parks the user loop (a callback there waits) and runs
-  `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain.
+  `fn(*args)` on the worker's loop meanwhile: how the task's mailbox, snapshots and flushes touch the chain;
+  also while `stop()` cancels what runs there, until the loop's thread has ended.
 - A tick every TICK_S tells the worker's `CallWatchdog` (runtime/execution/user_code.py) that the loop is
   not stuck: a user loop that has not ticked for the slow-call threshold is reported like a slow call, with
   the function on its thread's stack.
@@ -34,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from runtime.execution.handover import SYNC_WAIT_S, HandedCall
 from runtime.execution.user_code import UserCodeExit
 
 TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's threshold is seconds)
@@ -42,8 +46,15 @@ TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's thresho
 class UserLoop:
     """One task's private event loop on its own daemon thread (see the module docstring)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, sync_wait_s: float = SYNC_WAIT_S) -> None:
         self.name = name
+        self.sync_wait_s = sync_wait_s  # how long the worker's loop waits, blocked, for a run (`call`)
+        self.held_gil = True  # whether the last run held the GIL
+        self.runs = 0  # runs made (`call`)
+        self.waited_blocked = 0  # runs the worker's loop waited for blocked, and got (for tests and benchmarks)
+        # whether user coroutines wait on the loop (its task sets it: records its asynchronous operator has in
+        # flight); by default, those handed over by `run` and not answered yet
+        self.coroutines_waiting: Callable[[], bool] = lambda: bool(self._pending)
         self.loop = _new_event_loop()
         self.ticks = 0  # with `seen`, tells one stall from the next (the watchdog reports each once)
         self.seen = time.monotonic()  # when the loop last ticked
@@ -56,11 +67,12 @@ class UserLoop:
         self._inbox_posted = False
         self._outbox: collections.deque[tuple[asyncio.Future[Any], asyncio.Task[Any]]] = collections.deque()
         self._outbox_posted = False
-        self._stopped = False  # stop() began: parking it would wait for ever, a call would not be answered
+        self._stopped = False  # stop() began: a call made now would not be answered (nothing would start it)
         self._closed = False  # the loop's thread ended
         self._ended_cleanly = False  # stop() saw every task of the loop end (the thread ends right after)
         # the callers' futures of the calls accepted and not answered yet (touched on the worker's loop only)
         self._pending: set[asyncio.Future[Any]] = set()
+        self._parks: set[asyncio.Future[None]] = set()  # exclusive() waiting for its park (the worker's loop only)
         # a sys.exit() escaped user code on the loop (not from a call's own coroutine): called on the worker's loop
         self.on_failure: Callable[[BaseException], None] = lambda error: None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -102,6 +114,8 @@ class UserLoop:
     def _ended(self) -> None:
         """On the worker's loop: the loop's thread ended; calls still waiting can no longer be answered."""
         self._closed = True
+        for parked in self._parks:  # handed over as the loop stopped, never run: nothing can run there now
+            _resolve(parked)
         self._fail_pending(RuntimeError(f"{self.name}: the task's loop has stopped"))
         while self._inbox:
             coroutine, _, _ = self._inbox.popleft()
@@ -202,16 +216,52 @@ class UserLoop:
             pass
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` (a plain function: a run of a task's chain) on the user loop; awaited on the worker's loop."""
-        return await self.run(_called(fn, args))
+        """`fn(*args)` (a plain function: a run of a task's chain) in a callback of the user loop, as a TaskThread
+        runs its calls (runtime/execution/handover.py): waited for with the worker's loop blocked, up to
+        `sync_wait_s`, when the last run held the GIL and no user coroutine waits on the loop (`coroutines_waiting`:
+        their I/O completions would run there ahead of this run, which the worker's loop would wait through);
+        else awaited."""
+        if self._stopped or self._closed:  # stop() began: nothing would run it, nothing would answer
+            raise RuntimeError(f"{self.name}: the task's loop has stopped")
+        home = asyncio.get_running_loop()
+        if self._home is None:
+            self._home = home
+        call = HandedCall(fn, args, home)
+        try:
+            self.loop.call_soon_threadsafe(self._execute, call)
+        except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
+            raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
+        blocked = self.held_gil and self.sync_wait_s > 0 and not self.coroutines_waiting()
+        try:
+            return await call.wait(self.sync_wait_s if blocked else 0.0, self._pending)
+        finally:
+            if call.blocked:
+                self.waited_blocked += 1
+
+    def _execute(self, call: HandedCall) -> None:
+        """On the user loop: a run handed over by `call` (not one its caller gave up on before it began)."""
+        if not call.abandoned():
+            call.execute(self)
+
+    def ran(self, held_gil: bool) -> None:
+        """On the user loop, after a run, before its outcome goes back (runtime/execution/handover.py)."""
+        self.held_gil = held_gil
+        self.runs += 1
 
     async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` here, on the worker's loop, while the user loop is parked: it waits in a callback of its own
         until `fn` returns, so nothing of the task's runs there meanwhile (a snapshot, a flush of the outputs).
-        Awaited: a user loop stuck in a user call delays only this, not the worker's loop."""
-        if self._stopped:  # nothing runs there any more: the caller has it to itself
+        Awaited: a user loop stuck in a user call delays only this, not the worker's loop.
+
+        Also once `stop()` began, for as long as the loop runs: the user tasks it cancels run their clean-up there
+        (a coroutine that catches its cancel may still emit, or return a result its operator emits), and a stop
+        that gave up on blocking user code leaves that code to go on once it returns. Only a closed loop lets
+        `fn` run unparked; a park handed over as the loop stops, too late to run, is released by `_ended`."""
+        if self._closed:  # the loop's thread ended: nothing runs there any more, the caller has it to itself
             return fn(*args)
         home = asyncio.get_running_loop()
+        if self._home is None:
+            self._home = home  # where `_ended` is posted
         parked: asyncio.Future[None] = home.create_future()
         release = threading.Event()
 
@@ -223,10 +273,12 @@ class UserLoop:
             self.loop.call_soon_threadsafe(park)
         except RuntimeError:  # the user loop closed meanwhile
             return fn(*args)
+        self._parks.add(parked)
         try:
             await parked
             return fn(*args)
         finally:
+            self._parks.discard(parked)
             release.set()  # also when cancelled before it parked: the park then passes straight through
 
     # -- the end ----------------------------------------------------------------------------------------
@@ -273,10 +325,6 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-async def _called(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return fn(*args)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -22,7 +22,7 @@ from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.async_operator import AsyncStateSettings
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition
 from runtime.execution.inflight import ADJUST_PERIOD_S, InflightBound
-from runtime.execution.isolation import mode_from_env
+from runtime.execution.isolation import IsolationSettings
 from runtime.execution.operators import Chain, RecordWriter
 from runtime.execution.task import Credits, RestoredState, Task, TaskKey
 from runtime.graph.enums import TaskState
@@ -55,11 +55,12 @@ class CheckpointHooks:
 
 def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: dict[int, dict[int, Subpartition]],
                inputs: list[InputChannel], restored: RestoredState | None, hooks: CheckpointHooks,
-               cfg: ChannelConfig, state_backend: StateBackend | None = None) -> tuple[Task, TaskCheckpoints]:
+               cfg: ChannelConfig, state_backend: StateBackend | None = None,
+               isolation: IsolationSettings = IsolationSettings()) -> tuple[Task, TaskCheckpoints]:
     """One complete task: chain, outputs, input gate, restored state and checkpoint listener.
 
     `outputs` maps each output edge to its subpartitions by consumer index; `state_backend` holds its keyed
-    state (None: dict tables, the memory backend).
+    state (None: dict tables, the memory backend); `isolation` is the worker's (WorkerConfig.isolation).
     """
     writers = []
     subpartitions: list[Subpartition] = []
@@ -98,11 +99,13 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
                 credits=Credits(cfg.exclusive_credits, cfg.floating_credits),
                 source=source_for(head.payload, restored) if head.kind == "source" else None,
                 flush_timeout_s=cfg.flush_timeout_s,
-                restore=restored, checkpoints=listener, isolation=mode_from_env())
+                restore=restored, checkpoints=listener, isolation=isolation.mode,
+                sync_wait_s=isolation.sync_wait_s)
     return task, checkpoints[0]
 
 
-async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks: CheckpointHooks) -> DeployedJob:
+async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks: CheckpointHooks, *,
+                 isolation: IsolationSettings = IsolationSettings()) -> DeployedJob:
     ensure_on_path(plan.sys_path)
     cfg = plan.config.channels
     deployed = DeployedJob(plan)
@@ -156,7 +159,7 @@ async def deploy(plan: Plan, worker_id: str, network: NetworkEnvironment, hooks:
             raise
         task, checkpoints = build_task(plan, v, i, job=jobs[key], inputs=inputs[key], restored=restored, hooks=hooks,
                                        cfg=cfg, outputs={e: by_consumer for (k, e), by_consumer in subs.items()
-                                                         if k == key}, state_backend=backend)
+                                                         if k == key}, state_backend=backend, isolation=isolation)
         if task.gate is not None:
             for ch in inputs[key]:
                 p_worker = plan.placement[ch.producer]

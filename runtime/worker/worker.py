@@ -47,6 +47,7 @@ from runtime.common.addresses import advertised_host, local_address_towards
 from runtime.common.backoff import backoff_delays
 from runtime.common.dispatch import BadArguments, HandlerTable, UnknownMethod, typed_handlers
 from runtime.common.tasks import BackgroundTasks
+from runtime.execution.isolation import IsolationSettings
 from runtime.execution.mailbox import InjectProbe
 from runtime.execution.task import Task, TaskCancelled
 from runtime.execution.user_code import CallWatchdog, RunningCall, SlowCall, stack_frames, user_function
@@ -98,6 +99,8 @@ class WorkerConfig:
     slow_call_s: float = 5.0
     task_cancel_timeout_s: float = 60.0
     memory_limit_bytes: int | None = None  # RLIMIT_AS of the worker process: a leaking function gets MemoryError
+    # where its tasks run user code and the loop's blocked wait for a run (SLUICE_TASK_ISOLATION, SLUICE_SYNC_WAIT_S)
+    isolation: IsolationSettings = field(default_factory=IsolationSettings)
 
     def coordinators(self) -> tuple[tuple[str, int], ...]:
         return self.coordinator_addresses or ((self.coordinator_host, self.coordinator_port),)
@@ -423,7 +426,8 @@ class Worker(BaseLinkHandler):
     async def _deploy(self, plan: Plan) -> r.Deployed:
         if plan.job_id in self.jobs:
             await self._cancel_job(plan.job_id, report=False)
-        deployed = await deploy(plan, self.worker_id, self.network, self._checkpoint_hooks(plan))
+        deployed = await deploy(plan, self.worker_id, self.network, self._checkpoint_hooks(plan),
+                                isolation=self.config.isolation)
         self.jobs[plan.job_id] = deployed
         try:
             await connect(deployed, self.network)

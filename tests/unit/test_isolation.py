@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from netstack.credit import ChannelSender, Event
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.execution.channels import OutputGate, Subpartition, split_records
-from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, held_the_gil, mode_from_env
+from runtime.execution.handover import held_the_gil
+from runtime.execution.isolation import HandOff, IsolationPolicy, IsolationSettings, TaskThread, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 
@@ -420,3 +421,41 @@ def test_buffers_still_in_the_hand_off_at_a_snapshot_go_before_its_barrier() -> 
             assert await user.stop(10.0)
 
     asyncio.run(main())
+
+
+def test_the_isolation_settings_are_read_once_from_the_environment_and_bad_values_refused() -> None:
+    assert IsolationSettings.from_env({}) == IsolationSettings("thread", 0.005)
+    assert IsolationSettings.from_env({"SLUICE_TASK_ISOLATION": "inline", "SLUICE_SYNC_WAIT_S": " 0 "}) == (
+        IsolationSettings("inline", 0.0))
+    assert IsolationSettings.from_env({"SLUICE_SYNC_WAIT_S": "0.002"}).sync_wait_s == 0.002
+    for bad in ("soon", "-1", "nan", "5"):  # 5 s: the worker's loop would hold its heartbeats that long
+        with pytest.raises(ValueError, match="SLUICE_SYNC_WAIT_S"):
+            IsolationSettings.from_env({"SLUICE_SYNC_WAIT_S": bad})
+    with pytest.raises(ValueError, match="SLUICE_TASK_ISOLATION"):
+        IsolationSettings.from_env({"SLUICE_TASK_ISOLATION": "sometimes"})
+
+
+@pytest.mark.parametrize("sync_wait_s", [0.0, 0.1])
+def test_a_task_waits_for_its_runs_as_its_workers_settings_say(sync_wait_s: float) -> None:
+    """The blocked wait is the task's setting (the worker's IsolationSettings, passed down), not a module global:
+    0 awaits every run; otherwise the runs that held the GIL are waited for blocked."""
+    job = Job()
+    job.source(GeneratorSource(count=20_000, keys=10, seed=1), name="src").map(lambda r: r).sink(DiscardSink())
+    chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
+                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05, sync_wait_s=sync_wait_s)
+    seen: list[tuple[float, int, int]] = []
+
+    def at_end(t: Task) -> None:  # before the task's close, which runs on a thread of its own
+        assert t._thread is not None
+        seen.append((t._thread.sync_wait_s, t._thread.calls, t._thread.waited_blocked))
+
+    task.on_end_of_input = at_end
+    asyncio.run(task.run())
+    assert task.chain.records_out == 20_000
+    [(thread_wait_s, calls, blocked)] = seen
+    assert thread_wait_s == sync_wait_s and calls > 1
+    if sync_wait_s == 0:
+        assert blocked == 0
+    else:
+        assert blocked >= 1  # runs of a map hold the GIL; 100 ms covers one even on a busy machine

@@ -55,7 +55,7 @@ def test_a_late_failing_deploy_of_an_earlier_attempt_leaves_the_next_attempt_dep
     async def scenario() -> None:
         gate = asyncio.Event()  # the wait for the dead peer ends (with connect's timeout)
 
-        async def fake_deploy(plan: Any, *args: Any) -> FakeDeployed:
+        async def fake_deploy(plan: Any, *args: Any, **kwargs: Any) -> FakeDeployed:
             return FakeDeployed(plan)
 
         async def fake_connect(deployed: FakeDeployed, network: Any) -> None:

@@ -267,3 +267,83 @@ async def test_a_stop_that_gave_up_on_blocking_user_code_still_ends_the_thread_o
     await asyncio.wait_for(blocked, 10.0)
     await asyncio.to_thread(user._thread.join, 10.0)
     assert not user._thread.is_alive()  # it ran an empty loop for ever before
+
+
+async def test_exclusive_parks_the_loop_while_stop_cancels_what_runs_there() -> None:
+    """stop() cancels the user tasks, and their clean-up runs on the user loop (a coroutine that catches its cancel
+    may go on emitting): a snapshot or flush the task's mailbox makes meanwhile must still find the loop parked. Once
+    the loop's thread has ended, `fn` runs at once, also when its park was handed over too late to run."""
+    user = UserLoop("test stopping loop")
+    steps = 0
+    cleaning, finish = threading.Event(), threading.Event()
+
+    async def cleans_up_slowly() -> None:
+        nonlocal steps
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            while not finish.is_set():  # clean-up that keeps stepping (emitting) on the loop
+                steps += 1
+                if steps == 100:
+                    cleaning.set()
+                await asyncio.sleep(0)
+            raise
+
+    started = asyncio.ensure_future(user.run(cleans_up_slowly()))
+    await asyncio.sleep(0.05)
+    stopping = asyncio.ensure_future(user.stop(30.0))
+    try:
+        assert await asyncio.to_thread(cleaning.wait, 10.0)  # stop() began, and the clean-up runs there now
+
+        def snapshot() -> tuple[int, int]:
+            before = steps
+            time.sleep(0.05)  # an unparked loop steps hundreds of times meanwhile
+            return before, steps
+
+        before, after = await asyncio.wait_for(user.exclusive(snapshot), 10.0)
+        assert before == after
+    finally:
+        finish.set()
+    assert await asyncio.wait_for(stopping, 10.0)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(started, 10.0)
+    # the loop is ending or has ended: a park handed over now may never run, and must not be waited for
+    assert await asyncio.wait_for(user.exclusive(lambda: "after the stop"), 10.0) == "after the stop"
+    await asyncio.to_thread(user._thread.join, 10.0)
+    assert await asyncio.wait_for(user.exclusive(lambda: "after the end"), 10.0) == "after the end"
+
+
+async def test_a_run_that_held_the_gil_is_waited_for_blocked_unless_coroutines_wait_on_the_loop(
+        user: UserLoop) -> None:
+    """UserLoop.call hands a run over as a TaskThread does (runtime/execution/handover.py): after a run that held
+    the GIL the next is waited for with the caller's loop blocked; after one that waited (a sleep, I/O), or while
+    user coroutines wait on the loop (their completions would run there first), it is awaited."""
+    user.sync_wait_s = 30.0  # no timing in this test: every blocked wait gets its run
+    on_loop: list[int] = []
+
+    def where(a: int, b: int) -> tuple[int, int]:
+        on_loop.append(threading.get_ident())
+        return divmod(a, b)
+
+    assert await user.call(where, 7, 2) == (3, 1)  # the first run is waited for blocked
+    assert user.waited_blocked == 1 and on_loop == [user.ident]
+    with pytest.raises(ZeroDivisionError):  # an error comes back the same way
+        await user.call(divmod, 1, 0)
+    with pytest.raises(UserCodeExit):  # and sys.exit() in the run fails the run, not the loop
+        await user.call(sys.exit, 3)
+    assert user.waited_blocked == 3
+    await user.call(time.sleep, 0.05)  # waited for blocked, and releases the GIL
+    assert not user.held_gil and user.waited_blocked == 4
+    assert await user.call(divmod, 9, 4) == (2, 1)  # awaited: the last run released the GIL
+    assert user.waited_blocked == 4 and user.held_gil
+    # a coroutine handed over by run() waits on the loop (by default what counts; a task counts its records in
+    # flight): the run is awaited, though the last one held the GIL
+    sleeping = asyncio.ensure_future(user.run(asyncio.sleep(0.2)))
+    await asyncio.sleep(0)
+    assert user.coroutines_waiting()
+    assert await user.call(divmod, 9, 4) == (2, 1)
+    assert user.waited_blocked == 4
+    await asyncio.wait_for(sleeping, 10.0)
+    assert not user.coroutines_waiting()
+    assert await user.call(divmod, 9, 4) == (2, 1)
+    assert user.waited_blocked == 5
