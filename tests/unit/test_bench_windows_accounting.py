@@ -1,5 +1,6 @@
 """scripts/bench_windows.py's accounting of time, alike for Sluice and Flink: records/s with start-up and without
-(the job's fixed cost fitted from the same measurement at two input sizes)."""
+(the job's fixed cost fitted from the same measurement at two input sizes); and scripts/bench_ab.py's pairing of
+two trees' runs round by round."""
 
 from __future__ import annotations
 
@@ -37,3 +38,16 @@ def test_no_figures_without_start_up_when_the_sizes_give_no_rate() -> None:
 def test_a_negative_fit_is_reported_as_it_is() -> None:
     # 1,000 records in 1 s and 100 in 0.05 s: the small runs were relatively fast, s0 < 0
     assert startup_s(1000, [1.0], 100, [0.05]) == pytest.approx(0.05 - 100 * 0.95 / 900)
+
+
+def test_the_ab_summary_pairs_the_runs_of_each_round() -> None:
+    from bench_ab import paired_summary
+
+    a = [{"cpu_us_per_record": c, "records_per_s": r} for c, r in ((2.0, 100.0), (1.0, 300.0), (4.0, 50.0))]
+    b = [{"cpu_us_per_record": c, "records_per_s": r} for c, r in ((1.0, 200.0), (1.5, 250.0), (3.0, 60.0))]
+    s = paired_summary(a, b)
+    assert s["cpu_ratios_b_over_a"] == [0.5, 1.5, 0.75]
+    assert s["cpu_ratio_b_over_a_median"] == 0.75 and s["rounds_b_cheaper"] == 2
+    assert s["a"] == {"cpu_us_per_record_median": 2.0, "cpu_us_per_record_slowest": 4.0,
+                      "records_per_s_median": 100.0, "records_per_s_slowest": 50.0}
+    assert s["b"]["cpu_us_per_record_median"] == 1.5 and s["b"]["records_per_s_slowest"] == 60.0
