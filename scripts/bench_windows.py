@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             parts.append(text)
         s0 = "" if acc["startup_s"] is None else f"; start-up {acc['startup_s']:.2f} s"
         if name != "flink":  # the part a Flink run has before its clock starts (its JVM), for whoever subtracts it
-            s0 += f" (the cluster's start {statistics.median(r['cluster_start_s'] for r in runs[name]):.2f} s of it)"
+            s0 += f" (the cluster's start alone: {statistics.median(r['cluster_start_s'] for r in runs[name]):.2f} s)"
         print(f"{name:>13}: {'; '.join(parts)}{s0}")
     return 0
 
