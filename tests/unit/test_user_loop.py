@@ -182,13 +182,15 @@ async def test_stop_cancels_what_runs_and_gives_up_on_a_blocked_loop() -> None:
         await asyncio.wait_for(call, 10.0)
 
     stuck = UserLoop("test stuck loop")
-    release = threading.Event()
+    release, blocking = threading.Event(), threading.Event()
 
     async def blocks() -> None:
+        blocking.set()
         release.wait(30.0)
 
     blocked = asyncio.ensure_future(stuck.run(blocks()))
-    await asyncio.sleep(0.1)
+    # not a sleep: on a busy machine the stop could come before blocks() began, and cancel it cleanly
+    assert await asyncio.to_thread(blocking.wait, 10.0)
     assert not await stuck.stop(0.3)  # user code holds its loop: the stop gives up, the caller goes on
     release.set()
     await asyncio.wait_for(blocked, 10.0)
