@@ -11,11 +11,22 @@ granularity 10 ms) -> key_by -> one of
 each into a chained DiscardSink, parallelism 2. The jobs run alternating, --repeat times each.
 With --flink-python PYTHON (a Python with PyFlink 2.x, or the env var SLUICE_FLINK_PYTHON), the job `flink`
 joins the rotation: the tumbling job of the same shape on Apache Flink (scripts/flink_windows_job.py, Flink
-SQL inside the JVM, records / the job's net run time, which includes deploying its tasks: --flink-records
-larger than --records amortises that), and ratios are given against its median as well.
+SQL inside the JVM; --flink-records larger than --records amortises its start), and ratios are given against
+its medians as well.
 
-Records/s = records / job wall time, the wall time from the task statistics (the longest task's busy + idle +
-backpressured time), as scripts/bench_throughput.py measures it. Ratios are windowed / keyed medians.
+Time is accounted alike on both sides, three ways (records / seconds each):
+- with start-up: from asking for the job until it ended, everything the system needs on the way. Sluice: the
+  local cluster's start (its processes, until the workers registered) plus the coordinator's submit -> FINISHED
+  (planning, deploying, running, the tasks' final reports). Flink: scripts/flink_windows_job.py's submit-to-end
+  (the INSERT's execute_sql until its result: planning, the local mini cluster's start, deploying, running). Each
+  side's interpreter or JVM is up before (Sluice's worker processes are counted: a little against Sluice);
+- without start-up: the same time less the job's fixed cost, s0 in T = s0 + records / rate, fitted from the
+  medians of the same measurement at two input sizes (--startup-records, a small run of each job every round,
+  default 20,000; `startup_s`): the median of these rates is the marginal rate between the two sizes;
+- as measured before (kept so the figures in docs/BENCHMARKS.md compare): Sluice's longest task's busy + idle +
+  backpressured time (the tasks' lifetime, after deployment; scripts/bench_throughput.py measures it so) and
+  Flink's net run time (JobExecutionResult: from the job's start, so with its tasks' deployment).
+Ratios are windowed / keyed medians, and Sluice / Flink on the same measure.
 
     .venv/bin/python scripts/bench_windows.py --records 2000000 --repeat 3
     .venv/bin/python scripts/bench_windows.py --jobs tumbling,keyed --repeat 5 --flink-python FLINK_VENV/bin/python
@@ -57,13 +68,42 @@ def workers_cpu_s(cluster: LocalCluster) -> float:
     return total
 
 
-async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str, Any]:
+def startup_s(records: int, seconds: list[float], small_records: int, small_seconds: list[float]) -> float | None:
+    """A job's fixed cost: s0 in T = s0 + records / rate, through the medians of T at two input sizes (None
+    when they do not give a positive rate: the small input as large, or its runs as slow as the large ones'). The
+    figure is the fit's, not clamped: a negative s0 says the two sizes' runs saw different machines."""
+    if records <= small_records or not seconds or not small_seconds:
+        return None
+    big, small = statistics.median(seconds), statistics.median(small_seconds)
+    if big <= small:
+        return None
+    rate = (records - small_records) / (big - small)
+    return small - small_records / rate
+
+
+def rate_summary(rates: list[float]) -> dict[str, float] | None:
+    return {"median": statistics.median(rates), "slowest": min(rates)} if rates else None
+
+
+def accounting(records: int, with_startup_s: list[float], small_records: int,
+               small_with_startup_s: list[float]) -> dict[str, Any]:
+    """Records/s with start-up (records / each run's time) and without (records / (time - s0), s0 from
+    `startup_s`), the median and the slowest of each (see the module docstring)."""
+    s0 = startup_s(records, with_startup_s, small_records, small_with_startup_s)
+    without = [] if s0 is None else [records / (t - s0) for t in with_startup_s if t > s0]
+    return {"startup_s": s0, "with_startup": rate_summary([records / t for t in with_startup_s]),
+            "without_startup": rate_summary(without)}
+
+
+async def _run(cluster: LocalCluster, entry: str, timeout_s: float, started: float) -> dict[str, Any]:
     await cluster.wait_workers()
+    cluster_start_s = time.monotonic() - started
     cpu0 = workers_cpu_s(cluster)
     summary = await run_job_on_cluster(cluster, entry, config={}, name="bench-windows", progress=None,
                                        timeout_s=timeout_s)
     if summary["state"] != "FINISHED":
         raise RuntimeError(f"{entry} ended {summary['state']}: {summary.get('error', '')}")
+    submit_to_end_s = summary["ended_at"] - summary["submitted_at"]  # the coordinator's clock
     deadline = time.monotonic() + 10.0  # final task statistics arrive with the last heartbeats
     while not (len(summary["tasks"]) == summary["tasks_total"]
                and all(t["state"] == "finished" for t in summary["tasks"])):
@@ -77,7 +117,9 @@ async def _run(cluster: LocalCluster, entry: str, timeout_s: float) -> dict[str,
             print(f"  {t['name'][:30]:>30} busy {t['busy_s']:.2f} idle {t['idle_s']:.2f} "
                   f"backpressured {t['backpressured_s']:.2f}", flush=True)
     out = sum(t["records_out"] for t in summary["tasks"] if "Discard" in t["name"])
-    return {"wall_s": wall_s, "rows_out": out, "cpu_s": workers_cpu_s(cluster) - cpu0}
+    return {"wall_s": wall_s, "rows_out": out, "cpu_s": workers_cpu_s(cluster) - cpu0,
+            "cluster_start_s": cluster_start_s, "submit_to_end_s": submit_to_end_s,
+            "with_startup_s": cluster_start_s + submit_to_end_s}
 
 
 def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: str = "10") -> dict[str, Any]:
@@ -93,8 +135,10 @@ def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: s
     from bench_throughput import logs_kept_on_failure  # same directory
 
     with logs_kept_on_failure(cluster, log_dir):
+        started = time.monotonic()
         cluster.start()
-        result = asyncio.run(_run(cluster, entry, timeout_s))
+        result = asyncio.run(_run(cluster, entry, timeout_s, started))
+    result["records"] = records
     result["records_per_s"] = records / result["wall_s"]
     result["cpu_us_per_record"] = result["cpu_s"] / records * 1e6
     return result
@@ -110,7 +154,8 @@ def run_flink(python: str, records: int, timeout_s: float, interval_ms: int | No
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the Flink job failed (exit {done.returncode}): {done.stderr[-2000:]}")
     doc = json.loads(lines[-1])
-    return {"wall_s": doc["net_runtime_s"], "rows_out": None, "records_per_s": doc["records_per_s"]}
+    return {"records": records, "wall_s": doc["net_runtime_s"], "rows_out": None,
+            "records_per_s": doc["records_per_s"], "with_startup_s": doc["submit_to_end_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Python with PyFlink: adds the Flink tumbling job to the rotation")
     parser.add_argument("--flink-records", type=int, default=None,
                         help="records of the Flink job (default --records; more amortise its job start-up)")
+    parser.add_argument("--startup-records", type=int, default=20_000,
+                        help="records of each job's small run every round, whose time gives the job's fixed cost "
+                             "(the figures without start-up); 0: no small runs, no figures without start-up")
     parser.add_argument("--grain-ms", default="10",
                         help="event time between two watermarks of a source subtask (granularity_ms; default 10), "
                              "or pN: periodic watermarks every N ms of wall-clock time (p200 is Flink's default); "
@@ -141,41 +189,71 @@ def main(argv: list[str] | None = None) -> int:
     bad = [g for g in grains if not (g[1:] if g.startswith("p") else g).isdecimal()]
     if bad:
         parser.error(f"--grain-ms takes integers or pN, got {bad}")
+    if args.startup_records < 0 or args.startup_records >= min(args.records, args.flink_records or args.records):
+        parser.error("--startup-records must be >= 0 and below --records (and --flink-records)")
     if len(grains) > 1:
         names = [f"{n}@{g}" for n in names for g in grains]
     if args.flink_python:
         names.append("flink")
+
+    def run(name: str, records: int) -> dict[str, Any]:
+        if name == "flink":
+            return run_flink(args.flink_python, records, args.timeout, args.flink_watermark_interval_ms)
+        job, _, grain = name.partition("@")
+        return run_one(JOBS[job], records, args.jitter_ms, args.timeout, grain or grains[0])
+
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    small_runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.repeat):
         for name in names:
-            if name == "flink":
-                r = run_flink(args.flink_python, args.flink_records or args.records, args.timeout,
-                              args.flink_watermark_interval_ms)
-            else:
-                job, _, grain = name.partition("@")
-                r = run_one(JOBS[job], args.records, args.jitter_ms, args.timeout, grain or grains[0])
+            r = run(name, args.flink_records or args.records if name == "flink" else args.records)
             runs[name].append(r)
+            if args.startup_records:  # right after the large run: the most similar machine
+                small_runs[name].append(run(name, args.startup_records))
             if not args.json:
                 rows = "" if r["rows_out"] is None else f", {r['rows_out']:,} rows out"
                 if "cpu_us_per_record" in r:
                     rows += f", workers' CPU {r['cpu_us_per_record']:.2f} us per record"
+                small = (f"; {args.startup_records:,} records: {small_runs[name][-1]['with_startup_s']:.2f} s"
+                         if args.startup_records else "")
                 rows += f", load {os.getloadavg()[0]:.1f}"
-                print(f"{name:>13}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows})", flush=True)
+                print(f"{name:>13}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows}); "
+                      f"with start-up {r['with_startup_s']:.2f} s{small}", flush=True)
     medians = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
     slowest = {n: min(r["records_per_s"] for r in rs) for n, rs in runs.items()}
+    accounts = {n: accounting(rs[0]["records"], [r["with_startup_s"] for r in rs], args.startup_records,
+                              [r["with_startup_s"] for r in small_runs[n]]) for n, rs in runs.items()}
     if args.json:
         print(json.dumps({"benchmark": "windows", "records": args.records, "jitter_ms": args.jitter_ms,
-                          "runs": runs, "median_records_per_s": medians, "slowest_records_per_s": slowest},
-                         indent=2))
+                          "startup_records": args.startup_records, "runs": runs, "small_runs": small_runs,
+                          "median_records_per_s": medians, "slowest_records_per_s": slowest,
+                          "accounting": accounts}, indent=2))
         return 0
-    flink = medians.get("flink")
+    flink = accounts.get("flink")
     for name, m in medians.items():
         job, at, grain = name.partition("@")
         base = medians.get(f"keyed{at}{grain}")  # the keyed count at the same grain
         ratio = f"  {m / base:.2f}x the keyed count" if base and job not in ("keyed", "flink") else ""
-        if flink and name != "flink":
-            ratio += f"  {m / flink:.2f}x Flink"
-        print(f"median {name:>13}: {m:>10,.0f} records/s (slowest {slowest[name]:,.0f}){ratio}")
+        if "flink" in medians and name != "flink":
+            ratio += f"  {m / medians['flink']:.2f}x Flink's net run time"
+        measure = "net run time" if name == "flink" else "tasks' lifetime"
+        print(f"median {name:>13}: {m:>10,.0f} records/s over its {measure} (slowest {slowest[name]:,.0f}){ratio}")
+    for name, acc in accounts.items():
+        parts = []
+        for key, label in (("with_startup", "with start-up"), ("without_startup", "without start-up")):
+            figure = acc[key]
+            if figure is None:
+                parts.append(f"{label}: -")
+                continue
+            text = f"{label} {figure['median']:,.0f} records/s (slowest {figure['slowest']:,.0f})"
+            theirs = flink[key] if flink and name != "flink" else None
+            if theirs:
+                text += f" {figure['median'] / theirs['median']:.2f}x Flink"
+            parts.append(text)
+        s0 = "" if acc["startup_s"] is None else f"; start-up {acc['startup_s']:.2f} s"
+        if name != "flink":  # the part a Flink run has before its clock starts (its JVM), for whoever subtracts it
+            s0 += f" (the cluster's start alone: {statistics.median(r['cluster_start_s'] for r in runs[name]):.2f} s)"
+        print(f"{name:>13}: {'; '.join(parts)}{s0}")
     return 0
 
 

@@ -420,6 +420,19 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
             elif mark and end - 1 == timestamp and len(entry) == 3:
                 self.windows.update(((entry[0], end, entry[2], True),))
             return
+        if not lateness:  # one pass: a window due fires and goes, no other is past (none kept needs a mark)
+            kept = []
+            for entry in entries:
+                last_ms = entry[1] - 1
+                if last_ms == timestamp:
+                    self._emit(ctx, entry[0], entry[1], entry[2])
+                elif last_ms > timestamp:
+                    kept.append(entry)
+            if not kept:
+                self.windows.clear()
+            elif len(kept) != len(entries):
+                self.windows.update(kept)
+            return
         for entry in entries:
             if entry[1] - 1 == timestamp:
                 self._emit(ctx, entry[0], entry[1], entry[2])
@@ -514,7 +527,15 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                     acc = last[2] + 1 if counting else add(last[2], record)
                     table[key] = ((start, end, acc),) if len(entries) == 1 else (*entries[:-1], (start, end, acc))
                     continue
-                if entries[0][1] == end:  # behind: the oldest window (a source subtask that lags the others)
+                # behind the newest (a source subtask that lags the others): a key's windows are mostly one after
+                # another in order, so look first where that puts this one; ends are unique, so any place it is
+                # found is the place
+                i = len(entries) - 1 - (last[1] - end) // size
+                if 0 <= i < len(entries) - 1 and entries[i][1] == end:
+                    acc = entries[i][2] + 1 if counting else add(entries[i][2], record)
+                    table[key] = (*entries[:i], (start, end, acc), *entries[i + 1:])
+                    continue
+                if entries[0][1] == end:  # the oldest window
                     acc = entries[0][2] + 1 if counting else add(entries[0][2], record)
                     table[key] = ((start, end, acc), *entries[1:])
                     continue

@@ -46,8 +46,9 @@ def generate_block(block: int, *, seed: int, keys: list[str], cum_weights: list[
     rng = random.Random(seed * 1_000_003 + block)
     drawn = rng.choices(keys, cum_weights=cum_weights, k=n)
     t0 = EVENT_TIME_START_MS + start * event_step_ms
-    if jitter_ms <= 0:
-        return [(k, start + i, t0 + i * event_step_ms) for i, k in enumerate(drawn)]
+    if jitter_ms <= 0:  # the tuples built from C (zip over ranges): no Python step per record
+        return list(zip(drawn, range(start, start + n), range(t0, t0 + n * event_step_ms, event_step_ms),
+                        strict=True))
     # Drawn after the keys, from the same stream: the keys stay those of the data set without jitter.
     behind = [rng.randint(0, jitter_ms) for _ in range(n)]
     return [(k, start + i, t0 + i * event_step_ms - d) for i, (k, d) in enumerate(zip(drawn, behind, strict=True))]

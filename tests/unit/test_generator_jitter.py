@@ -74,3 +74,17 @@ def test_a_throttled_generator_waits_until_its_next_record_is_due() -> None:
     unthrottled = GeneratorSource(count=10, keys=5)
     unthrottled.open(0, 1)
     assert unthrottled.idle_wait_s() == 0.005
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), block=st.integers(0, 50), step=st.integers(1, 5),
+       count=st.none() | st.integers(0, 60 * BLOCK))
+def test_blocks_are_the_per_record_rule_at_any_step_and_a_short_last_block(seed: int, block: int, step: int,
+                                                                         count: int | None) -> None:
+    keys = key_names(30)
+    start = block * BLOCK
+    n = BLOCK if count is None else max(0, min(BLOCK, count - start))
+    drawn = random.Random(seed * 1_000_003 + block).choices(keys, k=n)
+    t0 = EVENT_TIME_START_MS + start * step
+    rule = [(k, start + i, t0 + i * step) for i, k in enumerate(drawn)]
+    assert generate_block(block, seed=seed, keys=keys, cum_weights=None, count=count, event_step_ms=step) == rule

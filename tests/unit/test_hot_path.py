@@ -14,14 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netstack.credit import Buffer
-from runtime.api import Job, KeyedProcessFunction, ProcessFunction
+from runtime.api import BoundedOutOfOrderness, DiscardSink, Job, KeyedProcessFunction, ProcessFunction
 from runtime.connectors.source import Source
 from runtime.execution.channels import ChannelReader, split_records
 from runtime.execution.operators import Chain, RecordWriter
+from runtime.execution.operators.kinds import batch_writer
 from tests.support.buffers import ListSink, make_subs, sent
 
 records_st = st.lists(
@@ -35,13 +37,18 @@ records_st = st.lists(
 @given(records=records_st, capacity=st.integers(min_value=4, max_value=600),
        partitioner=st.sampled_from(["forward", "hash", "rebalance", "broadcast"]),
        n=st.integers(min_value=1, max_value=3), subtask=st.integers(min_value=0, max_value=3),
-       cuts=st.lists(st.integers(min_value=1, max_value=80), max_size=20))
-def test_emit_batch_cuts_the_same_buffers_as_one_record_at_a_time(records, capacity, partitioner, n, subtask, cuts):
+       cuts=st.lists(st.integers(min_value=1, max_value=80), max_size=20), timed=st.booleans())
+def test_emit_batch_cuts_the_same_buffers_as_one_record_at_a_time(records, capacity, partitioner, n, subtask, cuts,
+                                                                  timed):
     if partitioner == "forward":
         n = 1
     key_fn = (lambda r: r[0]) if partitioner == "hash" else None
     one = RecordWriter(make_subs(n, capacity), partitioner, key_fn, 128, subtask)
     batched = RecordWriter(make_subs(n, capacity), partitioner, key_fn, 128, subtask)
+    if timed:  # (timestamp, record) pairs, routed by the record's key
+        records = [(i * 7, r) for i, r in enumerate(records)]
+        one.carry_timestamps()
+        batched.carry_timestamps()
     for r in records:
         one.emit(r)
     i = 0
@@ -187,3 +194,53 @@ def test_records_emitted_in_open_reach_the_sink_at_once():
     assert sink.out == ["hello from open"]
     chain.process_batch([1, 2])
     assert sink.out == ["hello from open", 1, 2]
+
+
+class BatchListSink(ListSink):
+    """Takes a batch at once (write_all beside the write it stands for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def write_all(self, records):
+        self.batches += 1
+        self.out.extend(records)
+
+
+class PerRecordDiscard(DiscardSink):
+    """Overrides `write` alone: must see every record, although DiscardSink takes batches."""
+
+    def open(self, subtask_index, parallelism, attempt):
+        super().open(subtask_index, parallelism, attempt)
+        self.seen = []
+
+    def write(self, record):
+        self.seen.append(record)
+
+
+def test_a_sink_takes_a_batch_at_once_only_where_write_all_stands_for_its_write():
+    assert batch_writer(DiscardSink()) is not None
+    assert batch_writer(BatchListSink()) is not None
+    assert batch_writer(ListSink()) is None  # the default write_all: write per record, from the sink's own loop
+    assert batch_writer(PerRecordDiscard()) is None
+
+
+@pytest.mark.parametrize("event_time", [False, True])
+@pytest.mark.parametrize("make_sink", [BatchListSink, PerRecordDiscard, DiscardSink])
+def test_batch_sinks_get_every_record_in_order_with_and_without_event_time(event_time, make_sink):
+    sink = make_sink()
+    job = Job("t")
+    watermarks = BoundedOutOfOrderness(max_delay_ms=0, timestamp=lambda r: r) if event_time else None
+    job.source(Source(), parallelism=1, watermarks=watermarks).map(lambda r: r * 10).sink(sink, parallelism=1)
+    chain = Chain(job, [n.id for n in job.nodes], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    chain.open()
+    for batch in ([1, 2, 3], [4], [5, 6]):
+        chain.process_batch([(r, r) for r in batch] if event_time else batch)
+    if isinstance(sink, BatchListSink):
+        assert (sink.out, sink.batches) == ([10, 20, 30, 40, 50, 60], 3)
+    elif isinstance(sink, PerRecordDiscard):
+        assert sink.seen == [10, 20, 30, 40, 50, 60]
+    else:
+        assert sink.records == 6
+    assert chain.records_out == 6

@@ -232,13 +232,15 @@ async def test_stop_cancels_what_runs_and_gives_up_on_a_blocked_loop() -> None:
         await asyncio.wait_for(call, 10.0)
 
     stuck = UserLoop("test stuck loop")
-    release = threading.Event()
+    release, blocking = threading.Event(), threading.Event()
 
     async def blocks() -> None:
+        blocking.set()
         release.wait(30.0)
 
     blocked = asyncio.ensure_future(stuck.run(blocks()))
-    await asyncio.sleep(0.1)
+    # not a sleep: on a busy machine the stop could come before blocks() began, and cancel it cleanly
+    assert await asyncio.to_thread(blocking.wait, 10.0)
     assert not await stuck.stop(0.3)  # user code holds its loop: the stop gives up, the caller goes on
     release.set()
     await asyncio.wait_for(blocked, 10.0)
@@ -249,10 +251,11 @@ async def test_a_call_made_once_stop_began_is_refused_at_once() -> None:
     """A call handed over while stop() cancels what runs came after its sweep of the loop's tasks, or after the
     loop stopped: it was accepted and never answered. Now it is refused at once."""
     user = UserLoop("test user loop")
-    entered, hold = threading.Event(), threading.Event()
+    entered, hold, began = threading.Event(), threading.Event(), threading.Event()
 
     async def slow_to_cancel() -> None:
         try:
+            began.set()
             await asyncio.sleep(60)
         except asyncio.CancelledError:
             entered.set()
@@ -260,7 +263,7 @@ async def test_a_call_made_once_stop_began_is_refused_at_once() -> None:
             raise
 
     started = asyncio.ensure_future(user.run(slow_to_cancel()))
-    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(began.wait, 10.0)  # a stop before it began would cancel it cleanly
     stopping = asyncio.ensure_future(user.stop(30.0))
     assert await asyncio.to_thread(entered.wait, 10.0)
 
@@ -298,8 +301,14 @@ async def test_a_sys_exit_in_a_task_user_code_started_fails_the_waiting_calls_an
         asyncio.get_running_loop().create_task(background_exit())
 
     await user.call(starts_a_task)
-    waiting = asyncio.ensure_future(user.run(asyncio.sleep(30)))  # a run waiting on the loop
-    await asyncio.sleep(0.05)
+    began = threading.Event()
+
+    async def waits() -> None:
+        began.set()
+        await asyncio.sleep(30)
+
+    waiting = asyncio.ensure_future(user.run(waits()))  # a run waiting on the loop
+    assert await asyncio.to_thread(began.wait, 10.0)
     go.set()
     with pytest.raises(UserCodeExit, match=r"sys.exit\(5\) in .*background_exit"):
         await asyncio.wait_for(waiting, 10.0)
@@ -325,11 +334,12 @@ async def test_exclusive_parks_the_loop_while_stop_cancels_what_runs_there() -> 
     the loop's thread has ended, `fn` runs at once, also when its park was handed over too late to run."""
     user = UserLoop("test stopping loop")
     steps = 0
-    cleaning, finish = threading.Event(), threading.Event()
+    cleaning, finish, began = threading.Event(), threading.Event(), threading.Event()
 
     async def cleans_up_slowly() -> None:
         nonlocal steps
         try:
+            began.set()
             await asyncio.sleep(60)
         except asyncio.CancelledError:
             while not finish.is_set():  # clean-up that keeps stepping (emitting) on the loop
@@ -340,7 +350,7 @@ async def test_exclusive_parks_the_loop_while_stop_cancels_what_runs_there() -> 
             raise
 
     started = asyncio.ensure_future(user.run(cleans_up_slowly()))
-    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(began.wait, 10.0)
     stopping = asyncio.ensure_future(user.stop(30.0))
     try:
         assert await asyncio.to_thread(cleaning.wait, 10.0)  # stop() began, and the clean-up runs there now

@@ -238,3 +238,24 @@ def test_a_window_ends_for_the_batch_loop_exactly_when_the_watermark_reaches_its
             again = [(8, ("a", 0, 10, 2)), (9, ("b", 0, 10, 1))] if lateness else []
             assert h.outputs() == [(9, ("a", 0, 10, 1)), *again, (14, ("a", 5, 15, 2)), (14, ("b", 5, 15, 1))]
             assert h.late_records() == []  # each is still in time for [5, 15)
+
+
+def test_a_lagging_source_adds_to_older_windows_where_they_are_and_where_they_are_not_in_order() -> None:
+    """A key's open windows, several at once (the watermark far behind): records of a source subtask that lags go
+    to a window before the newest, found where windows in order put it, at the front, or elsewhere (out of
+    order: a window opened late is appended behind newer ones)."""
+    for kind in ("count", "reduce"):
+        outputs = []
+        for operator in (WindowOperator, PerRecordWindows):
+            h = Harness(operator(TumblingEventTimeWindows(10), contents_of(kind), 0))
+            h.batch([("a", 0, 5), ("a", 1, 15), ("a", 2, 25), ("a", 3, 35)])  # four windows in order
+            h.batch([("a", 4, 22), ("a", 5, 12), ("a", 6, 3), ("a", 7, 27)])  # in the middle, at the front
+            h.batch([("b", 8, 45), ("b", 9, 25), ("b", 10, 35), ("b", 11, 31)])  # b: [40, 50), [20, 30), [30, 40)
+            h.batch([("b", 12, 28), ("b", 13, 44)])
+            h.watermark(MAX_WATERMARK)
+            outputs.append(h.outputs())
+        assert outputs[0] == outputs[1]
+        if kind == "count":
+            assert sorted(r for _, r in outputs[0]) == [
+                ("a", 0, 10, 2), ("a", 10, 20, 2), ("a", 20, 30, 3), ("a", 30, 40, 1),
+                ("b", 20, 30, 2), ("b", 30, 40, 2), ("b", 40, 50, 2)]

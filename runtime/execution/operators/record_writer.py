@@ -7,7 +7,8 @@ packing record by record would (the consumer's channel state depends on it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import compress
+from itertools import compress, repeat
+from operator import eq, itemgetter, not_
 from typing import Any
 
 import msgpack
@@ -18,6 +19,7 @@ from runtime.graph.partitioning import KeyRouter
 
 Emit = Callable[[Any], None]
 EmitBatch = Callable[[list[Any]], None]
+_record_of_pair = itemgetter(1)
 
 
 def _array_header_len(n: int) -> int:
@@ -34,6 +36,8 @@ class RecordWriter:
         self.subpartitions = subpartitions
         self.partitioner = partitioner
         self.key_fn = key_fn
+        self._timestamped = False  # records are (timestamp, record) pairs (carry_timestamps)
+        self._record_key_fn = key_fn  # the key of a record (key_fn is of a pair once timestamped)
         self.router = KeyRouter(max_parallelism, len(subpartitions))
         # msgpack packs the types it knows in C; anything else is pickled (runtime/common/values.py), and a value
         # pickle refuses fails the job naming `producer` and the type
@@ -108,12 +112,21 @@ class RecordWriter:
         if self.partitioner == "hash":
             key_fn = self.key_fn
             assert key_fn is not None
+            record_key_fn = self._record_key_fn
+            assert record_key_fn is not None
+            timestamped = self._timestamped
+
+            def keys_of(records: list[Any]) -> list[Any]:
+                if timestamped:  # the user's key function over the records, from C: no wrapper call per pair
+                    return list(map(record_key_fn, map(_record_of_pair, records)))
+                return list(map(record_key_fn, records))
             route = self.router.route
             # key -> target, looked up from C (map over dict.__getitem__); the router fills it on a miss
             cache: dict[Any, int] = {}
             lookup = cache.__getitem__
             few = len(subs) <= 8
-            pairs = [(sub, target.__eq__) for target, sub in enumerate(subs)]
+            two = len(subs) == 2
+            first, second = subs[0], subs[-1]
 
             def targets_of(keys: list[Any]) -> list[int]:
                 try:
@@ -130,10 +143,18 @@ class RecordWriter:
                     return targets
 
             def emit_hash(records: list[Any]) -> None:
-                targets = targets_of(list(map(key_fn, records)))
+                targets = targets_of(keys_of(records))
+                if two:  # the targets are 0 and 1: they select subpartition 1's records themselves
+                    bucket = list(compress(records, map(not_, targets)))
+                    if bucket:
+                        append_records(first, bucket)
+                    bucket = list(compress(records, targets))
+                    if bucket:
+                        append_records(second, bucket)
+                    return
                 if few:  # one C pass over the targets per subpartition beats a Python loop over the records
-                    for sub, is_target in pairs:
-                        bucket = list(compress(records, map(is_target, targets)))
+                    for target, sub in enumerate(subs):
+                        bucket = list(compress(records, map(eq, targets, repeat(target))))
                         if bucket:
                             append_records(sub, bucket)
                     return
@@ -172,8 +193,9 @@ class RecordWriter:
         """Records become [timestamp, record] pairs on this edge (a job with event time); routing still
         keys on the record."""
         key_fn = self.key_fn
-        if key_fn is not None:
+        if key_fn is not None and not self._timestamped:
             self.key_fn = lambda pair: key_fn(pair[1])
+        self._timestamped = True
         self.emit = self._make_emit()
         self.emit_batch = self._make_emit_batch()
 
