@@ -15,13 +15,13 @@ import pytest
 
 from runtime.api import DiscardSink, GeneratorSource, Job, Sink
 from runtime.checkpointing.barriers import BarrierSpec
-from runtime.checkpointing.checkpointer import TaskCheckpointer
 from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.channels import OutputGate
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 from runtime.graph.checkpoint_options import CheckpointOptions
+from tests.support.checkpointed_task import acked_at_once_task
 from tests.support.loop_lag import LoopLag
 
 DEADLINE_S = 30.0
@@ -75,24 +75,7 @@ def _held_task(sink: HoldingSink, chain_kind: str, mode: str, writer: Checkpoint
     if chain_kind == "user loop":
         stream = stream.async_map(_passed_on, timeout_s=30)
     stream.sink(sink)
-    node_ids = [n.id for n in job.nodes]
-    chain = Chain(job, node_ids, subtask_index=0, parallelism=1, attempt=0, outputs=[])
-    listeners: list[TaskCheckpoints] = []
-
-    def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: Any) -> None:
-        acked.append(spec.checkpoint_id)
-        listeners[0].notify_complete(spec.checkpoint_id)
-
-    def listener(task: Task) -> TaskCheckpoints:
-        checkpointer = TaskCheckpointer(task, writer, task_key=task.key.vertex_subtask, max_parallelism=128,
-                                        on_ack=on_ack, on_decline=lambda *args: None)
-        listeners.append(TaskCheckpoints(task, checkpointer))
-        return listeners[0]
-
-    task = Task(key=TaskKey("job", 0, 0, "held", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
-                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05, isolation=mode,
-                checkpoints=listener)
-    return task, listeners[0]
+    return acked_at_once_task(job, "held", writer, acked, isolation=mode)
 
 
 def _busy_task(mode: str) -> Task:

@@ -12,14 +12,10 @@ from typing import Any
 
 from runtime.api import GeneratorSource, Job, Sink
 from runtime.checkpointing.barriers import BarrierSpec
-from runtime.checkpointing.checkpointer import TaskCheckpointer
-from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
-from runtime.execution.channels import OutputGate
-from runtime.execution.operators import Chain
-from runtime.execution.task import Credits, Task, TaskKey
 from runtime.graph.checkpoint_options import CheckpointOptions
 from runtime.graph.enums import TaskState
+from tests.support.checkpointed_task import acked_at_once_task
 
 DEADLINE_S = 30.0
 
@@ -55,24 +51,9 @@ def test_the_final_checkpoint_commits_before_close_and_a_later_notification_comm
     sink = RecordingSink()
     job = Job()
     job.source(GeneratorSource(count=200, keys=5, seed=1), name="src").sink(sink)
-    chain = Chain(job, [0, 1], subtask_index=0, parallelism=1, attempt=0, outputs=[])
     writer = CheckpointWriter()
-    listeners: list[TaskCheckpoints] = []
     acked: list[int] = []
-
-    def on_ack(task: Task, spec: BarrierSpec, files: dict[str, Any], figures: Any) -> None:
-        acked.append(spec.checkpoint_id)
-        listeners[0].notify_complete(spec.checkpoint_id)  # the coordinator's answer: every task acknowledged it
-
-    def listener(task: Task) -> TaskCheckpoints:
-        checkpointer = TaskCheckpointer(task, writer, task_key=task.key.vertex_subtask, max_parallelism=128,
-                                        on_ack=on_ack, on_decline=lambda *args: None)
-        listeners.append(TaskCheckpoints(task, checkpointer))
-        return listeners[0]
-
-    task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
-                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05, checkpoints=listener)
-    checkpoints = listeners[0]
+    task, checkpoints = acked_at_once_task(job, "src", writer, acked)
     # a checkpoint triggered while the source ran, which it takes at its end of input: its final one
     checkpoints.latest_spec = BarrierSpec(5, time.time(), CheckpointOptions(), str(tmp_path))
 

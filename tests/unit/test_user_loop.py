@@ -17,6 +17,34 @@ from runtime.execution.user_code import UserCodeExit
 from runtime.execution.user_loop import TICK_S, UserLoop
 
 
+class Stepper:
+    """A record's coroutine on the user loop that steps all the time: parking the loop must stop its count."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self._stop, self._stepping = threading.Event(), threading.Event()
+        self._running: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def start(cls, user: UserLoop) -> Stepper:
+        stepper = cls()
+        stepper._running = asyncio.ensure_future(user.run(stepper._step()))
+        assert await asyncio.to_thread(stepper._stepping.wait, 10.0)
+        return stepper
+
+    async def _step(self) -> None:
+        while not self._stop.is_set():
+            self.steps += 1
+            if self.steps == 100:
+                self._stepping.set()
+            await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        assert self._running is not None
+        await asyncio.wait_for(self._running, 10.0)
+
+
 @pytest.fixture
 async def user() -> AsyncIterator[UserLoop]:
     loop = UserLoop("test user loop")
@@ -94,25 +122,13 @@ async def test_a_blocking_call_stalls_only_the_user_loop_and_stops_its_ticks(use
 async def test_exclusive_parks_the_user_loop_while_its_function_runs_here(user: UserLoop) -> None:
     """A task's mailbox and snapshots touch its chain while its loop is parked: nothing runs there meanwhile,
     and a loop held by a blocking call delays the park, never the caller's loop."""
-    steps = 0
-    stop, stepping = threading.Event(), threading.Event()
-
-    async def busy() -> None:  # a record's coroutine that steps all the time
-        nonlocal steps
-        while not stop.is_set():
-            steps += 1
-            if steps == 100:
-                stepping.set()
-            await asyncio.sleep(0)
-
-    running = asyncio.ensure_future(user.run(busy()))
-    assert await asyncio.to_thread(stepping.wait, 10.0)
+    busy = await Stepper.start(user)
     home_thread = threading.get_ident()
 
     def snapshot() -> tuple[int, int, bool]:
-        before = steps
+        before = busy.steps
         time.sleep(0.05)  # the user loop would step thousands of times meanwhile
-        return before, steps, threading.get_ident() == home_thread
+        return before, busy.steps, threading.get_ident() == home_thread
 
     before, after, here = await user.exclusive(snapshot)
     assert before == after and here
@@ -133,8 +149,7 @@ async def test_exclusive_parks_the_user_loop_while_its_function_runs_here(user: 
     release.set()
     assert await asyncio.wait_for(blocked, 10.0) is True
     assert await asyncio.wait_for(parked, 10.0) == "parked"
-    stop.set()
-    await asyncio.wait_for(running, 10.0)
+    await busy.stop()
 
 
 async def test_exclusive_releases_the_park_when_its_function_fails_or_its_caller_gives_up(user: UserLoop) -> None:
@@ -161,32 +176,20 @@ async def test_a_parked_call_runs_on_the_loops_thread_while_it_stays_parked(user
     """A checkpoint's user calls (a sink's pre-commit, its commit) run on the parked loop's thread, in order, with
     no coroutine of the loop stepping between them and the caller's code; one that blocks holds up the park only,
     never the caller's loop; the park is released when the block ends, also when a call fails."""
-    steps = 0
-    stop, stepping = threading.Event(), threading.Event()
-
-    async def busy() -> None:
-        nonlocal steps
-        while not stop.is_set():
-            steps += 1
-            if steps == 100:
-                stepping.set()
-            await asyncio.sleep(0)
-
-    running = asyncio.ensure_future(user.run(busy()))
-    assert await asyncio.to_thread(stepping.wait, 10.0)
+    busy = await Stepper.start(user)
     home = threading.get_ident()
     release = threading.Event()
     seen: list[tuple[str, int, bool]] = []
 
     def pre_commit(name: str) -> str:
-        seen.append((name, steps, threading.get_ident() == user.ident))
+        seen.append((name, busy.steps, threading.get_ident() == user.ident))
         if name == "blocks":
             release.wait(10.0)
         return name
 
     ticks = 0
     async with user.parked() as park:
-        at_park = steps
+        at_park = busy.steps
         assert await park.call(pre_commit, "first") == "first"
         blocked = asyncio.ensure_future(park.call(pre_commit, "blocks"))
         while not blocked.done() and ticks < 5:  # the caller's loop runs on while the parked call blocks
@@ -195,16 +198,15 @@ async def test_a_parked_call_runs_on_the_loops_thread_while_it_stays_parked(user
         assert ticks == 5 and not blocked.done()
         release.set()
         assert await asyncio.wait_for(blocked, 10.0) == "blocks"
-        assert steps == at_park and threading.get_ident() == home
+        assert busy.steps == at_park and threading.get_ident() == home
     assert seen == [("first", at_park, True), ("blocks", at_park, True)]
     with pytest.raises(ValueError, match="commit failed"):
         async with user.parked() as park:
             await park.call(lambda: (_ for _ in ()).throw(ValueError("commit failed")))
     assert await asyncio.wait_for(user.call(lambda: "runs"), 10.0) == "runs"  # not parked for ever
     await asyncio.to_thread(time.sleep, 0.05)
-    assert steps > at_park  # unparked, the loop steps again
-    stop.set()
-    await asyncio.wait_for(running, 10.0)
+    assert busy.steps > at_park  # unparked, the loop steps again
+    await busy.stop()
 
 
 async def test_a_run_is_a_plain_call_on_the_user_loop(user: UserLoop) -> None:
