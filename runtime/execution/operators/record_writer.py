@@ -110,8 +110,6 @@ class RecordWriter:
 
             return emit_one
         if self.partitioner == "hash":
-            key_fn = self.key_fn
-            assert key_fn is not None
             record_key_fn = self._record_key_fn
             assert record_key_fn is not None
             timestamped = self._timestamped
