@@ -14,8 +14,11 @@ window the watermark has already passed (within the allowed lateness) fires that
 updated result, as Flink's event-time trigger does. A session record is late when the session it would open,
 [ts, ts + gap), is late; it is then not merged into an older session either.
 
-State values are immutable by contract (a snapshot copies tables, not values), so every change builds new lists;
-`process` windows keep their elements in chunks so that adding one copies at most one chunk.
+State values are immutable by contract (a snapshot copies tables, not values), so `process` and `on_timer` build
+new lists on every change, and `process` windows keep their elements in chunks so that adding one copies at most
+one chunk. The batch loop of tumbling and sliding event-time windows is the exception, under copy on write: a key's
+windows it built since the last snapshot (`_owned`) are its own, and it updates their accumulators in place;
+`before_snapshot` gives them up, so the next record of the key copies them before changing anything.
 """
 
 from __future__ import annotations
@@ -180,6 +183,10 @@ class _Contents:
     def add(self, acc: Any, record: Any) -> Any:
         raise NotImplementedError
 
+    def add_record(self, record: Any, acc: Any) -> Any:
+        """`add` in an AggregateFunction's argument order (the batch loop calls an aggregate's `add` directly)."""
+        return self.add(acc, record)
+
     def merge(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
@@ -259,6 +266,10 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         self.assigner = assigner
         self.contents = contents
         self.lateness = allowed_lateness_ms
+        # key -> its windows as a list of [start, end, accumulator] lists that the batch loop made since the last
+        # snapshot (the memory path only): the very object in the state table, held by no snapshot, so the loop
+        # changes it in place. Whatever else writes a key's windows (`process`, `on_timer`) takes it out first.
+        self._owned: dict[Any, list[list[Any]]] = {}
 
     def open(self, ctx: Any) -> None:
         """Keeps the key's open windows in one value state."""
@@ -283,6 +294,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         A checkpoint of the earlier form (one timer per key and window, in `legacy`, entries of three whether
         fired or not) is converted here: a window whose `end - 1` timer is still registered has not fired (or
         fires again at that timer, as `on_timer` did); any other one has, and gets its fired mark."""
+        self._owned.clear()  # a restore refilled the table in place: what the batch loop owned is gone
         if legacy:
             for key, entries in list(table.items()):
                 stamps = legacy.get(key, ())
@@ -314,6 +326,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         else:
             ts = ctx.timers.current_processing_time()
             watermark = ts - 1  # nothing is late on the wall clock; a window is due once its end has passed
+        self._owned.pop(ctx.current_key, None)  # this writes a new value: the batch loop copies it before changing it
         entries = list(self.windows.value())
         if self.assigner.merging:
             added = self._add_to_session(entries, record, ts, watermark, ctx)
@@ -407,6 +420,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         entries = self.windows.value()
         if not entries:
             return
+        self._owned.pop(ctx.current_key, None)  # this writes a new value (or none): see `process`
         event_time = self.assigner.event_time
         lateness = self.lateness if event_time else 0
         mark = event_time and not self.assigner.merging
@@ -463,21 +477,33 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         nothing and only adds to (or opens) windows. Any other record (one the watermark passed some window of,
         one without a timestamp) goes through `process` with the context set as the per-record loop sets it, in
         its place in the batch. The watermark does not move within a batch (markers are between batches), and
-        results are the same as `process` per record, in the same order: the state entries differ only in
-        being tuples (values are immutable by contract either way)."""
+        results are the same as `process` per record, in the same order.
+
+        Accumulators change in place (copy on write, as the interval join's buffers): on the memory path a key's
+        windows are a list of [start, end, accumulator] lists, and once the loop has made that list for the key
+        since the last snapshot (`_owned`), a record only replaces the accumulator of its window in it: no new
+        entry, no new list, no state write. The first record of a key after a snapshot (`before_snapshot`) copies
+        the windows first, so the snapshot's shallow copy of the table keeps what it saw. On a state backend
+        (values stored as bytes) every change is a write of a fresh list."""
         assigner = self.assigner
         kind = type(assigner)
         if kind is not TumblingEventTimeWindows and kind is not SlidingEventTimeWindows:
             return None  # sessions, processing time, an assigner of the user's: per record
         table = ctx.value_state(_WINDOWS, default=())._table  # the table `open` reads through self.windows
         get = table.get
+        owned: dict[Any, list[list[Any]]] | None = self._owned if type(table) is dict else None
+        owned_get = owned.get if owned is not None else _nothing_owned
         contents = self.contents
-        first, add = contents.first, contents.add
+        first = contents.first
+        # a record into an accumulator in one call: the aggregate's own add where there is one (SQL's generated
+        # accumulator, a user's AggregateFunction), in line for a count
+        fold = contents.agg.add if isinstance(contents, _Aggregated) else contents.add_record
         counting = isinstance(contents, _Aggregated) and type(contents.agg) is CountAggregate
         lateness = self.lateness
         process = self.process
         size, offset = assigner.size_ms, assigner.offset_ms  # type: ignore[attr-defined]
-        assign = assigner.assign
+        # sliding: windows start every `step` ms (tumbling: one window, a step of its size)
+        step = assigner.slide_ms if kind is SlidingEventTimeWindows else size  # type: ignore[attr-defined]
 
         def slow(t: Any, record: Any, key: Any) -> None:
             ctx.current_key = key
@@ -491,18 +517,34 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
             if lateness:
                 register(key, end - 1 + lateness)  # clean up
 
-        def add_to(key: Any, entries: Any, windows: list[tuple[int, int]], record: Any) -> None:
-            new = list(entries)
-            for start, end in windows:
-                for i, entry in enumerate(new):
-                    if entry[1] == end:  # a window not passed yet: not fired, an entry of three
-                        acc = entry[2]
-                        new[i] = (start, end, acc + 1 if counting else add(acc, record))
-                        break
-                else:
-                    new.append((start, end, first(record)))
-                    opened(key, end)
-            table[key] = tuple(new)
+        def writable(key: Any) -> list[list[Any]]:
+            """The key's windows as a list of lists the loop may change: a copy of the stored ones (a snapshot
+            may hold those), in the table and owned from now until the next snapshot."""
+            stored = get(key)
+            entries = [list(e) for e in stored] if stored else []
+            if owned is not None:
+                table[key] = entries
+                owned[key] = entries
+            return entries
+
+        def add_to(key: Any, entries: list[list[Any]], start: int, end: int, record: Any) -> None:
+            """Add the record to window [start, end) of the key, which the watermark has not passed (so its entry,
+            if any, has no fired mark), opening it if it is not there."""
+            # a key's windows are mostly one after another in order, one step apart: look first where that puts
+            # this one; ends are unique, so any place it is found is the place
+            n = len(entries)
+            if n:
+                i = n - 1 - (entries[-1][1] - end) // step
+                if 0 <= i < n and entries[i][1] == end:
+                    entry = entries[i]
+                    entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
+                    return
+                for entry in entries:  # a source subtask that lags the others: windows out of order
+                    if entry[1] == end:
+                        entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
+                        return
+            entries.append([start, end, first(record)])
+            opened(key, end)
 
         def run_tumbling(elements: list[Any]) -> None:
             after_wm = ctx.current_watermark + 1  # a window whose end is at most this has been passed
@@ -516,54 +558,56 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 if end <= after_wm:
                     slow(t, record, key)
                     continue
-                entries = get(key)
-                if not entries:
-                    table[key] = ((start, end, first(record)),)
-                    opened(key, end)
-                    continue
-                # the end names the window (one size); one not passed yet has no fired mark: three items
-                last = entries[-1]
-                if last[1] == end:  # in order: the newest window
-                    acc = last[2] + 1 if counting else add(last[2], record)
-                    table[key] = ((start, end, acc),) if len(entries) == 1 else (*entries[:-1], (start, end, acc))
-                    continue
-                # behind the newest (a source subtask that lags the others): a key's windows are mostly one after
-                # another in order, so look first where that puts this one; ends are unique, so any place it is
-                # found is the place
-                i = len(entries) - 1 - (last[1] - end) // size
-                if 0 <= i < len(entries) - 1 and entries[i][1] == end:
-                    acc = entries[i][2] + 1 if counting else add(entries[i][2], record)
-                    table[key] = (*entries[:i], (start, end, acc), *entries[i + 1:])
-                    continue
-                if entries[0][1] == end:  # the oldest window
-                    acc = entries[0][2] + 1 if counting else add(entries[0][2], record)
-                    table[key] = ((start, end, acc), *entries[1:])
-                    continue
-                i = len(entries) - 2
-                while i > 0:
-                    entry = entries[i]
-                    if entry[1] == end:
-                        acc = entry[2] + 1 if counting else add(entry[2], record)
-                        table[key] = (*entries[:i], (start, end, acc), *entries[i + 1:])
-                        break
-                    i -= 1
+                entries = owned_get(key)
+                if entries is not None:
+                    last = entries[-1]
+                    if last[1] == end:  # in order: the newest window, changed in place
+                        last[2] = last[2] + 1 if counting else fold(record, last[2])
+                        continue
                 else:
-                    table[key] = (*entries, (start, end, first(record)))
-                    opened(key, end)
+                    entries = writable(key)
+                add_to(key, entries, start, end, record)
+                if owned is None:
+                    table[key] = entries  # a backend stores the value, not the object
             after()
 
         def run_sliding(elements: list[Any]) -> None:
             after_wm = ctx.current_watermark + 1
             for t, record in elements:
                 key = key_fn(record)
-                windows = None if t is None else assign(t)
-                if not windows or windows[0][1] <= after_wm:  # sliding, oldest first: the first ends first
+                if t is None:
                     slow(t, record, key)
                     continue
-                add_to(key, get(key, ()), windows, record)
+                # the windows containing t, oldest first (what `assign` lists): starts one step apart from the
+                # newest, `last`, down to the oldest one that still ends after t
+                last = t - (t - offset) % step
+                start = last - (last - t + size - 1) // step * step
+                # in no window (a slide longer than the size: late data), or late for the oldest (it ends first)
+                if start > last or start + size <= after_wm:
+                    slow(t, record, key)
+                    continue
+                entries = owned_get(key)
+                if entries is None:
+                    entries = writable(key)
+                while start <= last:
+                    add_to(key, entries, start, start + size, record)
+                    start += step
+                if owned is None:
+                    table[key] = entries
             after()
 
         return run_tumbling if kind is TumblingEventTimeWindows else run_sliding
+
+    def before_snapshot(self) -> None:
+        """For the runtime, at every snapshot's synchronous part, before the tables are copied: the memory path's
+        snapshot is a shallow copy, so from now on the batch loop copies a key's windows before it changes them
+        (copy on write, as Flink's CopyOnWriteStateMap)."""
+        self._owned.clear()
+
+
+def _nothing_owned(key: Any) -> None:
+    """On a state backend the batch loop owns nothing: every change is written."""
+    return None
 
 
 class WindowedStream:

@@ -8,7 +8,8 @@ the earlier one (a checkpoint of a version with per-key timers)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import msgpack
 from hypothesis import given, settings
@@ -27,6 +28,7 @@ from runtime.api import (
 )
 from runtime.api.windows import CountAggregate, WindowAssigner, WindowOperator, _Aggregated, _Elements, _Reduced
 from runtime.execution.operators import Chain, RecordWriter
+from runtime.execution.task import Task
 from tests.support.buffers import make_subs, sent
 from tests.support.chain_time import advance_watermark
 from tests.support.models import window_model
@@ -89,8 +91,20 @@ class Harness:
 
     def snapshot(self) -> dict[int, dict[str, dict[Any, Any]]]:
         """The keyed state as a checkpoint carries it (serialised and read back)."""
-        raw = msgpack.unpackb(msgpack.packb(self.chain.keyed_state), strict_map_key=False, use_list=False)
-        return {int(n): {name: dict(t) for name, t in tables.items()} for n, tables in raw.items()}
+        return read_back(self.begin_snapshot())
+
+    def begin_snapshot(self) -> dict[int, dict[str, dict[Any, Any]]]:
+        """A checkpoint's synchronous part as the task takes it: the operators' `before_snapshot`
+        (Chain.begin_state_snapshot), then the shallow copy of the tables (Task.snapshot_keyed_state, the real
+        method), which the checkpoint encodes later, on its writer thread, while the task goes on."""
+        assert self.chain.begin_state_snapshot(1) is None  # the memory path: no backend's snapshot
+        return Task.snapshot_keyed_state(cast(Task, SimpleNamespace(chain=self.chain)))
+
+
+def read_back(copied: dict[int, dict[str, dict[Any, Any]]]) -> dict[int, dict[str, dict[Any, Any]]]:
+    """What a restore reads of a snapshot's tables: serialised, then read back."""
+    raw = msgpack.unpackb(msgpack.packb(copied), strict_map_key=False, use_list=False)
+    return {int(n): {name: dict(t) for name, t in tables.items()} for n, tables in raw.items()}
 
 
 def _decode(sub: Any) -> list[Any]:
@@ -157,9 +171,15 @@ def test_batches_give_what_process_per_record_gives_and_survive_a_restore(
     cut = min(checkpoint_at, len(events))
     _run(fast, events[:cut])
     wm = max([MIN_WATERMARK] + [e[1] for e in events[:cut] if e[0] == "w"])
-    # a checkpoint between two batches, restored into a new chain that takes the rest of the input
+    # a checkpoint between two batches: its synchronous part now, its encoding once the operator has taken the
+    # rest of the input (the accumulators it changed in place meanwhile must not reach the snapshot), restored
+    # into a new chain that takes the rest of the input again
+    copied = fast.begin_snapshot()
+    fast_rows, fast_late = fast.outputs(), fast.late_records()
+    _run(fast, events[cut:])
+    fast.watermark(MAX_WATERMARK)
     restored = Harness(WindowOperator(assigner, contents_of(kind), lateness))
-    restored.chain.restore_state(fast.snapshot(), None)
+    restored.chain.restore_state(read_back(copied), None)
     restored.chain.restore_watermarks(wm, wm)
     _run(restored, events[cut:])
     restored.watermark(MAX_WATERMARK)
@@ -179,8 +199,10 @@ def test_batches_give_what_process_per_record_gives_and_survive_a_restore(
     upgraded.watermark(MAX_WATERMARK)
 
     rows, late_rows = reference.outputs(), reference.late_records()  # (each drains its buffers)
-    assert fast.outputs() + restored.outputs() == rows  # the same rows, with the same stamps, in the same order
-    assert fast.late_records() + restored.late_records() == late_rows
+    assert fast_rows + fast.outputs() == rows  # the run that went on after the snapshot
+    assert fast_late + fast.late_records() == late_rows
+    assert fast_rows + restored.outputs() == rows  # the same rows, with the same stamps, in the same order
+    assert fast_late + restored.late_records() == late_rows
     assert before.outputs() + upgraded.outputs() == rows
     assert before.late_records() + upgraded.late_records() == late_rows
     for h in (restored, upgraded):
@@ -259,3 +281,41 @@ def test_a_lagging_source_adds_to_older_windows_where_they_are_and_where_they_ar
             assert sorted(r for _, r in outputs[0]) == [
                 ("a", 0, 10, 2), ("a", 10, 20, 2), ("a", 20, 30, 3), ("a", 30, 40, 1),
                 ("b", 20, 30, 2), ("b", 30, 40, 2), ("b", 40, 50, 2)]
+
+
+def test_a_checkpoint_holds_the_accumulators_at_its_barrier_while_the_loop_keeps_changing_them() -> None:
+    """The batch loop changes a key's accumulators in place between snapshots; a snapshot's synchronous part is a
+    shallow copy of the tables, encoded later on the checkpoint's writer thread while the task goes on. The copy
+    must hold the counts at the barrier, however the open windows change after it; a restore from it, fed the
+    records after the barrier, gives the same windows as the run that never stopped."""
+    for assigner in (TumblingEventTimeWindows(10), SlidingEventTimeWindows(20, 5)):
+        for kind in ("count", "reduce"):
+            h = Harness(WindowOperator(assigner, contents_of(kind), 0))
+            h.batch([("a", 0, 1), ("b", 1, 2)])
+            h.batch([("a", 2, 3), ("a", 3, 4)])
+            windows = h.chain.keyed_state[h.node_id]["windows"]
+            mine = windows["a"]
+            h.batch([("a", 4, 5)])
+            assert windows["a"] is mine  # changed in place: no snapshot holds it
+
+            copied = h.begin_snapshot()  # the barrier: a has 4 records in [0, 10), b one
+            at_barrier = read_back(copied)
+            after = [("a", 5, 6), ("a", 6, 7), ("b", 7, 8), ("a", 8, 12)]
+            h.batch(after[:2])
+            h.batch(after[2:])
+            assert read_back(copied) == at_barrier  # what the snapshot copied did not change
+            assert windows["a"] is not mine  # copied before the first change after the barrier
+            held = {e[1]: e[2] for e in at_barrier[h.node_id]["windows"]["a"]}
+            if kind == "count":
+                assert held[10] == 4  # [0, 10), or sliding [-10, 10): the four records of a before the barrier
+            else:
+                assert held[10][1] == "0,2,3,4"
+
+            h.watermark(MAX_WATERMARK)
+            restored = Harness(WindowOperator(assigner, contents_of(kind), 0))
+            restored.chain.restore_state(at_barrier, None)
+            restored.chain.restore_watermarks(MIN_WATERMARK, MIN_WATERMARK)
+            restored.batch(after)
+            restored.watermark(MAX_WATERMARK)
+            rows = h.outputs()
+            assert restored.outputs() == rows and len(rows) >= 3

@@ -193,6 +193,7 @@ class KeyedProcessOperator(_FunctionOperator):
         super().__init__(node, nxt, setup, ctx)
         self.timers = _install_timers(self.function, ctx, state, self.flush)
         hooks = self.function if isinstance(self.function, RuntimeHooks) else None
+        self.hooks = hooks
         # a window operator's event-time timers follow from its windows: one index per timestamp, no table
         derive = hooks.event_timers_from_state(ctx) if hooks is not None else None
         if derive is not None:
@@ -213,6 +214,10 @@ class KeyedProcessOperator(_FunctionOperator):
                 cleanup(PER_RECORD * len(elements))
 
         self.inputs = (run_and_clean,)
+
+    def before_snapshot(self) -> None:
+        if self.hooks is not None:  # the window operator's batch loop changes its accumulators in place
+            self.hooks.before_snapshot()
 
 
 def _unset_emit(record: Any) -> None:
