@@ -12,8 +12,8 @@ the slowest runs and the median of the paired ratios, and fails if the two trees
     .venv/bin/python scripts/bench_ab.py --a BEFORE_DIR --b . --job tumbling --records 2000000 --rounds 6
 
 `keyed` is scripts/bench_throughput.py's keyed count (CPU of the coordinator, the workers and the driver, and the
-one-process loop beside it each run); `tumbling` is scripts/bench_windows.py's tumbling job at Flink's watermark
-cadence (`--grain-ms p200`; the workers' CPU).
+one-process loop beside it each run); `tumbling` and `sliding` are scripts/bench_windows.py's window jobs (the
+workers' CPU), at Flink's watermark cadence by default (`--grain-ms p200`) or at another grain (`--grain-ms 10`).
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def command(tree: str, job: str, records: int) -> list[str]:
+def command(tree: str, job: str, records: int, grain: str = "p200") -> list[str]:
     if job == "keyed":
         return [sys.executable, os.path.join(tree, "scripts", "bench_throughput.py"), "--records", str(records),
                 "--repeat", "1", "--json"]
-    return [sys.executable, os.path.join(tree, "scripts", "bench_windows.py"), "--jobs", "tumbling",
-            "--grain-ms", "p200", "--records", str(records), "--repeat", "1", "--json"]
+    return [sys.executable, os.path.join(tree, "scripts", "bench_windows.py"), "--jobs", job,
+            "--grain-ms", grain, "--records", str(records), "--repeat", "1", "--json"]
 
 
-def measure(tree: str, job: str, records: int, timeout_s: float) -> dict[str, Any]:
+def measure(tree: str, job: str, records: int, timeout_s: float, grain: str = "p200") -> dict[str, Any]:
     """One run of `job` from `tree`: CPU µs per record, records/s, rows out (and the loop's CPU for keyed)."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    done = subprocess.run(command(tree, job, records), capture_output=True, text=True, env=env, timeout=timeout_s,
-                          check=False)
+    done = subprocess.run(command(tree, job, records, grain), capture_output=True, text=True, env=env,
+                          timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{tree}: exit {done.returncode}: {done.stderr[-2000:]}")
     doc = json.loads(done.stdout)
@@ -50,7 +50,7 @@ def measure(tree: str, job: str, records: int, timeout_s: float) -> dict[str, An
         return {"cpu_us_per_record": run["cpu_us_per_record"], "records_per_s": run["records_per_s"],
                 "rows_out": records, "loop_cpu_us_per_record": doc["baseline_runs"][0]["cpu_us_per_record"],
                 "loop_records_per_s": doc["baseline_runs"][0]["records_per_s"]}
-    run = doc["runs"]["tumbling"][0]
+    run = doc["runs"][job][0]
     return {"cpu_us_per_record": run["cpu_us_per_record"], "records_per_s": run["records_per_s"],
             "rows_out": run["rows_out"]}
 
@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", required=True, help="tree A (before)")
     parser.add_argument("--b", default=ROOT, help="tree B (after; default this checkout)")
-    parser.add_argument("--job", choices=("keyed", "tumbling"), default="keyed")
+    parser.add_argument("--job", choices=("keyed", "tumbling", "sliding"), default="keyed")
+    parser.add_argument("--grain-ms", default="p200",
+                        help="a window job's watermark grain, as bench_windows.py takes it (default p200)")
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on one run after this many s")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.rounds):
         for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
             load = os.getloadavg()[0]
-            r = measure(getattr(args, name), args.job, args.records, args.timeout)
+            r = measure(getattr(args, name), args.job, args.records, args.timeout, args.grain_ms)
             r["load_average_1m"] = load
             runs[name].append(r)
             loop = (f", loop {r['loop_cpu_us_per_record']:.2f} µs" if "loop_cpu_us_per_record" in r else "")
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the trees' outputs differ: rows out {sorted(outs)}")
     summary = paired_summary(runs["a"], runs["b"])
     if args.json:
-        print(json.dumps({"job": args.job, "records": args.records, "summary": summary, "runs": runs}, indent=2))
+        print(json.dumps({"job": args.job, "grain_ms": args.grain_ms, "records": args.records, "summary": summary,
+                          "runs": runs}, indent=2))
         return 0
     for name in ("a", "b"):
         s = summary[name]

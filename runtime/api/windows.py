@@ -417,10 +417,12 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
     def on_timer(self, timestamp: int, ctx: Any) -> None:
         """Fire the key's windows whose last millisecond is `timestamp`; drop those past their allowed lateness.
         An event-time window kept for its lateness after firing gets its fired mark (a fourth item)."""
-        entries = self.windows.value()
+        key = ctx.current_key
+        table = self.windows._table
+        entries = table.get(key)
         if not entries:
             return
-        self._owned.pop(ctx.current_key, None)  # this writes a new value (or none): see `process`
+        owned = self._owned
         event_time = self.assigner.event_time
         lateness = self.lateness if event_time else 0
         mark = event_time and not self.assigner.merging
@@ -430,9 +432,11 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
             if end - 1 == timestamp:
                 self._emit(ctx, entry[0], end, entry[2])
             if end - 1 + lateness <= timestamp:
-                self.windows.clear()
+                table.pop(key, None)
+                owned.pop(key, None)
             elif mark and end - 1 == timestamp and len(entry) == 3:
-                self.windows.update(((entry[0], end, entry[2], True),))
+                table[key] = ((entry[0], end, entry[2], True),)
+                owned.pop(key, None)  # a new value: the batch loop copies it before changing it
             return
         if not lateness:  # one pass: a window due fires and goes, no other is past (none kept needs a mark)
             kept = []
@@ -443,10 +447,15 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 elif last_ms > timestamp:
                     kept.append(entry)
             if not kept:
-                self.windows.clear()
+                table.pop(key, None)
+                owned.pop(key, None)
             elif len(kept) != len(entries):
-                self.windows.update(kept)
+                if owned.get(key) is entries:  # the batch loop's own list (no snapshot holds it): in place
+                    entries[:] = kept
+                else:
+                    table[key] = kept
             return
+        owned.pop(key, None)  # a new value (or none): the batch loop copies it before changing it
         for entry in entries:
             if entry[1] - 1 == timestamp:
                 self._emit(ctx, entry[0], entry[1], entry[2])
@@ -454,9 +463,9 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 for e in entries if e[1] - 1 + lateness > timestamp]
         if kept:
             if kept != list(entries):
-                self.windows.update(kept)
+                table[key] = kept
         else:
-            self.windows.clear()
+            table.pop(key, None)
 
     def _emit(self, ctx: Any, start: int, end: int, acc: Any) -> None:
         key = ctx.current_key
@@ -539,11 +548,16 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                     entry = entries[i]
                     entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
                     return
-                for entry in entries:  # a source subtask that lags the others: windows out of order
+                for entry in entries:  # out of order (`process` appends a window it opens)
                     if entry[1] == end:
                         entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
                         return
-            entries.append([start, end, first(record)])
+            # a new window goes where its end puts it (a lagging source subtask opens windows before the newest),
+            # so the windows stay in order for the look-up above
+            i = n
+            while i and entries[i - 1][1] > end:
+                i -= 1
+            entries.insert(i, [start, end, first(record)])
             opened(key, end)
 
         def run_tumbling(elements: list[Any]) -> None:
@@ -589,9 +603,22 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 entries = owned_get(key)
                 if entries is None:
                     entries = writable(key)
+                # the record's windows are consecutive, as a key's open windows mostly are: find where the oldest
+                # is, then walk both; a window not where that puts it (missing, out of order) goes through add_to
+                n = len(entries)
+                end = start + size
+                i = n - 1 - (entries[-1][1] - end) // step if n else 0
                 while start <= last:
-                    add_to(key, entries, start, start + size, record)
+                    if 0 <= i < n and entries[i][1] == end:
+                        entry = entries[i]
+                        entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
+                    else:
+                        add_to(key, entries, start, end, record)
+                        n = len(entries)
+                        i = n - 1 - (entries[-1][1] - end) // step
+                    i += 1
                     start += step
+                    end += step
                 if owned is None:
                     table[key] = entries
             after()

@@ -319,3 +319,32 @@ def test_a_checkpoint_holds_the_accumulators_at_its_barrier_while_the_loop_keeps
             restored.watermark(MAX_WATERMARK)
             rows = h.outputs()
             assert restored.outputs() == rows and len(rows) >= 3
+
+
+def test_a_timer_drops_a_fired_window_from_the_loops_own_list_in_place_and_from_a_snapshot_s_copy_never() -> None:
+    """A key with two open windows: the timer of the older one removes it from the list the batch loop owns (no
+    snapshot holds it) in place; after a snapshot the same firing leaves the snapshot's copy as it was."""
+    h = Harness(WindowOperator(TumblingEventTimeWindows(10), contents_of("count"), 0))
+    h.batch([("a", 0, 1), ("a", 1, 12), ("a", 2, 2)])
+    windows = h.chain.keyed_state[h.node_id]["windows"]
+    mine = windows["a"]
+    h.watermark(9)  # [0, 10) fires
+    assert windows["a"] is mine and mine == [[10, 20, 1]]
+
+    h.batch([("a", 3, 25)])  # [20, 30) opens beside [10, 20)
+    copied = h.begin_snapshot()
+    at_barrier = read_back(copied)
+    h.batch([("a", 4, 13)])
+    h.watermark(19)  # [10, 20) fires with the record after the barrier
+    assert read_back(copied) == at_barrier
+    assert at_barrier[h.node_id]["windows"]["a"] == ((10, 20, 1), (20, 30, 1))
+    h.watermark(MAX_WATERMARK)
+
+    restored = Harness(WindowOperator(TumblingEventTimeWindows(10), contents_of("count"), 0))
+    restored.chain.restore_state(at_barrier, None)
+    restored.chain.restore_watermarks(9, 9)
+    restored.batch([("a", 4, 13)])
+    restored.watermark(MAX_WATERMARK)
+    rows = h.outputs()
+    assert rows[0] == (9, ("a", 0, 10, 2))
+    assert restored.outputs() == rows[1:] == [(19, ("a", 10, 20, 2)), (29, ("a", 20, 30, 1))]
