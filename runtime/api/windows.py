@@ -450,8 +450,9 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 table.pop(key, None)
                 owned.pop(key, None)
             elif len(kept) != len(entries):
-                if owned.get(key) is entries:  # the batch loop's own list (no snapshot holds it): in place
-                    entries[:] = kept
+                mine = owned.get(key)
+                if mine is not None and mine is entries:  # the batch loop's own list (no snapshot holds it)
+                    mine[:] = kept
                 else:
                     table[key] = kept
             return
