@@ -55,6 +55,20 @@ def measure(tree: str, job: str, records: int, timeout_s: float, grain: str = "p
             "rows_out": run["rows_out"]}
 
 
+def measure_retrying(tree: str, job: str, records: int, timeout_s: float, grain: str, retries: int
+                     ) -> dict[str, Any]:
+    """`measure`, again after a failed run, up to `retries` times: on a loaded machine a run can fail for reasons
+    of its own (a starved coordinator losing its lease); the failure is printed, never hidden."""
+    for attempt in range(retries + 1):
+        try:
+            return measure(tree, job, records, timeout_s, grain)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            if attempt == retries:
+                raise
+            print(f"{tree}: run failed, retrying: {str(exc).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
 def paired_summary(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians, slowest runs and the median of the rounds' B/A ratios of CPU per record (pure: unit-tested)."""
     def side(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -79,13 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on one run after this many s")
+    parser.add_argument("--retries", type=int, default=1, help="runs again after a failed run (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON document at the end")
     args = parser.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     for i in range(args.rounds):
         for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
             load = os.getloadavg()[0]
-            r = measure(getattr(args, name), args.job, args.records, args.timeout, args.grain_ms)
+            r = measure_retrying(getattr(args, name), args.job, args.records, args.timeout, args.grain_ms,
+                                 args.retries)
             r["load_average_1m"] = load
             runs[name].append(r)
             loop = (f", loop {r['loop_cpu_us_per_record']:.2f} µs" if "loop_cpu_us_per_record" in r else "")
