@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from runtime.execution.user_code import UserCodeExit
 
 # How long the event loop waits, blocked, for a call of a task whose calls hold the GIL, by default: a run lasts
-# about 2 ms (runtime/execution/turns.py YIELD_AFTER_S). The worker's setting is TaskSettings.sync_wait_s.
+# about 2 ms (runtime/execution/turns.py YIELD_AFTER_S). The worker's setting is IsolationSettings.sync_wait_s.
 SYNC_WAIT_S = 0.005
 # A call holding the GIL for at least this share of its wall time leaves nothing for the loop to do meanwhile
 CPU_BOUND_SHARE = 0.7
