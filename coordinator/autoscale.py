@@ -2,8 +2,9 @@
 asked for, and when to go back up. Pure: the job manager feeds it the job graph, slot counts and times.
 
 Slots are counted as Sluice places tasks (runtime/graph/plan.py, `place_subtasks`): subtask i of every task
-type shares slot i, so a job needs as many slots as its largest parallelism. To fit N slots, every operator
-is scaled in proportion to N / (largest asked parallelism), rounded down, at least 1, never above its ask,
+type of a slot sharing group shares the group's slot i, so a job needs, per group, as many slots as the
+group's largest parallelism (one group unless the job names others). To fit N slots, every operator is scaled
+in proportion to N / (the slots it asks), rounded down, at least 1, never above its ask,
 under the constraints that keep the restored job the same graph (the restore checks it):
 
 - operators joined by a forward edge (explicit, or implicit: no partitioner and equal parallelism, which is
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.api import Job
+from runtime.api.stream import DEFAULT_SLOT_SHARING_GROUP
 from runtime.graph.job_config import NEVER
 from runtime.graph.job_config import parse_scale_down_after as parse_scale_down_after  # where it was
 
@@ -53,6 +55,7 @@ class ShapeNode:
     name: str
     parallelism: int  # as asked
     pinned: bool = False  # cannot be restored at another parallelism
+    slot_sharing_group: str = DEFAULT_SLOT_SHARING_GROUP
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,15 @@ class Shape:
 
     @property
     def slots_needed(self) -> int:
-        return max(n.parallelism for n in self.nodes)
+        return self.slots_used([n.parallelism for n in self.nodes])
+
+    def slots_used(self, parallelism: list[int]) -> int:
+        """The slots the nodes take at `parallelism` (one per node, in order): per slot sharing group, its
+        largest parallelism."""
+        largest: dict[str, int] = {}
+        for n, p in zip(self.nodes, parallelism, strict=True):
+            largest[n.slot_sharing_group] = max(largest.get(n.slot_sharing_group, 0), p)
+        return sum(largest.values())
 
 
 def shape_of(job: Job) -> Shape:
@@ -81,7 +92,7 @@ def shape_of(job: Job) -> Shape:
             return not (getattr(n.payload, "rescalable", False) or getattr(n.payload, "subtask_splits", False))
         return len(n.inputs) > 1 and any(inp.partitioner == "broadcast" for inp in n.inputs)
 
-    nodes = [ShapeNode(n.name, n.parallelism, pinned(n)) for n in job.nodes]
+    nodes = [ShapeNode(n.name, n.parallelism, pinned(n), n.slot_sharing_group) for n in job.nodes]
     edges = [ShapeEdge(inp.node, n.id, inp.partitioner) for n in job.nodes for inp in n.inputs]
     return Shape(tuple(nodes), tuple(edges))
 
@@ -126,13 +137,14 @@ def fit_parallelism(shape: Shape, slots: int) -> dict[str, int] | None:
             return None  # one name, different parallelisms: no override by name can keep them apart
         if n.pinned:
             pinned.add(rep[i])
-    largest = max(asked.values())
-    if largest <= slots:
+    needed = shape.slots_needed
+    if needed <= slots:
         target = dict(asked)
     else:
         if any(asked[c] > slots for c in pinned):
             return None
-        target = {c: p if c in pinned else max(1, p * slots // largest) for c, p in asked.items()}
+        # every slot sharing group shrinks by the same factor: their largest parallelisms then add up to slots
+        target = {c: p if c in pinned else max(1, p * slots // needed) for c, p in asked.items()}
         # implicit rebalance edges must not collapse into forward ones: pull tied pairs apart, the bigger side
         # up while it has room, else the smaller side down; give up after a bounded number of steps
         apart = [(rep[e.up], rep[e.down]) for e in shape.edges
@@ -155,7 +167,7 @@ def fit_parallelism(shape: Shape, slots: int) -> dict[str, int] | None:
 def fits(shape: Shape, parallelism: Mapping[str, int], slots: int) -> bool:
     """Every constraint of the module docstring holds for `parallelism` (by operator name) in `slots`."""
     p = [parallelism[n.name] for n in shape.nodes]
-    if any(not 1 <= q <= n.parallelism for q, n in zip(p, shape.nodes, strict=True)) or max(p) > slots:
+    if any(not 1 <= q <= n.parallelism for q, n in zip(p, shape.nodes, strict=True)) or shape.slots_used(p) > slots:
         return False
     if any(n.pinned and q != n.parallelism for q, n in zip(p, shape.nodes, strict=True)):
         return False

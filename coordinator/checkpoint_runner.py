@@ -275,9 +275,15 @@ class CheckpointRunner:
             vertices=tuple(info.get("vertices", ())), operators=tuple(info.get("operators", ())),
             edges=tuple(info.get("edges", ())))
         try:
-            await asyncio.to_thread(self.storage.write_metadata, directory, metadata)
+            lost = await asyncio.to_thread(self._write_if_complete, directory, metadata)
         except (OSError, ValueError) as exc:
             self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, str(exc)))
+            return
+        if lost:
+            reason = (f"storage lost {len(lost)} file(s) the checkpoint names, e.g. {lost[0]} (a wiped or expired "
+                      f"store?); the next checkpoints write every file anew")
+            self.execute(self.coordinator.metadata_failed(time.monotonic(), ins.checkpoint_id, reason,
+                                                          files_lost=True))
             return
         instructions = self.coordinator.metadata_written(time.monotonic(), ins.checkpoint_id)
         if not ins.savepoint:  # retention hook: the record first, then the discards it implies
@@ -286,6 +292,14 @@ class CheckpointRunner:
                        None)
         self._on_complete(CompletedCheckpoint(ins.checkpoint_id, directory, summary))
         self.execute(instructions)
+
+    def _write_if_complete(self, directory: str, metadata: CheckpointMetadata) -> list[str]:
+        """Write `_metadata` if storage holds every file it names; returns those it does not (then nothing is
+        written). On the storage thread."""
+        lost = self.storage.missing_files(directory, metadata)
+        if not lost:
+            self.storage.write_metadata(directory, metadata)
+        return lost
 
     def _notify(self, notice: p.CheckpointNotice) -> None:
         async def notify_all() -> None:

@@ -48,6 +48,12 @@ Scheduling:
   acknowledged, the tasks' state is durable and the checkpoint waits for the
   shell to report `metadata_written` or `metadata_failed`; a task failure
   then no longer aborts it either, so recovery may use it.
+- Storage that lost files (a wiped or expired bucket): the shell checks that
+  every file a checkpoint names is in storage before it writes `_metadata`;
+  if not, `metadata_failed(..., files_lost=True)` aborts it and every later
+  checkpoint (not savepoints) is triggered `full` (shares no file with an
+  earlier one) until one of them completes: incremental checkpoints would
+  otherwise go on referencing the lost files.
 - A task failure aborts a PENDING checkpoint and drops every queued request
   (a failed execution cannot serve them): each dropped request gets a
   `NotifyAborted` and nothing else, since nothing was triggered or written.
@@ -72,7 +78,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.graph.checkpoint_figures import CheckpointFigures, TaskCheckpointFigures
@@ -456,6 +462,7 @@ class CheckpointCoordinator:
         self._consecutive_failures = 0
         self._job_failed = False
         self._finished: set[str] = set()
+        self._full_until_completed = False  # storage lost files: trigger full checkpoints until one completes
 
     # -- stimuli ----------------------------------------------------------------
 
@@ -588,6 +595,8 @@ class CheckpointCoordinator:
         if cp is None:
             return []
         cp.status = Status.COMPLETED
+        if cp.request.options.full:
+            self._full_until_completed = False
         self._pending.pop(checkpoint_id, None)
         self._last_end_at = now
         self._completed += 1
@@ -600,10 +609,15 @@ class CheckpointCoordinator:
                 out.append(DiscardCheckpoint(self._retained.popleft(), "retention"))
         return out + self._write_ready() + self._start_queued(now)
 
-    def metadata_failed(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
+    def metadata_failed(self, now: float, checkpoint_id: int, reason: str, *,
+                        files_lost: bool = False) -> list[Instruction]:
+        """`files_lost`: storage no longer holds a file the checkpoint names (the shell checked before writing)."""
         cp = self._accepting(checkpoint_id, "metadata_failed")
         if cp is None:
             return []
+        if files_lost:
+            self._full_until_completed = True
+            return self._abort(now, cp, reason)
         return self._abort(now, cp, f"metadata write failed: {reason}")
 
     # -- read-only views --------------------------------------------------------
@@ -694,6 +708,8 @@ class CheckpointCoordinator:
         return req
 
     def _trigger(self, now: float, req: _Request) -> list[Instruction]:
+        if self._full_until_completed and not req.options.savepoint:
+            req = replace(req, options=replace(req.options, full=True))
         cp = _Checkpoint(req, started_at=now)
         cp.acks = {task: TaskAck(dict(FINISHED_STATE), TaskCheckpointFigures()) for task in self._finished}
         self._pending[req.checkpoint_id] = cp

@@ -172,7 +172,11 @@ class LeaseDir:
         return True
 
     def renew(self, record: LeaseRecord) -> None:
-        write_atomically(self._path(record.epoch), record.encode())
+        # not fsynced: a renewal only has to be seen by contenders while this process lives (a power cut ends
+        # the leader too, and the epoch file itself was made durable when it was taken). An fsync waits behind
+        # every other writer's dirty data: on a busy disk it took longer than the lease, and a lone coordinator
+        # gave up leading a cluster nobody else could lead.
+        write_atomically(self._path(record.epoch), record.encode(), durable=False)
 
     def superseded(self, epoch: int) -> bool:
         return os.path.exists(self._path(epoch + 1))

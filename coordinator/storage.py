@@ -62,6 +62,8 @@ class CheckpointStorage(Protocol):
 
     def verify(self, path: str, metadata: CheckpointMetadata) -> None: ...
 
+    def missing_files(self, directory: str, metadata: CheckpointMetadata) -> list[str]: ...
+
     def list_completed(self, job_id: str) -> list[tuple[int, str]]: ...
 
     def latest(self, job_id: str) -> tuple[int, str] | None: ...
@@ -156,6 +158,30 @@ class LocalCheckpointStorage:
                              error=CorruptCheckpoint)
             _verify_backend_files(directory, task, state.get("backend"))
             _verify_segments(directory, task, state.get("segments"))
+
+    def missing_files(self, directory: str, metadata: CheckpointMetadata) -> list[str]:
+        """The files the metadata names that storage does not hold, by one listing per directory (no reads):
+        the runner writes `_metadata` only when none is missing, so storage that lost files under a running job
+        (a wiped or expired bucket) never yields a completed checkpoint naming them. `verify` checks contents
+        before a restore."""
+        job_dir = files.dirname(directory)
+        wanted: dict[str, set[str]] = {}
+        for state in metadata.task_states().values():
+            names = [(directory, state.get(kind)) for kind in TASK_FILES if state.get(kind)]
+            handle = state.get("backend")
+            if isinstance(handle, dict):
+                root = directory if handle.get("store") == "self" else job_dir
+                for relative in handle.get("private_files") or ():
+                    path = files.join(root, str(relative))
+                    names.append((files.dirname(path), files.basename(path)))
+                names += [(files.join(root, SHARED_DIR), _entry_field(e, 1)) for e in handle.get("shared_files") or ()]
+            names += [(files.join(job_dir, SHARED_DIR), _entry_field(e, 0)) for e in state.get("segments") or ()]
+            for parent, name in names:
+                wanted.setdefault(parent, set()).add(str(name))
+        missing = []
+        for parent, expected in sorted(wanted.items()):
+            missing += [files.join(parent, n) for n in sorted(expected - set(files.list_children(parent)))]
+        return missing
 
     def list_completed(self, job_id: str) -> list[tuple[int, str]]:
         """(n, path) of every `chk-<n>` directory with a `_metadata` file, by n."""

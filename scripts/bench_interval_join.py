@@ -14,6 +14,9 @@ Jobs, each at each --parallelism (every operator):
 - sluice: FileSource (json, bounded) -> map to (k, seq, ts) -> key_by(k).interval_join(key_by(k))
   .between(lower, upper).process(emit (k, l.seq, r.seq)) -> DiscardSink (chained), watermarks
   BoundedOutOfOrderness(0) with granularity --grain-ms; on a fresh local cluster of 2 workers with 2 slots.
+- sluice-grouped: the sluice job with the join and its sink in a slot sharing group of their own
+  (`.slot_sharing_group("join")`): the two sources' parsing run in one worker process, the join in the other
+  (without it every operator's subtask i shares slot i, so at p=1 the whole job runs in one process).
 - sluice-sql: the same files and join as SQL (`job.sql`, runtime/sql: a filesystem json table per side with
   `WATERMARK FOR ts AS ts`, the join's BETWEEN, a blackhole table); its sources send watermarks periodically,
   every 200 ms of wall-clock time as Flink's (the SQL default, `pipeline.auto-watermark-interval`).
@@ -135,6 +138,16 @@ def _pair(left: Any, right: Any, ctx: Any) -> None:
 
 def build(job: Job) -> None:
     """The DataStream job (module docstring)."""
+    _build(job, join_group=None)
+
+
+def build_grouped(job: Job) -> None:
+    """The DataStream job with the join and its sink in a slot sharing group of their own: the sources' parsing
+    and the join run in different worker processes."""
+    _build(job, join_group="join")
+
+
+def _build(job: Job, *, join_group: str | None) -> None:
     s = settings()
     p = s["parallelism"]
     timed = BoundedOutOfOrderness(max_delay_ms=0, timestamp=itemgetter("ts"), granularity_ms=s["grain_ms"])
@@ -142,9 +155,11 @@ def build(job: Job) -> None:
                               watermarks=timed).map(_row, name=f"{side}-rows", parallelism=p)
                    for side in ("left", "right"))
     first = itemgetter(0)
-    (left.key_by(first).interval_join(right.key_by(first)).between(s["lower"], s["upper"])
-        .process(_pair, parallelism=p, name="interval-join")
-        .sink(DiscardSink(), parallelism=p, name="discard"))
+    joined = (left.key_by(first).interval_join(right.key_by(first)).between(s["lower"], s["upper"])
+              .process(_pair, parallelism=p, name="interval-join"))
+    if join_group is not None:
+        joined.slot_sharing_group(join_group)
+    joined.sink(DiscardSink(), parallelism=p, name="discard")
 
 
 def build_sql(job: Job) -> None:
@@ -164,7 +179,8 @@ def build_sql(job: Job) -> None:
     """)
 
 
-ENTRIES = {"sluice": "bench_interval_join:build", "sluice-sql": "bench_interval_join:build_sql"}
+ENTRIES = {"sluice": "bench_interval_join:build", "sluice-grouped": "bench_interval_join:build_grouped",
+           "sluice-sql": "bench_interval_join:build_sql"}
 
 
 # -- runs ------------------------------------------------------------------------------------------------------

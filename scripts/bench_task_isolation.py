@@ -36,7 +36,7 @@ from netstack.credit import ChannelSender  # noqa: E402
 from runtime.api import DiscardSink, GeneratorSource, Job  # noqa: E402
 from runtime.examples.wordcount import AsyncCount, Count  # noqa: E402
 from runtime.execution.channels import InputChannel, LocalLink, OutputGate, Subpartition  # noqa: E402
-from runtime.execution.handover import SYNC_WAIT_S  # noqa: E402
+from runtime.execution.isolation import IsolationSettings  # noqa: E402
 from runtime.execution.operators import Chain, RecordWriter  # noqa: E402
 from runtime.execution.task import Credits, Task, TaskKey  # noqa: E402
 from runtime.graph.partitioning import key_group_range  # noqa: E402
@@ -55,7 +55,7 @@ def _job(records: int, asynchronous: bool = False) -> Job:
     return job
 
 
-async def run_once(records: int, mode: str, *, sync_wait_s: float = SYNC_WAIT_S,
+async def run_once(records: int, isolation: IsolationSettings, *,
                    asynchronous: bool = False) -> tuple[float, float, int, list[int]]:
     """(CPU s, wall s, records counted, [runs waited for blocked, runs] on the count tasks' own loops) of one run
     of the three tasks."""
@@ -71,8 +71,8 @@ async def run_once(records: int, mode: str, *, sync_wait_s: float = SYNC_WAIT_S,
     head = source_job.nodes[0]
     source_chain = Chain(source_job, [head.id], subtask_index=0, parallelism=1, attempt=0, outputs=[writer])
     source = Task(key=TaskKey("bench", 0, 0, "source", 1), chain=source_chain, outputs=subs, output_gate=gate,
-                  inputs=[], credits=CREDITS, source=head.payload, flush_timeout_s=0.05, isolation=mode,
-                  sync_wait_s=sync_wait_s)
+                  inputs=[], credits=CREDITS, source=head.payload, flush_timeout_s=0.05,
+                  isolation=isolation)
     counts = []
     for j in range(2):
         job = _job(records, asynchronous)  # one job graph per task, as the worker builds them
@@ -82,7 +82,7 @@ async def run_once(records: int, mode: str, *, sync_wait_s: float = SYNC_WAIT_S,
                       state_backend=backend)
         task = Task(key=TaskKey("bench", 1, j, "count", 2), chain=chain, outputs=[], output_gate=OutputGate(),
                     inputs=[InputChannel(j, 0, 0, "0:0")], credits=CREDITS, source=None, flush_timeout_s=0.05,
-                    isolation=mode, sync_wait_s=sync_wait_s)
+                    isolation=isolation)
         assert task.gate is not None
         link = LocalLink(j, subs[j], task.gate)
         subs[j].link = link
@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeat):
         order = modes if not args.async_state or r % 2 == 0 else tuple(reversed(modes))
         for mode in order:
-            c, w, n, blocked = asyncio.run(run_once(args.records, "inline" if mode == "inline" else "thread",
-                                                    sync_wait_s=0.0 if mode == "awaited" else SYNC_WAIT_S,
-                                                    asynchronous=args.async_state))
+            settings = (IsolationSettings("inline") if mode == "inline" else
+                        IsolationSettings(sync_wait_s=0.0) if mode == "awaited" else IsolationSettings())
+            c, w, n, blocked = asyncio.run(run_once(args.records, settings, asynchronous=args.async_state))
             assert n == args.records, (mode, n)
             cpu[mode].append(c / n * 1e6)
             wall[mode].append(w / n * 1e6)

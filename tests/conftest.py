@@ -9,9 +9,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.cluster import Cluster, reaped_cluster
 from tests.support.spark_connect import SparkConnectServer, connect_skip_reason
+
+# Property tests assert invariants, not speed: on two busy cores one example can take longer than Hypothesis's
+# default 200 ms deadline, and generating data can trip its too_slow health check (a unit run beside the
+# integration tier failed a pure property test that way). A test may still set its own settings.
+settings.register_profile("sluice", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("sluice")
 
 # The groups that take longest, started first so that the two xdist processes finish together (the longest
 # first: the last groups are the short ones); every other file follows in collection order. By the sums of a

@@ -33,6 +33,7 @@ from runtime.connectors.sinks import Sink
 from runtime.connectors.source import Source
 
 DEFAULT_MAX_PARALLELISM = 128
+DEFAULT_SLOT_SHARING_GROUP = "default"
 PARTITIONERS = ("forward", "hash", "rebalance", "broadcast")
 STATE_BACKENDS = state_backends.NAMES  # runtime/state/registry.py builds them
 
@@ -65,6 +66,9 @@ class Node:
     # the operator's stable id (`.uid("...")`): its state in a checkpoint belongs to it across versions of the
     # job; "" until set, then build_job fills in the default (runtime/graph/operator_ids.py)
     uid: str = ""
+    # the operators of one slot sharing group share slots (subtask i of each in slot i of the group); another
+    # group gets slots of its own, so it runs in another worker process (`.slot_sharing_group("...")`)
+    slot_sharing_group: str = DEFAULT_SLOT_SHARING_GROUP
 
     @property
     def two_input(self) -> bool:
@@ -105,6 +109,10 @@ class Job:
         if parallelism > self.max_parallelism:
             raise JobDefinitionError(f"parallelism {parallelism} exceeds max parallelism {self.max_parallelism}")
         node = Node(len(self.nodes), kind, name or f"{kind}-{len(self.nodes)}", parallelism, payload, inputs, key_fn)
+        # as Flink: an operator whose inputs are all in one group joins it, any other starts in the default one
+        input_groups = {self.nodes[inp.node].slot_sharing_group for inp in inputs}
+        if len(input_groups) == 1:
+            node.slot_sharing_group = input_groups.pop()
         for inp in inputs:
             up = self.nodes[inp.node]
             if inp.partitioner == "forward" and up.parallelism != parallelism:
@@ -191,6 +199,17 @@ class DataStream:
             raise JobDefinitionError(f"uid {uid!r} of {node.name} is already the uid of {taken.name}: uids are "
                                      "unique within a job")
         node.uid = uid
+        return self
+
+    def slot_sharing_group(self, name: str) -> DataStream:
+        """Put the operator that produced this stream (and the operators after it, until another group is
+        named) into slot sharing group `name`: a group's subtasks take slots of their own, so the group runs in
+        other worker processes than the default group's, on other cores (in Python one process runs one core at
+        a time). Operators of different groups are never chained. A job needs, per group, as many slots as the
+        group's largest parallelism (Flink's `slotSharingGroup`)."""
+        if not isinstance(name, str) or not name.strip():
+            raise JobDefinitionError(f"slot_sharing_group must be a non-empty string, got {name!r}")
+        self.job.nodes[self.node_id].slot_sharing_group = name
         return self
 
     def side_output(self, tag: OutputTag) -> DataStream:

@@ -37,15 +37,16 @@ def store_root(directory: str, *, savepoint: bool) -> tuple[str, str]:
     return _parent(directory), JOB_STORE
 
 
-def upload(pending: PendingSnapshot, directory: str, *, savepoint: bool) -> dict[str, Any]:
-    """The asynchronous part (any thread): upload and return the handle as stored in the checkpoint."""
+def upload(pending: PendingSnapshot, directory: str, *, savepoint: bool, full: bool = False) -> dict[str, Any]:
+    """The asynchronous part (any thread): upload and return the handle as stored in the checkpoint; `full`
+    references no file an earlier checkpoint uploaded."""
     root, layout = store_root(directory, savepoint=savepoint)
     try:
         store = SnapshotStore(root)
     except BaseException:
         pending.abort()
         raise
-    handle = pending.upload(store)
+    handle = pending.upload(store, share=not full)
     return {**handle.to_dict(), "store": layout}
 
 

@@ -98,8 +98,8 @@ class ChannelStateFiles:
         self._sums: dict[str, dict[str, int]] = {}  # segment -> checksum, of every segment written or known
         self._used: dict[int, set[str]] = {}  # checkpoint -> segments its files reference
 
-    def begin(self, checkpoint_id: int, *, savepoint: bool) -> None:
-        self.tracker.begin(checkpoint_id, savepoint=savepoint)
+    def begin(self, checkpoint_id: int, *, savepoint: bool, full: bool = False) -> None:
+        self.tracker.begin(checkpoint_id, savepoint=savepoint, full=full)
 
     def produce(self, directory: str, checkpoint_id: int, kind: str, channels: dict[str, ChannelCapture],
                 ends: dict[str, Callable[[], int]] | None = None) -> Callable[[], Encoded]:

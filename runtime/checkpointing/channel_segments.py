@@ -22,6 +22,8 @@ Safety of references (checked by tests/unit/test_channel_segments.py over random
   That checkpoint is retained until a newer one completes, and any newer one that captured the same buffer
   references the same range (queues are FIFO), so what an in-progress checkpoint references stays on storage.
 - Savepoints are self-contained: inline pieces only, and they never become a base.
+- A full checkpoint (CheckpointOptions.full: storage lost files) references nothing of its base: it writes every
+  buffer into its own segment, and may become the base of the next.
 - An aborted checkpoint's segments are referenced by nothing completed: the coordinator deletes them with it.
 """
 
@@ -68,6 +70,7 @@ class Capture:
 @dataclass
 class _Snapshot:
     savepoint: bool
+    full: bool = False  # references nothing of the base
     refs: dict[Hashable, Ref] = field(default_factory=dict)  # every buffer captured, where its bytes are
 
 
@@ -83,8 +86,8 @@ class SegmentTracker:
         self._pending: dict[int, _Snapshot] = {}
         self._newest_begun = -1
 
-    def begin(self, checkpoint_id: int, *, savepoint: bool) -> None:
-        self._pending.setdefault(checkpoint_id, _Snapshot(savepoint))
+    def begin(self, checkpoint_id: int, *, savepoint: bool, full: bool = False) -> None:
+        self._pending.setdefault(checkpoint_id, _Snapshot(savepoint, full))
         self._newest_begun = max(self._newest_begun, checkpoint_id)
 
     def capture(self, checkpoint_id: int, side: str, channels: dict[str, ChannelCapture]) -> Capture:
@@ -93,6 +96,7 @@ class SegmentTracker:
             self.begin(checkpoint_id, savepoint=False)
             snap = self._pending[checkpoint_id]
         shared = self.incremental and not snap.savepoint
+        base = {} if snap.full else self._base
         segment = f"chan-{checkpoint_id}-{self.name}-{side}.seg" if shared else None
         new_parts: list[bytes] = []
         written = 0
@@ -108,7 +112,7 @@ class SegmentTracker:
                     out.append(data[skip:])
                     skip = 0
                     continue
-                ref = self._base.get(buffer_key) or snap.refs.get(buffer_key)
+                ref = base.get(buffer_key) or snap.refs.get(buffer_key)
                 if ref is None:
                     ref = Ref(segment, written, len(data))
                     new_parts.append(data)

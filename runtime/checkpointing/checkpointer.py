@@ -138,7 +138,7 @@ class TaskCheckpointer:
         started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
         self._first_barrier = None
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
-        self.channel_files.begin(spec.checkpoint_id, savepoint=spec.savepoint)
+        self.channel_files.begin(spec.checkpoint_id, savepoint=spec.savepoint, full=spec.options.full)
         if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
             run.async_captured = sum(1 for doc in async_inflight.values() for e in doc["replay"] if e[0] == "r")
         self.runs[spec.checkpoint_id] = run
@@ -171,7 +171,8 @@ class TaskCheckpointer:
                 backend = None
                 if pending is not None:
                     backend = run.backend = backend_snapshots.upload(pending, spec.directory,
-                                                                     savepoint=spec.savepoint)
+                                                                     savepoint=spec.savepoint,
+                                                                     full=spec.options.full)
                 return encode_operator_state(keyed, max_parallelism=mp, source=source, sinks=sinks, lists=lists,
                                              time=time_state, backend=backend, async_inflight=async_inflight)
 

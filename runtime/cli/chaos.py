@@ -448,8 +448,8 @@ class FaultLoop:
         self.log(f"  [{now - self.t0:5.1f}s] wiped the checkpoint store of {self.job_id} "
                  f"({', '.join(held) or 'empty'}); last completed checkpoint #{last}")
         self.plan.pop(0)
-        # the next fault waits for a checkpoint triggered after the wipe: one in flight during it may
-        # complete with files the wipe took (its restore would find it corrupt)
+        # the next fault waits for a checkpoint triggered after the wipe, so the kill's restart restores one
+        # taken after it (one in flight during the wipe fails: its files are gone, storage.missing_files)
         self.seen_checkpoints = status.get("checkpoints_completed", 0) + 1
 
     async def _partition(self, status: dict[str, Any], now: float) -> None:

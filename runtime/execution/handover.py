@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from runtime.execution.user_code import UserCodeExit
 
 # How long the event loop waits, blocked, for a call of a task whose calls hold the GIL, by default: a run lasts
-# about 2 ms (runtime/execution/turns.py YIELD_AFTER_S). The worker's setting is TaskSettings.sync_wait_s.
+# about 2 ms (runtime/execution/turns.py YIELD_AFTER_S). The worker's setting is IsolationSettings.sync_wait_s.
 SYNC_WAIT_S = 0.005
 # A call holding the GIL for at least this share of its wall time leaves nothing for the loop to do meanwhile
 CPU_BOUND_SHARE = 0.7
@@ -37,20 +37,27 @@ def held_the_gil(wall_s: float, cpu_s: float) -> bool:
 class Runner(Protocol):
     """What runs the calls (a TaskThread, a UserLoop)."""
 
-    def ran(self, held_gil: bool) -> None:
-        """On the runner's thread, after a call and before its outcome goes back (so before the caller can hand
-        over the next): whether it held the GIL, which decides how the next one is waited for."""
+    held_gil: bool  # whether its last run held the GIL, which decides how the next run is waited for
+
+    def ran(self) -> None:
+        """On the runner's thread, after each call and before its outcome goes back (so before the caller can hand
+        over the next)."""
 
 
 class HandedCall:
     """One call: run by `execute` on the runner's thread, its outcome taken by `wait` on the caller's loop.
     Which way the outcome goes back (the lock, or a future settled through the loop) is decided under `guard`
-    by whichever side comes second: the loop giving up its blocked wait, or the runner finishing."""
+    by whichever side comes second: the loop giving up its blocked wait, or the runner finishing.
 
-    __slots__ = ("fn", "args", "loop", "future", "done", "guard", "finished", "result", "error", "blocked")
+    `run` False: not a run of the chain but a user call a task's mail deferred (Task.defer_user_call: a sink's
+    pre-commit or commit), which its caller awaits; how it used the GIL says nothing of the next run, so it leaves
+    the runner's `held_gil` alone."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop) -> None:
-        self.fn, self.args, self.loop = fn, args, loop
+    __slots__ = ("fn", "args", "loop", "run", "future", "done", "guard", "finished", "result", "error", "blocked")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop, *,
+                 run: bool = True) -> None:
+        self.fn, self.args, self.loop, self.run = fn, args, loop, run
         self.future: asyncio.Future[Any] | None = None
         self.done = threading.Lock()  # held until the runner finishes a call the loop waits for, blocked
         self.done.acquire()
@@ -63,8 +70,8 @@ class HandedCall:
     # -- on the runner's thread -----------------------------------------------------------------------
 
     def execute(self, runner: Runner) -> None:
-        """Run the call, tell `runner` whether it held the GIL, and hand its outcome back. sys.exit() in user code
-        fails the call (its task), not the thread."""
+        """Run the call, tell `runner` whether a run held the GIL, and hand its outcome back. sys.exit() in user
+        code fails the call (its task), not the thread."""
         started = time.monotonic()
         cpu_started = time.thread_time()
         try:
@@ -73,7 +80,9 @@ class HandedCall:
             self.error = UserCodeExit.of(exc)
         except BaseException as exc:  # handed to the awaiting task, which fails as it would inline
             self.error = exc
-        runner.ran(held_the_gil(time.monotonic() - started, time.thread_time() - cpu_started))
+        if self.run:
+            runner.held_gil = held_the_gil(time.monotonic() - started, time.thread_time() - cpu_started)
+        runner.ran()
         self.answer()
 
     def answer(self) -> None:

@@ -135,11 +135,11 @@ class HandOff(list):  # type: ignore[type-arg]  # of (Subpartition, Buffer)
 class IsolationPolicy:
     """Where a task's user code runs (fixed when the task is built, see the module docstring)."""
 
-    __slots__ = ("isolated", "user_loop", "closes_on_thread")
+    __slots__ = ("settings", "isolated", "user_loop", "closes_on_thread")
 
-    def __init__(self, mode: str, *, asynchronous: bool) -> None:
-        if mode not in MODES:
-            raise ValueError(f"task isolation must be one of {', '.join(MODES)}, got {mode!r}")
+    def __init__(self, settings: IsolationSettings, *, asynchronous: bool) -> None:
+        self.settings = settings  # the worker's: its task thread or loop waits for runs as they say
+        mode = settings.mode
         # the runs of records on the task's thread
         self.isolated = mode != "inline" and not asynchronous
         # with an asynchronous operator: the runs, the operator and its coroutines on an event loop on a thread of
@@ -149,39 +149,37 @@ class IsolationPolicy:
         self.closes_on_thread = mode != "inline"
 
 
-def _STOP() -> None:  # noqa: N802  # the marker that ends a TaskThread (never called)
-    pass
-
-
 class TaskThread:
     """A thread that runs one task's calls, one at a time, in the order they are handed over.
 
     `call` is awaited on the event loop. The task awaits every call before it hands over the next, so at most
     one is in the queue: the queue only carries it across the thread boundary. How the caller waits depends on
-    what the task's calls did lately (runtime/execution/handover.py): a call that held the GIL nearly all its
+    what the task's runs did lately (runtime/execution/handover.py): a run that held the GIL nearly all its
     wall time (records through Python: the usual run) has its successor waited for with the loop blocked, up to
-    `sync_wait_s`, which spares the loop's wake-up, a tenth or more of a keyed count's CPU per record
-    (docs/BENCHMARKS.md, User code off the event loop); a call that waited (I/O, a sleep, a lock) has its
-    successor awaited, so the loop and other tasks run beside it.
+    the worker's `sync_wait_s`, which spares the loop's wake-up, a tenth or more of a keyed count's CPU per record
+    (docs/BENCHMARKS.md, User code off the event loop); a run that waited (I/O, a sleep, a lock) has its
+    successor awaited, so the loop and other tasks run beside it. A user call the task's mail deferred (`run`
+    False: a sink's commit) is awaited and decides nothing for the next run.
     """
 
-    def __init__(self, name: str, *, sync_wait_s: float = SYNC_WAIT_S) -> None:
+    def __init__(self, name: str, *, settings: IsolationSettings = IsolationSettings()) -> None:
         self.name = name
-        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[HandedCall | None] = queue.SimpleQueue()  # None ends the thread
         self.calls = 0  # calls made: with `call_started`, tells one call from the next
         self.call_started: float | None = None
         self.ident = 0  # the thread's, once it runs (the watchdog reads its stack by it)
-        self.held_gil = True  # whether the last call held the GIL (see the class docstring)
-        self.sync_wait_s = sync_wait_s
+        self.held_gil = True  # whether the last run held the GIL (see the class docstring)
+        self.sync_wait_s = settings.sync_wait_s
         self.waited_blocked = 0  # calls the loop waited for blocked, and got (a figure for tests and benchmarks)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        call = HandedCall(fn, args, asyncio.get_running_loop())
+    async def call(self, fn: Callable[..., Any], *args: Any, run: bool = True) -> Any:
+        """`fn(*args)` on the thread: a run of the task's chain, or (`run` False) a user call its mail deferred."""
+        call = HandedCall(fn, args, asyncio.get_running_loop(), run=run)
         self._calls.put(call)
         try:
-            return await call.wait(self.sync_wait_s if self.held_gil else 0.0)
+            return await call.wait(self.sync_wait_s if run and self.held_gil else 0.0)
         finally:
             if call.blocked:
                 self.waited_blocked += 1
@@ -190,17 +188,12 @@ class TaskThread:
         self.ident = threading.get_ident()
         calls = self._calls
         monotonic = time.monotonic
-        while True:
-            call = calls.get()
-            if call.fn is _STOP:
-                call.answer()
-                return
+        while (call := calls.get()) is not None:
             self.call_started = monotonic()
             call.execute(self)
 
-    def ran(self, held_gil: bool) -> None:
+    def ran(self) -> None:
         """On the thread, after a call, before its outcome goes back (runtime/execution/handover.py)."""
-        self.held_gil = held_gil
         self.call_started = None
         self.calls += 1
 
@@ -212,11 +205,16 @@ class TaskThread:
         """Let the running call finish (a cancelled task's call may still run), then end the thread. False if
         the call did not finish within `timeout_s` (None: no limit; user code stuck: the daemon thread is left
         behind)."""
-        stopping = HandedCall(_STOP, (), asyncio.get_running_loop())
+        stopping = HandedCall(_last_call, (), asyncio.get_running_loop(), run=False)
         self._calls.put(stopping)
+        self._calls.put(None)
         try:
             async with asyncio.timeout(timeout_s):
                 await stopping.wait(0.0)
         except TimeoutError:
             return False
         return True
+
+
+def _last_call() -> None:
+    """What `TaskThread.stop` hands over last: answered once every call before it has returned."""

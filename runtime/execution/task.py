@@ -32,10 +32,9 @@ from netstack.credit import Buffer, Event
 from runtime.connectors.source import Source
 from runtime.execution import ticks
 from runtime.execution.channels import InputChannel, InputGate, OutputGate, Subpartition, event
-from runtime.execution.handover import SYNC_WAIT_S
 from runtime.execution.inflight import resize
 from runtime.execution.input_processor import InputProcessor
-from runtime.execution.isolation import HandOff, IsolationPolicy, TaskThread, task_thread_name
+from runtime.execution.isolation import HandOff, IsolationPolicy, IsolationSettings, TaskThread, task_thread_name
 from runtime.execution.mailbox import Cancel, InjectProbe, Mail, Message, PriorityEvent
 from runtime.execution.operators import Chain
 from runtime.execution.probes import ProbeTracker
@@ -177,8 +176,8 @@ class Task:
     def __init__(self, *, key: TaskKey, chain: Chain, outputs: list[Subpartition], output_gate: OutputGate,
                  inputs: list[InputChannel], credits: Credits, source: Source | None, flush_timeout_s: float,
                  restore: RestoredState | None = None,
-                 checkpoints: Callable[[Task], CheckpointListener] | None = None, isolation: str = "thread",
-                 sync_wait_s: float = SYNC_WAIT_S) -> None:
+                 checkpoints: Callable[[Task], CheckpointListener] | None = None,
+                 isolation: IsolationSettings = IsolationSettings()) -> None:
         self.key = key
         self.task_id = key.task_id
         self.name = key.display_name
@@ -230,9 +229,9 @@ class Task:
         self._async_op = chain.async_operator
         if self._async_op is not None:
             self._async_op.bind(wake=self._wake_from_chain, on_failure=self._async_failed)
-        # blocking user code: the chain's calls on a thread of the task's own (runtime/execution/isolation.py)
+        # blocking user code: the chain's calls on a thread of the task's own (runtime/execution/isolation.py), as
+        # the worker's settings (WorkerConfig.isolation) say
         self.isolation = IsolationPolicy(isolation, asynchronous=self._async_op is not None)
-        self.sync_wait_s = sync_wait_s  # the loop's blocked wait for a run (runtime/execution/handover.py)
         self._thread: TaskThread | None = None
         # with an asynchronous operator: the loop its chain lives on, and the buffers that chain cuts there
         self._user_loop: UserLoop | None = None
@@ -416,7 +415,7 @@ class Task:
         if self.isolation.closes_on_thread:
             # a thread of its own: the task's may still be in the cancelled call (the watchdog sees this one)
             try:
-                closer = self._thread = TaskThread(task_thread_name(self.task_id), sync_wait_s=self.sync_wait_s)
+                closer = self._thread = TaskThread(task_thread_name(self.task_id), settings=self.isolation.settings)
             except RuntimeError as exc:  # no thread to be had (memory exhausted under a limit): close here,
                 log.warning("task %s: closing on the worker's loop: %s", self.task_id, exc)  # not hide the cause
         if closer is not None:
@@ -524,8 +523,8 @@ class Task:
         user = self._user_loop
         if user is None:
             result = fn(*args)
-            if self._user_calls:
-                await self._make_user_calls(self.call)
+            if self._user_calls:  # deferred only by a task with a thread of its own (not inline)
+                await self._make_user_calls(self._deferred_call)
             return result
         async with user.parked() as park:
             result = self._with_outputs(fn, args)
@@ -550,6 +549,10 @@ class Task:
         while calls:
             fn, args, then = calls.popleft()
             then(await call(fn, *args))
+
+    async def _deferred_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A deferred user call on the task's thread: awaited, and no run (runtime/execution/handover.py)."""
+        return await self._offload(fn, *args, run=False)
 
     def _with_outputs(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         hand_off = self._hand_off
@@ -576,7 +579,7 @@ class Task:
         state round trips and coroutines never cross threads; the worker's loop hands it runs and takes the
         buffers it cuts (HandOff)."""
         # named as the task's thread: a profile counts it as the task's
-        user = self._user_loop = UserLoop(task_thread_name(self.task_id), sync_wait_s=self.sync_wait_s)
+        user = self._user_loop = UserLoop(task_thread_name(self.task_id), settings=self.isolation.settings)
         assert self._home is not None and self._async_op is not None
         hand_off = self._hand_off = HandOff(self._home)
         hand_off.on_delivered = self._after_hand_off
@@ -620,19 +623,20 @@ class Task:
         self._wake_posted = False  # before waking: a change from now on posts again
         self._wakeup.set()
 
-    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` (chain work) on the task's thread and wait for it. The buffers it cuts are queued for
-        sending when it returns, in order, before anything else of the task runs."""
+    async def _offload(self, fn: Callable[..., Any], *args: Any, run: bool = True) -> Any:
+        """Run `fn(*args)` (chain work; `run` False: a deferred user call) on the task's thread and wait for it.
+        The buffers it cuts are queued for sending when it returns, in order, before anything else of the task
+        runs."""
         thread = self._thread
         if thread is None:
-            thread = self._thread = TaskThread(task_thread_name(self.task_id), sync_wait_s=self.sync_wait_s)
+            thread = self._thread = TaskThread(task_thread_name(self.task_id), settings=self.isolation.settings)
         deferred = self._deferred
         subs = self.subpartitions
         for sub in subs:
             sub.deferred = deferred
         self._on_thread = True
         try:
-            result = await thread.call(fn, *args)
+            result = await thread.call(fn, *args, run=run)
         except asyncio.CancelledError:
             raise  # the call may still be running: everything stays deferred, run() waits for the thread
         except BaseException:
@@ -846,11 +850,6 @@ class Task:
     async def _on_inband_event(self, channel_id: int, ev: Event) -> None:
         kind = ev.body.get("t")
         op = self._async_op
-        if op is None and self._user_loop is None:  # what `exclusive` does then, without its coroutine
-            self._inband_event(channel_id, kind, ev)
-            if self._user_calls:  # a barrier's snapshot: the sinks' pre-commit
-                await self._make_user_calls(self.call)
-            return
         if op is not None and op.drain and kind in ("barrier", "end"):
             # drain: the records before an aligned barrier finish first; so do those before a channel's end,
             # which completes an alignment waiting only for that channel

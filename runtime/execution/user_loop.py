@@ -41,7 +41,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-from runtime.execution.handover import SYNC_WAIT_S, HandedCall
+from runtime.execution.handover import HandedCall
+from runtime.execution.isolation import IsolationSettings
 from runtime.execution.user_code import UserCodeExit
 
 TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's threshold is seconds)
@@ -50,11 +51,11 @@ TICK_S = 0.1  # how often the user loop says it is alive (the watchdog's thresho
 class UserLoop:
     """One task's private event loop on its own daemon thread (see the module docstring)."""
 
-    def __init__(self, name: str, *, sync_wait_s: float = SYNC_WAIT_S) -> None:
+    def __init__(self, name: str, *, settings: IsolationSettings = IsolationSettings()) -> None:
         self.name = name
-        self.sync_wait_s = sync_wait_s  # how long the worker's loop waits, blocked, for a run (`call`)
+        self.sync_wait_s = settings.sync_wait_s  # how long the worker's loop waits, blocked, for a run (`call`)
         self.held_gil = True  # whether the last run held the GIL
-        self.runs = 0  # runs made (`call`)
+        self.runs = 0  # runs handed over (`call`)
         self.waited_blocked = 0  # runs the worker's loop waited for blocked, and got (for tests and benchmarks)
         # whether user coroutines wait on the loop (its task sets it: records its asynchronous operator has in
         # flight); by default, those handed over by `run` and not answered yet
@@ -236,6 +237,7 @@ class UserLoop:
         except RuntimeError:  # the user loop is closed (the task is ending): the call cannot run
             raise RuntimeError(f"{self.name}: the task's loop has stopped") from None
         blocked = self.held_gil and self.sync_wait_s > 0 and not self.coroutines_waiting()
+        self.runs += 1
         try:
             return await call.wait(self.sync_wait_s if blocked else 0.0, self._pending)
         finally:
@@ -247,10 +249,8 @@ class UserLoop:
         if not call.abandoned():
             call.execute(self)
 
-    def ran(self, held_gil: bool) -> None:
-        """On the user loop, after a run, before its outcome goes back (runtime/execution/handover.py)."""
-        self.held_gil = held_gil
-        self.runs += 1
+    def ran(self) -> None:
+        """On the user loop, after a call (runtime/execution/handover.py): nothing to note, `call` counts the runs."""
 
     async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` here, on the worker's loop, while the user loop is parked: it waits in a callback of its own
@@ -270,13 +270,13 @@ class UserLoop:
         loop's thread meanwhile (a sink's pre-commit or commit), which the block awaits: the loop stays parked
         around it, so none of the task's records runs there in between."""
         if self._closed:  # the loop's thread ended: nothing runs there any more, the caller has it to itself
-            yield Park(None)
+            yield Park(self, None)
             return
         home = asyncio.get_running_loop()
         if self._home is None:
             self._home = home  # where `_ended` is posted
         parked: asyncio.Future[None] = home.create_future()
-        park = Park(home)
+        park = Park(self, home)
 
         def hold() -> None:
             park.holding = True  # before the caller hears it parked: its calls come here from then on
@@ -286,7 +286,7 @@ class UserLoop:
         try:
             self.loop.call_soon_threadsafe(hold)
         except RuntimeError:  # the user loop closed meanwhile
-            yield Park(None)
+            yield Park(self, None)
             return
         self._parks.add(parked)
         try:
@@ -335,38 +335,31 @@ class UserLoop:
 
 class Park:
     """A user loop held in a callback of its own (`UserLoop.parked`), which runs the calls handed to it there, on
-    the loop's thread, one at a time, until released. `home` None: the loop has ended, calls run on the caller's."""
+    the loop's thread, one at a time, until released: user calls a task's mail deferred (a sink's pre-commit or
+    commit), awaited, and no runs (runtime/execution/handover.py). `home` None: the loop has ended, calls run on
+    the caller's."""
 
-    def __init__(self, home: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, user: UserLoop, home: asyncio.AbstractEventLoop | None) -> None:
+        self._user = user
         self._home = home
-        self._calls: queue.SimpleQueue[HandedCall | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[HandedCall | None] = queue.SimpleQueue()  # None releases the park
         self.holding = False  # its callback runs on the loop's thread (set there): calls are served
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the parked loop's thread, awaited (the worker's loop runs on while it takes)."""
         if not self.holding or self._home is None:  # the loop ended before it parked: nothing else runs there
             return fn(*args)
-        call = HandedCall(fn, args, self._home)
+        call = HandedCall(fn, args, self._home, run=False)
         self._calls.put(call)
         return await call.wait(0.0)
 
     def serve(self) -> None:
         """On the loop's thread: run the calls handed over until released."""
         while (call := self._calls.get()) is not None:
-            call.execute(_UNCOUNTED)
+            call.execute(self._user)
 
     def release(self) -> None:
         self._calls.put(None)
-
-
-class _Uncounted:
-    """A parked call is no run: it changes neither how the next run is waited for nor the count of runs."""
-
-    def ran(self, held_gil: bool) -> None:
-        pass
-
-
-_UNCOUNTED = _Uncounted()
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:

@@ -24,6 +24,10 @@ class CheckpointOptions:
     channel_timeout_s: float | None = None
     channel_inflight_bytes: int | None = None
     max_inflight_bytes: int | None = None  # the cap on one task's persisted in-flight bytes
+    # shares no file with an earlier checkpoint (Flink's full checkpoint): every channel-state segment and state
+    # backend file is written anew. The coordinator asks for it once storage lost files a checkpoint named
+    # (a wiped or expired bucket), so later checkpoints stop referencing them; later ones may share its files.
+    full: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", CheckpointMode(self.mode))  # a plain string from a caller or the wire
@@ -40,8 +44,9 @@ class CheckpointOptions:
         for name in ("aligned_timeout_s", "channel_timeout_s", "channel_inflight_bytes", "max_inflight_bytes"):
             if getattr(self, name) is not None:
                 doc[name] = getattr(self, name)
-        if self.savepoint:
-            doc["savepoint"] = True
+        for flag in ("savepoint", "full"):
+            if getattr(self, flag):
+                doc[flag] = True
         return doc
 
     @classmethod
@@ -60,6 +65,7 @@ class CheckpointOptions:
 
         return cls(mode=CheckpointMode(doc.get("mode", CheckpointMode.ALIGNED)),
                    savepoint=bool(doc.get("savepoint", False)),
+                   full=bool(doc.get("full", False)),
                    aligned_timeout_s=number("aligned_timeout_s", float),
                    channel_timeout_s=number("channel_timeout_s", float),
                    channel_inflight_bytes=number("channel_inflight_bytes", int),

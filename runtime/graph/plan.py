@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runtime.api import Job, JobDefinitionError, Node
+from runtime.api.stream import DEFAULT_SLOT_SHARING_GROUP
 from runtime.graph.job_config import JobConfig
 from runtime.graph.operator_ids import assign_uids
 from runtime.graph.restore_spec import RestoreSpec
@@ -95,6 +96,7 @@ class Vertex:
     nodes: list[int]
     parallelism: int
     name: str
+    slot_sharing_group: str = DEFAULT_SLOT_SHARING_GROUP  # its operators' group (a chain never spans two)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def chain_graph(job: Job, groups: Mapping[int, int] | None = None) -> tuple[list
         inp = n.inputs[0]
         up = nodes[inp.node]
         return (_resolve_partitioner(up, n, inp.partitioner) == "forward"
-                and up.parallelism == n.parallelism and len(consumers[up.id]) == 1)
+                and up.parallelism == n.parallelism and len(consumers[up.id]) == 1
+                and up.slot_sharing_group == n.slot_sharing_group)
 
     head_of: dict[int, int] = {}
     chains: dict[int, list[int]] = {}
@@ -158,7 +161,8 @@ def chain_graph(job: Job, groups: Mapping[int, int] | None = None) -> tuple[list
             if group_of_chain[head] is None:
                 group_of_chain[head] = group
     vertex_of_head = {head: i for i, head in enumerate(chains)}
-    vertices = [Vertex(i, ids, nodes[ids[0]].parallelism, " -> ".join(nodes[x].name for x in ids))
+    vertices = [Vertex(i, ids, nodes[ids[0]].parallelism, " -> ".join(nodes[x].name for x in ids),
+                       nodes[ids[0]].slot_sharing_group)
                 for i, ids in enumerate(chains.values())]
     edges: list[Edge] = []
     channel_base = 0
@@ -208,8 +212,18 @@ def channels_touching(edge: Edge, up_p: int, down_p: int, producers: Set[int],
         yield from ((i, j) for j in (range(down_p) if i in producers else here))
 
 
+def slots_needed(vertices: list[Vertex]) -> int:
+    """The slots a job takes: per slot sharing group, its largest parallelism."""
+    largest: dict[str, int] = {}
+    for v in vertices:
+        largest[v.slot_sharing_group] = max(largest.get(v.slot_sharing_group, 0), v.parallelism)
+    return sum(largest.values())
+
+
 def place_subtasks(vertices: list[Vertex], workers: list[tuple[str, int]]) -> dict[str, str]:
-    """Slot sharing: subtask i of every vertex goes to slot i; slots are spread over workers.
+    """Slot sharing: subtask i of every vertex of a slot sharing group goes to the group's slot i; each group
+    (in the order its first vertex appears) takes the slots after the previous group's, and slots are spread
+    over workers, so two groups' subtask 0 run on different workers when there are two.
 
     `workers` is [(worker_id, slots)]. Returns {"vertex:index": worker_id}.
     Raises JobDefinitionError when there are not enough slots.
@@ -222,10 +236,15 @@ def place_subtasks(vertices: list[Vertex], workers: list[tuple[str, int]]) -> di
             if remaining[wid]:
                 slots.append(wid)
                 remaining[wid] -= 1
-    needed = max(v.parallelism for v in vertices)
+    needed = slots_needed(vertices)
     if needed > len(slots):
         raise JobDefinitionError(f"job needs {needed} slots, the cluster has {len(slots)} free")
-    return {f"{v.id}:{i}": slots[i] for v in vertices for i in range(v.parallelism)}
+    first_slot: dict[str, int] = {}
+    for v in vertices:
+        if v.slot_sharing_group not in first_slot:
+            first_slot[v.slot_sharing_group] = sum(
+                max(u.parallelism for u in vertices if u.slot_sharing_group == g) for g in first_slot)
+    return {f"{v.id}:{i}": slots[first_slot[v.slot_sharing_group] + i] for v in vertices for i in range(v.parallelism)}
 
 
 @dataclass

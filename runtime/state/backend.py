@@ -105,13 +105,15 @@ def _shared_file(entry: Any) -> SharedFile:
 
 
 class PendingSnapshot(abc.ABC):
-    """A snapshot whose synchronous part is done; `upload` writes its files (any thread)."""
+    """A snapshot whose synchronous part is done; `upload` writes its files (any thread). With `share` it may
+    reference files an earlier snapshot uploaded to the same store; without, it uploads every file (a full
+    checkpoint: the store lost files an earlier one named)."""
 
     checkpoint_id: int
     sync_seconds: float
 
     @abc.abstractmethod
-    def upload(self, store: SnapshotStore) -> SnapshotHandle: ...
+    def upload(self, store: SnapshotStore, *, share: bool = True) -> SnapshotHandle: ...
 
     def abort(self) -> None:  # noqa: B027 - a snapshot with no local files has nothing to drop
         """Drop the snapshot without uploading (the checkpoint was declined)."""

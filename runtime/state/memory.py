@@ -117,7 +117,7 @@ class _MemorySnapshot(PendingSnapshot):
         self._frozen = frozen
         self._owner = owner
 
-    def upload(self, store: SnapshotStore) -> SnapshotHandle:
+    def upload(self, store: SnapshotStore, *, share: bool = True) -> SnapshotHandle:  # its files are private
         tables = {group: [[name, key, value] for (name, key), value in table.items()]
                   for group, table in self._frozen.items()}
         data = msgpack.packb({"format": FORMAT, "groups": tables}, use_bin_type=True, default=_DEFAULT)

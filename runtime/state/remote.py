@@ -483,7 +483,7 @@ class _RemoteSnapshot(PendingSnapshot):
         self._lineages = lineages
         self._key_groups = key_groups
 
-    def upload(self, store: SnapshotStore) -> SnapshotHandle:
+    def upload(self, store: SnapshotStore, *, share: bool = True) -> SnapshotHandle:  # its files are private
         host = self._host
         data = json.dumps({"format": MANIFEST_FORMAT, "namespace": host.namespace, "cut": self.cut,
                            "key_groups": [self._key_groups.start, self._key_groups.stop],

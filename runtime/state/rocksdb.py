@@ -277,8 +277,8 @@ class _RocksSnapshot(PendingSnapshot):
         self._key_groups = key_groups
         self._uploads = uploads
 
-    def upload(self, store: SnapshotStore) -> SnapshotHandle:
-        previous = self._uploads.previous(store.root)
+    def upload(self, store: SnapshotStore, *, share: bool = True) -> SnapshotHandle:
+        previous = self._uploads.previous(store.root) if share else {}
         private_dir = objectstore.basename(store.private_dir(self.checkpoint_id))
         private: list[str] = []
         shared: dict[str, SharedFile] = {}

@@ -99,8 +99,7 @@ def build_task(plan: Plan, vertex: Vertex, subtask: int, *, job: Job, outputs: d
                 credits=Credits(cfg.exclusive_credits, cfg.floating_credits),
                 source=source_for(head.payload, restored) if head.kind == "source" else None,
                 flush_timeout_s=cfg.flush_timeout_s,
-                restore=restored, checkpoints=listener, isolation=isolation.mode,
-                sync_wait_s=isolation.sync_wait_s)
+                restore=restored, checkpoints=listener, isolation=isolation)
     return task, checkpoints[0]
 
 

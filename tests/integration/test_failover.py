@@ -37,9 +37,14 @@ pytestmark = pytest.mark.integration
 
 
 def test_worker_killed_job_restores_and_output_is_exact(cluster: Cluster) -> None:
+    """With the count in a slot sharing group of its own (the other kill tests run the default placement): its
+    subtasks take slots 2 and 3 of the 3 workers' interleaved slots, so count 0 runs apart from source 0."""
     setup = install(cluster, words=120_000)
     start(cluster)
-    kill_once_and_recover(setup, setup.submit("wordcount"))
+    job_id = setup.submit("wordcount_grouped")
+    placement = wait_first_checkpoint(setup, job_id)["placement"]
+    assert placement["0:0"] != placement["1:0"] and len(set(placement.values())) == 3, placement
+    kill_once_and_recover(setup, job_id)
 
 
 # -- 2: a task raises once -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ output, and once the job ends the store holds exactly the segments its retained 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,41 @@ def test_kill_under_backpressure_restores_shared_segments_exactly_and_leaves_no_
     assert len(kept) <= 4, sorted(kept)  # retain 2, and the restored attempt's 2 from before the restart
     restored = kept.get(st["restored_checkpoint_id"])
     assert restored is None or _segments(restored), "the restored checkpoint held no shared segment"
+
+
+def test_a_wiped_store_is_noticed_and_the_next_checkpoints_share_nothing_lost(cluster: Cluster) -> None:
+    """The job's checkpoint store is wiped (a deleted bucket, a lifecycle rule) while incremental checkpoints
+    reference earlier segments: a checkpoint naming a file that is gone must not complete, and the ones after
+    it write everything anew, so a kill -9 later restores a checkpoint taken after the wipe with exact output
+    (before the fix every later checkpoint referenced the wiped segments and every restore failed)."""
+    setup = install(cluster, words=60_000, sink_delay=0.0002)
+    start(cluster, 3)
+    job_id = setup.submit("wordcount", checkpoint={"interval_s": 0.2, "retain": 2, "tolerable_failures": 10})
+    job_dir = Path(cluster.local.state_dir or "") / "checkpoints" / job_id
+    seen: dict[str, Any] = {}
+
+    def sharing() -> bool:
+        st = setup.status(job_id)
+        assert st["state"] in ("CREATED", "DEPLOYING", "RUNNING"), f"{st}\n{setup.logs()}"
+        return any(s for n, meta in _completed(job_dir).items() for s in _segments(meta)
+                   if (segment_writer(s) or n) < n)
+
+    poll(sharing, 30, "a checkpoint referencing an earlier one's segment")
+    wiped_at = max(int(d.name[4:]) for d in job_dir.glob("chk-*"))  # the newest triggered so far
+    shutil.rmtree(job_dir)
+
+    def completed_after_the_wipe() -> bool:
+        st = setup.status(job_id)
+        assert st["state"] == "RUNNING", f"{st}\n{setup.logs()}"
+        seen["status"] = st
+        return any(n > wiped_at for n in _completed(job_dir))
+
+    poll(completed_after_the_wipe, 30, "a checkpoint triggered after the wipe to complete")
+    victim = kill_worker_running(cluster, seen["status"], 0)
+    restart_worker(cluster, victim)
+    release(cluster)
+    st = setup.wait_finished(job_id, 90)
+    assert_recovered(st, 1)
+    assert st["restored_checkpoint_id"] > wiped_at, st
+    assert "storage lost" in cluster.log("coordinator")  # a checkpoint naming a lost file was refused
+    assert_exact_output(setup)

@@ -93,15 +93,22 @@ class CrashingSink(ReleasableSink):
         super().commit(checkpoint_id)
 
 
-def _pipeline(job, count, sink):
-    (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=2)
-        .key_by(lambda r: r[0])
-        .process(count, parallelism=2)
-        .sink(sink))
+def _pipeline(job, count, sink, count_group=None):
+    counted = (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=2)
+               .key_by(lambda r: r[0])
+               .process(count, parallelism=2))
+    if count_group is not None:
+        counted.slot_sharing_group(count_group)
+    counted.sink(sink)
 
 
 def wordcount(job: Job) -> None:
     _pipeline(job, Count(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY))
+
+
+def wordcount_grouped(job: Job) -> None:
+    """The count and its sink in a slot sharing group of their own: on other slots than the source's."""
+    _pipeline(job, Count(), ReleasableSink(OUT, delay_per_record_s=SINK_DELAY), count_group="count")
 
 
 def fail_once(job: Job) -> None:

@@ -56,6 +56,15 @@ def test_forward_pairs_keep_equal_parallelism() -> None:
     assert fit_parallelism(shape, 3) == {"src": 3, "map": 3, "agg": 1, "sink": 1}
 
 
+def test_slot_sharing_groups_add_up_and_shrink_alike() -> None:
+    nodes = (ShapeNode("src", 4), ShapeNode("join", 4, slot_sharing_group="join"), ShapeNode("sink", 2, False, "join"))
+    shape = Shape(nodes, (ShapeEdge(0, 1, "hash"), ShapeEdge(1, 2, "rebalance")))
+    assert shape.slots_needed == 8
+    assert fit_parallelism(shape, 8) == {"src": 4, "join": 4, "sink": 2}
+    assert fit_parallelism(shape, 4) == {"src": 2, "join": 2, "sink": 1}
+    assert fit_parallelism(shape, 1) is None  # each group needs a slot
+
+
 def test_an_implicit_rebalance_does_not_collapse_into_a_forward_edge() -> None:
     # 4 -> 3 without a partitioner is a rebalance; at 2 slots both would be 2 (forward, chained: another graph)
     fitted = fit_parallelism(chain(4, 3), 2)
@@ -127,7 +136,8 @@ def shapes(draw: st.DrawFn) -> Shape:
                     ps[down], forward_in = ps[up], True
             edges.append((up, down, part))
     pinned = [draw(st.booleans()) and draw(st.booleans()) for _ in range(n)]
-    nodes = tuple(ShapeNode(f"n{i}", p, pin) for i, (p, pin) in enumerate(zip(ps, pinned, strict=True)))
+    groups = [draw(st.sampled_from(["default", "default", "other"])) for _ in range(n)]  # slot sharing groups
+    nodes = tuple(ShapeNode(f"n{i}", p, pin, g) for i, (p, pin, g) in enumerate(zip(ps, pinned, groups, strict=True)))
     return Shape(nodes, tuple(ShapeEdge(u, d, p) for u, d, p in edges))
 
 
@@ -138,7 +148,7 @@ def test_any_fit_keeps_every_constraint(shape: Shape, slots: int) -> None:
     if fitted is None:
         return
     assert fits(shape, fitted, slots)
-    assert max(fitted.values()) <= slots
+    assert shape.slots_used([fitted[n.name] for n in shape.nodes]) <= slots
     assert all(1 <= fitted[n.name] <= n.parallelism for n in shape.nodes)
     if shape.slots_needed <= slots:
         assert fitted == {n.name: n.parallelism for n in shape.nodes}

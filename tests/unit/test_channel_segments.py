@@ -58,6 +58,20 @@ def test_savepoints_are_inline_and_never_a_base() -> None:
     assert t.capture(2, "out", {"e": ChannelCapture(b"", [("a", b"aa")])}).new_parts == [b"aa"]
 
 
+def test_a_full_checkpoint_references_nothing_of_its_base_and_becomes_the_next_base() -> None:
+    t = SegmentTracker("v-0")
+    t.begin(1, savepoint=False)
+    c1 = t.capture(1, "out", {"e": ChannelCapture(b"", [("a", b"aa")])})
+    t.completed(1)
+    t.begin(2, savepoint=False, full=True)  # storage lost files: c1's segment may be gone
+    c2 = t.capture(2, "out", {"e": ChannelCapture(b"", [("a", b"aa"), ("b", b"b")])})
+    assert c2.new_parts == [b"aa", b"b"] and segments_of(c2.pieces) == {c2.segment}
+    t.completed(2)
+    t.begin(3, savepoint=False)
+    c3 = t.capture(3, "out", {"e": ChannelCapture(b"", [("b", b"b")])})
+    assert c3.new_parts == [] and c3.pieces["e"] == [Ref(c2.segment or "", 2, 1)] and c1.segment != c2.segment
+
+
 def test_disabled_writes_everything_inline() -> None:
     t = SegmentTracker("v-0", incremental=False)
     t.begin(1, savepoint=False)

@@ -223,3 +223,32 @@ def test_rocksdb_shared_files_carry_a_crc32_that_verify_checks(tmp_path: Path) -
     # a handle written before checksums (three fields) still verifies by size
     old = {**handle, "shared_files": [f[:3] for f in handle["shared_files"]]}
     storage.verify(directory, CheckpointMetadata(1, {"1:0": {"state": {"backend": old}}}))
+
+
+def test_missing_files_names_what_a_wiped_store_lost_and_a_full_checkpoint_uploads_everything(root: str,
+                                                                                               tmp_path: Path) -> None:
+    storage = LocalCheckpointStorage(root)
+    backend = make_backend("rocksdb", ALL, work_dir=str(tmp_path / "w"), options={})
+    backend.put_many([("1/count", key_group(f"k{i}", MAX_PAR), f"k{i}", i) for i in range(500)])
+    first_dir = storage.checkpoint_dir("job", 1)
+    objectstore.write(objectstore.join(first_dir, "0-0.state"), b"s")
+    first = backend_snapshots.upload(backend.begin_snapshot(1), first_dir, savepoint=False)
+    first_meta = CheckpointMetadata(1, {"1:0": {"state": {"state": "0-0.state", "backend": first}}})
+    assert storage.missing_files(first_dir, first_meta) == []
+
+    objectstore.remove_tree(storage.job_dir("job"))  # the store is wiped under the running job
+    second_dir = storage.checkpoint_dir("job", 2)
+    second = backend_snapshots.upload(backend.begin_snapshot(2), second_dir, savepoint=False)
+    assert second["uploaded_bytes"] < second["total_bytes"]  # it referenced the first's (lost) SST files
+    lost = storage.missing_files(second_dir, CheckpointMetadata(2, {"1:0": {"state": {"backend": second}}}))
+    assert lost and all("/shared/" in p for p in lost), lost
+    gone = storage.missing_files(first_dir, first_meta)  # chk-1's own files too
+    assert set(lost) < set(gone) and objectstore.join(first_dir, "0-0.state") in gone, gone
+
+    third_dir = storage.checkpoint_dir("job", 3)
+    third = backend_snapshots.upload(backend.begin_snapshot(3), third_dir, savepoint=False, full=True)
+    assert third["uploaded_bytes"] == third["total_bytes"]
+    third_meta = CheckpointMetadata(3, {"1:0": {"state": {"backend": third}}})
+    assert storage.missing_files(third_dir, third_meta) == []
+    storage.verify(third_dir, third_meta)
+    backend.close()

@@ -18,6 +18,7 @@ from runtime.checkpointing.barriers import BarrierSpec
 from runtime.checkpointing.task_checkpoints import TaskCheckpoints
 from runtime.checkpointing.writer import CheckpointWriter
 from runtime.execution.channels import OutputGate
+from runtime.execution.isolation import IsolationSettings
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
 from runtime.graph.checkpoint_options import CheckpointOptions
@@ -75,7 +76,7 @@ def _held_task(sink: HoldingSink, chain_kind: str, mode: str, writer: Checkpoint
     if chain_kind == "user loop":
         stream = stream.async_map(_passed_on, timeout_s=30)
     stream.sink(sink)
-    return acked_at_once_task(job, "held", writer, acked, isolation=mode)
+    return acked_at_once_task(job, "held", writer, acked, isolation=IsolationSettings(mode))
 
 
 def _busy_task(mode: str) -> Task:
@@ -83,7 +84,8 @@ def _busy_task(mode: str) -> Task:
     job.source(GeneratorSource(count=None, keys=10, seed=2), name="busy").map(lambda r: r).sink(DiscardSink())
     chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
     return Task(key=TaskKey("job", 3, 0, "busy", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
-                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05, isolation=mode)
+                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
+                isolation=IsolationSettings(mode))
 
 
 async def _wait_for(predicate: Any, what: str) -> None:

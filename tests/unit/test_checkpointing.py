@@ -248,6 +248,26 @@ def test_metadata_failure_aborts():
                                                                       DiscardCheckpoint(1, reason)]
 
 
+def test_lost_files_make_every_later_checkpoint_full_until_one_completes():
+    c = coordinator(tolerable_failures=5)
+    c.tick(10.0)
+    ack_all(c, 1, 11.0)
+    assert c.metadata_failed(12.0, 1, "storage lost chk-1/a", files_lost=True)[0] == NotifyAborted(
+        1, "storage lost chk-1/a")
+    [t2] = c.tick(20.0)
+    assert isinstance(t2, Trigger) and t2.options.full
+    ack_all(c, 2, 21.0)
+    c.metadata_failed(22.0, 2, "No space left on device")  # failed otherwise: the next is still full
+    _, [sp] = c.request(23.0, savepoint=True, directory="/sp")
+    assert isinstance(sp, Trigger) and sp.savepoint and not sp.options.full  # self-contained anyway
+    complete(c, 3, 24.0)
+    [t4] = c.tick(40.0)
+    assert t4.options.full
+    complete(c, 4, 41.0)
+    [t5] = c.tick(60.0)
+    assert not t5.options.full  # a full one completed: incremental again
+
+
 def test_storage_failure_before_any_ack_aborts_and_counts_as_failed():
     c = coordinator(timeout_s=5.0, tolerable_failures=5)
     c.tick(10.0)

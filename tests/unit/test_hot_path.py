@@ -60,6 +60,32 @@ def test_emit_batch_cuts_the_same_buffers_as_one_record_at_a_time(records, capac
         assert sent(a) == sent(b)
 
 
+@pytest.mark.parametrize("n", [2, 3, 9])  # two, a few and many subpartitions: each a path of its own
+@pytest.mark.parametrize("batched", [False, True])
+def test_timestamped_records_go_where_their_records_alone_would(n: int, batched: bool) -> None:
+    """An edge carrying (timestamp, record) pairs routes each pair by its record's key, one by one and in batches."""
+    records = [(f"k{i % 37}", i) for i in range(500)]
+    plain = RecordWriter(make_subs(n, 64), "hash", lambda r: r[0], 128, 0)
+    timed = RecordWriter(make_subs(n, 64), "hash", lambda r: r[0], 128, 0)
+    timed.carry_timestamps()
+    pairs = [(i * 7, r) for i, r in enumerate(records)]
+    if batched:
+        plain.emit_batch(records)
+        timed.emit_batch(pairs)
+    else:
+        for r, pair in zip(records, pairs, strict=True):
+            plain.emit(r)
+            timed.emit(pair)
+
+    def unpacked(sub: Any) -> list[Any]:
+        unpacker = msgpack.Unpacker(use_list=False)
+        unpacker.feed(b"".join(data for data, _, _ in sent(sub)))
+        return list(unpacker)
+
+    for a, b in zip(plain.subpartitions, timed.subpartitions, strict=True):
+        assert [record for _, record in unpacked(b)] == unpacked(a)
+
+
 def feed_and_take(stream: bytes, cuts: list[int], chunks: list[int]) -> tuple[list[Any], list[int]]:
     """Feed `stream` in buffers cut at `cuts`, take records in chunks; returns them and `fetched` after each."""
     reader = ChannelReader()

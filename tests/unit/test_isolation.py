@@ -23,15 +23,18 @@ from tests.support.loop_lag import LoopLag
 
 
 def test_modes() -> None:
-    assert IsolationPolicy("thread", asynchronous=False).isolated
-    assert IsolationPolicy("auto", asynchronous=False).isolated  # the old default's name: the same as thread
-    assert not IsolationPolicy("inline", asynchronous=False).isolated
+    def policy(mode: str, *, asynchronous: bool) -> IsolationPolicy:
+        return IsolationPolicy(IsolationSettings(mode), asynchronous=asynchronous)
+
+    assert policy("thread", asynchronous=False).isolated
+    assert policy("auto", asynchronous=False).isolated  # the old default's name: the same as thread
+    assert not policy("inline", asynchronous=False).isolated
     # an asynchronous operator: the task's own loop instead of its thread (inline: the worker's loop)
-    assert not IsolationPolicy("thread", asynchronous=True).isolated
-    assert IsolationPolicy("thread", asynchronous=True).user_loop
-    assert not IsolationPolicy("inline", asynchronous=True).user_loop
+    assert not policy("thread", asynchronous=True).isolated
+    assert policy("thread", asynchronous=True).user_loop
+    assert not policy("inline", asynchronous=True).user_loop
     with pytest.raises(ValueError):
-        IsolationPolicy("threads", asynchronous=False)
+        IsolationSettings("threads")
     assert mode_from_env({}) == "thread"
     assert mode_from_env({"SLUICE_TASK_ISOLATION": " Inline "}) == "inline"
     with pytest.raises(ValueError):
@@ -89,6 +92,25 @@ def test_calls_that_hold_the_gil_are_waited_for_blocked_and_calls_that_wait_are_
         assert not thread.held_gil and thread.waited_blocked == 3
         assert await thread.call(divmod, 9, 4) == (2, 1)  # awaited: the previous call released the GIL
         assert thread.waited_blocked == 3
+        assert await thread.stop(timeout_s=5)
+
+    asyncio.run(main())
+
+
+def test_a_deferred_user_call_is_awaited_and_decides_nothing_for_the_next_run() -> None:
+    """A user call a task's mail deferred (a sink's commit, `run=False`) is no run: awaited, and how it used the
+    GIL leaves the next run's wait alone, as on a parked task loop (runtime/execution/handover.py). Before, a
+    commit that waited on its broker made the next run of records an awaited one."""
+
+    async def main() -> None:
+        thread = TaskThread("deferred")
+        thread.sync_wait_s = 30.0  # no timing in this test: every blocked wait gets its call
+        assert await thread.call(divmod, 7, 2) == (3, 1)
+        assert thread.held_gil and thread.waited_blocked == 1
+        await thread.call(time.sleep, 0.05, run=False)  # awaited, though the last run held the GIL
+        assert thread.held_gil and thread.waited_blocked == 1
+        assert await thread.call(divmod, 9, 4) == (2, 1)  # waited for blocked: the sleep was no run
+        assert thread.waited_blocked == 2 and thread.calls == 3
         assert await thread.stop(timeout_s=5)
 
     asyncio.run(main())
@@ -210,7 +232,7 @@ def _task(job: Job, node_ids: list[int], mode: str) -> Task:
     name = job.nodes[node_ids[0]].name
     return Task(key=TaskKey("job", node_ids[0], 0, name, 1), chain=chain, outputs=[], output_gate=OutputGate(),
                 inputs=[], credits=Credits(2, 8), source=job.nodes[node_ids[0]].payload, flush_timeout_s=0.05,
-                isolation=mode)
+                isolation=IsolationSettings(mode))
 
 
 async def _fast_next_to(slow_sink: Sink, mode: str) -> tuple[float, Task]:
@@ -418,7 +440,8 @@ def test_a_task_waits_for_its_runs_as_its_workers_settings_say(sync_wait_s: floa
     job.source(GeneratorSource(count=20_000, keys=10, seed=1), name="src").map(lambda r: r).sink(DiscardSink())
     chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
     task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
-                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05, sync_wait_s=sync_wait_s)
+                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
+                isolation=IsolationSettings(sync_wait_s=sync_wait_s))
     seen: list[tuple[float, int, int]] = []
 
     def at_end(t: Task) -> None:  # before the task's close, which runs on a thread of its own

@@ -36,6 +36,7 @@ MESSAGES: list[p.Message] = [
     p.Deploy({"job_id": "j"}), p.StartJob("j"), p.CancelJob("j", 3), p.InjectProbe("j", 4),
     p.TriggerCheckpoint("j", 1, 5, CheckpointOptions(CheckpointMode.ALIGNED_TIMEOUT, aligned_timeout_s=0.2),
                         1700000000.5, "/c/chk-5"),
+    p.TriggerCheckpoint("j", 1, 6, CheckpointOptions(CheckpointMode.UNALIGNED, full=True), 1700000001.0, "/c/chk-6"),
     p.CheckpointNotice("j", 5, attempt=1), p.CheckpointAborted("j", 5, attempt=1), p.JobStatus("j"), p.Overview(),
 ]
 

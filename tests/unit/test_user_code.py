@@ -14,7 +14,7 @@ import pytest
 
 from runtime.api import DiscardSink, GeneratorSource, Job
 from runtime.execution.channels import OutputGate
-from runtime.execution.isolation import TaskThread
+from runtime.execution.isolation import IsolationSettings, TaskThread
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskKey
 from runtime.execution.user_code import (
@@ -41,7 +41,8 @@ def _task(fn: Any, *, mode: str = "thread", count: int | None = 100) -> Task:
     job.source(GeneratorSource(count=count, keys=5, seed=1), name="src").map(fn).sink(DiscardSink())
     chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
     return Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(), inputs=[],
-                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05, isolation=mode)
+                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
+                isolation=IsolationSettings(mode))
 
 
 @pytest.mark.parametrize("mode", ["thread", "inline"])
@@ -313,7 +314,7 @@ def test_sys_exit_in_an_async_map_function_fails_its_task_with_the_function_name
         chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
         task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
                     inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
-                    isolation=mode)
+                    isolation=IsolationSettings(mode))
         with pytest.raises(Exception) as raised:
             await asyncio.wait_for(task.run(), DEADLINE_S)
         assert task.state == TaskState.FAILED
@@ -451,7 +452,7 @@ def test_a_finished_task_whose_async_function_close_raises_cancelled_error_ends_
         chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
         task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[], output_gate=OutputGate(),
                     inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05,
-                    isolation=mode)
+                    isolation=IsolationSettings(mode))
         runner = asyncio.ensure_future(task.run())
         await asyncio.wait([runner], timeout=DEADLINE_S)
         assert runner.done() and not runner.cancelled() and runner.exception() is None

@@ -200,6 +200,7 @@ async def test_a_parked_call_runs_on_the_loops_thread_while_it_stays_parked(user
         assert await asyncio.wait_for(blocked, 10.0) == "blocks"
         assert busy.steps == at_park and threading.get_ident() == home
     assert seen == [("first", at_park, True), ("blocks", at_park, True)]
+    assert user.held_gil and user.runs == 0  # user calls a task's mail deferred are no runs (handover.py)
     with pytest.raises(ValueError, match="commit failed"):
         async with user.parked() as park:
             await park.call(lambda: (_ for _ in ()).throw(ValueError("commit failed")))

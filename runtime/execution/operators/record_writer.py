@@ -35,9 +35,8 @@ class RecordWriter:
                  max_parallelism: int, subtask_index: int, *, producer: str = "an operator") -> None:
         self.subpartitions = subpartitions
         self.partitioner = partitioner
-        self.key_fn = key_fn
-        self._timestamped = False  # records are (timestamp, record) pairs (carry_timestamps)
-        self._record_key_fn = key_fn  # the key of a record (key_fn is of a pair once timestamped)
+        self.key_fn = key_fn  # of a record, also once records travel in pairs
+        self.pairs = False  # records travel as (timestamp, record) pairs (carry_timestamps): keyed by the record
         self.router = KeyRouter(max_parallelism, len(subpartitions))
         # msgpack packs the types it knows in C; anything else is pickled (runtime/common/values.py), and a value
         # pickle refuses fails the job naming `producer` and the type
@@ -63,6 +62,11 @@ class RecordWriter:
             assert key_fn is not None
             route = self.router.route
             appends = [s.append for s in subs]
+            if self.pairs:
+                def emit_pair(pair: Any) -> None:
+                    appends[route(key_fn(pair[1]))](pack(pair))
+
+                return emit_pair
 
             def emit_hash(record: Any) -> None:
                 appends[route(key_fn(record))](pack(record))
@@ -110,14 +114,14 @@ class RecordWriter:
 
             return emit_one
         if self.partitioner == "hash":
-            record_key_fn = self._record_key_fn
-            assert record_key_fn is not None
-            timestamped = self._timestamped
+            key_fn = self.key_fn
+            assert key_fn is not None
+            pairs = self.pairs
 
             def keys_of(records: list[Any]) -> list[Any]:
-                if timestamped:  # the user's key function over the records, from C: no wrapper call per pair
-                    return list(map(record_key_fn, map(_record_of_pair, records)))
-                return list(map(record_key_fn, records))
+                if pairs:  # the user's key function over the records, from C: no wrapper call per pair
+                    return list(map(key_fn, map(_record_of_pair, records)))
+                return list(map(key_fn, records))
             route = self.router.route
             # key -> target, looked up from C (map over dict.__getitem__); the router fills it on a miss
             cache: dict[Any, int] = {}
@@ -190,10 +194,7 @@ class RecordWriter:
     def carry_timestamps(self) -> None:
         """Records become [timestamp, record] pairs on this edge (a job with event time); routing still
         keys on the record."""
-        key_fn = self.key_fn
-        if key_fn is not None and not self._timestamped:
-            self.key_fn = lambda pair: key_fn(pair[1])
-        self._timestamped = True
+        self.pairs = True
         self.emit = self._make_emit()
         self.emit_batch = self._make_emit_batch()
 
