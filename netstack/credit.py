@@ -13,8 +13,9 @@ would reach the consumer before the checkpoint it aligns for). A priority
 event queued while a fence is in the lane waits right behind the newest
 fence, after the priority events already waiting there, and overtakes only
 the buffers queued after that fence; it moves to the priority lane when the
-fence is sent (Flink stops its priority events at nothing, having no
-aligned checkpoint beside an unaligned one).
+fence is sent, or handed back when the fence is lifted (`lift_fence`: its
+checkpoint was aborted). Flink stops its priority events at nothing, having
+no aligned checkpoint beside an unaligned one.
 
 The consumer side is a `CreditLedger` per input gate: each channel owns
 `exclusive` buffers, and the gate lends `floating` buffers to channels whose
@@ -154,6 +155,16 @@ class ChannelSender:
                 self._release_fence(event)
                 return overtaken
         return None
+
+    def lift_fence(self, event: Event) -> list[Event]:
+        """`event` is no fence any more (its checkpoint was aborted): later priority events overtake it. Returns
+        the priority events that waited behind it, removed: they overtook only the buffers after it, so they
+        cannot be sent ahead of it now (their checkpoints must be given up)."""
+        for index, (fence, waiting) in enumerate(self._fences):
+            if fence is event:
+                del self._fences[index]
+                return waiting
+        return []
 
     def _release_fence(self, event: Event) -> None:
         """`event` left the lane: if it was a fence, the priority events waiting behind it go next."""

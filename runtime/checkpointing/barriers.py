@@ -47,25 +47,30 @@ exactly the data before the savepoint's barrier on the channels that
 delivered it (they are blocked, nothing after that barrier was processed)
 and what was processed so far on the others; its channel state is what the
 gate holds or still receives before the unaligned barrier on every channel,
-which on a blocked channel is the data after the savepoint's barrier (seed
-004: the in-flight data of a channel is whatever lies between the state's
-cut and the barrier; seed 000's Chandy-Lamport cut does not care which
-other checkpoint blocks a channel). The savepoint's channels stay blocked
-(every unblock keeps them), its barriers keep coming in-band and it
-snapshots when they are all in, after the unaligned one: each is a
-consistent cut on its own, processing order is unchanged, and the two
-snapshots only share a moment. So is a savepoint whose first barrier comes
-after a newer unaligned checkpoint was taken or finished here (its barriers
-are in-band, behind the data the unaligned one overtook): it aligns beside
-it, not late. Holding the unaligned barrier until the savepoint has aligned
-here would also be consistent (the sender stops it behind the savepoint's
-barrier, netstack/credit.py, so no data after it could be processed first),
-but it would take the unaligned checkpoint only once the savepoint's
-alignment ends at every task in turn: it would end after the savepoint, as
-if paused behind it, which is what this is for. Taking it at once means a
-task snapshots the two out of id order, which the sinks' pre-commits must
-not follow: TaskCheckpointer labels the savepoint's pre-commit with an id
-the coordinator keeps free (coordinator/checkpointing.py).
+which on a blocked channel is the data after the savepoint's barrier. That
+is the Chandy-Lamport cut of seed 000 (no alignment, "only (async) logging
+for in-flight records between the time the first barrier is processed until
+the last barrier arrives", replayed first on restore: DESIGN.md section 6's
+restore order); which other checkpoint keeps a channel blocked does not
+enter into it, as long as nothing after the unaligned barrier is processed
+before its snapshot. The savepoint's channels stay blocked (every unblock
+keeps them: `UnblockAll.keep`), its barriers keep coming in-band, and it
+snapshots when they are all in, after the unaligned one. Each snapshot is a
+consistent cut on its own and processing order is unchanged. A savepoint
+whose first barrier comes only after a newer unaligned checkpoint was taken
+or finished here (its barriers are in-band, behind the data the unaligned
+one overtook upstream) aligns beside it the same way, and is not late.
+
+Holding the unaligned barrier until the savepoint has aligned here would be
+consistent too, if every task did it (the sender stops a priority barrier
+behind a savepoint's barrier still queued, netstack/credit.py, so it would
+trail the savepoint in every channel), but the unaligned checkpoint would
+then end after the savepoint, as if paused behind it: that is what periodic
+checkpoints must not do. Taking it at once means a task snapshots the two
+out of id order, which the sinks' pre-commits must not follow (seed 000:
+aligned savepoints stay because of transactional sink commits):
+TaskCheckpointer labels the savepoint's pre-commit with an id the
+coordinator keeps free (coordinator/checkpointing.py).
 
 Ended channels count as having delivered every later barrier. A channel whose
 end of partition has reached the gate but waits there behind data (its

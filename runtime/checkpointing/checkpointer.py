@@ -100,6 +100,7 @@ class TaskCheckpointer:
         # may align beside a newer unaligned checkpoint, which starts and snapshots first
         self._first_barriers: dict[int, tuple[float, float]] = {}
         self._newest_snapshot = 0  # the newest checkpoint snapshotted here (the sinks' labels: `_sink_label`)
+        self._fences: dict[int, Event] = {}  # savepoints' barriers put on the outputs as fences, by checkpoint id
         self.last_alignment_s = 0.0
         self.last_start_delay_s = 0.0
         self.last_inflight_bytes = 0
@@ -171,11 +172,15 @@ class TaskCheckpointer:
                 if capture is not None:
                     run.out_state[sub.key] = capture
             else:
-                # a plain aligned barrier (a savepoint) is a fence: a newer unaligned one queued behind it overtakes
-                # only the buffers after it, so it never reaches downstream before the checkpoint it aligns for
-                sub.add_event(barrier, fence=spec.options.plain_aligned)
+                # a savepoint's barrier is a fence: a newer unaligned one queued behind it overtakes only the
+                # buffers after it, and reaches downstream right after it (runtime/checkpointing/barriers.py)
+                sub.add_event(barrier, fence=spec.savepoint)
                 if waits:
                     run.outputs_waiting.append((sub, barrier, now_wall))
+        if spec.savepoint and not unaligned and not task.end_of_input:
+            self._fences[spec.checkpoint_id] = barrier
+            while len(self._fences) > 4:
+                del self._fences[min(self._fences)]
         if (unaligned or record_inputs) and task.gate is not None:
             run.in_buffers = task.gate.start_recording(spec.checkpoint_id)
             run.in_prefix = task.unprocessed_bytes()
@@ -364,6 +369,23 @@ class TaskCheckpointer:
         if segments:  # the shared channel-state segments its files reference (retention keeps them)
             files["segments"] = segments
         self.on_ack(self.task, run.spec, files, figures)
+
+    def lift_fence(self, checkpoint_id: int) -> None:
+        """Savepoint `checkpoint_id` was aborted: its barriers, still queued on some outputs, are fences no more
+        (later unaligned barriers would wait behind them for nothing). A checkpoint whose barrier already waited
+        behind one overtook only the data after it: this task gives it up (declines it)."""
+        barrier = self._fences.pop(checkpoint_id, None)
+        if barrier is None:
+            return
+        dropped: set[int] = set()
+        for sub in self.task.subpartitions:
+            dropped.update(int(ev.body["id"]) for ev in sub.lift_fence(barrier) if ev.body.get("t") == "barrier")
+        for n in sorted(dropped):
+            reason = f"its barrier waited behind savepoint {checkpoint_id}'s, which was aborted"
+            acked = n not in self.runs or self.runs[n].acked  # downstream still waits for its barrier: decline
+            self.abandon(n, reason)
+            if acked:
+                self.on_decline(self.task, n, reason)
 
     def abandon(self, checkpoint_id: int, reason: str) -> None:
         run = self.runs.pop(checkpoint_id, None)

@@ -329,6 +329,7 @@ class TaskCheckpoints:
 
     def _on_aborted(self, checkpoint_id: int) -> None:
         self.checkpointer.channel_files.aborted(checkpoint_id)
+        self.checkpointer.lift_fence(checkpoint_id)
         if self.barriers is not None:
             self._carry_out(self.barriers.abort(checkpoint_id))
         self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")  # its run, if not acked yet

@@ -183,6 +183,10 @@ class Subpartition:
             self.link.wake(self.sender)
         return overtaken
 
+    def lift_fence(self, event: Event) -> list[Event]:
+        """The fence `event` no longer holds priority events back; returns those that waited behind it, dropped."""
+        return self.sender.lift_fence(event)
+
     def promote(self, event: Event) -> list[Buffer] | None:
         """Let a queued in-band event overtake the data ahead of it; None if it was already sent."""
         overtaken = self.sender.convert_to_priority(event)

@@ -36,8 +36,7 @@ class CheckpointOptions:
 
     @property
     def plain_aligned(self) -> bool:
-        """Aligned without any switch to unaligned (a savepoint is one): its in-band barriers are fences in the
-        output queues (netstack/credit.py), which a newer unaligned barrier does not overtake."""
+        """Aligned without any switch to unaligned (a savepoint is one): its barriers always travel in-band."""
         return self.mode == CheckpointMode.ALIGNED and not self.switching
 
     def to_wire(self) -> dict[str, Any]:

@@ -710,3 +710,19 @@ CreditMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestCreditInterleavings = CreditMachine.TestCase
+
+
+def test_a_lifted_fence_is_overtaken_and_hands_back_what_waited_behind_it() -> None:
+    """An aborted savepoint's barrier: later priority events overtake it; those that waited behind it overtook only
+    the buffers after it, so they are handed back (dropped) rather than sent ahead of it."""
+    s = ChannelSender(1)
+    s.add_buffer(buf("a"))
+    fence = Event({"savepoint": 2})
+    s.add_event(fence, fence=True)
+    s.add_priority_event(Event({"unaligned": 3}))
+    assert s.lift_fence(fence) == [Event({"unaligned": 3})]
+    assert s.lift_fence(fence) == []
+    assert s.add_priority_event(Event({"unaligned": 4})) == [buf("a")]
+    s.add_credit(1)
+    assert [i.event.body if isinstance(i, SendEvent) else i.buffer for i in pop_all(s)] == [
+        {"unaligned": 4}, buf("a"), {"savepoint": 2}]
