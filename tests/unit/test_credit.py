@@ -360,6 +360,22 @@ def test_blocking_returns_unannounced_floating_credit_and_unblocking_lends_again
     ledger.check_invariant()
 
 
+def test_unblocking_all_but_a_kept_channel_lends_only_to_the_others() -> None:
+    """A savepoint still aligning beside a newer unaligned checkpoint keeps its channel blocked when the unaligned
+    one unblocks the rest: that channel still borrows nothing."""
+    ledger = CreditLedger([1, 2], exclusive=1, floating=2)
+    ledger.take_announcements()
+    ledger.block(1)
+    ledger.block(2)
+    ledger.on_data(1, 1, backlog=9)
+    ledger.on_data(2, 1, backlog=9)
+    assert ledger.take_announcements() == {}
+    ledger.unblock_all(keep=frozenset({1}))
+    assert ledger.blocked == {1}
+    assert ledger.take_announcements() == {2: 2}
+    ledger.check_invariant()
+
+
 def test_announced_floating_credit_stays_with_a_blocked_channel() -> None:
     ledger = CreditLedger([1], exclusive=1, floating=1)
     ledger.take_announcements()
