@@ -7,9 +7,14 @@ overtake every queued data buffer). A data buffer leaves only against a
 credit; events never need one, so a barrier cannot deadlock behind exhausted
 credit.
 
-A fence is an in-band event that priority events must not overtake (the
-barrier of an aligned checkpoint: a newer unaligned barrier that overtook it
-would reach the consumer before the checkpoint it aligns for). A priority
+A fence is an in-band event that priority events must not overtake (a
+savepoint's barrier: each channel then delivers it before a newer unaligned
+barrier queued after it, and the buffers the unaligned barrier overtakes are
+only those after it, never ones the savepoint's alignment will process; the
+consumer's barrier handler is consistent in either order, checked by
+tests/unit/test_barriers.py, so the fence keeps the emission order rather
+than being what consistency rests on, and it costs the unaligned barrier the
+wait until the fence has left: docs/BENCHMARKS.md). A priority
 event queued while a fence is in the lane waits right behind the newest
 fence, after the priority events already waiting there, and overtakes only
 the buffers queued after that fence; it moves to the priority lane when the
