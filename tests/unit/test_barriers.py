@@ -130,9 +130,14 @@ class Scenario:
             else:
                 sub.add_event(self.barrier)
             return True
+        return self.append_next(c)
+
+    def append_next(self, c: int) -> bool:
+        """The producer writes its next record, if any is left."""
+        i = self.produced[c]
         if i >= len(self.records[c]):
             return False
-        sub.append(msgpack.packb(self.records[c][i]))
+        self.subs[c].append(msgpack.packb(self.records[c][i]))
         self.produced[c] += 1
         return True
 
@@ -214,23 +219,29 @@ class Scenario:
             if isinstance(action, Block):
                 self.gate.block(action.channel_id)
             elif isinstance(action, UnblockAll):
-                self.gate.unblock_all()
+                self.gate.unblock_all(action.keep)
             elif isinstance(action, Snapshot):
-                assert self.at_snapshot is None, "snapshot taken twice"
-                self.at_snapshot = {c: list(v) for c, v in self.processed.items()}
-                self.unaligned = action.unaligned or action.record_inputs
-                if self.unaligned:
-                    self.captured = self.gate.start_recording(action.spec.checkpoint_id)
-                    self.prefix = {c: r.unconsumed() for c, r in self.readers.items()}
+                self.snapshot(action)
             elif isinstance(action, InputsComplete):
-                assert self.in_state is None, "inputs completed twice"
-                self.in_state = {c: [] for c in self.records}
-                if action.unaligned:
-                    for c in self.records:
-                        self.in_state[c] = decode(whole_records(self.prefix.get(c, b""), self.captured.get(c, [])))
-                self.gate.stop_recording()
+                self.inputs_complete(action)
+                self.gate.stop_recording(action.spec.checkpoint_id)
             elif isinstance(action, Abandon):
-                raise AssertionError("a single checkpoint must not be abandoned")
+                raise AssertionError(f"checkpoint {action.checkpoint_id} abandoned")
+
+    def snapshot(self, action: Snapshot) -> None:
+        assert self.at_snapshot is None, "snapshot taken twice"
+        self.at_snapshot = {c: list(v) for c, v in self.processed.items()}
+        self.unaligned = action.unaligned or action.record_inputs
+        if self.unaligned:
+            self.captured = self.gate.start_recording(action.spec.checkpoint_id)
+            self.prefix = {c: r.unconsumed() for c, r in self.readers.items()}
+
+    def inputs_complete(self, action: InputsComplete) -> None:
+        assert self.in_state is None, "inputs completed twice"
+        self.in_state = {c: [] for c in self.records}
+        if action.unaligned:
+            for c in self.records:
+                self.in_state[c] = decode(whole_records(self.prefix.get(c, b""), self.captured.get(c, [])))
 
     def drain(self) -> None:
         for _ in range(100_000):
@@ -351,34 +362,21 @@ class OverlapScenario(Scenario):
             self.barrier_sent[c] = True
             sub.add_event(self.barrier, fence=True)
             return True
-        if i >= len(self.records[c]):
-            return False
-        sub.append(msgpack.packb(self.records[c][i]))
-        self.produced[c] += 1
-        return True
+        return self.append_next(c)
 
-    def carry_out(self, actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, Block):
-                self.gate.block(action.channel_id)
-            elif isinstance(action, UnblockAll):
-                self.gate.unblock_all(action.keep)
-            elif isinstance(action, Snapshot):
-                n = action.spec.checkpoint_id
-                assert n not in self.snapshots, "snapshot taken twice"
-                self.snapshots[n] = {c: list(v) for c, v in self.processed.items()}
-                if action.unaligned:
-                    prefix = {c: r.unconsumed() for c, r in self.readers.items()}
-                    self.captures[n] = (prefix, self.gate.start_recording(n))
-            elif isinstance(action, InputsComplete):
-                n = action.spec.checkpoint_id
-                assert n in self.snapshots and n not in self.inputs, "inputs completed twice or before the snapshot"
-                prefix, captured = self.captures.get(n, ({}, {}))
-                self.inputs[n] = {c: decode(whole_records(prefix.get(c, b""), captured.get(c, [])))
-                                  for c in self.records}
-                self.gate.stop_recording(n)
-            elif isinstance(action, Abandon):
-                raise AssertionError(f"checkpoint {action.checkpoint_id} abandoned")
+    def snapshot(self, action: Snapshot) -> None:
+        n = action.spec.checkpoint_id
+        assert n not in self.snapshots, "snapshot taken twice"
+        self.snapshots[n] = {c: list(v) for c, v in self.processed.items()}
+        if action.unaligned:
+            prefix = {c: r.unconsumed() for c, r in self.readers.items()}
+            self.captures[n] = (prefix, self.gate.start_recording(n))
+
+    def inputs_complete(self, action: InputsComplete) -> None:
+        n = action.spec.checkpoint_id
+        assert n in self.snapshots and n not in self.inputs, "inputs completed twice or before the snapshot"
+        prefix, captured = self.captures.get(n, ({}, {}))
+        self.inputs[n] = {c: decode(whole_records(prefix.get(c, b""), captured.get(c, []))) for c in self.records}
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
