@@ -16,16 +16,16 @@ Life of one checkpoint:
 
 Concurrent checkpoints: several may be in flight where a newer barrier
 cannot abandon an older one still aligning (`may_overlap`): unaligned ones
-beside each other and beside one plain aligned checkpoint (a savepoint),
-and a plain aligned one beside any but at-least-once ones, its barriers
+beside each other and beside one savepoint, and a plain aligned one (a
+savepoint, or aligned without switching) beside any but at-least-once ones, its barriers
 in-band behind theirs. Tasks take a newer barrier only once an older
 unaligned checkpoint's inputs are complete there, and persist both at once;
 an unaligned barrier that reaches a task aligning a savepoint is taken at
 once beside it (runtime/checkpointing/barriers.py), so periodic unaligned
-checkpoints start and complete while a savepoint aligns. A checkpoint
-started beside a plain aligned one leaves the next id unused: tasks where it
-overtook the aligned one snapshot the two out of id order, and label the
-aligned one's sink pre-commits with that id (TaskCheckpointer._sink_label).
+checkpoints start and complete while a savepoint aligns. An unaligned
+checkpoint started beside a savepoint leaves the next id unused: tasks where
+it overtook the savepoint snapshot the two out of id order, and label the
+savepoint's sink pre-commits with that id (TaskCheckpointer._sink_label).
 Completion stays in id order but for savepoints: a checkpoint whose acks are
 all in is READY and writes its `_metadata` only when every older checkpoint
 (not savepoint) has ended, so the latest completed checkpoint is always the
