@@ -14,16 +14,23 @@ Life of one checkpoint:
        |                                                 '-----metadata_failed----> FAILED
        '--decline | timeout | task_failed | subsumed---------------------------------> FAILED
 
-Concurrent checkpoints: several may be in flight where no newer barrier can
-overtake an older aligning one (at the tasks a newer barrier abandons an
-aligned checkpoint still aligning): unaligned ones beside each other, and a
-plain aligned one (a savepoint) beside any but at-least-once ones, its
-barriers in-band behind theirs (`may_overlap`). Tasks take a newer barrier
-only once the older checkpoint's inputs are complete there, and persist both
-at once (runtime/checkpointing/barriers.py).
-Completion stays in id order: a checkpoint whose acks are all in is READY
-and writes its `_metadata` only when every older one has ended, so the
-latest completed checkpoint is always the newest one (recovery uses it).
+Concurrent checkpoints: several may be in flight where a newer barrier
+cannot abandon an older one still aligning (`may_overlap`): unaligned ones
+beside each other and beside one savepoint, and a plain aligned one (a
+savepoint, or aligned without switching) beside any but at-least-once ones, its barriers
+in-band behind theirs. Tasks take a newer barrier only once an older
+unaligned checkpoint's inputs are complete there, and persist both at once;
+an unaligned barrier that reaches a task aligning a savepoint is taken at
+once beside it (runtime/checkpointing/barriers.py), so periodic unaligned
+checkpoints start and complete while a savepoint aligns. An unaligned
+checkpoint started beside a savepoint leaves the next id unused: tasks where
+it overtook the savepoint snapshot the two out of id order, and label the
+savepoint's sink pre-commits with that id (TaskCheckpointer._sink_label).
+Completion stays in id order but for savepoints: a checkpoint whose acks are
+all in is READY and writes its `_metadata` only when every older checkpoint
+(not savepoint) has ended, so the latest completed checkpoint is always the
+newest one (recovery uses it, never a savepoint); a savepoint waits for
+every older one, and holds no newer one back.
 When a checkpoint (not a savepoint) has all its acks, the older checkpoints
 (not savepoints) still collecting acks are subsumed: aborted without
 counting as failures, as Flink does; a savepoint is never subsumed and
@@ -34,9 +41,9 @@ Scheduling:
   since the last trigger (of any kind), `min_pause_s` has passed since the
   last checkpoint ended, fewer than `max_concurrent` periodic ones are in
   flight (with the default of 1: none), and `may_overlap` allows it beside
-  what is in flight: an aligned periodic checkpoint starts while a savepoint
-  aligns, an unaligned one waits for it. Periodic triggers that fall due
-  meanwhile are skipped, not queued.
+  what is in flight: a periodic checkpoint, aligned or unaligned, starts
+  while a savepoint aligns. Periodic triggers that fall due meanwhile are
+  skipped, not queued.
 - Manual checkpoints and savepoints (`request`) start at once when no other
   request is in flight and `may_overlap` allows it, so a savepoint never
   waits behind periodic aligned or unaligned checkpoints. Otherwise they are
@@ -104,29 +111,37 @@ def check_mode(mode: str, aligned_timeout_s: float | None) -> CheckpointMode:
 def may_overlap(new: CheckpointOptions, in_flight: Iterable[CheckpointOptions]) -> bool:
     """Whether a checkpoint taken as `new` may start while the checkpoints `in_flight` are still in progress.
 
-    A task abandons a checkpoint that is aligning when a newer barrier reaches it (runtime/checkpointing/
-    barriers.py), so a newer checkpoint may start only where its barriers cannot overtake an older aligning one:
+    A task abandons a checkpoint that is aligning when a newer barrier reaches it, unless it can take the newer
+    one beside it (runtime/checkpointing/barriers.py), so a newer checkpoint may start only where its barriers
+    cannot abandon an older aligning one:
 
-    - beside unaligned checkpoints only (not savepoints, which are aligned): the older ones' barriers travel on
-      the priority lane and do not align; a task holds a newer barrier back until the older one's inputs are
-      complete there.
-    - as a plain aligned checkpoint (a savepoint, or aligned without per-channel switching), beside any
-      checkpoints but at-least-once ones: its barriers travel in-band behind every older barrier in each
-      channel (the coordinator triggers the sources in id order, checkpoint_runner.py), so a task takes one only
-      after the older barrier on that channel, whose channel stays blocked until the older alignment is done.
-      Its alignment then waits behind the older one's and the little data between the two barriers, not
-      behind a whole queue.
+    - unaligned, beside unaligned checkpoints and at most one savepoint: the unaligned ones' barriers travel
+      on the priority lane and do not align; a task holds a newer barrier back until an older unaligned one's
+      inputs are complete there. The savepoint's barriers are fences in the output queues (a priority barrier
+      overtakes only the data after them, netstack/credit.py), and a task aligning it takes the unaligned
+      barrier at once beside it instead of abandoning it; there is room for one such checkpoint at a task.
+      (The tasks would do the same for a periodic plain aligned checkpoint, but a newer checkpoint that
+      completes subsumes it: not worth starting a manual unaligned one beside it.)
+    - as a plain aligned checkpoint, beside any checkpoints but at-least-once ones: its barriers travel in-band
+      behind every older barrier in each channel (the coordinator triggers the sources in id order,
+      checkpoint_runner.py), so a task takes one only after the older barrier on that channel, whose channel
+      stays blocked until the older alignment is done. Its alignment then waits behind the older one's and
+      the little data between the two barriers, not behind a whole queue.
 
-    Never a newer unaligned, aligned_timeout or switching checkpoint beside an older aligned one: their
-    barriers go on the priority lane (at once, at the deadline or at a channel's switch) and overtake the
-    older barrier in the queue, which would abandon it (a savepoint must stay aligned: it cannot switch).
-    An at-least-once checkpoint blocks no channel, so a newer barrier may reach a task before its own.
+    Never an aligned_timeout or switching checkpoint beside an older aligned one: its barriers go on the
+    priority lane at the deadline or at a channel's switch, and a task aligning the older one would abandon
+    it (a savepoint must stay aligned: it cannot switch). Never a newer unaligned one beside those either, nor
+    beside two plain aligned ones. An at-least-once checkpoint blocks no channel, so a newer barrier may reach
+    a task before its own.
     """
     older = list(in_flight)
-    if all(o.mode == CheckpointMode.UNALIGNED and not o.savepoint for o in older):
+    unaligned = [o.mode == CheckpointMode.UNALIGNED and not o.savepoint for o in older]
+    if all(unaligned):
         return True
-    plain_aligned = new.mode == CheckpointMode.ALIGNED and not new.switching
-    return plain_aligned and all(o.mode != CheckpointMode.AT_LEAST_ONCE for o in older)
+    if new.mode == CheckpointMode.UNALIGNED and not new.savepoint:
+        others = [o for o, u in zip(older, unaligned, strict=True) if not u]
+        return len(others) == 1 and others[0].savepoint
+    return new.plain_aligned and all(o.mode != CheckpointMode.AT_LEAST_ONCE for o in older)
 
 
 def _cli_mode(text: str) -> str:
@@ -450,6 +465,7 @@ class CheckpointCoordinator:
         self.settings = settings
         self.tasks = frozenset(tasks)
         self._next_id = first_id
+        self._labels: set[int] = set()  # ids kept unused (`_keep_label`)
         self._last_trigger_at = now  # the first periodic checkpoint falls due one interval after start
         self._last_end_at: float | None = None
         self._pending: dict[int, _Checkpoint] = {}  # in flight, by id (oldest first)
@@ -486,7 +502,7 @@ class CheckpointCoordinator:
         req = self._new_request(self.settings.options(mode, savepoint=savepoint), directory=directory, manual=True)
         if self._job_failed:
             return req.checkpoint_id, [NotifyAborted(req.checkpoint_id, "job failed")]
-        if self._queue or not self._may_start_request(req.options):
+        if self._queue or not self._may_start_request(req):
             self._queue.append(req)
             return req.checkpoint_id, []
         return req.checkpoint_id, self._trigger(now, req)
@@ -535,16 +551,21 @@ class CheckpointCoordinator:
         return out + self._write_ready()
 
     def _write_ready(self) -> list[Instruction]:
-        """The oldest checkpoint in flight writes its `_metadata` if all its acks are in (one at a time)."""
-        oldest = next(iter(self._pending.values()), None)
-        if oldest is None or oldest.phase != Phase.READY:
-            return []
-        oldest.phase = Phase.WRITING
-        req = oldest.request
-        assert oldest.ended_at is not None
-        return [WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode,
-                              {task: ack.to_wire() for task, ack in oldest.acks.items()},
-                              oldest.started_at, oldest.ended_at)]
+        """The oldest checkpoint in flight writes its `_metadata` if all its acks are in (one at a time), and so do
+        newer ones past savepoints in flight: a savepoint holds no checkpoint back (recovery never uses one),
+        but it waits for every older checkpoint."""
+        out: list[Instruction] = []
+        for cp in list(self._pending.values()):  # oldest first
+            if cp.phase == Phase.READY and (not out or not cp.request.savepoint):
+                cp.phase = Phase.WRITING
+                req = cp.request
+                assert cp.ended_at is not None
+                out.append(WriteMetadata(req.checkpoint_id, req.directory, req.savepoint, req.mode,
+                                         {task: ack.to_wire() for task, ack in cp.acks.items()},
+                                         cp.started_at, cp.ended_at))
+            if not cp.request.savepoint:
+                break
+        return out
 
     def _abort_in_flight(self, now: float, checkpoint_id: int, reason: str) -> list[Instruction]:
         cp = self._accepting(checkpoint_id, "decline")
@@ -600,7 +621,8 @@ class CheckpointCoordinator:
         self._pending.pop(checkpoint_id, None)
         self._last_end_at = now
         self._completed += 1
-        self._last_completed = cp
+        if self._last_completed is None or checkpoint_id > self._last_completed.request.checkpoint_id:
+            self._last_completed = cp  # the newest completed (a savepoint may complete after a newer checkpoint)
         out: list[Instruction] = [NotifyComplete(checkpoint_id)]
         if not cp.request.savepoint:
             self._consecutive_failures = 0
@@ -683,11 +705,15 @@ class CheckpointCoordinator:
             return []
         return [cp for cp in self._pending.values() if stimulus in ACCEPTS[cp.phase]]
 
-    def _may_start_request(self, options: CheckpointOptions) -> bool:
+    def _may_start_request(self, req: _Request) -> bool:
         """A manual checkpoint or savepoint starts beside periodic checkpoints it cannot disturb (may_overlap),
-        one request at a time."""
-        return not any(cp.request.manual for cp in self._pending.values()) and may_overlap(
-            options, (cp.request.options for cp in self._pending.values()))
+        one request at a time; an unaligned one beside a savepoint only with the id after its own kept
+        unused (`_keep_label`: a queued request may have been given it)."""
+        if any(cp.request.manual for cp in self._pending.values()) or not may_overlap(
+                req.options, (cp.request.options for cp in self._pending.values())):
+            return False
+        return (req.options.mode != CheckpointMode.UNALIGNED or not self._beside_savepoint()
+                or self._keep_label(req.checkpoint_id))
 
     def _periodic_due(self, now: float) -> bool:
         s = self.settings
@@ -705,7 +731,22 @@ class CheckpointCoordinator:
     def _new_request(self, options: CheckpointOptions, *, directory: str | None, manual: bool = False) -> _Request:
         req = _Request(self._next_id, options, directory, manual)
         self._next_id += 1
+        if options.mode == CheckpointMode.UNALIGNED and self._beside_savepoint():
+            self._keep_label(req.checkpoint_id)
         return req
+
+    def _beside_savepoint(self) -> bool:
+        return any(cp.request.savepoint for cp in self._pending.values())
+
+    def _keep_label(self, checkpoint_id: int) -> bool:
+        """Keep `checkpoint_id + 1` unused, for the unaligned checkpoint `checkpoint_id` that starts beside a
+        savepoint and may overtake it at some tasks: those label the savepoint's sink pre-commits with it
+        (TaskCheckpointer._sink_label). False if that id went to another request already (a queued one's)."""
+        if self._next_id == checkpoint_id + 1:
+            self._next_id += 1
+            self._labels.add(checkpoint_id + 1)
+        return checkpoint_id + 1 in self._labels
+
 
     def _trigger(self, now: float, req: _Request) -> list[Instruction]:
         if self._full_until_completed and not req.options.savepoint:
@@ -723,7 +764,7 @@ class CheckpointCoordinator:
 
     def _start_queued(self, now: float) -> list[Instruction]:
         out: list[Instruction] = []
-        while self._queue and not self._job_failed and self._may_start_request(self._queue[0].options):
+        while self._queue and not self._job_failed and self._may_start_request(self._queue[0]):
             out += self._trigger(now, self._queue.popleft())
         return out
 

@@ -192,7 +192,7 @@ class LeaseDir:
 class Leadership:
     """This coordinator's side of the lease: wait for it, hold it, know when it is lost."""
 
-    def __init__(self, state_dir: str, *, holder: str, address: str, lease_s: float = 5.0,
+    def __init__(self, state_dir: str, *, holder: str, address: str, lease_s: float = 15.0,
                  renew_s: float = 1.0, loop_stall_s: float | None = None) -> None:
         if not 0 < renew_s * 2 <= lease_s:
             raise ValueError(f"the lease ({lease_s}s) must be at least twice the renewal interval ({renew_s}s)")
@@ -284,6 +284,7 @@ class Leadership:
         a leader whose validity ran out (paused, a slow disk) never extends it again, since a contender may
         already have taken over."""
         stalled_logged = False
+        previous = time.monotonic()
         while not stop.wait(self.renew_s):
             started = time.monotonic()
             mine = self.record
@@ -302,6 +303,8 @@ class Leadership:
                 if started < self._valid_until and not stalled and not stop.is_set():
                     renewed = LeaseRecord(**{**asdict(mine), "renewals": mine.renewals + 1})
                     self.files.renew(renewed)
+                    _warn_if_slow(started, previous, self.renew_s, self.lease_s)
+                    previous = started
                     if time.monotonic() < self._valid_until:
                         self.record = renewed
                         self._valid_until = started + self.lease_s * VALID_FRACTION
@@ -325,3 +328,11 @@ class Leadership:
     def _step_down(self) -> None:
         self._valid_until = 0.0  # first: valid() turns false before the record goes
         self.record = None
+
+
+def _warn_if_slow(started: float, previous: float, renew_s: float, lease_s: float) -> None:
+    """One line when a renewal began late or took long (a quarter of the lease or more): the lease runs out
+    when they add up, and the line says which it was (a starved process, a slow disk)."""
+    late, took = started - previous - renew_s, time.monotonic() - started
+    if max(late, took) >= lease_s / 4:
+        log.warning("lease renewal began %.1fs late and took %.1fs (the lease is %.0fs)", late, took, lease_s)

@@ -91,7 +91,9 @@ class CoordinatorConfig:
     limits: ListenerLimits = field(default_factory=ListenerLimits)  # of the RPC listener
     tls: TlsFiles | None = None  # None: plain TCP
     standby: bool = False  # wait for the state directory's lease, answering NotLeader meanwhile
-    lease_s: float = 5.0  # a lease not renewed this long is taken over (coordinator/lease.py)
+    # a lease not renewed this long is taken over (coordinator/lease.py); Flink's Kubernetes leader election
+    # also leases for 15 s: a loaded machine stalled renewals past a 5 s lease, and the lone leader stopped
+    lease_s: float = 15.0
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)  # scale-down / scale-up delays
     otlp: OtlpSettings | None = None  # traces and metrics over OTLP (coordinator/telemetry.py); None: off
 

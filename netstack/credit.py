@@ -7,6 +7,21 @@ overtake every queued data buffer). A data buffer leaves only against a
 credit; events never need one, so a barrier cannot deadlock behind exhausted
 credit.
 
+A fence is an in-band event that priority events must not overtake (a
+savepoint's barrier: each channel then delivers it before a newer unaligned
+barrier queued after it, and the buffers the unaligned barrier overtakes are
+only those after it, never ones the savepoint's alignment will process; the
+consumer's barrier handler is consistent in either order, checked by
+tests/unit/test_barriers.py, so the fence keeps the emission order rather
+than being what consistency rests on, and it costs the unaligned barrier the
+wait until the fence has left: docs/BENCHMARKS.md). A priority
+event queued while a fence is in the lane waits right behind the newest
+fence, after the priority events already waiting there, and overtakes only
+the buffers queued after that fence; it moves to the priority lane when the
+fence is sent, or handed back when the fence is lifted (`lift_fence`: its
+checkpoint was aborted). Flink stops its priority events at nothing, having
+no aligned checkpoint beside an unaligned one.
+
 The consumer side is a `CreditLedger` per input gate: each channel owns
 `exclusive` buffers, and the gate lends `floating` buffers to channels whose
 sender reports a backlog (with each data buffer). A sender left without credit
@@ -89,13 +104,16 @@ class SenderStatistics:
 class ChannelSender:
     """Producer end of one logical channel: two lanes and a credit counter."""
 
-    __slots__ = ("channel_id", "credit", "_lane", "_priority", "_last_inband_seq", "queued_buffers", "sent_buffers")
+    __slots__ = ("channel_id", "credit", "_lane", "_priority", "_fences", "_last_inband_seq", "queued_buffers",
+                 "sent_buffers")
 
     def __init__(self, channel_id: int) -> None:
         self.channel_id = channel_id
         self.credit = 0
         self._lane: deque[Buffer | Event] = deque()
         self._priority: deque[Event] = deque()
+        # the fences queued in the lane, oldest first, each with the priority events waiting right behind it
+        self._fences: deque[tuple[Event, list[Event]]] = deque()
         self._last_inband_seq = 0
         self.queued_buffers = 0
         self.sent_buffers = 0
@@ -104,14 +122,29 @@ class ChannelSender:
         self._lane.append(buffer)
         self.queued_buffers += 1
 
-    def add_event(self, event: Event) -> None:
-        """An in-band event: it keeps its place behind the queued buffers."""
+    def add_event(self, event: Event, *, fence: bool = False) -> None:
+        """An in-band event: it keeps its place behind the queued buffers. A `fence` is not overtaken by priority
+        events queued after it."""
         self._lane.append(event)
+        if fence:
+            self._fences.append((event, []))
 
     def add_priority_event(self, event: Event) -> list[Buffer]:
-        """Queue `event` ahead of all data; return the data buffers it overtakes, in order."""
-        self._priority.append(event)
-        return [item for item in self._lane if isinstance(item, Buffer)]
+        """Queue `event` ahead of all data, or right behind the newest fence still queued; return the data
+        buffers it overtakes, in order."""
+        if not self._fences:
+            self._priority.append(event)
+            return [item for item in self._lane if isinstance(item, Buffer)]
+        fence, waiting = self._fences[-1]
+        waiting.append(event)
+        overtaken: list[Buffer] = []
+        for item in reversed(self._lane):  # the buffers after the fence: few, at the lane's end
+            if item is fence:
+                break
+            if isinstance(item, Buffer):
+                overtaken.append(item)
+        overtaken.reverse()
+        return overtaken
 
     def convert_to_priority(self, event: Event) -> list[Buffer] | None:
         """Move a queued in-band `event` to the priority lane (an aligned barrier that waited too long).
@@ -124,8 +157,28 @@ class ChannelSender:
                 overtaken = [b for b in list(self._lane)[:index] if isinstance(b, Buffer)]
                 del self._lane[index]
                 self._priority.append(event)
+                self._release_fence(event)
                 return overtaken
         return None
+
+    def lift_fence(self, event: Event) -> list[Event]:
+        """`event` is no fence any more (its checkpoint was aborted): later priority events overtake it. Returns
+        the priority events that waited behind it, removed: they overtook only the buffers after it, so they
+        cannot be sent ahead of it now (their checkpoints must be given up)."""
+        for index, (fence, waiting) in enumerate(self._fences):
+            if fence is event:
+                del self._fences[index]
+                return waiting
+        return []
+
+    def _release_fence(self, event: Event) -> None:
+        """`event` left the lane: if it was a fence, the priority events waiting behind it go next."""
+        fences = self._fences
+        for index, (fence, waiting) in enumerate(fences):
+            if fence is event:
+                del fences[index]
+                self._priority.extend(waiting)
+                return
 
     def bytes_before(self, event: Event) -> int | None:
         """The data bytes queued ahead of in-band `event`, or None when it is no longer queued."""
@@ -176,6 +229,8 @@ class ChannelSender:
         self._last_inband_seq += 1
         if isinstance(head, Buffer):
             return SendData(self._last_inband_seq, head, self.queued_buffers)
+        if self._fences and self._fences[0][0] is head:
+            self._priority.extend(self._fences.popleft()[1])  # sent right after it, with its seq
         return SendEvent(self._last_inband_seq, head, False)
 
     def statistics(self) -> SenderStatistics:
@@ -183,7 +238,7 @@ class ChannelSender:
             credit=self.credit,
             queued_buffers=self.queued_buffers,
             queued_events=len(self._lane) - self.queued_buffers,
-            queued_priority=len(self._priority),
+            queued_priority=len(self._priority) + sum(len(waiting) for _, waiting in self._fences),
             sent_buffers=self.sent_buffers,
         )
 
@@ -302,9 +357,10 @@ class CreditLedger:
             self.floating_free += reclaim
             self._lend_floating()
 
-    def unblock_all(self) -> None:
-        """The alignment ended: blocked channels may borrow again (announce what `take_announcements` returns)."""
-        self.blocked.clear()
+    def unblock_all(self, keep: frozenset[int] = frozenset()) -> None:
+        """The alignment ended: blocked channels but `keep` may borrow again (announce what `take_announcements`
+        returns)."""
+        self.blocked.intersection_update(keep)
         self._lend_floating()
 
     def _lend_floating(self) -> None:

@@ -385,6 +385,8 @@ class Link(asyncio.Protocol):
                 out += chunks
                 if isinstance(item, SendData):
                     pending += len(item.buffer.data)
+                elif sender.has_priority():  # a fence left: the priority events behind it are urgent now
+                    self._urgent[cid] = sender
                 if pending >= FLUSH_CHUNK_BYTES:
                     pending = 0
                     self._write(out)
@@ -396,6 +398,8 @@ class Link(asyncio.Protocol):
         self.frames_out += frames
         for sender in touched.values():
             self.handler.on_sent(self, sender)
+        if self._urgent:  # released by a fence after the priority round, and the data rounds paused since
+            self._schedule_flush()
 
     def fail(self, exc: NetstackError) -> None:
         """Close because of `exc`, logging who broke what."""

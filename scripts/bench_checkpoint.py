@@ -32,8 +32,9 @@ the in-flight cap (`max_inflight_bytes`, --cap-bytes, per task per checkpoint); 
 with `max_concurrent` 2 and a savepoint requested every 3 s during the window, whose latency
 (request -> COMPLETED, as the client sees it) is reported beside the periodic checkpoints' durations; with
 --savepoint-every S, every mode's runs request one every S s. Each savepoint gets a line: its trigger delay
-(queued at the coordinator), its own duration and alignment, the periodic checkpoints in flight at the request
-and triggered while it aligned, and each task's barrier timeline from its `_metadata`.
+(queued at the coordinator), its own duration and alignment, the periodic checkpoints in flight at the request,
+triggered while it aligned and of those the ones done (every ack in) before it, with their durations, and each
+task's barrier timeline from its `_metadata`.
 
     .venv/bin/python scripts/bench_checkpoint.py
     .venv/bin/python scripts/bench_checkpoint.py --modes aligned,unaligned,switch,switch_cap,concurrent --buffers 4
@@ -379,7 +380,8 @@ def savepoint_line(sp: dict[str, Any]) -> str:
             f"{sp['latency_s']:.3f} s (trigger delay {f(sp.get('trigger_delay_s'))}, acks {f(sp.get('duration_s'))}, "
             f"alignment {f(sp.get('alignment_s'))}); periodic in flight at request "
             f"{sp.get('periodic_in_flight_at_request', [])}, triggered while it aligned "
-            f"{sp.get('periodic_triggered_while_aligning', [])}")
+            f"{sp.get('periodic_triggered_while_aligning', [])}, of which done while it aligned (s) "
+            f"{ {n: round(d, 3) for n, d in (sp.get('periodic_done_while_aligning') or {}).items()} }")
     tasks = sp.get("tasks") or {}
     if tasks:
         line += "; barriers first/last: " + ", ".join(
@@ -404,6 +406,10 @@ def savepoint_details(sp: dict[str, Any], history: list[dict[str, Any]], running
         "periodic_in_flight_at_request": [x["checkpoint_id"] for x in periodic if x["started_at"] <= t0
                                           and (x["duration_s"] is None or x["started_at"] + x["duration_s"] > t0)],
         "periodic_triggered_while_aligning": [x["checkpoint_id"] for x in periodic if t0 < x["started_at"] < t1],
+        # and those of them with every ack in before the savepoint's last one: started and ended while it aligned
+        "periodic_done_while_aligning": {x["checkpoint_id"]: x["duration_s"] for x in periodic
+                                         if t0 < x["started_at"] and x["status"] == "COMPLETED"
+                                         and x["started_at"] + x["duration_s"] < t1},
     })
     if sp.get("path"):
         try:

@@ -37,8 +37,40 @@ barriers are missing) is held back: its channel is blocked, and the barrier
 is handled as soon as the older checkpoint's inputs are complete, which for
 unaligned barriers (on the priority lane) is soon. The older one then goes on
 persisting while the newer one is taken (TaskCheckpointer keeps a run per
-checkpoint). A newer barrier still abandons an aligned checkpoint that is
-aligning: it is subsumed, as in Flink.
+checkpoint). A newer barrier abandons an aligned checkpoint that is aligning
+(it is subsumed, as in Flink), with one exception:
+
+An unaligned barrier that reaches a task aligning a savepoint (always
+aligned: `overtaken`) does not abandon it: the unaligned checkpoint is
+taken at once beside it. Its snapshot is the task's state now, which holds
+exactly the data before the savepoint's barrier on the channels that
+delivered it (they are blocked, nothing after that barrier was processed)
+and what was processed so far on the others; its channel state is what the
+gate holds or still receives before the unaligned barrier on every channel,
+which on a blocked channel is the data after the savepoint's barrier. That
+is the Chandy-Lamport cut of seed 000 (no alignment, "only (async) logging
+for in-flight records between the time the first barrier is processed until
+the last barrier arrives", replayed first on restore: DESIGN.md section 6's
+restore order); which other checkpoint keeps a channel blocked does not
+enter into it, as long as nothing after the unaligned barrier is processed
+before its snapshot. The savepoint's channels stay blocked (every unblock
+keeps them: `UnblockAll.keep`), its barriers keep coming in-band, and it
+snapshots when they are all in, after the unaligned one. Each snapshot is a
+consistent cut on its own and processing order is unchanged. A savepoint
+whose first barrier comes only after a newer unaligned checkpoint was taken
+or finished here (its barriers are in-band, behind the data the unaligned
+one overtook upstream) aligns beside it the same way, and is not late.
+
+Holding the unaligned barrier until the savepoint has aligned here would be
+consistent too, if every task did it (the sender stops a priority barrier
+behind a savepoint's barrier still queued, netstack/credit.py, so it would
+trail the savepoint in every channel), but the unaligned checkpoint would
+then end after the savepoint, as if paused behind it: that is what periodic
+checkpoints must not do. Taking it at once means a task snapshots the two
+out of id order, which the sinks' pre-commits must not follow (seed 000:
+aligned savepoints stay because of transactional sink commits):
+TaskCheckpointer labels the savepoint's pre-commit with an id the
+coordinator keeps free (coordinator/checkpointing.py).
 
 Ended channels count as having delivered every later barrier. A channel whose
 end of partition has reached the gate but waits there behind data (its
@@ -172,7 +204,10 @@ class Block:
 
 @dataclass(frozen=True)
 class UnblockAll:
-    pass
+    """Unblock every channel but `keep` (the channels of a savepoint still aligning beside a newer unaligned
+    checkpoint, and those of barriers held back)."""
+
+    keep: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -218,6 +253,15 @@ class _Pending:
     switched: dict[int, int] = field(default_factory=dict)  # channel -> bytes charged when it switched
 
 
+KEEP_IDS = 64  # checkpoint ids remembered as begun here or aborted (a few are ever in flight)
+
+
+def _remember(ids: set[int], checkpoint_id: int) -> None:
+    ids.add(checkpoint_id)
+    if len(ids) > KEEP_IDS:
+        ids.discard(min(ids))
+
+
 class BarrierHandler:
     def __init__(self, channel_ids: list[int], *, budget: InflightBudget | None = None) -> None:
         self.channels = frozenset(channel_ids)
@@ -232,6 +276,11 @@ class BarrierHandler:
         # barriers of newer checkpoints held back while an unaligned one records: (channel, spec, priority, bytes)
         self.deferred: list[tuple[int, BarrierSpec, bool, int]] = []
         self.aborted: set[int] = set()  # checkpoints aborted before this task finished them: barriers ignored
+        # a savepoint still aligning here beside a newer unaligned checkpoint: its blocked
+        # channels are those in its `seen`
+        self.overtaken: _Pending | None = None
+        self.begun: set[int] = set()  # checkpoints that had a pending here (recent ones)
+        self.newest_aligned = 0  # the newest checkpoint begun here that was not unaligned
 
     @property
     def blocking(self) -> bool:
@@ -251,10 +300,24 @@ class BarrierHandler:
         if not priority:
             self.queued.pop(channel_id, None)
             self.arrived.pop(channel_id, None)
-        if spec.checkpoint_id <= self.last_finished or spec.checkpoint_id in self.aborted:
+        if self._late(spec):
             return []  # a late barrier of a checkpoint this task already finished or gave up
+        o = self.overtaken
+        if o is not None and spec.checkpoint_id == o.spec.checkpoint_id:
+            return self._overtaken_barrier(o, channel_id)
         actions: list[Action] = []
         p = self.pending
+        if p is not None and spec.checkpoint_id < p.spec.checkpoint_id:
+            # the first barrier of a savepoint after a newer unaligned checkpoint was taken here (`_late` let it by)
+            if o is not None or not (p.snapshotted and p.unaligned) or not spec.savepoint:
+                return []
+            self.overtaken = o = self._begin(spec, now)
+            return self._overtaken_barrier(o, channel_id)
+        if p is None and self.last_finished > spec.checkpoint_id:  # the same, the newer one finished here
+            if o is not None or not spec.savepoint:
+                return []
+            self.overtaken = o = self._begin(spec, now)
+            return self._overtaken_barrier(o, channel_id)
         if p is not None and not priority and channel_id in p.early and spec.checkpoint_id == p.spec.checkpoint_id:
             p.early.discard(channel_id)  # counted when it reached the gate, after the switch to unaligned
             if p.snapshotted:
@@ -266,10 +329,13 @@ class BarrierHandler:
             if p.snapshotted and p.unaligned:  # concurrent: wait until the older one's inputs are complete
                 self.deferred.append((channel_id, spec, priority, queued_bytes))
                 return [Block(channel_id)]
-            actions += self._abandon(p)
+            if self._may_overtake(p, spec):
+                self.overtaken = p  # it goes on aligning; this one is taken beside it (module docstring)
+            else:
+                actions += self._abandon(p)
             p = None
         if p is None:
-            p = self.pending = _Pending(spec, now)
+            p = self.pending = self._begin(spec, now)
         if channel_id in p.seen:
             raise ValueError(f"barrier {spec.checkpoint_id} twice on channel {channel_id}")
         p.seen.add(channel_id)
@@ -344,14 +410,15 @@ class BarrierHandler:
             return []
         if self.pending is not None:
             return []  # one in progress completes by the ends it counts (on_end_arrival, on_channel_ended)
-        p = self.pending = _Pending(spec, now)
+        p = self.pending = self._begin(spec, now)
         return self._go_unaligned(p) + self._check_complete(p)
 
     def on_channel_ended(self, channel_id: int) -> list[Action]:
         self.ended.add(channel_id)
         self.end_queued.discard(channel_id)
+        actions = self._check_overtaken() if self.overtaken is not None else []
         p = self.pending
-        return self._check_complete(p) if p is not None else []
+        return actions + (self._check_complete(p) if p is not None else [])
 
     def on_time(self, now: float, spec: BarrierSpec) -> list[Action]:
         """Switch checkpoint `spec` to unaligned once its deadline has passed.
@@ -374,28 +441,82 @@ class BarrierHandler:
             actions += self._abandon(p)
             p = None
         if p is None:
-            p = self.pending = _Pending(spec, now)
+            p = self.pending = self._begin(spec, now)
         if p.snapshotted:
             return actions
         return actions + self._go_unaligned(p) + self._check_complete(p)
 
     def abort(self, checkpoint_id: int) -> list[Action]:
         """The coordinator aborted `checkpoint_id`: stop aligning for it."""
+        o = self.overtaken
+        if o is not None and o.spec.checkpoint_id == checkpoint_id:  # a savepoint aligning beside a newer one
+            self.overtaken = None
+            _remember(self.aborted, checkpoint_id)
+            return [Abandon(checkpoint_id), self._unblock()]
         p = self.pending
         if p is None or p.spec.checkpoint_id < checkpoint_id:
             # its barriers are ignored when they come; not `last_finished`, which would make the barriers of an
             # older checkpoint still on their way late too (a savepoint aborted beside a periodic checkpoint)
             if checkpoint_id > self.last_finished:
-                self.aborted.add(checkpoint_id)
+                _remember(self.aborted, checkpoint_id)
             return []
         if p.spec.checkpoint_id != checkpoint_id:
             self.last_finished = max(self.last_finished, checkpoint_id)
+            _remember(self.aborted, checkpoint_id)  # older than the pending one: a savepoint's barriers may be late
             return []
         return self._abandon(p)
 
     def gave_up(self, checkpoint_id: int) -> bool:
         """Whether this task finished or gave up checkpoint `checkpoint_id` (completed, abandoned or aborted)."""
+        o = self.overtaken
+        if o is not None and o.spec.checkpoint_id == checkpoint_id:
+            return False
         return checkpoint_id <= self.last_finished or checkpoint_id in self.aborted
+
+    def _late(self, spec: BarrierSpec) -> bool:
+        """A barrier of a checkpoint this task finished or gave up. A savepoint older than one finished here is
+        not late if it never began here: a newer unaligned checkpoint overtook its barriers (module docstring)."""
+        n = spec.checkpoint_id
+        if not self.gave_up(n):
+            return False
+        # a newer aligned one came in-band behind its barrier: that one is late whatever it was
+        overtaken = n > self.newest_aligned and spec.savepoint
+        return n in self.aborted or n in self.begun or not overtaken
+
+    def _begin(self, spec: BarrierSpec, now: float) -> _Pending:
+        _remember(self.begun, spec.checkpoint_id)
+        if spec.mode != CheckpointMode.UNALIGNED:
+            self.newest_aligned = max(self.newest_aligned, spec.checkpoint_id)
+        return _Pending(spec, now)
+
+    def _may_overtake(self, p: _Pending, spec: BarrierSpec) -> bool:
+        """Whether unaligned `spec` is taken beside the aligning `p` instead of abandoning it."""
+        return (self.overtaken is None and not p.snapshotted and p.spec.savepoint
+                and spec.mode == CheckpointMode.UNALIGNED)
+
+    def _overtaken_barrier(self, o: _Pending, channel_id: int) -> list[Action]:
+        """The savepoint aligning beside a newer unaligned checkpoint got its barrier from `channel_id`."""
+        if channel_id in o.seen:
+            raise ValueError(f"barrier {o.spec.checkpoint_id} twice on channel {channel_id}")
+        o.seen.add(channel_id)
+        return [Block(channel_id), *self._check_overtaken()]
+
+    def _check_overtaken(self) -> list[Action]:
+        o = self.overtaken
+        assert o is not None
+        if not (self.channels - self.ended) <= o.seen:
+            return []
+        self.overtaken = None
+        o.snapshotted = True
+        self.last_finished = max(self.last_finished, o.spec.checkpoint_id)
+        return [Snapshot(o.spec, unaligned=False), self._unblock(), InputsComplete(o.spec, False)]
+
+    def _unblock(self) -> UnblockAll:
+        """Unblock what no checkpoint holds: the overtaken savepoint's channels and held-back barriers' stay."""
+        keep = {channel_id for channel_id, _, _, _ in self.deferred}
+        if self.overtaken is not None:
+            keep |= self.overtaken.seen
+        return UnblockAll(frozenset(keep))
 
     def _switch_due(self, spec: BarrierSpec, now: float) -> list[Action]:
         """Switch every channel of `spec` whose barrier waits in the gate and is due (time or bytes), while the
@@ -413,7 +534,7 @@ class BarrierHandler:
             if not spec.channel_due(now - arrived_at, nbytes) or not self.budget.charge(spec, nbytes):
                 continue
             if p is None:
-                p = self.pending = _Pending(spec, now)
+                p = self.pending = self._begin(spec, now)
             p.seen.add(channel_id)
             p.early.add(channel_id)  # its in-band barrier is taken later: it counts now
             p.switched[channel_id] = nbytes
@@ -428,14 +549,13 @@ class BarrierHandler:
                 p.seen.add(channel_id)
                 p.early.add(channel_id)
         p.seen |= self.end_queued  # ends already in the gate: the data before them is recorded too
-        return [Snapshot(p.spec, unaligned=True), UnblockAll()]
+        return [Snapshot(p.spec, unaligned=True), self._unblock()]
 
     def _abandon(self, p: _Pending) -> list[Action]:
         self.pending = None
         self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
-        self.aborted = {n for n in self.aborted if n > self.last_finished}
         replay = self._replay_deferred(p.spec.checkpoint_id)
-        return [Abandon(p.spec.checkpoint_id), *(replay or [UnblockAll()])]
+        return [Abandon(p.spec.checkpoint_id), *(replay or [self._unblock()])]
 
     def _replay_deferred(self, ended_id: int) -> list[Action]:
         """Handle the barriers held back while checkpoint `ended_id` recorded, in arrival order."""
@@ -443,7 +563,7 @@ class BarrierHandler:
         if not deferred:
             return []
         # their channels were blocked while held back: unblock, then handle them (which may block again)
-        actions: list[Action] = [UnblockAll()]
+        actions: list[Action] = [self._unblock()]
         for channel_id, spec, priority, nbytes in deferred:
             actions += self.on_barrier(channel_id, spec, priority=priority, now=spec.started_at, queued_bytes=nbytes)
         return actions
@@ -459,11 +579,10 @@ class BarrierHandler:
             p.snapshotted = True
             if p.switched:  # a mixed checkpoint: outputs stay aligned, the switched channels are recorded
                 p.unaligned = True
-                actions += [Snapshot(p.spec, unaligned=False, record_inputs=True), UnblockAll()]
+                actions += [Snapshot(p.spec, unaligned=False, record_inputs=True), self._unblock()]
             else:
-                actions += [Snapshot(p.spec, unaligned=False), UnblockAll()]
+                actions += [Snapshot(p.spec, unaligned=False), self._unblock()]
         actions.append(InputsComplete(p.spec, p.unaligned))
         self.pending = None
         self.last_finished = max(self.last_finished, p.spec.checkpoint_id)
-        self.aborted = {n for n in self.aborted if n > self.last_finished}
         return actions + self._replay_deferred(p.spec.checkpoint_id)

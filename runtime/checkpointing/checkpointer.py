@@ -96,7 +96,11 @@ class TaskCheckpointer:
         # channel state written incrementally: buffers still queued at the next checkpoint are referenced
         self.channel_files = ChannelStateFiles(task_key, incremental=incremental_channel_state)
         self.runs: dict[int, CheckpointRun] = {}  # by checkpoint id: those not acknowledged, and the latest
-        self._first_barrier: tuple[float, float] | None = None  # (monotonic, wall) of the pending checkpoint
+        # checkpoint id -> (monotonic, wall) of its first barrier (or trigger) here, until its snapshot: a savepoint
+        # may align beside a newer unaligned checkpoint, which starts and snapshots first
+        self._first_barriers: dict[int, tuple[float, float]] = {}
+        self._newest_snapshot = 0  # the newest checkpoint snapshotted here (the sinks' labels: `_sink_label`)
+        self._fences: dict[int, Event] = {}  # savepoints' barriers put on the outputs as fences, by checkpoint id
         self.last_alignment_s = 0.0
         self.last_start_delay_s = 0.0
         self.last_inflight_bytes = 0
@@ -114,16 +118,32 @@ class TaskCheckpointer:
 
     # -- snapshot ---------------------------------------------------------------
 
-    def mark_first_barrier(self) -> None:
-        """The first barrier (or trigger) of the next checkpoint reached the task: its clocks start now."""
-        self._first_barrier = (time.monotonic(), time.time())
+    def mark_first_barrier(self, checkpoint_id: int) -> None:
+        """A barrier (or trigger) of `checkpoint_id` reached the task: its clocks start now if it is the first."""
+        marks = self._first_barriers
+        if checkpoint_id not in marks:
+            marks[checkpoint_id] = (time.monotonic(), time.time())
+            while len(marks) > 8:  # barriers of checkpoints given up before their snapshot
+                del marks[min(marks)]
+
+    def _sink_label(self, checkpoint_id: int) -> int:
+        """The id the sinks pre-commit `checkpoint_id`'s output under. Its own, but for a savepoint snapshotted
+        after a newer unaligned checkpoint that overtook it here (runtime/checkpointing/barriers.py): the
+        newer one's id + 1, which the coordinator never gives a checkpoint (coordinator/checkpointing.py). A
+        sink commits what it pre-committed under ids up to the completed one, and a restore drops output
+        under later ids: the savepoint's output, written after the newer snapshot, then belongs after it (that
+        checkpoint's completion must not publish it, a restore from it must drop it) and before the next one."""
+        newest = self._newest_snapshot
+        self._newest_snapshot = max(newest, checkpoint_id)
+        return checkpoint_id if checkpoint_id > newest else newest + 1
 
     def snapshot(self, spec: BarrierSpec, *, unaligned: bool, record_inputs: bool = False) -> None:
         """Snapshot for `spec`; `unaligned`: barriers overtake the outputs and the inputs are recorded;
         `record_inputs` alone: a mixed checkpoint (switched channels recorded, outputs aligned)."""
         task = self.task
         for older in list(self.runs.values()):
-            if not older.inputs_done:
+            # not a newer one: a savepoint snapshots after the unaligned checkpoint that overtook it, still recording
+            if not older.inputs_done and older.spec.checkpoint_id < spec.checkpoint_id:
                 self.abandon(older.spec.checkpoint_id, "superseded by a newer checkpoint")
         t0 = time.perf_counter()
         pending = task.chain.begin_state_snapshot(spec.checkpoint_id)  # a state backend's synchronous part
@@ -135,8 +155,7 @@ class TaskCheckpointer:
         barrier = Event(spec.to_body())
         waits = spec.mode == CheckpointMode.ALIGNED_TIMEOUT or spec.switching  # outputs may be promoted later
         now_wall = time.time()
-        started, first_barrier_wall = self._first_barrier or (time.monotonic(), time.time())
-        self._first_barrier = None
+        started, first_barrier_wall = self._first_barriers.pop(spec.checkpoint_id, (time.monotonic(), now_wall))
         run = CheckpointRun(spec, unaligned, barrier, started=started, first_barrier_wall=first_barrier_wall)
         self.channel_files.begin(spec.checkpoint_id, savepoint=spec.savepoint, full=spec.options.full)
         if async_inflight is not None:  # records in flight captured for replay (0 when drained first)
@@ -153,9 +172,15 @@ class TaskCheckpointer:
                 if capture is not None:
                     run.out_state[sub.key] = capture
             else:
-                sub.add_event(barrier)
+                # a savepoint's barrier is a fence: a newer unaligned one queued behind it overtakes only the
+                # buffers after it, and reaches downstream right after it (runtime/checkpointing/barriers.py)
+                sub.add_event(barrier, fence=spec.savepoint)
                 if waits:
                     run.outputs_waiting.append((sub, barrier, now_wall))
+        if spec.savepoint and not unaligned and not task.end_of_input:
+            self._fences[spec.checkpoint_id] = barrier
+            while len(self._fences) > 4:
+                del self._fences[min(self._fences)]
         if (unaligned or record_inputs) and task.gate is not None:
             run.in_buffers = task.gate.start_recording(spec.checkpoint_id)
             run.in_prefix = task.unprocessed_bytes()
@@ -182,7 +207,7 @@ class TaskCheckpointer:
             # the sinks' pre-commit is user code (a client that may block): made on the task's thread before the
             # task serves its next message or runs another record, so it still sees the state of this snapshot
             run.awaiting_sinks = True
-            task.defer_user_call(_timed_pre_commit, (task, spec.checkpoint_id),
+            task.defer_user_call(_timed_pre_commit, (task, self._sink_label(spec.checkpoint_id)),
                                  functools.partial(self._sinks_pre_committed, run, write_state))
         else:
             write_state([])
@@ -223,7 +248,7 @@ class TaskCheckpointer:
         run.inputs_done = True
         run.alignment_s = time.monotonic() - run.started
         if self.task.gate is not None:
-            self.task.gate.stop_recording()
+            self.task.gate.stop_recording(spec.checkpoint_id)
         if unaligned and (run.in_prefix or any(run.in_buffers.values())):
             run.unaligned = True  # a mixed checkpoint (switched channels) carries in-flight data too
             gate = self.task.gate
@@ -346,12 +371,29 @@ class TaskCheckpointer:
             files["segments"] = segments
         self.on_ack(self.task, run.spec, files, figures)
 
+    def lift_fence(self, checkpoint_id: int) -> None:
+        """Savepoint `checkpoint_id` was aborted: its barriers, still queued on some outputs, are fences no more
+        (later unaligned barriers would wait behind them for nothing). A checkpoint whose barrier already waited
+        behind one overtook only the data after it: this task gives it up (declines it)."""
+        barrier = self._fences.pop(checkpoint_id, None)
+        if barrier is None:
+            return
+        dropped: set[int] = set()
+        for sub in self.task.subpartitions:
+            dropped.update(int(ev.body["id"]) for ev in sub.lift_fence(barrier) if ev.body.get("t") == "barrier")
+        for n in sorted(dropped):
+            reason = f"its barrier waited behind savepoint {checkpoint_id}'s, which was aborted"
+            acked = n not in self.runs or self.runs[n].acked  # downstream still waits for its barrier: decline
+            self.abandon(n, reason)
+            if acked:
+                self.on_decline(self.task, n, reason)
+
     def abandon(self, checkpoint_id: int, reason: str) -> None:
         run = self.runs.pop(checkpoint_id, None)
         if run is None:
             return
         if self.task.gate is not None and not run.inputs_done:  # it was the one recording (if any)
-            self.task.gate.stop_recording()
+            self.task.gate.stop_recording(checkpoint_id)
         for write in run.writes:
             write.cancel()
         if not run.acked:

@@ -111,8 +111,7 @@ class TaskCheckpoints:
         if self.barriers is None:
             return
         spec = self._spec(body)
-        if self.barriers.pending is None:
-            self.checkpointer.mark_first_barrier()
+        self.checkpointer.mark_first_barrier(spec.checkpoint_id)
         queued = self._queued_bytes(channel_id) if priority and spec.switching else 0
         self._carry_out(self.barriers.on_barrier(channel_id, spec, priority=priority, now=time.time(),
                                                  queued_bytes=queued))
@@ -189,7 +188,7 @@ class TaskCheckpoints:
         if spec.checkpoint_id <= self._last_snapshot_id:
             return
         self._last_snapshot_id = spec.checkpoint_id
-        self.checkpointer.mark_first_barrier()
+        self.checkpointer.mark_first_barrier(spec.checkpoint_id)
         self.checkpointer.snapshot(spec, unaligned=spec.mode == CheckpointMode.UNALIGNED)
         if hasattr(self.task.source, "checkpoint_complete"):
             self._source_positions[spec.checkpoint_id] = self.task.source_position()
@@ -205,8 +204,7 @@ class TaskCheckpoints:
         barriers = self.barriers
         if barriers is None or spec.checkpoint_id <= self._last_snapshot_id:
             return
-        if barriers.pending is None:
-            self.checkpointer.mark_first_barrier()
+        self.checkpointer.mark_first_barrier(spec.checkpoint_id)
         self._carry_out(barriers.on_trigger(spec, now=time.time()))
 
     def _snapshot_ended(self, spec: BarrierSpec) -> None:
@@ -217,7 +215,7 @@ class TaskCheckpoints:
         self._last_snapshot_id = spec.checkpoint_id
         if self._final_id is None:
             self._final_id = spec.checkpoint_id
-        self.checkpointer.mark_first_barrier()
+        self.checkpointer.mark_first_barrier(spec.checkpoint_id)
         # unaligned: data still queued before its "end" is overtaken and stored (TaskCheckpointer._overtake_end)
         self.checkpointer.snapshot(spec, unaligned=spec.mode == CheckpointMode.UNALIGNED)
         run = self.checkpointer.run
@@ -278,7 +276,7 @@ class TaskCheckpoints:
                 gate.block(action.channel_id)
             elif isinstance(action, UnblockAll):
                 if gate is not None:
-                    gate.unblock_all()
+                    gate.unblock_all(action.keep)
             elif isinstance(action, Snapshot):
                 self._last_snapshot_id = max(self._last_snapshot_id, action.spec.checkpoint_id)
                 checkpointer.snapshot(action.spec, unaligned=action.unaligned, record_inputs=action.record_inputs)
@@ -325,13 +323,13 @@ class TaskCheckpoints:
         now = time.time()
         spec = self._deadline_spec
         if self.barriers is not None and spec is not None:
-            if self.barriers.pending is None:
-                self.checkpointer.mark_first_barrier()
+            self.checkpointer.mark_first_barrier(spec.checkpoint_id)
             self._carry_out(self.barriers.on_time(now, spec))
         self.checkpointer.poll_outputs(now)
 
     def _on_aborted(self, checkpoint_id: int) -> None:
         self.checkpointer.channel_files.aborted(checkpoint_id)
+        self.checkpointer.lift_fence(checkpoint_id)
         if self.barriers is not None:
             self._carry_out(self.barriers.abort(checkpoint_id))
         self.checkpointer.abandon(checkpoint_id, "aborted by the coordinator")  # its run, if not acked yet

@@ -33,8 +33,8 @@ def _coordinator_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--token-file")
     c.add_argument("--standby", action="store_true",
                    help="wait as a standby until the leader of --state-dir (shared) fails, then take over its jobs")
-    c.add_argument("--lease-timeout", type=a.duration, default=5.0,
-                   help="a leader that has not renewed its lease for this long is taken over (5s)")
+    c.add_argument("--lease-timeout", type=a.duration, default=15.0,
+                   help="a leader that has not renewed its lease for this long is taken over (15s)")
     g = c.add_argument_group("scaling down when workers are lost, and back up when they return")
     g.add_argument("--scale-down-after", type=a.never_or_duration, default=10.0, metavar="DURATION|never",
                    help="a restart that waited this long for enough slots restarts the job at the largest "

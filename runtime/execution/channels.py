@@ -170,17 +170,22 @@ class Subpartition:
         if self.link is not None:
             self.link.wake(sender)
 
-    def add_event(self, event: Event, *, priority: bool = False) -> list[Buffer]:
-        """Flush the partial buffer, then queue `event`; a priority event returns the buffers it overtook."""
+    def add_event(self, event: Event, *, priority: bool = False, fence: bool = False) -> list[Buffer]:
+        """Flush the partial buffer, then queue `event`; a priority event returns the buffers it overtook (those
+        after the newest `fence` still queued: netstack/credit.py)."""
         self.flush()
         overtaken = self.sender.add_priority_event(event) if priority else []
         if not priority:
-            self.sender.add_event(event)
+            self.sender.add_event(event, fence=fence)
             if event.body.get("t") == "end":
                 self.end_event = event
         if self.link is not None:
             self.link.wake(self.sender)
         return overtaken
+
+    def lift_fence(self, event: Event) -> list[Event]:
+        """The fence `event` no longer holds priority events back; returns those that waited behind it, dropped."""
+        return self.sender.lift_fence(event)
 
     def promote(self, event: Event) -> list[Buffer] | None:
         """Let a queued in-band event overtake the data ahead of it; None if it was already sent."""
@@ -336,12 +341,13 @@ class InputGate:
         self.blocked.add(channel_id)
         self.ledger.block(channel_id)  # a blocked channel borrows no floating credit
 
-    def unblock_all(self) -> None:
-        for channel_id in self.blocked:
+    def unblock_all(self, keep: frozenset[int] = frozenset()) -> None:
+        """Unblock every channel but `keep` (a savepoint still aligning beside a newer unaligned checkpoint)."""
+        for channel_id in self.blocked - keep:
             if self.queues[channel_id]:
                 self.ready.append(channel_id)
-        self.blocked.clear()
-        self.ledger.unblock_all()
+        self.blocked.intersection_update(keep)
+        self.ledger.unblock_all(keep)
         self.announce_credit()
         self.listener.wake()
 
@@ -395,7 +401,11 @@ class InputGate:
                     self.recorders[channel_id] = captured[channel_id]
         return captured
 
-    def stop_recording(self) -> None:
+    def stop_recording(self, checkpoint_id: int | None = None) -> None:
+        """Stop recording (for `checkpoint_id` only: an aligned checkpoint completing beside an unaligned one that
+        records leaves it recording)."""
+        if checkpoint_id is not None and checkpoint_id != self.recording_id:
+            return
         self.recording_id = None
         self.recorders = {}
 

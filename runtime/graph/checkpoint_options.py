@@ -38,6 +38,11 @@ class CheckpointOptions:
         return (self.mode == CheckpointMode.ALIGNED and not self.savepoint
                 and (self.channel_timeout_s is not None or self.channel_inflight_bytes is not None))
 
+    @property
+    def plain_aligned(self) -> bool:
+        """Aligned without any switch to unaligned (a savepoint is one): its barriers always travel in-band."""
+        return self.mode == CheckpointMode.ALIGNED and not self.switching
+
     def to_wire(self) -> dict[str, Any]:
         """The fields that are set (a plain checkpoint's document is just its mode)."""
         doc: dict[str, Any] = {"mode": self.mode.value}

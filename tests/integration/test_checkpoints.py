@@ -7,6 +7,7 @@ both complete, in order."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tests.support.checkpoints import (
     wait_running,
 )
 from tests.support.cluster import Cluster, assert_running_counts, committed_output, holds_for, logs, poll
-from tests.support.failover import WORKER_ARGS, assert_exact_output, install
+from tests.support.failover import CHANNELS, WORKER_ARGS, assert_exact_output, install
 from tests.support.faulty_coordinator import launcher
 from tests.support.releasable_sink import release
 
@@ -389,3 +390,76 @@ def test_two_checkpoints_forced_to_overlap_both_complete_in_order_and_output_is_
     # both pre-commits were published: part-<subtask>-<checkpoint>-<attempt>-<n>, files of each checkpoint
     published = {int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-")}
     assert {first, second} <= published, (first, second, sorted(published))
+
+
+@pytest.mark.integration
+def test_periodic_unaligned_checkpoints_start_and_complete_while_a_savepoint_aligns_and_both_restore_exactly(
+        cluster: Cluster) -> None:
+    """A backpressured word count (a slow sink: the savepoint's in-band barriers wait behind the queued data) with
+    unaligned checkpoints every 0.1 s. While a savepoint aligns, periodic checkpoints start and complete (seen
+    COMPLETED in the coordinator's history while the savepoint is IN_PROGRESS): their barriers stop behind the
+    savepoint's in each output queue, and a task aligning the savepoint takes them beside it. Where one overtook
+    the savepoint, the sink pre-committed the savepoint's output under the id kept free after it (a part file
+    named by an id no checkpoint has). Then the job is cancelled, and a restore from the savepoint and one from an
+    overlapping unaligned checkpoint (each from the output as it was at the cancel) both count every word once."""
+    setup = install(cluster, words=300_000, sink_delay=0.0001)  # about 30 s at the slow sink, released below
+    cluster.start_coordinator()
+    for i in range(2):
+        cluster.start_worker(*WORKER_ARGS, worker_id=f"worker-{i + 1}")
+    cluster.wait_workers(2)
+    checkpoint = {"interval_s": 0.1, "mode": "unaligned", "min_pause_s": 0, "tolerable_failures": 0,
+                  "timeout_s": 30, "retain": 1000}
+    job_id = setup.submit("wordcount", checkpoint=checkpoint)
+    poll(lambda: setup.status(job_id)["checkpoints_completed"] >= 2, 60, "periodic checkpoints")
+    poll(lambda: sum(t["backpressured_s"] for t in setup.status(job_id)["tasks"]) >= 1.0, 60, "backpressure")
+    sp_root = cluster.tmp_path / "state" / "savepoints"
+
+    def history() -> dict[int, dict[str, Any]]:
+        return {h["checkpoint_id"]: h for h in cluster.call("checkpoints", {"job_id": job_id})["history"]}
+
+    savepoint: dict[str, Any] = {}
+    overlapping: list[int] = []  # periodic checkpoints seen COMPLETED, started after the savepoint, while it aligned
+    for _ in range(5):  # a savepoint that aligns for less than a checkpoint's time on a busy machine: try again
+        asked = threading.Thread(target=lambda: savepoint.update(cluster.call(
+            "checkpoint", {"job_id": job_id, "savepoint": True, "directory": str(sp_root)})))
+        before = max(history())
+        asked.start()
+        deadline = time.monotonic() + 60
+        while asked.is_alive() and time.monotonic() < deadline:
+            seen = history()
+            sp = next((h for n, h in seen.items() if n > before and h["savepoint"]), None)
+            if sp is not None and sp["status"] == "IN_PROGRESS":
+                overlapping += [n for n, h in seen.items() if n > sp["checkpoint_id"] and not h["savepoint"]
+                                and h["status"] == "COMPLETED" and n not in overlapping]
+            time.sleep(0.02)
+        asked.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert savepoint.get("status") == "COMPLETED", (savepoint, setup.logs())
+        if overlapping:
+            break
+    assert overlapping, (history(), setup.logs())
+    seen = history()
+    sp = seen[savepoint["checkpoint_id"]]
+    aligned_until = sp["started_at"] + sp["duration_s"]
+    for n in overlapping:  # from the history's own clock: started after the savepoint, all acks in before its last
+        assert sp["started_at"] < seen[n]["started_at"] < seen[n]["started_at"] + seen[n]["duration_s"] < \
+            aligned_until, (sp, seen[n])
+    assert all(h["status"] == "COMPLETED" or h["failure_reason"].startswith("subsumed")
+               for h in seen.values() if h["status"] != "IN_PROGRESS"), seen
+    # the periodic checkpoints go on after the savepoint until one has published the savepoint's own output
+    poll(lambda: setup.status(job_id)["last_checkpoint"]["checkpoint_id"] > max(seen) + 1, 30, "a later checkpoint")
+    cancel(cluster, job_id)
+    ids = set(history())
+    labels = {int(p.name.split("-")[2]) for p in setup.out.iterdir() if p.name.startswith("part-")}
+    assert labels - ids, ("no sink pre-committed the savepoint out of id order", sorted(labels - ids), sorted(ids))
+
+    at_cancel = cluster.tmp_path / "out-at-cancel"
+    shutil.copytree(setup.out, at_cancel)
+    release(cluster)  # the restored jobs at full speed
+    config = {**CHANNELS, "checkpoint": {**checkpoint, "interval_s": 0.5}}
+    for restore in (savepoint["path"], str(checkpoint_dir(cluster, job_id, overlapping[0]))):
+        shutil.rmtree(setup.out)
+        shutil.copytree(at_cancel, setup.out)
+        restored = submit(cluster, "failjobs:wordcount", config, restore=restore)
+        st = setup.wait_finished(restored, 120)
+        assert st["restored_from"] == restore and st["restarts"] == 0, st
+        assert_exact_output(setup)

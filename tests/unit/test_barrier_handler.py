@@ -443,3 +443,77 @@ def test_a_newer_checkpoint_aborted_before_the_older_one_arrived_leaves_the_olde
     assert h.on_barrier(0, sp, priority=False, now=0.2) == []
     assert h.on_barrier(1, sp, priority=False, now=0.3) == []
     assert h.pending is None and h.gave_up(2)
+
+
+# --- a savepoint aligning beside a newer unaligned checkpoint -----------------------------------------------------
+
+
+def savepoint(checkpoint_id: int) -> BarrierSpec:
+    return BarrierSpec(checkpoint_id, 0.0, CheckpointOptions(savepoint=True))
+
+
+def test_an_unaligned_barrier_reaching_a_task_aligning_a_savepoint_is_taken_beside_it_not_instead():
+    """The unaligned checkpoint snapshots at once, its channel state recording the blocked channel's data after the
+    savepoint's barrier; the savepoint's channel stays blocked through every unblock, its barriers keep coming
+    in-band, and it snapshots when they are all in, after the newer one."""
+    h, sp, u = handler(), savepoint(2), spec(3, "unaligned")
+    assert h.on_barrier(0, sp, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, u, priority=True, now=0.1) == [Snapshot(u, unaligned=True), UnblockAll(frozenset({0}))]
+    assert h.blocking is False and h.overtaken is not None
+    assert h.on_barrier(1, sp, priority=False, now=0.2) == [Block(1)]
+    assert h.on_barrier(0, u, priority=True, now=0.3) == []  # a blocked channel still delivers priority barriers
+    assert h.on_barrier(2, u, priority=True, now=0.4) == [InputsComplete(u, True)]
+    assert not h.gave_up(2) and h.gave_up(3)
+    assert h.on_barrier(2, sp, priority=False, now=0.5) == [Block(2), *done(sp)]
+    assert h.gave_up(2) and h.overtaken is None and h.pending is None and h.last_finished == 3
+
+
+def test_the_old_rule_still_abandons_an_aligned_checkpoint_that_is_no_savepoint():
+    h, a, u = handler([0, 1]), spec(2), spec(3, "unaligned")
+    assert h.on_barrier(0, a, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, u, priority=True, now=0.1) == [Abandon(2), UnblockAll(), Snapshot(u, unaligned=True),
+                                                           UnblockAll()]
+
+
+@pytest.mark.parametrize("finished_first", [False, True])
+def test_a_savepoint_whose_barriers_come_after_a_newer_unaligned_one_aligns_and_is_not_late(finished_first):
+    """The unaligned barriers overtook the savepoint's upstream (a task took them beside it): here the savepoint's
+    first barrier comes while the newer one records, or after it finished."""
+    h, sp, u = handler([0, 1]), savepoint(2), spec(3, "unaligned")
+    assert h.on_barrier(0, u, priority=True, now=0.0) == [Snapshot(u, unaligned=True), UnblockAll()]
+    if finished_first:
+        assert h.on_barrier(1, u, priority=True, now=0.1) == [InputsComplete(u, True)]
+    assert h.on_barrier(0, sp, priority=False, now=0.2) == [Block(0)]
+    if not finished_first:
+        assert h.on_barrier(1, u, priority=True, now=0.3) == [InputsComplete(u, True)]
+    assert h.on_barrier(1, sp, priority=False, now=0.4) == [Block(1), *done(sp)]
+
+
+def test_a_barrier_held_back_behind_the_unaligned_one_beside_a_savepoint_keeps_both_channels_blocked():
+    h, sp, u, v = handler(), savepoint(2), spec(3, "unaligned"), spec(5, "unaligned")
+    assert h.on_barrier(0, sp, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, u, priority=True, now=0.1) == [Snapshot(u, unaligned=True), UnblockAll(frozenset({0}))]
+    assert h.on_barrier(1, v, priority=True, now=0.2) == [Block(1)]  # held back: 3 still records
+    assert h.on_barrier(0, u, priority=True, now=0.3) == []
+    assert h.on_barrier(2, u, priority=True, now=0.4) == [
+        InputsComplete(u, True), UnblockAll(frozenset({0})), Snapshot(v, unaligned=True), UnblockAll(frozenset({0}))]
+    assert h.on_barrier(1, sp, priority=False, now=0.5) == [Block(1)]
+    assert h.on_barrier(2, sp, priority=False, now=0.6) == [Block(2), *done(sp)]
+    assert h.pending is not None and h.pending.spec == v  # still recording channels 0 and 2
+
+
+def test_a_savepoint_aborted_beside_an_unaligned_checkpoint_unblocks_its_channels_and_its_barriers_are_late():
+    h, sp, u = handler([0, 1]), savepoint(2), spec(3, "unaligned")
+    assert h.on_barrier(0, sp, priority=False, now=0.0) == [Block(0)]
+    assert h.on_barrier(1, u, priority=True, now=0.1) == [Snapshot(u, unaligned=True), UnblockAll(frozenset({0}))]
+    assert h.abort(2) == [Abandon(2), UnblockAll()]
+    assert h.on_barrier(1, sp, priority=False, now=0.2) == []
+    assert h.on_barrier(0, u, priority=True, now=0.3) == [InputsComplete(u, True)]
+
+
+def test_a_savepoint_beside_an_unaligned_checkpoint_completes_when_its_last_open_channel_ends():
+    h, sp, u = handler([0, 1]), savepoint(2), spec(3, "unaligned")
+    h.on_barrier(0, sp, priority=False, now=0.0)
+    h.on_barrier(1, u, priority=True, now=0.1)
+    assert h.on_channel_ended(1) == done(sp)  # channel 0 delivered the savepoint's barrier, 1 ended
+    assert h.on_barrier(0, u, priority=True, now=0.2) == [InputsComplete(u, True)]

@@ -130,9 +130,14 @@ class Scenario:
             else:
                 sub.add_event(self.barrier)
             return True
+        return self.append_next(c)
+
+    def append_next(self, c: int) -> bool:
+        """The producer writes its next record, if any is left."""
+        i = self.produced[c]
         if i >= len(self.records[c]):
             return False
-        sub.append(msgpack.packb(self.records[c][i]))
+        self.subs[c].append(msgpack.packb(self.records[c][i]))
         self.produced[c] += 1
         return True
 
@@ -214,23 +219,29 @@ class Scenario:
             if isinstance(action, Block):
                 self.gate.block(action.channel_id)
             elif isinstance(action, UnblockAll):
-                self.gate.unblock_all()
+                self.gate.unblock_all(action.keep)
             elif isinstance(action, Snapshot):
-                assert self.at_snapshot is None, "snapshot taken twice"
-                self.at_snapshot = {c: list(v) for c, v in self.processed.items()}
-                self.unaligned = action.unaligned or action.record_inputs
-                if self.unaligned:
-                    self.captured = self.gate.start_recording(action.spec.checkpoint_id)
-                    self.prefix = {c: r.unconsumed() for c, r in self.readers.items()}
+                self.snapshot(action)
             elif isinstance(action, InputsComplete):
-                assert self.in_state is None, "inputs completed twice"
-                self.in_state = {c: [] for c in self.records}
-                if action.unaligned:
-                    for c in self.records:
-                        self.in_state[c] = decode(whole_records(self.prefix.get(c, b""), self.captured.get(c, [])))
-                self.gate.stop_recording()
+                self.inputs_complete(action)
+                self.gate.stop_recording(action.spec.checkpoint_id)
             elif isinstance(action, Abandon):
-                raise AssertionError("a single checkpoint must not be abandoned")
+                raise AssertionError(f"checkpoint {action.checkpoint_id} abandoned")
+
+    def snapshot(self, action: Snapshot) -> None:
+        assert self.at_snapshot is None, "snapshot taken twice"
+        self.at_snapshot = {c: list(v) for c, v in self.processed.items()}
+        self.unaligned = action.unaligned or action.record_inputs
+        if self.unaligned:
+            self.captured = self.gate.start_recording(action.spec.checkpoint_id)
+            self.prefix = {c: r.unconsumed() for c, r in self.readers.items()}
+
+    def inputs_complete(self, action: InputsComplete) -> None:
+        assert self.in_state is None, "inputs completed twice"
+        self.in_state = {c: [] for c in self.records}
+        if action.unaligned:
+            for c in self.records:
+                self.in_state[c] = decode(whole_records(self.prefix.get(c, b""), self.captured.get(c, [])))
 
     def drain(self) -> None:
         for _ in range(100_000):
@@ -320,3 +331,76 @@ def test_overtaken_records_keep_the_partly_sent_record_whole():
     assert decode(overtaken_records(overtaken)) == ["x" * 20, "tail"]
     # and the consumer drops its partial record: nothing whole in what it received
     assert whole_records_length(sent.buffer.data) == 0
+
+
+class OverlapScenario(Scenario):
+    """A savepoint (1, in-band, a fence in the producers' queues) and a newer unaligned checkpoint (2, on the
+    priority lane) in flight together. A producer emits the unaligned barrier after the savepoint's (it waits
+    behind it while it is queued) or, as an upstream task that took it beside the savepoint does, before it."""
+
+    def __init__(self, records: dict[int, list[tuple[int, int, str]]], savepoint_at: dict[int, int],
+                 unaligned_at: dict[int, int], unaligned_first: dict[int, bool]) -> None:
+        super().__init__("aligned", records, savepoint_at)
+        self.spec = BarrierSpec(1, 0.0, CheckpointOptions(savepoint=True))
+        self.barrier = Event(self.spec.to_body())
+        self.unaligned_barrier = Event(BarrierSpec(2, 0.0, CheckpointOptions(CheckpointMode.UNALIGNED)).to_body())
+        self.unaligned_at = unaligned_at
+        self.unaligned_first = unaligned_first
+        self.unaligned_sent = dict.fromkeys(records, False)
+        self.snapshots: dict[int, dict[int, list[Any]]] = {}
+        self.captures: dict[int, tuple[dict[int, bytes], dict[int, list[Any]]]] = {}
+        self.inputs: dict[int, dict[int, list[Any]]] = {}
+
+    def produce(self, c: int) -> bool:
+        sub, i = self.subs[c], self.produced[c]
+        unaligned_due = i == self.unaligned_at[c] and not self.unaligned_sent[c]
+        if unaligned_due and (self.barrier_sent[c] or self.unaligned_first[c] or i < self.barrier_at[c]):
+            self.unaligned_sent[c] = True
+            self.out_state[c] += decode(overtaken_records(sub.add_event(self.unaligned_barrier, priority=True)))
+            return True
+        if i == self.barrier_at[c] and not self.barrier_sent[c]:
+            self.barrier_sent[c] = True
+            sub.add_event(self.barrier, fence=True)
+            return True
+        return self.append_next(c)
+
+    def snapshot(self, action: Snapshot) -> None:
+        n = action.spec.checkpoint_id
+        assert n not in self.snapshots, "snapshot taken twice"
+        self.snapshots[n] = {c: list(v) for c, v in self.processed.items()}
+        if action.unaligned:
+            prefix = {c: r.unconsumed() for c, r in self.readers.items()}
+            self.captures[n] = (prefix, self.gate.start_recording(n))
+
+    def inputs_complete(self, action: InputsComplete) -> None:
+        n = action.spec.checkpoint_id
+        assert n in self.snapshots and n not in self.inputs, "inputs completed twice or before the snapshot"
+        prefix, captured = self.captures.get(n, ({}, {}))
+        self.inputs[n] = {c: decode(whole_records(prefix.get(c, b""), captured.get(c, []))) for c in self.records}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(payloads=records_strategy, data=st.data())
+def test_a_savepoint_and_an_unaligned_checkpoint_beside_it_each_account_for_their_records(payloads, data):
+    """Whichever of the two barriers a producer emits first and however the task interleaves them, both complete:
+    the savepoint's snapshot holds exactly the records before its barrier (no channel state), and the unaligned
+    checkpoint's snapshot, input and output channel state hold exactly those before its own."""
+    records = {c: [(c, i, text) for i, text in enumerate(texts)] for c, texts in payloads.items()}
+    channels = sorted(records)
+    savepoint_at = {c: data.draw(st.integers(0, len(records[c])), label=f"savepoint after on {c}") for c in channels}
+    unaligned_at = {c: data.draw(st.integers(0, len(records[c])), label=f"unaligned after on {c}") for c in channels}
+    first = {c: data.draw(st.booleans(), label=f"unaligned first on {c} if both at once") for c in channels}
+    s = OverlapScenario(records, savepoint_at, unaligned_at, first)
+    steps = data.draw(st.lists(st.tuples(st.sampled_from(["produce", "flush", "deliver", "step"]),
+                                         st.sampled_from(channels)), max_size=150), label="interleaving")
+    for action, c in steps:
+        getattr(s, action)(*(() if action == "step" else (c,)))
+    s.drain()
+
+    assert set(s.inputs) == {1, 2}, ("both complete", s.snapshots.keys(), s.inputs.keys())
+    for c in channels:
+        assert s.snapshots[1][c] == records[c][: savepoint_at[c]], (c, "savepoint")
+        assert s.inputs[1][c] == []
+        accounted = s.snapshots[2][c] + s.inputs[2][c] + s.out_state[c]
+        assert accounted == records[c][: unaligned_at[c]], (c, accounted, unaligned_at[c])
+        assert s.processed[c] == records[c], "every record is processed exactly once in the end"

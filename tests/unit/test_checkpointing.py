@@ -375,7 +375,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
     """Random interleavings with increasing `now`, checked against the instructions emitted.
 
     Aligned periodic checkpoints, and requests (savepoints, manual checkpoints) that may start beside them:
-    at most one periodic and one request in flight, `_metadata` written and completion in id order.
+    at most one periodic and one request in flight, `_metadata` written and completion in id order, but that a
+    savepoint holds no newer checkpoint back (it still waits for every older one).
     """
 
     def __init__(self) -> None:
@@ -407,13 +408,13 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 requests = [n for n in self.open if n in self.requested]
                 assert len(periodic) <= 1 and len(requests) <= 1, f"too many in flight: {self.open}"
             elif isinstance(ins, WriteMetadata):
-                assert ins.checkpoint_id == self.open[0], "_metadata written out of id order"
+                assert self._in_order(ins.checkpoint_id), "_metadata written out of id order"
                 self.writing.add(ins.checkpoint_id)
             elif isinstance(ins, NotifyComplete | NotifyAborted) and ins.checkpoint_id in self.triggered:
                 assert ins.checkpoint_id not in self.ended, "checkpoint ended twice"
                 assert ins.checkpoint_id in self.open
                 if isinstance(ins, NotifyComplete):
-                    assert ins.checkpoint_id == self.open[0], "completed out of id order"
+                    assert self._in_order(ins.checkpoint_id), "completed out of id order"
                 self.ended.append(ins.checkpoint_id)
                 self.open.remove(ins.checkpoint_id)
                 if isinstance(ins, NotifyComplete) and ins.checkpoint_id not in self.savepoints:
@@ -422,6 +423,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 assert ins.checkpoint_id == self.kept.pop(0), "retention must discard the oldest completed"
             elif isinstance(ins, FailJob):
                 self.job_failed = True
+
+    def _in_order(self, n: int) -> bool:
+        """Every older one in flight is a savepoint, and a savepoint is the oldest."""
+        older = [o for o in self.open if o < n]
+        return not older if n in self.savepoints else all(o in self.savepoints for o in older)
 
     def _target(self, newest: bool) -> int | None:
         return (self.open[-1] if newest else self.open[0]) if self.open else None
@@ -629,8 +635,14 @@ def _opts(mode: str, *, savepoint: bool = False, switching: bool = False) -> Che
     ("savepoint", ["switching"], True),
     ("aligned", ["savepoint"], True),  # a periodic aligned checkpoint is not paused by a savepoint
     ("aligned", ["unaligned", "savepoint"], True),
-    ("unaligned", ["savepoint"], False),  # on the priority lane: it would overtake and abandon the savepoint
-    ("unaligned", ["aligned"], False),
+    # on the priority lane, but it waits behind the savepoint's barrier in each queue and the tasks aligning the
+    # savepoint take it beside it, not instead of it
+    ("unaligned", ["savepoint"], True),
+    ("unaligned", ["unaligned", "savepoint"], True),
+    ("unaligned", ["aligned"], False),  # a periodic aligned one: the newer would subsume it
+    ("unaligned", ["aligned", "savepoint"], False),  # one aligned checkpoint at a time beside unaligned ones
+    ("unaligned", ["switching"], False),  # priority at a channel's switch: it can abandon the older one
+    ("unaligned", ["aligned_timeout"], False),
     ("aligned_timeout", ["savepoint"], False),  # priority at its deadline
     ("switching", ["savepoint"], False),  # priority at a channel's switch
     ("savepoint", ["at_least_once"], False),  # blocks no channel: a newer barrier may come first
@@ -655,22 +667,48 @@ def test_a_savepoint_starts_beside_a_periodic_aligned_checkpoint_and_periodic_on
     assert c.tick(11.0) == []  # interval counts from the savepoint's trigger
     assert c.tick(11.5) == [trig(3, 11.5)]  # the savepoint still aligns: the periodic one is not paused
     assert c.tick(12.6) == []  # max_concurrent 1 counts periodic ones: 3 is in flight
-    assert ack_all(c, 3, 12.7) == []  # READY: waits for the savepoint (completion in id order)
-    [write] = ack_all(c, 2, 12.8)
+    [write] = ack_all(c, 3, 12.7)  # a savepoint holds no newer checkpoint back (recovery never uses one)
+    assert isinstance(write, WriteMetadata) and write.checkpoint_id == 3
+    assert c.metadata_written(12.8, 3) == [NotifyComplete(3)]
+    [write] = ack_all(c, 2, 12.9)
     assert isinstance(write, WriteMetadata) and write.checkpoint_id == 2 and write.savepoint
-    out = c.metadata_written(12.9, 2)
-    assert out[0] == NotifyComplete(2)
-    assert isinstance(out[1], WriteMetadata) and out[1].checkpoint_id == 3
-    assert c.metadata_written(13.0, 3) == [NotifyComplete(3)]
+    assert c.metadata_written(13.0, 2) == [NotifyComplete(2)]
     assert c.statistics().failed == 0 and c.retained == [1, 3]
+    assert c.statistics().last_completed_id == 3  # the newest completed, not the last to complete
 
 
-def test_periodic_unaligned_checkpoints_wait_while_a_savepoint_aligns():
+def test_periodic_unaligned_checkpoints_start_and_complete_while_a_savepoint_aligns():
+    """Each one started beside the savepoint keeps the id after its own unused (the savepoint's sink label at the
+    tasks where it overtook the savepoint), subsumes the older ones but never the savepoint, and completes
+    before it; the savepoint still waits for every older checkpoint."""
+    c = coordinator(mode="unaligned", interval_s=1.0)
+    assert c.tick(10.0) == [trig(1, 10.0, "unaligned")]
+    assert c.request(10.5, savepoint=True, directory="/sp")[1] == [trig(2, 10.5, savepoint=True, directory="/sp")]
+    assert c.tick(11.0) == []  # max_concurrent 1: checkpoint 1 is in flight
+    complete(c, 1, 11.1)
+    assert c.tick(11.5) == [trig(3, 11.5, "unaligned")]
+    assert c.request(11.6)[0] == 5  # 4 is kept unused; a request waits for the savepoint (one at a time)
+    complete(c, 3, 11.7)
+    assert c.in_flight_ids == [2] and c.statistics().last_completed_id == 3
+    assert c.tick(12.5) == []  # the queued request goes first
+    [write] = ack_all(c, 2, 12.8)
+    assert isinstance(write, WriteMetadata) and write.savepoint
+    assert c.metadata_written(12.9, 2) == [NotifyComplete(2), trig(5, 12.9, "unaligned")]
+    assert c.statistics().last_completed_id == 3 and c.retained == [1, 3]
+
+
+def test_an_unaligned_checkpoint_beside_a_savepoint_subsumes_older_ones_and_not_the_savepoint():
     c = coordinator(mode="unaligned", interval_s=1.0, max_concurrent=2)
-    assert c.request(10.0, savepoint=True, directory="/sp")[1] == [trig(1, 10.0, savepoint=True, directory="/sp")]
-    assert c.tick(11.5) == []  # an unaligned barrier would overtake the savepoint's and abandon it
-    complete(c, 1, 11.6)
-    assert c.tick(11.65) == [trig(2, 11.65, "unaligned")]
+    assert c.tick(10.0) == [trig(1, 10.0, "unaligned")]
+    assert c.request(10.5, savepoint=True, directory="/sp")[1] == [trig(2, 10.5, savepoint=True, directory="/sp")]
+    assert c.tick(11.5) == [trig(3, 11.5, "unaligned")]
+    assert c.tick(12.5) == []  # two periodic ones in flight
+    out = ack_all(c, 3, 12.6)
+    assert out[:2] == [NotifyAborted(1, "subsumed by checkpoint 3"), DiscardCheckpoint(1, "subsumed by checkpoint 3")]
+    assert isinstance(out[2], WriteMetadata) and out[2].checkpoint_id == 3 and len(out) == 3
+    assert c.metadata_written(12.7, 3) == [NotifyComplete(3)]
+    assert c.tick(13.5) == [trig(5, 13.5, "unaligned")]  # 4 kept unused
+    assert c.in_flight_ids == [2, 5]
 
 
 def test_max_concurrent_unaligned_checkpoints_and_a_newer_completed_one_subsumes_the_older():

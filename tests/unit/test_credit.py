@@ -103,6 +103,62 @@ def test_priority_events_keep_their_own_order() -> None:
     assert [i.event.body for i in pop_all(s)] == [{"b": 1}, {"b": 2}]
 
 
+def test_a_priority_event_overtakes_only_the_buffers_behind_a_queued_fence() -> None:
+    """An aligned barrier (a fence) still queued: the newer unaligned barrier goes right behind it, overtaking only
+    the buffers after it, and leaves on the priority lane (the fence's seq) as soon as the fence has left."""
+    s = ChannelSender(1)
+    s.add_buffer(buf("a"))
+    s.add_event(Event({"savepoint": 2}), fence=True)
+    s.add_buffer(buf("b"))
+    s.add_buffer(buf("c"))
+    assert s.add_priority_event(Event({"unaligned": 3})) == [buf("b"), buf("c")]
+    assert s.add_priority_event(Event({"unaligned": 4})) == [buf("b"), buf("c")]
+    assert not s.has_priority() and s.statistics().queued_priority == 2
+    assert s.pop_sendable() is None  # "a" waits for credit, and everything waits behind it
+    s.add_credit(1)
+    assert s.pop_sendable() == SendData(1, buf("a"), 2)
+    assert s.pop_sendable() == SendEvent(2, Event({"savepoint": 2}), False)
+    assert s.has_priority()  # released by the fence: ahead of "b" and "c", naming the fence's seq
+    assert pop_all(s) == [SendEvent(2, Event({"unaligned": 3}), True), SendEvent(2, Event({"unaligned": 4}), True)]
+    s.add_credit(2)
+    assert pop_all(s) == [SendData(3, buf("b"), 1), SendData(4, buf("c"), 0)]
+
+
+def test_a_priority_event_waits_behind_the_newest_fence_and_overtakes_plain_events() -> None:
+    s = ChannelSender(1)
+    s.add_event(Event({"aligned": 1}), fence=True)
+    s.add_buffer(buf("a"))
+    s.add_event(Event({"savepoint": 2}), fence=True)
+    s.add_event(Event({"plain": True}))  # not a fence: overtaken like the data
+    s.add_buffer(buf("b"))
+    assert s.add_priority_event(Event({"unaligned": 3})) == [buf("b")]
+    s.add_credit(5)
+    assert [(i.seq, i.event.body if isinstance(i, SendEvent) else i.buffer, getattr(i, "priority", None))
+            for i in pop_all(s)] == [
+        (1, {"aligned": 1}, False), (2, buf("a"), None), (3, {"savepoint": 2}, False),
+        (3, {"unaligned": 3}, True), (4, {"plain": True}, False), (5, buf("b"), None)]
+
+
+def test_without_a_fence_a_priority_event_overtakes_every_buffer() -> None:
+    """Fences are only what the caller marks: a sent fence holds nothing back any more."""
+    s = ChannelSender(1)
+    s.add_event(Event({"aligned": 1}), fence=True)
+    assert pop_all(s) == [SendEvent(1, Event({"aligned": 1}), False)]
+    s.add_buffer(buf("a"))
+    assert s.add_priority_event(Event({"unaligned": 2})) == [buf("a")]
+    assert s.pop_sendable() == SendEvent(1, Event({"unaligned": 2}), True)
+
+
+def test_a_promoted_fence_releases_the_events_behind_it() -> None:
+    s = ChannelSender(1)
+    s.add_buffer(buf("a"))
+    fence = Event({"aligned": 1})
+    s.add_event(fence, fence=True)
+    s.add_priority_event(Event({"unaligned": 2}))
+    assert s.convert_to_priority(fence) == [buf("a")]
+    assert [i.event.body for i in pop_all(s)] == [{"aligned": 1}, {"unaligned": 2}]
+
+
 @pytest.mark.parametrize("credits", [0, -1])
 def test_non_positive_credit_is_a_remote_error(credits: int) -> None:
     s = ChannelSender(1)
@@ -301,6 +357,22 @@ def test_blocking_returns_unannounced_floating_credit_and_unblocking_lends_again
         ledger.on_consumed(2)  # channel 2's backlog is gone: its floating buffers return to the pool
     ledger.unblock_all()  # the alignment ended: channel 1's backlog borrows them again
     assert ledger.take_announcements() == {1: 2, 2: 1}
+    ledger.check_invariant()
+
+
+def test_unblocking_all_but_a_kept_channel_lends_only_to_the_others() -> None:
+    """A savepoint still aligning beside a newer unaligned checkpoint keeps its channel blocked when the unaligned
+    one unblocks the rest: that channel still borrows nothing."""
+    ledger = CreditLedger([1, 2], exclusive=1, floating=2)
+    ledger.take_announcements()
+    ledger.block(1)
+    ledger.block(2)
+    ledger.on_data(1, 1, backlog=9)
+    ledger.on_data(2, 1, backlog=9)
+    assert ledger.take_announcements() == {}
+    ledger.unblock_all(keep=frozenset({1}))
+    assert ledger.blocked == {1}
+    assert ledger.take_announcements() == {2: 2}
     ledger.check_invariant()
 
 
@@ -654,3 +726,19 @@ CreditMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestCreditInterleavings = CreditMachine.TestCase
+
+
+def test_a_lifted_fence_is_overtaken_and_hands_back_what_waited_behind_it() -> None:
+    """An aborted savepoint's barrier: later priority events overtake it; those that waited behind it overtook only
+    the buffers after it, so they are handed back (dropped) rather than sent ahead of it."""
+    s = ChannelSender(1)
+    s.add_buffer(buf("a"))
+    fence = Event({"savepoint": 2})
+    s.add_event(fence, fence=True)
+    s.add_priority_event(Event({"unaligned": 3}))
+    assert s.lift_fence(fence) == [Event({"unaligned": 3})]
+    assert s.lift_fence(fence) == []
+    assert s.add_priority_event(Event({"unaligned": 4})) == [buf("a")]
+    s.add_credit(1)
+    assert [i.event.body if isinstance(i, SendEvent) else i.buffer for i in pop_all(s)] == [
+        {"unaligned": 4}, buf("a"), {"savepoint": 2}]
