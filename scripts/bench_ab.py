@@ -2,8 +2,10 @@
 """A/B of CPU per record between two source trees, in alternating rounds, with paired ratios.
 
 Each round runs one benchmark job on a fresh local cluster from tree A and from tree B (the order reversed every
-other round, so a drift of the machine's load hits both alike), each with its own tree first on PYTHONPATH (the
-cluster's processes inherit it). A tree is a checkout or an export (`git archive REV | tar -x -C DIR`) sharing
+other round, so a drift of the machine's load hits both alike), each run from its tree's directory with the tree
+first on PYTHONPATH: the cluster's processes start as `python -m runtime.cli`, so the directory they start in
+comes first on their path (before this fix every run's cluster ran the code of the directory bench_ab was started
+from, whichever tree was named). A tree is a checkout or an export (`git archive REV | tar -x -C DIR`) sharing
 this interpreter. Per run it reads the workers' (keyed: all processes') CPU per record and the rows out; per
 round the ratio B/A of CPU per record (the runs of a round saw the most similar machine). It prints the medians,
 the slowest runs and the median of the paired ratios, and fails if the two trees' outputs differ.
@@ -40,8 +42,10 @@ def command(tree: str, job: str, records: int, grain: str = "p200") -> list[str]
 def measure(tree: str, job: str, records: int, timeout_s: float, grain: str = "p200") -> dict[str, Any]:
     """One run of `job` from `tree`: CPU µs per record, records/s, rows out (and the loop's CPU for keyed)."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    # run from the tree: the cluster's processes start as `python -m runtime.cli` from this directory, which goes
+    # first on their path (and on the PYTHONPATH the local cluster gives them), ahead of the tree's
     done = subprocess.run(command(tree, job, records, grain), capture_output=True, text=True, env=env,
-                          timeout=timeout_s, check=False)
+                          timeout=timeout_s, check=False, cwd=os.path.abspath(tree))
     if done.returncode != 0:
         raise RuntimeError(f"{tree}: exit {done.returncode}: {done.stderr[-2000:]}")
     doc = json.loads(done.stdout)
