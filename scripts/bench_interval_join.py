@@ -17,6 +17,8 @@ Jobs, each at each --parallelism (every operator):
 - sluice-grouped: the sluice job with the join and its sink in a slot sharing group of their own
   (`.slot_sharing_group("join")`): the two sources' parsing run in one worker process, the join in the other
   (without it every operator's subtask i shares slot i, so at p=1 the whole job runs in one process).
+- sluice-split: as sluice-grouped, and each side's source (with its map) in a group of its own too: 3 slots
+  per parallelism, so at p=1 only (the cluster has 4).
 - sluice-sql: the same files and join as SQL (`job.sql`, runtime/sql: a filesystem json table per side with
   `WATERMARK FOR ts AS ts`, the join's BETWEEN, a blackhole table); its sources send watermarks periodically,
   every 200 ms of wall-clock time as Flink's (the SQL default, `pipeline.auto-watermark-interval`).
@@ -147,13 +149,23 @@ def build_grouped(job: Job) -> None:
     _build(job, join_group="join")
 
 
-def _build(job: Job, *, join_group: str | None) -> None:
+def build_split(job: Job) -> None:
+    """As build_grouped, and each side's source in a group of its own too (three slots at p=1)."""
+    _build(job, join_group="join", side_groups=True)
+
+
+def _build(job: Job, *, join_group: str | None, side_groups: bool = False) -> None:
     s = settings()
     p = s["parallelism"]
     timed = BoundedOutOfOrderness(max_delay_ms=0, timestamp=itemgetter("ts"), granularity_ms=s["grain_ms"])
-    left, right = (job.source(FileSource(s[side], format="json", bounded=True), name=side, parallelism=p,
-                              watermarks=timed).map(_row, name=f"{side}-rows", parallelism=p)
-                   for side in ("left", "right"))
+    sides = []
+    for side in ("left", "right"):
+        source = job.source(FileSource(s[side], format="json", bounded=True), name=side, parallelism=p,
+                            watermarks=timed)
+        if side_groups:
+            source.slot_sharing_group(side)  # its map follows it
+        sides.append(source.map(_row, name=f"{side}-rows", parallelism=p))
+    left, right = sides
     first = itemgetter(0)
     joined = (left.key_by(first).interval_join(right.key_by(first)).between(s["lower"], s["upper"])
               .process(_pair, parallelism=p, name="interval-join"))
@@ -180,6 +192,7 @@ def build_sql(job: Job) -> None:
 
 
 ENTRIES = {"sluice": "bench_interval_join:build", "sluice-grouped": "bench_interval_join:build_grouped",
+           "sluice-split": "bench_interval_join:build_split",
            "sluice-sql": "bench_interval_join:build_sql"}
 
 
