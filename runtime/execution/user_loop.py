@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import queue
@@ -75,6 +76,9 @@ class UserLoop:
         self._stopped = False  # stop() began: a call made now would not be answered (nothing would start it)
         self._closed = False  # the loop's thread ended
         self._ended_cleanly = False  # stop() saw every task of the loop end (the thread ends right after)
+        # the shutdown the first stop() handed to the loop: a later stop() waits for it, not for a second one, which
+        # could land on the loop after the first had stopped it and never run
+        self._shutdown: concurrent.futures.Future[None] | None = None
         # the callers' futures of the calls accepted and not answered yet (touched on the worker's loop only)
         self._pending: set[asyncio.Future[Any]] = set()
         self._parks: set[asyncio.Future[None]] = set()  # exclusive() waiting for its park (the worker's loop only)
@@ -317,10 +321,12 @@ class UserLoop:
             # empty loop for ever once that code returned
             asyncio.get_running_loop().call_soon(asyncio.get_running_loop().stop)
 
-        try:
-            stopped = asyncio.run_coroutine_threadsafe(shut(), self.loop)
-        except RuntimeError:
-            return True
+        if self._shutdown is None:
+            try:
+                self._shutdown = asyncio.run_coroutine_threadsafe(shut(), self.loop)
+            except RuntimeError:
+                return True
+        stopped = self._shutdown
         try:
             async with asyncio.timeout(timeout_s):
                 # shielded: giving up on the wait must not cancel the stop itself (see shut)
