@@ -27,6 +27,7 @@ from runtime.api import Job
 from runtime.api.stream import DEFAULT_SLOT_SHARING_GROUP
 from runtime.graph.job_config import NEVER
 from runtime.graph.job_config import parse_scale_down_after as parse_scale_down_after  # where it was
+from runtime.graph.plan import group_slots
 
 DEFAULT_SCALE_DOWN_AFTER_S = 10.0
 DEFAULT_SCALE_UP_AFTER_S = 5.0
@@ -79,10 +80,8 @@ class Shape:
     def slots_used(self, parallelism: list[int]) -> int:
         """The slots the nodes take at `parallelism` (one per node, in order): per slot sharing group, its
         largest parallelism."""
-        largest: dict[str, int] = {}
-        for n, p in zip(self.nodes, parallelism, strict=True):
-            largest[n.slot_sharing_group] = max(largest.get(n.slot_sharing_group, 0), p)
-        return sum(largest.values())
+        members = ((n.slot_sharing_group, p) for n, p in zip(self.nodes, parallelism, strict=True))
+        return sum(group_slots(members).values())
 
 
 def shape_of(job: Job) -> Shape:

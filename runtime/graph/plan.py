@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -212,12 +212,18 @@ def channels_touching(edge: Edge, up_p: int, down_p: int, producers: Set[int],
         yield from ((i, j) for j in (range(down_p) if i in producers else here))
 
 
+def group_slots(members: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """The slots of each slot sharing group, in the order groups first appear: its members' (group, parallelism)
+    largest parallelism."""
+    largest: dict[str, int] = {}
+    for group, parallelism in members:
+        largest[group] = max(largest.get(group, 0), parallelism)
+    return largest
+
+
 def slots_needed(vertices: list[Vertex]) -> int:
     """The slots a job takes: per slot sharing group, its largest parallelism."""
-    largest: dict[str, int] = {}
-    for v in vertices:
-        largest[v.slot_sharing_group] = max(largest.get(v.slot_sharing_group, 0), v.parallelism)
-    return sum(largest.values())
+    return sum(group_slots((v.slot_sharing_group, v.parallelism) for v in vertices).values())
 
 
 def place_subtasks(vertices: list[Vertex], workers: list[tuple[str, int]]) -> dict[str, str]:
@@ -240,10 +246,10 @@ def place_subtasks(vertices: list[Vertex], workers: list[tuple[str, int]]) -> di
     if needed > len(slots):
         raise JobDefinitionError(f"job needs {needed} slots, the cluster has {len(slots)} free")
     first_slot: dict[str, int] = {}
-    for v in vertices:
-        if v.slot_sharing_group not in first_slot:
-            first_slot[v.slot_sharing_group] = sum(
-                max(u.parallelism for u in vertices if u.slot_sharing_group == g) for g in first_slot)
+    offset = 0
+    for group, size in group_slots((v.slot_sharing_group, v.parallelism) for v in vertices).items():
+        first_slot[group] = offset
+        offset += size
     return {f"{v.id}:{i}": slots[first_slot[v.slot_sharing_group] + i] for v in vertices for i in range(v.parallelism)}
 
 
