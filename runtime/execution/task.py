@@ -505,7 +505,7 @@ class Task:
             return await self._offload(fn, *args)
         user = self._user_loop
         if user is not None:
-            return await user.call(fn, *args)
+            return await self._run_on_user_loop(user, fn, args)
         return fn(*args)
 
     async def between_runs(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -513,8 +513,21 @@ class Task:
         loop when its chain lives there."""
         user = self._user_loop
         if user is not None:
-            return await user.call(fn, *args)
+            return await self._run_on_user_loop(user, fn, args)
         return fn(*args)
+
+    async def _run_on_user_loop(self, user: UserLoop, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """A run on the task's loop, whose buffers are queued as soon as it returns, as a run on the task's thread's
+        are. Left to the hand-off posted to this loop, they could wait for ever: a run the loop waited for blocked
+        returns without this loop turning, and a driver whose next run ends at once for a turn (`would_block`:
+        buffers cut, not yet queued) hands it over at once again, never letting the posted hand-off in (a worker
+        once missed its heartbeats so)."""
+        try:
+            return await user.call(fn, *args)
+        finally:
+            hand_off = self._hand_off
+            assert hand_off is not None
+            hand_off.deliver()
 
     async def exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` here, where it may touch the chain, its operators and the outputs' builders: between runs

@@ -420,6 +420,49 @@ def test_buffers_still_in_the_hand_off_at_a_snapshot_go_before_its_barrier() -> 
     asyncio.run(main())
 
 
+def test_the_buffers_a_run_on_the_task_loop_cut_are_queued_when_the_run_returns() -> None:
+    """A run of a chain on its own loop (Task.call, Task.between_runs) queues what it cut before it returns, as a
+    run on the task's thread does, not only through the hand-over it posts to the worker's loop: a run waited for
+    blocked returns without that loop turning, and a driver whose next run ends at once for a turn (the cut
+    buffers would block the output) would hand runs over for ever, the posted hand-over never let in (a worker
+    missed its heartbeats so). Here the posted hand-over is lost (its home a closed loop)."""
+
+    async def passed_on(value: int) -> int:
+        return value
+
+    async def main() -> None:
+        job = Job()
+        job.source(GeneratorSource(count=10, keys=2, seed=1)).async_map(passed_on).sink(DiscardSink())
+        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+        sub = Subpartition(ChannelSender(1), limit=3, capacity=64)
+        gate = OutputGate()
+        sub.gate = gate
+        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[sub], output_gate=gate, inputs=[],
+                    credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+        task._home = asyncio.get_running_loop()
+        task._start_user_loop()
+        user, hand_off = task._user_loop, task._hand_off
+        assert user is not None and hand_off is not None and sub.deferred is hand_off
+        never = asyncio.new_event_loop()
+        never.close()
+        hand_off._home = never
+
+        def cut(tag: int) -> None:  # the chain on its loop: three records, each cut into a buffer of its own
+            for i in range(3):
+                sub.append(msgpack.packb(bytes([tag, i]) * 35))
+
+        try:
+            await task.call(cut, 1)
+            assert sub.sender.queued_buffers == 3 and not hand_off
+            assert gate.blocked and not gate.would_block  # the output says blocked: the driver waits, the loop turns
+            await task.between_runs(cut, 2)
+            assert sub.sender.queued_buffers == 6 and not hand_off
+        finally:
+            assert await user.stop(10.0)
+
+    asyncio.run(main())
+
+
 def test_the_isolation_settings_are_read_once_from_the_environment_and_bad_values_refused() -> None:
     assert IsolationSettings.from_env({}) == IsolationSettings("thread", 0.005)
     assert IsolationSettings.from_env({"SLUICE_TASK_ISOLATION": "inline", "SLUICE_SYNC_WAIT_S": " 0 "}) == (
