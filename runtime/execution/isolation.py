@@ -100,7 +100,8 @@ class HandOff(list):  # type: ignore[type-arg]  # of (Subpartition, Buffer)
 
     A task with an asynchronous operator runs its chain on its own loop, and emits whenever a record finishes
     there, not only within a run the worker's loop awaits: so the first buffer cut after a hand-over posts one
-    to the worker's loop (`deliver`), which takes every buffer cut until then, in order. The loop thread only
+    to the worker's loop (`deliver`), which takes every buffer cut until then, in order; the worker's loop also
+    delivers as each run it handed over returns (Task.call), not relying on the post. The loop thread only
     appends and the worker's loop only takes from the front (each a single step under the GIL)."""
 
     def __init__(self, home: asyncio.AbstractEventLoop) -> None:
