@@ -14,8 +14,9 @@ the slowest runs and the median of the paired ratios, and fails if the two trees
     .venv/bin/python scripts/bench_ab.py --a BEFORE_DIR --b . --job tumbling --records 2000000 --rounds 6
 
 `keyed` is scripts/bench_throughput.py's keyed count (CPU of the coordinator, the workers and the driver, and the
-one-process loop beside it each run); `tumbling` and `sliding` are scripts/bench_windows.py's window jobs (the
-workers' CPU), at Flink's watermark cadence by default (`--grain-ms p200`) or at another grain (`--grain-ms 10`).
+one-process loop beside it each run); `tumbling`, `sliding` and `session` are scripts/bench_windows.py's window
+jobs (the workers' CPU), at Flink's watermark cadence by default (`--grain-ms p200`) or at another grain
+(`--grain-ms 10`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", required=True, help="tree A (before)")
     parser.add_argument("--b", default=ROOT, help="tree B (after; default this checkout)")
-    parser.add_argument("--job", choices=("keyed", "tumbling", "sliding"), default="keyed")
+    parser.add_argument("--job", choices=("keyed", "tumbling", "sliding", "session"), default="keyed")
     parser.add_argument("--grain-ms", default="p200",
                         help="a window job's watermark grain, as bench_windows.py takes it (default p200)")
     parser.add_argument("--records", type=int, default=2_000_000)

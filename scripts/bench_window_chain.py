@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """The window operator's CPU per record in one process, without the network: records through a real Chain.
 
-GeneratorSource records (1000 keys, event time 1 ms apart) as (timestamp, record) elements through
-key_by -> {keyed count | TumblingEventTimeWindows(10 s).count() | SlidingEventTimeWindows(60 s, 10 s).count()}
--> DiscardSink, in batches of --step records with a watermark after each (as the cluster job's 10 ms watermark
-granularity gives about one per ten records), firing the due timers as the task does. CPU time per record.
+GeneratorSource records (1000 keys, uniform or in bursts (--keys), event time 1 ms apart) as (timestamp,
+record) elements through key_by -> {keyed count | TumblingEventTimeWindows(10 s).count() |
+SlidingEventTimeWindows(60 s, 10 s).count() | EventTimeSessionWindows(1 s).count()} -> DiscardSink, in
+batches of --step records with a watermark after each (as the cluster job's 10 ms watermark granularity gives
+about one per ten records), firing the due timers as the task does. CPU time per record.
 
     .venv/bin/python scripts/bench_window_chain.py --records 200000 --step 10
 """
@@ -24,11 +25,13 @@ if ROOT not in sys.path:
 from runtime.api import (  # noqa: E402
     BoundedOutOfOrderness,
     DiscardSink,
+    EventTimeSessionWindows,
     GeneratorSource,
     Job,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
 )
+from runtime.examples.windowcount import SESSION_GAP_MS  # noqa: E402
 from runtime.examples.wordcount import Count  # noqa: E402
 from runtime.execution.operators import Chain  # noqa: E402
 
@@ -44,6 +47,8 @@ def chain_for(kind: str) -> Chain:
         keyed.process(Count()).sink(DiscardSink())
     elif kind == "tumbling":
         keyed.window(TumblingEventTimeWindows(10_000)).count().sink(DiscardSink())
+    elif kind == "session":
+        keyed.window(EventTimeSessionWindows(SESSION_GAP_MS)).count().sink(DiscardSink())
     else:
         keyed.window(SlidingEventTimeWindows(60_000, 10_000)).count().sink(DiscardSink())
     chain = Chain(job, [n.id for n in job.nodes[1:]], subtask_index=0, parallelism=1, attempt=0, outputs=[])
@@ -59,7 +64,7 @@ def _read(source: GeneratorSource) -> list[Any]:
 
 
 def run(kind: str, records: int, step: int, sources: int, lag: int = 0,
-        watermark_every: int = 0) -> tuple[float, int]:
+        watermark_every: int = 0, keys: str = "uniform") -> tuple[float, int]:
     """`sources` > 1: the subtasks of a source of that parallelism (each its own blocks of event time, so one
     runs a block ahead of the other), `step` records of each in turn, as a task reading both channels sees
     them; each subtask's watermark follows its records (10 ms granularity), the task's is their minimum. `lag`:
@@ -68,7 +73,7 @@ def run(kind: str, records: int, step: int, sources: int, lag: int = 0,
     task's watermark moves only once that many records have passed since it last did (periodic watermarks)."""
     streams = []
     for i in range(sources):
-        source = GeneratorSource(count=records, keys=1000, seed=7)
+        source = GeneratorSource(count=records, keys=1000, seed=7, distribution=keys)
         source.open(i, sources)
         streams.append(_read(source))
     events: list[tuple[list[Any], int | None]] = []
@@ -116,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="records every source subtask but the first starts late (default 0)")
     parser.add_argument("--watermark-every", type=int, default=0,
                         help="records between two moves of the task's watermark (default 0: whenever it can)")
+    parser.add_argument("--keys", choices=("uniform", "bursts"), default="uniform",
+                        help="the generator's keys (default uniform; bench_windows.py runs bursts)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each job; the cheapest is printed (default 1)")
     args = parser.parse_args(argv)
     for kind in args.jobs.split(","):
-        runs = [run(kind, args.records, args.step, args.sources, args.lag_records, args.watermark_every)
+        runs = [run(kind, args.records, args.step, args.sources, args.lag_records, args.watermark_every, args.keys)
                 for _ in range(args.repeat)]
         cpu, out = min(runs)
         print(f"{kind:>9}: {cpu * 1e6 / args.records:.2f} CPU us/record ({out:,} rows out; the cheapest of "

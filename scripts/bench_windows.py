@@ -2,17 +2,22 @@
 """Window benchmark: throughput of windowed counts against the keyed count, on the same event-time input.
 
 Jobs (runtime/examples/windowcount.py, on a fresh local cluster of a coordinator and 2 workers with 2 slots
-each, per run): GeneratorSource (parallelism 2, 1000 keys, watermarks with max_delay = --jitter-ms,
-granularity 10 ms) -> key_by -> one of
+each, per run): GeneratorSource (parallelism 2, 1000 keys, in bursts by default (--keys; a function of seq,
+runtime/connectors/generator.py: 100 keys at a time for 1 s of event time, each key every 100 ms) or drawn
+uniformly, watermarks with max_delay = --jitter-ms, granularity 10 ms) -> key_by -> one of
 - keyed: the event-time keyed count (a KeyedProcessFunction with one value state), the baseline;
 - tumbling: TumblingEventTimeWindows(10 s).count() (event time advances 1 ms per record: with 1000 keys about
   ten records per window, so a tenth as many rows out as the keyed count);
 - sliding: SlidingEventTimeWindows(60 s, 10 s).count(): every record is in six windows;
+- session: EventTimeSessionWindows(1 s).count() (with keys in bursts every key's session closes once per 10 s,
+  as many rows as the tumbling job);
 each into a chained DiscardSink, parallelism 2. The jobs run alternating, --repeat times each.
-With --flink-python PYTHON (a Python with PyFlink 2.x, or the env var SLUICE_FLINK_PYTHON), the job `flink`
-joins the rotation: the tumbling job of the same shape on Apache Flink (scripts/flink_windows_job.py, Flink
-SQL inside the JVM; --flink-records larger than --records amortises its start), and ratios are given against
-its medians as well.
+With --flink-python PYTHON (a Python with PyFlink 2.x, or the env var SLUICE_FLINK_PYTHON), for each window job
+the job `flink-<kind>` joins the rotation: the same window on Apache Flink (scripts/flink_windows_job.py, Flink
+SQL inside the JVM, TUMBLE / HOP / SESSION; --flink-records larger than --records amortises its start), and
+each Sluice window job's ratios are given against the medians of its Flink kind. Before the rounds each Flink
+kind runs once into files at each input size to count its rows: with keys in bursts both engines count the very
+same records, and a Sluice run whose rows out differ from Flink's stops the benchmark.
 
 Time is accounted alike on both sides, three ways (records / seconds each):
 - with start-up: from asking for the job until it ended, everything the system needs on the way. Sluice: the
@@ -50,10 +55,13 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from runtime.cli.local_cluster import LocalCluster, run_job_on_cluster  # noqa: E402
+from runtime.examples.windowcount import SESSION_GAP_MS  # noqa: E402
 
 JOBS = {"keyed": "runtime.examples.windowcount:build_bench_keyed",
         "tumbling": "runtime.examples.windowcount:build_bench_tumbling",
-        "sliding": "runtime.examples.windowcount:build_bench_sliding"}
+        "sliding": "runtime.examples.windowcount:build_bench_sliding",
+        "session": "runtime.examples.windowcount:build_bench_session"}
+WINDOW_KINDS = ("tumbling", "sliding", "session")  # the jobs with a Flink counterpart, `flink-<kind>`
 
 
 def workers_cpu_s(cluster: LocalCluster) -> float:
@@ -122,10 +130,12 @@ async def _run(cluster: LocalCluster, entry: str, timeout_s: float, started: flo
             "with_startup_s": cluster_start_s + submit_to_end_s}
 
 
-def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: str = "10") -> dict[str, Any]:
+def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: str = "10",
+            keys: str = "bursts") -> dict[str, Any]:
     """One run; `grain` is a granularity in ms (a watermark after each record that moves it) or `pN`
-    (periodic watermarks every N ms of wall-clock time, granularity 1 ms)."""
+    (periodic watermarks every N ms of wall-clock time, granularity 1 ms); `keys` the generator's distribution."""
     os.environ["SLUICE_BENCH_RECORDS"] = str(records)  # inherited by the cluster's processes
+    os.environ["SLUICE_BENCH_KEYS"] = keys
     os.environ["SLUICE_BENCH_JITTER_MS"] = str(jitter_ms)
     periodic = grain.startswith("p")
     os.environ["SLUICE_BENCH_GRAIN_MS"] = "1" if periodic else grain
@@ -144,18 +154,30 @@ def run_one(entry: str, records: int, jitter_ms: int, timeout_s: float, grain: s
     return result
 
 
-def run_flink(python: str, records: int, timeout_s: float, interval_ms: int | None = None) -> dict[str, Any]:
-    """The tumbling job on Flink in a process of its own (its mini cluster starts and stops with it)."""
+def run_flink(python: str, records: int, timeout_s: float, interval_ms: int | None = None, *,
+              window: str = "tumbling", keys: str = "bursts", count_rows: bool = False) -> dict[str, Any]:
+    """The `window` job on Flink in a process of its own (its mini cluster starts and stops with it);
+    `count_rows`: into files, with the rows counted (`rows_out`), for the check, not for timing."""
     script = os.path.join(ROOT, "scripts", "flink_windows_job.py")
     extra = [] if interval_ms is None else ["--watermark-interval-ms", str(interval_ms)]
-    done = subprocess.run([python, script, "--records", str(records), *extra], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    extra += ["--count-rows"] if count_rows else []
+    done = subprocess.run([python, script, "--records", str(records), "--window", window, "--keys", keys,
+                           "--session-gap-ms", str(SESSION_GAP_MS), *extra],
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the Flink job failed (exit {done.returncode}): {done.stderr[-2000:]}")
     doc = json.loads(lines[-1])
-    return {"records": records, "wall_s": doc["net_runtime_s"], "rows_out": None,
+    return {"records": records, "wall_s": doc["net_runtime_s"], "rows_out": doc.get("rows_out"),
             "records_per_s": doc["records_per_s"], "with_startup_s": doc["submit_to_end_s"]}
+
+
+def check_rows(name: str, run: dict[str, Any], expected: dict[int, int]) -> None:
+    """Fail loudly when a Sluice window run's rows out differ from what Flink's job emitted on the same input."""
+    want = expected.get(run["records"])
+    if want is not None and run["rows_out"] != want:
+        raise SystemExit(f"{name}: {run['rows_out']:,} rows out over {run['records']:,} records, Flink emitted "
+                         f"{want:,} on the same input: the engines disagree")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on a job after this many s")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument("--flink-python", default=os.environ.get("SLUICE_FLINK_PYTHON"),
-                        help="a Python with PyFlink: adds the Flink tumbling job to the rotation")
+                        help="a Python with PyFlink: adds the Flink job of each window job's kind to the rotation")
     parser.add_argument("--flink-records", type=int, default=None,
                         help="records of the Flink job (default --records; more amortise its job start-up)")
     parser.add_argument("--startup-records", type=int, default=20_000,
@@ -177,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="event time between two watermarks of a source subtask (granularity_ms; default 10), "
                              "or pN: periodic watermarks every N ms of wall-clock time (p200 is Flink's default); "
                              "a comma-separated list runs each Sluice job once per grain, named job@grain")
+    parser.add_argument("--keys", choices=("bursts", "uniform"), default="bursts",
+                        help="the generator's keys: bursts (a function of seq, the same records on Flink's side; "
+                             "the default) or uniform (drawn at random: each engine its own draw, no row check)")
     parser.add_argument("--flink-watermark-interval-ms", type=int, default=None,
                         help="Flink's periodic watermark interval (pipeline.auto-watermark-interval; its default "
                              "200 ms of wall-clock time)")
@@ -191,25 +216,42 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--grain-ms takes integers or pN, got {bad}")
     if args.startup_records < 0 or args.startup_records >= min(args.records, args.flink_records or args.records):
         parser.error("--startup-records must be >= 0 and below --records (and --flink-records)")
+    flink_kinds = [k for k in WINDOW_KINDS if k in names] if args.flink_python else []
     if len(grains) > 1:
         names = [f"{n}@{g}" for n in names for g in grains]
-    if args.flink_python:
-        names.append("flink")
+    names += [f"flink-{k}" for k in flink_kinds]
 
     def run(name: str, records: int) -> dict[str, Any]:
-        if name == "flink":
-            return run_flink(args.flink_python, records, args.timeout, args.flink_watermark_interval_ms)
+        if name.startswith("flink-"):
+            return run_flink(args.flink_python, records, args.timeout, args.flink_watermark_interval_ms,
+                             window=name.removeprefix("flink-"), keys=args.keys)
         job, _, grain = name.partition("@")
-        return run_one(JOBS[job], records, args.jitter_ms, args.timeout, grain or grains[0])
+        return run_one(JOBS[job], records, args.jitter_ms, args.timeout, grain or grains[0], args.keys)
+
+    # Flink's rows at Sluice's input sizes, counted once per kind before the rounds (keys in bursts: the same
+    # records on both sides, so the same rows; uniform keys are each engine's own draw, nothing to compare)
+    flink_rows: dict[str, dict[int, int]] = {}
+    if args.keys == "bursts" and args.jitter_ms == 0:
+        for kind in flink_kinds:
+            sizes = [args.records] + ([args.startup_records] if args.startup_records else [])
+            flink_rows[kind] = {n: run_flink(args.flink_python, n, args.timeout, window=kind, keys=args.keys,
+                                             count_rows=True)["rows_out"] for n in sizes}
+            if not args.json:
+                print(f"flink-{kind} rows out (counted into files): "
+                      + ", ".join(f"{rows:,} of {n:,} records" for n, rows in flink_rows[kind].items()), flush=True)
 
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     small_runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.repeat):
         for name in names:
-            r = run(name, args.flink_records or args.records if name == "flink" else args.records)
+            flink = name.startswith("flink-")
+            r = run(name, args.flink_records or args.records if flink else args.records)
             runs[name].append(r)
             if args.startup_records:  # right after the large run: the most similar machine
                 small_runs[name].append(run(name, args.startup_records))
+            if not flink:
+                for checked in [r, *small_runs[name][-1:]]:
+                    check_rows(name, checked, flink_rows.get(name.partition("@")[0], {}))
             if not args.json:
                 rows = "" if r["rows_out"] is None else f", {r['rows_out']:,} rows out"
                 if "cpu_us_per_record" in r:
@@ -217,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 small = (f"; {args.startup_records:,} records: {small_runs[name][-1]['with_startup_s']:.2f} s"
                          if args.startup_records else "")
                 rows += f", load {os.getloadavg()[0]:.1f}"
-                print(f"{name:>13}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows}); "
+                print(f"{name:>14}: {r['records_per_s']:>10,.0f} records/s ({r['wall_s']:.2f} s{rows}); "
                       f"with start-up {r['with_startup_s']:.2f} s{small}", flush=True)
     medians = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
     slowest = {n: min(r["records_per_s"] for r in rs) for n, rs in runs.items()}
@@ -229,16 +271,17 @@ def main(argv: list[str] | None = None) -> int:
                           "median_records_per_s": medians, "slowest_records_per_s": slowest,
                           "accounting": accounts}, indent=2))
         return 0
-    flink = accounts.get("flink")
     for name, m in medians.items():
         job, at, grain = name.partition("@")
+        flink_name = f"flink-{job}"  # the Flink job of this window kind, when it ran
         base = medians.get(f"keyed{at}{grain}")  # the keyed count at the same grain
-        ratio = f"  {m / base:.2f}x the keyed count" if base and job not in ("keyed", "flink") else ""
-        if "flink" in medians and name != "flink":
-            ratio += f"  {m / medians['flink']:.2f}x Flink's net run time"
-        measure = "net run time" if name == "flink" else "tasks' lifetime"
-        print(f"median {name:>13}: {m:>10,.0f} records/s over its {measure} (slowest {slowest[name]:,.0f}){ratio}")
+        ratio = f"  {m / base:.2f}x the keyed count" if base and job in WINDOW_KINDS else ""
+        if flink_name in medians:
+            ratio += f"  {m / medians[flink_name]:.2f}x Flink's net run time"
+        measure = "net run time" if job.startswith("flink-") else "tasks' lifetime"
+        print(f"median {name:>14}: {m:>10,.0f} records/s over its {measure} (slowest {slowest[name]:,.0f}){ratio}")
     for name, acc in accounts.items():
+        flink = accounts.get(f"flink-{name.partition('@')[0]}")
         parts = []
         for key, label in (("with_startup", "with start-up"), ("without_startup", "without start-up")):
             figure = acc[key]
@@ -246,14 +289,14 @@ def main(argv: list[str] | None = None) -> int:
                 parts.append(f"{label}: -")
                 continue
             text = f"{label} {figure['median']:,.0f} records/s (slowest {figure['slowest']:,.0f})"
-            theirs = flink[key] if flink and name != "flink" else None
+            theirs = flink[key] if flink else None
             if theirs:
                 text += f" {figure['median'] / theirs['median']:.2f}x Flink"
             parts.append(text)
         s0 = "" if acc["startup_s"] is None else f"; start-up {acc['startup_s']:.2f} s"
-        if name != "flink":  # the part a Flink run has before its clock starts (its JVM), for whoever subtracts it
+        if not name.startswith("flink-"):  # the part a Flink run has before its clock starts (its JVM)
             s0 += f" (the cluster's start alone: {statistics.median(r['cluster_start_s'] for r in runs[name]):.2f} s)"
-        print(f"{name:>13}: {'; '.join(parts)}{s0}")
+        print(f"{name:>14}: {'; '.join(parts)}{s0}")
     return 0
 
 

@@ -13,6 +13,14 @@ keys do not depend on J). With J = 0 nothing is drawn and the records are
 exactly those of a generator without jitter. The batch side (`sluice data
 generate --jitter-ms`) applies the same rule with d from a hash; the two data
 sets differ anyway (see runtime/data/generate.py).
+
+Keys in bursts (`distribution="bursts"`): the key is a function of seq alone, so that another engine can
+generate the very same records (scripts/flink_windows_job.py does, in SQL). The keys are BURST_GROUPS groups;
+group g is active during the bursts of BURST_RECORDS records whose number is g modulo BURST_GROUPS, its keys
+taking turns (seq modulo the group's size), and silent in between: at one millisecond per record every key
+appears every keys/BURST_GROUPS ms during its group's burst (100 ms of 1000 ms for 1000 keys), then not for
+nine bursts (9 s), so session windows with a gap between the two close once per key every ten bursts.
+`burst_key_index` is the rule.
 """
 
 from __future__ import annotations
@@ -26,6 +34,15 @@ from runtime.connectors.source import LaneReader, Source, position_lanes
 
 BLOCK = 1024
 EVENT_TIME_START_MS = 1_700_000_000_000
+BURST_GROUPS = 10
+BURST_RECORDS = 1000
+
+
+def burst_key_index(seq: int, keys: int) -> int:
+    """The key (its index) of record `seq` with keys in bursts (module docstring); `keys` a multiple of
+    BURST_GROUPS."""
+    per_group = keys // BURST_GROUPS
+    return seq // BURST_RECORDS % BURST_GROUPS * per_group + seq % per_group
 
 
 def key_names(keys: int) -> list[str]:
@@ -38,13 +55,17 @@ def zipf_cum_weights(keys: int, exponent: float) -> list[float]:
 
 
 def generate_block(block: int, *, seed: int, keys: list[str], cum_weights: list[float] | None,
-                   count: int | None, event_step_ms: int = 1, jitter_ms: int = 0) -> list[tuple[str, int, int]]:
+                   count: int | None, event_step_ms: int = 1, jitter_ms: int = 0,
+                   bursts: bool = False) -> list[tuple[str, int, int]]:
     """Records of global block `block` (shorter for the last block of a bounded input); event times run
-    `jitter_ms` or less behind seq order (module docstring)."""
+    `jitter_ms` or less behind seq order; `bursts`: keys in bursts, not drawn (module docstring)."""
     start = block * BLOCK
     n = BLOCK if count is None else max(0, min(BLOCK, count - start))
     rng = random.Random(seed * 1_000_003 + block)
-    drawn = rng.choices(keys, cum_weights=cum_weights, k=n)
+    if bursts:
+        drawn = [keys[burst_key_index(seq, len(keys))] for seq in range(start, start + n)]
+    else:
+        drawn = rng.choices(keys, cum_weights=cum_weights, k=n)
     t0 = EVENT_TIME_START_MS + start * event_step_ms
     if jitter_ms <= 0:  # the tuples built from C (zip over ranges): no Python step per record
         return list(zip(drawn, range(start, start + n), range(t0, t0 + n * event_step_ms, event_step_ms),
@@ -62,8 +83,10 @@ class GeneratorSource(Source):
             raise ValueError("count must be >= 0 or None for an unbounded source")
         if keys < 1:
             raise ValueError("keys must be >= 1")
-        if distribution not in ("uniform", "zipf"):
-            raise ValueError(f"distribution must be 'uniform' or 'zipf', not {distribution!r}")
+        if distribution not in ("uniform", "zipf", "bursts"):
+            raise ValueError(f"distribution must be 'uniform', 'zipf' or 'bursts', not {distribution!r}")
+        if distribution == "bursts" and keys % BURST_GROUPS:
+            raise ValueError(f"keys in bursts must be a multiple of {BURST_GROUPS}, not {keys}")
         if not isinstance(jitter_ms, int) or jitter_ms < 0:
             raise ValueError(f"jitter_ms must be an integer >= 0, not {jitter_ms!r}")
         self.count = count
@@ -108,7 +131,8 @@ class GeneratorSource(Source):
                 continue
             if self._pending_block != lane[0]:
                 self._pending = generate_block(lane[0], seed=self.seed, keys=self._keys, cum_weights=self._cum,
-                                               count=self.count, jitter_ms=self.jitter_ms)
+                                               count=self.count, jitter_ms=self.jitter_ms,
+                                               bursts=self.distribution == "bursts")
                 self._pending_block = lane[0]
             lane[1] += lane[2]  # records to skip (restored after a rescale): the generator can jump over them
             lane[2] = 0

@@ -12,6 +12,7 @@ from runtime.api import (
     LATE_DATA,
     BoundedOutOfOrderness,
     DiscardSink,
+    EventTimeSessionWindows,
     FileSink,
     GeneratorSource,
     Job,
@@ -20,6 +21,10 @@ from runtime.api import (
     TumblingEventTimeWindows,
 )
 from runtime.examples.wordcount import Count
+
+SESSION_GAP_MS = 1000
+"""The session job's gap: with keys in bursts (runtime/connectors/generator.py) a key's records are 100 ms apart
+in its burst and 9 s apart between bursts, so every key's session closes once per ten bursts."""
 
 
 def _event_time(record: tuple) -> int:
@@ -31,9 +36,10 @@ def _bench_stream(job: Job):
     jitter = int(os.environ.get("SLUICE_BENCH_JITTER_MS", "0"))
     grain = int(os.environ.get("SLUICE_BENCH_GRAIN_MS", "10"))  # event time between two watermarks
     interval = os.environ.get("SLUICE_BENCH_WATERMARK_INTERVAL_MS")  # periodic watermarks (bench_windows --grain-ms pN)
+    keys = os.environ.get("SLUICE_BENCH_KEYS", "uniform")  # or bursts (bench_windows --keys): a function of seq
     watermarks = BoundedOutOfOrderness(max_delay_ms=jitter, timestamp=_event_time, granularity_ms=grain,
                                        emit_interval_ms=int(interval) if interval else None)
-    source = GeneratorSource(count=records, keys=1000, seed=7, jitter_ms=jitter)
+    source = GeneratorSource(count=records, keys=1000, seed=7, jitter_ms=jitter, distribution=keys)
     return job.source(source, parallelism=2, watermarks=watermarks).key_by(lambda r: r[0])
 
 
@@ -52,6 +58,13 @@ def build_bench_tumbling(job: Job) -> None:
 def build_bench_sliding(job: Job) -> None:
     """Sliding 60 s / 10 s event-time count windows: every record lands in six windows."""
     _bench_stream(job).window(SlidingEventTimeWindows(60_000, 10_000)).count(parallelism=2).sink(DiscardSink())
+
+
+def build_bench_session(job: Job) -> None:
+    """Event-time session count windows with a gap of SESSION_GAP_MS (meant for keys in bursts: with uniform
+    keys a key's records are about 1 s apart, and a third of them start a session of their own)."""
+    (_bench_stream(job).window(EventTimeSessionWindows(SESSION_GAP_MS)).count(parallelism=2)
+     .sink(DiscardSink()))
 
 
 def build_parquet(job: Job) -> None:
