@@ -1,6 +1,6 @@
 """scripts/bench_windows.py's accounting of time, alike for Sluice and Flink: records/s with start-up and without
 (the job's fixed cost fitted from the same measurement at two input sizes); and scripts/bench_ab.py's pairing of
-two trees' runs round by round."""
+two trees' runs round by round; the check that both engines emit the same rows."""
 
 from __future__ import annotations
 
@@ -51,3 +51,13 @@ def test_the_ab_summary_pairs_the_runs_of_each_round() -> None:
     assert s["a"] == {"cpu_us_per_record_median": 2.0, "cpu_us_per_record_slowest": 4.0,
                       "records_per_s_median": 100.0, "records_per_s_slowest": 50.0}
     assert s["b"]["cpu_us_per_record_median"] == 1.5 and s["b"]["records_per_s_slowest"] == 60.0
+
+
+def test_a_sluice_run_whose_rows_differ_from_flink_s_on_the_same_input_stops_the_benchmark() -> None:
+    from bench_windows import check_rows
+
+    flink = {2_000_000: 200_000, 20_000: 2_000}  # rows Flink emitted, by input size
+    check_rows("session", {"records": 2_000_000, "rows_out": 200_000}, flink)
+    check_rows("session", {"records": 50_000, "rows_out": 1}, flink)  # a size Flink was not counted at
+    with pytest.raises(SystemExit, match="engines disagree"):
+        check_rows("session@p200", {"records": 20_000, "rows_out": 1_999}, flink)
