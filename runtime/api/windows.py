@@ -278,11 +278,13 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
     # -- event-time timers as one index per timestamp, derived from the windows ---------------------------
 
     def event_timers_from_state(self, ctx: Any) -> Callable[[dict[Any, Any]], list[tuple[Any, int]]] | None:
-        """For the runtime (runtime/execution/operators/kinds.py): event-time windows that do not merge keep no
-        timer table, their timers follow from the windows (`_derive_timers`), and the task fires them from an
-        index per timestamp (runtime/execution/timers.py, TimerIndex). None: per-key timers (sessions,
-        processing time)."""
-        if not self.assigner.event_time or self.assigner.merging:
+        """For the runtime (runtime/execution/operators/kinds.py): event-time windows that do not merge, and
+        sessions without an allowed lateness, keep no timer table, their timers follow from the windows
+        (`_derive_timers`), and the task fires them from an index per timestamp (runtime/execution/timers.py,
+        TimerIndex): registering and deleting a timer is a set operation there, where the per-key queue packs the
+        key and pushes a heap entry (a session that grows moves its timer with every record). None: per-key timers
+        (sessions with a lateness, whose fired sessions carry no mark to derive from; processing time)."""
+        if not self.assigner.event_time or (self.assigner.merging and self.lateness):
             return None
         table = ctx.value_state(_WINDOWS, default=())._table
         return lambda legacy: self._derive_timers(table, legacy)
@@ -295,6 +297,9 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         fired or not) is converted here: a window whose `end - 1` timer is still registered has not fired (or
         fires again at that timer, as `on_timer` did); any other one has, and gets its fired mark."""
         self._owned.clear()  # a restore refilled the table in place: what the batch loop owned is gone
+        if self.assigner.merging:  # sessions without lateness: every session is open, its timer at end - 1
+            legacy.clear()  # the per-key form held exactly those
+            return [(key, entry[1] - 1) for key, entries in table.items() for entry in entries]
         if legacy:
             for key, entries in list(table.items()):
                 stamps = legacy.get(key, ())
@@ -510,11 +515,13 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         (values stored as bytes) every change is a write of a fresh list."""
         assigner = self.assigner
         kind = type(assigner)
-        if kind is not TumblingEventTimeWindows and kind is not SlidingEventTimeWindows:
-            return None  # sessions, processing time, an assigner of the user's: per record
+        sessions = kind is EventTimeSessionWindows and not self.lateness  # timers derived (event_timers_from_state)
+        if kind is not TumblingEventTimeWindows and kind is not SlidingEventTimeWindows and not sessions:
+            return None  # sessions with a lateness, processing time, an assigner of the user's: per record
         table = ctx.value_state(_WINDOWS, default=())._table  # the table `open` reads through self.windows
-        get = table.get
         owned: dict[Any, list[list[Any]]] | None = self._owned if type(table) is dict else None
+        if sessions:
+            return self._session_batch_runner(key_fn, ctx, after, table, owned)
         owned_get = owned.get if owned is not None else _nothing_owned
         contents = self.contents
         first = contents.first
@@ -541,14 +548,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 register(key, end - 1 + lateness)  # clean up
 
         def writable(key: Any) -> list[list[Any]]:
-            """The key's windows as a list of lists the loop may change: a copy of the stored ones (a snapshot
-            may hold those), in the table and owned from now until the next snapshot."""
-            stored = get(key)
-            entries = [list(e) for e in stored] if stored else []
-            if owned is not None:
-                table[key] = entries
-                owned[key] = entries
-            return entries
+            return _writable(table, owned, key)
 
         def add_to(key: Any, entries: list[list[Any]], start: int, end: int, record: Any) -> None:
             """Add the record to window [start, end) of the key, which the watermark has not passed (so its entry,
@@ -647,11 +647,74 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
 
         return run_tumbling if kind is TumblingEventTimeWindows else run_sliding
 
+    def _session_batch_runner(self, key_fn: Callable[[Any], Any], ctx: Any, after: Callable[[], None], table: Any,
+                              owned: dict[Any, list[list[Any]]] | None) -> Callable[[list[Any]], None]:
+        """`timed_batch_runner`'s loop for event-time sessions without an allowed lateness (their timers derived
+        from the sessions, so moving one is a set operation on the operator's TimerIndex).
+
+        A key's sessions are kept ordered by start and never overlap. The common record starts no earlier than
+        the key's newest session: no older session can reach it, so it either falls inside the newest one (which
+        takes it, and ends `gap` after it if that is later: its timer moves) or after it (a session of its own,
+        with its timer). Its session not passed by the watermark, it is not late and fires nothing. Any other record
+        (before the newest session's start, late, without a timestamp) goes through `process` in its place, as
+        the per-record loop would. Accumulators change in place under copy on write, as in the tumbling loop."""
+        gap = self.assigner.gap_ms  # type: ignore[attr-defined]
+        owned_get = owned.get if owned is not None else _nothing_owned
+        contents = self.contents
+        first, merge = contents.first, contents.merge
+        counting = isinstance(contents, _Aggregated) and type(contents.agg) is CountAggregate
+        process = self.process
+        timers = ctx.timers.event  # the operator's TimerIndex (kinds.py puts it in place first)
+        register, delete = timers.register, timers.delete
+
+        def run_sessions(elements: list[Any]) -> None:
+            after_wm = ctx.current_watermark + 1  # a session whose end is at most this has been passed
+            for t, record in elements:
+                key = key_fn(record)
+                end = None if t is None else t + gap
+                if end is not None and end > after_wm:
+                    entries = owned_get(key)
+                    if entries is None:
+                        entries = _writable(table, owned, key)
+                    newest = entries[-1] if entries else None
+                    if newest is None or t >= newest[1]:  # after the newest session: one of its own
+                        entries.append([t, end, 1 if counting else first(record)])
+                        register(key, end - 1)
+                    elif t >= newest[0]:  # inside the newest session: it takes the record (as `process` merges)
+                        newest[2] = newest[2] + 1 if counting else merge(newest[2], first(record))
+                        if end > newest[1]:
+                            delete(key, newest[1] - 1)
+                            register(key, end - 1)
+                            newest[1] = end
+                    else:
+                        end = None  # before the newest session's start: it may bridge two, per record
+                    if end is not None:
+                        if owned is None:
+                            table[key] = entries  # a backend stores the value, not the object
+                        continue
+                ctx.current_key = key
+                ctx.timestamp = t
+                process(record, ctx)
+            after()
+
+        return run_sessions
+
     def before_snapshot(self) -> None:
         """For the runtime, at every snapshot's synchronous part, before the tables are copied: the memory path's
         snapshot is a shallow copy, so from now on the batch loop copies a key's windows before it changes them
         (copy on write, as Flink's CopyOnWriteStateMap)."""
         self._owned.clear()
+
+
+def _writable(table: Any, owned: dict[Any, list[list[Any]]] | None, key: Any) -> list[list[Any]]:
+    """The key's windows as a list of lists the batch loop may change: a copy of the stored ones (a snapshot may
+    hold those), in the table and owned (on the memory path) from now until the next snapshot."""
+    stored = table.get(key)
+    entries = [list(e) for e in stored] if stored else []
+    if owned is not None:
+        table[key] = entries
+        owned[key] = entries
+    return entries
 
 
 def _nothing_owned(key: Any) -> None:

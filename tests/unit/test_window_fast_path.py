@@ -155,7 +155,27 @@ ASSIGNERS: list[WindowAssigner] = [TumblingEventTimeWindows(10), TumblingEventTi
 def test_batches_give_what_process_per_record_gives_and_survive_a_restore(
         records: list[tuple[str, int]], delay: int, lateness: int, which: int, kind: str, cuts: list[int],
         checkpoint_at: int) -> None:
-    assigner = ASSIGNERS[which]
+    check_against_per_record(records, delay, lateness, ASSIGNERS[which], kind, cuts, checkpoint_at)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 150)), max_size=80),
+       st.integers(0, 30), st.sampled_from([0, 0, 7]), st.sampled_from([2, 6, 20]),
+       st.sampled_from(["count", "reduce", "process"]), st.lists(st.integers(0, 80), max_size=6),
+       st.integers(0, 40))
+def test_sessions_in_batches_give_what_process_per_record_gives_and_survive_a_restore(
+        records: list[tuple[str, int]], delay: int, lateness: int, gap: int, kind: str, cuts: list[int],
+        checkpoint_at: int) -> None:
+    """Sessions (the batch loop's own path without a lateness: a session that takes a record moves its timer in
+    the index, one that starts after it opens with one; a record before the newest session's start bridges)."""
+    check_against_per_record(records, delay, lateness, EventTimeSessionWindows(gap_ms=gap), kind, cuts,
+                             checkpoint_at)
+
+
+def check_against_per_record(records: list[tuple[str, int]], delay: int, lateness: int, assigner: WindowAssigner,
+                             kind: str, cuts: list[int], checkpoint_at: int) -> None:
+    """The batch loop with a checkpoint in the middle, restored from the current and from the earlier form,
+    against `process` per record (and, for counts of windows that do not merge, the model)."""
     events = _events(records, delay, cuts)
 
     reference = Harness(PerRecordWindows(assigner, contents_of(kind), lateness))
@@ -348,3 +368,36 @@ def test_a_timer_drops_a_fired_window_from_the_loops_own_list_in_place_and_from_
     rows = h.outputs()
     assert rows[0] == (9, ("a", 0, 10, 2))
     assert restored.outputs() == rows[1:] == [(19, ("a", 10, 20, 2)), (29, ("a", 20, 30, 1))]
+
+
+def test_a_session_s_timer_moves_with_its_end_and_a_snapshot_keeps_the_sessions_at_its_barrier() -> None:
+    """Sessions without a lateness: the timer index holds one timer per open session, at its end - 1, moved as
+    the session grows (none left behind to fire for nothing); the loop changes a key's sessions in place until a
+    snapshot, then copies them before the next change, and a restore from the snapshot goes on alike."""
+    h = Harness(WindowOperator(EventTimeSessionWindows(gap_ms=5), contents_of("count"), 0))
+    index = h.chain.timers.timers.event
+    h.batch([("a", 0, 1), ("b", 1, 2), ("a", 2, 3)])  # a: [1, 8); b: [2, 7)
+    h.batch([("a", 3, 20), ("a", 4, 4)])  # a: [1, 9), [20, 25)
+    windows = h.chain.keyed_state[h.node_id]["windows"]
+    mine = windows["a"]
+    assert mine == [[1, 9, 3], [20, 25, 1]]
+    assert sorted((ts, k) for ts, keys in index._keys.items() for k in keys) == [(6, "b"), (8, "a"), (24, "a")]
+
+    copied = h.begin_snapshot()
+    at_barrier = read_back(copied)
+    after = [("a", 5, 22), ("a", 6, 12), ("b", 7, 40)]  # a: [20, 27), then [12, 17) between the two; b: [40, 45)
+    h.batch(after)
+    assert read_back(copied) == at_barrier and windows["a"] is not mine
+    assert at_barrier[h.node_id]["windows"]["a"] == ((1, 9, 3), (20, 25, 1))
+    h.watermark(MAX_WATERMARK)
+    rows = h.outputs()
+    assert sorted(r for _, r in rows) == [("a", 1, 9, 3), ("a", 12, 17, 1), ("a", 20, 27, 2), ("b", 2, 7, 1),
+                                          ("b", 40, 45, 1)]
+    assert len(index) == 0
+
+    restored = Harness(WindowOperator(EventTimeSessionWindows(gap_ms=5), contents_of("count"), 0))
+    restored.chain.restore_state(at_barrier, None)
+    restored.chain.restore_watermarks(MIN_WATERMARK, MIN_WATERMARK)
+    restored.batch(after)
+    restored.watermark(MAX_WATERMARK)
+    assert restored.outputs() == rows
