@@ -270,6 +270,9 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         # snapshot (the memory path only): the very object in the state table, held by no snapshot, so the loop
         # changes it in place. Whatever else writes a key's windows (`process`, `on_timer`) takes it out first.
         self._owned: dict[Any, list[list[Any]]] = {}
+        # event-time sessions without a lateness (timers derived from the sessions): a session the batch loop grows
+        # keeps the timer it opened with, and `on_timer` moves it to the session's end when it comes up early
+        self._lazy_session_timers = assigner.merging and assigner.event_time and not allowed_lateness_ms
 
     def open(self, ctx: Any) -> None:
         """Keeps the key's open windows in one value state."""
@@ -442,6 +445,8 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
             elif mark and end - 1 == timestamp and len(entry) == 3:
                 table[key] = ((entry[0], end, entry[2], True),)
                 owned.pop(key, None)  # a new value: the batch loop copies it before changing it
+            elif self._lazy_session_timers and end - 1 > timestamp:  # a session grown since its timer was set
+                ctx.timers.event.register(key, end - 1)
             return
         if not lateness:  # one pass: a window due fires and goes, no other is past (none kept needs a mark)
             oldest = entries[0]
@@ -473,6 +478,10 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                     mine[:] = kept
                 else:
                     table[key] = kept
+            if self._lazy_session_timers:  # this timer may have stood for a session grown since: each at its end
+                register = ctx.timers.event.register
+                for entry in kept:
+                    register(key, entry[1] - 1)
             return
         owned.pop(key, None)  # a new value (or none): the batch loop copies it before changing it
         for entry in entries:
@@ -664,8 +673,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         first, merge = contents.first, contents.merge
         counting = isinstance(contents, _Aggregated) and type(contents.agg) is CountAggregate
         process = self.process
-        timers = ctx.timers.event  # the operator's TimerIndex (kinds.py puts it in place first)
-        register, delete = timers.register, timers.delete
+        register = ctx.timers.event.register  # the operator's TimerIndex (kinds.py puts it in place first)
 
         def run_sessions(elements: list[Any]) -> None:
             after_wm = ctx.current_watermark + 1  # a session whose end is at most this has been passed
@@ -683,8 +691,8 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                     elif t >= newest[0]:  # inside the newest session: it takes the record (as `process` merges)
                         newest[2] = newest[2] + 1 if counting else merge(newest[2], first(record))
                         if end > newest[1]:
-                            delete(key, newest[1] - 1)
-                            register(key, end - 1)
+                            # its timer stays where it is, at or before its end: when it comes up, `on_timer`
+                            # moves it to the end (a move per firing, not one per record)
                             newest[1] = end
                     else:
                         end = None  # before the newest session's start: it may bridge two, per record
