@@ -23,8 +23,10 @@ windows it built since the last snapshot (`_owned`) are its own, and it updates 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from runtime.api.functions import KeyedProcessFunction, OutputTag
@@ -663,9 +665,12 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
 
         A key's sessions are kept ordered by start and never overlap. The common record starts no earlier than
         the key's newest session: no older session can reach it, so it either falls inside the newest one (which
-        takes it, and ends `gap` after it if that is later: its timer moves) or after it (a session of its own,
-        with its timer). Its session not passed by the watermark, it is not late and fires nothing. Any other record
-        (before the newest session's start, late, without a timestamp) goes through `process` in its place, as
+        takes it, and ends `gap` after it if that is later; its timer stays, see `_lazy_session_timers`) or
+        after it (a session of its own, with its timer). A record before the newest session's start (a source
+        subtask that lags the other: at Flink's watermark cadence a key holds many sessions) is placed by the
+        starts: it joins the session before it, or the one after it (which then starts at the record), or opens
+        one between them. Its session not passed by the watermark, it is not late and fires nothing. Any other
+        record (one that bridges two sessions, late, without a timestamp) goes through `process` in its place, as
         the per-record loop would. Accumulators change in place under copy on write, as in the tumbling loop."""
         gap = self.assigner.gap_ms  # type: ignore[attr-defined]
         owned_get = owned.get if owned is not None else _nothing_owned
@@ -674,6 +679,27 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         counting = isinstance(contents, _Aggregated) and type(contents.agg) is CountAggregate
         process = self.process
         register = ctx.timers.event.register  # the operator's TimerIndex (kinds.py puts it in place first)
+
+        def add_before_newest(key: Any, entries: list[list[Any]], t: int, end: int, record: Any) -> bool:
+            """Add a record before the newest session's start; False (nothing changed) if it bridges two."""
+            i = bisect_right(entries, t, key=_session_start) - 1  # the last session starting at or before t
+            before = entries[i] if i >= 0 else None
+            after_it = entries[i + 1]  # there is one: the newest starts after t
+            joins_before = before is not None and t < before[1]
+            if after_it[0] < end:  # the one after starts within the gap: it starts at t now (its end is later)
+                if joins_before:
+                    return False
+                after_it[0] = t
+                after_it[2] = after_it[2] + 1 if counting else merge(first(record), after_it[2])
+            elif joins_before:
+                assert before is not None
+                before[2] = before[2] + 1 if counting else merge(before[2], first(record))
+                if end > before[1]:
+                    before[1] = end  # its timer stays (as the newest's)
+            else:
+                entries.insert(i + 1, [t, end, 1 if counting else first(record)])
+                register(key, end - 1)
+            return True
 
         def run_sessions(elements: list[Any]) -> None:
             after_wm = ctx.current_watermark + 1  # a session whose end is at most this has been passed
@@ -694,8 +720,8 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                             # its timer stays where it is, at or before its end: when it comes up, `on_timer`
                             # moves it to the end (a move per firing, not one per record)
                             newest[1] = end
-                    else:
-                        end = None  # before the newest session's start: it may bridge two, per record
+                    elif not add_before_newest(key, entries, t, end, record):
+                        end = None  # it bridges two sessions: per record
                     if end is not None:
                         if owned is None:
                             table[key] = entries  # a backend stores the value, not the object
@@ -712,6 +738,9 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         snapshot is a shallow copy, so from now on the batch loop copies a key's windows before it changes them
         (copy on write, as Flink's CopyOnWriteStateMap)."""
         self._owned.clear()
+
+
+_session_start = itemgetter(0)
 
 
 def _writable(table: Any, owned: dict[Any, list[list[Any]]] | None, key: Any) -> list[list[Any]]:
