@@ -432,6 +432,9 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         entries = table.get(key)
         if not entries:
             return
+        if self._lazy_session_timers:
+            self._fire_session(timestamp, ctx, key, entries)
+            return
         owned = self._owned
         event_time = self.assigner.event_time
         lateness = self.lateness if event_time else 0
@@ -447,8 +450,6 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
             elif mark and end - 1 == timestamp and len(entry) == 3:
                 table[key] = ((entry[0], end, entry[2], True),)
                 owned.pop(key, None)  # a new value: the batch loop copies it before changing it
-            elif self._lazy_session_timers and end - 1 > timestamp:  # a session grown since its timer was set
-                ctx.timers.event.register(key, end - 1)
             return
         if not lateness:  # one pass: a window due fires and goes, no other is past (none kept needs a mark)
             oldest = entries[0]
@@ -480,10 +481,6 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                     mine[:] = kept
                 else:
                     table[key] = kept
-            if self._lazy_session_timers:  # this timer may have stood for a session grown since: each at its end
-                register = ctx.timers.event.register
-                for entry in kept:
-                    register(key, entry[1] - 1)
             return
         owned.pop(key, None)  # a new value (or none): the batch loop copies it before changing it
         for entry in entries:
@@ -496,6 +493,32 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 table[key] = kept
         else:
             table.pop(key, None)
+
+    def _fire_session(self, timestamp: int, ctx: Any, key: Any, entries: Any) -> None:
+        """`on_timer` for event-time sessions without a lateness, whose timers may come up early: a session the
+        batch loop grows keeps the timer it opened with, at its first record + gap - 1 (`_lazy_session_timers`).
+
+        The key's sessions are ordered by start, so by end too (they do not overlap), and every one ending before
+        `timestamp` has fired at its own timer: only the oldest can be due. A timer that comes up early stood for
+        the session that spans [timestamp - gap + 1, timestamp + 1) (it opened with a record at or after its
+        start, and has grown since): at most one, the last starting by then, and the timer moves to its end.
+        Anything else is a timer a merge left behind (`process` registers the merged session's end)."""
+        oldest = entries[0]
+        if oldest[1] - 1 == timestamp:
+            self._emit(ctx, oldest[0], oldest[1], oldest[2])
+            table, owned = self.windows._table, self._owned
+            if len(entries) == 1:
+                table.pop(key, None)
+                owned.pop(key, None)
+            elif owned.get(key) is entries:  # the batch loop's own list (no snapshot holds it)
+                del entries[0]
+            else:
+                table[key] = entries[1:]
+            return  # the timer of a session that ends here stands for no other (sessions do not overlap)
+        gap = self.assigner.gap_ms  # type: ignore[attr-defined]
+        i = bisect_right(entries, timestamp - gap + 1, key=_session_start) - 1
+        if i >= 0 and entries[i][1] - 1 > timestamp:
+            ctx.timers.event.register(key, entries[i][1] - 1)
 
     def _emit(self, ctx: Any, start: int, end: int, acc: Any) -> None:
         key = ctx.current_key
