@@ -510,10 +510,12 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
             if len(entries) == 1:
                 table.pop(key, None)
                 owned.pop(key, None)
-            elif owned.get(key) is entries:  # the batch loop's own list (no snapshot holds it)
-                del entries[0]
             else:
-                table[key] = entries[1:]
+                mine = owned.get(key)
+                if mine is not None and mine is entries:  # the batch loop's own list (no snapshot holds it)
+                    del mine[0]
+                else:
+                    table[key] = entries[1:]
             return  # the timer of a session that ends here stands for no other (sessions do not overlap)
         gap = self.assigner.gap_ms  # type: ignore[attr-defined]
         i = bisect_right(entries, timestamp - gap + 1, key=_session_start) - 1
