@@ -6,14 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.connectors.generator import BURST_GROUPS, BURST_RECORDS, GeneratorSource, burst_key_index
-
-
-def read_all(source: GeneratorSource, subtask: int = 0, parallelism: int = 1) -> list[tuple[str, int, int]]:
-    source.open(subtask, parallelism)
-    out: list[tuple[str, int, int]] = []
-    while (batch := source.read_batch(700)) is not None:
-        out += batch
-    return out
+from tests.support.generator import read_all
 
 
 def test_a_key_in_bursts_is_the_rule_of_its_seq_at_any_parallelism() -> None:

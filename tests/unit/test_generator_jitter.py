@@ -9,14 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.connectors.generator import BLOCK, EVENT_TIME_START_MS, GeneratorSource, generate_block, key_names
-
-
-def read_all(source: GeneratorSource, subtask: int = 0, parallelism: int = 1) -> list[tuple[str, int, int]]:
-    source.open(subtask, parallelism)
-    out: list[tuple[str, int, int]] = []
-    while (batch := source.read_batch(700)) is not None:
-        out += batch
-    return out
+from tests.support.generator import read_all
 
 
 def test_without_jitter_the_records_are_the_ones_from_before() -> None:
