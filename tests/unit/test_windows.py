@@ -217,6 +217,30 @@ def test_windows_on_rocksdb_keep_their_contents_in_the_backend(tmp_path: Any) ->
     h.chain.close()
 
 
+@pytest.mark.skipif(not rocksdb_available(), reason="rocksdict is not installed (the `rocksdb` extra)")
+def test_sessions_on_rocksdb_write_every_change_and_fire_as_on_the_memory_path(tmp_path: Any) -> None:
+    """The session batch loop on a backend (values stored as bytes: it owns nothing and writes each change),
+    its timers derived again from the backend's entries as a restore does: the rows of the memory path."""
+    batches = [[("a", 1), ("b", 2), ("a", 4)], [("a", 30), ("a", 12), ("b", 9)], [("a", 20), ("a", 33)]]
+    rows = []
+    for backend in (None, make_backend("rocksdb", range(128), work_dir=str(tmp_path / "w"), options={})):
+        h = WindowHarness(lambda k: k.window(EventTimeSessionWindows(gap_ms=5)).count(), backend)
+        for i, batch in enumerate(batches):
+            h.chain.process_batch([(ts, (key, ts)) for key, ts in batch])
+            if i == 1:
+                assert h.chain.timers is not None
+                h.chain.timers.rebuild()
+                h.watermark(8)  # fires a's [1, 9)
+        h.watermark(MAX_WATERMARK)
+        rows.append(h.outputs())
+        if backend is not None:
+            assert sum(1 for _ in backend.scan(range(128))) == 0  # every session fired and dropped
+            h.chain.close()
+    assert rows[0] == rows[1]
+    assert sorted(r for _, r in rows[0]) == [("a", 1, 9, 2), ("a", 12, 17, 1), ("a", 20, 25, 1), ("a", 30, 38, 2),
+                                            ("b", 2, 7, 1), ("b", 9, 14, 1)]
+
+
 def test_bad_window_arguments_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="size_ms"):
         TumblingEventTimeWindows(0)
