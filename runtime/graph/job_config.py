@@ -54,13 +54,11 @@ def parse_scale_down_after(value: object) -> float:
     return float(value)
 
 
-# The largest a network buffer grows to. A buffer costs about the same CPU whatever its size: a frame sent and
-# received, a wake-up of the consuming task and the hand-off of its run to the task's thread (0.1-0.2 ms of the
-# two cores between sender and receiver on the keyed count, on the loaded 2-core machine). With 128 KiB (32 KiB
-# before) that job took a tenth less CPU per record (docs/BENCHMARKS.md, The cluster's CPU beyond the stages).
-# A slower channel's buffers stay smaller: the in-flight bound sizes them to its throughput
-# (runtime/execution/inflight.py), so an aligned barrier's wait under backpressure does not grow with this.
-DEFAULT_BUFFER_BYTES = 128 * 1024
+# The largest a network buffer grows to. A buffer costs about the same CPU whatever its size (a frame each way, a
+# wake-up of the consuming task, a run handed to its thread): 128 KiB made the keyed count's CPU per record 8-10 %
+# lower, but a backpressured job's aligned checkpoints 1.5-2x longer, past the in-flight target. So the default
+# stays 32 KiB, and a throughput job may raise it (docs/BENCHMARKS.md, The cluster's CPU beyond the stages).
+DEFAULT_BUFFER_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +66,7 @@ class ChannelConfig:
     """The network settings of every channel of the job (README, Tuning)."""
 
     buffer_bytes: int = field(default=DEFAULT_BUFFER_BYTES, metadata=flag(
-        "--buffer-bytes", f"largest network buffer (default {DEFAULT_BUFFER_BYTES})", parse=parse_positive,
-        group=NETWORK))
+        "--buffer-bytes", f"network buffer size (default {DEFAULT_BUFFER_BYTES})", parse=parse_positive, group=NETWORK))
     buffers_per_channel: int = field(default=4, metadata=flag(  # producer queue limit per subpartition
         "--buffers-per-channel", "output buffers a channel may queue before its task is backpressured (default 4)",
         parse=parse_positive, group=NETWORK))
