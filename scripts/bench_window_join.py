@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Window join: Sluice against Flink 2.3 SQL's own window join, over the same input files, in one session.
+
+Input: the JSON-lines files of scripts/join_bench.py, the interval join's (`{"k", "seq", "ts"}` per side, p files
+per side for a run at parallelism p, written once into --data-dir). A left record l and a right record r join when
+their keys are equal and both lie in the same tumbling event-time window of --window-ms; the expected number of
+pairs (per key and window, left count times right count) is counted here and every run's output count is checked
+against it. With 100 keys and one record per ms per side, a 100 ms window holds one record of each key per side:
+as many pairs as records per side (the interval join's [-30, 30] ms gives 0.6 per record).
+
+Jobs, each at each --parallelism (every operator):
+- sluice: FileSource (json, bounded) -> map to (k, seq, ts) -> left.join(right).where(k).equal_to(k)
+  .window(TumblingEventTimeWindows(--window-ms)).apply(emit (k, l.seq, r.seq)) -> DiscardSink, watermarks
+  BoundedOutOfOrderness(0) with granularity --grain-ms; on a fresh local cluster of 2 workers with 2 slots.
+- sluice-grouped: the sluice job with the join and its sink in a slot sharing group of their own
+  (`.slot_sharing_group("join")`): the sources' parsing in one worker process, the join in the other.
+- sluice-sql: the same files and join as SQL (`job.sql`, runtime/sql): a filesystem json table per side with
+  `WATERMARK FOR ts AS ts`, the window TVF join below, a blackhole table.
+- flink-sql: Flink 2.3 SQL through PyFlink's TableEnvironment, the planner's Java window join
+  (scripts/flink_interval_join_sql_job.py --window-ms):
+
+      SELECT L.k, L.seq, R.seq FROM TABLE(TUMBLE(TABLE l, DESCRIPTOR(rt), INTERVAL w)) L
+      JOIN TABLE(TUMBLE(TABLE r, DESCRIPTOR(rt), INTERVAL w)) R
+      ON L.k = R.k AND L.window_start = R.window_start AND L.window_end = R.window_end
+
+- flink-coprocess (--coprocess-records > 0): scripts/flink_interval_join_job.py --window-ms, a PyFlink Python
+  KeyedCoProcessFunction keeping both sides' records per window until the watermark passes its end, on the same
+  records generated in the job (NumberSequenceSource; no files).
+
+Times, start-up runs, medians and the load average per run: scripts/join_bench.py.
+
+    .venv/bin/python scripts/bench_window_join.py --flink-python FLINK_VENV/bin/python --records 1000000 \\
+        --parallelism 1,2 --repeat 3 --engines sluice,sluice-grouped,sluice-sql,flink-sql --check-flink-count
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from operator import itemgetter
+from typing import Any
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(SCRIPTS)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from join_bench import (  # noqa: E402
+    LEFT_HASH,
+    RIGHT_HASH,
+    add_session_arguments,
+    flink_run,
+    session,
+    side_records,
+    sluice_run,
+)
+
+from runtime.api import BoundedOutOfOrderness, DiscardSink, FileSource, Job, TumblingEventTimeWindows  # noqa: E402
+
+ENV = "SLUICE_BENCH_WINDOW_JOIN"  # JSON settings for the job, set before the cluster starts (inherited)
+
+
+def expected_pairs(records: int, keys: int, window_ms: int) -> int:
+    """Pairs of the join over the two sides: per key and window, the left side's records times the right's."""
+    left = Counter((k, ts - ts % window_ms) for k, ts in side_records(records, keys, LEFT_HASH))
+    right = Counter((k, ts - ts % window_ms) for k, ts in side_records(records, keys, RIGHT_HASH))
+    return sum(n * right[cell] for cell, n in left.items())
+
+
+# -- the Sluice jobs (built in the cluster's processes from ENV) --------------------------------------------------
+
+
+def settings() -> dict[str, Any]:
+    return dict(json.loads(os.environ.get(ENV, "{}")))
+
+
+def _row(record: dict[str, Any]) -> tuple[str, int, int]:
+    return record["k"], record["seq"], record["ts"]
+
+
+def _pair(left: Any, right: Any) -> tuple[str, int, int]:
+    return left[0], left[1], right[1]
+
+
+def build(job: Job) -> None:
+    """The DataStream job (module docstring)."""
+    _build(job, join_group=None)
+
+
+def build_grouped(job: Job) -> None:
+    """The DataStream job with the join and its sink in a slot sharing group of their own."""
+    _build(job, join_group="join")
+
+
+def _build(job: Job, *, join_group: str | None) -> None:
+    s = settings()
+    p = s["parallelism"]
+    timed = BoundedOutOfOrderness(max_delay_ms=0, timestamp=itemgetter("ts"), granularity_ms=s["grain_ms"])
+    left, right = (job.source(FileSource(s[side], format="json", bounded=True), name=side, parallelism=p,
+                              watermarks=timed).map(_row, name=f"{side}-rows", parallelism=p)
+                   for side in ("left", "right"))
+    first = itemgetter(0)
+    joined = (left.join(right).where(first).equal_to(first).window(TumblingEventTimeWindows(s["window_ms"]))
+              .apply(_pair, parallelism=p, name="window-join"))
+    if join_group is not None:
+        joined.slot_sharing_group(join_group)
+    joined.sink(DiscardSink(), parallelism=p, name="discard")
+
+
+def build_sql(job: Job) -> None:
+    """The SQL job: the same files and join as Flink's (flink_interval_join_sql_job.py --window-ms)."""
+    s = settings()
+    tables = "\n".join(f"""
+        CREATE TABLE {name} (k STRING, seq BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts)
+        WITH ('connector' = 'filesystem', 'path' = '{s[side]}', 'format' = 'json');"""
+                       for name, side in (("l", "left"), ("r", "right")))
+    size = f"INTERVAL '{s['window_ms']}' MILLISECOND"
+    job.sql(f"""
+        SET 'parallelism.default' = '{s['parallelism']}';
+        {tables}
+        CREATE TABLE out_rows (k STRING, lseq BIGINT, rseq BIGINT) WITH ('connector' = 'blackhole');
+        INSERT INTO out_rows SELECT L.k, L.seq, R.seq
+            FROM TABLE(TUMBLE(TABLE l, DESCRIPTOR(ts), {size})) L
+            JOIN TABLE(TUMBLE(TABLE r, DESCRIPTOR(ts), {size})) R
+            ON L.k = R.k AND L.window_start = R.window_start AND L.window_end = R.window_end;
+    """)
+
+
+ENTRIES = {"sluice": "bench_window_join:build", "sluice-grouped": "bench_window_join:build_grouped",
+           "sluice-sql": "bench_window_join:build_sql"}
+
+
+# -- runs ------------------------------------------------------------------------------------------------------
+
+
+def one_run(args: argparse.Namespace, engine: str, p: int, records: int, data: str) -> dict[str, Any]:
+    left, right = os.path.join(data, "left"), os.path.join(data, "right")
+    if engine in ENTRIES:
+        return sluice_run(engine, ENTRIES[engine], ENV, {"left": left, "right": right, "window_ms": args.window_ms,
+                                                         "parallelism": p, "grain_ms": args.grain_ms},
+                          records, args.timeout)
+    if engine == "flink-sql":
+        return flink_run(args.flink_python, "flink_interval_join_sql_job.py",
+                         ["--left", left, "--right", right, "--window-ms", str(args.window_ms),
+                          "--records", str(records), "--parallelism", str(p)], args.timeout)
+    return flink_run(args.flink_python, "flink_interval_join_job.py",
+                     ["--mode", "throughput", "--records", str(records), "--keys", str(args.keys),
+                      "--window-ms", str(args.window_ms), "--parallelism", str(p)], args.timeout)
+
+
+def flink_count(args: argparse.Namespace, data: str) -> dict[str, Any]:
+    return flink_run(args.flink_python, "flink_interval_join_sql_job.py",
+                     ["--left", os.path.join(data, "left"), "--right", os.path.join(data, "right"), "--window-ms",
+                      str(args.window_ms), "--records", str(args.records), "--count"], args.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_session_arguments(parser, "sluice,sluice-grouped,sluice-sql,flink-sql")
+    parser.add_argument("--window-ms", type=int, default=100, help="the tumbling window's size (default 100)")
+    parser.add_argument("--grain-ms", type=int, default=100,
+                        help="event time between two watermarks of a Sluice DataStream source (default 100)")
+    args = parser.parse_args(argv)
+    pairs = expected_pairs(args.records, args.keys, args.window_ms)
+    return session(args, parser, f"window join, tumbling {args.window_ms} ms; Sluice grain {args.grain_ms} ms",
+                   pairs, lambda engine, p, records, data: one_run(args, engine, p, records, data),
+                   lambda data: flink_count(args, data))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
