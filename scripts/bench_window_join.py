@@ -29,6 +29,10 @@ Jobs, each at each --parallelism (every operator):
 
 Times, start-up runs, medians and the load average per run: scripts/join_bench.py.
 
+--chain-records N instead measures the DataStream join's own CPU per record in one process: its chain (the join
+-> DiscardSink, built from the sluice job's graph) fed N records per side as the task feeds it, the two sides in
+turn in batches of --chain-batch, the watermark moved by each --grain-ms of event time and the due timers fired.
+
     .venv/bin/python scripts/bench_window_join.py --flink-python FLINK_VENV/bin/python --records 1000000 \\
         --parallelism 1,2 --repeat 3 --engines sluice,sluice-grouped,sluice-sql,flink-sql --check-flink-count
 """
@@ -39,6 +43,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
 from operator import itemgetter
 from typing import Any
@@ -51,6 +56,7 @@ if ROOT not in sys.path:
 from join_bench import (  # noqa: E402
     LEFT_HASH,
     RIGHT_HASH,
+    T0,
     add_session_arguments,
     flink_run,
     session,
@@ -133,6 +139,47 @@ ENTRIES = {"sluice": "bench_window_join:build", "sluice-grouped": "bench_window_
            "sluice-sql": "bench_window_join:build_sql"}
 
 
+def chain_cpu(records: int, keys: int, window_ms: int, grain_ms: int, batch: int) -> tuple[float, int]:
+    """CPU seconds of the DataStream join's chain over `records` per side (module docstring), and its pairs."""
+    from runtime.api import GeneratorSource
+    from runtime.execution.operators import Chain
+
+    job = Job("bench")
+    os.environ[ENV] = json.dumps({"left": "", "right": "", "window_ms": window_ms, "grain_ms": grain_ms,
+                                  "parallelism": 1})
+    sides = [job.source(GeneratorSource(count=1), name=side, watermarks=BoundedOutOfOrderness(
+        max_delay_ms=0, timestamp=itemgetter(2))) for side in ("left", "right")]
+    first = itemgetter(0)
+    joined = (sides[0].join(sides[1]).where(first).equal_to(first).window(TumblingEventTimeWindows(window_ms))
+              .apply(_pair, name="window-join"))
+    joined.sink(DiscardSink(), name="discard")
+    join_node = job.nodes[joined.node_id]
+    tags = [job.nodes[inp.node].payload for inp in join_node.inputs]  # the job graph's own tag maps
+    chain = Chain(job, [joined.node_id, joined.node_id + 1], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    chain.open()
+    rows = [[(ts, tag((k, ts - T0, ts))) for k, ts in side_records(records, keys, hashing)]
+            for tag, hashing in zip(tags, (LEFT_HASH, RIGHT_HASH), strict=True)]
+    timers = chain.timers
+    assert timers is not None
+    watermark = -1
+    start = time.process_time()
+    for i in range(0, records, batch):
+        for side in rows:
+            chain.process_batch(side[i:i + batch])
+        reached = rows[0][min(i + batch, records) - 1][0] // grain_ms * grain_ms - 1
+        if reached > watermark:
+            watermark = reached
+            timers.set_watermark(watermark)
+            while timers.fire_event(watermark, 64):
+                pass
+            chain.forward_watermark(watermark)
+    end = 2**62
+    timers.set_watermark(end)
+    while timers.fire_event(end, 64):
+        pass
+    return time.process_time() - start, chain.records_out
+
+
 # -- runs ------------------------------------------------------------------------------------------------------
 
 
@@ -163,7 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-ms", type=int, default=100, help="the tumbling window's size (default 100)")
     parser.add_argument("--grain-ms", type=int, default=100,
                         help="event time between two watermarks of a Sluice DataStream source (default 100)")
+    parser.add_argument("--chain-records", type=int, default=0,
+                        help="> 0: the join's chain alone in this process over this many records per side")
+    parser.add_argument("--chain-batch", type=int, default=100, help="records per batch (--chain-records)")
     args = parser.parse_args(argv)
+    if args.chain_records:
+        pairs = expected_pairs(args.chain_records, args.keys, args.window_ms)
+        for _ in range(args.repeat):
+            cpu, out = chain_cpu(args.chain_records, args.keys, args.window_ms, args.grain_ms, args.chain_batch)
+            verdict = "" if out == pairs else f" (NOT the expected {pairs:,})"
+            print(f"window join chain: {cpu * 1e6 / (2 * args.chain_records):.2f} CPU us per record, {out:,} "
+                  f"records out{verdict}", flush=True)
+        return 0
     pairs = expected_pairs(args.records, args.keys, args.window_ms)
     return session(args, parser, f"window join, tumbling {args.window_ms} ms; Sluice grain {args.grain_ms} ms",
                    pairs, lambda engine, p, records, data: one_run(args, engine, p, records, data),
