@@ -139,8 +139,9 @@ ENTRIES = {"sluice": "bench_window_join:build", "sluice-grouped": "bench_window_
            "sluice-sql": "bench_window_join:build_sql"}
 
 
-def chain_cpu(records: int, keys: int, window_ms: int, grain_ms: int, batch: int) -> tuple[float, int]:
-    """CPU seconds of the DataStream join's chain over `records` per side (module docstring), and its pairs."""
+def chain_cpu(records: int, keys: int, window_ms: int, grain_ms: int, batch: int, lead: int = 0) -> tuple[float, int]:
+    """CPU seconds of the DataStream join's chain over `records` per side (module docstring), and its pairs. `lead`:
+    the left side's records that many ahead of the right side's (a source that runs ahead of the other one)."""
     from runtime.api import GeneratorSource
     from runtime.execution.operators import Chain
 
@@ -163,10 +164,13 @@ def chain_cpu(records: int, keys: int, window_ms: int, grain_ms: int, batch: int
     assert timers is not None
     watermark = -1
     start = time.process_time()
-    for i in range(0, records, batch):
-        for side in rows:
-            chain.process_batch(side[i:i + batch])
-        reached = rows[0][min(i + batch, records) - 1][0] // grain_ms * grain_ms - 1
+    for i in range(0, records + lead, batch):
+        chain.process_batch(rows[0][i:i + batch])
+        if i >= lead:
+            chain.process_batch(rows[1][i - lead:i - lead + batch])
+        if i < lead or i - lead >= records:
+            continue
+        reached = rows[1][min(i - lead + batch, records) - 1][0] // grain_ms * grain_ms - 1
         if reached > watermark:
             watermark = reached
             timers.set_watermark(watermark)
@@ -213,11 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chain-records", type=int, default=0,
                         help="> 0: the join's chain alone in this process over this many records per side")
     parser.add_argument("--chain-batch", type=int, default=100, help="records per batch (--chain-records)")
+    parser.add_argument("--chain-lead", type=int, default=0,
+                        help="records the left side runs ahead of the right one (--chain-records)")
     args = parser.parse_args(argv)
     if args.chain_records:
         pairs = expected_pairs(args.chain_records, args.keys, args.window_ms)
         for _ in range(args.repeat):
-            cpu, out = chain_cpu(args.chain_records, args.keys, args.window_ms, args.grain_ms, args.chain_batch)
+            cpu, out = chain_cpu(args.chain_records, args.keys, args.window_ms, args.grain_ms, args.chain_batch,
+                                 args.chain_lead)
             verdict = "" if out == pairs else f" (NOT the expected {pairs:,})"
             print(f"window join chain: {cpu * 1e6 / (2 * args.chain_records):.2f} CPU us per record, {out:,} "
                   f"records out{verdict}", flush=True)
