@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import os
 import sys
 from operator import itemgetter
@@ -45,9 +44,21 @@ ROOT = os.path.dirname(SCRIPTS)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from join_bench import LEFT_HASH, RIGHT_HASH, T0, add_session_arguments, flink_run, key_of, session, sluice_run  # noqa: E402
+from join_bench import (  # noqa: E402
+    LEFT_HASH,
+    RIGHT_HASH,
+    T0,
+    add_session_arguments,
+    file_sides,
+    flink_run,
+    job_settings,
+    key_of,
+    session,
+    sluice_run,
+    sql_tables,
+)
 
-from runtime.api import BoundedOutOfOrderness, DiscardSink, FileSource, Job  # noqa: E402
+from runtime.api import DiscardSink, Job  # noqa: E402
 
 ENV = "SLUICE_BENCH_INTERVAL_JOIN"  # JSON settings for the job, set before the cluster starts (inherited)
 
@@ -66,14 +77,6 @@ def expected_pairs(records: int, keys: int, lower: int, upper: int) -> int:
 
 
 # -- the Sluice jobs (built in the cluster's processes from ENV) --------------------------------------------------
-
-
-def settings() -> dict[str, Any]:
-    return dict(json.loads(os.environ.get(ENV, "{}")))
-
-
-def _row(record: dict[str, Any]) -> tuple[str, int, int]:
-    return record["k"], record["seq"], record["ts"]
 
 
 def _pair(left: Any, right: Any, ctx: Any) -> None:
@@ -97,36 +100,22 @@ def build_split(job: Job) -> None:
 
 
 def _build(job: Job, *, join_group: str | None, side_groups: bool = False) -> None:
-    s = settings()
-    p = s["parallelism"]
-    timed = BoundedOutOfOrderness(max_delay_ms=0, timestamp=itemgetter("ts"), granularity_ms=s["grain_ms"])
-    sides = []
-    for side in ("left", "right"):
-        source = job.source(FileSource(s[side], format="json", bounded=True), name=side, parallelism=p,
-                            watermarks=timed)
-        if side_groups:
-            source.slot_sharing_group(side)  # its map follows it
-        sides.append(source.map(_row, name=f"{side}-rows", parallelism=p))
-    left, right = sides
+    s = job_settings(ENV)
+    left, right = file_sides(job, s, side_groups=side_groups)
     first = itemgetter(0)
     joined = (left.key_by(first).interval_join(right.key_by(first)).between(s["lower"], s["upper"])
-              .process(_pair, parallelism=p, name="interval-join"))
+              .process(_pair, parallelism=s["parallelism"], name="interval-join"))
     if join_group is not None:
         joined.slot_sharing_group(join_group)
-    joined.sink(DiscardSink(), parallelism=p, name="discard")
+    joined.sink(DiscardSink(), parallelism=s["parallelism"], name="discard")
 
 
 def build_sql(job: Job) -> None:
     """The SQL job: the same files and join as Flink's (flink_interval_join_sql_job.py), in Sluice's SQL."""
-    s = settings()
-    p = s["parallelism"]
-    tables = "\n".join(f"""
-        CREATE TABLE {name} (k STRING, seq BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts)
-        WITH ('connector' = 'filesystem', 'path' = '{s[side]}', 'format' = 'json');"""
-                       for name, side in (("l", "left"), ("r", "right")))
+    s = job_settings(ENV)
     job.sql(f"""
-        SET 'parallelism.default' = '{p}';
-        {tables}
+        SET 'parallelism.default' = '{s['parallelism']}';
+        {sql_tables(s)}
         CREATE TABLE out_rows (k STRING, lseq BIGINT, rseq BIGINT) WITH ('connector' = 'blackhole');
         INSERT INTO out_rows SELECT l.k, l.seq, r.seq FROM l, r WHERE l.k = r.k
             AND r.ts BETWEEN l.ts + INTERVAL '{s['lower']}' MILLISECOND AND l.ts + INTERVAL '{s['upper']}' MILLISECOND;

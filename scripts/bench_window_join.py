@@ -58,13 +58,16 @@ from join_bench import (  # noqa: E402
     RIGHT_HASH,
     T0,
     add_session_arguments,
+    file_sides,
     flink_run,
+    job_settings,
     session,
     side_records,
     sluice_run,
+    sql_tables,
 )
 
-from runtime.api import BoundedOutOfOrderness, DiscardSink, FileSource, Job, TumblingEventTimeWindows  # noqa: E402
+from runtime.api import BoundedOutOfOrderness, DiscardSink, Job, TumblingEventTimeWindows  # noqa: E402
 
 ENV = "SLUICE_BENCH_WINDOW_JOIN"  # JSON settings for the job, set before the cluster starts (inherited)
 
@@ -77,14 +80,6 @@ def expected_pairs(records: int, keys: int, window_ms: int) -> int:
 
 
 # -- the Sluice jobs (built in the cluster's processes from ENV) --------------------------------------------------
-
-
-def settings() -> dict[str, Any]:
-    return dict(json.loads(os.environ.get(ENV, "{}")))
-
-
-def _row(record: dict[str, Any]) -> tuple[str, int, int]:
-    return record["k"], record["seq"], record["ts"]
 
 
 def _pair(left: Any, right: Any) -> tuple[str, int, int]:
@@ -102,31 +97,23 @@ def build_grouped(job: Job) -> None:
 
 
 def _build(job: Job, *, join_group: str | None) -> None:
-    s = settings()
-    p = s["parallelism"]
-    timed = BoundedOutOfOrderness(max_delay_ms=0, timestamp=itemgetter("ts"), granularity_ms=s["grain_ms"])
-    left, right = (job.source(FileSource(s[side], format="json", bounded=True), name=side, parallelism=p,
-                              watermarks=timed).map(_row, name=f"{side}-rows", parallelism=p)
-                   for side in ("left", "right"))
+    s = job_settings(ENV)
+    left, right = file_sides(job, s)
     first = itemgetter(0)
     joined = (left.join(right).where(first).equal_to(first).window(TumblingEventTimeWindows(s["window_ms"]))
-              .apply(_pair, parallelism=p, name="window-join"))
+              .apply(_pair, parallelism=s["parallelism"], name="window-join"))
     if join_group is not None:
         joined.slot_sharing_group(join_group)
-    joined.sink(DiscardSink(), parallelism=p, name="discard")
+    joined.sink(DiscardSink(), parallelism=s["parallelism"], name="discard")
 
 
 def build_sql(job: Job) -> None:
     """The SQL job: the same files and join as Flink's (flink_interval_join_sql_job.py --window-ms)."""
-    s = settings()
-    tables = "\n".join(f"""
-        CREATE TABLE {name} (k STRING, seq BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts)
-        WITH ('connector' = 'filesystem', 'path' = '{s[side]}', 'format' = 'json');"""
-                       for name, side in (("l", "left"), ("r", "right")))
+    s = job_settings(ENV)
     size = f"INTERVAL '{s['window_ms']}' MILLISECOND"
     job.sql(f"""
         SET 'parallelism.default' = '{s['parallelism']}';
-        {tables}
+        {sql_tables(s)}
         CREATE TABLE out_rows (k STRING, lseq BIGINT, rseq BIGINT) WITH ('connector' = 'blackhole');
         INSERT INTO out_rows SELECT L.k, L.seq, R.seq
             FROM TABLE(TUMBLE(TABLE l, DESCRIPTOR(ts), {size})) L

@@ -30,6 +30,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
@@ -82,6 +83,44 @@ def write_inputs(directory: str, records: int, keys: int, files: int) -> None:
                              for seq in range(j, records, files))
     with open(manifest_path, "w", encoding="utf-8") as f:
         json.dump(wanted, f)
+
+
+# -- what the Sluice jobs share (built in the cluster's processes) --------------------------------------------
+
+
+def job_settings(env_var: str) -> dict[str, Any]:
+    """The job's settings, which the benchmark put in the environment before the cluster started."""
+    return dict(json.loads(os.environ.get(env_var, "{}")))
+
+
+def _row(record: dict[str, Any]) -> tuple[str, int, int]:
+    return record["k"], record["seq"], record["ts"]
+
+
+def file_sides(job: Any, s: dict[str, Any], *, side_groups: bool = False) -> list[Any]:
+    """The two sides as streams of (k, seq, ts): a bounded json FileSource per side at the job's parallelism with
+    watermarks of no delay every `grain_ms`, each mapped to a tuple; `side_groups`: each source (and its map) in a
+    slot sharing group of its own, named after its side."""
+    from runtime.api import BoundedOutOfOrderness, FileSource
+
+    p = s["parallelism"]
+    timed = BoundedOutOfOrderness(max_delay_ms=0, timestamp=itemgetter("ts"), granularity_ms=s["grain_ms"])
+    sides = []
+    for side in ("left", "right"):
+        source = job.source(FileSource(s[side], format="json", bounded=True), name=side, parallelism=p,
+                            watermarks=timed)
+        if side_groups:
+            source.slot_sharing_group(side)  # its map follows it
+        sides.append(source.map(_row, name=f"{side}-rows", parallelism=p))
+    return sides
+
+
+def sql_tables(s: dict[str, Any]) -> str:
+    """Sluice SQL: a filesystem json table per side (l, r) over the files, the rowtime `ts` with no delay."""
+    return "\n".join(f"""
+        CREATE TABLE {name} (k STRING, seq BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts)
+        WITH ('connector' = 'filesystem', 'path' = '{s[side]}', 'format' = 'json');"""
+                     for name, side in (("l", "left"), ("r", "right")))
 
 
 # -- runs ------------------------------------------------------------------------------------------------------
