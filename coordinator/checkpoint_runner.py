@@ -130,10 +130,12 @@ class CheckpointRunner:
 
     # -- stimuli ----------------------------------------------------------------
 
-    def request(self, *, savepoint: bool = False, directory: str | None = None,
-                mode: str | None = None) -> tuple[int, asyncio.Future[r.CheckpointDone]]:
+    def request(self, *, savepoint: bool = False, directory: str | None = None, mode: str | None = None,
+                stopping: bool = False) -> tuple[int, asyncio.Future[r.CheckpointDone]]:
+        """A manual checkpoint or savepoint (CheckpointCoordinator.request: `stopping` for a savepoint the job stops
+        with, whose completion commits) and the future of its end."""
         checkpoint_id, instructions = self.coordinator.request(time.monotonic(), savepoint=savepoint,
-                                                               directory=directory, mode=mode)
+                                                               directory=directory, mode=mode, stopping=stopping)
         fut: asyncio.Future[r.CheckpointDone] = asyncio.get_running_loop().create_future()
         self.waiters[checkpoint_id] = fut
         self.execute(instructions)
@@ -161,7 +163,8 @@ class CheckpointRunner:
                 self._spawn(self._write_metadata(ins), self._writes)
             elif isinstance(ins, NotifyComplete):
                 self._trace(ins.checkpoint_id)
-                self._notify(p.CheckpointNotice(self.job_id, ins.checkpoint_id, self.attempt))
+                if ins.tasks:
+                    self._notify(p.CheckpointNotice(self.job_id, ins.checkpoint_id, self.attempt))
                 self._resolve(r.CheckpointDone("COMPLETED", ins.checkpoint_id,
                                                path=self.directories.get(ins.checkpoint_id, "")))
             elif isinstance(ins, NotifyAborted):

@@ -31,6 +31,9 @@ all in is READY and writes its `_metadata` only when every older checkpoint
 (not savepoint) has ended, so the latest completed checkpoint is always the
 newest one (recovery uses it, never a savepoint); a savepoint waits for
 every older one, and holds no newer one back.
+A savepoint's completion is not told to the tasks unless the job stops with
+it (`NotifyComplete.tasks`): its sinks' output is committed by the next
+checkpoint, as Flink's savepoints commit no side effects.
 When a checkpoint (not a savepoint) has all its acks, the older checkpoints
 (not savepoints) still collecting acks are subsumed: aborted without
 counting as failures, as Flink does; a savepoint is never subsumed and
@@ -273,9 +276,11 @@ class WriteMetadata:
 
 @dataclass(frozen=True)
 class NotifyComplete:
-    """`_metadata` is durable: tell every task (sinks commit)."""
+    """`_metadata` is durable: tell whoever asked, and every task (sinks commit) unless `tasks` is False (a
+    savepoint that commits nothing, below)."""
 
     checkpoint_id: int
+    tasks: bool = True
 
 
 @dataclass(frozen=True)
@@ -406,6 +411,9 @@ class _Request:
     options: CheckpointOptions  # decided when it was requested (or fell due), carried to the barriers
     directory: str | None
     manual: bool = False  # asked for (sluice checkpoint / savepoint), not periodic
+    # whether the tasks hear of its completion (sinks commit what they pre-committed up to it): every checkpoint,
+    # and a savepoint only when the job stops with it (see `request`)
+    commits: bool = True
 
     @property
     def mode(self) -> CheckpointMode:
@@ -492,14 +500,23 @@ class CheckpointCoordinator:
         return out
 
     def request(
-        self, now: float, *, savepoint: bool = False, directory: str | None = None, mode: str | None = None
+        self, now: float, *, savepoint: bool = False, directory: str | None = None, mode: str | None = None,
+        stopping: bool = False,
     ) -> tuple[int, list[Instruction]]:
-        """A manual checkpoint or, with `savepoint=True`, a savepoint into `directory`."""
+        """A manual checkpoint or, with `savepoint=True`, a savepoint into `directory`.
+
+        A savepoint commits no side effects (Flink 1.15's rule): its sinks' pre-commits are published by the next
+        checkpoint's completion (sinks commit everything up to a completed id, and the savepoint's label is below
+        the next id), or by a restore from the savepoint. Recovery restores checkpoints, never savepoints, so
+        output a savepoint published would be produced again by a failover to the checkpoint before it, in sinks
+        that cannot take output back (Kafka, PostgreSQL). `stopping`: the job stops with this savepoint (`sluice
+        cancel --savepoint`, `sluice upgrade`): no checkpoint follows, so its completion commits."""
         if savepoint and directory is None:
             raise ValueError("a savepoint needs a directory")
         if not savepoint and directory is not None:
             raise ValueError("a directory is only for savepoints; checkpoints go to the job's checkpoint storage")
-        req = self._new_request(self.settings.options(mode, savepoint=savepoint), directory=directory, manual=True)
+        req = self._new_request(self.settings.options(mode, savepoint=savepoint), directory=directory, manual=True,
+                                commits=not savepoint or stopping)
         if self._job_failed:
             return req.checkpoint_id, [NotifyAborted(req.checkpoint_id, "job failed")]
         if self._queue or not self._may_start_request(req):
@@ -623,7 +640,7 @@ class CheckpointCoordinator:
         self._completed += 1
         if self._last_completed is None or checkpoint_id > self._last_completed.request.checkpoint_id:
             self._last_completed = cp  # the newest completed (a savepoint may complete after a newer checkpoint)
-        out: list[Instruction] = [NotifyComplete(checkpoint_id)]
+        out: list[Instruction] = [NotifyComplete(checkpoint_id, tasks=cp.request.commits)]
         if not cp.request.savepoint:
             self._consecutive_failures = 0
             self._retained.append(checkpoint_id)
@@ -728,8 +745,9 @@ class CheckpointCoordinator:
             return False
         return self._last_end_at is None or now - self._last_end_at >= s.min_pause_s
 
-    def _new_request(self, options: CheckpointOptions, *, directory: str | None, manual: bool = False) -> _Request:
-        req = _Request(self._next_id, options, directory, manual)
+    def _new_request(self, options: CheckpointOptions, *, directory: str | None, manual: bool = False,
+                     commits: bool = True) -> _Request:
+        req = _Request(self._next_id, options, directory, manual, commits)
         self._next_id += 1
         if options.mode == CheckpointMode.UNALIGNED and self._beside_savepoint():
             self._keep_label(req.checkpoint_id)

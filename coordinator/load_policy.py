@@ -19,8 +19,9 @@ Per vertex (a task type), over the samples of the window:
   is idle and scales down; in between it holds. The new parallelism is the one that brings the utilisation
   to the target: ceil(parallelism * utilisation / target_utilization) (at least one more for a bottleneck).
 
-Then the constraints: every vertex within [min_parallelism, max_parallelism] and within the slots the
-cluster has (a job needs as many slots as its largest parallelism); vertices of one group (joined by a
+Then the constraints: every vertex within [min_parallelism, max_parallelism] and the job within the slots
+the cluster has (each slot sharing group takes as many slots as its largest parallelism: scale-ups that do not
+fit together are trimmed, the highest first); vertices of one group (joined by a
 forward edge, or sharing an operator name: coordinator/autoscale.py) keep equal parallelism, the largest
 any of them needs; a pinned vertex (a source that cannot split its input, a reader of a broadcast input and
 another) keeps its parallelism and so does its group; two vertices joined by an implicit rebalance stay
@@ -37,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from runtime.graph.job_config import AutoscalerConfig
+from runtime.graph.plan import DEFAULT_SLOT_SHARING_GROUP, group_slots
 
 UP, DOWN = "up", "down"
 STABILIZING, COLLECTING, EVALUATED = "stabilizing", "collecting", "evaluated"
@@ -81,6 +83,7 @@ class LoadVertex:
     pinned: bool = False  # cannot be restored at another parallelism
     group: str = ""  # vertices of one non-empty group keep equal parallelism
     operators: tuple[str, ...] = ()  # the operator names a rescale request sets (not read by the policy)
+    slot_group: str = DEFAULT_SLOT_SHARING_GROUP  # its slot sharing group: each group takes its largest parallelism
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +291,35 @@ def _constrain(graph: LoadGraph, wanted: Mapping[str, int], *, settings: Autosca
         keep = floor <= further <= ceiling
         for name in together:
             target[name] = further if keep else current[name]
+    return _within_slots(graph, target, current, slots, groups)
+
+
+def slots_used(graph: LoadGraph, parallelism: Mapping[str, int]) -> int:
+    """The slots the job takes at `parallelism`: per slot sharing group, its largest (runtime/graph/plan.py)."""
+    return sum(group_slots((v.slot_group, parallelism[v.name]) for v in graph.vertices).values())
+
+
+def _within_slots(graph: LoadGraph, target: dict[str, int], current: Mapping[str, int], slots: int,
+                  groups: Mapping[str, list[LoadVertex]]) -> dict[str, int]:
+    """`target` with its scale-ups trimmed until the slot sharing groups fit `slots` (each group takes its
+    largest parallelism, so two groups scaled up each within the slots may not fit together, and placement would
+    refuse the rescale): the highest scaled-up target steps down first, with the vertices it must match; one
+    that would tie an implicit rebalance goes back to where it was."""
+    pinned = {v.name for v in graph.vertices if v.pinned}
+    for _ in range(sum(target.values())):  # each step lowers a target: bounded
+        if slots_used(graph, target) <= slots:
+            break
+        ups = [v for v in graph.vertices if target[v.name] > current[v.name] and v.name not in pinned]
+        if not ups:
+            break  # what is left over is the running shape's own (scale-downs only lower it)
+        top = max(ups, key=lambda v: target[v.name])
+        for m in groups.get(top.group, []) or [top]:
+            target[m.name] = max(current[m.name], target[m.name] - 1)
+    for a, b in graph.apart:
+        if target[a] == target[b] and current[a] != current[b]:
+            for name in (a, b):
+                if target[name] > current[name]:
+                    target[name] = current[name]
     return target
 
 

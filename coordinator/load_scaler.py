@@ -143,7 +143,7 @@ def load_graph(plan: Plan, built: Job) -> policy.LoadGraph:
             names[v.id], v.parallelism, tuple(names[e.up] for e in plan.edges if e.down == v.id),
             source=head.kind == "source", source_rate=float(rate) if isinstance(rate, int | float) else None,
             pinned=any(shape.nodes[n].pinned for n in v.nodes), group=f"c{classes[v.nodes[0]]}",
-            operators=tuple(dict.fromkeys(built.nodes[n].name for n in v.nodes))))
+            operators=tuple(dict.fromkeys(built.nodes[n].name for n in v.nodes)), slot_group=v.slot_sharing_group))
     apart = []
     for e in shape.edges:  # implicit rebalances between vertices: they must stay different
         up, down = shape.nodes[e.up], shape.nodes[e.down]

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from runtime.common import objectstore as files
@@ -36,7 +37,7 @@ from runtime.common.checkpoint_metadata import (
     shape_problem,
     write_metadata_file,
 )
-from runtime.common.checksums import CorruptFile, read_checked, read_segments
+from runtime.common.checksums import CorruptFile, read_checked
 from runtime.graph.checkpoint_metadata import CheckpointMetadata, read_checkpoint_metadata
 
 SHARED_DIR = "shared"  # files later checkpoints reference again (RocksDB SST files, channel-state segments)
@@ -143,41 +144,23 @@ class LocalCheckpointStorage:
             raise CorruptCheckpoint(str(exc)) from None
 
     def verify(self, path: str, metadata: CheckpointMetadata) -> None:
-        """Check every task file the metadata names against its recorded checksum; raises CorruptCheckpoint
-        naming the first file that is missing or differs."""
+        """Check every file the metadata names against what it recorded (the CRC-32 and size of a task file, a
+        shared state file or a channel-state segment; a backend's private file exists); raises CorruptCheckpoint
+        naming the first file that is missing or differs. Every name is confined to the store it belongs to
+        before anything is looked at."""
         directory = files.dirname(path) if files.basename(path) == METADATA_FILE else path
-        for task, state in sorted(metadata.task_states().items()):
-            sums = state.get("checksums") or {}
-            for kind in TASK_FILES:
-                name = state.get(kind)
-                if not name:
-                    continue
-                file = files.confined_join(directory, name, what=f"checkpoint file of task {task}",
-                                           error=CorruptCheckpoint)
-                read_checked(file, sums.get(name), what=f"checkpoint file of task {task}",
-                             error=CorruptCheckpoint)
-            _verify_backend_files(directory, task, state.get("backend"))
-            _verify_segments(directory, task, state.get("segments"))
+        for named in named_files(metadata):
+            _verify_file(directory, named)
 
     def missing_files(self, directory: str, metadata: CheckpointMetadata) -> list[str]:
         """The files the metadata names that storage does not hold, by one listing per directory (no reads):
         the runner writes `_metadata` only when none is missing, so storage that lost files under a running job
         (a wiped or expired bucket) never yields a completed checkpoint naming them. `verify` checks contents
         before a restore."""
-        job_dir = files.dirname(directory)
         wanted: dict[str, set[str]] = {}
-        for state in metadata.task_states().values():
-            names = [(directory, state.get(kind)) for kind in TASK_FILES if state.get(kind)]
-            handle = state.get("backend")
-            if isinstance(handle, dict):
-                root = directory if handle.get("store") == "self" else job_dir
-                for relative in handle.get("private_files") or ():
-                    path = files.join(root, str(relative))
-                    names.append((files.dirname(path), files.basename(path)))
-                names += [(files.join(root, SHARED_DIR), _entry_field(e, 1)) for e in handle.get("shared_files") or ()]
-            names += [(files.join(job_dir, SHARED_DIR), _entry_field(e, 0)) for e in state.get("segments") or ()]
-            for parent, name in names:
-                wanted.setdefault(parent, set()).add(str(name))
+        for named in named_files(metadata):
+            path = files.join(named.parent(directory), str(named.name))
+            wanted.setdefault(files.dirname(path), set()).add(files.basename(path))
         missing = []
         for parent, expected in sorted(wanted.items()):
             missing += [files.join(parent, n) for n in sorted(expected - set(files.list_children(parent)))]
@@ -278,38 +261,73 @@ class LocalCheckpointStorage:
             files.delete(files.join(job_dir, relative))
 
 
-def _verify_backend_files(directory: str, task: str, handle: Any) -> None:
-    """A state backend's files (runtime/checkpointing/backend_snapshots.py) exist, shared ones at their size:
-    SST files are immutable and named uniquely, so their size is the check that matters. Every name is confined
-    to the store it belongs to before anything is looked at."""
-    if not isinstance(handle, dict):
-        return
-    root = directory if handle.get("store") == "self" else files.dirname(directory)
-    what = f"state file of task {task}"
-    for relative in handle.get("private_files") or ():
-        path = files.confined_join(root, relative, what=what, error=CorruptCheckpoint)
+@dataclass(frozen=True)
+class NamedFile:
+    """One file a checkpoint's `_metadata` names, where storage keeps it: the one walk of the task states' shape
+    that `verify`, `missing_files` and `shared_files` share. `name` and `entry` are as the metadata has them
+    (unchecked: each user confines or checks what it uses)."""
+
+    task: str
+    kind: str  # "task" (its state, in, out file), "private" or "shared" (a state backend's), "segment"
+    in_job_dir: bool  # relative to the job's directory (else to the checkpoint's)
+    shared: bool  # in that directory's shared/ (later checkpoints may reference it)
+    name: Any
+    entry: Any  # the recorded check: a task file's checksum, a shared file's or a segment's list entry
+
+    def parent(self, directory: str) -> str:
+        """The directory `name` is relative to, for the checkpoint in `directory`."""
+        root = files.dirname(directory) if self.in_job_dir else directory
+        return files.join(root, SHARED_DIR) if self.shared else root
+
+
+def named_files(metadata: CheckpointMetadata) -> Iterator[NamedFile]:
+    """Every file the metadata names, task by task: a task's own files, its state backend's private and shared
+    files (runtime/checkpointing/backend_snapshots.py; in the checkpoint's directory when the backend's store is
+    "self", else in the job's), and the shared channel-state segments it references."""
+    for task, state in sorted(metadata.task_states().items()):
+        sums = state.get("checksums") or {}
+        for kind in TASK_FILES:
+            name = state.get(kind)
+            if name:
+                yield NamedFile(task, "task", False, False, name, sums.get(name))
+        handle = state.get("backend")
+        if isinstance(handle, dict):
+            in_job_dir = handle.get("store", "job") != "self"
+            for relative in handle.get("private_files") or ():
+                yield NamedFile(task, "private", in_job_dir, False, relative, None)
+            for entry in handle.get("shared_files") or ():
+                yield NamedFile(task, "shared", in_job_dir, True, _entry_field(entry, 1), entry)
+        for entry in state.get("segments") or ():
+            yield NamedFile(task, "segment", True, True, _entry_field(entry, 0), entry)
+
+
+def _verify_file(directory: str, named: NamedFile) -> None:
+    """`verify` for one file: confined to its directory first, then checked as its kind records."""
+    task = named.task
+    what = {"task": "checkpoint file", "private": "state file", "shared": "shared state file",
+            "segment": "channel state segment"}[named.kind] + f" of task {task}"
+    if named.name is None or not isinstance(named.name, str | int):
+        raise CorruptCheckpoint(f"{directory}: the {what} is malformed")
+    path = files.confined_join(named.parent(directory), str(named.name), what=what, error=CorruptCheckpoint)
+    entry = named.entry
+    if named.kind == "private":
         if not files.exists(path):
-            raise CorruptCheckpoint(f"{path}: state file of task {task} is missing")
-    for entry in handle.get("shared_files") or ():
-        path = files.confined_join(files.join(root, SHARED_DIR), _entry_field(entry, 1), what=f"shared {what}",
-                                   error=CorruptCheckpoint)
+            raise CorruptCheckpoint(f"{path}: {what} is missing")
+    elif named.kind == "shared":  # immutable and named uniquely: the size is the check that matters
         size = files.size(path)
         if size != int(entry[2]):
-            raise CorruptCheckpoint(f"{path}: shared state file of task {task} is "
-                                    f"{'missing' if size is None else f'{size} bytes, not {entry[2]}'}")
+            found = "missing" if size is None else f"{size} bytes, not {entry[2]}"
+            raise CorruptCheckpoint(f"{path}: {what} is {found}")
         if len(entry) > 3:  # its CRC-32, like every other checkpoint file's (older checkpoints have none)
-            read_checked(path, {"crc32": entry[3], "size": int(entry[2])}, what=f"shared {what}",
-                         error=CorruptCheckpoint)
-
-
-def _verify_segments(directory: str, task: str, segments: Any) -> None:
-    """The shared channel-state segments a task's files reference exist and match their CRC-32."""
-    try:
-        sums = {str(e[0]): {"size": int(e[1]), "crc32": int(e[2])} for e in segments or ()}
-    except (TypeError, ValueError, IndexError, KeyError):
-        raise CorruptCheckpoint(f"{directory}: the segments of task {task} are malformed") from None
-    read_segments(files.join(files.dirname(directory), SHARED_DIR), sums, sums, owner=f"task {task}",
-                  error=CorruptCheckpoint)
+            read_checked(path, {"crc32": entry[3], "size": int(entry[2])}, what=what, error=CorruptCheckpoint)
+    elif named.kind == "segment":
+        try:
+            expected = {"size": int(entry[1]), "crc32": int(entry[2])}
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise CorruptCheckpoint(f"{directory}: the segments of task {task} are malformed") from None
+        read_checked(path, expected, what=what, error=CorruptCheckpoint)
+    else:
+        read_checked(path, entry, what=what, error=CorruptCheckpoint)
 
 
 def _entry_field(entry: Any, index: int) -> Any:
@@ -321,17 +339,14 @@ def shared_files(metadata: CheckpointMetadata) -> set[str]:
     backend's and channel-state segments. A name that is not a plain file name (`..`, `/`) is a
     CorruptCheckpoint: the callers keep every file then, so a forged `_metadata` deletes nothing outside."""
     out: set[str] = set()
-    for state in metadata.task_states().values():
-        handle = state.get("backend")
-        names = []
-        if isinstance(handle, dict) and handle.get("store", "job") == "job":
-            names += [_entry_field(entry, 1) for entry in handle.get("shared_files") or ()]
-        names += [_entry_field(entry, 0) for entry in state.get("segments") or ()]
-        for name in names:
-            if not isinstance(name, str) or "/" in name:
-                raise CorruptCheckpoint(f"refusing shared file {str(name)[:200]!r}: not a plain file name")
-            files.confined_join(SHARED_DIR, name, what="shared file", error=CorruptCheckpoint)
-            out.add(f"{SHARED_DIR}/{name}")
+    for named in named_files(metadata):
+        if not (named.shared and named.in_job_dir):
+            continue
+        name = named.name
+        if not isinstance(name, str) or "/" in name:
+            raise CorruptCheckpoint(f"refusing shared file {str(name)[:200]!r}: not a plain file name")
+        files.confined_join(SHARED_DIR, name, what="shared file", error=CorruptCheckpoint)
+        out.add(f"{SHARED_DIR}/{name}")
     return out
 
 

@@ -122,7 +122,7 @@ async def _savepoint(job: JobRecord, directory: str, timeout_s: float, what: str
         raise RpcError(f"job {job.job_id} is {job.state}, not RUNNING: nothing to "
                        f"{'upgrade' if what == 'upgraded' else 'stop'}", "JobNotRunning")
     try:
-        checkpoint_id, fut = runner.request(savepoint=True, directory=directory)
+        checkpoint_id, fut = runner.request(savepoint=True, directory=directory, stopping=True)
         result = await asyncio.wait_for(fut, timeout_s)
     except (ValueError, TimeoutError) as exc:
         raise RpcError(f"job {job.job_id} not {what}: its savepoint failed ({exc or 'timed out'}); it keeps "

@@ -23,6 +23,10 @@ polled time are reported alongside.
 
     .venv/bin/python scripts/bench_throughput.py --records 4000000 --repeat 3
 
+Each runtime run also says whose CPU it was, in µs per record: the workers' task threads (the records through
+the chain), the workers' event loops (network, credit, the hand-off of runs to the task threads; with the loop
+threads' context switches), the coordinator and this driver (`cpu_split_us_per_record` in the JSON).
+
 `--isolation-ab` measures what running user code off the event loop costs (issue 31): the runtime only, every
 round one run with every task inline on the loop (SLUICE_TASK_ISOLATION=inline), one with every task on its
 thread (the default: a run that held the GIL is waited for with the loop blocked) and one on threads with every
@@ -121,6 +125,23 @@ def _proc_cpu_s(pid: int) -> float | None:
         return None
 
 
+def _thread_figures(pid: int, tid: int) -> tuple[float, int, int] | None:
+    """One thread's utime + stime (s) and its voluntary and involuntary context switches (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        switches = {}
+        with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii") as f:
+            for line in f:
+                if "ctxt_switches" in line:
+                    name, value = line.split(":")
+                    switches[name] = int(value)
+        return ((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
+                switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"])
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
 def _machine_busy_s() -> float | None:
     """CPU seconds spent non-idle by the whole machine since boot, summed over cores (Linux /proc/stat)."""
     try:
@@ -135,14 +156,34 @@ class CpuMeter:
     """CPU used by some processes and by everything else on the machine over an interval.
 
     `other_cores` (machine busy time not ours / wall) tells whether something else competed for the CPUs
-    during a measurement, which on a shared 2-core machine moves the figures a lot.
+    during a measurement, which on a shared 2-core machine moves the figures a lot. `split` says whose CPU it
+    was: each process's, and of a worker's, its main thread's (the event loop: network, credit, the hand-off
+    of runs) apart from its other threads' (the task threads, which run the records; they end with their job, so
+    they are the process's CPU less the loop's), with the loop thread's context switches.
     """
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids  # this process is always counted as ours
         self.t0 = time.monotonic()
         self.busy0 = _machine_busy_s()
+        self.driver0 = time.process_time()
+        self.process0 = {pid: _proc_cpu_s(pid) for pid in pids}
+        self.loop0 = {pid: _thread_figures(pid, pid) for pid in pids}
         self.cpu0 = self._ours()
+
+    def split(self, names: dict[int, str]) -> dict[str, dict[str, float]]:
+        """Since the start, per process named in `names` (and the driver, this process): CPU s of the process
+        and of its main thread, and the main thread's voluntary and involuntary context switches."""
+        out = {"driver": {"cpu_s": time.process_time() - self.driver0}}
+        for pid, name in names.items():
+            process0, process1 = self.process0.get(pid), _proc_cpu_s(pid)
+            loop0, loop1 = self.loop0.get(pid), _thread_figures(pid, pid)
+            if process0 is None or process1 is None or loop0 is None or loop1 is None:
+                continue
+            out[name] = {"cpu_s": process1 - process0, "loop_cpu_s": loop1[0] - loop0[0],
+                         "loop_voluntary_switches": loop1[1] - loop0[1],
+                         "loop_involuntary_switches": loop1[2] - loop0[2]}
+        return out
 
     def _ours(self) -> float | None:
         total = time.process_time()
@@ -177,11 +218,15 @@ def _vm_hwm_kib(pid: int) -> int | None:
 async def _run_job(cluster: LocalCluster, records: int, timeout_s: float) -> dict[str, Any]:
     await cluster.wait_workers()
     pids = [w.pid for w in cluster.worker_procs] + ([cluster.coordinator.pid] if cluster.coordinator else [])
+    names = {w.pid: w.fields.get("id", f"worker-{i + 1}") for i, w in enumerate(cluster.worker_procs)}
+    if cluster.coordinator:
+        names[cluster.coordinator.pid] = "coordinator"
     meter = CpuMeter(pids)
     summary = await run_job_on_cluster(cluster, ENTRY, config={}, name="bench-throughput", progress=None,
                                        timeout_s=timeout_s)
     if summary["state"] != "FINISHED":
         raise RuntimeError(f"benchmark job ended {summary['state']}: {summary.get('error', '')}")
+    split = meter.split(names)
     cpu = meter.stop()  # from submit to FINISHED as seen by polling
     polled_s = summary["elapsed_s"]
     coordinator_s = summary["ended_at"] - summary["submitted_at"]
@@ -211,7 +256,24 @@ async def _run_job(cluster: LocalCluster, records: int, timeout_s: float) -> dic
     return {"elapsed_s": wall_s, "records_per_s": records / wall_s, "polled_s": polled_s,
             "submit_to_finished_s": coordinator_s,
             "cpu_us_per_record": cpu["cpu_s"] * 1e6 / records if cpu["cpu_s"] is not None else None,
-            "other_cores": cpu["other_cores"], "tasks": per_task}
+            "other_cores": cpu["other_cores"], "cpu_split": split,
+            "cpu_split_us_per_record": split_per_record(split, records), "tasks": per_task}
+
+
+def split_per_record(split: dict[str, dict[str, float]], records: int) -> dict[str, float]:
+    """CpuMeter.split in µs per record, by role: the coordinator, the driver, the workers' loop threads and
+    their other threads (the task threads), summed over the workers; switches per 1,000 records."""
+    out = {"coordinator": 0.0, "driver": 0.0, "worker_loops": 0.0, "worker_task_threads": 0.0,
+           "loop_voluntary_switches_per_krecord": 0.0, "loop_involuntary_switches_per_krecord": 0.0}
+    for name, figures in split.items():
+        if name in ("coordinator", "driver"):
+            out[name] += figures["cpu_s"] * 1e6 / records
+            continue
+        out["worker_loops"] += figures["loop_cpu_s"] * 1e6 / records
+        out["worker_task_threads"] += (figures["cpu_s"] - figures["loop_cpu_s"]) * 1e6 / records
+        out["loop_voluntary_switches_per_krecord"] += figures["loop_voluntary_switches"] * 1e3 / records
+        out["loop_involuntary_switches_per_krecord"] += figures["loop_involuntary_switches"] * 1e3 / records
+    return out
 
 
 @contextlib.contextmanager
@@ -387,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  run {i + 1}: runtime  {r['records_per_s']:>12,.0f} rec/s  ({r['elapsed_s']:.2f} s; "
             f"submit->FINISHED {r['submit_to_finished_s']:.2f} s; {_fmt(r['cpu_us_per_record'], '.2f')} CPU us/rec; "
             f"other load {_fmt(r['other_cores'], '.2f')} cores; worker peak RSS {rss})")
+        sp = r["cpu_split_us_per_record"]
+        say(f"         CPU us/rec by thread: workers' task threads {sp['worker_task_threads']:.3f}, workers' loops "
+            f"{sp['worker_loops']:.3f} ({sp['loop_voluntary_switches_per_krecord']:.2f} + "
+            f"{sp['loop_involuntary_switches_per_krecord']:.2f} switches per 1,000 records), coordinator "
+            f"{sp['coordinator']:.3f}, driver {sp['driver']:.3f}")
         b = run_baseline(args.records)
         baseline_runs.append(b)
         say(f"  run {i + 1}: baseline {b['records_per_s']:>12,.0f} rec/s  ({b['elapsed_s']:.2f} s; "

@@ -7,7 +7,10 @@ sources (parallelism 2; NumberSequenceSource mapped in Python to (key, seq, even
 hashes as Sluice's job, event time 1_700_000_000_000 + seq, monotonous watermarks), keyed by key, joined by a
 KeyedCoProcessFunction in Python (parallelism 2) that is Flink's IntervalJoinOperator algorithm (MapState
 buffers per side, event-time clean-up timers; PyFlink's DataStream API has no interval_join of its own), into
-a discarding sink. Each pair costs a busy-wait of `--cost-us`.
+a discarding sink. Each pair costs a busy-wait of `--cost-us`. With `--window-ms W` the KeyedCoProcessFunction
+is a window join instead (Flink's WindowJoinOperator algorithm: both sides' records kept per key and tumbling
+window of W ms, a timer at the window's end - 1 that pairs them and drops them), for
+scripts/bench_window_join.py.
 
 --mode throughput: `--records` per side, no checkpoints; prints records (both sides) per second of the job's
 net run time. --mode checkpoint: unbounded sources, unaligned checkpoints every `--interval` s under the
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--lower", type=int, default=-5)
     parser.add_argument("--upper", type=int, default=5)
+    parser.add_argument("--window-ms", type=int, default=0, help="> 0: a tumbling window join of this size")
     parser.add_argument("--cost-us", type=float, default=0.0)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=8.0)
@@ -101,6 +105,39 @@ def main(argv: list[str] | None = None) -> int:
             self.right.remove(timestamp - right_keep)
             return iter(())
 
+    class WindowJoin(KeyedCoProcessFunction):  # type: ignore[misc]
+        """Flink's WindowJoinOperator in Python: both sides' records per window end, joined and dropped when the
+        watermark passes the window."""
+
+        def open(self, runtime_context: Any) -> None:
+            entries = Types.PICKLED_BYTE_ARRAY()  # a list of records per window end
+            self.left = runtime_context.get_map_state(MapStateDescriptor("left", Types.LONG(), entries))
+            self.right = runtime_context.get_map_state(MapStateDescriptor("right", Types.LONG(), entries))
+
+        def _add(self, value: Any, ctx: Any, own: Any) -> None:
+            end = value[2] - value[2] % window_ms + window_ms
+            if end - 1 <= ctx.timer_service().current_watermark():
+                return  # its window fired: late, dropped as Flink SQL's window join drops it
+            own.put(end, [*(own.get(end) or []), value])
+            ctx.timer_service().register_event_time_timer(end - 1)
+
+        def process_element1(self, value: Any, ctx: Any) -> Any:
+            self._add(value, ctx, self.left)
+            return iter(())
+
+        def process_element2(self, value: Any, ctx: Any) -> Any:
+            self._add(value, ctx, self.right)
+            return iter(())
+
+        def on_timer(self, timestamp: int, ctx: Any) -> Any:
+            lefts, rights = self.left.get(timestamp + 1) or [], self.right.get(timestamp + 1) or []
+            self.left.remove(timestamp + 1)
+            self.right.remove(timestamp + 1)
+            for left in lefts:
+                for right in rights:
+                    yield left[0], left[1], right[1]
+
+    window_ms = args.window_ms
     end = args.records - 1 if args.mode == "throughput" else 2**62
     watermarks = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)) \
         .with_timestamp_assigner(EventTime())
@@ -111,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     discard = discarding_sink()
     (left.key_by(lambda r: r[0], key_type=Types.STRING())
         .connect(right.key_by(lambda r: r[0], key_type=Types.STRING()))
-        .process(IntervalJoin(), output_type=Types.TUPLE([Types.STRING(), Types.LONG(), Types.LONG()]))
+        .process(WindowJoin() if window_ms else IntervalJoin(), output_type=row)
         .sink_to(discard))
 
     if args.mode == "throughput":

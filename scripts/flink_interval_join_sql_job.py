@@ -1,14 +1,21 @@
 #!/usr/bin/env python
-"""The interval join benchmark on Apache Flink 2.3 SQL (PyFlink's TableEnvironment: the planner's Java
-interval join, no Python in the job), for side-by-side figures with scripts/bench_interval_join.py.
+"""The interval and window join benchmarks on Apache Flink 2.3 SQL (PyFlink's TableEnvironment: the planner's Java
+interval or window join, no Python in the job), for side-by-side figures with scripts/bench_interval_join.py and
+scripts/bench_window_join.py.
 
-Run with the Python of a venv that has `apache-flink` installed (never Sluice's); bench_interval_join.py starts
-it as a subprocess. Two filesystem tables over the JSON-lines files that Sluice reads (`{"k", "seq", "ts"}`,
+Run with the Python of a venv that has `apache-flink` installed (never Sluice's); the benchmarks start it as a
+subprocess. Two filesystem tables over the JSON-lines files that Sluice reads (`{"k", "seq", "ts"}`,
 `ts` event time in epoch milliseconds, the rowtime `TO_TIMESTAMP_LTZ(ts, 3)` with a watermark at the rowtime:
 no delay), the interval join
 
     SELECT l.k, l.seq, r.seq FROM l, r
     WHERE l.k = r.k AND r.rt BETWEEN l.rt + INTERVAL lower AND l.rt + INTERVAL upper
+
+or with `--window-ms W` the window join of two tumbling window TVFs (Flink's WindowJoin operator)
+
+    SELECT L.k, L.seq, R.seq FROM TABLE(TUMBLE(TABLE l, DESCRIPTOR(rt), INTERVAL W)) L
+    JOIN TABLE(TUMBLE(TABLE r, DESCRIPTOR(rt), INTERVAL W)) R
+    ON L.k = R.k AND L.window_start = R.window_start AND L.window_end = R.window_end
 
 into a blackhole sink, every operator at `--parallelism`.
 
@@ -37,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--left", required=True, help="the left side's directory of JSON-lines files")
     parser.add_argument("--right", required=True, help="the right side's directory")
-    parser.add_argument("--lower", type=int, required=True, help="ms (right time - left time >= lower)")
-    parser.add_argument("--upper", type=int, required=True, help="ms (right time - left time <= upper)")
+    parser.add_argument("--lower", type=int, default=0, help="ms (right time - left time >= lower)")
+    parser.add_argument("--upper", type=int, default=0, help="ms (right time - left time <= upper)")
+    parser.add_argument("--window-ms", type=int, default=0, help="> 0: the window join of tumbling windows this long")
     parser.add_argument("--records", type=int, required=True, help="records per side in the files (for the rate)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--count", action="store_true", help="count the joined rows instead of timing the join")
@@ -59,8 +67,14 @@ def main(argv: list[str] | None = None) -> int:
                 rt AS TO_TIMESTAMP_LTZ(ts, 3),
                 WATERMARK FOR rt AS rt
             ) WITH ('connector' = 'filesystem', 'path' = 'file://{path}', 'format' = 'json')""")
-    join = (f"SELECT l.k, l.seq AS lseq, r.seq AS rseq FROM l, r WHERE l.k = r.k "
-            f"AND r.rt BETWEEN l.rt {interval(args.lower)} AND l.rt {interval(args.upper)}")
+    if args.window_ms:
+        size = interval(args.window_ms).lstrip("+ ")
+        join = (f"SELECT L.k, L.seq AS lseq, R.seq AS rseq FROM TABLE(TUMBLE(TABLE l, DESCRIPTOR(rt), {size})) L "
+                f"JOIN TABLE(TUMBLE(TABLE r, DESCRIPTOR(rt), {size})) R "
+                "ON L.k = R.k AND L.window_start = R.window_start AND L.window_end = R.window_end")
+    else:
+        join = (f"SELECT l.k, l.seq AS lseq, r.seq AS rseq FROM l, r WHERE l.k = r.k "
+                f"AND r.rt BETWEEN l.rt {interval(args.lower)} AND l.rt {interval(args.upper)}")
     if args.count:
         # mini-batches: the count's changelog has a row per batch, not per pair, for the client to read
         conf.set("table.exec.mini-batch.enabled", "true")

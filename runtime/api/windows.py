@@ -23,7 +23,7 @@ windows it built since the last snapshot (`_owned`) are its own, and it updates 
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -41,6 +41,8 @@ LATE_DATA = OutputTag("late-data")
 
 _WINDOWS = "windows"  # the keyed-state table of a window operator (its own node: no user state beside it)
 _CHUNK = 256  # elements per chunk of a `process` window
+_end = itemgetter(1)  # a window entry's end: a key's windows of an assigner that does not merge are in its order
+_session_start = itemgetter(0)  # a session's start: a key's sessions are in its order (they do not overlap)
 
 
 @dataclass(frozen=True)
@@ -311,6 +313,10 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                 table[key] = tuple(tuple(e) if len(e) > 3 else (e[0], e[1], e[2]) if e[1] - 1 in stamps
                                    else (e[0], e[1], e[2], True) for e in entries)
             legacy.clear()
+        for key, entries in list(table.items()):
+            ends = [e[1] for e in entries]
+            if ends != sorted(ends):  # an earlier version's `process` appended a late window it opened
+                table[key] = sorted(entries, key=_end)
         lateness = self.lateness
         out = []
         for key, entries in table.items():
@@ -365,7 +371,8 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
                     break
             else:
                 acc = contents.first(record)
-                entries.append((start, end, acc, True) if fired_mark and end - 1 <= watermark else (start, end, acc))
+                entries.insert(bisect_left(entries, end, key=_end),  # in order of their ends, as the batch loop's
+                               (start, end, acc, True) if fired_mark and end - 1 <= watermark else (start, end, acc))
                 self._register(ctx, end, watermark)
             if end - 1 <= watermark:  # the watermark passed it already: fire again with this record (late firing)
                 self._emit(ctx, start, end, acc)
@@ -589,25 +596,19 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         def add_to(key: Any, entries: list[list[Any]], start: int, end: int, record: Any) -> None:
             """Add the record to window [start, end) of the key, which the watermark has not passed (so its entry,
             if any, has no fired mark), opening it if it is not there."""
-            # a key's windows are mostly one after another in order, one step apart: look first where that puts
-            # this one; ends are unique, so any place it is found is the place
+            # a key's windows are in order of their ends (this loop, `process` and a restore keep them so), mostly
+            # one after another, one step apart: look first where that puts this one, else by bisection (a key with
+            # many open windows: one source subtask far ahead of another, whose windows all stay open until the
+            # watermark passes them; a scan of them per new window made the loop quadratic in that lead)
             n = len(entries)
-            if n:
-                i = n - 1 - (entries[-1][1] - end) // step
-                if 0 <= i < n and entries[i][1] == end:
-                    entry = entries[i]
-                    entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
-                    return
-                for entry in entries:  # out of order (`process` appends a window it opens)
-                    if entry[1] == end:
-                        entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
-                        return
-            # a new window goes where its end puts it (a lagging source subtask opens windows before the newest),
-            # so the windows stay in order for the look-up above
-            i = n
-            while i and entries[i - 1][1] > end:
-                i -= 1
-            entries.insert(i, [start, end, first(record)])
+            i = n - 1 - (entries[-1][1] - end) // step if n else 0
+            if not (0 <= i < n and entries[i][1] == end):
+                i = bisect_left(entries, end, key=_end)
+            if i < n and entries[i][1] == end:
+                entry = entries[i]
+                entry[2] = entry[2] + 1 if counting else fold(record, entry[2])
+                return
+            entries.insert(i, [start, end, first(record)])  # where its end puts it
             opened(key, end)
 
         def run_tumbling(elements: list[Any]) -> None:
@@ -763,9 +764,6 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         snapshot is a shallow copy, so from now on the batch loop copies a key's windows before it changes them
         (copy on write, as Flink's CopyOnWriteStateMap)."""
         self._owned.clear()
-
-
-_session_start = itemgetter(0)
 
 
 def _writable(table: Any, owned: dict[Any, list[list[Any]]] | None, key: Any) -> list[list[Any]]:

@@ -30,10 +30,25 @@ class Managed:
     proc: subprocess.Popen[str]
     fields: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
+    # the thread copying its stderr into `log_path`: a line written just before the process ended may still be
+    # on its way to the file when the process is seen to end
+    log_pump: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for the process to end (subprocess.TimeoutExpired past `timeout_s`), then for its log to hold
+        everything it wrote; its exit code."""
+        code = self.proc.wait(timeout_s)
+        self.log_written()
+        return code
+
+    def log_written(self, timeout_s: float = 10.0) -> None:
+        """Once the process ended: wait (up to `timeout_s`) until its stderr is all in its log."""
+        if self.log_pump is not None and self.proc.poll() is not None:
+            self.log_pump.join(timeout_s)
 
     def address(self, key: str) -> tuple[str, int]:
         host, _, port = self.fields[key].rpartition(":")
@@ -61,7 +76,8 @@ def start_process(role: str, args: list[str], *, env: dict[str, str] | None = No
     proc = subprocess.Popen([*(prefix or []), *sluice_command(role, *args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, bufsize=1)
     assert proc.stdout is not None and proc.stderr is not None
-    threading.Thread(target=_pump, args=(proc.stderr, stderr_sink or sys.stderr), daemon=True).start()
+    log_pump = threading.Thread(target=_pump, args=(proc.stderr, stderr_sink or sys.stderr), daemon=True)
+    log_pump.start()
     deadline = time.monotonic() + timeout_s
     fields: dict[str, str] = {}
     lines: list[str] = []
@@ -80,7 +96,7 @@ def start_process(role: str, args: list[str], *, env: dict[str, str] | None = No
     reader.start()
     reader.join(max(0.0, deadline - time.monotonic()))
     if "line" not in result:
-        code = stop_process(Managed(role, proc))
+        code = stop_process(Managed(role, proc, log_pump=log_pump))
         where = f" (log: {log_path})" if log_path else ""
         how = f"exited with status {code}" if time.monotonic() < deadline else f"was not ready within {timeout_s}s"
         reason = _last_line(log_path)  # the child's own one-line error, e.g. a port in use
@@ -92,7 +108,7 @@ def start_process(role: str, args: list[str], *, env: dict[str, str] | None = No
     # a worker's stdout is what its print sinks write (PrintSink, SQL 'print' tables): shown with ours
     threading.Thread(target=_pump, args=(proc.stdout, sys.stdout if role == "worker" else None),
                      daemon=True).start()
-    return Managed(role, proc, fields, log_path)
+    return Managed(role, proc, fields, log_path, log_pump)
 
 
 def _last_line(path: str | None) -> str:
@@ -116,6 +132,7 @@ def stop_process(managed: Managed, *, timeout_s: float = 10.0) -> int | None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout_s)
+    managed.log_written()
     return proc.returncode
 
 

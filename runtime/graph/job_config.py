@@ -54,12 +54,19 @@ def parse_scale_down_after(value: object) -> float:
     return float(value)
 
 
+# The largest a network buffer grows to. A buffer costs about the same CPU whatever its size (a frame each way, a
+# wake-up of the consuming task, a run handed to its thread): 128 KiB made the keyed count's CPU per record 8-10 %
+# lower, but a backpressured job's aligned checkpoints 1.5-2x longer, past the in-flight target. So the default
+# stays 32 KiB, and a throughput job may raise it (docs/BENCHMARKS.md, The cluster's CPU beyond the stages).
+DEFAULT_BUFFER_BYTES = 32 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:
     """The network settings of every channel of the job (README, Tuning)."""
 
-    buffer_bytes: int = field(default=32 * 1024, metadata=flag(
-        "--buffer-bytes", "network buffer size (default 32768)", parse=parse_positive, group=NETWORK))
+    buffer_bytes: int = field(default=DEFAULT_BUFFER_BYTES, metadata=flag(
+        "--buffer-bytes", f"network buffer size (default {DEFAULT_BUFFER_BYTES})", parse=parse_positive, group=NETWORK))
     buffers_per_channel: int = field(default=4, metadata=flag(  # producer queue limit per subpartition
         "--buffers-per-channel", "output buffers a channel may queue before its task is backpressured (default 4)",
         parse=parse_positive, group=NETWORK))

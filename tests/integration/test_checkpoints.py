@@ -240,6 +240,46 @@ def test_savepoint_is_self_contained(running_cluster: Cluster) -> None:
     cancel(cluster, restored)
 
 
+@pytest.mark.integration
+def test_a_savepoint_commits_nothing_and_the_next_checkpoint_publishes_its_output(running_cluster: Cluster) -> None:
+    """A savepoint of a running job commits no side effects (Flink 1.15's rule): recovery restores checkpoints,
+    never savepoints, so output a savepoint published would be produced again by a failover to the checkpoint
+    before it, in a sink that cannot take output back (Kafka, PostgreSQL). Here, with no periodic checkpoints:
+    the file sink's part files stay as the first checkpoint published them while the savepoint completes and
+    after, and the next checkpoint publishes the savepoint's files with its own."""
+    cluster = running_cluster
+    out = install_jobs(cluster)
+    job_id = submit(cluster, "cpjobs:steady_files", checkpoint_config("aligned"))
+    wait_running(cluster, job_id)
+    wait_flowing(cluster, job_id)
+
+    def published() -> set[str]:
+        return {p.name for p in out.iterdir() if p.name.startswith("part-")} if out.exists() else set()
+
+    def labels(names: set[str]) -> set[int]:
+        return {int(name.split("-")[2]) for name in names}  # part-<subtask>-<checkpoint>-<attempt>-<n>.<ext>
+
+    first = cluster.call("checkpoint", {"job_id": job_id})
+    assert first["status"] == "COMPLETED", (first, logs(cluster))
+
+    def subtasks_published(checkpoint_id: int) -> set[int]:
+        return {int(name.split("-")[1]) for name in published() if int(name.split("-")[2]) == checkpoint_id}
+
+    poll(lambda: subtasks_published(first["checkpoint_id"]) == {0, 1}, 30, "the first checkpoint's files published")
+    time.sleep(0.5)  # a subtask publishes its files one after another in one commit
+    before = published()
+    sp_root = cluster.tmp_path / "state" / "savepoints"
+    savepoint = cluster.call("checkpoint", {"job_id": job_id, "savepoint": True, "directory": str(sp_root)})
+    assert savepoint["status"] == "COMPLETED", (savepoint, logs(cluster))
+    holds_for(lambda: published() == before, 2.0, "nothing published after the savepoint")
+    second = cluster.call("checkpoint", {"job_id": job_id})
+    assert second["status"] == "COMPLETED", (second, logs(cluster))
+    for label in (savepoint["checkpoint_id"], second["checkpoint_id"]):
+        poll(lambda n=label: subtasks_published(n) == {0, 1}, 30, f"checkpoint {label}'s files published")
+    assert labels(published()) == {first["checkpoint_id"], savepoint["checkpoint_id"], second["checkpoint_id"]}
+    cancel(cluster, job_id)
+
+
 # -- 6: concurrent checkpoints ------------------------------------------------------------------------------------
 
 

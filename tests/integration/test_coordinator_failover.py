@@ -241,7 +241,7 @@ def test_a_paused_leader_is_fenced_off_when_it_resumes(cluster: Cluster) -> None
         finally:
             os.kill(leader.pid, signal.SIGCONT)
         assert moved_s < 4.0, f"the workers moved {moved_s:.1f}s after the new leader took the lease"
-        assert leader.proc.wait(30) == 1
+        assert leader.wait(30) == 1  # and its log complete
         assert "lost leadership (lease epoch 2 was taken by another coordinator)" in cluster.log("coordinator")
         result: dict[str, Any] = {}
 

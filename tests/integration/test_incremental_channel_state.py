@@ -97,7 +97,10 @@ def test_a_wiped_store_is_noticed_and_the_next_checkpoints_share_nothing_lost(cl
 
     poll(sharing, 30, "a checkpoint referencing an earlier one's segment")
     wiped_at = max(int(d.name[4:]) for d in job_dir.glob("chk-*"))  # the newest triggered so far
-    shutil.rmtree(job_dir)
+    # at once, as a deleted bucket: moved away whole (removing it in place races the workers' writes into it)
+    wiped = job_dir.with_name(job_dir.name + ".wiped")
+    job_dir.rename(wiped)
+    shutil.rmtree(wiped, ignore_errors=True)
 
     def completed_after_the_wipe() -> bool:
         st = setup.status(job_id)

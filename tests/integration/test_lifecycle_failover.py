@@ -92,7 +92,7 @@ def dies_during(cluster: Cluster, method: str, args: dict[str, Any], step: str) 
             pytest.fail(f"{method} answered instead of dying at {step}\n{logs(cluster)}")
     else:
         pytest.fail(f"{method} refused three times instead of reaching {step}\n{logs(cluster)}")
-    assert coordinator.proc.wait(30) == DIED_EXIT, logs(cluster)
+    assert coordinator.wait(30) == DIED_EXIT, logs(cluster)  # and its log complete
     assert f"step {step} reached: dying" in cluster.log("coordinator"), logs(cluster)
 
 

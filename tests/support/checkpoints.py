@@ -44,6 +44,14 @@ def fast(job: Job) -> None:
         .sink(DiscardSink()))
 
 
+def steady_files(job: Job) -> None:
+    # unbounded and throttled: only the checkpoints asked for publish its files (no source ever finishes)
+    (job.source(GeneratorSource(count=None, keys=KEYS, seed=SEED, records_per_second=2000), parallelism=2)
+        .key_by(lambda r: r[0])
+        .process(Count(), parallelism=2)
+        .sink(FileSink(OUT)))
+
+
 def wordcount(job: Job) -> None:
     (job.source(GeneratorSource(count=WORDS, keys=KEYS, seed=SEED), parallelism=2)
         .key_by(lambda r: r[0])

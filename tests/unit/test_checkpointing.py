@@ -159,9 +159,22 @@ def test_retention_covers_checkpoints_from_an_earlier_attempt_and_skips_savepoin
     c = CheckpointCoordinator(CheckpointSettings(interval_s=None, retain=2), TASKS, first_id=8, now=0.0,
                               retained=[5, 7])
     assert c.request(1.0, savepoint=True, directory="/sp") == (8, [trig(8, 1.0, savepoint=True, directory="/sp")])
-    assert complete(c, 8, 2.0) == [NotifyComplete(8)]  # savepoints are never retention's to delete
+    # savepoints are never retention's to delete, and commit nothing (the tasks are not told)
+    assert complete(c, 8, 2.0) == [NotifyComplete(8, tasks=False)]
     assert c.request(3.0) == (9, [trig(9, 3.0)])
     assert complete(c, 9, 4.0) == [NotifyComplete(9), DiscardCheckpoint(5, "retention")]
+
+
+def test_only_a_savepoint_the_job_stops_with_commits():
+    """A savepoint commits no side effects (its sinks' output waits for the next checkpoint); one the job stops
+    with (cancel --savepoint, upgrade) does, since no checkpoint follows it."""
+    c = CheckpointCoordinator(CheckpointSettings(interval_s=None), TASKS, now=0.0)
+    assert c.request(1.0, savepoint=True, directory="/sp")[0] == 1
+    assert complete(c, 1, 2.0) == [NotifyComplete(1, tasks=False)]
+    assert c.request(3.0, savepoint=True, directory="/sp", stopping=True)[0] == 2
+    assert complete(c, 2, 4.0) == [NotifyComplete(2)]
+    assert c.request(5.0, stopping=True)[0] == 3  # a checkpoint commits whatever it is asked for
+    assert complete(c, 3, 6.0) == [NotifyComplete(3)]
 
 
 # -- aborts and failure accounting ------------------------------------------------------
@@ -600,7 +613,7 @@ def test_a_savepoint_starts_beside_a_periodic_unaligned_checkpoint_and_completio
     out = c.metadata_written(10.4, 1)
     assert out[0] == NotifyComplete(1)
     assert isinstance(out[1], WriteMetadata) and out[1].checkpoint_id == 2 and out[1].savepoint
-    assert c.metadata_written(10.5, 2) == [NotifyComplete(2)]
+    assert c.metadata_written(10.5, 2) == [NotifyComplete(2, tasks=False)]
     assert c.in_flight_ids == [] and c.statistics().last_completed_id == 2
 
 
@@ -672,7 +685,7 @@ def test_a_savepoint_starts_beside_a_periodic_aligned_checkpoint_and_periodic_on
     assert c.metadata_written(12.8, 3) == [NotifyComplete(3)]
     [write] = ack_all(c, 2, 12.9)
     assert isinstance(write, WriteMetadata) and write.checkpoint_id == 2 and write.savepoint
-    assert c.metadata_written(13.0, 2) == [NotifyComplete(2)]
+    assert c.metadata_written(13.0, 2) == [NotifyComplete(2, tasks=False)]
     assert c.statistics().failed == 0 and c.retained == [1, 3]
     assert c.statistics().last_completed_id == 3  # the newest completed, not the last to complete
 
@@ -693,7 +706,7 @@ def test_periodic_unaligned_checkpoints_start_and_complete_while_a_savepoint_ali
     assert c.tick(12.5) == []  # the queued request goes first
     [write] = ack_all(c, 2, 12.8)
     assert isinstance(write, WriteMetadata) and write.savepoint
-    assert c.metadata_written(12.9, 2) == [NotifyComplete(2), trig(5, 12.9, "unaligned")]
+    assert c.metadata_written(12.9, 2) == [NotifyComplete(2, tasks=False), trig(5, 12.9, "unaligned")]
     assert c.statistics().last_completed_id == 3 and c.retained == [1, 3]
 
 

@@ -134,6 +134,28 @@ def test_clamps_to_min_max_and_the_slots() -> None:
     assert run(line(2), steady(IDLE_WORK), settings=low) == []
 
 
+def test_scale_ups_fit_the_slot_sharing_groups_together() -> None:
+    """Each slot sharing group takes its largest parallelism's slots: a scale-up within the slots on its own
+    may not fit beside another group, and placement would refuse it; it is trimmed instead, the highest first."""
+    def grouped(work: int, sink: int) -> LoadGraph:
+        return LoadGraph((LoadVertex("source", 2, (), source=True, source_rate=200.0, group="g0"),
+                          LoadVertex("work", work, ("source",), group="g1", slot_group="work"),
+                          LoadVertex("sink", sink, ("work",), group="g2", slot_group="sink")))
+
+    # the source within the band holds; work takes 150 of the 200/s asked, always busy: ceil(2 * 1.33 / 0.7) = 4;
+    # the sink must take 200/s at a true 214/s: ceil(2 * 0.93 / 0.7) = 3
+    hot = {"source": fig(200, 0.6), "work": fig(150, 1.0), "sink": fig(150, 0.7)}
+    assert run(grouped(2, 2), steady(hot), slots=9) == [("work", 2, 4, UP), ("sink", 2, 3, UP)]  # 2 + 4 + 3
+    # 8 slots: the default group's 2 leave 6: the highest (work) steps down to 3
+    assert run(grouped(2, 2), steady(hot), slots=8) == [("work", 2, 3, UP), ("sink", 2, 3, UP)]
+    assert run(grouped(2, 2), steady(hot), slots=7) == [("sink", 2, 3, UP)]  # work, first of the two at 3, gives up
+    assert run(grouped(2, 2), steady(hot), slots=6) == []  # 2 + 2 + 2 already: nothing more fits
+    # one group, as before: the largest parallelism is all it takes
+    one = LoadGraph(tuple(LoadVertex(v.name, v.parallelism, v.inputs, source=v.source, source_rate=v.source_rate,
+                                     group=v.group) for v in grouped(2, 2).vertices))
+    assert run(one, steady(hot), slots=4) == [("work", 2, 4, UP), ("sink", 2, 3, UP)]
+
+
 def test_a_group_moves_together_to_the_largest_need() -> None:
     # two vertices that must keep equal parallelism (a forward edge that does not chain, one operator name)
     graph = LoadGraph((LoadVertex("source", 2, (), source=True, source_rate=200.0, group="g0"),

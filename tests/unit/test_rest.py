@@ -31,7 +31,7 @@ from netstack.errors import RpcError
 from netstack.http import BadRequest, HttpRequest, parse_head
 from runtime.graph.checkpoint_figures import TaskCheckpointFigures
 from runtime.graph.enums import JobState
-from runtime.graph.job_config import JobConfig
+from runtime.graph.job_config import DEFAULT_BUFFER_BYTES, JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,7 +281,7 @@ def test_exceptions_config_and_worker_tasks_views() -> None:
     assert [e["cause"] for e in exceptions_view(job, 1)["exceptions"]] == ["second"]
     assert [e["cause"] for e in exceptions_view(job, 10)["exceptions"]] == ["second", "first"]
     config = config_view(job)
-    assert config["config"]["parallelism"] == {"*": 2} and config["config"]["buffer_bytes"] == 32 * 1024
+    assert config["config"]["parallelism"] == {"*": 2} and config["config"]["buffer_bytes"] == DEFAULT_BUFFER_BYTES
     assert config["checkpoint"]["mode"] == "unaligned"
     assert config["restart"] is None
     job.state = JobState.RUNNING
