@@ -19,6 +19,7 @@ from runtime.execution.handover import held_the_gil
 from runtime.execution.isolation import HandOff, IsolationPolicy, IsolationSettings, TaskThread, mode_from_env
 from runtime.execution.operators import Chain
 from runtime.execution.task import Credits, Task, TaskCancelled, TaskKey
+from runtime.execution.user_loop import UserLoop
 from tests.support.loop_lag import LoopLag
 
 
@@ -361,29 +362,40 @@ def test_buffers_cut_on_the_thread_say_when_they_will_fill_the_queue() -> None:
     assert sub.sender.queued_buffers == 1 and sub.deferred_n == 2
 
 
+async def _loop_task_with_lost_hand_over(limit: int) -> tuple[Task, Subpartition, UserLoop, HandOff]:
+    """A source -> async_map -> discard task with its chain on its own loop and one output subpartition of
+    `limit` buffers; the hand-over its loop posts to the worker's loop is lost (its home a closed loop), so only
+    what the task itself hands over is queued. On the running loop; stop the user loop after."""
+
+    async def passed_on(value: int) -> int:
+        return value
+
+    job = Job()
+    job.source(GeneratorSource(count=10, keys=2, seed=1)).async_map(passed_on).sink(DiscardSink())
+    chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
+    sub = Subpartition(ChannelSender(1), limit=limit, capacity=64)
+    gate = OutputGate()
+    sub.gate = gate
+    task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[sub], output_gate=gate, inputs=[],
+                credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
+    task._home = asyncio.get_running_loop()
+    task._start_user_loop()
+    user, hand_off = task._user_loop, task._hand_off
+    assert user is not None and hand_off is not None and sub.deferred is hand_off
+    never = asyncio.new_event_loop()
+    never.close()
+    hand_off._home = never  # the hand-over the loop posts is lost: the buffers stay in the list
+    return task, sub, user, hand_off
+
+
 def test_buffers_still_in_the_hand_off_at_a_snapshot_go_before_its_barrier() -> None:
     """A snapshot runs while the task's loop is parked (Task.exclusive): the buffers that loop cut before, still
     in the HandOff list, are queued first, so they precede an aligned barrier and an unaligned one overtakes
     (captures) them. Here the posted hand-over never runs (its home is a closed loop): only the snapshot's own
     hand-over can queue them."""
 
-    async def passed_on(value: int) -> int:
-        return value
-
     async def main() -> None:
-        job = Job()
-        job.source(GeneratorSource(count=10, keys=2, seed=1)).async_map(passed_on).sink(DiscardSink())
-        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
-        sub = Subpartition(ChannelSender(1), limit=1000, capacity=64)
-        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[sub], output_gate=OutputGate(),
-                    inputs=[], credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
-        task._home = asyncio.get_running_loop()
-        task._start_user_loop()
-        user, hand_off = task._user_loop, task._hand_off
-        assert user is not None and hand_off is not None and sub.deferred is hand_off
-        never = asyncio.new_event_loop()
-        never.close()
-        hand_off._home = never  # the hand-over the loop posts is lost: the buffers stay in the list
+        task, sub, user, hand_off = await _loop_task_with_lost_hand_over(1000)
         sub.sender.add_credit(1000)
 
         def cut(tag: int) -> list[bytes]:  # the chain on its loop: records cut into buffers
@@ -427,25 +439,9 @@ def test_the_buffers_a_run_on_the_task_loop_cut_are_queued_when_the_run_returns(
     buffers would block the output) would hand runs over for ever, the posted hand-over never let in (a worker
     missed its heartbeats so). Here the posted hand-over is lost (its home a closed loop)."""
 
-    async def passed_on(value: int) -> int:
-        return value
-
     async def main() -> None:
-        job = Job()
-        job.source(GeneratorSource(count=10, keys=2, seed=1)).async_map(passed_on).sink(DiscardSink())
-        chain = Chain(job, [0, 1, 2], subtask_index=0, parallelism=1, attempt=0, outputs=[])
-        sub = Subpartition(ChannelSender(1), limit=3, capacity=64)
-        gate = OutputGate()
-        sub.gate = gate
-        task = Task(key=TaskKey("job", 0, 0, "src", 1), chain=chain, outputs=[sub], output_gate=gate, inputs=[],
-                    credits=Credits(2, 8), source=job.nodes[0].payload, flush_timeout_s=0.05)
-        task._home = asyncio.get_running_loop()
-        task._start_user_loop()
-        user, hand_off = task._user_loop, task._hand_off
-        assert user is not None and hand_off is not None and sub.deferred is hand_off
-        never = asyncio.new_event_loop()
-        never.close()
-        hand_off._home = never
+        task, sub, user, hand_off = await _loop_task_with_lost_hand_over(3)
+        gate = task.output
 
         def cut(tag: int) -> None:  # the chain on its loop: three records, each cut into a buffer of its own
             for i in range(3):
