@@ -274,9 +274,10 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         # snapshot (the memory path only): the very object in the state table, held by no snapshot, so the loop
         # changes it in place. Whatever else writes a key's windows (`process`, `on_timer`) takes it out first.
         self._owned: dict[Any, list[list[Any]]] = {}
-        # event-time sessions without a lateness (timers derived from the sessions): a session the batch loop grows
-        # keeps the timer it opened with, and `on_timer` moves it to the session's end when it comes up early
-        self._lazy_session_timers = assigner.merging and assigner.event_time and not allowed_lateness_ms
+        # event-time sessions without a lateness: timers derived from the sessions, the batch loop grows them, and a
+        # session it grows keeps the timer it opened with (`on_timer` moves it to the session's end when it comes
+        # up early). The one test of it: an assigner of the user's that merges keeps per-key timers
+        self._lazy_session_timers = type(assigner) is EventTimeSessionWindows and not allowed_lateness_ms
 
     def open(self, ctx: Any) -> None:
         """Keeps the key's open windows in one value state."""
@@ -291,7 +292,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         TimerIndex): registering and deleting a timer is a set operation there, where the per-key queue packs the
         key and pushes a heap entry (a session that grows moves its timer with every record). None: per-key timers
         (sessions with a lateness, whose fired sessions carry no mark to derive from; processing time)."""
-        if not self.assigner.event_time or (self.assigner.merging and self.lateness):
+        if not self.assigner.event_time or (self.assigner.merging and not self._lazy_session_timers):
             return None
         table = ctx.value_state(_WINDOWS, default=())._table
         return lambda legacy: self._derive_timers(table, legacy)
@@ -304,7 +305,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         fired or not) is converted here: a window whose `end - 1` timer is still registered has not fired (or
         fires again at that timer, as `on_timer` did); any other one has, and gets its fired mark."""
         self._owned.clear()  # a restore refilled the table in place: what the batch loop owned is gone
-        if self.assigner.merging:  # sessions without lateness: every session is open, its timer at end - 1
+        if self._lazy_session_timers:  # every session is open, its timer at end - 1
             legacy.clear()  # the per-key form held exactly those
             return [(key, entry[1] - 1) for key, entries in table.items() for entry in entries]
         if legacy:
@@ -558,7 +559,7 @@ class WindowOperator(KeyedProcessFunction, RuntimeHooks):
         (values stored as bytes) every change is a write of a fresh list."""
         assigner = self.assigner
         kind = type(assigner)
-        sessions = kind is EventTimeSessionWindows and not self.lateness  # timers derived (event_timers_from_state)
+        sessions = self._lazy_session_timers
         if kind is not TumblingEventTimeWindows and kind is not SlidingEventTimeWindows and not sessions:
             return None  # sessions with a lateness, processing time, an assigner of the user's: per record
         table = ctx.value_state(_WINDOWS, default=())._table  # the table `open` reads through self.windows
